@@ -1,0 +1,212 @@
+/*
+ * kernscope — LLM inference operators behind one C ABI.
+ *
+ * Plain C (C99). Every entry point returns ks_status_t. On failure a message
+ * naming the op and the argument is kept in thread-local storage and returned
+ * by ks_last_error(); no output has been written.
+ *
+ * Tensors are DLPack DLTensor (dlpack/dlpack.h). Argument order: outputs,
+ * inputs, scalars, backend, stream. The stream is an opaque pointer (a
+ * cudaStream_t for the CUDA backend, NULL = default stream; ignored on CPU).
+ *
+ * Shared rules, unless an op says otherwise (see docs/contracts.md):
+ *  - float tensors are fp16 (kDLFloat,16), bf16 (kDLBfloat,16) or fp32
+ *    (kDLFloat,32), lanes == 1; all float tensors of one call share a dtype;
+ *  - tensors are contiguous (strides NULL or row-major compact; a size-1
+ *    dimension's stride is ignored); data + byte_offset may have any alignment;
+ *  - all tensors of one call live on one device;
+ *  - zero leading dimensions are a no-op that still validates arguments;
+ *  - arithmetic is FP32 with a single rounding to the output dtype.
+ */
+#ifndef KERNSCOPE_H_
+#define KERNSCOPE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define KS_API __declspec(dllexport)
+#else
+#define KS_API __attribute__((visibility("default")))
+#endif
+
+#define KS_VERSION_MAJOR 0
+#define KS_VERSION_MINOR 1
+#define KS_VERSION_PATCH 0
+
+typedef enum {
+  KS_SUCCESS = 0,
+  KS_ERROR_INVALID_ARGUMENT = 1,   /* bad shape, stride, eps, overlap, id out of range, ... */
+  KS_ERROR_UNSUPPORTED_DTYPE = 2,  /* dtype not handled by the op, or mismatched dtypes */
+  KS_ERROR_UNSUPPORTED_DEVICE = 3, /* tensor on a device the op/backend cannot use, or mixed devices */
+  KS_ERROR_BACKEND_UNAVAILABLE = 4,/* backend not compiled in, or no device present */
+  KS_ERROR_CUDA = 5,               /* a CUDA runtime call or launch failed */
+  KS_ERROR_OUT_OF_MEMORY = 6,
+  KS_ERROR_INTERNAL = 7
+} ks_status_t;
+
+typedef enum {
+  KS_BACKEND_AUTO = 0, /* pick by the tensors' device, then the registry */
+  KS_BACKEND_CPU = 1,  /* portable C++ reference and CPU fast paths */
+  KS_BACKEND_CUDA = 2
+} ks_backend_t;
+
+/* Storage format of packed weight rows (GGUF block formats).
+ * A packed tensor is uint8 [rows, row_bytes] with row_bytes = cols / block_size * block_bytes. */
+typedef enum {
+  KS_QTYPE_NONE = 0, /* not packed: a dense float tensor */
+  KS_QTYPE_F32 = 1,  /* block 1, 4 bytes: IEEE binary32 */
+  KS_QTYPE_F16 = 2,  /* block 1, 2 bytes: IEEE binary16 */
+  KS_QTYPE_BF16 = 3, /* block 1, 2 bytes: bfloat16 */
+  KS_QTYPE_Q4_0 = 4, /* block 32, 18 bytes: f16 d, 16 bytes of nibbles; w = d * (q - 8) */
+  KS_QTYPE_Q4_1 = 5, /* block 32, 20 bytes: f16 d, f16 m, 16 bytes; w = d * q + m */
+  KS_QTYPE_Q8_0 = 6  /* block 32, 34 bytes: f16 d, 32 int8; w = d * q */
+} ks_qtype_t;
+
+typedef void* ks_stream_t;
+
+/* ---- library ---------------------------------------------------------- */
+
+/* "MAJOR.MINOR.PATCH"; static storage. */
+KS_API const char* ks_version(void);
+/* Message for the last failing call on this thread ("" if none). Valid until
+ * the next kernscope call on the same thread. */
+KS_API const char* ks_last_error(void);
+/* Stable name of a status code, e.g. "KS_ERROR_INVALID_ARGUMENT". */
+KS_API const char* ks_status_name(ks_status_t status);
+/* 1 if the backend is compiled in and usable here (CUDA: a device exists). */
+KS_API int ks_backend_available(ks_backend_t backend);
+
+/* Block geometry of a packed format: elements per block and bytes per block. */
+KS_API ks_status_t ks_qtype_info(ks_qtype_t qtype, int64_t* block_size, int64_t* block_bytes);
+
+/* ---- registry ---------------------------------------------------------- */
+
+typedef struct {
+  const char* op;      /* "rms_norm", ... */
+  const char* backend; /* "cpu" | "cuda" */
+  const char* name;    /* variant name, e.g. "cpu_reference" */
+  const char* dtypes;  /* comma list: "fp16,bf16,fp32" */
+  const char* summary; /* one line */
+} ks_variant_info_t;
+
+/* Number of registered variants (every op, every backend). */
+KS_API size_t ks_variant_count(void);
+/* Fill *info for variant index < ks_variant_count(); strings are static. */
+KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
+/* The variant chosen for (op, dtype, backend) on a representative shape, and
+ * why. *variant and *reason are thread-local, valid until the next call.
+ * dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype). */
+KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend,
+                            const char** variant, const char** reason);
+
+/* ---- the five core operators ------------------------------------------ */
+
+/* out[..., H] = x * rsqrt(mean(x^2) + eps) * weight.
+ * x: [..., H] (H > 0); weight: [H]; out: same shape as x. fp16/bf16/fp32.
+ * out may be x itself (same data and shape) for in-place use; any other overlap
+ * of out with x or weight is rejected. eps: finite, > 0 (after rounding to fp32). */
+KS_API ks_status_t ks_rms_norm(DLTensor* out, const DLTensor* x, const DLTensor* weight,
+                               double eps, ks_backend_t backend, ks_stream_t stream);
+
+/* In place: s = x + residual (FP32); residual = round(s);
+ * x = round(s * rsqrt(mean(s^2) + eps) * weight) using the unrounded s.
+ * x, residual: [..., H], same shape; weight: [H]. The three must not overlap. */
+KS_API ks_status_t ks_fused_add_rms_norm(DLTensor* x, DLTensor* residual, const DLTensor* weight,
+                                         double eps, ks_backend_t backend, ks_stream_t stream);
+
+/* out[..., D] = silu(x[..., :D]) * x[..., D:]. x: [..., 2D] (2D > 0, even);
+ * out: [..., D]; out must not overlap x. */
+KS_API ks_status_t ks_silu_and_mul(DLTensor* out, const DLTensor* x, ks_backend_t backend,
+                                   ks_stream_t stream);
+
+/* out[n] = sum_h weight[n, h] * x[h] (FP32 accumulation).
+ * x: [H] (H > 0); weight: [N, H]; out: [N] (N may be 0). x and weight may share
+ * storage (read-only); out must not overlap either. */
+KS_API ks_status_t ks_gemv(DLTensor* out, const DLTensor* x, const DLTensor* weight,
+                           ks_backend_t backend, ks_stream_t stream);
+
+/* out = softmax(x) along the last dim, as torch.softmax on the fp32 upcast.
+ * Rows with NaN or +inf, and rows all -inf, give NaN. x: [..., H] (H > 0);
+ * out: same shape; out may be x itself, other overlap rejected. */
+KS_API ks_status_t ks_softmax(DLTensor* out, const DLTensor* x, ks_backend_t backend,
+                              ks_stream_t stream);
+
+/* ---- model-path operators ---------------------------------------------- */
+
+/* out[..., hidden] = table[ids[...], :]. ids: int32 or int64, any shape;
+ * table_format KS_QTYPE_NONE: table is dense [vocab, hidden] in out's dtype
+ * (rows copied exactly); otherwise table is uint8 [vocab, row_bytes] in that
+ * packed format and rows are dequantized (FP32) then rounded to out's dtype.
+ * An id < 0 or >= vocab is KS_ERROR_INVALID_ARGUMENT (nothing written). */
+KS_API ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DLTensor* table,
+                                ks_qtype_t table_format, ks_backend_t backend,
+                                ks_stream_t stream);
+
+/* out[rows, cols] = dequant(packed) rounded to out's dtype (fp16/bf16/fp32).
+ * packed: uint8 [rows, row_bytes], row_bytes = cols / block_size * block_bytes. */
+KS_API ks_status_t ks_dequantize(DLTensor* out, const DLTensor* packed, ks_qtype_t qtype,
+                                 ks_backend_t backend, ks_stream_t stream);
+
+/* out[M, N] = a[M, K] @ b[N, K]^T (b in nn.Linear layout), FP32 accumulation.
+ * a, b, out: same float dtype; out must not overlap a or b. */
+KS_API ks_status_t ks_gemm(DLTensor* out, const DLTensor* a, const DLTensor* b,
+                           ks_backend_t backend, ks_stream_t stream);
+
+/* out[M, N] = x[M, K] @ dequant(weight)^T, computed from the packed blocks.
+ * weight: uint8 [N, row_bytes] in qtype; x, out: same float dtype.
+ * Each weight element is dequantized in FP32 (contract in docs/contracts.md),
+ * products and sums in FP32, one rounding to out's dtype. */
+KS_API ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTensor* weight,
+                                   ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream);
+
+/* Rotary position embedding, in place on q and (optionally) k.
+ * q: [num_tokens, num_heads, head_dim]; k: [num_tokens, num_kv_heads, head_dim] or NULL;
+ * positions: int32/int64 [num_tokens]. The first rotary_dim (even, 0 < rotary_dim
+ * <= head_dim) features of each head rotate; the rest pass through.
+ * inv_freq[i] = fp32(theta^(-2i/rotary_dim)); angle = fp32(pos) * inv_freq[i] in FP32.
+ * is_neox != 0: pairs (i, i + rotary_dim/2); else interleaved pairs (2i, 2i+1). */
+KS_API ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTensor* positions,
+                                       int64_t rotary_dim, double theta, int is_neox,
+                                       ks_backend_t backend, ks_stream_t stream);
+
+/* Write k/v rows into a paged cache: for token t with slot = slot_mapping[t] >= 0,
+ * k_cache[slot] = k[t], v_cache[slot] = v[t]; slot -1 is skipped.
+ * k, v: [num_tokens, num_kv_heads, head_dim]; slot_mapping: int32/int64 [num_tokens];
+ * k_cache, v_cache: [num_blocks, block_size, num_kv_heads, head_dim] (slot = block *
+ * block_size + offset). A slot >= num_blocks * block_size or < -1 is rejected. */
+KS_API ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, const DLTensor* k,
+                                      const DLTensor* v, const DLTensor* slot_mapping,
+                                      ks_backend_t backend, ks_stream_t stream);
+
+/* Attention of each query row over a paged KV cache (decode; also causal prefill
+ * by giving each prompt token its own context length).
+ * out, q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: as in
+ * ks_kv_cache_append; block_tables: int32 [num_seqs, max_blocks_per_seq];
+ * seq_ids: int32 [num_tokens] (token t reads block_tables[seq_ids[t]]), or NULL
+ * meaning seq t for token t (num_seqs == num_tokens); context_lens: int32
+ * [num_tokens], keys 0..context_lens[t]-1 are visible (0 gives a zero output row).
+ * GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+ * scores = scale * q.k in FP32, FP32 softmax, FP32 weighted sum of V. */
+KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
+                                      const DLTensor* v_cache, const DLTensor* block_tables,
+                                      const DLTensor* seq_ids, const DLTensor* context_lens,
+                                      double scale, ks_backend_t backend, ks_stream_t stream);
+
+/* out[r] = index of the maximum of x[r, :] (int64 out: [rows]; x: [rows, V], V > 0).
+ * Ties: the lowest index. A row holding NaN returns the index of its first NaN
+ * (as torch.argmax). */
+KS_API ks_status_t ks_argmax(DLTensor* out, const DLTensor* x, ks_backend_t backend,
+                             ks_stream_t stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KERNSCOPE_H_ */

@@ -1,0 +1,12 @@
+// Built when the CUDA backend is off: no CUDA variants, no device.
+#include <vector>
+
+#include "registry/registry.hpp"
+
+namespace ks::cuda {
+bool device_present() { return false; }
+}  // namespace ks::cuda
+
+namespace ks::registry {
+void register_cuda_variants(std::vector<Variant>&) {}
+}  // namespace ks::registry

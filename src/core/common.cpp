@@ -1,0 +1,220 @@
+#include "core/common.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "registry/registry.hpp"
+
+namespace ks::detail {
+
+namespace {
+thread_local std::string g_last_error;
+}
+
+void set_last_error(const std::string& msg) { g_last_error = msg; }
+void clear_last_error() { g_last_error.clear(); }
+const char* last_error_cstr() { return g_last_error.c_str(); }
+
+[[noreturn]] void fail(ks_status_t status, const std::string& op, const std::string& msg) {
+  throw Failure{status, op + ": " + msg};
+}
+
+DType dtype_of(const DLTensor* t) {
+  const DLDataType d = t->dtype;
+  if (d.lanes != 1) return DType::Other;
+  if (d.code == kDLFloat && d.bits == 16) return DType::F16;
+  if (d.code == kDLFloat && d.bits == 32) return DType::F32;
+  if (d.code == kDLBfloat && d.bits == 16) return DType::BF16;
+  if (d.code == kDLInt && d.bits == 32) return DType::I32;
+  if (d.code == kDLInt && d.bits == 64) return DType::I64;
+  if (d.code == kDLUInt && d.bits == 8) return DType::U8;
+  return DType::Other;
+}
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::F16: return "fp16";
+    case DType::BF16: return "bf16";
+    case DType::F32: return "fp32";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U8: return "uint8";
+    default: return "unsupported";
+  }
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << "(";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  if (s.size() == 1) o << ",";
+  o << ")";
+  return o.str();
+}
+
+int64_t View::rows() const {
+  int64_t r = 1;
+  for (size_t i = 0; i + 1 < shape.size(); ++i) r *= shape[i];
+  return r;
+}
+
+View view_of(const char* op, const char* arg, const DLTensor* t) {
+  if (t == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " is NULL");
+  if (t->ndim < 0 || t->ndim > 16)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has invalid ndim " + std::to_string(t->ndim));
+  if (t->ndim > 0 && t->shape == nullptr)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has a NULL shape");
+  View v;
+  v.dtype = dtype_of(t);
+  if (v.dtype == DType::Other) {
+    std::ostringstream o;
+    o << arg << " has unsupported dtype (code " << int(t->dtype.code) << ", bits " << int(t->dtype.bits)
+      << ", lanes " << t->dtype.lanes << ")";
+    fail(KS_ERROR_UNSUPPORTED_DTYPE, op, o.str());
+  }
+  v.device = t->device;
+  v.shape.assign(t->shape, t->shape + t->ndim);
+  int64_t n = 1;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (v.shape[i] < 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has a negative dimension " + shape_str(v.shape));
+    if (v.shape[i] != 0 && n > std::numeric_limits<int64_t>::max() / v.shape[i])
+      fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has more than 2^63 elements");
+    n *= v.shape[i];
+  }
+  v.numel = n;
+  if (t->strides != nullptr && n > 0) {
+    int64_t expect = 1;
+    for (int i = t->ndim - 1; i >= 0; --i) {
+      if (v.shape[i] != 1 && t->strides[i] != expect) {
+        std::ostringstream o;
+        o << arg << " must be contiguous (row-major); got shape " << shape_str(v.shape) << " strides (";
+        for (int j = 0; j < t->ndim; ++j) o << (j ? ", " : "") << t->strides[j];
+        o << ")";
+        fail(KS_ERROR_INVALID_ARGUMENT, op, o.str());
+      }
+      expect *= v.shape[i];
+    }
+  }
+  if (n > 0 && t->data == nullptr)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has NULL data");
+  v.data = t->data ? static_cast<char*>(t->data) + t->byte_offset : nullptr;
+  return v;
+}
+
+void require_dtype(const char* op, const char* arg, const View& v, std::initializer_list<DType> ok) {
+  for (DType d : ok)
+    if (v.dtype == d) return;
+  std::string names;
+  for (DType d : ok) names += std::string(names.empty() ? "" : ", ") + dtype_name(d);
+  fail(KS_ERROR_UNSUPPORTED_DTYPE, op,
+       std::string(arg) + " has dtype " + dtype_name(v.dtype) + "; expected one of: " + names);
+}
+
+void require_same_dtype(const char* op, const char* arg, const View& v, const char* ref_arg, const View& ref) {
+  if (v.dtype != ref.dtype)
+    fail(KS_ERROR_UNSUPPORTED_DTYPE, op,
+         std::string(arg) + " has dtype " + dtype_name(v.dtype) + " but " + ref_arg + " has " +
+             dtype_name(ref.dtype) + "; they must match");
+}
+
+static std::string device_str(DLDevice d) {
+  switch (d.device_type) {
+    case kDLCPU: return "cpu";
+    case kDLCUDA: return "cuda:" + std::to_string(d.device_id);
+    case kDLCUDAHost: return "cuda_host";
+    case kDLCUDAManaged: return "cuda_managed:" + std::to_string(d.device_id);
+    default: return "device_type " + std::to_string(int(d.device_type));
+  }
+}
+
+void require_same_device(const char* op, const char* arg, const View& v, const char* ref_arg, const View& ref) {
+  if (v.device.device_type != ref.device.device_type || v.device.device_id != ref.device.device_id)
+    fail(KS_ERROR_UNSUPPORTED_DEVICE, op,
+         std::string(arg) + " is on " + device_str(v.device) + " but " + ref_arg + " is on " +
+             device_str(ref.device) + "; they must share a device");
+}
+
+void require_ndim(const char* op, const char* arg, const View& v, int ndim) {
+  if (v.ndim() != ndim)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + " must have " + std::to_string(ndim) + " dims; got shape " + shape_str(v.shape));
+}
+
+void require_min_ndim(const char* op, const char* arg, const View& v, int ndim) {
+  if (v.ndim() < ndim)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + " must have at least " + std::to_string(ndim) + " dims; got shape " +
+             shape_str(v.shape));
+}
+
+void require_shape(const char* op, const char* arg, const View& v, const std::vector<int64_t>& shape,
+                   const char* why) {
+  if (v.shape != shape)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + " must have shape " + shape_str(shape) + " (" + why + "); got " + shape_str(v.shape));
+}
+
+void require_nonempty_last(const char* op, const char* arg, const View& v) {
+  if (v.ndim() == 0 || v.shape.back() == 0)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + " must have a non-empty last dimension; got shape " + shape_str(v.shape));
+}
+
+bool overlaps(const View& a, const View& b) {
+  if (a.numel == 0 || b.numel == 0) return false;
+  if (a.device.device_type != b.device.device_type || a.device.device_id != b.device.device_id) return false;
+  const auto a0 = reinterpret_cast<uintptr_t>(a.data), b0 = reinterpret_cast<uintptr_t>(b.data);
+  return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+bool same_region(const View& a, const View& b) {
+  return a.data == b.data && a.nbytes() == b.nbytes() && a.dtype == b.dtype;
+}
+
+void require_no_overlap(const char* op, const char* a_arg, const View& a, const char* b_arg, const View& b) {
+  if (overlaps(a, b))
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(a_arg) + " and " + b_arg + " overlap in memory; they must not");
+}
+
+void require_inplace_or_disjoint(const char* op, const char* out_arg, const View& out, const char* in_arg,
+                                 const View& in) {
+  if (same_region(out, in)) return;
+  if (overlaps(out, in))
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(out_arg) + " partially overlaps " + in_arg + "; it must be exactly " + in_arg +
+             " (in place) or disjoint from it");
+}
+
+float checked_eps(const char* op, double eps) {
+  if (!std::isfinite(eps) || !(eps > 0.0))
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "eps must be finite and > 0; got " + std::to_string(eps));
+  const float e = static_cast<float>(eps);
+  if (!(e > 0.f) || !std::isfinite(e))
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "eps must be representable as a positive finite fp32 value");
+  return e;
+}
+
+ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& first) {
+  const auto dev = first.device.device_type;
+  const bool on_cpu = dev == kDLCPU || dev == kDLCUDAHost;
+  const bool on_cuda = dev == kDLCUDA || dev == kDLCUDAManaged;
+  if (backend != KS_BACKEND_AUTO && backend != KS_BACKEND_CPU && backend != KS_BACKEND_CUDA)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "backend must be KS_BACKEND_AUTO, KS_BACKEND_CPU or KS_BACKEND_CUDA");
+  if (!on_cpu && !on_cuda)
+    fail(KS_ERROR_UNSUPPORTED_DEVICE, op, "tensors on " + device_str(first.device) + " are not supported");
+  if (backend == KS_BACKEND_AUTO) backend = on_cuda ? KS_BACKEND_CUDA : KS_BACKEND_CPU;
+  if (backend == KS_BACKEND_CPU && !on_cpu)
+    fail(KS_ERROR_UNSUPPORTED_DEVICE, op, "backend cpu needs host tensors; got " + device_str(first.device));
+  if (backend == KS_BACKEND_CUDA) {
+    if (!on_cuda)
+      fail(KS_ERROR_UNSUPPORTED_DEVICE, op, "backend cuda needs CUDA device tensors; got " + device_str(first.device));
+    if (!ks_backend_available(KS_BACKEND_CUDA))
+      fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "the CUDA backend is not available (not compiled in, or no device)");
+  }
+  return backend;
+}
+
+}  // namespace ks::detail

@@ -1,0 +1,139 @@
+// Internal helpers shared by every op: errors, dtypes, tensor validation.
+// Validation throws ks::detail::Failure; the C ABI boundary (ks_guard) turns it
+// into a ks_status_t and the thread-local message. Nothing here writes outputs.
+#pragma once
+
+#include <kernscope/kernscope.h>
+
+#include <cstdint>
+#include <cstring>
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "core/half.hpp"
+
+namespace ks::detail {
+
+struct Failure {
+  ks_status_t status;
+  std::string message;
+};
+
+[[noreturn]] void fail(ks_status_t status, const std::string& op, const std::string& msg);
+void set_last_error(const std::string& msg);
+void clear_last_error();
+
+// Runs body (which validates, then computes) and converts exceptions to status.
+template <class F>
+ks_status_t guard(const char* op, F&& body) noexcept {
+  try {
+    clear_last_error();
+    return body();
+  } catch (const Failure& f) {
+    set_last_error(f.message);
+    return f.status;
+  } catch (const std::bad_alloc&) {
+    set_last_error(std::string(op) + ": out of host memory");
+    return KS_ERROR_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    set_last_error(std::string(op) + ": internal error: " + e.what());
+    return KS_ERROR_INTERNAL;
+  } catch (...) {
+    set_last_error(std::string(op) + ": internal error");
+    return KS_ERROR_INTERNAL;
+  }
+}
+
+enum class DType { F16, BF16, F32, I32, I64, U8, Other };
+
+DType dtype_of(const DLTensor* t);
+const char* dtype_name(DType d);
+inline bool is_float(DType d) { return d == DType::F16 || d == DType::BF16 || d == DType::F32; }
+inline int dtype_bytes(DType d) {
+  switch (d) {
+    case DType::F16: case DType::BF16: return 2;
+    case DType::F32: case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::U8: return 1;
+    default: return 0;
+  }
+}
+
+// Representation of a validated tensor argument.
+struct View {
+  void* data = nullptr;       // data + byte_offset
+  DType dtype = DType::Other;
+  DLDevice device{};
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t rows() const;       // product of all dims but the last (1 for 0-d)
+  int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
+  int64_t dim(int i) const { return shape[i < 0 ? shape.size() + i : i]; }
+  int ndim() const { return int(shape.size()); }
+  size_t nbytes() const { return size_t(numel) * size_t(dtype_bytes(dtype)); }
+};
+
+// Checks: non-null, lanes == 1, ndim >= 0, dims >= 0, contiguous, product fits
+// int64, data non-null when numel > 0. Names the op and argument on failure.
+View view_of(const char* op, const char* arg, const DLTensor* t);
+
+void require_dtype(const char* op, const char* arg, const View& v, std::initializer_list<DType> ok);
+void require_same_dtype(const char* op, const char* arg, const View& v, const char* ref_arg,
+                        const View& ref);
+void require_same_device(const char* op, const char* arg, const View& v, const char* ref_arg,
+                         const View& ref);
+void require_ndim(const char* op, const char* arg, const View& v, int ndim);
+void require_min_ndim(const char* op, const char* arg, const View& v, int ndim);
+void require_shape(const char* op, const char* arg, const View& v,
+                   const std::vector<int64_t>& shape, const char* why);
+void require_nonempty_last(const char* op, const char* arg, const View& v);
+
+bool overlaps(const View& a, const View& b);
+bool same_region(const View& a, const View& b);  // identical data pointer, dtype and numel
+void require_no_overlap(const char* op, const char* a_arg, const View& a, const char* b_arg,
+                        const View& b);
+// out may be exactly in (in-place) but must not partially overlap it.
+void require_inplace_or_disjoint(const char* op, const char* out_arg, const View& out,
+                                 const char* in_arg, const View& in);
+
+// eps: finite, > 0, and still > 0 and finite after rounding to fp32.
+float checked_eps(const char* op, double eps);
+
+// Resolves AUTO to CPU/CUDA by the tensors' device, and checks that the device
+// matches the backend. Returns the concrete backend.
+ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& first);
+
+std::string shape_str(const std::vector<int64_t>& s);
+
+// Element load/store with conversion to/from fp32.
+inline float load_f(const void* p, DType d, int64_t i) {
+  switch (d) {
+    case DType::F32: return static_cast<const float*>(p)[i];
+    case DType::F16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    default: return 0.f;
+  }
+}
+inline void store_f(void* p, DType d, int64_t i, float v) {
+  switch (d) {
+    case DType::F32: static_cast<float*>(p)[i] = v; break;
+    case DType::F16: static_cast<uint16_t*>(p)[i] = float_to_half(v); break;
+    case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
+    default: break;
+  }
+}
+// Rounds v to dtype d and back (the value a store then load would give).
+inline float round_to(DType d, float v) {
+  switch (d) {
+    case DType::F16: return half_to_float(float_to_half(v));
+    case DType::BF16: return bf16_to_float(float_to_bf16(v));
+    default: return v;
+  }
+}
+inline int64_t load_index(const void* p, DType d, int64_t i) {
+  return d == DType::I32 ? int64_t(static_cast<const int32_t*>(p)[i])
+                         : static_cast<const int64_t*>(p)[i];
+}
+
+}  // namespace ks::detail

@@ -1,0 +1,109 @@
+// Library-level entry points: version, errors, backends, registry queries.
+#include <mutex>
+#include <string>
+
+#include "ops/args.hpp"
+#include "registry/registry.hpp"
+
+namespace ks::detail {
+const char* last_error_cstr();
+}
+
+using namespace ks::detail;
+
+#define KS_STR2(x) #x
+#define KS_STR(x) KS_STR2(x)
+
+extern "C" const char* ks_version(void) {
+  return KS_STR(KS_VERSION_MAJOR) "." KS_STR(KS_VERSION_MINOR) "." KS_STR(KS_VERSION_PATCH);
+}
+
+extern "C" const char* ks_last_error(void) { return last_error_cstr(); }
+
+extern "C" const char* ks_status_name(ks_status_t s) {
+  switch (s) {
+    case KS_SUCCESS: return "KS_SUCCESS";
+    case KS_ERROR_INVALID_ARGUMENT: return "KS_ERROR_INVALID_ARGUMENT";
+    case KS_ERROR_UNSUPPORTED_DTYPE: return "KS_ERROR_UNSUPPORTED_DTYPE";
+    case KS_ERROR_UNSUPPORTED_DEVICE: return "KS_ERROR_UNSUPPORTED_DEVICE";
+    case KS_ERROR_BACKEND_UNAVAILABLE: return "KS_ERROR_BACKEND_UNAVAILABLE";
+    case KS_ERROR_CUDA: return "KS_ERROR_CUDA";
+    case KS_ERROR_OUT_OF_MEMORY: return "KS_ERROR_OUT_OF_MEMORY";
+    case KS_ERROR_INTERNAL: return "KS_ERROR_INTERNAL";
+  }
+  return "KS_UNKNOWN_STATUS";
+}
+
+namespace ks::cuda {
+bool device_present();
+}
+
+extern "C" int ks_backend_available(ks_backend_t backend) {
+  switch (backend) {
+    case KS_BACKEND_AUTO:
+    case KS_BACKEND_CPU: return 1;
+    case KS_BACKEND_CUDA: return ks::cuda::device_present() ? 1 : 0;
+  }
+  return 0;
+}
+
+extern "C" size_t ks_variant_count(void) { return ks::registry::all().size(); }
+
+static std::string dtype_list(unsigned mask) {
+  std::string s;
+  for (DType d : {DType::F16, DType::BF16, DType::F32})
+    if (mask & ks::registry::dtype_bit(d)) s += std::string(s.empty() ? "" : ",") + dtype_name(d);
+  return s;
+}
+
+extern "C" ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info) {
+  return guard("variant_info", [&] {
+    const auto& all = ks::registry::all();
+    if (info == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "variant_info", "info is NULL");
+    if (index >= all.size())
+      fail(KS_ERROR_INVALID_ARGUMENT, "variant_info",
+           "index " + std::to_string(index) + " >= variant count " + std::to_string(all.size()));
+    const auto& v = all[index];
+    // dtype strings are interned per mask so the pointer stays valid (static storage).
+    static std::string interned[1u << 8];
+    static std::once_flag once;
+    std::call_once(once, [] {
+      for (unsigned m = 0; m < (1u << 8); ++m) interned[m] = dtype_list(m);
+    });
+    info->op = v.op;
+    info->backend = v.backend == KS_BACKEND_CUDA ? "cuda" : "cpu";
+    info->name = v.name;
+    info->dtypes = interned[v.dtype_mask & 0xFFu].c_str();
+    info->summary = v.summary;
+    return KS_SUCCESS;
+  });
+}
+
+extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend, const char** variant,
+                                const char** reason) {
+  return guard("which", [&] {
+    if (op == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "op is NULL");
+    if (dtype == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "dtype is NULL");
+    if (variant == nullptr || reason == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "variant/reason is NULL");
+    DType d = DType::Other;
+    for (DType c : {DType::F16, DType::BF16, DType::F32})
+      if (std::string(dtype) == dtype_name(c)) d = c;
+    if (d == DType::Other)
+      fail(KS_ERROR_UNSUPPORTED_DTYPE, "which", std::string("dtype must be fp16, bf16 or fp32; got '") + dtype + "'");
+    if (backend == KS_BACKEND_AUTO) backend = ks_backend_available(KS_BACKEND_CUDA) ? KS_BACKEND_CUDA : KS_BACKEND_CPU;
+    if (backend != KS_BACKEND_CPU && backend != KS_BACKEND_CUDA)
+      fail(KS_ERROR_INVALID_ARGUMENT, "which", "unknown backend");
+    static thread_local std::string v_out, r_out;
+    auto c = ks::registry::select_static(op, backend, d);
+    if (!c.variant) {
+      if (backend == KS_BACKEND_CUDA && !ks_backend_available(KS_BACKEND_CUDA))
+        fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "the CUDA backend is not available (not compiled in, or no device)");
+      fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "no variant for this dtype and backend" + (c.reason.empty() ? std::string() : ": " + c.reason));
+    }
+    v_out = c.variant->name;
+    r_out = c.reason;
+    *variant = v_out.c_str();
+    *reason = r_out.c_str();
+    return KS_SUCCESS;
+  });
+}

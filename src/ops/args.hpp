@@ -1,0 +1,91 @@
+// Validated argument packs, one per operator. src/ops/<op>.cpp fills them after
+// every validation rule has passed; backends read them. Sizes are int64.
+#pragma once
+
+#include "core/common.hpp"
+
+namespace ks::ops {
+
+using detail::DType;
+using detail::View;
+
+struct RmsNormArgs {
+  View out, x, weight;
+  float eps;
+  int64_t rows, hidden;
+};
+
+struct FusedAddRmsNormArgs {
+  View x, residual, weight;
+  float eps;
+  int64_t rows, hidden;
+};
+
+struct SiluAndMulArgs {
+  View out, x;
+  int64_t rows, d;  // out is [rows, d], x is [rows, 2d]
+};
+
+struct GemvArgs {
+  View out, x, weight;
+  int64_t n, h;
+};
+
+struct SoftmaxArgs {
+  View out, x;
+  int64_t rows, cols;
+};
+
+struct EmbeddingArgs {
+  View out, ids, table;
+  ks_qtype_t format;  // KS_QTYPE_NONE: dense table in out's dtype
+  int64_t num_ids, hidden, vocab, row_bytes;
+};
+
+struct DequantizeArgs {
+  View out, packed;
+  ks_qtype_t qtype;
+  int64_t rows, cols, row_bytes;
+};
+
+struct GemmArgs {
+  View out, a, b;
+  int64_t m, n, k;
+};
+
+struct QuantMatmulArgs {
+  View out, x, weight;
+  ks_qtype_t qtype;
+  int64_t m, n, k, row_bytes;
+};
+
+struct RotaryArgs {
+  View q, k, positions;
+  bool has_k, neox;
+  int64_t num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim;
+  double theta;
+};
+
+struct KvCacheAppendArgs {
+  View k_cache, v_cache, k, v, slot_mapping;
+  int64_t num_tokens, num_kv_heads, head_dim, num_slots;
+};
+
+struct PagedAttentionArgs {
+  View out, q, k_cache, v_cache, block_tables, seq_ids, context_lens;
+  bool has_seq_ids;
+  float scale;
+  int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs,
+      max_blocks_per_seq;
+};
+
+struct ArgmaxArgs {
+  View out, x;
+  int64_t rows, cols;
+};
+
+// Packed-format geometry; false for an unknown format.
+bool qtype_geometry(ks_qtype_t q, int64_t* block_size, int64_t* block_bytes);
+const char* qtype_name(ks_qtype_t q);
+
+}  // namespace ks::ops

@@ -1,0 +1,185 @@
+// gemv, gemm, quant_matmul, dequantize: validation, contract, dispatch.
+//
+// gemv:         out[n] = round(sum_h fp32(weight[n,h]) * fp32(x[h])), FP32 products and sums.
+// gemm:         out[m,n] = round(sum_k fp32(a[m,k]) * fp32(b[n,k])).
+// dequantize:   each element decoded in FP32 per its block format (docs/contracts.md), then rounded.
+// quant_matmul: out[m,n] = round(sum_k fp32(x[m,k]) * w[n,k]) with w the FP32 dequantized weight.
+#include "ops/args.hpp"
+#include "registry/registry.hpp"
+
+using namespace ks::detail;
+using namespace ks::ops;
+
+namespace ks::ops {
+
+bool qtype_geometry(ks_qtype_t q, int64_t* block_size, int64_t* block_bytes) {
+  int64_t bs = 0, bb = 0;
+  switch (q) {
+    case KS_QTYPE_F32: bs = 1; bb = 4; break;
+    case KS_QTYPE_F16: bs = 1; bb = 2; break;
+    case KS_QTYPE_BF16: bs = 1; bb = 2; break;
+    case KS_QTYPE_Q4_0: bs = 32; bb = 18; break;
+    case KS_QTYPE_Q4_1: bs = 32; bb = 20; break;
+    case KS_QTYPE_Q8_0: bs = 32; bb = 34; break;
+    default: return false;
+  }
+  if (block_size) *block_size = bs;
+  if (block_bytes) *block_bytes = bb;
+  return true;
+}
+
+const char* qtype_name(ks_qtype_t q) {
+  switch (q) {
+    case KS_QTYPE_NONE: return "none";
+    case KS_QTYPE_F32: return "F32";
+    case KS_QTYPE_F16: return "F16";
+    case KS_QTYPE_BF16: return "BF16";
+    case KS_QTYPE_Q4_0: return "Q4_0";
+    case KS_QTYPE_Q4_1: return "Q4_1";
+    case KS_QTYPE_Q8_0: return "Q8_0";
+    default: return "unknown";
+  }
+}
+
+// Checks a packed uint8 [rows, row_bytes] tensor against `cols` elements per row.
+void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols) {
+  int64_t bs, bb;
+  if (!qtype_geometry(qtype, &bs, &bb))
+    fail(KS_ERROR_INVALID_ARGUMENT, op, std::string("qtype ") + std::to_string(int(qtype)) + " is not a packed format");
+  require_dtype(op, arg, packed, {DType::U8});
+  require_ndim(op, arg, packed, 2);
+  if (cols % bs != 0)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + ": " + std::to_string(cols) + " columns is not a multiple of the " + qtype_name(qtype) +
+             " block size " + std::to_string(bs));
+  if (packed.cols() != cols / bs * bb)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + " must have " + std::to_string(cols / bs * bb) + " bytes per row for " +
+             std::to_string(cols) + " " + qtype_name(qtype) + " columns; got shape " + shape_str(packed.shape));
+}
+
+}  // namespace ks::ops
+
+extern "C" ks_status_t ks_qtype_info(ks_qtype_t qtype, int64_t* block_size, int64_t* block_bytes) {
+  return guard("qtype_info", [&] {
+    if (!qtype_geometry(qtype, block_size, block_bytes))
+      fail(KS_ERROR_INVALID_ARGUMENT, "qtype_info", "qtype " + std::to_string(int(qtype)) + " is not a packed format");
+    return KS_SUCCESS;
+  });
+}
+
+extern "C" ks_status_t ks_gemv(DLTensor* out, const DLTensor* x, const DLTensor* weight, ks_backend_t backend,
+                               ks_stream_t stream) {
+  static const char* op = "gemv";
+  return guard(op, [&] {
+    GemvArgs a;
+    a.x = view_of(op, "x", x);
+    a.weight = view_of(op, "weight", weight);
+    a.out = view_of(op, "out", out);
+    require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
+    require_same_dtype(op, "weight", a.weight, "x", a.x);
+    require_same_dtype(op, "out", a.out, "x", a.x);
+    require_same_device(op, "weight", a.weight, "x", a.x);
+    require_same_device(op, "out", a.out, "x", a.x);
+    require_ndim(op, "x", a.x, 1);
+    require_nonempty_last(op, "x", a.x);
+    require_ndim(op, "weight", a.weight, 2);
+    if (a.weight.dim(1) != a.x.dim(0))
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "weight must have shape (N, " + std::to_string(a.x.dim(0)) + ") to match x; got " + shape_str(a.weight.shape));
+    require_shape(op, "out", a.out, {a.weight.dim(0)}, "weight's row count");
+    require_no_overlap(op, "out", a.out, "x", a.x);
+    require_no_overlap(op, "out", a.out, "weight", a.weight);
+    const ks_backend_t be = resolve_backend(op, backend, a.x);
+    a.n = a.weight.dim(0);
+    a.h = a.x.dim(0);
+    if (a.n == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.x.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_gemm(DLTensor* out, const DLTensor* a_, const DLTensor* b_, ks_backend_t backend,
+                               ks_stream_t stream) {
+  static const char* op = "gemm";
+  return guard(op, [&] {
+    GemmArgs a;
+    a.a = view_of(op, "a", a_);
+    a.b = view_of(op, "b", b_);
+    a.out = view_of(op, "out", out);
+    require_dtype(op, "a", a.a, {DType::F16, DType::BF16, DType::F32});
+    require_same_dtype(op, "b", a.b, "a", a.a);
+    require_same_dtype(op, "out", a.out, "a", a.a);
+    require_same_device(op, "b", a.b, "a", a.a);
+    require_same_device(op, "out", a.out, "a", a.a);
+    require_ndim(op, "a", a.a, 2);
+    require_ndim(op, "b", a.b, 2);
+    require_nonempty_last(op, "a", a.a);
+    if (a.b.dim(1) != a.a.dim(1))
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "b must have shape (N, " + std::to_string(a.a.dim(1)) + ") to match a's K; got " + shape_str(a.b.shape));
+    require_shape(op, "out", a.out, {a.a.dim(0), a.b.dim(0)}, "(M, N)");
+    require_no_overlap(op, "out", a.out, "a", a.a);
+    require_no_overlap(op, "out", a.out, "b", a.b);
+    const ks_backend_t be = resolve_backend(op, backend, a.a);
+    a.m = a.a.dim(0);
+    a.n = a.b.dim(0);
+    a.k = a.a.dim(1);
+    if (a.m == 0 || a.n == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.a.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTensor* weight, ks_qtype_t qtype,
+                                       ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "quant_matmul";
+  return guard(op, [&] {
+    QuantMatmulArgs a;
+    a.x = view_of(op, "x", x);
+    a.weight = view_of(op, "weight", weight);
+    a.out = view_of(op, "out", out);
+    require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
+    require_same_dtype(op, "out", a.out, "x", a.x);
+    require_same_device(op, "weight", a.weight, "x", a.x);
+    require_same_device(op, "out", a.out, "x", a.x);
+    require_ndim(op, "x", a.x, 2);
+    require_nonempty_last(op, "x", a.x);
+    check_packed(op, "weight", a.weight, qtype, a.x.dim(1));
+    require_shape(op, "out", a.out, {a.x.dim(0), a.weight.dim(0)}, "(M, N)");
+    require_no_overlap(op, "out", a.out, "x", a.x);
+    require_no_overlap(op, "out", a.out, "weight", a.weight);
+    const ks_backend_t be = resolve_backend(op, backend, a.x);
+    a.qtype = qtype;
+    a.m = a.x.dim(0);
+    a.n = a.weight.dim(0);
+    a.k = a.x.dim(1);
+    a.row_bytes = a.weight.dim(1);
+    if (a.m == 0 || a.n == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.x.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_dequantize(DLTensor* out, const DLTensor* packed, ks_qtype_t qtype, ks_backend_t backend,
+                                     ks_stream_t stream) {
+  static const char* op = "dequantize";
+  return guard(op, [&] {
+    DequantizeArgs a;
+    a.packed = view_of(op, "packed", packed);
+    a.out = view_of(op, "out", out);
+    require_dtype(op, "out", a.out, {DType::F16, DType::BF16, DType::F32});
+    require_same_device(op, "out", a.out, "packed", a.packed);
+    require_ndim(op, "out", a.out, 2);
+    require_nonempty_last(op, "out", a.out);
+    check_packed(op, "packed", a.packed, qtype, a.out.dim(1));
+    if (a.packed.dim(0) != a.out.dim(0))
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "packed has " + std::to_string(a.packed.dim(0)) + " rows but out has " +
+                                              std::to_string(a.out.dim(0)));
+    require_no_overlap(op, "out", a.out, "packed", a.packed);
+    const ks_backend_t be = resolve_backend(op, backend, a.out);
+    a.qtype = qtype;
+    a.rows = a.out.dim(0);
+    a.cols = a.out.dim(1);
+    a.row_bytes = a.packed.dim(1);
+    if (a.rows == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.out.dtype, &a, stream);
+  });
+}

@@ -1,0 +1,264 @@
+// embedding, rotary_embedding, kv_cache_append, paged_attention: validation,
+// contract and dispatch. Index tensors on the host are range-checked here,
+// before any output is written.
+//
+// embedding:        dense table rows are copied bit-exactly; packed rows are decoded
+//                   in FP32 (ks_dequantize's contract) and rounded once to out's dtype.
+// rotary_embedding: inv_freq[i] = fp32(theta^(-2i/rotary_dim)) (computed in FP64, rounded),
+//                   angle = fp32(fp32(pos) * inv_freq[i]); c = cos(angle), s = sin(angle) in FP32;
+//                   (a, b) -> (round(a*c - b*s), round(b*c + a*s)) with a, b the fp32 pair.
+// kv_cache_append:  bit-exact copies; slot -1 skipped.
+// paged_attention:  s_j = scale * sum_d fp32(q_d) * fp32(k_jd) (FP32); p = softmax(s) in FP32;
+//                   out = round(sum_j p_j * fp32(v_j)). context_len 0 gives zeros.
+#include <cmath>
+#include <string>
+
+#include "ops/args.hpp"
+#include "registry/registry.hpp"
+
+using namespace ks::detail;
+using namespace ks::ops;
+
+namespace ks::ops {
+void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols);
+}
+
+static bool on_host(const View& v) { return v.device.device_type == kDLCPU || v.device.device_type == kDLCUDAHost; }
+
+extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DLTensor* table, ks_qtype_t table_format,
+                                    ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "embedding";
+  return guard(op, [&] {
+    EmbeddingArgs a;
+    a.ids = view_of(op, "ids", ids);
+    a.table = view_of(op, "table", table);
+    a.out = view_of(op, "out", out);
+    require_dtype(op, "ids", a.ids, {DType::I32, DType::I64});
+    require_dtype(op, "out", a.out, {DType::F16, DType::BF16, DType::F32});
+    require_same_device(op, "table", a.table, "out", a.out);
+    require_same_device(op, "ids", a.ids, "out", a.out);
+    require_ndim(op, "table", a.table, 2);
+    a.format = table_format;
+    a.vocab = a.table.dim(0);
+    require_min_ndim(op, "out", a.out, 1);
+    a.hidden = a.out.cols();
+    if (table_format == KS_QTYPE_NONE) {
+      require_same_dtype(op, "table", a.table, "out", a.out);
+      if (a.table.dim(1) != a.hidden)
+        fail(KS_ERROR_INVALID_ARGUMENT, op, "table must have shape (vocab, " + std::to_string(a.hidden) +
+                                                ") to match out's hidden size; got " + shape_str(a.table.shape));
+    } else {
+      check_packed(op, "table", a.table, table_format, a.hidden);
+    }
+    require_nonempty_last(op, "out", a.out);
+    std::vector<int64_t> oshape = a.ids.shape;
+    oshape.push_back(a.hidden);
+    require_shape(op, "out", a.out, oshape, "ids' shape + (hidden_size,)");
+    require_no_overlap(op, "out", a.out, "table", a.table);
+    require_no_overlap(op, "out", a.out, "ids", a.ids);
+    const ks_backend_t be = resolve_backend(op, backend, a.out);
+    a.num_ids = a.ids.numel;
+    a.row_bytes = a.table.dim(1);
+    if (on_host(a.ids))
+      for (int64_t i = 0; i < a.num_ids; ++i) {
+        const int64_t id = load_index(a.ids.data, a.ids.dtype, i);
+        if (id < 0 || id >= a.vocab)
+          fail(KS_ERROR_INVALID_ARGUMENT, op,
+               "ids[" + std::to_string(i) + "] = " + std::to_string(id) + " is outside [0, " +
+                   std::to_string(a.vocab) + ")");
+      }
+    if (a.num_ids == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.out.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTensor* positions, int64_t rotary_dim,
+                                           double theta, int is_neox, ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "rotary_embedding";
+  return guard(op, [&] {
+    RotaryArgs a;
+    a.q = view_of(op, "q", q);
+    a.has_k = k != nullptr;
+    if (a.has_k) a.k = view_of(op, "k", k);
+    a.positions = view_of(op, "positions", positions);
+    require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
+    require_dtype(op, "positions", a.positions, {DType::I32, DType::I64});
+    require_same_device(op, "positions", a.positions, "q", a.q);
+    require_ndim(op, "q", a.q, 3);
+    require_ndim(op, "positions", a.positions, 1);
+    a.num_tokens = a.q.dim(0);
+    a.num_heads = a.q.dim(1);
+    a.head_dim = a.q.dim(2);
+    if (a.head_dim == 0) fail(KS_ERROR_INVALID_ARGUMENT, op, "q's head_dim must be > 0");
+    require_shape(op, "positions", a.positions, {a.num_tokens}, "one position per token of q");
+    a.num_kv_heads = 0;
+    if (a.has_k) {
+      require_same_dtype(op, "k", a.k, "q", a.q);
+      require_same_device(op, "k", a.k, "q", a.q);
+      require_ndim(op, "k", a.k, 3);
+      if (a.k.dim(0) != a.num_tokens || a.k.dim(2) != a.head_dim)
+        fail(KS_ERROR_INVALID_ARGUMENT, op, "k must have shape (num_tokens, num_kv_heads, head_dim) = (" +
+                                                std::to_string(a.num_tokens) + ", *, " + std::to_string(a.head_dim) +
+                                                "); got " + shape_str(a.k.shape));
+      a.num_kv_heads = a.k.dim(1);
+      require_no_overlap(op, "q", a.q, "k", a.k);
+      require_no_overlap(op, "k", a.k, "positions", a.positions);
+    }
+    require_no_overlap(op, "q", a.q, "positions", a.positions);
+    if (rotary_dim <= 0 || rotary_dim > a.head_dim || rotary_dim % 2 != 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "rotary_dim must be even and in (0, head_dim=" + std::to_string(a.head_dim) +
+                                              "]; got " + std::to_string(rotary_dim));
+    if (!std::isfinite(theta) || !(theta > 1.0))
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "theta must be finite and > 1; got " + std::to_string(theta));
+    a.rotary_dim = rotary_dim;
+    a.theta = theta;
+    a.neox = is_neox != 0;
+    const ks_backend_t be = resolve_backend(op, backend, a.q);
+    if (a.num_tokens == 0 || a.num_heads + a.num_kv_heads == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.q.dtype, &a, stream);
+  });
+}
+
+// Cache tensors: [num_blocks, block_size, num_kv_heads, head_dim].
+static void check_cache(const char* op, const char* arg, const View& c, int64_t kvh, int64_t hd) {
+  require_ndim(op, arg, c, 4);
+  if (c.dim(2) != kvh || c.dim(3) != hd)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + " must have shape (num_blocks, block_size, " + std::to_string(kvh) + ", " +
+             std::to_string(hd) + "); got " + shape_str(c.shape));
+}
+
+extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, const DLTensor* k, const DLTensor* v,
+                                          const DLTensor* slot_mapping, ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "kv_cache_append";
+  return guard(op, [&] {
+    KvCacheAppendArgs a;
+    a.k_cache = view_of(op, "k_cache", k_cache);
+    a.v_cache = view_of(op, "v_cache", v_cache);
+    a.k = view_of(op, "k", k);
+    a.v = view_of(op, "v", v);
+    a.slot_mapping = view_of(op, "slot_mapping", slot_mapping);
+    require_dtype(op, "k", a.k, {DType::F16, DType::BF16, DType::F32});
+    require_same_dtype(op, "v", a.v, "k", a.k);
+    require_same_dtype(op, "k_cache", a.k_cache, "k", a.k);
+    require_same_dtype(op, "v_cache", a.v_cache, "k", a.k);
+    require_dtype(op, "slot_mapping", a.slot_mapping, {DType::I32, DType::I64});
+    for (auto [n, t] : {std::pair{"v", &a.v}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
+                        {"slot_mapping", &a.slot_mapping}})
+      require_same_device(op, n, *t, "k", a.k);
+    require_ndim(op, "k", a.k, 3);
+    require_ndim(op, "slot_mapping", a.slot_mapping, 1);
+    a.num_tokens = a.slot_mapping.dim(0);  // the token count comes from slot_mapping
+    a.num_kv_heads = a.k.dim(1);
+    a.head_dim = a.k.dim(2);
+    if (a.k.dim(0) < a.num_tokens)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "k has " + std::to_string(a.k.dim(0)) + " tokens but slot_mapping has " +
+                                              std::to_string(a.num_tokens));
+    require_shape(op, "v", a.v, a.k.shape, "same as k");
+    check_cache(op, "k_cache", a.k_cache, a.num_kv_heads, a.head_dim);
+    require_shape(op, "v_cache", a.v_cache, a.k_cache.shape, "same as k_cache");
+    a.num_slots = a.k_cache.dim(0) * a.k_cache.dim(1);
+    require_no_overlap(op, "k_cache", a.k_cache, "v_cache", a.v_cache);
+    for (auto [n, t] : {std::pair{"k", &a.k}, {"v", &a.v}, {"slot_mapping", &a.slot_mapping}}) {
+      require_no_overlap(op, "k_cache", a.k_cache, n, *t);
+      require_no_overlap(op, "v_cache", a.v_cache, n, *t);
+    }
+    const ks_backend_t be = resolve_backend(op, backend, a.k);
+    if (on_host(a.slot_mapping))
+      for (int64_t t = 0; t < a.num_tokens; ++t) {
+        const int64_t s = load_index(a.slot_mapping.data, a.slot_mapping.dtype, t);
+        if (s < -1 || s >= a.num_slots)
+          fail(KS_ERROR_INVALID_ARGUMENT, op, "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(s) +
+                                                  " is outside [-1, " + std::to_string(a.num_slots) + ")");
+      }
+    if (a.num_tokens == 0 || a.num_kv_heads * a.head_dim == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.k.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
+                                          const DLTensor* v_cache, const DLTensor* block_tables,
+                                          const DLTensor* seq_ids, const DLTensor* context_lens, double scale,
+                                          ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "paged_attention";
+  return guard(op, [&] {
+    PagedAttentionArgs a;
+    a.out = view_of(op, "out", out);
+    a.q = view_of(op, "q", q);
+    a.k_cache = view_of(op, "k_cache", k_cache);
+    a.v_cache = view_of(op, "v_cache", v_cache);
+    a.block_tables = view_of(op, "block_tables", block_tables);
+    a.has_seq_ids = seq_ids != nullptr;
+    if (a.has_seq_ids) a.seq_ids = view_of(op, "seq_ids", seq_ids);
+    a.context_lens = view_of(op, "context_lens", context_lens);
+    require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
+    require_same_dtype(op, "out", a.out, "q", a.q);
+    require_same_dtype(op, "k_cache", a.k_cache, "q", a.q);
+    require_same_dtype(op, "v_cache", a.v_cache, "q", a.q);
+    require_dtype(op, "block_tables", a.block_tables, {DType::I32});
+    require_dtype(op, "context_lens", a.context_lens, {DType::I32});
+    if (a.has_seq_ids) require_dtype(op, "seq_ids", a.seq_ids, {DType::I32});
+    for (auto [n, t] : {std::pair{"out", &a.out}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
+                        {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
+      require_same_device(op, n, *t, "q", a.q);
+    if (a.has_seq_ids) require_same_device(op, "seq_ids", a.seq_ids, "q", a.q);
+    require_ndim(op, "q", a.q, 3);
+    a.num_tokens = a.q.dim(0);
+    a.num_heads = a.q.dim(1);
+    a.head_dim = a.q.dim(2);
+    if (a.head_dim == 0 || a.num_heads == 0) fail(KS_ERROR_INVALID_ARGUMENT, op, "q must have num_heads > 0 and head_dim > 0");
+    require_shape(op, "out", a.out, a.q.shape, "same as q");
+    require_ndim(op, "k_cache", a.k_cache, 4);
+    a.num_kv_heads = a.k_cache.dim(2);
+    check_cache(op, "k_cache", a.k_cache, a.num_kv_heads, a.head_dim);
+    require_shape(op, "v_cache", a.v_cache, a.k_cache.shape, "same as k_cache");
+    if (a.num_kv_heads == 0 || a.num_heads % a.num_kv_heads != 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads (" + std::to_string(a.num_heads) +
+                                              ") must be a multiple of num_kv_heads (" +
+                                              std::to_string(a.num_kv_heads) + ")");
+    a.num_blocks = a.k_cache.dim(0);
+    a.block_size = a.k_cache.dim(1);
+    require_ndim(op, "block_tables", a.block_tables, 2);
+    a.num_seqs = a.block_tables.dim(0);
+    a.max_blocks_per_seq = a.block_tables.dim(1);
+    require_shape(op, "context_lens", a.context_lens, {a.num_tokens}, "one per query token");
+    if (a.has_seq_ids)
+      require_shape(op, "seq_ids", a.seq_ids, {a.num_tokens}, "one per query token");
+    else if (a.num_seqs != a.num_tokens)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "without seq_ids, block_tables needs one row per query token (" +
+                                              std::to_string(a.num_tokens) + "); got " + shape_str(a.block_tables.shape));
+    if (!std::isfinite(scale)) fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite");
+    a.scale = float(scale);
+    for (auto [n, t] : {std::pair{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
+                        {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
+      require_no_overlap(op, "out", a.out, n, *t);
+    if (a.has_seq_ids) require_no_overlap(op, "out", a.out, "seq_ids", a.seq_ids);
+    const ks_backend_t be = resolve_backend(op, backend, a.q);
+    if (on_host(a.context_lens)) {
+      const int32_t* cl = static_cast<const int32_t*>(a.context_lens.data);
+      const int32_t* bt = static_cast<const int32_t*>(a.block_tables.data);
+      const int32_t* sid = a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data) : nullptr;
+      const int64_t cap = a.max_blocks_per_seq * a.block_size;
+      for (int64_t t = 0; t < a.num_tokens; ++t) {
+        const int64_t s = sid ? sid[t] : t;
+        if (s < 0 || s >= a.num_seqs)
+          fail(KS_ERROR_INVALID_ARGUMENT, op, "seq_ids[" + std::to_string(t) + "] = " + std::to_string(s) +
+                                                  " is outside [0, " + std::to_string(a.num_seqs) + ")");
+        if (cl[t] < 0 || cl[t] > cap)
+          fail(KS_ERROR_INVALID_ARGUMENT, op, "context_lens[" + std::to_string(t) + "] = " + std::to_string(cl[t]) +
+                                                  " is outside [0, max_blocks_per_seq * block_size = " +
+                                                  std::to_string(cap) + "]");
+        const int64_t nb = (cl[t] + a.block_size - 1) / a.block_size;
+        for (int64_t b = 0; b < nb; ++b) {
+          const int32_t blk = bt[s * a.max_blocks_per_seq + b];
+          if (blk < 0 || blk >= a.num_blocks)
+            fail(KS_ERROR_INVALID_ARGUMENT, op, "block_tables[" + std::to_string(s) + ", " + std::to_string(b) +
+                                                    "] = " + std::to_string(blk) + " is outside [0, " +
+                                                    std::to_string(a.num_blocks) + ")");
+        }
+      }
+    }
+    if (a.num_tokens == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.q.dtype, &a, stream);
+  });
+}

@@ -1,0 +1,95 @@
+#include "registry/registry.hpp"
+
+#include <algorithm>
+#include <mutex>
+
+namespace ks::registry {
+
+const std::vector<Variant>& all() {
+  static std::vector<Variant> variants;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    register_cpu_variants(variants);
+    register_cuda_variants(variants);
+    std::stable_sort(variants.begin(), variants.end(), [](const Variant& a, const Variant& b) {
+      int c = std::string(a.op).compare(b.op);
+      if (c != 0) return c < 0;
+      if (a.backend != b.backend) return a.backend < b.backend;
+      return a.priority > b.priority;
+    });
+  });
+  return variants;
+}
+
+static const char* backend_name(ks_backend_t b) { return b == KS_BACKEND_CUDA ? "cuda" : "cpu"; }
+
+Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) {
+  Choice c;
+  std::string skipped;
+  bool op_known = false;
+  for (const Variant& v : all()) {
+    if (std::string(v.op) != op) continue;
+    op_known = true;
+    if (v.backend != backend) continue;
+    if (!(v.dtype_mask & dtype_bit(dtype))) {
+      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": no " + detail::dtype_name(dtype);
+      continue;
+    }
+    if (v.available && !v.available()) {
+      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not available on this machine";
+      continue;
+    }
+    c.variant = &v;
+    c.reason = std::string("highest-priority ") + backend_name(backend) + " variant for " +
+               detail::dtype_name(dtype) + " (priority " + std::to_string(v.priority) + ")";
+    if (!skipped.empty()) c.reason += "; skipped " + skipped;
+    return c;
+  }
+  if (!op_known) detail::fail(KS_ERROR_INVALID_ARGUMENT, op, "unknown operator");
+  c.reason = skipped;
+  return c;
+}
+
+Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args) {
+  Choice c;
+  std::string skipped;
+  bool any_backend = false, any_dtype = false;
+  for (const Variant& v : all()) {
+    if (std::string(v.op) != op || v.backend != backend) continue;
+    any_backend = true;
+    if (!(v.dtype_mask & dtype_bit(dtype))) continue;
+    any_dtype = true;
+    if (v.available && !v.available()) {
+      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not available on this machine";
+      continue;
+    }
+    if (v.can_implement) {
+      std::string why = v.can_implement(args);
+      if (!why.empty()) {
+        skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
+        continue;
+      }
+    }
+    c.variant = &v;
+    c.reason = std::string("priority ") + std::to_string(v.priority);
+    if (!skipped.empty()) c.reason += "; skipped " + skipped;
+    return c;
+  }
+  if (!any_backend)
+    detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op,
+                 std::string("no ") + backend_name(backend) + " implementation is built");
+  if (!any_dtype)
+    detail::fail(KS_ERROR_UNSUPPORTED_DTYPE, op,
+                 std::string("the ") + backend_name(backend) + " backend has no variant for dtype " +
+                     detail::dtype_name(dtype));
+  detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "no variant can run this call: " + skipped);
+}
+
+ks_status_t dispatch(const char* op, ks_backend_t backend, detail::DType dtype, const void* args,
+                     ks_stream_t stream) {
+  Choice c = select(op, backend, dtype, args);
+  c.variant->run(args, stream);
+  return KS_SUCCESS;
+}
+
+}  // namespace ks::registry

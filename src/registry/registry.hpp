@@ -1,0 +1,58 @@
+// Registry of operator variants (after CUTLASS's Operation manifest).
+// A variant declares the op it implements, its backend, the dtypes it takes,
+// whether the machine can run it at all (available), and whether it can run a
+// particular call (can_implement -> "" or the reason it cannot). Selection walks
+// the variants of (op, backend) from the highest priority down; the portable CPU
+// reference has the lowest priority and accepts every valid call, so selection
+// for the CPU backend never dead-ends.
+#pragma once
+
+#include <kernscope/kernscope.h>
+
+#include <string>
+#include <vector>
+
+#include "core/common.hpp"
+
+namespace ks::registry {
+
+inline unsigned dtype_bit(detail::DType d) { return 1u << unsigned(d); }
+constexpr unsigned kFloatDTypes = (1u << unsigned(detail::DType::F16)) | (1u << unsigned(detail::DType::BF16)) |
+                                  (1u << unsigned(detail::DType::F32));
+
+struct Variant {
+  const char* op;
+  ks_backend_t backend;
+  const char* name;
+  unsigned dtype_mask;  // activation dtypes accepted (dtype_bit)
+  int priority;         // higher wins
+  const char* summary;
+  bool (*available)();                          // machine-level (CPU features, device); nullptr = always
+  std::string (*can_implement)(const void* args);  // call-level; nullptr = always ""
+  void (*run)(const void* args, ks_stream_t stream);
+};
+
+// All registered variants (registered once, on first use).
+const std::vector<Variant>& all();
+
+struct Choice {
+  const Variant* variant = nullptr;
+  std::string reason;
+};
+
+// Best variant for this call. Throws ks::detail::Failure (BACKEND_UNAVAILABLE
+// or UNSUPPORTED_DTYPE) naming the op when none can run it.
+Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args);
+
+// Best variant ignoring call-level checks (for ks_which / ksctl which).
+Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype);
+
+// Runs validation-complete args through the selected variant.
+ks_status_t dispatch(const char* op, ks_backend_t backend, detail::DType dtype, const void* args,
+                     ks_stream_t stream);
+
+// Registration hooks, one per backend (called once by all()).
+void register_cpu_variants(std::vector<Variant>& out);
+void register_cuda_variants(std::vector<Variant>& out);
+
+}  // namespace ks::registry

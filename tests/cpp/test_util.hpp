@@ -1,0 +1,144 @@
+// Shared helpers for the operator tests: host buffers of any dtype, random fill,
+// poisoning, FP64 views of data, and tolerance checks against FP64 references.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <kernscope/kernscope.h>
+#include <kernscope/kernscope.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/half.hpp"
+
+namespace kstest {
+
+using ks::DType;
+
+// A host buffer with padding bytes before and after, so offset/misaligned views
+// and out-of-bounds writes can be tested. `offset_bytes` shifts the data start.
+struct Buf {
+  DType dtype;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> raw;  // pad | data | pad
+  size_t offset;
+  static constexpr size_t kPad = 64;
+
+  Buf(DType dt, std::vector<int64_t> s, size_t offset_bytes = 0) : dtype(dt), shape(std::move(s)), offset(kPad + offset_bytes) {
+    raw.assign(kPad + offset_bytes + nbytes() + kPad, 0xA5);
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  size_t nbytes() const { return size_t(numel()) * ks::dtype_size(dtype); }
+  void* data() { return raw.data() + offset; }
+  const void* data() const { return raw.data() + offset; }
+  ks::TensorView view() { return ks::TensorView(data(), dtype, shape); }
+  DLTensor dl() {  // shape storage is this->shape (keep Buf alive)
+    DLTensor t{};
+    t.data = data();
+    t.device = {kDLCPU, 0};
+    t.ndim = int(shape.size());
+    t.dtype = ks::to_dl(dtype);
+    t.shape = shape.data();
+    return t;
+  }
+  // Value i as double (float dtypes and ints).
+  double get(int64_t i) const {
+    const uint8_t* p = static_cast<const uint8_t*>(data());
+    switch (dtype) {
+      case DType::F32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
+      case DType::F16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return ks::half_to_float(h); }
+      case DType::BF16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); return ks::bf16_to_float(h); }
+      case DType::I32: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
+      case DType::I64: { int64_t v; std::memcpy(&v, p + 8 * i, 8); return double(v); }
+      case DType::U8: return p[i];
+    }
+    return 0;
+  }
+  // Stores v rounded to the dtype (round to nearest even).
+  void set(int64_t i, double v) {
+    uint8_t* p = static_cast<uint8_t*>(data());
+    switch (dtype) {
+      case DType::F32: { float f = float(v); std::memcpy(p + 4 * i, &f, 4); break; }
+      case DType::F16: { uint16_t h = ks::float_to_half(float(v)); std::memcpy(p + 2 * i, &h, 2); break; }
+      case DType::BF16: { uint16_t h = ks::float_to_bf16(float(v)); std::memcpy(p + 2 * i, &h, 2); break; }
+      case DType::I32: { int32_t x = int32_t(v); std::memcpy(p + 4 * i, &x, 4); break; }
+      case DType::I64: { int64_t x = int64_t(v); std::memcpy(p + 8 * i, &x, 8); break; }
+      case DType::U8: p[i] = uint8_t(v); break;
+    }
+  }
+  std::vector<double> values() const {
+    std::vector<double> v(size_t(numel()));
+    for (int64_t i = 0; i < numel(); ++i) v[i] = get(i);
+    return v;
+  }
+  // Fills data with a NaN-ish byte pattern so unwritten outputs are caught.
+  void poison() { std::memset(data(), 0xFF, nbytes()); }
+  std::vector<uint8_t> snapshot() const { return raw; }
+  // True if the padding around the data is still intact.
+  bool guards_intact() const {
+    for (size_t i = 0; i < offset; ++i)
+      if (raw[i] != 0xA5) return false;
+    for (size_t i = offset + nbytes(); i < raw.size(); ++i)
+      if (raw[i] != 0xA5) return false;
+    return true;
+  }
+};
+
+inline std::mt19937_64& rng() {
+  static std::mt19937_64 g(0x5EED1234ULL);
+  return g;
+}
+
+inline void fill_normal(Buf& b, double stddev = 1.0, double mean = 0.0) {
+  std::normal_distribution<double> d(mean, stddev);
+  for (int64_t i = 0; i < b.numel(); ++i) b.set(i, d(rng()));
+}
+inline void fill_uniform(Buf& b, double lo, double hi) {
+  std::uniform_real_distribution<double> d(lo, hi);
+  for (int64_t i = 0; i < b.numel(); ++i) b.set(i, d(rng()));
+}
+
+// Per-dtype tolerance against FP64 (from the Kernscope seed).
+inline double tol(DType d) {
+  switch (d) {
+    case DType::F16: return 1e-3;
+    case DType::BF16: return 1e-2;
+    default: return 1e-6;
+  }
+}
+
+// |got - ref| <= atol + rtol * |ref| elementwise; NaN must match NaN; inf must match.
+inline ::testing::AssertionResult allclose(const std::vector<double>& got, const std::vector<double>& ref, double rtol,
+                                           double atol) {
+  if (got.size() != ref.size()) return ::testing::AssertionFailure() << "size " << got.size() << " vs " << ref.size();
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double g = got[i], r = ref[i];
+    if (std::isnan(r) || std::isnan(g)) {
+      if (std::isnan(r) && std::isnan(g)) continue;
+      return ::testing::AssertionFailure() << "at " << i << ": got " << g << ", want " << r;
+    }
+    if (std::isinf(r) || std::isinf(g)) {
+      if (g == r) continue;
+      return ::testing::AssertionFailure() << "at " << i << ": got " << g << ", want " << r;
+    }
+    if (std::fabs(g - r) > atol + rtol * std::fabs(r))
+      return ::testing::AssertionFailure() << "at " << i << ": got " << g << ", want " << r << " (diff "
+                                           << std::fabs(g - r) << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+inline const std::vector<DType>& float_dtypes() {
+  static const std::vector<DType> d{DType::F16, DType::BF16, DType::F32};
+  return d;
+}
+
+}  // namespace kstest
