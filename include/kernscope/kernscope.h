@@ -106,6 +106,14 @@ KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
 KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend,
                             const char** variant, const char** reason);
 
+/* Pins `op` to the variant named `variant` for calls on this thread (NULL
+ * variant: back to automatic selection; NULL op: clear every pin). A pinned
+ * variant that cannot run a call fails it with KS_ERROR_BACKEND_UNAVAILABLE and
+ * the variant's reason. Used by tests, `ksctl check` and benchmarks to run every
+ * variant, not only the selected one. Unknown op or variant names are
+ * KS_ERROR_INVALID_ARGUMENT. */
+KS_API ks_status_t ks_force_variant(const char* op, const char* variant);
+
 /* ---- the five core operators ------------------------------------------ */
 
 /* out[..., H] = x * rsqrt(mean(x^2) + eps) * weight.

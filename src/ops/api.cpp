@@ -107,3 +107,10 @@ extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t 
     return KS_SUCCESS;
   });
 }
+
+extern "C" ks_status_t ks_force_variant(const char* op, const char* variant) {
+  return guard("force_variant", [&] {
+    ks::registry::force_variant(op, variant);
+    return KS_SUCCESS;
+  });
+}

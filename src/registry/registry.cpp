@@ -1,6 +1,7 @@
 #include "registry/registry.hpp"
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 
 namespace ks::registry {
@@ -50,8 +51,52 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) 
   return c;
 }
 
+namespace {
+thread_local std::map<std::string, std::string> g_forced;  // op -> variant name
+}
+
+void force_variant(const char* op, const char* variant) {
+  if (op == nullptr) {
+    g_forced.clear();
+    return;
+  }
+  bool op_known = false, found = variant == nullptr;
+  for (const Variant& v : all()) {
+    if (std::string(v.op) != op) continue;
+    op_known = true;
+    if (variant && std::string(v.name) == variant) found = true;
+  }
+  if (!op_known) detail::fail(KS_ERROR_INVALID_ARGUMENT, "force_variant", std::string("unknown op '") + op + "'");
+  if (!found)
+    detail::fail(KS_ERROR_INVALID_ARGUMENT, "force_variant",
+                 std::string("op '") + op + "' has no variant '" + variant + "'");
+  if (variant)
+    g_forced[op] = variant;
+  else
+    g_forced.erase(op);
+}
+
 Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args) {
   Choice c;
+  if (!g_forced.empty()) {
+    auto it = g_forced.find(op);
+    if (it != g_forced.end()) {
+      for (const Variant& v : all()) {
+        if (std::string(v.op) != op || v.backend != backend || it->second != v.name) continue;
+        std::string why;
+        if (!(v.dtype_mask & dtype_bit(dtype))) why = std::string("no ") + detail::dtype_name(dtype);
+        else if (v.available && !v.available()) why = "not available on this machine";
+        else if (v.can_implement) why = v.can_implement(args);
+        if (!why.empty())
+          detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "pinned variant " + it->second + " cannot run this call: " + why);
+        c.variant = &v;
+        c.reason = "pinned by ks_force_variant";
+        return c;
+      }
+      detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op,
+                   "pinned variant " + it->second + " does not belong to the selected backend");
+    }
+  }
   std::string skipped;
   bool any_backend = false, any_dtype = false;
   for (const Variant& v : all()) {

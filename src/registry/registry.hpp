@@ -51,6 +51,9 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype);
 ks_status_t dispatch(const char* op, ks_backend_t backend, detail::DType dtype, const void* args,
                      ks_stream_t stream);
 
+// Thread-local pin (ks_force_variant); throws Failure for unknown names.
+void force_variant(const char* op, const char* variant);
+
 // Registration hooks, one per backend (called once by all()).
 void register_cpu_variants(std::vector<Variant>& out);
 void register_cuda_variants(std::vector<Variant>& out);

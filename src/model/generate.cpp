@@ -1,0 +1,77 @@
+#include "model/generate.hpp"
+
+#include <chrono>
+#include <cmath>
+
+namespace ks::model {
+
+Tokenizer tokenizer_from_gguf(const GgufFile& f) {
+  const std::string model = f.get_string("tokenizer.ggml.model");
+  if (model != "gpt2")
+    throw GgufError("tokenizer.ggml.model is '" + model + "'; only byte-level BPE ('gpt2') is supported");
+  std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
+  std::vector<int32_t> types;
+  if (f.find("tokenizer.ggml.token_type"))
+    for (int64_t t : f.get_int_array("tokenizer.ggml.token_type")) types.push_back(int32_t(t));
+  else
+    types.assign(tokens.size(), 1);
+  std::vector<std::string> merges = f.get_string_array("tokenizer.ggml.merges");
+  const auto bos = int32_t(f.get_uint("tokenizer.ggml.bos_token_id", 0));
+  const auto eos = int32_t(f.get_uint("tokenizer.ggml.eos_token_id", 0));
+  const std::string pre = f.find("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
+  return Tokenizer(std::move(tokens), std::move(types), std::move(merges), bos, eos, pre);
+}
+
+int32_t sample_token(const float* logits, int64_t vocab, float temperature, std::mt19937_64& rng, ks::Backend be) {
+  if (!(temperature > 0.0f)) {  // greedy; temperature 0 never divides
+    int64_t idx = 0;
+    ks::argmax(ks::TensorView(&idx, ks::DType::I64, {1}), ks::TensorView(const_cast<float*>(logits), ks::DType::F32, {1, vocab}), be);
+    return int32_t(idx);
+  }
+  std::vector<float> scaled(static_cast<size_t>(vocab)), probs(static_cast<size_t>(vocab));
+  for (int64_t i = 0; i < vocab; ++i) scaled[i] = logits[i] / temperature;
+  ks::softmax(ks::TensorView(probs.data(), ks::DType::F32, {1, vocab}),
+              ks::TensorView(scaled.data(), ks::DType::F32, {1, vocab}), be);
+  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
+  double acc = 0;
+  for (int64_t i = 0; i < vocab; ++i) {
+    acc += probs[i];
+    if (u < acc) return int32_t(i);
+  }
+  for (int64_t i = vocab - 1; i >= 0; --i)  // rounding left u above the total: last non-zero
+    if (probs[i] > 0) return int32_t(i);
+  return 0;
+}
+
+GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                       const GenerateOptions& opt, const std::function<void(int32_t)>& on_token) {
+  using clock = std::chrono::steady_clock;
+  GenerateStats st;
+  st.prompt_tokens = int64_t(prompt.size());
+  if (prompt.empty()) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "generate: the prompt has no tokens");
+  const int64_t vocab = model.config().vocab_size;
+  const int32_t end_text = tok.find_token("<|endoftext|>");
+  std::mt19937_64 rng(opt.seed);
+  auto t0 = clock::now();
+  const float* logits = model.forward(prompt.data(), int64_t(prompt.size()), 0);
+  auto t1 = clock::now();
+  st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  int64_t pos = int64_t(prompt.size());
+  auto t_first = t1;
+  for (int64_t i = 0; i < opt.max_tokens; ++i) {
+    const int32_t next = sample_token(logits, vocab, opt.temperature, rng);
+    if (i == 0) {
+      t_first = clock::now();
+      st.first_token_seconds = std::chrono::duration<double>(t_first - t0).count();
+    }
+    ++st.generated_tokens;
+    on_token(next);
+    if (opt.stop_at_eos && (next == tok.eos_id() || next == end_text)) break;
+    if (i + 1 == opt.max_tokens || pos >= model.max_context()) break;
+    logits = model.forward(&next, 1, pos++);
+  }
+  st.decode_seconds = std::chrono::duration<double>(clock::now() - t_first).count();
+  return st;
+}
+
+}  // namespace ks::model

@@ -1,0 +1,47 @@
+// Text generation on top of LlamaModel: tokenizer loading, prefill + decode,
+// greedy or temperature sampling through kernscope's argmax / softmax ops.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "model/gguf.hpp"
+#include "model/llama.hpp"
+#include "model/tokenizer.hpp"
+
+namespace ks::model {
+
+// Builds the byte-level BPE tokenizer from the GGUF's tokenizer.ggml.* metadata.
+Tokenizer tokenizer_from_gguf(const GgufFile& f);
+
+struct GenerateOptions {
+  int64_t max_tokens = 128;
+  float temperature = 0.0f;  // 0: greedy argmax (lowest index wins ties)
+  uint64_t seed = 0;
+  bool stop_at_eos = true;   // stop after an end-of-sequence / end-of-turn token
+};
+
+struct GenerateStats {
+  int64_t prompt_tokens = 0, generated_tokens = 0;
+  double prefill_seconds = 0;      // the prompt's forward pass
+  double first_token_seconds = 0;  // prompt in -> first generated token chosen
+  double decode_seconds = 0;       // every later token (forward + sampling)
+  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
+  double decode_tokens_per_second() const {
+    return decode_seconds > 0 ? double(generated_tokens - 1) / decode_seconds : 0;
+  }
+};
+
+// Picks the next token from logits[vocab] (kernscope argmax, or softmax(logits / T)
+// then an inverse-CDF draw from rng).
+int32_t sample_token(const float* logits, int64_t vocab, float temperature, std::mt19937_64& rng,
+                     ks::Backend backend = ks::Backend::Cpu);
+
+// Runs prompt then decodes; on_token is called for each generated id as soon as it is chosen.
+GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                       const GenerateOptions& opt, const std::function<void(int32_t)>& on_token);
+
+}  // namespace ks::model

@@ -1,0 +1,193 @@
+#include "model/llama.hpp"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+namespace ks::model {
+
+namespace {
+
+ks::QType qtype_from_ggml(uint32_t t, const std::string& name) {
+  switch (t) {
+    case 0: return ks::QType::F32;
+    case 1: return ks::QType::F16;
+    case 2: return ks::QType::Q4_0;
+    case 3: return ks::QType::Q4_1;
+    case 8: return ks::QType::Q8_0;
+    case 30: return ks::QType::BF16;
+    default:
+      throw GgufError("tensor '" + name + "' has GGML type " + ggml_type_name(t) +
+                      ", which kernscope cannot decode yet");
+  }
+}
+
+Weight matrix(const GgufFile& f, const std::string& name, int64_t rows, int64_t cols) {
+  const GgufTensorInfo& t = f.require_tensor(name);
+  if (t.ne.size() != 2 || t.ne[0] != cols || t.ne[1] != rows)
+    throw GgufError("tensor '" + name + "' must be " + std::to_string(rows) + " x " + std::to_string(cols));
+  Weight w;
+  w.qtype = qtype_from_ggml(t.ggml_type, name);
+  w.rows = rows;
+  w.cols = cols;
+  w.data = ks::TensorView(const_cast<uint8_t*>(t.data), ks::DType::U8, {rows, int64_t(t.nbytes / uint64_t(rows))});
+  return w;
+}
+
+Weight norm(const GgufFile& f, const std::string& name, int64_t n) {
+  const GgufTensorInfo& t = f.require_tensor(name);
+  if (t.ggml_type != 0 || t.ne.size() != 1 || t.ne[0] != n)
+    throw GgufError("norm '" + name + "' must be F32 of length " + std::to_string(n));
+  Weight w;
+  w.rows = 1;
+  w.cols = n;
+  w.data = ks::TensorView(const_cast<uint8_t*>(t.data), ks::DType::F32, {n});
+  return w;
+}
+
+}  // namespace
+
+LlamaConfig LlamaConfig::from_gguf(const GgufFile& f) {
+  const std::string arch = f.get_string("general.architecture");
+  if (arch != "llama") throw GgufError("general.architecture is '" + arch + "'; only 'llama' is supported");
+  LlamaConfig c;
+  c.n_layers = int64_t(f.get_uint("llama.block_count"));
+  c.hidden_size = int64_t(f.get_uint("llama.embedding_length"));
+  c.intermediate_size = int64_t(f.get_uint("llama.feed_forward_length"));
+  c.num_heads = int64_t(f.get_uint("llama.attention.head_count"));
+  c.num_kv_heads = int64_t(f.get_uint("llama.attention.head_count_kv", uint64_t(c.num_heads)));
+  c.context_length = int64_t(f.get_uint("llama.context_length", 2048));
+  c.rms_eps = f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5);
+  c.rope_theta = f.get_float("llama.rope.freq_base", 10000.0);
+  if (c.num_heads <= 0 || c.hidden_size % c.num_heads != 0)
+    throw GgufError("llama.attention.head_count must divide llama.embedding_length");
+  c.head_dim = c.hidden_size / c.num_heads;
+  c.rotary_dim = int64_t(f.get_uint("llama.rope.dimension_count", uint64_t(c.head_dim)));
+  const GgufTensorInfo& emb = f.require_tensor("token_embd.weight");
+  if (emb.ne.size() != 2 || emb.ne[0] != c.hidden_size) throw GgufError("token_embd.weight has the wrong shape");
+  c.vocab_size = emb.ne[1];
+  if (c.n_layers <= 0 || c.num_kv_heads <= 0 || c.num_heads % c.num_kv_heads != 0 || c.rotary_dim <= 0 ||
+      c.rotary_dim > c.head_dim || c.rotary_dim % 2 != 0 || c.intermediate_size <= 0)
+    throw GgufError("inconsistent llama hyper-parameters in the GGUF metadata");
+  return c;
+}
+
+LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend)
+    : cfg_(LlamaConfig::from_gguf(f)), backend_(backend) {
+  if (max_context <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_context must be > 0");
+  max_ctx_ = std::min(max_context, cfg_.context_length);
+  num_blocks_ = (max_ctx_ + block_size_ - 1) / block_size_;
+  const auto& c = cfg_;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  tok_embd_ = matrix(f, "token_embd.weight", c.vocab_size, c.hidden_size);
+  out_norm_ = norm(f, "output_norm.weight", c.hidden_size);
+  lm_head_ = f.tensor("output.weight") ? matrix(f, "output.weight", c.vocab_size, c.hidden_size) : tok_embd_;
+  layers_.resize(size_t(c.n_layers));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const std::string p = "blk." + std::to_string(l) + ".";
+    Layer& L = layers_[size_t(l)];
+    L.attn_norm = norm(f, p + "attn_norm.weight", c.hidden_size);
+    L.ffn_norm = norm(f, p + "ffn_norm.weight", c.hidden_size);
+    L.wq = matrix(f, p + "attn_q.weight", c.hidden_size, c.hidden_size);
+    L.wk = matrix(f, p + "attn_k.weight", kv_dim, c.hidden_size);
+    L.wv = matrix(f, p + "attn_v.weight", kv_dim, c.hidden_size);
+    L.wo = matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size);
+    L.w_down = matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size);
+    // gate and up rows stacked into one [2 * intermediate, hidden] matrix, so one
+    // quant_matmul yields rows laid out as silu_and_mul expects (gate | up).
+    Weight g = matrix(f, p + "ffn_gate.weight", c.intermediate_size, c.hidden_size);
+    Weight u = matrix(f, p + "ffn_up.weight", c.intermediate_size, c.hidden_size);
+    if (g.qtype != u.qtype) throw GgufError(p + "ffn_gate and ffn_up must share a block format");
+    std::vector<uint8_t>& buf = owned_.emplace_back(g.data.nbytes() + u.data.nbytes());
+    std::memcpy(buf.data(), g.data.data(), g.data.nbytes());
+    std::memcpy(buf.data() + g.data.nbytes(), u.data.data(), u.data.nbytes());
+    L.w_gate_up = g;
+    L.w_gate_up.rows = 2 * c.intermediate_size;
+    L.w_gate_up.data = ks::TensorView(buf.data(), ks::DType::U8, {2 * c.intermediate_size, g.data.size(1)});
+    L.k_cache = ks::Tensor(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
+    L.v_cache = ks::Tensor(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
+  }
+  block_table_ = ks::Tensor(ks::DType::I32, {1, num_blocks_});
+  for (int64_t b = 0; b < num_blocks_; ++b) block_table_.data<int32_t>()[b] = int32_t(b);
+  logits_ = ks::Tensor(ks::DType::F32, {1, c.vocab_size});
+}
+
+void LlamaModel::ensure_capacity(int64_t n) {
+  if (n <= cap_) return;
+  const auto& c = cfg_;
+  const int64_t kv_dim = c.num_kv_heads * c.head_dim;
+  x_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
+  res_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
+  h_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
+  q_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
+  k_ = ks::Tensor(ks::DType::F32, {n, kv_dim});
+  v_ = ks::Tensor(ks::DType::F32, {n, kv_dim});
+  attn_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
+  gu_ = ks::Tensor(ks::DType::F32, {n, 2 * c.intermediate_size});
+  act_ = ks::Tensor(ks::DType::F32, {n, c.intermediate_size});
+  ids_ = ks::Tensor(ks::DType::I32, {n});
+  pos_ = ks::Tensor(ks::DType::I32, {n});
+  seq_ids_ = ks::Tensor(ks::DType::I32, {n});
+  ctx_lens_ = ks::Tensor(ks::DType::I32, {n});
+  cap_ = n;
+}
+
+const float* LlamaModel::forward(const int32_t* tokens, int64_t n, int64_t pos) {
+  const auto& c = cfg_;
+  if (n <= 0 || pos < 0 || pos + n > max_ctx_)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
+                              "LlamaModel::forward: positions [" + std::to_string(pos) + ", " +
+                                  std::to_string(pos + n) + ") exceed the context of " + std::to_string(max_ctx_));
+  ensure_capacity(n);
+  const auto be = backend_;
+  const int64_t H = c.hidden_size, kv_dim = c.num_kv_heads * c.head_dim;
+  auto rows = [n](const ks::Tensor& t, int64_t cols) { return t.view().reshape({n, cols}); };
+  for (int64_t i = 0; i < n; ++i) {
+    ids_.data<int32_t>()[i] = tokens[i];
+    pos_.data<int32_t>()[i] = int32_t(pos + i);
+    seq_ids_.data<int32_t>()[i] = 0;
+    ctx_lens_.data<int32_t>()[i] = int32_t(pos + i + 1);  // causal: token i sees keys 0..pos+i
+  }
+  const ks::TensorView ids = ids_.view().reshape({n}), positions = pos_.view().reshape({n});
+  // h holds the normalized input of the current sub-block and x the sub-block's
+  // output; they trade buffers each layer so no copy is needed.
+  ks::TensorView x = rows(x_, H), h = rows(h_, H);
+  const ks::TensorView res = rows(res_, H), q = rows(q_, H), k = rows(k_, kv_dim),
+                       v = rows(v_, kv_dim), attn = rows(attn_, H), gu = rows(gu_, 2 * c.intermediate_size),
+                       act = rows(act_, c.intermediate_size);
+  const ks::TensorView q3 = q.reshape({n, c.num_heads, c.head_dim}), k3 = k.reshape({n, c.num_kv_heads, c.head_dim}),
+                       v3 = v.reshape({n, c.num_kv_heads, c.head_dim}),
+                       attn3 = attn.reshape({n, c.num_heads, c.head_dim});
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+
+  ks::embedding(res, ids, tok_embd_.data, tok_embd_.qtype, be);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    Layer& L = layers_[size_t(l)];
+    if (l == 0) {
+      ks::rms_norm(h, res, L.attn_norm.data, c.rms_eps, be);
+    } else {  // res += x (previous block's output); h = rms_norm(res)
+      ks::fused_add_rms_norm(x, res, L.attn_norm.data, c.rms_eps, be);
+      std::swap(h, x);
+    }
+    ks::quant_matmul(q, h, L.wq.data, L.wq.qtype, be);
+    ks::quant_matmul(k, h, L.wk.data, L.wk.qtype, be);
+    ks::quant_matmul(v, h, L.wv.data, L.wv.qtype, be);
+    // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing.
+    ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be);
+    ks::kv_cache_append(L.k_cache, L.v_cache, k3, v3, positions, be);
+    ks::paged_attention(attn3, q3, L.k_cache, L.v_cache, block_table_, seq_ids_.view().reshape({n}),
+                        ctx_lens_.view().reshape({n}), scale, be);
+    ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be);
+    ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be);  // res += attn out; x = norm
+    ks::quant_matmul(gu, x, L.w_gate_up.data, L.w_gate_up.qtype, be);
+    ks::silu_and_mul(act, gu, be);
+    ks::quant_matmul(x, act, L.w_down.data, L.w_down.qtype, be);
+  }
+  // Only the last token's logits are needed.
+  const ks::TensorView x_last = x.slice(n - 1, 1), res_last = res.slice(n - 1, 1);
+  ks::fused_add_rms_norm(x_last, res_last, out_norm_.data, c.rms_eps, be);
+  ks::quant_matmul(logits_, x_last, lm_head_.data, lm_head_.qtype, be);
+  return logits_.data<float>();
+}
+
+}  // namespace ks::model

@@ -1,0 +1,215 @@
+// ksctl — kernscope's command-line tool.
+//   ksctl ops                       table of op x backend x dtypes (every variant)
+//   ksctl which OP --dtype D        the variant chosen and why
+//   ksctl check                     every op x backend x variant x dtype x shape vs FP64
+//   ksctl generate --model PATH     run SmolLM2 (or another Llama GGUF) end to end
+//   ksctl bench-model --model PATH  prefill / decode tokens per second (median of repeats)
+#include <kernscope/kernscope.hpp>
+
+#include <CLI/CLI.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <set>
+
+#include "model/generate.hpp"
+
+int run_check(const std::string& backend, const std::string& op_filter, bool verbose);  // tools/check.cpp
+
+namespace {
+
+ks::Backend parse_device(const std::string& d) {
+  if (d == "cpu") return ks::Backend::Cpu;
+  if (d == "cuda") return ks::Backend::Cuda;
+  if (d == "auto") return ks::Backend::Auto;
+  throw CLI::ValidationError("--device", "must be cpu, cuda or auto");
+}
+
+int cmd_ops() {
+  // op -> backend -> "variant(dtypes)"
+  std::map<std::string, std::map<std::string, std::vector<std::string>>> table;
+  for (const auto& v : ks::variants()) table[v.op][v.backend].push_back(std::string(v.name) + " [" + v.dtypes + "]");
+  std::printf("%-20s %-5s %s\n", "op", "backend", "variants [dtypes], best first");
+  for (const auto& [op, backends] : table)
+    for (const auto& [be, vs] : backends) {
+      std::string s;
+      for (const auto& x : vs) s += (s.empty() ? "" : ", ") + x;
+      std::printf("%-20s %-7s %s\n", op.c_str(), be.c_str(), s.c_str());
+    }
+  std::printf("\nCUDA backend: %s\n", ks::backend_available(ks::Backend::Cuda) ? "available" : "not available here");
+  return 0;
+}
+
+int cmd_which(const std::string& op, const std::string& dtype, const std::string& device) {
+  const auto w = ks::which(op, dtype, parse_device(device));
+  std::printf("%s %s on %s -> %s\n  why: %s\n", op.c_str(), dtype.c_str(), device.c_str(), w.variant.c_str(),
+              w.reason.c_str());
+  return 0;
+}
+
+struct LoadedModel {
+  ks::model::GgufFile file;
+  ks::model::Tokenizer tok;
+  ks::model::LlamaModel model;
+  LoadedModel(const std::string& path, int64_t ctx, ks::Backend be)
+      : file(ks::model::GgufFile::open(path)), tok(ks::model::tokenizer_from_gguf(file)), model(file, ctx, be) {}
+};
+
+ks::Backend model_backend(const std::string& device) {
+  ks::Backend be = parse_device(device);
+  if (be == ks::Backend::Auto) be = ks::Backend::Cpu;  // host tensors: the CPU by default
+  if (be == ks::Backend::Cuda)
+    throw ks::BackendUnavailable(KS_ERROR_BACKEND_UNAVAILABLE,
+                                 ks::backend_available(ks::Backend::Cuda)
+                                     ? "generate --device cuda: the CUDA model path is not implemented yet"
+                                     : "generate --device cuda: the CUDA backend is not available here");
+  return be;
+}
+
+int cmd_generate(const std::string& path, const std::string& prompt, int64_t max_tokens, const std::string& device,
+                 bool chat, float temperature, uint64_t seed, int64_t ctx) {
+  const ks::Backend be = model_backend(device);
+  auto t0 = std::chrono::steady_clock::now();
+  LoadedModel m(path, ctx, be);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string text = chat ? ks::model::apply_chat_template({{"user", prompt}}) : prompt;
+  const std::vector<int32_t> ids = m.tok.encode(text, /*parse_special=*/chat);
+  if (int64_t(ids.size()) + max_tokens > m.model.max_context())
+    max_tokens = std::max<int64_t>(0, m.model.max_context() - int64_t(ids.size()));
+  ks::model::StreamDecoder dec(m.tok);
+  ks::model::GenerateOptions opt;
+  opt.max_tokens = max_tokens;
+  opt.temperature = temperature;
+  opt.seed = seed;
+  const int32_t end_text = m.tok.find_token("<|endoftext|>");
+  auto st = ks::model::generate(m.model, m.tok, ids, opt, [&](int32_t id) {
+    if (id == m.tok.eos_id() || id == end_text) return;
+    std::fputs(dec.push(id).c_str(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputs(dec.flush().c_str(), stdout);
+  std::printf("\n");
+  std::fprintf(stderr,
+               "\n[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d threads, load %.2f s\n"
+               "[ksctl] prompt %lld tokens: prefill %.1f tokens/s, time to first token %.1f ms\n"
+               "[ksctl] generated %lld tokens: decode %.1f tokens/s\n",
+               path.c_str(), (long long)m.model.config().n_layers, (long long)m.model.config().hidden_size,
+               be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), load_s, (long long)st.prompt_tokens,
+               st.prefill_tokens_per_second(), st.first_token_seconds * 1e3, (long long)st.generated_tokens,
+               st.decode_tokens_per_second());
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : (v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]));
+}
+
+// Prefill of a synthetic prompt of N tokens and decode of D tokens, R repeats;
+// reports medians. The prompt is the chat template around a fixed text, cut or
+// repeated to N tokens, so the numbers are comparable across runs.
+int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, int64_t decode_tokens, int repeats,
+                    const std::string& device, const std::string& csv) {
+  const ks::Backend be = model_backend(device);
+  int64_t max_len = 0;
+  for (auto n : prompt_lens) max_len = std::max(max_len, n);
+  LoadedModel m(path, max_len + decode_tokens + 1, be);
+  std::vector<int32_t> base = m.tok.encode(
+      ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
+  FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
+  if (out) std::fprintf(out, "phase,prompt_tokens,tokens,threads,median_tokens_per_s,repeats\n");
+  std::printf("%-8s %8s %8s %14s\n", "phase", "prompt", "tokens", "tokens/s (med)");
+  for (int64_t n : prompt_lens) {
+    std::vector<int32_t> prompt;
+    while (int64_t(prompt.size()) < n) prompt.push_back(base[prompt.size() % base.size()]);
+    std::vector<double> pf, dc;
+    for (int r = 0; r < repeats + 1; ++r) {  // first run is a warm-up
+      ks::model::GenerateOptions opt;
+      opt.max_tokens = decode_tokens;
+      opt.stop_at_eos = false;
+      auto st = ks::model::generate(m.model, m.tok, prompt, opt, [](int32_t) {});
+      if (r == 0) continue;
+      pf.push_back(st.prefill_tokens_per_second());
+      dc.push_back(st.decode_tokens_per_second());
+    }
+    std::printf("%-8s %8lld %8lld %14.1f\n", "prefill", (long long)n, (long long)n, median(pf));
+    std::printf("%-8s %8lld %8lld %14.1f\n", "decode", (long long)n, (long long)decode_tokens, median(dc));
+    if (out) {
+      std::fprintf(out, "prefill,%lld,%lld,%d,%.2f,%d\n", (long long)n, (long long)n, omp_get_max_threads(), median(pf), repeats);
+      std::fprintf(out, "decode,%lld,%lld,%d,%.2f,%d\n", (long long)n, (long long)decode_tokens, omp_get_max_threads(),
+                   median(dc), repeats);
+    }
+  }
+  if (out) std::fclose(out);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"ksctl: kernscope operators, kernel selection, checks and the SmolLM2 demo"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("kernscope ") + ks::version());
+
+  auto* ops = app.add_subcommand("ops", "Table of op x backend x dtypes (every registered variant)");
+
+  auto* which = app.add_subcommand("which", "Show the variant chosen for an op, dtype and device, and why");
+  std::string w_op, w_dtype = "fp32", w_device = "cpu";
+  which->add_option("op", w_op, "operator name, e.g. rms_norm")->required();
+  which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32")->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+  which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+
+  auto* check = app.add_subcommand("check", "Every op x backend x variant x dtype x shape against FP64 references");
+  std::string c_backend = "all", c_op;
+  bool c_verbose = false;
+  check->add_option("--backend", c_backend, "cpu | cuda | all")->check(CLI::IsMember({"cpu", "cuda", "all"}));
+  check->add_option("--op", c_op, "only this op");
+  check->add_flag("-v,--verbose", c_verbose, "print every case");
+
+  auto* gen = app.add_subcommand("generate", "Generate text with a Llama-family GGUF model using only kernscope ops");
+  std::string g_model, g_prompt = "What is the capital of France?", g_device = "cpu";
+  int64_t g_max = 128, g_ctx = 2048;
+  bool g_chat = false;
+  float g_temp = 0.0f;
+  uint64_t g_seed = 0;
+  gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
+  gen->add_option("--prompt", g_prompt, "prompt text");
+  gen->add_option("--max-tokens", g_max, "tokens to generate at most")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  gen->add_option("--device", g_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  gen->add_flag("--chat", g_chat, "wrap the prompt in the model's chat template");
+  gen->add_option("--temperature", g_temp, "0 = greedy; > 0 samples from softmax(logits / T)")->check(CLI::Range(0.0f, 100.0f));
+  gen->add_option("--seed", g_seed, "sampling seed");
+  gen->add_option("--context", g_ctx, "KV-cache capacity in tokens")->check(CLI::Range(int64_t(16), int64_t(1) << 20));
+
+  auto* bench = app.add_subcommand("bench-model", "Prefill and decode tokens/s of a GGUF model (median of repeats)");
+  std::string b_model, b_device = "cpu", b_csv;
+  std::vector<int64_t> b_prompts{64, 512};
+  int64_t b_decode = 128;
+  int b_repeats = 5;
+  bench->add_option("--model", b_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
+  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure");
+  bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->check(CLI::Range(int64_t(2), int64_t(4096)));
+  bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
+  bench->add_option("--device", b_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  bench->add_option("--csv", b_csv, "write results to this CSV");
+
+  CLI11_PARSE(app, argc, argv);
+  try {
+    if (*ops) return cmd_ops();
+    if (*which) return cmd_which(w_op, w_dtype, w_device);
+    if (*check) return run_check(c_backend, c_op, c_verbose);
+    if (*gen) return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);
+    if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv);
+  } catch (const ks::Error& e) {
+    std::fprintf(stderr, "ksctl: error: %s (%s)\n", e.what(), ks_status_name(e.status()));
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ksctl: error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
