@@ -85,6 +85,9 @@ CASES: list[tuple[str, bool]] = [
     ("a\u00a0b\u3000c\u2003d \u00a0 e", False),
     ("nul\x00ctl\x01\x7f bell\x07", False),
     ("pneumonoultramicroscopicsilicovolcanoconiosis", False),
+    # 0x04 0x06 0x13 0x14 0x16 0x1d have no byte token in SmolLM2: the reference drops them
+    # before merging, so "Hel\x13lo" encodes like "Hello".
+    ("Hel\x13lo x\x04\x06y \x1d\u0645 \u00ff", False),
     (CHAT_USER, True),
     (CHAT_USER, False),
     (CHAT_MULTI, True),
@@ -154,8 +157,9 @@ def main() -> None:
     cases = []
     for text, parse_special in CASES:
         ids = encode(tok, text, parse_special)
-        # Sanity: byte-level BPE is lossless.
-        if tok.decode(ids, skip_special_tokens=False) != text:
+        # Sanity: byte-level BPE is lossless except for bytes without a token.
+        dropped = "".join(c for c in text if c not in "\x04\x06\x13\x14\x16\x1d")
+        if tok.decode(ids, skip_special_tokens=False) != dropped:
             sys.exit(f"reference round trip failed for {text!r}")
         cases.append({"text": text, "parse_special": parse_special, "ids": ids})
 

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
@@ -403,6 +402,9 @@ void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>&
     push_pair(c.left, next[c.left]);
   }
   for (int32_t i = 0; i >= 0; i = next[i]) out.push_back(id[i]);
+  if (n > (size_t(1) << 16)) {  // do not keep a huge piece's buffers alive in every thread
+    scratch = BpeScratch{};
+  }
 }
 
 // ---------------------------------------------------------------------------------------

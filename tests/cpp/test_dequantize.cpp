@@ -284,6 +284,19 @@ void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& c
       expect_fail(n + " NULL shape", INV, n, [&](auto& d, auto&) { d[i].t.shape = nullptr; }, KS_BACKEND_AUTO);
     }
     expect_fail(n + " ndim -1", INV, n, [&](auto& d, auto&) { d[i].t.ndim = -1; }, KS_BACKEND_AUTO);
+    expect_fail(n + " ndim 17", INV, n,
+                [&](auto& d, auto&) {
+                  std::vector<int64_t> s17(17, 1);
+                  d[i].set_shape(s17);
+                },
+                KS_BACKEND_AUTO);
+    if (shp.size() >= 2)  // element count past 2^63
+      expect_fail(n + " element count overflow", INV, n,
+                  [&](auto& d, auto&) {
+                    d[i].shape[0] = int64_t(1) << 62;
+                    d[i].shape[1] = 5;
+                  },
+                  KS_BACKEND_AUTO);
     expect_fail(n + " lanes 2", DT, n, [&](auto& d, auto&) { d[i].t.dtype.lanes = 2; }, KS_BACKEND_AUTO);
     expect_fail(n + " fp64", DT, n, [&](auto& d, auto&) { d[i].t.dtype = DLDataType{kDLFloat, 64, 1}; },
                 KS_BACKEND_AUTO);

@@ -75,7 +75,7 @@ struct Buf {
     }
   }
   std::vector<double> values() const {
-    std::vector<double> v(size_t(numel()));
+    std::vector<double> v(static_cast<size_t>(numel()));
     for (int64_t i = 0; i < numel(); ++i) v[i] = get(i);
     return v;
   }

@@ -200,6 +200,122 @@ void qmm_avx512(const void* p, ks_stream_t) {
   }
 }
 
+
+// ---- paged_attention, fp32 -------------------------------------------------
+// One task per (query token, KV head): the GQA group's query heads share each
+// K/V row load. Scores go to a buffer (FP32 dot products, 16-lane partial sums),
+// then max, exp (a vectorized exp, <= 2 ulp), sum and the P @ V accumulation,
+// as the two-pass FP32 softmax in the contract.
+
+// exp(x) for 16 lanes; x <= 0 here (scores minus their max). Range reduction
+// x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial (truncation < 1e-8
+// relative), then scaling by 2^n (underflows cleanly to 0).
+KS_AVX512 inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187045e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+
+constexpr int kMaxGroup = 16;   // query heads per KV head handled by the fast path
+constexpr int kMaxDv = 16;      // head_dim / 16
+
+KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, std::vector<float>& sc) {
+  const int64_t D = a.head_dim, KVH = a.num_kv_heads, G = a.num_heads / KVH, DV = D / 16;
+  const int32_t* bt = static_cast<const int32_t*>(a.block_tables.data);
+  const int64_t seq = a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data)[t] : t;
+  const int64_t len = static_cast<const int32_t*>(a.context_lens.data)[t];
+  const float* q = static_cast<const float*>(a.q.data) + (t * a.num_heads + g * G) * D;
+  float* out = static_cast<float*>(a.out.data) + (t * a.num_heads + g * G) * D;
+  const float* kc = static_cast<const float*>(a.k_cache.data);
+  const float* vc = static_cast<const float*>(a.v_cache.data);
+  const int32_t* table = bt + seq * a.max_blocks_per_seq;
+  if (len == 0) {
+    std::memset(out, 0, size_t(G * D) * sizeof(float));
+    return;
+  }
+  sc.resize(size_t(G * ((len + 15) / 16 * 16)));
+  const int64_t ld = (len + 15) / 16 * 16;
+  __m512 qv[kMaxGroup][kMaxDv];
+  for (int64_t h = 0; h < G; ++h)
+    for (int64_t v = 0; v < DV; ++v) qv[h][v] = _mm512_loadu_ps(q + h * D + v * 16);
+  // scores
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t slot = int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    const float* k = kc + (slot * KVH + g) * D;
+    __m512 kv[kMaxDv];
+    for (int64_t v = 0; v < DV; ++v) kv[v] = _mm512_loadu_ps(k + v * 16);
+    for (int64_t h = 0; h < G; ++h) {
+      __m512 acc = _mm512_mul_ps(qv[h][0], kv[0]);
+      for (int64_t v = 1; v < DV; ++v) acc = _mm512_fmadd_ps(qv[h][v], kv[v], acc);
+      sc[h * ld + j] = _mm512_reduce_add_ps(acc) * a.scale;
+    }
+  }
+  // softmax per head (padding lanes hold -inf -> exp 0)
+  const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
+  float inv_sum[kMaxGroup];
+  for (int64_t h = 0; h < G; ++h) {
+    float* s = sc.data() + h * ld;
+    for (int64_t j = len; j < ld; ++j) s[j] = -__builtin_inff();
+    __m512 mx = ninf;
+    for (int64_t j = 0; j < ld; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
+    const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < ld; j += 16) {
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
+      _mm512_storeu_ps(s + j, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    inv_sum[h] = _mm512_reduce_add_ps(sum);
+  }
+  // P @ V, then divide by the sum
+  __m512 acc[kMaxGroup][kMaxDv];
+  for (int64_t h = 0; h < G; ++h)
+    for (int64_t v = 0; v < DV; ++v) acc[h][v] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < len; ++j) {
+    const int64_t slot = int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    const float* vr = vc + (slot * KVH + g) * D;
+    __m512 vv[kMaxDv];
+    for (int64_t v = 0; v < DV; ++v) vv[v] = _mm512_loadu_ps(vr + v * 16);
+    for (int64_t h = 0; h < G; ++h) {
+      const __m512 p = _mm512_set1_ps(sc[h * ld + j]);
+      for (int64_t v = 0; v < DV; ++v) acc[h][v] = _mm512_fmadd_ps(p, vv[v], acc[h][v]);
+    }
+  }
+  for (int64_t h = 0; h < G; ++h) {
+    const __m512 inv = _mm512_set1_ps(inv_sum[h]);
+    for (int64_t v = 0; v < DV; ++v) _mm512_storeu_ps(out + h * D + v * 16, _mm512_div_ps(acc[h][v], inv));
+  }
+}
+
+std::string attn_can_implement(const void* p) {
+  const auto& a = *static_cast<const PagedAttentionArgs*>(p);
+  if (a.q.dtype != DType::F32) return "needs fp32";
+  if (a.head_dim % 16 != 0 || a.head_dim / 16 > kMaxDv) return "needs head_dim a multiple of 16, at most 256";
+  if (a.num_heads / a.num_kv_heads > kMaxGroup) return "needs at most 16 query heads per KV head";
+  return "";
+}
+
+void attn_avx512(const void* p, ks_stream_t) {
+  const auto& a = *static_cast<const PagedAttentionArgs*>(p);
+  const int64_t tasks = a.num_tokens * a.num_kv_heads;
+#pragma omp parallel if (tasks > 1)
+  {
+    std::vector<float> sc;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < tasks; ++i) attn_task(a, i / a.num_kv_heads, i % a.num_kv_heads, sc);
+  }
+}
 }  // namespace
 #endif  // KS_X86
 
@@ -211,6 +327,9 @@ void register_cpu_fast(std::vector<Variant>& v) {
   v.push_back({"quant_matmul", KS_BACKEND_CPU, "cpu_avx512", dtype_bit(detail::DType::F32), 10,
                "AVX-512 from packed Q4_0/Q4_1/Q8_0 blocks; 4x4 register tiles for M >= 4",
                ks::cpu::have_avx512, ks::cpu::qmm_can_implement, ks::cpu::qmm_avx512});
+  v.push_back({"paged_attention", KS_BACKEND_CPU, "cpu_avx512", dtype_bit(detail::DType::F32), 10,
+               "AVX-512, one task per (token, KV head) sharing K/V loads across the GQA group",
+               ks::cpu::have_avx512, ks::cpu::attn_can_implement, ks::cpu::attn_avx512});
 #else
   (void)v;
 #endif

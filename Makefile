@@ -1,0 +1,34 @@
+# kernscope — the two commands:
+#   make run    set up a fresh machine, build, fetch SmolLM2 and generate text on the CPU
+#   make test   set up, build and run every test (the CI entry point)
+BUILD     ?= build
+CMAKE_ARGS ?=
+PROMPT    ?= Explain in two sentences what an LLM inference kernel is.
+MAX_TOKENS ?= 200
+export KS_CACHE ?= $(HOME)/.cache/kernscope
+MODEL     ?= $(KS_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
+
+.PHONY: all setup build model test run bench clean
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+	cmake --build $(BUILD)
+
+model:
+	@scripts/fetch_model.sh >/dev/null
+
+test: build model
+	KS_MODEL_PATH=$(MODEL) ctest --test-dir $(BUILD) --output-on-failure -j 2
+
+run: build model
+	$(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$(PROMPT)"
+
+bench: build model
+	$(BUILD)/ksctl bench-model --model $(MODEL) --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 --csv docs/perf/cpu.csv
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,22 @@
+# Installs the build tree into a scratch prefix, then configures, builds and
+# runs tests/consumer against it with find_package(kernscope).
+set(prefix ${BIN}/consumer_test/prefix)
+set(cbuild ${BIN}/consumer_test/build)
+file(REMOVE_RECURSE ${BIN}/consumer_test)
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BIN} --prefix ${prefix} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "install failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${CONSUMER} -B ${cbuild} -G Ninja -DCMAKE_PREFIX_PATH=${prefix}
+                RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configure failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${cbuild} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "build failed: ${rc}")
+endif()
+execute_process(COMMAND ${cbuild}/consumer RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "consumer failed: ${rc}")
+endif()

@@ -1,0 +1,1081 @@
+// ks_paged_attention against an FP64 reference: GQA (query head h reads kv head
+// h / (H / KVH)), non-identity (shuffled) block tables, block sizes 1 / 7 / 16, context
+// lengths 0 (zero row), 1, exactly a block, longer than a block, the whole capacity;
+// seq_ids NULL (decode) and given (causal prefill: one sequence's tokens with context
+// lengths 1..T); scale; logits far outside fp16 range. Cache slots no token may see hold
+// NaN, so reading past a context length shows.
+// Tolerance: the seed's rtol/atol plus a first-order FP32 error bound of the documented
+// computation: dot products u*(sum|q_d k_d| + sum|partials|)*|scale| + u|s_j| per score,
+// propagated through exp/normalisation (2x the score error plus (L + 4)u), times
+// sum_j p_j |v_j|.
+// ---- helpers local to this file -------------------------------------------------
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace {
+
+using kstest::Buf;
+using kstest::rng;
+using ks::DType;
+
+constexpr double kU32 = 1.0 / 16777216.0;  // unit roundoff of fp32 (2^-24)
+
+const std::vector<DType>& kFloatTypes() { return kstest::float_dtypes(); }
+
+std::string dt_name(DType d) { return ks::dtype_name(d); }
+
+// Random bytes (any bit pattern: NaN payloads, infinities, subnormals).
+void fill_bytes(Buf& b) {
+  std::uniform_int_distribution<int> d(0, 255);
+  auto* p = static_cast<uint8_t*>(b.data());
+  for (size_t i = 0; i < b.nbytes(); ++i) p[i] = uint8_t(d(rng()));
+}
+
+// Exact integer store / load for int32 / int64 buffers.
+void set_i(Buf& b, int64_t i, int64_t v) {
+  auto* p = static_cast<uint8_t*>(b.data());
+  if (b.dtype == DType::I32) {
+    const int32_t x = int32_t(v);
+    std::memcpy(p + 4 * i, &x, 4);
+  } else {
+    std::memcpy(p + 8 * i, &v, 8);
+  }
+}
+int64_t get_i(const Buf& b, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(b.data());
+  if (b.dtype == DType::I32) {
+    int32_t x;
+    std::memcpy(&x, p + 4 * i, 4);
+    return x;
+  }
+  int64_t x;
+  std::memcpy(&x, p + 8 * i, 8);
+  return x;
+}
+
+// Independent decoders of the 16-bit float formats (to FP64).
+double f16_to_double(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  double v;
+  if (e == 0x1F) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (e == 0) v = std::ldexp(double(m), -24);
+  else v = std::ldexp(double(m + 1024), e - 25);
+  return s ? -v : v;
+}
+double bf16_to_double(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return double(f);
+}
+
+// v rounded to dtype d (through fp32), as a double.
+double round_to(DType d, double v) {
+  const float f = float(v);
+  switch (d) {
+    case DType::F16: return ks::half_to_float(ks::float_to_half(f));
+    case DType::BF16: return ks::bf16_to_float(ks::float_to_bf16(f));
+    default: return f;
+  }
+}
+
+// Half an ulp of dtype d at magnitude |v| relative (the rounding error of one store), as a
+// relative bound: fp16 2^-11, bf16 2^-8, fp32 2^-24.
+double store_rel(DType d) {
+  switch (d) {
+    case DType::F16: return 1.0 / 2048.0;
+    case DType::BF16: return 1.0 / 256.0;
+    default: return kU32;
+  }
+}
+
+// True if msg contains w as a whole word (not inside a longer identifier).
+bool names_word(const std::string& msg, const std::string& w) {
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t pos = msg.find(w); pos != std::string::npos; pos = msg.find(w, pos + 1)) {
+    const bool before = pos == 0 || !ident(msg[pos - 1]);
+    const bool after = pos + w.size() >= msg.size() || !ident(msg[pos + w.size()]);
+    if (before && after) return true;
+  }
+  return false;
+}
+
+// Byte snapshot of buffers (data and guard padding) that a failing call must not touch.
+struct Snap {
+  std::vector<std::pair<const Buf*, std::vector<uint8_t>>> s;
+  Snap() = default;
+  Snap(std::initializer_list<const Buf*> bs) {
+    for (auto* b : bs) add(b);
+  }
+  void add(const Buf* b) { s.push_back({b, b->raw}); }
+  ::testing::AssertionResult same() const {
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto& now = s[i].first->raw;
+      const auto& then = s[i].second;
+      for (size_t j = 0; j < now.size(); ++j)
+        if (now[j] != then[j])
+          return ::testing::AssertionFailure() << "buffer #" << i << " changed at raw byte " << j << " (data byte "
+                                               << int64_t(j) - int64_t(s[i].first->offset) << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+// The call failed with `want`, the message names the op and (if given) the argument as a
+// word, and every snapshotted buffer is byte-identical.
+::testing::AssertionResult fails_cleanly(ks_status_t got, ks_status_t want, const char* op, const std::string& arg,
+                                         const Snap& snap) {
+  const std::string msg = ks_last_error();  // read before any other kernscope call
+  if (got != want)
+    return ::testing::AssertionFailure() << "status " << ks_status_name(got) << ", want " << ks_status_name(want)
+                                         << " (message: \"" << msg << "\")";
+  if (msg.find(op) == std::string::npos)
+    return ::testing::AssertionFailure() << "message does not name op '" << op << "': \"" << msg << "\"";
+  if (!arg.empty()) {  // arg may list alternatives: "a|b"
+    bool named = false;
+    size_t start = 0;
+    while (start <= arg.size()) {
+      const size_t bar = arg.find('|', start);
+      const std::string one = arg.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
+      named = named || names_word(msg, one);
+      if (bar == std::string::npos) break;
+      start = bar + 1;
+    }
+    if (!named)
+      return ::testing::AssertionFailure() << "message does not name argument '" << arg << "': \"" << msg << "\"";
+  }
+  return snap.same();
+}
+
+// An owned DLTensor over a Buf whose shape/strides can be mutated.
+struct Dl {
+  std::vector<int64_t> shape, strides;
+  DLTensor t{};
+  Dl() = default;
+  explicit Dl(Buf& b) : shape(b.shape) {
+    t = b.dl();
+    fix();
+  }
+  Dl(const Dl& o) : shape(o.shape), strides(o.strides), t(o.t) { fix(); }
+  Dl& operator=(const Dl& o) {
+    shape = o.shape;
+    strides = o.strides;
+    t = o.t;
+    fix();
+    return *this;
+  }
+  void fix() {
+    t.shape = shape.data();
+    t.strides = strides.empty() ? nullptr : strides.data();
+  }
+  void set_shape(std::vector<int64_t> s) {
+    shape = std::move(s);
+    t.ndim = int(shape.size());
+    fix();
+  }
+  void set_strides(std::vector<int64_t> s) {
+    strides = std::move(s);
+    fix();
+  }
+  DLTensor* p() { return &t; }
+};
+
+std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size());
+  int64_t e = 1;
+  for (int i = int(shape.size()) - 1; i >= 0; --i) {
+    st[size_t(i)] = e;
+    e *= shape[size_t(i)];
+  }
+  return st;
+}
+
+// ---- generic DLTensor rules, run for every argument of an op -----------------------
+struct ArgSpec {
+  const char* name;
+  Buf* buf;
+  bool optional;                       // NULL is a valid value
+  std::vector<DLDataType> bad_dtypes;  // each must be rejected with UNSUPPORTED_DTYPE
+};
+using Call = std::function<ks_status_t(std::vector<DLTensor*>&, ks_backend_t)>;
+
+// Runs `call` once as a baseline (must succeed), then, one argument at a time: NULL tensor,
+// NULL data, negative dim, ndim -1, NULL shape, lanes 2, fp64, the listed wrong dtypes,
+// non-contiguous strides, another device; then whole-call rules (CUDA/OpenCL devices,
+// unknown backend). Every failure must leave every buffer byte-identical. Explicit
+// compact strides (size-1 dims with junk strides) and byte_offset must give the baseline.
+void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& call) {
+  std::vector<std::vector<uint8_t>> init;
+  for (auto& a : args) init.push_back(a.buf->raw);
+  auto restore = [&] {
+    for (size_t i = 0; i < args.size(); ++i) args[i].buf->raw = init[i];
+  };
+  auto make = [&] {
+    std::vector<Dl> d;
+    d.reserve(args.size());
+    for (auto& a : args) d.emplace_back(*a.buf);
+    return d;
+  };
+  auto ptrs = [](std::vector<Dl>& d) {
+    std::vector<DLTensor*> p;
+    for (auto& x : d) p.push_back(&x.t);
+    return p;
+  };
+  auto snap_all = [&] {
+    Snap s;
+    for (auto& a : args) s.add(a.buf);
+    return s;
+  };
+  restore();
+  {
+    auto d = make();
+    auto p = ptrs(d);
+    ASSERT_EQ(call(p, KS_BACKEND_AUTO), KS_SUCCESS) << op << " baseline: " << ks_last_error();
+    EXPECT_STREQ(ks_last_error(), "") << op << ": a successful call must clear the last error";
+  }
+  std::vector<std::vector<uint8_t>> base;
+  for (auto& a : args) {
+    EXPECT_TRUE(a.buf->guards_intact()) << op << " baseline wrote outside " << a.name;
+    base.push_back(a.buf->raw);
+  }
+  auto expect_ok_same = [&](const std::string& what, const std::function<void(std::vector<Dl>&)>& mut,
+                            ks_backend_t be) {
+    restore();
+    auto d = make();
+    mut(d);
+    auto p = ptrs(d);
+    const ks_status_t st = call(p, be);
+    EXPECT_EQ(st, KS_SUCCESS) << op << " " << what << ": " << ks_last_error();
+    for (size_t i = 0; i < args.size(); ++i)
+      EXPECT_TRUE(args[i].buf->raw == base[i]) << op << " " << what << ": " << args[i].name
+                                               << " differs from the baseline call";
+  };
+  auto expect_fail = [&](const std::string& what, ks_status_t want, const std::string& arg,
+                         const std::function<void(std::vector<Dl>&, std::vector<DLTensor*>&)>& mut, ks_backend_t be) {
+    restore();
+    auto d = make();
+    auto p = ptrs(d);
+    mut(d, p);
+    Snap s = snap_all();
+    const ks_status_t st = call(p, be);
+    if (std::getenv("KS_TEST_VERBOSE")) std::printf("  [%s] %s -> %s: %s\n", op, what.c_str(), ks_status_name(st), ks_last_error());
+    EXPECT_TRUE(fails_cleanly(st, want, op, arg, s)) << op << ": " << what;
+  };
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT, DT = KS_ERROR_UNSUPPORTED_DTYPE,
+                    DEV = KS_ERROR_UNSUPPORTED_DEVICE;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSpec& a = args[i];
+    const std::string n = a.name;
+    const std::vector<int64_t> shp = a.buf->shape;
+    const int64_t numel = a.buf->numel();
+    if (!a.optional)
+      expect_fail(n + " NULL", INV, n, [&](auto&, auto& p) { p[i] = nullptr; }, KS_BACKEND_AUTO);
+    if (numel > 0)
+      expect_fail(n + " NULL data", INV, n, [&](auto& d, auto&) { d[i].t.data = nullptr; }, KS_BACKEND_AUTO);
+    if (!shp.empty()) {
+      expect_fail(n + " negative dim", INV, n, [&](auto& d, auto&) { d[i].shape[0] = -1; }, KS_BACKEND_AUTO);
+      expect_fail(n + " NULL shape", INV, n, [&](auto& d, auto&) { d[i].t.shape = nullptr; }, KS_BACKEND_AUTO);
+    }
+    expect_fail(n + " ndim -1", INV, n, [&](auto& d, auto&) { d[i].t.ndim = -1; }, KS_BACKEND_AUTO);
+    expect_fail(n + " ndim 17", INV, n,
+                [&](auto& d, auto&) {
+                  std::vector<int64_t> s17(17, 1);
+                  d[i].set_shape(s17);
+                },
+                KS_BACKEND_AUTO);
+    if (shp.size() >= 2)  // element count past 2^63
+      expect_fail(n + " element count overflow", INV, n,
+                  [&](auto& d, auto&) {
+                    d[i].shape[0] = int64_t(1) << 62;
+                    d[i].shape[1] = 5;
+                  },
+                  KS_BACKEND_AUTO);
+    expect_fail(n + " lanes 2", DT, n, [&](auto& d, auto&) { d[i].t.dtype.lanes = 2; }, KS_BACKEND_AUTO);
+    expect_fail(n + " fp64", DT, n, [&](auto& d, auto&) { d[i].t.dtype = DLDataType{kDLFloat, 64, 1}; },
+                KS_BACKEND_AUTO);
+    for (DLDataType bad : a.bad_dtypes)
+      expect_fail(n + " dtype code " + std::to_string(bad.code) + " bits " + std::to_string(bad.bits), DT, n,
+                  [&](auto& d, auto&) { d[i].t.dtype = bad; }, KS_BACKEND_AUTO);
+    // Non-contiguous: the innermost dim of size > 1 gets twice its compact stride.
+    {
+      auto st = compact_strides(shp);
+      int k = -1;
+      for (int j = int(shp.size()) - 1; j >= 0; --j)
+        if (shp[size_t(j)] > 1) {
+          k = j;
+          break;
+        }
+      if (k >= 0 && numel > 0) {
+        st[size_t(k)] *= 2;
+        expect_fail(n + " non-contiguous", INV, n, [&](auto& d, auto&) { d[i].set_strides(st); }, KS_BACKEND_AUTO);
+      }
+      if (shp.size() >= 2 && shp[0] > 1 && shp[1] > 1 && numel > 0) {  // transposed (column-major) strides
+        auto tr = compact_strides(shp);
+        std::swap(tr[0], tr[1]);
+        tr[0] = 1;
+        tr[1] = shp[0];
+        expect_fail(n + " transposed strides", INV, n, [&](auto& d, auto&) { d[i].set_strides(tr); },
+                    KS_BACKEND_AUTO);
+      }
+    }
+    if (args.size() > 1)
+      expect_fail(n + " on kDLCUDA alone", DEV, n, [&](auto& d, auto&) { d[i].t.device = DLDevice{kDLCUDA, 0}; },
+                  KS_BACKEND_AUTO);
+  }
+  // Whole-call device/backend rules.
+  if (!ks_backend_available(KS_BACKEND_CUDA))
+    expect_fail("all tensors on kDLCUDA without a CUDA backend", KS_ERROR_BACKEND_UNAVAILABLE, "",
+                [&](auto& d, auto&) {
+                  for (auto& x : d) x.t.device = DLDevice{kDLCUDA, 0};
+                },
+                KS_BACKEND_AUTO);
+  expect_fail("all tensors on kDLCUDA with backend CPU", DEV, "",
+              [&](auto& d, auto&) {
+                for (auto& x : d) x.t.device = DLDevice{kDLCUDA, 0};
+              },
+              KS_BACKEND_CPU);
+  expect_fail("all tensors on kDLOpenCL", DEV, "",
+              [&](auto& d, auto&) {
+                for (auto& x : d) x.t.device = DLDevice{kDLOpenCL, 0};
+              },
+              KS_BACKEND_AUTO);
+  expect_fail("unknown backend 9", INV, "backend", [](auto&, auto&) {}, static_cast<ks_backend_t>(9));
+  {  // CUDA backend asked for host tensors: either status is a correct refusal.
+    restore();
+    auto d = make();
+    auto p = ptrs(d);
+    Snap s = snap_all();
+    const ks_status_t st = call(p, KS_BACKEND_CUDA);
+    const std::string msg = ks_last_error();
+    EXPECT_TRUE(st == KS_ERROR_UNSUPPORTED_DEVICE || st == KS_ERROR_BACKEND_UNAVAILABLE)
+        << op << " backend CUDA with host tensors: " << ks_status_name(st) << " " << msg;
+    EXPECT_NE(msg.find(op), std::string::npos) << msg;
+    EXPECT_TRUE(s.same()) << op << " backend CUDA with host tensors wrote";
+  }
+  // Layouts that must be accepted and give the baseline bit for bit.
+  expect_ok_same("backend CPU", [](auto&) {}, KS_BACKEND_CPU);
+  expect_ok_same("explicit compact strides",
+                 [&](std::vector<Dl>& d) {
+                   for (auto& x : d) {
+                     auto st = compact_strides(x.shape);
+                     for (size_t j = 0; j < st.size(); ++j)
+                       if (x.shape[j] == 1) st[j] = 12345;  // a size-1 dim's stride is ignored
+                     x.set_strides(st);
+                   }
+                 },
+                 KS_BACKEND_AUTO);
+  expect_ok_same("byte_offset 7",
+                 [&](std::vector<Dl>& d) {
+                   for (auto& x : d)
+                     if (x.t.data) {
+                       x.t.data = static_cast<char*>(x.t.data) - 7;
+                       x.t.byte_offset = 7;
+                     }
+                 },
+                 KS_BACKEND_AUTO);
+  restore();
+}
+
+// A float tensor's dtype with another float dtype of the same element size (or smaller).
+DLDataType other_float(DType d) {
+  switch (d) {
+    case DType::F16: return DLDataType{kDLBfloat, 16, 1};
+    case DType::BF16: return DLDataType{kDLFloat, 16, 1};
+    default: return DLDataType{kDLInt, 32, 1};
+  }
+}
+const DLDataType kI32{kDLInt, 32, 1}, kI64{kDLInt, 64, 1}, kU8{kDLUInt, 8, 1}, kF16{kDLFloat, 16, 1},
+    kBF16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1}, kI16{kDLInt, 16, 1}, kU32t{kDLUInt, 32, 1};
+
+}  // namespace
+namespace {
+
+const char* kOp = "paged_attention";
+
+struct PaConfig {
+  DType dt = DType::F32;
+  int64_t H = 8, KVH = 2, D = 64, bs = 16, extra_blocks = 3;
+  std::vector<int32_t> ctx;  // one per query token
+  std::vector<int32_t> seq;  // empty: seq_ids NULL (token t reads block_tables row t)
+  int64_t num_seqs = -1;     // with seq: default max(seq) + 1
+  int64_t max_blocks = -1;   // default: the most any sequence needs
+  double scale = std::nan("");  // default 1/sqrt(D)
+  size_t off = 0;
+  int32_t pad = -2;          // unused block-table entries: -2 = a random valid block id
+  bool nan_invisible = true;
+  double qstd = 1.0, kstd = 1.0;
+};
+
+struct Dims {
+  int64_t T, S, MB, NB;
+  std::vector<int64_t> need;  // blocks per sequence
+};
+
+Dims dims_of(const PaConfig& c) {
+  Dims d;
+  d.T = int64_t(c.ctx.size());
+  d.S = c.seq.empty() ? d.T : (c.num_seqs >= 0 ? c.num_seqs : 1 + *std::max_element(c.seq.begin(), c.seq.end()));
+  d.need.assign(size_t(d.S), 0);
+  for (int64_t t = 0; t < d.T; ++t) {
+    const int64_t s = c.seq.empty() ? t : c.seq[size_t(t)];
+    if (s < 0 || s >= d.S) continue;  // deliberately invalid cases
+    const int64_t nb = c.bs > 0 ? (c.ctx[size_t(t)] + c.bs - 1) / c.bs : 0;
+    d.need[size_t(s)] = std::max(d.need[size_t(s)], nb);
+  }
+  int64_t mx = 0, total = 0;
+  for (auto n : d.need) mx = std::max(mx, n), total += n;
+  d.MB = c.max_blocks >= 0 ? c.max_blocks : mx;
+  d.NB = total + c.extra_blocks;
+  return d;
+}
+
+struct Pa {
+  PaConfig c;
+  Dims d;
+  Buf out, q, kc, vc, bt, sid, cl;
+  double scale_arg;  // what is passed
+  float scale;       // what the contract computes with: fp32(scale)
+
+  explicit Pa(const PaConfig& cfg)
+      : c(cfg),
+        d(dims_of(cfg)),
+        out(c.dt, {d.T, c.H, c.D}, c.off),
+        q(c.dt, {d.T, c.H, c.D}, c.off + 1),
+        kc(c.dt, {d.NB, c.bs, c.KVH, c.D}, c.off + 2),
+        vc(c.dt, {d.NB, c.bs, c.KVH, c.D}, c.off + 3),
+        bt(DType::I32, {d.S, d.MB}, c.off + 1),
+        sid(DType::I32, {d.T}, c.off + 2),
+        cl(DType::I32, {d.T}, c.off + 3) {
+    scale_arg = std::isnan(c.scale) ? 1.0 / std::sqrt(double(c.D)) : c.scale;
+    scale = float(scale_arg);
+    kstest::fill_normal(q, c.qstd);
+    kstest::fill_normal(kc, c.kstd);
+    kstest::fill_normal(vc);
+    std::vector<int32_t> pool(static_cast<size_t>(d.NB));
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng());
+    size_t next = 0;
+    std::uniform_int_distribution<int32_t> any(0, int32_t(std::max<int64_t>(d.NB - 1, 0)));
+    for (int64_t s = 0; s < d.S; ++s)
+      for (int64_t b = 0; b < d.MB; ++b) {
+        int32_t v;
+        if (b < d.need[size_t(s)]) v = pool[next++];
+        else v = c.pad == -2 ? any(rng()) : c.pad;
+        set_i(bt, s * d.MB + b, v);
+      }
+    for (int64_t t = 0; t < d.T; ++t) {
+      set_i(cl, t, c.ctx[size_t(t)]);
+      set_i(sid, t, c.seq.empty() ? t : c.seq[size_t(t)]);
+    }
+    if (c.nan_invisible) {
+      std::vector<char> vis(size_t(d.NB * c.bs), 0);
+      for (int64_t t = 0; t < d.T; ++t)
+        for (int64_t j = 0; j < c.ctx[size_t(t)]; ++j) vis[size_t(slot(t, j))] = 1;
+      const int64_t row = c.KVH * c.D;
+      for (int64_t sl = 0; sl < d.NB * c.bs; ++sl)
+        if (!vis[size_t(sl)])
+          for (int64_t e = 0; e < row; ++e) {
+            kc.set(sl * row + e, std::nan(""));
+            vc.set(sl * row + e, std::nan(""));
+          }
+    }
+    out.poison();
+  }
+  int64_t seq_of(int64_t t) const { return c.seq.empty() ? t : c.seq[size_t(t)]; }
+  int64_t slot(int64_t t, int64_t j) const {
+    return int64_t(get_i(bt, seq_of(t) * d.MB + j / c.bs)) * c.bs + j % c.bs;
+  }
+  ks_status_t run(ks_backend_t be = KS_BACKEND_AUTO) {
+    DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), s = sid.dl(), l = cl.dl();
+    return ks_paged_attention(&o, &qq, &k, &v, &b, c.seq.empty() ? nullptr : &s, &l, scale_arg, be, nullptr);
+  }
+};
+
+
+struct Ref {
+  std::vector<double> val, bound;
+};
+
+Ref reference(const Pa& a) {
+  const auto& c = a.c;
+  const int64_t T = a.d.T, H = c.H, D = c.D, KVH = c.KVH, group = H / KVH;
+  Ref r;
+  r.val.assign(size_t(T * H * D), 0.0);
+  r.bound.assign(size_t(T * H * D), 0.0);
+  const auto qv = a.q.values(), kv = a.kc.values(), vv = a.vc.values();
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t L = c.ctx[size_t(t)], kvh = h / group, qo = (t * H + h) * D;
+      if (L == 0) continue;  // zero row
+      std::vector<double> sc(static_cast<size_t>(L));
+      std::vector<int64_t> vo(static_cast<size_t>(L));
+      double E = 0, mx = -INFINITY;
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t ko = (a.slot(t, j) * KVH + kvh) * D;
+        vo[size_t(j)] = ko;
+        double dot = 0, err = 0;
+        for (int64_t e = 0; e < D; ++e) {
+          const double p = qv[size_t(qo + e)] * kv[size_t(ko + e)];
+          dot += p;
+          err += std::fabs(p) + std::fabs(dot);
+        }
+        sc[size_t(j)] = double(a.scale) * dot;
+        E = std::max(E, kU32 * (err * std::fabs(double(a.scale)) + std::fabs(sc[size_t(j)])));
+        mx = std::max(mx, sc[size_t(j)]);
+      }
+      double sum = 0, spread = 0;
+      for (int64_t j = 0; j < L; ++j) {
+        spread = std::max(spread, mx - sc[size_t(j)]);
+        sc[size_t(j)] = std::exp(sc[size_t(j)] - mx);
+        sum += sc[size_t(j)];
+      }
+      const double rel = 2 * (2 * E + kU32 * spread + 2 * kU32) + double(L + 4) * kU32;
+      for (int64_t e = 0; e < D; ++e) {
+        double o = 0, mag = 0;
+        for (int64_t j = 0; j < L; ++j) {
+          const double p = sc[size_t(j)] / sum, v = vv[size_t(vo[size_t(j)] + e)];
+          o += p * v;
+          mag += p * std::fabs(v);
+        }
+        r.val[size_t(qo + e)] = o;
+        r.bound[size_t(qo + e)] = rel * mag;
+      }
+    }
+  return r;
+}
+
+std::string describe(const Pa& a) {
+  std::string s = dt_name(a.c.dt) + " H " + std::to_string(a.c.H) + " KVH " + std::to_string(a.c.KVH) + " D " +
+                  std::to_string(a.c.D) + " bs " + std::to_string(a.c.bs) + " ctx [";
+  for (size_t i = 0; i < a.c.ctx.size() && i < 12; ++i) s += (i ? "," : "") + std::to_string(a.c.ctx[i]);
+  s += a.c.ctx.size() > 12 ? ",...]" : "]";
+  s += a.c.seq.empty() ? " seq_ids NULL" : " seq_ids given";
+  return s;
+}
+
+::testing::AssertionResult matches(const Pa& a) {
+  const Ref r = reference(a);
+  const double t = kstest::tol(a.c.dt);
+  for (int64_t i = 0; i < a.out.numel(); ++i) {
+    const double g = a.out.get(i), w = r.val[size_t(i)];
+    const int64_t tok = i / (a.c.H * a.c.D), head = (i / a.c.D) % a.c.H;
+    if (a.c.ctx[size_t(tok)] == 0) {
+      if (g != 0.0)
+        return ::testing::AssertionFailure() << "token " << tok << " (context 0) head " << head << ": got " << g
+                                             << ", want 0";
+      continue;
+    }
+    const double lim = t + t * std::fabs(w) + (1 + t) * r.bound[size_t(i)];
+    if (!(std::fabs(g - w) <= lim))
+      return ::testing::AssertionFailure() << "token " << tok << " head " << head << " dim " << i % a.c.D << ": got "
+                                           << g << ", want " << w << " (|diff| " << std::fabs(g - w) << " > " << lim
+                                           << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+void run_and_check(Pa& a) {
+  Snap in{&a.q, &a.kc, &a.vc, &a.bt, &a.sid, &a.cl};
+  ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error() << " " << describe(a);
+  EXPECT_TRUE(matches(a)) << describe(a);
+  EXPECT_TRUE(a.out.guards_intact()) << "wrote outside out: " << describe(a);
+  EXPECT_TRUE(in.same()) << "inputs modified: " << describe(a);
+}
+
+TEST(PagedAttention, GqaHeadConfigs) {
+  const int64_t heads[][2] = {{8, 2}, {12, 3}, {4, 1}, {9, 3}, {4, 4}, {6, 1}};
+  for (DType dt : kFloatTypes())
+    for (auto& hk : heads) {
+      PaConfig c;
+      c.dt = dt;
+      c.H = hk[0];
+      c.KVH = hk[1];
+      c.D = 64;
+      c.bs = 16;
+      c.ctx = {37, 1, 16, 50, 17};
+      Pa a(c);
+      run_and_check(a);
+    }
+}
+
+TEST(PagedAttention, KvHeadMappingIsHOverGroup) {
+  // Each kv head's V is a constant (its index + 1) and K is zero: every query head must
+  // return exactly 1 + h / (H / KVH). A mapping of h % KVH (or any other) shows at once.
+  for (auto [H, KVH] : {std::pair<int64_t, int64_t>{8, 2}, {12, 3}, {9, 3}, {4, 1}}) {
+    PaConfig c;
+    c.H = H;
+    c.KVH = KVH;
+    c.D = 8;
+    c.bs = 4;
+    c.ctx = {5, 9};
+    c.nan_invisible = false;
+    Pa a(c);
+    const int64_t row = KVH * c.D;
+    for (int64_t i = 0; i < a.kc.numel(); ++i) {
+      a.kc.set(i, 0.0);
+      a.vc.set(i, double((i % row) / c.D + 1));
+    }
+    ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error();
+    for (int64_t t = 0; t < 2; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        EXPECT_NEAR(a.out.get((t * H + h) * c.D + 3), double(h / (H / KVH) + 1), 1e-5)
+            << "H " << H << " KVH " << KVH << " h " << h;
+  }
+}
+
+TEST(PagedAttention, BlockSizesAndContextLengths) {
+  for (int64_t bs : {1, 7, 16})
+    for (DType dt : kFloatTypes()) {
+      PaConfig c;
+      c.dt = dt;
+      c.bs = bs;
+      c.H = 4;
+      c.KVH = 2;
+      c.D = 32;
+      const int32_t b = int32_t(bs);
+      c.ctx = {0, 1, b - 1 > 0 ? b - 1 : 2, b, b + 1, 3 * b + 2, 0, 40};
+      Pa a(c);
+      run_and_check(a);
+    }
+}
+
+TEST(PagedAttention, ContextFillsEveryBlockOfTheTable) {
+  // context_len == max_blocks_per_seq * block_size (the capacity) is valid.
+  for (int64_t bs : {1, 7, 16}) {
+    PaConfig c;
+    c.bs = bs;
+    c.H = 4;
+    c.KVH = 1;
+    c.D = 16;
+    c.ctx = {int32_t(3 * bs), int32_t(2 * bs + 1)};
+    c.max_blocks = 3;
+    Pa a(c);
+    run_and_check(a);
+  }
+}
+
+TEST(PagedAttention, ZeroContextGivesZeroRows) {
+  for (DType dt : kFloatTypes()) {
+    PaConfig c;
+    c.dt = dt;
+    c.ctx = {0, 0, 0};
+    Pa a(c);  // max_blocks_per_seq is 0 here: block_tables (3, 0)
+    ASSERT_EQ(a.d.MB, 0);
+    run_and_check(a);
+    PaConfig c2 = c;
+    c2.ctx = {0, 5, 0};
+    Pa b(c2);
+    run_and_check(b);
+  }
+}
+
+TEST(PagedAttention, PrefillWithSeqIds) {
+  // Tokens of sequence 1 (a 19-token prompt, context lengths 1..19) interleaved with decode
+  // tokens of sequences 0 and 2; sequence 3 has no tokens.
+  for (DType dt : kFloatTypes())
+    for (int64_t bs : {1, 7, 16}) {
+      PaConfig c;
+      c.dt = dt;
+      c.bs = bs;
+      c.H = 12;
+      c.KVH = 3;
+      c.D = 64;
+      for (int32_t i = 1; i <= 19; ++i) {
+        c.ctx.push_back(i);
+        c.seq.push_back(1);
+        if (i == 5) c.ctx.push_back(33), c.seq.push_back(0);
+        if (i == 12) c.ctx.push_back(8), c.seq.push_back(2);
+      }
+      c.num_seqs = 4;
+      Pa a(c);
+      run_and_check(a);
+    }
+}
+
+TEST(PagedAttention, SeqIdsGivenForDecode) {
+  // seq_ids need not be the identity: tokens in reverse sequence order, repeats.
+  PaConfig c;
+  c.H = 8;
+  c.KVH = 2;
+  c.ctx = {10, 20, 30, 20};
+  c.seq = {2, 1, 0, 1};
+  Pa a(c);
+  run_and_check(a);
+}
+
+TEST(PagedAttention, ScaleIsApplied) {
+  for (double scale : {0.0, 2.5, -1.0, 1e-3, 0.1})
+    for (DType dt : kFloatTypes()) {
+      PaConfig c;
+      c.dt = dt;
+      c.scale = scale;
+      c.H = 4;
+      c.KVH = 2;
+      c.D = 16;
+      c.ctx = {9, 23};
+      c.bs = 7;
+      Pa a(c);
+      run_and_check(a);
+    }
+  // scale 0: the output is exactly the mean of the visible V rows (uniform weights).
+  PaConfig c;
+  c.scale = 0.0;
+  c.H = 1;
+  c.KVH = 1;
+  c.D = 4;
+  c.bs = 4;
+  c.ctx = {4};
+  Pa a(c);
+  for (int64_t i = 0; i < a.vc.numel(); ++i) a.vc.set(i, double(i % 16));  // block rows 0..3, values 0..15
+  ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error();
+  for (int e = 0; e < 4; ++e) EXPECT_NEAR(a.out.get(e), 6.0 + e, 1e-6);
+}
+
+TEST(PagedAttention, LargeLogitsDoNotOverflow) {
+  // q = 30 * sign pattern, k_j = alpha_j * sign pattern with distinct integer alpha_j: the dot
+  // products reach 30 * 30 * 128 = 115200 (past fp16's 65504) and the scores, ~1e4, are
+  // hundreds apart, so the softmax is one-hot: out = v of the best key, exactly. With all
+  // alpha_j negative every score is about -1e4 (exp underflows without max subtraction).
+  for (DType dt : kFloatTypes())
+    for (int sign : {1, -1}) {
+      PaConfig c;
+      c.dt = dt;
+      c.H = 2;
+      c.KVH = 1;
+      c.D = 128;
+      c.bs = 16;
+      c.ctx = {40};
+      c.nan_invisible = false;
+      Pa a(c);
+      std::vector<double> pat(128);
+      for (auto& p : pat) p = (rng()() & 1) ? 1.0 : -1.0;
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t e = 0; e < 128; ++e) a.q.set(h * 128 + e, 30.0 * pat[size_t(e)]);
+      std::vector<int> alpha(40);
+      std::iota(alpha.begin(), alpha.end(), 1);
+      std::shuffle(alpha.begin(), alpha.end(), rng());
+      int64_t best = 0;
+      for (int64_t j = 0; j < 40; ++j) {
+        const double al = sign > 0 ? double(alpha[size_t(j)]) : -double(alpha[size_t(j)]) - 200.0;
+        if ((sign > 0 && alpha[size_t(j)] == 40) || (sign < 0 && alpha[size_t(j)] == 1)) best = j;
+        for (int64_t e = 0; e < 128; ++e) a.kc.set(a.slot(0, j) * 128 + e, al * pat[size_t(e)] / 1.0);
+      }
+      ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error();
+      for (int64_t h = 0; h < 2; ++h)
+        for (int64_t e = 0; e < 128; ++e) {
+          const double want = a.vc.get(a.slot(0, best) * 128 + e);
+          ASSERT_EQ(a.out.get(h * 128 + e), want) << dt_name(dt) << " sign " << sign << " head " << h << " dim " << e;
+        }
+    }
+}
+
+TEST(PagedAttention, HeadDims) {
+  for (int64_t D : {1, 3, 8, 80, 128, 256})
+    for (DType dt : kFloatTypes()) {
+      PaConfig c;
+      c.dt = dt;
+      c.D = D;
+      c.H = 4;
+      c.KVH = 2;
+      c.bs = 7;
+      c.ctx = {12, 3};
+      Pa a(c);
+      run_and_check(a);
+    }
+}
+
+TEST(PagedAttention, MisalignedViews) {
+  for (DType dt : kFloatTypes())
+    for (size_t off : {size_t(1), size_t(2), size_t(5)}) {
+      PaConfig c;
+      c.dt = dt;
+      c.off = off;
+      c.H = 9;
+      c.KVH = 3;
+      c.D = 40;
+      c.bs = 7;
+      c.ctx = {15, 1, 0, 22};
+      Pa a(c);
+      run_and_check(a);
+    }
+}
+
+TEST(PagedAttention, UnusedBlockTableEntriesAreNotRead) {
+  // Entries past a sequence's context (and rows of sequences no token reads) may hold
+  // padding such as -1: only the blocks covering keys 0..context_len-1 are used.
+  for (int32_t pad : {-1, 1 << 30}) {
+    PaConfig c;
+    c.pad = pad;
+    c.H = 4;
+    c.KVH = 2;
+    c.D = 16;
+    c.bs = 4;
+    c.ctx = {5, 13, 2};
+    c.seq = {0, 2, 0};
+    c.num_seqs = 4;
+    c.max_blocks = 6;
+    Pa a(c);
+    run_and_check(a);
+  }
+}
+
+TEST(PagedAttention, ManyTokensAndLongContexts) {
+  PaConfig c;
+  c.dt = DType::BF16;
+  c.H = 8;
+  c.KVH = 2;
+  c.D = 128;
+  c.bs = 16;
+  for (int i = 0; i < 72; ++i) c.ctx.push_back(int32_t(1 + (i * 97) % 300));  // T*H*D > 2^16: threaded paths
+  Pa a(c);
+  run_and_check(a);
+}
+
+TEST(PagedAttention, SharedPrefixBlocks) {
+  // Two sequences whose tables point at the same physical blocks for a shared prefix.
+  for (DType dt : kFloatTypes()) {
+    PaConfig c;
+    c.dt = dt;
+    c.H = 8;
+    c.KVH = 2;
+    c.D = 32;
+    c.bs = 8;
+    c.ctx = {20, 9, 17};
+    c.seq = {0, 1, 1};
+    Pa a(c);
+    set_i(a.bt, 1 * a.d.MB + 0, get_i(a.bt, 0));          // seq 1 block 0 = seq 0 block 0
+    set_i(a.bt, 1 * a.d.MB + 1, get_i(a.bt, 1));          // seq 1 block 1 = seq 0 block 1 (full for seq 0)
+    for (int64_t e = 0; e < a.kc.numel(); ++e)            // seq 1's third block: make sure it is finite
+      if (std::isnan(a.kc.get(e))) a.kc.set(e, 0.25), a.vc.set(e, -0.5);
+    run_and_check(a);
+  }
+}
+
+TEST(PagedAttention, ScaleThatOverflowsFp32) {
+  // 1e39 is finite as a double but fp32(1e39) = inf, and the contract computes scale * q.k
+  // in FP32: the call must be rejected like a non-finite scale (nothing written), or at
+  // least give a finite result -- never NaN rows.
+  for (double sc : {1e39, -1e39}) {
+    PaConfig c = PaConfig{};
+    c.H = 2;
+    c.KVH = 1;
+    c.D = 8;
+    c.bs = 4;
+    c.ctx = {6};
+    c.scale = sc;
+    Pa a(c);
+    Snap s{&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.cl};
+    const ks_status_t st = a.run();
+    if (st == KS_SUCCESS) {
+      for (int64_t i = 0; i < a.out.numel(); ++i)
+        ASSERT_TRUE(std::isfinite(a.out.get(i))) << "scale " << sc << " accepted but out[" << i << "] = " << a.out.get(i);
+    } else {
+      EXPECT_TRUE(fails_cleanly(st, KS_ERROR_INVALID_ARGUMENT, kOp, "scale", s)) << "scale " << sc;
+    }
+  }
+}
+
+// ---- validation -----------------------------------------------------------------------
+
+PaConfig small_cfg(DType dt = DType::F32) {
+  PaConfig c;
+  c.dt = dt;
+  c.H = 4;
+  c.KVH = 2;
+  c.D = 8;
+  c.bs = 4;
+  c.ctx = {5, 3, 7};
+  c.seq = {0, 1, 0};
+  c.num_seqs = 2;
+  c.max_blocks = 2;
+  c.nan_invisible = false;
+  return c;
+}
+
+TEST(PagedAttention, CommonTensorRules) {
+  for (DType dt : kFloatTypes()) {
+    Pa a(small_cfg(dt));
+    check_common_rules(kOp,
+                       {{"out", &a.out, false, {other_float(dt), kI32}},
+                        {"q", &a.q, false, {kI32, kU8}},
+                        {"k_cache", &a.kc, false, {other_float(dt), kI16}},
+                        {"v_cache", &a.vc, false, {other_float(dt), kI32}},
+                        {"block_tables", &a.bt, false, {kF32, kU32t, kI64, kI16}},
+                        {"seq_ids", &a.sid, true, {kF32, kU32t, kI64}},
+                        {"context_lens", &a.cl, false, {kF32, kU32t, kI64, kI16}}},
+                       [&](std::vector<DLTensor*>& t, ks_backend_t be) {
+                         return ks_paged_attention(t[0], t[1], t[2], t[3], t[4], t[5], t[6], 0.3, be, nullptr);
+                       });
+  }
+}
+
+// Runs a with one DLTensor mutated (or replaced), expecting a clean failure.
+void expect_fail(Pa& a, ks_status_t want, const char* arg, const std::string& what,
+                 const std::function<void(std::vector<Dl>&, double&, bool&)>& mut) {
+  std::vector<Dl> d;
+  d.reserve(7);
+  for (Buf* b : {&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.sid, &a.cl}) d.emplace_back(*b);
+  double scale = 0.5;
+  bool has_seq = !a.c.seq.empty();
+  mut(d, scale, has_seq);
+  Snap s{&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.sid, &a.cl};
+  const ks_status_t st = ks_paged_attention(d[0].p(), d[1].p(), d[2].p(), d[3].p(), d[4].p(),
+                                            has_seq ? d[5].p() : nullptr, d[6].p(), scale, KS_BACKEND_AUTO, nullptr);
+  EXPECT_TRUE(fails_cleanly(st, want, kOp, arg, s)) << what;
+}
+
+TEST(PagedAttention, RejectsMixedDtypes) {
+  for (DType a_ : kFloatTypes())
+    for (DType b_ : kFloatTypes()) {
+      if (a_ == b_) continue;
+      Pa a(small_cfg(a_));
+      const DLDataType other = ks::to_dl(b_);
+      expect_fail(a, KS_ERROR_UNSUPPORTED_DTYPE, "out", "out " + dt_name(b_), [&](auto& d, auto&, auto&) { d[0].t.dtype = other; });
+      expect_fail(a, KS_ERROR_UNSUPPORTED_DTYPE, "k_cache", "k_cache", [&](auto& d, auto&, auto&) { d[2].t.dtype = other; });
+      expect_fail(a, KS_ERROR_UNSUPPORTED_DTYPE, "v_cache", "v_cache", [&](auto& d, auto&, auto&) { d[3].t.dtype = other; });
+    }
+}
+
+TEST(PagedAttention, RejectsBadShapes) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  Pa a(small_cfg());
+  // q / out
+  expect_fail(a, INV, "q", "q 2-D", [](auto& d, auto&, auto&) { d[1].set_shape({3, 32}); d[0].set_shape({3, 32}); });
+  expect_fail(a, INV, "q", "q 4-D", [](auto& d, auto&, auto&) { d[1].set_shape({3, 4, 1, 8}); d[0].set_shape({3, 4, 1, 8}); });
+  expect_fail(a, INV, "q|num_heads", "num_heads 0", [](auto& d, auto&, auto&) { d[1].set_shape({3, 0, 8}); d[0].set_shape({3, 0, 8}); });
+  expect_fail(a, INV, "q|head_dim", "head_dim 0", [](auto& d, auto&, auto&) {
+    d[1].set_shape({3, 4, 0});
+    d[0].set_shape({3, 4, 0});
+    d[2].set_shape({3, 4, 2, 0});
+    d[3].set_shape({3, 4, 2, 0});
+  });
+  expect_fail(a, INV, "out", "out (3, 8, 4)", [](auto& d, auto&, auto&) { d[0].set_shape({3, 8, 4}); });
+  expect_fail(a, INV, "out", "out (2, 4, 8)", [](auto& d, auto&, auto&) { d[0].set_shape({2, 4, 8}); });
+  // caches
+  expect_fail(a, INV, "k_cache", "k_cache 3-D", [](auto& d, auto&, auto&) { d[2].set_shape({12, 2, 8}); });
+  expect_fail(a, INV, "k_cache", "k_cache head_dim 4", [](auto& d, auto&, auto&) { d[2].set_shape({3, 4, 4, 4}); d[3].set_shape({3, 4, 4, 4}); });
+  expect_fail(a, INV, "v_cache", "v_cache shape", [](auto& d, auto&, auto&) { d[3].set_shape({4, 3, 2, 8}); });
+  expect_fail(a, INV, "v_cache", "v_cache fewer blocks", [](auto& d, auto&, auto&) { d[3].set_shape({2, 4, 2, 8}); });
+  expect_fail(a, INV, "num_heads|num_kv_heads", "4 heads, 3 kv heads",
+              [](auto& d, auto&, auto&) { d[2].set_shape({2, 4, 3, 8}); d[3].set_shape({2, 4, 3, 8}); });
+  expect_fail(a, INV, "num_heads|num_kv_heads", "4 heads, 8 kv heads",
+              [](auto& d, auto&, auto&) { d[2].set_shape({1, 4, 8, 8}); d[3].set_shape({1, 4, 8, 8}); });
+  expect_fail(a, INV, "num_heads|num_kv_heads", "0 kv heads",
+              [](auto& d, auto&, auto&) { d[2].set_shape({3, 4, 0, 8}); d[3].set_shape({3, 4, 0, 8}); });
+  // index tensors
+  expect_fail(a, INV, "block_tables", "block_tables 1-D", [](auto& d, auto&, auto&) { d[4].set_shape({4}); });
+  expect_fail(a, INV, "block_tables", "block_tables 3-D", [](auto& d, auto&, auto&) { d[4].set_shape({2, 2, 1}); });
+  expect_fail(a, INV, "context_lens", "context_lens 2 for 3 tokens", [](auto& d, auto&, auto&) { d[6].set_shape({2}); });
+  expect_fail(a, INV, "context_lens", "context_lens 2-D", [](auto& d, auto&, auto&) { d[6].set_shape({3, 1}); });
+  expect_fail(a, INV, "seq_ids", "seq_ids 2 for 3 tokens", [](auto& d, auto&, auto&) { d[5].set_shape({2}); });
+  expect_fail(a, INV, "seq_ids", "seq_ids 2-D", [](auto& d, auto&, auto&) { d[5].set_shape({1, 3}); });
+  expect_fail(a, INV, "block_tables|seq_ids", "NULL seq_ids with 2 sequences for 3 tokens",
+              [](auto&, auto&, bool& has) { has = false; });
+}
+
+TEST(PagedAttention, RejectsBadScale) {
+  Pa a(small_cfg());
+  for (double s : {std::nan(""), double(INFINITY), -double(INFINITY)})
+    expect_fail(a, KS_ERROR_INVALID_ARGUMENT, "scale", "scale " + std::to_string(s), [&](auto&, double& sc, auto&) { sc = s; });
+}
+
+TEST(PagedAttention, RejectsBadIndexValuesNothingWritten) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  // Each bad value sits in the last token's data, after valid tokens.
+  for (int32_t bad : {-1, 2, 1000, std::numeric_limits<int32_t>::min()}) {
+    Pa a(small_cfg());
+    set_i(a.sid, 2, bad);
+    expect_fail(a, INV, "seq_ids", "seq_ids[2] = " + std::to_string(bad), [](auto&, auto&, auto&) {});
+  }
+  for (int32_t bad : {-1, 9, std::numeric_limits<int32_t>::max(), std::numeric_limits<int32_t>::min()}) {
+    Pa a(small_cfg());  // capacity 2 blocks * 4 = 8
+    set_i(a.cl, 2, bad);
+    expect_fail(a, INV, "context_lens", "context_lens[2] = " + std::to_string(bad), [](auto&, auto&, auto&) {});
+  }
+  for (int32_t bad : {-1, -2, 1 << 30, std::numeric_limits<int32_t>::min(), 6, 7}) {
+    Pa a(small_cfg());  // 6 blocks (3 used + 3 spare); token 2 (seq 0, context 7) uses both of seq 0's entries
+    ASSERT_EQ(a.d.NB, 6);
+    set_i(a.bt, 0 * 2 + 1, bad);
+    expect_fail(a, INV, "block_tables", "block_tables[0, 1] = " + std::to_string(bad), [](auto&, auto&, auto&) {});
+  }
+  {  // without seq_ids: token t uses row t
+    PaConfig c = small_cfg();
+    c.seq.clear();
+    c.num_seqs = -1;
+    c.max_blocks = -1;
+    Pa a(c);
+    set_i(a.bt, 2 * a.d.MB + 1, -1);
+    expect_fail(a, INV, "block_tables", "block_tables[2, 1] = -1 (no seq_ids)", [](auto&, auto&, auto&) {});
+  }
+}
+
+TEST(PagedAttention, RejectsOverlap) {
+  // out sharing storage with each input in turn.
+  Pa a(small_cfg());
+  const char* names[] = {"q", "k_cache", "v_cache", "block_tables", "seq_ids", "context_lens"};
+  for (int which = 1; which <= 6; ++which) {
+    expect_fail(a, KS_ERROR_INVALID_ARGUMENT, (std::string("out|") + names[which - 1]).c_str(),
+                std::string("out overlapping ") + names[which - 1], [&](std::vector<Dl>& d, auto&, auto&) {
+                  // point out's data at the input's data (out is as large as q; the inputs'
+                  // Bufs have padding, and nothing is written if validation holds)
+                  d[0].t.data = d[size_t(which)].t.data;
+                });
+  }
+}
+
+TEST(PagedAttention, ZeroTokensIsANoOpButValidates) {
+  PaConfig c = small_cfg();
+  c.ctx.clear();
+  c.seq.clear();
+  c.num_seqs = -1;
+  c.max_blocks = 2;
+  c.extra_blocks = 3;
+  Pa a(c);
+  ASSERT_EQ(a.d.T, 0);
+  Snap s{&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.cl};
+  EXPECT_EQ(a.run(), KS_SUCCESS) << ks_last_error();
+  EXPECT_TRUE(s.same());
+  expect_fail(a, KS_ERROR_INVALID_ARGUMENT, "num_heads|num_kv_heads", "0 tokens, 4 heads over 3 kv heads",
+              [](auto& d, auto&, auto&) { d[2].set_shape({3, 4, 3, 8}); d[3].set_shape({3, 4, 3, 8}); });
+  expect_fail(a, KS_ERROR_INVALID_ARGUMENT, "scale", "0 tokens, NaN scale", [](auto&, double& sc, auto&) { sc = std::nan(""); });
+}
+
+// Body of the death-test child: 0 when the call returned a correct result or a clean error.
+int zero_block_size_child() {
+  Buf out(DType::F32, {2, 4, 8}), q(DType::F32, {2, 4, 8}), kc(DType::F32, {3, 0, 2, 8}), vc(DType::F32, {3, 0, 2, 8}),
+      bt(DType::I32, {2, 2}), cl(DType::I32, {2});
+  kstest::fill_normal(q);
+  for (int i = 0; i < 4; ++i) set_i(bt, i, i % 3);
+  set_i(cl, 0, 0);
+  set_i(cl, 1, 0);
+  out.poison();
+  DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), l = cl.dl();
+  const ks_status_t st = ks_paged_attention(&o, &qq, &k, &v, &b, nullptr, &l, 0.5, KS_BACKEND_AUTO, nullptr);
+  bool ok = st == KS_ERROR_INVALID_ARGUMENT;
+  if (st == KS_SUCCESS) {
+    ok = true;
+    for (int64_t i = 0; i < out.numel(); ++i) ok = ok && out.get(i) == 0.0;
+  }
+  return ok ? 0 : 3;
+}
+
+TEST(PagedAttention, ZeroBlockSizeDoesNotCrash) {
+  // k_cache (num_blocks, 0, kvh, d): capacity 0, so only context length 0 can be valid. The
+  // call must return (zeros, or INVALID_ARGUMENT with nothing written) -- never crash.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(std::exit(zero_block_size_child()), ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace

@@ -1,0 +1,834 @@
+// ks_rotary_embedding (in place on q and optionally k) against an FP64 reference of the
+// documented formula: inv_freq[i] = fp32(theta^(-2i/rotary_dim)); angle = fp32(fp32(pos) *
+// inv_freq[i]) computed in float exactly as the contract says; cos/sin of that angle in
+// double; (a, b) -> (a*c - b*s, b*c + a*s). NeoX pairs (i, i + rotary_dim/2), interleaved
+// pairs (2i, 2i+1). Features past rotary_dim must be untouched bit for bit.
+// Tolerance: the seed's rtol/atol plus 4u(|a| + |b|) (u = 2^-24), the first-order FP32
+// rounding of cos, sin, two products and a sum.
+// ---- helpers local to this file -------------------------------------------------
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace {
+
+using kstest::Buf;
+using kstest::rng;
+using ks::DType;
+
+constexpr double kU32 = 1.0 / 16777216.0;  // unit roundoff of fp32 (2^-24)
+
+const std::vector<DType>& kFloatTypes() { return kstest::float_dtypes(); }
+
+std::string dt_name(DType d) { return ks::dtype_name(d); }
+
+// Random bytes (any bit pattern: NaN payloads, infinities, subnormals).
+void fill_bytes(Buf& b) {
+  std::uniform_int_distribution<int> d(0, 255);
+  auto* p = static_cast<uint8_t*>(b.data());
+  for (size_t i = 0; i < b.nbytes(); ++i) p[i] = uint8_t(d(rng()));
+}
+
+// Exact integer store / load for int32 / int64 buffers.
+void set_i(Buf& b, int64_t i, int64_t v) {
+  auto* p = static_cast<uint8_t*>(b.data());
+  if (b.dtype == DType::I32) {
+    const int32_t x = int32_t(v);
+    std::memcpy(p + 4 * i, &x, 4);
+  } else {
+    std::memcpy(p + 8 * i, &v, 8);
+  }
+}
+int64_t get_i(const Buf& b, int64_t i) {
+  const auto* p = static_cast<const uint8_t*>(b.data());
+  if (b.dtype == DType::I32) {
+    int32_t x;
+    std::memcpy(&x, p + 4 * i, 4);
+    return x;
+  }
+  int64_t x;
+  std::memcpy(&x, p + 8 * i, 8);
+  return x;
+}
+
+// Independent decoders of the 16-bit float formats (to FP64).
+double f16_to_double(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
+  double v;
+  if (e == 0x1F) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  else if (e == 0) v = std::ldexp(double(m), -24);
+  else v = std::ldexp(double(m + 1024), e - 25);
+  return s ? -v : v;
+}
+double bf16_to_double(uint16_t h) {
+  const uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return double(f);
+}
+
+// v rounded to dtype d (through fp32), as a double.
+double round_to(DType d, double v) {
+  const float f = float(v);
+  switch (d) {
+    case DType::F16: return ks::half_to_float(ks::float_to_half(f));
+    case DType::BF16: return ks::bf16_to_float(ks::float_to_bf16(f));
+    default: return f;
+  }
+}
+
+// Half an ulp of dtype d at magnitude |v| relative (the rounding error of one store), as a
+// relative bound: fp16 2^-11, bf16 2^-8, fp32 2^-24.
+double store_rel(DType d) {
+  switch (d) {
+    case DType::F16: return 1.0 / 2048.0;
+    case DType::BF16: return 1.0 / 256.0;
+    default: return kU32;
+  }
+}
+
+// True if msg contains w as a whole word (not inside a longer identifier).
+bool names_word(const std::string& msg, const std::string& w) {
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t pos = msg.find(w); pos != std::string::npos; pos = msg.find(w, pos + 1)) {
+    const bool before = pos == 0 || !ident(msg[pos - 1]);
+    const bool after = pos + w.size() >= msg.size() || !ident(msg[pos + w.size()]);
+    if (before && after) return true;
+  }
+  return false;
+}
+
+// Byte snapshot of buffers (data and guard padding) that a failing call must not touch.
+struct Snap {
+  std::vector<std::pair<const Buf*, std::vector<uint8_t>>> s;
+  Snap() = default;
+  Snap(std::initializer_list<const Buf*> bs) {
+    for (auto* b : bs) add(b);
+  }
+  void add(const Buf* b) { s.push_back({b, b->raw}); }
+  ::testing::AssertionResult same() const {
+    for (size_t i = 0; i < s.size(); ++i) {
+      const auto& now = s[i].first->raw;
+      const auto& then = s[i].second;
+      for (size_t j = 0; j < now.size(); ++j)
+        if (now[j] != then[j])
+          return ::testing::AssertionFailure() << "buffer #" << i << " changed at raw byte " << j << " (data byte "
+                                               << int64_t(j) - int64_t(s[i].first->offset) << ")";
+    }
+    return ::testing::AssertionSuccess();
+  }
+};
+
+// The call failed with `want`, the message names the op and (if given) the argument as a
+// word, and every snapshotted buffer is byte-identical.
+::testing::AssertionResult fails_cleanly(ks_status_t got, ks_status_t want, const char* op, const std::string& arg,
+                                         const Snap& snap) {
+  const std::string msg = ks_last_error();  // read before any other kernscope call
+  if (got != want)
+    return ::testing::AssertionFailure() << "status " << ks_status_name(got) << ", want " << ks_status_name(want)
+                                         << " (message: \"" << msg << "\")";
+  if (msg.find(op) == std::string::npos)
+    return ::testing::AssertionFailure() << "message does not name op '" << op << "': \"" << msg << "\"";
+  if (!arg.empty()) {  // arg may list alternatives: "a|b"
+    bool named = false;
+    size_t start = 0;
+    while (start <= arg.size()) {
+      const size_t bar = arg.find('|', start);
+      const std::string one = arg.substr(start, bar == std::string::npos ? std::string::npos : bar - start);
+      named = named || names_word(msg, one);
+      if (bar == std::string::npos) break;
+      start = bar + 1;
+    }
+    if (!named)
+      return ::testing::AssertionFailure() << "message does not name argument '" << arg << "': \"" << msg << "\"";
+  }
+  return snap.same();
+}
+
+// An owned DLTensor over a Buf whose shape/strides can be mutated.
+struct Dl {
+  std::vector<int64_t> shape, strides;
+  DLTensor t{};
+  Dl() = default;
+  explicit Dl(Buf& b) : shape(b.shape) {
+    t = b.dl();
+    fix();
+  }
+  Dl(const Dl& o) : shape(o.shape), strides(o.strides), t(o.t) { fix(); }
+  Dl& operator=(const Dl& o) {
+    shape = o.shape;
+    strides = o.strides;
+    t = o.t;
+    fix();
+    return *this;
+  }
+  void fix() {
+    t.shape = shape.data();
+    t.strides = strides.empty() ? nullptr : strides.data();
+  }
+  void set_shape(std::vector<int64_t> s) {
+    shape = std::move(s);
+    t.ndim = int(shape.size());
+    fix();
+  }
+  void set_strides(std::vector<int64_t> s) {
+    strides = std::move(s);
+    fix();
+  }
+  DLTensor* p() { return &t; }
+};
+
+std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> st(shape.size());
+  int64_t e = 1;
+  for (int i = int(shape.size()) - 1; i >= 0; --i) {
+    st[size_t(i)] = e;
+    e *= shape[size_t(i)];
+  }
+  return st;
+}
+
+// ---- generic DLTensor rules, run for every argument of an op -----------------------
+struct ArgSpec {
+  const char* name;
+  Buf* buf;
+  bool optional;                       // NULL is a valid value
+  std::vector<DLDataType> bad_dtypes;  // each must be rejected with UNSUPPORTED_DTYPE
+};
+using Call = std::function<ks_status_t(std::vector<DLTensor*>&, ks_backend_t)>;
+
+// Runs `call` once as a baseline (must succeed), then, one argument at a time: NULL tensor,
+// NULL data, negative dim, ndim -1, NULL shape, lanes 2, fp64, the listed wrong dtypes,
+// non-contiguous strides, another device; then whole-call rules (CUDA/OpenCL devices,
+// unknown backend). Every failure must leave every buffer byte-identical. Explicit
+// compact strides (size-1 dims with junk strides) and byte_offset must give the baseline.
+void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& call) {
+  std::vector<std::vector<uint8_t>> init;
+  for (auto& a : args) init.push_back(a.buf->raw);
+  auto restore = [&] {
+    for (size_t i = 0; i < args.size(); ++i) args[i].buf->raw = init[i];
+  };
+  auto make = [&] {
+    std::vector<Dl> d;
+    d.reserve(args.size());
+    for (auto& a : args) d.emplace_back(*a.buf);
+    return d;
+  };
+  auto ptrs = [](std::vector<Dl>& d) {
+    std::vector<DLTensor*> p;
+    for (auto& x : d) p.push_back(&x.t);
+    return p;
+  };
+  auto snap_all = [&] {
+    Snap s;
+    for (auto& a : args) s.add(a.buf);
+    return s;
+  };
+  restore();
+  {
+    auto d = make();
+    auto p = ptrs(d);
+    ASSERT_EQ(call(p, KS_BACKEND_AUTO), KS_SUCCESS) << op << " baseline: " << ks_last_error();
+    EXPECT_STREQ(ks_last_error(), "") << op << ": a successful call must clear the last error";
+  }
+  std::vector<std::vector<uint8_t>> base;
+  for (auto& a : args) {
+    EXPECT_TRUE(a.buf->guards_intact()) << op << " baseline wrote outside " << a.name;
+    base.push_back(a.buf->raw);
+  }
+  auto expect_ok_same = [&](const std::string& what, const std::function<void(std::vector<Dl>&)>& mut,
+                            ks_backend_t be) {
+    restore();
+    auto d = make();
+    mut(d);
+    auto p = ptrs(d);
+    const ks_status_t st = call(p, be);
+    EXPECT_EQ(st, KS_SUCCESS) << op << " " << what << ": " << ks_last_error();
+    for (size_t i = 0; i < args.size(); ++i)
+      EXPECT_TRUE(args[i].buf->raw == base[i]) << op << " " << what << ": " << args[i].name
+                                               << " differs from the baseline call";
+  };
+  auto expect_fail = [&](const std::string& what, ks_status_t want, const std::string& arg,
+                         const std::function<void(std::vector<Dl>&, std::vector<DLTensor*>&)>& mut, ks_backend_t be) {
+    restore();
+    auto d = make();
+    auto p = ptrs(d);
+    mut(d, p);
+    Snap s = snap_all();
+    const ks_status_t st = call(p, be);
+    if (std::getenv("KS_TEST_VERBOSE")) std::printf("  [%s] %s -> %s: %s\n", op, what.c_str(), ks_status_name(st), ks_last_error());
+    EXPECT_TRUE(fails_cleanly(st, want, op, arg, s)) << op << ": " << what;
+  };
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT, DT = KS_ERROR_UNSUPPORTED_DTYPE,
+                    DEV = KS_ERROR_UNSUPPORTED_DEVICE;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const ArgSpec& a = args[i];
+    const std::string n = a.name;
+    const std::vector<int64_t> shp = a.buf->shape;
+    const int64_t numel = a.buf->numel();
+    if (!a.optional)
+      expect_fail(n + " NULL", INV, n, [&](auto&, auto& p) { p[i] = nullptr; }, KS_BACKEND_AUTO);
+    if (numel > 0)
+      expect_fail(n + " NULL data", INV, n, [&](auto& d, auto&) { d[i].t.data = nullptr; }, KS_BACKEND_AUTO);
+    if (!shp.empty()) {
+      expect_fail(n + " negative dim", INV, n, [&](auto& d, auto&) { d[i].shape[0] = -1; }, KS_BACKEND_AUTO);
+      expect_fail(n + " NULL shape", INV, n, [&](auto& d, auto&) { d[i].t.shape = nullptr; }, KS_BACKEND_AUTO);
+    }
+    expect_fail(n + " ndim -1", INV, n, [&](auto& d, auto&) { d[i].t.ndim = -1; }, KS_BACKEND_AUTO);
+    expect_fail(n + " ndim 17", INV, n,
+                [&](auto& d, auto&) {
+                  std::vector<int64_t> s17(17, 1);
+                  d[i].set_shape(s17);
+                },
+                KS_BACKEND_AUTO);
+    if (shp.size() >= 2)  // element count past 2^63
+      expect_fail(n + " element count overflow", INV, n,
+                  [&](auto& d, auto&) {
+                    d[i].shape[0] = int64_t(1) << 62;
+                    d[i].shape[1] = 5;
+                  },
+                  KS_BACKEND_AUTO);
+    expect_fail(n + " lanes 2", DT, n, [&](auto& d, auto&) { d[i].t.dtype.lanes = 2; }, KS_BACKEND_AUTO);
+    expect_fail(n + " fp64", DT, n, [&](auto& d, auto&) { d[i].t.dtype = DLDataType{kDLFloat, 64, 1}; },
+                KS_BACKEND_AUTO);
+    for (DLDataType bad : a.bad_dtypes)
+      expect_fail(n + " dtype code " + std::to_string(bad.code) + " bits " + std::to_string(bad.bits), DT, n,
+                  [&](auto& d, auto&) { d[i].t.dtype = bad; }, KS_BACKEND_AUTO);
+    // Non-contiguous: the innermost dim of size > 1 gets twice its compact stride.
+    {
+      auto st = compact_strides(shp);
+      int k = -1;
+      for (int j = int(shp.size()) - 1; j >= 0; --j)
+        if (shp[size_t(j)] > 1) {
+          k = j;
+          break;
+        }
+      if (k >= 0 && numel > 0) {
+        st[size_t(k)] *= 2;
+        expect_fail(n + " non-contiguous", INV, n, [&](auto& d, auto&) { d[i].set_strides(st); }, KS_BACKEND_AUTO);
+      }
+      if (shp.size() >= 2 && shp[0] > 1 && shp[1] > 1 && numel > 0) {  // transposed (column-major) strides
+        auto tr = compact_strides(shp);
+        std::swap(tr[0], tr[1]);
+        tr[0] = 1;
+        tr[1] = shp[0];
+        expect_fail(n + " transposed strides", INV, n, [&](auto& d, auto&) { d[i].set_strides(tr); },
+                    KS_BACKEND_AUTO);
+      }
+    }
+    if (args.size() > 1)
+      expect_fail(n + " on kDLCUDA alone", DEV, n, [&](auto& d, auto&) { d[i].t.device = DLDevice{kDLCUDA, 0}; },
+                  KS_BACKEND_AUTO);
+  }
+  // Whole-call device/backend rules.
+  if (!ks_backend_available(KS_BACKEND_CUDA))
+    expect_fail("all tensors on kDLCUDA without a CUDA backend", KS_ERROR_BACKEND_UNAVAILABLE, "",
+                [&](auto& d, auto&) {
+                  for (auto& x : d) x.t.device = DLDevice{kDLCUDA, 0};
+                },
+                KS_BACKEND_AUTO);
+  expect_fail("all tensors on kDLCUDA with backend CPU", DEV, "",
+              [&](auto& d, auto&) {
+                for (auto& x : d) x.t.device = DLDevice{kDLCUDA, 0};
+              },
+              KS_BACKEND_CPU);
+  expect_fail("all tensors on kDLOpenCL", DEV, "",
+              [&](auto& d, auto&) {
+                for (auto& x : d) x.t.device = DLDevice{kDLOpenCL, 0};
+              },
+              KS_BACKEND_AUTO);
+  expect_fail("unknown backend 9", INV, "backend", [](auto&, auto&) {}, static_cast<ks_backend_t>(9));
+  {  // CUDA backend asked for host tensors: either status is a correct refusal.
+    restore();
+    auto d = make();
+    auto p = ptrs(d);
+    Snap s = snap_all();
+    const ks_status_t st = call(p, KS_BACKEND_CUDA);
+    const std::string msg = ks_last_error();
+    EXPECT_TRUE(st == KS_ERROR_UNSUPPORTED_DEVICE || st == KS_ERROR_BACKEND_UNAVAILABLE)
+        << op << " backend CUDA with host tensors: " << ks_status_name(st) << " " << msg;
+    EXPECT_NE(msg.find(op), std::string::npos) << msg;
+    EXPECT_TRUE(s.same()) << op << " backend CUDA with host tensors wrote";
+  }
+  // Layouts that must be accepted and give the baseline bit for bit.
+  expect_ok_same("backend CPU", [](auto&) {}, KS_BACKEND_CPU);
+  expect_ok_same("explicit compact strides",
+                 [&](std::vector<Dl>& d) {
+                   for (auto& x : d) {
+                     auto st = compact_strides(x.shape);
+                     for (size_t j = 0; j < st.size(); ++j)
+                       if (x.shape[j] == 1) st[j] = 12345;  // a size-1 dim's stride is ignored
+                     x.set_strides(st);
+                   }
+                 },
+                 KS_BACKEND_AUTO);
+  expect_ok_same("byte_offset 7",
+                 [&](std::vector<Dl>& d) {
+                   for (auto& x : d)
+                     if (x.t.data) {
+                       x.t.data = static_cast<char*>(x.t.data) - 7;
+                       x.t.byte_offset = 7;
+                     }
+                 },
+                 KS_BACKEND_AUTO);
+  restore();
+}
+
+// A float tensor's dtype with another float dtype of the same element size (or smaller).
+DLDataType other_float(DType d) {
+  switch (d) {
+    case DType::F16: return DLDataType{kDLBfloat, 16, 1};
+    case DType::BF16: return DLDataType{kDLFloat, 16, 1};
+    default: return DLDataType{kDLInt, 32, 1};
+  }
+}
+const DLDataType kI32{kDLInt, 32, 1}, kI64{kDLInt, 64, 1}, kU8{kDLUInt, 8, 1}, kF16{kDLFloat, 16, 1},
+    kBF16{kDLBfloat, 16, 1}, kF32{kDLFloat, 32, 1}, kI16{kDLInt, 16, 1}, kU32t{kDLUInt, 32, 1};
+
+}  // namespace
+namespace {
+
+const char* kOp = "rotary_embedding";
+
+struct RopeCase {
+  DType dt = DType::F32;
+  DType pos_dt = DType::I64;
+  int64_t T = 3, H = 4, KVH = 2, D = 64, rd = 64;
+  double theta = 10000.0;
+  bool neox = true;
+  bool with_k = true;
+  size_t off_q = 0, off_k = 0, off_p = 0;
+  std::vector<int64_t> positions;  // empty: random in [0, 4096)
+};
+
+std::vector<float> inv_freq(int64_t rd, double theta) {
+  std::vector<float> f(size_t(rd / 2));
+  for (int64_t i = 0; i < rd / 2; ++i) f[size_t(i)] = float(std::pow(theta, -double(2 * i) / double(rd)));
+  return f;
+}
+
+// FP64 reference on the stored values of one [T, heads, D] tensor; also returns bounds.
+void rope_ref(const std::vector<double>& x, int64_t T, int64_t heads, int64_t D, int64_t rd, double theta, bool neox,
+              const std::vector<int64_t>& pos, std::vector<double>& y, std::vector<double>& bound) {
+  y = x;
+  bound.assign(x.size(), 0.0);
+  const auto f = inv_freq(rd, theta);
+  const int64_t half = rd / 2;
+  for (int64_t t = 0; t < T; ++t) {
+    const float p = float(pos[size_t(t)]);
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = (t * heads + h) * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float ang = p * f[size_t(i)];  // one FP32 product, as documented
+        const double c = std::cos(double(ang)), s = std::sin(double(ang));
+        const int64_t i0 = neox ? base + i : base + 2 * i;
+        const int64_t i1 = neox ? base + i + half : base + 2 * i + 1;
+        const double a = x[size_t(i0)], b = x[size_t(i1)];
+        y[size_t(i0)] = a * c - b * s;
+        y[size_t(i1)] = b * c + a * s;
+        bound[size_t(i0)] = bound[size_t(i1)] = 4 * kU32 * (std::fabs(a) + std::fabs(b));
+      }
+    }
+  }
+}
+
+ks_status_t run_rope(Buf& q, Buf* k, Buf& pos, int64_t rd, double theta, int neox, ks_backend_t be = KS_BACKEND_AUTO) {
+  DLTensor qq = q.dl(), p = pos.dl();
+  DLTensor kk{};
+  if (k) kk = k->dl();
+  return ks_rotary_embedding(&qq, k ? &kk : nullptr, &p, rd, theta, neox, be, nullptr);
+}
+
+::testing::AssertionResult check_tensor(const Buf& got, const std::vector<double>& before, const std::vector<uint8_t>& before_bytes,
+                                        const RopeCase& c, int64_t heads, const std::vector<int64_t>& pos) {
+  std::vector<double> y, bound;
+  rope_ref(before, c.T, heads, c.D, c.rd, c.theta, c.neox, pos, y, bound);
+  const double t = kstest::tol(got.dtype);
+  const size_t es = ks::dtype_size(got.dtype);
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const int64_t f = i % c.D;
+    if (f >= c.rd) {  // pass-through tail: bitwise
+      if (std::memcmp(static_cast<const uint8_t*>(got.data()) + size_t(i) * es, before_bytes.data() + size_t(i) * es, es))
+        return ::testing::AssertionFailure() << "tail feature " << f << " of element " << i << " changed";
+      continue;
+    }
+    const double g = got.get(i), w = y[size_t(i)];
+    const double lim = t + t * std::fabs(w) + (1 + t) * bound[size_t(i)];
+    if (!(std::fabs(g - w) <= lim))
+      return ::testing::AssertionFailure() << "element " << i << " (token " << i / (heads * c.D) << ", head "
+                                           << (i / c.D) % heads << ", feature " << f << ", pos "
+                                           << pos[size_t(i / (heads * c.D))] << "): got " << g << ", want " << w
+                                           << " (|diff| " << std::fabs(g - w) << " > " << lim << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+std::vector<uint8_t> data_bytes(const Buf& b) {
+  const auto* p = static_cast<const uint8_t*>(b.data());
+  return std::vector<uint8_t>(p, p + b.nbytes());
+}
+
+void run_case(const RopeCase& c, int neox_flag = -2) {
+  Buf q(c.dt, {c.T, c.H, c.D}, c.off_q);
+  Buf k(c.dt, {c.T, c.KVH, c.D}, c.off_k);
+  Buf pos(c.pos_dt, {c.T}, c.off_p);
+  kstest::fill_normal(q);
+  kstest::fill_normal(k, 2.0);
+  std::vector<int64_t> pv = c.positions;
+  if (pv.empty()) {
+    std::uniform_int_distribution<int64_t> d(0, 4095);
+    for (int64_t t = 0; t < c.T; ++t) pv.push_back(d(rng()));
+  }
+  ASSERT_EQ(int64_t(pv.size()), c.T);
+  for (int64_t t = 0; t < c.T; ++t) set_i(pos, t, pv[size_t(t)]);
+  const auto q0 = q.values(), k0 = k.values();
+  const auto qb = data_bytes(q), kb = data_bytes(k);
+  Snap ps{&pos};
+  Snap ks_{&k};
+  const int flag = neox_flag != -2 ? neox_flag : (c.neox ? 1 : 0);
+  ASSERT_EQ(run_rope(q, c.with_k ? &k : nullptr, pos, c.rd, c.theta, flag), KS_SUCCESS) << ks_last_error();
+  const std::string what = dt_name(c.dt) + (c.neox ? " neox" : " interleaved") + " T " + std::to_string(c.T) + " H " +
+                           std::to_string(c.H) + " KVH " + std::to_string(c.KVH) + " D " + std::to_string(c.D) +
+                           " rd " + std::to_string(c.rd) + " theta " + std::to_string(c.theta);
+  EXPECT_TRUE(check_tensor(q, q0, qb, c, c.H, pv)) << "q: " << what;
+  if (c.with_k)
+    EXPECT_TRUE(check_tensor(k, k0, kb, c, c.KVH, pv)) << "k: " << what;
+  else
+    EXPECT_TRUE(ks_.same()) << "k was not passed but its buffer changed";
+  EXPECT_TRUE(q.guards_intact() && k.guards_intact()) << what;
+  EXPECT_TRUE(ps.same()) << "positions modified: " << what;
+}
+
+TEST(Rotary, NeoxAndInterleavedAllDtypes) {
+  for (DType dt : kFloatTypes())
+    for (bool neox : {true, false})
+      for (DType pdt : {DType::I32, DType::I64}) {
+        RopeCase c;
+        c.dt = dt;
+        c.neox = neox;
+        c.pos_dt = pdt;
+        run_case(c);
+      }
+}
+
+TEST(Rotary, PartialRotaryDimLeavesTailBitwise) {
+  const int64_t dims[][2] = {{64, 32}, {128, 64}, {8, 2}, {10, 6}, {9, 8}, {80, 40}, {3, 2}};
+  for (DType dt : kFloatTypes())
+    for (bool neox : {true, false})
+      for (auto& d : dims) {
+        RopeCase c;
+        c.dt = dt;
+        c.neox = neox;
+        c.D = d[0];
+        c.rd = d[1];
+        c.T = 4;
+        run_case(c);
+      }
+}
+
+TEST(Rotary, GqaHeadsAndNullK) {
+  for (DType dt : kFloatTypes())
+    for (bool neox : {true, false}) {
+      RopeCase c;
+      c.dt = dt;
+      c.neox = neox;
+      c.H = 9;
+      c.KVH = 3;
+      c.D = 128;
+      c.rd = 128;
+      c.T = 5;
+      run_case(c);
+      c.with_k = false;  // q only
+      run_case(c);
+    }
+}
+
+TEST(Rotary, LargePositions) {
+  // Angles far past 2*pi: the FP32 angle must be formed as fp32(pos) * inv_freq in FP32.
+  // 16777217 is not an fp32 (rounds to 2^24); 2^31 + 5 does not fit int32 (int64 only).
+  for (DType dt : kFloatTypes())
+    for (bool neox : {true, false}) {
+      RopeCase c;
+      c.dt = dt;
+      c.neox = neox;
+      c.T = 6;
+      c.D = 128;
+      c.rd = 128;
+      c.theta = 500000.0;
+      c.positions = {100000, 0, 65535, 131071, 16777217, (int64_t(1) << 31) + 5};
+      run_case(c);
+      c.pos_dt = DType::I32;
+      c.positions = {100000, 99999, 1, 262143, 16777217, 2147483647};
+      run_case(c);
+    }
+}
+
+TEST(Rotary, ThetaValues) {
+  for (double theta : {10000.0, 500000.0, 1e6, 1.0001, 2.0, 1e30})
+    for (bool neox : {true, false}) {
+      RopeCase c;
+      c.theta = theta;
+      c.neox = neox;
+      c.D = 32;
+      c.rd = 32;
+      run_case(c);
+    }
+}
+
+TEST(Rotary, AnyNonzeroNeoxFlagIsNeox) {
+  for (int flag : {7, -1, 2}) {
+    RopeCase c;
+    c.neox = true;
+    c.T = 2;
+    run_case(c, flag);
+  }
+}
+
+TEST(Rotary, MisalignedViews) {
+  for (DType dt : kFloatTypes())
+    for (bool neox : {true, false}) {
+      RopeCase c;
+      c.dt = dt;
+      c.neox = neox;
+      c.off_q = 2;
+      c.off_k = 1;
+      c.off_p = 3;
+      c.D = 96;
+      c.rd = 64;
+      c.T = 7;
+      run_case(c);
+    }
+}
+
+TEST(Rotary, ManyTokens) {
+  // Large enough for threaded or vectorized fast paths.
+  for (DType dt : kFloatTypes()) {
+    RopeCase c;
+    c.dt = dt;
+    c.T = 257;
+    c.H = 9;
+    c.KVH = 3;
+    c.D = 128;
+    c.rd = 128;
+    c.neox = dt != DType::BF16;
+    run_case(c);
+  }
+}
+
+TEST(Rotary, NoQueryHeadsStillRotatesK) {
+  // q (T, 0, D) is empty (NULL data is fine); k still rotates.
+  for (DType dt : kFloatTypes()) {
+    RopeCase c;
+    c.dt = dt;
+    c.H = 0;
+    c.KVH = 3;
+    c.D = 16;
+    c.rd = 16;
+    run_case(c);
+  }
+}
+
+TEST(Rotary, PositionZeroIsIdentity) {
+  // angle 0: c = 1, s = 0 -> every value unchanged (exactly, after FP32 round trip).
+  for (DType dt : kFloatTypes()) {
+    Buf q(dt, {3, 2, 16});
+    kstest::fill_normal(q);
+    Buf pos(DType::I32, {3});
+    for (int t = 0; t < 3; ++t) set_i(pos, t, 0);
+    const auto before = data_bytes(q);
+    ASSERT_EQ(run_rope(q, nullptr, pos, 16, 10000.0, 1), KS_SUCCESS) << ks_last_error();
+    EXPECT_EQ(before, data_bytes(q)) << dt_name(dt);
+  }
+}
+
+TEST(Rotary, ZeroTokensIsANoOpButValidates) {
+  Buf q(DType::F16, {0, 4, 64}), k(DType::F16, {0, 2, 64}), pos(DType::I64, {0});
+  Snap s{&q, &k, &pos};
+  EXPECT_EQ(run_rope(q, &k, pos, 64, 10000.0, 1), KS_SUCCESS) << ks_last_error();
+  EXPECT_TRUE(s.same());
+  EXPECT_TRUE(fails_cleanly(run_rope(q, &k, pos, 63, 10000.0, 1), KS_ERROR_INVALID_ARGUMENT, kOp, "rotary_dim", s));
+  EXPECT_TRUE(fails_cleanly(run_rope(q, &k, pos, 64, 1.0, 1), KS_ERROR_INVALID_ARGUMENT, kOp, "theta", s));
+}
+
+TEST(Rotary, CommonTensorRules) {
+  for (DType dt : kFloatTypes()) {
+    Buf q(dt, {3, 4, 16}), k(dt, {3, 2, 16}), pos(DType::I32, {3});
+    kstest::fill_normal(q);
+    kstest::fill_normal(k);
+    for (int t = 0; t < 3; ++t) set_i(pos, t, 7 * t + 1);
+    check_common_rules(kOp,
+                       {{"q", &q, false, {kI32, kU8}},
+                        {"k", &k, true, {other_float(dt), kI32}},
+                        {"positions", &pos, false, {kF32, kU32t, kI16, kU8}}},
+                       [&](std::vector<DLTensor*>& t, ks_backend_t be) {
+                         return ks_rotary_embedding(t[0], t[1], t[2], 16, 10000.0, 1, be, nullptr);
+                       });
+  }
+}
+
+TEST(Rotary, RejectsBadRotaryDim) {
+  Buf q(DType::F32, {2, 3, 16}), k(DType::F32, {2, 1, 16}), pos(DType::I64, {2});
+  kstest::fill_normal(q);
+  kstest::fill_normal(k);
+  set_i(pos, 0, 3);
+  set_i(pos, 1, 9);
+  for (int64_t rd : {int64_t(0), int64_t(-2), int64_t(15), int64_t(1), int64_t(17), int64_t(18), int64_t(32),
+                     std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()}) {
+    Snap s{&q, &k, &pos};
+    EXPECT_TRUE(fails_cleanly(run_rope(q, &k, pos, rd, 10000.0, 1), KS_ERROR_INVALID_ARGUMENT, kOp, "rotary_dim", s))
+        << "rotary_dim " << rd;
+  }
+}
+
+TEST(Rotary, RejectsBadTheta) {
+  Buf q(DType::BF16, {2, 3, 16}), pos(DType::I32, {2});
+  kstest::fill_normal(q);
+  set_i(pos, 0, 3);
+  set_i(pos, 1, 9);
+  for (double theta : {1.0, 0.999, 0.5, 0.0, -0.0, -10000.0, std::nan(""), double(INFINITY), -double(INFINITY)}) {
+    Snap s{&q, &pos};
+    EXPECT_TRUE(fails_cleanly(run_rope(q, nullptr, pos, 16, theta, 0), KS_ERROR_INVALID_ARGUMENT, kOp, "theta", s))
+        << "theta " << theta;
+  }
+}
+
+TEST(Rotary, RejectsBadShapes) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  auto expect = [&](Buf& q, Buf* k, Buf& pos, const char* arg, const char* what) {
+    Snap s{&q, &pos};
+    if (k) s.add(k);
+    EXPECT_TRUE(fails_cleanly(run_rope(q, k, pos, 8, 10000.0, 1), INV, kOp, arg, s)) << what;
+  };
+  Buf pos(DType::I64, {3});
+  for (int t = 0; t < 3; ++t) set_i(pos, t, t + 1);
+  Buf q(DType::F32, {3, 2, 8});
+  kstest::fill_normal(q);
+  {
+    Buf q2(DType::F32, {3, 16});
+    kstest::fill_normal(q2);
+    expect(q2, nullptr, pos, "q", "q 2-D");
+    Buf q4(DType::F32, {3, 2, 1, 8});
+    kstest::fill_normal(q4);
+    expect(q4, nullptr, pos, "q", "q 4-D");
+    Buf q0(DType::F32, {3, 2, 0});
+    expect(q0, nullptr, pos, "q", "head_dim 0");
+  }
+  {
+    Buf p4(DType::I64, {4});
+    expect(q, nullptr, p4, "positions", "4 positions for 3 tokens");
+    Buf p2(DType::I64, {3, 1});
+    expect(q, nullptr, p2, "positions", "positions 2-D");
+    Buf p0(DType::I64, {});
+    expect(q, nullptr, p0, "positions", "positions 0-d");
+  }
+  {
+    Buf k1(DType::F32, {2, 2, 8});
+    kstest::fill_normal(k1);
+    expect(q, &k1, pos, "k", "k has 2 tokens");
+    Buf k2(DType::F32, {3, 2, 10});
+    kstest::fill_normal(k2);
+    expect(q, &k2, pos, "k", "k head_dim 10");
+    Buf k3(DType::F32, {3, 16});
+    kstest::fill_normal(k3);
+    expect(q, &k3, pos, "k", "k 2-D");
+  }
+  {
+    Buf k(DType::F16, {3, 2, 8});
+    kstest::fill_normal(k);
+    Snap s{&q, &k, &pos};
+    EXPECT_TRUE(fails_cleanly(run_rope(q, &k, pos, 8, 10000.0, 1), KS_ERROR_UNSUPPORTED_DTYPE, kOp, "k", s));
+  }
+}
+
+TEST(Rotary, RejectsHeadStridedQ) {
+  // q as a view into a fused qkv buffer [T, (H + 2*KVH) * D]: head stride D, token stride
+  // (H + 2*KVH) * D. Not compact: must be rejected, nothing written.
+  const int64_t T = 3, H = 4, KVH = 2, D = 16;
+  Buf qkv(DType::F16, {T, (H + 2 * KVH) * D});
+  kstest::fill_normal(qkv);
+  Buf pos(DType::I32, {T});
+  for (int t = 0; t < T; ++t) set_i(pos, t, 5 * t);
+  Dl q(qkv);
+  q.set_shape({T, H, D});
+  q.set_strides({(H + 2 * KVH) * D, D, 1});
+  Dl k(qkv);
+  k.set_shape({T, KVH, D});
+  k.set_strides({(H + 2 * KVH) * D, D, 1});
+  k.t.data = static_cast<uint16_t*>(qkv.data()) + H * D;
+  DLTensor p = pos.dl();
+  Snap s{&qkv, &pos};
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), nullptr, &p, D, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "q", s));
+  // A correct q with a strided k: k is named.
+  Buf qc(DType::F16, {T, H, D});
+  kstest::fill_normal(qc);
+  DLTensor qq = qc.dl();
+  Snap s2{&qkv, &pos, &qc};
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(&qq, k.p(), &p, D, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "k", s2));
+  // Explicit compact strides for (T, H, D) are accepted and give the usual result.
+  Buf q1(DType::F16, {T, H, D}), q2(DType::F16, {T, H, D});
+  kstest::fill_normal(q1);
+  q2.raw = q1.raw;
+  Dl qs(q1);
+  qs.set_strides({H * D, D, 1});
+  DLTensor p2 = pos.dl(), qq2 = q2.dl();
+  ASSERT_EQ(ks_rotary_embedding(qs.p(), nullptr, &p2, D, 10000.0, 0, KS_BACKEND_AUTO, nullptr), KS_SUCCESS)
+      << ks_last_error();
+  ASSERT_EQ(ks_rotary_embedding(&qq2, nullptr, &p2, D, 10000.0, 0, KS_BACKEND_AUTO, nullptr), KS_SUCCESS)
+      << ks_last_error();
+  EXPECT_EQ(q1.raw, q2.raw);
+}
+
+TEST(Rotary, RejectsOverlap) {
+  // q and k sharing storage; positions inside q.
+  Buf store(DType::F32, {2 * 4 * 8 + 16});
+  kstest::fill_normal(store);
+  Buf pos(DType::I32, {2});
+  set_i(pos, 0, 1);
+  set_i(pos, 1, 2);
+  Dl q(store), k(store);
+  q.set_shape({2, 4, 8});
+  k.set_shape({2, 1, 8});
+  k.t.data = static_cast<float*>(store.data()) + 60;  // inside q (64 floats)
+  DLTensor p = pos.dl();
+  Snap s{&store, &pos};
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), k.p(), &p, 8, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "q|k", s));
+  Dl k2(store);  // the very same storage for q and k
+  k2.set_shape({2, 4, 8});
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), k2.p(), &p, 8, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "q|k", s));
+  // positions stored inside q
+  Dl pin(store);
+  pin.set_shape({2});
+  pin.t.dtype = kI32;
+  pin.t.data = static_cast<float*>(store.data()) + 10;
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), nullptr, pin.p(), 8, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "q|positions", s));
+  // positions stored inside k
+  Dl kk(store);
+  kk.set_shape({2, 1, 4});
+  kk.t.data = static_cast<float*>(store.data()) + 64;
+  Dl q4(store);
+  q4.set_shape({2, 4, 4});
+  Dl pk(store);
+  pk.set_shape({2});
+  pk.t.dtype = kI32;
+  pk.t.data = static_cast<float*>(store.data()) + 66;
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q4.p(), kk.p(), pk.p(), 4, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "k|positions", s));
+}
+
+}  // namespace
