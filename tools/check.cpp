@@ -1,6 +1,557 @@
+// `ksctl check`: the backend sweep (after llama.cpp's test-backend-ops). Every
+// registered variant of every op, on every backend present, for each dtype it
+// declares, over a shape list and two layouts (aligned, and an offset view whose
+// data pointer is 2 bytes off 16-byte alignment), is pinned with
+// ks_force_variant, run on random inputs with poisoned outputs, and compared
+// with an FP64 reference computed here from the same rounded inputs.
+//
+// Tolerance per element: |got - ref| <= tol * |ref| + tol_abs, where tol is the
+// dtype's (fp16 1e-3, bf16 1e-2, fp32 1e-6) and, for ops that sum K products
+// (gemv, gemm, quant_matmul, attention), tol_abs adds 8 * sqrt(K) * 2^-24 * S
+// with S = sum |a_k b_k|: the usual bound for an FP32 sum in an unspecified
+// order (random-walk rounding growth), since the contract fixes FP32 but not
+// the order. A variant refusing a call (can_implement) counts as skipped.
+#include <kernscope/kernscope.hpp>
+
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <random>
 #include <string>
-int run_check(const std::string&, const std::string&, bool) {
-  std::fprintf(stderr, "check: sweep under construction\n");
-  return 1;
+#include <vector>
+
+#include "core/half.hpp"
+
+namespace {
+
+using ks::DType;
+
+std::mt19937_64 g_rng(20261129);
+
+// Host tensor with an optional byte offset from a 64-byte aligned base.
+struct HBuf {
+  DType dt;
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> raw;
+  size_t off;
+  HBuf(DType d, std::vector<int64_t> s, size_t offset) : dt(d), shape(std::move(s)), off(64 + offset) {
+    raw.assign(off + nbytes() + 64, 0);
+  }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto x : shape) n *= x;
+    return n;
+  }
+  size_t nbytes() const { return size_t(numel()) * ks::dtype_size(dt); }
+  void* data() { return raw.data() + off; }
+  ks::TensorView view() { return ks::TensorView(data(), dt, shape); }
+  double get(int64_t i) const {
+    const uint8_t* p = raw.data() + off;
+    uint16_t h;
+    switch (dt) {
+      case DType::F32: { float f; std::memcpy(&f, p + 4 * i, 4); return f; }
+      case DType::F16: std::memcpy(&h, p + 2 * i, 2); return ks::half_to_float(h);
+      case DType::BF16: std::memcpy(&h, p + 2 * i, 2); return ks::bf16_to_float(h);
+      case DType::I32: { int32_t v; std::memcpy(&v, p + 4 * i, 4); return v; }
+      case DType::I64: { int64_t v; std::memcpy(&v, p + 8 * i, 8); return double(v); }
+      case DType::U8: return p[i];
+    }
+    return 0;
+  }
+  void set(int64_t i, double v) {
+    uint8_t* p = raw.data() + off;
+    uint16_t h;
+    switch (dt) {
+      case DType::F32: { float f = float(v); std::memcpy(p + 4 * i, &f, 4); break; }
+      case DType::F16: h = ks::float_to_half(float(v)); std::memcpy(p + 2 * i, &h, 2); break;
+      case DType::BF16: h = ks::float_to_bf16(float(v)); std::memcpy(p + 2 * i, &h, 2); break;
+      case DType::I32: { int32_t x = int32_t(v); std::memcpy(p + 4 * i, &x, 4); break; }
+      case DType::I64: { int64_t x = int64_t(v); std::memcpy(p + 8 * i, &x, 8); break; }
+      case DType::U8: p[i] = uint8_t(v); break;
+    }
+  }
+  void randn(double sd = 1.0) {
+    std::normal_distribution<double> d(0, sd);
+    for (int64_t i = 0; i < numel(); ++i) set(i, d(g_rng));
+  }
+  void poison() { std::memset(data(), 0xFF, nbytes()); }
+};
+
+double dtol(DType d) { return d == DType::F16 ? 1e-3 : d == DType::BF16 ? 1e-2 : 1e-6; }
+
+// Compares got with ref; sabs (optional) holds S per element for summed ops.
+bool close(const HBuf& got, const std::vector<double>& ref, const std::vector<double>* sabs, double k, std::string* why) {
+  const double t = dtol(got.dt);
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double g = got.get(i), r = ref[size_t(i)];
+    if (std::isnan(r) || std::isnan(g)) {
+      if (std::isnan(r) && std::isnan(g)) continue;
+    } else if (std::isinf(r) || std::isinf(g)) {
+      if (g == r) continue;
+    } else {
+      double bound = t * std::fabs(r) + t;
+      if (sabs) bound = t * std::fabs(r) + t * 1e-3 * (*sabs)[size_t(i)] + 8 * std::sqrt(k) * 5.96e-8 * (*sabs)[size_t(i)];
+      if (std::fabs(g - r) <= bound) continue;
+    }
+    char b[160];
+    std::snprintf(b, sizeof b, "element %lld: got %.9g, want %.9g", (long long)i, g, r);
+    *why = b;
+    return false;
+  }
+  return true;
+}
+
+// ---- GGUF block formats: encoder and FP64 decoder for the sweep --------------
+struct QFmt {
+  ks::QType q;
+  int64_t bs, bb;
+};
+const std::vector<QFmt> kQuantFormats = {{ks::QType::Q4_0, 32, 18}, {ks::QType::Q4_1, 32, 20},
+                                         {ks::QType::Q8_0, 32, 34}, {ks::QType::F16, 1, 2},
+                                         {ks::QType::F32, 1, 4},    {ks::QType::BF16, 1, 2}};
+
+void put16(uint8_t* p, uint16_t v) { p[0] = uint8_t(v); p[1] = uint8_t(v >> 8); }
+uint16_t get16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+
+// Random packed rows [rows, cols] in format f (random codes and scales).
+HBuf random_packed(const QFmt& f, int64_t rows, int64_t cols, size_t offset) {
+  HBuf b(DType::U8, {rows, cols / f.bs * f.bb}, offset);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<double> nd(0, 1);
+  uint8_t* p = static_cast<uint8_t*>(b.data());
+  for (int64_t i = 0; i < b.numel(); ++i) p[i] = uint8_t(byte(g_rng));
+  const int64_t nblk = rows * (cols / f.bs);
+  for (int64_t k = 0; k < nblk; ++k) {
+    uint8_t* blk = p + k * f.bb;
+    switch (f.q) {
+      case ks::QType::Q4_0: case ks::QType::Q8_0: put16(blk, ks::float_to_half(float(0.02 * nd(g_rng)))); break;
+      case ks::QType::Q4_1:
+        put16(blk, ks::float_to_half(float(0.02 * std::fabs(nd(g_rng)))));
+        put16(blk + 2, ks::float_to_half(float(-0.15 * std::fabs(nd(g_rng)))));
+        break;
+      case ks::QType::F16: put16(blk, ks::float_to_half(float(nd(g_rng)))); break;
+      case ks::QType::BF16: put16(blk, ks::float_to_bf16(float(nd(g_rng)))); break;
+      case ks::QType::F32: { float v = float(nd(g_rng)); std::memcpy(blk, &v, 4); break; }
+      default: break;
+    }
+  }
+  return b;
+}
+
+// FP64 decode of row r.
+std::vector<double> decode_row(const QFmt& f, HBuf& packed, int64_t r, int64_t cols) {
+  std::vector<double> w(static_cast<size_t>(cols));
+  const uint8_t* row = static_cast<const uint8_t*>(packed.data()) + r * packed.shape[1];
+  for (int64_t b = 0; b < cols / f.bs; ++b) {
+    const uint8_t* blk = row + b * f.bb;
+    double* o = w.data() + b * f.bs;
+    switch (f.q) {
+      case ks::QType::Q4_0: {
+        const double d = ks::half_to_float(get16(blk));
+        for (int j = 0; j < 16; ++j) { o[j] = d * ((blk[2 + j] & 15) - 8); o[j + 16] = d * ((blk[2 + j] >> 4) - 8); }
+        break;
+      }
+      case ks::QType::Q4_1: {
+        const double d = ks::half_to_float(get16(blk)), m = ks::half_to_float(get16(blk + 2));
+        for (int j = 0; j < 16; ++j) { o[j] = d * (blk[4 + j] & 15) + m; o[j + 16] = d * (blk[4 + j] >> 4) + m; }
+        break;
+      }
+      case ks::QType::Q8_0: {
+        const double d = ks::half_to_float(get16(blk));
+        for (int j = 0; j < 32; ++j) o[j] = d * int8_t(blk[2 + j]);
+        break;
+      }
+      case ks::QType::F16: o[0] = ks::half_to_float(get16(blk)); break;
+      case ks::QType::BF16: o[0] = ks::bf16_to_float(get16(blk)); break;
+      case ks::QType::F32: { float v; std::memcpy(&v, blk, 4); o[0] = v; break; }
+      default: break;
+    }
+  }
+  return w;
+}
+
+// ---- one case per (op, shape); returns 1 correct, 0 incorrect, -1 skipped ----
+struct Ctx {
+  DType dt;
+  size_t off;  // byte offset of every tensor's data pointer
+  ks::Backend be;
+  std::string why;
+};
+
+int outcome(const std::function<void()>& run, const std::function<bool(std::string*)>& verify, Ctx& c) {
+  try {
+    run();
+  } catch (const ks::BackendUnavailable& e) {
+    c.why = e.what();
+    return -1;
+  } catch (const ks::Error& e) {
+    c.why = e.what();
+    return 0;
+  }
+  return verify(&c.why) ? 1 : 0;
+}
+
+using CaseFn = std::function<int(Ctx&, const std::vector<int64_t>&)>;
+
+int case_rms_norm(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t R = s[0], H = s[1];
+  HBuf x(c.dt, {R, H}, c.off), w(c.dt, {H}, c.off), o(c.dt, {R, H}, c.off);
+  x.randn(); w.randn(); o.poison();
+  std::vector<double> ref(size_t(R * H));
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) ss += x.get(r * H + i) * x.get(r * H + i);
+    const double sc = 1 / std::sqrt(ss / H + double(float(1e-6)));
+    for (int64_t i = 0; i < H; ++i) ref[size_t(r * H + i)] = x.get(r * H + i) * sc * w.get(i);
+  }
+  return outcome([&] { ks::rms_norm(o.view(), x.view(), w.view(), 1e-6, c.be); },
+                 [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
+}
+
+int case_fused_add(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t R = s[0], H = s[1];
+  HBuf x(c.dt, {R, H}, c.off), res(c.dt, {R, H}, c.off), w(c.dt, {H}, c.off);
+  x.randn(); res.randn(); w.randn();
+  std::vector<double> rx(size_t(R * H)), rr(size_t(R * H));
+  for (int64_t r = 0; r < R; ++r) {
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) {
+      const double v = x.get(r * H + i) + res.get(r * H + i);
+      rr[size_t(r * H + i)] = v;
+      ss += v * v;
+    }
+    const double sc = 1 / std::sqrt(ss / H + double(float(1e-6)));
+    for (int64_t i = 0; i < H; ++i) rx[size_t(r * H + i)] = rr[size_t(r * H + i)] * sc * w.get(i);
+  }
+  return outcome([&] { ks::fused_add_rms_norm(x.view(), res.view(), w.view(), 1e-6, c.be); },
+                 [&](std::string* why) { return close(x, rx, nullptr, 0, why) && close(res, rr, nullptr, 0, why); }, c);
+}
+
+int case_silu(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t R = s[0], D = s[1];
+  HBuf x(c.dt, {R, 2 * D}, c.off), o(c.dt, {R, D}, c.off);
+  x.randn(2.0); o.poison();
+  std::vector<double> ref(size_t(R * D));
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t i = 0; i < D; ++i) {
+      const double g = x.get(r * 2 * D + i), u = x.get(r * 2 * D + D + i);
+      ref[size_t(r * D + i)] = g / (1 + std::exp(-g)) * u;
+    }
+  return outcome([&] { ks::silu_and_mul(o.view(), x.view(), c.be); },
+                 [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
+}
+
+int case_gemv(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t N = s[0], H = s[1];
+  HBuf x(c.dt, {H}, c.off), w(c.dt, {N, H}, c.off), o(c.dt, {N}, c.off);
+  x.randn(); w.randn(); o.poison();
+  std::vector<double> ref(static_cast<size_t>(N)), sa(static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t h = 0; h < H; ++h) {
+      ref[size_t(n)] += w.get(n * H + h) * x.get(h);
+      sa[size_t(n)] += std::fabs(w.get(n * H + h) * x.get(h));
+    }
+  return outcome([&] { ks::gemv(o.view(), x.view(), w.view(), c.be); },
+                 [&](std::string* why) { return close(o, ref, &sa, double(H), why); }, c);
+}
+
+int case_softmax(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t R = s[0], H = s[1];
+  HBuf x(c.dt, {R, H}, c.off), o(c.dt, {R, H}, c.off);
+  x.randn(3.0); o.poison();
+  std::vector<double> ref(size_t(R * H));
+  for (int64_t r = 0; r < R; ++r) {
+    double mx = -INFINITY, sum = 0;
+    for (int64_t i = 0; i < H; ++i) mx = std::max(mx, x.get(r * H + i));
+    for (int64_t i = 0; i < H; ++i) sum += std::exp(x.get(r * H + i) - mx);
+    for (int64_t i = 0; i < H; ++i) ref[size_t(r * H + i)] = std::exp(x.get(r * H + i) - mx) / sum;
+  }
+  return outcome([&] { ks::softmax(o.view(), x.view(), c.be); },
+                 [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
+}
+
+int case_argmax(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t R = s[0], V = s[1];
+  HBuf x(c.dt, {R, V}, c.off), o(DType::I64, {R}, c.off);
+  x.randn(); o.poison();
+  // plant a tie of the row maximum at a later index: the first must win
+  std::vector<double> ref(static_cast<size_t>(R));
+  for (int64_t r = 0; r < R; ++r) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < V; ++i)
+      if (x.get(r * V + i) > x.get(r * V + best)) best = i;
+    if (best + 1 < V) x.set(r * V + V - 1, x.get(r * V + best));
+    ref[size_t(r)] = double(best);
+  }
+  return outcome([&] { ks::argmax(o.view(), x.view(), c.be); },
+                 [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
+}
+
+int case_gemm(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t M = s[0], N = s[1], K = s[2];
+  HBuf a(c.dt, {M, K}, c.off), b(c.dt, {N, K}, c.off), o(c.dt, {M, N}, c.off);
+  a.randn(); b.randn(); o.poison();
+  std::vector<double> ref(size_t(M * N)), sa(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = a.get(m * K + k) * b.get(n * K + k);
+        ref[size_t(m * N + n)] += p;
+        sa[size_t(m * N + n)] += std::fabs(p);
+      }
+  return outcome([&] { ks::gemm(o.view(), a.view(), b.view(), c.be); },
+                 [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
+}
+
+int case_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
+  const int64_t M = s[0], N = s[1], K = s[2];
+  HBuf x(c.dt, {M, K}, c.off), o(c.dt, {M, N}, c.off);
+  HBuf w = random_packed(f, N, K, c.off);
+  x.randn(); o.poison();
+  std::vector<double> ref(size_t(M * N)), sa(size_t(M * N));
+  for (int64_t n = 0; n < N; ++n) {
+    const auto wr = decode_row(f, w, n, K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = x.get(m * K + k) * wr[size_t(k)];
+        ref[size_t(m * N + n)] += p;
+        sa[size_t(m * N + n)] += std::fabs(p);
+      }
+  }
+  return outcome([&] { ks::quant_matmul(o.view(), x.view(), w.view(), f.q, c.be); },
+                 [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
+}
+
+int case_dequantize(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
+  const int64_t R = s[0], C = s[1];
+  HBuf w = random_packed(f, R, C, c.off);
+  HBuf o(c.dt, {R, C}, c.off);
+  o.poison();
+  std::vector<double> ref;
+  for (int64_t r = 0; r < R; ++r) {
+    auto row = decode_row(f, w, r, C);
+    ref.insert(ref.end(), row.begin(), row.end());
+  }
+  return outcome([&] { ks::dequantize(o.view(), w.view(), f.q, c.be); },
+                 [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
+}
+
+int case_embedding(Ctx& c, const std::vector<int64_t>& s, const QFmt* f) {
+  const int64_t T = s[0], V = s[1], H = s[2];
+  HBuf ids(DType::I64, {T}, c.off), o(c.dt, {T, H}, c.off);
+  std::uniform_int_distribution<int64_t> pick(0, V - 1);
+  for (int64_t i = 0; i < T; ++i) ids.set(i, double(pick(g_rng)));
+  o.poison();
+  std::vector<double> ref(size_t(T * H));
+  HBuf table = f ? random_packed(*f, V, H, c.off) : HBuf(c.dt, {V, H}, c.off);
+  if (!f) table.randn();
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t id = int64_t(ids.get(t));
+    if (f) {
+      auto row = decode_row(*f, table, id, H);
+      for (int64_t j = 0; j < H; ++j) ref[size_t(t * H + j)] = row[size_t(j)];
+    } else {
+      for (int64_t j = 0; j < H; ++j) ref[size_t(t * H + j)] = table.get(id * H + j);
+    }
+  }
+  return outcome([&] { ks::embedding(o.view(), ids.view(), table.view(), f ? f->q : ks::QType::None, c.be); },
+                 [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
+}
+
+int case_rotary(Ctx& c, const std::vector<int64_t>& s, bool neox) {
+  const int64_t T = s[0], Hq = s[1], Hk = s[2], D = s[3], RD = s[4];
+  const double theta = 10000.0;
+  HBuf q(c.dt, {T, Hq, D}, c.off), k(c.dt, {T, Hk, D}, c.off), pos(DType::I32, {T}, c.off);
+  q.randn(); k.randn();
+  for (int64_t t = 0; t < T; ++t) pos.set(t, double((t * 37) % 4099));
+  auto rotate = [&](HBuf& b, int64_t heads) {
+    std::vector<double> ref(size_t(b.numel()));
+    for (int64_t i = 0; i < b.numel(); ++i) ref[size_t(i)] = b.get(i);
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < RD / 2; ++i) {
+          const float inv = float(std::pow(theta, -double(2 * i) / double(RD)));
+          const double ang = double(float(float(pos.get(t)) * inv));  // the contract's FP32 angle
+          const int64_t base = (t * heads + h) * D;
+          const int64_t i0 = neox ? base + i : base + 2 * i, i1 = neox ? base + i + RD / 2 : base + 2 * i + 1;
+          const double x0 = b.get(i0), x1 = b.get(i1);
+          ref[size_t(i0)] = x0 * std::cos(ang) - x1 * std::sin(ang);
+          ref[size_t(i1)] = x1 * std::cos(ang) + x0 * std::sin(ang);
+        }
+    return ref;
+  };
+  const auto rq = rotate(q, Hq), rk = rotate(k, Hk);
+  return outcome([&] { ks::rotary_embedding(q.view(), k.view(), pos.view(), RD, theta, neox, c.be); },
+                 [&](std::string* why) {
+                   // sin/cos of an FP32 angle up to ~4e3 rad: FP32 evaluation is accurate to a few ulp.
+                   return close(q, rq, nullptr, 0, why) && close(k, rk, nullptr, 0, why);
+                 }, c);
+}
+
+int case_kv_append(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t T = s[0], KVH = s[1], D = s[2], NB = s[3], BS = s[4];
+  HBuf k(c.dt, {T, KVH, D}, c.off), v(c.dt, {T, KVH, D}, c.off), kc(c.dt, {NB, BS, KVH, D}, c.off),
+      vc(c.dt, {NB, BS, KVH, D}, c.off), slots(DType::I64, {T}, c.off);
+  k.randn(); v.randn(); kc.randn(); vc.randn();
+  std::vector<int64_t> perm(size_t(NB * BS));
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = int64_t(i);
+  std::shuffle(perm.begin(), perm.end(), g_rng);
+  std::vector<double> rk(size_t(kc.numel())), rv(size_t(vc.numel()));
+  for (int64_t i = 0; i < kc.numel(); ++i) { rk[size_t(i)] = kc.get(i); rv[size_t(i)] = vc.get(i); }
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = t % 5 == 4 ? -1 : perm[size_t(t)];
+    slots.set(t, double(slot));
+    if (slot < 0) continue;
+    for (int64_t j = 0; j < KVH * D; ++j) {
+      rk[size_t(slot * KVH * D + j)] = k.get(t * KVH * D + j);
+      rv[size_t(slot * KVH * D + j)] = v.get(t * KVH * D + j);
+    }
+  }
+  return outcome([&] { ks::kv_cache_append(kc.view(), vc.view(), k.view(), v.view(), slots.view(), c.be); },
+                 [&](std::string* why) { return close(kc, rk, nullptr, 0, why) && close(vc, rv, nullptr, 0, why); }, c);
+}
+
+int case_attention(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t T = s[0], Hq = s[1], KVH = s[2], D = s[3], BS = s[4], L = s[5];
+  const int64_t MB = (L + BS - 1) / BS, NB = MB * T + 1;
+  HBuf q(c.dt, {T, Hq, D}, c.off), o(c.dt, {T, Hq, D}, c.off), kc(c.dt, {NB, BS, KVH, D}, c.off),
+      vc(c.dt, {NB, BS, KVH, D}, c.off), bt(DType::I32, {T, MB}, c.off), cl(DType::I32, {T}, c.off);
+  q.randn(); kc.randn(); vc.randn(); o.poison();
+  std::vector<int64_t> blocks(static_cast<size_t>(NB));
+  for (int64_t i = 0; i < NB; ++i) blocks[size_t(i)] = i;
+  std::shuffle(blocks.begin(), blocks.end(), g_rng);
+  for (int64_t i = 0; i < T * MB; ++i) bt.set(i, double(blocks[size_t(i)]));
+  for (int64_t t = 0; t < T; ++t) cl.set(t, double(t == 0 ? L : 1 + (t * 13) % L));
+  const double scale = 1 / std::sqrt(double(D));
+  std::vector<double> ref(size_t(o.numel()));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / (Hq / KVH), len = int64_t(cl.get(t));
+      std::vector<double> sc(static_cast<size_t>(len));
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t slot = int64_t(bt.get(t * MB + j / BS)) * BS + j % BS;
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += q.get((t * Hq + h) * D + d) * kc.get((slot * KVH + g) * D + d);
+        sc[size_t(j)] = double(float(scale)) * dot;
+        mx = std::max(mx, sc[size_t(j)]);
+      }
+      double sum = 0;
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t slot = int64_t(bt.get(t * MB + j / BS)) * BS + j % BS;
+        for (int64_t d = 0; d < D; ++d) ref[size_t((t * Hq + h) * D + d)] += sc[size_t(j)] / sum * vc.get((slot * KVH + g) * D + d);
+      }
+    }
+  // Outputs are convex combinations of V rows (|v| ~ 1): S = max|v| ~ 4 per element, K = context length.
+  std::vector<double> sa(size_t(o.numel()), 4.0);
+  return outcome([&] {
+                   ks::paged_attention(o.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(),
+                                       scale, c.be);
+                 },
+                 [&](std::string* why) { return close(o, ref, &sa, double(L), why); }, c);
+}
+
+struct OpSweep {
+  std::string op;
+  std::vector<std::pair<std::string, CaseFn>> cases;  // label, fn(ctx) per shape
+};
+
+std::string label(const std::vector<int64_t>& s) {
+  std::string r;
+  for (auto x : s) r += (r.empty() ? "" : "x") + std::to_string(x);
+  return r;
+}
+
+std::vector<OpSweep> sweeps() {
+  std::vector<OpSweep> v;
+  auto add = [&](const std::string& op, const std::vector<std::vector<int64_t>>& shapes,
+                 std::function<int(Ctx&, const std::vector<int64_t>&)> fn, const std::string& tag = "") {
+    OpSweep* s = nullptr;
+    for (auto& x : v)
+      if (x.op == op) s = &x;
+    if (!s) s = &v.emplace_back(OpSweep{op, {}});
+    for (const auto& sh : shapes)
+      s->cases.emplace_back(tag + label(sh), [fn, sh](Ctx& c, const std::vector<int64_t>&) { return fn(c, sh); });
+  };
+  add("rms_norm", {{1, 1}, {3, 127}, {2, 3420}, {1, 4097}, {1, 131072}, {33, 576}}, case_rms_norm);
+  add("fused_add_rms_norm", {{1, 1}, {3, 127}, {2, 3420}, {1, 4097}, {17, 576}}, case_fused_add);
+  add("silu_and_mul", {{1, 1}, {3, 127}, {2, 1536}, {5, 4097}}, case_silu);
+  add("gemv", {{1, 1}, {7, 127}, {33, 576}, {5, 4097}}, case_gemv);
+  add("softmax", {{1, 1}, {3, 127}, {2, 3420}, {1, 4097}, {1, 131072}, {4, 49152}}, case_softmax);
+  add("argmax", {{1, 1}, {3, 127}, {2, 49152}}, case_argmax);
+  add("gemm", {{1, 1, 1}, {3, 5, 7}, {17, 33, 64}, {4, 9, 576}}, case_gemm);
+  for (const auto& f : kQuantFormats) {
+    const std::string tag = std::string(f.q == ks::QType::Q4_0 ? "Q4_0" : f.q == ks::QType::Q4_1 ? "Q4_1"
+                                        : f.q == ks::QType::Q8_0 ? "Q8_0" : f.q == ks::QType::F16 ? "F16"
+                                        : f.q == ks::QType::BF16 ? "BF16" : "F32") + ":";
+    add("quant_matmul", {{1, 7, 32}, {2, 9, 64}, {3, 33, 576}, {4, 17, 576}, {13, 41, 1536}},
+        [f](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul(c, s, f); }, tag);
+    add("dequantize", {{1, 32}, {5, 576}}, [f](Ctx& c, const std::vector<int64_t>& s) { return case_dequantize(c, s, f); }, tag);
+    add("embedding", {{3, 11, 64}, {5, 49, 576}},
+        [f](Ctx& c, const std::vector<int64_t>& s) { return case_embedding(c, s, &f); }, tag);
+  }
+  add("embedding", {{3, 11, 64}, {4, 30, 577}}, [](Ctx& c, const std::vector<int64_t>& s) { return case_embedding(c, s, nullptr); }, "dense:");
+  add("rotary_embedding", {{1, 9, 3, 64, 64}, {5, 4, 1, 128, 96}, {3, 8, 2, 66, 32}},
+      [](Ctx& c, const std::vector<int64_t>& s) { return case_rotary(c, s, true); }, "neox:");
+  add("rotary_embedding", {{1, 9, 3, 64, 64}, {5, 4, 1, 128, 96}, {3, 8, 2, 66, 32}},
+      [](Ctx& c, const std::vector<int64_t>& s) { return case_rotary(c, s, false); }, "interleaved:");
+  add("kv_cache_append", {{1, 3, 64, 4, 16}, {9, 2, 32, 3, 7}}, case_kv_append);
+  add("paged_attention", {{1, 9, 3, 64, 16, 37}, {4, 8, 2, 64, 7, 50}, {3, 12, 3, 128, 16, 300}, {2, 4, 1, 32, 1, 9},
+                          {5, 9, 3, 64, 16, 1}},
+      case_attention);
+  return v;
+}
+
+}  // namespace
+
+int run_check(const std::string& backend, const std::string& op_filter, bool verbose) {
+  const auto all = ks::variants();
+  std::map<std::string, std::array<int, 3>> totals;  // backend -> correct, incorrect, skipped
+  int incorrect_total = 0;
+  for (const std::string be_name : {"cpu", "cuda"}) {
+    if (backend != "all" && backend != be_name) continue;
+    const ks::Backend be = be_name == "cpu" ? ks::Backend::Cpu : ks::Backend::Cuda;
+    auto& tot = totals[be_name];
+    tot = {0, 0, 0};
+    const bool present = ks::backend_available(be);
+    for (const auto& sw : sweeps()) {
+      if (!op_filter.empty() && sw.op != op_filter) continue;
+      bool any = false;
+      for (const auto& v : all) {
+        if (sw.op != v.op || be_name != v.backend) continue;
+        any = true;
+        for (DType dt : {DType::F16, DType::BF16, DType::F32}) {
+          if (std::string(v.dtypes).find(ks::dtype_name(dt)) == std::string::npos) continue;
+          for (const auto& [lab, fn] : sw.cases)
+            for (size_t off : {size_t(0), size_t(2)}) {
+              Ctx c{dt, off, be, ""};
+              int r = -1;
+              if (present && be == ks::Backend::Cpu) {
+                ks::check(ks_force_variant(v.op, v.name));
+                r = fn(c, {});
+                ks::check(ks_force_variant(nullptr, nullptr));
+              } else {
+                c.why = present ? "device tensors in the sweep arrive with the CUDA kernels" : "no CUDA device";
+              }
+              tot[r == 1 ? 0 : r == 0 ? 1 : 2]++;
+              if (r == 0) ++incorrect_total;
+              if (verbose || r == 0)
+                std::printf("%-9s %-4s %-18s %-13s %-5s %-26s off=%zu %s\n", r == 1 ? "correct" : r == 0 ? "INCORRECT" : "skipped",
+                            be_name.c_str(), v.op, v.name, ks::dtype_name(dt), lab.c_str(), off, c.why.c_str());
+            }
+        }
+      }
+      if (!any && verbose) std::printf("(no %s variant of %s)\n", be_name.c_str(), sw.op.c_str());
+    }
+  }
+  for (const auto& [be, t] : totals) {
+    std::string note;
+    if (be == "cuda" && !ks::backend_available(ks::Backend::Cuda)) note = "  (CUDA backend not available here)";
+    else if (t[0] + t[1] + t[2] == 0) note = "  (no variants registered for this backend)";
+    std::printf("%s: correct=%d incorrect=%d skipped=%d%s\n", be.c_str(), t[0], t[1], t[2], note.c_str());
+  }
+  return incorrect_total ? 1 : 0;
 }

@@ -95,6 +95,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -447,7 +505,7 @@ void check_case(DType dt, int64_t M, int64_t N, int64_t K, size_t off_o, size_t 
   kstest::fill_normal(b, 1.0, mean);
   out.poison();
   Snap in{&a, &b};
-  ASSERT_EQ(run_gemm(out, a, b), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_gemm(out, a, b));
   EXPECT_TRUE(close(out, reference(a, b, M, N, K))) << dt_name(dt) << " M " << M << " N " << N << " K " << K;
   EXPECT_TRUE(out.guards_intact()) << "wrote outside out";
   EXPECT_TRUE(in.same()) << "inputs modified";
@@ -457,53 +515,62 @@ TEST(Gemm, OddShapesAllDtypes) {
   const int64_t shapes[][3] = {{1, 1, 1},   {3, 5, 1},    {1, 7, 3},     {7, 13, 33},  {17, 9, 127},
                                {5, 3, 8},   {16, 16, 16}, {33, 17, 65},  {1, 31, 1536}, {2, 3, 4097},
                                {65, 1, 7},  {1, 129, 64}, {31, 33, 576}};
-  int idx = 0;
-  for (DType dt : kFloatTypes())
-    for (auto& s : shapes) {
-      ++idx;
-      check_case(dt, s[0], s[1], s[2], 0, 0, 0);
-      check_case(dt, s[0], s[1], s[2], size_t(idx % 4 + 1), size_t(idx % 3 + 1), size_t(idx % 2 + 1));  // misaligned
-    }
+  FOR_EACH_VARIANT(kOp) {
+    int idx = 0;
+    for (DType dt : kFloatTypes())
+      for (auto& s : shapes) {
+        ++idx;
+        check_case(dt, s[0], s[1], s[2], 0, 0, 0);
+        check_case(dt, s[0], s[1], s[2], size_t(idx % 4 + 1), size_t(idx % 3 + 1), size_t(idx % 2 + 1));  // misaligned
+      }
+  }
 }
 
 TEST(Gemm, KOneIsOneRoundedProduct) {
   // With K = 1 each output is a single product: exactly round(a*b) for every dtype.
-  for (DType dt : kFloatTypes()) {
-    Buf a(dt, {9, 1}, 1), b(dt, {11, 1}, 3), out(dt, {9, 11}, 2);
-    kstest::fill_normal(a, 3.0);
-    kstest::fill_normal(b, 3.0);
-    out.poison();
-    ASSERT_EQ(run_gemm(out, a, b), KS_SUCCESS) << ks_last_error();
-    for (int64_t m = 0; m < 9; ++m)
-      for (int64_t n = 0; n < 11; ++n)
-        EXPECT_EQ(out.get(m * 11 + n), round_to(dt, a.get(m) * b.get(n))) << dt_name(dt) << " " << m << "," << n;
-    EXPECT_TRUE(out.guards_intact());
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes()) [&] {
+      Buf a(dt, {9, 1}, 1), b(dt, {11, 1}, 3), out(dt, {9, 11}, 2);
+      kstest::fill_normal(a, 3.0);
+      kstest::fill_normal(b, 3.0);
+      out.poison();
+      KS_RUN_OR_SKIP(run_gemm(out, a, b));
+      for (int64_t m = 0; m < 9; ++m)
+        for (int64_t n = 0; n < 11; ++n)
+          EXPECT_EQ(out.get(m * 11 + n), round_to(dt, a.get(m) * b.get(n))) << dt_name(dt) << " " << m << "," << n;
+      EXPECT_TRUE(out.guards_intact());
+    }();
   }
 }
 
 TEST(Gemm, NonZeroMeanLongK) {
   // Large positive sums: accumulation must be FP32 (an fp16 accumulator would lose or overflow).
-  for (DType dt : kFloatTypes()) check_case(dt, 3, 5, 1536, 1, 0, 2, 1.5);
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes()) check_case(dt, 3, 5, 1536, 1, 0, 2, 1.5);
+  }
 }
 
 TEST(Gemm, Fp16OutputOverflowsToInf) {
   // 64 * 40 * 40 = 102400 > 65504: the FP32 sum is fine, the fp16 output is +inf.
-  Buf a(DType::F16, {1, 64}), b(DType::F16, {2, 64}), out(DType::F16, {1, 2});
-  for (int k = 0; k < 64; ++k) {
-    a.set(k, 40.0);
-    b.set(k, 40.0);
-    b.set(64 + k, k % 2 ? 40.0 : -40.0);
-  }
-  out.poison();
-  ASSERT_EQ(run_gemm(out, a, b), KS_SUCCESS) << ks_last_error();
-  EXPECT_EQ(out.get(0), INFINITY);
-  EXPECT_EQ(out.get(1), 0.0);
+  FOR_EACH_VARIANT(kOp)[&] {
+    Buf a(DType::F16, {1, 64}), b(DType::F16, {2, 64}), out(DType::F16, {1, 2});
+    for (int k = 0; k < 64; ++k) {
+      a.set(k, 40.0);
+      b.set(k, 40.0);
+      b.set(64 + k, k % 2 ? 40.0 : -40.0);
+    }
+    out.poison();
+    KS_RUN_OR_SKIP(run_gemm(out, a, b));
+    EXPECT_EQ(out.get(0), INFINITY);
+    EXPECT_EQ(out.get(1), 0.0);
+  }();
 }
 
 TEST(Gemm, IntermediateSumsPastFp16Range) {
   // Partial sums reach 180000 (> 65504) but the result is 7: FP32 accumulation gives exactly
   // 7 in every dtype; an fp16 accumulator would give inf/NaN.
-  for (DType dt : kFloatTypes()) {
+  FOR_EACH_VARIANT(kOp)
+  for (DType dt : kFloatTypes()) [&] {
     Buf a(dt, {2, 5}, 1), b(dt, {1, 5}, 2), out(dt, {2, 1});
     const double av[] = {300, 300, -300, -300, 1}, bv[] = {300, 300, 300, 300, 7};
     for (int k = 0; k < 5; ++k) {
@@ -512,24 +579,25 @@ TEST(Gemm, IntermediateSumsPastFp16Range) {
       b.set(k, bv[k]);
     }
     out.poison();
-    ASSERT_EQ(run_gemm(out, a, b), KS_SUCCESS) << ks_last_error();
+    KS_RUN_OR_SKIP(run_gemm(out, a, b));
     EXPECT_EQ(out.get(0), 7.0) << dt_name(dt);
     EXPECT_EQ(out.get(1), -7.0) << dt_name(dt);
-  }
+  }();
 }
 
 TEST(Gemm, SameStorageForAAndB) {
   // a and b may be the same read-only tensor: out = a @ a^T (symmetric).
-  for (DType dt : kFloatTypes()) {
+  FOR_EACH_VARIANT(kOp)
+  for (DType dt : kFloatTypes()) [&] {
     Buf a(dt, {7, 19}, 1), out(dt, {7, 7});
     kstest::fill_normal(a);
     out.poison();
     DLTensor o = out.dl(), x = a.dl(), y = a.dl();
-    ASSERT_EQ(ks_gemm(&o, &x, &y, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
+    KS_RUN_OR_SKIP(ks_gemm(&o, &x, &y, KS_BACKEND_AUTO, nullptr));
     EXPECT_TRUE(close(out, reference(a, a, 7, 7, 19)));
     for (int i = 0; i < 7; ++i)
       for (int j = 0; j < 7; ++j) EXPECT_EQ(out.get(i * 7 + j), out.get(j * 7 + i));
-  }
+  }();
 }
 
 TEST(Gemm, ZeroMOrNIsANoOp) {
@@ -655,7 +723,9 @@ TEST(Gemm, RejectsOverlap) {
 
 // A big-enough call for threaded/blocked paths must agree with the reference too.
 TEST(Gemm, LargerProblem) {
-  for (DType dt : kFloatTypes()) check_case(dt, 67, 45, 515, 2, 1, 3);
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes()) check_case(dt, 67, 45, 515, 2, 1, 3);
+  }
 }
 
 }  // namespace

@@ -101,6 +101,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -588,278 +646,346 @@ std::string describe(const Pa& a) {
 
 void run_and_check(Pa& a) {
   Snap in{&a.q, &a.kc, &a.vc, &a.bt, &a.sid, &a.cl};
-  ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error() << " " << describe(a);
+  KS_RUN_OR_SKIP(a.run());
   EXPECT_TRUE(matches(a)) << describe(a);
   EXPECT_TRUE(a.out.guards_intact()) << "wrote outside out: " << describe(a);
   EXPECT_TRUE(in.same()) << "inputs modified: " << describe(a);
 }
 
 TEST(PagedAttention, GqaHeadConfigs) {
-  const int64_t heads[][2] = {{8, 2}, {12, 3}, {4, 1}, {9, 3}, {4, 4}, {6, 1}};
-  for (DType dt : kFloatTypes())
-    for (auto& hk : heads) {
-      PaConfig c;
-      c.dt = dt;
-      c.H = hk[0];
-      c.KVH = hk[1];
-      c.D = 64;
-      c.bs = 16;
-      c.ctx = {37, 1, 16, 50, 17};
-      Pa a(c);
-      run_and_check(a);
-    }
+  const int64_t heads[][2] = {{8, 2}, {12, 3}, {4, 1}, {9, 3}, {4, 4}, {6, 1}, {16, 1}, {32, 2}, {34, 2}};
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes())
+      for (auto& hk : heads) {
+        PaConfig c;
+        c.dt = dt;
+        c.H = hk[0];
+        c.KVH = hk[1];
+        c.D = 64;
+        c.bs = 16;
+        c.ctx = {37, 1, 16, 50, 17};
+        Pa a(c);
+        run_and_check(a);
+      }
+  }
+}
+
+void head_mapping_case(int64_t H, int64_t KVH) {
+  // Each kv head's V is a constant (its index + 1) and K is zero: every query head must
+  // return 1 + h / (H / KVH). A mapping of h % KVH (or any other) shows at once.
+  PaConfig c;
+  c.H = H;
+  c.KVH = KVH;
+  c.D = 16;
+  c.bs = 4;
+  c.ctx = {5, 9};
+  c.nan_invisible = false;
+  Pa a(c);
+  const int64_t row = KVH * c.D;
+  for (int64_t i = 0; i < a.kc.numel(); ++i) {
+    a.kc.set(i, 0.0);
+    a.vc.set(i, double((i % row) / c.D + 1));
+  }
+  KS_RUN_OR_SKIP(a.run());
+  for (int64_t t = 0; t < 2; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      EXPECT_NEAR(a.out.get((t * H + h) * c.D + 3), double(h / (H / KVH) + 1), 1e-5)
+          << "H " << H << " KVH " << KVH << " h " << h;
 }
 
 TEST(PagedAttention, KvHeadMappingIsHOverGroup) {
-  // Each kv head's V is a constant (its index + 1) and K is zero: every query head must
-  // return exactly 1 + h / (H / KVH). A mapping of h % KVH (or any other) shows at once.
-  for (auto [H, KVH] : {std::pair<int64_t, int64_t>{8, 2}, {12, 3}, {9, 3}, {4, 1}}) {
-    PaConfig c;
-    c.H = H;
-    c.KVH = KVH;
-    c.D = 8;
-    c.bs = 4;
-    c.ctx = {5, 9};
-    c.nan_invisible = false;
-    Pa a(c);
-    const int64_t row = KVH * c.D;
-    for (int64_t i = 0; i < a.kc.numel(); ++i) {
-      a.kc.set(i, 0.0);
-      a.vc.set(i, double((i % row) / c.D + 1));
-    }
-    ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error();
-    for (int64_t t = 0; t < 2; ++t)
-      for (int64_t h = 0; h < H; ++h)
-        EXPECT_NEAR(a.out.get((t * H + h) * c.D + 3), double(h / (H / KVH) + 1), 1e-5)
-            << "H " << H << " KVH " << KVH << " h " << h;
+  FOR_EACH_VARIANT(kOp) {
+    for (auto [H, KVH] : {std::pair<int64_t, int64_t>{8, 2}, {12, 3}, {9, 3}, {4, 1}, {32, 2}}) head_mapping_case(H, KVH);
   }
 }
 
 TEST(PagedAttention, BlockSizesAndContextLengths) {
-  for (int64_t bs : {1, 7, 16})
-    for (DType dt : kFloatTypes()) {
-      PaConfig c;
-      c.dt = dt;
-      c.bs = bs;
-      c.H = 4;
-      c.KVH = 2;
-      c.D = 32;
-      const int32_t b = int32_t(bs);
-      c.ctx = {0, 1, b - 1 > 0 ? b - 1 : 2, b, b + 1, 3 * b + 2, 0, 40};
-      Pa a(c);
-      run_and_check(a);
-    }
+  FOR_EACH_VARIANT(kOp) {
+    for (int64_t bs : {1, 7, 16})
+      for (DType dt : kFloatTypes()) {
+        PaConfig c;
+        c.dt = dt;
+        c.bs = bs;
+        c.H = 4;
+        c.KVH = 2;
+        c.D = 32;
+        const int32_t b = int32_t(bs);
+        c.ctx = {0, 1, b - 1 > 0 ? b - 1 : 2, b, b + 1, 3 * b + 2, 0, 40, 15, 16, 17};
+        Pa a(c);
+        run_and_check(a);
+      }
+  }
 }
 
 TEST(PagedAttention, ContextFillsEveryBlockOfTheTable) {
   // context_len == max_blocks_per_seq * block_size (the capacity) is valid.
-  for (int64_t bs : {1, 7, 16}) {
-    PaConfig c;
-    c.bs = bs;
-    c.H = 4;
-    c.KVH = 1;
-    c.D = 16;
-    c.ctx = {int32_t(3 * bs), int32_t(2 * bs + 1)};
-    c.max_blocks = 3;
-    Pa a(c);
-    run_and_check(a);
+  FOR_EACH_VARIANT(kOp) {
+    for (int64_t bs : {1, 7, 16}) {
+      PaConfig c;
+      c.bs = bs;
+      c.H = 4;
+      c.KVH = 1;
+      c.D = 16;
+      c.ctx = {int32_t(3 * bs), int32_t(2 * bs + 1)};
+      c.max_blocks = 3;
+      Pa a(c);
+      run_and_check(a);
+    }
   }
 }
 
 TEST(PagedAttention, ZeroContextGivesZeroRows) {
-  for (DType dt : kFloatTypes()) {
-    PaConfig c;
-    c.dt = dt;
-    c.ctx = {0, 0, 0};
-    Pa a(c);  // max_blocks_per_seq is 0 here: block_tables (3, 0)
-    ASSERT_EQ(a.d.MB, 0);
-    run_and_check(a);
-    PaConfig c2 = c;
-    c2.ctx = {0, 5, 0};
-    Pa b(c2);
-    run_and_check(b);
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes()) {
+      PaConfig c;
+      c.dt = dt;
+      c.ctx = {0, 0, 0};
+      Pa a(c);  // max_blocks_per_seq is 0 here: block_tables (3, 0)
+      ASSERT_EQ(a.d.MB, 0);
+      run_and_check(a);
+      PaConfig c2 = c;
+      c2.ctx = {0, 5, 0};
+      Pa b(c2);
+      run_and_check(b);
+    }
   }
 }
 
 TEST(PagedAttention, PrefillWithSeqIds) {
   // Tokens of sequence 1 (a 19-token prompt, context lengths 1..19) interleaved with decode
   // tokens of sequences 0 and 2; sequence 3 has no tokens.
-  for (DType dt : kFloatTypes())
-    for (int64_t bs : {1, 7, 16}) {
-      PaConfig c;
-      c.dt = dt;
-      c.bs = bs;
-      c.H = 12;
-      c.KVH = 3;
-      c.D = 64;
-      for (int32_t i = 1; i <= 19; ++i) {
-        c.ctx.push_back(i);
-        c.seq.push_back(1);
-        if (i == 5) c.ctx.push_back(33), c.seq.push_back(0);
-        if (i == 12) c.ctx.push_back(8), c.seq.push_back(2);
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes())
+      for (int64_t bs : {1, 7, 16}) {
+        PaConfig c;
+        c.dt = dt;
+        c.bs = bs;
+        c.H = 12;
+        c.KVH = 3;
+        c.D = 64;
+        for (int32_t i = 1; i <= 19; ++i) {
+          c.ctx.push_back(i);
+          c.seq.push_back(1);
+          if (i == 5) c.ctx.push_back(33), c.seq.push_back(0);
+          if (i == 12) c.ctx.push_back(8), c.seq.push_back(2);
+        }
+        c.num_seqs = 4;
+        Pa a(c);
+        run_and_check(a);
       }
-      c.num_seqs = 4;
-      Pa a(c);
-      run_and_check(a);
-    }
+  }
 }
 
 TEST(PagedAttention, SeqIdsGivenForDecode) {
   // seq_ids need not be the identity: tokens in reverse sequence order, repeats.
-  PaConfig c;
-  c.H = 8;
-  c.KVH = 2;
-  c.ctx = {10, 20, 30, 20};
-  c.seq = {2, 1, 0, 1};
-  Pa a(c);
-  run_and_check(a);
-}
-
-TEST(PagedAttention, ScaleIsApplied) {
-  for (double scale : {0.0, 2.5, -1.0, 1e-3, 0.1})
-    for (DType dt : kFloatTypes()) {
-      PaConfig c;
-      c.dt = dt;
-      c.scale = scale;
-      c.H = 4;
-      c.KVH = 2;
-      c.D = 16;
-      c.ctx = {9, 23};
-      c.bs = 7;
-      Pa a(c);
-      run_and_check(a);
-    }
-  // scale 0: the output is exactly the mean of the visible V rows (uniform weights).
-  PaConfig c;
-  c.scale = 0.0;
-  c.H = 1;
-  c.KVH = 1;
-  c.D = 4;
-  c.bs = 4;
-  c.ctx = {4};
-  Pa a(c);
-  for (int64_t i = 0; i < a.vc.numel(); ++i) a.vc.set(i, double(i % 16));  // block rows 0..3, values 0..15
-  ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error();
-  for (int e = 0; e < 4; ++e) EXPECT_NEAR(a.out.get(e), 6.0 + e, 1e-6);
-}
-
-TEST(PagedAttention, LargeLogitsDoNotOverflow) {
-  // q = 30 * sign pattern, k_j = alpha_j * sign pattern with distinct integer alpha_j: the dot
-  // products reach 30 * 30 * 128 = 115200 (past fp16's 65504) and the scores, ~1e4, are
-  // hundreds apart, so the softmax is one-hot: out = v of the best key, exactly. With all
-  // alpha_j negative every score is about -1e4 (exp underflows without max subtraction).
-  for (DType dt : kFloatTypes())
-    for (int sign : {1, -1}) {
-      PaConfig c;
-      c.dt = dt;
-      c.H = 2;
-      c.KVH = 1;
-      c.D = 128;
-      c.bs = 16;
-      c.ctx = {40};
-      c.nan_invisible = false;
-      Pa a(c);
-      std::vector<double> pat(128);
-      for (auto& p : pat) p = (rng()() & 1) ? 1.0 : -1.0;
-      for (int64_t h = 0; h < 2; ++h)
-        for (int64_t e = 0; e < 128; ++e) a.q.set(h * 128 + e, 30.0 * pat[size_t(e)]);
-      std::vector<int> alpha(40);
-      std::iota(alpha.begin(), alpha.end(), 1);
-      std::shuffle(alpha.begin(), alpha.end(), rng());
-      int64_t best = 0;
-      for (int64_t j = 0; j < 40; ++j) {
-        const double al = sign > 0 ? double(alpha[size_t(j)]) : -double(alpha[size_t(j)]) - 200.0;
-        if ((sign > 0 && alpha[size_t(j)] == 40) || (sign < 0 && alpha[size_t(j)] == 1)) best = j;
-        for (int64_t e = 0; e < 128; ++e) a.kc.set(a.slot(0, j) * 128 + e, al * pat[size_t(e)] / 1.0);
-      }
-      ASSERT_EQ(a.run(), KS_SUCCESS) << ks_last_error();
-      for (int64_t h = 0; h < 2; ++h)
-        for (int64_t e = 0; e < 128; ++e) {
-          const double want = a.vc.get(a.slot(0, best) * 128 + e);
-          ASSERT_EQ(a.out.get(h * 128 + e), want) << dt_name(dt) << " sign " << sign << " head " << h << " dim " << e;
-        }
-    }
-}
-
-TEST(PagedAttention, HeadDims) {
-  for (int64_t D : {1, 3, 8, 80, 128, 256})
-    for (DType dt : kFloatTypes()) {
-      PaConfig c;
-      c.dt = dt;
-      c.D = D;
-      c.H = 4;
-      c.KVH = 2;
-      c.bs = 7;
-      c.ctx = {12, 3};
-      Pa a(c);
-      run_and_check(a);
-    }
-}
-
-TEST(PagedAttention, MisalignedViews) {
-  for (DType dt : kFloatTypes())
-    for (size_t off : {size_t(1), size_t(2), size_t(5)}) {
-      PaConfig c;
-      c.dt = dt;
-      c.off = off;
-      c.H = 9;
-      c.KVH = 3;
-      c.D = 40;
-      c.bs = 7;
-      c.ctx = {15, 1, 0, 22};
-      Pa a(c);
-      run_and_check(a);
-    }
-}
-
-TEST(PagedAttention, UnusedBlockTableEntriesAreNotRead) {
-  // Entries past a sequence's context (and rows of sequences no token reads) may hold
-  // padding such as -1: only the blocks covering keys 0..context_len-1 are used.
-  for (int32_t pad : {-1, 1 << 30}) {
+  FOR_EACH_VARIANT(kOp) {
     PaConfig c;
-    c.pad = pad;
-    c.H = 4;
+    c.H = 8;
     c.KVH = 2;
-    c.D = 16;
-    c.bs = 4;
-    c.ctx = {5, 13, 2};
-    c.seq = {0, 2, 0};
-    c.num_seqs = 4;
-    c.max_blocks = 6;
+    c.ctx = {10, 20, 30, 20};
+    c.seq = {2, 1, 0, 1};
     Pa a(c);
     run_and_check(a);
   }
 }
 
-TEST(PagedAttention, ManyTokensAndLongContexts) {
+void uniform_weights_case() {
+  // scale 0: the output is exactly the mean of the visible V rows (uniform weights).
   PaConfig c;
-  c.dt = DType::BF16;
-  c.H = 8;
-  c.KVH = 2;
+  c.scale = 0.0;
+  c.H = 1;
+  c.KVH = 1;
+  c.D = 16;
+  c.bs = 4;
+  c.ctx = {4};
+  Pa a(c);
+  for (int64_t i = 0; i < a.vc.numel(); ++i) a.vc.set(i, double((i / 16) % 4 * 4 + i % 4));  // row r: 4r + e%4
+  KS_RUN_OR_SKIP(a.run());
+  const int64_t blk = get_i(a.bt, 0);
+  for (int e = 0; e < 16; ++e) {
+    double mean = 0;
+    for (int j = 0; j < 4; ++j) mean += a.vc.get((blk * 4 + j) * 16 + e) / 4.0;
+    EXPECT_NEAR(a.out.get(e), mean, 1e-6) << "dim " << e;
+  }
+}
+
+TEST(PagedAttention, ScaleIsApplied) {
+  FOR_EACH_VARIANT(kOp) {
+    for (double scale : {0.0, 2.5, -1.0, 1e-3, 0.1})
+      for (DType dt : kFloatTypes()) {
+        PaConfig c;
+        c.dt = dt;
+        c.scale = scale;
+        c.H = 4;
+        c.KVH = 2;
+        c.D = 16;
+        c.ctx = {9, 23};
+        c.bs = 7;
+        Pa a(c);
+        run_and_check(a);
+      }
+    uniform_weights_case();
+  }
+}
+
+void large_logits_case(DType dt, int sign) {
+  // q = 30 * sign pattern, k_j = alpha_j * sign pattern with distinct integer alpha_j: the dot
+  // products reach 30 * 30 * 128 = 115200 (past fp16's 65504) and the scores, ~1e4, are
+  // hundreds apart, so the softmax is one-hot: out = v of the best key, exactly. With all
+  // alpha_j below -200 every score is about -2e4 (exp underflows without max subtraction).
+  PaConfig c;
+  c.dt = dt;
+  c.H = 2;
+  c.KVH = 1;
   c.D = 128;
   c.bs = 16;
-  for (int i = 0; i < 72; ++i) c.ctx.push_back(int32_t(1 + (i * 97) % 300));  // T*H*D > 2^16: threaded paths
+  c.ctx = {40};
+  c.nan_invisible = false;
   Pa a(c);
-  run_and_check(a);
+  std::vector<double> pat(128);
+  for (auto& p : pat) p = (rng()() & 1) ? 1.0 : -1.0;
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t e = 0; e < 128; ++e) a.q.set(h * 128 + e, 30.0 * pat[size_t(e)]);
+  std::vector<int> alpha(40);
+  std::iota(alpha.begin(), alpha.end(), 1);
+  std::shuffle(alpha.begin(), alpha.end(), rng());
+  int64_t best = 0;
+  for (int64_t j = 0; j < 40; ++j) {
+    const double al = sign > 0 ? double(alpha[size_t(j)]) : -double(alpha[size_t(j)]) - 200.0;
+    if ((sign > 0 && alpha[size_t(j)] == 40) || (sign < 0 && alpha[size_t(j)] == 1)) best = j;
+    for (int64_t e = 0; e < 128; ++e) a.kc.set(a.slot(0, j) * 128 + e, al * pat[size_t(e)]);
+  }
+  KS_RUN_OR_SKIP(a.run());
+  for (int64_t h = 0; h < 2; ++h)
+    for (int64_t e = 0; e < 128; ++e) {
+      const double want = a.vc.get(a.slot(0, best) * 128 + e);
+      ASSERT_EQ(a.out.get(h * 128 + e), want) << dt_name(dt) << " sign " << sign << " head " << h << " dim " << e;
+    }
+}
+
+TEST(PagedAttention, LargeLogitsDoNotOverflow) {
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes())
+      for (int sign : {1, -1}) large_logits_case(dt, sign);
+  }
+}
+
+TEST(PagedAttention, HeadDims) {
+  FOR_EACH_VARIANT(kOp) {
+    for (int64_t D : {1, 3, 8, 16, 80, 128, 256, 272})
+      for (DType dt : kFloatTypes()) {
+        PaConfig c;
+        c.dt = dt;
+        c.D = D;
+        c.H = 4;
+        c.KVH = 2;
+        c.bs = 7;
+        c.ctx = {12, 3};
+        Pa a(c);
+        run_and_check(a);
+      }
+  }
+}
+
+TEST(PagedAttention, MisalignedViews) {
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes())
+      for (size_t off : {size_t(1), size_t(2), size_t(5)}) {
+        PaConfig c;
+        c.dt = dt;
+        c.off = off;
+        c.H = 9;
+        c.KVH = 3;
+        c.D = off == 5 ? 64 : 40;
+        c.bs = 7;
+        c.ctx = {15, 1, 0, 22};
+        Pa a(c);
+        run_and_check(a);
+      }
+  }
+}
+
+TEST(PagedAttention, UnusedBlockTableEntriesAreNotRead) {
+  // Entries past a sequence's context (and rows of sequences no token reads) may hold
+  // padding such as -1: only the blocks covering keys 0..context_len-1 are used.
+  FOR_EACH_VARIANT(kOp) {
+    for (int32_t pad : {-1, 1 << 30}) {
+      PaConfig c;
+      c.pad = pad;
+      c.H = 4;
+      c.KVH = 2;
+      c.D = 16;
+      c.bs = 4;
+      c.ctx = {5, 13, 2};
+      c.seq = {0, 2, 0};
+      c.num_seqs = 4;
+      c.max_blocks = 6;
+      Pa a(c);
+      run_and_check(a);
+    }
+  }
+}
+
+TEST(PagedAttention, ManyTokensAndLongContexts) {
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : {DType::BF16, DType::F32}) {
+      PaConfig c;
+      c.dt = dt;
+      c.H = 8;
+      c.KVH = 2;
+      c.D = 128;
+      c.bs = 16;
+      for (int i = 0; i < 72; ++i) c.ctx.push_back(int32_t(1 + (i * 97) % 300));  // T*H*D > 2^16: threaded paths
+      Pa a(c);
+      run_and_check(a);
+    }
+  }
 }
 
 TEST(PagedAttention, SharedPrefixBlocks) {
   // Two sequences whose tables point at the same physical blocks for a shared prefix.
-  for (DType dt : kFloatTypes()) {
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes()) {
+      PaConfig c;
+      c.dt = dt;
+      c.H = 8;
+      c.KVH = 2;
+      c.D = 32;
+      c.bs = 8;
+      c.ctx = {20, 9, 17};
+      c.seq = {0, 1, 1};
+      Pa a(c);
+      set_i(a.bt, 1 * a.d.MB + 0, get_i(a.bt, 0));  // seq 1 block 0 = seq 0 block 0
+      set_i(a.bt, 1 * a.d.MB + 1, get_i(a.bt, 1));  // seq 1 block 1 = seq 0 block 1 (full for seq 0)
+      for (int64_t e = 0; e < a.kc.numel(); ++e)    // seq 1's third block: make sure it is finite
+        if (std::isnan(a.kc.get(e))) a.kc.set(e, 0.25), a.vc.set(e, -0.5);
+      run_and_check(a);
+    }
+  }
+}
+
+TEST(PagedAttention, PinnedVariantThatCannotRunWritesNothing) {
+  // ks_force_variant: a pinned variant that declines a call fails it with
+  // BACKEND_UNAVAILABLE naming the op, and writes nothing.
+  for (const std::string& v : variants_of(kOp)) {
+    if (v.empty() || v == "cpu_reference") continue;
     PaConfig c;
-    c.dt = dt;
-    c.H = 8;
-    c.KVH = 2;
-    c.D = 32;
-    c.bs = 8;
-    c.ctx = {20, 9, 17};
-    c.seq = {0, 1, 1};
+    c.dt = DType::F16;  // the reference takes every dtype; a fast path may not
+    c.D = 24;
+    c.ctx = {5, 9};
     Pa a(c);
-    set_i(a.bt, 1 * a.d.MB + 0, get_i(a.bt, 0));          // seq 1 block 0 = seq 0 block 0
-    set_i(a.bt, 1 * a.d.MB + 1, get_i(a.bt, 1));          // seq 1 block 1 = seq 0 block 1 (full for seq 0)
-    for (int64_t e = 0; e < a.kc.numel(); ++e)            // seq 1's third block: make sure it is finite
-      if (std::isnan(a.kc.get(e))) a.kc.set(e, 0.25), a.vc.set(e, -0.5);
-    run_and_check(a);
+    ASSERT_EQ(ks_force_variant(kOp, v.c_str()), KS_SUCCESS) << ks_last_error();
+    Snap s{&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.cl};
+    const ks_status_t st = a.run();
+    const std::string msg = ks_last_error();
+    ks_force_variant(kOp, nullptr);
+    if (st == KS_SUCCESS) {
+      EXPECT_TRUE(matches(a)) << v;
+    } else {
+      EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << v << ": " << msg;
+      EXPECT_NE(msg.find(kOp), std::string::npos) << msg;
+      EXPECT_TRUE(s.same()) << v << " declined but wrote";
+    }
   }
 }
 

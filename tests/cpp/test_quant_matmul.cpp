@@ -96,6 +96,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -584,7 +642,7 @@ void check_case(ks_qtype_t q, DType dt, int64_t M, int64_t N, int64_t K, size_t 
   Buf out(dt, {M, N}, off_o);
   out.poison();
   Snap in{&x, &w};
-  ASSERT_EQ(run_qmm(out, x, w, q), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_qmm(out, x, w, q));
   EXPECT_TRUE(matches_reference(out, x, wd, M, N, K))
       << qfmt(q).name << " x " << dt_name(dt) << " M " << M << " N " << N << " K " << K;
   EXPECT_TRUE(out.guards_intact()) << "wrote outside out";
@@ -595,26 +653,51 @@ TEST(QuantMatmul, AllFormatsShapesDtypes) {
   const int64_t Ms[] = {1, 3, 17};
   const int64_t Ks[] = {32, 64, 576, 1536};
   const int64_t Ns[] = {1, 7, 13};
-  int idx = 0;
-  for (const auto& f : all_qfmts())
-    for (DType dt : kFloatTypes())
-      for (int64_t M : Ms)
-        for (int64_t K : Ks) {
-          const int64_t N = Ns[idx % 3];
-          ++idx;
-          const size_t off = size_t(idx % 4);  // every fourth case aligned, the rest misaligned
-          check_case(f.q, dt, M, N, K, off, (off * 3) % 4, (off + 1) % 3);
-        }
+  FOR_EACH_VARIANT(kOp) {
+    int idx = 0;
+    for (const auto& f : all_qfmts())
+      for (DType dt : kFloatTypes())
+        for (int64_t M : Ms)
+          for (int64_t K : Ks) {
+            const int64_t N = Ns[idx % 3];
+            ++idx;
+            const size_t off = size_t(idx % 4);  // every fourth case aligned, the rest misaligned
+            check_case(f.q, dt, M, N, K, off, (off * 3) % 4, (off + 1) % 3);
+          }
+  }
+}
+
+TEST(QuantMatmul, TileAndPanelEdges) {
+  // Row counts around register tiles (1..3 decode rows, 4-row tiles and their remainders)
+  // and weight-row counts around 4/8-row panels.
+  FOR_EACH_VARIANT(kOp) {
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (int64_t M : {2, 4, 5, 8, 9})
+        for (int64_t N : {3, 4, 8, 9, 17}) check_case(q, DType::F32, M, N, 64, size_t(M % 3), size_t(N % 4), 1);
+  }
+}
+
+TEST(QuantMatmul, ThreadedSizes) {
+  // Work above the threading thresholds, for decode-sized and prefill-sized M.
+  FOR_EACH_VARIANT(kOp) {
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q8_0}) {
+      check_case(q, DType::F32, 2, 67, 1536, 1, 0, 2);
+      check_case(q, DType::F32, 19, 29, 576, 0, 3, 1);
+    }
+    check_case(KS_QTYPE_Q4_1, DType::BF16, 5, 41, 1536, 2, 2, 0);
+  }
 }
 
 TEST(QuantMatmul, DenseFormatsOddK) {
   // F32 / F16 / BF16 "blocks" hold one element: K need not be a multiple of 32.
-  for (ks_qtype_t q : {KS_QTYPE_F32, KS_QTYPE_F16, KS_QTYPE_BF16})
-    for (DType dt : kFloatTypes())
-      for (int64_t K : {1, 3, 33, 255}) check_case(q, dt, 3, 5, K, 1, 2, 1);
+  FOR_EACH_VARIANT(kOp) {
+    for (ks_qtype_t q : {KS_QTYPE_F32, KS_QTYPE_F16, KS_QTYPE_BF16})
+      for (DType dt : kFloatTypes())
+        for (int64_t K : {1, 3, 33, 255}) check_case(q, dt, 3, 5, K, 1, 2, 1);
+  }
 }
 
-TEST(QuantMatmul, KnownQ4_0Weights) {
+void known_q4_0_case(DType dt) {
   // W row n: one Q4_0 block with d = 0.5 (0x3800) and all nibbles = n + 1 -> w = 0.5 * (n - 7).
   // x = 1..32 -> out[m, n] = 0.5 * (n - 7) * 528 * (m + 1) exactly.
   const int64_t N = 5, M = 2, K = 32;
@@ -625,77 +708,93 @@ TEST(QuantMatmul, KnownQ4_0Weights) {
     p[18 * n + 1] = 0x38;
     for (int j = 0; j < 16; ++j) p[18 * n + 2 + j] = uint8_t((n + 1) | ((n + 1) << 4));
   }
-  for (DType dt : kFloatTypes()) {
-    Buf x(dt, {M, K});
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) x.set(m * K + k, double((k + 1) * (m + 1)));
-    Buf out(dt, {M, N}, 3);
-    out.poison();
-    ASSERT_EQ(run_qmm(out, x, w, KS_QTYPE_Q4_0), KS_SUCCESS) << ks_last_error();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n)
-        EXPECT_EQ(out.get(m * N + n), round_to(dt, 0.5 * double(n - 7) * 528.0 * double(m + 1)))
-            << dt_name(dt) << " out[" << m << ", " << n << "]";
+  Buf x(dt, {M, K});
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) x.set(m * K + k, double((k + 1) * (m + 1)));
+  Buf out(dt, {M, N}, 3);
+  out.poison();
+  KS_RUN_OR_SKIP(run_qmm(out, x, w, KS_QTYPE_Q4_0));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n)
+      EXPECT_EQ(out.get(m * N + n), round_to(dt, 0.5 * double(n - 7) * 528.0 * double(m + 1)))
+          << dt_name(dt) << " out[" << m << ", " << n << "]";
+}
+
+TEST(QuantMatmul, KnownQ4_0Weights) {
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes()) known_q4_0_case(dt);
   }
 }
 
+void fp16_range_case(ks_qtype_t q, DType dt) {
+  // x = (300, 300, -300, -300, 1, 0...) against a row (300, 300, 300, 300, 7, 0...): partial
+  // sums reach 180000, the result is exactly 7 (FP32 accumulation).
+  const int64_t K = 32;
+  std::vector<double> wv(K, 0.0);
+  for (int k = 0; k < 4; ++k) wv[size_t(k)] = 300;
+  wv[4] = 7;
+  Buf w(DType::U8, {1, q_row_bytes(q, K)});
+  encode_row(q, wv.data(), K, static_cast<uint8_t*>(w.data()));
+  Buf x(dt, {1, K}), out(dt, {1, 1});
+  for (int k = 0; k < K; ++k) x.set(k, k < 2 ? 300.0 : k < 4 ? -300.0 : k == 4 ? 1.0 : 0.0);
+  out.poison();
+  KS_RUN_OR_SKIP(run_qmm(out, x, w, q));
+  EXPECT_EQ(out.get(0), 7.0) << qfmt(q).name << " x " << dt_name(dt);
+}
+
 TEST(QuantMatmul, IntermediateSumsPastFp16Range) {
-  // x = (300, 300, -300, -300, 1, 0...) against a row of 300s and a 7: partial sums reach
-  // 180000, the result is exactly 7 (FP32 accumulation) for every activation dtype.
-  for (ks_qtype_t q : {KS_QTYPE_F16, KS_QTYPE_BF16, KS_QTYPE_F32})
-    for (DType dt : kFloatTypes()) {
-      const int64_t K = 32;
-      std::vector<double> wv(K, 0.0);
-      for (int k = 0; k < 4; ++k) wv[size_t(k)] = 300;
-      wv[4] = 7;
-      Buf w(DType::U8, {1, q_row_bytes(q, K)});
-      encode_row(q, wv.data(), K, static_cast<uint8_t*>(w.data()));
-      Buf x(dt, {1, K}), out(dt, {1, 1});
-      for (int k = 0; k < K; ++k) x.set(k, k < 2 ? 300.0 : k < 4 ? -300.0 : k == 4 ? 1.0 : 0.0);
-      out.poison();
-      ASSERT_EQ(run_qmm(out, x, w, q), KS_SUCCESS) << ks_last_error();
-      EXPECT_EQ(out.get(0), 7.0) << qfmt(q).name << " x " << dt_name(dt);
-    }
+  FOR_EACH_VARIANT(kOp) {
+    for (ks_qtype_t q : {KS_QTYPE_F16, KS_QTYPE_BF16, KS_QTYPE_F32})
+      for (DType dt : kFloatTypes()) fp16_range_case(q, dt);
+  }
+}
+
+void via_dequantize_case(ks_qtype_t q) {
+  // Same result as ks_dequantize to fp32 followed by an FP64 product of the dequantized values.
+  const int64_t M = 4, N = 9, K = 96;
+  Buf w = make_packed(q, N, K);
+  Buf wf(DType::F32, {N, K});
+  DLTensor o = wf.dl(), pk = w.dl();
+  ASSERT_EQ(ks_dequantize(&o, &pk, q, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
+  Buf x(DType::F32, {M, K});
+  kstest::fill_normal(x);
+  Buf out(DType::F32, {M, N});
+  out.poison();
+  KS_RUN_OR_SKIP(run_qmm(out, x, w, q));
+  EXPECT_TRUE(matches_reference(out, x, wf.values(), M, N, K)) << qfmt(q).name;
 }
 
 TEST(QuantMatmul, MatchesDequantizeThenGemm) {
-  // Same result as ks_dequantize to fp32 followed by an FP64 product of the dequantized values.
-  const int64_t M = 4, N = 9, K = 96;
-  for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
-    Buf w = make_packed(q, N, K);
-    Buf wf(DType::F32, {N, K});
-    DLTensor o = wf.dl(), pk = w.dl();
-    ASSERT_EQ(ks_dequantize(&o, &pk, q, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
-    Buf x(DType::F32, {M, K});
-    kstest::fill_normal(x);
-    Buf out(DType::F32, {M, N});
-    out.poison();
-    ASSERT_EQ(run_qmm(out, x, w, q), KS_SUCCESS) << ks_last_error();
-    EXPECT_TRUE(matches_reference(out, x, wf.values(), M, N, K)) << qfmt(q).name;
+  FOR_EACH_VARIANT(kOp) {
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) via_dequantize_case(q);
+  }
+}
+
+void batch_invariance_case(ks_qtype_t q, DType dt) {
+  // Row m of an M-row call equals the 1-row call on x[m], bit for bit.
+  const int64_t M = 17, N = 11, K = 576;
+  Buf w = make_packed(q, N, K);
+  Buf x(dt, {M, K});
+  kstest::fill_normal(x);
+  Buf out(dt, {M, N});
+  out.poison();
+  KS_RUN_OR_SKIP(run_qmm(out, x, w, q));
+  const size_t es = ks::dtype_size(dt);
+  for (int64_t m : {int64_t(0), int64_t(8), M - 1}) {
+    Buf x1(dt, {1, K}, 1), o1(dt, {1, N}, 2);
+    std::memcpy(x1.data(), static_cast<uint8_t*>(x.data()) + size_t(m * K) * es, size_t(K) * es);
+    o1.poison();
+    KS_RUN_OR_SKIP(run_qmm(o1, x1, w, q));
+    EXPECT_EQ(0, std::memcmp(o1.data(), static_cast<uint8_t*>(out.data()) + size_t(m * N) * es, size_t(N) * es))
+        << qfmt(q).name << " " << dt_name(dt) << " row " << m;
   }
 }
 
 TEST(QuantMatmul, RowsAreIndependentOfBatch) {
-  // Row m of an M-row call equals the 1-row call on x[m] (batch invariance, bitwise).
-  const int64_t M = 17, N = 11, K = 576;
-  for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
-    for (DType dt : kFloatTypes()) {
-      Buf w = make_packed(q, N, K);
-      Buf x(dt, {M, K});
-      kstest::fill_normal(x);
-      Buf out(dt, {M, N});
-      out.poison();
-      ASSERT_EQ(run_qmm(out, x, w, q), KS_SUCCESS) << ks_last_error();
-      const size_t es = ks::dtype_size(dt);
-      for (int64_t m : {int64_t(0), int64_t(8), M - 1}) {
-        Buf x1(dt, {1, K}, 1), o1(dt, {1, N}, 2);
-        std::memcpy(x1.data(), static_cast<uint8_t*>(x.data()) + size_t(m * K) * es, size_t(K) * es);
-        o1.poison();
-        ASSERT_EQ(run_qmm(o1, x1, w, q), KS_SUCCESS) << ks_last_error();
-        EXPECT_EQ(0, std::memcmp(o1.data(), static_cast<uint8_t*>(out.data()) + size_t(m * N) * es, size_t(N) * es))
-            << qfmt(q).name << " " << dt_name(dt) << " row " << m;
-      }
-    }
+  FOR_EACH_VARIANT(kOp) {
+    for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (DType dt : kFloatTypes()) batch_invariance_case(q, dt);
+  }
 }
 
 TEST(QuantMatmul, ZeroMOrNIsANoOp) {

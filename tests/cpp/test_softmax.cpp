@@ -412,9 +412,9 @@ TEST_P(Softmax, PartialOverlapRejected) {
   const DType dt = GetParam();
   const int64_t R = 4, H = 33;
   const int64_t es = int64_t(ks::dtype_size(dt));
-  Buf arena(dt, {(R + 2) * H});
+  Buf arena(dt, {3 * R * H});  // room for every shift, so a bug cannot write out of bounds
   fill_normal(arena);
-  char* base = static_cast<char*>(arena.data()) + H * es;
+  char* base = static_cast<char*>(arena.data()) + R * H * es;
   std::vector<int64_t> s{R, H}, sp{R - 1, H};
   const auto before = snap({&arena});
   for (int64_t shift : std::vector<int64_t>{1, -1, H, -H, (R - 1) * H}) {
