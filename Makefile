@@ -22,7 +22,7 @@ model:
 	@scripts/fetch_model.sh >/dev/null
 
 test: build model
-	KS_MODEL_PATH=$(MODEL) ctest --test-dir $(BUILD) --output-on-failure -j 2
+	KS_MODEL_PATH=$(MODEL) KS_REQUIRE_MODEL=1 ctest --test-dir $(BUILD) --output-on-failure -j 2
 
 run: build model
 	$(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$(PROMPT)"

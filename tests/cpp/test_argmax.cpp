@@ -93,6 +93,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -414,16 +472,21 @@ int64_t ref_argmax(const Buf& x, int64_t r, int64_t V) {
   return best;
 }
 
-void check_rows(Buf& x, size_t off_out, const std::string& what) {
+void check_rows_one(Buf& x, size_t off_out, const std::string& what) {
   const int64_t rows = x.shape[0], V = x.shape[1];
   Buf out(DType::I64, {rows}, off_out);
   out.poison();
   Snap in{&x};
-  ASSERT_EQ(run_argmax(out, x), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_argmax(out, x));
   for (int64_t r = 0; r < rows; ++r)
     EXPECT_EQ(get_i(out, r), ref_argmax(x, r, V)) << what << " row " << r << " (" << dt_name(x.dtype) << ")";
   EXPECT_TRUE(out.guards_intact()) << what;
   EXPECT_TRUE(in.same()) << "x modified: " << what;
+}
+
+// Under each CPU variant (automatic choice first).
+void check_rows(Buf& x, size_t off_out, const std::string& what) {
+  FOR_EACH_VARIANT(kOp) check_rows_one(x, off_out, what);
 }
 
 // Build a [rows, V] tensor from explicit rows (values set with rounding to the dtype).
@@ -438,15 +501,20 @@ Buf rows_of(DType dt, const std::vector<std::vector<double>>& rows, size_t off =
 const double kInf = std::numeric_limits<double>::infinity();
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-void expect_rows(DType dt, const std::vector<std::vector<double>>& rows, const std::vector<int64_t>& want,
-                 const std::string& what) {
+void expect_rows_one(DType dt, const std::vector<std::vector<double>>& rows, const std::vector<int64_t>& want,
+                     const std::string& what) {
   Buf x = rows_of(dt, rows, 1);
   Buf out(DType::I64, {int64_t(rows.size())}, 3);
   out.poison();
-  ASSERT_EQ(run_argmax(out, x), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_argmax(out, x));
   for (size_t r = 0; r < rows.size(); ++r)
     EXPECT_EQ(get_i(out, int64_t(r)), want[r]) << what << " row " << r << " (" << dt_name(dt) << ")";
   EXPECT_TRUE(out.guards_intact());
+}
+
+void expect_rows(DType dt, const std::vector<std::vector<double>>& rows, const std::vector<int64_t>& want,
+                 const std::string& what) {
+  FOR_EACH_VARIANT(kOp) expect_rows_one(dt, rows, want, what);
 }
 
 TEST(Argmax, RandomRows) {

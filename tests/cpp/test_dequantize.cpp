@@ -96,6 +96,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -571,18 +629,18 @@ ks_status_t run_dequant(Buf& out, Buf& packed, ks_qtype_t q, ks_backend_t be = K
 void check_block(ks_qtype_t q, const std::vector<uint8_t>& bytes, const std::vector<double>& want) {
   const int64_t cols = int64_t(want.size());
   ASSERT_EQ(int64_t(bytes.size()), q_row_bytes(q, cols));
-  for (DType dt : kFloatTypes()) {
-    for (size_t off : {size_t(0), size_t(1)}) {
+  FOR_EACH_VARIANT(kOp)
+  for (DType dt : kFloatTypes())
+    for (size_t off : {size_t(0), size_t(1)}) [&] {
       Buf packed(DType::U8, {1, int64_t(bytes.size())}, off);
       std::memcpy(packed.data(), bytes.data(), bytes.size());
       Buf out(dt, {1, cols}, off * 3);
       out.poison();
-      ASSERT_EQ(run_dequant(out, packed, q), KS_SUCCESS) << ks_last_error();
+      KS_RUN_OR_SKIP(run_dequant(out, packed, q));
       EXPECT_TRUE(equals_rounded(out, want)) << qfmt(q).name << " -> " << dt_name(dt) << " offset " << off;
       EXPECT_TRUE(out.guards_intact());
       EXPECT_TRUE(packed.guards_intact());
-    }
-  }
+    }();
 }
 
 TEST(Dequantize, Q4_0KnownBlock) {
@@ -718,11 +776,12 @@ TEST(Dequantize, RandomRowsAllFormatsAllDtypes) {
   const int64_t rows_list[] = {1, 3, 17};
   const int64_t cols_q[] = {32, 64, 576, 1536};
   const int64_t cols_dense[] = {1, 7, 33, 576};
+  FOR_EACH_VARIANT(kOp) {
   int idx = 0;
   for (const auto& f : all_qfmts())
     for (DType dt : kFloatTypes())
       for (int64_t rows : rows_list)
-        for (int ci = 0; ci < 4; ++ci) {
+        for (int ci = 0; ci < 4; ++ci) [&] {
           const int64_t cols = f.block == 1 ? cols_dense[ci] : cols_q[ci];
           const size_t poff = size_t(idx % 3), ooff = size_t((idx / 3) % 4);  // misaligned views too
           ++idx;
@@ -731,26 +790,29 @@ TEST(Dequantize, RandomRowsAllFormatsAllDtypes) {
           Buf out(dt, {rows, cols}, ooff);
           out.poison();
           Snap in{&packed};
-          ASSERT_EQ(run_dequant(out, packed, f.q), KS_SUCCESS) << ks_last_error();
+          KS_RUN_OR_SKIP(run_dequant(out, packed, f.q));
           EXPECT_TRUE(equals_rounded(out, ref)) << f.name << " -> " << dt_name(dt) << " rows " << rows << " cols "
                                                 << cols;
           EXPECT_TRUE(out.guards_intact());
           EXPECT_TRUE(in.same()) << "packed input modified";
-        }
+        }();
+  }
 }
 
 // A large row count takes the multi-threaded path in some backends; the result must not change.
 TEST(Dequantize, ManyRowsMatchSingleRowCalls) {
   const int64_t rows = 301, cols = 320;
-  for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
-    Buf packed = make_packed(q, rows, cols);
-    const auto ref = decode_all(q, packed, cols);
-    Buf out(DType::BF16, {rows, cols}, 2);
-    out.poison();
-    ASSERT_EQ(run_dequant(out, packed, q), KS_SUCCESS) << ks_last_error();
-    EXPECT_TRUE(equals_rounded(out, ref));
-    EXPECT_TRUE(out.guards_intact());
-  }
+  FOR_EACH_VARIANT(kOp)
+  for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+    for (DType dt : kFloatTypes()) [&] {
+      Buf packed = make_packed(q, rows, cols);
+      const auto ref = decode_all(q, packed, cols);
+      Buf out(dt, {rows, cols}, 2);
+      out.poison();
+      KS_RUN_OR_SKIP(run_dequant(out, packed, q));
+      EXPECT_TRUE(equals_rounded(out, ref)) << dt_name(dt);
+      EXPECT_TRUE(out.guards_intact());
+    }();
 }
 
 TEST(Dequantize, ZeroRowsIsANoOp) {

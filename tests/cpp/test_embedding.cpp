@@ -95,6 +95,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -579,7 +637,7 @@ void check_dense(DType dt, DType idt, std::vector<int64_t> ids_shape, int64_t vo
   Buf out(dt, with_hidden(ids_shape, hidden), off_out);
   out.poison();
   Snap in{&table, &ids};
-  ASSERT_EQ(run_emb(out, ids, table, KS_QTYPE_NONE), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_emb(out, ids, table, KS_QTYPE_NONE));
   const size_t row = size_t(hidden) * ks::dtype_size(dt);
   for (int64_t i = 0; i < ids.numel(); ++i) {
     const int64_t id = get_i(ids, i);
@@ -592,6 +650,7 @@ void check_dense(DType dt, DType idt, std::vector<int64_t> ids_shape, int64_t vo
 }
 
 TEST(Embedding, DenseRowsAreBitExact) {
+  FOR_EACH_VARIANT(kOp)
   for (DType dt : kFloatTypes())
     for (DType idt : {DType::I32, DType::I64}) {
       check_dense(dt, idt, {5}, 11, 64, 0, 0, 0);
@@ -604,24 +663,26 @@ TEST(Embedding, DenseRowsAreBitExact) {
 
 TEST(Embedding, ScalarIdGivesOneRow) {
   // ids 0-d: out has shape (hidden,).
-  for (DType idt : {DType::I32, DType::I64}) {
+  FOR_EACH_VARIANT(kOp)
+  for (DType idt : {DType::I32, DType::I64}) [&] {
     Buf table(DType::F32, {6, 10});
     kstest::fill_normal(table);
     Buf ids(idt, {});
     set_i(ids, 0, 4);
     Buf out(DType::F32, {10});
     out.poison();
-    ASSERT_EQ(run_emb(out, ids, table, KS_QTYPE_NONE), KS_SUCCESS) << ks_last_error();
+    KS_RUN_OR_SKIP(run_emb(out, ids, table, KS_QTYPE_NONE));
     EXPECT_EQ(0, std::memcmp(out.data(), static_cast<const float*>(table.data()) + 40, 40));
     EXPECT_TRUE(out.guards_intact());
-  }
+  }();
 }
 
 TEST(Embedding, PackedTablesAllFormats) {
+  FOR_EACH_VARIANT(kOp) {
   int idx = 0;
   for (const auto& f : all_qfmts())
     for (DType dt : kFloatTypes())
-      for (DType idt : {DType::I32, DType::I64}) {
+      for (DType idt : {DType::I32, DType::I64}) [&] {
         const int64_t hidden = f.block == 1 ? (idx % 2 ? 33 : 96) : (idx % 2 ? 576 : 64);
         const int64_t vocab = 13;
         ++idx;
@@ -633,7 +694,7 @@ TEST(Embedding, PackedTablesAllFormats) {
         Buf out(dt, with_hidden(ids_shape, hidden), size_t(idx % 4));
         out.poison();
         Snap in{&table, &ids};
-        ASSERT_EQ(run_emb(out, ids, table, f.q), KS_SUCCESS) << ks_last_error();
+        KS_RUN_OR_SKIP(run_emb(out, ids, table, f.q));
         for (int64_t i = 0; i < ids.numel(); ++i) {
           const int64_t id = get_i(ids, i);
           for (int64_t j = 0; j < hidden; ++j) {
@@ -645,7 +706,8 @@ TEST(Embedding, PackedTablesAllFormats) {
         }
         EXPECT_TRUE(out.guards_intact());
         EXPECT_TRUE(in.same());
-      }
+      }();
+  }
 }
 
 TEST(Embedding, PackedKnownQ8_0Row) {
@@ -661,14 +723,17 @@ TEST(Embedding, PackedKnownQ8_0Row) {
   set_i(ids, 0, 1);
   set_i(ids, 1, 0);
   set_i(ids, 2, 1);
-  Buf out(DType::F32, {3, 32}, 1);
-  out.poison();
-  ASSERT_EQ(run_emb(out, ids, table, KS_QTYPE_Q8_0), KS_SUCCESS) << ks_last_error();
-  for (int j = 0; j < 32; ++j) {
-    EXPECT_EQ(out.get(j), 0.5 * (16 - j));
-    EXPECT_EQ(out.get(32 + j), 0.5 * (j - 16));
-    EXPECT_EQ(out.get(64 + j), 0.5 * (16 - j));
-  }
+  FOR_EACH_VARIANT(kOp)
+  for (DType dt : kFloatTypes()) [&] {
+    Buf out(dt, {3, 32}, 1);
+    out.poison();
+    KS_RUN_OR_SKIP(run_emb(out, ids, table, KS_QTYPE_Q8_0));
+    for (int j = 0; j < 32; ++j) {
+      EXPECT_EQ(out.get(j), 0.5 * (16 - j)) << dt_name(dt);
+      EXPECT_EQ(out.get(32 + j), 0.5 * (j - 16)) << dt_name(dt);
+      EXPECT_EQ(out.get(64 + j), 0.5 * (16 - j)) << dt_name(dt);
+    }
+  }();
 }
 
 TEST(Embedding, OutOfRangeIdsRejectedNothingWritten) {
@@ -876,7 +941,7 @@ TEST(Embedding, RejectsOverlap) {
 }
 
 // A batch big enough for threaded paths: every row still exact.
-TEST(Embedding, LargeBatchPacked) {
+void large_batch_case() {
   const int64_t vocab = 257, hidden = 1536, n = 300;
   Buf table = make_packed(KS_QTYPE_Q4_0, vocab, hidden);
   const auto ref = decode_all(KS_QTYPE_Q4_0, table, hidden);
@@ -884,7 +949,7 @@ TEST(Embedding, LargeBatchPacked) {
   fill_ids(ids, vocab);
   Buf out(DType::BF16, {n, hidden}, 2);
   out.poison();
-  ASSERT_EQ(run_emb(out, ids, table, KS_QTYPE_Q4_0), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_emb(out, ids, table, KS_QTYPE_Q4_0));
   int bad = 0;
   for (int64_t i = 0; i < n && bad < 5; ++i)
     for (int64_t j = 0; j < hidden; ++j) {
@@ -896,6 +961,10 @@ TEST(Embedding, LargeBatchPacked) {
       }
     }
   EXPECT_TRUE(out.guards_intact());
+}
+
+TEST(Embedding, LargeBatchPacked) {
+  FOR_EACH_VARIANT(kOp) large_batch_case();
 }
 
 }  // namespace

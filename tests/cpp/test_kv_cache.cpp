@@ -94,6 +94,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -411,7 +469,7 @@ struct KvCase {
   size_t off = 0;
 };
 
-void run_case(const KvCase& c) {
+void run_case_one(const KvCase& c) {
   Buf kc(c.dt, {c.blocks, c.bs, c.kvh, c.hd}, c.off), vc(c.dt, {c.blocks, c.bs, c.kvh, c.hd}, c.off + 1);
   Buf k(c.dt, {c.k_rows, c.kvh, c.hd}, c.off + 2), v(c.dt, {c.k_rows, c.kvh, c.hd}, c.off);
   Buf slots(c.sdt, {c.tokens}, c.off + 3);
@@ -432,7 +490,7 @@ void run_case(const KvCase& c) {
   for (int64_t t = 0; t < c.tokens; ++t) set_i(slots, t, sm[size_t(t)]);
   const auto kc0 = kc.raw, vc0 = vc.raw;
   Snap in{&k, &v, &slots};
-  ASSERT_EQ(run_append(kc, vc, k, v, slots), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_append(kc, vc, k, v, slots));
   // Expected cache: the original bytes with rows replaced at mapped slots.
   const size_t row = size_t(c.kvh * c.hd) * ks::dtype_size(c.dt);
   auto want_k = kc0, want_v = vc0;
@@ -454,6 +512,11 @@ void run_case(const KvCase& c) {
   }
   EXPECT_TRUE(kc.guards_intact() && vc.guards_intact()) << what;
   EXPECT_TRUE(in.same()) << "inputs modified: " << what;
+}
+
+// Every case runs under each CPU variant (automatic choice first).
+void run_case(const KvCase& c) {
+  FOR_EACH_VARIANT(kOp) run_case_one(c);
 }
 
 TEST(KvCacheAppend, BitExactCopiesAllDtypes) {

@@ -98,6 +98,64 @@ double store_rel(DType d) {
   }
 }
 
+// ---- running every CPU variant of an op ---------------------------------------------
+// The automatic choice first, then (when an op has more than one CPU variant) each variant
+// pinned with ks_force_variant. A pinned variant may decline a call it cannot run
+// (KS_ERROR_BACKEND_UNAVAILABLE); KS_RUN_OR_SKIP then skips that case.
+thread_local std::string g_variant;  // "" = automatic selection
+thread_local int g_ran = 0, g_declined = 0;
+
+std::vector<std::string> variants_of(const char* op) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ks_variant_count(); ++i) {
+    ks_variant_info_t info;
+    if (ks_variant_info(i, &info) == KS_SUCCESS && std::string(info.op) == op && std::string(info.backend) == "cpu")
+      names.push_back(info.name);
+  }
+  std::vector<std::string> v{""};
+  if (names.size() > 1) v.insert(v.end(), names.begin(), names.end());
+  return v;
+}
+
+struct Pin {
+  const char* op;
+  bool done = false;
+  ::testing::ScopedTrace trace;
+  Pin(const char* o, const std::string& v)
+      : op(o), trace(__FILE__, __LINE__, "variant " + (v.empty() ? std::string("auto") : v)) {
+    g_variant = v;
+    g_ran = g_declined = 0;
+    if (!v.empty()) {
+      EXPECT_EQ(ks_force_variant(op, v.c_str()), KS_SUCCESS) << ks_last_error();
+    }
+  }
+  ~Pin() {
+    if (std::getenv("KS_TEST_VERBOSE"))
+      std::printf("  [%s] variant %s: %d calls ran, %d declined\n", op, g_variant.empty() ? "auto" : g_variant.c_str(),
+                  g_ran, g_declined);
+    ks_force_variant(op, nullptr);
+    g_variant.clear();
+  }
+  bool once() { return !done && (done = true); }
+};
+
+#define FOR_EACH_VARIANT(op)                            \
+  for (const std::string& ks_variant_ : variants_of(op)) \
+    for (Pin ks_pin_(op, ks_variant_); ks_pin_.once();)
+
+// In a void function: run the call; skip the rest if a pinned variant declines it.
+#define KS_RUN_OR_SKIP(expr)                                                                          \
+  do {                                                                                                \
+    const ks_status_t ks_st_ = (expr);                                                                \
+    if (ks_st_ == KS_ERROR_BACKEND_UNAVAILABLE && !g_variant.empty()) {                               \
+      ++g_declined;                                                                                   \
+      return;                                                                                         \
+    }                                                                                                 \
+    ++g_ran;                                                                                          \
+    ASSERT_EQ(ks_st_, KS_SUCCESS) << ks_last_error() << " [variant "                                  \
+                                  << (g_variant.empty() ? std::string("auto") : g_variant) << "]"; \
+  } while (0)
+
 // True if msg contains w as a whole word (not inside a longer identifier).
 bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
@@ -479,7 +537,7 @@ std::vector<uint8_t> data_bytes(const Buf& b) {
   return std::vector<uint8_t>(p, p + b.nbytes());
 }
 
-void run_case(const RopeCase& c, int neox_flag = -2) {
+void run_case_one(const RopeCase& c, int neox_flag) {
   Buf q(c.dt, {c.T, c.H, c.D}, c.off_q);
   Buf k(c.dt, {c.T, c.KVH, c.D}, c.off_k);
   Buf pos(c.pos_dt, {c.T}, c.off_p);
@@ -497,7 +555,7 @@ void run_case(const RopeCase& c, int neox_flag = -2) {
   Snap ps{&pos};
   Snap ks_{&k};
   const int flag = neox_flag != -2 ? neox_flag : (c.neox ? 1 : 0);
-  ASSERT_EQ(run_rope(q, c.with_k ? &k : nullptr, pos, c.rd, c.theta, flag), KS_SUCCESS) << ks_last_error();
+  KS_RUN_OR_SKIP(run_rope(q, c.with_k ? &k : nullptr, pos, c.rd, c.theta, flag));
   const std::string what = dt_name(c.dt) + (c.neox ? " neox" : " interleaved") + " T " + std::to_string(c.T) + " H " +
                            std::to_string(c.H) + " KVH " + std::to_string(c.KVH) + " D " + std::to_string(c.D) +
                            " rd " + std::to_string(c.rd) + " theta " + std::to_string(c.theta);
@@ -508,6 +566,11 @@ void run_case(const RopeCase& c, int neox_flag = -2) {
     EXPECT_TRUE(ks_.same()) << "k was not passed but its buffer changed";
   EXPECT_TRUE(q.guards_intact() && k.guards_intact()) << what;
   EXPECT_TRUE(ps.same()) << "positions modified: " << what;
+}
+
+// Every case runs under each CPU variant (automatic choice first).
+void run_case(const RopeCase& c, int neox_flag = -2) {
+  FOR_EACH_VARIANT(kOp) run_case_one(c, neox_flag);
 }
 
 TEST(Rotary, NeoxAndInterleavedAllDtypes) {
