@@ -553,7 +553,7 @@ TEST_P(FusedAddRmsNorm, BackendAndDeviceSelection) {
   const DType dt = GetParam();
   // CUDA backend with host tensors: UNSUPPORTED_DEVICE (device checked first).
   expect_reject(dt, [](Call& c) { c.be = KS_BACKEND_CUDA; }, KS_ERROR_UNSUPPORTED_DEVICE, {"backend"});
-  expect_reject(dt, [](Call& c) { c.be = static_cast<ks_backend_t>(-1); }, KS_ERROR_INVALID_ARGUMENT, {"backend"});
+  expect_reject(dt, [](Call& c) { c.be = static_cast<ks_backend_t>(3); }, KS_ERROR_INVALID_ARGUMENT, {"backend"});
   expect_reject(dt, [](Call& c) {
     c.be = KS_BACKEND_CPU;
     c.tx.device = c.tr.device = c.tw.device = {kDLCUDA, 0};

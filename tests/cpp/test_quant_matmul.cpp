@@ -797,6 +797,35 @@ TEST(QuantMatmul, RowsAreIndependentOfBatch) {
   }
 }
 
+TEST(QuantMatmul, PinnedVariantThatCannotRunWritesNothing) {
+  // ks_force_variant: a pinned variant that declines a call fails it with
+  // BACKEND_UNAVAILABLE naming the op, and writes nothing; if it accepts, it is correct.
+  for (const std::string& v : variants_of(kOp)) {
+    if (v.empty() || v == "cpu_reference") continue;
+    for (ks_qtype_t q : {KS_QTYPE_F16, KS_QTYPE_Q8_0})
+      for (DType dt : {DType::F16, DType::BF16}) {
+        Buf w = make_packed(q, 5, 64);
+        const auto wd = decode_all(q, w, 64);
+        Buf x(dt, {3, 64});
+        kstest::fill_normal(x);
+        Buf out(dt, {3, 5});
+        out.poison();
+        ASSERT_EQ(ks_force_variant(kOp, v.c_str()), KS_SUCCESS) << ks_last_error();
+        Snap s{&out, &x, &w};
+        const ks_status_t st = run_qmm(out, x, w, q);
+        const std::string msg = ks_last_error();
+        ks_force_variant(kOp, nullptr);
+        if (st == KS_SUCCESS) {
+          EXPECT_TRUE(matches_reference(out, x, wd, 3, 5, 64)) << v;
+        } else {
+          EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << v << ": " << msg;
+          EXPECT_NE(msg.find(kOp), std::string::npos) << msg;
+          EXPECT_TRUE(s.same()) << v << " declined but wrote";
+        }
+      }
+  }
+}
+
 TEST(QuantMatmul, ZeroMOrNIsANoOp) {
   {
     Buf w = make_packed(KS_QTYPE_Q8_0, 3, 64);
