@@ -114,6 +114,11 @@ KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t back
  * KS_ERROR_INVALID_ARGUMENT. */
 KS_API ks_status_t ks_force_variant(const char* op, const char* variant);
 
+/* The launch configuration (block shape, vector width, cluster size, ...) of
+ * this thread's last CUDA launch of `op`, as text; "" if none. For benchmarks
+ * and diagnostics; valid until the next call on this thread. */
+KS_API const char* ks_last_launch_config(const char* op);
+
 /* ---- the five core operators ------------------------------------------ */
 
 /* out[..., H] = x * rsqrt(mean(x^2) + eps) * weight.

@@ -10,3 +10,6 @@ bool device_present() { return false; }
 namespace ks::registry {
 void register_cuda_variants(std::vector<Variant>&) {}
 }  // namespace ks::registry
+
+#include <kernscope/kernscope.h>
+extern "C" const char* ks_last_launch_config(const char*) { return ""; }

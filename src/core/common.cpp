@@ -201,8 +201,11 @@ ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& f
   const auto dev = first.device.device_type;
   const bool on_cpu = dev == kDLCPU || dev == kDLCUDAHost;
   const bool on_cuda = dev == kDLCUDA || dev == kDLCUDAManaged;
-  if (backend != KS_BACKEND_AUTO && backend != KS_BACKEND_CPU && backend != KS_BACKEND_CUDA)
-    fail(KS_ERROR_INVALID_ARGUMENT, op, "backend must be KS_BACKEND_AUTO, KS_BACKEND_CPU or KS_BACKEND_CUDA");
+  // Compare as int: a C caller may pass any value, outside the enum's range.
+  const int b = static_cast<int>(backend);
+  if (b != KS_BACKEND_AUTO && b != KS_BACKEND_CPU && b != KS_BACKEND_CUDA)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         "backend must be KS_BACKEND_AUTO, KS_BACKEND_CPU or KS_BACKEND_CUDA; got " + std::to_string(b));
   if (!on_cpu && !on_cuda)
     fail(KS_ERROR_UNSUPPORTED_DEVICE, op, "tensors on " + device_str(first.device) + " are not supported");
   if (backend == KS_BACKEND_AUTO) backend = on_cuda ? KS_BACKEND_CUDA : KS_BACKEND_CPU;

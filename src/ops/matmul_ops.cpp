@@ -42,10 +42,12 @@ const char* qtype_name(ks_qtype_t q) {
 }
 
 // Checks a packed uint8 [rows, row_bytes] tensor against `cols` elements per row.
-void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols) {
+void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols,
+                  const char* qtype_arg) {
   int64_t bs, bb;
   if (!qtype_geometry(qtype, &bs, &bb))
-    fail(KS_ERROR_INVALID_ARGUMENT, op, std::string("qtype ") + std::to_string(int(qtype)) + " is not a packed format");
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(qtype_arg) + " = " + std::to_string(int(qtype)) + " is not a known packed format");
   require_dtype(op, arg, packed, {DType::U8});
   require_ndim(op, arg, packed, 2);
   if (cols % bs != 0)
@@ -143,7 +145,7 @@ extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const D
     require_same_device(op, "out", a.out, "x", a.x);
     require_ndim(op, "x", a.x, 2);
     require_nonempty_last(op, "x", a.x);
-    check_packed(op, "weight", a.weight, qtype, a.x.dim(1));
+    check_packed(op, "weight", a.weight, qtype, a.x.dim(1), "qtype");
     require_shape(op, "out", a.out, {a.x.dim(0), a.weight.dim(0)}, "(M, N)");
     require_no_overlap(op, "out", a.out, "x", a.x);
     require_no_overlap(op, "out", a.out, "weight", a.weight);
@@ -169,7 +171,7 @@ extern "C" ks_status_t ks_dequantize(DLTensor* out, const DLTensor* packed, ks_q
     require_same_device(op, "out", a.out, "packed", a.packed);
     require_ndim(op, "out", a.out, 2);
     require_nonempty_last(op, "out", a.out);
-    check_packed(op, "packed", a.packed, qtype, a.out.dim(1));
+    check_packed(op, "packed", a.packed, qtype, a.out.dim(1), "qtype");
     if (a.packed.dim(0) != a.out.dim(0))
       fail(KS_ERROR_INVALID_ARGUMENT, op, "packed has " + std::to_string(a.packed.dim(0)) + " rows but out has " +
                                               std::to_string(a.out.dim(0)));

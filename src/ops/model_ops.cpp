@@ -20,7 +20,8 @@ using namespace ks::detail;
 using namespace ks::ops;
 
 namespace ks::ops {
-void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols);
+void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols,
+                  const char* qtype_arg);
 }
 
 static bool on_host(const View& v) { return v.device.device_type == kDLCPU || v.device.device_type == kDLCUDAHost; }
@@ -48,7 +49,7 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
         fail(KS_ERROR_INVALID_ARGUMENT, op, "table must have shape (vocab, " + std::to_string(a.hidden) +
                                                 ") to match out's hidden size; got " + shape_str(a.table.shape));
     } else {
-      check_packed(op, "table", a.table, table_format, a.hidden);
+      check_packed(op, "table", a.table, table_format, a.hidden, "table_format");
     }
     require_nonempty_last(op, "out", a.out);
     std::vector<int64_t> oshape = a.ids.shape;
@@ -218,6 +219,8 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
                                               std::to_string(a.num_kv_heads) + ")");
     a.num_blocks = a.k_cache.dim(0);
     a.block_size = a.k_cache.dim(1);
+    if (a.block_size == 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "k_cache's block_size (dim 1) must be > 0; got shape " + shape_str(a.k_cache.shape));
     require_ndim(op, "block_tables", a.block_tables, 2);
     a.num_seqs = a.block_tables.dim(0);
     a.max_blocks_per_seq = a.block_tables.dim(1);
@@ -227,7 +230,8 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
     else if (a.num_seqs != a.num_tokens)
       fail(KS_ERROR_INVALID_ARGUMENT, op, "without seq_ids, block_tables needs one row per query token (" +
                                               std::to_string(a.num_tokens) + "); got " + shape_str(a.block_tables.shape));
-    if (!std::isfinite(scale)) fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite");
+    if (!std::isfinite(scale) || !std::isfinite(float(scale)))
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite in fp32; got " + std::to_string(scale));
     a.scale = float(scale);
     for (auto [n, t] : {std::pair{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
                         {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})

@@ -28,17 +28,17 @@ constexpr double kU32 = 1.0 / 16777216.0;  // unit roundoff of fp32 (2^-24)
 
 const std::vector<DType>& kFloatTypes() { return kstest::float_dtypes(); }
 
-std::string dt_name(DType d) { return ks::dtype_name(d); }
+[[maybe_unused]] std::string dt_name(DType d) { return ks::dtype_name(d); }
 
 // Random bytes (any bit pattern: NaN payloads, infinities, subnormals).
-void fill_bytes(Buf& b) {
+[[maybe_unused]] void fill_bytes(Buf& b) {
   std::uniform_int_distribution<int> d(0, 255);
   auto* p = static_cast<uint8_t*>(b.data());
   for (size_t i = 0; i < b.nbytes(); ++i) p[i] = uint8_t(d(rng()));
 }
 
 // Exact integer store / load for int32 / int64 buffers.
-void set_i(Buf& b, int64_t i, int64_t v) {
+[[maybe_unused]] void set_i(Buf& b, int64_t i, int64_t v) {
   auto* p = static_cast<uint8_t*>(b.data());
   if (b.dtype == DType::I32) {
     const int32_t x = int32_t(v);
@@ -47,7 +47,7 @@ void set_i(Buf& b, int64_t i, int64_t v) {
     std::memcpy(p + 8 * i, &v, 8);
   }
 }
-int64_t get_i(const Buf& b, int64_t i) {
+[[maybe_unused]] int64_t get_i(const Buf& b, int64_t i) {
   const auto* p = static_cast<const uint8_t*>(b.data());
   if (b.dtype == DType::I32) {
     int32_t x;
@@ -60,7 +60,7 @@ int64_t get_i(const Buf& b, int64_t i) {
 }
 
 // Independent decoders of the 16-bit float formats (to FP64).
-double f16_to_double(uint16_t h) {
+[[maybe_unused]] double f16_to_double(uint16_t h) {
   const int s = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
   double v;
   if (e == 0x1F) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
@@ -68,7 +68,7 @@ double f16_to_double(uint16_t h) {
   else v = std::ldexp(double(m + 1024), e - 25);
   return s ? -v : v;
 }
-double bf16_to_double(uint16_t h) {
+[[maybe_unused]] double bf16_to_double(uint16_t h) {
   const uint32_t u = uint32_t(h) << 16;
   float f;
   std::memcpy(&f, &u, 4);
@@ -76,22 +76,12 @@ double bf16_to_double(uint16_t h) {
 }
 
 // v rounded to dtype d (through fp32), as a double.
-double round_to(DType d, double v) {
+[[maybe_unused]] double round_to(DType d, double v) {
   const float f = float(v);
   switch (d) {
     case DType::F16: return ks::half_to_float(ks::float_to_half(f));
     case DType::BF16: return ks::bf16_to_float(ks::float_to_bf16(f));
     default: return f;
-  }
-}
-
-// Half an ulp of dtype d at magnitude |v| relative (the rounding error of one store), as a
-// relative bound: fp16 2^-11, bf16 2^-8, fp32 2^-24.
-double store_rel(DType d) {
-  switch (d) {
-    case DType::F16: return 1.0 / 2048.0;
-    case DType::BF16: return 1.0 / 256.0;
-    default: return kU32;
   }
 }
 
@@ -102,7 +92,7 @@ double store_rel(DType d) {
 thread_local std::string g_variant;  // "" = automatic selection
 thread_local int g_ran = 0, g_declined = 0;
 
-std::vector<std::string> variants_of(const char* op) {
+[[maybe_unused]] std::vector<std::string> variants_of(const char* op) {
   std::vector<std::string> names;
   for (size_t i = 0; i < ks_variant_count(); ++i) {
     ks_variant_info_t info;
@@ -154,7 +144,7 @@ struct Pin {
   } while (0)
 
 // True if msg contains w as a whole word (not inside a longer identifier).
-bool names_word(const std::string& msg, const std::string& w) {
+[[maybe_unused]] bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   for (size_t pos = msg.find(w); pos != std::string::npos; pos = msg.find(w, pos + 1)) {
     const bool before = pos == 0 || !ident(msg[pos - 1]);
@@ -187,7 +177,7 @@ struct Snap {
 
 // The call failed with `want`, the message names the op and (if given) the argument as a
 // word, and every snapshotted buffer is byte-identical.
-::testing::AssertionResult fails_cleanly(ks_status_t got, ks_status_t want, const char* op, const std::string& arg,
+[[maybe_unused]] ::testing::AssertionResult fails_cleanly(ks_status_t got, ks_status_t want, const char* op, const std::string& arg,
                                          const Snap& snap) {
   const std::string msg = ks_last_error();  // read before any other kernscope call
   if (got != want)
@@ -244,7 +234,7 @@ struct Dl {
   DLTensor* p() { return &t; }
 };
 
-std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape) {
+[[maybe_unused]] std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> st(shape.size());
   int64_t e = 1;
   for (int i = int(shape.size()) - 1; i >= 0; --i) {
@@ -268,7 +258,7 @@ using Call = std::function<ks_status_t(std::vector<DLTensor*>&, ks_backend_t)>;
 // non-contiguous strides, another device; then whole-call rules (CUDA/OpenCL devices,
 // unknown backend). Every failure must leave every buffer byte-identical. Explicit
 // compact strides (size-1 dims with junk strides) and byte_offset must give the baseline.
-void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& call) {
+[[maybe_unused]] void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& call) {
   std::vector<std::vector<uint8_t>> init;
   for (auto& a : args) init.push_back(a.buf->raw);
   auto restore = [&] {
@@ -441,7 +431,7 @@ void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& c
 }
 
 // A float tensor's dtype with another float dtype of the same element size (or smaller).
-DLDataType other_float(DType d) {
+[[maybe_unused]] DLDataType other_float(DType d) {
   switch (d) {
     case DType::F16: return DLDataType{kDLBfloat, 16, 1};
     case DType::BF16: return DLDataType{kDLFloat, 16, 1};
@@ -471,18 +461,18 @@ const QFmt& qfmt(ks_qtype_t q) {
     if (f.q == q) return f;
   throw std::runtime_error("unknown qtype");
 }
-int64_t q_row_bytes(ks_qtype_t q, int64_t cols) { return cols / qfmt(q).block * qfmt(q).bytes; }
+[[maybe_unused]] int64_t q_row_bytes(ks_qtype_t q, int64_t cols) { return cols / qfmt(q).block * qfmt(q).bytes; }
 
-void put16(uint8_t* p, uint16_t v) {
+[[maybe_unused]] void put16(uint8_t* p, uint16_t v) {
   p[0] = uint8_t(v & 0xFF);
   p[1] = uint8_t(v >> 8);
 }
-uint16_t get16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
-uint16_t to_f16(double v) { return ks::float_to_half(float(v)); }
-uint16_t to_bf16(double v) { return ks::float_to_bf16(float(v)); }
+[[maybe_unused]] uint16_t get16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
+[[maybe_unused]] uint16_t to_f16(double v) { return ks::float_to_half(float(v)); }
+[[maybe_unused]] uint16_t to_bf16(double v) { return ks::float_to_bf16(float(v)); }
 
 // Quantizes n values (n a multiple of the block size) into dst (row_bytes bytes).
-void encode_row(ks_qtype_t q, const double* x, int64_t n, uint8_t* dst) {
+[[maybe_unused]] void encode_row(ks_qtype_t q, const double* x, int64_t n, uint8_t* dst) {
   switch (q) {
     case KS_QTYPE_F32:
       for (int64_t i = 0; i < n; ++i) {
@@ -539,7 +529,7 @@ void encode_row(ks_qtype_t q, const double* x, int64_t n, uint8_t* dst) {
 }
 
 // FP64 decode of one packed row of n elements.
-void decode_row(ks_qtype_t q, const uint8_t* src, int64_t n, double* out) {
+[[maybe_unused]] void decode_row(ks_qtype_t q, const uint8_t* src, int64_t n, double* out) {
   switch (q) {
     case KS_QTYPE_F32:
       for (int64_t i = 0; i < n; ++i) {
@@ -582,7 +572,7 @@ void decode_row(ks_qtype_t q, const uint8_t* src, int64_t n, double* out) {
 }
 
 // A packed table [rows, row_bytes] from random normal rows; `orig` gets the FP64 source values.
-Buf make_packed(ks_qtype_t q, int64_t rows, int64_t cols, std::vector<double>* orig = nullptr, size_t offset = 0,
+[[maybe_unused]] Buf make_packed(ks_qtype_t q, int64_t rows, int64_t cols, std::vector<double>* orig = nullptr, size_t offset = 0,
                 double stddev = 1.0) {
   Buf p(DType::U8, {rows, q_row_bytes(q, cols)}, offset);
   std::normal_distribution<double> nd(0.0, stddev);
@@ -594,7 +584,7 @@ Buf make_packed(ks_qtype_t q, int64_t rows, int64_t cols, std::vector<double>* o
   return p;
 }
 
-std::vector<double> decode_all(ks_qtype_t q, const Buf& p, int64_t cols) {
+[[maybe_unused]] std::vector<double> decode_all(ks_qtype_t q, const Buf& p, int64_t cols) {
   const int64_t rows = p.shape[0], rb = p.shape[1];
   std::vector<double> w(size_t(rows * cols));
   for (int64_t r = 0; r < rows; ++r)

@@ -5,8 +5,6 @@
 //   out = round(fp32(x) * rsqrt(mean(fp32(x)^2) + fp32(eps)) * fp32(weight))
 // The reference below computes the same thing in double from the rounded inputs
 // and is compared with the seed's tolerances (fp16 1e-3, bf16 1e-2, fp32 1e-6).
-#include <sys/mman.h>
-
 #include <cfloat>
 #include <cmath>
 #include <deque>
@@ -26,7 +24,6 @@ using kstest::fill_uniform;
 using kstest::tol;
 using ks::DType;
 
-constexpr double kU32 = 0x1p-24;  // unit roundoff of binary32
 constexpr const char* kOp = "rms_norm";
 
 // ---------------------------------------------------------------- helpers --
@@ -88,46 +85,20 @@ bool same_bytes(const Buf& a, const Buf& b) {
   return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
 }
 
-// FP64 reference. Also returns, per row, the relative FP32 error allowance of the
-// sum of squares (see sum_allowance).
-std::vector<double> rms_ref(const Buf& x, const Buf& w, double eps, std::vector<double>* row_rel_allow = nullptr) {
+// FP64 reference from the rounded inputs.
+std::vector<double> rms_ref(const Buf& x, const Buf& w, double eps) {
   const int64_t H = w.numel();
   const int64_t rows = H ? x.numel() / H : 0;
   const double e = double(float(eps));  // the contract rounds eps to fp32
   const std::vector<double> xv = x.values(), wv = w.values();
   std::vector<double> out(xv.size());
-  if (row_rel_allow) row_rel_allow->assign(size_t(rows), 0.0);
   for (int64_t r = 0; r < rows; ++r) {
-    double ss = 0, prefix_sq = 0;
-    for (int64_t i = 0; i < H; ++i) {
-      ss += xv[r * H + i] * xv[r * H + i];
-      prefix_sq += ss * ss;
-    }
+    double ss = 0;
+    for (int64_t i = 0; i < H; ++i) ss += xv[r * H + i] * xv[r * H + i];
     const double scale = 1.0 / std::sqrt(ss / double(H) + e);
     for (int64_t i = 0; i < H; ++i) out[r * H + i] = xv[r * H + i] * scale * wv[i];
-    // Justification of the long-row bound. The FP32 sum of squares is
-    // err = sum_k d_k * S_k (S_k partial sums, |d_k| <= u) to first order. With
-    // rounding errors modelled as independent and zero-mean (Higham & Mary,
-    // "A new approach to probabilistic rounding error analysis", 2019) its standard
-    // deviation is at most u * sqrt(sum_k S_k^2) for left-to-right order; blocked,
-    // SIMD-lane and pairwise orders have smaller partial sums, hence smaller errors.
-    // We allow 6 sigma of that, plus u per square. rsqrt halves a relative error.
-    if (row_rel_allow && ss > 0) (*row_rel_allow)[r] = 0.5 * (6 * kU32 * std::sqrt(prefix_sq) / ss + kU32);
   }
   return out;
-}
-
-// allclose with a per-row extra relative allowance.
-::testing::AssertionResult close_rows(const std::vector<double>& got, const std::vector<double>& ref, double rtol,
-                                      double atol, const std::vector<double>& row_rel, int64_t H) {
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double g = got[i], r = ref[i];
-    const double rt = rtol + row_rel[i / size_t(H)];
-    if (!std::isfinite(r) || !std::isfinite(g) || std::fabs(g - r) > atol + rt * std::fabs(r))
-      return ::testing::AssertionFailure() << "at " << i << ": got " << g << ", want " << r << " (allowed rtol " << rt
-                                           << ")";
-  }
-  return ::testing::AssertionSuccess();
 }
 
 ks_status_t run(Buf& out, Buf& x, Buf& w, double eps = 1e-6, ks_backend_t be = KS_BACKEND_AUTO) {
@@ -204,6 +175,8 @@ TEST_P(RmsNorm, ExplicitCpuBackendMatchesAuto) {
 
 TEST_P(RmsNorm, HugeRow) {
   // >= 131072 elements per row (a row that cannot live in one block of shared memory).
+  // docs/contracts.md: the FP32 sum of squares must still meet the seed tolerance here
+  // (rms_norm gets no long-row allowance), so the plain seed tolerance is used.
   const DType dt = GetParam();
   const int64_t H = 131072 + 5;
   Buf x(dt, {2, H}), w(dt, {H}), out(dt, {2, H});
@@ -213,13 +186,20 @@ TEST_P(RmsNorm, HugeRow) {
   ASSERT_TRUE(ok(run(out, x, w)));
   EXPECT_TRUE(out.guards_intact());
   EXPECT_TRUE(x.guards_intact());
-  std::vector<double> allow;
-  const auto ref = rms_ref(x, w, 1e-6, &allow);
-  // Long row: seed tolerance plus the documented FP32 sum-of-squares allowance
-  // (rms_ref; about 4e-5 relative in fp32 here, negligible for fp16/bf16).
-  EXPECT_TRUE(close_rows(out.values(), ref, tol(dt), tol(dt), allow, H));
-  // Sanity of the bound: it stays far below what an fp16/bf16 accumulation would need.
-  for (double a : allow) EXPECT_LT(a, 1e-4);
+  EXPECT_TRUE(allclose(out.values(), rms_ref(x, w, 1e-6), tol(dt), tol(dt)));
+}
+
+TEST_P(RmsNorm, HugeRowPositiveMeanIsTheHardCaseForSums) {
+  // All squares are of similar size, so a left-to-right FP32 sum drifts by ~u*sqrt(H)
+  // relative; values ~N(3, 1) make every partial sum large. Same tolerance.
+  const DType dt = GetParam();
+  const int64_t H = 262144 + 3;
+  Buf x(dt, {1, H}), w(dt, {H}), out(dt, {1, H});
+  fill_normal(x, 1.0, 3.0);
+  fill_uniform(w, 0.5, 1.5);
+  out.poison();
+  ASSERT_TRUE(ok(run(out, x, w)));
+  EXPECT_TRUE(allclose(out.values(), rms_ref(x, w, 1e-6), tol(dt), tol(dt)));
 }
 
 TEST_P(RmsNorm, ZeroRowsIsANoOp) {

@@ -31,17 +31,17 @@ constexpr double kU32 = 1.0 / 16777216.0;  // unit roundoff of fp32 (2^-24)
 
 const std::vector<DType>& kFloatTypes() { return kstest::float_dtypes(); }
 
-std::string dt_name(DType d) { return ks::dtype_name(d); }
+[[maybe_unused]] std::string dt_name(DType d) { return ks::dtype_name(d); }
 
 // Random bytes (any bit pattern: NaN payloads, infinities, subnormals).
-void fill_bytes(Buf& b) {
+[[maybe_unused]] void fill_bytes(Buf& b) {
   std::uniform_int_distribution<int> d(0, 255);
   auto* p = static_cast<uint8_t*>(b.data());
   for (size_t i = 0; i < b.nbytes(); ++i) p[i] = uint8_t(d(rng()));
 }
 
 // Exact integer store / load for int32 / int64 buffers.
-void set_i(Buf& b, int64_t i, int64_t v) {
+[[maybe_unused]] void set_i(Buf& b, int64_t i, int64_t v) {
   auto* p = static_cast<uint8_t*>(b.data());
   if (b.dtype == DType::I32) {
     const int32_t x = int32_t(v);
@@ -50,7 +50,7 @@ void set_i(Buf& b, int64_t i, int64_t v) {
     std::memcpy(p + 8 * i, &v, 8);
   }
 }
-int64_t get_i(const Buf& b, int64_t i) {
+[[maybe_unused]] int64_t get_i(const Buf& b, int64_t i) {
   const auto* p = static_cast<const uint8_t*>(b.data());
   if (b.dtype == DType::I32) {
     int32_t x;
@@ -63,7 +63,7 @@ int64_t get_i(const Buf& b, int64_t i) {
 }
 
 // Independent decoders of the 16-bit float formats (to FP64).
-double f16_to_double(uint16_t h) {
+[[maybe_unused]] double f16_to_double(uint16_t h) {
   const int s = h >> 15, e = (h >> 10) & 0x1F, m = h & 0x3FF;
   double v;
   if (e == 0x1F) v = m ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
@@ -71,7 +71,7 @@ double f16_to_double(uint16_t h) {
   else v = std::ldexp(double(m + 1024), e - 25);
   return s ? -v : v;
 }
-double bf16_to_double(uint16_t h) {
+[[maybe_unused]] double bf16_to_double(uint16_t h) {
   const uint32_t u = uint32_t(h) << 16;
   float f;
   std::memcpy(&f, &u, 4);
@@ -79,22 +79,12 @@ double bf16_to_double(uint16_t h) {
 }
 
 // v rounded to dtype d (through fp32), as a double.
-double round_to(DType d, double v) {
+[[maybe_unused]] double round_to(DType d, double v) {
   const float f = float(v);
   switch (d) {
     case DType::F16: return ks::half_to_float(ks::float_to_half(f));
     case DType::BF16: return ks::bf16_to_float(ks::float_to_bf16(f));
     default: return f;
-  }
-}
-
-// Half an ulp of dtype d at magnitude |v| relative (the rounding error of one store), as a
-// relative bound: fp16 2^-11, bf16 2^-8, fp32 2^-24.
-double store_rel(DType d) {
-  switch (d) {
-    case DType::F16: return 1.0 / 2048.0;
-    case DType::BF16: return 1.0 / 256.0;
-    default: return kU32;
   }
 }
 
@@ -105,7 +95,7 @@ double store_rel(DType d) {
 thread_local std::string g_variant;  // "" = automatic selection
 thread_local int g_ran = 0, g_declined = 0;
 
-std::vector<std::string> variants_of(const char* op) {
+[[maybe_unused]] std::vector<std::string> variants_of(const char* op) {
   std::vector<std::string> names;
   for (size_t i = 0; i < ks_variant_count(); ++i) {
     ks_variant_info_t info;
@@ -157,7 +147,7 @@ struct Pin {
   } while (0)
 
 // True if msg contains w as a whole word (not inside a longer identifier).
-bool names_word(const std::string& msg, const std::string& w) {
+[[maybe_unused]] bool names_word(const std::string& msg, const std::string& w) {
   auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
   for (size_t pos = msg.find(w); pos != std::string::npos; pos = msg.find(w, pos + 1)) {
     const bool before = pos == 0 || !ident(msg[pos - 1]);
@@ -190,7 +180,7 @@ struct Snap {
 
 // The call failed with `want`, the message names the op and (if given) the argument as a
 // word, and every snapshotted buffer is byte-identical.
-::testing::AssertionResult fails_cleanly(ks_status_t got, ks_status_t want, const char* op, const std::string& arg,
+[[maybe_unused]] ::testing::AssertionResult fails_cleanly(ks_status_t got, ks_status_t want, const char* op, const std::string& arg,
                                          const Snap& snap) {
   const std::string msg = ks_last_error();  // read before any other kernscope call
   if (got != want)
@@ -247,7 +237,7 @@ struct Dl {
   DLTensor* p() { return &t; }
 };
 
-std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape) {
+[[maybe_unused]] std::vector<int64_t> compact_strides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> st(shape.size());
   int64_t e = 1;
   for (int i = int(shape.size()) - 1; i >= 0; --i) {
@@ -271,7 +261,7 @@ using Call = std::function<ks_status_t(std::vector<DLTensor*>&, ks_backend_t)>;
 // non-contiguous strides, another device; then whole-call rules (CUDA/OpenCL devices,
 // unknown backend). Every failure must leave every buffer byte-identical. Explicit
 // compact strides (size-1 dims with junk strides) and byte_offset must give the baseline.
-void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& call) {
+[[maybe_unused]] void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& call) {
   std::vector<std::vector<uint8_t>> init;
   for (auto& a : args) init.push_back(a.buf->raw);
   auto restore = [&] {
@@ -444,7 +434,7 @@ void check_common_rules(const char* op, std::vector<ArgSpec> args, const Call& c
 }
 
 // A float tensor's dtype with another float dtype of the same element size (or smaller).
-DLDataType other_float(DType d) {
+[[maybe_unused]] DLDataType other_float(DType d) {
   switch (d) {
     case DType::F16: return DLDataType{kDLBfloat, 16, 1};
     case DType::BF16: return DLDataType{kDLFloat, 16, 1};
@@ -633,6 +623,12 @@ TEST(Rotary, LargePositions) {
       run_case(c);
       c.pos_dt = DType::I32;
       c.positions = {100000, 99999, 1, 262143, 16777217, 2147483647};
+      run_case(c);
+      // Any value is valid (no precomputed table): negative positions rotate backwards.
+      c.positions = {-1, -100000, -16777217, std::numeric_limits<int32_t>::min(), 3, -7};
+      run_case(c);
+      c.pos_dt = DType::I64;
+      c.positions = {-1, -100000, -(int64_t(1) << 40), std::numeric_limits<int64_t>::min(), 0, 12345};
       run_case(c);
     }
 }

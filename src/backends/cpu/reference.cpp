@@ -66,15 +66,15 @@ void fused_add_rms_norm_ref(const void* p, ks_stream_t) {
   const int64_t H = a.hidden;
 #pragma omp parallel if (a.rows * H > kParallelWork)
   {
-    std::vector<float> s(static_cast<size_t>(H));
+    std::vector<float> s(static_cast<size_t>(H)), sq(static_cast<size_t>(H));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
       const int64_t base = r * H;
-      float ss = 0.f;
       for (int64_t i = 0; i < H; ++i) {
         s[i] = load_f(a.x.data, dt, base + i) + load_f(a.residual.data, dt, base + i);
-        ss += s[i] * s[i];
+        sq[i] = s[i] * s[i];
       }
+      const float ss = pairwise_sum(sq.data(), H);
       const float scale = 1.0f / std::sqrt(ss / float(H) + a.eps);
       for (int64_t i = 0; i < H; ++i) {
         store_f(a.residual.data, dt, base + i, s[i]);

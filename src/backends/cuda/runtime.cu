@@ -1,10 +1,14 @@
-// CUDA backend runtime: device discovery and variant registration. The CUDA
-// operator kernels register here (none yet: every op falls back to an explicit
-// BACKEND_UNAVAILABLE error on device tensors until they land).
+// CUDA backend runtime: device discovery, device properties, launch-config
+// records and variant registration. Ops without a CUDA variant yet answer
+// device tensors with KS_ERROR_BACKEND_UNAVAILABLE.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <string>
 #include <vector>
 
+#include "backends/cuda/common.cuh"
 #include "registry/registry.hpp"
 
 namespace ks::cuda {
@@ -23,8 +27,55 @@ bool device_present() {
   return present;
 }
 
+const DeviceProps& device_props(int device) {
+  static std::mutex mu;
+  static std::map<int, DeviceProps> cache;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(device);
+  if (it != cache.end()) return it->second;
+  DeviceProps p;
+  check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device), "cuda", "device attribute");
+  check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device), "cuda", "device attribute");
+  check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device), "cuda", "device attribute");
+  return cache.emplace(device, p).first->second;
+}
+
+namespace {
+thread_local std::map<std::string, std::string> g_configs;
+}
+void set_last_config(const char* op, const std::string& cfg) { g_configs[op] = cfg; }
+std::string last_config(const char* op) {
+  auto it = g_configs.find(op);
+  return it == g_configs.end() ? std::string() : it->second;
+}
+
+void rms_norm_cuda(const void*, ks_stream_t);
+void fused_add_rms_norm_cuda(const void*, ks_stream_t);
+void softmax_cuda(const void*, ks_stream_t);
+void silu_and_mul_cuda(const void*, ks_stream_t);
+void gemv_cuda(const void*, ks_stream_t);
+
 }  // namespace ks::cuda
 
 namespace ks::registry {
-void register_cuda_variants(std::vector<Variant>&) {}
+void register_cuda_variants(std::vector<Variant>& v) {
+  bool (*avail)() = [] { return ks::cuda::device_present(); };
+  v.push_back({"rms_norm", KS_BACKEND_CUDA, "cuda_rowgroup", kFloatDTypes, 10,
+               "W warps per row, row cached in registers, 16-byte vectors when aligned", avail, nullptr,
+               ks::cuda::rms_norm_cuda});
+  v.push_back({"fused_add_rms_norm", KS_BACKEND_CUDA, "cuda_rowgroup", kFloatDTypes, 10,
+               "W warps per row, FP32 sum cached in registers", avail, nullptr, ks::cuda::fused_add_rms_norm_cuda});
+  v.push_back({"softmax", KS_BACKEND_CUDA, "cuda_rowgroup_cluster", kFloatDTypes, 10,
+               "row groups; thread-block clusters (sm_90) for few wide rows", avail, nullptr, ks::cuda::softmax_cuda});
+  v.push_back({"silu_and_mul", KS_BACKEND_CUDA, "cuda_vec", kFloatDTypes, 10, "2-D grid, 16-byte vectors, unrolled",
+               avail, nullptr, ks::cuda::silu_and_mul_cuda});
+  v.push_back({"gemv", KS_BACKEND_CUDA, "cuda_warp_per_row", kFloatDTypes, 10,
+               "one warp per output row, 16-byte loads, 4 in flight", avail, nullptr, ks::cuda::gemv_cuda});
+}
 }  // namespace ks::registry
+
+extern "C" const char* ks_last_launch_config(const char* op) {
+  static thread_local std::string s;
+  s = op ? ks::cuda::last_config(op) : std::string();
+  return s.c_str();
+}

@@ -1,0 +1,394 @@
+//! Safe Rust bindings of kernscope: LLM inference operators behind a C ABI over DLPack.
+//!
+//! Tensors are views over borrowed slices ([`Tensor`], [`TensorMut`]) carrying dtype, shape,
+//! strides and device; every call returns [`Result`], whose [`Error`] holds the [`Status`]
+//! and the library's message naming the op and the argument. Validation runs before any
+//! write: after an error every output is unchanged.
+//!
+//! ```no_run
+//! use kernscope::{Tensor, TensorMut};
+//! let x = [1.0f32, 2.0, 3.0, 4.0, -1.0, 0.5, 2.0, 8.0];
+//! let w = [1.0f32, 1.0, 0.5, 2.0];
+//! let mut y = [0.0f32; 8];
+//! kernscope::rms_norm(&mut TensorMut::f32(&mut y, &[2, 4])?, &Tensor::f32(&x, &[2, 4])?,
+//!                     &Tensor::f32(&w, &[4])?, 1e-6)?;
+//! # Ok::<(), kernscope::Error>(())
+//! ```
+//!
+//! Ops use [`Backend::Auto`] and the default stream; [`Exec`] picks a backend or a CUDA stream.
+//! The last error and [`force_variant`] pins are per OS thread, as in the C ABI.
+
+mod error;
+pub mod half;
+mod tensor;
+
+use std::ffi::{CStr, CString};
+use std::os::raw::{c_char, c_void};
+use std::ptr;
+
+pub use kernscope_sys as sys;
+
+pub use error::{Error, Result, Status};
+pub use tensor::{DType, Device, Element, Tensor, TensorMut};
+
+use error::check;
+
+/// Which backend runs a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Backend {
+    /// By the tensors' device, then the registry.
+    #[default]
+    Auto,
+    Cpu,
+    Cuda,
+}
+
+impl Backend {
+    fn raw(self) -> sys::ks_backend_t {
+        match self {
+            Backend::Auto => sys::KS_BACKEND_AUTO,
+            Backend::Cpu => sys::KS_BACKEND_CPU,
+            Backend::Cuda => sys::KS_BACKEND_CUDA,
+        }
+    }
+}
+
+/// Storage format of packed weight rows (GGUF block formats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum QType {
+    /// Not packed: a dense float tensor.
+    None,
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+}
+
+impl QType {
+    fn raw(self) -> sys::ks_qtype_t {
+        match self {
+            QType::None => sys::KS_QTYPE_NONE,
+            QType::F32 => sys::KS_QTYPE_F32,
+            QType::F16 => sys::KS_QTYPE_F16,
+            QType::BF16 => sys::KS_QTYPE_BF16,
+            QType::Q4_0 => sys::KS_QTYPE_Q4_0,
+            QType::Q4_1 => sys::KS_QTYPE_Q4_1,
+            QType::Q8_0 => sys::KS_QTYPE_Q8_0,
+        }
+    }
+}
+
+// ---- library ---------------------------------------------------------------------------
+
+fn static_str(p: *const c_char) -> &'static str {
+    if p.is_null() {
+        return "";
+    }
+    // Only used for strings the ABI documents as static storage.
+    unsafe { CStr::from_ptr(p) }.to_str().unwrap_or("")
+}
+
+fn owned_str(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+fn c_string(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::new(Status::InvalidArgument, format!("{}: contains a NUL byte", what)))
+}
+
+/// "MAJOR.MINOR.PATCH" of the loaded library.
+pub fn version() -> &'static str {
+    static_str(unsafe { sys::ks_version() })
+}
+
+/// Whether `backend` is compiled in and usable here (CUDA: a device exists).
+pub fn backend_available(backend: Backend) -> bool {
+    unsafe { sys::ks_backend_available(backend.raw()) != 0 }
+}
+
+/// (elements per block, bytes per block) of a packed format.
+pub fn qtype_info(qtype: QType) -> Result<(i64, i64)> {
+    let (mut size, mut bytes) = (0i64, 0i64);
+    check(unsafe { sys::ks_qtype_info(qtype.raw(), &mut size, &mut bytes) })?;
+    Ok((size, bytes))
+}
+
+/// One registered variant of an op.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VariantInfo {
+    pub op: &'static str,
+    pub backend: &'static str,
+    pub name: &'static str,
+    /// Comma list, e.g. "fp16,bf16,fp32".
+    pub dtypes: &'static str,
+    pub summary: &'static str,
+}
+
+/// Every registered variant (every op, every backend).
+pub fn variants() -> Result<Vec<VariantInfo>> {
+    let n = unsafe { sys::ks_variant_count() };
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut info = sys::ks_variant_info_t { op: ptr::null(), backend: ptr::null(), name: ptr::null(), dtypes: ptr::null(), summary: ptr::null() };
+        check(unsafe { sys::ks_variant_info(i, &mut info) })?;
+        out.push(VariantInfo {
+            op: static_str(info.op),
+            backend: static_str(info.backend),
+            name: static_str(info.name),
+            dtypes: static_str(info.dtypes),
+            summary: static_str(info.summary),
+        });
+    }
+    Ok(out)
+}
+
+/// The variant the registry picks for (op, dtype, backend), and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    pub variant: String,
+    pub reason: String,
+}
+
+/// `dtype`: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype).
+pub fn which(op: &str, dtype: &str, backend: Backend) -> Result<Choice> {
+    let (cop, cdt) = (c_string("which: op", op)?, c_string("which: dtype", dtype)?);
+    let (mut variant, mut reason): (*const c_char, *const c_char) = (ptr::null(), ptr::null());
+    check(unsafe { sys::ks_which(cop.as_ptr(), cdt.as_ptr(), backend.raw(), &mut variant, &mut reason) })?;
+    // Thread-local strings: copied before the next call.
+    Ok(Choice { variant: owned_str(variant), reason: owned_str(reason) })
+}
+
+/// Pins `op` to `variant` for calls on this OS thread. `variant: None` returns `op` to automatic
+/// selection; `op: None` clears every pin.
+pub fn force_variant(op: Option<&str>, variant: Option<&str>) -> Result<()> {
+    let cop = op.map(|s| c_string("force_variant: op", s)).transpose()?;
+    let cvar = variant.map(|s| c_string("force_variant: variant", s)).transpose()?;
+    check(unsafe {
+        sys::ks_force_variant(cop.as_ref().map_or(ptr::null(), |s| s.as_ptr()), cvar.as_ref().map_or(ptr::null(), |s| s.as_ptr()))
+    })
+}
+
+// ---- ops -------------------------------------------------------------------------------
+
+/// Where and how ops run: a backend and a stream (a `cudaStream_t` for CUDA; null is the
+/// default stream). The free functions use `Exec::default()` (automatic backend).
+#[derive(Debug, Clone, Copy)]
+pub struct Exec {
+    backend: Backend,
+    stream: *mut c_void,
+}
+
+impl Default for Exec {
+    fn default() -> Self {
+        Exec::new(Backend::Auto)
+    }
+}
+
+impl Exec {
+    pub const fn new(backend: Backend) -> Exec {
+        Exec { backend, stream: ptr::null_mut() }
+    }
+
+    /// # Safety
+    /// `stream` must be a valid `cudaStream_t` (or null) for as long as calls use it.
+    pub unsafe fn with_stream(self, stream: *mut c_void) -> Exec {
+        Exec { stream, ..self }
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    /// `out = x * rsqrt(mean(x^2) + eps) * weight` over the last dim.
+    pub fn rms_norm(&self, out: &mut TensorMut, x: &Tensor, weight: &Tensor, eps: f64) -> Result<()> {
+        let (mut o, xt, w) = (out.raw(), x.raw(), weight.raw());
+        check(unsafe { sys::ks_rms_norm(&mut o, &xt, &w, eps, self.backend.raw(), self.stream) })
+    }
+
+    /// rms_norm with `out` = `x` (in place).
+    pub fn rms_norm_in_place(&self, x: &mut TensorMut, weight: &Tensor, eps: f64) -> Result<()> {
+        let (mut o, w) = (x.raw(), weight.raw());
+        let xt = o;
+        check(unsafe { sys::ks_rms_norm(&mut o, &xt, &w, eps, self.backend.raw(), self.stream) })
+    }
+
+    /// In place: `s = x + residual`; `residual = s`; `x = rms_norm(s) * weight`.
+    pub fn fused_add_rms_norm(&self, x: &mut TensorMut, residual: &mut TensorMut, weight: &Tensor, eps: f64) -> Result<()> {
+        let (mut xt, mut r, w) = (x.raw(), residual.raw(), weight.raw());
+        check(unsafe { sys::ks_fused_add_rms_norm(&mut xt, &mut r, &w, eps, self.backend.raw(), self.stream) })
+    }
+
+    /// `out[..., D] = silu(x[..., :D]) * x[..., D:]`.
+    pub fn silu_and_mul(&self, out: &mut TensorMut, x: &Tensor) -> Result<()> {
+        let (mut o, xt) = (out.raw(), x.raw());
+        check(unsafe { sys::ks_silu_and_mul(&mut o, &xt, self.backend.raw(), self.stream) })
+    }
+
+    /// `out[n] = sum_h weight[n, h] * x[h]`.
+    pub fn gemv(&self, out: &mut TensorMut, x: &Tensor, weight: &Tensor) -> Result<()> {
+        let (mut o, xt, w) = (out.raw(), x.raw(), weight.raw());
+        check(unsafe { sys::ks_gemv(&mut o, &xt, &w, self.backend.raw(), self.stream) })
+    }
+
+    /// Softmax along the last dim.
+    pub fn softmax(&self, out: &mut TensorMut, x: &Tensor) -> Result<()> {
+        let (mut o, xt) = (out.raw(), x.raw());
+        check(unsafe { sys::ks_softmax(&mut o, &xt, self.backend.raw(), self.stream) })
+    }
+
+    /// Softmax with `out` = `x` (in place).
+    pub fn softmax_in_place(&self, x: &mut TensorMut) -> Result<()> {
+        let mut o = x.raw();
+        let xt = o;
+        check(unsafe { sys::ks_softmax(&mut o, &xt, self.backend.raw(), self.stream) })
+    }
+
+    /// `out[..., hidden] = table[ids[...], :]`, dense (`QType::None`) or packed rows.
+    pub fn embedding(&self, out: &mut TensorMut, ids: &Tensor, table: &Tensor, table_format: QType) -> Result<()> {
+        let (mut o, i, t) = (out.raw(), ids.raw(), table.raw());
+        check(unsafe { sys::ks_embedding(&mut o, &i, &t, table_format.raw(), self.backend.raw(), self.stream) })
+    }
+
+    /// `out[rows, cols] = dequant(packed)`.
+    pub fn dequantize(&self, out: &mut TensorMut, packed: &Tensor, qtype: QType) -> Result<()> {
+        let (mut o, p) = (out.raw(), packed.raw());
+        check(unsafe { sys::ks_dequantize(&mut o, &p, qtype.raw(), self.backend.raw(), self.stream) })
+    }
+
+    /// `out[M, N] = a[M, K] @ b[N, K]^T`.
+    pub fn gemm(&self, out: &mut TensorMut, a: &Tensor, b: &Tensor) -> Result<()> {
+        let (mut o, at, bt) = (out.raw(), a.raw(), b.raw());
+        check(unsafe { sys::ks_gemm(&mut o, &at, &bt, self.backend.raw(), self.stream) })
+    }
+
+    /// `out[M, N] = x[M, K] @ dequant(weight)^T` from the packed blocks.
+    pub fn quant_matmul(&self, out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
+        let (mut o, xt, w) = (out.raw(), x.raw(), weight.raw());
+        check(unsafe { sys::ks_quant_matmul(&mut o, &xt, &w, qtype.raw(), self.backend.raw(), self.stream) })
+    }
+
+    /// Rotary position embedding in place on `q` and (optionally) `k`.
+    pub fn rotary_embedding(
+        &self,
+        q: &mut TensorMut,
+        k: Option<&mut TensorMut>,
+        positions: &Tensor,
+        rotary_dim: i64,
+        theta: f64,
+        is_neox: bool,
+    ) -> Result<()> {
+        let mut qt = q.raw();
+        let mut kt = k.map(|k| k.raw());
+        let p = positions.raw();
+        let kp = kt.as_mut().map_or(ptr::null_mut(), |k| k as *mut sys::DLTensor);
+        check(unsafe { sys::ks_rotary_embedding(&mut qt, kp, &p, rotary_dim, theta, is_neox as i32, self.backend.raw(), self.stream) })
+    }
+
+    /// Writes k/v rows into a paged cache at `slot_mapping` (slot -1 skipped).
+    pub fn kv_cache_append(&self, k_cache: &mut TensorMut, v_cache: &mut TensorMut, k: &Tensor, v: &Tensor, slot_mapping: &Tensor) -> Result<()> {
+        let (mut kc, mut vc, kt, vt, s) = (k_cache.raw(), v_cache.raw(), k.raw(), v.raw(), slot_mapping.raw());
+        check(unsafe { sys::ks_kv_cache_append(&mut kc, &mut vc, &kt, &vt, &s, self.backend.raw(), self.stream) })
+    }
+
+    /// Attention over a paged KV cache. `seq_ids: None` means sequence t for token t.
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention(
+        &self,
+        out: &mut TensorMut,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_tables: &Tensor,
+        seq_ids: Option<&Tensor>,
+        context_lens: &Tensor,
+        scale: f64,
+    ) -> Result<()> {
+        let mut o = out.raw();
+        let (qt, kc, vc, bt, cl) = (q.raw(), k_cache.raw(), v_cache.raw(), block_tables.raw(), context_lens.raw());
+        let si = seq_ids.map(|s| s.raw());
+        let sp = si.as_ref().map_or(ptr::null(), |s| s as *const sys::DLTensor);
+        check(unsafe { sys::ks_paged_attention(&mut o, &qt, &kc, &vc, &bt, sp, &cl, scale, self.backend.raw(), self.stream) })
+    }
+
+    /// `out[r]` (int64) = index of the maximum of `x[r, :]`.
+    pub fn argmax(&self, out: &mut TensorMut, x: &Tensor) -> Result<()> {
+        let (mut o, xt) = (out.raw(), x.raw());
+        check(unsafe { sys::ks_argmax(&mut o, &xt, self.backend.raw(), self.stream) })
+    }
+}
+
+/// [`Exec::rms_norm`] on the automatic backend.
+pub fn rms_norm(out: &mut TensorMut, x: &Tensor, weight: &Tensor, eps: f64) -> Result<()> {
+    Exec::default().rms_norm(out, x, weight, eps)
+}
+/// [`Exec::rms_norm_in_place`] on the automatic backend.
+pub fn rms_norm_in_place(x: &mut TensorMut, weight: &Tensor, eps: f64) -> Result<()> {
+    Exec::default().rms_norm_in_place(x, weight, eps)
+}
+/// [`Exec::fused_add_rms_norm`] on the automatic backend.
+pub fn fused_add_rms_norm(x: &mut TensorMut, residual: &mut TensorMut, weight: &Tensor, eps: f64) -> Result<()> {
+    Exec::default().fused_add_rms_norm(x, residual, weight, eps)
+}
+/// [`Exec::silu_and_mul`] on the automatic backend.
+pub fn silu_and_mul(out: &mut TensorMut, x: &Tensor) -> Result<()> {
+    Exec::default().silu_and_mul(out, x)
+}
+/// [`Exec::gemv`] on the automatic backend.
+pub fn gemv(out: &mut TensorMut, x: &Tensor, weight: &Tensor) -> Result<()> {
+    Exec::default().gemv(out, x, weight)
+}
+/// [`Exec::softmax`] on the automatic backend.
+pub fn softmax(out: &mut TensorMut, x: &Tensor) -> Result<()> {
+    Exec::default().softmax(out, x)
+}
+/// [`Exec::softmax_in_place`] on the automatic backend.
+pub fn softmax_in_place(x: &mut TensorMut) -> Result<()> {
+    Exec::default().softmax_in_place(x)
+}
+/// [`Exec::embedding`] on the automatic backend.
+pub fn embedding(out: &mut TensorMut, ids: &Tensor, table: &Tensor, table_format: QType) -> Result<()> {
+    Exec::default().embedding(out, ids, table, table_format)
+}
+/// [`Exec::dequantize`] on the automatic backend.
+pub fn dequantize(out: &mut TensorMut, packed: &Tensor, qtype: QType) -> Result<()> {
+    Exec::default().dequantize(out, packed, qtype)
+}
+/// [`Exec::gemm`] on the automatic backend.
+pub fn gemm(out: &mut TensorMut, a: &Tensor, b: &Tensor) -> Result<()> {
+    Exec::default().gemm(out, a, b)
+}
+/// [`Exec::quant_matmul`] on the automatic backend.
+pub fn quant_matmul(out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
+    Exec::default().quant_matmul(out, x, weight, qtype)
+}
+/// [`Exec::rotary_embedding`] on the automatic backend.
+pub fn rotary_embedding(q: &mut TensorMut, k: Option<&mut TensorMut>, positions: &Tensor, rotary_dim: i64, theta: f64, is_neox: bool) -> Result<()> {
+    Exec::default().rotary_embedding(q, k, positions, rotary_dim, theta, is_neox)
+}
+/// [`Exec::kv_cache_append`] on the automatic backend.
+pub fn kv_cache_append(k_cache: &mut TensorMut, v_cache: &mut TensorMut, k: &Tensor, v: &Tensor, slot_mapping: &Tensor) -> Result<()> {
+    Exec::default().kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
+}
+/// [`Exec::paged_attention`] on the automatic backend.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention(
+    out: &mut TensorMut,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    seq_ids: Option<&Tensor>,
+    context_lens: &Tensor,
+    scale: f64,
+) -> Result<()> {
+    Exec::default().paged_attention(out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale)
+}
+/// [`Exec::argmax`] on the automatic backend.
+pub fn argmax(out: &mut TensorMut, x: &Tensor) -> Result<()> {
+    Exec::default().argmax(out, x)
+}

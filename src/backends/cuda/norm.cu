@@ -1,0 +1,234 @@
+// rms_norm and fused_add_rms_norm on CUDA (contracts in docs/contracts.md).
+//
+// A "row group" of W warps owns one row; a CTA holds R row groups (W * R * 32
+// threads). Each thread keeps NV vectors of VEC elements in registers, so a row
+// is read from memory once; rows wider than the register budget (NV = 0) take
+// two passes, the second served mostly by L2. Sums of squares are FP32: per
+// thread in index order, then a warp butterfly, then the row group's warps.
+// That order depends only on (H, W, NV, VEC), which the launcher derives from H
+// and pointer alignment alone, so a row's result never depends on the row count.
+// VEC = 16 / sizeof(T) when every pointer is 16-byte aligned and H % VEC == 0,
+// else 1 (scalar path: offset views, odd widths). Indexing is int64.
+#include <algorithm>
+#include <cstdio>
+
+#include "backends/cuda/common.cuh"
+#include "ops/args.hpp"
+
+namespace ks::cuda {
+
+struct NormParams {
+  const void* x;
+  const void* residual;  // fused only (in/out)
+  const void* weight;
+  void* out;             // rms_norm: out; fused: x (in place)
+  void* res_out;         // fused: residual
+  int64_t rows, hidden;
+  float eps;
+  int warps_per_row, rows_per_cta;
+};
+
+template <int W_MAX>
+__device__ __forceinline__ float row_group_sum(float v, float* red, int group, int warp_in_row, int warps_per_row,
+                                               int lane) {
+  v = warp_sum(v);
+  if (warps_per_row == 1) return v;
+  __syncthreads();
+  if (lane == 0) red[group * W_MAX + warp_in_row] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int i = 0; i < warps_per_row; ++i) s += red[group * W_MAX + i];  // same order in every thread
+  return s;
+}
+
+constexpr int kWMax = 32;
+
+// FUSED = false: out = rms_norm(x). FUSED = true: s = x + residual; residual = s; x = rms_norm(s).
+template <typename T, int VEC, int NV, bool FUSED>
+__global__ void __launch_bounds__(1024) norm_kernel(const NormParams p) {
+  __shared__ float red[kWMax * 8];
+  const int tpr = p.warps_per_row * 32;
+  const int group = threadIdx.x / tpr, lt = threadIdx.x % tpr;
+  const int lane = threadIdx.x & 31, warp_in_row = lt >> 5;
+  const int64_t H = p.hidden, hv = H / VEC;
+  const T* x = static_cast<const T*>(p.x);  // may alias out (in place): no __restrict__
+  const T* r = static_cast<const T*>(p.residual);
+  const T* __restrict__ w = static_cast<const T*>(p.weight);
+  T* out = static_cast<T*>(p.out);
+  T* rout = static_cast<T*>(p.res_out);
+  const int64_t step = int64_t(gridDim.x) * p.rows_per_cta;
+  for (int64_t base = int64_t(blockIdx.x) * p.rows_per_cta; base < p.rows; base += step) {
+    const int64_t row = base + group;
+    const bool active = group < p.rows_per_cta && row < p.rows;
+    const int64_t off = row * H;
+    float ss = 0.f;
+    if constexpr (NV > 0) {
+      float s[NV][VEC];
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t idx = lt + int64_t(i) * tpr;
+        if (active && idx < hv) {
+          const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+          Vec<T, VEC> rv;
+          if constexpr (FUSED) rv = load_vec<T, VEC>(r + off + idx * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            s[i][j] = FUSED ? xv.f(j) + rv.f(j) : xv.f(j);
+            ss += s[i][j] * s[i][j];
+          }
+          if constexpr (FUSED) {
+            Vec<T, VEC> o;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) o.set(j, s[i][j]);
+            store_vec<T, VEC>(rout + off + idx * VEC, o);
+          }
+        }
+      }
+      const float total = row_group_sum<kWMax>(ss, red, group, warp_in_row, p.warps_per_row, lane);
+      const float scale = 1.0f / sqrtf(total / float(H) + p.eps);
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t idx = lt + int64_t(i) * tpr;
+        if (active && idx < hv) {
+          const auto wv = load_vec<T, VEC>(w + idx * VEC);
+          Vec<T, VEC> o;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) o.set(j, s[i][j] * scale * wv.f(j));
+          store_vec<T, VEC>(out + off + idx * VEC, o);
+        }
+      }
+    } else {
+      // Two passes; residual is written only in the second so pass 2 re-reads the inputs.
+      if (active)
+        for (int64_t idx = lt; idx < hv; idx += tpr) {
+          const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+          Vec<T, VEC> rv;
+          if constexpr (FUSED) rv = load_vec<T, VEC>(r + off + idx * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float v = FUSED ? xv.f(j) + rv.f(j) : xv.f(j);
+            ss += v * v;
+          }
+        }
+      const float total = row_group_sum<kWMax>(ss, red, group, warp_in_row, p.warps_per_row, lane);
+      const float scale = 1.0f / sqrtf(total / float(H) + p.eps);
+      if (active)
+        for (int64_t idx = lt; idx < hv; idx += tpr) {
+          const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+          Vec<T, VEC> rv;
+          if constexpr (FUSED) rv = load_vec<T, VEC>(r + off + idx * VEC);
+          const auto wv = load_vec<T, VEC>(w + idx * VEC);
+          Vec<T, VEC> o, so;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            const float v = FUSED ? xv.f(j) + rv.f(j) : xv.f(j);
+            if constexpr (FUSED) so.set(j, v);
+            o.set(j, v * scale * wv.f(j));
+          }
+          if constexpr (FUSED) store_vec<T, VEC>(rout + off + idx * VEC, so);
+          store_vec<T, VEC>(out + off + idx * VEC, o);
+        }
+    }
+  }
+}
+
+namespace {
+
+int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+struct NormConfig {
+  int vec, nv, warps_per_row, rows_per_cta, grid;
+};
+
+// Shape -> launch configuration (documented in docs/cuda.md).
+NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, bool fused, int sm_count) {
+  NormConfig c{};
+  c.vec = vec_ok ? 16 / es : 1;
+  const int64_t hv = (H + c.vec - 1) / c.vec;
+  const int target_nv = fused ? 2 : 4;  // the fused kernel keeps FP32 sums: fewer per thread
+  c.warps_per_row = std::clamp(next_pow2((hv + 32 * target_nv - 1) / (32 * target_nv)), 1, kWMax);
+  const int64_t tpr = 32 * c.warps_per_row;
+  const int64_t need = (hv + tpr - 1) / tpr;
+  c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
+  if (c.vec == 1 && c.nv > 4) c.nv = 0;  // scalar path: keep register arrays small
+  c.rows_per_cta = std::max(1, 4 / c.warps_per_row);
+  const int64_t ctas = (rows + c.rows_per_cta - 1) / c.rows_per_cta;
+  c.grid = int(std::min<int64_t>(ctas, int64_t(sm_count) * 64));
+  return c;
+}
+
+template <typename T, int VEC, bool FUSED>
+void launch_nv(const NormConfig& c, const NormParams& p, cudaStream_t s) {
+  const dim3 block(32 * c.warps_per_row * c.rows_per_cta), grid(c.grid);
+  switch (c.nv) {
+    case 1: norm_kernel<T, VEC, 1, FUSED><<<grid, block, 0, s>>>(p); break;
+    case 2: norm_kernel<T, VEC, 2, FUSED><<<grid, block, 0, s>>>(p); break;
+    case 4: norm_kernel<T, VEC, 4, FUSED><<<grid, block, 0, s>>>(p); break;
+    case 8:
+      if constexpr (VEC > 1) {
+        norm_kernel<T, VEC, 8, FUSED><<<grid, block, 0, s>>>(p);
+        break;
+      }
+      [[fallthrough]];
+    default: norm_kernel<T, VEC, 0, FUSED><<<grid, block, 0, s>>>(p); break;
+  }
+}
+
+template <typename T, bool FUSED>
+void launch_t(const NormConfig& c, const NormParams& p, cudaStream_t s) {
+  if (c.vec == 16 / int(sizeof(T)))
+    launch_nv<T, 16 / sizeof(T), FUSED>(c, p, s);
+  else
+    launch_nv<T, 1, FUSED>(c, p, s);
+}
+
+template <bool FUSED>
+void launch(detail::DType dt, const NormConfig& c, const NormParams& p, cudaStream_t s) {
+  switch (dt) {
+    case detail::DType::F32: launch_t<float, FUSED>(c, p, s); break;
+    case detail::DType::F16: launch_t<__half, FUSED>(c, p, s); break;
+    default: launch_t<__nv_bfloat16, FUSED>(c, p, s); break;
+  }
+}
+
+std::string describe(const NormConfig& c) {
+  char b[128];
+  std::snprintf(b, sizeof b, "vec=%d nv=%d warps_per_row=%d rows_per_cta=%d grid=%d", c.vec, c.nv, c.warps_per_row,
+                c.rows_per_cta, c.grid);
+  return b;
+}
+
+}  // namespace
+
+void rms_norm_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::RmsNormArgs*>(args);
+  DeviceGuard g(a.x.device.device_id, "rms_norm");
+  const int es = detail::dtype_bytes(a.x.dtype);
+  const bool vec_ok = aligned16(a.x.data) && aligned16(a.out.data) && aligned16(a.weight.data) && (a.hidden * es) % 16 == 0;
+  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, false, device_props(a.x.device.device_id).sm_count);
+  NormParams p{a.x.data, nullptr, a.weight.data, a.out.data, nullptr, a.rows, a.hidden, a.eps, c.warps_per_row,
+               c.rows_per_cta};
+  launch<false>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));
+  check_launch("rms_norm");
+  set_last_config("rms_norm", describe(c));
+}
+
+void fused_add_rms_norm_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::FusedAddRmsNormArgs*>(args);
+  DeviceGuard g(a.x.device.device_id, "fused_add_rms_norm");
+  const int es = detail::dtype_bytes(a.x.dtype);
+  const bool vec_ok = aligned16(a.x.data) && aligned16(a.residual.data) && aligned16(a.weight.data) &&
+                      (a.hidden * es) % 16 == 0;
+  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, true, device_props(a.x.device.device_id).sm_count);
+  NormParams p{a.x.data, a.residual.data, a.weight.data, a.x.data, a.residual.data, a.rows, a.hidden, a.eps,
+               c.warps_per_row, c.rows_per_cta};
+  launch<true>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));
+  check_launch("fused_add_rms_norm");
+  set_last_config("fused_add_rms_norm", describe(c));
+}
+
+}  // namespace ks::cuda

@@ -1,0 +1,172 @@
+// silu_and_mul and gemv on CUDA (contracts in docs/contracts.md).
+//
+// silu_and_mul: a 2-D grid (column tiles x rows); each thread converts UNROLL
+//   vectors of gate and up, computes g * (1 / (1 + exp(-g))) * u in FP32 (expf,
+//   IEEE division) and stores one rounded vector. VEC = 16 / sizeof(T) when x and
+//   out are 16-byte aligned and D % VEC == 0, else 1.
+// gemv: one warp per output row (WARPS rows per CTA). Lanes stride the row with
+//   16-byte loads, UNROLL loads in flight, FP32 partial sums reduced by a warp
+//   butterfly. x is read through L1/L2 (it is shared by every row).
+#include <algorithm>
+#include <cstdio>
+
+#include "backends/cuda/common.cuh"
+#include "ops/args.hpp"
+
+namespace ks::cuda {
+
+template <typename T, int VEC, int UNROLL>
+__global__ void __launch_bounds__(256) silu_and_mul_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows,
+                                                           int64_t d) {
+  const int64_t dv = d / VEC;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const T* g = x + row * 2 * d;
+    const T* u = g + d;
+    T* o = out + row * d;
+    const int64_t first = (int64_t(blockIdx.x) * blockDim.x * UNROLL) + threadIdx.x;
+    Vec<T, VEC> gv[UNROLL], uv[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+      const int64_t i = first + int64_t(k) * blockDim.x;
+      if (i < dv) {
+        gv[k] = load_vec<T, VEC>(g + i * VEC);
+        uv[k] = load_vec<T, VEC>(u + i * VEC);
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+      const int64_t i = first + int64_t(k) * blockDim.x;
+      if (i < dv) {
+        Vec<T, VEC> r;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float a = gv[k].f(j), b = uv[k].f(j);
+          r.set(j, a * (1.0f / (1.0f + expf(-a))) * b);
+        }
+        store_vec<T, VEC>(o + i * VEC, r);
+      }
+    }
+  }
+}
+
+template <typename T, int VEC>
+void launch_silu(const ops::SiluAndMulArgs& a, cudaStream_t s, int* unroll_out, int* gx_out) {
+  const int64_t dv = a.d / VEC;
+  constexpr int kThreads = 256;
+  const int unroll = dv >= 4 * kThreads ? 4 : dv >= 2 * kThreads ? 2 : 1;
+  const int64_t gx = (dv + kThreads * unroll - 1) / (kThreads * unroll);
+  const dim3 grid(unsigned(gx), unsigned(std::min<int64_t>(a.rows, 65535)));
+  const T* x = static_cast<const T*>(a.x.data);
+  T* o = static_cast<T*>(a.out.data);
+  if (unroll == 4) silu_and_mul_kernel<T, VEC, 4><<<grid, kThreads, 0, s>>>(x, o, a.rows, a.d);
+  else if (unroll == 2) silu_and_mul_kernel<T, VEC, 2><<<grid, kThreads, 0, s>>>(x, o, a.rows, a.d);
+  else silu_and_mul_kernel<T, VEC, 1><<<grid, kThreads, 0, s>>>(x, o, a.rows, a.d);
+  *unroll_out = unroll;
+  *gx_out = int(gx);
+}
+
+template <typename T>
+int silu_t(const ops::SiluAndMulArgs& a, cudaStream_t s, int* unroll, int* gx) {
+  constexpr int V = 16 / sizeof(T);
+  const bool vec_ok = aligned16(a.x.data) && aligned16(a.out.data) && a.d % V == 0;
+  if (vec_ok) {
+    launch_silu<T, V>(a, s, unroll, gx);
+    return V;
+  }
+  launch_silu<T, 1>(a, s, unroll, gx);
+  return 1;
+}
+
+void silu_and_mul_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::SiluAndMulArgs*>(args);
+  DeviceGuard g(a.x.device.device_id, "silu_and_mul");
+  const auto s = static_cast<cudaStream_t>(stream);
+  int vec = 1, unroll = 1, gx = 0;
+  switch (a.x.dtype) {
+    case detail::DType::F32: vec = silu_t<float>(a, s, &unroll, &gx); break;
+    case detail::DType::F16: vec = silu_t<__half>(a, s, &unroll, &gx); break;
+    default: vec = silu_t<__nv_bfloat16>(a, s, &unroll, &gx); break;
+  }
+  check_launch("silu_and_mul");
+  char b[96];
+  std::snprintf(b, sizeof b, "vec=%d unroll=%d threads=256 grid=%dx%lld", vec, unroll, gx,
+                (long long)std::min<int64_t>(a.rows, 65535));
+  set_last_config("silu_and_mul", b);
+}
+
+// ---- gemv -----------------------------------------------------------------
+template <typename T, int VEC, int UNROLL>
+__global__ void __launch_bounds__(256) gemv_kernel(const T* __restrict__ w, const T* __restrict__ x, T* __restrict__ out,
+                                                   int64_t n, int64_t h) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (row >= n) return;
+  const T* wr = w + row * h;
+  const int64_t hv = h / VEC;
+  float acc[UNROLL];
+#pragma unroll
+  for (int k = 0; k < UNROLL; ++k) acc[k] = 0.f;
+  int64_t i = lane;
+  for (; i + int64_t(UNROLL - 1) * 32 < hv; i += 32 * UNROLL) {
+    Vec<T, VEC> wv[UNROLL], xv[UNROLL];
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k) {
+      wv[k] = load_vec<T, VEC>(wr + (i + k * 32) * VEC);
+      xv[k] = load_vec<T, VEC>(x + (i + k * 32) * VEC);
+    }
+#pragma unroll
+    for (int k = 0; k < UNROLL; ++k)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) acc[k] += wv[k].f(j) * xv[k].f(j);
+  }
+  for (; i < hv; i += 32) {
+    const auto wv = load_vec<T, VEC>(wr + i * VEC);
+    const auto xv = load_vec<T, VEC>(x + i * VEC);
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) acc[0] += wv.f(j) * xv.f(j);
+  }
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < UNROLL; ++k) s += acc[k];
+  s = warp_sum(s);
+  if (lane == 0) out[row] = Dt<T>::from_f(s);
+}
+
+template <typename T>
+int gemv_t(const ops::GemvArgs& a, cudaStream_t s, int* warps_out) {
+  constexpr int V = 16 / sizeof(T);
+  const bool vec_ok = aligned16(a.x.data) && aligned16(a.weight.data) && a.h % V == 0;
+  const int sm = device_props(a.x.device.device_id).sm_count;
+  // 8 warps per CTA, fewer when that would leave SMs idle.
+  int warps = 8;
+  while (warps > 2 && (a.n + warps - 1) / warps < 2 * sm) warps /= 2;
+  const dim3 grid(unsigned((a.n + warps - 1) / warps)), block(32 * warps);
+  const T* w = static_cast<const T*>(a.weight.data);
+  const T* x = static_cast<const T*>(a.x.data);
+  T* o = static_cast<T*>(a.out.data);
+  *warps_out = warps;
+  if (vec_ok) {
+    gemv_kernel<T, V, 4><<<grid, block, 0, s>>>(w, x, o, a.n, a.h);
+    return V;
+  }
+  gemv_kernel<T, 1, 8><<<grid, block, 0, s>>>(w, x, o, a.n, a.h);
+  return 1;
+}
+
+void gemv_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::GemvArgs*>(args);
+  DeviceGuard g(a.x.device.device_id, "gemv");
+  const auto s = static_cast<cudaStream_t>(stream);
+  int vec = 1, warps = 0;
+  switch (a.x.dtype) {
+    case detail::DType::F32: vec = gemv_t<float>(a, s, &warps); break;
+    case detail::DType::F16: vec = gemv_t<__half>(a, s, &warps); break;
+    default: vec = gemv_t<__nv_bfloat16>(a, s, &warps); break;
+  }
+  check_launch("gemv");
+  char b[96];
+  std::snprintf(b, sizeof b, "vec=%d warp_per_row warps_per_cta=%d unroll=%d", vec, warps, vec > 1 ? 4 : 8);
+  set_last_config("gemv", b);
+}
+
+}  // namespace ks::cuda

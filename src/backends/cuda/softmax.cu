@@ -1,0 +1,377 @@
+// softmax on CUDA (contract: torch.softmax on the fp32 upcast; NaN / +inf / all
+// -inf rows give NaN rows).
+//
+// Two kernels:
+//  - row groups (as rms_norm): W warps own a row, values cached in registers;
+//    max (with a NaN flag), then sum of exp, then the normalized store.
+//  - clusters (sm_90, few wide rows): a thread-block cluster of C CTAs splits one
+//    row; partial max / sum travel through distributed shared memory, so the row
+//    is read from HBM once with C SMs' bandwidth behind it.
+// exp is expf (full precision); the division is IEEE. The reduction order depends
+// only on H and the launch configuration derived from H (batch-invariant).
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include "backends/cuda/common.cuh"
+#include "ops/args.hpp"
+
+namespace cg = cooperative_groups;
+
+namespace ks::cuda {
+
+struct SoftmaxParams {
+  const void* x;
+  void* out;
+  int64_t rows, cols;
+  int warps_per_row, rows_per_cta;
+  int64_t slice;  // cluster path: vectors per CTA
+};
+
+constexpr int kSmWMax = 32;
+
+// Sum (or max, or) over a row group's warps; every thread gets the same value.
+template <int OP>  // 0 sum, 1 max, 2 logical or (as 0/1 floats)
+__device__ __forceinline__ float group_reduce(float v, float* red, int group, int warp_in_row, int wpr, int lane) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float u = __shfl_xor_sync(0xffffffffu, v, o);
+    v = OP == 0 ? v + u : fmaxf(v, u);
+  }
+  if (wpr == 1) return v;
+  __syncthreads();
+  if (lane == 0) red[group * kSmWMax + warp_in_row] = v;
+  __syncthreads();
+  float r = red[group * kSmWMax];
+  for (int i = 1; i < wpr; ++i) r = OP == 0 ? r + red[group * kSmWMax + i] : fmaxf(r, red[group * kSmWMax + i]);
+  return r;
+}
+
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(1024) softmax_kernel(const SoftmaxParams p) {
+  __shared__ float red[kSmWMax * 8];
+  const int tpr = p.warps_per_row * 32;
+  const int group = threadIdx.x / tpr, lt = threadIdx.x % tpr;
+  const int lane = threadIdx.x & 31, wir = lt >> 5;
+  const int64_t H = p.cols, hv = H / VEC;
+  const T* x = static_cast<const T*>(p.x);  // may alias out (in place)
+  T* out = static_cast<T*>(p.out);
+  const int64_t step = int64_t(gridDim.x) * p.rows_per_cta;
+  for (int64_t base = int64_t(blockIdx.x) * p.rows_per_cta; base < p.rows; base += step) {
+    const int64_t row = base + group;
+    const bool active = group < p.rows_per_cta && row < p.rows;
+    const int64_t off = row * H;
+    float mx = -INFINITY, nan = 0.f;
+    float v[NV > 0 ? NV : 1][VEC];
+    if constexpr (NV > 0) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t idx = lt + int64_t(i) * tpr;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) v[i][j] = -INFINITY;
+        if (active && idx < hv) {
+          const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) {
+            v[i][j] = xv.f(j);
+            nan = isnan(v[i][j]) ? 1.f : nan;
+            mx = fmaxf(mx, v[i][j]);
+          }
+        }
+      }
+    } else if (active) {
+      for (int64_t idx = lt; idx < hv; idx += tpr) {
+        const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          const float f = xv.f(j);
+          nan = isnan(f) ? 1.f : nan;
+          mx = fmaxf(mx, f);
+        }
+      }
+    }
+    mx = group_reduce<1>(mx, red, group, wir, p.warps_per_row, lane);
+    nan = group_reduce<1>(nan, red, group, wir, p.warps_per_row, lane);
+    const bool bad = nan != 0.f || isinf(mx);  // NaN, +inf maximum, or all -inf
+    float sum = 0.f;
+    if constexpr (NV > 0) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          v[i][j] = bad ? 0.f : expf(v[i][j] - mx);  // padding lanes hold -inf -> 0
+          sum += v[i][j];
+        }
+    } else if (active && !bad) {
+      for (int64_t idx = lt; idx < hv; idx += tpr) {
+        const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) sum += expf(xv.f(j) - mx);
+      }
+    }
+    sum = group_reduce<0>(sum, red, group, wir, p.warps_per_row, lane);
+    if (!active) continue;
+    if constexpr (NV > 0) {
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t idx = lt + int64_t(i) * tpr;
+        if (idx < hv) {
+          Vec<T, VEC> o;
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] / sum);
+          store_vec<T, VEC>(out + off + idx * VEC, o);
+        }
+      }
+    } else {
+      for (int64_t idx = lt; idx < hv; idx += tpr) {
+        const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+        Vec<T, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - mx) / sum);
+        store_vec<T, VEC>(out + off + idx * VEC, o);
+      }
+    }
+  }
+}
+
+// Cluster path: blockIdx.x / C = row, rank within the cluster = slice. 512-thread
+// CTAs, NV vectors per thread cached (NV = 0: loop over the slice).
+constexpr int kClusterThreads = 512;
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const SoftmaxParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ float red[kClusterThreads / 32];
+  __shared__ float part[2];  // this CTA's (max, nan) then sum
+  cg::cluster_group cluster = cg::this_cluster();
+  const int csize = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int64_t row = blockIdx.x / csize;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int64_t H = p.cols, hv = H / VEC;
+  const int64_t v0 = rank * p.slice, v1 = min(hv, v0 + p.slice);
+  const T* x = static_cast<const T*>(p.x) + row * H;
+  T* out = static_cast<T*>(p.out) + row * H;
+  float v[NV > 0 ? NV : 1][VEC];
+  float mx = -INFINITY, nan = 0.f;
+  if constexpr (NV > 0) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) v[i][j] = -INFINITY;
+      if (idx < v1) {
+        const auto xv = load_vec<T, VEC>(x + idx * VEC);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          v[i][j] = xv.f(j);
+          nan = isnan(v[i][j]) ? 1.f : nan;
+          mx = fmaxf(mx, v[i][j]);
+        }
+      }
+    }
+  } else {
+    for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
+      const auto xv = load_vec<T, VEC>(x + idx * VEC);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        const float f = xv.f(j);
+        nan = isnan(f) ? 1.f : nan;
+        mx = fmaxf(mx, f);
+      }
+    }
+  }
+  // block max and nan flag
+  mx = warp_max(mx);
+  nan = warp_max(nan);
+  if (lane == 0) { red[warp] = mx; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = red[0];
+    for (int i = 1; i < nw; ++i) m = fmaxf(m, red[i]);
+    part[0] = m;
+  }
+  __syncthreads();
+  if (lane == 0) red[warp] = nan;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float n = red[0];
+    for (int i = 1; i < nw; ++i) n = fmaxf(n, red[i]);
+    part[1] = n;
+  }
+  cluster.sync();
+  float gm = -INFINITY, gn = 0.f;
+  for (int r = 0; r < csize; ++r) {  // the same order in every CTA
+    const float* rp = cluster.map_shared_rank(part, r);
+    gm = fmaxf(gm, rp[0]);
+    gn = fmaxf(gn, rp[1]);
+  }
+  cluster.sync();  // everyone has read part[] before it is reused
+  const bool bad = gn != 0.f || isinf(gm);
+  float sum = 0.f;
+  if constexpr (NV > 0) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i)
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) {
+        v[i][j] = bad ? 0.f : expf(v[i][j] - gm);
+        sum += v[i][j];
+      }
+  } else if (!bad) {
+    for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
+      const auto xv = load_vec<T, VEC>(x + idx * VEC);
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) sum += expf(xv.f(j) - gm);
+    }
+  }
+  sum = warp_sum(sum);
+  if (lane == 0) red[warp] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    for (int i = 0; i < nw; ++i) s += red[i];
+    part[0] = s;
+  }
+  cluster.sync();
+  float gs = 0.f;
+  for (int r = 0; r < csize; ++r) gs += cluster.map_shared_rank(part, r)[0];
+  if constexpr (NV > 0) {
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
+      if (idx < v1) {
+        Vec<T, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] / gs);
+        store_vec<T, VEC>(out + idx * VEC, o);
+      }
+    }
+  } else {
+    for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
+      const auto xv = load_vec<T, VEC>(x + idx * VEC);
+      Vec<T, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - gm) / gs);
+      store_vec<T, VEC>(out + idx * VEC, o);
+    }
+  }
+  cluster.sync();  // keep part[] alive until every CTA has read it
+#endif
+}
+
+namespace {
+
+int pow2_at_least(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+struct SmConfig {
+  int vec, nv, warps_per_row, rows_per_cta, grid, cluster, threads;
+  int64_t slice;
+};
+
+SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps& dp) {
+  SmConfig c{};
+  c.vec = vec_ok ? 16 / es : 1;
+  const int64_t hv = (H + c.vec - 1) / c.vec;
+  // Few wide rows: split each row over a cluster so every SM has bytes in flight.
+  // Cluster size: the smallest of 2, 4, 8 that gives >= 2 CTAs per SM and a slice
+  // that fits the register cache (8 vectors per thread).
+  if (dp.major >= 9 && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) && H * es >= 64 * 1024) {
+    int cl = 2;
+    while (cl < 8 && (rows * cl < 2 * int64_t(dp.sm_count) || (hv + cl - 1) / cl > int64_t(kClusterThreads) * 8)) cl *= 2;
+    {
+      c.cluster = cl;
+      c.threads = kClusterThreads;
+      c.slice = (hv + cl - 1) / cl;
+      const int64_t need = (c.slice + c.threads - 1) / c.threads;
+      c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
+      c.grid = int(rows * cl);
+      return c;
+    }
+  }
+  c.cluster = 1;
+  c.warps_per_row = std::clamp(pow2_at_least((hv + 127) / 128), 1, kSmWMax);
+  const int64_t tpr = 32 * c.warps_per_row;
+  const int64_t need = (hv + tpr - 1) / tpr;
+  c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
+  if (c.vec == 1 && c.nv > 4) c.nv = 0;
+  c.rows_per_cta = std::max(1, 4 / c.warps_per_row);
+  c.threads = 32 * c.warps_per_row * c.rows_per_cta;
+  c.grid = int(std::min<int64_t>((rows + c.rows_per_cta - 1) / c.rows_per_cta, int64_t(dp.sm_count) * 64));
+  return c;
+}
+
+template <typename T, int VEC, int NV>
+void launch_one(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
+  if (c.cluster > 1) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(c.grid);
+    cfg.blockDim = dim3(c.threads);
+    cfg.stream = s;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = c.cluster;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    check_cuda(cudaLaunchKernelEx(&cfg, softmax_cluster_kernel<T, VEC, NV>, p), "softmax", "cluster launch");
+  } else {
+    softmax_kernel<T, VEC, NV><<<c.grid, c.threads, 0, s>>>(p);
+  }
+}
+
+template <typename T, int VEC>
+void launch_vec(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
+  switch (c.nv) {
+    case 1: launch_one<T, VEC, 1>(c, p, s); break;
+    case 2: launch_one<T, VEC, 2>(c, p, s); break;
+    case 4: launch_one<T, VEC, 4>(c, p, s); break;
+    case 8:
+      if constexpr (VEC > 1) {
+        launch_one<T, VEC, 8>(c, p, s);
+        break;
+      }
+      [[fallthrough]];
+    default: launch_one<T, VEC, 0>(c, p, s); break;
+  }
+}
+
+template <typename T>
+void launch_t(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
+  if (c.vec > 1)
+    launch_vec<T, 16 / sizeof(T)>(c, p, s);
+  else
+    launch_vec<T, 1>(c, p, s);
+}
+
+}  // namespace
+
+void softmax_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::SoftmaxArgs*>(args);
+  DeviceGuard g(a.x.device.device_id, "softmax");
+  const int es = detail::dtype_bytes(a.x.dtype);
+  const bool vec_ok = aligned16(a.x.data) && aligned16(a.out.data) && (a.cols * es) % 16 == 0;
+  const SmConfig c = choose(a.rows, a.cols, es, vec_ok, device_props(a.x.device.device_id));
+  SoftmaxParams p{a.x.data, a.out.data, a.rows, a.cols, c.warps_per_row, c.rows_per_cta, c.slice};
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.x.dtype) {
+    case detail::DType::F32: launch_t<float>(c, p, s); break;
+    case detail::DType::F16: launch_t<__half>(c, p, s); break;
+    default: launch_t<__nv_bfloat16>(c, p, s); break;
+  }
+  check_launch("softmax");
+  char b[160];
+  if (c.cluster > 1)
+    std::snprintf(b, sizeof b, "cluster=%d threads=%d vec=%d nv=%d slice=%lld grid=%d", c.cluster, c.threads, c.vec,
+                  c.nv, (long long)c.slice, c.grid);
+  else
+    std::snprintf(b, sizeof b, "vec=%d nv=%d warps_per_row=%d rows_per_cta=%d grid=%d", c.vec, c.nv, c.warps_per_row,
+                  c.rows_per_cta, c.grid);
+  set_last_config("softmax", b);
+}
+
+}  // namespace ks::cuda
