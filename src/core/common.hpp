@@ -106,20 +106,32 @@ ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& f
 
 std::string shape_str(const std::vector<int64_t>& s);
 
-// Element load/store with conversion to/from fp32.
+// Element load/store with conversion to/from fp32. Offset views may leave data
+// at any byte alignment, so every access goes through memcpy (a plain move on
+// x86-64; no misaligned typed access anywhere).
+template <class T>
+inline T ld(const void* p, int64_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(p) + i * int64_t(sizeof(T)), sizeof(T));
+  return v;
+}
+template <class T>
+inline void st(void* p, int64_t i, T v) {
+  std::memcpy(static_cast<char*>(p) + i * int64_t(sizeof(T)), &v, sizeof(T));
+}
 inline float load_f(const void* p, DType d, int64_t i) {
   switch (d) {
-    case DType::F32: return static_cast<const float*>(p)[i];
-    case DType::F16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DType::F32: return ld<float>(p, i);
+    case DType::F16: return half_to_float(ld<uint16_t>(p, i));
+    case DType::BF16: return bf16_to_float(ld<uint16_t>(p, i));
     default: return 0.f;
   }
 }
 inline void store_f(void* p, DType d, int64_t i, float v) {
   switch (d) {
-    case DType::F32: static_cast<float*>(p)[i] = v; break;
-    case DType::F16: static_cast<uint16_t*>(p)[i] = float_to_half(v); break;
-    case DType::BF16: static_cast<uint16_t*>(p)[i] = float_to_bf16(v); break;
+    case DType::F32: st<float>(p, i, v); break;
+    case DType::F16: st<uint16_t>(p, i, float_to_half(v)); break;
+    case DType::BF16: st<uint16_t>(p, i, float_to_bf16(v)); break;
     default: break;
   }
 }
@@ -132,8 +144,7 @@ inline float round_to(DType d, float v) {
   }
 }
 inline int64_t load_index(const void* p, DType d, int64_t i) {
-  return d == DType::I32 ? int64_t(static_cast<const int32_t*>(p)[i])
-                         : static_cast<const int64_t*>(p)[i];
+  return d == DType::I32 ? int64_t(ld<int32_t>(p, i)) : ld<int64_t>(p, i);
 }
 
 }  // namespace ks::detail

@@ -239,22 +239,21 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
     if (a.has_seq_ids) require_no_overlap(op, "out", a.out, "seq_ids", a.seq_ids);
     const ks_backend_t be = resolve_backend(op, backend, a.q);
     if (on_host(a.context_lens)) {
-      const int32_t* cl = static_cast<const int32_t*>(a.context_lens.data);
-      const int32_t* bt = static_cast<const int32_t*>(a.block_tables.data);
-      const int32_t* sid = a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data) : nullptr;
+      auto cl = [&](int64_t i) { return load_index(a.context_lens.data, DType::I32, i); };
+      auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
       const int64_t cap = a.max_blocks_per_seq * a.block_size;
       for (int64_t t = 0; t < a.num_tokens; ++t) {
-        const int64_t s = sid ? sid[t] : t;
+        const int64_t s = a.has_seq_ids ? load_index(a.seq_ids.data, DType::I32, t) : t;
         if (s < 0 || s >= a.num_seqs)
           fail(KS_ERROR_INVALID_ARGUMENT, op, "seq_ids[" + std::to_string(t) + "] = " + std::to_string(s) +
                                                   " is outside [0, " + std::to_string(a.num_seqs) + ")");
-        if (cl[t] < 0 || cl[t] > cap)
-          fail(KS_ERROR_INVALID_ARGUMENT, op, "context_lens[" + std::to_string(t) + "] = " + std::to_string(cl[t]) +
+        if (cl(t) < 0 || cl(t) > cap)
+          fail(KS_ERROR_INVALID_ARGUMENT, op, "context_lens[" + std::to_string(t) + "] = " + std::to_string(cl(t)) +
                                                   " is outside [0, max_blocks_per_seq * block_size = " +
                                                   std::to_string(cap) + "]");
-        const int64_t nb = (cl[t] + a.block_size - 1) / a.block_size;
+        const int64_t nb = (cl(t) + a.block_size - 1) / a.block_size;
         for (int64_t b = 0; b < nb; ++b) {
-          const int32_t blk = bt[s * a.max_blocks_per_seq + b];
+          const int64_t blk = bt(s * a.max_blocks_per_seq + b);
           if (blk < 0 || blk >= a.num_blocks)
             fail(KS_ERROR_INVALID_ARGUMENT, op, "block_tables[" + std::to_string(s) + ", " + std::to_string(b) +
                                                     "] = " + std::to_string(blk) + " is outside [0, " +

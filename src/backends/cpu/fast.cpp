@@ -98,7 +98,7 @@ KS_AVX512 void qmm_small(const QuantMatmulArgs& a, int64_t n0, int64_t n1, int64
         acc[m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[m]);
       }
     }
-    for (int m = 0; m < M; ++m) out[m * a.n + n] = _mm512_reduce_add_ps(acc[m]);
+    for (int m = 0; m < M; ++m) ks::detail::st<float>(out, m * a.n + n, _mm512_reduce_add_ps(acc[m]));
   }
 }
 
@@ -137,7 +137,7 @@ KS_AVX512 void tile(const float* x, int64_t K, const float* w, int64_t m0, float
     }
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < ncols; ++j) out[(m0 + i) * ldo + n0 + j] = _mm512_reduce_add_ps(acc[i][j]);
+    for (int j = 0; j < ncols; ++j) ks::detail::st<float>(out, (m0 + i) * ldo + n0 + j, _mm512_reduce_add_ps(acc[i][j]));
 }
 
 KS_AVX512 void qmm_panel(const QuantMatmulArgs& a, int64_t chunk0, int64_t chunk1, int64_t bb, float* panel) {
@@ -232,14 +232,15 @@ constexpr int kMaxDv = 16;      // head_dim / 16
 
 KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, std::vector<float>& sc) {
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, G = a.num_heads / KVH, DV = D / 16;
-  const int32_t* bt = static_cast<const int32_t*>(a.block_tables.data);
-  const int64_t seq = a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data)[t] : t;
-  const int64_t len = static_cast<const int32_t*>(a.context_lens.data)[t];
+  using ks::detail::load_index;
+  const int64_t seq = a.has_seq_ids ? load_index(a.seq_ids.data, DType::I32, t) : t;
+  const int64_t len = load_index(a.context_lens.data, DType::I32, t);
   const float* q = static_cast<const float*>(a.q.data) + (t * a.num_heads + g * G) * D;
   float* out = static_cast<float*>(a.out.data) + (t * a.num_heads + g * G) * D;
   const float* kc = static_cast<const float*>(a.k_cache.data);
   const float* vc = static_cast<const float*>(a.v_cache.data);
-  const int32_t* table = bt + seq * a.max_blocks_per_seq;
+  const int64_t tbase = seq * a.max_blocks_per_seq;
+  auto table = [&](int64_t b) { return load_index(a.block_tables.data, DType::I32, tbase + b); };
   if (len == 0) {
     std::memset(out, 0, size_t(G * D) * sizeof(float));
     return;
@@ -251,7 +252,7 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, std:
     for (int64_t v = 0; v < DV; ++v) qv[h][v] = _mm512_loadu_ps(q + h * D + v * 16);
   // scores
   for (int64_t j = 0; j < len; ++j) {
-    const int64_t slot = int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    const int64_t slot = table(j / a.block_size) * a.block_size + j % a.block_size;
     const float* k = kc + (slot * KVH + g) * D;
     __m512 kv[kMaxDv];
     for (int64_t v = 0; v < DV; ++v) kv[v] = _mm512_loadu_ps(k + v * 16);
@@ -283,7 +284,7 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, std:
   for (int64_t h = 0; h < G; ++h)
     for (int64_t v = 0; v < DV; ++v) acc[h][v] = _mm512_setzero_ps();
   for (int64_t j = 0; j < len; ++j) {
-    const int64_t slot = int64_t(table[j / a.block_size]) * a.block_size + j % a.block_size;
+    const int64_t slot = table(j / a.block_size) * a.block_size + j % a.block_size;
     const float* vr = vc + (slot * KVH + g) * D;
     __m512 vv[kMaxDv];
     for (int64_t v = 0; v < DV; ++v) vv[v] = _mm512_loadu_ps(vr + v * 16);

@@ -146,7 +146,6 @@ void softmax_ref(const void* p, ks_stream_t) {
 void argmax_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const ArgmaxArgs*>(p);
   const DType dt = a.x.dtype;
-  int64_t* out = static_cast<int64_t*>(a.out.data);
   for (int64_t r = 0; r < a.rows; ++r) {
     int64_t best = 0;
     float bv = load_f(a.x.data, dt, r * a.cols);
@@ -162,7 +161,7 @@ void argmax_ref(const void* p, ks_stream_t) {
           best = i;
         }
       }
-    out[r] = best;
+    ks::detail::st<int64_t>(a.out.data, r, best);
   }
 }
 
@@ -288,24 +287,22 @@ void paged_attention_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const PagedAttentionArgs*>(p);
   const DType dt = a.q.dtype;
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, group = a.num_heads / a.num_kv_heads;
-  const int32_t* bt = static_cast<const int32_t*>(a.block_tables.data);
-  const int32_t* cl = static_cast<const int32_t*>(a.context_lens.data);
-  const int32_t* sid = a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data) : nullptr;
+  auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
 #pragma omp parallel if (a.num_tokens * a.num_heads * D > kParallelWork)
   {
     std::vector<float> sc, acc(static_cast<size_t>(D)), qv(static_cast<size_t>(D));
 #pragma omp for collapse(2) schedule(static)
     for (int64_t t = 0; t < a.num_tokens; ++t)
       for (int64_t h = 0; h < a.num_heads; ++h) {
-        const int64_t seq = sid ? sid[t] : t;
-        const int64_t len = cl[t];
+        const int64_t seq = a.has_seq_ids ? load_index(a.seq_ids.data, DType::I32, t) : t;
+        const int64_t len = load_index(a.context_lens.data, DType::I32, t);
         const int64_t kvh = h / group;
         const int64_t qoff = (t * a.num_heads + h) * D;
         for (int64_t d = 0; d < D; ++d) qv[d] = load_f(a.q.data, dt, qoff + d);
         sc.resize(size_t(len));
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < len; ++j) {
-          const int64_t slot = int64_t(bt[seq * a.max_blocks_per_seq + j / a.block_size]) * a.block_size + j % a.block_size;
+          const int64_t slot = bt(seq * a.max_blocks_per_seq + j / a.block_size) * a.block_size + j % a.block_size;
           const int64_t koff = (slot * KVH + kvh) * D;
           float dot = 0.f;
           for (int64_t d = 0; d < D; ++d) dot += qv[d] * load_f(a.k_cache.data, dt, koff + d);
@@ -319,7 +316,7 @@ void paged_attention_ref(const void* p, ks_stream_t) {
           sum += sc[j];
         }
         for (int64_t j = 0; j < len; ++j) {
-          const int64_t slot = int64_t(bt[seq * a.max_blocks_per_seq + j / a.block_size]) * a.block_size + j % a.block_size;
+          const int64_t slot = bt(seq * a.max_blocks_per_seq + j / a.block_size) * a.block_size + j % a.block_size;
           const int64_t voff = (slot * KVH + kvh) * D;
           const float w = sc[j] / sum;
           for (int64_t d = 0; d < D; ++d) acc[d] += w * load_f(a.v_cache.data, dt, voff + d);

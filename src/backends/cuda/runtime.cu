@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backends/cuda/common.cuh"
+#include "ops/args.hpp"
 #include "registry/registry.hpp"
 
 namespace ks::cuda {
@@ -57,20 +58,56 @@ void gemv_cuda(const void*, ks_stream_t);
 
 }  // namespace ks::cuda
 
+namespace ks::cuda {
+namespace {
+// Device code accesses whole elements: a data pointer must be a multiple of the
+// element size (any framework's tensors are; only hand-made byte offsets are not).
+bool elem_aligned(const detail::View& t) {
+  const int es = detail::dtype_bytes(t.dtype);
+  return t.numel == 0 || es == 0 || reinterpret_cast<uintptr_t>(t.data) % uintptr_t(es) == 0;
+}
+std::string align_reason(std::initializer_list<const detail::View*> ts) {
+  for (auto* t : ts)
+    if (!elem_aligned(*t)) return "a data pointer is not a multiple of the element size";
+  return "";
+}
+std::string ci_rms(const void* p) {
+  auto& a = *static_cast<const ops::RmsNormArgs*>(p);
+  return align_reason({&a.x, &a.weight, &a.out});
+}
+std::string ci_fused(const void* p) {
+  auto& a = *static_cast<const ops::FusedAddRmsNormArgs*>(p);
+  return align_reason({&a.x, &a.residual, &a.weight});
+}
+std::string ci_softmax(const void* p) {
+  auto& a = *static_cast<const ops::SoftmaxArgs*>(p);
+  return align_reason({&a.x, &a.out});
+}
+std::string ci_silu(const void* p) {
+  auto& a = *static_cast<const ops::SiluAndMulArgs*>(p);
+  return align_reason({&a.x, &a.out});
+}
+std::string ci_gemv(const void* p) {
+  auto& a = *static_cast<const ops::GemvArgs*>(p);
+  return align_reason({&a.x, &a.weight, &a.out});
+}
+}  // namespace
+}  // namespace ks::cuda
+
 namespace ks::registry {
 void register_cuda_variants(std::vector<Variant>& v) {
   bool (*avail)() = [] { return ks::cuda::device_present(); };
   v.push_back({"rms_norm", KS_BACKEND_CUDA, "cuda_rowgroup", kFloatDTypes, 10,
-               "W warps per row, row cached in registers, 16-byte vectors when aligned", avail, nullptr,
+               "W warps per row, row cached in registers, 16-byte vectors when aligned", avail, ks::cuda::ci_rms,
                ks::cuda::rms_norm_cuda});
   v.push_back({"fused_add_rms_norm", KS_BACKEND_CUDA, "cuda_rowgroup", kFloatDTypes, 10,
-               "W warps per row, FP32 sum cached in registers", avail, nullptr, ks::cuda::fused_add_rms_norm_cuda});
+               "W warps per row, FP32 sum cached in registers", avail, ks::cuda::ci_fused, ks::cuda::fused_add_rms_norm_cuda});
   v.push_back({"softmax", KS_BACKEND_CUDA, "cuda_rowgroup_cluster", kFloatDTypes, 10,
-               "row groups; thread-block clusters (sm_90) for few wide rows", avail, nullptr, ks::cuda::softmax_cuda});
+               "row groups; thread-block clusters (sm_90) for few wide rows", avail, ks::cuda::ci_softmax, ks::cuda::softmax_cuda});
   v.push_back({"silu_and_mul", KS_BACKEND_CUDA, "cuda_vec", kFloatDTypes, 10, "2-D grid, 16-byte vectors, unrolled",
-               avail, nullptr, ks::cuda::silu_and_mul_cuda});
+               avail, ks::cuda::ci_silu, ks::cuda::silu_and_mul_cuda});
   v.push_back({"gemv", KS_BACKEND_CUDA, "cuda_warp_per_row", kFloatDTypes, 10,
-               "one warp per output row, 16-byte loads, 4 in flight", avail, nullptr, ks::cuda::gemv_cuda});
+               "one warp per output row, 16-byte loads, 4 in flight", avail, ks::cuda::ci_gemv, ks::cuda::gemv_cuda});
 }
 }  // namespace ks::registry
 

@@ -106,6 +106,12 @@ pub fn version() -> &'static str {
     static_str(unsafe { sys::ks_version() })
 }
 
+/// Message of the last failing kernscope call on this thread ("" after a success). The
+/// crate's `Error` already carries it; this mirrors `ks_last_error()`.
+pub fn last_error() -> String {
+    owned_str(unsafe { sys::ks_last_error() })
+}
+
 /// Whether `backend` is compiled in and usable here (CUDA: a device exists).
 pub fn backend_available(backend: Backend) -> bool {
     unsafe { sys::ks_backend_available(backend.raw()) != 0 }
@@ -171,6 +177,13 @@ pub fn force_variant(op: Option<&str>, variant: Option<&str>) -> Result<()> {
     check(unsafe {
         sys::ks_force_variant(cop.as_ref().map_or(ptr::null(), |s| s.as_ptr()), cvar.as_ref().map_or(ptr::null(), |s| s.as_ptr()))
     })
+}
+
+/// The launch configuration (block shape, vector width, cluster size, ...) of this OS thread's
+/// last CUDA launch of `op`, as text; "" if none (always "" without the CUDA backend).
+pub fn last_launch_config(op: &str) -> Result<String> {
+    let cop = c_string("last_launch_config: op", op)?;
+    Ok(owned_str(unsafe { sys::ks_last_launch_config(cop.as_ptr()) }))
 }
 
 // ---- ops -------------------------------------------------------------------------------

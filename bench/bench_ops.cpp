@@ -1,0 +1,253 @@
+// kernscope CUDA operator benchmark (the C++ half of bench/; peers run in
+// bench/peers.py in the same GPU call).
+//
+// Method (same as ../shared/anchors): for each op x shape x dtype, enough input
+// sets to exceed ~3x the 60 MB L2 are allocated and filled with random data;
+// 20 rounds over all sets are captured in one CUDA graph on a non-default
+// stream; the graph is replayed once to warm up, then 7 times between CUDA
+// events; the median replay time divided by the calls per replay is the µs per
+// call. GB/s counts each input read once and each output written once. The
+// device-to-device copy bandwidth (2 GiB, median of 20) is measured in the same
+// run and every row carries its percentage.
+//
+// usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...]
+#include <cuda_runtime.h>
+#include <kernscope/kernscope.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/half.hpp"
+
+namespace {
+
+#define CK(x)                                                                                \
+  do {                                                                                       \
+    cudaError_t e_ = (x);                                                                    \
+    if (e_ != cudaSuccess) {                                                                 \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                          \
+    }                                                                                        \
+  } while (0)
+
+using ks::DType;
+
+struct Dev {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Dev(size_t bytes) : n(bytes) { CK(cudaMalloc(&p, bytes ? bytes : 16)); }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+};
+
+// Fills device memory with random values of dtype dt (normal, sd 1) via a host pattern.
+void fill_random(void* d, size_t numel, DType dt, std::mt19937_64& rng) {
+  const size_t chunk = std::min<size_t>(numel, size_t(1) << 22);
+  std::vector<uint8_t> host(chunk * ks::dtype_size(dt));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (size_t i = 0; i < chunk; ++i) {
+    const float v = nd(rng);
+    if (dt == DType::F32) std::memcpy(&host[4 * i], &v, 4);
+    else {
+      const uint16_t h = dt == DType::BF16 ? ks::float_to_bf16(v) : ks::float_to_half(v);
+      std::memcpy(&host[2 * i], &h, 2);
+    }
+  }
+  const size_t es = ks::dtype_size(dt);
+  for (size_t off = 0; off < numel; off += chunk) {
+    const size_t n = std::min(chunk, numel - off);
+    CK(cudaMemcpy(static_cast<char*>(d) + off * es, host.data(), n * es, cudaMemcpyHostToDevice));
+  }
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Per-call µs of `call(set)` over `sets` sets, by graph replay.
+double graph_time(int sets, const std::function<void(int, cudaStream_t)>& call, cudaStream_t s, int inner = 20,
+                  int reps = 7) {
+  for (int i = 0; i < sets; ++i) call(i, s);  // warm-up, eager
+  CK(cudaStreamSynchronize(s));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int r = 0; r < inner; ++r)
+    for (int i = 0; i < sets; ++i) call(i, s);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  CK(cudaGraphLaunch(ge, s));
+  CK(cudaStreamSynchronize(s));
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(a, s));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaEventRecord(b, s));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(double(ms) * 1e3 / (inner * sets));
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(b));
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  return median(t);
+}
+
+double copy_bandwidth(cudaStream_t s) {
+  const size_t bytes = size_t(2) << 30;
+  Dev a(bytes), b(bytes);
+  CK(cudaMemset(a.p, 1, bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  std::vector<double> t;
+  for (int i = 0; i < 23; ++i) {
+    CK(cudaEventRecord(e0, s));
+    CK(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, s));
+    CK(cudaEventRecord(e1, s));
+    CK(cudaEventSynchronize(e1));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i >= 3) t.push_back(ms * 1e-3);
+  }
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  return 2.0 * double(bytes) / median(t) / 1e9;
+}
+
+int nsets(size_t bytes) { return int(std::max<size_t>(1, std::min<size_t>(16, size_t(3 * 60e6) / std::max<size_t>(bytes, 1) + 1))); }
+
+struct Row {
+  std::string op, shape, dtype, config;
+  double us, gbs;
+};
+
+ks::TensorView dv(void* p, DType dt, std::vector<int64_t> shape) { return ks::TensorView(p, dt, shape, DLDevice{kDLCUDA, 0}); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string csv = "bench_ops.csv", dtypes = "bf16,fp16,fp32", ops = "rms_norm,fused_add_rms_norm,silu_and_mul,gemv,softmax";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    if (k == "--csv") csv = argv[i + 1];
+    else if (k == "--dtypes") dtypes = argv[i + 1];
+    else if (k == "--ops") ops = argv[i + 1];
+  }
+  auto has = [](const std::string& list, const std::string& x) { return ("," + list + ",").find("," + x + ",") != std::string::npos; };
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaDeviceProp prop{};
+  CK(cudaGetDeviceProperties(&prop, 0));
+  int drv = 0, rt = 0;
+  CK(cudaDriverGetVersion(&drv));
+  CK(cudaRuntimeGetVersion(&rt));
+  const double copy_gbs = copy_bandwidth(s);
+  std::printf("device %s, copy bandwidth %.1f GB/s\n", prop.name, copy_gbs);
+  std::mt19937_64 rng(1234);
+  std::vector<Row> rows;
+  auto record = [&](const std::string& op, const std::string& shape, DType dt, double us, size_t bytes) {
+    Row r{op, shape, ks::dtype_name(dt), ks_last_launch_config(op.c_str()), us, double(bytes) / (us * 1e-6) / 1e9};
+    std::printf("%-20s %-14s %-5s %10.3f us %8.1f GB/s %5.1f%%  %s\n", op.c_str(), shape.c_str(), r.dtype.c_str(), us, r.gbs,
+                100 * r.gbs / copy_gbs, r.config.c_str());
+    rows.push_back(r);
+  };
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    if (!has(dtypes, ks::dtype_name(dt))) continue;
+    const size_t es = ks::dtype_size(dt);
+    const std::vector<std::pair<int64_t, int64_t>> norm_shapes = {{1, 4096}, {16, 4096}, {512, 1024}, {512, 4096}, {4096, 8192}, {16384, 8192}};
+    if (has(ops, "rms_norm"))
+      for (auto [m, h] : norm_shapes) {
+        const size_t bytes = size_t(2 * m * h + h) * es;
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> x, w, o;
+        for (int i = 0; i < k; ++i) {
+          x.emplace_back(new Dev(m * h * es)); w.emplace_back(new Dev(h * es)); o.emplace_back(new Dev(m * h * es));
+          fill_random(x.back()->p, m * h, dt, rng); fill_random(w.back()->p, h, dt, rng);
+        }
+        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+          ks::rms_norm(dv(o[i]->p, dt, {m, h}), dv(x[i]->p, dt, {m, h}), dv(w[i]->p, dt, {h}), 1e-6, ks::Backend::Cuda, st);
+        }, s);
+        record("rms_norm", std::to_string(m) + "x" + std::to_string(h), dt, us, bytes);
+      }
+    if (has(ops, "fused_add_rms_norm"))
+      for (auto [m, h] : norm_shapes) {
+        const size_t bytes = size_t(4 * m * h + h) * es;
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> x, r, w;
+        for (int i = 0; i < k; ++i) {
+          x.emplace_back(new Dev(m * h * es)); r.emplace_back(new Dev(m * h * es)); w.emplace_back(new Dev(h * es));
+          fill_random(x.back()->p, m * h, dt, rng); fill_random(r.back()->p, m * h, dt, rng); fill_random(w.back()->p, h, dt, rng);
+        }
+        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+          ks::fused_add_rms_norm(dv(x[i]->p, dt, {m, h}), dv(r[i]->p, dt, {m, h}), dv(w[i]->p, dt, {h}), 1e-6, ks::Backend::Cuda, st);
+        }, s);
+        record("fused_add_rms_norm", std::to_string(m) + "x" + std::to_string(h), dt, us, bytes);
+      }
+    if (has(ops, "silu_and_mul"))
+      for (auto [m, d] : std::vector<std::pair<int64_t, int64_t>>{{1, 14336}, {16, 14336}, {512, 4096}, {512, 14336}, {4096, 14336}}) {
+        const size_t bytes = size_t(3 * m * d) * es;
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> x, o;
+        for (int i = 0; i < k; ++i) {
+          x.emplace_back(new Dev(2 * m * d * es)); o.emplace_back(new Dev(m * d * es));
+          fill_random(x.back()->p, 2 * m * d, dt, rng);
+        }
+        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+          ks::silu_and_mul(dv(o[i]->p, dt, {m, d}), dv(x[i]->p, dt, {m, 2 * d}), ks::Backend::Cuda, st);
+        }, s);
+        record("silu_and_mul", std::to_string(m) + "x" + std::to_string(2 * d), dt, us, bytes);
+      }
+    if (has(ops, "gemv"))
+      for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{{512, 1024}, {4096, 4096}, {14336, 4096}, {4096, 14336}, {28672, 8192}, {128256, 4096}}) {
+        const size_t bytes = size_t(n * h + h + n) * es;
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> x, w, o;
+        for (int i = 0; i < k; ++i) {
+          x.emplace_back(new Dev(h * es)); w.emplace_back(new Dev(n * h * es)); o.emplace_back(new Dev(n * es));
+          fill_random(x.back()->p, h, dt, rng); fill_random(w.back()->p, n * h, dt, rng);
+        }
+        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+          ks::gemv(dv(o[i]->p, dt, {n}), dv(x[i]->p, dt, {h}), dv(w[i]->p, dt, {n, h}), ks::Backend::Cuda, st);
+        }, s);
+        record("gemv", std::to_string(n) + "x" + std::to_string(h), dt, us, bytes);
+      }
+    if (has(ops, "softmax"))
+      for (auto [m, h] : std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {512, 1024}, {4096, 4096}, {64, 32000}, {64, 128256}, {256, 151936}}) {
+        const size_t bytes = size_t(2 * m * h) * es;
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> x, o;
+        for (int i = 0; i < k; ++i) {
+          x.emplace_back(new Dev(m * h * es)); o.emplace_back(new Dev(m * h * es));
+          fill_random(x.back()->p, m * h, dt, rng);
+        }
+        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+          ks::softmax(dv(o[i]->p, dt, {m, h}), dv(x[i]->p, dt, {m, h}), ks::Backend::Cuda, st);
+        }, s);
+        record("softmax", std::to_string(m) + "x" + std::to_string(h), dt, us, bytes);
+      }
+  }
+  FILE* f = std::fopen(csv.c_str(), "w");
+  if (!f) return 1;
+  const char* commit = std::getenv("KS_COMMIT");
+  std::fprintf(f, "gpu,driver,cuda,commit,op,shape,dtype,impl,config,us,gbs,pct_copy,copy_gbs\n");
+  for (const auto& r : rows)
+    std::fprintf(f, "%s,%d,%d,%s,%s,%s,%s,kernscope,\"%s\",%.3f,%.1f,%.1f,%.1f\n", prop.name, drv, rt, commit ? commit : "unknown",
+                 r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.config.c_str(), r.us, r.gbs, 100 * r.gbs / copy_gbs, copy_gbs);
+  std::fclose(f);
+  CK(cudaStreamDestroy(s));
+  return 0;
+}

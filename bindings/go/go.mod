@@ -1,0 +1,3 @@
+module github.com/kernscope/kernscope/bindings/go
+
+go 1.19

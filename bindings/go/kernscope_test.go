@@ -1,0 +1,321 @@
+package kernscope_test
+
+// The cases of tests/c/test_c_api.c through the Go binding, against double-precision
+// references computed here: values, one error per validation class (message naming the op and
+// the argument, outputs unchanged), the registry.
+
+import (
+	"errors"
+	"math"
+	"runtime"
+	"strings"
+	"testing"
+
+	ks "github.com/kernscope/kernscope/bindings/go"
+)
+
+var (
+	xs = []float32{0.5, -1.25, 2.0, 3.5, -0.75, 1.0, 2.0, -3.0, 4.0, 0.125}
+	ws = []float32{1.0, 0.5, -2.0, 1.5, 0.25}
+)
+
+func close(got, want, tol float64) bool { return math.Abs(got-want) <= tol+tol*math.Abs(want) }
+
+func rmsNormRef(x, w []float32, eps float64) []float64 {
+	h := len(w)
+	var out []float64
+	for r := 0; r < len(x)/h; r++ {
+		ss := 0.0
+		for i := 0; i < h; i++ {
+			v := float64(x[r*h+i])
+			ss += v * v
+		}
+		scale := 1 / math.Sqrt(ss/float64(h)+eps)
+		for i := 0; i < h; i++ {
+			out = append(out, float64(x[r*h+i])*scale*float64(w[i]))
+		}
+	}
+	return out
+}
+
+func filled(n int, v float32) []float32 {
+	s := make([]float32, n)
+	for i := range s {
+		s[i] = v
+	}
+	return s
+}
+
+func untouched(t *testing.T, s []float32, v float32) {
+	t.Helper()
+	for i, g := range s {
+		if g != v {
+			t.Fatalf("output[%d] = %v was written after an error", i, g)
+		}
+	}
+}
+
+func TestVersionStatusBackend(t *testing.T) {
+	if ks.Version() != "0.1.0" {
+		t.Fatalf("version %q", ks.Version())
+	}
+	if ks.StatusInvalidArgument.String() != "KS_ERROR_INVALID_ARGUMENT" {
+		t.Fatal(ks.StatusInvalidArgument.String())
+	}
+	if !ks.BackendAvailable(ks.BackendCPU) {
+		t.Fatal("CPU backend unavailable")
+	}
+}
+
+func TestRMSNormMatchesFP64(t *testing.T) {
+	out := filled(10, float32(math.NaN()))
+	if err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.F32(ws, 5), 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rmsNormRef(xs, ws, 1e-6) {
+		if !close(float64(out[i]), r, 1e-6) {
+			t.Errorf("out[%d] = %v, want %v", i, out[i], r)
+		}
+	}
+	// In place, and bf16 bits (the inputs are exact in bf16).
+	x := append([]float32(nil), xs...)
+	xt := ks.F32(x, 2, 5)
+	if err := ks.RMSNorm(xt, xt, ks.F32(ws, 5), 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rmsNormRef(xs, ws, 1e-6) {
+		if !close(float64(x[i]), r, 1e-6) {
+			t.Errorf("in place x[%d] = %v, want %v", i, x[i], r)
+		}
+	}
+	bf := func(v []float32) []uint16 {
+		b := make([]uint16, len(v))
+		for i, f := range v {
+			b[i] = uint16(math.Float32bits(f) >> 16)
+		}
+		return b
+	}
+	ob := make([]uint16, 10)
+	if err := ks.RMSNorm(ks.BF16Bits(ob, 2, 5), ks.BF16Bits(bf(xs), 2, 5), ks.BF16Bits(bf(ws), 5), 1e-6); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rmsNormRef(xs, ws, 1e-6) {
+		if g := math.Float32frombits(uint32(ob[i]) << 16); !close(float64(g), r, 1e-2) {
+			t.Errorf("bf16 out[%d] = %v, want %v", i, g, r)
+		}
+	}
+}
+
+func TestSoftmaxSiluGemvMatchFP64(t *testing.T) {
+	out := filled(10, float32(math.NaN()))
+	if err := ks.Softmax(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.WithBackend(ks.BackendCPU)); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < 2; r++ {
+		m, sum := math.Inf(-1), 0.0
+		for i := 0; i < 5; i++ {
+			m = math.Max(m, float64(xs[r*5+i]))
+		}
+		for i := 0; i < 5; i++ {
+			sum += math.Exp(float64(xs[r*5+i]) - m)
+		}
+		for i := 0; i < 5; i++ {
+			if want := math.Exp(float64(xs[r*5+i])-m) / sum; !close(float64(out[r*5+i]), want, 1e-6) {
+				t.Errorf("softmax[%d][%d] = %v, want %v", r, i, out[r*5+i], want)
+			}
+		}
+	}
+
+	x2 := make([]float32, 20) // [2, 2*5]: gate then up
+	for i := range x2 {
+		x2[i] = xs[i%10] * 0.75
+	}
+	s := make([]float32, 10)
+	if err := ks.SiluAndMul(ks.F32(s, 2, 5), ks.F32(x2, 2, 10)); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < 2; r++ {
+		for i := 0; i < 5; i++ {
+			g, u := float64(x2[r*10+i]), float64(x2[r*10+5+i])
+			if want := g / (1 + math.Exp(-g)) * u; !close(float64(s[r*5+i]), want, 1e-6) {
+				t.Errorf("silu_and_mul[%d][%d] = %v, want %v", r, i, s[r*5+i], want)
+			}
+		}
+	}
+
+	g := make([]float32, 2)
+	if err := ks.Gemv(ks.F32(g, 2), ks.F32(ws, 5), ks.F32(xs, 2, 5)); err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; n < 2; n++ {
+		acc, abs := 0.0, 0.0
+		for h := 0; h < 5; h++ {
+			p := float64(xs[n*5+h]) * float64(ws[h])
+			acc, abs = acc+p, abs+math.Abs(p)
+		}
+		tol := 1e-6 + 1e-6*math.Abs(acc) + 8*math.Sqrt(5)*math.Pow(2, -24)*abs
+		if math.Abs(float64(g[n])-acc) > tol {
+			t.Errorf("gemv[%d] = %v, want %v", n, g[n], acc)
+		}
+	}
+}
+
+func TestFusedAddRMSNormInPlace(t *testing.T) {
+	x := append([]float32(nil), xs...)
+	res := make([]float32, 10)
+	for i := range res {
+		res[i] = xs[9-i] * 0.5
+	}
+	res0 := append([]float32(nil), res...)
+	if err := ks.FusedAddRMSNorm(ks.F32(x, 2, 5), ks.F32(res, 2, 5), ks.F32(ws, 5), 1e-5); err != nil {
+		t.Fatal(err)
+	}
+	for r := 0; r < 2; r++ {
+		s := make([]float64, 5)
+		ss := 0.0
+		for i := range s {
+			s[i] = float64(xs[r*5+i]) + float64(res0[r*5+i])
+			ss += s[i] * s[i]
+		}
+		scale := 1 / math.Sqrt(ss/5+1e-5)
+		for i := range s {
+			if !close(float64(res[r*5+i]), s[i], 1e-6) || !close(float64(x[r*5+i]), s[i]*scale*float64(ws[i]), 1e-6) {
+				t.Errorf("row %d col %d: residual %v x %v", r, i, res[r*5+i], x[r*5+i])
+			}
+		}
+	}
+}
+
+// checkErr asserts the status (errors.Is and errors.As) and that the message names every word.
+func checkErr(t *testing.T, err error, sentinel error, status ks.Status, words ...string) {
+	t.Helper()
+	if !errors.Is(err, sentinel) {
+		t.Fatalf("error %v is not %v", err, sentinel)
+	}
+	var ke *ks.Error
+	if !errors.As(err, &ke) || ke.Status != status {
+		t.Fatalf("error %v: not a *ks.Error with status %v", err, status)
+	}
+	for _, w := range words {
+		if !strings.Contains(ke.Message, w) {
+			t.Errorf("message %q does not name %q", ke.Message, w)
+		}
+	}
+}
+
+func TestInvalidArgumentEpsZero(t *testing.T) {
+	out := filled(10, 7)
+	err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.F32(ws, 5), 0, ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "rms_norm", "eps")
+	if errors.Is(err, ks.ErrUnsupportedDtype) {
+		t.Error("invalid argument matched ErrUnsupportedDtype")
+	}
+	if !strings.HasPrefix(err.Error(), "kernscope: KS_ERROR_INVALID_ARGUMENT: rms_norm") {
+		t.Errorf("Error() = %q", err.Error())
+	}
+	untouched(t, out, 7)
+}
+
+func TestUnsupportedDtypeFP64(t *testing.T) {
+	x64 := make([]float64, 10)
+	for i, v := range xs {
+		x64[i] = float64(v)
+	}
+	out := filled(10, 7)
+	err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F64(x64, 2, 5), ks.F32(ws, 5), 1e-6, ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrUnsupportedDtype, ks.StatusUnsupportedDtype, "rms_norm", "x")
+	untouched(t, out, 7)
+}
+
+func TestUnsupportedDeviceWeightOnCUDA(t *testing.T) {
+	runtime.LockOSThread() // LastError below reads this thread's state
+	defer runtime.UnlockOSThread()
+	out := filled(10, 7)
+	err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.F32(ws, 5).OnDevice(ks.CUDA(0)), 1e-6,
+		ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrUnsupportedDevice, ks.StatusUnsupportedDevice, "rms_norm", "weight")
+	untouched(t, out, 7)
+	// A success clears the previous error.
+	if err := ks.Softmax(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.WithBackend(ks.BackendCPU)); err != nil {
+		t.Fatal(err)
+	}
+	if ks.LastError() != "" {
+		t.Errorf("last error after a success: %q", ks.LastError())
+	}
+}
+
+func TestUnknownVariantAndRegistry(t *testing.T) {
+	runtime.LockOSThread() // pins are per OS thread
+	defer runtime.UnlockOSThread()
+	if v, err := ks.Variants(); err != nil || len(v) == 0 {
+		t.Fatalf("variants: %v %v", v, err)
+	}
+	variant, reason, err := ks.Which("rms_norm", "bf16", ks.BackendCPU)
+	if err != nil || variant != "cpu_reference" || reason == "" {
+		t.Fatalf("which: %q %q %v", variant, reason, err)
+	}
+	_, _, err = ks.Which("no_such_op", "fp32", ks.BackendCPU)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "no_such_op")
+
+	err = ks.ForceVariant("rms_norm", "no_such_variant")
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "rms_norm", "no_such_variant")
+	out := filled(10, 7)
+	if err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.F32(ws, 5), 1e-6, ks.WithBackend(ks.BackendCPU)); err != nil {
+		t.Fatalf("after a failed pin: %v", err)
+	}
+	if err := ks.ForceVariant("rms_norm", "cpu_reference"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.F32(ws, 5), 1e-6, ks.WithBackend(ks.BackendCPU)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.ForceVariant("", ""); err != nil {
+		t.Fatal(err)
+	}
+	if bs, bb, err := ks.QTypeInfo(ks.QTypeQ4_1); err != nil || bs != 32 || bb != 20 {
+		t.Fatalf("qtype_info: %d %d %v", bs, bb, err)
+	}
+	if c := ks.LastLaunchConfig("rms_norm"); c != "" {
+		t.Errorf("launch config without a CUDA launch: %q", c)
+	}
+}
+
+func TestArgmaxAndEmbedding(t *testing.T) {
+	idx := []int64{-1, -1}
+	if err := ks.Argmax(ks.I64(idx), ks.F32(xs, 2, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if idx[0] != 3 || idx[1] != 3 {
+		t.Fatalf("argmax %v", idx)
+	}
+	table := []float32{1, 2, 3, 4, 5, 6}
+	out := make([]float32, 4)
+	if err := ks.Embedding(ks.F32(out, 2, 2), ks.I32([]int32{2, 0}), ks.F32(table, 3, 2), ks.QTypeNone); err != nil {
+		t.Fatal(err)
+	}
+	want := []float32{5, 6, 1, 2}
+	for i := range want {
+		if out[i] != want[i] {
+			t.Fatalf("embedding %v", out)
+		}
+	}
+	err := ks.Embedding(ks.F32(out, 2, 2), ks.I64([]int64{1, 3}), ks.F32(table, 3, 2), ks.QTypeNone)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "embedding")
+	for i := range want {
+		if out[i] != want[i] {
+			t.Fatalf("embedding wrote after an error: %v", out)
+		}
+	}
+}
+
+func TestViewsAreCheckedAgainstTheirSlices(t *testing.T) {
+	out := filled(15, 7)
+	err := ks.Softmax(ks.F32(out, 3, 5), ks.F32(xs, 3, 5))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "softmax", "x")
+	err = ks.Softmax(ks.F32(out, 2, 5), ks.F32(xs, 2, 5).WithStrides(5, 2))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "softmax", "x")
+	// Non-compact strides inside the slice reach the library, which rejects them.
+	err = ks.Softmax(ks.F32(out[:4], 2, 2), ks.F32(xs, 2, 2).WithStrides(5, 1))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "softmax")
+	untouched(t, out, 7)
+}

@@ -1,0 +1,95 @@
+#include "ksgo.h"
+
+#include <stddef.h>
+
+static DLTensor mk(ksgo_desc* d, void* data) {
+  DLTensor t;
+  t.data = data != NULL ? data : (void*)(uintptr_t)d->device_ptr;
+  t.device.device_type = (DLDeviceType)d->device_type;
+  t.device.device_id = d->device_id;
+  t.ndim = d->ndim;
+  t.dtype.code = d->code;
+  t.dtype.bits = d->bits;
+  t.dtype.lanes = d->lanes;
+  t.shape = d->shape;
+  t.strides = d->has_strides ? d->strides : NULL;
+  t.byte_offset = d->byte_offset;
+  return t;
+}
+
+#define BK (ks_backend_t) backend
+#define ST (ks_stream_t) stream
+
+ks_status_t ksgo_rms_norm(ksgo_desc* d, void* out, void* x, void* weight, double eps, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), xt = mk(&d[1], x), w = mk(&d[2], weight);
+  return ks_rms_norm(&o, &xt, &w, eps, BK, ST);
+}
+
+ks_status_t ksgo_fused_add_rms_norm(ksgo_desc* d, void* x, void* residual, void* weight, double eps, int backend,
+                                    uintptr_t stream) {
+  DLTensor xt = mk(&d[0], x), r = mk(&d[1], residual), w = mk(&d[2], weight);
+  return ks_fused_add_rms_norm(&xt, &r, &w, eps, BK, ST);
+}
+
+ks_status_t ksgo_silu_and_mul(ksgo_desc* d, void* out, void* x, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), xt = mk(&d[1], x);
+  return ks_silu_and_mul(&o, &xt, BK, ST);
+}
+
+ks_status_t ksgo_gemv(ksgo_desc* d, void* out, void* x, void* weight, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), xt = mk(&d[1], x), w = mk(&d[2], weight);
+  return ks_gemv(&o, &xt, &w, BK, ST);
+}
+
+ks_status_t ksgo_softmax(ksgo_desc* d, void* out, void* x, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), xt = mk(&d[1], x);
+  return ks_softmax(&o, &xt, BK, ST);
+}
+
+ks_status_t ksgo_embedding(ksgo_desc* d, void* out, void* ids, void* table, int table_format, int backend,
+                           uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), i = mk(&d[1], ids), t = mk(&d[2], table);
+  return ks_embedding(&o, &i, &t, (ks_qtype_t)table_format, BK, ST);
+}
+
+ks_status_t ksgo_dequantize(ksgo_desc* d, void* out, void* packed, int qtype, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), p = mk(&d[1], packed);
+  return ks_dequantize(&o, &p, (ks_qtype_t)qtype, BK, ST);
+}
+
+ks_status_t ksgo_gemm(ksgo_desc* d, void* out, void* a, void* b, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), at = mk(&d[1], a), bt = mk(&d[2], b);
+  return ks_gemm(&o, &at, &bt, BK, ST);
+}
+
+ks_status_t ksgo_quant_matmul(ksgo_desc* d, void* out, void* x, void* weight, int qtype, int backend,
+                              uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), xt = mk(&d[1], x), w = mk(&d[2], weight);
+  return ks_quant_matmul(&o, &xt, &w, (ks_qtype_t)qtype, BK, ST);
+}
+
+ks_status_t ksgo_rotary_embedding(ksgo_desc* d, void* q, int has_k, void* k, void* positions, int64_t rotary_dim,
+                                  double theta, int is_neox, int backend, uintptr_t stream) {
+  DLTensor qt = mk(&d[0], q), kt = mk(&d[1], k), p = mk(&d[2], positions);
+  return ks_rotary_embedding(&qt, has_k ? &kt : NULL, &p, rotary_dim, theta, is_neox, BK, ST);
+}
+
+ks_status_t ksgo_kv_cache_append(ksgo_desc* d, void* k_cache, void* v_cache, void* k, void* v, void* slot_mapping,
+                                 int backend, uintptr_t stream) {
+  DLTensor kc = mk(&d[0], k_cache), vc = mk(&d[1], v_cache), kt = mk(&d[2], k), vt = mk(&d[3], v),
+           s = mk(&d[4], slot_mapping);
+  return ks_kv_cache_append(&kc, &vc, &kt, &vt, &s, BK, ST);
+}
+
+ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache, void* block_tables,
+                                 int has_seq_ids, void* seq_ids, void* context_lens, double scale, int backend,
+                                 uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), qt = mk(&d[1], q), kc = mk(&d[2], k_cache), vc = mk(&d[3], v_cache),
+           bt = mk(&d[4], block_tables), si = mk(&d[5], seq_ids), cl = mk(&d[6], context_lens);
+  return ks_paged_attention(&o, &qt, &kc, &vc, &bt, has_seq_ids ? &si : NULL, &cl, scale, BK, ST);
+}
+
+ks_status_t ksgo_argmax(ksgo_desc* d, void* out, void* x, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), xt = mk(&d[1], x);
+  return ks_argmax(&o, &xt, BK, ST);
+}

@@ -1,0 +1,215 @@
+package kernscope
+
+/*
+#include "ksgo.h"
+*/
+import "C"
+
+import "unsafe"
+
+type callConfig struct {
+	backend Backend
+	stream  uintptr
+}
+
+// Option configures one op call.
+type Option func(*callConfig)
+
+// WithBackend runs the call on b (default BackendAuto: by the tensors' device).
+func WithBackend(b Backend) Option { return func(c *callConfig) { c.backend = b } }
+
+// WithStream runs the call on a CUDA stream (a cudaStream_t; 0 is the default stream).
+func WithStream(stream uintptr) Option { return func(c *callConfig) { c.stream = stream } }
+
+func config(opts []Option) (C.int, C.uintptr_t) {
+	c := callConfig{backend: BackendAuto}
+	for _, o := range opts {
+		o(&c)
+	}
+	return C.int(c.backend), C.uintptr_t(c.stream)
+}
+
+type arg struct {
+	name string
+	t    *Tensor
+}
+
+// describeAll fills one descriptor per argument; a nil tensor in an optional slot (named with
+// a trailing '?') stays zero.
+func describeAll(op string, d []C.ksgo_desc, args ...arg) error {
+	for i, a := range args {
+		if a.name[len(a.name)-1] == '?' {
+			if a.t == nil {
+				continue
+			}
+			a.name = a.name[:len(a.name)-1]
+		}
+		if err := a.t.describe(op, a.name, &d[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func dataOf(t *Tensor) unsafe.Pointer {
+	if t == nil {
+		return nil
+	}
+	return t.data
+}
+
+func flag(b bool) C.int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// RMSNorm: out[..., H] = x * rsqrt(mean(x^2) + eps) * weight. out may be x (in place).
+func RMSNorm(out, x, weight *Tensor, eps float64, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("rms_norm", d[:], arg{"out", out}, arg{"x", x}, arg{"weight", weight}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_rms_norm(&d[0], out.data, x.data, weight.data, C.double(eps), b, s)
+	})
+}
+
+// FusedAddRMSNorm, in place: s = x + residual; residual = s; x = rms_norm(s) * weight.
+func FusedAddRMSNorm(x, residual, weight *Tensor, eps float64, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("fused_add_rms_norm", d[:], arg{"x", x}, arg{"residual", residual}, arg{"weight", weight}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_fused_add_rms_norm(&d[0], x.data, residual.data, weight.data, C.double(eps), b, s)
+	})
+}
+
+// SiluAndMul: out[..., D] = silu(x[..., :D]) * x[..., D:].
+func SiluAndMul(out, x *Tensor, opts ...Option) error {
+	var d [2]C.ksgo_desc
+	if err := describeAll("silu_and_mul", d[:], arg{"out", out}, arg{"x", x}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t { return C.ksgo_silu_and_mul(&d[0], out.data, x.data, b, s) })
+}
+
+// Gemv: out[n] = sum_h weight[n, h] * x[h].
+func Gemv(out, x, weight *Tensor, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("gemv", d[:], arg{"out", out}, arg{"x", x}, arg{"weight", weight}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t { return C.ksgo_gemv(&d[0], out.data, x.data, weight.data, b, s) })
+}
+
+// Softmax along the last dim. out may be x (in place).
+func Softmax(out, x *Tensor, opts ...Option) error {
+	var d [2]C.ksgo_desc
+	if err := describeAll("softmax", d[:], arg{"out", out}, arg{"x", x}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t { return C.ksgo_softmax(&d[0], out.data, x.data, b, s) })
+}
+
+// Embedding: out[..., hidden] = table[ids[...], :], dense (QTypeNone) or packed rows.
+func Embedding(out, ids, table *Tensor, tableFormat QType, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("embedding", d[:], arg{"out", out}, arg{"ids", ids}, arg{"table", table}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_embedding(&d[0], out.data, ids.data, table.data, C.int(tableFormat), b, s)
+	})
+}
+
+// Dequantize: out[rows, cols] = dequant(packed).
+func Dequantize(out, packed *Tensor, qtype QType, opts ...Option) error {
+	var d [2]C.ksgo_desc
+	if err := describeAll("dequantize", d[:], arg{"out", out}, arg{"packed", packed}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t { return C.ksgo_dequantize(&d[0], out.data, packed.data, C.int(qtype), b, s) })
+}
+
+// Gemm: out[M, N] = a[M, K] @ b[N, K]^T.
+func Gemm(out, a, bm *Tensor, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("gemm", d[:], arg{"out", out}, arg{"a", a}, arg{"b", bm}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t { return C.ksgo_gemm(&d[0], out.data, a.data, bm.data, b, s) })
+}
+
+// QuantMatmul: out[M, N] = x[M, K] @ dequant(weight)^T from the packed blocks.
+func QuantMatmul(out, x, weight *Tensor, qtype QType, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("quant_matmul", d[:], arg{"out", out}, arg{"x", x}, arg{"weight", weight}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_quant_matmul(&d[0], out.data, x.data, weight.data, C.int(qtype), b, s)
+	})
+}
+
+// RotaryEmbedding rotates q and (if not nil) k in place.
+func RotaryEmbedding(q, k, positions *Tensor, rotaryDim int64, theta float64, isNeox bool, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("rotary_embedding", d[:], arg{"q", q}, arg{"k?", k}, arg{"positions", positions}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_rotary_embedding(&d[0], q.data, flag(k != nil), dataOf(k), positions.data, C.int64_t(rotaryDim),
+			C.double(theta), flag(isNeox), b, s)
+	})
+}
+
+// KVCacheAppend writes k/v rows into a paged cache at slotMapping (slot -1 skipped).
+func KVCacheAppend(kCache, vCache, k, v, slotMapping *Tensor, opts ...Option) error {
+	var d [5]C.ksgo_desc
+	if err := describeAll("kv_cache_append", d[:], arg{"k_cache", kCache}, arg{"v_cache", vCache}, arg{"k", k},
+		arg{"v", v}, arg{"slot_mapping", slotMapping}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_kv_cache_append(&d[0], kCache.data, vCache.data, k.data, v.data, slotMapping.data, b, s)
+	})
+}
+
+// PagedAttention: attention over a paged KV cache. seqIDs nil means sequence t for token t.
+func PagedAttention(out, q, kCache, vCache, blockTables, seqIDs, contextLens *Tensor, scale float64, opts ...Option) error {
+	var d [7]C.ksgo_desc
+	if err := describeAll("paged_attention", d[:], arg{"out", out}, arg{"q", q}, arg{"k_cache", kCache},
+		arg{"v_cache", vCache}, arg{"block_tables", blockTables}, arg{"seq_ids?", seqIDs},
+		arg{"context_lens", contextLens}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_paged_attention(&d[0], out.data, q.data, kCache.data, vCache.data, blockTables.data,
+			flag(seqIDs != nil), dataOf(seqIDs), contextLens.data, C.double(scale), b, s)
+	})
+}
+
+// Argmax: out[r] (int64) = index of the maximum of x[r, :].
+func Argmax(out, x *Tensor, opts ...Option) error {
+	var d [2]C.ksgo_desc
+	if err := describeAll("argmax", d[:], arg{"out", out}, arg{"x", x}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t { return C.ksgo_argmax(&d[0], out.data, x.data, b, s) })
+}

@@ -1,0 +1,223 @@
+//! The cases of tests/c/test_c_api.c through the safe crate, against double-precision
+//! references computed here: values, one error per validation class (message naming the op
+//! and the argument, outputs unchanged), the registry.
+use kernscope::half::{f16_bits_to_f32, f32_to_f16_bits};
+use kernscope::{Backend, DType, Device, Exec, QType, Status, Tensor, TensorMut};
+
+const X: [f32; 10] = [0.5, -1.25, 2.0, 3.5, -0.75, 1.0, 2.0, -3.0, 4.0, 0.125];
+const W: [f32; 5] = [1.0, 0.5, -2.0, 1.5, 0.25];
+
+fn close(got: f64, want: f64, tol: f64) -> bool {
+    (got - want).abs() <= tol + tol * want.abs()
+}
+
+fn rms_norm_ref(x: &[f32], w: &[f32], eps: f64) -> Vec<f64> {
+    let h = w.len();
+    let mut out = Vec::new();
+    for row in x.chunks(h) {
+        let ss: f64 = row.iter().map(|&v| v as f64 * v as f64).sum();
+        let scale = 1.0 / (ss / h as f64 + eps).sqrt();
+        out.extend(row.iter().zip(w).map(|(&v, &g)| v as f64 * scale * g as f64));
+    }
+    out
+}
+
+fn cpu() -> Exec {
+    Exec::new(Backend::Cpu)
+}
+
+#[test]
+fn version_status_backend() {
+    assert_eq!(kernscope::version(), "0.1.0");
+    assert_eq!(Status::InvalidArgument.name(), "KS_ERROR_INVALID_ARGUMENT");
+    assert!(kernscope::backend_available(Backend::Cpu));
+}
+
+#[test]
+fn rms_norm_matches_fp64() {
+    let mut out = [f32::NAN; 10];
+    kernscope::rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6)
+        .unwrap();
+    assert_eq!(kernscope::last_error(), "");
+    for (g, r) in out.iter().zip(rms_norm_ref(&X, &W, 1e-6)) {
+        assert!(close(*g as f64, r, 1e-6), "{} vs {}", g, r);
+    }
+}
+
+#[test]
+fn rms_norm_in_place_and_fp16_bits() {
+    let mut x = X;
+    kernscope::rms_norm_in_place(&mut TensorMut::f32(&mut x, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap();
+    for (g, r) in x.iter().zip(rms_norm_ref(&X, &W, 1e-6)) {
+        assert!(close(*g as f64, r, 1e-6));
+    }
+    // fp16 as u16 bits; the reference uses the rounded inputs.
+    let xh: Vec<u16> = X.iter().map(|&v| f32_to_f16_bits(v)).collect();
+    let wh: Vec<u16> = W.iter().map(|&v| f32_to_f16_bits(v)).collect();
+    let mut oh = [0u16; 10];
+    kernscope::rms_norm(
+        &mut TensorMut::f16_bits(&mut oh, &[2, 5]).unwrap(),
+        &Tensor::f16_bits(&xh, &[2, 5]).unwrap(),
+        &Tensor::f16_bits(&wh, &[5]).unwrap(),
+        1e-6,
+    )
+    .unwrap();
+    let xr: Vec<f32> = xh.iter().map(|&b| f16_bits_to_f32(b)).collect();
+    let wr: Vec<f32> = wh.iter().map(|&b| f16_bits_to_f32(b)).collect();
+    for (g, r) in oh.iter().zip(rms_norm_ref(&xr, &wr, 1e-6)) {
+        assert!(close(f16_bits_to_f32(*g) as f64, r, 1e-3));
+    }
+}
+
+#[test]
+fn softmax_silu_gemv_match_fp64() {
+    let mut out = [f32::NAN; 10];
+    cpu().softmax(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap()).unwrap();
+    assert_eq!(kernscope::last_error(), "");
+    for r in 0..2 {
+        let row = &X[r * 5..r * 5 + 5];
+        let m = row.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64));
+        let sum: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
+        for i in 0..5 {
+            assert!(close(out[r * 5 + i] as f64, (row[i] as f64 - m).exp() / sum, 1e-6));
+        }
+    }
+
+    // silu_and_mul: x [2, 2*D] -> out [2, D], D = 5 (odd)
+    let mut s = [f32::NAN; 10];
+    let x2: Vec<f32> = X.iter().chain(X.iter()).map(|v| v * 0.75).collect();
+    kernscope::silu_and_mul(&mut TensorMut::f32(&mut s, &[2, 5]).unwrap(), &Tensor::f32(&x2, &[2, 10]).unwrap()).unwrap();
+    for r in 0..2 {
+        for i in 0..5 {
+            let g = x2[r * 10 + i] as f64;
+            let u = x2[r * 10 + 5 + i] as f64;
+            assert!(close(s[r * 5 + i] as f64, g / (1.0 + (-g).exp()) * u, 1e-6));
+        }
+    }
+
+    // gemv: weight [2, 5] (X), x [5] (W)
+    let mut g = [f32::NAN; 2];
+    kernscope::gemv(&mut TensorMut::f32(&mut g, &[2]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap()).unwrap();
+    for n in 0..2 {
+        let (mut acc, mut abs) = (0.0f64, 0.0f64);
+        for h in 0..5 {
+            acc += X[n * 5 + h] as f64 * W[h] as f64;
+            abs += (X[n * 5 + h] as f64 * W[h] as f64).abs();
+        }
+        let tol = 1e-6 + 1e-6 * acc.abs() + 8.0 * 5f64.sqrt() * 2f64.powi(-24) * abs;
+        assert!((g[n] as f64 - acc).abs() <= tol, "gemv[{}] {} vs {}", n, g[n], acc);
+    }
+}
+
+#[test]
+fn fused_add_rms_norm_in_place() {
+    let mut x = X;
+    let mut res: Vec<f32> = X.iter().rev().map(|v| v * 0.5).collect();
+    let res0 = res.clone();
+    kernscope::fused_add_rms_norm(&mut TensorMut::f32(&mut x, &[2, 5]).unwrap(), &mut TensorMut::f32(&mut res, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-5)
+        .unwrap();
+    for r in 0..2 {
+        let s: Vec<f64> = (0..5).map(|i| X[r * 5 + i] as f64 + res0[r * 5 + i] as f64).collect();
+        let scale = 1.0 / (s.iter().map(|v| v * v).sum::<f64>() / 5.0 + 1e-5).sqrt();
+        for i in 0..5 {
+            assert!(close(res[r * 5 + i] as f64, s[i], 1e-6));
+            assert!(close(x[r * 5 + i] as f64, s[i] * scale * W[i] as f64, 1e-6));
+        }
+    }
+}
+
+#[test]
+fn invalid_argument_eps_zero_leaves_out_untouched() {
+    let mut out = [7.0f32; 10];
+    let e = cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 0.0).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("rms_norm") && e.message().contains("eps"), "{}", e);
+    assert_eq!(e.to_string(), format!("KS_ERROR_INVALID_ARGUMENT: {}", e.message()));
+    assert_eq!(kernscope::last_error(), e.message());
+    assert!(out.iter().all(|&v| v == 7.0));
+}
+
+#[test]
+fn unsupported_dtype_fp64_x() {
+    let x64: Vec<f64> = X.iter().map(|&v| v as f64).collect();
+    let mut out = [7.0f32; 10];
+    let e = cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::new(&x64, DType::F64, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap_err();
+    assert_eq!(e.status(), Status::UnsupportedDtype);
+    assert!(e.message().contains("rms_norm") && e.message().contains("x"), "{}", e);
+    assert!(out.iter().all(|&v| v == 7.0));
+}
+
+#[test]
+fn unsupported_device_weight_on_cuda() {
+    let mut out = [7.0f32; 10];
+    // The library rejects the device before touching any memory.
+    let w = unsafe { Tensor::f32(&W, &[5]).unwrap().on_device(Device::Cuda(0)) };
+    let e = cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &w, 1e-6).unwrap_err();
+    assert_eq!(e.status(), Status::UnsupportedDevice);
+    assert!(e.message().contains("rms_norm") && e.message().contains("weight"), "{}", e);
+    assert!(out.iter().all(|&v| v == 7.0));
+    // A success clears the previous error.
+    cpu().softmax(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap()).unwrap();
+    assert_eq!(kernscope::last_error(), "");
+}
+
+#[test]
+fn unknown_variant_and_registry() {
+    assert!(!kernscope::variants().unwrap().is_empty());
+    let c = kernscope::which("rms_norm", "bf16", Backend::Cpu).unwrap();
+    assert_eq!(c.variant, "cpu_reference");
+    assert!(!c.reason.is_empty());
+    let e = kernscope::which("no_such_op", "fp32", Backend::Cpu).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("no_such_op"), "{}", e);
+
+    let e = kernscope::force_variant(Some("rms_norm"), Some("no_such_variant")).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("rms_norm") && e.message().contains("no_such_variant"), "{}", e);
+    // The failed pin changed nothing: selection is still automatic and ops run.
+    let mut out = [7.0f32; 10];
+    cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap();
+
+    kernscope::force_variant(Some("rms_norm"), Some("cpu_reference")).unwrap();
+    cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap();
+    kernscope::force_variant(None, None).unwrap();
+
+    assert_eq!(kernscope::qtype_info(QType::Q4_1).unwrap(), (32, 20));
+    // No CUDA launch on this thread: "".
+    assert_eq!(kernscope::last_launch_config("rms_norm").unwrap(), "");
+}
+
+#[test]
+fn argmax_and_embedding_ids() {
+    let mut idx = [-1i64; 2];
+    kernscope::argmax(&mut TensorMut::i64(&mut idx, &[2]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap()).unwrap();
+    assert_eq!(idx, [3, 3]);
+
+    // Dense table [3, 2], int32 ids; an id out of range is rejected before any write.
+    let table = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let mut out = [0.0f32; 4];
+    kernscope::embedding(&mut TensorMut::f32(&mut out, &[2, 2]).unwrap(), &Tensor::i32(&[2, 0], &[2]).unwrap(), &Tensor::f32(&table, &[3, 2]).unwrap(), QType::None)
+        .unwrap();
+    assert_eq!(out, [5.0, 6.0, 1.0, 2.0]);
+    let e = kernscope::embedding(&mut TensorMut::f32(&mut out, &[2, 2]).unwrap(), &Tensor::i64(&[1, 3], &[2]).unwrap(), &Tensor::f32(&table, &[3, 2]).unwrap(), QType::None)
+        .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("embedding"), "{}", e);
+    assert_eq!(out, [5.0, 6.0, 1.0, 2.0]);
+}
+
+#[test]
+fn views_are_checked_against_their_slices() {
+    let e = Tensor::f32(&X, &[3, 5]).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(Tensor::f32(&X, &[2, 5]).unwrap().with_strides(&[5, 2]).is_err());
+    assert!(Tensor::new(&X, DType::F16, &[10]).is_err());
+    assert_eq!(Tensor::f32(&X, &[2, 5]).unwrap().reshape(&[10]).unwrap().shape(), &[10]);
+    // Non-compact strides that fit the slice reach the library, which rejects them.
+    let mut out = [7.0f32; 4];
+    let x = Tensor::f32(&X, &[2, 2]).unwrap().with_strides(&[5, 1]).unwrap();
+    let e = kernscope::softmax(&mut TensorMut::f32(&mut out, &[2, 2]).unwrap(), &x).unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("softmax"), "{}", e);
+    assert_eq!(out, [7.0; 4]);
+}

@@ -1,0 +1,505 @@
+"""backend="torch": the numerical contracts of docs/contracts.md written in PyTorch.
+
+These are the references the native backends are held to, with the same
+validation rules and the same exception classes. They run on any torch device,
+are traceable by torch.compile, and support autograd for rms_norm,
+silu_and_mul, gemv and softmax (the formulas are plain differentiable torch ops;
+embedding, gemm, quant_matmul (activations) and paged_attention are
+differentiable too, but only the first four are tested with gradcheck).
+
+Precision: fp16/bf16/fp32 inputs are upcast to FP32 and rounded once to the
+input dtype at the end, as the contract says. fp64 inputs (not a kernscope
+dtype; accepted here so torch.autograd.gradcheck can run) are computed in fp64.
+
+This module is imported only when backend="torch" is used (or autograd routes a
+call here), so kernscope does not need torch otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Optional
+
+import torch
+
+from ._errors import InvalidArgumentError, UnsupportedDeviceError, UnsupportedDtypeError
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INDEX = (torch.int32, torch.int64)
+_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
+          torch.int32: "int32", torch.int64: "int64", torch.uint8: "uint8"}
+# ks_qtype_t -> (block elements, block bytes)
+_QGEOM = {1: (1, 4), 2: (1, 2), 3: (1, 2), 4: (32, 18), 5: (32, 20), 6: (32, 34)}
+_QNAMES = {1: "F32", 2: "F16", 3: "BF16", 4: "Q4_0", 5: "Q4_1", 6: "Q8_0"}
+
+
+# ---- validation (mirrors src/core/common.cpp) --------------------------------
+def _dname(t: torch.Tensor) -> str:
+    return _NAMES.get(t.dtype, str(t.dtype).replace("torch.", ""))
+
+
+def _shape(s) -> str:
+    s = tuple(s)
+    return "(" + ", ".join(str(int(v)) for v in s) + ("," if len(s) == 1 else "") + ")"
+
+
+def _tensor(op: str, name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{op}: {name} must be a torch.Tensor for backend='torch'; got {type(t).__name__}")
+    if not t.is_contiguous():
+        raise InvalidArgumentError(
+            f"{op}: {name} must be contiguous (row-major); got shape {_shape(t.shape)} strides {_shape(t.stride())}")
+    return t
+
+
+def _float(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dtype not in _FLOATS:
+        raise UnsupportedDtypeError(f"{op}: {name} has dtype {_dname(t)}; expected one of: fp16, bf16, fp32")
+
+
+def _index(op: str, name: str, t: torch.Tensor, allowed=_INDEX) -> None:
+    if t.dtype not in allowed:
+        names = ", ".join(_NAMES[d] for d in allowed)
+        raise UnsupportedDtypeError(f"{op}: {name} has dtype {_dname(t)}; expected one of: {names}")
+
+
+def _same_dtype(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.dtype != ref.dtype:
+        raise UnsupportedDtypeError(
+            f"{op}: {name} has dtype {_dname(t)} but {ref_name} has {_dname(ref)}; they must match")
+
+
+def _same_device(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.Tensor) -> None:
+    if t.device != ref.device:
+        raise UnsupportedDeviceError(
+            f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; they must share a device")
+
+
+def _ndim(op: str, name: str, t: torch.Tensor, n: int) -> None:
+    if t.dim() != n:
+        raise InvalidArgumentError(f"{op}: {name} must have {n} dims; got shape {_shape(t.shape)}")
+
+
+def _nonempty_last(op: str, name: str, t: torch.Tensor) -> None:
+    if t.dim() == 0 or t.shape[-1] == 0:
+        raise InvalidArgumentError(f"{op}: {name} must have a non-empty last dimension; got shape {_shape(t.shape)}")
+
+
+def _require_shape(op: str, name: str, t: torch.Tensor, shape, why: str) -> None:
+    if tuple(t.shape) != tuple(shape):
+        raise InvalidArgumentError(f"{op}: {name} must have shape {_shape(shape)} ({why}); got {_shape(t.shape)}")
+
+
+def _eps(op: str, eps: float) -> float:
+    e = float(eps)
+    if not math.isfinite(e) or not e > 0.0:
+        raise InvalidArgumentError(f"{op}: eps must be finite and > 0; got {eps}")
+    if not torch.tensor(e, dtype=torch.float32).item() > 0.0 or not math.isfinite(
+            torch.tensor(e, dtype=torch.float32).item()):
+        raise InvalidArgumentError(f"{op}: eps must be representable as a positive finite fp32 value")
+    return e
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+def _no_overlap(op: str, a_name: str, a: torch.Tensor, b_name: str, b: torch.Tensor) -> None:
+    if _overlap(a, b):
+        raise InvalidArgumentError(f"{op}: {a_name} and {b_name} overlap in memory; they must not")
+
+
+def _acc(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+def _no_autocast(t: torch.Tensor):
+    dev = t.device.type
+    try:
+        enabled = torch.is_autocast_enabled(dev)
+    except TypeError:  # torch < 2.4
+        enabled = torch.is_autocast_enabled()
+    return torch.autocast(dev, enabled=False) if enabled else contextlib.nullcontext()
+
+
+def _first_bad(mask: torch.Tensor) -> Optional[int]:
+    flat = mask.reshape(-1)
+    if not bool(flat.any()):
+        return None
+    return int(flat.nonzero()[0, 0])
+
+
+# ---- the five core operators ------------------------------------------------
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    op = "rms_norm"
+    _tensor(op, "x", x), _tensor(op, "weight", weight)
+    _float(op, "x", x)
+    _same_dtype(op, "weight", weight, "x", x)
+    _same_device(op, "weight", weight, "x", x)
+    _nonempty_last(op, "x", x)
+    _require_shape(op, "weight", weight, (x.shape[-1],), "hidden_size of x")
+    eps = _eps(op, eps)
+    acc = _acc(x)
+    xf = x.to(acc)
+    r = torch.rsqrt(xf.square().mean(-1, keepdim=True) + eps)
+    return (xf * r * weight.to(acc)).to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> None:
+    op = "fused_add_rms_norm"
+    _tensor(op, "x", x), _tensor(op, "residual", residual), _tensor(op, "weight", weight)
+    _float(op, "x", x)
+    _same_dtype(op, "residual", residual, "x", x)
+    _same_dtype(op, "weight", weight, "x", x)
+    _same_device(op, "residual", residual, "x", x)
+    _same_device(op, "weight", weight, "x", x)
+    _nonempty_last(op, "x", x)
+    _require_shape(op, "residual", residual, x.shape, "same as x")
+    _require_shape(op, "weight", weight, (x.shape[-1],), "hidden_size of x")
+    eps = _eps(op, eps)
+    _no_overlap(op, "x", x, "residual", residual)
+    _no_overlap(op, "x", x, "weight", weight)
+    _no_overlap(op, "residual", residual, "weight", weight)
+    acc = _acc(x)
+    s = x.to(acc) + residual.to(acc)  # unrounded FP32 sum
+    y = s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * weight.to(acc)
+    residual.copy_(s)
+    x.copy_(y)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    op = "silu_and_mul"
+    _tensor(op, "x", x)
+    _float(op, "x", x)
+    _nonempty_last(op, "x", x)
+    if x.shape[-1] % 2:
+        raise InvalidArgumentError(
+            f"{op}: x's last dimension must be even (gate and up halves); got shape {_shape(x.shape)}")
+    d = x.shape[-1] // 2
+    xf = x.to(_acc(x))
+    g, u = xf[..., :d], xf[..., d:]
+    return (g * torch.sigmoid(g) * u).to(x.dtype)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    op = "gemv"
+    _tensor(op, "x", x), _tensor(op, "weight", weight)
+    _float(op, "x", x)
+    _same_dtype(op, "weight", weight, "x", x)
+    _same_device(op, "weight", weight, "x", x)
+    _ndim(op, "x", x, 1)
+    _nonempty_last(op, "x", x)
+    _ndim(op, "weight", weight, 2)
+    if weight.shape[1] != x.shape[0]:
+        raise InvalidArgumentError(
+            f"{op}: weight must have shape (N, {x.shape[0]}) to match x; got {_shape(weight.shape)}")
+    acc = _acc(x)
+    with _no_autocast(x):
+        return torch.mv(weight.to(acc), x.to(acc)).to(x.dtype)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    op = "softmax"
+    _tensor(op, "x", x)
+    _float(op, "x", x)
+    _nonempty_last(op, "x", x)
+    with _no_autocast(x):
+        return torch.softmax(x.to(_acc(x)), dim=-1).to(x.dtype)
+
+
+# ---- model-path operators ----------------------------------------------------
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    op = "argmax"
+    _tensor(op, "x", x)
+    _float(op, "x", x)
+    _ndim(op, "x", x, 2)
+    _nonempty_last(op, "x", x)
+    return torch.argmax(x.to(_acc(x)), dim=-1)
+
+
+def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional[int] = None) -> torch.Tensor:
+    """FP32 values of packed uint8 rows [R, row_bytes] in a GGUF block format."""
+    if qtype not in _QGEOM:
+        raise InvalidArgumentError(f"{op}: qtype {qtype} is not a packed format")
+    bs, bb = _QGEOM[qtype]
+    _index(op, name, packed, (torch.uint8,))
+    _ndim(op, name, packed, 2)
+    rows, row_bytes = packed.shape
+    if cols is None:
+        cols = row_bytes // bb * bs
+    if cols % bs:
+        raise InvalidArgumentError(
+            f"{op}: {name}: {cols} columns is not a multiple of the {_QNAMES[qtype]} block size {bs}")
+    if row_bytes != cols // bs * bb:
+        raise InvalidArgumentError(
+            f"{op}: {name} must have {cols // bs * bb} bytes per row for {cols} {_QNAMES[qtype]} columns; "
+            f"got shape {_shape(packed.shape)}")
+    if qtype == 1:
+        return packed.view(torch.float32).clone()
+    if qtype == 2:
+        return packed.view(torch.float16).float()
+    if qtype == 3:
+        return packed.view(torch.bfloat16).float()
+    nb = cols // bs
+    blk = packed.reshape(rows, nb, bb)
+
+    def half(lo: int) -> torch.Tensor:  # f16 scalar at byte lo of each block -> [rows, nb, 1]
+        return blk[..., lo:lo + 2].contiguous().view(torch.float16).float()
+
+    if qtype == 6:  # Q8_0: f16 d, 32 int8
+        d = half(0)
+        q = blk[..., 2:].contiguous().view(torch.int8).float()
+        w = d * q
+    else:
+        codes = blk[..., 2:] if qtype == 4 else blk[..., 4:]
+        q = torch.cat([codes & 0xF, codes >> 4], dim=-1).float()  # j < 16: low nibble of byte j
+        d = half(0)
+        w = d * (q - 8.0) if qtype == 4 else d * q + half(2)
+    return w.reshape(rows, cols)
+
+
+def embedding(ids: torch.Tensor, table: torch.Tensor, table_format: int = 0,
+              dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    op = "embedding"
+    _tensor(op, "ids", ids), _tensor(op, "table", table)
+    _index(op, "ids", ids)
+    _same_device(op, "ids", ids, "table", table)
+    _ndim(op, "table", table, 2)
+    vocab = table.shape[0]
+    bad = _first_bad((ids < 0) | (ids >= vocab))
+    if bad is not None:
+        raise InvalidArgumentError(
+            f"{op}: ids[{bad}] = {int(ids.reshape(-1)[bad])} is outside [0, {vocab})")
+    flat = ids.reshape(-1).long()
+    if table_format == 0:
+        _float(op, "table", table)
+        if dtype is not None and dtype != table.dtype:
+            raise UnsupportedDtypeError(
+                f"{op}: a dense table's rows are copied exactly: dtype must be the table's ({_dname(table)})")
+        rows = table.index_select(0, flat)
+        out_dtype = table.dtype
+    else:
+        out_dtype = dtype if dtype is not None else torch.float32
+        if out_dtype not in _FLOATS[:3]:
+            raise UnsupportedDtypeError(f"{op}: out has dtype {out_dtype}; expected one of: fp16, bf16, fp32")
+        rows = _decode(op, "table", table.index_select(0, flat), table_format).to(out_dtype)
+    return rows.reshape(*ids.shape, rows.shape[-1]).to(out_dtype)
+
+
+def dequantize(packed: torch.Tensor, qtype: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    op = "dequantize"
+    _tensor(op, "packed", packed)
+    if dtype not in _FLOATS[:3]:
+        raise UnsupportedDtypeError(f"{op}: out has dtype {dtype}; expected one of: fp16, bf16, fp32")
+    return _decode(op, "packed", packed, qtype).to(dtype)
+
+
+def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    op = "gemm"
+    _tensor(op, "a", a), _tensor(op, "b", b)
+    _float(op, "a", a)
+    _same_dtype(op, "b", b, "a", a)
+    _same_device(op, "b", b, "a", a)
+    _ndim(op, "a", a, 2)
+    _ndim(op, "b", b, 2)
+    _nonempty_last(op, "a", a)
+    if b.shape[1] != a.shape[1]:
+        raise InvalidArgumentError(f"{op}: b must have shape (N, {a.shape[1]}) to match a's K; got {_shape(b.shape)}")
+    acc = _acc(a)
+    with _no_autocast(a):
+        return (a.to(acc) @ b.to(acc).T).to(a.dtype)
+
+
+def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Tensor:
+    op = "quant_matmul"
+    _tensor(op, "x", x), _tensor(op, "weight", weight)
+    _float(op, "x", x)
+    _same_device(op, "weight", weight, "x", x)
+    _ndim(op, "x", x, 2)
+    _nonempty_last(op, "x", x)
+    w = _decode(op, "weight", weight, qtype, cols=x.shape[1])
+    acc = _acc(x)
+    with _no_autocast(x):
+        return (x.to(acc) @ w.to(acc).T).to(x.dtype)
+
+
+def rotary_embedding(q: torch.Tensor, k: Optional[torch.Tensor], positions: torch.Tensor,
+                     rotary_dim: int, theta: float = 10000.0, is_neox: bool = True) -> None:
+    op = "rotary_embedding"
+    _tensor(op, "q", q), _tensor(op, "positions", positions)
+    _float(op, "q", q)
+    _index(op, "positions", positions)
+    _same_device(op, "positions", positions, "q", q)
+    _ndim(op, "q", q, 3)
+    _ndim(op, "positions", positions, 1)
+    t_count, _, head_dim = q.shape
+    if head_dim == 0:
+        raise InvalidArgumentError(f"{op}: q's head_dim must be > 0")
+    _require_shape(op, "positions", positions, (t_count,), "one position per token of q")
+    if k is not None:
+        _tensor(op, "k", k)
+        _same_dtype(op, "k", k, "q", q)
+        _same_device(op, "k", k, "q", q)
+        _ndim(op, "k", k, 3)
+        if k.shape[0] != t_count or k.shape[2] != head_dim:
+            raise InvalidArgumentError(
+                f"{op}: k must have shape (num_tokens, num_kv_heads, head_dim) = ({t_count}, *, {head_dim}); "
+                f"got {_shape(k.shape)}")
+        _no_overlap(op, "q", q, "k", k)
+    rd = int(rotary_dim)
+    if rd <= 0 or rd > head_dim or rd % 2:
+        raise InvalidArgumentError(f"{op}: rotary_dim must be even and in (0, head_dim={head_dim}]; got {rotary_dim}")
+    if not math.isfinite(theta) or not theta > 1.0:
+        raise InvalidArgumentError(f"{op}: theta must be finite and > 1; got {theta}")
+    half = rd // 2
+    i = torch.arange(half, dtype=torch.float64, device=q.device)
+    inv_freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64, device=q.device),
+                         -2.0 * i / rd).to(torch.float32)
+    angle = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # FP32 product
+    c = torch.cos(angle)[:, None, :]
+    s = torch.sin(angle)[:, None, :]
+    for t in (q, k):
+        if t is None or t.shape[1] == 0:
+            continue
+        acc = _acc(t)
+        tf = t[..., :rd].to(acc)
+        if is_neox:
+            a, b = tf[..., :half], tf[..., half:]
+        else:
+            a, b = tf[..., 0::2], tf[..., 1::2]
+        na = a * c.to(acc) - b * s.to(acc)
+        nb = b * c.to(acc) + a * s.to(acc)
+        if is_neox:
+            t[..., :half].copy_(na)
+            t[..., half:rd].copy_(nb)
+        else:
+            t[..., 0:rd:2].copy_(na)
+            t[..., 1:rd:2].copy_(nb)
+
+
+def _check_cache(op: str, name: str, c: torch.Tensor, kvh: int, hd: int) -> None:
+    _ndim(op, name, c, 4)
+    if c.shape[2] != kvh or c.shape[3] != hd:
+        raise InvalidArgumentError(
+            f"{op}: {name} must have shape (num_blocks, block_size, {kvh}, {hd}); got {_shape(c.shape)}")
+
+
+def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    op = "kv_cache_append"
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v), ("slot_mapping", slot_mapping)):
+        _tensor(op, name, t)
+    _float(op, "k", k)
+    _same_dtype(op, "v", v, "k", k)
+    _same_dtype(op, "k_cache", k_cache, "k", k)
+    _same_dtype(op, "v_cache", v_cache, "k", k)
+    _index(op, "slot_mapping", slot_mapping)
+    for name, t in (("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("slot_mapping", slot_mapping)):
+        _same_device(op, name, t, "k", k)
+    _ndim(op, "k", k, 3)
+    _ndim(op, "slot_mapping", slot_mapping, 1)
+    n = slot_mapping.shape[0]
+    kvh, hd = k.shape[1], k.shape[2]
+    if k.shape[0] < n:
+        raise InvalidArgumentError(f"{op}: k has {k.shape[0]} tokens but slot_mapping has {n}")
+    _require_shape(op, "v", v, k.shape, "same as k")
+    _check_cache(op, "k_cache", k_cache, kvh, hd)
+    _require_shape(op, "v_cache", v_cache, k_cache.shape, "same as k_cache")
+    _no_overlap(op, "k_cache", k_cache, "v_cache", v_cache)
+    for name, t in (("k", k), ("v", v), ("slot_mapping", slot_mapping)):
+        _no_overlap(op, "k_cache", k_cache, name, t)
+        _no_overlap(op, "v_cache", v_cache, name, t)
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
+    slots = slot_mapping.long()
+    bad = _first_bad((slots < -1) | (slots >= num_slots))
+    if bad is not None:
+        raise InvalidArgumentError(
+            f"{op}: slot_mapping[{bad}] = {int(slots[bad])} is outside [-1, {num_slots})")
+    if n == 0 or kvh * hd == 0:
+        return
+    keep = slots >= 0
+    dst = slots[keep]
+    k_cache.view(num_slots, kvh, hd)[dst] = k[:n][keep]
+    v_cache.view(num_slots, kvh, hd)[dst] = v[:n][keep]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_ids: Optional[torch.Tensor], context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    op = "paged_attention"
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("context_lens", context_lens)):
+        _tensor(op, name, t)
+    _float(op, "q", q)
+    _same_dtype(op, "k_cache", k_cache, "q", q)
+    _same_dtype(op, "v_cache", v_cache, "q", q)
+    _index(op, "block_tables", block_tables, (torch.int32,))
+    _index(op, "context_lens", context_lens, (torch.int32,))
+    if seq_ids is not None:
+        _tensor(op, "seq_ids", seq_ids)
+        _index(op, "seq_ids", seq_ids, (torch.int32,))
+        _same_device(op, "seq_ids", seq_ids, "q", q)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                    ("context_lens", context_lens)):
+        _same_device(op, name, t, "q", q)
+    _ndim(op, "q", q, 3)
+    n_tok, n_heads, hd = q.shape
+    if hd == 0 or n_heads == 0:
+        raise InvalidArgumentError(f"{op}: q must have num_heads > 0 and head_dim > 0")
+    _ndim(op, "k_cache", k_cache, 4)
+    kvh = k_cache.shape[2]
+    _check_cache(op, "k_cache", k_cache, kvh, hd)
+    _require_shape(op, "v_cache", v_cache, k_cache.shape, "same as k_cache")
+    if kvh == 0 or n_heads % kvh:
+        raise InvalidArgumentError(f"{op}: num_heads ({n_heads}) must be a multiple of num_kv_heads ({kvh})")
+    n_blocks, bsz = k_cache.shape[0], k_cache.shape[1]
+    _ndim(op, "block_tables", block_tables, 2)
+    n_seqs, max_blocks = block_tables.shape
+    _require_shape(op, "context_lens", context_lens, (n_tok,), "one per query token")
+    if seq_ids is not None:
+        _require_shape(op, "seq_ids", seq_ids, (n_tok,), "one per query token")
+        seq = seq_ids.long()
+    else:
+        if n_seqs != n_tok:
+            raise InvalidArgumentError(
+                f"{op}: without seq_ids, block_tables needs one row per query token ({n_tok}); "
+                f"got {_shape(block_tables.shape)}")
+        seq = torch.arange(n_tok, device=q.device)
+    if not math.isfinite(scale):
+        raise InvalidArgumentError(f"{op}: scale must be finite")
+    ctx = context_lens.long()
+    bad = _first_bad((seq < 0) | (seq >= n_seqs))
+    if bad is not None:
+        raise InvalidArgumentError(f"{op}: seq_ids[{bad}] = {int(seq[bad])} is outside [0, {n_seqs})")
+    cap = max_blocks * bsz
+    bad = _first_bad((ctx < 0) | (ctx > cap))
+    if bad is not None:
+        raise InvalidArgumentError(
+            f"{op}: context_lens[{bad}] = {int(ctx[bad])} is outside [0, max_blocks_per_seq * block_size = {cap}]")
+    acc = _acc(q)
+    length = int(ctx.max()) if n_tok else 0
+    if n_tok == 0 or length == 0:
+        return torch.zeros_like(q)
+    j = torch.arange(length, device=q.device)
+    blocks = block_tables.long()[seq][:, j // bsz]  # [T, L]
+    visible = j[None, :] < ctx[:, None]  # [T, L]
+    bad_blk = visible & ((blocks < 0) | (blocks >= n_blocks))
+    if bool(bad_blk.any()):
+        t_idx, j_idx = (int(v) for v in bad_blk.nonzero()[0])
+        s_idx, b_idx = int(seq[t_idx]), j_idx // bsz
+        raise InvalidArgumentError(
+            f"{op}: block_tables[{s_idx}, {b_idx}] = {int(block_tables[s_idx, b_idx])} is outside [0, {n_blocks})")
+    slots = torch.where(visible, blocks * bsz + j % bsz, torch.zeros_like(blocks))
+    group = n_heads // kvh
+    keys = k_cache.reshape(-1, kvh, hd)[slots].to(acc).repeat_interleave(group, dim=2)  # [T, L, H, D]
+    vals = v_cache.reshape(-1, kvh, hd)[slots].to(acc).repeat_interleave(group, dim=2)
+    with _no_autocast(q):
+        scores = torch.einsum("thd,tlhd->thl", q.to(acc), keys) * scale
+        scores = scores.masked_fill(~visible[:, None, :], float("-inf"))
+        p = torch.softmax(scores, dim=-1)
+        p = torch.where((ctx > 0)[:, None, None], p, torch.zeros_like(p))
+        out = torch.einsum("thl,tlhd->thd", p, vals)
+    return out.to(q.dtype)

@@ -1,0 +1,455 @@
+// kernscope._C: the nanobind extension under the Python package (python/kernscope).
+//
+// Every op binding takes a tuple of tensor objects in the C ABI's argument order
+// (outputs first), imports each one zero-copy, calls the ks_* entry point with
+// the GIL released, and raises the package's exception classes on failure.
+// Nothing here allocates tensors: python/kernscope/_ops.py allocates outputs in
+// the caller's framework and passes them in.
+//
+// How a tensor object is imported, fastest first:
+//  1. type(obj).__dlpack_c_exchange_api__ (the DLPack >= 1.2 C exchange table,
+//     e.g. torch >= 2.10): a DLTensor is filled in place (no allocation, no
+//     sync), and the launch stream is the producer's current work stream on the
+//     tensors' device, which is what CUDA-graph capture and torch streams need.
+//  2. obj.__dlpack__(stream=S, max_version=(1, 0)), retried without max_version
+//     for producers older than DLPack 1.0. S is the stream hint from Python (None
+//     for host arrays): the producer orders its pending work before S, and the
+//     op is launched on S (1 = the legacy default stream, 2 = per-thread).
+//
+// bf16 numpy arrays (ml_dtypes) cannot be exported through numpy's __dlpack__;
+// Python passes them as uint16 views and sets their bit in `bf16_mask`, and the
+// import relabels those tensors as bfloat16.
+#include <dlfcn.h>
+#include <nanobind/nanobind.h>
+
+#include <kernscope/kernscope.h>
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+namespace nb = nanobind;
+
+namespace {
+
+// ---- DLPack 1.x structures ---------------------------------------------------
+// The system dlpack.h may predate DLPack 1.0, so the versioned structures are
+// declared here, with the layout fixed by the DLPack specification (1.0-1.3).
+struct DLVersion {
+  uint32_t major;
+  uint32_t minor;
+};
+struct DLManagedTensorV1 {
+  DLVersion version;
+  void* manager_ctx;
+  void (*deleter)(DLManagedTensorV1* self);
+  uint64_t flags;
+  DLTensor dl_tensor;
+};
+constexpr uint64_t kFlagReadOnly = 1ull << 0;
+constexpr uint64_t kFlagIsCopied = 1ull << 1;
+
+struct ExchangeHeader {
+  DLVersion version;
+  ExchangeHeader* prev_api;
+};
+struct ExchangeAPI {  // DLPackExchangeAPI (DLPack 1.2+)
+  ExchangeHeader header;
+  int (*managed_tensor_allocator)(DLTensor*, DLManagedTensorV1**, void*, void (*)(void*, const char*, const char*));
+  int (*managed_tensor_from_py_object_no_sync)(void* py_object, DLManagedTensorV1** out);
+  int (*managed_tensor_to_py_object_no_sync)(DLManagedTensorV1* tensor, void** out_py_object);
+  int (*dltensor_from_py_object_no_sync)(void* py_object, DLTensor* out);
+  int (*current_work_stream)(DLDeviceType device_type, int32_t device_id, void** out_stream);
+};
+
+// ---- errors --------------------------------------------------------------------
+// Python classes per ks_status_t, installed by kernscope._errors at import.
+std::array<PyObject*, 8> g_error_class{};
+
+[[noreturn]] void raise(PyObject* cls, const std::string& msg) {
+  PyErr_SetString(cls, msg.c_str());
+  throw nb::python_error();
+}
+
+[[noreturn]] void raise_status(ks_status_t st) {
+  std::string msg = ks_last_error();
+  if (msg.empty()) msg = ks_status_name(st);
+  PyObject* cls = (st > 0 && size_t(st) < g_error_class.size() && g_error_class[st]) ? g_error_class[st]
+                                                                                      : PyExc_RuntimeError;
+  raise(cls, msg);
+}
+
+// The current Python exception's "Type: message", cleared.
+std::string take_python_error() {
+  nb::python_error e;  // fetches and clears the error indicator
+  return e.what();
+}
+
+ks_backend_t to_backend(int b) {
+  if (b < 0 || b > 2) raise(PyExc_ValueError, "backend code must be 0 (auto), 1 (cpu) or 2 (cuda)");
+  return static_cast<ks_backend_t>(b);
+}
+
+// ---- exchange API cache (per type; the types are kept alive) -----------------
+std::unordered_map<PyTypeObject*, const ExchangeAPI*> g_exchange;
+
+const ExchangeAPI* exchange_api(PyObject* obj) {
+  PyTypeObject* type = Py_TYPE(obj);
+  auto it = g_exchange.find(type);
+  if (it != g_exchange.end()) return it->second;
+  const ExchangeAPI* api = nullptr;
+  PyObject* attr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
+  if (attr == nullptr) {
+    PyErr_Clear();
+  } else {
+    const void* p = nullptr;
+    if (PyCapsule_CheckExact(attr))
+      p = PyCapsule_GetPointer(attr, "dlpack_exchange_api");
+    else if (PyLong_Check(attr))
+      p = PyLong_AsVoidPtr(attr);
+    if (p == nullptr) PyErr_Clear();
+    Py_DECREF(attr);
+    // Walk to a major-1 table (a newer major keeps older ones on prev_api).
+    for (auto* h = static_cast<const ExchangeHeader*>(p); h != nullptr; h = h->prev_api) {
+      if (h->version.major == 1) {
+        auto* a = reinterpret_cast<const ExchangeAPI*>(h);
+        if (a->current_work_stream && (a->dltensor_from_py_object_no_sync || a->managed_tensor_from_py_object_no_sync))
+          api = a;
+        break;
+      }
+    }
+  }
+  Py_INCREF(type);
+  g_exchange.emplace(type, api);
+  return api;
+}
+
+// ---- one call's imported tensors -----------------------------------------------
+constexpr int kMaxTensors = 8;
+
+struct OpSpec {
+  const char* op;
+  int count;
+  std::array<const char*, kMaxTensors> names;
+  uint32_t writable;  // bit i: tensor i is written (outputs, in-place arguments)
+  uint32_t optional;  // bit i: tensor i may be None (passed to C as NULL)
+};
+
+PyObject* g_str_dlpack = nullptr;       // "__dlpack__"
+PyObject* g_kw_stream_max = nullptr;    // ("stream", "max_version")
+PyObject* g_kw_stream = nullptr;        // ("stream",)
+PyObject* g_max_version = nullptr;      // (1, 0)
+
+struct Slot {
+  DLTensor t{};
+  PyObject* capsule = nullptr;              // __dlpack__ export, alive until the call returns
+  DLManagedTensorV1* managed = nullptr;     // exchange-API managed export, deleted at the end
+  const ExchangeAPI* api = nullptr;
+  bool present = false;
+  Slot() = default;
+  Slot(const Slot&) = delete;
+  Slot& operator=(const Slot&) = delete;
+  ~Slot() {  // also runs when Call's constructor throws part-way
+    if (managed && managed->deleter) managed->deleter(managed);
+    Py_XDECREF(capsule);
+  }
+};
+
+class Call {
+ public:
+  Call(const OpSpec& spec, nb::handle tensors, nb::handle stream_hint, uint32_t bf16_mask)
+      : spec_(spec) {
+    if (!PyTuple_Check(tensors.ptr()) || PyTuple_GET_SIZE(tensors.ptr()) != spec.count)
+      raise(PyExc_TypeError, std::string(spec.op) + ": internal: expected a tuple of " +
+                                 std::to_string(spec.count) + " tensors");
+    for (int i = 0; i < spec.count; ++i) {
+      PyObject* obj = PyTuple_GET_ITEM(tensors.ptr(), i);
+      if (obj == Py_None) {
+        if (spec.optional & (1u << i)) continue;
+        raise(PyExc_TypeError, std::string(spec.op) + ": " + spec.names[i] + " must be a tensor, not None");
+      }
+      import(i, obj, stream_hint.ptr(), (bf16_mask >> i) & 1u);
+    }
+    stream_ = pick_stream(stream_hint.ptr());
+  }
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  DLTensor* operator[](int i) { return slots_[i].present ? &slots_[i].t : nullptr; }
+  ks_stream_t stream() const { return stream_; }
+  const char* op() const { return spec_.op; }
+
+ private:
+  std::string where(int i) const { return std::string(spec_.op) + ": " + spec_.names[i]; }
+
+  void import(int i, PyObject* obj, PyObject* hint, bool as_bf16) {
+    Slot& s = slots_[i];
+    const bool writable = (spec_.writable >> i) & 1u;
+    uint64_t flags = 0;
+    if (const ExchangeAPI* api = exchange_api(obj)) {
+      s.api = api;
+      if (api->dltensor_from_py_object_no_sync) {
+        if (api->dltensor_from_py_object_no_sync(obj, &s.t) != 0)
+          raise(PyExc_TypeError, where(i) + " cannot be exported through DLPack: " + take_python_error());
+      } else {
+        if (api->managed_tensor_from_py_object_no_sync(obj, &s.managed) != 0 || s.managed == nullptr)
+          raise(PyExc_TypeError, where(i) + " cannot be exported through DLPack: " + take_python_error());
+        s.t = s.managed->dl_tensor;
+        flags = s.managed->flags;
+      }
+    } else {
+      s.capsule = export_capsule(i, obj, hint);
+      if (PyCapsule_IsValid(s.capsule, "dltensor_versioned")) {
+        auto* m = static_cast<DLManagedTensorV1*>(PyCapsule_GetPointer(s.capsule, "dltensor_versioned"));
+        if (m->version.major != 1)
+          raise(PyExc_TypeError, where(i) + ": unsupported DLPack major version " + std::to_string(m->version.major));
+        s.t = m->dl_tensor;
+        flags = m->flags;
+      } else if (PyCapsule_IsValid(s.capsule, "dltensor")) {
+        s.t = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(s.capsule, "dltensor"))->dl_tensor;
+      } else {
+        raise(PyExc_TypeError, where(i) + ": __dlpack__ did not return a DLPack capsule");
+      }
+    }
+    if (writable && (flags & kFlagReadOnly))
+      raise(PyExc_ValueError, where(i) + " is read-only; it is written by this op");
+    if (writable && (flags & kFlagIsCopied))
+      raise(PyExc_ValueError, where(i) + " was exported as a copy; it is written by this op and must be shared");
+    if (as_bf16) {
+      const DLDataType u16{kDLUInt, 16, 1};
+      if (s.t.dtype.code != u16.code || s.t.dtype.bits != u16.bits || s.t.dtype.lanes != u16.lanes)
+        raise(PyExc_TypeError, where(i) + ": internal: bf16 view is not uint16");
+      s.t.dtype = DLDataType{kDLBfloat, 16, 1};
+    }
+    s.present = true;
+  }
+
+  PyObject* export_capsule(int i, PyObject* obj, PyObject* hint) {
+    PyObject* args[3] = {obj, hint, g_max_version};
+    PyObject* cap = PyObject_VectorcallMethod(g_str_dlpack, args, 1, g_kw_stream_max);
+    if (cap == nullptr && PyErr_ExceptionMatches(PyExc_TypeError)) {
+      // A producer older than DLPack 1.0 rejects max_version: ask again without it.
+      PyErr_Clear();
+      cap = PyObject_VectorcallMethod(g_str_dlpack, args, 1, g_kw_stream);
+    }
+    if (cap == nullptr) {
+      if (PyErr_ExceptionMatches(PyExc_AttributeError)) {
+        PyErr_Clear();
+        raise(PyExc_TypeError, where(i) + " must be an array or tensor supporting DLPack (__dlpack__); got " +
+                                   Py_TYPE(obj)->tp_name);
+      }
+      if (PyErr_ExceptionMatches(PyExc_BufferError))
+        raise(PyExc_TypeError, where(i) + " cannot be exported through DLPack: " + take_python_error());
+      throw nb::python_error();
+    }
+    return cap;
+  }
+
+  // The launch stream: the producer's current work stream (exchange API) for the
+  // first device tensor, else the hint (None: the host, or the default stream).
+  ks_stream_t pick_stream(PyObject* hint) {
+    for (int i = 0; i < spec_.count; ++i) {
+      const Slot& s = slots_[i];
+      if (!s.present || !s.api) continue;
+      const DLDeviceType dt = s.t.device.device_type;
+      if (dt == kDLCPU || dt == kDLCUDAHost) continue;
+      void* stream = nullptr;
+      if (s.api->current_work_stream(dt, s.t.device.device_id, &stream) != 0)
+        raise(PyExc_RuntimeError, where(i) + ": cannot query the producer's current stream: " + take_python_error());
+      return stream;
+    }
+    if (hint == Py_None) return nullptr;
+    void* p = PyLong_AsVoidPtr(hint);
+    if (p == nullptr && PyErr_Occurred()) throw nb::python_error();
+    return p;
+  }
+
+  const OpSpec& spec_;
+  std::array<Slot, kMaxTensors> slots_;
+  ks_stream_t stream_ = nullptr;
+};
+
+// ---- CUDA stream sync for producers that keep no stream order with us ----------
+// (jax: its buffers are ordered on its own streams; the op runs on the legacy
+// stream, so the call waits for it.) Uses the driver API through dlopen, so the
+// extension needs no CUDA toolkit at build time.
+void cuda_stream_synchronize(ks_stream_t stream) {
+  using SyncFn = int (*)(void*);
+  using ErrFn = int (*)(int, const char**);
+  static SyncFn sync = nullptr;
+  static ErrFn err_name = nullptr;
+  if (sync == nullptr) {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) raise(g_error_class[KS_ERROR_CUDA], "cannot load libcuda.so.1 to synchronize the stream");
+    sync = reinterpret_cast<SyncFn>(dlsym(lib, "cuStreamSynchronize"));
+    err_name = reinterpret_cast<ErrFn>(dlsym(lib, "cuGetErrorString"));
+    if (sync == nullptr) raise(g_error_class[KS_ERROR_CUDA], "libcuda.so.1 has no cuStreamSynchronize");
+  }
+  int rc;
+  {
+    nb::gil_scoped_release nogil;
+    rc = sync(stream);
+  }
+  if (rc != 0) {
+    const char* s = nullptr;
+    if (err_name) err_name(rc, &s);
+    raise(g_error_class[KS_ERROR_CUDA], std::string("cuStreamSynchronize failed: ") + (s ? s : std::to_string(rc)));
+  }
+}
+
+template <class F>
+void run(Call& c, bool sync_after, F&& body) {
+  ks_status_t st;
+  {
+    nb::gil_scoped_release nogil;
+    st = body();
+  }
+  if (st != KS_SUCCESS) raise_status(st);
+  if (sync_after) cuda_stream_synchronize(c.stream());
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "kernscope C ABI bindings (internal; use the kernscope package)";
+  g_str_dlpack = PyUnicode_InternFromString("__dlpack__");
+  g_kw_stream_max = Py_BuildValue("(ss)", "stream", "max_version");
+  g_kw_stream = Py_BuildValue("(s)", "stream");
+  g_max_version = Py_BuildValue("(ii)", 1, 0);
+  for (auto& c : g_error_class) c = PyExc_RuntimeError;
+
+  m.def("_set_error_classes", [](nb::tuple classes) {
+    if (classes.size() != g_error_class.size()) raise(PyExc_ValueError, "need one class per ks_status_t");
+    for (size_t i = 0; i < g_error_class.size(); ++i) {
+      PyObject* c = classes[i].ptr();
+      Py_INCREF(c);
+      g_error_class[i] = c;  // kept for the life of the process
+    }
+  });
+
+  // ---- library --------------------------------------------------------------
+  m.def("version", [] { return std::string(ks_version()); });
+  m.def("last_error", [] { return std::string(ks_last_error()); });
+  m.def("status_name", [](int s) { return std::string(ks_status_name(static_cast<ks_status_t>(s))); });
+  m.def("backend_available", [](int b) { return ks_backend_available(to_backend(b)) != 0; });
+  m.def("qtype_info", [](int q) {
+    int64_t bs = 0, bb = 0;
+    const ks_status_t st = ks_qtype_info(static_cast<ks_qtype_t>(q), &bs, &bb);
+    if (st != KS_SUCCESS) raise_status(st);
+    return nb::make_tuple(bs, bb);
+  });
+  m.def("variants", [] {
+    nb::list out;
+    const size_t n = ks_variant_count();
+    for (size_t i = 0; i < n; ++i) {
+      ks_variant_info_t v{};
+      const ks_status_t st = ks_variant_info(i, &v);
+      if (st != KS_SUCCESS) raise_status(st);
+      out.append(nb::make_tuple(v.op, v.backend, v.name, v.dtypes, v.summary));
+    }
+    return out;
+  });
+  m.def("which", [](const std::string& op, const std::string& dtype, int backend) {
+    const char* variant = nullptr;
+    const char* reason = nullptr;
+    const ks_status_t st = ks_which(op.c_str(), dtype.c_str(), to_backend(backend), &variant, &reason);
+    if (st != KS_SUCCESS) raise_status(st);
+    return nb::make_tuple(std::string(variant ? variant : ""), std::string(reason ? reason : ""));
+  });
+  m.def("force_variant", [](nb::handle op, nb::handle variant) {
+    std::string o, v;
+    const char* op_c = nullptr;
+    const char* var_c = nullptr;
+    if (!op.is_none()) op_c = (o = nb::cast<std::string>(op)).c_str();
+    if (!variant.is_none()) var_c = (v = nb::cast<std::string>(variant)).c_str();
+    const ks_status_t st = ks_force_variant(op_c, var_c);
+    if (st != KS_SUCCESS) raise_status(st);
+  });
+  m.def("cuda_stream_synchronize", [](uintptr_t stream) { cuda_stream_synchronize(reinterpret_cast<void*>(stream)); });
+
+  // ---- operators (tensors in C ABI order; see include/kernscope/kernscope.h) ---
+  // Common trailing arguments: backend code, stream hint (None or int), bf16 mask,
+  // sync_after (wait for the stream after the call).
+#define KS_ARGS int backend, nb::handle hint, uint32_t bf16, bool sync
+  m.def("rms_norm", [](nb::tuple t, double eps, KS_ARGS) {
+    static const OpSpec spec{"rms_norm", 3, {"out", "x", "weight"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_rms_norm(c[0], c[1], c[2], eps, to_backend(backend), c.stream()); });
+  });
+  m.def("fused_add_rms_norm", [](nb::tuple t, double eps, KS_ARGS) {
+    static const OpSpec spec{"fused_add_rms_norm", 3, {"x", "residual", "weight"}, 0b11, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_fused_add_rms_norm(c[0], c[1], c[2], eps, to_backend(backend), c.stream()); });
+  });
+  m.def("silu_and_mul", [](nb::tuple t, KS_ARGS) {
+    static const OpSpec spec{"silu_and_mul", 2, {"out", "x"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_silu_and_mul(c[0], c[1], to_backend(backend), c.stream()); });
+  });
+  m.def("gemv", [](nb::tuple t, KS_ARGS) {
+    static const OpSpec spec{"gemv", 3, {"out", "x", "weight"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_gemv(c[0], c[1], c[2], to_backend(backend), c.stream()); });
+  });
+  m.def("softmax", [](nb::tuple t, KS_ARGS) {
+    static const OpSpec spec{"softmax", 2, {"out", "x"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_softmax(c[0], c[1], to_backend(backend), c.stream()); });
+  });
+  m.def("argmax", [](nb::tuple t, KS_ARGS) {
+    static const OpSpec spec{"argmax", 2, {"out", "x"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_argmax(c[0], c[1], to_backend(backend), c.stream()); });
+  });
+  m.def("embedding", [](nb::tuple t, int table_format, KS_ARGS) {
+    static const OpSpec spec{"embedding", 3, {"out", "ids", "table"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_embedding(c[0], c[1], c[2], static_cast<ks_qtype_t>(table_format), to_backend(backend), c.stream());
+    });
+  });
+  m.def("dequantize", [](nb::tuple t, int qtype, KS_ARGS) {
+    static const OpSpec spec{"dequantize", 2, {"out", "packed"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_dequantize(c[0], c[1], static_cast<ks_qtype_t>(qtype), to_backend(backend), c.stream());
+    });
+  });
+  m.def("gemm", [](nb::tuple t, KS_ARGS) {
+    static const OpSpec spec{"gemm", 3, {"out", "a", "b"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_gemm(c[0], c[1], c[2], to_backend(backend), c.stream()); });
+  });
+  m.def("quant_matmul", [](nb::tuple t, int qtype, KS_ARGS) {
+    static const OpSpec spec{"quant_matmul", 3, {"out", "x", "weight"}, 0b1, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), to_backend(backend), c.stream());
+    });
+  });
+  m.def("rotary_embedding", [](nb::tuple t, int64_t rotary_dim, double theta, bool is_neox, KS_ARGS) {
+    static const OpSpec spec{"rotary_embedding", 3, {"q", "k", "positions"}, 0b11, 0b10};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_rotary_embedding(c[0], c[1], c[2], rotary_dim, theta, is_neox ? 1 : 0, to_backend(backend),
+                                 c.stream());
+    });
+  });
+  m.def("kv_cache_append", [](nb::tuple t, KS_ARGS) {
+    static const OpSpec spec{"kv_cache_append", 5, {"k_cache", "v_cache", "k", "v", "slot_mapping"}, 0b11, 0};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_kv_cache_append(c[0], c[1], c[2], c[3], c[4], to_backend(backend), c.stream()); });
+  });
+  m.def("paged_attention", [](nb::tuple t, double scale, KS_ARGS) {
+    static const OpSpec spec{"paged_attention", 7,
+                             {"out", "q", "k_cache", "v_cache", "block_tables", "seq_ids", "context_lens"},
+                             0b1, 0b100000};
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_paged_attention(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, to_backend(backend), c.stream());
+    });
+  });
+#undef KS_ARGS
+}

@@ -1,0 +1,432 @@
+// The five core operators on CUDA: every hostile input from the CUDA issue,
+// compared with the CPU reference (backend cpu on host copies) and with FP64.
+// Outputs are poisoned (0xFF bytes: NaN in every dtype) before each launch.
+// Skipped when no CUDA device is present.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace {
+
+using kstest::Buf;
+using ks::DType;
+
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
+
+bool have_gpu() { return ks::backend_available(ks::Backend::Cuda); }
+#define NEED_GPU() \
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device"
+
+// A device allocation with `offset` bytes before the tensor data (offset views).
+struct DBuf {
+  DType dtype;
+  std::vector<int64_t> shape;
+  size_t offset = 0;
+  char* base = nullptr;
+  DBuf(DType dt, std::vector<int64_t> s, size_t off = 0) : dtype(dt), shape(std::move(s)), offset(off) {
+    const size_t n = nbytes() + off + 64;
+    if (cudaMalloc(&base, n) != cudaSuccess) base = nullptr;
+  }
+  ~DBuf() {
+    if (base) cudaFree(base);
+  }
+  DBuf(const DBuf&) = delete;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  size_t nbytes() const { return size_t(numel()) * ks::dtype_size(dtype); }
+  void* data() const { return base + offset; }
+  ks::TensorView view() const { return ks::TensorView(data(), dtype, shape, DLDevice{kDLCUDA, 0}); }
+  void upload(const Buf& h) { ASSERT_EQ(cudaMemcpy(data(), h.data(), nbytes(), cudaMemcpyHostToDevice), cudaSuccess); }
+  void download(Buf& h) const { ASSERT_EQ(cudaMemcpy(h.data(), data(), nbytes(), cudaMemcpyDeviceToHost), cudaSuccess); }
+  void poison() { ASSERT_EQ(cudaMemset(data(), 0xFF, nbytes()), cudaSuccess); }
+};
+
+// Compares a GPU result with the CPU reference result: both are within the
+// dtype tolerance of FP64, so they may differ by twice that.
+::testing::AssertionResult close_to_cpu(const Buf& gpu, const Buf& cpu, double extra_atol = 0) {
+  const double t = kstest::tol(gpu.dtype);
+  return kstest::allclose(gpu.values(), cpu.values(), 2 * t, 2 * t + extra_atol);
+}
+
+const std::vector<int64_t> kHidden = {1, 3, 127, 3420, 3584, 4097, 16384, 65536, 262144};
+
+struct Case {
+  DType dt;
+  size_t off;
+};
+std::vector<Case> cases() {
+  std::vector<Case> v;
+  for (DType d : kstest::float_dtypes())
+    for (size_t off : {size_t(0), ks::dtype_size(d)}) v.push_back({d, off});  // aligned; one element off 16 B
+  return v;
+}
+
+TEST(Cuda, RmsNormHiddenSizesOffsetsAgainstCpuAndFp64) {
+  NEED_GPU();
+  for (auto c : cases())
+    for (int64_t H : kHidden)
+      for (int64_t rows : {int64_t(1), int64_t(7)}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(c.dt)) + " H=" + std::to_string(H) + " rows=" + std::to_string(rows) +
+                     " off=" + std::to_string(c.off));
+        Buf x(c.dt, {rows, H}, c.off), w(c.dt, {H}, c.off), ref(c.dt, {rows, H}), got(c.dt, {rows, H});
+        kstest::fill_normal(x);
+        kstest::fill_normal(w);
+        DBuf dx(c.dt, {rows, H}, c.off), dw(c.dt, {H}, c.off), dout(c.dt, {rows, H}, c.off);
+        dx.upload(x);
+        dw.upload(w);
+        dout.poison();
+        ks::rms_norm(dout.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::rms_norm(ref.view(), x.view(), w.view(), 1e-6, ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref));
+        // FP64
+        std::vector<double> f64(size_t(rows * H));
+        for (int64_t r = 0; r < rows; ++r) {
+          double ss = 0;
+          for (int64_t i = 0; i < H; ++i) ss += x.get(r * H + i) * x.get(r * H + i);
+          const double sc = 1 / std::sqrt(ss / H + double(1e-6f));
+          for (int64_t i = 0; i < H; ++i) f64[size_t(r * H + i)] = x.get(r * H + i) * sc * w.get(i);
+        }
+        EXPECT_TRUE(kstest::allclose(got.values(), f64, kstest::tol(c.dt), kstest::tol(c.dt)));
+      }
+}
+
+TEST(Cuda, FusedAddRmsNormAgainstCpu) {
+  NEED_GPU();
+  for (auto c : cases())
+    for (int64_t H : {int64_t(1), int64_t(127), int64_t(3420), int64_t(4097), int64_t(8192), int64_t(65536), int64_t(262144)})
+      for (int64_t rows : {int64_t(1), int64_t(5)}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(c.dt)) + " H=" + std::to_string(H) + " off=" + std::to_string(c.off));
+        Buf x(c.dt, {rows, H}, c.off), r(c.dt, {rows, H}, c.off), w(c.dt, {H}, c.off);
+        kstest::fill_normal(x);
+        kstest::fill_normal(r);
+        kstest::fill_normal(w);
+        DBuf dx(c.dt, {rows, H}, c.off), dr(c.dt, {rows, H}, c.off), dw(c.dt, {H}, c.off);
+        dx.upload(x);
+        dr.upload(r);
+        dw.upload(w);
+        ks::fused_add_rms_norm(dx.view(), dr.view(), dw.view(), 1e-6, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        Buf gx(c.dt, {rows, H}), gr(c.dt, {rows, H});
+        dx.download(gx);
+        dr.download(gr);
+        ks::fused_add_rms_norm(x.view(), r.view(), w.view(), 1e-6, ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(gx, x));
+        // residual = round(x + r) is exact in both: bitwise equal
+        EXPECT_EQ(std::memcmp(gr.data(), r.data(), r.nbytes()), 0);
+      }
+}
+
+TEST(Cuda, SiluAndMulAgainstCpu) {
+  NEED_GPU();
+  for (auto c : cases())
+    for (int64_t D : {int64_t(1), int64_t(3), int64_t(127), int64_t(4097), int64_t(14336)})
+      for (int64_t rows : {int64_t(1), int64_t(16), int64_t(3)}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(c.dt)) + " D=" + std::to_string(D) + " off=" + std::to_string(c.off));
+        Buf x(c.dt, {rows, 2 * D}, c.off), ref(c.dt, {rows, D}), got(c.dt, {rows, D});
+        kstest::fill_normal(x, 3.0);
+        DBuf dx(c.dt, {rows, 2 * D}, c.off), dout(c.dt, {rows, D}, c.off);
+        dx.upload(x);
+        dout.poison();
+        ks::silu_and_mul(dout.view(), dx.view(), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::silu_and_mul(ref.view(), x.view(), ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref));
+      }
+}
+
+TEST(Cuda, GemvAgainstCpuAndReadOnlyAliasing) {
+  NEED_GPU();
+  for (auto c : cases())
+    for (auto [N, H] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 3}, {33, 127}, {512, 1024}, {300, 4097}, {64, 14336}}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(c.dt)) + " N=" + std::to_string(N) + " H=" + std::to_string(H));
+      Buf x(c.dt, {H}, c.off), w(c.dt, {N, H}, c.off), ref(c.dt, {N}), got(c.dt, {N});
+      kstest::fill_normal(x);
+      kstest::fill_normal(w);
+      DBuf dx(c.dt, {H}, c.off), dw(c.dt, {N, H}, c.off), dout(c.dt, {N}, c.off);
+      dx.upload(x);
+      dw.upload(w);
+      dout.poison();
+      ks::gemv(dout.view(), dx.view(), dw.view(), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      ks::gemv(ref.view(), x.view(), w.view(), ks::Backend::Cpu);
+      // dot products of H terms: allow the FP32 order bound on top (|x|,|w| ~ 1)
+      EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(H)) * 6e-8 * double(H)));
+      // x aliasing a row of weight (read-only): allowed
+      ks::TensorView xrow(static_cast<char*>(dw.data()) + (N - 1) * H * ks::dtype_size(c.dt), c.dt, {H},
+                          DLDevice{kDLCUDA, 0});
+      dout.poison();
+      ks::gemv(dout.view(), xrow, dw.view(), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      Buf xr(c.dt, {H});
+      std::memcpy(xr.data(), static_cast<const char*>(w.data()) + (N - 1) * H * ks::dtype_size(c.dt), xr.nbytes());
+      dout.download(got);
+      ks::gemv(ref.view(), xr.view(), w.view(), ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(H)) * 6e-8 * double(H)));
+    }
+}
+
+TEST(Cuda, SoftmaxHiddenSizesAndClusterPath) {
+  NEED_GPU();
+  for (auto c : cases())
+    for (int64_t H : kHidden)
+      for (int64_t rows : {int64_t(1), int64_t(7), int64_t(64)}) {
+        if (rows == 64 && H < 65536) continue;
+        SCOPED_TRACE(std::string(ks::dtype_name(c.dt)) + " H=" + std::to_string(H) + " rows=" + std::to_string(rows) +
+                     " off=" + std::to_string(c.off));
+        Buf x(c.dt, {rows, H}, c.off), ref(c.dt, {rows, H}), got(c.dt, {rows, H});
+        kstest::fill_normal(x, 3.0);
+        DBuf dx(c.dt, {rows, H}, c.off), dout(c.dt, {rows, H}, c.off);
+        dx.upload(x);
+        dout.poison();
+        ks::softmax(dout.view(), dx.view(), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::softmax(ref.view(), x.view(), ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref)) << ks_last_launch_config("softmax");
+      }
+  // the anchor shapes that take the cluster path
+  for (auto [rows, H] : std::vector<std::pair<int64_t, int64_t>>{{64, 128256}, {256, 151936}}) {
+    Buf x(DType::BF16, {rows, H}), ref(DType::BF16, {rows, H}), got(DType::BF16, {rows, H});
+    kstest::fill_normal(x, 3.0);
+    DBuf dx(DType::BF16, {rows, H}), dout(DType::BF16, {rows, H});
+    dx.upload(x);
+    dout.poison();
+    ks::softmax(dout.view(), dx.view(), ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    std::printf("softmax %lldx%lld config: %s\n", (long long)rows, (long long)H, ks_last_launch_config("softmax"));
+    dout.download(got);
+    ks::softmax(ref.view(), x.view(), ks::Backend::Cpu);
+    EXPECT_TRUE(close_to_cpu(got, ref));
+  }
+}
+
+TEST(Cuda, SoftmaxNonFiniteRows) {
+  NEED_GPU();
+  const float inf = INFINITY, nan = NAN;
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t H : {int64_t(5), int64_t(4096), int64_t(131072)}) {
+      Buf x(dt, {5, H}), ref(dt, {5, H}), got(dt, {5, H});
+      kstest::fill_normal(x);
+      for (int64_t i = 0; i < H; ++i) x.set(0 * H + i, -inf);            // all -inf
+      x.set(1 * H + H / 2, nan);                                           // NaN
+      x.set(2 * H + H - 1, inf);                                           // +inf
+      for (int64_t i = 0; i < H; i += 2) x.set(3 * H + i, -inf);          // -inf mask mixed with finite
+      DBuf dx(dt, {5, H}), dout(dt, {5, H});
+      dx.upload(x);
+      dout.poison();
+      ks::softmax(dout.view(), dx.view(), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      ks::softmax(ref.view(), x.view(), ks::Backend::Cpu);
+      for (int64_t i = 0; i < H; ++i) {
+        ASSERT_TRUE(std::isnan(got.get(0 * H + i)));
+        ASSERT_TRUE(std::isnan(got.get(1 * H + i)));
+        ASSERT_TRUE(std::isnan(got.get(2 * H + i)));
+        if (i % 2 == 0) ASSERT_EQ(got.get(3 * H + i), 0.0);
+      }
+      EXPECT_TRUE(close_to_cpu(got, ref));
+    }
+}
+
+TEST(Cuda, RmsNormFp16NearMaxDoesNotOverflow) {
+  NEED_GPU();
+  const int64_t H = 4096;
+  Buf x(DType::F16, {2, H}), w(DType::F16, {H}), got(DType::F16, {2, H}), ref(DType::F16, {2, H});
+  kstest::fill_uniform(x, 60000, 65504);
+  kstest::fill_uniform(w, 0.5, 1.5);
+  DBuf dx(DType::F16, {2, H}), dw(DType::F16, {H}), dout(DType::F16, {2, H});
+  dx.upload(x);
+  dw.upload(w);
+  dout.poison();
+  ks::rms_norm(dout.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  dout.download(got);
+  ks::rms_norm(ref.view(), x.view(), w.view(), 1e-6, ks::Backend::Cpu);
+  for (int64_t i = 0; i < got.numel(); ++i) ASSERT_TRUE(std::isfinite(got.get(i)));
+  EXPECT_TRUE(close_to_cpu(got, ref));
+}
+
+TEST(Cuda, ZeroRowsLaunchNothingAndWriteNothing) {
+  NEED_GPU();
+  DBuf dx(DType::BF16, {0, 4096}), dw(DType::BF16, {4096}), dout(DType::BF16, {0, 4096});
+  EXPECT_NO_THROW(ks::rms_norm(dout.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cuda));
+  EXPECT_NO_THROW(ks::softmax(dout.view(), dx.view(), ks::Backend::Cuda));
+  DBuf dx2(DType::BF16, {0, 8}), do2(DType::BF16, {0, 4});
+  EXPECT_NO_THROW(ks::silu_and_mul(do2.view(), dx2.view(), ks::Backend::Cuda));
+  CK(cudaDeviceSynchronize());
+}
+
+TEST(Cuda, ValidationOnDeviceTensorsWritesNothing) {
+  NEED_GPU();
+  const int64_t H = 256;
+  Buf x(DType::BF16, {4, H}), w(DType::BF16, {H});
+  kstest::fill_normal(x);
+  kstest::fill_normal(w);
+  DBuf dx(DType::BF16, {4, H}), dr(DType::BF16, {4, H}), dw(DType::BF16, {H});
+  dx.upload(x);
+  dr.upload(x);
+  dw.upload(w);
+  // overlap: residual == x
+  EXPECT_THROW(ks::fused_add_rms_norm(dx.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cuda), ks::InvalidArgument);
+  Buf back(DType::BF16, {4, H});
+  dx.download(back);
+  EXPECT_EQ(std::memcmp(back.data(), x.data(), x.nbytes()), 0);
+  // host weight with device x: device mismatch
+  EXPECT_THROW(ks::rms_norm(dr.view(), dx.view(), w.view(), 1e-6, ks::Backend::Cuda), ks::UnsupportedDevice);
+  // device tensors on the CPU backend
+  EXPECT_THROW(ks::rms_norm(dr.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cpu), ks::UnsupportedDevice);
+}
+
+TEST(Cuda, BatchInvariantRows) {
+  NEED_GPU();
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t H : {int64_t(576), int64_t(4096), int64_t(4097)}) {
+      const int64_t R = 1024;
+      Buf x(dt, {R, H}), w(dt, {H});
+      kstest::fill_normal(x);
+      kstest::fill_normal(w);
+      DBuf dx(dt, {R, H}), dw(dt, {H}), dall(dt, {R, H}), done(dt, {1, H});
+      dx.upload(x);
+      dw.upload(w);
+      ks::rms_norm(dall.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cuda);
+      ks::TensorView row(static_cast<char*>(dx.data()) + 777 * H * ks::dtype_size(dt), dt, {1, H}, DLDevice{kDLCUDA, 0});
+      ks::rms_norm(done.view(), row, dw.view(), 1e-6, ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      Buf all(dt, {R, H}), one(dt, {1, H});
+      dall.download(all);
+      done.download(one);
+      EXPECT_EQ(std::memcmp(static_cast<char*>(all.data()) + 777 * H * ks::dtype_size(dt), one.data(), one.nbytes()), 0);
+    }
+}
+
+// More than 2^31 elements: int64 indexing end to end. Checked at rows around the
+// 2^31-element boundary and the last row.
+TEST(Cuda, MoreThan2Pow31Elements) {
+  NEED_GPU();
+  size_t free_b = 0, total_b = 0;
+  CK(cudaMemGetInfo(&free_b, &total_b));
+  const int64_t H = 16384, R = (int64_t(1) << 31) / H + 3;  // 2^31 + 3H elements
+  if (free_b < size_t(3) * R * H * 2 + (size_t(1) << 30)) GTEST_SKIP() << "needs ~13 GB of device memory";
+  DBuf dx(DType::BF16, {R, H}), dout(DType::BF16, {R, H}), dw(DType::BF16, {H});
+  ASSERT_NE(dx.base, nullptr);
+  ASSERT_NE(dout.base, nullptr);
+  // fill with a repeated random 1 MiB pattern (rows differ: 1 MiB is not a multiple of a row... it is: use an odd chunk)
+  const int64_t chunk = H * 63 + 5;  // elements; not a multiple of H, so rows differ
+  Buf pat(DType::BF16, {chunk}), w(DType::BF16, {H});
+  kstest::fill_normal(pat);
+  kstest::fill_normal(w);
+  dw.upload(w);
+  for (int64_t e = 0; e < R * H; e += chunk) {
+    const int64_t n = std::min(chunk, R * H - e);
+    CK(cudaMemcpy(static_cast<char*>(dx.data()) + e * 2, pat.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+  }
+  dout.poison();
+  ks::rms_norm(dout.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  for (int64_t r : {int64_t(0), (int64_t(1) << 31) / H - 1, (int64_t(1) << 31) / H, (int64_t(1) << 31) / H + 1, R - 1}) {
+    Buf xr(DType::BF16, {1, H}), got(DType::BF16, {1, H}), ref(DType::BF16, {1, H});
+    CK(cudaMemcpy(xr.data(), static_cast<char*>(dx.data()) + r * H * 2, H * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(got.data(), static_cast<char*>(dout.data()) + r * H * 2, H * 2, cudaMemcpyDeviceToHost));
+    ks::rms_norm(ref.view(), xr.view(), w.view(), 1e-6, ks::Backend::Cpu);
+    EXPECT_TRUE(close_to_cpu(got, ref)) << "row " << r;
+  }
+  // silu_and_mul over the same bytes viewed as [R, H] -> [R, H/2]
+  DBuf dsm(DType::BF16, {R, H / 2});
+  dsm.poison();
+  ks::silu_and_mul(dsm.view(), dx.view(), ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  for (int64_t r : {(int64_t(1) << 31) / H, R - 1}) {
+    Buf xr(DType::BF16, {1, H}), got(DType::BF16, {1, H / 2}), ref(DType::BF16, {1, H / 2});
+    CK(cudaMemcpy(xr.data(), static_cast<char*>(dx.data()) + r * H * 2, H * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(got.data(), static_cast<char*>(dsm.data()) + r * (H / 2) * 2, H, cudaMemcpyDeviceToHost));
+    ks::silu_and_mul(ref.view(), xr.view(), ks::Backend::Cpu);
+    EXPECT_TRUE(close_to_cpu(got, ref)) << "row " << r;
+  }
+  // softmax in place over > 2^31 elements
+  ks::softmax(dx.view(), dx.view(), ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  {
+    const int64_t r = R - 1;
+    Buf got(DType::BF16, {1, H});
+    CK(cudaMemcpy(got.data(), static_cast<char*>(dx.data()) + r * H * 2, H * 2, cudaMemcpyDeviceToHost));
+    double s = 0;
+    for (int64_t i = 0; i < H; ++i) s += got.get(i);
+    EXPECT_NEAR(s, 1.0, 0.02);
+  }
+}
+
+// All five ops captured in one CUDA graph on a non-default stream, replayed
+// twice; the replay results equal eager results bitwise (no host sync, no
+// allocation inside the ops, the caller's stream is used).
+TEST(Cuda, GraphCaptureAndReplay) {
+  NEED_GPU();
+  const int64_t R = 8, H = 4096, N = 1024;
+  const DType dt = DType::BF16;
+  Buf x(dt, {R, H}), w(dt, {H}), g(dt, {R, 2 * H}), wm(dt, {N, H});
+  kstest::fill_normal(x);
+  kstest::fill_normal(w);
+  kstest::fill_normal(g);
+  kstest::fill_normal(wm);
+  DBuf dx(dt, {R, H}), dw(dt, {H}), dres(dt, {R, H}), dg(dt, {R, 2 * H}), dwm(dt, {N, H}), o1(dt, {R, H}),
+      o2(dt, {R, H}), o3(dt, {R, H}), o4(dt, {N});
+  dx.upload(x);
+  dw.upload(w);
+  dg.upload(g);
+  dwm.upload(wm);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  auto body = [&] {
+    ks::rms_norm(o1.view(), dx.view(), dw.view(), 1e-6, ks::Backend::Cuda, s);
+    ks::softmax(o2.view(), o1.view(), ks::Backend::Cuda, s);
+    ks::silu_and_mul(o3.view(), dg.view(), ks::Backend::Cuda, s);
+    ks::gemv(o4.view(), ks::TensorView(o3.data(), dt, {H}, DLDevice{kDLCUDA, 0}), dwm.view(), ks::Backend::Cuda, s);
+  };
+  body();
+  CK(cudaStreamSynchronize(s));
+  Buf e1(dt, {R, H}), e2(dt, {R, H}), e3(dt, {R, H}), e4(dt, {N});
+  o1.download(e1);
+  o2.download(e2);
+  o3.download(e3);
+  o4.download(e4);
+  for (DBuf* b : {&o1, &o2, &o3, &o4}) b->poison();
+  CK(cudaDeviceSynchronize());
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  body();
+  // fused_add in place inside the graph too
+  CK(cudaMemcpyAsync(dres.data(), dx.data(), dx.nbytes(), cudaMemcpyDeviceToDevice, s));
+  ks::fused_add_rms_norm(o1.view(), dres.view(), dw.view(), 1e-6, ks::Backend::Cuda, s);
+  CK(cudaStreamEndCapture(s, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 2; ++rep) {
+    CK(cudaGraphLaunch(exec, s));
+    CK(cudaStreamSynchronize(s));
+  }
+  Buf r2(dt, {R, H}), r3(dt, {R, H}), r4(dt, {N});
+  o2.download(r2);
+  o3.download(r3);
+  o4.download(r4);
+  EXPECT_EQ(std::memcmp(r2.data(), e2.data(), e2.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(r3.data(), e3.data(), e3.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(r4.data(), e4.data(), e4.nbytes()), 0);
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(s));
+}
+
+}  // namespace
