@@ -8,7 +8,8 @@
 #          nodejs package puts them in /usr/include/node) nothing is installed: Debian's
 #          libnode-dev installs the same paths and conflicts with that package. Otherwise
 #          Debian's nodejs + libnode-dev (a matching pair) are installed.
-#   cargo  only if no cargo is on the PATH: Debian's cargo (the crates need Rust >= 1.63).
+#   cargo  only if no cargo is on the PATH: Debian's cargo (the crates build with Rust >= 1.63).
+#   tsc    Debian's node-typescript, to type-check bindings/node/index.d.ts (test/types.ts).
 set -euo pipefail
 
 have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
@@ -31,7 +32,10 @@ if ! node_headers >/dev/null; then
   have_pkg libnode-dev || missing+=(libnode-dev)
   command -v node >/dev/null 2>&1 || have_pkg nodejs || missing+=(nodejs)
 fi
-if ! command -v cargo >/dev/null 2>&1 && ! have_pkg cargo; then missing+=(cargo); fi
+if ! command -v cargo >/dev/null 2>&1 && ! have_pkg cargo && [ ! -x "${HOME:-/root}/.cargo/bin/cargo" ]; then
+  missing+=(cargo)
+fi
+command -v tsc >/dev/null 2>&1 || have_pkg node-typescript || missing+=(node-typescript)
 command -v cmake >/dev/null 2>&1 || have_pkg cmake || missing+=(cmake)
 command -v cc >/dev/null 2>&1 || have_pkg gcc || missing+=(gcc)
 
@@ -43,7 +47,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
-  echo "setup_bindings: go, node headers and cargo present"
+  echo "setup_bindings: go, node headers, cargo and tsc present"
 fi
 
 # The addon is built against the headers' Node-API; the node binary must support that version.
@@ -60,4 +64,4 @@ if [ "${node_ver%%.*}" != "${hdr_ver%%.*}" ]; then
   echo "setup_bindings: note: node $node_ver and headers $hdr_ver differ in major version (fine for Node-API 8)"
 fi
 go version
-cargo --version
+if command -v cargo >/dev/null 2>&1; then cargo --version; else "${HOME:-/root}/.cargo/bin/cargo" --version; fi

@@ -319,3 +319,15 @@ func TestViewsAreCheckedAgainstTheirSlices(t *testing.T) {
 	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "softmax")
 	untouched(t, out, 7)
 }
+
+func TestDevicePointersReachTheLibrary(t *testing.T) {
+	// Bogus addresses: every call here is rejected before any memory is touched.
+	p := ks.FromPointer(0x10000, ks.DTypeF32, ks.CUDA(0), 2, 5)
+	w := ks.FromPointer(0x20000, ks.DTypeF32, ks.CUDA(0), 5)
+	err := ks.RMSNorm(p, p, w, 1e-6, ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrUnsupportedDevice, ks.StatusUnsupportedDevice, "rms_norm")
+	if !ks.BackendAvailable(ks.BackendCUDA) {
+		err = ks.RMSNorm(p, p, w, 1e-6, ks.WithBackend(ks.BackendCUDA), ks.WithStream(0))
+		checkErr(t, err, ks.ErrBackendUnavailable, ks.StatusBackendUnavailable, "rms_norm")
+	}
+}

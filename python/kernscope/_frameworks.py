@@ -52,21 +52,22 @@ class Framework:
     """How to treat one kind of array. Subclasses override what differs."""
 
     name = "dlpack"
+    is_torch = False
 
     def is_device(self, x: Any) -> bool:
         """True when x lives on an accelerator (not host memory)."""
         dev = x.__dlpack_device__()
         return int(dev[0]) not in (1, 3)  # kDLCPU, kDLCUDAHost
 
-    def stream(self, x: Any) -> Tuple[Optional[int], bool]:
+    def stream(self, x: Any) -> Tuple[int, bool]:
         """(stream hint for __dlpack__ and the launch, wait for the stream after the call).
 
-        Host arrays: (None, False). Device arrays of a framework without a
+        Host arrays: (0, False). Device arrays of a framework without a
         stream API: the legacy default stream (1), and the call waits for it,
         since the producer keeps no stream order with us.
         """
         if not self.is_device(x):
-            return None, False
+            return 0, False
         return 1, True
 
     def prepare(self, tensors: tuple) -> Tuple[tuple, int]:
@@ -112,8 +113,8 @@ class Numpy(Framework):
     def is_device(self, x: Any) -> bool:
         return False
 
-    def stream(self, x: Any) -> Tuple[Optional[int], bool]:
-        return None, False
+    def stream(self, x: Any) -> Tuple[int, bool]:
+        return 0, False
 
     def _bf16(self) -> Any:
         if self._bf16_type is None:
@@ -155,6 +156,7 @@ class Numpy(Framework):
 
 class Torch(Framework):
     name = "torch"
+    is_torch = True
 
     def __init__(self) -> None:
         self._torch = torch = sys.modules["torch"]
@@ -168,9 +170,9 @@ class Torch(Framework):
     def is_device(self, x: Any) -> bool:
         return x.device.type != "cpu"
 
-    def stream(self, x: Any) -> Tuple[Optional[int], bool]:
+    def stream(self, x: Any) -> Tuple[int, bool]:
         if self._exchange or x.device.type != "cuda":
-            return None, False
+            return 0, False
         s = self._torch.cuda.current_stream(x.device).cuda_stream
         return (s if s else 1), False  # 1: the legacy default stream, torch's default
 
@@ -179,8 +181,12 @@ class Torch(Framework):
 
     def empty(self, like: Any, shape: tuple, dtype: Optional[str] = None) -> Any:
         if dtype is None:
-            return self._torch.empty(shape, dtype=like.dtype, device=like.device)
-        return self._torch.empty(shape, dtype=self._dtypes[dtype], device=like.device)
+            if shape is like.shape or shape == like.shape:
+                # empty_like keeps like's layout: contiguous here, since a strided
+                # input is rejected before the output is looked at.
+                return self._torch.empty_like(like)
+            return like.new_empty(shape)
+        return like.new_empty(shape, dtype=self._dtypes[dtype])
 
 
 class Cupy(Framework):
@@ -192,7 +198,7 @@ class Cupy(Framework):
     def is_device(self, x: Any) -> bool:
         return True
 
-    def stream(self, x: Any) -> Tuple[Optional[int], bool]:
+    def stream(self, x: Any) -> Tuple[int, bool]:
         with x.device:
             s = self._cp.cuda.get_current_stream().ptr
         return (s if s else 1), False  # cupy orders its own work on this stream

@@ -91,18 +91,28 @@ def _require_shape(op: str, name: str, t: torch.Tensor, shape, why: str) -> None
         raise InvalidArgumentError(f"{op}: {name} must have shape {_shape(shape)} ({why}); got {_shape(t.shape)}")
 
 
+# Rounding to fp32 (nearest-even) gives 0 at or below 2^-150 and inf at or above
+# 2^128 - 2^103 (pure Python, so torch.compile traces it without a graph break).
+_FP32_ROUNDS_TO_ZERO = 2.0 ** -150
+_FP32_ROUNDS_TO_INF = 2.0 ** 128 - 2.0 ** 103
+
+
 def _eps(op: str, eps: float) -> float:
     e = float(eps)
     if not math.isfinite(e) or not e > 0.0:
         raise InvalidArgumentError(f"{op}: eps must be finite and > 0; got {eps}")
-    if not torch.tensor(e, dtype=torch.float32).item() > 0.0 or not math.isfinite(
-            torch.tensor(e, dtype=torch.float32).item()):
+    if e <= _FP32_ROUNDS_TO_ZERO or e >= _FP32_ROUNDS_TO_INF:
         raise InvalidArgumentError(f"{op}: eps must be representable as a positive finite fp32 value")
     return e
 
 
+def _compiling() -> bool:
+    return torch.compiler.is_compiling()
+
+
 def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.numel() == 0 or b.numel() == 0 or a.device != b.device:
+    # Data pointers are not traceable: under torch.compile the check is skipped.
+    if _compiling() or a.numel() == 0 or b.numel() == 0 or a.device != b.device:
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
@@ -127,6 +137,9 @@ def _no_autocast(t: torch.Tensor):
 
 
 def _first_bad(mask: torch.Tensor) -> Optional[int]:
+    # Data-dependent: skipped under torch.compile (no graph break, no host sync).
+    if _compiling():
+        return None
     flat = mask.reshape(-1)
     if not bool(flat.any()):
         return None
@@ -480,6 +493,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise InvalidArgumentError(
             f"{op}: context_lens[{bad}] = {int(ctx[bad])} is outside [0, max_blocks_per_seq * block_size = {cap}]")
     acc = _acc(q)
+    # The longest context sets the gather width (data-dependent: not for torch.compile).
     length = int(ctx.max()) if n_tok else 0
     if n_tok == 0 or length == 0:
         return torch.zeros_like(q)
@@ -487,7 +501,7 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     blocks = block_tables.long()[seq][:, j // bsz]  # [T, L]
     visible = j[None, :] < ctx[:, None]  # [T, L]
     bad_blk = visible & ((blocks < 0) | (blocks >= n_blocks))
-    if bool(bad_blk.any()):
+    if not _compiling() and bool(bad_blk.any()):
         t_idx, j_idx = (int(v) for v in bad_blk.nonzero()[0])
         s_idx, b_idx = int(seq[t_idx]), j_idx // bsz
         raise InvalidArgumentError(

@@ -21,6 +21,7 @@
 // import relabels those tensors as bfloat16.
 #include <dlfcn.h>
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/string.h>
 
 #include <kernscope/kernscope.h>
 
@@ -159,8 +160,10 @@ struct Slot {
 
 class Call {
  public:
-  Call(const OpSpec& spec, nb::handle tensors, nb::handle stream_hint, uint32_t bf16_mask)
-      : spec_(spec) {
+  // stream_hint: 0 = none (host arrays: __dlpack__(stream=None), launch on NULL);
+  // otherwise a CUDA stream handle (1 = legacy default, 2 = per-thread default).
+  Call(const OpSpec& spec, nb::handle tensors, uintptr_t stream_hint, uint32_t bf16_mask) : spec_(spec) {
+    nb::object hint = stream_hint ? nb::steal(PyLong_FromSize_t(stream_hint)) : nb::none();
     if (!PyTuple_Check(tensors.ptr()) || PyTuple_GET_SIZE(tensors.ptr()) != spec.count)
       raise(PyExc_TypeError, std::string(spec.op) + ": internal: expected a tuple of " +
                                  std::to_string(spec.count) + " tensors");
@@ -170,9 +173,9 @@ class Call {
         if (spec.optional & (1u << i)) continue;
         raise(PyExc_TypeError, std::string(spec.op) + ": " + spec.names[i] + " must be a tensor, not None");
       }
-      import(i, obj, stream_hint.ptr(), (bf16_mask >> i) & 1u);
+      import(i, obj, hint.ptr(), (bf16_mask >> i) & 1u);
     }
-    stream_ = pick_stream(stream_hint.ptr());
+    stream_ = pick_stream(stream_hint);
   }
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
@@ -249,7 +252,7 @@ class Call {
 
   // The launch stream: the producer's current work stream (exchange API) for the
   // first device tensor, else the hint (None: the host, or the default stream).
-  ks_stream_t pick_stream(PyObject* hint) {
+  ks_stream_t pick_stream(uintptr_t hint) {
     for (int i = 0; i < spec_.count; ++i) {
       const Slot& s = slots_[i];
       if (!s.present || !s.api) continue;
@@ -260,10 +263,7 @@ class Call {
         raise(PyExc_RuntimeError, where(i) + ": cannot query the producer's current stream: " + take_python_error());
       return stream;
     }
-    if (hint == Py_None) return nullptr;
-    void* p = PyLong_AsVoidPtr(hint);
-    if (p == nullptr && PyErr_Occurred()) throw nb::python_error();
-    return p;
+    return reinterpret_cast<ks_stream_t>(hint);
   }
 
   const OpSpec& spec_;
@@ -370,9 +370,9 @@ NB_MODULE(_C, m) {
   m.def("cuda_stream_synchronize", [](uintptr_t stream) { cuda_stream_synchronize(reinterpret_cast<void*>(stream)); });
 
   // ---- operators (tensors in C ABI order; see include/kernscope/kernscope.h) ---
-  // Common trailing arguments: backend code, stream hint (None or int), bf16 mask,
+  // Common trailing arguments: backend code, stream hint (0: none), bf16 mask,
   // sync_after (wait for the stream after the call).
-#define KS_ARGS int backend, nb::handle hint, uint32_t bf16, bool sync
+#define KS_ARGS int backend, uintptr_t hint, uint32_t bf16, bool sync
   m.def("rms_norm", [](nb::tuple t, double eps, KS_ARGS) {
     static const OpSpec spec{"rms_norm", 3, {"out", "x", "weight"}, 0b1, 0};
     Call c(spec, t, hint, bf16);

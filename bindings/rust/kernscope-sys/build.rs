@@ -21,7 +21,11 @@ fn main() {
         Some(d) => Some(PathBuf::from(d)),
         None => {
             let d = repo.join("build");
-            if d.join("libkernscope.so").exists() { Some(d) } else { None }
+            if d.join("libkernscope.so").exists() {
+                Some(d)
+            } else {
+                None
+            }
         }
     };
     if let Some(dir) = &lib_dir {
@@ -42,7 +46,11 @@ fn main() {
         println!("cargo:rerun-if-changed={}", header.display());
         for name in declared_functions(&h) {
             if !src.contains(&format!("fn {}(", name)) {
-                println!("cargo:warning=kernscope-sys: {} (declared in {}) has no extern declaration", name, header.display());
+                println!(
+                    "cargo:warning=kernscope-sys: {} (declared in {}) has no extern declaration",
+                    name,
+                    header.display()
+                );
             }
         }
     }
@@ -57,7 +65,7 @@ fn declared_functions(header: &str) -> Vec<String> {
             Some(i) if piece.as_bytes()[i] == b'(' => &piece[..i],
             _ => continue,
         };
-        if let Some(name) = head.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).filter(|s| !s.is_empty()).last() {
+        if let Some(name) = head.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).rfind(|s| !s.is_empty()) {
             if name.starts_with("ks_") {
                 out.push(name.to_string());
             }

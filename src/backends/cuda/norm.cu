@@ -44,8 +44,10 @@ __device__ __forceinline__ float row_group_sum(float v, float* red, int group, i
 constexpr int kWMax = 32;
 
 // FUSED = false: out = rms_norm(x). FUSED = true: s = x + residual; residual = s; x = rms_norm(s).
+// Cached variants (NV > 0) run at most 512 threads per CTA, so the compiler may
+// use up to 128 registers per thread and keeps the row without spilling.
 template <typename T, int VEC, int NV, bool FUSED>
-__global__ void __launch_bounds__(1024) norm_kernel(const NormParams p) {
+__global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormParams p) {
   __shared__ float red[kWMax * 8];
   const int tpr = p.warps_per_row * 32;
   const int group = threadIdx.x / tpr, lt = threadIdx.x % tpr;
@@ -64,10 +66,12 @@ __global__ void __launch_bounds__(1024) norm_kernel(const NormParams p) {
     float ss = 0.f;
     if constexpr (NV > 0) {
       float s[NV][VEC];
+      Vec<T, VEC> wv[NV];  // weights are loaded with the row: no second memory round trip
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
         if (active && idx < hv) {
+          wv[i] = load_vec<T, VEC>(w + idx * VEC);
           const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
           Vec<T, VEC> rv;
           if constexpr (FUSED) rv = load_vec<T, VEC>(r + off + idx * VEC);
@@ -90,10 +94,9 @@ __global__ void __launch_bounds__(1024) norm_kernel(const NormParams p) {
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
         if (active && idx < hv) {
-          const auto wv = load_vec<T, VEC>(w + idx * VEC);
           Vec<T, VEC> o;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) o.set(j, s[i][j] * scale * wv.f(j));
+          for (int j = 0; j < VEC; ++j) o.set(j, s[i][j] * scale * wv[i].f(j));
           store_vec<T, VEC>(out + off + idx * VEC, o);
         }
       }
@@ -146,15 +149,17 @@ struct NormConfig {
 
 // Shape -> launch configuration (documented in docs/cuda.md).
 NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, bool fused, int sm_count) {
+  (void)fused;
   NormConfig c{};
   c.vec = vec_ok ? 16 / es : 1;
   const int64_t hv = (H + c.vec - 1) / c.vec;
-  const int target_nv = fused ? 2 : 4;  // the fused kernel keeps FP32 sums: fewer per thread
-  c.warps_per_row = std::clamp(next_pow2((hv + 32 * target_nv - 1) / (32 * target_nv)), 1, kWMax);
-  const int64_t tpr = 32 * c.warps_per_row;
-  const int64_t need = (hv + tpr - 1) / tpr;
+  // About two vectors per thread (16 warps at most for the cached kernels);
+  // wider rows cache up to 8 per thread, beyond that two passes with 32 warps.
+  c.warps_per_row = std::clamp(next_pow2((hv + 63) / 64), 1, 16);
+  int64_t need = (hv + 32 * c.warps_per_row - 1) / (32 * c.warps_per_row);
   c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
   if (c.vec == 1 && c.nv > 4) c.nv = 0;  // scalar path: keep register arrays small
+  if (c.nv == 0) c.warps_per_row = 32;
   c.rows_per_cta = std::max(1, 4 / c.warps_per_row);
   const int64_t ctas = (rows + c.rows_per_cta - 1) / c.rows_per_cta;
   c.grid = int(std::min<int64_t>(ctas, int64_t(sm_count) * 64));

@@ -50,7 +50,7 @@ __device__ __forceinline__ float group_reduce(float v, float* red, int group, in
 }
 
 template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(1024) softmax_kernel(const SoftmaxParams p) {
+__global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const SoftmaxParams p) {
   __shared__ float red[kSmWMax * 8];
   const int tpr = p.warps_per_row * 32;
   const int group = threadIdx.x / tpr, lt = threadIdx.x % tpr;
@@ -113,6 +113,7 @@ __global__ void __launch_bounds__(1024) softmax_kernel(const SoftmaxParams p) {
     }
     sum = group_reduce<0>(sum, red, group, wir, p.warps_per_row, lane);
     if (!active) continue;
+    const float inv = 1.0f / sum;  // one IEEE division per row; e * inv is within 1 ulp of e / sum
     if constexpr (NV > 0) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
@@ -120,7 +121,7 @@ __global__ void __launch_bounds__(1024) softmax_kernel(const SoftmaxParams p) {
         if (idx < hv) {
           Vec<T, VEC> o;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] / sum);
+          for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] * inv);
           store_vec<T, VEC>(out + off + idx * VEC, o);
         }
       }
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(1024) softmax_kernel(const SoftmaxParams p) {
         const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
         Vec<T, VEC> o;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - mx) / sum);
+        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - mx) * inv);
         store_vec<T, VEC>(out + off + idx * VEC, o);
       }
     }
@@ -235,6 +236,7 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
   cluster.sync();
   float gs = 0.f;
   for (int r = 0; r < csize; ++r) gs += cluster.map_shared_rank(part, r)[0];
+  const float inv = 1.0f / gs;
   if constexpr (NV > 0) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -242,7 +244,7 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
       if (idx < v1) {
         Vec<T, VEC> o;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] / gs);
+        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] * inv);
         store_vec<T, VEC>(out + idx * VEC, o);
       }
     }
@@ -251,7 +253,7 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
       const auto xv = load_vec<T, VEC>(x + idx * VEC);
       Vec<T, VEC> o;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - gm) / gs);
+      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - gm) * inv);
       store_vec<T, VEC>(out + idx * VEC, o);
     }
   }
@@ -293,11 +295,12 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps&
     }
   }
   c.cluster = 1;
-  c.warps_per_row = std::clamp(pow2_at_least((hv + 127) / 128), 1, kSmWMax);
+  c.warps_per_row = std::clamp(pow2_at_least((hv + 63) / 64), 1, 16);
   const int64_t tpr = 32 * c.warps_per_row;
   const int64_t need = (hv + tpr - 1) / tpr;
   c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
   if (c.vec == 1 && c.nv > 4) c.nv = 0;
+  if (c.nv == 0) c.warps_per_row = 32;
   c.rows_per_cta = std::max(1, 4 / c.warps_per_row);
   c.threads = 32 * c.warps_per_row * c.rows_per_cta;
   c.grid = int(std::min<int64_t>((rows + c.rows_per_cta - 1) / c.rows_per_cta, int64_t(dp.sm_count) * 64));

@@ -143,7 +143,12 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
-    pub fn ks_silu_and_mul(out: *mut DLTensor, x: *const DLTensor, backend: ks_backend_t, stream: ks_stream_t) -> ks_status_t;
+    pub fn ks_silu_and_mul(
+        out: *mut DLTensor,
+        x: *const DLTensor,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     pub fn ks_gemv(
         out: *mut DLTensor,
         x: *const DLTensor,
@@ -151,7 +156,12 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
-    pub fn ks_softmax(out: *mut DLTensor, x: *const DLTensor, backend: ks_backend_t, stream: ks_stream_t) -> ks_status_t;
+    pub fn ks_softmax(
+        out: *mut DLTensor,
+        x: *const DLTensor,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
 
     // model-path operators
     pub fn ks_embedding(
@@ -215,7 +225,8 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
-    pub fn ks_argmax(out: *mut DLTensor, x: *const DLTensor, backend: ks_backend_t, stream: ks_stream_t) -> ks_status_t;
+    pub fn ks_argmax(out: *mut DLTensor, x: *const DLTensor, backend: ks_backend_t, stream: ks_stream_t)
+        -> ks_status_t;
 }
 
 #[cfg(test)]

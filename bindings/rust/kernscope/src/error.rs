@@ -95,7 +95,8 @@ impl Error {
     /// The error of a call that just returned `code` on this thread.
     pub(crate) fn last(status: Status) -> Error {
         let p = unsafe { sys::ks_last_error() };
-        let message = if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
+        let message =
+            if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
         Error { status, message }
     }
 }

@@ -140,7 +140,13 @@ pub fn variants() -> Result<Vec<VariantInfo>> {
     let n = unsafe { sys::ks_variant_count() };
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
-        let mut info = sys::ks_variant_info_t { op: ptr::null(), backend: ptr::null(), name: ptr::null(), dtypes: ptr::null(), summary: ptr::null() };
+        let mut info = sys::ks_variant_info_t {
+            op: ptr::null(),
+            backend: ptr::null(),
+            name: ptr::null(),
+            dtypes: ptr::null(),
+            summary: ptr::null(),
+        };
         check(unsafe { sys::ks_variant_info(i, &mut info) })?;
         out.push(VariantInfo {
             op: static_str(info.op),
@@ -175,7 +181,10 @@ pub fn force_variant(op: Option<&str>, variant: Option<&str>) -> Result<()> {
     let cop = op.map(|s| c_string("force_variant: op", s)).transpose()?;
     let cvar = variant.map(|s| c_string("force_variant: variant", s)).transpose()?;
     check(unsafe {
-        sys::ks_force_variant(cop.as_ref().map_or(ptr::null(), |s| s.as_ptr()), cvar.as_ref().map_or(ptr::null(), |s| s.as_ptr()))
+        sys::ks_force_variant(
+            cop.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+            cvar.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
+        )
     })
 }
 
@@ -231,7 +240,13 @@ impl Exec {
     }
 
     /// In place: `s = x + residual`; `residual = s`; `x = rms_norm(s) * weight`.
-    pub fn fused_add_rms_norm(&self, x: &mut TensorMut, residual: &mut TensorMut, weight: &Tensor, eps: f64) -> Result<()> {
+    pub fn fused_add_rms_norm(
+        &self,
+        x: &mut TensorMut,
+        residual: &mut TensorMut,
+        weight: &Tensor,
+        eps: f64,
+    ) -> Result<()> {
         let (mut xt, mut r, w) = (x.raw(), residual.raw(), weight.raw());
         check(unsafe { sys::ks_fused_add_rms_norm(&mut xt, &mut r, &w, eps, self.backend.raw(), self.stream) })
     }
@@ -299,11 +314,29 @@ impl Exec {
         let mut kt = k.map(|k| k.raw());
         let p = positions.raw();
         let kp = kt.as_mut().map_or(ptr::null_mut(), |k| k as *mut sys::DLTensor);
-        check(unsafe { sys::ks_rotary_embedding(&mut qt, kp, &p, rotary_dim, theta, is_neox as i32, self.backend.raw(), self.stream) })
+        check(unsafe {
+            sys::ks_rotary_embedding(
+                &mut qt,
+                kp,
+                &p,
+                rotary_dim,
+                theta,
+                is_neox as i32,
+                self.backend.raw(),
+                self.stream,
+            )
+        })
     }
 
     /// Writes k/v rows into a paged cache at `slot_mapping` (slot -1 skipped).
-    pub fn kv_cache_append(&self, k_cache: &mut TensorMut, v_cache: &mut TensorMut, k: &Tensor, v: &Tensor, slot_mapping: &Tensor) -> Result<()> {
+    pub fn kv_cache_append(
+        &self,
+        k_cache: &mut TensorMut,
+        v_cache: &mut TensorMut,
+        k: &Tensor,
+        v: &Tensor,
+        slot_mapping: &Tensor,
+    ) -> Result<()> {
         let (mut kc, mut vc, kt, vt, s) = (k_cache.raw(), v_cache.raw(), k.raw(), v.raw(), slot_mapping.raw());
         check(unsafe { sys::ks_kv_cache_append(&mut kc, &mut vc, &kt, &vt, &s, self.backend.raw(), self.stream) })
     }
@@ -325,7 +358,9 @@ impl Exec {
         let (qt, kc, vc, bt, cl) = (q.raw(), k_cache.raw(), v_cache.raw(), block_tables.raw(), context_lens.raw());
         let si = seq_ids.map(|s| s.raw());
         let sp = si.as_ref().map_or(ptr::null(), |s| s as *const sys::DLTensor);
-        check(unsafe { sys::ks_paged_attention(&mut o, &qt, &kc, &vc, &bt, sp, &cl, scale, self.backend.raw(), self.stream) })
+        check(unsafe {
+            sys::ks_paged_attention(&mut o, &qt, &kc, &vc, &bt, sp, &cl, scale, self.backend.raw(), self.stream)
+        })
     }
 
     /// `out[r]` (int64) = index of the maximum of `x[r, :]`.
@@ -380,11 +415,24 @@ pub fn quant_matmul(out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QTy
     Exec::default().quant_matmul(out, x, weight, qtype)
 }
 /// [`Exec::rotary_embedding`] on the automatic backend.
-pub fn rotary_embedding(q: &mut TensorMut, k: Option<&mut TensorMut>, positions: &Tensor, rotary_dim: i64, theta: f64, is_neox: bool) -> Result<()> {
+pub fn rotary_embedding(
+    q: &mut TensorMut,
+    k: Option<&mut TensorMut>,
+    positions: &Tensor,
+    rotary_dim: i64,
+    theta: f64,
+    is_neox: bool,
+) -> Result<()> {
     Exec::default().rotary_embedding(q, k, positions, rotary_dim, theta, is_neox)
 }
 /// [`Exec::kv_cache_append`] on the automatic backend.
-pub fn kv_cache_append(k_cache: &mut TensorMut, v_cache: &mut TensorMut, k: &Tensor, v: &Tensor, slot_mapping: &Tensor) -> Result<()> {
+pub fn kv_cache_append(
+    k_cache: &mut TensorMut,
+    v_cache: &mut TensorMut,
+    k: &Tensor,
+    v: &Tensor,
+    slot_mapping: &Tensor,
+) -> Result<()> {
     Exec::default().kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
 }
 /// [`Exec::paged_attention`] on the automatic backend.

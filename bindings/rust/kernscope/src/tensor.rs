@@ -117,10 +117,23 @@ impl Desc {
         if dtype.size_bytes() != size_of::<T>() {
             return Err(Error::new(
                 Status::UnsupportedDtype,
-                format!("tensor: dtype {} is {} bytes per element, the slice holds {}-byte elements", dtype, dtype.size_bytes(), size_of::<T>()),
+                format!(
+                    "tensor: dtype {} is {} bytes per element, the slice holds {}-byte elements",
+                    dtype,
+                    dtype.size_bytes(),
+                    size_of::<T>()
+                ),
             ));
         }
-        let d = Desc { data, dtype, device: Device::Cpu, shape: shape.to_vec(), strides: None, byte_offset: 0, capacity: Some(len * size_of::<T>()) };
+        let d = Desc {
+            data,
+            dtype,
+            device: Device::Cpu,
+            shape: shape.to_vec(),
+            strides: None,
+            byte_offset: 0,
+            capacity: Some(len * size_of::<T>()),
+        };
         d.check_extent()?;
         Ok(d)
     }
@@ -145,7 +158,7 @@ impl Desc {
         }
         // Number of elements spanned (the last reachable index + 1), with overflow checks.
         let mut span: u128 = 1;
-        if self.shape.iter().any(|&s| s == 0) {
+        if self.shape.contains(&0) {
             span = 0;
         } else {
             match &self.strides {
@@ -163,7 +176,10 @@ impl Desc {
         }
         let need = span * self.dtype.size_bytes() as u128 + self.byte_offset as u128;
         if need > cap as u128 {
-            return bad(format!("shape {:?} of {} needs {} bytes, the slice holds {}", self.shape, self.dtype, need, cap));
+            return bad(format!(
+                "shape {:?} of {} needs {} bytes, the slice holds {}",
+                self.shape, self.dtype, need, cap
+            ));
         }
         Ok(())
     }
@@ -227,7 +243,10 @@ macro_rules! view_common {
             /// as bf16 instead of fp16).
             pub fn with_dtype(mut self, dtype: DType) -> Result<Self> {
                 if dtype.size_bytes() != self.desc.dtype.size_bytes() {
-                    return Err(Error::new(Status::UnsupportedDtype, format!("tensor: cannot view {} as {}", self.desc.dtype, dtype)));
+                    return Err(Error::new(
+                        Status::UnsupportedDtype,
+                        format!("tensor: cannot view {} as {}", self.desc.dtype, dtype),
+                    ));
                 }
                 self.desc.dtype = dtype;
                 Ok(self)
@@ -305,8 +324,22 @@ impl<'a> Tensor<'a> {
     /// # Safety
     /// `data + byte_offset` must hold the tensor described, on `device`, and stay valid and
     /// unwritten by others for `'a`.
-    pub unsafe fn from_raw(data: *const c_void, dtype: DType, shape: &[i64], device: Device, byte_offset: u64) -> Tensor<'a> {
-        let desc = Desc { data: data as *mut c_void, dtype, device, shape: shape.to_vec(), strides: None, byte_offset, capacity: None };
+    pub unsafe fn from_raw(
+        data: *const c_void,
+        dtype: DType,
+        shape: &[i64],
+        device: Device,
+        byte_offset: u64,
+    ) -> Tensor<'a> {
+        let desc = Desc {
+            data: data as *mut c_void,
+            dtype,
+            device,
+            shape: shape.to_vec(),
+            strides: None,
+            byte_offset,
+            capacity: None,
+        };
         Tensor { desc, _borrow: PhantomData }
     }
 }
@@ -337,7 +370,13 @@ impl<'a> TensorMut<'a> {
 
     /// # Safety
     /// As [`Tensor::from_raw`], and nothing else may read or write the memory during `'a`.
-    pub unsafe fn from_raw(data: *mut c_void, dtype: DType, shape: &[i64], device: Device, byte_offset: u64) -> TensorMut<'a> {
+    pub unsafe fn from_raw(
+        data: *mut c_void,
+        dtype: DType,
+        shape: &[i64],
+        device: Device,
+        byte_offset: u64,
+    ) -> TensorMut<'a> {
         let desc = Desc { data, dtype, device, shape: shape.to_vec(), strides: None, byte_offset, capacity: None };
         TensorMut { desc, _borrow: PhantomData }
     }

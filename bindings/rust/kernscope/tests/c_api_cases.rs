@@ -36,8 +36,13 @@ fn version_status_backend() {
 #[test]
 fn rms_norm_matches_fp64() {
     let mut out = [f32::NAN; 10];
-    kernscope::rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6)
-        .unwrap();
+    kernscope::rms_norm(
+        &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
+        &Tensor::f32(&X, &[2, 5]).unwrap(),
+        &Tensor::f32(&W, &[5]).unwrap(),
+        1e-6,
+    )
+    .unwrap();
     assert_eq!(kernscope::last_error(), "");
     for (g, r) in out.iter().zip(rms_norm_ref(&X, &W, 1e-6)) {
         assert!(close(*g as f64, r, 1e-6), "{} vs {}", g, r);
@@ -47,7 +52,8 @@ fn rms_norm_matches_fp64() {
 #[test]
 fn rms_norm_in_place_and_fp16_bits() {
     let mut x = X;
-    kernscope::rms_norm_in_place(&mut TensorMut::f32(&mut x, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap();
+    kernscope::rms_norm_in_place(&mut TensorMut::f32(&mut x, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6)
+        .unwrap();
     for (g, r) in x.iter().zip(rms_norm_ref(&X, &W, 1e-6)) {
         assert!(close(*g as f64, r, 1e-6));
     }
@@ -86,7 +92,8 @@ fn softmax_silu_gemv_match_fp64() {
     // silu_and_mul: x [2, 2*D] -> out [2, D], D = 5 (odd)
     let mut s = [f32::NAN; 10];
     let x2: Vec<f32> = X.iter().chain(X.iter()).map(|v| v * 0.75).collect();
-    kernscope::silu_and_mul(&mut TensorMut::f32(&mut s, &[2, 5]).unwrap(), &Tensor::f32(&x2, &[2, 10]).unwrap()).unwrap();
+    kernscope::silu_and_mul(&mut TensorMut::f32(&mut s, &[2, 5]).unwrap(), &Tensor::f32(&x2, &[2, 10]).unwrap())
+        .unwrap();
     for r in 0..2 {
         for i in 0..5 {
             let g = x2[r * 10 + i] as f64;
@@ -97,7 +104,12 @@ fn softmax_silu_gemv_match_fp64() {
 
     // gemv: weight [2, 5] (X), x [5] (W)
     let mut g = [f32::NAN; 2];
-    kernscope::gemv(&mut TensorMut::f32(&mut g, &[2]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap()).unwrap();
+    kernscope::gemv(
+        &mut TensorMut::f32(&mut g, &[2]).unwrap(),
+        &Tensor::f32(&W, &[5]).unwrap(),
+        &Tensor::f32(&X, &[2, 5]).unwrap(),
+    )
+    .unwrap();
     for n in 0..2 {
         let (mut acc, mut abs) = (0.0f64, 0.0f64);
         for h in 0..5 {
@@ -114,8 +126,13 @@ fn fused_add_rms_norm_in_place() {
     let mut x = X;
     let mut res: Vec<f32> = X.iter().rev().map(|v| v * 0.5).collect();
     let res0 = res.clone();
-    kernscope::fused_add_rms_norm(&mut TensorMut::f32(&mut x, &[2, 5]).unwrap(), &mut TensorMut::f32(&mut res, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-5)
-        .unwrap();
+    kernscope::fused_add_rms_norm(
+        &mut TensorMut::f32(&mut x, &[2, 5]).unwrap(),
+        &mut TensorMut::f32(&mut res, &[2, 5]).unwrap(),
+        &Tensor::f32(&W, &[5]).unwrap(),
+        1e-5,
+    )
+    .unwrap();
     for r in 0..2 {
         let s: Vec<f64> = (0..5).map(|i| X[r * 5 + i] as f64 + res0[r * 5 + i] as f64).collect();
         let scale = 1.0 / (s.iter().map(|v| v * v).sum::<f64>() / 5.0 + 1e-5).sqrt();
@@ -129,7 +146,14 @@ fn fused_add_rms_norm_in_place() {
 #[test]
 fn invalid_argument_eps_zero_leaves_out_untouched() {
     let mut out = [7.0f32; 10];
-    let e = cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 0.0).unwrap_err();
+    let e = cpu()
+        .rms_norm(
+            &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
+            &Tensor::f32(&X, &[2, 5]).unwrap(),
+            &Tensor::f32(&W, &[5]).unwrap(),
+            0.0,
+        )
+        .unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("rms_norm") && e.message().contains("eps"), "{}", e);
     assert_eq!(e.to_string(), format!("KS_ERROR_INVALID_ARGUMENT: {}", e.message()));
@@ -141,7 +165,14 @@ fn invalid_argument_eps_zero_leaves_out_untouched() {
 fn unsupported_dtype_fp64_x() {
     let x64: Vec<f64> = X.iter().map(|&v| v as f64).collect();
     let mut out = [7.0f32; 10];
-    let e = cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::new(&x64, DType::F64, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap_err();
+    let e = cpu()
+        .rms_norm(
+            &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
+            &Tensor::new(&x64, DType::F64, &[2, 5]).unwrap(),
+            &Tensor::f32(&W, &[5]).unwrap(),
+            1e-6,
+        )
+        .unwrap_err();
     assert_eq!(e.status(), Status::UnsupportedDtype);
     assert!(e.message().contains("rms_norm") && e.message().contains("x"), "{}", e);
     assert!(out.iter().all(|&v| v == 7.0));
@@ -152,7 +183,9 @@ fn unsupported_device_weight_on_cuda() {
     let mut out = [7.0f32; 10];
     // The library rejects the device before touching any memory.
     let w = unsafe { Tensor::f32(&W, &[5]).unwrap().on_device(Device::Cuda(0)) };
-    let e = cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &w, 1e-6).unwrap_err();
+    let e = cpu()
+        .rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &w, 1e-6)
+        .unwrap_err();
     assert_eq!(e.status(), Status::UnsupportedDevice);
     assert!(e.message().contains("rms_norm") && e.message().contains("weight"), "{}", e);
     assert!(out.iter().all(|&v| v == 7.0));
@@ -176,10 +209,24 @@ fn unknown_variant_and_registry() {
     assert!(e.message().contains("rms_norm") && e.message().contains("no_such_variant"), "{}", e);
     // The failed pin changed nothing: selection is still automatic and ops run.
     let mut out = [7.0f32; 10];
-    cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap();
+    cpu()
+        .rms_norm(
+            &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
+            &Tensor::f32(&X, &[2, 5]).unwrap(),
+            &Tensor::f32(&W, &[5]).unwrap(),
+            1e-6,
+        )
+        .unwrap();
 
     kernscope::force_variant(Some("rms_norm"), Some("cpu_reference")).unwrap();
-    cpu().rms_norm(&mut TensorMut::f32(&mut out, &[2, 5]).unwrap(), &Tensor::f32(&X, &[2, 5]).unwrap(), &Tensor::f32(&W, &[5]).unwrap(), 1e-6).unwrap();
+    cpu()
+        .rms_norm(
+            &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
+            &Tensor::f32(&X, &[2, 5]).unwrap(),
+            &Tensor::f32(&W, &[5]).unwrap(),
+            1e-6,
+        )
+        .unwrap();
     kernscope::force_variant(None, None).unwrap();
 
     assert_eq!(kernscope::qtype_info(QType::Q4_1).unwrap(), (32, 20));
@@ -196,11 +243,21 @@ fn argmax_and_embedding_ids() {
     // Dense table [3, 2], int32 ids; an id out of range is rejected before any write.
     let table = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
     let mut out = [0.0f32; 4];
-    kernscope::embedding(&mut TensorMut::f32(&mut out, &[2, 2]).unwrap(), &Tensor::i32(&[2, 0], &[2]).unwrap(), &Tensor::f32(&table, &[3, 2]).unwrap(), QType::None)
-        .unwrap();
+    kernscope::embedding(
+        &mut TensorMut::f32(&mut out, &[2, 2]).unwrap(),
+        &Tensor::i32(&[2, 0], &[2]).unwrap(),
+        &Tensor::f32(&table, &[3, 2]).unwrap(),
+        QType::None,
+    )
+    .unwrap();
     assert_eq!(out, [5.0, 6.0, 1.0, 2.0]);
-    let e = kernscope::embedding(&mut TensorMut::f32(&mut out, &[2, 2]).unwrap(), &Tensor::i64(&[1, 3], &[2]).unwrap(), &Tensor::f32(&table, &[3, 2]).unwrap(), QType::None)
-        .unwrap_err();
+    let e = kernscope::embedding(
+        &mut TensorMut::f32(&mut out, &[2, 2]).unwrap(),
+        &Tensor::i64(&[1, 3], &[2]).unwrap(),
+        &Tensor::f32(&table, &[3, 2]).unwrap(),
+        QType::None,
+    )
+    .unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("embedding"), "{}", e);
     assert_eq!(out, [5.0, 6.0, 1.0, 2.0]);
@@ -220,4 +277,24 @@ fn views_are_checked_against_their_slices() {
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("softmax"), "{}", e);
     assert_eq!(out, [7.0; 4]);
+}
+
+#[test]
+fn device_pointers_reach_the_library() {
+    // Bogus addresses: every call here is rejected before any memory is touched.
+    let mut o =
+        unsafe { TensorMut::from_raw(0x10000 as *mut std::os::raw::c_void, DType::F32, &[2, 5], Device::Cuda(0), 0) };
+    let x =
+        unsafe { Tensor::from_raw(0x10000 as *const std::os::raw::c_void, DType::F32, &[2, 5], Device::Cuda(0), 0) };
+    let w = unsafe { Tensor::from_raw(0x20000 as *const std::os::raw::c_void, DType::F32, &[5], Device::Cuda(0), 0) };
+    let e = cpu().rms_norm(&mut o, &x, &w, 1e-6).unwrap_err();
+    assert_eq!(e.status(), Status::UnsupportedDevice);
+    assert!(e.message().contains("rms_norm"), "{}", e);
+    if !kernscope::backend_available(Backend::Cuda) {
+        let e = unsafe { Exec::new(Backend::Cuda).with_stream(std::ptr::null_mut()) }
+            .rms_norm(&mut o, &x, &w, 1e-6)
+            .unwrap_err();
+        assert_eq!(e.status(), Status::BackendUnavailable);
+        assert!(e.message().contains("rms_norm"), "{}", e);
+    }
 }

@@ -1,0 +1,122 @@
+// Typings of the kernscope Node-API binding (index.js).
+
+/** Typed arrays a host tensor can view. Uint16Array holds fp16 or bf16 bit patterns. */
+export type TypedData = Float32Array | Float64Array | Uint16Array | Int32Array | BigInt64Array | Uint8Array;
+
+export type DTypeName = 'fp16' | 'bf16' | 'fp32' | 'fp64' | 'int32' | 'int64' | 'uint8';
+export interface DLDataType { code: number; bits: number; lanes?: number }
+export type DType = DTypeName | DLDataType;
+
+export type DeviceName = 'cpu' | 'cuda' | 'cuda_host' | 'rocm' | 'cuda_managed' | `cuda:${number}`;
+export interface DeviceSpec { type: Exclude<DeviceName, `cuda:${number}`> | number; id?: number }
+export type Device = DeviceName | DeviceSpec;
+
+export type BackendName = 'auto' | 'cpu' | 'cuda';
+export type QType = 'none' | 'f32' | 'f16' | 'bf16' | 'q4_0' | 'q4_1' | 'q8_0' | number;
+
+export interface TensorOptions {
+  /** Default: from the typed array (Float32Array fp32, Int32Array int32, BigInt64Array int64,
+   *  Uint8Array uint8, Float64Array fp64); required for Uint16Array and device pointers. */
+  dtype?: DType;
+  /** In elements; null/undefined for compact row-major. */
+  strides?: ReadonlyArray<number> | null;
+  /** Default 'cpu' for typed arrays, 'cuda' for BigInt pointers. */
+  device?: Device;
+  byteOffset?: number;
+}
+
+/** Per-call options: backend (default 'auto': by the tensors' device) and CUDA stream. */
+export interface ExecOptions {
+  backend?: BackendName | number;
+  /** A cudaStream_t as BigInt (0n: the default stream). */
+  stream?: bigint | number;
+}
+
+/** An immutable view of a typed array or of device memory. */
+export class Tensor {
+  constructor(data: TypedData | bigint, shape?: ReadonlyArray<number>, options?: TensorOptions);
+  readonly data: TypedData | bigint;
+  readonly dtype: string;
+  readonly shape: ReadonlyArray<number>;
+  readonly strides: ReadonlyArray<number> | null;
+  readonly device: Readonly<{ type: string | number; id: number }>;
+  readonly byteOffset: number;
+  readonly numel: number;
+  // DLPack fields read by the addon.
+  readonly code: number;
+  readonly bits: number;
+  readonly lanes: number;
+  readonly deviceType: number;
+  readonly deviceId: number;
+  reshape(shape: ReadonlyArray<number>): Tensor;
+  withStrides(strides: ReadonlyArray<number> | null): Tensor;
+  withDType(dtype: DType): Tensor;
+  /** Labels the memory as living on `device`; the caller asserts it is usable there. */
+  onDevice(device: Device): Tensor;
+}
+
+/** A Tensor, or the arguments of one as an object. */
+export type TensorLike = Tensor | ({ data: TypedData | bigint; shape?: ReadonlyArray<number> } & TensorOptions);
+
+export function tensor(data: TypedData | bigint, shape?: ReadonlyArray<number>, options?: TensorOptions): Tensor;
+export function f32(data: Float32Array, shape?: ReadonlyArray<number>): Tensor;
+export function f16(bits: Uint16Array, shape?: ReadonlyArray<number>): Tensor;
+export function bf16(bits: Uint16Array, shape?: ReadonlyArray<number>): Tensor;
+export function i32(data: Int32Array, shape?: ReadonlyArray<number>): Tensor;
+export function i64(data: BigInt64Array, shape?: ReadonlyArray<number>): Tensor;
+export function u8(data: Uint8Array, shape?: ReadonlyArray<number>): Tensor;
+/** A CUDA device pointer as a tensor. */
+export function devicePtr(ptr: bigint | number, dtype: DType, shape: ReadonlyArray<number>, deviceId?: number): Tensor;
+
+export declare const Status: Readonly<{
+  SUCCESS: 0;
+  INVALID_ARGUMENT: 1;
+  UNSUPPORTED_DTYPE: 2;
+  UNSUPPORTED_DEVICE: 3;
+  BACKEND_UNAVAILABLE: 4;
+  CUDA: 5;
+  OUT_OF_MEMORY: 6;
+  INTERNAL: 7;
+}>;
+
+/** Thrown by every failing call; outputs are unchanged. */
+export class KernscopeError extends Error {
+  constructor(message: string, status: number);
+  readonly name: 'KernscopeError';
+  /** ks_status_t value (see Status). */
+  readonly status: number;
+  /** Stable status name, e.g. 'KS_ERROR_INVALID_ARGUMENT'. */
+  readonly code: string;
+}
+
+export interface VariantInfo { op: string; backend: string; name: string; dtypes: string; summary: string }
+
+export function version(): string;
+/** ks_last_error() of this thread ('' after a success). */
+export function lastError(): string;
+export function statusName(status: number): string;
+export function backendAvailable(backend: BackendName | number): boolean;
+export function qtypeInfo(qtype: QType): { blockSize: number; blockBytes: number };
+export function variants(): VariantInfo[];
+export function which(op: string, dtype: 'fp16' | 'bf16' | 'fp32', backend?: BackendName | number): { variant: string; reason: string };
+/** Pins op to variant for this thread; variant null: automatic again; op null: clear all pins. */
+export function forceVariant(op: string | null, variant: string | null): void;
+export function lastLaunchConfig(op: string): string;
+
+export function rmsNorm(out: TensorLike, x: TensorLike, weight: TensorLike, eps: number, opts?: ExecOptions): void;
+export function fusedAddRmsNorm(x: TensorLike, residual: TensorLike, weight: TensorLike, eps: number, opts?: ExecOptions): void;
+export function siluAndMul(out: TensorLike, x: TensorLike, opts?: ExecOptions): void;
+export function gemv(out: TensorLike, x: TensorLike, weight: TensorLike, opts?: ExecOptions): void;
+export function softmax(out: TensorLike, x: TensorLike, opts?: ExecOptions): void;
+export function embedding(out: TensorLike, ids: TensorLike, table: TensorLike, tableFormat?: QType, opts?: ExecOptions): void;
+export function dequantize(out: TensorLike, packed: TensorLike, qtype: QType, opts?: ExecOptions): void;
+export function gemm(out: TensorLike, a: TensorLike, b: TensorLike, opts?: ExecOptions): void;
+export function quantMatmul(out: TensorLike, x: TensorLike, weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
+export function rotaryEmbedding(q: TensorLike, k: TensorLike | null, positions: TensorLike, rotaryDim: number,
+                                theta: number, isNeox: boolean, opts?: ExecOptions): void;
+export function kvCacheAppend(kCache: TensorLike, vCache: TensorLike, k: TensorLike, v: TensorLike,
+                              slotMapping: TensorLike, opts?: ExecOptions): void;
+export function pagedAttention(out: TensorLike, q: TensorLike, kCache: TensorLike, vCache: TensorLike,
+                               blockTables: TensorLike, seqIds: TensorLike | null, contextLens: TensorLike,
+                               scale: number, opts?: ExecOptions): void;
+export function argmax(out: TensorLike, x: TensorLike, opts?: ExecOptions): void;

@@ -1,0 +1,215 @@
+'use strict';
+// The cases of tests/c/test_c_api.c through the Node binding, against double-precision
+// references computed here: values, one error per validation class (message naming the op and
+// the argument, outputs unchanged), the registry. Run: node --test test/kernscope.test.js
+// (KERNSCOPE_NODE_ADDON=path/to/kernscope.node).
+const test = require('node:test');
+const assert = require('node:assert/strict');
+const ks = require('..');
+
+const X = [0.5, -1.25, 2.0, 3.5, -0.75, 1.0, 2.0, -3.0, 4.0, 0.125];
+const W = [1.0, 0.5, -2.0, 1.5, 0.25];
+
+const close = (got, want, tol) => Math.abs(got - want) <= tol + tol * Math.abs(want);
+
+function assertClose(got, want, tol, what) {
+  assert.equal(got.length, want.length);
+  for (let i = 0; i < want.length; i++) {
+    assert.ok(close(got[i], want[i], tol), `${what}[${i}] = ${got[i]}, want ${want[i]}`);
+  }
+}
+
+function rmsNormRef(x, w, eps) {
+  const h = w.length;
+  const out = [];
+  for (let r = 0; r < x.length / h; r++) {
+    let ss = 0;
+    for (let i = 0; i < h; i++) ss += x[r * h + i] * x[r * h + i];
+    const scale = 1 / Math.sqrt(ss / h + eps);
+    for (let i = 0; i < h; i++) out.push(x[r * h + i] * scale * w[i]);
+  }
+  return out;
+}
+
+// Asserts a KernscopeError with `status` whose message names every word.
+function expectError(fn, status, ...words) {
+  assert.throws(fn, (e) => {
+    assert.ok(e instanceof ks.KernscopeError, `not a KernscopeError: ${e}`);
+    assert.ok(e instanceof Error);
+    assert.equal(e.status, status);
+    assert.equal(e.code, ks.statusName(status));
+    for (const w of words) assert.ok(e.message.includes(w), `message '${e.message}' does not name '${w}'`);
+    return true;
+  });
+}
+
+const f32 = (a) => new Float32Array(a);
+
+test('version, status names, CPU backend', () => {
+  assert.equal(ks.version(), '0.1.0');
+  assert.equal(ks.statusName(ks.Status.INVALID_ARGUMENT), 'KS_ERROR_INVALID_ARGUMENT');
+  assert.equal(ks.backendAvailable('cpu'), true);
+});
+
+test('rms_norm matches fp64, in place, and bf16 bits', () => {
+  const out = f32(10).fill(NaN);
+  ks.rmsNorm(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), ks.f32(f32(W)), 1e-6);
+  assert.equal(ks.lastError(), '');
+  assertClose(out, rmsNormRef(X, W, 1e-6), 1e-6, 'rms_norm');
+
+  const x = f32(X);
+  const xt = ks.f32(x, [2, 5]);
+  ks.rmsNorm(xt, xt, { data: f32(W), shape: [5] }, 1e-6); // a plain object works as a tensor too
+  assertClose(x, rmsNormRef(X, W, 1e-6), 1e-6, 'in place');
+
+  // bf16 bits: the inputs are exact in bf16 (the upper halves of their fp32 bits).
+  const bf = (a) => Uint16Array.from(new Uint32Array(f32(a).buffer), (b) => b >>> 16);
+  const ob = new Uint16Array(10);
+  ks.rmsNorm(ks.bf16(ob, [2, 5]), ks.bf16(bf(X), [2, 5]), ks.bf16(bf(W)), 1e-6);
+  const got = new Float32Array(Uint32Array.from(ob, (b) => b << 16).buffer);
+  assertClose(got, rmsNormRef(X, W, 1e-6), 1e-2, 'bf16 rms_norm');
+});
+
+test('softmax, silu_and_mul, gemv match fp64', () => {
+  const out = f32(10).fill(NaN);
+  ks.softmax(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), { backend: 'cpu' });
+  const ref = [];
+  for (let r = 0; r < 2; r++) {
+    const row = X.slice(r * 5, r * 5 + 5);
+    const m = Math.max(...row);
+    const sum = row.reduce((a, v) => a + Math.exp(v - m), 0);
+    for (const v of row) ref.push(Math.exp(v - m) / sum);
+  }
+  assertClose(out, ref, 1e-6, 'softmax');
+
+  const x2 = f32(20).map((_, i) => Math.fround(X[i % 10] * 0.75)); // [2, 2*5]: gate then up
+  const s = f32(10);
+  ks.siluAndMul(ks.f32(s, [2, 5]), ks.f32(x2, [2, 10]));
+  const sref = [];
+  for (let r = 0; r < 2; r++) {
+    for (let i = 0; i < 5; i++) {
+      const g = x2[r * 10 + i], u = x2[r * 10 + 5 + i];
+      sref.push(g / (1 + Math.exp(-g)) * u);
+    }
+  }
+  assertClose(s, sref, 1e-6, 'silu_and_mul');
+
+  const g = f32(2);
+  ks.gemv(ks.f32(g, [2]), ks.f32(f32(W), [5]), ks.f32(f32(X), [2, 5]));
+  for (let n = 0; n < 2; n++) {
+    let acc = 0, abs = 0;
+    for (let h = 0; h < 5; h++) {
+      const p = X[n * 5 + h] * W[h];
+      acc += p;
+      abs += Math.abs(p);
+    }
+    const tol = 1e-6 + 1e-6 * Math.abs(acc) + 8 * Math.sqrt(5) * 2 ** -24 * abs;
+    assert.ok(Math.abs(g[n] - acc) <= tol, `gemv[${n}] = ${g[n]}, want ${acc}`);
+  }
+});
+
+test('fused_add_rms_norm in place', () => {
+  const x = f32(X);
+  const res = f32(X.slice().reverse().map((v) => v * 0.5));
+  const res0 = Array.from(res);
+  ks.fusedAddRmsNorm(ks.f32(x, [2, 5]), ks.f32(res, [2, 5]), ks.f32(f32(W)), 1e-5);
+  for (let r = 0; r < 2; r++) {
+    const sum = [0, 1, 2, 3, 4].map((i) => X[r * 5 + i] + res0[r * 5 + i]);
+    const scale = 1 / Math.sqrt(sum.reduce((a, v) => a + v * v, 0) / 5 + 1e-5);
+    for (let i = 0; i < 5; i++) {
+      assert.ok(close(res[r * 5 + i], sum[i], 1e-6), `residual[${r}][${i}]`);
+      assert.ok(close(x[r * 5 + i], sum[i] * scale * W[i], 1e-6), `x[${r}][${i}]`);
+    }
+  }
+});
+
+test('invalid argument: eps = 0 names rms_norm and eps, out untouched', () => {
+  const out = f32(10).fill(7);
+  expectError(() => ks.rmsNorm(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), ks.f32(f32(W)), 0, { backend: 'cpu' }),
+              ks.Status.INVALID_ARGUMENT, 'rms_norm', 'eps');
+  assert.ok(ks.lastError().includes('eps'));
+  assert.deepEqual(Array.from(out), Array(10).fill(7));
+});
+
+test('unsupported dtype: fp64 x', () => {
+  const out = f32(10).fill(7);
+  expectError(() => ks.rmsNorm(ks.f32(out, [2, 5]), ks.tensor(new Float64Array(X), [2, 5]), ks.f32(f32(W)), 1e-6,
+                               { backend: 'cpu' }),
+              ks.Status.UNSUPPORTED_DTYPE, 'rms_norm', 'x');
+  assert.deepEqual(Array.from(out), Array(10).fill(7));
+});
+
+test('unsupported device: weight claims CUDA; a success clears the error', () => {
+  const out = f32(10).fill(7);
+  expectError(() => ks.rmsNorm(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), ks.f32(f32(W)).onDevice('cuda:0'), 1e-6,
+                               { backend: 'cpu' }),
+              ks.Status.UNSUPPORTED_DEVICE, 'rms_norm', 'weight');
+  assert.deepEqual(Array.from(out), Array(10).fill(7));
+  ks.softmax(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), { backend: 'cpu' });
+  assert.equal(ks.lastError(), '');
+});
+
+test('unknown variant and the registry', () => {
+  assert.ok(ks.variants().length > 0);
+  const c = ks.which('rms_norm', 'bf16', 'cpu');
+  assert.equal(c.variant, 'cpu_reference');
+  assert.ok(c.reason.length > 0);
+  expectError(() => ks.which('no_such_op', 'fp32', 'cpu'), ks.Status.INVALID_ARGUMENT, 'no_such_op');
+  expectError(() => ks.forceVariant('rms_norm', 'no_such_variant'), ks.Status.INVALID_ARGUMENT, 'rms_norm',
+              'no_such_variant');
+  const out = f32(10).fill(7);
+  ks.rmsNorm(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), ks.f32(f32(W)), 1e-6, { backend: 'cpu' });
+  ks.forceVariant('rms_norm', 'cpu_reference');
+  ks.rmsNorm(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), ks.f32(f32(W)), 1e-6, { backend: 'cpu' });
+  ks.forceVariant(null, null);
+  assert.deepEqual(ks.qtypeInfo('q4_1'), { blockSize: 32, blockBytes: 20 });
+  assert.equal(ks.lastLaunchConfig('rms_norm'), '');
+});
+
+test('argmax (int64 out) and embedding ids', () => {
+  const idx = new BigInt64Array(2).fill(-1n);
+  ks.argmax(ks.i64(idx), ks.f32(f32(X), [2, 5]));
+  assert.deepEqual(Array.from(idx), [3n, 3n]);
+  const table = f32([1, 2, 3, 4, 5, 6]);
+  const out = f32(4);
+  ks.embedding(ks.f32(out, [2, 2]), ks.i32(new Int32Array([2, 0])), ks.f32(table, [3, 2]), 'none');
+  assert.deepEqual(Array.from(out), [5, 6, 1, 2]);
+  expectError(() => ks.embedding(ks.f32(out, [2, 2]), ks.i64(new BigInt64Array([1n, 3n])), ks.f32(table, [3, 2])),
+              ks.Status.INVALID_ARGUMENT, 'embedding');
+  assert.deepEqual(Array.from(out), [5, 6, 1, 2]);
+});
+
+test('views are checked against their typed arrays', () => {
+  const out = f32(15).fill(7);
+  expectError(() => ks.softmax(ks.f32(out, [3, 5]), ks.f32(f32(X), [3, 5])), ks.Status.INVALID_ARGUMENT, 'softmax', 'x');
+  expectError(() => ks.softmax(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]).withStrides([5, 2])),
+              ks.Status.INVALID_ARGUMENT, 'softmax', 'x');
+  expectError(() => ks.softmax(ks.f32(out, [2, 5]), ks.tensor(f32(X), [2, 5], { byteOffset: 4 })),
+              ks.Status.INVALID_ARGUMENT, 'softmax', 'x');
+  // Non-compact strides inside the array reach the library, which rejects them.
+  expectError(() => ks.softmax(ks.f32(out.subarray(0, 4), [2, 2]), ks.f32(f32(X), [2, 2]).withStrides([5, 1])),
+              ks.Status.INVALID_ARGUMENT, 'softmax');
+  assert.deepEqual(Array.from(out), Array(15).fill(7));
+  // A subarray is an offset view: its own byteOffset into the buffer is honoured.
+  const big = f32([0, 0, 0, ...X]);
+  const o2 = f32(10);
+  ks.softmax(ks.f32(o2, [2, 5]), ks.f32(big.subarray(3), [2, 5]));
+  const o3 = f32(10);
+  ks.softmax(ks.f32(o3, [2, 5]), ks.f32(f32(X), [2, 5]));
+  assert.deepEqual(Array.from(o2), Array.from(o3));
+  assert.throws(() => ks.tensor(new Uint16Array(4), [4]), TypeError);
+  assert.throws(() => ks.tensor(new Float32Array(4), [4], { dtype: 'fp16' }), TypeError);
+  assert.throws(() => ks.rmsNorm(out, out, out, 1e-6), TypeError);
+});
+
+test('device pointers (BigInt) reach the library: CPU backend rejects them, no CUDA is unavailable', () => {
+  // Bogus addresses: every call here is rejected before any memory is touched.
+  const p = ks.devicePtr(0x10000n, 'fp32', [2, 5]);
+  const w = ks.devicePtr(0x20000n, 'fp32', [5]);
+  assert.deepEqual(p.device, { type: 'cuda', id: 0 });
+  expectError(() => ks.rmsNorm(p, p, w, 1e-6, { backend: 'cpu' }), ks.Status.UNSUPPORTED_DEVICE, 'rms_norm');
+  if (!ks.backendAvailable('cuda')) {
+    expectError(() => ks.rmsNorm(p, p, w, 1e-6, { backend: 'cuda', stream: 0n }), ks.Status.BACKEND_UNAVAILABLE,
+                'rms_norm');
+  }
+});

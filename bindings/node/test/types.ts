@@ -1,0 +1,32 @@
+// Compile-only check of index.d.ts (tsc --noEmit -p test/tsconfig.json); run_tests.sh runs it
+// when a TypeScript compiler (Debian's node-typescript) is installed.
+import * as ks from '..';
+
+const x = new Float32Array([1, 2, 3, 4, -1, 0.5, 2, 8]);
+const y = new Float32Array(8);
+const w = new Float32Array([1, 1, 0.5, 2]);
+ks.rmsNorm(ks.f32(y, [2, 4]), ks.f32(x, [2, 4]), ks.f32(w), 1e-6);
+ks.rmsNorm({ data: y, shape: [2, 4] }, ks.tensor(x, [2, 4], { dtype: 'fp32' }), ks.f32(w), 1e-6, { backend: 'cpu' });
+ks.softmax(ks.f32(y, [2, 4]), ks.f32(x, [2, 4]).withStrides([4, 1]).onDevice('cpu'));
+const h: ks.Tensor = ks.tensor(new Uint16Array(8), [2, 4], { dtype: 'bf16', device: { type: 'cpu' } });
+const d: ks.Tensor = ks.devicePtr(0x7f0000000000n, 'fp16', [2, 4], 0);
+ks.embedding(ks.f32(y, [2, 4]), ks.i64(new BigInt64Array([0n, 1n])), ks.f32(x, [2, 4]), 'none');
+ks.rotaryEmbedding(h, null, ks.i32(new Int32Array(2)), 4, 10000, true, { backend: 'cuda', stream: 0n });
+const t = ks.f32(x, [1, 2, 4]);
+ks.pagedAttention(t, t, t, t, ks.i32(new Int32Array(1)), null, ks.i32(new Int32Array(1)), 0.5);
+// @ts-expect-error a bare typed array is not a tensor (index.js throws TypeError)
+ks.softmax(y, x);
+// @ts-expect-error Uint16Array needs a dtype; 'fp8' is not one
+ks.tensor(new Uint16Array(2), [2], { dtype: 'fp8' });
+ks.forceVariant('rms_norm', null);
+const info: { blockSize: number; blockBytes: number } = ks.qtypeInfo('q4_1');
+const choice: { variant: string; reason: string } = ks.which('rms_norm', 'bf16', 'cpu');
+try {
+  ks.rmsNorm(ks.f32(y, [2, 4]), ks.f32(x, [2, 4]), ks.f32(w), 0);
+} catch (e) {
+  if (e instanceof ks.KernscopeError && e.status === ks.Status.INVALID_ARGUMENT) {
+    const code: string = e.code;
+    void code;
+  }
+}
+void d, info, choice;

@@ -1,0 +1,220 @@
+"""kernscope: LLM inference operators behind one C ABI, for any DLPack array.
+
+Quick start::
+
+    import numpy as np, kernscope as ks
+    x = np.random.randn(8, 4096).astype(np.float32)
+    w = np.ones(4096, np.float32)
+    y = ks.rms_norm(x, w, eps=1e-6)          # numpy in, numpy out (zero-copy input)
+    ks.which("rms_norm", dtype="fp32", device="cpu")   # -> (variant, reason)
+
+Ops: rms_norm, fused_add_rms_norm, silu_and_mul, gemv, softmax, argmax,
+embedding, dequantize, gemm, quant_matmul, rotary_embedding, kv_cache_append,
+paged_attention. Each has a numerical contract in docs/contracts.md and the
+same ``backend`` keyword ("auto", "cpu", "cuda", "torch"); see kernscope._ops.
+
+With torch installed, the ops are also registered as torch.library custom ops
+(``torch.ops.kernscope.*``, with fake kernels), so ``torch.compile`` traces
+kernscope calls without graph breaks; this happens when torch is imported,
+before or after kernscope, and never imports torch by itself.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import namedtuple
+from typing import Any, List, Tuple
+
+from . import _C
+from ._errors import (
+    BackendUnavailableError,
+    CudaError,
+    InternalError,
+    InvalidArgumentError,
+    KernscopeError,
+    OutOfMemoryError,
+    UnsupportedDeviceError,
+    UnsupportedDtypeError,
+)
+from . import _errors
+from ._frameworks import canonical_dtype
+from ._ops import (
+    BACKENDS,
+    OPS,
+    QType,
+    argmax,
+    dequantize,
+    embedding,
+    fused_add_rms_norm,
+    gemm,
+    gemv,
+    kv_cache_append,
+    paged_attention,
+    quant_matmul,
+    rms_norm,
+    rotary_embedding,
+    silu_and_mul,
+    softmax,
+)
+
+_C._set_error_classes(_errors.BY_STATUS)
+
+#: The library's version, from ks_version() ("MAJOR.MINOR.PATCH").
+__version__: str = _C.version()
+
+Variant = namedtuple("Variant", ["op", "backend", "variant", "dtypes", "summary"])
+Variant.__doc__ = """One implementation of an op: (op, backend, variant name, dtypes tuple, one-line summary)."""
+
+_DEVICES = {"auto": 0, "cpu": 1, "cuda": 2}
+
+
+def _device_code(device: Any) -> int:
+    name = str(device)  # also torch.device("cuda:0")
+    base = name.split(":", 1)[0].lower()
+    if base not in _DEVICES:
+        raise ValueError(f"which: unknown device {device!r}; valid devices: 'auto', 'cpu', 'cuda'")
+    return _DEVICES[base]
+
+
+def which(op: str, dtype: Any = "bf16", device: Any = "cpu") -> Tuple[str, str]:
+    """The variant the registry picks for ``op`` on ``device`` with activations of
+    ``dtype``, and why: ``(variant, reason)``.
+
+    Args:
+        op: an op name (see :data:`OPS`).
+        dtype: "fp16" | "bf16" | "fp32" (or a numpy/torch dtype).
+        device: "cpu" | "cuda" | "auto" (or a torch.device / "cuda:0").
+
+    Raises:
+        ValueError: an unknown op or device.
+        TypeError: an unsupported dtype.
+        RuntimeError: the device's backend is not available (e.g. "cuda" without a GPU).
+    """
+    if not isinstance(op, str):
+        raise TypeError(f"which: op must be a str; got {type(op).__name__}")
+    return tuple(_C.which(op, canonical_dtype(dtype, "which: dtype"), _device_code(device)))  # type: ignore[return-value]
+
+
+def _torch_importable() -> bool:
+    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+
+
+def available() -> List[Variant]:
+    """Every implementation kernscope has here: the native registry's variants
+    (CPU, and CUDA when built with it), plus the PyTorch reference of each op
+    when torch is installed. Rows are :class:`Variant` tuples."""
+    rows = []
+    for op, backend, name, dtypes, summary in _C.variants():
+        rows.append(Variant(op, backend, name, tuple(d for d in dtypes.split(",") if d), summary))
+    if _torch_importable():
+        for op in OPS:
+            rows.append(Variant(op, "torch", "torch_reference", ("fp16", "bf16", "fp32"),
+                                "the contract written in PyTorch (any torch device; autograd)"))
+    return rows
+
+
+def backend_available(backend: str) -> bool:
+    """True when ``backend`` ("auto", "cpu", "cuda", "torch") can run here
+    ("cuda": compiled in and a device present; "torch": torch is installed)."""
+    if backend == "torch":
+        return _torch_importable()
+    if backend not in _DEVICES:
+        raise ValueError(f"backend_available: unknown backend {backend!r}; valid backends: "
+                         + ", ".join(repr(b) for b in BACKENDS))
+    return bool(_C.backend_available(_DEVICES[backend]))
+
+
+def force_variant(op: Any = None, variant: Any = None) -> None:
+    """Pin ``op`` to the named variant for calls on this thread (``variant=None``:
+    back to automatic selection; ``op=None``: clear every pin). A pinned variant
+    that cannot run a call fails it with BackendUnavailableError. For tests and
+    benchmarks that run every variant (ks_force_variant)."""
+    _C.force_variant(op, variant)
+
+
+# ---- torch integration ------------------------------------------------------------
+def _install_torch() -> None:
+    try:
+        from . import _torch_library
+
+        _torch_library.install()
+    except Exception as e:  # never break the caller's `import torch`
+        import warnings
+
+        warnings.warn(f"kernscope: torch.library registration failed ({type(e).__name__}: {e}); "
+                      "kernscope ops still work eagerly but torch.compile will graph-break on them")
+
+
+class _TorchImportHook:
+    """A meta-path finder that registers kernscope's torch ops right after
+    ``import torch`` finishes (it only wraps torch's loader; it imports nothing)."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != "torch":
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = None
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        inner = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            inner(module)
+            _install_torch()
+
+        try:
+            loader.exec_module = exec_module
+        except Exception:  # a loader that refuses attributes: register on first use instead
+            pass
+        return spec
+
+
+if "torch" in sys.modules:
+    _install_torch()
+elif not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
+    sys.meta_path.insert(0, _TorchImportHook())
+
+__all__ = [
+    "__version__",
+    "BACKENDS",
+    "OPS",
+    "QType",
+    "Variant",
+    "which",
+    "available",
+    "backend_available",
+    "force_variant",
+    "rms_norm",
+    "fused_add_rms_norm",
+    "silu_and_mul",
+    "gemv",
+    "softmax",
+    "argmax",
+    "embedding",
+    "dequantize",
+    "gemm",
+    "quant_matmul",
+    "rotary_embedding",
+    "kv_cache_append",
+    "paged_attention",
+    "KernscopeError",
+    "InvalidArgumentError",
+    "UnsupportedDtypeError",
+    "UnsupportedDeviceError",
+    "BackendUnavailableError",
+    "CudaError",
+    "OutOfMemoryError",
+    "InternalError",
+]

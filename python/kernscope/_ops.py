@@ -1,0 +1,645 @@
+"""The operators.
+
+Every op takes arrays of any framework that speaks DLPack (numpy, torch, cupy,
+jax, ...) zero-copy, and returns its output allocated by the first input's
+framework on the same device (numpy in, numpy out; torch in, torch out). The
+numerical contract of each op is in docs/contracts.md of the kernscope source
+tree (one section per op, linked from each docstring); the C entry points and
+their shape rules are in include/kernscope/kernscope.h.
+
+``backend``:
+
+* ``"auto"`` (default): the native backend of the tensors' device (CPU or CUDA),
+  the registry's best variant (see :func:`kernscope.which`). For torch tensors
+  that need autograd (grad mode on and an input with ``requires_grad``), the
+  PyTorch reference instead, so training code works unchanged.
+* ``"cpu"`` / ``"cuda"``: that native backend; inference only (torch tensors
+  requiring grad are rejected with RuntimeError while grad mode is on).
+* ``"torch"``: the contract written in PyTorch (torch tensors only, any device,
+  autograd for rms_norm, silu_and_mul, gemv and softmax).
+
+Any other value raises ValueError listing these names.
+
+Errors (native backends): ValueError for an invalid argument (shape, layout,
+scalar, overlap, index), TypeError for an unsupported or mismatched dtype,
+RuntimeError for a device mismatch, an unavailable backend or a CUDA error,
+MemoryError when memory runs out. The classes are in kernscope (e.g.
+``kernscope.InvalidArgumentError``, a ValueError); each message names the op and
+the argument. After an error nothing has been written: in-place arguments and
+``out=`` are byte-for-byte unchanged.
+
+Layout: every array must be contiguous (row-major; offset views such as
+``a[1:]`` are fine); strided views are rejected with ValueError, never copied.
+
+Streams: on CUDA the op runs on the producer's current stream (torch: the
+current stream of the tensors' device, through DLPack's C exchange API, so
+torch CUDA-graph capture works; cupy: its current stream; others: the default
+stream, and the call waits for it), with no synchronisation of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import sys
+from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
+
+from . import _C
+from ._frameworks import Framework, canonical_dtype, framework_of
+
+T = TypeVar("T")
+Array = Any  # any object with __dlpack__ (numpy.ndarray, torch.Tensor, cupy.ndarray, jax.Array, ...)
+
+_AUTO, _CPU, _CUDA, _TORCH = 0, 1, 2, 3
+_BACKENDS = {"auto": _AUTO, "cpu": _CPU, "cuda": _CUDA, "torch": _TORCH}
+BACKENDS: Tuple[str, ...] = tuple(_BACKENDS)
+
+CONTRACTS = "docs/contracts.md"
+
+
+class QType(enum.IntEnum):
+    """Storage formats of packed weight rows (ks_qtype_t; GGUF block formats)."""
+
+    NONE = 0  #: not packed: a dense float tensor
+    F32 = 1  #: block 1, 4 bytes
+    F16 = 2  #: block 1, 2 bytes
+    BF16 = 3  #: block 1, 2 bytes
+    Q4_0 = 4  #: block 32, 18 bytes: f16 d, 16 bytes of nibbles; w = d * (q - 8)
+    Q4_1 = 5  #: block 32, 20 bytes: f16 d, f16 m, 16 bytes; w = d * q + m
+    Q8_0 = 6  #: block 32, 34 bytes: f16 d, 32 int8; w = d * q
+
+
+# (elements, bytes) per block, from the library itself.
+_QGEOM = {int(q): tuple(_C.qtype_info(int(q))) for q in QType if q != QType.NONE}
+
+
+def _never() -> bool:
+    return False
+
+
+# Replaced by torch.compiler.is_compiling once torch is imported (see
+# _torch_library.install); _TL is then that module.
+_compiling = _never
+_TL: Any = None
+_REF: Any = None
+
+
+def _ref() -> Any:
+    global _REF
+    if _REF is None:
+        from . import _torch_ref
+
+        _REF = _torch_ref
+    return _REF
+
+
+# ---- argument handling ----------------------------------------------------------
+def _backend(op: str, backend: str) -> int:
+    code = _BACKENDS.get(backend) if isinstance(backend, str) else None
+    if code is None:
+        raise ValueError(f"{op}: unknown backend {backend!r}; valid backends: 'auto', 'cpu', 'cuda', 'torch'")
+    return code
+
+
+def _fw(op: str, name: str, x: Any) -> Framework:
+    fw = framework_of(x)
+    if fw is None:
+        t = type(x)
+        raise TypeError(f"{op}: {name} must be an array or tensor supporting DLPack (numpy, torch, cupy, jax, ...); "
+                        f"got {t.__module__}.{t.__qualname__}")
+    return fw
+
+
+def _qtype(op: str, qtype: Union[str, int, QType, None], allow_none: bool = False) -> int:
+    if qtype is None and allow_none:
+        return 0
+    if isinstance(qtype, str):
+        try:
+            q = QType[qtype.upper()]
+        except KeyError:
+            q = None
+    elif isinstance(qtype, int) and not isinstance(qtype, bool):
+        q = QType(qtype) if 0 <= int(qtype) <= 6 else None
+    else:
+        q = None
+    if q is None or (q == QType.NONE and not allow_none):
+        names = ", ".join(repr(n.lower()) for n in QType.__members__ if n != "NONE" or allow_none)
+        raise ValueError(f"{op}: unknown qtype {qtype!r}; expected one of {names}")
+    return int(q)
+
+
+def _float_dtype(op: str, dtype: Any) -> str:
+    name = canonical_dtype(dtype, f"{op}: dtype")
+    if name not in ("fp16", "bf16", "fp32"):
+        raise TypeError(f"{op}: dtype must be fp16, bf16 or fp32; got {dtype!r}")
+    return name
+
+
+def _torch_route(op: str, code: int, backend: str, names: Sequence[str], tensors: Sequence[Any]) -> bool:
+    """For torch inputs: True to run the PyTorch reference instead of a native backend."""
+    if code == _TORCH:
+        return True
+    torch = sys.modules["torch"]
+    if torch.is_grad_enabled():
+        for name, t in zip(names, tensors):
+            if t is not None and t.requires_grad:
+                if code == _AUTO:
+                    return True
+                raise RuntimeError(
+                    f"{op}: {name} requires grad, and backend {backend!r} is inference-only; use backend='torch' "
+                    "or 'auto' (the PyTorch reference, with autograd), or call it under torch.no_grad()")
+    return False
+
+
+def _not_torch(op: str, x: Any) -> TypeError:
+    t = type(x)
+    return TypeError(f"{op}: backend='torch' takes torch tensors; got {t.__module__}.{t.__qualname__}")
+
+
+def _native(cfn: Any, fw: Framework, first: Any, tensors: tuple, *scalars: Any) -> None:
+    """Calls the extension: cfn(tensors, *scalars, backend, stream hint, bf16 mask, sync)."""
+    tensors, mask = fw.prepare(tensors)
+    hint, sync = fw.stream(first)
+    cfn(tensors, *scalars, hint, mask, sync)
+
+
+def _finish(y: Any, out: Any) -> Any:
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def _last(shape: Sequence[int]) -> int:
+    return int(shape[-1]) if len(shape) else 0
+
+
+def _dim0(shape: Sequence[int]) -> int:
+    return int(shape[0]) if len(shape) else 0
+
+
+def _packed_cols(shape: Sequence[int], q: int) -> int:
+    bs, bb = _QGEOM[q]
+    return (int(shape[1]) // bb * bs) if len(shape) == 2 else 0
+
+
+# ---- the five core operators ------------------------------------------------------
+def rms_norm(x: T, weight: Array, eps: float = 1e-6, *, backend: str = "auto", out: Optional[T] = None) -> T:
+    """RMS normalisation over the last dimension.
+
+    ``out = round(fp32(x) * rsqrt(mean(fp32(x)^2) + eps) * fp32(weight))``
+
+    Args:
+        x: ``[..., H]``, H > 0; fp16, bf16 or fp32 (numpy bf16: ml_dtypes.bfloat16).
+        weight: ``[H]``, x's dtype and device.
+        eps: finite, > 0, and still > 0 after rounding to fp32 (1e-50 is rejected).
+        backend: "auto" | "cpu" | "cuda" | "torch" (see the module docs).
+        out: optional preallocated output, x's shape and dtype; may be x itself
+            (in place). Any other overlap with x or weight is rejected.
+
+    Returns:
+        A new array of x's shape, dtype, framework and device (or ``out``).
+
+    Raises:
+        ValueError: a shape, eps, layout (non-contiguous) or overlap error, or an unknown backend.
+        TypeError: an unsupported or mismatched dtype.
+        RuntimeError: mixed devices, an unavailable backend, a CUDA error, or a
+            torch tensor requiring grad with backend "cpu"/"cuda".
+
+    Contract: docs/contracts.md#rms_norm--ks_rms_normout-x-weight-eps
+    """
+    if _compiling():
+        return _TL.rms_norm(x, weight, eps, backend, out)
+    op = "rms_norm"
+    code = _backend(op, backend)
+    fw = _fw(op, "x", x)
+    if fw.is_torch and _torch_route(op, code, backend, ("x", "weight"), (x, weight)):
+        return _finish(_ref().rms_norm(x, weight, eps), out)
+    if code == _TORCH:
+        raise _not_torch(op, x)
+    if out is None:
+        out = fw.empty(x, x.shape)
+    _native(_C.rms_norm, fw, x, (out, x, weight), eps, code)
+    return out
+
+
+def fused_add_rms_norm(x: Array, residual: Array, weight: Array, eps: float = 1e-6, *,
+                       backend: str = "auto") -> None:
+    """Residual add then RMS normalisation, in place on x and residual; returns None.
+
+    ``s = fp32(x) + fp32(residual)`` (unrounded); ``residual = round(s)``;
+    ``x = round(s * rsqrt(mean(s^2) + eps) * fp32(weight))``.
+
+    Args:
+        x: ``[..., H]``, H > 0; fp16, bf16 or fp32. Overwritten with the normalised value.
+        residual: x's shape, dtype and device. Overwritten with the rounded sum.
+        weight: ``[H]``; read only.
+        eps: finite and > 0 (after rounding to fp32).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+
+    The three arrays must not overlap. On any error neither x nor residual is changed.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: as for :func:`rms_norm`.
+
+    Contract: docs/contracts.md#fused_add_rms_norm--ks_fused_add_rms_normx-residual-weight-eps-in-place
+    """
+    if _compiling():
+        return _TL.fused_add_rms_norm(x, residual, weight, eps, backend)
+    op = "fused_add_rms_norm"
+    code = _backend(op, backend)
+    fw = _fw(op, "x", x)
+    if fw.is_torch and _torch_route(op, code, backend, ("x", "residual", "weight"), (x, residual, weight)):
+        return _ref().fused_add_rms_norm(x, residual, weight, eps)
+    if code == _TORCH:
+        raise _not_torch(op, x)
+    _native(_C.fused_add_rms_norm, fw, x, (x, residual, weight), eps, code)
+    return None
+
+
+def silu_and_mul(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
+    """SwiGLU activation: ``out = round(g * sigmoid(g) * u)``, g = fp32(x[..., :D]), u = fp32(x[..., D:]).
+
+    Args:
+        x: ``[..., 2D]`` with 2D > 0 and even (D may be odd); fp16, bf16 or fp32. Read only.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[..., D]`` output; must not overlap x.
+
+    Returns:
+        A new ``[..., D]`` array (x's dtype, framework and device), or ``out``.
+
+    Raises:
+        ValueError: odd or empty last dimension, bad out shape, overlap, layout.
+        TypeError, RuntimeError: as for :func:`rms_norm`.
+
+    Contract: docs/contracts.md#silu_and_mul--ks_silu_and_mulout-x
+    """
+    if _compiling():
+        return _TL.silu_and_mul(x, backend, out)
+    op = "silu_and_mul"
+    code = _backend(op, backend)
+    fw = _fw(op, "x", x)
+    if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
+        return _finish(_ref().silu_and_mul(x), out)
+    if code == _TORCH:
+        raise _not_torch(op, x)
+    if out is None:
+        shape = tuple(x.shape)
+        out = fw.empty(x, shape[:-1] + (_last(shape) // 2,) if shape else ())
+    _native(_C.silu_and_mul, fw, x, (out, x), code)
+    return out
+
+
+def gemv(x: T, weight: Array, *, backend: str = "auto", out: Optional[T] = None) -> T:
+    """Matrix-vector product: ``out[n] = round(sum_h fp32(weight[n, h]) * fp32(x[h]))`` (FP32 sums).
+
+    Args:
+        x: ``[H]``, H > 0; fp16, bf16 or fp32.
+        weight: ``[N, H]`` (N may be 0), x's dtype and device. x and weight may share storage.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[N]`` output; must overlap neither input.
+
+    Returns:
+        A new ``[N]`` array, or ``out``.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: as for :func:`rms_norm`.
+
+    Contract: docs/contracts.md#gemv--ks_gemvout-x-weight
+    """
+    if _compiling():
+        return _TL.gemv(x, weight, backend, out)
+    op = "gemv"
+    code = _backend(op, backend)
+    fw = _fw(op, "x", x)
+    if fw.is_torch and _torch_route(op, code, backend, ("x", "weight"), (x, weight)):
+        return _finish(_ref().gemv(x, weight), out)
+    if code == _TORCH:
+        raise _not_torch(op, x)
+    if out is None:
+        out = fw.empty(x, (_dim0(tuple(weight.shape)),))
+    _native(_C.gemv, fw, x, (out, x, weight), code)
+    return out
+
+
+def softmax(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
+    """Softmax over the last dimension, as ``torch.softmax(x.float(), -1)`` then one rounding.
+
+    Rows holding NaN or +inf, and rows of only -inf, give all-NaN rows; -inf
+    entries of a row with a finite maximum give exactly 0.
+
+    Args:
+        x: ``[..., H]``, H > 0; fp16, bf16 or fp32.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional output of x's shape; may be x itself (in place), no other overlap.
+
+    Returns:
+        A new array of x's shape, or ``out``.
+
+    Raises:
+        ValueError, TypeError, RuntimeError: as for :func:`rms_norm`.
+
+    Contract: docs/contracts.md#softmax--ks_softmaxout-x
+    """
+    if _compiling():
+        return _TL.softmax(x, backend, out)
+    op = "softmax"
+    code = _backend(op, backend)
+    fw = _fw(op, "x", x)
+    if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
+        return _finish(_ref().softmax(x), out)
+    if code == _TORCH:
+        raise _not_torch(op, x)
+    if out is None:
+        out = fw.empty(x, x.shape)
+    _native(_C.softmax, fw, x, (out, x), code)
+    return out
+
+
+# ---- model-path operators ----------------------------------------------------------
+def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> Array:
+    """Index of the maximum of each row: int64 ``[rows]`` for x ``[rows, V]`` (V > 0).
+
+    Ties give the lowest index; a row holding NaN gives the index of its first
+    NaN (as torch.argmax); a row of -inf gives 0.
+
+    Args:
+        x: ``[rows, V]``; fp16, bf16 or fp32.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional int64 ``[rows]`` output.
+
+    Returns:
+        A new int64 ``[rows]`` array, or ``out``.
+
+    Contract: docs/contracts.md#argmax--ks_argmaxout-x
+    """
+    if _compiling():
+        return _TL.argmax(x, backend, out)
+    op = "argmax"
+    code = _backend(op, backend)
+    fw = _fw(op, "x", x)
+    if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
+        return _finish(_ref().argmax(x), out)
+    if code == _TORCH:
+        raise _not_torch(op, x)
+    if out is None:
+        out = fw.empty(x, (_dim0(tuple(x.shape)),), "int64")
+    _native(_C.argmax, fw, x, (out, x), code)
+    return out
+
+
+def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None] = None,
+              dtype: Any = None, backend: str = "auto", out: Optional[T] = None) -> T:
+    """Rows of an embedding table: ``out[..., :] = table[ids[...], :]``.
+
+    Args:
+        ids: int32 or int64, any shape. An id < 0 or >= vocab raises ValueError
+            naming the index, before anything is written.
+        table: dense ``[vocab, hidden]`` fp16/bf16/fp32 (table_format None or
+            "none": rows are copied bit-exactly), or uint8 ``[vocab, row_bytes]``
+            in a packed format (table_format "q4_0", "q4_1", "q8_0", "f32", "f16",
+            "bf16" or a :class:`QType`): rows are decoded in FP32 and rounded once.
+        table_format: see table.
+        dtype: the output dtype ("fp16", "bf16", "fp32" or a framework dtype).
+            Dense tables: the table's dtype (the default). Packed: default "fp32".
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``ids.shape + (hidden,)`` output.
+
+    Returns:
+        A new array ``ids.shape + (hidden,)`` in table's framework and device, or ``out``.
+
+    Contract: docs/contracts.md#embedding--ks_embeddingout-ids-table-table_format
+    """
+    if _compiling():
+        return _TL.embedding(ids, table, table_format, dtype, backend, out)
+    op = "embedding"
+    code = _backend(op, backend)
+    fmt = _qtype(op, table_format, allow_none=True)
+    fw = _fw(op, "table", table)
+    name = None if dtype is None else _float_dtype(op, dtype)
+    if fw.is_torch and _torch_route(op, code, backend, ("table",), (table,)):
+        tdt = None if name is None else fw.dtype(table, name)
+        return _finish(_ref().embedding(ids, table, fmt, tdt), out)
+    if code == _TORCH:
+        raise _not_torch(op, table)
+    if out is None:
+        tshape = tuple(table.shape)
+        if fmt == 0:
+            hidden = int(tshape[1]) if len(tshape) == 2 else 0
+        else:
+            hidden = _packed_cols(tshape, fmt)
+            name = name or "fp32"
+        out = fw.empty(table, tuple(ids.shape) + (hidden,), name)
+    _native(_C.embedding, fw, table, (out, ids, table), fmt, code)
+    return out
+
+
+def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp32", backend: str = "auto",
+               out: Optional[Array] = None) -> Array:
+    """Decode packed GGUF blocks: uint8 ``[rows, row_bytes]`` -> ``[rows, cols]`` floats.
+
+    ``cols = row_bytes / block_bytes * block_size``. Each element is decoded in
+    FP32 (Q4_0: ``d * (q - 8)``; Q4_1: ``d * q + m``; Q8_0: ``d * q``; F32/F16/BF16
+    exact) and rounded once to dtype.
+
+    Args:
+        packed: uint8 ``[rows, row_bytes]``.
+        qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16" (or a :class:`QType`).
+        dtype: output dtype, "fp16" | "bf16" | "fp32" (default) or a framework dtype.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[rows, cols]`` output (then dtype is out's).
+
+    Raises:
+        ValueError: an unknown qtype, or row_bytes that is not whole blocks.
+
+    Contract: docs/contracts.md#dequantize--ks_dequantizeout-packed-qtype-and-the-gguf-block-formats
+    """
+    if _compiling():
+        return _TL.dequantize(packed, qtype, dtype, backend, out)
+    op = "dequantize"
+    code = _backend(op, backend)
+    q = _qtype(op, qtype)
+    fw = _fw(op, "packed", packed)
+    name = _float_dtype(op, dtype)
+    if fw.is_torch and _torch_route(op, code, backend, (), ()):
+        return _finish(_ref().dequantize(packed, q, fw.dtype(packed, name)), out)
+    if code == _TORCH:
+        raise _not_torch(op, packed)
+    if out is None:
+        shape = tuple(packed.shape)
+        out = fw.empty(packed, (_dim0(shape), _packed_cols(shape, q)), name)
+    _native(_C.dequantize, fw, packed, (out, packed), q, code)
+    return out
+
+
+def gemm(a: T, b: Array, *, backend: str = "auto", out: Optional[T] = None) -> T:
+    """Matrix product with b in nn.Linear layout: ``out[M, N] = round(sum_k fp32(a[m, k]) * fp32(b[n, k]))``.
+
+    Args:
+        a: ``[M, K]``, K > 0; fp16, bf16 or fp32.
+        b: ``[N, K]``, a's dtype and device.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[M, N]`` output; must overlap neither input.
+
+    Contract: docs/contracts.md#gemm--ks_gemmout-a-b
+    """
+    if _compiling():
+        return _TL.gemm(a, b, backend, out)
+    op = "gemm"
+    code = _backend(op, backend)
+    fw = _fw(op, "a", a)
+    if fw.is_torch and _torch_route(op, code, backend, ("a", "b"), (a, b)):
+        return _finish(_ref().gemm(a, b), out)
+    if code == _TORCH:
+        raise _not_torch(op, a)
+    if out is None:
+        out = fw.empty(a, (_dim0(tuple(a.shape)), _dim0(tuple(b.shape))))
+    _native(_C.gemm, fw, a, (out, a, b), code)
+    return out
+
+
+def quant_matmul(x: T, weight: Array, qtype: Union[str, int, QType], *, backend: str = "auto",
+                 out: Optional[T] = None) -> T:
+    """``out[M, N] = round(sum_k fp32(x[m, k]) * w[n, k])`` with w decoded from packed blocks.
+
+    No dequantized copy of the weight is made; each element is decoded in FP32.
+
+    Args:
+        x: ``[M, K]``; fp16, bf16 or fp32. K must be a multiple of the block size.
+        weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype.
+        qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16".
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[M, N]`` output in x's dtype.
+
+    Contract: docs/contracts.md#quant_matmul--ks_quant_matmulout-x-weight-qtype
+    """
+    if _compiling():
+        return _TL.quant_matmul(x, weight, qtype, backend, out)
+    op = "quant_matmul"
+    code = _backend(op, backend)
+    q = _qtype(op, qtype)
+    fw = _fw(op, "x", x)
+    if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
+        return _finish(_ref().quant_matmul(x, weight, q), out)
+    if code == _TORCH:
+        raise _not_torch(op, x)
+    if out is None:
+        out = fw.empty(x, (_dim0(tuple(x.shape)), _dim0(tuple(weight.shape))))
+    _native(_C.quant_matmul, fw, x, (out, x, weight), q, code)
+    return out
+
+
+def rotary_embedding(q: Array, k: Optional[Array], positions: Array, rotary_dim: Optional[int] = None,
+                     theta: float = 10000.0, is_neox: bool = True, *, backend: str = "auto") -> None:
+    """Rotary position embedding, in place on q and k (k may be None); returns None.
+
+    ``inv_freq[i] = fp32(theta^(-2i/rotary_dim))``, ``angle = fp32(pos) * inv_freq[i]``
+    (FP32), each pair ``(a, b) -> (a cos - b sin, b cos + a sin)`` rounded once.
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]``; fp16, bf16 or fp32. Rotated in place.
+        k: ``[num_tokens, num_kv_heads, head_dim]`` (q's dtype) or None. Rotated in place.
+        positions: int32/int64 ``[num_tokens]``, any value.
+        rotary_dim: even, 0 < rotary_dim <= head_dim (default: head_dim); later features pass through.
+        theta: finite, > 1.
+        is_neox: True: pairs (i, i + rotary_dim/2) (HF rotate_half); False: (2i, 2i+1) (GPT-J, GGUF Llama).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+
+    Contract: docs/contracts.md#rotary_embedding--ks_rotary_embeddingq-k-positions-rotary_dim-theta-is_neox-in-place
+    """
+    if _compiling():
+        return _TL.rotary_embedding(q, k, positions, rotary_dim, theta, is_neox, backend)
+    op = "rotary_embedding"
+    code = _backend(op, backend)
+    fw = _fw(op, "q", q)
+    rd = _last(tuple(q.shape)) if rotary_dim is None else int(rotary_dim)
+    if fw.is_torch and _torch_route(op, code, backend, ("q", "k"), (q, k)):
+        return _ref().rotary_embedding(q, k, positions, rd, float(theta), bool(is_neox))
+    if code == _TORCH:
+        raise _not_torch(op, q)
+    _native(_C.rotary_embedding, fw, q, (q, k, positions), rd, float(theta), bool(is_neox), code)
+    return None
+
+
+def kv_cache_append(k_cache: Array, v_cache: Array, k: Array, v: Array, slot_mapping: Array, *,
+                    backend: str = "auto") -> None:
+    """Write k/v rows into a paged cache, in place; returns None.
+
+    For token t with ``slot = slot_mapping[t] >= 0``: ``k_cache[slot] = k[t]``,
+    ``v_cache[slot] = v[t]`` (bit-exact; slot = block * block_size + offset);
+    slot -1 is skipped. The token count comes from slot_mapping (k may hold padding rows).
+
+    Args:
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``; written.
+        k, v: ``[num_tokens, num_kv_heads, head_dim]``, the caches' dtype (fp16, bf16, fp32).
+        slot_mapping: int32/int64 ``[num_tokens]``; a slot < -1 or >= num_blocks * block_size
+            raises ValueError before anything is written.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+
+    Contract: docs/contracts.md#kv_cache_append--ks_kv_cache_appendk_cache-v_cache-k-v-slot_mapping
+    """
+    if _compiling():
+        return _TL.kv_cache_append(k_cache, v_cache, k, v, slot_mapping, backend)
+    op = "kv_cache_append"
+    code = _backend(op, backend)
+    fw = _fw(op, "k_cache", k_cache)
+    if fw.is_torch and _torch_route(op, code, backend, ("k", "v"), (k, v)):
+        return _ref().kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
+    if code == _TORCH:
+        raise _not_torch(op, k_cache)
+    _native(_C.kv_cache_append, fw, k_cache, (k_cache, v_cache, k, v, slot_mapping), code)
+    return None
+
+
+def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, context_lens: Array,
+                    scale: Optional[float] = None, *, seq_ids: Optional[Array] = None, backend: str = "auto",
+                    out: Optional[T] = None) -> T:
+    """Attention of each query row over a paged KV cache (decode, and causal prefill).
+
+    For token t, head h (kv head ``h // (num_heads // num_kv_heads)``):
+    ``s_j = scale * q[t,h] . K_j`` for j < context_lens[t] (FP32), p = softmax(s)
+    (FP32), ``out[t,h] = round(sum_j p_j V_j)``. K_j is the cache row at slot
+    ``block_tables[seq][j // block_size] * block_size + j % block_size``.
+    context_lens 0 gives a zero row. Causal prefill: give each prompt token its
+    own context length (position + 1) and its sequence through seq_ids.
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]``; fp16, bf16 or fp32.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype.
+        block_tables: int32 ``[num_seqs, max_blocks_per_seq]``.
+        context_lens: int32 ``[num_tokens]``.
+        scale: the score scale (default ``1 / sqrt(head_dim)``).
+        seq_ids: int32 ``[num_tokens]`` (token t reads block_tables[seq_ids[t]]), or
+            None: token t is sequence t (num_seqs == num_tokens).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional output of q's shape.
+
+    Raises:
+        ValueError: shapes, GQA head counts, and out-of-range block ids, seq ids or
+            context lengths (checked before anything is written).
+
+    Contract: docs/contracts.md#paged_attention--ks_paged_attentionout-q-k_cache-v_cache-block_tables-seq_ids-context_lens-scale
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1))
+    if _compiling():
+        return _TL.paged_attention(q, k_cache, v_cache, block_tables, context_lens, float(scale), seq_ids,
+                                   backend, out)
+    op = "paged_attention"
+    code = _backend(op, backend)
+    fw = _fw(op, "q", q)
+    if fw.is_torch and _torch_route(op, code, backend, ("q", "k_cache", "v_cache"), (q, k_cache, v_cache)):
+        return _finish(_ref().paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens,
+                                              float(scale)), out)
+    if code == _TORCH:
+        raise _not_torch(op, q)
+    if out is None:
+        out = fw.empty(q, q.shape)
+    _native(_C.paged_attention, fw, q, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens),
+            float(scale), code)
+    return out
+
+
+OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
+                        "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
+                        "kv_cache_append", "paged_attention")

@@ -1,0 +1,350 @@
+"""kernscope ops as torch.library custom ops (``torch.ops.kernscope.*``).
+
+Installed when torch is imported (see kernscope/__init__.py). Each native op is
+a custom op with a fake (meta) kernel, so torch.compile(fullgraph=True) traces
+a kernscope call as one opaque node instead of breaking the graph, and CUDA
+graphs (torch.cuda.graphs, mode="reduce-overhead") capture it: the op launches
+on torch's current stream and never synchronises.
+
+The public functions (kernscope.rms_norm, ...) switch to the wrappers below only
+while torch.compile is tracing; eager calls go straight to the extension (a
+custom op's dispatch costs several microseconds). Under tracing, backend="torch"
+and calls that need autograd inline the PyTorch reference instead, which
+torch.compile traces like any torch code.
+
+Schema (backend: "auto" | "cpu" | "cuda"):
+  rms_norm(Tensor x, Tensor weight, float eps, str backend) -> Tensor
+  fused_add_rms_norm(Tensor(a!) x, Tensor(b!) residual, Tensor weight, float eps, str backend) -> ()
+  silu_and_mul(Tensor x, str backend) -> Tensor
+  gemv(Tensor x, Tensor weight, str backend) -> Tensor
+  softmax(Tensor x, str backend) -> Tensor
+  argmax(Tensor x, str backend) -> Tensor
+  embedding(Tensor ids, Tensor table, int table_format, ScalarType? dtype, str backend) -> Tensor
+  dequantize(Tensor packed, int qtype, ScalarType dtype, str backend) -> Tensor
+  gemm(Tensor a, Tensor b, str backend) -> Tensor
+  quant_matmul(Tensor x, Tensor weight, int qtype, str backend) -> Tensor
+  rotary_embedding(Tensor(a!) q, Tensor(b!)? k, Tensor positions, int rotary_dim, float theta,
+                   bool is_neox, str backend) -> ()
+  kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping,
+                  str backend) -> ()
+  paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor? seq_ids,
+                  Tensor context_lens, float scale, str backend) -> Tensor
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from . import _C, _ops
+from . import _torch_ref as ref
+
+_installed = False
+_TORCH_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+# ---- eager implementations: the extension on torch tensors -------------------------
+def _t(t: Optional[Tensor]) -> Optional[Tensor]:
+    # A custom op's kernel runs below autograd; a tensor that requires grad (e.g. a
+    # Parameter used under inference) is passed as its detached alias.
+    return t.detach() if t is not None and t.requires_grad else t
+
+
+def _code(op: str, backend: str) -> int:
+    code = _ops._backend(op, backend)
+    if code == _ops._TORCH:
+        raise ValueError(f"{op}: torch.ops.kernscope.{op} runs the native backends ('auto', 'cpu', 'cuda')")
+    return code
+
+
+def _run(cfn: Any, tensors: tuple, *scalars: Any) -> None:
+    fw = _ops.framework_of(tensors[1] if tensors[0] is None else tensors[0])
+    _ops._native(cfn, fw, tensors[0], tuple(_t(t) for t in tensors), *scalars)
+
+
+@torch.library.custom_op("kernscope::rms_norm", mutates_args=())
+def _rms_norm(x: Tensor, weight: Tensor, eps: float, backend: str) -> Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _run(_C.rms_norm, (out, x, weight), eps, _code("rms_norm", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::fused_add_rms_norm", mutates_args=("x", "residual"))
+def _fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float, backend: str) -> None:
+    _run(_C.fused_add_rms_norm, (x, residual, weight), eps, _code("fused_add_rms_norm", backend))
+
+
+@torch.library.custom_op("kernscope::silu_and_mul", mutates_args=())
+def _silu_and_mul(x: Tensor, backend: str) -> Tensor:
+    out = torch.empty((*x.shape[:-1], x.shape[-1] // 2) if x.dim() else (), dtype=x.dtype, device=x.device)
+    _run(_C.silu_and_mul, (out, x), _code("silu_and_mul", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::gemv", mutates_args=())
+def _gemv(x: Tensor, weight: Tensor, backend: str) -> Tensor:
+    out = torch.empty((weight.shape[0] if weight.dim() else 0,), dtype=x.dtype, device=x.device)
+    _run(_C.gemv, (out, x, weight), _code("gemv", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::softmax", mutates_args=())
+def _softmax(x: Tensor, backend: str) -> Tensor:
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    _run(_C.softmax, (out, x), _code("softmax", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::argmax", mutates_args=())
+def _argmax(x: Tensor, backend: str) -> Tensor:
+    out = torch.empty((x.shape[0] if x.dim() else 0,), dtype=torch.int64, device=x.device)
+    _run(_C.argmax, (out, x), _code("argmax", backend))
+    return out
+
+
+def _hidden(table: Tensor, table_format: int) -> int:
+    if table.dim() != 2:
+        return 0
+    if table_format == 0:
+        return table.shape[1]
+    bs, bb = _ops._QGEOM[table_format]
+    return table.shape[1] // bb * bs
+
+
+def _emb_dtype(table: Tensor, table_format: int, dtype: Optional[torch.dtype]) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    return table.dtype if table_format == 0 else torch.float32
+
+
+@torch.library.custom_op("kernscope::embedding", mutates_args=())
+def _embedding(ids: Tensor, table: Tensor, table_format: int, dtype: Optional[torch.dtype], backend: str) -> Tensor:
+    out = torch.empty((*ids.shape, _hidden(table, table_format)), dtype=_emb_dtype(table, table_format, dtype),
+                      device=table.device)
+    _run(_C.embedding, (out, ids, table), table_format, _code("embedding", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::dequantize", mutates_args=())
+def _dequantize(packed: Tensor, qtype: int, dtype: torch.dtype, backend: str) -> Tensor:
+    out = torch.empty((packed.shape[0] if packed.dim() else 0, _hidden(packed, qtype)), dtype=dtype,
+                      device=packed.device)
+    _run(_C.dequantize, (out, packed), qtype, _code("dequantize", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::gemm", mutates_args=())
+def _gemm(a: Tensor, b: Tensor, backend: str) -> Tensor:
+    out = torch.empty((a.shape[0] if a.dim() else 0, b.shape[0] if b.dim() else 0), dtype=a.dtype, device=a.device)
+    _run(_C.gemm, (out, a, b), _code("gemm", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::quant_matmul", mutates_args=())
+def _quant_matmul(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
+    out = torch.empty((x.shape[0] if x.dim() else 0, weight.shape[0] if weight.dim() else 0), dtype=x.dtype,
+                      device=x.device)
+    _run(_C.quant_matmul, (out, x, weight), qtype, _code("quant_matmul", backend))
+    return out
+
+
+@torch.library.custom_op("kernscope::rotary_embedding", mutates_args=("q", "k"))
+def _rotary_embedding(q: Tensor, k: Optional[Tensor], positions: Tensor, rotary_dim: int, theta: float,
+                      is_neox: bool, backend: str) -> None:
+    _run(_C.rotary_embedding, (q, k, positions), rotary_dim, theta, is_neox, _code("rotary_embedding", backend))
+
+
+@torch.library.custom_op("kernscope::kv_cache_append", mutates_args=("k_cache", "v_cache"))
+def _kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor,
+                     backend: str) -> None:
+    _run(_C.kv_cache_append, (k_cache, v_cache, k, v, slot_mapping), _code("kv_cache_append", backend))
+
+
+@torch.library.custom_op("kernscope::paged_attention", mutates_args=())
+def _paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_ids: Optional[Tensor],
+                     context_lens: Tensor, scale: float, backend: str) -> Tensor:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _run(_C.paged_attention, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens), scale,
+         _code("paged_attention", backend))
+    return out
+
+
+# ---- fake (meta) kernels: output shapes only ----------------------------------------
+@_rms_norm.register_fake
+def _(x, weight, eps, backend):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_fused_add_rms_norm.register_fake
+def _(x, residual, weight, eps, backend):
+    return None
+
+
+@_silu_and_mul.register_fake
+def _(x, backend):
+    return x.new_empty((*x.shape[:-1], x.shape[-1] // 2))
+
+
+@_gemv.register_fake
+def _(x, weight, backend):
+    return x.new_empty((weight.shape[0],))
+
+
+@_softmax.register_fake
+def _(x, backend):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@_argmax.register_fake
+def _(x, backend):
+    return x.new_empty((x.shape[0],), dtype=torch.int64)
+
+
+@_embedding.register_fake
+def _(ids, table, table_format, dtype, backend):
+    return table.new_empty((*ids.shape, _hidden(table, table_format)),
+                           dtype=_emb_dtype(table, table_format, dtype))
+
+
+@_dequantize.register_fake
+def _(packed, qtype, dtype, backend):
+    return packed.new_empty((packed.shape[0], _hidden(packed, qtype)), dtype=dtype)
+
+
+@_gemm.register_fake
+def _(a, b, backend):
+    return a.new_empty((a.shape[0], b.shape[0]))
+
+
+@_quant_matmul.register_fake
+def _(x, weight, qtype, backend):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@_rotary_embedding.register_fake
+def _(q, k, positions, rotary_dim, theta, is_neox, backend):
+    return None
+
+
+@_kv_cache_append.register_fake
+def _(k_cache, v_cache, k, v, slot_mapping, backend):
+    return None
+
+
+@_paged_attention.register_fake
+def _(q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale, backend):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+# ---- what the public functions call while torch.compile traces -----------------------
+def _ref_or_op(op: str, backend: str, names: tuple, tensors: tuple) -> bool:
+    """True: inline the PyTorch reference (backend "torch", or autograd with "auto")."""
+    return _ops._torch_route(op, _ops._backend(op, backend), backend, names, tensors)
+
+
+def _fin(y: Tensor, out: Optional[Tensor]) -> Tensor:
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def rms_norm(x, weight, eps, backend, out):
+    if _ref_or_op("rms_norm", backend, ("x", "weight"), (x, weight)):
+        return _fin(ref.rms_norm(x, weight, eps), out)
+    return _fin(torch.ops.kernscope.rms_norm(x, weight, float(eps), backend), out)
+
+
+def fused_add_rms_norm(x, residual, weight, eps, backend):
+    if _ref_or_op("fused_add_rms_norm", backend, ("x", "residual", "weight"), (x, residual, weight)):
+        return ref.fused_add_rms_norm(x, residual, weight, eps)
+    torch.ops.kernscope.fused_add_rms_norm(x, residual, weight, float(eps), backend)
+
+
+def silu_and_mul(x, backend, out):
+    if _ref_or_op("silu_and_mul", backend, ("x",), (x,)):
+        return _fin(ref.silu_and_mul(x), out)
+    return _fin(torch.ops.kernscope.silu_and_mul(x, backend), out)
+
+
+def gemv(x, weight, backend, out):
+    if _ref_or_op("gemv", backend, ("x", "weight"), (x, weight)):
+        return _fin(ref.gemv(x, weight), out)
+    return _fin(torch.ops.kernscope.gemv(x, weight, backend), out)
+
+
+def softmax(x, backend, out):
+    if _ref_or_op("softmax", backend, ("x",), (x,)):
+        return _fin(ref.softmax(x), out)
+    return _fin(torch.ops.kernscope.softmax(x, backend), out)
+
+
+def argmax(x, backend, out):
+    if _ref_or_op("argmax", backend, ("x",), (x,)):
+        return _fin(ref.argmax(x), out)
+    return _fin(torch.ops.kernscope.argmax(x, backend), out)
+
+
+def _dt(op: str, dtype: Any) -> Optional[torch.dtype]:
+    return None if dtype is None else _TORCH_DTYPES[_ops._float_dtype(op, dtype)]
+
+
+def embedding(ids, table, table_format, dtype, backend, out):
+    fmt = _ops._qtype("embedding", table_format, allow_none=True)
+    if _ref_or_op("embedding", backend, ("table",), (table,)):
+        return _fin(ref.embedding(ids, table, fmt, _dt("embedding", dtype)), out)
+    return _fin(torch.ops.kernscope.embedding(ids, table, fmt, _dt("embedding", dtype), backend), out)
+
+
+def dequantize(packed, qtype, dtype, backend, out):
+    q = _ops._qtype("dequantize", qtype)
+    dt = _dt("dequantize", dtype)
+    if _ref_or_op("dequantize", backend, (), ()):
+        return _fin(ref.dequantize(packed, q, dt), out)
+    return _fin(torch.ops.kernscope.dequantize(packed, q, dt, backend), out)
+
+
+def gemm(a, b, backend, out):
+    if _ref_or_op("gemm", backend, ("a", "b"), (a, b)):
+        return _fin(ref.gemm(a, b), out)
+    return _fin(torch.ops.kernscope.gemm(a, b, backend), out)
+
+
+def quant_matmul(x, weight, qtype, backend, out):
+    q = _ops._qtype("quant_matmul", qtype)
+    if _ref_or_op("quant_matmul", backend, ("x",), (x,)):
+        return _fin(ref.quant_matmul(x, weight, q), out)
+    return _fin(torch.ops.kernscope.quant_matmul(x, weight, q, backend), out)
+
+
+def rotary_embedding(q, k, positions, rotary_dim, theta, is_neox, backend):
+    rd = q.shape[-1] if rotary_dim is None else int(rotary_dim)
+    if _ref_or_op("rotary_embedding", backend, ("q", "k"), (q, k)):
+        return ref.rotary_embedding(q, k, positions, rd, float(theta), bool(is_neox))
+    torch.ops.kernscope.rotary_embedding(q, k, positions, rd, float(theta), bool(is_neox), backend)
+
+
+def kv_cache_append(k_cache, v_cache, k, v, slot_mapping, backend):
+    if _ref_or_op("kv_cache_append", backend, ("k", "v"), (k, v)):
+        return ref.kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
+    torch.ops.kernscope.kv_cache_append(k_cache, v_cache, k, v, slot_mapping, backend)
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_ids, backend, out):
+    if _ref_or_op("paged_attention", backend, ("q", "k_cache", "v_cache"), (q, k_cache, v_cache)):
+        return _fin(ref.paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale), out)
+    return _fin(torch.ops.kernscope.paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens,
+                                                    scale, backend), out)
+
+
+def install() -> None:
+    """Point the public functions at this module while torch.compile traces (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    _ops._TL = sys.modules[__name__]
+    _ops._compiling = torch.compiler.is_compiling

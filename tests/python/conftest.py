@@ -1,0 +1,164 @@
+"""Shared helpers for the kernscope Python tests.
+
+References are FP64 numpy computations on the already-rounded inputs. Tolerances
+are the seed's (fp16 rtol=atol=1e-3, bf16 1e-2, fp32 1e-6) plus, where an op sums
+many products, a first-order FP32 bound of the documented computation (see
+docs/contracts.md: 8 sqrt(K) u sum|a_k b_k| for sums in an unspecified order).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import kernscope as ks
+
+U = 2.0 ** -24  # FP32 unit roundoff
+DTYPES = ("fp16", "bf16", "fp32")
+TOL = {"fp16": 1e-3, "bf16": 1e-2, "fp32": 1e-6}
+NP = {"fp16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16), "fp32": np.dtype(np.float32)}
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def np_dtype(name: str) -> np.dtype:
+    return NP[name]
+
+
+def rand(rng: np.random.Generator, shape, name: str, scale: float = 1.0) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(NP[name])
+
+
+def f64(a) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def assert_close(got, ref, name: str, extra=0.0, what: str = "") -> None:
+    """|got - ref| <= tol * (1 + |ref|) + extra elementwise; NaN where ref is NaN; equal infinities."""
+    g = f64(got)
+    r = np.asarray(ref, dtype=np.float64)
+    assert g.shape == r.shape, f"{what}: shape {g.shape} != {r.shape}"
+    nan_r = np.isnan(r)
+    assert np.array_equal(np.isnan(g), nan_r), f"{what}: NaN positions differ"
+    inf_r = np.isinf(r)
+    # fp16/bf16 outputs may overflow to inf where the FP64 value is just past the range.
+    assert np.all(g[inf_r] == r[inf_r]), f"{what}: infinities differ"
+    fin = ~nan_r & ~inf_r
+    err = np.abs(g - r)
+    lim = TOL[name] * (1.0 + np.abs(r)) + extra
+    bad = fin & ~(err <= lim)
+    if bad.any():
+        i = np.flatnonzero(bad.reshape(-1))[0]
+        raise AssertionError(
+            f"{what} ({name}): {int(bad.sum())} elements out of tolerance; first at flat index {i}: "
+            f"got {g.reshape(-1)[i]!r}, ref {r.reshape(-1)[i]!r}, limit {np.broadcast_to(lim, r.shape).reshape(-1)[i]!r}")
+
+
+def sum_bound(abs_terms_sum, k: int) -> np.ndarray:
+    """docs/contracts.md's allowance for an FP32 sum of k products in any order."""
+    return 8.0 * math.sqrt(max(k, 1)) * U * np.asarray(abs_terms_sum, dtype=np.float64)
+
+
+# ---- FP64 references (numpy) -------------------------------------------------------
+def ref_rms_norm(x, w, eps):
+    x = f64(x)
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float64(np.float32(eps)))
+    return x * r * f64(w)
+
+
+def ref_silu_and_mul(x):
+    x = f64(x)
+    d = x.shape[-1] // 2
+    g, u = x[..., :d], x[..., d:]
+    with np.errstate(over="ignore", invalid="ignore"):
+        return g / (1.0 + np.exp(-g)) * u
+
+
+def ref_softmax(x):
+    x = f64(x)
+    with np.errstate(invalid="ignore", over="ignore"):
+        m = np.max(x, axis=-1, keepdims=True)
+        e = np.exp(x - m)
+        return e / np.sum(e, axis=-1, keepdims=True)
+
+
+# GGUF block formats: (elements, bytes) per block, by ks.QType value.
+QGEOM = {1: (1, 4), 2: (1, 2), 3: (1, 2), 4: (32, 18), 5: (32, 20), 6: (32, 34)}
+QNAMES = {1: "f32", 2: "f16", 3: "bf16", 4: "q4_0", 5: "q4_1", 6: "q8_0"}
+
+
+def make_packed(rng: np.random.Generator, rows: int, cols: int, q: int) -> np.ndarray:
+    """Random packed rows [rows, row_bytes] in format q (finite scales)."""
+    bs, bb = QGEOM[q]
+    nb = cols // bs
+    if q == 1:
+        return rng.standard_normal((rows, cols)).astype("<f4").view(np.uint8).reshape(rows, cols * 4)
+    if q == 2:
+        return rng.standard_normal((rows, cols)).astype("<f2").view(np.uint8).reshape(rows, cols * 2)
+    if q == 3:
+        return rng.standard_normal((rows, cols)).astype(ml_dtypes.bfloat16).view(np.uint8).reshape(rows, cols * 2)
+    blocks = np.zeros((rows, nb, bb), np.uint8)
+    d = (rng.standard_normal((rows, nb)) * 0.05).astype("<f2")
+    blocks[..., 0:2] = d.view(np.uint8).reshape(rows, nb, 2)
+    if q == 4:
+        blocks[..., 2:] = rng.integers(0, 256, (rows, nb, 16), dtype=np.uint8)
+    elif q == 5:
+        m = (rng.standard_normal((rows, nb)) * 0.1).astype("<f2")
+        blocks[..., 2:4] = m.view(np.uint8).reshape(rows, nb, 2)
+        blocks[..., 4:] = rng.integers(0, 256, (rows, nb, 16), dtype=np.uint8)
+    else:
+        blocks[..., 2:] = rng.integers(-128, 128, (rows, nb, 32), dtype=np.int8).view(np.uint8)
+    return blocks.reshape(rows, nb * bb)
+
+
+def ref_dequantize(packed: np.ndarray, q: int) -> np.ndarray:
+    """FP64 values of packed rows (the FP32 decode of each element is exact here,
+    except Q4_1's d*q+m, which FP32 rounds once)."""
+    bs, bb = QGEOM[q]
+    rows, row_bytes = packed.shape
+    if q == 1:
+        return packed.view("<f4").astype(np.float64).reshape(rows, -1)
+    if q == 2:
+        return packed.view("<f2").astype(np.float64).reshape(rows, -1)
+    if q == 3:
+        return packed.copy().view(ml_dtypes.bfloat16).astype(np.float64).reshape(rows, -1)
+    nb = row_bytes // bb
+    blk = packed.reshape(rows, nb, bb)
+    d = blk[..., 0:2].copy().view("<f2").astype(np.float64)  # [rows, nb, 1]
+    if q == 6:
+        codes = blk[..., 2:].view(np.int8).astype(np.float64)
+        w = d * codes
+    else:
+        c = blk[..., 2:] if q == 4 else blk[..., 4:]
+        codes = np.concatenate([c & 0xF, c >> 4], axis=-1).astype(np.float64)
+        if q == 4:
+            w = d * (codes - 8.0)
+        else:
+            m = blk[..., 2:4].copy().view("<f2").astype(np.float64)
+            w = d * codes + m
+    return w.reshape(rows, nb * bs)
+
+
+def cpu_variants(op: str):
+    """Names of the native CPU variants of op (for ks.force_variant)."""
+    return [v.variant for v in ks.available() if v.op == op and v.backend == "cpu"]
+
+
+def run_variant(op: str, variant: str, fn):
+    """fn() with op pinned to variant; skips when this machine cannot run it."""
+    ks.force_variant(op, variant)
+    try:
+        return fn()
+    except ks.BackendUnavailableError as e:
+        pytest.skip(f"{variant} unavailable here: {e}")
+    finally:
+        ks.force_variant(op, None)
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)
