@@ -8,11 +8,12 @@ MAX_TOKENS ?= 200
 export KS_CACHE ?= $(HOME)/.cache/kernscope
 MODEL     ?= $(KS_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all setup build model test run bench clean
+.PHONY: all setup build model test test-bindings run bench clean
 all: build
 
 setup:
 	@scripts/setup.sh
+	@scripts/setup_bindings.sh
 
 build: setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
@@ -23,6 +24,10 @@ model:
 
 test: build model
 	KS_MODEL_PATH=$(MODEL) KS_REQUIRE_MODEL=1 ctest --test-dir $(BUILD) --output-on-failure -j 2
+	bindings/run_tests.sh $(BUILD)
+
+test-bindings: build
+	bindings/run_tests.sh $(BUILD)
 
 run: build model
 	$(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$(PROMPT)"

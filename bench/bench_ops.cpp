@@ -243,9 +243,11 @@ int main(int argc, char** argv) {
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return 1;
   const char* commit = std::getenv("KS_COMMIT");
+  const char* driver = std::getenv("KS_DRIVER");  // nvidia-smi's driver version, from gpu_check.sh
+  const std::string drv_s = driver ? driver : std::to_string(drv);
   std::fprintf(f, "gpu,driver,cuda,commit,op,shape,dtype,impl,config,us,gbs,pct_copy,copy_gbs\n");
   for (const auto& r : rows)
-    std::fprintf(f, "%s,%d,%d,%s,%s,%s,%s,kernscope,\"%s\",%.3f,%.1f,%.1f,%.1f\n", prop.name, drv, rt, commit ? commit : "unknown",
+    std::fprintf(f, "%s,%s,%d,%s,%s,%s,%s,kernscope,\"%s\",%.3f,%.1f,%.1f,%.1f\n", prop.name, drv_s.c_str(), rt, commit ? commit : "unknown",
                  r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.config.c_str(), r.us, r.gbs, 100 * r.gbs / copy_gbs, copy_gbs);
   std::fclose(f);
   CK(cudaStreamDestroy(s));

@@ -14,38 +14,41 @@ STAGES=${KS_STAGES:-build,test,sanitize,bench,peers,report}
 PEER_DTYPES=${PEER_DTYPES:-bf16,fp16,fp32}
 BUILD=build-gpu
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
-export KS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee "$OUT/gpu_state.txt"
+# The device copy has no .git: the caller passes KS_COMMIT.
+export KS_COMMIT=${KS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+export KS_DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+LOG="$OUT/logs.txt"   # every stage's log, one file (the device returns at most 8 files)
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$LOG"
 
 if has build; then
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-        -DKS_BUILD_TOOLS=OFF -DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include > "$OUT/build.log" 2>&1 &&
-  cmake --build $BUILD -j 16 >> "$OUT/build.log" 2>&1 || { tail -40 "$OUT/build.log"; exit 1; }
-  grep -E "warning|error" "$OUT/build.log" | head -20
+        -DKS_BUILD_TOOLS=OFF -DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include >> "$LOG" 2>&1 &&
+  cmake --build $BUILD -j 16 >> "$LOG" 2>&1 || { tail -40 "$LOG"; exit 1; }
+  grep -E "warning|error" "$LOG" | grep -v "^--" | head -20
 fi
 
 if has test; then
   $BUILD/tests/test_cuda_ops 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|config" | head -60
-  ctest --test-dir $BUILD -j 8 -E "Cuda\." --output-on-failure > "$OUT/ctest_cpu.log" 2>&1; echo "ctest (CPU suites) rc=$?"; tail -3 "$OUT/ctest_cpu.log"
+  ctest --test-dir $BUILD -j 8 -E "Cuda\." --output-on-failure >> "$LOG" 2>&1; echo "ctest (CPU suites) rc=$?"
 fi
 
 if has sanitize; then
   F='Cuda.*-Cuda.MoreThan2Pow31Elements'
   { compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$F" --gtest_brief=1; echo "memcheck rc=$?";
     compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter='Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*' --gtest_brief=1; echo "racecheck rc=$?";
-  } > "$OUT/sanitizer.log" 2>&1
-  grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.log"
+  } > "$OUT/sanitizer.txt" 2>&1
+  grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.txt"; cat "$OUT/sanitizer.txt" >> "$LOG"; rm -f "$OUT/sanitizer.txt"
 fi
 
 if has bench; then
-  $BUILD/bench_ops --csv "$OUT/bench_ops.csv" | tee "$OUT/bench_ops.log" | tail -100
+  $BUILD/bench_ops --csv "$OUT/bench_ops.csv" | tee -a "$LOG" | tail -100
 fi
 
 if has peers; then
   if ls .whl/liger_kernel*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl && export PYTHONPATH=/tmp/site
   fi
-  PYTHONUNBUFFERED=1 python3 bench/peers.py --csv "$OUT/peers.csv" --dtypes "$PEER_DTYPES" > "$OUT/peers.log" 2>&1; echo "peers rc=$?"; tail -5 "$OUT/peers.log"
+  PYTHONUNBUFFERED=1 python3 bench/peers.py --csv "$OUT/peers.csv" --dtypes "$PEER_DTYPES" > "$OUT/peers.txt" 2>&1; echo "peers rc=$?"; grep -E "FAILED|unavailable|Error" "$OUT/peers.txt" | head; tail -3 "$OUT/peers.txt"; cat "$OUT/peers.txt" >> "$LOG"; rm -f "$OUT/peers.txt"
 fi
 
 if has report; then

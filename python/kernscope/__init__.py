@@ -148,17 +148,17 @@ def _install_torch() -> None:
 
 class _TorchImportHook:
     """A meta-path finder that registers kernscope's torch ops right after
-    ``import torch`` finishes (it only wraps torch's loader; it imports nothing)."""
+    ``import torch`` finishes. It imports nothing: it asks the other finders for
+    torch's spec and wraps that spec's loader; a find_spec that only probes
+    (importlib.util.find_spec) leaves no trace. It removes itself once done."""
 
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
         if name != "torch":
             return None
-        try:
-            sys.meta_path.remove(self)
-        except ValueError:
-            pass
         spec = None
         for finder in list(sys.meta_path):
+            if finder is self:
+                continue
             find = getattr(finder, "find_spec", None)
             if find is None:
                 continue
@@ -166,17 +166,22 @@ class _TorchImportHook:
             if spec is not None:
                 break
         loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
+        inner = getattr(loader, "exec_module", None)
+        if inner is None:
             return spec
-        inner = loader.exec_module
+        hook = self
 
         def exec_module(module: Any) -> None:
             inner(module)
+            try:
+                sys.meta_path.remove(hook)
+            except ValueError:
+                pass
             _install_torch()
 
         try:
             loader.exec_module = exec_module
-        except Exception:  # a loader that refuses attributes: register on first use instead
+        except Exception:  # a loader that refuses attributes: torch still imports, eager ops still work
             pass
         return spec
 

@@ -366,7 +366,7 @@ NB_MODULE(_C, m) {
     if (!variant.is_none()) var_c = (v = nb::cast<std::string>(variant)).c_str();
     const ks_status_t st = ks_force_variant(op_c, var_c);
     if (st != KS_SUCCESS) raise_status(st);
-  });
+  }, nb::arg("op").none(), nb::arg("variant").none());
   m.def("cuda_stream_synchronize", [](uintptr_t stream) { cuda_stream_synchronize(reinterpret_cast<void*>(stream)); });
 
   // ---- operators (tensors in C ABI order; see include/kernscope/kernscope.h) ---

@@ -46,7 +46,9 @@ constexpr int kWMax = 32;
 // FUSED = false: out = rms_norm(x). FUSED = true: s = x + residual; residual = s; x = rms_norm(s).
 // Cached variants (NV > 0) run at most 512 threads per CTA, so the compiler may
 // use up to 128 registers per thread and keeps the row without spilling.
-template <typename T, int VEC, int NV, bool FUSED>
+// PRELOAD_W: load the weights together with the row (one memory round trip
+// instead of two: pays when few rows are in flight; costs registers otherwise).
+template <typename T, int VEC, int NV, bool FUSED, bool PRELOAD_W>
 __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormParams p) {
   __shared__ float red[kWMax * 8];
   const int tpr = p.warps_per_row * 32;
@@ -65,27 +67,31 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
     const int64_t off = row * H;
     float ss = 0.f;
     if constexpr (NV > 0) {
-      float s[NV][VEC];
-      Vec<T, VEC> wv[NV];  // weights are loaded with the row: no second memory round trip
+      // The row stays in registers as raw 16-byte vectors (half the registers of
+      // FP32 copies, so more rows are in flight per SM); s = x (+ residual) is
+      // recomputed from them in the second phase, bit-identically.
+      Vec<T, VEC> xv[NV], rv[NV], wv[NV];
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
         if (active && idx < hv) {
-          wv[i] = load_vec<T, VEC>(w + idx * VEC);
-          const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
-          Vec<T, VEC> rv;
-          if constexpr (FUSED) rv = load_vec<T, VEC>(r + off + idx * VEC);
+          if constexpr (PRELOAD_W) wv[i] = load_vec<T, VEC>(w + idx * VEC);
+          xv[i] = load_vec<T, VEC>(x + off + idx * VEC);
+          if constexpr (FUSED) rv[i] = load_vec<T, VEC>(r + off + idx * VEC);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t idx = lt + int64_t(i) * tpr;
+        if (active && idx < hv) {
+          Vec<T, VEC> so;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            s[i][j] = FUSED ? xv.f(j) + rv.f(j) : xv.f(j);
-            ss += s[i][j] * s[i][j];
+            const float v = FUSED ? xv[i].f(j) + rv[i].f(j) : xv[i].f(j);
+            ss += v * v;
+            if constexpr (FUSED) so.set(j, v);
           }
-          if constexpr (FUSED) {
-            Vec<T, VEC> o;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) o.set(j, s[i][j]);
-            store_vec<T, VEC>(rout + off + idx * VEC, o);
-          }
+          if constexpr (FUSED) store_vec<T, VEC>(rout + off + idx * VEC, so);
         }
       }
       const float total = row_group_sum<kWMax>(ss, red, group, warp_in_row, p.warps_per_row, lane);
@@ -94,9 +100,13 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
         if (active && idx < hv) {
+          if constexpr (!PRELOAD_W) wv[i] = load_vec<T, VEC>(w + idx * VEC);
           Vec<T, VEC> o;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) o.set(j, s[i][j] * scale * wv[i].f(j));
+          for (int j = 0; j < VEC; ++j) {
+            const float v = FUSED ? xv[i].f(j) + rv[i].f(j) : xv[i].f(j);
+            o.set(j, v * scale * wv[i].f(j));
+          }
           store_vec<T, VEC>(out + off + idx * VEC, o);
         }
       }
@@ -145,6 +155,7 @@ int next_pow2(int64_t v) {
 
 struct NormConfig {
   int vec, nv, warps_per_row, rows_per_cta, grid;
+  bool preload_w;
 };
 
 // Shape -> launch configuration (documented in docs/cuda.md).
@@ -153,9 +164,9 @@ NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, bool fused, int 
   NormConfig c{};
   c.vec = vec_ok ? 16 / es : 1;
   const int64_t hv = (H + c.vec - 1) / c.vec;
-  // About two vectors per thread (16 warps at most for the cached kernels);
-  // wider rows cache up to 8 per thread, beyond that two passes with 32 warps.
-  c.warps_per_row = std::clamp(next_pow2((hv + 63) / 64), 1, 16);
+  // About four 16-byte vectors per thread (16 warps at most for the cached
+  // kernels); wider rows cache up to 8 per thread, beyond that two passes.
+  c.warps_per_row = std::clamp(next_pow2((hv + 127) / 128), 1, 16);
   int64_t need = (hv + 32 * c.warps_per_row - 1) / (32 * c.warps_per_row);
   c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
   if (c.vec == 1 && c.nv > 4) c.nv = 0;  // scalar path: keep register arrays small
@@ -163,32 +174,34 @@ NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, bool fused, int 
   c.rows_per_cta = std::max(1, 4 / c.warps_per_row);
   const int64_t ctas = (rows + c.rows_per_cta - 1) / c.rows_per_cta;
   c.grid = int(std::min<int64_t>(ctas, int64_t(sm_count) * 64));
+  c.preload_w = ctas <= 2 * int64_t(sm_count);  // decode-sized calls: latency over occupancy
   return c;
 }
 
-template <typename T, int VEC, bool FUSED>
+template <typename T, int VEC, bool FUSED, bool PW>
 void launch_nv(const NormConfig& c, const NormParams& p, cudaStream_t s) {
   const dim3 block(32 * c.warps_per_row * c.rows_per_cta), grid(c.grid);
   switch (c.nv) {
-    case 1: norm_kernel<T, VEC, 1, FUSED><<<grid, block, 0, s>>>(p); break;
-    case 2: norm_kernel<T, VEC, 2, FUSED><<<grid, block, 0, s>>>(p); break;
-    case 4: norm_kernel<T, VEC, 4, FUSED><<<grid, block, 0, s>>>(p); break;
+    case 1: norm_kernel<T, VEC, 1, FUSED, PW><<<grid, block, 0, s>>>(p); break;
+    case 2: norm_kernel<T, VEC, 2, FUSED, PW><<<grid, block, 0, s>>>(p); break;
+    case 4: norm_kernel<T, VEC, 4, FUSED, PW><<<grid, block, 0, s>>>(p); break;
     case 8:
       if constexpr (VEC > 1) {
-        norm_kernel<T, VEC, 8, FUSED><<<grid, block, 0, s>>>(p);
+        norm_kernel<T, VEC, 8, FUSED, PW><<<grid, block, 0, s>>>(p);
         break;
       }
       [[fallthrough]];
-    default: norm_kernel<T, VEC, 0, FUSED><<<grid, block, 0, s>>>(p); break;
+    default: norm_kernel<T, VEC, 0, FUSED, false><<<grid, block, 0, s>>>(p); break;
   }
 }
 
 template <typename T, bool FUSED>
 void launch_t(const NormConfig& c, const NormParams& p, cudaStream_t s) {
-  if (c.vec == 16 / int(sizeof(T)))
-    launch_nv<T, 16 / sizeof(T), FUSED>(c, p, s);
+  constexpr int V = 16 / sizeof(T);
+  if (c.vec == V)
+    c.preload_w ? launch_nv<T, V, FUSED, true>(c, p, s) : launch_nv<T, V, FUSED, false>(c, p, s);
   else
-    launch_nv<T, 1, FUSED>(c, p, s);
+    c.preload_w ? launch_nv<T, 1, FUSED, true>(c, p, s) : launch_nv<T, 1, FUSED, false>(c, p, s);
 }
 
 template <bool FUSED>
@@ -202,8 +215,8 @@ void launch(detail::DType dt, const NormConfig& c, const NormParams& p, cudaStre
 
 std::string describe(const NormConfig& c) {
   char b[128];
-  std::snprintf(b, sizeof b, "vec=%d nv=%d warps_per_row=%d rows_per_cta=%d grid=%d", c.vec, c.nv, c.warps_per_row,
-                c.rows_per_cta, c.grid);
+  std::snprintf(b, sizeof b, "vec=%d nv=%d warps_per_row=%d rows_per_cta=%d grid=%d preload_w=%d", c.vec, c.nv,
+                c.warps_per_row, c.rows_per_cta, c.grid, int(c.preload_w));
   return b;
 }
 

@@ -32,6 +32,14 @@ struct SoftmaxParams {
 
 constexpr int kSmWMax = 32;
 
+// exp for the contract: expf for fp32 outputs; the hardware exp2 path (__expf,
+// relative error ~1e-7, far below 16-bit rounding) for fp16/bf16 outputs.
+template <typename T>
+__device__ __forceinline__ float sm_exp(float v) {
+  if constexpr (sizeof(T) == 2) return __expf(v);
+  else return expf(v);
+}
+
 // Sum (or max, or) over a row group's warps; every thread gets the same value.
 template <int OP>  // 0 sum, 1 max, 2 logical or (as 0/1 floats)
 __device__ __forceinline__ float group_reduce(float v, float* red, int group, int warp_in_row, int wpr, int lane) {
@@ -64,22 +72,23 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
     const bool active = group < p.rows_per_cta && row < p.rows;
     const int64_t off = row * H;
     float mx = -INFINITY, nan = 0.f;
-    float v[NV > 0 ? NV : 1][VEC];
+    Vec<T, VEC> xr[NV > 0 ? NV : 1];  // the row, raw (16-byte vectors)
     if constexpr (NV > 0) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
+        if (active && idx < hv) xr[i] = load_vec<T, VEC>(x + off + idx * VEC);
+      }
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) v[i][j] = -INFINITY;
-        if (active && idx < hv) {
-          const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
+      for (int i = 0; i < NV; ++i) {
+        const int64_t idx = lt + int64_t(i) * tpr;
+        if (active && idx < hv)
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
-            v[i][j] = xv.f(j);
-            nan = isnan(v[i][j]) ? 1.f : nan;
-            mx = fmaxf(mx, v[i][j]);
+            const float f = xr[i].f(j);
+            nan = isnan(f) ? 1.f : nan;
+            mx = fmaxf(mx, f);
           }
-        }
       }
     } else if (active) {
       for (int64_t idx = lt; idx < hv; idx += tpr) {
@@ -98,17 +107,17 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
     float sum = 0.f;
     if constexpr (NV > 0) {
 #pragma unroll
-      for (int i = 0; i < NV; ++i)
+      for (int i = 0; i < NV; ++i) {
+        const int64_t idx = lt + int64_t(i) * tpr;
+        if (active && !bad && idx < hv)
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          v[i][j] = bad ? 0.f : expf(v[i][j] - mx);  // padding lanes hold -inf -> 0
-          sum += v[i][j];
-        }
+          for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(xr[i].f(j) - mx);
+      }
     } else if (active && !bad) {
       for (int64_t idx = lt; idx < hv; idx += tpr) {
         const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += expf(xv.f(j) - mx);
+        for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(xv.f(j) - mx);
       }
     }
     sum = group_reduce<0>(sum, red, group, wir, p.warps_per_row, lane);
@@ -121,7 +130,7 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
         if (idx < hv) {
           Vec<T, VEC> o;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] * inv);
+          for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xr[i].f(j) - mx) * inv);
           store_vec<T, VEC>(out + off + idx * VEC, o);
         }
       }
@@ -130,7 +139,7 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
         const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
         Vec<T, VEC> o;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - mx) * inv);
+        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xv.f(j) - mx) * inv);
         store_vec<T, VEC>(out + off + idx * VEC, o);
       }
     }
@@ -153,23 +162,24 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
   const int64_t v0 = rank * p.slice, v1 = min(hv, v0 + p.slice);
   const T* x = static_cast<const T*>(p.x) + row * H;
   T* out = static_cast<T*>(p.out) + row * H;
-  float v[NV > 0 ? NV : 1][VEC];
+  Vec<T, VEC> xr[NV > 0 ? NV : 1];
   float mx = -INFINITY, nan = 0.f;
   if constexpr (NV > 0) {
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
+      if (idx < v1) xr[i] = load_vec<T, VEC>(x + idx * VEC);
+    }
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) v[i][j] = -INFINITY;
-      if (idx < v1) {
-        const auto xv = load_vec<T, VEC>(x + idx * VEC);
+    for (int i = 0; i < NV; ++i) {
+      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
+      if (idx < v1)
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          v[i][j] = xv.f(j);
-          nan = isnan(v[i][j]) ? 1.f : nan;
-          mx = fmaxf(mx, v[i][j]);
+          const float f = xr[i].f(j);
+          nan = isnan(f) ? 1.f : nan;
+          mx = fmaxf(mx, f);
         }
-      }
     }
   } else {
     for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
@@ -212,17 +222,17 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
   float sum = 0.f;
   if constexpr (NV > 0) {
 #pragma unroll
-    for (int i = 0; i < NV; ++i)
+    for (int i = 0; i < NV; ++i) {
+      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
+      if (!bad && idx < v1)
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        v[i][j] = bad ? 0.f : expf(v[i][j] - gm);
-        sum += v[i][j];
-      }
+        for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(xr[i].f(j) - gm);
+    }
   } else if (!bad) {
     for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
       const auto xv = load_vec<T, VEC>(x + idx * VEC);
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += expf(xv.f(j) - gm);
+      for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(xv.f(j) - gm);
     }
   }
   sum = warp_sum(sum);
@@ -244,7 +254,7 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
       if (idx < v1) {
         Vec<T, VEC> o;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : v[i][j] * inv);
+        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xr[i].f(j) - gm) * inv);
         store_vec<T, VEC>(out + idx * VEC, o);
       }
     }
@@ -253,7 +263,7 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
       const auto xv = load_vec<T, VEC>(x + idx * VEC);
       Vec<T, VEC> o;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : expf(xv.f(j) - gm) * inv);
+      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xv.f(j) - gm) * inv);
       store_vec<T, VEC>(out + idx * VEC, o);
     }
   }
@@ -295,7 +305,7 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps&
     }
   }
   c.cluster = 1;
-  c.warps_per_row = std::clamp(pow2_at_least((hv + 63) / 64), 1, 16);
+  c.warps_per_row = std::clamp(pow2_at_least((hv + 127) / 128), 1, 16);
   const int64_t tpr = 32 * c.warps_per_row;
   const int64_t need = (hv + tpr - 1) / tpr;
   c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;

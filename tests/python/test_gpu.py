@@ -1,0 +1,350 @@
+"""GPU tests: torch CUDA tensors (every op against the CPU backend and FP64),
+non-default streams, CUDA-graph capture, torch.compile on CUDA, cupy and jax
+arrays, several devices. Skipped without a CUDA device (and a test whose op
+has no CUDA kernel yet skips, saying so). scripts/gpu_python_check.sh runs
+these on the GPU machine."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from conftest import DTYPES, QNAMES, TOL, assert_close, f64, make_packed, ref_rms_norm, ref_softmax, sum_bound
+
+torch = pytest.importorskip("torch")
+import kernscope as ks  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def need_kernel(op: str, dt: str = "fp32") -> None:
+    """Skip unless the CUDA backend has a variant of op for dt."""
+    if not ks.backend_available("cuda"):
+        pytest.fail("kernscope was built without the CUDA backend (or sees no device) on a CUDA machine")
+    try:
+        ks.which(op, dt, "cuda")
+    except ks.BackendUnavailableError as e:
+        pytest.skip(f"no CUDA kernel for {op} ({dt}) yet: {e}")
+
+
+def has_kernel(op: str, dt: str = "fp32") -> bool:
+    try:
+        ks.which(op, dt, "cuda")
+        return True
+    except ks.BackendUnavailableError:
+        return False
+
+
+def trand(shape, dt, seed=0, device="cuda", scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(TORCH[dt]).to(device)
+
+
+def np64(t):
+    return t.detach().float().cpu().numpy().astype(np.float64)
+
+
+def close(a, b, dt, what=""):
+    # Two implementations of one contract: each within tol of FP64, so within 2 tol of each other.
+    assert_close(np64(a), np64(b), dt, extra=TOL[dt] * (1 + 2 * np.abs(np64(b))), what=what)
+
+
+def test_cuda_backend_built_and_visible():
+    assert ks.backend_available("cuda"), "kernscope's CUDA backend is not compiled in, or sees no device"
+    rows = [r for r in ks.available() if r.backend == "cuda"]
+    print("CUDA variants:", [(r.op, r.variant, r.dtypes) for r in rows])
+
+
+# ---- ops without a CUDA kernel fail cleanly (KS_ERROR_BACKEND_UNAVAILABLE) -----------------------
+def _cuda_calls(dev="cuda"):
+    f = torch.zeros(2, 8, device=dev)
+    z = lambda *s, dtype=torch.float32: torch.zeros(*s, dtype=dtype, device=dev)  # noqa: E731
+    return {
+        "rms_norm": (lambda: ks.rms_norm(f, z(8)), ()),
+        "fused_add_rms_norm": None,  # in-place: below
+        "silu_and_mul": (lambda: ks.silu_and_mul(f), ()),
+        "gemv": (lambda: ks.gemv(z(8), f), ()),
+        "softmax": (lambda: ks.softmax(f), ()),
+        "argmax": (lambda: ks.argmax(f), ()),
+        "embedding": (lambda: ks.embedding(z(1, dtype=torch.int64), f), ()),
+        "dequantize": (lambda: ks.dequantize(z(1, 4, dtype=torch.uint8), "f32"), ()),
+        "gemm": (lambda: ks.gemm(f, f), ()),
+        "quant_matmul": (lambda: ks.quant_matmul(z(1, 32), z(1, 34, dtype=torch.uint8), "q8_0"), ()),
+        "rotary_embedding": None,
+        "kv_cache_append": None,
+        "paged_attention": (lambda: ks.paged_attention(z(1, 1, 8), z(1, 1, 1, 8), z(1, 1, 1, 8),
+                                                       z(1, 1, dtype=torch.int32), z(1, dtype=torch.int32) + 1), ()),
+    }
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
+                                "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
+                                "kv_cache_append", "paged_attention"])
+def test_missing_kernel_raises_backend_unavailable(op):
+    if has_kernel(op):
+        pytest.skip(f"{op} has a CUDA kernel")
+    if op == "fused_add_rms_norm":
+        x, r, w = trand((2, 8), "fp32", 1), trand((2, 8), "fp32", 2), trand((8,), "fp32", 3)
+        x0, r0 = x.clone(), r.clone()
+        with pytest.raises(ks.BackendUnavailableError, match=op):
+            ks.fused_add_rms_norm(x, r, w)
+        assert torch.equal(x, x0) and torch.equal(r, r0)
+    elif op == "rotary_embedding":
+        q = trand((2, 2, 8), "fp32", 1)
+        q0 = q.clone()
+        with pytest.raises(ks.BackendUnavailableError, match=op):
+            ks.rotary_embedding(q, None, torch.arange(2, device="cuda"))
+        assert torch.equal(q, q0)
+    elif op == "kv_cache_append":
+        kc = torch.zeros(2, 2, 1, 8, device="cuda")
+        with pytest.raises(ks.BackendUnavailableError, match=op):
+            ks.kv_cache_append(kc, kc.clone(), trand((1, 1, 8), "fp32"), trand((1, 1, 8), "fp32"),
+                               torch.tensor([0], device="cuda"))
+        assert not kc.any()
+    else:
+        fn, _ = _cuda_calls()[op]
+        with pytest.raises(RuntimeError, match=op):  # BackendUnavailableError is a RuntimeError
+            fn()
+
+
+# ---- correctness on CUDA ----------------------------------------------------------------------
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("shape", [(1, 8), (3, 5, 64), (4, 4097), (64, 8192), (0, 16), (1, 65536)])
+def test_rms_norm_cuda_vs_fp64(dt, shape):
+    need_kernel("rms_norm", dt)
+    x, w = trand(shape, dt, 1), trand(shape[-1:], dt, 2)
+    y = ks.rms_norm(x, w, 1e-5)
+    assert y.device == x.device and y.dtype == x.dtype
+    assert_close(np64(y), ref_rms_norm(np64(x), np64(w), 1e-5), dt, what="rms_norm cuda")
+    # offset view (misaligned start) and in place
+    big = trand((1 + int(np.prod(shape)),), dt, 3)
+    xv = big[1:].view(shape)
+    assert torch.equal(ks.rms_norm(xv, w, 1e-5), ks.rms_norm(xv.clone(), w, 1e-5))
+    xv0 = xv.clone()
+    ks.rms_norm(xv, w, 1e-5, out=xv)
+    assert_close(np64(xv), ref_rms_norm(np64(xv0), np64(w), 1e-5), dt, what="in place")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_core_ops_cuda_vs_cpu(dt):
+    x, w, r = trand((8, 1024), dt, 1, scale=2.0), trand((1024,), dt, 2), trand((8, 1024), dt, 3)
+    xc, wc, rc = x.cpu(), w.cpu(), r.cpu()
+    ran = 0
+    if has_kernel("rms_norm", dt):
+        close(ks.rms_norm(x, w), ks.rms_norm(xc, wc), dt, "rms_norm")
+        ran += 1
+    if has_kernel("fused_add_rms_norm", dt):
+        x2, r2, x3, r3 = x.clone(), r.clone(), xc.clone(), rc.clone()
+        ks.fused_add_rms_norm(x2, r2, w)
+        ks.fused_add_rms_norm(x3, r3, wc)
+        close(x2, x3, dt, "fused x")
+        close(r2, r3, dt, "fused residual")
+        ran += 1
+    if has_kernel("silu_and_mul", dt):
+        close(ks.silu_and_mul(x), ks.silu_and_mul(xc), dt, "silu_and_mul")
+        ran += 1
+    if has_kernel("gemv", dt):
+        y = ks.gemv(x[0], r)
+        ref = np64(r) @ np64(x[0])
+        assert_close(np64(y), ref, dt, extra=sum_bound(np.abs(np64(r)) @ np.abs(np64(x[0])), 1024), what="gemv")
+        ran += 1
+    if has_kernel("softmax", dt):
+        assert_close(np64(ks.softmax(x)), ref_softmax(np64(x)), dt, extra=sum_bound(ref_softmax(np64(x)), 1024))
+        ran += 1
+    if not ran:
+        pytest.skip("no CUDA kernel for the core ops yet")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_model_ops_cuda_vs_cpu(dt):
+    rng = np.random.default_rng(3)
+    ran = 0
+    if has_kernel("argmax", dt):
+        x = trand((4, 32000), dt, 1)
+        assert torch.equal(ks.argmax(x).cpu(), ks.argmax(x.cpu()))
+        ran += 1
+    if has_kernel("gemm", dt):
+        a, b = trand((17, 96), dt, 2), trand((33, 96), dt, 3)
+        close(ks.gemm(a, b), ks.gemm(a.cpu(), b.cpu()), dt, "gemm")
+        ran += 1
+    for q, name in QNAMES.items():
+        packed = torch.from_numpy(make_packed(rng, 16, 128, q))
+        if has_kernel("dequantize", dt):
+            close(ks.dequantize(packed.cuda(), name, dtype=dt), ks.dequantize(packed, name, dtype=dt), dt, name)
+            ran += 1
+        if has_kernel("quant_matmul", dt):
+            xx = trand((5, 128), dt, q)
+            close(ks.quant_matmul(xx, packed.cuda(), name), ks.quant_matmul(xx.cpu(), packed, name), dt, name)
+            ran += 1
+        if has_kernel("embedding", dt):
+            ids = torch.tensor([[3, 0], [15, 3]])
+            close(ks.embedding(ids.cuda(), packed.cuda(), table_format=name, dtype=dt),
+                  ks.embedding(ids, packed, table_format=name, dtype=dt), dt, name)
+            ran += 1
+    if has_kernel("rotary_embedding", dt):
+        for neox in (True, False):
+            q, k = trand((7, 8, 64), dt, 4), trand((7, 2, 64), dt, 5)
+            qc, kc = q.cpu(), k.cpu()
+            pos = torch.tensor([0, 1, 2, 100, 4095, 4096, 100000])
+            ks.rotary_embedding(q, k, pos.cuda(), 64, 10000.0, neox)
+            ks.rotary_embedding(qc, kc, pos, 64, 10000.0, neox)
+            close(q, qc, dt, "rotary q")
+            close(k, kc, dt, "rotary k")
+        ran += 1
+    if has_kernel("kv_cache_append", dt) and has_kernel("paged_attention", dt):
+        kc = torch.zeros(16, 16, 2, 64, dtype=TORCH[dt], device="cuda")
+        vc = torch.zeros_like(kc)
+        k, v = trand((40, 2, 64), dt, 6), trand((40, 2, 64), dt, 7)
+        slots = torch.arange(40, device="cuda") + 16  # blocks 1.. of the cache
+        ks.kv_cache_append(kc, vc, k, v, slots)
+        kcc, vcc = torch.zeros_like(kc).cpu(), torch.zeros_like(vc).cpu()
+        ks.kv_cache_append(kcc, vcc, k.cpu(), v.cpu(), slots.cpu())
+        assert torch.equal(kc.cpu(), kcc) and torch.equal(vc.cpu(), vcc)
+        q = trand((3, 8, 64), dt, 8)
+        bt = torch.tensor([[1, 2, 3], [1, 2, 3], [3, 1, 2]], dtype=torch.int32)
+        ctx = torch.tensor([40, 1, 0], dtype=torch.int32)
+        o = ks.paged_attention(q, kc, vc, bt.cuda(), ctx.cuda())
+        oc = ks.paged_attention(q.cpu(), kcc, vcc, bt, ctx)
+        close(o, oc, dt, "paged_attention")
+        assert not o[2].any()
+        ran += 1
+    if not ran:
+        pytest.skip("no CUDA kernel for the model-path ops yet")
+
+
+# ---- streams, graphs, compile -------------------------------------------------------------------
+def test_non_default_stream_orders_with_producer():
+    need_kernel("rms_norm")
+    src, w = trand((64, 4096), "fp32", 1), trand((4096,), "fp32", 2)
+    want = ks.rms_norm(src, w)
+    torch.cuda.synchronize()
+    x = torch.zeros_like(src)
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(20_000_000)  # the producer's pending work on s...
+        x.copy_(src)  # ...ends with x's values
+        y = ks.rms_norm(x, w)  # must run on s, after the copy, without a sync
+    s.synchronize()
+    assert torch.equal(y, want)
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()
+
+
+def test_cuda_graph_capture():
+    need_kernel("rms_norm")
+    x, w = trand((8, 2048), "bf16", 1), trand((2048,), "bf16", 2)
+    static_x = x.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(2):  # warm-up outside capture
+            ks.rms_norm(static_x, w)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_y = ks.rms_norm(static_x, w)
+        if has_kernel("fused_add_rms_norm", "bf16"):
+            res = torch.zeros_like(static_x)
+            ks.fused_add_rms_norm(static_y, res, w)
+    for seed in (5, 6):
+        new = trand((8, 2048), "bf16", seed)
+        static_x.copy_(new)
+        g.replay()
+        want = ks.rms_norm(new, w)
+        if has_kernel("fused_add_rms_norm", "bf16"):
+            ks.fused_add_rms_norm(want, torch.zeros_like(want), w)
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, want)
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compile_cuda(mode):
+    need_kernel("rms_norm")
+    need_kernel("silu_and_mul")
+    torch._dynamo.reset()
+
+    def f(x, w):
+        return ks.silu_and_mul(ks.rms_norm(x, w)) * 2
+
+    x, w = trand((16, 512), "bf16", 1), trand((512,), "bf16", 2)
+    want = f(x, w)
+    cf = torch.compile(f, fullgraph=True, mode=mode)
+    for _ in range(3):
+        got = cf(x, w)
+    torch.cuda.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_device_errors():
+    x = trand((2, 8), "fp32", 1)
+    with pytest.raises(RuntimeError, match="rms_norm"):
+        ks.rms_norm(x, trand((8,), "fp32", 2, device="cpu"))  # mixed devices
+    with pytest.raises(RuntimeError, match="backend cpu needs host tensors"):
+        ks.rms_norm(x, trand((8,), "fp32", 2), backend="cpu")
+    with pytest.raises(ks.InvalidArgumentError, match=r"rms_norm: weight must have shape \(8,\)"):
+        ks.rms_norm(x, trand((7,), "fp32", 2))  # validation before dispatch, kernel or not
+
+
+def test_torch_reference_on_cuda():
+    x, w = trand((4, 64), "bf16", 1), trand((64,), "bf16", 2)
+    y = ks.rms_norm(x, w, backend="torch")
+    assert y.is_cuda
+    assert_close(np64(y), ref_rms_norm(np64(x), np64(w), 1e-6), "bf16")
+    xg = x.double().requires_grad_()
+    wg = w.double().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: ks.rms_norm(a, b, backend="torch"), (xg, wg))
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_second_device():
+    need_kernel("rms_norm")
+    x, w = trand((4, 256), "fp32", 1, device="cuda:1"), trand((256,), "fp32", 2, device="cuda:1")
+    y = ks.rms_norm(x, w)
+    assert y.device == torch.device("cuda:1")
+    assert_close(np64(y), ref_rms_norm(np64(x), np64(w), 1e-6), "fp32")
+
+
+# ---- cupy and jax --------------------------------------------------------------------------
+def test_cupy():
+    cp = pytest.importorskip("cupy")
+    x = cp.asarray(np.random.default_rng(1).standard_normal((8, 512)), dtype=cp.float32)
+    w = cp.asarray(np.random.default_rng(2).standard_normal(512), dtype=cp.float32)
+    with pytest.raises(ks.InvalidArgumentError, match=r"rms_norm: weight must have shape \(512,\)"):
+        ks.rms_norm(x, w[:3])  # the DLPack import and stream handshake, with or without a kernel
+    need_kernel("rms_norm")
+    s = cp.cuda.Stream(non_blocking=True)
+    with s:
+        y = ks.rms_norm(x, w)
+        y2 = ks.rms_norm(x, w)
+    s.synchronize()
+    assert isinstance(y, cp.ndarray) and y.dtype == cp.float32
+    assert_close(cp.asnumpy(y), ref_rms_norm(cp.asnumpy(x), cp.asnumpy(w), 1e-6), "fp32")
+    assert cp.array_equal(y, y2)
+    xr, rr = x.copy(), cp.ones_like(x)
+    if has_kernel("fused_add_rms_norm"):
+        ks.fused_add_rms_norm(xr, rr, w)  # in place on cupy arrays
+        assert_close(cp.asnumpy(rr), f64(cp.asnumpy(x)) + 1.0, "fp32")
+
+
+def test_jax():
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:
+        pytest.skip("jax sees no GPU")
+    dev = gpus[0]
+    x = jax.device_put(jnp.asarray(np.random.default_rng(1).standard_normal((8, 512)), dtype=jnp.bfloat16), dev)
+    w = jax.device_put(jnp.asarray(np.random.default_rng(2).standard_normal(512), dtype=jnp.bfloat16), dev)
+    with pytest.raises(ks.InvalidArgumentError, match=r"rms_norm: weight must have shape \(512,\)"):
+        ks.rms_norm(x, w[:3])
+    need_kernel("rms_norm", "bf16")
+    y = ks.rms_norm(x, w)
+    assert isinstance(y, jax.Array) and y.dtype == jnp.bfloat16 and next(iter(y.devices())) == dev
+    assert_close(np.asarray(y.astype(jnp.float32)), ref_rms_norm(np.asarray(x.astype(jnp.float32)),
+                                                                 np.asarray(w.astype(jnp.float32)), 1e-6), "bf16")
+    # jax computes on y afterwards: the op's writes are complete (the call waited on its stream)
+    assert float(jnp.abs(y.astype(jnp.float32) - ks.rms_norm(x, w).astype(jnp.float32)).max()) == 0.0

@@ -1,0 +1,328 @@
+"""The model-path ops on numpy arrays (CPU), every dtype and every CPU variant,
+against FP64 references; index validation happens before any write."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import (
+    DTYPES,
+    NP,
+    QGEOM,
+    QNAMES,
+    TOL,
+    U,
+    assert_close,
+    f64,
+    make_packed,
+    rand,
+    ref_dequantize,
+    each_variant,
+    sum_bound,
+)
+
+import kernscope as ks
+
+QTYPES = sorted(QGEOM)
+
+
+# ---- argmax -------------------------------------------------------------------------
+@pytest.mark.parametrize("dt", DTYPES)
+def test_argmax(rng, dt):
+    x = rand(rng, (5, 1000), dt)
+    x[1, :] = 0
+    x[1, 7] = 1
+    x[1, 9] = 1  # tie: first index wins
+    x[2, 5] = np.nan
+    x[2, 9] = np.nan  # first NaN wins
+    x[3, :] = -np.inf
+    y = ks.argmax(x)
+    assert y.dtype == np.int64 and y.shape == (5,)
+    assert y[1] == 7 and y[2] == 5 and y[3] == 0
+    assert y[0] == int(np.argmax(f64(x[0]))) and y[4] == int(np.argmax(f64(x[4])))
+    assert ks.argmax(np.zeros((0, 3), NP[dt])).shape == (0,)
+
+
+def test_argmax_validation(rng):
+    with pytest.raises(ValueError, match="argmax: x must have 2 dims"):
+        ks.argmax(rand(rng, (2, 3, 4), "fp32"))
+    with pytest.raises(TypeError, match="argmax: out has dtype int32"):
+        ks.argmax(rand(rng, (2, 3), "fp32"), out=np.zeros(2, np.int32))
+
+
+# ---- dequantize / embedding ------------------------------------------------------------
+@pytest.mark.parametrize("q", QTYPES)
+@pytest.mark.parametrize("dt", DTYPES)
+def test_dequantize(rng, q, dt):
+    packed = make_packed(rng, 5, 64, q)
+    y = ks.dequantize(packed, QNAMES[q], dtype=dt)
+    assert y.shape == (5, 64) and y.dtype == NP[dt]
+    # Q4_1's d*q+m is one FP32 expression (rounded once, or fused): 1 FP32 ulp more.
+    ref = ref_dequantize(packed, q)
+    assert_close(y, ref, dt, extra=2 * U * np.abs(ref), what=f"dequantize {QNAMES[q]}")
+    # QType enum and ints are accepted too; same bits.
+    assert np.array_equal(ks.dequantize(packed, ks.QType(q), dtype=dt).view(np.uint8), y.view(np.uint8))
+
+
+def test_dequantize_validation(rng):
+    packed = make_packed(rng, 2, 64, 4)
+    with pytest.raises(ValueError, match="dequantize: unknown qtype 'q5_k'"):
+        ks.dequantize(packed, "q5_k")
+    with pytest.raises(ValueError, match="dequantize: unknown qtype 'none'"):
+        ks.dequantize(packed, "none")
+    with pytest.raises(ValueError, match="dequantize: packed must have"):
+        ks.dequantize(packed[:, :35].copy(), "q4_0")  # not whole blocks
+    with pytest.raises(TypeError, match="dequantize: packed has (unsupported )?dtype"):
+        ks.dequantize(packed.view(np.int8), "q4_0")
+    with pytest.raises(TypeError, match="dtype"):
+        ks.dequantize(packed, "q4_0", dtype="int8")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("id_dtype", [np.int32, np.int64])
+def test_embedding_dense(rng, dt, id_dtype):
+    table = rand(rng, (50, 24), dt)
+    ids = rng.integers(0, 50, (2, 3)).astype(id_dtype)
+    y = ks.embedding(ids, table)
+    assert y.shape == (2, 3, 24) and y.dtype == NP[dt]
+    assert np.array_equal(y.view(np.uint8), table[ids].view(np.uint8))  # bit-exact copies
+
+
+@pytest.mark.parametrize("q", QTYPES)
+@pytest.mark.parametrize("dt", DTYPES)
+def test_embedding_packed(rng, q, dt):
+    table = make_packed(rng, 40, 64, q)
+    ids = np.array([3, 0, 39, 3], np.int64)
+    y = ks.embedding(ids, table, table_format=QNAMES[q], dtype=dt)
+    assert y.shape == (4, 64) and y.dtype == NP[dt]
+    ref = ref_dequantize(table, q)[ids]
+    assert_close(y, ref, dt, extra=2 * U * np.abs(ref), what=f"embedding {QNAMES[q]}")
+
+
+def test_embedding_bad_ids_write_nothing(rng):
+    table = rand(rng, (10, 8), "fp32")
+    out = np.full((3, 8), 5.0, np.float32)
+    for bad in (10, -1):
+        ids = np.array([1, bad, 2], np.int32)
+        with pytest.raises(ValueError, match=rf"embedding: ids\[1\] = {bad} is outside \[0, 10\)"):
+            ks.embedding(ids, table, out=out)
+        assert np.all(out == 5.0)
+    with pytest.raises(TypeError, match="embedding: ids has dtype"):
+        ks.embedding(np.array([1.0], np.float32), table)
+    with pytest.raises(TypeError, match="embedding: table has dtype fp16 but out has fp32"):
+        ks.embedding(np.array([1]), table.astype(np.float16), out=np.empty((1, 8), np.float32))
+
+
+# ---- gemm / quant_matmul ------------------------------------------------------------------
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (3, 5, 7), (16, 33, 64), (0, 4, 8), (4, 0, 8)])
+def test_gemm(rng, dt, m, n, k):
+    a = rand(rng, (m, k), dt)
+    b = rand(rng, (n, k), dt)
+    y = ks.gemm(a, b)
+    assert y.shape == (m, n) and y.dtype == NP[dt]
+    assert_close(y, f64(a) @ f64(b).T, dt, extra=sum_bound(np.abs(f64(a)) @ np.abs(f64(b)).T, k), what="gemm")
+
+
+def test_gemm_validation(rng):
+    a = rand(rng, (2, 8), "fp32")
+    with pytest.raises(ValueError, match=r"gemm: b must have shape \(N, 8\)"):
+        ks.gemm(a, rand(rng, (3, 7), "fp32"))
+    with pytest.raises(ValueError, match="gemm: out and a overlap"):
+        ks.gemm(a, rand(rng, (4, 8), "fp32"), out=a.reshape(-1)[:8].reshape(2, 4))
+
+
+@pytest.mark.parametrize("q", QTYPES)
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m", [1, 5])
+def test_quant_matmul_every_variant(rng, q, dt, m):
+    k, n = 128, 9
+    x = rand(rng, (m, k), dt)
+    w = make_packed(rng, n, k, q)
+    wd = ref_dequantize(w, q)
+    ref = f64(x) @ wd.T
+    extra = sum_bound(np.abs(f64(x)) @ np.abs(wd).T, k) + 2 * U * (np.abs(f64(x)) @ np.abs(wd).T)
+    for variant, y in each_variant("quant_matmul", lambda: ks.quant_matmul(x, w, QNAMES[q])):
+        assert y.shape == (m, n) and y.dtype == NP[dt]
+        assert_close(y, ref, dt, extra=extra, what=f"quant_matmul {variant} {QNAMES[q]}")
+
+
+def test_quant_matmul_validation(rng):
+    x = rand(rng, (2, 48), "fp32")
+    with pytest.raises(ValueError, match="quant_matmul: weight: 48 columns is not a multiple"):
+        ks.quant_matmul(x, make_packed(rng, 3, 64, 4)[:, :54], "q4_0")
+    with pytest.raises(ValueError, match="quant_matmul: unknown qtype"):
+        ks.quant_matmul(x, make_packed(rng, 3, 64, 4), 42)
+
+
+# ---- rotary_embedding ----------------------------------------------------------------------
+def ref_rotary(t, pos, rd, theta, neox):
+    out = f64(t).copy()
+    half = rd // 2
+    i = np.arange(half, dtype=np.float64)
+    inv = (theta ** (-2.0 * i / rd)).astype(np.float32)
+    ang = (pos.astype(np.float32)[:, None] * inv[None, :]).astype(np.float64)  # FP32 product
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    if neox:
+        a, b = out[..., :half].copy(), out[..., half:rd].copy()
+        out[..., :half], out[..., half:rd] = a * c - b * s, b * c + a * s
+    else:
+        a, b = out[..., 0:rd:2].copy(), out[..., 1:rd:2].copy()
+        out[..., 0:rd:2], out[..., 1:rd:2] = a * c - b * s, b * c + a * s
+    return out, 4 * U * (np.abs(f64(t)).max() + 1.0)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("rd", [64, 32])
+def test_rotary_embedding(rng, dt, neox, rd):
+    q = rand(rng, (5, 4, 64), dt)
+    k = rand(rng, (5, 2, 64), dt)
+    pos = np.array([0, 1, 7, 4095, 100000], np.int64)
+    rq, eq = ref_rotary(q, pos, rd, 10000.0, neox)
+    rk, ek = ref_rotary(k, pos, rd, 10000.0, neox)
+    q0, k0 = q.copy(), k.copy()
+    assert ks.rotary_embedding(q, k, pos, rd, 10000.0, neox) is None
+    assert_close(q, rq, dt, extra=eq, what="q")
+    assert_close(k, rk, dt, extra=ek, what="k")
+    # features past rotary_dim pass through bit for bit
+    assert np.array_equal(q[..., rd:].view(np.uint8), q0[..., rd:].view(np.uint8))
+    assert np.array_equal(k[..., rd:].view(np.uint8), k0[..., rd:].view(np.uint8))
+
+
+def test_rotary_q_only_and_defaults(rng):
+    q = rand(rng, (3, 2, 16), "fp32")
+    pos = np.array([1, 2, 3], np.int32)
+    ref, e = ref_rotary(q, pos, 16, 10000.0, True)
+    ks.rotary_embedding(q, None, pos)  # rotary_dim = head_dim, theta 1e4, NeoX
+    assert_close(q, ref, "fp32", extra=e)
+
+
+def test_rotary_validation(rng):
+    q = rand(rng, (3, 2, 16), "fp32")
+    q0 = q.copy()
+    pos = np.arange(3)
+    for rd in (0, 3, 18):
+        with pytest.raises(ValueError, match="rotary_embedding: rotary_dim must be even"):
+            ks.rotary_embedding(q, None, pos, rd)
+    with pytest.raises(ValueError, match="rotary_embedding: theta must be finite and > 1"):
+        ks.rotary_embedding(q, None, pos, 16, 1.0)
+    with pytest.raises(ValueError, match="rotary_embedding: positions must have shape"):
+        ks.rotary_embedding(q, None, np.arange(4), 16)
+    with pytest.raises(ValueError, match="rotary_embedding: k must have shape"):
+        ks.rotary_embedding(q, rand(rng, (3, 2, 8), "fp32"), pos, 16)
+    assert np.array_equal(q, q0)
+
+
+# ---- kv_cache_append ---------------------------------------------------------------------
+@pytest.mark.parametrize("dt", DTYPES)
+def test_kv_cache_append(rng, dt):
+    kc = np.zeros((4, 3, 2, 8), NP[dt])
+    vc = np.zeros((4, 3, 2, 8), NP[dt])
+    k = rand(rng, (5, 2, 8), dt)  # one padding row past the 4 tokens
+    v = rand(rng, (5, 2, 8), dt)
+    slots = np.array([0, 11, -1, 4], np.int64)
+    ks.kv_cache_append(kc, vc, k, v, slots)
+    flat_k, flat_v = kc.reshape(12, 2, 8), vc.reshape(12, 2, 8)
+    for t, s in enumerate(slots):
+        if s >= 0:
+            assert np.array_equal(flat_k[s].view(np.uint8), k[t].view(np.uint8))
+            assert np.array_equal(flat_v[s].view(np.uint8), v[t].view(np.uint8))
+    untouched = [i for i in range(12) if i not in (0, 11, 4)]
+    assert np.all(f64(flat_k[untouched]) == 0) and np.all(f64(flat_v[untouched]) == 0)
+
+
+def test_kv_cache_append_bad_slot_writes_nothing(rng):
+    kc = np.zeros((2, 2, 1, 4), np.float32)
+    vc = np.zeros((2, 2, 1, 4), np.float32)
+    k = rand(rng, (2, 1, 4), "fp32")
+    for bad in (4, -2):
+        with pytest.raises(ValueError, match=rf"kv_cache_append: slot_mapping\[1\] = {bad} is outside \[-1, 4\)"):
+            ks.kv_cache_append(kc, vc, k, k.copy(), np.array([0, bad], np.int32))
+        assert not kc.any() and not vc.any()
+    with pytest.raises(ValueError, match="kv_cache_append: k_cache must have shape"):
+        ks.kv_cache_append(np.zeros((2, 2, 2, 4), np.float32), np.zeros((2, 2, 2, 4), np.float32), k, k.copy(),
+                           np.array([0, 1]))
+
+
+# ---- paged_attention -----------------------------------------------------------------------
+def ref_paged_attention(q, kc, vc, bt, seq_ids, ctx, scale):
+    qf, kf, vf = f64(q), f64(kc), f64(vc)
+    n_tok, h, d = q.shape
+    _, bs, kvh, _ = kc.shape
+    group = h // kvh
+    out = np.zeros((n_tok, h, d))
+    extra = np.zeros((n_tok, h, 1))
+    for t in range(n_tok):
+        s_id = t if seq_ids is None else int(seq_ids[t])
+        length = int(ctx[t])
+        if length == 0:
+            continue
+        slots = [int(bt[s_id, j // bs]) * bs + j % bs for j in range(length)]
+        keys = kf.reshape(-1, kvh, d)[slots]  # [L, kvh, d]
+        vals = vf.reshape(-1, kvh, d)[slots]
+        for hh in range(h):
+            g = hh // group
+            prod = qf[t, hh][None, :] * keys[:, g, :]
+            s = scale * prod.sum(-1)
+            p = np.exp(s - s.max())
+            p /= p.sum()
+            out[t, hh] = p @ vals[:, g, :]
+            # first-order FP32 bound: score error through exp and the normalisation
+            es = abs(scale) * 8 * math.sqrt(d) * U * np.abs(prod).sum(-1).max() + U * np.abs(s).max()
+            extra[t, hh] = (2 * es + (length + 4) * U + 8 * math.sqrt(length) * U) * (p @ np.abs(vals[:, g, :])).max()
+    return out, extra
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("heads,kv_heads", [(8, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("bs", [1, 7, 16])
+def test_paged_attention_decode_every_variant(rng, dt, heads, kv_heads, bs):
+    d, n_blocks, n_seq = 32, 12, 3
+    q = rand(rng, (n_seq, heads, d), dt)
+    kc = rand(rng, (n_blocks, bs, kv_heads, d), dt)
+    vc = rand(rng, (n_blocks, bs, kv_heads, d), dt)
+    max_blocks = 4
+    bt = rng.permutation(n_blocks)[: n_seq * max_blocks].reshape(n_seq, max_blocks).astype(np.int32)
+    ctx = np.array([0, 1, max_blocks * bs], np.int32)  # empty, one key, the whole capacity
+    scale = 1.0 / math.sqrt(d)
+    ref, extra = ref_paged_attention(q, kc, vc, bt, None, ctx, scale)
+    for variant, y in each_variant("paged_attention", lambda: ks.paged_attention(q, kc, vc, bt, ctx)):
+        assert y.shape == q.shape and y.dtype == NP[dt]
+        assert np.all(f64(y[0]) == 0)  # context 0: a zero row
+        assert_close(y, ref, dt, extra=extra, what=f"paged_attention {variant}")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_paged_attention_causal_prefill(rng, dt):
+    d, bs, heads, kvh, n_tok = 16, 4, 4, 2, 6
+    q = rand(rng, (n_tok, heads, d), dt)
+    kc = rand(rng, (3, bs, kvh, d), dt)
+    vc = rand(rng, (3, bs, kvh, d), dt)
+    bt = np.array([[2, 0]], np.int32)  # one sequence, blocks 2 then 0
+    seq_ids = np.zeros(n_tok, np.int32)
+    ctx = np.arange(1, n_tok + 1, dtype=np.int32)  # token t sees keys 0..t
+    ref, extra = ref_paged_attention(q, kc, vc, bt, seq_ids, ctx, 0.3)
+    y = ks.paged_attention(q, kc, vc, bt, ctx, 0.3, seq_ids=seq_ids)
+    assert_close(y, ref, dt, extra=extra, what="prefill")
+
+
+def test_paged_attention_validation(rng):
+    q = rand(rng, (2, 4, 8), "fp32")
+    kc = rand(rng, (3, 2, 2, 8), "fp32")
+    bt = np.array([[0, 1], [2, 5]], np.int32)
+    ctx = np.array([4, 4], np.int32)
+    out = np.full_like(q, 9.0)
+    with pytest.raises(ValueError, match=r"paged_attention: block_tables\[1, 1\] = 5 is outside \[0, 3\)"):
+        ks.paged_attention(q, kc, kc.copy(), bt, ctx, out=out)
+    assert np.all(out == 9.0)
+    with pytest.raises(ValueError, match=r"paged_attention: context_lens\[0\] = 5 is outside"):
+        ks.paged_attention(q, kc, kc.copy(), np.array([[0, 1], [2, 0]], np.int32), np.array([5, 1], np.int32))
+    with pytest.raises(ValueError, match="paged_attention: num_heads .3. must be a multiple of num_kv_heads .2."):
+        ks.paged_attention(rand(rng, (2, 3, 8), "fp32"), kc, kc.copy(), bt, ctx)
+    with pytest.raises(ValueError, match=r"paged_attention: seq_ids\[0\] = 7 is outside"):
+        ks.paged_attention(q, kc, kc.copy(), bt, ctx, seq_ids=np.array([7, 0], np.int32))
+    with pytest.raises(TypeError, match="paged_attention: block_tables has dtype int64"):
+        ks.paged_attention(q, kc, kc.copy(), bt.astype(np.int64), ctx)

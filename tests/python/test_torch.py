@@ -1,0 +1,305 @@
+"""torch integration on the CPU: torch tensors in and out, backend="torch" (the
+contracts in PyTorch, with autograd), torch.library custom ops and
+torch.compile(fullgraph=True). Skipped when torch is not installed."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from conftest import DTYPES, QNAMES, TOL, assert_close, f64, make_packed, ref_rms_norm
+
+torch = pytest.importorskip("torch")
+import kernscope as ks  # noqa: E402
+
+TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def trand(shape, dt, scale=1.0, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(shape, generator=g, dtype=torch.float64) * scale).to(TORCH[dt])
+
+
+def to_np(t):
+    return t.detach().float().numpy().astype(np.float64)
+
+
+def close(a, b, dt, what=""):
+    assert_close(to_np(a), to_np(b), dt, extra=TOL[dt] * 2 * np.abs(to_np(b)), what=what)
+
+
+# ---- torch in, torch out; native == reference -----------------------------------------------
+@pytest.mark.parametrize("dt", DTYPES)
+def test_core_ops_torch_tensors(dt):
+    x = trand((3, 64), dt, seed=1)
+    w = trand((64,), dt, seed=2)
+    for fn in (lambda b: ks.rms_norm(x, w, 1e-5, backend=b), lambda b: ks.silu_and_mul(x, backend=b),
+               lambda b: ks.gemv(x[0], w.expand(5, 64).contiguous(), backend=b), lambda b: ks.softmax(x, backend=b)):
+        y = fn("auto")
+        assert isinstance(y, torch.Tensor) and y.dtype == TORCH[dt] and y.device.type == "cpu"
+        assert torch.equal(y, fn("cpu"))
+        close(y, fn("torch"), dt)
+    # the same native code as for numpy arrays: identical bits
+    if dt != "bf16":  # (torch cannot hand bf16 to numpy)
+        assert np.array_equal(ks.rms_norm(x, w, 1e-5).numpy(), ks.rms_norm(x.numpy(), w.numpy(), 1e-5))
+    assert_close(to_np(ks.rms_norm(x, w, 1e-5)), ref_rms_norm(to_np(x), to_np(w), 1e-5), dt)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_fused_add_rms_norm_torch_in_place(dt):
+    x, r, w = trand((4, 32), dt, seed=3), trand((4, 32), dt, seed=4), trand((32,), dt, seed=5)
+    x2, r2 = x.clone(), r.clone()
+    ptr = x.data_ptr()
+    assert ks.fused_add_rms_norm(x, r, w) is None
+    assert x.data_ptr() == ptr
+    ks.fused_add_rms_norm(x2, r2, w, backend="torch")
+    close(x, x2, dt, "x")
+    close(r, r2, dt, "residual")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_model_ops_native_vs_torch_reference(dt):
+    g = torch.Generator().manual_seed(7)
+    rng = np.random.default_rng(7)
+    # argmax, embedding, gemm
+    x = trand((4, 100), dt, seed=8)
+    assert torch.equal(ks.argmax(x), ks.argmax(x, backend="torch"))
+    table = trand((20, 16), dt, seed=9)
+    ids = torch.randint(0, 20, (2, 3), generator=g)
+    assert torch.equal(ks.embedding(ids, table), ks.embedding(ids, table, backend="torch"))
+    a, b = trand((5, 24), dt, seed=10), trand((7, 24), dt, seed=11)
+    close(ks.gemm(a, b), ks.gemm(a, b, backend="torch"), dt, "gemm")
+    # packed formats
+    for q, name in QNAMES.items():
+        packed = torch.from_numpy(make_packed(rng, 6, 64, q))
+        close(ks.dequantize(packed, name, dtype=dt), ks.dequantize(packed, name, dtype=dt, backend="torch"), dt, name)
+        xx = trand((3, 64), dt, seed=q)
+        close(ks.quant_matmul(xx, packed, name), ks.quant_matmul(xx, packed, name, backend="torch"), dt, name)
+        e1 = ks.embedding(torch.tensor([5, 0, 2]), packed, table_format=name, dtype=TORCH[dt])
+        e2 = ks.embedding(torch.tensor([5, 0, 2]), packed, table_format=name, dtype=dt, backend="torch")
+        assert e1.dtype == TORCH[dt]
+        close(e1, e2, dt, "embedding " + name)
+    # rotary (in place), both pairings, q and k
+    for neox in (True, False):
+        q, k = trand((3, 4, 32), dt, seed=12), trand((3, 2, 32), dt, seed=13)
+        q2, k2 = q.clone(), k.clone()
+        pos = torch.tensor([0, 5, 1000])
+        ks.rotary_embedding(q, k, pos, 16, 10000.0, neox)
+        ks.rotary_embedding(q2, k2, pos, 16, 10000.0, neox, backend="torch")
+        close(q, q2, dt, "rotary q")
+        close(k, k2, dt, "rotary k")
+    # kv cache + paged attention (GQA, prefill through seq_ids)
+    kc, vc = torch.zeros(4, 4, 2, 16, dtype=TORCH[dt]), torch.zeros(4, 4, 2, 16, dtype=TORCH[dt])
+    kc2, vc2 = kc.clone(), vc.clone()
+    k, v = trand((6, 2, 16), dt, seed=14), trand((6, 2, 16), dt, seed=15)
+    slots = torch.tensor([8, 9, 10, 11, 0, 1])  # blocks 2 then 0
+    ks.kv_cache_append(kc, vc, k, v, slots)
+    ks.kv_cache_append(kc2, vc2, k, v, slots, backend="torch")
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    q = trand((6, 4, 16), dt, seed=16)
+    bt = torch.tensor([[2, 0]], dtype=torch.int32)
+    seq = torch.zeros(6, dtype=torch.int32)
+    ctx = torch.arange(1, 7, dtype=torch.int32)
+    o1 = ks.paged_attention(q, kc, vc, bt, ctx, seq_ids=seq)
+    o2 = ks.paged_attention(q, kc, vc, bt, ctx, seq_ids=seq, backend="torch")
+    close(o1, o2, dt, "paged_attention")
+
+
+def test_offset_views_and_strides():
+    base = trand((5, 33), "fp32", seed=20)
+    w = trand((33,), "fp32", seed=21)
+    assert torch.equal(ks.rms_norm(base[1:], w), ks.rms_norm(base[1:].clone(), w))
+    with pytest.raises(ValueError, match="rms_norm: x must be contiguous"):
+        ks.rms_norm(base.t(), trand((5,), "fp32"))
+    with pytest.raises(ValueError, match="rms_norm: x must be contiguous"):
+        ks.rms_norm(base.t(), trand((5,), "fp32"), backend="torch")
+
+
+def test_torch_backend_errors_match_native():
+    x, w = trand((2, 8), "fp32"), trand((8,), "fp32")
+    for backend in ("cpu", "torch"):
+        with pytest.raises(ks.InvalidArgumentError, match=r"rms_norm: weight must have shape \(8,\)"):
+            ks.rms_norm(x, w[:7], backend=backend)
+        with pytest.raises(ks.UnsupportedDtypeError, match="rms_norm: weight has dtype fp16 but x has fp32"):
+            ks.rms_norm(x, w.half(), backend=backend)
+        with pytest.raises(ks.InvalidArgumentError, match="eps"):
+            ks.rms_norm(x, w, 1e-50, backend=backend)
+        with pytest.raises(ks.InvalidArgumentError, match="silu_and_mul: x's last dimension must be even"):
+            ks.silu_and_mul(x[:, :7].contiguous(), backend=backend)
+        with pytest.raises(ks.InvalidArgumentError, match="fused_add_rms_norm: x and residual overlap"):
+            ks.fused_add_rms_norm(x, x, w, backend=backend)
+        with pytest.raises(ks.InvalidArgumentError, match=r"embedding: ids\[1\] = 9 is outside"):
+            ks.embedding(torch.tensor([0, 9]), trand((9, 4), "fp32"), backend=backend)
+
+
+def test_cuda_backend_on_cpu_tensors():
+    x, w = trand((2, 8), "fp32"), trand((8,), "fp32")
+    with pytest.raises(RuntimeError):
+        ks.rms_norm(x, w, backend="cuda")
+
+
+# ---- autograd ------------------------------------------------------------------------------
+def _grad_inputs(*shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes]
+
+
+@pytest.mark.parametrize("backend", ["torch", "auto"])
+def test_gradcheck(backend):
+    x, w = _grad_inputs((3, 7), (7,), seed=1)
+    assert torch.autograd.gradcheck(lambda a, b: ks.rms_norm(a, b, 1e-6, backend=backend), (x, w))
+    (x2,) = _grad_inputs((3, 10), seed=2)
+    assert torch.autograd.gradcheck(lambda a: ks.silu_and_mul(a, backend=backend), (x2,))
+    v, m = _grad_inputs((6,), (4, 6), seed=3)
+    assert torch.autograd.gradcheck(lambda a, b: ks.gemv(a, b, backend=backend), (v, m))
+    (s,) = _grad_inputs((2, 5), seed=4)
+    assert torch.autograd.gradcheck(lambda a: ks.softmax(a, backend=backend), (s,))
+
+
+def test_gradients_flow_in_low_precision():
+    x = trand((4, 16), "bf16").requires_grad_()
+    w = trand((16,), "bf16").requires_grad_()
+    ks.rms_norm(x, w).float().sum().backward()  # auto routes to the PyTorch reference
+    assert x.grad is not None and w.grad is not None and x.grad.dtype == torch.bfloat16
+
+
+def test_native_backends_reject_requires_grad():
+    x = trand((2, 8), "fp32").requires_grad_()
+    w = torch.nn.Parameter(trand((8,), "fp32"))
+    for backend in ("cpu", "cuda"):
+        with pytest.raises(RuntimeError, match=f"rms_norm: x requires grad, and backend '{backend}' is inference-only"):
+            ks.rms_norm(x, w, backend=backend)
+    with pytest.raises(RuntimeError, match="gemv: weight requires grad"):
+        ks.gemv(trand((8,), "fp32"), torch.nn.Parameter(trand((3, 8), "fp32")), backend="cpu")
+    with torch.no_grad():  # inference with Parameters: the native backend
+        y = ks.rms_norm(x, w, backend="cpu")
+    assert not y.requires_grad
+    assert torch.equal(y, ks.rms_norm(x.detach(), w.detach(), backend="cpu"))
+
+
+def test_autocast_keeps_fp32_contract():
+    x, w = trand((16,), "fp32", seed=1), trand((8, 16), "fp32", seed=2)
+    ref = ks.gemv(x, w, backend="torch")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = ks.gemv(x, w, backend="torch")
+        assert torch.is_autocast_enabled("cpu")
+    assert y.dtype == torch.float32 and torch.equal(y, ref)
+
+
+# ---- torch.library custom ops and torch.compile ---------------------------------------------------
+def test_custom_ops_registered():
+    for op in ks.OPS:
+        assert hasattr(torch.ops.kernscope, op), op
+
+
+@pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
+                                  "dequantize", "rotary_embedding", "kv_cache_append", "paged_attention"])
+def test_opcheck(case):
+    x, w = trand((3, 16), "fp32"), trand((16,), "fp32")
+    rng = np.random.default_rng(0)
+    ops = torch.ops.kernscope
+    args = {
+        "rms_norm": (ops.rms_norm, (x, w, 1e-6, "auto")),
+        "fused_add_rms_norm": (ops.fused_add_rms_norm, (x.clone(), x.clone() + 1, w, 1e-6, "cpu")),
+        "silu_and_mul": (ops.silu_and_mul, (x, "auto")),
+        "gemv": (ops.gemv, (w, x, "auto")),
+        "softmax": (ops.softmax, (x, "auto")),
+        "argmax": (ops.argmax, (x, "auto")),
+        "dequantize": (ops.dequantize, (torch.from_numpy(make_packed(rng, 3, 64, 4)), 4, torch.bfloat16, "auto")),
+        "rotary_embedding": (ops.rotary_embedding,
+                             (trand((2, 2, 8), "fp32"), None, torch.tensor([1, 2]), 8, 10000.0, True, "auto")),
+        "kv_cache_append": (ops.kv_cache_append, (torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4),
+                                                  trand((2, 1, 4), "fp32"), trand((2, 1, 4), "fp32"),
+                                                  torch.tensor([3, 0]), "auto")),
+        "paged_attention": (ops.paged_attention, (trand((2, 2, 4), "fp32"), trand((2, 2, 1, 4), "fp32"),
+                                                  trand((2, 2, 1, 4), "fp32"), torch.tensor([[0, 1], [1, 0]], dtype=torch.int32),
+                                                  None, torch.tensor([3, 1], dtype=torch.int32), 0.5, "auto")),
+    }
+    op, a = args[case]
+    torch.library.opcheck(op, a)
+
+
+def _block(x, res, w, gate_up, rot_pos, q, k, backend="auto"):
+    h = ks.rms_norm(x, w, 1e-5, backend=backend)
+    ks.fused_add_rms_norm(h, res, w, backend=backend)
+    a = ks.silu_and_mul(ks.gemm(h, gate_up, backend=backend), backend=backend)
+    ks.rotary_embedding(q, k, rot_pos, 8, 10000.0, True, backend=backend)
+    return ks.softmax(a, backend=backend) + q.sum() + k.sum()
+
+
+def _block_args():
+    return (trand((4, 32), "fp32", seed=1), trand((4, 32), "fp32", seed=2), trand((32,), "fp32", seed=3),
+            trand((16, 32), "fp32", seed=4), torch.tensor([0, 1, 2, 3]), trand((4, 2, 8), "fp32", seed=5),
+            trand((4, 1, 8), "fp32", seed=6))
+
+
+@pytest.mark.parametrize("backend", ["auto", "cpu", "torch"])
+def test_compile_fullgraph(backend):
+    torch._dynamo.reset()
+    eager_args = _block_args()
+    want = _block(*eager_args, backend=backend)
+    args = _block_args()
+    compiled = torch.compile(_block, fullgraph=True, backend="eager" if backend == "torch" else "inductor")
+    got = compiled(*args, backend=backend)
+    assert torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    # in-place effects happened inside the compiled graph too
+    assert torch.allclose(args[1], eager_args[1]) and torch.allclose(args[5], eager_args[5])
+
+
+def test_compile_model_ops_fullgraph():
+    torch._dynamo.reset()
+    rng = np.random.default_rng(1)
+    packed = torch.from_numpy(make_packed(rng, 10, 32, 6))
+
+    def f(ids, x, kc, vc, k, v, slots, bt, ctx):
+        e = ks.embedding(ids, packed, table_format="q8_0", dtype=torch.float32)
+        ks.kv_cache_append(kc, vc, k, v, slots)
+        o = ks.paged_attention(x, kc, vc, bt, ctx)
+        return ks.quant_matmul(e, packed, "q8_0"), ks.argmax(e), ks.dequantize(packed, "q8_0"), o
+
+    def args():
+        return (torch.tensor([1, 9]), trand((2, 2, 8), "fp32", seed=1), torch.zeros(3, 2, 1, 8),
+                torch.zeros(3, 2, 1, 8), trand((2, 1, 8), "fp32", seed=2), trand((2, 1, 8), "fp32", seed=3),
+                torch.tensor([4, 5]), torch.tensor([[2, 0], [2, 1]], dtype=torch.int32),
+                torch.tensor([2, 2], dtype=torch.int32))
+
+    want = f(*args())
+    got = torch.compile(f, fullgraph=True)(*args())
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_compile_autograd_routes_to_reference():
+    torch._dynamo.reset()
+    x = trand((3, 8), "fp32").requires_grad_()
+    w = trand((8,), "fp32").requires_grad_()
+    f = torch.compile(lambda a, b: ks.rms_norm(a, b).sum(), fullgraph=True, backend="eager")
+    f(x, w).backward()
+    assert x.grad is not None and w.grad is not None
+
+
+@pytest.mark.parametrize("order", ["kernscope_first", "torch_first"])
+def test_registration_any_import_order(order):
+    first, second = ("kernscope", "torch") if order == "kernscope_first" else ("torch", "kernscope")
+    code = (f"import {first}, {second}\n"
+            "import kernscope as ks, torch\n"
+            "assert hasattr(torch.ops.kernscope, 'rms_norm')\n"
+            "f = torch.compile(lambda x, w: ks.rms_norm(x, w), fullgraph=True, backend='eager')\n"
+            "x, w = torch.randn(2, 8), torch.randn(8)\n"
+            "assert torch.equal(f(x, w), ks.rms_norm(x, w))\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_kernscope_does_not_import_torch():
+    code = ("import sys, numpy as np, kernscope as ks\n"
+            "ks.rms_norm(np.ones((1, 4), np.float32), np.ones(4, np.float32))\n"
+            "ks.available(); ks.which('rms_norm')\n"
+            "assert 'torch' not in sys.modules\n"
+            "print('ok')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-3000:]
