@@ -17,6 +17,7 @@ import os
 import statistics
 
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -143,7 +144,6 @@ def main():
     ap.add_argument("--ops", default=",".join(SHAPES))
     a = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
-    import torch._dynamo
     torch._dynamo.config.cache_size_limit = 512
     impls = a.impls.split(",")
     liger = liger_impls() if "liger" in impls else {}

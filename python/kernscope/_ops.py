@@ -142,7 +142,7 @@ def _torch_route(op: str, code: int, backend: str, names: Sequence[str], tensors
     torch = sys.modules["torch"]
     if torch.is_grad_enabled():
         for name, t in zip(names, tensors):
-            if t is not None and t.requires_grad:
+            if getattr(t, "requires_grad", False):  # (a numpy array beside a tensor has none)
                 if code == _AUTO:
                     return True
                 raise RuntimeError(

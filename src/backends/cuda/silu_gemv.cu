@@ -57,7 +57,11 @@ template <typename T, int VEC>
 void launch_silu(const ops::SiluAndMulArgs& a, cudaStream_t s, int* unroll_out, int* gx_out) {
   const int64_t dv = a.d / VEC;
   constexpr int kThreads = 256;
-  const int unroll = dv >= 4 * kThreads ? 4 : dv >= 2 * kThreads ? 2 : 1;
+  // Unroll only when the grid still covers every SM twice: small calls are
+  // latency-bound and want as many CTAs issuing loads at once as possible.
+  const int sm = device_props(a.x.device.device_id).sm_count;
+  const int64_t vectors = dv * a.rows;
+  const int unroll = vectors >= int64_t(8) * sm * kThreads ? 4 : vectors >= int64_t(4) * sm * kThreads ? 2 : 1;
   const int64_t gx = (dv + kThreads * unroll - 1) / (kThreads * unroll);
   const dim3 grid(unsigned(gx), unsigned(std::min<int64_t>(a.rows, 65535)));
   const T* x = static_cast<const T*>(a.x.data);

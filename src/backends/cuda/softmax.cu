@@ -211,13 +211,22 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
     part[1] = n;
   }
   cluster.sync();
-  float gm = -INFINITY, gn = 0.f;
-  for (int r = 0; r < csize; ++r) {  // the same order in every CTA
-    const float* rp = cluster.map_shared_rank(part, r);
-    gm = fmaxf(gm, rp[0]);
-    gn = fmaxf(gn, rp[1]);
+  // One warp gathers the cluster's partials over DSMEM (lane r reads rank r),
+  // then broadcasts through shared memory: 8 remote loads per CTA, not 8 per thread.
+  __shared__ float glob[3];
+  if (warp == 0) {
+    float m = -INFINITY, n = 0.f;
+    if (lane < csize) {
+      const float* rp = cluster.map_shared_rank(part, lane);
+      m = rp[0];
+      n = rp[1];
+    }
+    m = warp_max(m);
+    n = warp_max(n);
+    if (lane == 0) { glob[0] = m; glob[1] = n; }
   }
-  cluster.sync();  // everyone has read part[] before it is reused
+  cluster.sync();  // every CTA has read part[] before it is reused; glob[] visible
+  const float gm = glob[0], gn = glob[1];
   const bool bad = gn != 0.f || isinf(gm);
   float sum = 0.f;
   if constexpr (NV > 0) {
@@ -244,8 +253,14 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
     part[0] = s;
   }
   cluster.sync();
-  float gs = 0.f;
-  for (int r = 0; r < csize; ++r) gs += cluster.map_shared_rank(part, r)[0];
+  if (warp == 0) {
+    // lanes < csize hold the ranks' sums; the butterfly adds them in a fixed tree
+    float v = lane < csize ? cluster.map_shared_rank(part, lane)[0] : 0.f;
+    v = warp_sum(v);
+    if (lane == 0) glob[2] = v;
+  }
+  __syncthreads();
+  const float gs = glob[2];
   const float inv = 1.0f / gs;
   if constexpr (NV > 0) {
 #pragma unroll
