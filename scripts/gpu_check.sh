@@ -33,9 +33,9 @@ if has test; then
 fi
 
 if has sanitize; then
-  F='Cuda.*-Cuda.MoreThan2Pow31Elements'
+  F=${SAN_FILTER:-'Cuda.*-Cuda.MoreThan2Pow31Elements'}
   { compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$F" --gtest_brief=1; echo "memcheck rc=$?";
-    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter='Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*' --gtest_brief=1; echo "racecheck rc=$?";
+    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter=${RACE_FILTER:-'Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*'} --gtest_brief=1; echo "racecheck rc=$?";
   } > "$OUT/sanitizer.txt" 2>&1
   grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.txt"; cat "$OUT/sanitizer.txt" >> "$LOG"; rm -f "$OUT/sanitizer.txt"
 fi

@@ -133,6 +133,13 @@ def force_variant(op: Any = None, variant: Any = None) -> None:
     _C.force_variant(op, variant)
 
 
+def last_launch_config(op: str) -> str:
+    """The launch configuration (block shape, vector width, cluster size, ...) of
+    this thread's last CUDA launch of ``op``, as text; "" if none (always "" on
+    the CPU). For benchmarks and diagnostics (ks_last_launch_config)."""
+    return _C.last_launch_config(op)
+
+
 # ---- torch integration ------------------------------------------------------------
 def _install_torch() -> None:
     try:
@@ -167,7 +174,7 @@ class _TorchImportHook:
                 break
         loader = getattr(spec, "loader", None)
         inner = getattr(loader, "exec_module", None)
-        if inner is None:
+        if loader is None or inner is None:
             return spec
         hook = self
 
@@ -201,6 +208,7 @@ __all__ = [
     "available",
     "backend_available",
     "force_variant",
+    "last_launch_config",
     "rms_norm",
     "fused_add_rms_norm",
     "silu_and_mul",

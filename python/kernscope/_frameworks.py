@@ -13,6 +13,7 @@ once the caller has passed one of its arrays (so it is already imported).
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any, Optional, Tuple
 
 # Canonical dtype names used across the package.
@@ -238,7 +239,13 @@ class Jax(Framework):
 
     def empty(self, like: Any, shape: tuple, dtype: Optional[str] = None) -> Any:
         dt = like.dtype if dtype is None else self.dtype(like, dtype)
-        return self._jnp.zeros(shape, dtype=dt, device=self._device(like))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # jax's own 64-bit warning: the check below says more
+            out = self._jnp.zeros(shape, dtype=dt, device=self._device(like))
+        if out.dtype != dt:
+            raise TypeError(f"jax allocated {out.dtype} for a {dtype} output; 64-bit outputs need "
+                            "jax.config.update('jax_enable_x64', True)")
+        return out
 
 
 _BY_TYPE: dict = {}

@@ -47,7 +47,7 @@ from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
 from . import _C
 from ._frameworks import Framework, canonical_dtype, framework_of
 
-T = TypeVar("T")
+T = TypeVar("T", bound=Any)  # the caller's array type (numpy.ndarray, torch.Tensor, ...)
 Array = Any  # any object with __dlpack__ (numpy.ndarray, torch.Tensor, cupy.ndarray, jax.Array, ...)
 
 _AUTO, _CPU, _CUDA, _TORCH = 0, 1, 2, 3

@@ -61,7 +61,7 @@ def _code(op: str, backend: str) -> int:
 
 
 def _run(cfn: Any, tensors: tuple, *scalars: Any) -> None:
-    fw = _ops.framework_of(tensors[1] if tensors[0] is None else tensors[0])
+    fw = _ops._fw(cfn.__name__, "tensor", tensors[0])
     _ops._native(cfn, fw, tensors[0], tuple(_t(t) for t in tensors), *scalars)
 
 

@@ -367,6 +367,10 @@ NB_MODULE(_C, m) {
     const ks_status_t st = ks_force_variant(op_c, var_c);
     if (st != KS_SUCCESS) raise_status(st);
   }, nb::arg("op").none(), nb::arg("variant").none());
+  m.def("last_launch_config", [](const std::string& op) {
+    const char* s = ks_last_launch_config(op.c_str());
+    return std::string(s ? s : "");
+  });
   m.def("cuda_stream_synchronize", [](uintptr_t stream) { cuda_stream_synchronize(reinterpret_cast<void*>(stream)); });
 
   // ---- operators (tensors in C ABI order; see include/kernscope/kernscope.h) ---

@@ -197,3 +197,26 @@ def test_force_variant():
         ks.force_variant("rms_norm", "nope")
     ks.force_variant("rms_norm", "cpu_reference")
     ks.force_variant(None)  # clears every pin
+
+
+def test_jax_arrays_on_the_host(rng):
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    cpu = jax.devices("cpu")[0]
+    x = jax.device_put(jnp.asarray(rand(rng, (3, 16), "fp32"), dtype=jnp.bfloat16), cpu)
+    w = jax.device_put(jnp.asarray(rand(rng, (16,), "fp32"), dtype=jnp.bfloat16), cpu)
+    y = ks.rms_norm(x, w)  # jax bf16 goes through DLPack as bfloat16
+    assert isinstance(y, jax.Array) and y.dtype == jnp.bfloat16
+    assert_close(np.asarray(y.astype(jnp.float32)),
+                 ref_rms_norm(np.asarray(x.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)), 1e-6), "bf16")
+    with pytest.raises(ks.InvalidArgumentError, match=r"rms_norm: weight must have shape \(16,\)"):
+        ks.rms_norm(x, w[:3])
+    assert ks.dequantize(jnp.zeros((2, 34), jnp.uint8), "q8_0", dtype="bf16").dtype == jnp.bfloat16
+    if not jax.config.jax_enable_x64:
+        with pytest.raises(TypeError, match="jax_enable_x64"):
+            ks.argmax(x)
+
+
+def test_last_launch_config_on_cpu():
+    ks.rms_norm(np.ones((1, 4), np.float32), np.ones(4, np.float32))
+    assert ks.last_launch_config("rms_norm") == ""  # no CUDA launch on this thread

@@ -5,8 +5,9 @@
 //  - row groups (as rms_norm): W warps own a row, values cached in registers;
 //    max (with a NaN flag), then sum of exp, then the normalized store.
 //  - clusters (sm_90, few wide rows): a thread-block cluster of C CTAs splits one
-//    row; partial max / sum travel through distributed shared memory, so the row
-//    is read from HBM once with C SMs' bandwidth behind it.
+//    row, each CTA staging its slice in shared memory; partial max / sum travel
+//    through distributed shared memory, so the row is read from HBM once with C
+//    SMs' bandwidth behind it.
 // exp is expf (full precision); the division is IEEE. The reduction order depends
 // only on H and the launch configuration derived from H (batch-invariant).
 #include <cooperative_groups.h>
@@ -146,56 +147,53 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
   }
 }
 
-// Cluster path: blockIdx.x / C = row, rank within the cluster = slice. 512-thread
-// CTAs, NV vectors per thread cached (NV = 0: loop over the slice).
-constexpr int kClusterThreads = 512;
-template <typename T, int VEC, int NV>
+// Cluster path (sm_90): blockIdx.x / C = row, rank within the cluster = slice.
+// Each CTA stages its slice of the row in shared memory (so registers stay few
+// and several CTAs fit per SM), reduces max / NaN flag and the sum of exp over
+// the cluster through distributed shared memory, and writes from shared memory.
+constexpr int kClusterThreads = 256;
+template <typename T, int VEC>
 __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const SoftmaxParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char stage_raw[];
+  Vec<T, VEC>* stage = reinterpret_cast<Vec<T, VEC>*>(stage_raw);
   __shared__ float red[kClusterThreads / 32];
-  __shared__ float part[2];  // this CTA's (max, nan) then sum
+  __shared__ float part[2];
+  __shared__ float glob[3];
   cg::cluster_group cluster = cg::this_cluster();
   const int csize = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int64_t row = blockIdx.x / csize;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
   const int64_t H = p.cols, hv = H / VEC;
-  const int64_t v0 = rank * p.slice, v1 = min(hv, v0 + p.slice);
-  const T* x = static_cast<const T*>(p.x) + row * H;
-  T* out = static_cast<T*>(p.out) + row * H;
-  Vec<T, VEC> xr[NV > 0 ? NV : 1];
+  const int64_t v0 = rank * p.slice, n = max(int64_t(0), min(hv, v0 + p.slice) - v0);
+  const T* x = static_cast<const T*>(p.x) + row * H + v0 * VEC;
+  T* out = static_cast<T*>(p.out) + row * H + v0 * VEC;
   float mx = -INFINITY, nan = 0.f;
-  if constexpr (NV > 0) {
+  constexpr int U = 4;  // loads in flight per thread
+  for (int64_t base = threadIdx.x; base < n; base += int64_t(U) * blockDim.x) {
+    Vec<T, VEC> v[U];
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
-      if (idx < v1) xr[i] = load_vec<T, VEC>(x + idx * VEC);
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + int64_t(u) * blockDim.x;
+      if (i < n) v[u] = load_vec<T, VEC>(x + i * VEC);
     }
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
-      if (idx < v1)
+    for (int u = 0; u < U; ++u) {
+      const int64_t i = base + int64_t(u) * blockDim.x;
+      if (i < n) {
+        stage[i] = v[u];
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float f = xr[i].f(j);
+          const float f = v[u].f(j);
           nan = isnan(f) ? 1.f : nan;
           mx = fmaxf(mx, f);
         }
-    }
-  } else {
-    for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
-      const auto xv = load_vec<T, VEC>(x + idx * VEC);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) {
-        const float f = xv.f(j);
-        nan = isnan(f) ? 1.f : nan;
-        mx = fmaxf(mx, f);
       }
     }
   }
-  // block max and nan flag
   mx = warp_max(mx);
   nan = warp_max(nan);
-  if (lane == 0) { red[warp] = mx; }
+  if (lane == 0) red[warp] = mx;
   __syncthreads();
   if (threadIdx.x == 0) {
     float m = red[0];
@@ -206,83 +204,57 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
   if (lane == 0) red[warp] = nan;
   __syncthreads();
   if (threadIdx.x == 0) {
-    float n = red[0];
-    for (int i = 1; i < nw; ++i) n = fmaxf(n, red[i]);
-    part[1] = n;
+    float f = red[0];
+    for (int i = 1; i < nw; ++i) f = fmaxf(f, red[i]);
+    part[1] = f;
   }
   cluster.sync();
-  // One warp gathers the cluster's partials over DSMEM (lane r reads rank r),
-  // then broadcasts through shared memory: 8 remote loads per CTA, not 8 per thread.
-  __shared__ float glob[3];
+  // One warp gathers the cluster's partials over DSMEM (lane r reads rank r).
   if (warp == 0) {
-    float m = -INFINITY, n = 0.f;
+    float m = -INFINITY, f = 0.f;
     if (lane < csize) {
       const float* rp = cluster.map_shared_rank(part, lane);
       m = rp[0];
-      n = rp[1];
+      f = rp[1];
     }
     m = warp_max(m);
-    n = warp_max(n);
-    if (lane == 0) { glob[0] = m; glob[1] = n; }
+    f = warp_max(f);
+    if (lane == 0) { glob[0] = m; glob[1] = f; }
   }
-  cluster.sync();  // every CTA has read part[] before it is reused; glob[] visible
-  const float gm = glob[0], gn = glob[1];
-  const bool bad = gn != 0.f || isinf(gm);
+  cluster.sync();  // part[] read everywhere before reuse; glob[] visible in the CTA
+  const float gm = glob[0];
+  const bool bad = glob[1] != 0.f || isinf(gm);
   float sum = 0.f;
-  if constexpr (NV > 0) {
+  if (!bad)
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const Vec<T, VEC> v = stage[i];
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
-      if (!bad && idx < v1)
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(xr[i].f(j) - gm);
+      for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(v.f(j) - gm);
     }
-  } else if (!bad) {
-    for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
-      const auto xv = load_vec<T, VEC>(x + idx * VEC);
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(xv.f(j) - gm);
-    }
-  }
   sum = warp_sum(sum);
   if (lane == 0) red[warp] = sum;
   __syncthreads();
   if (threadIdx.x == 0) {
-    float s = 0.f;
-    for (int i = 0; i < nw; ++i) s += red[i];
-    part[0] = s;
+    float t = 0.f;
+    for (int i = 0; i < nw; ++i) t += red[i];
+    part[0] = t;
   }
   cluster.sync();
   if (warp == 0) {
-    // lanes < csize hold the ranks' sums; the butterfly adds them in a fixed tree
     float v = lane < csize ? cluster.map_shared_rank(part, lane)[0] : 0.f;
-    v = warp_sum(v);
+    v = warp_sum(v);  // a fixed butterfly: the same total in every CTA
     if (lane == 0) glob[2] = v;
   }
   __syncthreads();
-  const float gs = glob[2];
-  const float inv = 1.0f / gs;
-  if constexpr (NV > 0) {
+  const float inv = 1.0f / glob[2];
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const Vec<T, VEC> v = stage[i];
+    Vec<T, VEC> o;
 #pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t idx = v0 + threadIdx.x + int64_t(i) * blockDim.x;
-      if (idx < v1) {
-        Vec<T, VEC> o;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xr[i].f(j) - gm) * inv);
-        store_vec<T, VEC>(out + idx * VEC, o);
-      }
-    }
-  } else {
-    for (int64_t idx = v0 + threadIdx.x; idx < v1; idx += blockDim.x) {
-      const auto xv = load_vec<T, VEC>(x + idx * VEC);
-      Vec<T, VEC> o;
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xv.f(j) - gm) * inv);
-      store_vec<T, VEC>(out + idx * VEC, o);
-    }
+    for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(v.f(j) - gm) * inv);
+    store_vec<T, VEC>(out + i * VEC, o);
   }
-  cluster.sync();  // keep part[] alive until every CTA has read it
+  cluster.sync();  // keep part[] alive until every CTA of the cluster has read it
 #endif
 }
 
@@ -303,18 +275,18 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps&
   SmConfig c{};
   c.vec = vec_ok ? 16 / es : 1;
   const int64_t hv = (H + c.vec - 1) / c.vec;
-  // Few wide rows: split each row over a cluster so every SM has bytes in flight.
-  // Cluster size: the smallest of 2, 4, 8 that gives >= 2 CTAs per SM and a slice
-  // that fits the register cache (8 vectors per thread).
+  // Few wide rows: split each row over a thread-block cluster so every SM has
+  // bytes in flight. Cluster size: the smallest of 2, 4, 8 that gives >= 2 CTAs
+  // per SM and a shared-memory slice of at most 48 KB (4 CTAs per SM); if even 8
+  // leaves a bigger slice, 8 with the bigger slice.
   if (dp.major >= 9 && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) && H * es >= 64 * 1024) {
     int cl = 2;
-    while (cl < 8 && (rows * cl < 2 * int64_t(dp.sm_count) || (hv + cl - 1) / cl > int64_t(kClusterThreads) * 8)) cl *= 2;
-    {
+    while (cl < 8 && (rows * cl < 2 * int64_t(dp.sm_count) || (hv + cl - 1) / cl * 16 > 48 * 1024)) cl *= 2;
+    c.slice = (hv + cl - 1) / cl;
+    if (c.slice * 16 <= 200 * 1024) {
       c.cluster = cl;
       c.threads = kClusterThreads;
-      c.slice = (hv + cl - 1) / cl;
-      const int64_t need = (c.slice + c.threads - 1) / c.threads;
-      c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
+      c.nv = 0;
       c.grid = int(rows * cl);
       return c;
     }
@@ -335,9 +307,15 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps&
 template <typename T, int VEC, int NV>
 void launch_one(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
   if (c.cluster > 1) {
+    const size_t smem = size_t(c.slice) * sizeof(Vec<T, VEC>);
+    auto kern = softmax_cluster_kernel<T, VEC>;
+    if (smem > 48 * 1024)
+      check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "softmax",
+                 "raise dynamic shared memory");
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = dim3(c.grid);
     cfg.blockDim = dim3(c.threads);
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -346,7 +324,7 @@ void launch_one(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
     attr[0].val.clusterDim.z = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, softmax_cluster_kernel<T, VEC, NV>, p), "softmax", "cluster launch");
+    check_cuda(cudaLaunchKernelEx(&cfg, kern, p), "softmax", "cluster launch");
   } else {
     softmax_kernel<T, VEC, NV><<<c.grid, c.threads, 0, s>>>(p);
   }
@@ -394,8 +372,8 @@ void softmax_cuda(const void* args, ks_stream_t stream) {
   check_launch("softmax");
   char b[160];
   if (c.cluster > 1)
-    std::snprintf(b, sizeof b, "cluster=%d threads=%d vec=%d nv=%d slice=%lld grid=%d", c.cluster, c.threads, c.vec,
-                  c.nv, (long long)c.slice, c.grid);
+    std::snprintf(b, sizeof b, "cluster=%d threads=%d vec=%d smem_slice=%lldB grid=%d", c.cluster, c.threads, c.vec,
+                  (long long)(c.slice * 16), c.grid);
   else
     std::snprintf(b, sizeof b, "vec=%d nv=%d warps_per_row=%d rows_per_cta=%d grid=%d", c.vec, c.nv, c.warps_per_row,
                   c.rows_per_cta, c.grid);
