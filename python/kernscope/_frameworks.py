@@ -78,6 +78,11 @@ class Framework:
     def dtype(self, like: Any, name: str) -> Any:
         raise TypeError(f"cannot allocate {name} arrays for {type(like).__module__}.{type(like).__name__}")
 
+    def empty_like(self, like: Any) -> Any:
+        """An output of like's shape and dtype (contiguous when like is; a strided
+        input is rejected before its output is looked at)."""
+        return self.empty(like, tuple(like.shape))
+
     def empty(self, like: Any, shape: tuple, dtype: Optional[str] = None) -> Any:
         xp = getattr(like, "__array_namespace__", None)
         if xp is None:
@@ -151,6 +156,9 @@ class Numpy(Framework):
             return self._np.dtype(ml_dtypes.bfloat16)
         return self._np.dtype(_NUMPY_NAMES[name])
 
+    def empty_like(self, like: Any) -> Any:
+        return self._np.empty(like.shape, like.dtype)
+
     def empty(self, like: Any, shape: tuple, dtype: Optional[str] = None) -> Any:
         return self._np.empty(shape, dtype=like.dtype if dtype is None else self.dtype(like, dtype))
 
@@ -180,12 +188,13 @@ class Torch(Framework):
     def dtype(self, like: Any, name: str) -> Any:
         return self._dtypes[name]
 
+    def empty_like(self, like: Any) -> Any:
+        # Keeps like's layout: contiguous, since a strided input is rejected before
+        # the output is looked at.
+        return self._torch.empty_like(like)
+
     def empty(self, like: Any, shape: tuple, dtype: Optional[str] = None) -> Any:
         if dtype is None:
-            if shape is like.shape or shape == like.shape:
-                # empty_like keeps like's layout: contiguous here, since a strided
-                # input is rejected before the output is looked at.
-                return self._torch.empty_like(like)
             return like.new_empty(shape)
         return like.new_empty(shape, dtype=self._dtypes[dtype])
 

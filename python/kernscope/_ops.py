@@ -139,15 +139,16 @@ def _torch_route(op: str, code: int, backend: str, names: Sequence[str], tensors
     """For torch inputs: True to run the PyTorch reference instead of a native backend."""
     if code == _TORCH:
         return True
-    torch = sys.modules["torch"]
-    if torch.is_grad_enabled():
-        for name, t in zip(names, tensors):
-            if getattr(t, "requires_grad", False):  # (a numpy array beside a tensor has none)
-                if code == _AUTO:
-                    return True
-                raise RuntimeError(
-                    f"{op}: {name} requires grad, and backend {backend!r} is inference-only; use backend='torch' "
-                    "or 'auto' (the PyTorch reference, with autograd), or call it under torch.no_grad()")
+    if not sys.modules["torch"].is_grad_enabled():
+        return False
+    for t in tensors:
+        if getattr(t, "requires_grad", False):  # (a numpy array beside a tensor has none)
+            if code == _AUTO:
+                return True
+            name = names[[id(u) for u in tensors].index(id(t))]
+            raise RuntimeError(
+                f"{op}: {name} requires grad, and backend {backend!r} is inference-only; use backend='torch' "
+                "or 'auto' (the PyTorch reference, with autograd), or call it under torch.no_grad()")
     return False
 
 
@@ -218,7 +219,7 @@ def rms_norm(x: T, weight: Array, eps: float = 1e-6, *, backend: str = "auto", o
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
-        out = fw.empty(x, x.shape)
+        out = fw.empty_like(x)
     _native(_C.rms_norm, fw, x, (out, x, weight), eps, code)
     return out
 
@@ -351,7 +352,7 @@ def softmax(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
-        out = fw.empty(x, x.shape)
+        out = fw.empty_like(x)
     _native(_C.softmax, fw, x, (out, x), code)
     return out
 
@@ -634,7 +635,7 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
-        out = fw.empty(q, q.shape)
+        out = fw.empty_like(q)
     _native(_C.paged_attention, fw, q, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens),
             float(scale), code)
     return out

@@ -82,10 +82,13 @@ std::array<PyObject*, 8> g_error_class{};
   raise(cls, msg);
 }
 
-// The current Python exception's "Type: message", cleared.
+// The current Python exception as "Type: message" (no traceback), cleared.
 std::string take_python_error() {
   nb::python_error e;  // fetches and clears the error indicator
-  return e.what();
+  std::string msg = Py_TYPE(e.value().ptr())->tp_name;
+  nb::str text = nb::str(e.value());
+  if (text.ptr() != nullptr && PyUnicode_GET_LENGTH(text.ptr()) > 0) msg += std::string(": ") + text.c_str();
+  return msg;
 }
 
 ks_backend_t to_backend(int b) {
@@ -167,13 +170,18 @@ class Call {
     if (!PyTuple_Check(tensors.ptr()) || PyTuple_GET_SIZE(tensors.ptr()) != spec.count)
       raise(PyExc_TypeError, std::string(spec.op) + ": internal: expected a tuple of " +
                                  std::to_string(spec.count) + " tensors");
-    for (int i = 0; i < spec.count; ++i) {
-      PyObject* obj = PyTuple_GET_ITEM(tensors.ptr(), i);
-      if (obj == Py_None) {
-        if (spec.optional & (1u << i)) continue;
-        raise(PyExc_TypeError, std::string(spec.op) + ": " + spec.names[i] + " must be a tensor, not None");
+    // Inputs first, then what is written: an input that cannot be imported is
+    // named as itself, not as the output allocated from it.
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int i = 0; i < spec.count; ++i) {
+        if (((spec.writable >> i) & 1u) != unsigned(pass)) continue;
+        PyObject* obj = PyTuple_GET_ITEM(tensors.ptr(), i);
+        if (obj == Py_None) {
+          if (spec.optional & (1u << i)) continue;
+          raise(PyExc_TypeError, std::string(spec.op) + ": " + spec.names[i] + " must be a tensor, not None");
+        }
+        import(i, obj, hint.ptr(), (bf16_mask >> i) & 1u);
       }
-      import(i, obj, hint.ptr(), (bf16_mask >> i) & 1u);
     }
     stream_ = pick_stream(stream_hint);
   }
@@ -251,7 +259,7 @@ class Call {
   }
 
   // The launch stream: the producer's current work stream (exchange API) for the
-  // first device tensor, else the hint (None: the host, or the default stream).
+  // first device tensor, else the hint (0: NULL, the host or the default stream).
   ks_stream_t pick_stream(uintptr_t hint) {
     for (int i = 0; i < spec_.count; ++i) {
       const Slot& s = slots_[i];

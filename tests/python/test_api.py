@@ -220,3 +220,8 @@ def test_jax_arrays_on_the_host(rng):
 def test_last_launch_config_on_cpu():
     ks.rms_norm(np.ones((1, 4), np.float32), np.ones(4, np.float32))
     assert ks.last_launch_config("rms_norm") == ""  # no CUDA launch on this thread
+
+
+def test_unexportable_arrays_name_the_argument():
+    with pytest.raises(TypeError, match="rms_norm: x cannot be exported through DLPack: BufferError"):
+        ks.rms_norm(np.array([[1.0, "a"]], dtype=object), np.ones(2, np.float32))
