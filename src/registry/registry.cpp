@@ -1,6 +1,7 @@
 #include "registry/registry.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <mutex>
 
@@ -13,7 +14,7 @@ const std::vector<Variant>& all() {
     register_cpu_variants(variants);
     register_cuda_variants(variants);
     std::stable_sort(variants.begin(), variants.end(), [](const Variant& a, const Variant& b) {
-      int c = std::string(a.op).compare(b.op);
+      const int c = std::strcmp(a.op, b.op);
       if (c != 0) return c < 0;
       if (a.backend != b.backend) return a.backend < b.backend;
       return a.priority > b.priority;
@@ -29,7 +30,7 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) 
   std::string skipped;
   bool op_known = false;
   for (const Variant& v : all()) {
-    if (std::string(v.op) != op) continue;
+    if (std::strcmp(v.op, op) != 0) continue;
     op_known = true;
     if (v.backend != backend) continue;
     if (!(v.dtype_mask & dtype_bit(dtype))) {
@@ -62,7 +63,7 @@ void force_variant(const char* op, const char* variant) {
   }
   bool op_known = false, found = variant == nullptr;
   for (const Variant& v : all()) {
-    if (std::string(v.op) != op) continue;
+    if (std::strcmp(v.op, op) != 0) continue;
     op_known = true;
     if (variant && std::string(v.name) == variant) found = true;
   }
@@ -82,7 +83,7 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
     auto it = g_forced.find(op);
     if (it != g_forced.end()) {
       for (const Variant& v : all()) {
-        if (std::string(v.op) != op || v.backend != backend || it->second != v.name) continue;
+        if (std::strcmp(v.op, op) != 0 || v.backend != backend || it->second != v.name) continue;
         std::string why;
         if (!(v.dtype_mask & dtype_bit(dtype))) why = std::string("no ") + detail::dtype_name(dtype);
         else if (v.available && !v.available()) why = "not available on this machine";
@@ -100,7 +101,7 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
   std::string skipped;
   bool any_backend = false, any_dtype = false;
   for (const Variant& v : all()) {
-    if (std::string(v.op) != op || v.backend != backend) continue;
+    if (std::strcmp(v.op, op) != 0 || v.backend != backend) continue;
     any_backend = true;
     if (!(v.dtype_mask & dtype_bit(dtype))) continue;
     any_dtype = true;

@@ -1,11 +1,13 @@
 // Shared helpers for the operator tests: host buffers of any dtype, random fill,
-// poisoning, FP64 views of data, and tolerance checks against FP64 references.
+// poisoning, FP64 views of data, tolerance checks against FP64 references, and the
+// whole-word search used to check that error messages name an op or argument.
 #pragma once
 
 #include <gtest/gtest.h>
 #include <kernscope/kernscope.h>
 #include <kernscope/kernscope.hpp>
 
+#include <cctype>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -91,6 +93,20 @@ struct Buf {
     return true;
   }
 };
+
+// Unit roundoff of binary32 (2^-24).
+constexpr double kU32 = 0x1p-24;
+
+// True if `w` occurs in `s` as a whole identifier (so "x" does not match "max").
+inline bool has_word(const std::string& s, const std::string& w) {
+  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t p = s.find(w); p != std::string::npos; p = s.find(w, p + 1)) {
+    const bool l = p == 0 || !ident(s[p - 1]);
+    const bool r = p + w.size() >= s.size() || !ident(s[p + w.size()]);
+    if (l && r) return true;
+  }
+  return false;
+}
 
 inline std::mt19937_64& rng() {
   static std::mt19937_64 g(0x5EED1234ULL);
