@@ -4,10 +4,11 @@
 // validation harness (a `Call` that owns its buffers and DLTensors, and expect_reject).
 //
 // A test file says `using namespace kstest::checks;` inside its anonymous namespace; that
-// also brings in Buf, allclose, fill_normal, fill_uniform, tol and DType. It then binds the
+// also brings in Buf, allclose, fill_normal, fill_uniform, tol, kU32 and DType. It then binds the
 // checks to its op:
 //   const RejectionCheck rejected{kOp};
-//   struct Call : ShapeStore { ...; std::vector<Buf*> bufs(); ks_status_t call(); };
+//   struct Call : XOutCall { ...; ks_status_t call(); };   (or XWeightOutCall, or ShapeStore
+//                                                           with its own buffers and bufs())
 //   const ExpectReject<Call> expect_reject{rejected};
 #pragma once
 
@@ -31,6 +32,7 @@ using kstest::Buf;
 using kstest::fill_normal;
 using kstest::fill_uniform;
 using kstest::has_word;
+using kstest::kU32;
 using kstest::tol;
 using ks::DType;
 
@@ -116,6 +118,47 @@ struct ShapeStore {
     keep.push_back(std::move(v));
     return keep.back().data();
   }
+};
+
+// A valid `x -> out` call (silu_and_mul, softmax): x ~ N(0, 1), out poisoned. The
+// DLTensors tx / tout (and the pointers px / pout passed to the op) may be broken before
+// the derived Call's call().
+struct XOutCall : ShapeStore {
+  Buf x, out;
+  DLTensor tx, tout;
+  DLTensor *px, *pout;
+  ks_backend_t be = KS_BACKEND_AUTO;
+  XOutCall(DType dt, std::vector<int64_t> x_shape, std::vector<int64_t> out_shape)
+      : x(dt, std::move(x_shape)), out(dt, std::move(out_shape)) {
+    fill_normal(x);
+    out.poison();
+    tx = x.dl();
+    tout = out.dl();
+    px = &tx;
+    pout = &tout;
+  }
+  std::vector<Buf*> bufs() { return {&x, &out}; }
+};
+
+// A valid `x, weight -> out` call (rms_norm, gemv): x, w ~ N(0, 1), out poisoned.
+struct XWeightOutCall : ShapeStore {
+  Buf x, w, out;
+  DLTensor tx, tw, tout;
+  DLTensor *px, *pw, *pout;
+  ks_backend_t be = KS_BACKEND_AUTO;
+  XWeightOutCall(DType dt, std::vector<int64_t> x_shape, std::vector<int64_t> w_shape, std::vector<int64_t> out_shape)
+      : x(dt, std::move(x_shape)), w(dt, std::move(w_shape)), out(dt, std::move(out_shape)) {
+    fill_normal(x);
+    fill_normal(w);
+    out.poison();
+    tx = x.dl();
+    tw = w.dl();
+    tout = out.dl();
+    px = &tx;
+    pw = &tw;
+    pout = &tout;
+  }
+  std::vector<Buf*> bufs() { return {&x, &w, &out}; }
 };
 
 template <class C>

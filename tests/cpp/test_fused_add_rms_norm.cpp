@@ -16,86 +16,16 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "call_checks.hpp"
 
 namespace {
 
-using kstest::Buf;
-using kstest::allclose;
-using kstest::fill_normal;
-using kstest::fill_uniform;
-using kstest::tol;
-using ks::DType;
+using namespace kstest::checks;
 
 constexpr const char* kOp = "fused_add_rms_norm";
+const RejectionCheck rejected{kOp};
 
 // ---------------------------------------------------------------- helpers --
-
-bool has_word(const std::string& s, const std::string& w) {
-  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  for (size_t p = s.find(w); p != std::string::npos; p = s.find(w, p + 1)) {
-    const bool l = p == 0 || !ident(s[p - 1]);
-    const bool r = p + w.size() >= s.size() || !ident(s[p + w.size()]);
-    if (l && r) return true;
-  }
-  return false;
-}
-
-std::vector<std::vector<uint8_t>> snap(const std::vector<Buf*>& bufs) {
-  std::vector<std::vector<uint8_t>> s;
-  for (Buf* b : bufs) s.push_back(b->raw);
-  return s;
-}
-
-::testing::AssertionResult rejected(ks_status_t got, ks_status_t want, const std::vector<std::string>& args,
-                                    const std::vector<Buf*>& bufs, const std::vector<std::vector<uint8_t>>& before) {
-  const std::string msg = ks_last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << ks_status_name(got) << ", want " << ks_status_name(want)
-                                         << " (message: '" << msg << "')";
-  if (!has_word(msg, kOp)) return ::testing::AssertionFailure() << "message does not name the op: '" << msg << "'";
-  for (const auto& a : args)
-    if (!has_word(msg, a))
-      return ::testing::AssertionFailure() << "message does not name '" << a << "': '" << msg << "'";
-  for (size_t i = 0; i < bufs.size(); ++i)
-    if (bufs[i]->raw != before[i])
-      return ::testing::AssertionFailure() << "buffer #" << i << " changed by a failed call ('" << msg << "')";
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult ok(ks_status_t st) {
-  if (st == KS_SUCCESS) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << ks_status_name(st) << ": " << ks_last_error();
-}
-
-DLTensor make_dl(void* data, DType dt, std::vector<int64_t>& shape) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = int(shape.size());
-  t.dtype = ks::to_dl(dt);
-  t.shape = shape.data();
-  return t;
-}
-
-DType other_float(DType d) { return d == DType::F32 ? DType::F16 : DType::F32; }
-
-// Rounds a double to fp16 / bf16 / fp32, round to nearest even, overflow to inf.
-// Written independently of the library's converters (ldexp + nearbyint).
-double round_to(double v, DType d) {
-  if (std::isnan(v) || std::isinf(v) || v == 0.0) return v;
-  if (d == DType::F32) return double(float(v));
-  const int man = d == DType::F16 ? 10 : 7;       // explicit mantissa bits
-  const int emin = d == DType::F16 ? -14 : -126;  // smallest normal exponent
-  const double maxfin = d == DType::F16 ? 65504.0 : std::ldexp(255.0, 120);
-  const double a = std::fabs(v);
-  int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  const int E = std::max(e - 1, emin);
-  double q = std::ldexp(std::nearbyint(std::ldexp(a, man - E)), E - man);
-  if (q > maxfin) q = std::numeric_limits<double>::infinity();
-  return std::copysign(q, v);
-}
 
 bool same_value(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
 
@@ -159,7 +89,6 @@ void check_contract(DType dt, const std::vector<int64_t>& shape, double eps = 1e
 }
 
 class FusedAddRmsNorm : public ::testing::TestWithParam<DType> {};
-std::string dt_param_name(const ::testing::TestParamInfo<DType>& i) { return ks::dtype_name(i.param); }
 
 // ---------------------------------------------------------------- contract --
 
@@ -469,13 +398,12 @@ TEST_P(FusedAddRmsNorm, AdjacentButDisjointBuffersAreAccepted) {
 
 // -------------------------------------------------------------- validation --
 
-struct Call {
+struct Call : ShapeStore {
   Buf x, res, w;
   DLTensor tx, tr, tw;
   DLTensor *px, *pr, *pw;
   double eps = 1e-6;
   ks_backend_t be = KS_BACKEND_AUTO;
-  std::deque<std::vector<int64_t>> keep;
   explicit Call(DType dt, int64_t R = 4, int64_t H = 24) : x(dt, {R, H}), res(dt, {R, H}), w(dt, {H}) {
     fill_normal(x);
     fill_normal(res);
@@ -487,20 +415,11 @@ struct Call {
     pr = &tr;
     pw = &tw;
   }
-  int64_t* vec(std::vector<int64_t> v) {
-    keep.push_back(std::move(v));
-    return keep.back().data();
-  }
+  std::vector<Buf*> bufs() { return {&x, &res, &w}; }
   ks_status_t call() { return ks_fused_add_rms_norm(px, pr, pw, eps, be, nullptr); }
 };
 
-void expect_reject(DType dt, const std::function<void(Call&)>& mutate, ks_status_t want,
-                   const std::vector<std::string>& args) {
-  Call c(dt);
-  mutate(c);
-  const auto before = snap({&c.x, &c.res, &c.w});
-  EXPECT_TRUE(rejected(c.call(), want, args, {&c.x, &c.res, &c.w}, before));
-}
+const ExpectReject<Call> expect_reject{rejected};
 
 TEST_P(FusedAddRmsNorm, ValidCallBaseline) {
   Call c(GetParam());
@@ -563,10 +482,6 @@ TEST_P(FusedAddRmsNorm, BackendAndDeviceSelection) {
 
 TEST_P(FusedAddRmsNorm, RejectsWrongShapes) {
   const DType dt = GetParam();
-  auto set_shape = [](DLTensor& t, Call& c, std::vector<int64_t> s) {
-    t.ndim = int(s.size());
-    t.shape = c.vec(std::move(s));
-  };
   expect_reject(dt, [&](Call& c) { set_shape(c.tr, c, {4, 23}); }, KS_ERROR_INVALID_ARGUMENT, {"residual"});
   expect_reject(dt, [&](Call& c) { set_shape(c.tr, c, {3, 24}); }, KS_ERROR_INVALID_ARGUMENT, {"residual"});
   expect_reject(dt, [&](Call& c) { set_shape(c.tr, c, {24, 4}); }, KS_ERROR_INVALID_ARGUMENT, {"residual"});

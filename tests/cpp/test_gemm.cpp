@@ -35,22 +35,9 @@ struct Ref {
 
 // FP64 a @ b^T from the stored (already rounded) inputs, with the FP32 accumulation bound.
 Ref reference(const Buf& a, const Buf& b, int64_t M, int64_t N, int64_t K) {
-  Ref r;
-  r.val.resize(size_t(M * N));
-  r.bound.resize(size_t(M * N));
-  const auto av = a.values(), bv = b.values();
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t n = 0; n < N; ++n) {
-      double s = 0, err = 0, mag = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = av[size_t(m * K + k)] * bv[size_t(n * K + k)];
-        s += p;
-        err += std::fabs(p) + std::fabs(s);
-        mag += std::fabs(p);
-      }
-      r.val[size_t(m * N + n)] = s;
-      r.bound[size_t(m * N + n)] = kU32 * std::max(err, 8.0 * std::sqrt(double(K)) * mag);
-    }
+  const kstest::MatmulRef m = kstest::matmul_nt_ref(a.values(), b.values(), M, N, K);
+  Ref r{m.val, m.mag};
+  for (double& e : r.bound) e = kU32 * e;
   return r;
 }
 

@@ -14,85 +14,16 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "call_checks.hpp"
 
 namespace {
 
-using kstest::Buf;
-using kstest::fill_normal;
-using kstest::fill_uniform;
-using kstest::tol;
-using ks::DType;
+using namespace kstest::checks;
 
-constexpr double kU32 = 0x1p-24;  // unit roundoff of binary32
 constexpr const char* kOp = "gemv";
+const RejectionCheck rejected{kOp};
 
 // ---------------------------------------------------------------- helpers --
-
-bool has_word(const std::string& s, const std::string& w) {
-  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  for (size_t p = s.find(w); p != std::string::npos; p = s.find(w, p + 1)) {
-    const bool l = p == 0 || !ident(s[p - 1]);
-    const bool r = p + w.size() >= s.size() || !ident(s[p + w.size()]);
-    if (l && r) return true;
-  }
-  return false;
-}
-
-std::vector<std::vector<uint8_t>> snap(const std::vector<Buf*>& bufs) {
-  std::vector<std::vector<uint8_t>> s;
-  for (Buf* b : bufs) s.push_back(b->raw);
-  return s;
-}
-
-::testing::AssertionResult rejected(ks_status_t got, ks_status_t want, const std::vector<std::string>& args,
-                                    const std::vector<Buf*>& bufs, const std::vector<std::vector<uint8_t>>& before) {
-  const std::string msg = ks_last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << ks_status_name(got) << ", want " << ks_status_name(want)
-                                         << " (message: '" << msg << "')";
-  if (!has_word(msg, kOp)) return ::testing::AssertionFailure() << "message does not name the op: '" << msg << "'";
-  for (const auto& a : args)
-    if (!has_word(msg, a))
-      return ::testing::AssertionFailure() << "message does not name '" << a << "': '" << msg << "'";
-  for (size_t i = 0; i < bufs.size(); ++i)
-    if (bufs[i]->raw != before[i])
-      return ::testing::AssertionFailure() << "buffer #" << i << " changed by a failed call ('" << msg << "')";
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult ok(ks_status_t st) {
-  if (st == KS_SUCCESS) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << ks_status_name(st) << ": " << ks_last_error();
-}
-
-DLTensor make_dl(void* data, DType dt, std::vector<int64_t>& shape) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = int(shape.size());
-  t.dtype = ks::to_dl(dt);
-  t.shape = shape.data();
-  return t;
-}
-
-DType other_float(DType d) { return d == DType::F32 ? DType::F16 : DType::F32; }
-
-// Independent double -> fp16/bf16/fp32 rounding (nearest even, overflow to inf).
-double round_to(double v, DType d) {
-  if (std::isnan(v) || std::isinf(v) || v == 0.0) return v;
-  if (d == DType::F32) return double(float(v));
-  const int man = d == DType::F16 ? 10 : 7;
-  const int emin = d == DType::F16 ? -14 : -126;
-  const double maxfin = d == DType::F16 ? 65504.0 : std::ldexp(255.0, 120);
-  const double a = std::fabs(v);
-  int e;
-  std::frexp(a, &e);
-  const int E = std::max(e - 1, emin);
-  double q = std::ldexp(std::nearbyint(std::ldexp(a, man - E)), E - man);
-  if (q > maxfin) q = std::numeric_limits<double>::infinity();
-  return std::copysign(q, v);
-}
 
 // FP64 reference, plus the per-output allowance docs/contracts.md grants ops that
 // sum K products in an unspecified order: 8 * sqrt(K) * 2^-24 * sum_k |a_k b_k|.
@@ -144,10 +75,6 @@ ks_status_t run(Buf& out, Buf& x, Buf& w, ks_backend_t be = KS_BACKEND_AUTO) {
   return ks_gemv(&o, &a, &b, be, nullptr);
 }
 
-bool same_bytes(const Buf& a, const Buf& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
-
 void check_contract(DType dt, int64_t N, int64_t H, size_t ox = 0, size_t ow = 0, size_t oo = 0) {
   Buf x(dt, {H}, ox), w(dt, {N, H}, ow), out(dt, {N}, oo);
   fill_normal(x);
@@ -164,7 +91,6 @@ void check_contract(DType dt, int64_t N, int64_t H, size_t ox = 0, size_t ow = 0
 }
 
 class Gemv : public ::testing::TestWithParam<DType> {};
-std::string dt_param_name(const ::testing::TestParamInfo<DType>& i) { return ks::dtype_name(i.param); }
 
 // ---------------------------------------------------------------- contract --
 
@@ -495,42 +421,12 @@ TEST(GemvLargeIndex, WeightBeyond2Pow31Elements) {
 
 // -------------------------------------------------------------- validation --
 
-struct Call {
-  Buf x, w, out;
-  DLTensor tx, tw, tout;
-  DLTensor *px, *pw, *pout;
-  ks_backend_t be = KS_BACKEND_AUTO;
-  std::deque<std::vector<int64_t>> keep;
-  explicit Call(DType dt, int64_t N = 5, int64_t H = 24) : x(dt, {H}), w(dt, {N, H}), out(dt, {N}) {
-    fill_normal(x);
-    fill_normal(w);
-    out.poison();
-    tx = x.dl();
-    tw = w.dl();
-    tout = out.dl();
-    px = &tx;
-    pw = &tw;
-    pout = &tout;
-  }
-  int64_t* vec(std::vector<int64_t> v) {
-    keep.push_back(std::move(v));
-    return keep.back().data();
-  }
+struct Call : XWeightOutCall {
+  explicit Call(DType dt, int64_t N = 5, int64_t H = 24) : XWeightOutCall(dt, {H}, {N, H}, {N}) {}
   ks_status_t call() { return ks_gemv(pout, px, pw, be, nullptr); }
 };
 
-void expect_reject(DType dt, const std::function<void(Call&)>& mutate, ks_status_t want,
-                   const std::vector<std::string>& args) {
-  Call c(dt);
-  mutate(c);
-  const auto before = snap({&c.x, &c.w, &c.out});
-  EXPECT_TRUE(rejected(c.call(), want, args, {&c.x, &c.w, &c.out}, before));
-}
-
-void set_shape(DLTensor& t, Call& c, std::vector<int64_t> s) {
-  t.ndim = int(s.size());
-  t.shape = c.vec(std::move(s));
-}
+const ExpectReject<Call> expect_reject{rejected};
 
 TEST_P(Gemv, ValidCallBaseline) {
   Call c(GetParam());

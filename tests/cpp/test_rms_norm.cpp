@@ -13,77 +13,16 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "call_checks.hpp"
 
 namespace {
 
-using kstest::Buf;
-using kstest::allclose;
-using kstest::fill_normal;
-using kstest::fill_uniform;
-using kstest::tol;
-using ks::DType;
+using namespace kstest::checks;
 
 constexpr const char* kOp = "rms_norm";
+const RejectionCheck rejected{kOp};
 
 // ---------------------------------------------------------------- helpers --
-
-// True if `w` occurs in `s` as a whole identifier (so "x" does not match "max").
-bool has_word(const std::string& s, const std::string& w) {
-  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  for (size_t p = s.find(w); p != std::string::npos; p = s.find(w, p + 1)) {
-    const bool l = p == 0 || !ident(s[p - 1]);
-    const bool r = p + w.size() >= s.size() || !ident(s[p + w.size()]);
-    if (l && r) return true;
-  }
-  return false;
-}
-
-std::vector<std::vector<uint8_t>> snap(const std::vector<Buf*>& bufs) {
-  std::vector<std::vector<uint8_t>> s;
-  for (Buf* b : bufs) s.push_back(b->raw);
-  return s;
-}
-
-// A failed call: exact status, the message names the op and every listed
-// argument, and every buffer (data and guard bytes) is byte-identical.
-::testing::AssertionResult rejected(ks_status_t got, ks_status_t want, const std::vector<std::string>& args,
-                                    const std::vector<Buf*>& bufs, const std::vector<std::vector<uint8_t>>& before) {
-  const std::string msg = ks_last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << ks_status_name(got) << ", want " << ks_status_name(want)
-                                         << " (message: '" << msg << "')";
-  if (!has_word(msg, kOp)) return ::testing::AssertionFailure() << "message does not name the op: '" << msg << "'";
-  for (const auto& a : args)
-    if (!has_word(msg, a))
-      return ::testing::AssertionFailure() << "message does not name '" << a << "': '" << msg << "'";
-  for (size_t i = 0; i < bufs.size(); ++i)
-    if (bufs[i]->raw != before[i])
-      return ::testing::AssertionFailure() << "buffer #" << i << " changed by a failed call ('" << msg << "')";
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult ok(ks_status_t st) {
-  if (st == KS_SUCCESS) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << ks_status_name(st) << ": " << ks_last_error();
-}
-
-DLTensor make_dl(void* data, DType dt, std::vector<int64_t>& shape) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = int(shape.size());
-  t.dtype = ks::to_dl(dt);
-  t.shape = shape.data();
-  return t;
-}
-
-DType other_float(DType d) { return d == DType::F32 ? DType::F16 : DType::F32; }
-
-// Same bytes in the data regions of two buffers.
-bool same_bytes(const Buf& a, const Buf& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
 
 // FP64 reference from the rounded inputs.
 std::vector<double> rms_ref(const Buf& x, const Buf& w, double eps) {
@@ -126,8 +65,6 @@ void check_contract(DType dt, const std::vector<int64_t>& shape, double eps = 1e
 }
 
 class RmsNorm : public ::testing::TestWithParam<DType> {};
-
-std::string dt_param_name(const ::testing::TestParamInfo<DType>& i) { return ks::dtype_name(i.param); }
 
 // ---------------------------------------------------------------- contract --
 
@@ -404,38 +341,13 @@ TEST_P(RmsNorm, RowAloneEqualsRowInBatchBitwise) {
 // -------------------------------------------------------------- validation --
 
 // Builds a valid call, lets `mutate` break one thing, and checks the rejection.
-struct Call {
-  Buf x, w, out;
-  DLTensor tx, tw, tout;
-  DLTensor *px, *pw, *pout;
+struct Call : XWeightOutCall {
   double eps = 1e-6;
-  ks_backend_t be = KS_BACKEND_AUTO;
-  std::deque<std::vector<int64_t>> keep;  // storage for replacement shapes/strides
-  explicit Call(DType dt, int64_t R = 4, int64_t H = 24) : x(dt, {R, H}), w(dt, {H}), out(dt, {R, H}) {
-    fill_normal(x);
-    fill_normal(w);
-    out.poison();
-    tx = x.dl();
-    tw = w.dl();
-    tout = out.dl();
-    px = &tx;
-    pw = &tw;
-    pout = &tout;
-  }
-  int64_t* vec(std::vector<int64_t> v) {
-    keep.push_back(std::move(v));
-    return keep.back().data();
-  }
+  explicit Call(DType dt, int64_t R = 4, int64_t H = 24) : XWeightOutCall(dt, {R, H}, {H}, {R, H}) {}
   ks_status_t call() { return ks_rms_norm(pout, px, pw, eps, be, nullptr); }
 };
 
-void expect_reject(DType dt, const std::function<void(Call&)>& mutate, ks_status_t want,
-                   const std::vector<std::string>& args) {
-  Call c(dt);
-  mutate(c);
-  const auto before = snap({&c.x, &c.w, &c.out});
-  EXPECT_TRUE(rejected(c.call(), want, args, {&c.x, &c.w, &c.out}, before));
-}
+const ExpectReject<Call> expect_reject{rejected};
 
 TEST_P(RmsNorm, ValidCallBaseline) {
   Call c(GetParam());
@@ -557,10 +469,6 @@ TEST_P(RmsNorm, BackendAndDeviceSelection) {
 
 TEST_P(RmsNorm, RejectsWrongShapes) {
   const DType dt = GetParam();
-  auto set_shape = [](DLTensor& t, Call& c, std::vector<int64_t> s) {
-    t.ndim = int(s.size());
-    t.shape = c.vec(std::move(s));
-  };
   // weight: wrong length, 2-D, 0-d.
   expect_reject(dt, [&](Call& c) { set_shape(c.tw, c, {23}); }, KS_ERROR_INVALID_ARGUMENT, {"weight"});
   expect_reject(dt, [&](Call& c) { set_shape(c.tw, c, {1, 24}); }, KS_ERROR_INVALID_ARGUMENT, {"weight"});

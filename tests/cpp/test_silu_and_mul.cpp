@@ -11,87 +11,16 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "call_checks.hpp"
 
 namespace {
 
-using kstest::Buf;
-using kstest::allclose;
-using kstest::fill_normal;
-using kstest::fill_uniform;
-using kstest::tol;
-using ks::DType;
+using namespace kstest::checks;
 
 constexpr const char* kOp = "silu_and_mul";
-constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+const RejectionCheck rejected{kOp};
 
 // ---------------------------------------------------------------- helpers --
-
-bool has_word(const std::string& s, const std::string& w) {
-  auto ident = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
-  for (size_t p = s.find(w); p != std::string::npos; p = s.find(w, p + 1)) {
-    const bool l = p == 0 || !ident(s[p - 1]);
-    const bool r = p + w.size() >= s.size() || !ident(s[p + w.size()]);
-    if (l && r) return true;
-  }
-  return false;
-}
-
-std::vector<std::vector<uint8_t>> snap(const std::vector<Buf*>& bufs) {
-  std::vector<std::vector<uint8_t>> s;
-  for (Buf* b : bufs) s.push_back(b->raw);
-  return s;
-}
-
-::testing::AssertionResult rejected(ks_status_t got, ks_status_t want, const std::vector<std::string>& args,
-                                    const std::vector<Buf*>& bufs, const std::vector<std::vector<uint8_t>>& before) {
-  const std::string msg = ks_last_error();
-  if (got != want)
-    return ::testing::AssertionFailure() << "status " << ks_status_name(got) << ", want " << ks_status_name(want)
-                                         << " (message: '" << msg << "')";
-  if (!has_word(msg, kOp)) return ::testing::AssertionFailure() << "message does not name the op: '" << msg << "'";
-  for (const auto& a : args)
-    if (!has_word(msg, a))
-      return ::testing::AssertionFailure() << "message does not name '" << a << "': '" << msg << "'";
-  for (size_t i = 0; i < bufs.size(); ++i)
-    if (bufs[i]->raw != before[i])
-      return ::testing::AssertionFailure() << "buffer #" << i << " changed by a failed call ('" << msg << "')";
-  return ::testing::AssertionSuccess();
-}
-
-::testing::AssertionResult ok(ks_status_t st) {
-  if (st == KS_SUCCESS) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << ks_status_name(st) << ": " << ks_last_error();
-}
-
-DLTensor make_dl(void* data, DType dt, std::vector<int64_t>& shape) {
-  DLTensor t{};
-  t.data = data;
-  t.device = {kDLCPU, 0};
-  t.ndim = int(shape.size());
-  t.dtype = ks::to_dl(dt);
-  t.shape = shape.data();
-  return t;
-}
-
-DType other_float(DType d) { return d == DType::F32 ? DType::F16 : DType::F32; }
-
-// Independent double -> fp16/bf16/fp32 rounding (nearest even, overflow to inf).
-double round_to(double v, DType d) {
-  if (std::isnan(v) || std::isinf(v) || v == 0.0) return v;
-  if (d == DType::F32) return double(float(v));
-  const int man = d == DType::F16 ? 10 : 7;
-  const int emin = d == DType::F16 ? -14 : -126;
-  const double maxfin = d == DType::F16 ? 65504.0 : std::ldexp(255.0, 120);
-  const double a = std::fabs(v);
-  int e;
-  std::frexp(a, &e);
-  const int E = std::max(e - 1, emin);
-  double q = std::ldexp(std::nearbyint(std::ldexp(a, man - E)), E - man);
-  if (q > maxfin) q = kInf;
-  return std::copysign(q, v);
-}
 
 // The contract's formula evaluated in double: g * (1 / (1 + exp(-g))) * u.
 // (Note the literal product form: for g = -inf it gives -inf * 0 = NaN, exactly as
@@ -117,10 +46,6 @@ ks_status_t run(Buf& out, Buf& x, ks_backend_t be = KS_BACKEND_AUTO) {
   return ks_silu_and_mul(&o, &a, be, nullptr);
 }
 
-bool same_bytes(const Buf& a, const Buf& b) {
-  return a.nbytes() == b.nbytes() && std::memcmp(a.data(), b.data(), a.nbytes()) == 0;
-}
-
 void check_contract(DType dt, const std::vector<int64_t>& xshape, double gstd = 2.0, size_t ox = 0, size_t oo = 0) {
   Buf x(dt, xshape, ox), out(dt, half_last(xshape), oo);
   fill_normal(x, gstd);
@@ -134,7 +59,6 @@ void check_contract(DType dt, const std::vector<int64_t>& xshape, double gstd = 
 }
 
 class SiluAndMul : public ::testing::TestWithParam<DType> {};
-std::string dt_param_name(const ::testing::TestParamInfo<DType>& i) { return ks::dtype_name(i.param); }
 
 // ---------------------------------------------------------------- contract --
 
@@ -384,34 +308,12 @@ TEST_P(SiluAndMul, RowAloneEqualsRowInBatchBitwise) {
 
 // -------------------------------------------------------------- validation --
 
-struct Call {
-  Buf x, out;
-  DLTensor tx, tout;
-  DLTensor *px, *pout;
-  ks_backend_t be = KS_BACKEND_AUTO;
-  std::deque<std::vector<int64_t>> keep;
-  explicit Call(DType dt, int64_t R = 4, int64_t D = 12) : x(dt, {R, 2 * D}), out(dt, {R, D}) {
-    fill_normal(x);
-    out.poison();
-    tx = x.dl();
-    tout = out.dl();
-    px = &tx;
-    pout = &tout;
-  }
-  int64_t* vec(std::vector<int64_t> v) {
-    keep.push_back(std::move(v));
-    return keep.back().data();
-  }
+struct Call : XOutCall {
+  explicit Call(DType dt, int64_t R = 4, int64_t D = 12) : XOutCall(dt, {R, 2 * D}, {R, D}) {}
   ks_status_t call() { return ks_silu_and_mul(pout, px, be, nullptr); }
 };
 
-void expect_reject(DType dt, const std::function<void(Call&)>& mutate, ks_status_t want,
-                   const std::vector<std::string>& args) {
-  Call c(dt);
-  mutate(c);
-  const auto before = snap({&c.x, &c.out});
-  EXPECT_TRUE(rejected(c.call(), want, args, {&c.x, &c.out}, before));
-}
+const ExpectReject<Call> expect_reject{rejected};
 
 TEST_P(SiluAndMul, ValidCallBaseline) {
   Call c(GetParam());
@@ -475,10 +377,6 @@ TEST_P(SiluAndMul, RejectsDeviceMismatchAndBadBackend) {
 
 TEST_P(SiluAndMul, RejectsWrongOutShapes) {
   const DType dt = GetParam();
-  auto set_shape = [](DLTensor& t, Call& c, std::vector<int64_t> s) {
-    t.ndim = int(s.size());
-    t.shape = c.vec(std::move(s));
-  };
   expect_reject(dt, [&](Call& c) { set_shape(c.tout, c, {4, 24}); }, KS_ERROR_INVALID_ARGUMENT, {"out"});
   expect_reject(dt, [&](Call& c) { set_shape(c.tout, c, {4, 11}); }, KS_ERROR_INVALID_ARGUMENT, {"out"});
   expect_reject(dt, [&](Call& c) { set_shape(c.tout, c, {3, 12}); }, KS_ERROR_INVALID_ARGUMENT, {"out"});

@@ -7,6 +7,7 @@
 #include <kernscope/kernscope.h>
 #include <kernscope/kernscope.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdint>
@@ -150,6 +151,34 @@ inline ::testing::AssertionResult allclose(const std::vector<double>& got, const
                                            << std::fabs(g - r) << ")";
   }
   return ::testing::AssertionSuccess();
+}
+
+// FP64 out[m, n] = sum_k a[m, k] * b[n, k] (a [M, K], b [N, K], row-major), summed in k
+// order, and per output the first-order magnitude of the error of an FP32 sum of the same
+// products in any order: max(sum_k (|p_k| + |s_k|), 8 sqrt(K) sum_k |p_k|) (s_k: partial
+// sums; the second term is docs/contracts.md's allowance for an unspecified order). An FP32
+// accumulation is within 2^-24 times that of val.
+struct MatmulRef {
+  std::vector<double> val, mag;
+};
+inline MatmulRef matmul_nt_ref(const std::vector<double>& a, const std::vector<double>& b, int64_t M, int64_t N,
+                               int64_t K) {
+  MatmulRef r;
+  r.val.resize(size_t(M * N));
+  r.mag.resize(size_t(M * N));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, err = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = a[size_t(m * K + k)] * b[size_t(n * K + k)];
+        s += p;
+        err += std::fabs(p) + std::fabs(s);
+        mag += std::fabs(p);
+      }
+      r.val[size_t(m * N + n)] = s;
+      r.mag[size_t(m * N + n)] = std::max(err, 8.0 * std::sqrt(double(K)) * mag);
+    }
+  return r;
 }
 
 inline const std::vector<DType>& float_dtypes() {
