@@ -34,7 +34,7 @@ inline double bf16_to_double(uint16_t h) {
   return double(f);
 }
 
-
+// ---- block formats: sizes, a test-side encoder and an FP64 decoder -------------------
 struct QFmt {
   ks_qtype_t q;
   const char* name;
