@@ -147,34 +147,21 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
 
 namespace {
 
-int next_pow2(int64_t v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 struct NormConfig {
   int vec, nv, warps_per_row, rows_per_cta, grid;
   bool preload_w;
 };
 
 // Shape -> launch configuration (documented in docs/cuda.md).
-NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, bool fused, int sm_count) {
-  (void)fused;
+NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int sm_count) {
   NormConfig c{};
   c.vec = vec_ok ? 16 / es : 1;
-  const int64_t hv = (H + c.vec - 1) / c.vec;
-  // About four 16-byte vectors per thread (16 warps at most for the cached
-  // kernels); wider rows cache up to 8 per thread, beyond that two passes.
-  c.warps_per_row = std::clamp(next_pow2((hv + 127) / 128), 1, 16);
-  int64_t need = (hv + 32 * c.warps_per_row - 1) / (32 * c.warps_per_row);
-  c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
-  if (c.vec == 1 && c.nv > 4) c.nv = 0;  // scalar path: keep register arrays small
-  if (c.nv == 0) c.warps_per_row = 32;
-  c.rows_per_cta = std::max(1, 4 / c.warps_per_row);
-  const int64_t ctas = (rows + c.rows_per_cta - 1) / c.rows_per_cta;
-  c.grid = int(std::min<int64_t>(ctas, int64_t(sm_count) * 64));
-  c.preload_w = ctas <= 2 * int64_t(sm_count);  // decode-sized calls: latency over occupancy
+  const RowGroupConfig g = row_group_config(rows, (H + c.vec - 1) / c.vec, c.vec == 1, sm_count);
+  c.nv = g.nv;
+  c.warps_per_row = g.warps_per_row;
+  c.rows_per_cta = g.rows_per_cta;
+  c.grid = g.grid;
+  c.preload_w = (rows + g.rows_per_cta - 1) / g.rows_per_cta <= 2 * int64_t(sm_count);  // decode-sized calls
   return c;
 }
 
@@ -227,7 +214,7 @@ void rms_norm_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(a.x.device.device_id, "rms_norm");
   const int es = detail::dtype_bytes(a.x.dtype);
   const bool vec_ok = aligned16(a.x.data) && aligned16(a.out.data) && aligned16(a.weight.data) && (a.hidden * es) % 16 == 0;
-  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, false, device_props(a.x.device.device_id).sm_count);
+  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, device_props(a.x.device.device_id).sm_count);
   NormParams p{a.x.data, nullptr, a.weight.data, a.out.data, nullptr, a.rows, a.hidden, a.eps, c.warps_per_row,
                c.rows_per_cta};
   launch<false>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));
@@ -241,7 +228,7 @@ void fused_add_rms_norm_cuda(const void* args, ks_stream_t stream) {
   const int es = detail::dtype_bytes(a.x.dtype);
   const bool vec_ok = aligned16(a.x.data) && aligned16(a.residual.data) && aligned16(a.weight.data) &&
                       (a.hidden * es) % 16 == 0;
-  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, true, device_props(a.x.device.device_id).sm_count);
+  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, device_props(a.x.device.device_id).sm_count);
   NormParams p{a.x.data, a.residual.data, a.weight.data, a.x.data, a.residual.data, a.rows, a.hidden, a.eps,
                c.warps_per_row, c.rows_per_cta};
   launch<true>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));

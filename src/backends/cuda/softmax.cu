@@ -260,12 +260,6 @@ __global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const 
 
 namespace {
 
-int pow2_at_least(int64_t v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 struct SmConfig {
   int vec, nv, warps_per_row, rows_per_cta, grid, cluster, threads;
   int64_t slice;
@@ -292,15 +286,12 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps&
     }
   }
   c.cluster = 1;
-  c.warps_per_row = std::clamp(pow2_at_least((hv + 127) / 128), 1, 16);
-  const int64_t tpr = 32 * c.warps_per_row;
-  const int64_t need = (hv + tpr - 1) / tpr;
-  c.nv = need <= 1 ? 1 : need <= 2 ? 2 : need <= 4 ? 4 : need <= 8 ? 8 : 0;
-  if (c.vec == 1 && c.nv > 4) c.nv = 0;
-  if (c.nv == 0) c.warps_per_row = 32;
-  c.rows_per_cta = std::max(1, 4 / c.warps_per_row);
-  c.threads = 32 * c.warps_per_row * c.rows_per_cta;
-  c.grid = int(std::min<int64_t>((rows + c.rows_per_cta - 1) / c.rows_per_cta, int64_t(dp.sm_count) * 64));
+  const RowGroupConfig g = row_group_config(rows, hv, c.vec == 1, dp.sm_count);
+  c.nv = g.nv;
+  c.warps_per_row = g.warps_per_row;
+  c.rows_per_cta = g.rows_per_cta;
+  c.threads = g.threads;
+  c.grid = g.grid;
   return c;
 }
 
