@@ -25,6 +25,10 @@ model:
 test: build model
 	KS_MODEL_PATH=$(MODEL) KS_REQUIRE_MODEL=1 ctest --test-dir $(BUILD) --output-on-failure -j 2
 	bindings/run_tests.sh $(BUILD)
+	scripts/setup_python.sh $(BUILD)/python-venv
+	CMAKE_BUILD_PARALLEL_LEVEL=2 $(BUILD)/python-venv/bin/python -m pip install -q --no-build-isolation --no-deps \
+	  --no-index --disable-pip-version-check -C build-dir=$(BUILD)/python-build -C cmake.define.KS_WITH_CUDA=OFF .
+	PYTHONDONTWRITEBYTECODE=1 $(BUILD)/python-venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 
 test-bindings: build
 	bindings/run_tests.sh $(BUILD)

@@ -66,6 +66,9 @@ struct ExchangeAPI {  // DLPackExchangeAPI (DLPack 1.2+)
 };
 
 // ---- errors --------------------------------------------------------------------
+// Everything in this section touches Python objects and must run with the GIL
+// held. The only code that runs without it is the body of run() below (the C
+// call itself), which may neither raise nor touch a Python object.
 // Python classes per ks_status_t, installed by kernscope._errors at import.
 std::array<PyObject*, 8> g_error_class{};
 
@@ -74,35 +77,58 @@ std::array<PyObject*, 8> g_error_class{};
   throw nb::python_error();
 }
 
-[[noreturn]] void raise_status(ks_status_t st) {
-  std::string msg = ks_last_error();
+// msg: ks_last_error() as read on the calling thread right after the failing
+// call (see run()); empty: the status name.
+[[noreturn]] void raise_status(ks_status_t st, std::string msg) {
   if (msg.empty()) msg = ks_status_name(st);
   PyObject* cls = (st > 0 && size_t(st) < g_error_class.size() && g_error_class[st]) ? g_error_class[st]
                                                                                       : PyExc_RuntimeError;
   raise(cls, msg);
 }
+[[noreturn]] void raise_status(ks_status_t st) { raise_status(st, ks_last_error()); }
 
 // The current Python exception as "Type: message" (no traceback), cleared.
+// A producer that reports failure without setting an exception gets a plain
+// message instead of nanobind's fatal "error indicator unset".
 std::string take_python_error() {
+  if (!PyErr_Occurred()) return "unknown error (no Python exception was set)";
   nb::python_error e;  // fetches and clears the error indicator
   std::string msg = Py_TYPE(e.value().ptr())->tp_name;
-  nb::str text = nb::str(e.value());
-  if (text.ptr() != nullptr && PyUnicode_GET_LENGTH(text.ptr()) > 0) msg += std::string(": ") + text.c_str();
+  PyObject* text = PyObject_Str(e.value().ptr());
+  if (text == nullptr) {
+    PyErr_Clear();
+  } else {
+    const char* s = PyUnicode_AsUTF8(text);
+    if (s == nullptr) PyErr_Clear();
+    else if (*s) msg += std::string(": ") + s;
+    Py_DECREF(text);
+  }
   return msg;
 }
 
+// Backend codes are checked here, with the GIL held, before any call releases it.
 ks_backend_t to_backend(int b) {
   if (b < 0 || b > 2) raise(PyExc_ValueError, "backend code must be 0 (auto), 1 (cpu) or 2 (cuda)");
   return static_cast<ks_backend_t>(b);
 }
 
-// ---- exchange API cache (per type; the types are kept alive) -----------------
-std::unordered_map<PyTypeObject*, const ExchangeAPI*> g_exchange;
+// ---- exchange API cache (per type) ---------------------------------------------
+// Read and written with the GIL held only. The type and the attribute object
+// that holds the table are both kept alive for the life of the process, so the
+// cached table pointer can never dangle (a type's attribute may be a property
+// that returns a fresh capsule owning its table).
+struct ExchangeEntry {
+  const ExchangeAPI* api;
+  PyObject* owner;  // the __dlpack_c_exchange_api__ object (a strong reference), or nullptr
+};
+std::unordered_map<PyTypeObject*, ExchangeEntry> g_exchange;
 
 const ExchangeAPI* exchange_api(PyObject* obj) {
   PyTypeObject* type = Py_TYPE(obj);
-  auto it = g_exchange.find(type);
-  if (it != g_exchange.end()) return it->second;
+  if (auto it = g_exchange.find(type); it != g_exchange.end()) return it->second.api;
+  // The lookup below can run Python code (a metaclass, a property, the garbage
+  // collector) and so let other threads run and fill the cache for this type
+  // first: look again before inserting, and keep the first entry.
   const ExchangeAPI* api = nullptr;
   PyObject* attr = PyObject_GetAttrString(reinterpret_cast<PyObject*>(type), "__dlpack_c_exchange_api__");
   if (attr == nullptr) {
@@ -114,7 +140,6 @@ const ExchangeAPI* exchange_api(PyObject* obj) {
     else if (PyLong_Check(attr))
       p = PyLong_AsVoidPtr(attr);
     if (p == nullptr) PyErr_Clear();
-    Py_DECREF(attr);
     // Walk to a major-1 table (a newer major keeps older ones on prev_api).
     for (auto* h = static_cast<const ExchangeHeader*>(p); h != nullptr; h = h->prev_api) {
       if (h->version.major == 1) {
@@ -124,10 +149,15 @@ const ExchangeAPI* exchange_api(PyObject* obj) {
         break;
       }
     }
+    if (api == nullptr) Py_CLEAR(attr);
   }
-  Py_INCREF(type);
-  g_exchange.emplace(type, api);
-  return api;
+  auto [it, inserted] = g_exchange.try_emplace(type, ExchangeEntry{api, attr});
+  if (inserted) {
+    Py_INCREF(type);
+  } else {
+    Py_XDECREF(attr);  // another thread cached this type while the lookup ran
+  }
+  return it->second.api;
 }
 
 // ---- one call's imported tensors -----------------------------------------------
@@ -167,6 +197,7 @@ class Call {
   // otherwise a CUDA stream handle (1 = legacy default, 2 = per-thread default).
   Call(const OpSpec& spec, nb::handle tensors, uintptr_t stream_hint, uint32_t bf16_mask) : spec_(spec) {
     nb::object hint = stream_hint ? nb::steal(PyLong_FromSize_t(stream_hint)) : nb::none();
+    if (!hint.is_valid()) throw nb::python_error();
     if (!PyTuple_Check(tensors.ptr()) || PyTuple_GET_SIZE(tensors.ptr()) != spec.count)
       raise(PyExc_TypeError, std::string(spec.op) + ": internal: expected a tuple of " +
                                  std::to_string(spec.count) + " tensors");
@@ -282,39 +313,56 @@ class Call {
 // ---- CUDA stream sync for producers that keep no stream order with us ----------
 // (jax: its buffers are ordered on its own streams; the op runs on the legacy
 // stream, so the call waits for it.) Uses the driver API through dlopen, so the
-// extension needs no CUDA toolkit at build time.
-void cuda_stream_synchronize(ks_stream_t stream) {
+// extension needs no CUDA toolkit at build time. The entry points are resolved
+// once (a function-local static: initialised exactly once even if threads race).
+struct CudaDriver {
   using SyncFn = int (*)(void*);
   using ErrFn = int (*)(int, const char**);
-  static SyncFn sync = nullptr;
-  static ErrFn err_name = nullptr;
-  if (sync == nullptr) {
+  SyncFn sync = nullptr;
+  ErrFn err_name = nullptr;
+  const char* error = nullptr;  // why sync is missing
+  CudaDriver() {
     void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (lib == nullptr) raise(g_error_class[KS_ERROR_CUDA], "cannot load libcuda.so.1 to synchronize the stream");
+    if (lib == nullptr) {
+      error = "cannot load libcuda.so.1 to synchronize the stream";
+      return;
+    }
     sync = reinterpret_cast<SyncFn>(dlsym(lib, "cuStreamSynchronize"));
     err_name = reinterpret_cast<ErrFn>(dlsym(lib, "cuGetErrorString"));
-    if (sync == nullptr) raise(g_error_class[KS_ERROR_CUDA], "libcuda.so.1 has no cuStreamSynchronize");
+    if (sync == nullptr) error = "libcuda.so.1 has no cuStreamSynchronize";
   }
+};
+
+void cuda_stream_synchronize(ks_stream_t stream) {
+  static const CudaDriver driver;
+  if (driver.sync == nullptr) raise(g_error_class[KS_ERROR_CUDA], driver.error);
   int rc;
   {
     nb::gil_scoped_release nogil;
-    rc = sync(stream);
+    rc = driver.sync(stream);
   }
   if (rc != 0) {
     const char* s = nullptr;
-    if (err_name) err_name(rc, &s);
+    if (driver.err_name) driver.err_name(rc, &s);
     raise(g_error_class[KS_ERROR_CUDA], std::string("cuStreamSynchronize failed: ") + (s ? s : std::to_string(rc)));
   }
 }
 
+// Runs one C call with the GIL released. body() must only call the C ABI: no
+// Python object, no Python error, no nanobind call (anything that can raise is
+// done before, with the GIL held, e.g. to_backend()). The failing call's
+// message is read on this thread before the GIL is taken back, and the Python
+// exception is built after.
 template <class F>
 void run(Call& c, bool sync_after, F&& body) {
   ks_status_t st;
+  std::string err;
   {
     nb::gil_scoped_release nogil;
     st = body();
+    if (st != KS_SUCCESS) err = ks_last_error();
   }
-  if (st != KS_SUCCESS) raise_status(st);
+  if (st != KS_SUCCESS) raise_status(st, std::move(err));
   if (sync_after) cuda_stream_synchronize(c.stream());
 }
 
@@ -387,80 +435,93 @@ NB_MODULE(_C, m) {
 #define KS_ARGS int backend, uintptr_t hint, uint32_t bf16, bool sync
   m.def("rms_norm", [](nb::tuple t, double eps, KS_ARGS) {
     static const OpSpec spec{"rms_norm", 3, {"out", "x", "weight"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_rms_norm(c[0], c[1], c[2], eps, to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_rms_norm(c[0], c[1], c[2], eps, be, c.stream()); });
   });
   m.def("fused_add_rms_norm", [](nb::tuple t, double eps, KS_ARGS) {
     static const OpSpec spec{"fused_add_rms_norm", 3, {"x", "residual", "weight"}, 0b11, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_fused_add_rms_norm(c[0], c[1], c[2], eps, to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_fused_add_rms_norm(c[0], c[1], c[2], eps, be, c.stream()); });
   });
   m.def("silu_and_mul", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"silu_and_mul", 2, {"out", "x"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_silu_and_mul(c[0], c[1], to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_silu_and_mul(c[0], c[1], be, c.stream()); });
   });
   m.def("gemv", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"gemv", 3, {"out", "x", "weight"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_gemv(c[0], c[1], c[2], to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_gemv(c[0], c[1], c[2], be, c.stream()); });
   });
   m.def("softmax", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"softmax", 2, {"out", "x"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_softmax(c[0], c[1], to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_softmax(c[0], c[1], be, c.stream()); });
   });
   m.def("argmax", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"argmax", 2, {"out", "x"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_argmax(c[0], c[1], to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_argmax(c[0], c[1], be, c.stream()); });
   });
   m.def("embedding", [](nb::tuple t, int table_format, KS_ARGS) {
     static const OpSpec spec{"embedding", 3, {"out", "ids", "table"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] {
-      return ks_embedding(c[0], c[1], c[2], static_cast<ks_qtype_t>(table_format), to_backend(backend), c.stream());
+      return ks_embedding(c[0], c[1], c[2], static_cast<ks_qtype_t>(table_format), be, c.stream());
     });
   });
   m.def("dequantize", [](nb::tuple t, int qtype, KS_ARGS) {
     static const OpSpec spec{"dequantize", 2, {"out", "packed"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] {
-      return ks_dequantize(c[0], c[1], static_cast<ks_qtype_t>(qtype), to_backend(backend), c.stream());
+      return ks_dequantize(c[0], c[1], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
   m.def("gemm", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"gemm", 3, {"out", "a", "b"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_gemm(c[0], c[1], c[2], to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_gemm(c[0], c[1], c[2], be, c.stream()); });
   });
   m.def("quant_matmul", [](nb::tuple t, int qtype, KS_ARGS) {
     static const OpSpec spec{"quant_matmul", 3, {"out", "x", "weight"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] {
-      return ks_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), to_backend(backend), c.stream());
+      return ks_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
   m.def("rotary_embedding", [](nb::tuple t, int64_t rotary_dim, double theta, bool is_neox, KS_ARGS) {
     static const OpSpec spec{"rotary_embedding", 3, {"q", "k", "positions"}, 0b11, 0b10};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] {
-      return ks_rotary_embedding(c[0], c[1], c[2], rotary_dim, theta, is_neox ? 1 : 0, to_backend(backend),
+      return ks_rotary_embedding(c[0], c[1], c[2], rotary_dim, theta, is_neox ? 1 : 0, be,
                                  c.stream());
     });
   });
   m.def("kv_cache_append", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"kv_cache_append", 5, {"k_cache", "v_cache", "k", "v", "slot_mapping"}, 0b11, 0};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_kv_cache_append(c[0], c[1], c[2], c[3], c[4], to_backend(backend), c.stream()); });
+    run(c, sync, [&] { return ks_kv_cache_append(c[0], c[1], c[2], c[3], c[4], be, c.stream()); });
   });
   m.def("paged_attention", [](nb::tuple t, double scale, KS_ARGS) {
     static const OpSpec spec{"paged_attention", 7,
                              {"out", "q", "k_cache", "v_cache", "block_tables", "seq_ids", "context_lens"},
                              0b1, 0b100000};
+    const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] {
-      return ks_paged_attention(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, to_backend(backend), c.stream());
+      return ks_paged_attention(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, be, c.stream());
     });
   });
 #undef KS_ARGS

@@ -9,12 +9,14 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
-from conftest import DTYPES, assert_close, rand, ref_rms_norm
+from conftest import DTYPES, assert_close, make_packed, rand, ref_rms_norm
 
 import kernscope as ks
+from kernscope import _C
 
 
 def test_version():
@@ -174,22 +176,169 @@ def test_numpy_readonly_inputs_are_fine(rng):
         ks.rms_norm(w[None].copy(), w, out=x[:1])
 
 
+def _thread_cases(rng):
+    """One entry per op: (op, good, bad, exc, pattern). good() returns fresh arrays
+    (the result, or the in-place arguments after the call) and must give the same
+    bytes in any thread; bad() must raise exc matching pattern (its own op and
+    argument). Inputs are shared between threads and only read; in-place ops work
+    on copies. Some shapes are past the library's OpenMP threshold, so parallel
+    regions also start from many threads at once."""
+    f32 = "fp32"
+    x, w, r = rand(rng, (16, 64), f32), rand(rng, (64,), f32), rand(rng, (16, 64), f32)
+    xb, wb = rand(rng, (16, 64), "bf16"), rand(rng, (64,), "bf16")  # the bf16 (uint16 view) path
+    big = rand(rng, (256, 512), f32)  # 131072 elements: OpenMP parallel regions
+    gw = rand(rng, (48, 64), f32)
+    ga, gb = rand(rng, (64, 64), f32), rand(rng, (48, 64), f32)
+    ids, table = np.array([3, 0, 7, 1], np.int64), rand(rng, (8, 64), f32)
+    packed = make_packed(rng, 64, 64, 4)  # q4_0
+    qx = rand(rng, (8, 64), f32)
+    q, k = rand(rng, (4, 4, 16), f32), rand(rng, (4, 2, 16), f32)
+    pos = np.array([0, 5, 2, 9], np.int64)
+    kv = rand(rng, (4, 2, 16), f32)
+    slots = np.array([0, 7, -1, 3], np.int64)
+    kc = rand(rng, (3, 4, 2, 16), f32)
+    bt, ctx = np.array([[0, 1], [2, 0], [1, 2], [0, 2]], np.int32), np.array([1, 8, 5, 3], np.int32)
+    strided = big[:, ::2]
+
+    def fused():
+        a, b = x.copy(), r.copy()
+        ks.fused_add_rms_norm(a, b, w)
+        return a, b
+
+    def rotary():
+        a, b = q.copy(), k.copy()
+        ks.rotary_embedding(a, b, pos, 8, 10000.0, False)
+        return a, b
+
+    def kv_append():
+        a, b = np.zeros((2, 4, 2, 16), np.float32), np.zeros((2, 4, 2, 16), np.float32)
+        ks.kv_cache_append(a, b, kv, kv[::-1].copy(), slots)
+        return a, b
+
+    return [
+        ("rms_norm", lambda: (ks.rms_norm(x, w), ks.rms_norm(xb, wb), ks.rms_norm(big, big[0].copy())),
+         lambda: ks.rms_norm(x, w[:7]), ValueError, r"rms_norm: weight must have shape \(64,\)"),
+        ("fused_add_rms_norm", fused,
+         lambda: ks.fused_add_rms_norm(x.copy(), r[:3].copy(), w), ValueError, "fused_add_rms_norm: residual"),
+        ("silu_and_mul", lambda: (ks.silu_and_mul(x), ks.silu_and_mul(big)),
+         lambda: ks.silu_and_mul(x[:, :63].copy()), ValueError, "silu_and_mul: x.s last dimension must be even"),
+        ("gemv", lambda: (ks.gemv(x[0], gw), ks.gemv(big[0], big)),
+         lambda: ks.gemv(x[0], x[:, :7].copy()), ValueError, r"gemv: weight must have shape \(N, 64\)"),
+        ("softmax", lambda: (ks.softmax(x), ks.softmax(big)),
+         lambda: ks.softmax(strided), ValueError, "softmax: x must be contiguous"),
+        ("argmax", lambda: (ks.argmax(x), ks.argmax(big)),
+         lambda: ks.argmax(x, out=np.empty(16, np.int32)), TypeError, "argmax: out has dtype int32"),
+        ("embedding", lambda: (ks.embedding(ids, table), ks.embedding(ids, packed, table_format="q4_0")),
+         lambda: ks.embedding(np.array([3, 8]), table), ValueError, r"embedding: ids\[1\] = 8 is outside"),
+        ("dequantize", lambda: (ks.dequantize(packed, "q4_0"), ks.dequantize(packed, "q4_0", dtype="bf16")),
+         lambda: ks.dequantize(packed[:, :35].copy(), "q4_0"), ValueError, "dequantize: "),
+        ("gemm", lambda: ks.gemm(ga, gb),
+         lambda: ks.gemm(ga, gb[:, :9].copy()), ValueError, "gemm: b must have shape"),
+        ("quant_matmul", lambda: (ks.quant_matmul(qx, packed, "q4_0"), ks.quant_matmul(qx[:1], packed, "q4_0")),
+         lambda: ks.quant_matmul(qx[:, :32].copy(), packed, "q4_0"), ValueError, "quant_matmul: weight"),
+        ("rotary_embedding", rotary,
+         lambda: ks.rotary_embedding(q.copy(), None, pos[:3].copy(), 8), ValueError,
+         "rotary_embedding: positions must have shape"),
+        ("kv_cache_append", kv_append,
+         lambda: ks.kv_cache_append(np.zeros((2, 4, 2, 16), np.float32), np.zeros((2, 4, 2, 16), np.float32),
+                                    kv, kv.copy(), np.array([0, 8, -1, 1])), ValueError,
+         r"kv_cache_append: slot_mapping\[1\] = 8 is outside"),
+        ("paged_attention", lambda: ks.paged_attention(q, kc, kc[::-1].copy(), bt, ctx),
+         lambda: ks.paged_attention(q, kc, kc.copy(), bt, np.array([1, 13, 1, 1], np.int32)), ValueError,
+         r"paged_attention: context_lens\[1\] = 13 is outside"),
+        # errors raised by the extension itself while importing the arguments
+        ("import", lambda: ks.rms_norm(DLPackOnly(x), DLPackOnly(w), out=DLPackOnly(np.empty_like(x))).a,
+         lambda: ks.rms_norm(np.array([[1.0, "a"]], dtype=object), w[:2].copy()), TypeError,
+         "rms_norm: x cannot be exported through DLPack"),
+    ]
+
+
+def _as_bytes(result):
+    parts = result if isinstance(result, tuple) else (result,)
+    return tuple(np.ascontiguousarray(p).view(np.uint8).tobytes() for p in parts)
+
+
+# Many threads at once, fresh threads every round, each interleaving
+# succeeding and failing calls of every op. Successful calls must match the
+# single-threaded bytes; every failure must carry its own op's message (the C
+# library's message is per thread). The GIL is released around each C call, so
+# calls really overlap. Odd rounds start all threads' calls together (a
+# barrier); even rounds let each thread call as soon as it runs, while later
+# threads are still being created and earlier ones exit, as in an executor
+# (the thread-start pattern of the crash seen on a 16-core machine).
+THREADS = 24
+ROUNDS = 8
+CALLS = 60
+
+
 def test_threads(rng):
-    xs = [rand(rng, (64, 512), "fp32") for _ in range(8)]
-    w = rand(rng, (512,), "fp32")
-    want = [ks.rms_norm(x, w) for x in xs]
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda x: ks.rms_norm(x, w), xs * 4))
-    for i, g in enumerate(got):
-        assert np.array_equal(g, want[i % 8])
-    # errors are per thread: a failure in one thread names its own op and argument
-    def bad(_):
+    cases = _thread_cases(rng)
+    assert {c[0] for c in cases} - {"import"} == set(ks.OPS)
+    want = {op: _as_bytes(good()) for op, good, *_ in cases}
+    for op, _, bad, exc, pattern in cases:  # the failing calls, single-threaded first
+        with pytest.raises(exc, match=pattern):
+            bad()
+    problems = []
+    lock = threading.Lock()
+    ops_seen = set()
+
+    def worker(seed, barrier):
+        order = np.random.default_rng(seed)
+        if barrier is not None:
+            barrier.wait()
+        for i in order.integers(0, 2 * len(cases), CALLS):
+            op, good, bad, exc, pattern = cases[i // 2]
+            try:
+                if i % 2 == 0:
+                    got = _as_bytes(good())
+                    if got != want[op]:
+                        raise AssertionError(f"{op}: result differs from the single-threaded one")
+                else:
+                    try:
+                        bad()
+                    except exc as e:
+                        if not re.match(pattern, str(e)):
+                            raise AssertionError(f"{op}: wrong message {str(e)!r}") from None
+                    else:
+                        raise AssertionError(f"{op}: the failing call did not raise")
+            except Exception as e:  # noqa: BLE001 - collected, asserted below
+                with lock:
+                    problems.append(f"{type(e).__name__}: {e}")
+            with lock:
+                ops_seen.add((op, i % 2))
+
+    for rnd in range(ROUNDS):
+        barrier = threading.Barrier(THREADS) if rnd % 2 else None
+        threads = [threading.Thread(target=worker, args=(rnd * THREADS + t, barrier)) for t in range(THREADS)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert not problems, problems[:5]
+    assert len(ops_seen) == 2 * len(cases)  # every op, succeeding and failing
+
+    # the original check: failing calls from executors' fresh threads
+    def bad_gemv(_):
         try:
-            ks.gemv(xs[0][0], xs[0][:, :7].copy())
+            ks.gemv(np.ones(64, np.float32), np.ones((3, 7), np.float32))
         except ValueError as e:
             return str(e)
-    msgs = list(concurrent.futures.ThreadPoolExecutor(4).map(bad, range(8)))
-    assert all(m.startswith("gemv: weight must have shape") for m in msgs)
+
+    for _ in range(4):
+        with concurrent.futures.ThreadPoolExecutor(THREADS) as pool:
+            msgs = list(pool.map(bad_gemv, range(4 * THREADS)))
+        assert all(m and m.startswith("gemv: weight must have shape") for m in msgs), set(msgs)
+
+
+def test_invalid_backend_code_is_checked_with_the_gil():
+    """The extension checks backend codes before it releases the GIL: raising
+    with the GIL released crashed the interpreter."""
+    x = np.ones(8, np.float32)
+    for code in (-1, 3, 7):
+        with pytest.raises(ValueError, match="backend code must be 0"):
+            _C.gemv((np.empty(2, np.float32), x, np.ones((2, 8), np.float32)), code, 0, 0, False)
+        with pytest.raises(ValueError, match="backend code must be 0"):
+            _C.rms_norm((np.empty_like(x), x, x), 1e-6, code, 0, 0, False)
 
 
 def test_force_variant():
