@@ -548,6 +548,14 @@ std::vector<OpSweep> sweeps() {
 
 int run_check(const std::string& backend, const std::string& op_filter, bool verbose) {
   const auto all = ks::variants();
+  if (!op_filter.empty()) {
+    bool known = false;
+    for (const auto& sw : sweeps()) known = known || sw.op == op_filter;
+    if (!known) {
+      std::fprintf(stderr, "ksctl check: unknown operator '%s' (see `ksctl ops`)\n", op_filter.c_str());
+      return 2;
+    }
+  }
   std::map<std::string, std::array<int, 3>> totals;  // backend -> correct, incorrect, skipped
   int incorrect_total = 0;
   for (const std::string be_name : {"cpu", "cuda"}) {

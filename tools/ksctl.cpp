@@ -46,7 +46,9 @@ int cmd_ops() {
 
 int cmd_which(const std::string& op, const std::string& dtype, const std::string& device) {
   const auto w = ks::which(op, dtype, parse_device(device));
-  std::printf("%s %s on %s -> %s\n  why: %s\n", op.c_str(), dtype.c_str(), device.c_str(), w.variant.c_str(),
+  const std::string dev =
+      device != "auto" ? device : (ks::backend_available(ks::Backend::Cuda) ? "cuda (auto)" : "cpu (auto)");
+  std::printf("%s %s on %s -> %s\n  why: %s\n", op.c_str(), dtype.c_str(), dev.c_str(), w.variant.c_str(),
               w.reason.c_str());
   return 0;
 }
@@ -96,11 +98,11 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   std::fprintf(stderr,
                "\n[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d threads, load %.2f s\n"
                "[ksctl] prompt %lld tokens: prefill %.1f tokens/s, time to first token %.1f ms\n"
-               "[ksctl] generated %lld tokens: decode %.1f tokens/s\n",
+               "[ksctl] generated %lld tokens: decode %.1f tokens/s (stopped: %s)\n",
                path.c_str(), (long long)m.model.config().n_layers, (long long)m.model.config().hidden_size,
                be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), load_s, (long long)st.prompt_tokens,
                st.prefill_tokens_per_second(), st.first_token_seconds * 1e3, (long long)st.generated_tokens,
-               st.decode_tokens_per_second());
+               st.decode_tokens_per_second(), st.stop_reason);
   return 0;
 }
 
@@ -153,6 +155,7 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
 int main(int argc, char** argv) {
   CLI::App app{"ksctl: kernscope operators, kernel selection, checks and the SmolLM2 demo"};
   app.require_subcommand(1);
+  app.option_defaults()->always_capture_default();  // --help shows every default
   app.set_version_flag("--version", std::string("kernscope ") + ks::version());
 
   auto* ops = app.add_subcommand("ops", "Table of op x backend x dtypes (every registered variant)");
@@ -182,7 +185,10 @@ int main(int argc, char** argv) {
   gen->add_option("--device", g_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   gen->add_flag("--chat", g_chat, "wrap the prompt in the model's chat template");
   gen->add_option("--temperature", g_temp, "0 = greedy; > 0 samples from softmax(logits / T)")->check(CLI::Range(0.0f, 100.0f));
-  gen->add_option("--seed", g_seed, "sampling seed");
+  gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)");
+  int g_threads = 0, b_threads = 0;
+  gen->add_option("--threads", g_threads, "CPU threads (0 = all cores; 1 avoids stalls when other processes load the CPU)")
+      ->check(CLI::Range(0, 1024));
   gen->add_option("--context", g_ctx, "KV-cache capacity in tokens")->check(CLI::Range(int64_t(16), int64_t(1) << 20));
 
   auto* bench = app.add_subcommand("bench-model", "Prefill and decode tokens/s of a GGUF model (median of repeats)");
@@ -196,12 +202,15 @@ int main(int argc, char** argv) {
   bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
   bench->add_option("--device", b_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", b_csv, "write results to this CSV");
+  bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
 
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ops) return cmd_ops();
     if (*which) return cmd_which(w_op, w_dtype, w_device);
     if (*check) return run_check(c_backend, c_op, c_verbose);
+    if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
+    if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);
     if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv);
   } catch (const ks::Error& e) {

@@ -66,8 +66,18 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
     }
     ++st.generated_tokens;
     on_token(next);
-    if (opt.stop_at_eos && (next == tok.eos_id() || next == end_text)) break;
-    if (i + 1 == opt.max_tokens || pos >= model.max_context()) break;
+    if (opt.stop_at_eos && (next == tok.eos_id() || next == end_text)) {
+      st.stop_reason = "end of turn";
+      break;
+    }
+    if (i + 1 == opt.max_tokens) {
+      st.stop_reason = "max tokens";
+      break;
+    }
+    if (pos >= model.max_context()) {
+      st.stop_reason = "context full";
+      break;
+    }
     logits = model.forward(&next, 1, pos++);
   }
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t_first).count();

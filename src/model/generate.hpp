@@ -29,6 +29,7 @@ struct GenerateStats {
   double prefill_seconds = 0;      // the prompt's forward pass
   double first_token_seconds = 0;  // prompt in -> first generated token chosen
   double decode_seconds = 0;       // every later token (forward + sampling)
+  const char* stop_reason = "";    // "end of turn", "max tokens" or "context full"
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
   double decode_tokens_per_second() const {
     return decode_seconds > 0 ? double(generated_tokens - 1) / decode_seconds : 0;
