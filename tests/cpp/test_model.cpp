@@ -137,6 +137,27 @@ TEST(Model, ReferenceVariantsGiveTheSameIds) {
   EXPECT_EQ(got, want);
 }
 
+// Causal prefill (one call, each prompt token with its own context length)
+// equals feeding the same tokens one at a time through the decode path.
+TEST(Model, PrefillEqualsTokenByTokenDecode) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  Fixture a, b;
+  const nlohmann::json ref = reference();
+  const auto prompt = ref["cases"][1]["prompt_ids"].get<std::vector<int32_t>>();
+  const int64_t n = int64_t(prompt.size()), vocab = a.model.config().vocab_size;
+  const float* la = a.model.forward(prompt.data(), n, 0);
+  std::vector<float> prefill(la, la + vocab);
+  const float* lb = nullptr;
+  for (int64_t i = 0; i < n; ++i) lb = b.model.forward(&prompt[size_t(i)], 1, i);
+  double worst = 0;
+  for (int64_t v = 0; v < vocab; ++v) worst = std::max(worst, double(std::fabs(prefill[size_t(v)] - lb[v])));
+  // Every variant's summation order depends only on the row length, never on how
+  // many rows a call holds (docs/contracts.md), so prefill (M = n) and decode
+  // (M = 1) give bitwise the same logits.
+  EXPECT_EQ(worst, 0.0) << "largest logit difference between prefill and step-by-step decode";
+  std::printf("prefill vs token-by-token: largest logit difference %.3g\n", worst);
+}
+
 TEST(Model, RejectsPositionsPastTheContext) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   Fixture fx;
