@@ -30,6 +30,7 @@ fi
 if has test; then
   $BUILD/tests/test_cuda_ops 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|config" | head -60
   ctest --test-dir $BUILD -j 8 -E "Cuda\." --output-on-failure >> "$LOG" 2>&1; echo "ctest (CPU suites) rc=$?"
+  $BUILD/ks_check all | tee -a "$LOG" | grep -E "INCORRECT|correct=" | head -20
 fi
 
 if has sanitize; then

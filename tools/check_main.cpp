@@ -1,0 +1,19 @@
+// ks_check: the `ksctl check` sweep as a standalone program with no dependency
+// beyond kernscope itself, so the GPU machine (no CLI11/PCRE2 there) can run it.
+//   ks_check [cpu|cuda|all] [OP] [-v]
+#include <cstring>
+#include <string>
+
+int run_check(const std::string& backend, const std::string& op_filter, bool verbose);  // tools/check.cpp
+
+int main(int argc, char** argv) {
+  std::string backend = "all", op;
+  bool verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-v" || a == "--verbose") verbose = true;
+    else if (a == "cpu" || a == "cuda" || a == "all") backend = a;
+    else op = a;
+  }
+  return run_check(backend, op, verbose);
+}
