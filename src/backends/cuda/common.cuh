@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "core/common.hpp"
@@ -122,8 +123,11 @@ struct DeviceProps {
 };
 const DeviceProps& device_props(int device);
 
-// Last launch configuration per op, for benchmarks (`config` column) and which().
-void set_last_config(const char* op, const std::string& cfg);
+// Last launch configuration per op (ks_last_launch_config, the benchmark's
+// `config` column). Recording is cheap (a few integers into a thread-local slot,
+// no formatting or allocation on the launch path); the text is made on request.
+// fmt takes up to 8 `%lld` conversions, filled from values in order.
+void record_launch(const char* op, const char* fmt, std::initializer_list<long long> values);
 std::string last_config(const char* op);
 
 }  // namespace ks::cuda

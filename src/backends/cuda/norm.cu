@@ -200,11 +200,9 @@ void launch(detail::DType dt, const NormConfig& c, const NormParams& p, cudaStre
   }
 }
 
-std::string describe(const NormConfig& c) {
-  char b[128];
-  std::snprintf(b, sizeof b, "vec=%d nv=%d warps_per_row=%d rows_per_cta=%d grid=%d preload_w=%d", c.vec, c.nv,
-                c.warps_per_row, c.rows_per_cta, c.grid, int(c.preload_w));
-  return b;
+constexpr const char* kNormFmt = "vec=%lld nv=%lld warps_per_row=%lld rows_per_cta=%lld grid=%lld preload_w=%lld";
+void record(const char* op, const NormConfig& c) {
+  record_launch(op, kNormFmt, {c.vec, c.nv, c.warps_per_row, c.rows_per_cta, c.grid, c.preload_w ? 1 : 0});
 }
 
 }  // namespace
@@ -219,7 +217,7 @@ void rms_norm_cuda(const void* args, ks_stream_t stream) {
                c.rows_per_cta};
   launch<false>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));
   check_launch("rms_norm");
-  set_last_config("rms_norm", describe(c));
+  record("rms_norm", c);
 }
 
 void fused_add_rms_norm_cuda(const void* args, ks_stream_t stream) {
@@ -233,7 +231,7 @@ void fused_add_rms_norm_cuda(const void* args, ks_stream_t stream) {
                c.warps_per_row, c.rows_per_cta};
   launch<true>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));
   check_launch("fused_add_rms_norm");
-  set_last_config("fused_add_rms_norm", describe(c));
+  record("fused_add_rms_norm", c);
 }
 
 }  // namespace ks::cuda

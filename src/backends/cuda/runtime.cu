@@ -3,6 +3,8 @@
 // device tensors with KS_ERROR_BACKEND_UNAVAILABLE.
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -29,25 +31,57 @@ bool device_present() {
 }
 
 const DeviceProps& device_props(int device) {
+  // Per-thread cache of the last device asked for: no lock on the launch path.
+  thread_local int cached_device = -1;
+  thread_local DeviceProps cached;
+  if (device == cached_device) return cached;
   static std::mutex mu;
   static std::map<int, DeviceProps> cache;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache.find(device);
-  if (it != cache.end()) return it->second;
-  DeviceProps p;
-  check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device), "cuda", "device attribute");
-  check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device), "cuda", "device attribute");
-  check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device), "cuda", "device attribute");
-  return cache.emplace(device, p).first->second;
+  if (it == cache.end()) {
+    DeviceProps p;
+    check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device), "cuda", "device attribute");
+    check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device), "cuda", "device attribute");
+    check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device), "cuda", "device attribute");
+    it = cache.emplace(device, p).first;
+  }
+  cached = it->second;
+  cached_device = device;
+  return cached;
 }
 
 namespace {
-thread_local std::map<std::string, std::string> g_configs;
+struct LaunchRecord {
+  const char* op = nullptr;
+  const char* fmt = nullptr;
+  long long v[8] = {};
+};
+constexpr int kRecords = 16;
+thread_local LaunchRecord g_records[kRecords];
+}  // namespace
+
+void record_launch(const char* op, const char* fmt, std::initializer_list<long long> values) {
+  int slot = 0;
+  for (; slot < kRecords; ++slot)
+    if (g_records[slot].op == nullptr || std::strcmp(g_records[slot].op, op) == 0) break;
+  if (slot == kRecords) slot = 0;
+  LaunchRecord& r = g_records[slot];
+  r.op = op;
+  r.fmt = fmt;
+  int i = 0;
+  for (long long x : values)
+    if (i < 8) r.v[i++] = x;
 }
-void set_last_config(const char* op, const std::string& cfg) { g_configs[op] = cfg; }
+
 std::string last_config(const char* op) {
-  auto it = g_configs.find(op);
-  return it == g_configs.end() ? std::string() : it->second;
+  for (const LaunchRecord& r : g_records)
+    if (r.op != nullptr && std::strcmp(r.op, op) == 0) {
+      char b[256];
+      std::snprintf(b, sizeof b, r.fmt, r.v[0], r.v[1], r.v[2], r.v[3], r.v[4], r.v[5], r.v[6], r.v[7]);
+      return b;
+    }
+  return std::string();
 }
 
 void rms_norm_cuda(const void*, ks_stream_t);

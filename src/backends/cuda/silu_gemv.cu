@@ -96,10 +96,8 @@ void silu_and_mul_cuda(const void* args, ks_stream_t stream) {
     default: vec = silu_t<__nv_bfloat16>(a, s, &unroll, &gx); break;
   }
   check_launch("silu_and_mul");
-  char b[96];
-  std::snprintf(b, sizeof b, "vec=%d unroll=%d threads=256 grid=%dx%lld", vec, unroll, gx,
-                (long long)std::min<int64_t>(a.rows, 65535));
-  set_last_config("silu_and_mul", b);
+  record_launch("silu_and_mul", "vec=%lld unroll=%lld threads=256 grid=%lldx%lld",
+                {vec, unroll, gx, (long long)std::min<int64_t>(a.rows, 65535)});
 }
 
 // ---- gemv -----------------------------------------------------------------
@@ -172,9 +170,7 @@ void gemv_cuda(const void* args, ks_stream_t stream) {
     default: vec = gemv_t<__nv_bfloat16>(a, s, &warps); break;
   }
   check_launch("gemv");
-  char b[96];
-  std::snprintf(b, sizeof b, "vec=%d warp_per_row warps_per_cta=%d unroll=%d", vec, warps, vec > 1 ? 4 : 8);
-  set_last_config("gemv", b);
+  record_launch("gemv", "vec=%lld warp_per_row warps_per_cta=%lld unroll=%lld", {vec, warps, vec > 1 ? 4 : 8});
 }
 
 }  // namespace ks::cuda

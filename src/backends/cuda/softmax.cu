@@ -361,14 +361,12 @@ void softmax_cuda(const void* args, ks_stream_t stream) {
     default: launch_t<__nv_bfloat16>(c, p, s); break;
   }
   check_launch("softmax");
-  char b[160];
   if (c.cluster > 1)
-    std::snprintf(b, sizeof b, "cluster=%d threads=%d vec=%d smem_slice=%lldB grid=%d", c.cluster, c.threads, c.vec,
-                  (long long)(c.slice * 16), c.grid);
+    record_launch("softmax", "cluster=%lld threads=%lld vec=%lld smem_slice=%lldB grid=%lld",
+                  {c.cluster, c.threads, c.vec, (long long)(c.slice * 16), c.grid});
   else
-    std::snprintf(b, sizeof b, "vec=%d nv=%d warps_per_row=%d rows_per_cta=%d grid=%d", c.vec, c.nv, c.warps_per_row,
-                  c.rows_per_cta, c.grid);
-  set_last_config("softmax", b);
+    record_launch("softmax", "vec=%lld nv=%lld warps_per_row=%lld rows_per_cta=%lld grid=%lld",
+                  {c.vec, c.nv, c.warps_per_row, c.rows_per_cta, c.grid});
 }
 
 }  // namespace ks::cuda
