@@ -44,7 +44,7 @@ const char* dtype_name(DType d) {
   }
 }
 
-std::string shape_str(const std::vector<int64_t>& s) {
+std::string shape_str(const Shape& s) {
   std::ostringstream o;
   o << "(";
   for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
@@ -74,7 +74,7 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
     fail(KS_ERROR_UNSUPPORTED_DTYPE, op, o.str());
   }
   v.device = t->device;
-  v.shape.assign(t->shape, t->shape + t->ndim);
+  v.shape = Shape(t->shape, t->ndim);
   int64_t n = 1;
   for (int i = 0; i < t->ndim; ++i) {
     if (v.shape[i] < 0)
@@ -149,8 +149,7 @@ void require_min_ndim(const char* op, const char* arg, const View& v, int ndim) 
              shape_str(v.shape));
 }
 
-void require_shape(const char* op, const char* arg, const View& v, const std::vector<int64_t>& shape,
-                   const char* why) {
+void require_shape(const char* op, const char* arg, const View& v, const Shape& shape, const char* why) {
   if (v.shape != shape)
     fail(KS_ERROR_INVALID_ARGUMENT, op,
          std::string(arg) + " must have shape " + shape_str(shape) + " (" + why + "); got " + shape_str(v.shape));

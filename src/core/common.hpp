@@ -60,12 +60,48 @@ inline int dtype_bytes(DType d) {
   }
 }
 
+// A tensor shape of at most 16 dims, stored inline (validation allocates nothing
+// on the hot path). Offers the std::vector operations the ops use.
+class Shape {
+ public:
+  static constexpr int kMax = 16;
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> l) {
+    for (int64_t x : l) push_back(x);
+  }
+  Shape(const int64_t* d, int n) {
+    for (int i = 0; i < n; ++i) push_back(d[i]);
+  }
+  size_t size() const { return size_t(n_); }
+  bool empty() const { return n_ == 0; }
+  int64_t operator[](size_t i) const { return d_[i]; }
+  int64_t& operator[](size_t i) { return d_[i]; }
+  int64_t back() const { return d_[n_ - 1]; }
+  int64_t& back() { return d_[n_ - 1]; }
+  void push_back(int64_t x) {
+    if (n_ < kMax) d_[n_++] = x;
+  }
+  const int64_t* begin() const { return d_; }
+  const int64_t* end() const { return d_ + n_; }
+  bool operator==(const Shape& o) const {
+    if (n_ != o.n_) return false;
+    for (int i = 0; i < n_; ++i)
+      if (d_[i] != o.d_[i]) return false;
+    return true;
+  }
+  bool operator!=(const Shape& o) const { return !(*this == o); }
+
+ private:
+  int64_t d_[kMax] = {};
+  int n_ = 0;
+};
+
 // Representation of a validated tensor argument.
 struct View {
   void* data = nullptr;       // data + byte_offset
   DType dtype = DType::Other;
   DLDevice device{};
-  std::vector<int64_t> shape;
+  Shape shape;
   int64_t numel = 0;
   int64_t rows() const;       // product of all dims but the last (1 for 0-d)
   int64_t cols() const { return shape.empty() ? 1 : shape.back(); }
@@ -85,8 +121,7 @@ void require_same_device(const char* op, const char* arg, const View& v, const c
                          const View& ref);
 void require_ndim(const char* op, const char* arg, const View& v, int ndim);
 void require_min_ndim(const char* op, const char* arg, const View& v, int ndim);
-void require_shape(const char* op, const char* arg, const View& v,
-                   const std::vector<int64_t>& shape, const char* why);
+void require_shape(const char* op, const char* arg, const View& v, const Shape& shape, const char* why);
 void require_nonempty_last(const char* op, const char* arg, const View& v);
 
 bool overlaps(const View& a, const View& b);
@@ -104,7 +139,7 @@ float checked_eps(const char* op, double eps);
 // matches the backend. Returns the concrete backend.
 ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& first);
 
-std::string shape_str(const std::vector<int64_t>& s);
+std::string shape_str(const Shape& s);
 
 // Element load/store with conversion to/from fp32. Offset views may leave data
 // at any byte alignment, so every access goes through memcpy (a plain move on

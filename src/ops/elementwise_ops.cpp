@@ -26,7 +26,7 @@ extern "C" ks_status_t ks_silu_and_mul(DLTensor* out, const DLTensor* x, ks_back
     if (a.x.cols() % 2 != 0)
       fail(KS_ERROR_INVALID_ARGUMENT, op, "x's last dimension must be even (gate and up halves); got shape " +
                                                shape_str(a.x.shape));
-    std::vector<int64_t> oshape = a.x.shape;
+    Shape oshape = a.x.shape;
     oshape.back() /= 2;
     require_shape(op, "out", a.out, oshape, "x's shape with the last dim halved");
     require_no_overlap(op, "out", a.out, "x", a.x);

@@ -52,7 +52,7 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
       check_packed(op, "table", a.table, table_format, a.hidden, "table_format");
     }
     require_nonempty_last(op, "out", a.out);
-    std::vector<int64_t> oshape = a.ids.shape;
+    Shape oshape = a.ids.shape;
     oshape.push_back(a.hidden);
     require_shape(op, "out", a.out, oshape, "ids' shape + (hidden_size,)");
     require_no_overlap(op, "out", a.out, "table", a.table);
