@@ -50,7 +50,7 @@ inline float f16(const uint8_t* p) { return half_to_float(rd_u16(p)); }
 
 // Decodes one 32-element block of a 4/8-bit format into lo (elements 0..15) and
 // hi (16..31), in FP32 per the contract.
-KS_AVX512 inline void decode_block(ks_qtype_t q, const uint8_t* b, __m512& lo, __m512& hi) {
+KS_AVX512 __attribute__((always_inline)) inline void decode_block(ks_qtype_t q, const uint8_t* b, __m512& lo, __m512& hi) {
   if (q == KS_QTYPE_Q8_0) {
     const __m512 d = _mm512_set1_ps(f16(b));
     const __m128i q0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
@@ -210,7 +210,7 @@ void qmm_avx512(const void* p, ks_stream_t) {
 // exp(x) for 16 lanes; x <= 0 here (scores minus their max). Range reduction
 // x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial (truncation < 1e-8
 // relative), then scaling by 2^n (underflows cleanly to 0).
-KS_AVX512 inline __m512 exp16(__m512 x) {
+KS_AVX512 __attribute__((always_inline)) inline __m512 exp16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -25,6 +25,20 @@ namespace {
 
 constexpr int64_t kParallelWork = 1 << 16;  // elements; below this stay single-threaded
 
+// Runs body on an OpenMP team when the call is big enough, inline otherwise:
+// even `#pragma omp parallel if (false)` starts a team (~1500 instructions),
+// which would dominate small calls. body's `#pragma omp for` loops bind to the
+// team, or run serially when body is called outside one.
+template <class F>
+void team(bool parallel, F&& body) {
+  if (parallel) {
+#pragma omp parallel
+    body();
+  } else {
+    body();
+  }
+}
+
 // FP32 pairwise sum: halves until 8 terms remain, which are added left to right.
 float pairwise_sum(const float* v, int64_t n) {
   if (n <= 8) {
@@ -40,8 +54,7 @@ void rms_norm_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const RmsNormArgs*>(p);
   const DType dt = a.x.dtype;
   const int64_t H = a.hidden;
-#pragma omp parallel if (a.rows * H > kParallelWork)
-  {
+  team(a.rows * H > kParallelWork, [&] {
     std::vector<float> sq(static_cast<size_t>(H));
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
@@ -57,15 +70,14 @@ void rms_norm_ref(const void* p, ks_stream_t) {
       store_f(a.out.data, dt, base + i, v * scale * load_f(a.weight.data, dt, i));
     }
   }
-  }
+  });
 }
 
 void fused_add_rms_norm_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const FusedAddRmsNormArgs*>(p);
   const DType dt = a.x.dtype;
   const int64_t H = a.hidden;
-#pragma omp parallel if (a.rows * H > kParallelWork)
-  {
+  team(a.rows * H > kParallelWork, [&] {
     std::vector<float> s(static_cast<size_t>(H)), sq(static_cast<size_t>(H));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
@@ -81,14 +93,15 @@ void fused_add_rms_norm_ref(const void* p, ks_stream_t) {
         store_f(a.x.data, dt, base + i, s[i] * scale * load_f(a.weight.data, dt, i));
       }
     }
-  }
+  });
 }
 
 void silu_and_mul_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const SiluAndMulArgs*>(p);
   const DType dt = a.x.dtype;
   const int64_t D = a.d;
-#pragma omp parallel for schedule(static) if (a.rows * D > kParallelWork)
+  team(a.rows * D > kParallelWork, [&] {
+#pragma omp for schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
     for (int64_t i = 0; i < D; ++i) {
       const float g = load_f(a.x.data, dt, r * 2 * D + i);
@@ -97,20 +110,20 @@ void silu_and_mul_ref(const void* p, ks_stream_t) {
       store_f(a.out.data, dt, r * D + i, g * sig * u);
     }
   }
+  });
 }
 
 void gemv_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const GemvArgs*>(p);
   const DType dt = a.x.dtype;
-#pragma omp parallel if (a.n * a.h > kParallelWork)
-  {
+  team(a.n * a.h > kParallelWork, [&] {
     std::vector<float> p(static_cast<size_t>(a.h));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < a.n; ++n) {
       for (int64_t h = 0; h < a.h; ++h) p[h] = load_f(a.weight.data, dt, n * a.h + h) * load_f(a.x.data, dt, h);
       store_f(a.out.data, dt, n, pairwise_sum(p.data(), a.h));
     }
-  }
+  });
 }
 
 void softmax_ref(const void* p, ks_stream_t) {
@@ -118,8 +131,7 @@ void softmax_ref(const void* p, ks_stream_t) {
   const DType dt = a.x.dtype;
   const int64_t H = a.cols;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-#pragma omp parallel if (a.rows * H > kParallelWork)
-  {
+  team(a.rows * H > kParallelWork, [&] {
     std::vector<float> e(static_cast<size_t>(H));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
@@ -140,7 +152,7 @@ void softmax_ref(const void* p, ks_stream_t) {
       const float sum = pairwise_sum(e.data(), H);
       for (int64_t i = 0; i < H; ++i) store_f(a.out.data, dt, base + i, e[i] / sum);
     }
-  }
+  });
 }
 
 void argmax_ref(const void* p, ks_stream_t) {
@@ -189,22 +201,20 @@ void dequantize_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const DequantizeArgs*>(p);
   int64_t bs = 1;
   qtype_geometry(a.qtype, &bs, nullptr);
-#pragma omp parallel if (a.rows * a.cols > kParallelWork)
-  {
+  team(a.rows * a.cols > kParallelWork, [&] {
     std::vector<float> row(static_cast<size_t>(a.cols));
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
       decode_blocks(a.qtype, static_cast<const uint8_t*>(a.packed.data) + r * a.row_bytes, a.cols / bs, row.data());
       for (int64_t j = 0; j < a.cols; ++j) store_f(a.out.data, a.out.dtype, r * a.cols + j, row[j]);
     }
-  }
+  });
 }
 
 void gemm_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const GemmArgs*>(p);
   const DType dt = a.a.dtype;
-#pragma omp parallel if (a.m * a.n * a.k > kParallelWork)
-  {
+  team(a.m * a.n * a.k > kParallelWork, [&] {
     std::vector<float> p(static_cast<size_t>(a.k));
 #pragma omp for collapse(2) schedule(static)
     for (int64_t m = 0; m < a.m; ++m)
@@ -212,7 +222,7 @@ void gemm_ref(const void* p, ks_stream_t) {
         for (int64_t k = 0; k < a.k; ++k) p[k] = load_f(a.a.data, dt, m * a.k + k) * load_f(a.b.data, dt, n * a.k + k);
         store_f(a.out.data, dt, m * a.n + n, pairwise_sum(p.data(), a.k));
       }
-  }
+  });
 }
 
 void quant_matmul_ref(const void* p, ks_stream_t) {
@@ -220,8 +230,7 @@ void quant_matmul_ref(const void* p, ks_stream_t) {
   const DType dt = a.x.dtype;
   int64_t bs = 1;
   qtype_geometry(a.qtype, &bs, nullptr);
-#pragma omp parallel if (a.m * a.n * a.k > kParallelWork)
-  {
+  team(a.m * a.n * a.k > kParallelWork, [&] {
     std::vector<float> w(static_cast<size_t>(a.k)), p(static_cast<size_t>(a.k));
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < a.n; ++n) {
@@ -231,7 +240,7 @@ void quant_matmul_ref(const void* p, ks_stream_t) {
         store_f(a.out.data, dt, m * a.n + n, pairwise_sum(p.data(), a.k));
       }
     }
-  }
+  });
 }
 
 }  // namespace
@@ -288,8 +297,7 @@ void paged_attention_ref(const void* p, ks_stream_t) {
   const DType dt = a.q.dtype;
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, group = a.num_heads / a.num_kv_heads;
   auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
-#pragma omp parallel if (a.num_tokens * a.num_heads * D > kParallelWork)
-  {
+  team(a.num_tokens * a.num_heads * D > kParallelWork, [&] {
     std::vector<float> sc, acc(static_cast<size_t>(D)), qv(static_cast<size_t>(D));
 #pragma omp for collapse(2) schedule(static)
     for (int64_t t = 0; t < a.num_tokens; ++t)
@@ -323,7 +331,7 @@ void paged_attention_ref(const void* p, ks_stream_t) {
         }
         for (int64_t d = 0; d < D; ++d) store_f(a.out.data, dt, qoff + d, acc[d]);
       }
-  }
+  });
 }
 
 }  // namespace
