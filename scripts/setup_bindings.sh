@@ -41,11 +41,7 @@ command -v cc >/dev/null 2>&1 || have_pkg gcc || missing+=(gcc)
 
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup_bindings: installing ${missing[*]}"
-  SUDO=""
-  [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  "$(dirname "$0")/apt_install.sh" "${missing[@]}"
 else
   echo "setup_bindings: go, node headers, cargo and tsc present"
 fi

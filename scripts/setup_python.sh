@@ -27,11 +27,8 @@ command -v "$PY" >/dev/null 2>&1 || { echo "setup_python: no $PY on the PATH (sc
 
 apt_install() {
   command -v apt-get >/dev/null 2>&1 || return 1
-  local sudo=""
-  [ "$(id -u)" -ne 0 ] && sudo="sudo"
   echo "setup_python: installing $*"
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get update -qq &&
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "$@"
+  "$(dirname "$0")/apt_install.sh" "$@"
 }
 
 # The extension is compiled against the interpreter's headers.
