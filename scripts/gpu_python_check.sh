@@ -54,10 +54,34 @@ echo "== import check from another directory =="
 print('cuda backend available:', ks.backend_available('cuda')); \
 [print('  ', r.op, r.backend, r.variant, ','.join(r.dtypes)) for r in ks.available() if r.backend != 'torch']")
 
-echo "== pytest tests/python =="
+echo "== pytest tests/python/test_gpu.py (GPU: torch CUDA, streams, graphs, compile, cupy, jax) =="
 rc=0
-"$PY" -m pytest "$ROOT/tests/python" -v -rs -p no:cacheprovider --junitxml="$OUT/pytest.xml" \
-  2>&1 | tee "$OUT/pytest.log" || rc=$?
+"$PY" -m pytest "$ROOT/tests/python/test_gpu.py" -v -rs -p no:cacheprovider --junitxml="$OUT/pytest_gpu.xml" \
+  2>&1 | tee "$OUT/pytest_gpu.log" || rc=$?
+echo "== pytest tests/python (the rest) =="
+rc2=0
+"$PY" -m pytest "$ROOT/tests/python" --ignore="$ROOT/tests/python/test_gpu.py" -q -rs -p no:cacheprovider \
+  2>&1 | tee "$OUT/pytest.log" || rc2=$?
+[ $rc -eq 0 ] && rc=$rc2
+
+# A segfault seen once here (test_threads, a new thread's first failing call) never
+# reproduced on the CPU machine. If it happens: a native backtrace (cuda-gdb is
+# the debugger on this image), and the same test against a CPU-only build of the
+# extension (no libcudart_static thread-local block in libkernscope.so).
+if grep -q "Segmentation fault" "$OUT/pytest_gpu.log" "$OUT/pytest.log" 2>/dev/null; then
+  echo "== segfault: native backtrace and CPU-only comparison =="
+  if command -v cuda-gdb >/dev/null 2>&1; then
+    timeout 300 cuda-gdb -batch -ex run -ex "thread apply all bt 25" --args "$PY" -m pytest \
+      "$ROOT/tests/python/test_api.py" -k threads -x -q -p no:cacheprovider > "$OUT/segv_backtrace.txt" 2>&1 || true
+    grep -nE "SIGSEGV|^#[0-9]+ " "$OUT/segv_backtrace.txt" | head -40
+  fi
+  "$PY" -m pip install --no-build-isolation --no-deps --no-index --force-reinstall --target /tmp/ks_cpu_only \
+    -C build-dir="$ROOT/build-python/cpu-only" -C cmake.define.KS_WITH_CUDA=OFF . > /dev/null 2>&1 &&
+  for i in 1 2 3 4 5; do
+    PYTHONPATH=/tmp/ks_cpu_only "$PY" -m pytest "$ROOT/tests/python/test_api.py" -k threads -q -p no:cacheprovider \
+      2>&1 | tail -n 1
+  done | tee "$OUT/cpu_only_threads.txt"
+fi
 
 echo "== eager host overhead: rms_norm 1x4096 =="
 for dt in bf16 fp32; do
