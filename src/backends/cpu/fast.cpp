@@ -7,8 +7,9 @@
 //  - M <= 3 (decode): each block is decoded into two 16-lane registers and
 //    multiplied into every activation row at once (one pass over the weights).
 //  - M >= 4 (prefill): 8 weight rows are decoded into a small FP32 panel that
-//    stays in L1, and a 4 x 4 register tile (16 accumulators, 16 lanes each)
-//    sweeps the activation rows. Work is split over weight rows (OpenMP).
+//    stays in L1, and 6 x 4 register tiles (24 accumulators, 16 lanes each;
+//    then 4 x 4 and 1 x 4 for the remainder) sweep the activation rows. Work is
+//    split over weight rows (OpenMP).
 // Sums are FP32 in a lane-blocked order (16 partial sums per output, reduced at
 // the end), so results differ from the reference's left-to-right sums only by
 // rounding; the order for one output does not depend on M or on the row's
@@ -161,6 +162,7 @@ KS_AVX512 void qmm_panel(const QuantMatmulArgs& a, int64_t chunk0, int64_t chunk
       if (ncols == 0) break;
       const float* w = panel + int64_t(half) * 4 * K;
       int64_t m = 0;
+      for (; m + 6 <= a.m; m += 6) tile<6>(x, K, w, m, out, a.n, n + half * 4, ncols);
       for (; m + 4 <= a.m; m += 4) tile<4>(x, K, w, m, out, a.n, n + half * 4, ncols);
       for (; m < a.m; ++m) tile<1>(x, K, w, m, out, a.n, n + half * 4, ncols);
     }
