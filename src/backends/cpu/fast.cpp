@@ -336,7 +336,7 @@ namespace ks::registry {
 void register_cpu_fast(std::vector<Variant>& v) {
 #if KS_X86
   v.push_back({"quant_matmul", KS_BACKEND_CPU, "cpu_avx512", dtype_bit(detail::DType::F32), 10,
-               "AVX-512 from packed Q4_0/Q4_1/Q8_0 blocks; 4x4 register tiles for M >= 4",
+               "AVX-512 from packed Q4_0/Q4_1/Q8_0 blocks; 6x4 register tiles for M >= 4",
                ks::cpu::have_avx512, ks::cpu::qmm_can_implement, ks::cpu::qmm_avx512});
   v.push_back({"paged_attention", KS_BACKEND_CPU, "cpu_avx512", dtype_bit(detail::DType::F32), 10,
                "AVX-512, one task per (token, KV head) sharing K/V loads across the GQA group",
