@@ -87,9 +87,9 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   opt.max_tokens = max_tokens;
   opt.temperature = temperature;
   opt.seed = seed;
-  const int32_t end_text = m.tok.find_token("<|endoftext|>");
+  const ks::model::EndTokens is_end(m.tok);
   auto st = ks::model::generate(m.model, m.tok, ids, opt, [&](int32_t id) {
-    if (id == m.tok.eos_id() || id == end_text) return;
+    if (is_end(id)) return;  // end-of-turn tokens are not printed
     std::fputs(dec.push(id).c_str(), stdout);
     std::fflush(stdout);
   });

@@ -198,7 +198,7 @@ float checked_eps(const char* op, double eps) {
 
 ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& first) {
   const auto dev = first.device.device_type;
-  const bool on_cpu = dev == kDLCPU || dev == kDLCUDAHost;
+  const bool on_cpu = on_host(first);
   const bool on_cuda = dev == kDLCUDA || dev == kDLCUDAManaged;
   // Compare as int: a C caller may pass any value, outside the enum's range.
   const int b = static_cast<int>(backend);

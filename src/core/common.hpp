@@ -135,6 +135,12 @@ void require_inplace_or_disjoint(const char* op, const char* out_arg, const View
 // eps: finite, > 0, and still > 0 and finite after rounding to fp32.
 float checked_eps(const char* op, double eps);
 
+// Host-readable memory (plain CPU or CUDA pinned host): index tensors there are
+// range-checked before any launch.
+inline bool on_host(const View& v) {
+  return v.device.device_type == kDLCPU || v.device.device_type == kDLCUDAHost;
+}
+
 // Resolves AUTO to CPU/CUDA by the tensors' device, and checks that the device
 // matches the backend. Returns the concrete backend.
 ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& first);

@@ -50,7 +50,7 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
   st.prompt_tokens = int64_t(prompt.size());
   if (prompt.empty()) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "generate: the prompt has no tokens");
   const int64_t vocab = model.config().vocab_size;
-  const int32_t end_text = tok.find_token("<|endoftext|>");
+  const EndTokens is_end(tok);
   std::mt19937_64 rng(opt.seed);
   auto t0 = clock::now();
   const float* logits = model.forward(prompt.data(), int64_t(prompt.size()), 0);
@@ -66,7 +66,7 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
     }
     ++st.generated_tokens;
     on_token(next);
-    if (opt.stop_at_eos && (next == tok.eos_id() || next == end_text)) {
+    if (opt.stop_at_eos && is_end(next)) {
       st.stop_reason = "end of turn";
       break;
     }

@@ -36,6 +36,14 @@ struct GenerateStats {
   }
 };
 
+// The ids that end a reply: the tokenizer's EOS (SmolLM2: <|im_end|>) and
+// <|endoftext|>. Looked up once; call it per generated id.
+struct EndTokens {
+  int32_t eos = -1, end_of_text = -1;
+  explicit EndTokens(const Tokenizer& tok) : eos(tok.eos_id()), end_of_text(tok.find_token("<|endoftext|>")) {}
+  bool operator()(int32_t id) const { return id == eos || id == end_of_text; }
+};
+
 // Picks the next token from logits[vocab] (kernscope argmax, or softmax(logits / T)
 // then an inverse-CDF draw from rng).
 int32_t sample_token(const float* logits, int64_t vocab, float temperature, std::mt19937_64& rng,

@@ -24,7 +24,6 @@ void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_
                   const char* qtype_arg);
 }
 
-static bool on_host(const View& v) { return v.device.device_type == kDLCPU || v.device.device_type == kDLCUDAHost; }
 
 extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DLTensor* table, ks_qtype_t table_format,
                                     ks_backend_t backend, ks_stream_t stream) {
