@@ -47,6 +47,15 @@ done
 extra="$(comm -13 <(printf '%s\n' "${DECLARED[@]}") <(grep -E '^ks_' <<<"$EXPORTED" || true) | tr '\n' ' ')"
 [ -n "$extra" ] && echo "check_abi_symbols: note: exported but not in the header: $extra"
 
+# Strong exports other than ks_*: a static archive leaking into the dynamic symbol table
+# (libstdc++.a, libcudart_static.a). Those interpose with the host process's own copies.
+leaked="$(nm -D --defined-only "$LIB" | awk '$2 ~ /^[TDBR]$/ {print $3}' | sed 's/@.*//' |
+  grep -vE '^(ks_|_init$|_fini$|_edata$|_end$|__bss_start$)' | head -5 | tr '\n' ' ' || true)"
+if [ -n "$leaked" ]; then
+  echo "check_abi_symbols: strong exports other than ks_* (a static library leaked; link with --exclude-libs,ALL): $leaked"
+  missing=$((missing + 1))
+fi
+
 if [ "$missing" -gt 0 ]; then
   echo "check_abi_symbols: FAILED, $missing missing (header declares ${#DECLARED[@]} functions)" >&2
   exit 1

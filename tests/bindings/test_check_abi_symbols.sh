@@ -46,5 +46,17 @@ cp "$ROOT"/bindings/go/*.go "$TMP/bindings/go/"
 sed -i '/pub fn ks_gemm(/,/) -> ks_status_t;/d' "$TMP/bindings/rust/kernscope-sys/src/lib.rs"
 expect "Rust loses ks_gemm" fail "Rust .*: ks_gemm$" -- "$TMP/scripts/check_abi_symbols.sh" "$LIB"
 
+cp "$ROOT"/bindings/rust/kernscope-sys/src/*.rs "$TMP/bindings/rust/kernscope-sys/src/"
+
+# A library that exports every ks_* function and also a strong non-ks_ symbol (what a
+# statically linked libstdc++.a or libcudart_static.a looks like when it leaks).
+if command -v cc >/dev/null 2>&1; then
+  nm -D --defined-only "$(if [ -d "$LIB" ]; then echo "$LIB/libkernscope.so"; else echo "$LIB"; fi)" |
+    awk '$2 == "T" && $3 ~ /^ks_/ {sub(/@.*/, "", $3); print "void " $3 "(void) {}"}' > "$TMP/fake.c"
+  echo 'int leaked_static_runtime_fn(void) { return 1; }' >> "$TMP/fake.c"
+  cc -shared -fPIC -o "$TMP/libfake.so" "$TMP/fake.c"
+  expect "strong non-ks_ export" fail "leaked_static_runtime_fn" -- "$TMP/scripts/check_abi_symbols.sh" "$TMP/libfake.so"
+fi
+
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

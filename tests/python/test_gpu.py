@@ -122,7 +122,10 @@ def test_rms_norm_cuda_vs_fp64(dt, shape):
     # offset view (misaligned start) and in place
     big = trand((1 + int(np.prod(shape)),), dt, 3)
     xv = big[1:].view(shape)
-    assert torch.equal(ks.rms_norm(xv, w, 1e-5), ks.rms_norm(xv.clone(), w, 1e-5))
+    # An offset view takes the scalar path (vec=1), whose FP32 sum order differs from the 16-byte
+    # path: the two may differ in the last bit, each within tolerance of FP64 (docs/contracts.md).
+    close(ks.rms_norm(xv, w, 1e-5), ks.rms_norm(xv.clone(), w, 1e-5), dt, "offset view vs aligned copy")
+    assert_close(np64(ks.rms_norm(xv, w, 1e-5)), ref_rms_norm(np64(xv), np64(w), 1e-5), dt, what="offset view")
     xv0 = xv.clone()
     ks.rms_norm(xv, w, 1e-5, out=xv)
     assert_close(np64(xv), ref_rms_norm(np64(xv0), np64(w), 1e-5), dt, what="in place")
