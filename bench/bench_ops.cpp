@@ -10,7 +10,8 @@
 // device-to-device copy bandwidth (2 GiB, median of 20) is measured in the same
 // run and every row carries its percentage.
 //
-// usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...]
+// usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...] [--impl NAME]
+// (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run)
 #include <cuda_runtime.h>
 #include <kernscope/kernscope.hpp>
 
@@ -140,12 +141,13 @@ ks::TensorView dv(void* p, DType dt, std::vector<int64_t> shape) { return ks::Te
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string csv = "bench_ops.csv", dtypes = "bf16,fp16,fp32", ops = "rms_norm,fused_add_rms_norm,silu_and_mul,gemv,softmax";
+  std::string impl = "kernscope", csv = "bench_ops.csv", dtypes = "bf16,fp16,fp32", ops = "rms_norm,fused_add_rms_norm,silu_and_mul,gemv,softmax";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--csv") csv = argv[i + 1];
     else if (k == "--dtypes") dtypes = argv[i + 1];
     else if (k == "--ops") ops = argv[i + 1];
+    else if (k == "--impl") impl = argv[i + 1];
   }
   auto has = [](const std::string& list, const std::string& x) { return ("," + list + ",").find("," + x + ",") != std::string::npos; };
   cudaStream_t s;
@@ -247,8 +249,8 @@ int main(int argc, char** argv) {
   const std::string drv_s = driver ? driver : std::to_string(drv);
   std::fprintf(f, "gpu,driver,cuda,commit,op,shape,dtype,impl,config,us,gbs,pct_copy,copy_gbs\n");
   for (const auto& r : rows)
-    std::fprintf(f, "%s,%s,%d,%s,%s,%s,%s,kernscope,\"%s\",%.3f,%.1f,%.1f,%.1f\n", prop.name, drv_s.c_str(), rt, commit ? commit : "unknown",
-                 r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.config.c_str(), r.us, r.gbs, 100 * r.gbs / copy_gbs, copy_gbs);
+    std::fprintf(f, "%s,%s,%d,%s,%s,%s,%s,%s,\"%s\",%.3f,%.1f,%.1f,%.1f\n", prop.name, drv_s.c_str(), rt, commit ? commit : "unknown",
+                 r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), impl.c_str(), r.config.c_str(), r.us, r.gbs, 100 * r.gbs / copy_gbs, copy_gbs);
   std::fclose(f);
   CK(cudaStreamDestroy(s));
   return 0;

@@ -16,14 +16,16 @@ def main():
     ap.add_argument("--peers", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default="h200")
+    ap.add_argument("--ours-extra", default="", help="more kernscope rows under another impl name (e.g. KS_PDL=0)")
     a = ap.parse_args()
     ours = list(csv.DictReader(open(a.ours)))
     peers = list(csv.DictReader(open(a.peers))) if os.path.exists(a.peers) else []
     meta = ours[0]
     copy = float(meta["copy_gbs"])
     cols = ["gpu", "driver", "cuda", "commit", "op", "shape", "dtype", "impl", "config", "us", "gbs", "pct_copy"]
+    extra = list(csv.DictReader(open(a.ours_extra))) if a.ours_extra and os.path.exists(a.ours_extra) else []
     merged = []
-    for r in ours:
+    for r in ours + extra:
         merged.append({c: r[c] for c in cols})
     for p in peers:
         merged.append(dict(gpu=meta["gpu"], driver=meta["driver"], cuda=meta["cuda"], commit=meta["commit"], op=p["op"],
@@ -40,9 +42,10 @@ def main():
     lines = [f"# CUDA operators on {meta['gpu']} (driver {meta['driver']}, CUDA runtime {meta['cuda']}, commit {meta['commit']})", "",
              f"Measured device-to-device copy bandwidth in the same run: **{copy:.0f} GB/s**. CUDA-graph replay, inputs "
              "rotated past L2, median of 7 replays (bench/bench_ops.cpp, bench/peers.py). Ratio = best of torch native "
-             "and torch.compile ÷ kernscope (> 1: kernscope faster).", "",
-             "| op | shape | dtype | kernscope µs | GB/s | % copy | torch native µs | compile µs | liger µs | ratio vs best peer |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "and torch.compile ÷ kernscope (> 1: kernscope faster). no-PDL: the same kernels launched without programmatic "
+             "dependent launch (KS_PDL=0), where measured.", "",
+             "| op | shape | dtype | kernscope µs | GB/s | % copy | no-PDL µs | torch native µs | compile µs | liger µs | ratio vs best peer |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     pct = {(r["op"], r["shape"], r["dtype"]): (float(r["gbs"]), float(r["pct_copy"])) for r in ours}
     wins = total = 0
     for key in sorted(by, key=lambda k: (k[0], k[2], k[1])):
@@ -55,7 +58,7 @@ def main():
         wins += ratio >= 1.0
         g, pc = pct[key]
         f = lambda i: f"{d[i]:.2f}" if i in d else "—"  # noqa: E731
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {d['kernscope']:.2f} | {g:.0f} | {pc:.1f} | {f('torch_native')} | "
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {d['kernscope']:.2f} | {g:.0f} | {pc:.1f} | {f('kernscope_nopdl')} | {f('torch_native')} | "
                      f"{f('compile')} | {f('liger')} | {ratio:.2f}× |")
     lines += ["", f"kernscope is at least as fast as the best of torch native and torch.compile at {wins} of {total} rows."]
     with open(os.path.join(a.out, f"{a.name}.md"), "w") as f:

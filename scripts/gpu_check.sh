@@ -43,6 +43,8 @@ fi
 
 if has bench; then
   $BUILD/bench_ops --csv "$OUT/bench_ops.csv" | tee -a "$LOG" | tail -100
+  # The same kernels without programmatic dependent launch (bf16), for the no-PDL column.
+  KS_PDL=0 $BUILD/bench_ops --csv "$OUT/bench_nopdl.csv" --impl kernscope_nopdl --dtypes ${NOPDL_DTYPES:-bf16} >> "$LOG" 2>&1
 fi
 
 if has peers; then
@@ -53,5 +55,5 @@ if has peers; then
 fi
 
 if has report; then
-  python3 bench/report.py --ours "$OUT/bench_ops.csv" --peers "$OUT/peers.csv" --out "$OUT" && cat "$OUT/h200.md"
+  python3 bench/report.py --ours "$OUT/bench_ops.csv" --ours-extra "$OUT/bench_nopdl.csv" --peers "$OUT/peers.csv" --out "$OUT" && cat "$OUT/h200.md"
 fi

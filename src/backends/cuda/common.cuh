@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "backends/cuda/launch_rules.hpp"
 #include "core/common.hpp"
@@ -63,6 +65,59 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// max that propagates NaN (max.NaN.f32 on sm_80+): the softmax row maximum doubles as its NaN flag.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+#else
+  return (a != a || b != b) ? __int_as_float(0x7fffffff) : fmaxf(a, b);
+#endif
+}
+__device__ __forceinline__ float warp_max_nan(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmax_nan(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Largest element of a vector as float, NaN if any element is NaN. 16-bit pairs
+// are compared packed (exact: the maximum of 16-bit values is one of them).
+template <typename T, int VEC>
+__device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (sizeof(T) == 2 && VEC % 2 == 0) {
+    using T2 = std::conditional_t<std::is_same_v<T, __half>, __half2, __nv_bfloat162>;
+    const T2* h = reinterpret_cast<const T2*>(v.v);
+    T2 m = h[0];
+#pragma unroll
+    for (int k = 1; k < VEC / 2; ++k) m = __hmax2_nan(m, h[k]);
+    return fmax_nan(Dt<T>::to_f(m.x), Dt<T>::to_f(m.y));
+  } else
+#endif
+  {
+    float m = v.f(0);
+#pragma unroll
+    for (int j = 1; j < VEC; ++j) m = fmax_nan(m, v.f(j));
+    return m;
+  }
+}
+
+// ---- programmatic dependent launch (sm_90) ---------------------------------
+// Every kernel starts with pdl_begin(): it waits until the grids it depends on
+// in the stream have completed and their writes are visible (a no-op when the
+// launch had no programmatic dependency), and only then lets the next kernel of
+// the stream be scheduled. A kernel launched with the PDL attribute therefore
+// reads nothing early: what it gains is its launch (CTA setup, argument fetch)
+// overlapping the previous kernel's tail. Stream order is kept for any
+// predecessor, kernscope's or not.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // ---- host side -----------------------------------------------------------
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
@@ -93,8 +148,39 @@ class DeviceGuard {
 
 struct DeviceProps {
   int sm_count = 0, major = 0, minor = 0;
+  bool pdl = false;  // launch with programmatic dependent launch (sm_90+, unless KS_PDL=0)
 };
 const DeviceProps& device_props(int device);
+
+// Launches kern<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx, as a
+// thread-block cluster of `cluster` CTAs when cluster > 1, with the PDL attribute
+// when pdl is set; a launch error throws KS_ERROR_CUDA naming op.
+template <typename... P, typename... A>
+void launch_kernel(const char* op, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                   int cluster, bool pdl, A&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = s;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = unsigned(cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  cfg.attrs = attr;
+  cfg.numAttrs = n;
+  check_cuda(cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...), op, "kernel launch");
+}
 
 // Last launch configuration per op (ks_last_launch_config, the benchmark's
 // `config` column). Recording is cheap (a few integers into a thread-local slot,

@@ -51,6 +51,7 @@ constexpr int kWMax = 32;
 template <typename T, int VEC, int NV, bool FUSED, bool PRELOAD_W>
 __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormParams p) {
   __shared__ float red[kWMax * 8];
+  pdl_begin();
   const int tpr = p.warps_per_row * 32;
   const int group = threadIdx.x / tpr, lt = threadIdx.x % tpr;
   const int lane = threadIdx.x & 31, warp_in_row = lt >> 5;
@@ -166,37 +167,38 @@ NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int sm_count) {
 }
 
 template <typename T, int VEC, bool FUSED, bool PW>
-void launch_nv(const NormConfig& c, const NormParams& p, cudaStream_t s) {
+void launch_nv(const NormConfig& c, const NormParams& p, cudaStream_t s, bool pdl) {
   const dim3 block(32 * c.warps_per_row * c.rows_per_cta), grid(c.grid);
+  const char* op = FUSED ? "fused_add_rms_norm" : "rms_norm";
   switch (c.nv) {
-    case 1: norm_kernel<T, VEC, 1, FUSED, PW><<<grid, block, 0, s>>>(p); break;
-    case 2: norm_kernel<T, VEC, 2, FUSED, PW><<<grid, block, 0, s>>>(p); break;
-    case 4: norm_kernel<T, VEC, 4, FUSED, PW><<<grid, block, 0, s>>>(p); break;
+    case 1: launch_kernel(op, norm_kernel<T, VEC, 1, FUSED, PW>, grid, block, 0, s, 1, pdl, p); break;
+    case 2: launch_kernel(op, norm_kernel<T, VEC, 2, FUSED, PW>, grid, block, 0, s, 1, pdl, p); break;
+    case 4: launch_kernel(op, norm_kernel<T, VEC, 4, FUSED, PW>, grid, block, 0, s, 1, pdl, p); break;
     case 8:
       if constexpr (VEC > 1) {
-        norm_kernel<T, VEC, 8, FUSED, PW><<<grid, block, 0, s>>>(p);
+        launch_kernel(op, norm_kernel<T, VEC, 8, FUSED, PW>, grid, block, 0, s, 1, pdl, p);
         break;
       }
       [[fallthrough]];
-    default: norm_kernel<T, VEC, 0, FUSED, false><<<grid, block, 0, s>>>(p); break;
+    default: launch_kernel(op, norm_kernel<T, VEC, 0, FUSED, false>, grid, block, 0, s, 1, pdl, p); break;
   }
 }
 
 template <typename T, bool FUSED>
-void launch_t(const NormConfig& c, const NormParams& p, cudaStream_t s) {
+void launch_t(const NormConfig& c, const NormParams& p, cudaStream_t s, bool pdl) {
   constexpr int V = 16 / sizeof(T);
   if (c.vec == V)
-    c.preload_w ? launch_nv<T, V, FUSED, true>(c, p, s) : launch_nv<T, V, FUSED, false>(c, p, s);
+    c.preload_w ? launch_nv<T, V, FUSED, true>(c, p, s, pdl) : launch_nv<T, V, FUSED, false>(c, p, s, pdl);
   else
-    c.preload_w ? launch_nv<T, 1, FUSED, true>(c, p, s) : launch_nv<T, 1, FUSED, false>(c, p, s);
+    c.preload_w ? launch_nv<T, 1, FUSED, true>(c, p, s, pdl) : launch_nv<T, 1, FUSED, false>(c, p, s, pdl);
 }
 
 template <bool FUSED>
-void launch(detail::DType dt, const NormConfig& c, const NormParams& p, cudaStream_t s) {
+void launch(detail::DType dt, const NormConfig& c, const NormParams& p, cudaStream_t s, bool pdl) {
   switch (dt) {
-    case detail::DType::F32: launch_t<float, FUSED>(c, p, s); break;
-    case detail::DType::F16: launch_t<__half, FUSED>(c, p, s); break;
-    default: launch_t<__nv_bfloat16, FUSED>(c, p, s); break;
+    case detail::DType::F32: launch_t<float, FUSED>(c, p, s, pdl); break;
+    case detail::DType::F16: launch_t<__half, FUSED>(c, p, s, pdl); break;
+    default: launch_t<__nv_bfloat16, FUSED>(c, p, s, pdl); break;
   }
 }
 
@@ -212,10 +214,11 @@ void rms_norm_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(a.x.device.device_id, "rms_norm");
   const int es = detail::dtype_bytes(a.x.dtype);
   const bool vec_ok = aligned16(a.x.data) && aligned16(a.out.data) && aligned16(a.weight.data) && (a.hidden * es) % 16 == 0;
-  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, device_props(a.x.device.device_id).sm_count);
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, dp.sm_count);
   NormParams p{a.x.data, nullptr, a.weight.data, a.out.data, nullptr, a.rows, a.hidden, a.eps, c.warps_per_row,
                c.rows_per_cta};
-  launch<false>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));
+  launch<false>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream), dp.pdl);
   check_launch("rms_norm");
   record("rms_norm", c);
 }
@@ -226,10 +229,11 @@ void fused_add_rms_norm_cuda(const void* args, ks_stream_t stream) {
   const int es = detail::dtype_bytes(a.x.dtype);
   const bool vec_ok = aligned16(a.x.data) && aligned16(a.residual.data) && aligned16(a.weight.data) &&
                       (a.hidden * es) % 16 == 0;
-  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, device_props(a.x.device.device_id).sm_count);
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  const NormConfig c = choose(a.rows, a.hidden, es, vec_ok, dp.sm_count);
   NormParams p{a.x.data, a.residual.data, a.weight.data, a.x.data, a.residual.data, a.rows, a.hidden, a.eps,
                c.warps_per_row, c.rows_per_cta};
-  launch<true>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream));
+  launch<true>(a.x.dtype, c, p, static_cast<cudaStream_t>(stream), dp.pdl);
   check_launch("fused_add_rms_norm");
   record("fused_add_rms_norm", c);
 }

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -44,6 +45,8 @@ const DeviceProps& device_props(int device) {
     check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device), "cuda", "device attribute");
     check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device), "cuda", "device attribute");
     check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device), "cuda", "device attribute");
+    const char* pdl_env = std::getenv("KS_PDL");  // KS_PDL=0 turns programmatic dependent launch off
+    p.pdl = p.major >= 9 && !(pdl_env && std::string(pdl_env) == "0");
     it = cache.emplace(device, p).first;
   }
   cached = it->second;

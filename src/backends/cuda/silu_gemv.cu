@@ -19,6 +19,7 @@ namespace ks::cuda {
 template <typename T, int VEC, int UNROLL>
 __global__ void __launch_bounds__(256) silu_and_mul_kernel(const T* __restrict__ x, T* __restrict__ out, int64_t rows,
                                                            int64_t d) {
+  pdl_begin();
   const int64_t dv = d / VEC;
   for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
     const T* g = x + row * 2 * d;
@@ -59,16 +60,17 @@ void launch_silu(const ops::SiluAndMulArgs& a, cudaStream_t s, int* unroll_out, 
   constexpr int kThreads = 256;
   // Unroll only when the grid still covers every SM twice: small calls are
   // latency-bound and want as many CTAs issuing loads at once as possible.
-  const int sm = device_props(a.x.device.device_id).sm_count;
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  const int sm = dp.sm_count;
   const int64_t vectors = dv * a.rows;
   const int unroll = vectors >= int64_t(8) * sm * kThreads ? 4 : vectors >= int64_t(4) * sm * kThreads ? 2 : 1;
   const int64_t gx = (dv + kThreads * unroll - 1) / (kThreads * unroll);
   const dim3 grid(unsigned(gx), unsigned(std::min<int64_t>(a.rows, 65535)));
   const T* x = static_cast<const T*>(a.x.data);
   T* o = static_cast<T*>(a.out.data);
-  if (unroll == 4) silu_and_mul_kernel<T, VEC, 4><<<grid, kThreads, 0, s>>>(x, o, a.rows, a.d);
-  else if (unroll == 2) silu_and_mul_kernel<T, VEC, 2><<<grid, kThreads, 0, s>>>(x, o, a.rows, a.d);
-  else silu_and_mul_kernel<T, VEC, 1><<<grid, kThreads, 0, s>>>(x, o, a.rows, a.d);
+  auto kern = unroll == 4 ? silu_and_mul_kernel<T, VEC, 4> : unroll == 2 ? silu_and_mul_kernel<T, VEC, 2>
+                                                                        : silu_and_mul_kernel<T, VEC, 1>;
+  launch_kernel("silu_and_mul", kern, grid, dim3(kThreads), 0, s, 1, dp.pdl, x, o, a.rows, a.d);
   *unroll_out = unroll;
   *gx_out = int(gx);
 }
@@ -104,6 +106,7 @@ void silu_and_mul_cuda(const void* args, ks_stream_t stream) {
 template <typename T, int VEC, int UNROLL>
 __global__ void __launch_bounds__(256) gemv_kernel(const T* __restrict__ w, const T* __restrict__ x, T* __restrict__ out,
                                                    int64_t n, int64_t h) {
+  pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (row >= n) return;
@@ -142,7 +145,8 @@ template <typename T>
 int gemv_t(const ops::GemvArgs& a, cudaStream_t s, int* warps_out) {
   constexpr int V = 16 / sizeof(T);
   const bool vec_ok = aligned16(a.x.data) && aligned16(a.weight.data) && a.h % V == 0;
-  const int sm = device_props(a.x.device.device_id).sm_count;
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  const int sm = dp.sm_count;
   // 8 warps per CTA, fewer when that would leave SMs idle.
   int warps = 8;
   while (warps > 2 && (a.n + warps - 1) / warps < 2 * sm) warps /= 2;
@@ -152,10 +156,10 @@ int gemv_t(const ops::GemvArgs& a, cudaStream_t s, int* warps_out) {
   T* o = static_cast<T*>(a.out.data);
   *warps_out = warps;
   if (vec_ok) {
-    gemv_kernel<T, V, 4><<<grid, block, 0, s>>>(w, x, o, a.n, a.h);
+    launch_kernel("gemv", gemv_kernel<T, V, 4>, grid, block, 0, s, 1, dp.pdl, w, x, o, a.n, a.h);
     return V;
   }
-  gemv_kernel<T, 1, 8><<<grid, block, 0, s>>>(w, x, o, a.n, a.h);
+  launch_kernel("gemv", gemv_kernel<T, 1, 8>, grid, block, 0, s, 1, dp.pdl, w, x, o, a.n, a.h);
   return 1;
 }
 

@@ -3,18 +3,23 @@
 //
 // Two kernels:
 //  - row groups (as rms_norm): W warps own a row, values cached in registers;
-//    max (with a NaN flag), then sum of exp, then the normalized store.
+//    the maximum (NaN-propagating, so it doubles as the NaN flag), then the sum
+//    of exp, then the normalized store.
 //  - clusters (sm_90, few wide rows): a thread-block cluster of C CTAs splits one
-//    row, each CTA staging its slice in shared memory; partial max / sum travel
-//    through distributed shared memory, so the row is read from HBM once with C
-//    SMs' bandwidth behind it.
-// exp is expf (full precision); the division is IEEE. The reduction order depends
-// only on H and the launch configuration derived from H (batch-invariant).
+//    row; every thread keeps its share in registers (all loads issued at once),
+//    folds it into a running (max, sum of exp) pair, and the pairs are merged
+//    over the warp, the CTA and the cluster (distributed shared memory) in a
+//    fixed order: one cluster exchange per row, the row read from HBM once.
+// exp is expf for fp32 outputs, __expf for 16-bit ones; the division is one IEEE
+// reciprocal per row. The reduction order depends only on H and the launch
+// configuration derived from H, the row count and the device.
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
@@ -42,25 +47,26 @@ __device__ __forceinline__ float sm_exp(float v) {
 }
 
 // Sum (or max, or) over a row group's warps; every thread gets the same value.
-template <int OP>  // 0 sum, 1 max, 2 logical or (as 0/1 floats)
+template <int OP>  // 0 sum, 1 NaN-propagating max
 __device__ __forceinline__ float group_reduce(float v, float* red, int group, int warp_in_row, int wpr, int lane) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float u = __shfl_xor_sync(0xffffffffu, v, o);
-    v = OP == 0 ? v + u : fmaxf(v, u);
+    v = OP == 0 ? v + u : fmax_nan(v, u);
   }
   if (wpr == 1) return v;
   __syncthreads();
   if (lane == 0) red[group * kSmWMax + warp_in_row] = v;
   __syncthreads();
   float r = red[group * kSmWMax];
-  for (int i = 1; i < wpr; ++i) r = OP == 0 ? r + red[group * kSmWMax + i] : fmaxf(r, red[group * kSmWMax + i]);
+  for (int i = 1; i < wpr; ++i) r = OP == 0 ? r + red[group * kSmWMax + i] : fmax_nan(r, red[group * kSmWMax + i]);
   return r;
 }
 
 template <typename T, int VEC, int NV>
 __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const SoftmaxParams p) {
   __shared__ float red[kSmWMax * 8];
+  pdl_begin();
   const int tpr = p.warps_per_row * 32;
   const int group = threadIdx.x / tpr, lt = threadIdx.x % tpr;
   const int lane = threadIdx.x & 31, wir = lt >> 5;
@@ -72,7 +78,7 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
     const int64_t row = base + group;
     const bool active = group < p.rows_per_cta && row < p.rows;
     const int64_t off = row * H;
-    float mx = -INFINITY, nan = 0.f;
+    float mx = -INFINITY;
     Vec<T, VEC> xr[NV > 0 ? NV : 1];  // the row, raw (16-byte vectors)
     if constexpr (NV > 0) {
 #pragma unroll
@@ -83,28 +89,13 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
-        if (active && idx < hv)
-#pragma unroll
-          for (int j = 0; j < VEC; ++j) {
-            const float f = xr[i].f(j);
-            nan = isnan(f) ? 1.f : nan;
-            mx = fmaxf(mx, f);
-          }
+        if (active && idx < hv) mx = fmax_nan(mx, vec_max_nan(xr[i]));
       }
     } else if (active) {
-      for (int64_t idx = lt; idx < hv; idx += tpr) {
-        const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float f = xv.f(j);
-          nan = isnan(f) ? 1.f : nan;
-          mx = fmaxf(mx, f);
-        }
-      }
+      for (int64_t idx = lt; idx < hv; idx += tpr) mx = fmax_nan(mx, vec_max_nan(load_vec<T, VEC>(x + off + idx * VEC)));
     }
     mx = group_reduce<1>(mx, red, group, wir, p.warps_per_row, lane);
-    nan = group_reduce<1>(nan, red, group, wir, p.warps_per_row, lane);
-    const bool bad = nan != 0.f || isinf(mx);  // NaN, +inf maximum, or all -inf
+    const bool bad = !(fabsf(mx) < INFINITY);  // NaN, +inf maximum, or all -inf
     float sum = 0.f;
     if constexpr (NV > 0) {
 #pragma unroll
@@ -147,114 +138,96 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
   }
 }
 
-// Cluster path (sm_90): blockIdx.x / C = row, rank within the cluster = slice.
-// Each CTA stages its slice of the row in shared memory (so registers stay few
-// and several CTAs fit per SM), reduces max / NaN flag and the sum of exp over
-// the cluster through distributed shared memory, and writes from shared memory.
-constexpr int kClusterThreads = 256;
-template <typename T, int VEC>
-__global__ void __launch_bounds__(kClusterThreads) softmax_cluster_kernel(const SoftmaxParams p) {
+// ---- cluster path (sm_90) ----------------------------------------------------
+// Running softmax statistics of a set of elements: m = max (NaN-propagating),
+// s = sum of exp(x - m). merge() is commutative (so a butterfly leaves every lane
+// with bit-identical results) and keeps s = 0 when m is -inf (nothing finite yet)
+// or not finite at all (the row is all NaN then, s is unused).
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmax_nan(a.m, b.m);
+  if (!(fabsf(m) < INFINITY)) return {m, 0.f};
+  return {m, a.s * expf(a.m - m) + b.s * expf(b.m - m)};
+}
+__device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.s, o)});
+  return v;
+}
+
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
+// blockIdx.x / C = row, rank in the cluster = slice of p.slice vectors; thread t
+// holds vectors t, t + T, ..., t + (NV - 1) T of the slice in registers.
+constexpr int kClusterMaxThreads = 512;
+template <typename T, int VEC, int NV>
+__global__ void __launch_bounds__(kClusterMaxThreads, 2) softmax_cluster_kernel(const SoftmaxParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  extern __shared__ __align__(16) unsigned char stage_raw[];
-  Vec<T, VEC>* stage = reinterpret_cast<Vec<T, VEC>*>(stage_raw);
-  __shared__ float red[kClusterThreads / 32];
-  __shared__ float part[2];
-  __shared__ float glob[3];
+  __shared__ MaxSum red[kClusterMaxThreads / 32];
+  __shared__ MaxSum part;  // this CTA's statistics, read by the whole cluster
+  __shared__ MaxSum glob;  // the row's
+  pdl_begin();
   cg::cluster_group cluster = cg::this_cluster();
   const int csize = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int64_t row = blockIdx.x / csize;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5, nt = blockDim.x;
   const int64_t H = p.cols, hv = H / VEC;
   const int64_t v0 = rank * p.slice, n = max(int64_t(0), min(hv, v0 + p.slice) - v0);
-  const T* x = static_cast<const T*>(p.x) + row * H + v0 * VEC;
+  const T* x = static_cast<const T*>(p.x) + row * H + v0 * VEC;  // may alias out (in place)
   T* out = static_cast<T*>(p.out) + row * H + v0 * VEC;
-  float mx = -INFINITY, nan = 0.f;
-  constexpr int U = 4;  // loads in flight per thread
-  for (int64_t base = threadIdx.x; base < n; base += int64_t(U) * blockDim.x) {
-    Vec<T, VEC> v[U];
+  Vec<T, VEC> xr[NV];
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i < n) v[u] = load_vec<T, VEC>(x + i * VEC);
-    }
+  for (int i = 0; i < NV; ++i) {
+    const int64_t idx = threadIdx.x + int64_t(i) * nt;
+    if (idx < n) xr[i] = load_vec<T, VEC>(x + idx * VEC);
+  }
+  MaxSum st{-INFINITY, 0.f};
 #pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i < n) {
-        stage[i] = v[u];
+  for (int i = 0; i < NV; ++i)
+    if (threadIdx.x + int64_t(i) * nt < n) st.m = fmax_nan(st.m, vec_max_nan(xr[i]));
+  if (fabsf(st.m) < INFINITY) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-          const float f = v[u].f(j);
-          nan = isnan(f) ? 1.f : nan;
-          mx = fmaxf(mx, f);
-        }
-      }
-    }
+    for (int i = 0; i < NV; ++i)
+      if (threadIdx.x + int64_t(i) * nt < n)
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) st.s += sm_exp<T>(xr[i].f(j) - st.m);
   }
-  mx = warp_max(mx);
-  nan = warp_max(nan);
-  if (lane == 0) red[warp] = mx;
+  st = warp_merge(st);
+  if (lane == 0) red[warp] = st;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = red[0];
-    for (int i = 1; i < nw; ++i) m = fmaxf(m, red[i]);
-    part[0] = m;
-  }
-  __syncthreads();
-  if (lane == 0) red[warp] = nan;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float f = red[0];
-    for (int i = 1; i < nw; ++i) f = fmaxf(f, red[i]);
-    part[1] = f;
-  }
-  cluster.sync();
-  // One warp gathers the cluster's partials over DSMEM (lane r reads rank r).
   if (warp == 0) {
-    float m = -INFINITY, f = 0.f;
-    if (lane < csize) {
-      const float* rp = cluster.map_shared_rank(part, lane);
-      m = rp[0];
-      f = rp[1];
-    }
-    m = warp_max(m);
-    f = warp_max(f);
-    if (lane == 0) { glob[0] = m; glob[1] = f; }
+    MaxSum v = lane < nw ? red[lane] : MaxSum{-INFINITY, 0.f};
+    v = warp_merge(v);
+    if (lane == 0) part = v;
   }
-  cluster.sync();  // part[] read everywhere before reuse; glob[] visible in the CTA
-  const float gm = glob[0];
-  const bool bad = glob[1] != 0.f || isinf(gm);
-  float sum = 0.f;
-  if (!bad)
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const Vec<T, VEC> v = stage[i];
-#pragma unroll
-      for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(v.f(j) - gm);
-    }
-  sum = warp_sum(sum);
-  if (lane == 0) red[warp] = sum;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float t = 0.f;
-    for (int i = 0; i < nw; ++i) t += red[i];
-    part[0] = t;
-  }
-  cluster.sync();
+  cluster_arrive();  // release: part is visible to the cluster
+  cluster_wait();
   if (warp == 0) {
-    float v = lane < csize ? cluster.map_shared_rank(part, lane)[0] : 0.f;
-    v = warp_sum(v);  // a fixed butterfly: the same total in every CTA
-    if (lane == 0) glob[2] = v;
+    MaxSum v{-INFINITY, 0.f};
+    if (lane < csize) v = *cluster.map_shared_rank(&part, lane);
+    v = warp_merge(v);  // the same fixed butterfly in every CTA: one result per row
+    if (lane == 0) glob = v;
   }
   __syncthreads();
-  const float inv = 1.0f / glob[2];
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const Vec<T, VEC> v = stage[i];
-    Vec<T, VEC> o;
+  cluster_arrive();  // done reading the other CTAs' part; waited for before exit
+  const float gm = glob.m;
+  const bool bad = !(fabsf(gm) < INFINITY);  // NaN, +inf maximum, or all -inf
+  const float inv = 1.0f / glob.s;
 #pragma unroll
-    for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(v.f(j) - gm) * inv);
-    store_vec<T, VEC>(out + i * VEC, o);
+  for (int i = 0; i < NV; ++i) {
+    const int64_t idx = threadIdx.x + int64_t(i) * nt;
+    if (idx < n) {
+      Vec<T, VEC> o;
+#pragma unroll
+      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xr[i].f(j) - gm) * inv);
+      store_vec<T, VEC>(out + idx * VEC, o);
+    }
   }
-  cluster.sync();  // keep part[] alive until every CTA of the cluster has read it
+  cluster_wait();  // no CTA leaves while another may still read its shared memory
 #endif
 }
 
@@ -263,25 +236,106 @@ namespace {
 struct SmConfig {
   int vec, nv, warps_per_row, rows_per_cta, grid, cluster, threads;
   int64_t slice;
+  int max_clusters;  // co-resident clusters (cluster path), from the occupancy API
 };
 
-SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps& dp) {
+constexpr int kClusterNvs[] = {2, 4, 6, 8};
+constexpr int kClusterSizes[] = {2, 4, 8, 16};
+constexpr int kClusterThreads[] = {256, 512};
+
+template <typename T, int VEC, int NV>
+void* cluster_kernel_ptr() {
+  return reinterpret_cast<void*>(softmax_cluster_kernel<T, VEC, NV>);
+}
+void* cluster_kernel(int es, int nv) {
+  switch (es * 16 + nv) {
+    case 4 * 16 + 2: return cluster_kernel_ptr<float, 4, 2>();
+    case 4 * 16 + 4: return cluster_kernel_ptr<float, 4, 4>();
+    case 4 * 16 + 6: return cluster_kernel_ptr<float, 4, 6>();
+    case 4 * 16 + 8: return cluster_kernel_ptr<float, 4, 8>();
+    default: break;
+  }
+  // fp16 and bf16 kernels have the same resources; bf16's stands for both
+  switch (nv) {
+    case 2: return cluster_kernel_ptr<__nv_bfloat16, 8, 2>();
+    case 4: return cluster_kernel_ptr<__nv_bfloat16, 8, 4>();
+    case 6: return cluster_kernel_ptr<__nv_bfloat16, 8, 6>();
+    default: return cluster_kernel_ptr<__nv_bfloat16, 8, 8>();
+  }
+}
+
+// How many clusters of (C CTAs x threads) fit on the device at once
+// (cudaOccupancyMaxActiveClusters), cached per device / element size / NV / C / threads.
+int max_active_clusters(int device, int es, int nv, int c, int threads) {
+  constexpr int kDev = 16;
+  static std::atomic<int> cache[kDev][2][4][4][2];
+  const int di = device % kDev, ei = es == 4 ? 1 : 0, ni = nv / 2 - 1;
+  const int ci = c == 2 ? 0 : c == 4 ? 1 : c == 8 ? 2 : 3, ti = threads == 512 ? 1 : 0;
+  std::atomic<int>& slot = cache[di][ei][ni][ci][ti];
+  const int known = slot.load(std::memory_order_relaxed);
+  if (known > 0) return known - 1;
+  void* kern = cluster_kernel(es, nv);
+  if (c > 8)
+    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "softmax",
+               "allow a non-portable cluster size");
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(c);
+  cfg.blockDim = dim3(threads);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = c;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();  // not launchable this way (e.g. C = 16 unsupported): never chosen
+    n = 0;
+  }
+  slot.store(n + 1, std::memory_order_relaxed);
+  return n;
+}
+
+SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const DeviceProps& dp) {
   SmConfig c{};
   c.vec = vec_ok ? 16 / es : 1;
   const int64_t hv = (H + c.vec - 1) / c.vec;
-  // Few wide rows: split each row over a thread-block cluster so every SM has
-  // bytes in flight. Cluster size: the smallest of 2, 4, 8 that gives >= 2 CTAs
-  // per SM and a shared-memory slice of at most 48 KB (4 CTAs per SM); if even 8
-  // leaves a bigger slice, 8 with the bigger slice.
-  if (dp.major >= 9 && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) && H * es >= 64 * 1024) {
-    int cl = 2;
-    while (cl < 8 && (rows * cl < 2 * int64_t(dp.sm_count) || (hv + cl - 1) / cl * 16 > 48 * 1024)) cl *= 2;
-    c.slice = (hv + cl - 1) / cl;
-    if (c.slice * 16 <= 200 * 1024) {
-      c.cluster = cl;
-      c.threads = kClusterThreads;
-      c.nv = 0;
-      c.grid = int(rows * cl);
+  // Few wide rows: a cluster per row, so the row's bytes are spread over several
+  // SMs. Among C in {2, 4, 8, 16}, 256 or 512 threads and NV in {2, 4, 6, 8}
+  // vectors per thread (the fewest that hold the row), take the cheapest by
+  // waves x (NV + 4) + C / 8: waves of co-resident clusters (occupancy API), each
+  // costing its per-thread work plus a fixed latency; bigger clusters sync longer.
+  if (dp.major >= 9 && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) && H * es >= 16 * 1024) {
+    static const int forced = [] {  // KS_SOFTMAX_CLUSTER=2|4|8|16: a tuning knob for experiments
+      const char* e = std::getenv("KS_SOFTMAX_CLUSTER");
+      return e ? std::atoi(e) : 0;
+    }();
+    double best = 0;
+    for (int cl : kClusterSizes) {
+      if (forced && cl != forced) continue;
+      for (int th : kClusterThreads) {
+        const int64_t per_thread = (hv + int64_t(cl) * th - 1) / (int64_t(cl) * th);
+        int nv = 0;
+        for (int v : kClusterNvs)
+          if (!nv && per_thread <= v) nv = v;
+        if (!nv) continue;
+        const int active = max_active_clusters(device, es, nv, cl, th);
+        if (active <= 0) continue;
+        const int64_t waves = (rows + active - 1) / active;
+        const double cost = double(waves) * (nv + 4) + cl / 8.0;
+        if (c.cluster == 0 || cost < best) {
+          best = cost;
+          c.cluster = cl;
+          c.threads = th;
+          c.nv = nv;
+          c.max_clusters = active;
+        }
+      }
+    }
+    if (c.cluster > 0) {
+      c.slice = (hv + c.cluster - 1) / c.cluster;
+      c.grid = int(rows * c.cluster);
       return c;
     }
   }
@@ -296,74 +350,71 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, const DeviceProps&
 }
 
 template <typename T, int VEC, int NV>
-void launch_one(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
-  if (c.cluster > 1) {
-    const size_t smem = size_t(c.slice) * sizeof(Vec<T, VEC>);
-    auto kern = softmax_cluster_kernel<T, VEC>;
-    if (smem > 48 * 1024)
-      check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "softmax",
-                 "raise dynamic shared memory");
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(c.grid);
-    cfg.blockDim = dim3(c.threads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = c.cluster;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    check_cuda(cudaLaunchKernelEx(&cfg, kern, p), "softmax", "cluster launch");
-  } else {
-    softmax_kernel<T, VEC, NV><<<c.grid, c.threads, 0, s>>>(p);
-  }
+void launch_cluster(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s, bool pdl) {
+  auto kern = softmax_cluster_kernel<T, VEC, NV>;
+  if (c.cluster > 8)
+    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "softmax",
+               "allow a non-portable cluster size");
+  launch_kernel("softmax", kern, dim3(c.grid), dim3(c.threads), 0, s, c.cluster, pdl, p);
 }
 
 template <typename T, int VEC>
-void launch_vec(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
+void launch_vec(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s, bool pdl) {
+  if (c.cluster > 1) {
+    if constexpr (VEC > 1) {
+      switch (c.nv) {
+        case 2: launch_cluster<T, VEC, 2>(c, p, s, pdl); break;
+        case 4: launch_cluster<T, VEC, 4>(c, p, s, pdl); break;
+        case 6: launch_cluster<T, VEC, 6>(c, p, s, pdl); break;
+        default: launch_cluster<T, VEC, 8>(c, p, s, pdl); break;
+      }
+    }
+    return;
+  }
+  const dim3 grid(c.grid), block(c.threads);
   switch (c.nv) {
-    case 1: launch_one<T, VEC, 1>(c, p, s); break;
-    case 2: launch_one<T, VEC, 2>(c, p, s); break;
-    case 4: launch_one<T, VEC, 4>(c, p, s); break;
+    case 1: launch_kernel("softmax", softmax_kernel<T, VEC, 1>, grid, block, 0, s, 1, pdl, p); break;
+    case 2: launch_kernel("softmax", softmax_kernel<T, VEC, 2>, grid, block, 0, s, 1, pdl, p); break;
+    case 4: launch_kernel("softmax", softmax_kernel<T, VEC, 4>, grid, block, 0, s, 1, pdl, p); break;
     case 8:
       if constexpr (VEC > 1) {
-        launch_one<T, VEC, 8>(c, p, s);
+        launch_kernel("softmax", softmax_kernel<T, VEC, 8>, grid, block, 0, s, 1, pdl, p);
         break;
       }
       [[fallthrough]];
-    default: launch_one<T, VEC, 0>(c, p, s); break;
+    default: launch_kernel("softmax", softmax_kernel<T, VEC, 0>, grid, block, 0, s, 1, pdl, p); break;
   }
 }
 
 template <typename T>
-void launch_t(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s) {
+void launch_t(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s, bool pdl) {
   if (c.vec > 1)
-    launch_vec<T, 16 / sizeof(T)>(c, p, s);
+    launch_vec<T, 16 / sizeof(T)>(c, p, s, pdl);
   else
-    launch_vec<T, 1>(c, p, s);
+    launch_vec<T, 1>(c, p, s, pdl);
 }
 
 }  // namespace
 
 void softmax_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::SoftmaxArgs*>(args);
-  DeviceGuard g(a.x.device.device_id, "softmax");
+  const int dev = a.x.device.device_id;
+  DeviceGuard g(dev, "softmax");
   const int es = detail::dtype_bytes(a.x.dtype);
   const bool vec_ok = aligned16(a.x.data) && aligned16(a.out.data) && (a.cols * es) % 16 == 0;
-  const SmConfig c = choose(a.rows, a.cols, es, vec_ok, device_props(a.x.device.device_id));
+  const DeviceProps& dp = device_props(dev);
+  const SmConfig c = choose(a.rows, a.cols, es, vec_ok, dev, dp);
   SoftmaxParams p{a.x.data, a.out.data, a.rows, a.cols, c.warps_per_row, c.rows_per_cta, c.slice};
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.x.dtype) {
-    case detail::DType::F32: launch_t<float>(c, p, s); break;
-    case detail::DType::F16: launch_t<__half>(c, p, s); break;
-    default: launch_t<__nv_bfloat16>(c, p, s); break;
+    case detail::DType::F32: launch_t<float>(c, p, s, dp.pdl); break;
+    case detail::DType::F16: launch_t<__half>(c, p, s, dp.pdl); break;
+    default: launch_t<__nv_bfloat16>(c, p, s, dp.pdl); break;
   }
   check_launch("softmax");
   if (c.cluster > 1)
-    record_launch("softmax", "cluster=%lld threads=%lld vec=%lld smem_slice=%lldB grid=%lld",
-                  {c.cluster, c.threads, c.vec, (long long)(c.slice * 16), c.grid});
+    record_launch("softmax", "cluster=%lld threads=%lld vec=%lld nv=%lld grid=%lld max_active_clusters=%lld",
+                  {c.cluster, c.threads, c.vec, c.nv, c.grid, c.max_clusters});
   else
     record_launch("softmax", "vec=%lld nv=%lld warps_per_row=%lld rows_per_cta=%lld grid=%lld",
                   {c.vec, c.nv, c.warps_per_row, c.rows_per_cta, c.grid});

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Profiles chosen kernels of bench_ops with Nsight Compute on the GPU machine and
+# writes short text reports under $OUT (default ./gpu_out).
+#   PROFILE="name:ops:dtypes:kernel-regex:launch-skip ..."  (default: the wide softmax and
+#   the 1x4096 rms_norm, bf16). KS_SOFTMAX_CLUSTER sweeps are run when SWEEP_CLUSTER=1.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+BUILD=build-gpu
+export PATH=/usr/local/cuda/bin:$PATH
+if [ ! -x $BUILD/bench_ops ]; then
+  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
+    -DKS_BUILD_TOOLS=OFF -DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include > "$OUT/profile_build.txt" 2>&1 &&
+  cmake --build $BUILD -j 16 --target bench_ops >> "$OUT/profile_build.txt" 2>&1 || { tail -30 "$OUT/profile_build.txt"; exit 1; }
+fi
+PROFILE=${PROFILE:-"softmax_wide:softmax:bf16:softmax_cluster:0 rms_norm_decode:rms_norm:bf16:rms_norm:0"}
+SECTIONS="--section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
+for spec in $PROFILE; do
+  IFS=: read -r name ops dtypes kre skip <<<"$spec"
+  ncu $SECTIONS -k "regex:$kre" -s "$skip" -c 1 $BUILD/bench_ops --csv /tmp/ncu_$name.csv --ops "$ops" --dtypes "$dtypes" \
+    > "$OUT/ncu_$name.txt" 2>&1
+  echo "== $name"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Waves Per SM|Cluster|Block Limit|Stall|Warp Cycles Per Issued" "$OUT/ncu_$name.txt" | head -40
+done
+if [ "${SWEEP_CLUSTER:-0}" = 1 ]; then
+  for cl in 2 4 8 16; do
+    echo "== KS_SOFTMAX_CLUSTER=$cl"
+    KS_SOFTMAX_CLUSTER=$cl $BUILD/bench_ops --csv /tmp/sweep_$cl.csv --ops softmax --dtypes bf16,fp32 | grep -E "x128256|x151936"
+  done
+fi
