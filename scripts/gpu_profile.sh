@@ -15,12 +15,12 @@ if [ ! -x $BUILD/bench_ops ]; then
   cmake --build $BUILD -j 16 --target bench_ops >> "$OUT/profile_build.txt" 2>&1 || { tail -30 "$OUT/profile_build.txt"; exit 1; }
 fi
 PROFILE=${PROFILE:-"softmax_wide:softmax:bf16:softmax_cluster:0 rms_norm_decode:rms_norm:bf16:rms_norm:0"}
-SECTIONS="--section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
+SECTIONS="${NCU_SECTIONS:-} --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats"
 for spec in $PROFILE; do
   IFS=: read -r name ops dtypes kre skip <<<"$spec"
   ncu $SECTIONS -k "regex:$kre" -s "$skip" -c 1 $BUILD/bench_ops --csv /tmp/ncu_$name.csv --ops "$ops" --dtypes "$dtypes" \
     > "$OUT/ncu_$name.txt" 2>&1
-  echo "== $name"; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Waves Per SM|Cluster|Block Limit|Stall|Warp Cycles Per Issued" "$OUT/ncu_$name.txt" | head -40
+  echo "== $name"; grep -E "smsp__pcsamp|Stall|stall" "$OUT/ncu_$name.txt" | head -20; grep -E "Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|Registers Per|Waves Per SM|Cluster|Block Limit|Stall|Warp Cycles Per Issued" "$OUT/ncu_$name.txt" | head -40
 done
 if [ "${SWEEP_CLUSTER:-0}" = 1 ]; then
   for cl in 2 4 8 16; do
