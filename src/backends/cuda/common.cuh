@@ -44,13 +44,84 @@ struct alignas(sizeof(T) * VEC) Vec {
   __device__ __forceinline__ void set(int i, float x) { v[i] = Dt<T>::from_f(x); }
 };
 
+// Loads and stores go through plain integer vector types, so every access is one
+// 16-byte (8-, 4-byte) instruction: a struct of 16-bit class types copied member-wise
+// was emitted as eight 2-byte stores, fetching four times the sectors it needed.
+template <int BYTES>
+struct RawVec;
+template <>
+struct RawVec<16> {
+  using type = uint4;
+};
+template <>
+struct RawVec<8> {
+  using type = uint2;
+};
+template <>
+struct RawVec<4> {
+  using type = unsigned;
+};
+template <>
+struct RawVec<2> {
+  using type = unsigned short;
+};
+
 template <typename T, int VEC>
 __device__ __forceinline__ Vec<T, VEC> load_vec(const T* p) {
-  return *reinterpret_cast<const Vec<T, VEC>*>(p);
+  using R = typename RawVec<int(sizeof(Vec<T, VEC>))>::type;
+  const R r = *reinterpret_cast<const R*>(p);
+  Vec<T, VEC> v;
+  memcpy(&v, &r, sizeof(v));
+  return v;
 }
 template <typename T, int VEC>
 __device__ __forceinline__ void store_vec(T* p, const Vec<T, VEC>& v) {
-  *reinterpret_cast<Vec<T, VEC>*>(p) = v;
+  using R = typename RawVec<int(sizeof(Vec<T, VEC>))>::type;
+  R r;
+  memcpy(&r, &v, sizeof(r));
+  *reinterpret_cast<R*>(p) = r;
+}
+
+// An output vector built element by element in FP32 and stored with one rounding
+// per element: 16-bit pairs are converted together (cvt.rn.{bf16x2,f16x2}.f32,
+// the same round-to-nearest-even as one at a time) into 32-bit words, so the store
+// is a single 16-byte instruction. (Setting the 16-bit elements of a Vec one by one
+// made the compiler emit 2-byte stores: four times the memory sectors.)
+template <typename T, int VEC>
+struct OutVec {
+  float f[VEC];
+  __device__ __forceinline__ void set(int i, float x) { f[i] = x; }
+};
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float a, float b) {
+  unsigned u;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 h = __floats2half2_rn(a, b);
+    memcpy(&u, &h, 4);
+  } else {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    memcpy(&u, &h, 4);
+  }
+  return u;
+}
+// One 16-byte global store (st.global.v4.b32). Written as PTX because NVVM split
+// plain uint4 / float4 stores into four 4-byte stores whenever the address came
+// from 64-bit index arithmetic, and ptxas cannot re-merge them without knowing the
+// alignment. p is a 16-byte aligned global address (the launchers check).
+__device__ __forceinline__ void st_global_16(void* p, unsigned a, unsigned b, unsigned c, unsigned d) {
+  asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+template <typename T, int VEC>
+__device__ __forceinline__ void store_vec(T* p, const OutVec<T, VEC>& o) {
+  if constexpr (std::is_same_v<T, float> && VEC == 4) {
+    st_global_16(p, __float_as_uint(o.f[0]), __float_as_uint(o.f[1]), __float_as_uint(o.f[2]), __float_as_uint(o.f[3]));
+  } else if constexpr (sizeof(T) == 2 && VEC == 8) {
+    st_global_16(p, pack2<T>(o.f[0], o.f[1]), pack2<T>(o.f[2], o.f[3]), pack2<T>(o.f[4], o.f[5]),
+                 pack2<T>(o.f[6], o.f[7]));
+  } else {
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) p[j] = Dt<T>::from_f(o.f[j]);
+  }
 }
 
 // ---- reductions ----------------------------------------------------------

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
         if (active && idx < hv) {
-          Vec<T, VEC> so;
+          OutVec<T, VEC> so;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const float v = FUSED ? xv[i].f(j) + rv[i].f(j) : xv[i].f(j);
@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
         const int64_t idx = lt + int64_t(i) * tpr;
         if (active && idx < hv) {
           if constexpr (!PRELOAD_W) wv[i] = load_vec<T, VEC>(w + idx * VEC);
-          Vec<T, VEC> o;
+          OutVec<T, VEC> o;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const float v = FUSED ? xv[i].f(j) + rv[i].f(j) : xv[i].f(j);
@@ -132,7 +132,7 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
           Vec<T, VEC> rv;
           if constexpr (FUSED) rv = load_vec<T, VEC>(r + off + idx * VEC);
           const auto wv = load_vec<T, VEC>(w + idx * VEC);
-          Vec<T, VEC> o, so;
+          OutVec<T, VEC> o, so;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const float v = FUSED ? xv.f(j) + rv.f(j) : xv.f(j);

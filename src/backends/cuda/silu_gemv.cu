@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(256) silu_and_mul_kernel(const T* __restrict__
     for (int k = 0; k < UNROLL; ++k) {
       const int64_t i = first + int64_t(k) * blockDim.x;
       if (i < dv) {
-        Vec<T, VEC> r;
+        OutVec<T, VEC> r;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
           const float a = gv[k].f(j), b = uv[k].f(j);

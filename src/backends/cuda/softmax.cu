@@ -114,24 +114,26 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
     }
     sum = group_reduce<0>(sum, red, group, wir, p.warps_per_row, lane);
     if (!active) continue;
-    const float inv = 1.0f / sum;  // one IEEE division per row; e * inv is within 1 ulp of e / sum
+    // One IEEE division per row (e * inv is within 1 ulp of e / sum). A bad row gets
+    // inv = NaN, so every element becomes NaN without a per-element branch.
+    const float inv = bad ? NAN : 1.0f / sum;
     if constexpr (NV > 0) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
         if (idx < hv) {
-          Vec<T, VEC> o;
+          OutVec<T, VEC> o;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xr[i].f(j) - mx) * inv);
+          for (int j = 0; j < VEC; ++j) o.set(j, sm_exp<T>(xr[i].f(j) - mx) * inv);
           store_vec<T, VEC>(out + off + idx * VEC, o);
         }
       }
     } else {
       for (int64_t idx = lt; idx < hv; idx += tpr) {
         const auto xv = load_vec<T, VEC>(x + off + idx * VEC);
-        Vec<T, VEC> o;
+        OutVec<T, VEC> o;
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xv.f(j) - mx) * inv);
+        for (int j = 0; j < VEC; ++j) o.set(j, sm_exp<T>(xv.f(j) - mx) * inv);
         store_vec<T, VEC>(out + off + idx * VEC, o);
       }
     }
@@ -216,14 +218,14 @@ __global__ void __launch_bounds__(kClusterMaxThreads, 2) softmax_cluster_kernel(
   cluster_arrive();  // done reading the other CTAs' part; waited for before exit
   const float gm = glob.m;
   const bool bad = !(fabsf(gm) < INFINITY);  // NaN, +inf maximum, or all -inf
-  const float inv = 1.0f / glob.s;
+  const float inv = bad ? NAN : 1.0f / glob.s;  // NaN row: every exp(x - gm) * NaN is NaN
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int64_t idx = threadIdx.x + int64_t(i) * nt;
     if (idx < n) {
-      Vec<T, VEC> o;
+      OutVec<T, VEC> o;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.set(j, bad ? NAN : sm_exp<T>(xr[i].f(j) - gm) * inv);
+      for (int j = 0; j < VEC; ++j) o.set(j, sm_exp<T>(xr[i].f(j) - gm) * inv);
       store_vec<T, VEC>(out + idx * VEC, o);
     }
   }
