@@ -360,7 +360,8 @@ def test_jax_arrays_on_the_host(rng):
                  ref_rms_norm(np.asarray(x.astype(jnp.float32)), np.asarray(w.astype(jnp.float32)), 1e-6), "bf16")
     with pytest.raises(ks.InvalidArgumentError, match=r"rms_norm: weight must have shape \(16,\)"):
         ks.rms_norm(x, w[:3])
-    assert ks.dequantize(jnp.zeros((2, 34), jnp.uint8), "q8_0", dtype="bf16").dtype == jnp.bfloat16
+    packed = jax.device_put(jnp.zeros((2, 34), jnp.uint8), cpu)  # jax's default device may be a GPU
+    assert ks.dequantize(packed, "q8_0", dtype="bf16").dtype == jnp.bfloat16
     if not jax.config.jax_enable_x64:
         with pytest.raises(TypeError, match="jax_enable_x64"):
             ks.argmax(x)
