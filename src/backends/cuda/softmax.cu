@@ -164,10 +164,12 @@ __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
 // blockIdx.x / C = row, rank in the cluster = slice of p.slice vectors; thread t
-// holds vectors t, t + T, ..., t + (NV - 1) T of the slice in registers.
+// holds vectors t, t + T, ..., t + (NV - 1) T of the slice in registers. NV > 8
+// variants run 256 threads (up to 128 registers each, two CTAs per SM), so a few
+// wide rows can be held on chip in a single wave.
 constexpr int kClusterMaxThreads = 512;
 template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(kClusterMaxThreads, 2) softmax_cluster_kernel(const SoftmaxParams p) {
+__global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2) softmax_cluster_kernel(const SoftmaxParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ MaxSum red[kClusterMaxThreads / 32];
   __shared__ MaxSum part;  // this CTA's statistics, read by the whole cluster
@@ -241,7 +243,7 @@ struct SmConfig {
   int max_clusters;  // co-resident clusters (cluster path), from the occupancy API
 };
 
-constexpr int kClusterNvs[] = {2, 4, 6, 8};
+constexpr int kClusterNvs[] = {2, 4, 6, 8, 12, 16};  // NV > 8: 256 threads only
 constexpr int kClusterSizes[] = {2, 4, 8, 16};
 constexpr int kClusterThreads[] = {256, 512};
 
@@ -255,6 +257,8 @@ void* cluster_kernel(int es, int nv) {
     case 4 * 16 + 4: return cluster_kernel_ptr<float, 4, 4>();
     case 4 * 16 + 6: return cluster_kernel_ptr<float, 4, 6>();
     case 4 * 16 + 8: return cluster_kernel_ptr<float, 4, 8>();
+    case 4 * 16 + 12: return cluster_kernel_ptr<float, 4, 12>();
+    case 4 * 16 + 16: return cluster_kernel_ptr<float, 4, 16>();
     default: break;
   }
   // fp16 and bf16 kernels have the same resources; bf16's stands for both
@@ -262,7 +266,9 @@ void* cluster_kernel(int es, int nv) {
     case 2: return cluster_kernel_ptr<__nv_bfloat16, 8, 2>();
     case 4: return cluster_kernel_ptr<__nv_bfloat16, 8, 4>();
     case 6: return cluster_kernel_ptr<__nv_bfloat16, 8, 6>();
-    default: return cluster_kernel_ptr<__nv_bfloat16, 8, 8>();
+    case 8: return cluster_kernel_ptr<__nv_bfloat16, 8, 8>();
+    case 12: return cluster_kernel_ptr<__nv_bfloat16, 8, 12>();
+    default: return cluster_kernel_ptr<__nv_bfloat16, 8, 16>();
   }
 }
 
@@ -270,8 +276,8 @@ void* cluster_kernel(int es, int nv) {
 // (cudaOccupancyMaxActiveClusters), cached per device / element size / NV / C / threads.
 int max_active_clusters(int device, int es, int nv, int c, int threads) {
   constexpr int kDev = 16;
-  static std::atomic<int> cache[kDev][2][4][4][2];
-  const int di = device % kDev, ei = es == 4 ? 1 : 0, ni = nv / 2 - 1;
+  static std::atomic<int> cache[kDev][2][6][4][2];
+  const int di = device % kDev, ei = es == 4 ? 1 : 0, ni = nv <= 8 ? nv / 2 - 1 : nv == 12 ? 4 : 5;
   const int ci = c == 2 ? 0 : c == 4 ? 1 : c == 8 ? 2 : 3, ti = threads == 512 ? 1 : 0;
   std::atomic<int>& slot = cache[di][ei][ni][ci][ti];
   const int known = slot.load(std::memory_order_relaxed);
@@ -304,10 +310,12 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
   c.vec = vec_ok ? 16 / es : 1;
   const int64_t hv = (H + c.vec - 1) / c.vec;
   // Few wide rows: a cluster per row, so the row's bytes are spread over several
-  // SMs. Among C in {2, 4, 8, 16}, 256 or 512 threads and NV in {2, 4, 6, 8}
-  // vectors per thread (the fewest that hold the row), take the cheapest by
-  // waves x (NV + 4) + C / 8: waves of co-resident clusters (occupancy API), each
-  // costing its per-thread work plus a fixed latency; bigger clusters sync longer.
+  // SMs. Among C in {2, 4, 8, 16}, 256 or 512 threads and NV in {2, 4, 6, 8, 12, 16}
+  // vectors per thread (the fewest that hold the row; NV > 8 with 256 threads),
+  // take the fewest waves of co-resident clusters (occupancy API): every wave pays
+  // the whole load -> cluster exchange -> store latency chain (measured: 64 x 128256
+  // bf16 in two waves of NV = 4 took as long as one wave of twice the bytes would).
+  // Ties: the smallest NV (more threads in flight), then the smallest C.
   if (dp.major >= 9 && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) && H * es >= 16 * 1024) {
     static const int forced = [] {  // KS_SOFTMAX_CLUSTER=2|4|8|16: a tuning knob for experiments
       const char* e = std::getenv("KS_SOFTMAX_CLUSTER");
@@ -320,12 +328,12 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
         const int64_t per_thread = (hv + int64_t(cl) * th - 1) / (int64_t(cl) * th);
         int nv = 0;
         for (int v : kClusterNvs)
-          if (!nv && per_thread <= v) nv = v;
+          if (!nv && per_thread <= v && (v <= 8 || th == 256)) nv = v;
         if (!nv) continue;
         const int active = max_active_clusters(device, es, nv, cl, th);
         if (active <= 0) continue;
         const int64_t waves = (rows + active - 1) / active;
-        const double cost = double(waves) * (nv + 4) + cl / 8.0;
+        const double cost = double(waves) * 1e4 + nv * 100 + cl;  // lexicographic (waves, NV, C)
         if (c.cluster == 0 || cost < best) {
           best = cost;
           c.cluster = cl;
@@ -368,7 +376,9 @@ void launch_vec(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s, bool 
         case 2: launch_cluster<T, VEC, 2>(c, p, s, pdl); break;
         case 4: launch_cluster<T, VEC, 4>(c, p, s, pdl); break;
         case 6: launch_cluster<T, VEC, 6>(c, p, s, pdl); break;
-        default: launch_cluster<T, VEC, 8>(c, p, s, pdl); break;
+        case 8: launch_cluster<T, VEC, 8>(c, p, s, pdl); break;
+        case 12: launch_cluster<T, VEC, 12>(c, p, s, pdl); break;
+        default: launch_cluster<T, VEC, 16>(c, p, s, pdl); break;
       }
     }
     return;
