@@ -11,7 +11,8 @@
 // run and every row carries its percentage.
 //
 // usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...] [--impl NAME]
-// (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run)
+// (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run;
+//  --shapes 512x4096,64x128256 keeps only those shapes, as printed, e.g. for a profiler run)
 #include <cuda_runtime.h>
 #include <kernscope/kernscope.hpp>
 
@@ -141,15 +142,17 @@ ks::TensorView dv(void* p, DType dt, std::vector<int64_t> shape) { return ks::Te
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string impl = "kernscope", csv = "bench_ops.csv", dtypes = "bf16,fp16,fp32", ops = "rms_norm,fused_add_rms_norm,silu_and_mul,gemv,softmax";
+  std::string shapes, impl = "kernscope", csv = "bench_ops.csv", dtypes = "bf16,fp16,fp32", ops = "rms_norm,fused_add_rms_norm,silu_and_mul,gemv,softmax";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     if (k == "--csv") csv = argv[i + 1];
     else if (k == "--dtypes") dtypes = argv[i + 1];
     else if (k == "--ops") ops = argv[i + 1];
     else if (k == "--impl") impl = argv[i + 1];
+    else if (k == "--shapes") shapes = argv[i + 1];
   }
   auto has = [](const std::string& list, const std::string& x) { return ("," + list + ",").find("," + x + ",") != std::string::npos; };
+  auto want_shape = [&](int64_t a, int64_t b) { return shapes.empty() || has(shapes, std::to_string(a) + "x" + std::to_string(b)); };
   cudaStream_t s;
   CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaDeviceProp prop{};
@@ -173,6 +176,7 @@ int main(int argc, char** argv) {
     const std::vector<std::pair<int64_t, int64_t>> norm_shapes = {{1, 4096}, {16, 4096}, {512, 1024}, {512, 4096}, {4096, 8192}, {16384, 8192}};
     if (has(ops, "rms_norm"))
       for (auto [m, h] : norm_shapes) {
+        if (!want_shape(m, h)) continue;
         const size_t bytes = size_t(2 * m * h + h) * es;
         const int k = nsets(bytes);
         std::vector<std::unique_ptr<Dev>> x, w, o;
@@ -187,6 +191,7 @@ int main(int argc, char** argv) {
       }
     if (has(ops, "fused_add_rms_norm"))
       for (auto [m, h] : norm_shapes) {
+        if (!want_shape(m, h)) continue;
         const size_t bytes = size_t(4 * m * h + h) * es;
         const int k = nsets(bytes);
         std::vector<std::unique_ptr<Dev>> x, r, w;
@@ -201,6 +206,7 @@ int main(int argc, char** argv) {
       }
     if (has(ops, "silu_and_mul"))
       for (auto [m, d] : std::vector<std::pair<int64_t, int64_t>>{{1, 14336}, {16, 14336}, {512, 4096}, {512, 14336}, {4096, 14336}}) {
+        if (!want_shape(m, 2 * d)) continue;
         const size_t bytes = size_t(3 * m * d) * es;
         const int k = nsets(bytes);
         std::vector<std::unique_ptr<Dev>> x, o;
@@ -215,6 +221,7 @@ int main(int argc, char** argv) {
       }
     if (has(ops, "gemv"))
       for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{{512, 1024}, {4096, 4096}, {14336, 4096}, {4096, 14336}, {28672, 8192}, {128256, 4096}}) {
+        if (!want_shape(n, h)) continue;
         const size_t bytes = size_t(n * h + h + n) * es;
         const int k = nsets(bytes);
         std::vector<std::unique_ptr<Dev>> x, w, o;
@@ -229,6 +236,7 @@ int main(int argc, char** argv) {
       }
     if (has(ops, "softmax"))
       for (auto [m, h] : std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {512, 1024}, {4096, 4096}, {64, 32000}, {64, 128256}, {256, 151936}}) {
+        if (!want_shape(m, h)) continue;
         const size_t bytes = size_t(2 * m * h) * es;
         const int k = nsets(bytes);
         std::vector<std::unique_ptr<Dev>> x, o;

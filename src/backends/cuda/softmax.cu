@@ -321,6 +321,10 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
       const char* e = std::getenv("KS_SOFTMAX_CLUSTER");
       return e ? std::atoi(e) : 0;
     }();
+    static const bool debug = [] {  // KS_DEBUG_CONFIG=1: print every cluster candidate to stderr
+      const char* e = std::getenv("KS_DEBUG_CONFIG");
+      return e && e[0] == '1';
+    }();
     double best = 0;
     for (int cl : kClusterSizes) {
       if (forced && cl != forced) continue;
@@ -331,8 +335,11 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
           if (!nv && per_thread <= v && (v <= 8 || th == 256)) nv = v;
         if (!nv) continue;
         const int active = max_active_clusters(device, es, nv, cl, th);
+        const int64_t waves = active > 0 ? (rows + active - 1) / active : 0;
+        if (debug)
+          std::fprintf(stderr, "kernscope softmax %lldx%lld es=%d: C=%d threads=%d NV=%d co-resident clusters=%d waves=%lld\n",
+                       (long long)rows, (long long)H, es, cl, th, nv, active, (long long)waves);
         if (active <= 0) continue;
-        const int64_t waves = (rows + active - 1) / active;
         const double cost = double(waves) * 1e4 + nv * 100 + cl;  // lexicographic (waves, NV, C)
         if (c.cluster == 0 || cost < best) {
           best = cost;
