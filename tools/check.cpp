@@ -552,7 +552,7 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
     bool known = false;
     for (const auto& sw : sweeps()) known = known || sw.op == op_filter;
     if (!known) {
-      std::fprintf(stderr, "ksctl check: unknown operator '%s' (see `ksctl ops`)\n", op_filter.c_str());
+      std::fprintf(stderr, "check: unknown operator '%s' (the operators: `ksctl ops`; usage: --help)\n", op_filter.c_str());
       return 2;
     }
   }

@@ -1,6 +1,7 @@
 // ks_check: the `ksctl check` sweep as a standalone program with no dependency
 // beyond kernscope itself, so the GPU machine (no CLI11/PCRE2 there) can run it.
 //   ks_check [cpu|cuda|all] [OP] [-v]
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -11,6 +12,15 @@ int main(int argc, char** argv) {
   bool verbose = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      std::printf(
+          "ks_check [cpu|cuda|all] [OP] [-v]\n"
+          "  Runs every variant x dtype x shape x layout of the operators against an FP64 reference\n"
+          "  (the `ksctl check` sweep, without ksctl's dependencies). BACKEND defaults to all; OP\n"
+          "  limits the sweep to one operator (see `ksctl ops`); -v prints every case.\n"
+          "  Exit status: 0 when no case is incorrect.\n");
+      return 0;
+    }
     if (a == "-v" || a == "--verbose") verbose = true;
     else if (a == "cpu" || a == "cuda" || a == "all") backend = a;
     else op = a;

@@ -29,6 +29,18 @@ ks::Backend parse_device(const std::string& d) {
   throw CLI::ValidationError("--device", "must be cpu, cuda or auto");
 }
 
+// "available", or why not (the library's own reason: not built, or no device).
+std::string cuda_status() {
+  if (ks::backend_available(ks::Backend::Cuda)) return "available";
+  const char *v = nullptr, *r = nullptr;
+  if (ks_which("rms_norm", "fp32", KS_BACKEND_CUDA, &v, &r) != KS_SUCCESS) {
+    const std::string e = ks_last_error(), key = "not available: ";
+    const auto at = e.find(key);  // keep the reason after "...not available: "
+    return "not available: " + (at == std::string::npos ? e : e.substr(at + key.size()));
+  }
+  return "not available";
+}
+
 int cmd_ops() {
   // op -> backend -> "variant(dtypes)"
   std::map<std::string, std::map<std::string, std::vector<std::string>>> table;
@@ -40,7 +52,7 @@ int cmd_ops() {
       for (const auto& x : vs) s += (s.empty() ? "" : ", ") + x;
       std::printf("%-20s %-7s %s\n", op.c_str(), be.c_str(), s.c_str());
     }
-  std::printf("\nCUDA backend: %s\n", ks::backend_available(ks::Backend::Cuda) ? "available" : "not available here");
+  std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
   return 0;
 }
 
@@ -68,7 +80,8 @@ ks::Backend model_backend(const std::string& device) {
     throw ks::BackendUnavailable(KS_ERROR_BACKEND_UNAVAILABLE,
                                  ks::backend_available(ks::Backend::Cuda)
                                      ? "generate --device cuda: the CUDA model path is not implemented yet"
-                                     : "generate --device cuda: the CUDA backend is not available here");
+                                     : "generate --device cuda: the CUDA backend is " + cuda_status());
+  // (the CUDA model path is issue 5's work)
   return be;
 }
 
@@ -96,12 +109,13 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   std::fputs(dec.flush().c_str(), stdout);
   std::printf("\n");
   std::fprintf(stderr,
-               "\n[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d threads, load %.2f s\n"
-               "[ksctl] prompt %lld tokens: prefill %.1f tokens/s, time to first token %.1f ms\n"
-               "[ksctl] generated %lld tokens: decode %.1f tokens/s (stopped: %s)\n",
+               "\n[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d thread%s, load %.2f s\n"
+               "[ksctl] prompt %lld token%s: prefill %.1f tokens/s, time to first token %.1f ms\n"
+               "[ksctl] generated %lld token%s: decode %.1f tokens/s (stopped: %s)\n",
                path.c_str(), (long long)m.model.config().n_layers, (long long)m.model.config().hidden_size,
-               be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), load_s, (long long)st.prompt_tokens,
-               st.prefill_tokens_per_second(), st.first_token_seconds * 1e3, (long long)st.generated_tokens,
+               be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
+               load_s, (long long)st.prompt_tokens, st.prompt_tokens == 1 ? "" : "s", st.prefill_tokens_per_second(),
+               st.first_token_seconds * 1e3, (long long)st.generated_tokens, st.generated_tokens == 1 ? "" : "s",
                st.decode_tokens_per_second(), st.stop_reason);
   return 0;
 }
@@ -182,7 +196,7 @@ int main(int argc, char** argv) {
   gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
   gen->add_option("--prompt", g_prompt, "prompt text");
   gen->add_option("--max-tokens", g_max, "tokens to generate at most")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  gen->add_option("--device", g_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  gen->add_option("--device", g_device, "cpu | cuda | auto (cuda: not implemented yet)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   gen->add_flag("--chat", g_chat, "wrap the prompt in the model's chat template");
   gen->add_option("--temperature", g_temp, "0 = greedy; > 0 samples from softmax(logits / T)")->check(CLI::Range(0.0f, 100.0f));
   gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)");
@@ -200,7 +214,7 @@ int main(int argc, char** argv) {
   bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure");
   bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->check(CLI::Range(int64_t(2), int64_t(4096)));
   bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
-  bench->add_option("--device", b_device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  bench->add_option("--device", b_device, "cpu | cuda | auto (cuda: not implemented yet)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", b_csv, "write results to this CSV");
   bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
 

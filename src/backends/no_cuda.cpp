@@ -5,6 +5,9 @@
 
 namespace ks::cuda {
 bool device_present() { return false; }
+const char* unavailable_reason() {
+  return "this build of kernscope has no CUDA backend (nvcc was not found, or KS_WITH_CUDA=OFF)";
+}
 }  // namespace ks::cuda
 
 namespace ks::registry {

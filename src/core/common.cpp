@@ -214,7 +214,7 @@ ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& f
     if (!on_cuda)
       fail(KS_ERROR_UNSUPPORTED_DEVICE, op, "backend cuda needs CUDA device tensors; got " + device_str(first.device));
     if (!ks_backend_available(KS_BACKEND_CUDA))
-      fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "the CUDA backend is not available (not compiled in, or no device)");
+      fail(KS_ERROR_BACKEND_UNAVAILABLE, op, std::string("the CUDA backend is not available: ") + ks::cuda::unavailable_reason());
   }
   return backend;
 }

@@ -13,6 +13,11 @@
 
 #include "core/half.hpp"
 
+namespace ks::cuda {
+bool device_present();             // the CUDA runtime sees a device (false without the backend)
+const char* unavailable_reason();  // why the CUDA backend is unavailable, for error messages
+}  // namespace ks::cuda
+
 namespace ks::detail {
 
 struct Failure {

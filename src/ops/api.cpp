@@ -34,10 +34,6 @@ extern "C" const char* ks_status_name(ks_status_t s) {
   return "KS_UNKNOWN_STATUS";
 }
 
-namespace ks::cuda {
-bool device_present();
-}
-
 extern "C" int ks_backend_available(ks_backend_t backend) {
   switch (backend) {
     case KS_BACKEND_AUTO:
@@ -97,7 +93,7 @@ extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t 
     auto c = ks::registry::select_static(op, backend, d);
     if (!c.variant) {
       if (backend == KS_BACKEND_CUDA && !ks_backend_available(KS_BACKEND_CUDA))
-        fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "the CUDA backend is not available (not compiled in, or no device)");
+        fail(KS_ERROR_BACKEND_UNAVAILABLE, op, std::string("the CUDA backend is not available: ") + ks::cuda::unavailable_reason());
       fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "no variant for this dtype and backend" + (c.reason.empty() ? std::string() : ": " + c.reason));
     }
     v_out = c.variant->name;

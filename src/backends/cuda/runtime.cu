@@ -17,17 +17,37 @@
 
 namespace ks::cuda {
 
-// True when the runtime sees at least one CUDA device. Cached; never throws.
-bool device_present() {
-  static const bool present = [] {
+// The device count query, once: true when the runtime sees at least one CUDA
+// device, else why not. Never throws.
+namespace {
+struct Presence {
+  bool present = false;
+  std::string why;
+};
+const Presence& presence() {
+  static const Presence p = [] {
+    Presence r;
     int n = 0;
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky "no device" error
-      return false;
+      r.why = std::string("built with the CUDA backend, but the CUDA runtime finds no usable device (") +
+              cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")";
+    } else if (n == 0) {
+      r.why = "built with the CUDA backend, but the CUDA runtime reports 0 devices";
+    } else {
+      r.present = true;
     }
-    return n > 0;
+    return r;
   }();
+  return p;
+}
+}  // namespace
+
+const char* unavailable_reason() { return presence().present ? "" : presence().why.c_str(); }
+
+bool device_present() {
+  static const bool present = presence().present;
   return present;
 }
 
