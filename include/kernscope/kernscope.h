@@ -36,11 +36,20 @@ extern "C" {
 #define KS_API __attribute__((visibility("default")))
 #endif
 
+/* C++ sees the enums below with a fixed `int` underlying type (the type C gives
+ * them on every supported ABI), so a caller's out-of-range value is a valid enum
+ * value in C++ that validation can reject, not undefined behaviour. */
+#ifdef __cplusplus
+#define KS_ENUM_INT : int
+#else
+#define KS_ENUM_INT
+#endif
+
 #define KS_VERSION_MAJOR 0
 #define KS_VERSION_MINOR 1
 #define KS_VERSION_PATCH 0
 
-typedef enum {
+typedef enum KS_ENUM_INT {
   KS_SUCCESS = 0,
   KS_ERROR_INVALID_ARGUMENT = 1,   /* bad shape, stride, eps, overlap, id out of range, ... */
   KS_ERROR_UNSUPPORTED_DTYPE = 2,  /* dtype not handled by the op, or mismatched dtypes */
@@ -51,7 +60,7 @@ typedef enum {
   KS_ERROR_INTERNAL = 7
 } ks_status_t;
 
-typedef enum {
+typedef enum KS_ENUM_INT {
   KS_BACKEND_AUTO = 0, /* pick by the tensors' device, then the registry */
   KS_BACKEND_CPU = 1,  /* portable C++ reference and CPU fast paths */
   KS_BACKEND_CUDA = 2
@@ -59,7 +68,7 @@ typedef enum {
 
 /* Storage format of packed weight rows (GGUF block formats).
  * A packed tensor is uint8 [rows, row_bytes] with row_bytes = cols / block_size * block_bytes. */
-typedef enum {
+typedef enum KS_ENUM_INT {
   KS_QTYPE_NONE = 0, /* not packed: a dense float tensor */
   KS_QTYPE_F32 = 1,  /* block 1, 4 bytes: IEEE binary32 */
   KS_QTYPE_F16 = 2,  /* block 1, 2 bytes: IEEE binary16 */

@@ -159,9 +159,22 @@ class TensorView {
 class Tensor {
  public:
   Tensor() = default;
+  // Throws InvalidArgument for a negative dimension or a byte size past SIZE_MAX.
   Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
     size_t bytes = dtype_size(dtype_);
-    for (int64_t s : shape_) bytes *= size_t(s);
+    bool empty = false;
+    for (int64_t s : shape_) {
+      if (s < 0) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "Tensor: negative dimension");
+      empty = empty || s == 0;
+    }
+    for (int64_t s : shape_) {
+      if (empty) {
+        bytes = 0;
+        break;
+      }
+      if (bytes > SIZE_MAX / size_t(s)) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "Tensor: byte size overflows size_t");
+      bytes *= size_t(s);
+    }
     storage_.reset(static_cast<std::byte*>(::operator new[](bytes ? bytes : 1, std::align_val_t{64})));
     nbytes_ = bytes;
   }

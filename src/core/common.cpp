@@ -1,6 +1,8 @@
 #include "core/common.hpp"
 
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <limits>
 #include <sstream>
 
@@ -73,14 +75,28 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
       << ", lanes " << t->dtype.lanes << ")";
     fail(KS_ERROR_UNSUPPORTED_DTYPE, op, o.str());
   }
+  // The device type is read as the integer the caller stored: a value outside
+  // DLPack's enumerators is rejected here, before anything compares it as an enum.
+  int32_t device_type = 0;
+  static_assert(sizeof(t->device.device_type) == sizeof(device_type));
+  std::memcpy(&device_type, &t->device.device_type, sizeof(device_type));
+  if (device_type < 1 || device_type > 31)
+    fail(KS_ERROR_UNSUPPORTED_DEVICE, op, std::string(arg) + " has an unknown DLPack device type " + std::to_string(device_type));
   v.device = t->device;
   v.shape = Shape(t->shape, t->ndim);
-  int64_t n = 1;
+  bool empty = false;
   for (int i = 0; i < t->ndim; ++i) {
     if (v.shape[i] < 0)
       fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has a negative dimension " + shape_str(v.shape));
-    if (v.shape[i] != 0 && n > std::numeric_limits<int64_t>::max() / v.shape[i])
-      fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has more than 2^63 elements");
+    empty = empty || v.shape[i] == 0;
+  }
+  // Element and byte counts must fit in int64 (a zero dimension anywhere makes the
+  // tensor empty, however large the others are).
+  int64_t n = empty ? 0 : 1;
+  const int64_t max_elems = std::numeric_limits<int64_t>::max() / dtype_bytes(v.dtype);
+  for (int i = 0; i < t->ndim && !empty; ++i) {
+    if (n > max_elems / v.shape[i])
+      fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has more than 2^63 bytes " + shape_str(v.shape));
     n *= v.shape[i];
   }
   v.numel = n;
@@ -119,9 +135,15 @@ void require_same_dtype(const char* op, const char* arg, const View& v, const ch
              dtype_name(ref.dtype) + "; they must match");
 }
 
+std::string num_str(double v) {
+  char b[40];
+  std::snprintf(b, sizeof b, "%.9g", v);  // the value as passed (std::to_string prints 1e-9 as 0.000000)
+  return b;
+}
+
 static std::string device_str(DLDevice d) {
   switch (d.device_type) {
-    case kDLCPU: return "cpu";
+    case kDLCPU: return d.device_id == 0 ? std::string("cpu") : "cpu:" + std::to_string(d.device_id);
     case kDLCUDA: return "cuda:" + std::to_string(d.device_id);
     case kDLCUDAHost: return "cuda_host";
     case kDLCUDAManaged: return "cuda_managed:" + std::to_string(d.device_id);
@@ -189,7 +211,7 @@ void require_inplace_or_disjoint(const char* op, const char* out_arg, const View
 
 float checked_eps(const char* op, double eps) {
   if (!std::isfinite(eps) || !(eps > 0.0))
-    fail(KS_ERROR_INVALID_ARGUMENT, op, "eps must be finite and > 0; got " + std::to_string(eps));
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "eps must be finite and > 0; got " + num_str(eps));
   const float e = static_cast<float>(eps);
   if (!(e > 0.f) || !std::isfinite(e))
     fail(KS_ERROR_INVALID_ARGUMENT, op, "eps must be representable as a positive finite fp32 value");

@@ -83,13 +83,16 @@ class Shape {
   int64_t& operator[](size_t i) { return d_[i]; }
   int64_t back() const { return d_[n_ - 1]; }
   int64_t& back() { return d_[n_ - 1]; }
+  // Past kMax dimensions the shape is marked overflowed: it then equals no shape,
+  // so a derived expected shape that does not fit can never validate.
   void push_back(int64_t x) {
     if (n_ < kMax) d_[n_++] = x;
+    else overflow_ = true;
   }
   const int64_t* begin() const { return d_; }
   const int64_t* end() const { return d_ + n_; }
   bool operator==(const Shape& o) const {
-    if (n_ != o.n_) return false;
+    if (n_ != o.n_ || overflow_ || o.overflow_) return false;
     for (int i = 0; i < n_; ++i)
       if (d_[i] != o.d_[i]) return false;
     return true;
@@ -99,6 +102,7 @@ class Shape {
  private:
   int64_t d_[kMax] = {};
   int n_ = 0;
+  bool overflow_ = false;
 };
 
 // Representation of a validated tensor argument.
@@ -151,6 +155,7 @@ inline bool on_host(const View& v) {
 ks_backend_t resolve_backend(const char* op, ks_backend_t backend, const View& first);
 
 std::string shape_str(const Shape& s);
+std::string num_str(double v);  // a scalar argument for an error message, %.9g
 
 // Element load/store with conversion to/from fp32. Offset views may leave data
 // at any byte alignment, so every access goes through memcpy (a plain move on

@@ -51,6 +51,10 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
       check_packed(op, "table", a.table, table_format, a.hidden, "table_format");
     }
     require_nonempty_last(op, "out", a.out);
+    if (a.ids.ndim() >= Shape::kMax)  // out = ids' shape + (hidden,) must fit the 16-dimension limit
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "ids must have at most " + std::to_string(Shape::kMax - 1) + " dimensions (out adds one); got " +
+               std::to_string(a.ids.ndim()));
     Shape oshape = a.ids.shape;
     oshape.push_back(a.hidden);
     require_shape(op, "out", a.out, oshape, "ids' shape + (hidden_size,)");
@@ -109,7 +113,7 @@ extern "C" ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTen
       fail(KS_ERROR_INVALID_ARGUMENT, op, "rotary_dim must be even and in (0, head_dim=" + std::to_string(a.head_dim) +
                                               "]; got " + std::to_string(rotary_dim));
     if (!std::isfinite(theta) || !(theta > 1.0))
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "theta must be finite and > 1; got " + std::to_string(theta));
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "theta must be finite and > 1; got " + num_str(theta));
     a.rotary_dim = rotary_dim;
     a.theta = theta;
     a.neox = is_neox != 0;
@@ -147,6 +151,7 @@ extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, 
                         {"slot_mapping", &a.slot_mapping}})
       require_same_device(op, n, *t, "k", a.k);
     require_ndim(op, "k", a.k, 3);
+    require_nonempty_last(op, "k", a.k);  // head_dim > 0, as every op's feature dimension
     require_ndim(op, "slot_mapping", a.slot_mapping, 1);
     a.num_tokens = a.slot_mapping.dim(0);  // the token count comes from slot_mapping
     a.num_kv_heads = a.k.dim(1);
@@ -230,7 +235,7 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
       fail(KS_ERROR_INVALID_ARGUMENT, op, "without seq_ids, block_tables needs one row per query token (" +
                                               std::to_string(a.num_tokens) + "); got " + shape_str(a.block_tables.shape));
     if (!std::isfinite(scale) || !std::isfinite(float(scale)))
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite in fp32; got " + std::to_string(scale));
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite in fp32; got " + num_str(scale));
     a.scale = float(scale);
     for (auto [n, t] : {std::pair{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
                         {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})

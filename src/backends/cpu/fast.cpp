@@ -23,6 +23,7 @@
 #endif
 
 #include "backends/cpu/quant_blocks.hpp"
+#include "backends/cpu/scratch.hpp"
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -198,15 +199,16 @@ void qmm_avx512(const void* p, ks_stream_t) {
     return;
   }
   const int64_t chunks = (a.n + kPanelRows - 1) / kPanelRows;
+  const Scratch scratch(true, size_t(kPanelRows * a.k));  // a team of one when `if` is false
 #pragma omp parallel if (work > (1 << 17))
   {
-    std::vector<float> panel(static_cast<size_t>(kPanelRows * a.k));
+    float* panel = scratch.get();
 #ifdef _OPENMP
     const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
 #else
     const int64_t nt = 1, t = 0;
 #endif
-    qmm_panel(a, chunks * t / nt, chunks * (t + 1) / nt, bb, panel.data());
+    qmm_panel(a, chunks * t / nt, chunks * (t + 1) / nt, bb, panel);
   }
 }
 
@@ -219,9 +221,11 @@ void qmm_avx512(const void* p, ks_stream_t) {
 
 // exp(x) for 16 lanes; x <= 0 here (scores minus their max). Range reduction
 // x = n ln2 + r, |r| <= ln2/2, degree-7 Taylor polynomial (truncation < 1e-8
-// relative), then scaling by 2^n (underflows cleanly to 0).
+// relative), then scaling by 2^n (underflows cleanly to 0). NaN stays NaN:
+// vmaxps returns its second operand when one is NaN, so x goes second (with x
+// first, a NaN score became exp(-104) = 0 and the row's NaN was lost).
 KS_AVX512 __attribute__((always_inline)) inline __m512 exp16(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
+  x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
@@ -240,7 +244,8 @@ KS_AVX512 __attribute__((always_inline)) inline __m512 exp16(__m512 x) {
 constexpr int kMaxGroup = 16;   // query heads per KV head handled by the fast path
 constexpr int kMaxDv = 16;      // head_dim / 16
 
-KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, std::vector<float>& sc) {
+// sc: the calling thread's scratch, room for G x (the longest context rounded up to 16).
+KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, float* sc) {
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, G = a.num_heads / KVH, DV = D / 16;
   using ks::detail::load_index;
   const int64_t seq = a.has_seq_ids ? load_index(a.seq_ids.data, DType::I32, t) : t;
@@ -255,7 +260,6 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, std:
     std::memset(out, 0, size_t(G * D) * sizeof(float));
     return;
   }
-  sc.resize(size_t(G * ((len + 15) / 16 * 16)));
   const int64_t ld = (len + 15) / 16 * 16;
   __m512 qv[kMaxGroup][kMaxDv];
   for (int64_t h = 0; h < G; ++h)
@@ -276,7 +280,7 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, std:
   const __m512 ninf = _mm512_set1_ps(-__builtin_inff());
   float inv_sum[kMaxGroup];
   for (int64_t h = 0; h < G; ++h) {
-    float* s = sc.data() + h * ld;
+    float* s = sc + h * ld;
     for (int64_t j = len; j < ld; ++j) s[j] = -__builtin_inff();
     __m512 mx = ninf;
     for (int64_t j = 0; j < ld; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
@@ -320,9 +324,13 @@ std::string attn_can_implement(const void* p) {
 void attn_avx512(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const PagedAttentionArgs*>(p);
   const int64_t tasks = a.num_tokens * a.num_kv_heads;
+  int64_t max_len = 0;
+  for (int64_t t = 0; t < a.num_tokens; ++t)
+    max_len = std::max(max_len, ks::detail::load_index(a.context_lens.data, DType::I32, t));
+  const Scratch scratch(true, size_t(a.num_heads / a.num_kv_heads * ((max_len + 15) / 16 * 16)));
 #pragma omp parallel if (tasks > 1)
   {
-    std::vector<float> sc;
+    float* sc = scratch.get();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < tasks; ++i) attn_task(a, i / a.num_kv_heads, i % a.num_kv_heads, sc);
   }

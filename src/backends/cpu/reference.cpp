@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backends/cpu/quant_blocks.hpp"
+#include "backends/cpu/scratch.hpp"
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -54,8 +55,10 @@ void rms_norm_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const RmsNormArgs*>(p);
   const DType dt = a.x.dtype;
   const int64_t H = a.hidden;
-  team(a.rows * H > kParallelWork, [&] {
-    std::vector<float> sq(static_cast<size_t>(H));
+  const bool par = a.rows * H > kParallelWork;
+  const Scratch scratch(par, size_t(H));
+  team(par, [&] {
+    float* sq = scratch.get();
 #pragma omp for schedule(static)
   for (int64_t r = 0; r < a.rows; ++r) {
     const int64_t base = r * H;
@@ -63,7 +66,7 @@ void rms_norm_ref(const void* p, ks_stream_t) {
       const float v = load_f(a.x.data, dt, base + i);
       sq[i] = v * v;
     }
-    const float ss = pairwise_sum(sq.data(), H);
+    const float ss = pairwise_sum(sq, H);
     const float scale = 1.0f / std::sqrt(ss / float(H) + a.eps);
     for (int64_t i = 0; i < H; ++i) {
       const float v = load_f(a.x.data, dt, base + i);
@@ -77,8 +80,10 @@ void fused_add_rms_norm_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const FusedAddRmsNormArgs*>(p);
   const DType dt = a.x.dtype;
   const int64_t H = a.hidden;
-  team(a.rows * H > kParallelWork, [&] {
-    std::vector<float> s(static_cast<size_t>(H)), sq(static_cast<size_t>(H));
+  const bool par = a.rows * H > kParallelWork;
+  const Scratch scratch(par, size_t(H), 2);
+  team(par, [&] {
+    float *s = scratch.get(0), *sq = scratch.get(1);
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
       const int64_t base = r * H;
@@ -86,7 +91,7 @@ void fused_add_rms_norm_ref(const void* p, ks_stream_t) {
         s[i] = load_f(a.x.data, dt, base + i) + load_f(a.residual.data, dt, base + i);
         sq[i] = s[i] * s[i];
       }
-      const float ss = pairwise_sum(sq.data(), H);
+      const float ss = pairwise_sum(sq, H);
       const float scale = 1.0f / std::sqrt(ss / float(H) + a.eps);
       for (int64_t i = 0; i < H; ++i) {
         store_f(a.residual.data, dt, base + i, s[i]);
@@ -116,12 +121,14 @@ void silu_and_mul_ref(const void* p, ks_stream_t) {
 void gemv_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const GemvArgs*>(p);
   const DType dt = a.x.dtype;
-  team(a.n * a.h > kParallelWork, [&] {
-    std::vector<float> p(static_cast<size_t>(a.h));
+  const bool par = a.n * a.h > kParallelWork;
+  const Scratch scratch(par, size_t(a.h));
+  team(par, [&] {
+    float* p = scratch.get();
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < a.n; ++n) {
       for (int64_t h = 0; h < a.h; ++h) p[h] = load_f(a.weight.data, dt, n * a.h + h) * load_f(a.x.data, dt, h);
-      store_f(a.out.data, dt, n, pairwise_sum(p.data(), a.h));
+      store_f(a.out.data, dt, n, pairwise_sum(p, a.h));
     }
   });
 }
@@ -131,8 +138,10 @@ void softmax_ref(const void* p, ks_stream_t) {
   const DType dt = a.x.dtype;
   const int64_t H = a.cols;
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  team(a.rows * H > kParallelWork, [&] {
-    std::vector<float> e(static_cast<size_t>(H));
+  const bool par = a.rows * H > kParallelWork;
+  const Scratch scratch(par, size_t(H));
+  team(par, [&] {
+    float* e = scratch.get();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
       const int64_t base = r * H;
@@ -149,7 +158,7 @@ void softmax_ref(const void* p, ks_stream_t) {
         continue;
       }
       for (int64_t i = 0; i < H; ++i) e[i] = std::exp(load_f(a.x.data, dt, base + i) - mx);
-      const float sum = pairwise_sum(e.data(), H);
+      const float sum = pairwise_sum(e, H);
       for (int64_t i = 0; i < H; ++i) store_f(a.out.data, dt, base + i, e[i] / sum);
     }
   });
@@ -201,11 +210,13 @@ void dequantize_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const DequantizeArgs*>(p);
   int64_t bs = 1;
   qtype_geometry(a.qtype, &bs, nullptr);
-  team(a.rows * a.cols > kParallelWork, [&] {
-    std::vector<float> row(static_cast<size_t>(a.cols));
+  const bool par = a.rows * a.cols > kParallelWork;
+  const Scratch scratch(par, size_t(a.cols));
+  team(par, [&] {
+    float* row = scratch.get();
 #pragma omp for schedule(static)
     for (int64_t r = 0; r < a.rows; ++r) {
-      decode_blocks(a.qtype, static_cast<const uint8_t*>(a.packed.data) + r * a.row_bytes, a.cols / bs, row.data());
+      decode_blocks(a.qtype, static_cast<const uint8_t*>(a.packed.data) + r * a.row_bytes, a.cols / bs, row);
       for (int64_t j = 0; j < a.cols; ++j) store_f(a.out.data, a.out.dtype, r * a.cols + j, row[j]);
     }
   });
@@ -214,13 +225,15 @@ void dequantize_ref(const void* p, ks_stream_t) {
 void gemm_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const GemmArgs*>(p);
   const DType dt = a.a.dtype;
-  team(a.m * a.n * a.k > kParallelWork, [&] {
-    std::vector<float> p(static_cast<size_t>(a.k));
+  const bool par = a.m * a.n * a.k > kParallelWork;
+  const Scratch scratch(par, size_t(a.k));
+  team(par, [&] {
+    float* p = scratch.get();
 #pragma omp for collapse(2) schedule(static)
     for (int64_t m = 0; m < a.m; ++m)
       for (int64_t n = 0; n < a.n; ++n) {
         for (int64_t k = 0; k < a.k; ++k) p[k] = load_f(a.a.data, dt, m * a.k + k) * load_f(a.b.data, dt, n * a.k + k);
-        store_f(a.out.data, dt, m * a.n + n, pairwise_sum(p.data(), a.k));
+        store_f(a.out.data, dt, m * a.n + n, pairwise_sum(p, a.k));
       }
   });
 }
@@ -230,14 +243,16 @@ void quant_matmul_ref(const void* p, ks_stream_t) {
   const DType dt = a.x.dtype;
   int64_t bs = 1;
   qtype_geometry(a.qtype, &bs, nullptr);
-  team(a.m * a.n * a.k > kParallelWork, [&] {
-    std::vector<float> w(static_cast<size_t>(a.k)), p(static_cast<size_t>(a.k));
+  const bool par = a.m * a.n * a.k > kParallelWork;
+  const Scratch scratch(par, size_t(a.k), 2);
+  team(par, [&] {
+    float *w = scratch.get(0), *p = scratch.get(1);
 #pragma omp for schedule(static)
     for (int64_t n = 0; n < a.n; ++n) {
-      decode_blocks(a.qtype, static_cast<const uint8_t*>(a.weight.data) + n * a.row_bytes, a.k / bs, w.data());
+      decode_blocks(a.qtype, static_cast<const uint8_t*>(a.weight.data) + n * a.row_bytes, a.k / bs, w);
       for (int64_t m = 0; m < a.m; ++m) {
         for (int64_t k = 0; k < a.k; ++k) p[k] = load_f(a.x.data, dt, m * a.k + k) * w[k];
-        store_f(a.out.data, dt, m * a.n + n, pairwise_sum(p.data(), a.k));
+        store_f(a.out.data, dt, m * a.n + n, pairwise_sum(p, a.k));
       }
     }
   });
@@ -297,8 +312,14 @@ void paged_attention_ref(const void* p, ks_stream_t) {
   const DType dt = a.q.dtype;
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, group = a.num_heads / a.num_kv_heads;
   auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
-  team(a.num_tokens * a.num_heads * D > kParallelWork, [&] {
-    std::vector<float> sc, acc(static_cast<size_t>(D)), qv(static_cast<size_t>(D));
+  int64_t max_len = 0;
+  for (int64_t t = 0; t < a.num_tokens; ++t) max_len = std::max(max_len, load_index(a.context_lens.data, DType::I32, t));
+  const bool par = a.num_tokens * a.num_heads * D > kParallelWork;
+  const Scratch scratch(par, size_t(max_len + 2 * D));
+  team(par, [&] {
+    float* const sc = scratch.get();
+    float* const acc = sc + max_len;
+    float* const qv = acc + D;
 #pragma omp for collapse(2) schedule(static)
     for (int64_t t = 0; t < a.num_tokens; ++t)
       for (int64_t h = 0; h < a.num_heads; ++h) {
@@ -307,7 +328,6 @@ void paged_attention_ref(const void* p, ks_stream_t) {
         const int64_t kvh = h / group;
         const int64_t qoff = (t * a.num_heads + h) * D;
         for (int64_t d = 0; d < D; ++d) qv[d] = load_f(a.q.data, dt, qoff + d);
-        sc.resize(size_t(len));
         float mx = -std::numeric_limits<float>::infinity();
         for (int64_t j = 0; j < len; ++j) {
           const int64_t slot = bt(seq * a.max_blocks_per_seq + j / a.block_size) * a.block_size + j % a.block_size;
@@ -317,7 +337,7 @@ void paged_attention_ref(const void* p, ks_stream_t) {
           sc[j] = dot * a.scale;
           mx = std::max(mx, sc[j]);
         }
-        std::fill(acc.begin(), acc.end(), 0.f);
+        std::fill(acc, acc + D, 0.f);
         float sum = 0.f;
         for (int64_t j = 0; j < len; ++j) {
           sc[j] = std::exp(sc[j] - mx);

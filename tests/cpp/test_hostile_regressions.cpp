@@ -1,0 +1,188 @@
+// Regressions for defects found by an adversarial review of the CPU backend and
+// the validation layer: each test failed before its fix.
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace {
+
+using ks::DType;
+
+DLTensor dl(void* data, DLDataType dt, std::vector<int64_t>& shape, DLDevice dev = {kDLCPU, 0}) {
+  DLTensor t{};
+  t.data = data;
+  t.device = dev;
+  t.ndim = int(shape.size());
+  t.dtype = dt;
+  t.shape = shape.data();
+  return t;
+}
+constexpr DLDataType kF32{kDLFloat, 32, 1}, kF16{kDLFloat, 16, 1}, kBF16{kDLBfloat, 16, 1}, kI32{kDLInt, 32, 1};
+
+// ids with 16 dims: out would need 17 (ids' shape + hidden), past the 16-dim limit.
+// The expected shape used to drop the 17th dim, so an out shaped like ids was
+// accepted and written 4x past its end.
+TEST(HostileRegressions, EmbeddingIdsWithSixteenDimsAreRejected) {
+  std::vector<int64_t> ishape(16, 1), tshape{4, 4};
+  ishape.back() = 4;
+  std::vector<int32_t> ids{0, 1, 2, 3};
+  std::vector<float> table(16, 1.f), out(4 + 64, -7.f);
+  DLTensor ti = dl(ids.data(), kI32, ishape), tt = dl(table.data(), kF32, tshape), to = dl(out.data(), kF32, ishape);
+  EXPECT_EQ(ks_embedding(&to, &ti, &tt, KS_QTYPE_NONE, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(kstest::has_word(ks_last_error(), "ids")) << ks_last_error();
+  for (float v : out) ASSERT_EQ(v, -7.f);
+}
+
+// A NaN score in the fast (AVX-512) attention was clamped to exp(-104) = 0, so the
+// key silently dropped out; the contract's softmax makes the whole row NaN.
+TEST(HostileRegressions, PagedAttentionNaNKeyGivesNaNInEveryVariant) {
+  const int D = 16;
+  std::vector<float> q(D, 0.1f), kc(4 * D, 0.2f), vc(4 * D), out(D);
+  for (int j = 0; j < 4; ++j)
+    for (int d = 0; d < D; ++d) vc[j * D + d] = float(j + 1);
+  kc[1 * D + 3] = NAN;
+  std::vector<int64_t> so{1, 1, D}, sk{1, 4, 1, D}, sb{1, 1}, sc{1};
+  int32_t bt[1] = {0}, cl[1] = {3};
+  DLTensor O = dl(out.data(), kF32, so), Q = dl(q.data(), kF32, so), K = dl(kc.data(), kF32, sk),
+           V = dl(vc.data(), kF32, sk), B = dl(bt, kI32, sb), C = dl(cl, kI32, sc);
+  int ran = 0;
+  for (const auto& v : ks::variants()) {
+    if (std::string(v.op) != "paged_attention" || std::string(v.backend) != "cpu") continue;
+    ASSERT_EQ(ks_force_variant("paged_attention", v.name), KS_SUCCESS);
+    std::fill(out.begin(), out.end(), 0.f);
+    const ks_status_t s = ks_paged_attention(&O, &Q, &K, &V, &B, nullptr, &C, 0.25, KS_BACKEND_CPU, nullptr);
+    if (s == KS_ERROR_BACKEND_UNAVAILABLE) continue;  // e.g. no AVX-512 on this CPU
+    ASSERT_EQ(s, KS_SUCCESS) << v.name << ": " << ks_last_error();
+    for (float o : out) EXPECT_TRUE(std::isnan(o)) << v.name;
+    ++ran;
+  }
+  ks_force_variant("paged_attention", nullptr);
+  EXPECT_GE(ran, 1);
+}
+
+// Out of memory inside an OpenMP team aborted the process (std::bad_alloc escaping
+// the parallel region); the scratch is now allocated before the team starts, so the
+// call returns KS_ERROR_OUT_OF_MEMORY. The address space is capped for the call: a
+// 2^30-element fp16 row (2 GiB, reserved but never touched) needs >= 4 GiB of FP32
+// scratch, which the cap refuses.
+size_t vm_size_bytes() {
+  std::ifstream f("/proc/self/statm");
+  size_t pages = 0;
+  f >> pages;
+  return pages * size_t(sysconf(_SC_PAGESIZE));
+}
+TEST(HostileRegressions, OutOfMemoryInTheCpuKernelsIsReportedNotFatal) {
+  const size_t vm = vm_size_bytes();
+  if (vm == 0) GTEST_SKIP() << "no /proc/self/statm";
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
+  const int64_t H = int64_t(1) << 30;
+  const size_t in_bytes = size_t(H) * 2;
+  const rlimit cap{vm + 2 * in_bytes + (size_t(1) << 30), old.rlim_max};
+  if (old.rlim_max != RLIM_INFINITY && old.rlim_max < cap.rlim_cur) GTEST_SKIP() << "hard address-space limit too low";
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
+  void* x = mmap(nullptr, in_bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+  void* w = mmap(nullptr, in_bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
+  ASSERT_NE(x, MAP_FAILED);
+  ASSERT_NE(w, MAP_FAILED);
+  std::vector<int64_t> xs{1, H}, ws{H};
+  DLTensor tx = dl(x, kF16, xs), tw = dl(w, kF16, ws), to = dl(x, kF16, xs);  // in place: out is x
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &cap), 0);
+  const ks_status_t s_norm = ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr);
+  const std::string e_norm = ks_last_error();
+  const ks_status_t s_soft = ks_softmax(&to, &tx, KS_BACKEND_CPU, nullptr);
+  ASSERT_EQ(setrlimit(RLIMIT_AS, &old), 0);
+  munmap(x, in_bytes);
+  munmap(w, in_bytes);
+  EXPECT_EQ(s_norm, KS_ERROR_OUT_OF_MEMORY) << e_norm;
+  EXPECT_EQ(s_soft, KS_ERROR_OUT_OF_MEMORY);
+}
+
+// The FP32 sum of squares overflows for |x| >~ 1.8e19 (bf16/fp32): r = 0 and the
+// outputs are +-0, as the FP32 torch formula gives (docs/contracts.md).
+TEST(HostileRegressions, RmsNormSquareOverflowFollowsTheFp32Formula) {
+  kstest::Buf x(DType::BF16, {1, 4}), w(DType::BF16, {4}), out(DType::BF16, {1, 4});
+  const double v[4] = {1e20, -1e20, 1e20, -1e20};
+  for (int i = 0; i < 4; ++i) {
+    x.set(i, v[i]);
+    w.set(i, 1.0);
+  }
+  ks::rms_norm(out.view(), x.view(), w.view(), 1e-6, ks::Backend::Cpu);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(out.get(i), 0.0);
+    EXPECT_EQ(std::signbit(out.get(i)), v[i] < 0);
+  }
+}
+
+// Byte counts past 2^63 (or SIZE_MAX in the C++ wrapper) wrapped to small values.
+TEST(HostileRegressions, ByteSizeOverflowIsRejected) {
+  EXPECT_THROW(ks::Tensor(DType::F32, {int64_t(1) << 58, 16}), ks::InvalidArgument);
+  EXPECT_EQ(ks::Tensor(DType::F32, {int64_t(1) << 58, 0}).nbytes(), 0u);
+  float dummy[4] = {};
+  std::vector<int64_t> big{int64_t(1) << 31, int64_t(1) << 31};  // 2^62 fp32 elements = 2^64 bytes
+  std::vector<int64_t> ws{int64_t(1) << 31};
+  DLTensor tx = dl(dummy, kF32, big), tw = dl(dummy, kF32, ws), to = dl(dummy, kF32, big);
+  EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ks_last_error()).find("2^63 bytes"), std::string::npos) << ks_last_error();
+}
+
+// A zero dimension anywhere makes a tensor empty, however large the others are.
+TEST(HostileRegressions, ZeroDimAfterHugeDimsIsAnEmptyTensor) {
+  float dummy[4] = {};
+  std::vector<int64_t> xs{int64_t(1) << 40, int64_t(1) << 40, 0, 4}, ws{4};
+  DLTensor tx = dl(dummy, kF32, xs), tw = dl(dummy, kF32, ws), to = dl(dummy, kF32, xs);
+  EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr), KS_SUCCESS) << ks_last_error();
+}
+
+// kv_cache_append accepted head_dim 0; an empty feature dimension is rejected everywhere.
+TEST(HostileRegressions, KvCacheAppendRejectsEmptyHeadDim) {
+  float dummy[4] = {};
+  int32_t slot[1] = {0};
+  std::vector<int64_t> ks_{1, 1, 0}, cs{2, 4, 1, 0}, ss{1};
+  DLTensor k = dl(dummy, kF32, ks_), v = dl(dummy, kF32, ks_), kc = dl(dummy, kF32, cs), vc = dl(dummy, kF32, cs),
+           sm = dl(slot, kI32, ss);
+  EXPECT_EQ(ks_kv_cache_append(&kc, &vc, &k, &v, &sm, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(kstest::has_word(ks_last_error(), "k")) << ks_last_error();
+}
+
+// Messages: host tensors with different device ids were both printed as "cpu";
+// scalars printed with std::to_string showed -1e-9 as -0.000000.
+TEST(HostileRegressions, MessagesShowTheValuesPassed) {
+  float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, o[4] = {};
+  std::vector<int64_t> xs{1, 4}, ws{4};
+  DLTensor tx = dl(x, kF32, xs), tw = dl(w, kF32, ws), to = dl(o, kF32, xs, DLDevice{kDLCPU, 1});
+  EXPECT_NE(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+  EXPECT_NE(std::string(ks_last_error()).find("cpu:1"), std::string::npos) << ks_last_error();
+  to.device = DLDevice{kDLCPU, 0};
+  EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, -1e-9, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ks_last_error()).find("-1e-09"), std::string::npos) << ks_last_error();
+}
+
+// Out-of-range enum values (qtype 99, backend -1, DLPack device type -3) are
+// rejected with a status, without being loaded as invalid enum values.
+TEST(HostileRegressions, OutOfRangeEnumValuesAreRejected) {
+  float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, o[4] = {};
+  std::vector<int64_t> xs{1, 4}, ws{4};
+  DLTensor tx = dl(x, kF32, xs), tw = dl(w, kF32, ws), to = dl(o, kF32, xs);
+  EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, 1e-6, static_cast<ks_backend_t>(-1), nullptr), KS_ERROR_INVALID_ARGUMENT);
+  int32_t bad_type = -3;
+  std::memcpy(&tx.device.device_type, &bad_type, sizeof bad_type);
+  EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr), KS_ERROR_UNSUPPORTED_DEVICE);
+  EXPECT_NE(std::string(ks_last_error()).find("unknown DLPack device type -3"), std::string::npos) << ks_last_error();
+  uint8_t packed[34] = {};
+  std::vector<int64_t> ps{1, 34}, os{1, 32};
+  float out[32];
+  DLTensor tp = dl(packed, DLDataType{kDLUInt, 8, 1}, ps), tout = dl(out, kF32, os);
+  EXPECT_EQ(ks_dequantize(&tout, &tp, static_cast<ks_qtype_t>(99), KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace
