@@ -16,14 +16,17 @@ def main():
     ap.add_argument("--peers", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default="h200")
-    ap.add_argument("--ours-extra", default="", help="more kernscope rows under another impl name (e.g. KS_PDL=0)")
+    ap.add_argument("--ours-extra", default="", help="comma list of CSVs with kernscope rows under other impl names (KS_PDL=0, experiments)")
     a = ap.parse_args()
     ours = list(csv.DictReader(open(a.ours)))
     peers = list(csv.DictReader(open(a.peers))) if os.path.exists(a.peers) else []
     meta = ours[0]
     copy = float(meta["copy_gbs"])
     cols = ["gpu", "driver", "cuda", "commit", "op", "shape", "dtype", "impl", "config", "us", "gbs", "pct_copy"]
-    extra = list(csv.DictReader(open(a.ours_extra))) if a.ours_extra and os.path.exists(a.ours_extra) else []
+    extra = []  # comma list of CSVs: kernscope rows under other impl names (no-PDL, experiments)
+    for path in filter(None, a.ours_extra.split(",")):
+        if os.path.exists(path):
+            extra += list(csv.DictReader(open(path)))
     merged = []
     for r in ours + extra:
         merged.append({c: r[c] for c in cols})

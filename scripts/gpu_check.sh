@@ -17,7 +17,8 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 # The device copy has no .git: the caller passes KS_COMMIT.
 export KS_COMMIT=${KS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export KS_DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
-LOG="$OUT/logs.txt"   # every stage's log, one file (the device returns at most 8 files)
+LOG="$OUT/logs.txt"   # every stage's log, one file (the device returns at most 8 files:
+                      # logs.txt, bench_ops/nopdl/smem.csv, peers.csv, h200.csv/md/png)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$LOG"
 
 if has build; then
@@ -28,7 +29,7 @@ if has build; then
 fi
 
 if has test; then
-  $BUILD/tests/test_cuda_ops 2>&1 | tee "$OUT/gpu_tests.log" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|config" | head -60
+  $BUILD/tests/test_cuda_ops 2>&1 | tee -a "$LOG" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|config" | head -60
   ctest --test-dir $BUILD -j 8 -E "Cuda\." --output-on-failure >> "$LOG" 2>&1; echo "ctest (CPU suites) rc=$?"
   $BUILD/ks_check all | tee -a "$LOG" | grep -E "INCORRECT|correct=" | head -20
 fi
@@ -45,6 +46,9 @@ if has bench; then
   $BUILD/bench_ops --csv "$OUT/bench_ops.csv" | tee -a "$LOG" | tail -100
   # The same kernels without programmatic dependent launch (bf16), for the no-PDL column.
   KS_PDL=0 $BUILD/bench_ops --csv "$OUT/bench_nopdl.csv" --impl kernscope_nopdl --dtypes ${NOPDL_DTYPES:-bf16} >> "$LOG" 2>&1
+  # Experiment: softmax's cluster path with shared-memory staging allowed (KS_SOFTMAX_SMEM=1).
+  KS_SOFTMAX_SMEM=1 $BUILD/bench_ops --csv "$OUT/bench_smem.csv" --impl kernscope_smem --ops softmax >> "$LOG" 2>&1
+  paste -d, <(cut -d, -f5-7,10 "$OUT/bench_ops.csv" | grep softmax) <(cut -d, -f9,10 "$OUT/bench_smem.csv" | tail -n +2) | tee -a "$LOG"
 fi
 
 if has peers; then
@@ -55,5 +59,5 @@ if has peers; then
 fi
 
 if has report; then
-  python3 bench/report.py --ours "$OUT/bench_ops.csv" --ours-extra "$OUT/bench_nopdl.csv" --peers "$OUT/peers.csv" --out "$OUT" && cat "$OUT/h200.md"
+  python3 bench/report.py --ours "$OUT/bench_ops.csv" --ours-extra "$OUT/bench_nopdl.csv,$OUT/bench_smem.csv" --peers "$OUT/peers.csv" --out "$OUT" && cat "$OUT/h200.md"
 fi

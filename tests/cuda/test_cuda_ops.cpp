@@ -216,6 +216,35 @@ TEST(Cuda, SoftmaxHiddenSizesAndClusterPath) {
   }
 }
 
+// The shared-memory staging variant of the cluster path (KS_SOFTMAX_SMEM=1, an
+// experiment until measured faster) against the CPU reference, including rows whose
+// slices are all -inf, NaN and +inf.
+TEST(Cuda, SoftmaxSharedMemoryStagingVariant) {
+  NEED_GPU();
+  ASSERT_EQ(setenv("KS_SOFTMAX_SMEM", "1", 1), 0);
+  const float inf = INFINITY;
+  for (DType dt : kstest::float_dtypes())
+    for (auto [rows, H] : std::vector<std::pair<int64_t, int64_t>>{{5, 16384}, {64, 32000}, {64, 128256}, {7, 262144}}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " " + std::to_string(rows) + "x" + std::to_string(H));
+      Buf x(dt, {rows, H}), ref(dt, {rows, H}), got(dt, {rows, H});
+      kstest::fill_normal(x, 3.0);
+      for (int64_t i = 0; i < H - H / 8; ++i) x.set(0 * H + i, -inf);  // whole slices -inf
+      x.set(1 * H + 5, NAN);
+      x.set(2 * H + H - 1, inf);
+      DBuf dx(dt, {rows, H}), dout(dt, {rows, H});
+      dx.upload(x);
+      dout.poison();
+      ks::softmax(dout.view(), dx.view(), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      const std::string cfg = ks_last_launch_config("softmax");
+      dout.download(got);
+      ks::softmax(ref.view(), x.view(), ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(got, ref)) << cfg;
+      std::printf("smem staging %s %lldx%lld: %s\n", ks::dtype_name(dt), (long long)rows, (long long)H, cfg.c_str());
+    }
+  unsetenv("KS_SOFTMAX_SMEM");
+}
+
 TEST(Cuda, SoftmaxNonFiniteRows) {
   NEED_GPU();
   const float inf = INFINITY, nan = NAN;

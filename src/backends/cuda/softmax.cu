@@ -166,7 +166,10 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // blockIdx.x / C = row, rank in the cluster = slice of p.slice vectors; thread t
 // holds vectors t, t + T, ..., t + (NV - 1) T of the slice in registers. NV > 8
 // variants run 256 threads (up to 128 registers each, two CTAs per SM), so a few
-// wide rows can be held on chip in a single wave.
+// wide rows can be held on chip in a single wave. NV = 0 stages the slice in
+// dynamic shared memory instead (few registers, so more CTAs fit; an experiment
+// behind KS_SOFTMAX_SMEM=1 until measured), folding each vector into the running
+// statistics as it arrives.
 constexpr int kClusterMaxThreads = 512;
 template <typename T, int VEC, int NV>
 __global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2) softmax_cluster_kernel(const SoftmaxParams p) {
@@ -174,6 +177,8 @@ __global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2) softmax_
   __shared__ MaxSum red[kClusterMaxThreads / 32];
   __shared__ MaxSum part;  // this CTA's statistics, read by the whole cluster
   __shared__ MaxSum glob;  // the row's
+  extern __shared__ __align__(16) unsigned char stage_raw[];  // NV = 0: the slice
+  Vec<T, VEC>* stage = reinterpret_cast<Vec<T, VEC>*>(stage_raw);
   pdl_begin();
   cg::cluster_group cluster = cg::this_cluster();
   const int csize = int(cluster.num_blocks()), rank = int(cluster.block_rank());
@@ -183,22 +188,46 @@ __global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2) softmax_
   const int64_t v0 = rank * p.slice, n = max(int64_t(0), min(hv, v0 + p.slice) - v0);
   const T* x = static_cast<const T*>(p.x) + row * H + v0 * VEC;  // may alias out (in place)
   T* out = static_cast<T*>(p.out) + row * H + v0 * VEC;
-  Vec<T, VEC> xr[NV];
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int64_t idx = threadIdx.x + int64_t(i) * nt;
-    if (idx < n) xr[i] = load_vec<T, VEC>(x + idx * VEC);
-  }
+  Vec<T, VEC> xr[NV > 0 ? NV : 1];
   MaxSum st{-INFINITY, 0.f};
+  if constexpr (NV > 0) {
 #pragma unroll
-  for (int i = 0; i < NV; ++i)
-    if (threadIdx.x + int64_t(i) * nt < n) st.m = fmax_nan(st.m, vec_max_nan(xr[i]));
-  if (fabsf(st.m) < INFINITY) {
+    for (int i = 0; i < NV; ++i) {
+      const int64_t idx = threadIdx.x + int64_t(i) * nt;
+      if (idx < n) xr[i] = load_vec<T, VEC>(x + idx * VEC);
+    }
 #pragma unroll
     for (int i = 0; i < NV; ++i)
-      if (threadIdx.x + int64_t(i) * nt < n)
+      if (threadIdx.x + int64_t(i) * nt < n) st.m = fmax_nan(st.m, vec_max_nan(xr[i]));
+    if (fabsf(st.m) < INFINITY) {
 #pragma unroll
-        for (int j = 0; j < VEC; ++j) st.s += sm_exp<T>(xr[i].f(j) - st.m);
+      for (int i = 0; i < NV; ++i)
+        if (threadIdx.x + int64_t(i) * nt < n)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) st.s += sm_exp<T>(xr[i].f(j) - st.m);
+    }
+  } else {
+    constexpr int U = 4;  // vectors in flight per thread
+    for (int64_t base = threadIdx.x; base < n; base += int64_t(U) * nt) {
+      Vec<T, VEC> v[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (base + int64_t(u) * nt < n) v[u] = load_vec<T, VEC>(x + (base + int64_t(u) * nt) * VEC);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t idx = base + int64_t(u) * nt;
+        if (idx >= n) continue;
+        stage[idx] = v[u];
+        const float vm = vec_max_nan(v[u]);
+        if (!(vm <= st.m)) {  // a new maximum (or NaN): rescale the running sum
+          st.s = fabsf(st.m) < INFINITY && fabsf(vm) < INFINITY ? st.s * expf(st.m - vm) : 0.f;
+          st.m = fmax_nan(st.m, vm);
+        }
+        if (fabsf(st.m) < INFINITY)
+#pragma unroll
+          for (int j = 0; j < VEC; ++j) st.s += sm_exp<T>(v[u].f(j) - st.m);
+      }
+    }
   }
   st = warp_merge(st);
   if (lane == 0) red[warp] = st;
@@ -221,13 +250,23 @@ __global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2) softmax_
   const float gm = glob.m;
   const bool bad = !(fabsf(gm) < INFINITY);  // NaN, +inf maximum, or all -inf
   const float inv = bad ? NAN : 1.0f / glob.s;  // NaN row: every exp(x - gm) * NaN is NaN
+  if constexpr (NV > 0) {
 #pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int64_t idx = threadIdx.x + int64_t(i) * nt;
-    if (idx < n) {
+    for (int i = 0; i < NV; ++i) {
+      const int64_t idx = threadIdx.x + int64_t(i) * nt;
+      if (idx < n) {
+        OutVec<T, VEC> o;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) o.set(j, sm_exp<T>(xr[i].f(j) - gm) * inv);
+        store_vec<T, VEC>(out + idx * VEC, o);
+      }
+    }
+  } else {
+    for (int64_t idx = threadIdx.x; idx < n; idx += nt) {
+      const Vec<T, VEC> v = stage[idx];
       OutVec<T, VEC> o;
 #pragma unroll
-      for (int j = 0; j < VEC; ++j) o.set(j, sm_exp<T>(xr[i].f(j) - gm) * inv);
+      for (int j = 0; j < VEC; ++j) o.set(j, sm_exp<T>(v.f(j) - gm) * inv);
       store_vec<T, VEC>(out + idx * VEC, o);
     }
   }
@@ -259,10 +298,12 @@ void* cluster_kernel(int es, int nv) {
     case 4 * 16 + 8: return cluster_kernel_ptr<float, 4, 8>();
     case 4 * 16 + 12: return cluster_kernel_ptr<float, 4, 12>();
     case 4 * 16 + 16: return cluster_kernel_ptr<float, 4, 16>();
+    case 4 * 16 + 0: return cluster_kernel_ptr<float, 4, 0>();
     default: break;
   }
   // fp16 and bf16 kernels have the same resources; bf16's stands for both
   switch (nv) {
+    case 0: return cluster_kernel_ptr<__nv_bfloat16, 8, 0>();
     case 2: return cluster_kernel_ptr<__nv_bfloat16, 8, 2>();
     case 4: return cluster_kernel_ptr<__nv_bfloat16, 8, 4>();
     case 6: return cluster_kernel_ptr<__nv_bfloat16, 8, 6>();
@@ -274,21 +315,18 @@ void* cluster_kernel(int es, int nv) {
 
 // How many clusters of (C CTAs x threads) fit on the device at once
 // (cudaOccupancyMaxActiveClusters), cached per device / element size / NV / C / threads.
-int max_active_clusters(int device, int es, int nv, int c, int threads) {
-  constexpr int kDev = 16;
-  static std::atomic<int> cache[kDev][2][6][4][2];
-  const int di = device % kDev, ei = es == 4 ? 1 : 0, ni = nv <= 8 ? nv / 2 - 1 : nv == 12 ? 4 : 5;
-  const int ci = c == 2 ? 0 : c == 4 ? 1 : c == 8 ? 2 : 3, ti = threads == 512 ? 1 : 0;
-  std::atomic<int>& slot = cache[di][ei][ni][ci][ti];
-  const int known = slot.load(std::memory_order_relaxed);
-  if (known > 0) return known - 1;
-  void* kern = cluster_kernel(es, nv);
+// NV = 0 (shared-memory staging, `smem` bytes per CTA) is queried every time.
+int query_active_clusters(void* kern, int c, int threads, size_t smem) {
   if (c > 8)
     check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "softmax",
                "allow a non-portable cluster size");
+  if (smem > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "softmax",
+               "raise dynamic shared memory");
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = dim3(c);
   cfg.blockDim = dim3(threads);
+  cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
   attr[0].val.clusterDim.x = c;
@@ -301,6 +339,18 @@ int max_active_clusters(int device, int es, int nv, int c, int threads) {
     (void)cudaGetLastError();  // not launchable this way (e.g. C = 16 unsupported): never chosen
     n = 0;
   }
+  return n;
+}
+int max_active_clusters(int device, int es, int nv, int c, int threads, size_t smem = 0) {
+  if (nv == 0) return query_active_clusters(cluster_kernel(es, 0), c, threads, smem);
+  constexpr int kDev = 16;
+  static std::atomic<int> cache[kDev][2][6][4][2];
+  const int di = device % kDev, ei = es == 4 ? 1 : 0, ni = nv <= 8 ? nv / 2 - 1 : nv == 12 ? 4 : 5;
+  const int ci = c == 2 ? 0 : c == 4 ? 1 : c == 8 ? 2 : 3, ti = threads == 512 ? 1 : 0;
+  std::atomic<int>& slot = cache[di][ei][ni][ci][ti];
+  const int known = slot.load(std::memory_order_relaxed);
+  if (known > 0) return known - 1;
+  const int n = query_active_clusters(cluster_kernel(es, nv), c, threads, 0);
   slot.store(n + 1, std::memory_order_relaxed);
   return n;
 }
@@ -321,6 +371,10 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
       const char* e = std::getenv("KS_SOFTMAX_CLUSTER");
       return e ? std::atoi(e) : 0;
     }();
+    // KS_SOFTMAX_SMEM=1: also consider shared-memory staging (NV = 0). Read per call
+    // (only on this wide-row path) so a test or benchmark can switch it.
+    const char* smem_env = std::getenv("KS_SOFTMAX_SMEM");
+    const bool smem_stage = smem_env && smem_env[0] == '1';
     static const bool debug = [] {  // KS_DEBUG_CONFIG=1: print every cluster candidate to stderr
       const char* e = std::getenv("KS_DEBUG_CONFIG");
       return e && e[0] == '1';
@@ -349,6 +403,23 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
           c.max_clusters = active;
         }
       }
+      // Shared-memory staging: 256 threads, the slice (<= 160 KB) in shared memory.
+      const int64_t slice_bytes = (hv + cl - 1) / cl * 16;
+      if (smem_stage && slice_bytes <= 160 * 1024) {
+        const int active = max_active_clusters(device, es, 0, cl, 256, size_t(slice_bytes));
+        const int64_t waves = active > 0 ? (rows + active - 1) / active : 0;
+        if (debug)
+          std::fprintf(stderr, "kernscope softmax %lldx%lld es=%d: C=%d threads=256 smem=%lld co-resident clusters=%d waves=%lld\n",
+                       (long long)rows, (long long)H, es, cl, (long long)slice_bytes, active, (long long)waves);
+        const double cost = double(waves) * 1e4 + 1;  // NV "0": wins a tie on waves
+        if (active > 0 && (c.cluster == 0 || cost < best)) {
+          best = cost;
+          c.cluster = cl;
+          c.threads = 256;
+          c.nv = 0;
+          c.max_clusters = active;
+        }
+      }
     }
     if (c.cluster > 0) {
       c.slice = (hv + c.cluster - 1) / c.cluster;
@@ -372,7 +443,11 @@ void launch_cluster(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s, b
   if (c.cluster > 8)
     check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "softmax",
                "allow a non-portable cluster size");
-  launch_kernel("softmax", kern, dim3(c.grid), dim3(c.threads), 0, s, c.cluster, pdl, p);
+  const size_t smem = NV == 0 ? size_t(c.slice) * 16 : 0;
+  if (smem > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "softmax",
+               "raise dynamic shared memory");
+  launch_kernel("softmax", kern, dim3(c.grid), dim3(c.threads), smem, s, c.cluster, pdl, p);
 }
 
 template <typename T, int VEC>
@@ -380,6 +455,7 @@ void launch_vec(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s, bool 
   if (c.cluster > 1) {
     if constexpr (VEC > 1) {
       switch (c.nv) {
+        case 0: launch_cluster<T, VEC, 0>(c, p, s, pdl); break;
         case 2: launch_cluster<T, VEC, 2>(c, p, s, pdl); break;
         case 4: launch_cluster<T, VEC, 4>(c, p, s, pdl); break;
         case 6: launch_cluster<T, VEC, 6>(c, p, s, pdl); break;
