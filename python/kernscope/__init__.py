@@ -21,10 +21,10 @@ before or after kernscope, and never imports torch by itself.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections import namedtuple
-from typing import Any, List, Tuple
+import importlib.util as _importlib_util
+import sys as _sys
+from collections import namedtuple as _namedtuple
+import typing as _t
 
 from . import _C
 from ._errors import (
@@ -63,13 +63,13 @@ _C._set_error_classes(_errors.BY_STATUS)
 #: The library's version, from ks_version() ("MAJOR.MINOR.PATCH").
 __version__: str = _C.version()
 
-Variant = namedtuple("Variant", ["op", "backend", "variant", "dtypes", "summary"])
+Variant = _namedtuple("Variant", ["op", "backend", "variant", "dtypes", "summary"])
 Variant.__doc__ = """One implementation of an op: (op, backend, variant name, dtypes tuple, one-line summary)."""
 
 _DEVICES = {"auto": 0, "cpu": 1, "cuda": 2}
 
 
-def _device_code(device: Any) -> int:
+def _device_code(device: _t.Any) -> int:
     name = str(device)  # also torch.device("cuda:0")
     base = name.split(":", 1)[0].lower()
     if base not in _DEVICES:
@@ -77,7 +77,7 @@ def _device_code(device: Any) -> int:
     return _DEVICES[base]
 
 
-def which(op: str, dtype: Any = "bf16", device: Any = "cpu") -> Tuple[str, str]:
+def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu") -> _t.Tuple[str, str]:
     """The variant the registry picks for ``op`` on ``device`` with activations of
     ``dtype``, and why: ``(variant, reason)``.
 
@@ -97,10 +97,10 @@ def which(op: str, dtype: Any = "bf16", device: Any = "cpu") -> Tuple[str, str]:
 
 
 def _torch_importable() -> bool:
-    return "torch" in sys.modules or importlib.util.find_spec("torch") is not None
+    return "torch" in _sys.modules or _importlib_util.find_spec("torch") is not None
 
 
-def available() -> List[Variant]:
+def available() -> _t.List[Variant]:
     """Every implementation kernscope has here: the native registry's variants
     (CPU, and CUDA when built with it), plus the PyTorch reference of each op
     when torch is installed. Rows are :class:`Variant` tuples."""
@@ -125,7 +125,7 @@ def backend_available(backend: str) -> bool:
     return bool(_C.backend_available(_DEVICES[backend]))
 
 
-def force_variant(op: Any = None, variant: Any = None) -> None:
+def force_variant(op: _t.Any = None, variant: _t.Any = None) -> None:
     """Pin ``op`` to the named variant for calls on this thread (``variant=None``:
     back to automatic selection; ``op=None``: clear every pin). A pinned variant
     that cannot run a call fails it with BackendUnavailableError. For tests and
@@ -157,13 +157,13 @@ class _TorchImportHook:
     """A meta-path finder that registers kernscope's torch ops right after
     ``import torch`` finishes. It imports nothing: it asks the other finders for
     torch's spec and wraps that spec's loader; a find_spec that only probes
-    (importlib.util.find_spec) leaves no trace. It removes itself once done."""
+    (_importlib_util.find_spec) leaves no trace. It removes itself once done."""
 
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+    def find_spec(self, name: str, path: _t.Any = None, target: _t.Any = None) -> _t.Any:
         if name != "torch":
             return None
         spec = None
-        for finder in list(sys.meta_path):
+        for finder in list(_sys.meta_path):
             if finder is self:
                 continue
             find = getattr(finder, "find_spec", None)
@@ -178,10 +178,10 @@ class _TorchImportHook:
             return spec
         hook = self
 
-        def exec_module(module: Any) -> None:
+        def exec_module(module: _t.Any) -> None:
             inner(module)
             try:
-                sys.meta_path.remove(hook)
+                _sys.meta_path.remove(hook)
             except ValueError:
                 pass
             _install_torch()
@@ -193,10 +193,10 @@ class _TorchImportHook:
         return spec
 
 
-if "torch" in sys.modules:
+if "torch" in _sys.modules:
     _install_torch()
-elif not any(isinstance(f, _TorchImportHook) for f in sys.meta_path):
-    sys.meta_path.insert(0, _TorchImportHook())
+elif not any(isinstance(f, _TorchImportHook) for f in _sys.meta_path):
+    _sys.meta_path.insert(0, _TorchImportHook())
 
 __all__ = [
     "__version__",
@@ -231,3 +231,5 @@ __all__ = [
     "OutOfMemoryError",
     "InternalError",
 ]
+
+del annotations  # the __future__ feature object: not part of the package's namespace
