@@ -11,6 +11,7 @@
 // else 1 (scalar path: offset views, odd widths). Indexing is int64.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
@@ -162,7 +163,15 @@ NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int sm_count) {
   c.warps_per_row = g.warps_per_row;
   c.rows_per_cta = g.rows_per_cta;
   c.grid = g.grid;
-  c.preload_w = (rows + g.rows_per_cta - 1) / g.rows_per_cta <= 2 * int64_t(sm_count);  // decode-sized calls
+  // KS_NORM_PRELOAD=N (experiment, default 2): preload the weights while the grid is at
+  // most N CTAs per SM. Later loads cost a second (L2) round trip after the reduction,
+  // which mid sizes such as 512 x 4096 may feel more than the extra registers.
+  static const int64_t preload_ctas_per_sm = [] {
+    const char* e = std::getenv("KS_NORM_PRELOAD");
+    const long v = e ? std::atol(e) : 0;
+    return int64_t(v > 0 ? v : 2);
+  }();
+  c.preload_w = (rows + g.rows_per_cta - 1) / g.rows_per_cta <= preload_ctas_per_sm * int64_t(sm_count);
   return c;
 }
 
