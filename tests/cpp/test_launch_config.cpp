@@ -8,6 +8,8 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "backends/cuda/launch_rules.hpp"
 
@@ -61,3 +63,64 @@ TEST(CudaLaunchRule, ReproducesTheMeasuredRowGroupConfigurations) {
 }
 
 }  // namespace
+
+// ---- softmax's cluster choice, with fake occupancy tables --------------------------------
+namespace {
+struct FakeOccupancy {
+  std::map<std::tuple<int, int, int>, int> table;  // (nv, C, threads) -> co-resident clusters
+  int smem_active = 0;                             // for NV = 0 (shared-memory staging)
+  int operator()(int nv, int c, int th, int64_t smem) const {
+    if (nv == 0) return smem > 0 ? smem_active : 0;
+    auto it = table.find({nv, c, th});
+    return it == table.end() ? 0 : it->second;
+  }
+};
+auto no_report = [](int, int, int, int64_t, int, int64_t) {};
+}  // namespace
+
+// 64 x 128256 bf16 (16032 vectors per row) with the H200's reported counts: two waves
+// at best, and among those the smallest NV wins (what the H200 run chose).
+TEST(SoftmaxClusterChoice, FewestWavesThenSmallestNvThenSmallestC) {
+  FakeOccupancy occ;
+  occ.table = {{{4, 16, 256}, 35}, {{8, 8, 256}, 62}, {{16, 4, 256}, 60}, {{2, 16, 512}, 16}, {{4, 8, 512}, 30}};
+  auto k = ks::cuda::choose_cluster(64, 16032, 0, false, occ, no_report);
+  EXPECT_EQ(k.cluster, 16);
+  EXPECT_EQ(k.threads, 256);
+  EXPECT_EQ(k.nv, 4);
+  EXPECT_EQ(k.active, 35);
+  EXPECT_EQ(k.slice, 1002);
+  // one wave becomes possible: it wins although its NV is the largest
+  occ.table[{16, 4, 256}] = 66;
+  k = ks::cuda::choose_cluster(64, 16032, 0, false, occ, no_report);
+  EXPECT_EQ(k.cluster, 4);
+  EXPECT_EQ(k.nv, 16);
+  // shared-memory staging is considered only when enabled, and wins a tie on waves
+  occ.smem_active = 99;
+  EXPECT_NE(ks::cuda::choose_cluster(64, 16032, 0, false, occ, no_report).nv, 0);
+  k = ks::cuda::choose_cluster(64, 16032, 0, true, occ, no_report);
+  EXPECT_EQ(k.nv, 0);
+  EXPECT_EQ(k.cluster, 2) << "smallest C among the one-wave staging candidates (slices <= 160 KB)";
+}
+
+TEST(SoftmaxClusterChoice, CandidatesRespectTheLimits) {
+  std::vector<std::tuple<int, int, int, int64_t>> seen;
+  auto all = [](int, int, int, int64_t) { return 1000; };
+  auto record = [&](int c, int th, int nv, int64_t smem, int, int64_t) { seen.emplace_back(c, th, nv, smem); };
+  ks::cuda::choose_cluster(64, 32768, 0, true, all, record);
+  ASSERT_FALSE(seen.empty());
+  for (auto [c, th, nv, smem] : seen) {
+    if (nv > 8) EXPECT_EQ(th, 256) << "NV > 8 only with 256 threads";
+    if (nv > 0) EXPECT_GE(int64_t(c) * th * nv, 32768) << "the candidate must hold the row";
+    if (nv == 0) EXPECT_LE(smem, 160 * 1024);
+    EXPECT_TRUE(c == 2 || c == 4 || c == 8 || c == 16);
+  }
+  // a pinned C keeps only that C
+  seen.clear();
+  ks::cuda::choose_cluster(64, 32768, 8, false, all, record);
+  for (auto [c, th, nv, smem] : seen) EXPECT_EQ(c, 8);
+  // nothing launchable: no choice (the caller falls back to row groups)
+  auto none = [](int, int, int, int64_t) { return 0; };
+  EXPECT_EQ(ks::cuda::choose_cluster(64, 32768, 0, true, none, no_report).cluster, 0);
+  // a row too wide for any register candidate and for staging
+  EXPECT_EQ(ks::cuda::choose_cluster(4, int64_t(1) << 20, 0, true, all, no_report).cluster, 0);
+}

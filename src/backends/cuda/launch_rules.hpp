@@ -34,4 +34,50 @@ inline RowGroupConfig row_group_config(int64_t rows, int64_t hv, bool scalar, in
   return c;
 }
 
+// Softmax's cluster path: C CTAs split a row; each thread holds NV 16-byte vectors in
+// registers (NV > 8 only with 256 threads), or NV = 0: the CTA's slice is staged in
+// shared memory (256 threads). Among every candidate whose co-resident cluster count
+// `active(nv, c, threads, smem_bytes)` is > 0, take the fewest waves (each wave pays
+// the whole load -> cluster exchange -> store chain); ties: the smallest NV (0 first),
+// then the smallest C. forced_c != 0 keeps only that C; smem_stage adds the NV = 0
+// candidates (slices up to 160 KB). report(...) sees every candidate (debug output).
+constexpr int kClusterNvs[] = {2, 4, 6, 8, 12, 16};
+constexpr int kClusterSizes[] = {2, 4, 8, 16};
+constexpr int kClusterThreadCounts[] = {256, 512};
+struct ClusterChoice {
+  int cluster = 0, threads = 0, nv = 0, active = 0;  // cluster 0: none launchable
+  int64_t slice = 0;                                 // vectors per CTA
+};
+template <class Active, class Report>
+ClusterChoice choose_cluster(int64_t rows, int64_t hv, int forced_c, bool smem_stage, Active&& active,
+                             Report&& report) {
+  ClusterChoice best;
+  double best_cost = 0;
+  auto consider = [&](int c, int threads, int nv, int64_t smem_bytes) {
+    const int n = active(nv, c, threads, smem_bytes);
+    const int64_t waves = n > 0 ? (rows + n - 1) / n : 0;
+    report(c, threads, nv, smem_bytes, n, waves);
+    if (n <= 0) return;
+    const double cost = double(waves) * 1e4 + nv * 100 + c;  // lexicographic (waves, NV, C)
+    if (best.cluster == 0 || cost < best_cost) {
+      best_cost = cost;
+      best = ClusterChoice{c, threads, nv, n, 0};
+    }
+  };
+  for (int c : kClusterSizes) {
+    if (forced_c && c != forced_c) continue;
+    for (int th : kClusterThreadCounts) {
+      const int64_t per_thread = (hv + int64_t(c) * th - 1) / (int64_t(c) * th);
+      int nv = 0;
+      for (int v : kClusterNvs)
+        if (!nv && per_thread <= v && (v <= 8 || th == 256)) nv = v;
+      if (nv) consider(c, th, nv, 0);
+    }
+    const int64_t slice_bytes = (hv + c - 1) / c * 16;
+    if (smem_stage && slice_bytes <= 160 * 1024) consider(c, 256, 0, slice_bytes);
+  }
+  if (best.cluster) best.slice = (hv + best.cluster - 1) / best.cluster;
+  return best;
+}
+
 }  // namespace ks::cuda

@@ -282,9 +282,6 @@ struct SmConfig {
   int max_clusters;  // co-resident clusters (cluster path), from the occupancy API
 };
 
-constexpr int kClusterNvs[] = {2, 4, 6, 8, 12, 16};  // NV > 8: 256 threads only
-constexpr int kClusterSizes[] = {2, 4, 8, 16};
-constexpr int kClusterThreads[] = {256, 512};
 
 template <typename T, int VEC, int NV>
 void* cluster_kernel_ptr() {
@@ -379,48 +376,20 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
       const char* e = std::getenv("KS_DEBUG_CONFIG");
       return e && e[0] == '1';
     }();
-    double best = 0;
-    for (int cl : kClusterSizes) {
-      if (forced && cl != forced) continue;
-      for (int th : kClusterThreads) {
-        const int64_t per_thread = (hv + int64_t(cl) * th - 1) / (int64_t(cl) * th);
-        int nv = 0;
-        for (int v : kClusterNvs)
-          if (!nv && per_thread <= v && (v <= 8 || th == 256)) nv = v;
-        if (!nv) continue;
-        const int active = max_active_clusters(device, es, nv, cl, th);
-        const int64_t waves = active > 0 ? (rows + active - 1) / active : 0;
-        if (debug)
-          std::fprintf(stderr, "kernscope softmax %lldx%lld es=%d: C=%d threads=%d NV=%d co-resident clusters=%d waves=%lld\n",
-                       (long long)rows, (long long)H, es, cl, th, nv, active, (long long)waves);
-        if (active <= 0) continue;
-        const double cost = double(waves) * 1e4 + nv * 100 + cl;  // lexicographic (waves, NV, C)
-        if (c.cluster == 0 || cost < best) {
-          best = cost;
-          c.cluster = cl;
-          c.threads = th;
-          c.nv = nv;
-          c.max_clusters = active;
-        }
-      }
-      // Shared-memory staging: 256 threads, the slice (<= 160 KB) in shared memory.
-      const int64_t slice_bytes = (hv + cl - 1) / cl * 16;
-      if (smem_stage && slice_bytes <= 160 * 1024) {
-        const int active = max_active_clusters(device, es, 0, cl, 256, size_t(slice_bytes));
-        const int64_t waves = active > 0 ? (rows + active - 1) / active : 0;
-        if (debug)
-          std::fprintf(stderr, "kernscope softmax %lldx%lld es=%d: C=%d threads=256 smem=%lld co-resident clusters=%d waves=%lld\n",
-                       (long long)rows, (long long)H, es, cl, (long long)slice_bytes, active, (long long)waves);
-        const double cost = double(waves) * 1e4 + 1;  // NV "0": wins a tie on waves
-        if (active > 0 && (c.cluster == 0 || cost < best)) {
-          best = cost;
-          c.cluster = cl;
-          c.threads = 256;
-          c.nv = 0;
-          c.max_clusters = active;
-        }
-      }
-    }
+    const ClusterChoice k = choose_cluster(
+        rows, hv, forced, smem_stage,
+        [&](int nv, int cl, int th, int64_t smem) { return max_active_clusters(device, es, nv, cl, th, size_t(smem)); },
+        [&](int cl, int th, int nv, int64_t smem, int n, int64_t waves) {
+          if (debug)
+            std::fprintf(stderr,
+                         "kernscope softmax %lldx%lld es=%d: C=%d threads=%d NV=%d smem=%lld co-resident clusters=%d "
+                         "waves=%lld\n",
+                         (long long)rows, (long long)H, es, cl, th, nv, (long long)smem, n, (long long)waves);
+        });
+    c.cluster = k.cluster;
+    c.threads = k.threads;
+    c.nv = k.nv;
+    c.max_clusters = k.active;
     if (c.cluster > 0) {
       c.slice = (hv + c.cluster - 1) / c.cluster;
       c.grid = int(rows * c.cluster);
