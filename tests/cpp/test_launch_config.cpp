@@ -83,30 +83,49 @@ auto no_report = [](int, int, int, int64_t, int, int64_t) {};
 TEST(SoftmaxClusterChoice, FewestWavesThenSmallestNvThenSmallestC) {
   FakeOccupancy occ;
   occ.table = {{{4, 16, 256}, 35}, {{8, 8, 256}, 62}, {{16, 4, 256}, 60}, {{2, 16, 512}, 16}, {{4, 8, 512}, 30}};
-  auto k = ks::cuda::choose_cluster(64, 16032, 0, false, occ, no_report);
+  auto k = ks::cuda::choose_cluster(64, 16032, 0, 0, occ, no_report);
   EXPECT_EQ(k.cluster, 16);
   EXPECT_EQ(k.threads, 256);
   EXPECT_EQ(k.nv, 4);
   EXPECT_EQ(k.active, 35);
+  EXPECT_EQ(k.waves, 2);
   EXPECT_EQ(k.slice, 1002);
   // one wave becomes possible: it wins although its NV is the largest
   occ.table[{16, 4, 256}] = 66;
-  k = ks::cuda::choose_cluster(64, 16032, 0, false, occ, no_report);
+  k = ks::cuda::choose_cluster(64, 16032, 0, 0, occ, no_report);
   EXPECT_EQ(k.cluster, 4);
   EXPECT_EQ(k.nv, 16);
-  // shared-memory staging is considered only when enabled, and wins a tie on waves
-  occ.smem_active = 99;
-  EXPECT_NE(ks::cuda::choose_cluster(64, 16032, 0, false, occ, no_report).nv, 0);
-  k = ks::cuda::choose_cluster(64, 16032, 0, true, occ, no_report);
-  EXPECT_EQ(k.nv, 0);
-  EXPECT_EQ(k.cluster, 2) << "smallest C among the one-wave staging candidates (slices <= 160 KB)";
+}
+
+// Shared-memory staging (C = 8): mode 0 never, 2 always, 1 (auto) only when the
+// register choice needs >= 4 waves (the measured crossover).
+TEST(SoftmaxClusterChoice, SharedMemoryStagingRule) {
+  FakeOccupancy occ;
+  occ.table = {{{4, 16, 256}, 35}, {{8, 8, 256}, 62}, {{6, 8, 512}, 30}};  // the last: 256 x 151936's
+  occ.smem_active = 77;
+  EXPECT_EQ(ks::cuda::choose_cluster(64, 16032, 0, 1, occ, no_report).nv, 4) << "2 register waves: keep registers";
+  auto k = ks::cuda::choose_cluster(256, 18992, 0, 1, occ, no_report);  // 256 x 151936 bf16
+  EXPECT_EQ(k.nv, 0) << "many register waves: stage";
+  EXPECT_EQ(k.cluster, 8);
+  EXPECT_EQ(k.threads, 256);
+  EXPECT_EQ(k.slice, 2374);
+  k = ks::cuda::choose_cluster(256, 18992, 0, 0, occ, no_report);
+  EXPECT_EQ(k.nv, 6) << "mode 0: never";
+  EXPECT_EQ(k.waves, 9);
+  EXPECT_EQ(ks::cuda::choose_cluster(64, 16032, 0, 2, occ, no_report).nv, 0) << "mode 2: always";
+  EXPECT_EQ(ks::cuda::choose_cluster(64, 16032, 4, 2, occ, no_report).cluster, 4) << "a pinned C applies to staging";
+  // slices over 160 KB are never staged: 8 CTAs x 160 KB < a 2^18-vector row
+  std::vector<int> staged;
+  ks::cuda::choose_cluster(4, int64_t(1) << 18, 0, 2, [](int, int, int, int64_t) { return 1000; },
+                           [&](int, int, int nv, int64_t, int, int64_t) { staged.push_back(nv); });
+  for (int nv : staged) EXPECT_NE(nv, 0);
 }
 
 TEST(SoftmaxClusterChoice, CandidatesRespectTheLimits) {
   std::vector<std::tuple<int, int, int, int64_t>> seen;
   auto all = [](int, int, int, int64_t) { return 1000; };
   auto record = [&](int c, int th, int nv, int64_t smem, int, int64_t) { seen.emplace_back(c, th, nv, smem); };
-  ks::cuda::choose_cluster(64, 32768, 0, true, all, record);
+  ks::cuda::choose_cluster(64, 32768, 0, 2, all, record);
   ASSERT_FALSE(seen.empty());
   for (auto [c, th, nv, smem] : seen) {
     if (nv > 8) EXPECT_EQ(th, 256) << "NV > 8 only with 256 threads";
@@ -116,11 +135,11 @@ TEST(SoftmaxClusterChoice, CandidatesRespectTheLimits) {
   }
   // a pinned C keeps only that C
   seen.clear();
-  ks::cuda::choose_cluster(64, 32768, 8, false, all, record);
+  ks::cuda::choose_cluster(64, 32768, 8, 2, all, record);
   for (auto [c, th, nv, smem] : seen) EXPECT_EQ(c, 8);
   // nothing launchable: no choice (the caller falls back to row groups)
   auto none = [](int, int, int, int64_t) { return 0; };
-  EXPECT_EQ(ks::cuda::choose_cluster(64, 32768, 0, true, none, no_report).cluster, 0);
+  EXPECT_EQ(ks::cuda::choose_cluster(64, 32768, 0, 2, none, no_report).cluster, 0);
   // a row too wide for any register candidate and for staging
-  EXPECT_EQ(ks::cuda::choose_cluster(4, int64_t(1) << 20, 0, true, all, no_report).cluster, 0);
+  EXPECT_EQ(ks::cuda::choose_cluster(4, int64_t(1) << 20, 0, 2, all, no_report).cluster, 0);
 }

@@ -35,35 +35,31 @@ inline RowGroupConfig row_group_config(int64_t rows, int64_t hv, bool scalar, in
 }
 
 // Softmax's cluster path: C CTAs split a row; each thread holds NV 16-byte vectors in
-// registers (NV > 8 only with 256 threads), or NV = 0: the CTA's slice is staged in
-// shared memory (256 threads). Among every candidate whose co-resident cluster count
-// `active(nv, c, threads, smem_bytes)` is > 0, take the fewest waves (each wave pays
-// the whole load -> cluster exchange -> store chain); ties: the smallest NV (0 first),
-// then the smallest C. forced_c != 0 keeps only that C; smem_stage adds the NV = 0
-// candidates (slices up to 160 KB). report(...) sees every candidate (debug output).
+// registers (NV > 8 only with 256 threads), or NV = 0: each CTA stages its slice in
+// shared memory (256 threads, slices up to 160 KB).
+// Register candidates: among every one whose co-resident cluster count
+// `active(nv, c, threads, smem_bytes)` is > 0, the fewest waves (each wave pays the
+// whole load -> cluster exchange -> store chain); ties: the smallest NV, then the
+// smallest C. Staging (C = 8, or the pinned C) replaces that choice when smem_mode is
+// 2 (always), or 1 (auto) and the register choice needs >= 4 waves. Measured on the H200
+// (commit b2f1832, us, register choice -> staging C = 8): bf16 64x32000 (1 wave) 7.1 ->
+// 7.4, 64x128256 (2 waves) 16.0 -> 15.4, 256x151936 (9 waves) 66.9 -> 55.0; fp32
+// 64x128256 (3 waves) 25.7 -> 28.8, 256x151936 (19 waves) 127.0 -> 104.3.
+// forced_c != 0 keeps only that C. report(...) sees every candidate (debug output).
 constexpr int kClusterNvs[] = {2, 4, 6, 8, 12, 16};
 constexpr int kClusterSizes[] = {2, 4, 8, 16};
 constexpr int kClusterThreadCounts[] = {256, 512};
+constexpr int kStagingCluster = 8, kStagingThreads = 256, kStagingMinWaves = 4;
 struct ClusterChoice {
   int cluster = 0, threads = 0, nv = 0, active = 0;  // cluster 0: none launchable
-  int64_t slice = 0;                                 // vectors per CTA
+  int64_t waves = 0;
+  int64_t slice = 0;  // vectors per CTA
 };
 template <class Active, class Report>
-ClusterChoice choose_cluster(int64_t rows, int64_t hv, int forced_c, bool smem_stage, Active&& active,
+ClusterChoice choose_cluster(int64_t rows, int64_t hv, int forced_c, int smem_mode, Active&& active,
                              Report&& report) {
   ClusterChoice best;
   double best_cost = 0;
-  auto consider = [&](int c, int threads, int nv, int64_t smem_bytes) {
-    const int n = active(nv, c, threads, smem_bytes);
-    const int64_t waves = n > 0 ? (rows + n - 1) / n : 0;
-    report(c, threads, nv, smem_bytes, n, waves);
-    if (n <= 0) return;
-    const double cost = double(waves) * 1e4 + nv * 100 + c;  // lexicographic (waves, NV, C)
-    if (best.cluster == 0 || cost < best_cost) {
-      best_cost = cost;
-      best = ClusterChoice{c, threads, nv, n, 0};
-    }
-  };
   for (int c : kClusterSizes) {
     if (forced_c && c != forced_c) continue;
     for (int th : kClusterThreadCounts) {
@@ -71,10 +67,26 @@ ClusterChoice choose_cluster(int64_t rows, int64_t hv, int forced_c, bool smem_s
       int nv = 0;
       for (int v : kClusterNvs)
         if (!nv && per_thread <= v && (v <= 8 || th == 256)) nv = v;
-      if (nv) consider(c, th, nv, 0);
+      if (!nv) continue;
+      const int n = active(nv, c, th, int64_t(0));
+      const int64_t waves = n > 0 ? (rows + n - 1) / n : 0;
+      report(c, th, nv, int64_t(0), n, waves);
+      if (n <= 0) continue;
+      const double cost = double(waves) * 1e4 + nv * 100 + c;  // lexicographic (waves, NV, C)
+      if (best.cluster == 0 || cost < best_cost) {
+        best_cost = cost;
+        best = ClusterChoice{c, th, nv, n, waves, 0};
+      }
     }
-    const int64_t slice_bytes = (hv + c - 1) / c * 16;
-    if (smem_stage && slice_bytes <= 160 * 1024) consider(c, 256, 0, slice_bytes);
+  }
+  const int cs = forced_c ? forced_c : kStagingCluster;
+  const int64_t slice_bytes = (hv + cs - 1) / cs * 16;
+  if (smem_mode > 0 && slice_bytes <= 160 * 1024) {
+    const int n = active(0, cs, kStagingThreads, slice_bytes);
+    const int64_t waves = n > 0 ? (rows + n - 1) / n : 0;
+    report(cs, kStagingThreads, 0, slice_bytes, n, waves);
+    if (n > 0 && (smem_mode == 2 || best.cluster == 0 || best.waves >= kStagingMinWaves))
+      best = ClusterChoice{cs, kStagingThreads, 0, n, waves, 0};
   }
   if (best.cluster) best.slice = (hv + best.cluster - 1) / best.cluster;
   return best;

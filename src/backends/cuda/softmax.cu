@@ -368,16 +368,17 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
       const char* e = std::getenv("KS_SOFTMAX_CLUSTER");
       return e ? std::atoi(e) : 0;
     }();
-    // KS_SOFTMAX_SMEM=1: also consider shared-memory staging (NV = 0). Read per call
-    // (only on this wide-row path) so a test or benchmark can switch it.
+    // KS_SOFTMAX_SMEM=0: never stage in shared memory; 1: always (where it fits); unset:
+    // the measured rule in choose_cluster. Read per call (only on this wide-row path) so
+    // a test or benchmark can switch it.
     const char* smem_env = std::getenv("KS_SOFTMAX_SMEM");
-    const bool smem_stage = smem_env && smem_env[0] == '1';
+    const int smem_mode = !smem_env ? 1 : smem_env[0] == '0' ? 0 : smem_env[0] == '1' ? 2 : 1;
     static const bool debug = [] {  // KS_DEBUG_CONFIG=1: print every cluster candidate to stderr
       const char* e = std::getenv("KS_DEBUG_CONFIG");
       return e && e[0] == '1';
     }();
     const ClusterChoice k = choose_cluster(
-        rows, hv, forced, smem_stage,
+        rows, hv, forced, smem_mode,
         [&](int nv, int cl, int th, int64_t smem) { return max_active_clusters(device, es, nv, cl, th, size_t(smem)); },
         [&](int cl, int th, int nv, int64_t smem, int n, int64_t waves) {
           if (debug)
