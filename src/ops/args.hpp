@@ -77,6 +77,9 @@ struct PagedAttentionArgs {
   float scale;
   int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs,
       max_blocks_per_seq;
+  // Largest context_lens entry, found while validating host tensors (device tensors:
+  // the bound max_blocks_per_seq * block_size). Sizes the CPU kernels' scratch.
+  int64_t max_context_len = 0;
 };
 
 struct ArgmaxArgs {

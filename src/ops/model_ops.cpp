@@ -10,6 +10,7 @@
 // kv_cache_append:  bit-exact copies; slot -1 skipped.
 // paged_attention:  s_j = scale * sum_d fp32(q_d) * fp32(k_jd) (FP32); p = softmax(s) in FP32;
 //                   out = round(sum_j p_j * fp32(v_j)). context_len 0 gives zeros.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -242,7 +243,9 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
       require_no_overlap(op, "out", a.out, n, *t);
     if (a.has_seq_ids) require_no_overlap(op, "out", a.out, "seq_ids", a.seq_ids);
     const ks_backend_t be = resolve_backend(op, backend, a.q);
+    a.max_context_len = a.max_blocks_per_seq * a.block_size;
     if (on_host(a.context_lens)) {
+      a.max_context_len = 0;
       auto cl = [&](int64_t i) { return load_index(a.context_lens.data, DType::I32, i); };
       auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
       const int64_t cap = a.max_blocks_per_seq * a.block_size;
@@ -255,6 +258,7 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
           fail(KS_ERROR_INVALID_ARGUMENT, op, "context_lens[" + std::to_string(t) + "] = " + std::to_string(cl(t)) +
                                                   " is outside [0, max_blocks_per_seq * block_size = " +
                                                   std::to_string(cap) + "]");
+        a.max_context_len = std::max(a.max_context_len, cl(t));
         const int64_t nb = (cl(t) + a.block_size - 1) / a.block_size;
         for (int64_t b = 0; b < nb; ++b) {
           const int64_t blk = bt(s * a.max_blocks_per_seq + b);

@@ -324,10 +324,7 @@ std::string attn_can_implement(const void* p) {
 void attn_avx512(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const PagedAttentionArgs*>(p);
   const int64_t tasks = a.num_tokens * a.num_kv_heads;
-  int64_t max_len = 0;
-  for (int64_t t = 0; t < a.num_tokens; ++t)
-    max_len = std::max(max_len, ks::detail::load_index(a.context_lens.data, DType::I32, t));
-  const Scratch scratch(true, size_t(a.num_heads / a.num_kv_heads * ((max_len + 15) / 16 * 16)));
+  const Scratch scratch(true, size_t(a.num_heads / a.num_kv_heads * ((a.max_context_len + 15) / 16 * 16)));
 #pragma omp parallel if (tasks > 1)
   {
     float* sc = scratch.get();

@@ -312,8 +312,7 @@ void paged_attention_ref(const void* p, ks_stream_t) {
   const DType dt = a.q.dtype;
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, group = a.num_heads / a.num_kv_heads;
   auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
-  int64_t max_len = 0;
-  for (int64_t t = 0; t < a.num_tokens; ++t) max_len = std::max(max_len, load_index(a.context_lens.data, DType::I32, t));
+  const int64_t max_len = a.max_context_len;
   const bool par = a.num_tokens * a.num_heads * D > kParallelWork;
   const Scratch scratch(par, size_t(max_len + 2 * D));
   team(par, [&] {
