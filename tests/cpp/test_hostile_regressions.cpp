@@ -11,22 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "call_checks.hpp"
 
 namespace {
 
 using ks::DType;
-
-DLTensor dl(void* data, DLDataType dt, std::vector<int64_t>& shape, DLDevice dev = {kDLCPU, 0}) {
-  DLTensor t{};
-  t.data = data;
-  t.device = dev;
-  t.ndim = int(shape.size());
-  t.dtype = dt;
-  t.shape = shape.data();
-  return t;
-}
-constexpr DLDataType kF32{kDLFloat, 32, 1}, kF16{kDLFloat, 16, 1}, kBF16{kDLBfloat, 16, 1}, kI32{kDLInt, 32, 1};
+using kstest::checks::make_dl;
 
 // ids with 16 dims: out would need 17 (ids' shape + hidden), past the 16-dim limit.
 // The expected shape used to drop the 17th dim, so an out shaped like ids was
@@ -36,7 +26,7 @@ TEST(HostileRegressions, EmbeddingIdsWithSixteenDimsAreRejected) {
   ishape.back() = 4;
   std::vector<int32_t> ids{0, 1, 2, 3};
   std::vector<float> table(16, 1.f), out(4 + 64, -7.f);
-  DLTensor ti = dl(ids.data(), kI32, ishape), tt = dl(table.data(), kF32, tshape), to = dl(out.data(), kF32, ishape);
+  DLTensor ti = make_dl(ids.data(), DType::I32, ishape), tt = make_dl(table.data(), DType::F32, tshape), to = make_dl(out.data(), DType::F32, ishape);
   EXPECT_EQ(ks_embedding(&to, &ti, &tt, KS_QTYPE_NONE, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(kstest::has_word(ks_last_error(), "ids")) << ks_last_error();
   for (float v : out) ASSERT_EQ(v, -7.f);
@@ -52,8 +42,8 @@ TEST(HostileRegressions, PagedAttentionNaNKeyGivesNaNInEveryVariant) {
   kc[1 * D + 3] = NAN;
   std::vector<int64_t> so{1, 1, D}, sk{1, 4, 1, D}, sb{1, 1}, sc{1};
   int32_t bt[1] = {0}, cl[1] = {3};
-  DLTensor O = dl(out.data(), kF32, so), Q = dl(q.data(), kF32, so), K = dl(kc.data(), kF32, sk),
-           V = dl(vc.data(), kF32, sk), B = dl(bt, kI32, sb), C = dl(cl, kI32, sc);
+  DLTensor O = make_dl(out.data(), DType::F32, so), Q = make_dl(q.data(), DType::F32, so), K = make_dl(kc.data(), DType::F32, sk),
+           V = make_dl(vc.data(), DType::F32, sk), B = make_dl(bt, DType::I32, sb), C = make_dl(cl, DType::I32, sc);
   int ran = 0;
   for (const auto& v : ks::variants()) {
     if (std::string(v.op) != "paged_attention" || std::string(v.backend) != "cpu") continue;
@@ -95,7 +85,7 @@ TEST(HostileRegressions, OutOfMemoryInTheCpuKernelsIsReportedNotFatal) {
   ASSERT_NE(x, MAP_FAILED);
   ASSERT_NE(w, MAP_FAILED);
   std::vector<int64_t> xs{1, H}, ws{H};
-  DLTensor tx = dl(x, kF16, xs), tw = dl(w, kF16, ws), to = dl(x, kF16, xs);  // in place: out is x
+  DLTensor tx = make_dl(x, DType::F16, xs), tw = make_dl(w, DType::F16, ws), to = make_dl(x, DType::F16, xs);  // in place: out is x
   ASSERT_EQ(setrlimit(RLIMIT_AS, &cap), 0);
   const ks_status_t s_norm = ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr);
   const std::string e_norm = ks_last_error();
@@ -130,7 +120,7 @@ TEST(HostileRegressions, ByteSizeOverflowIsRejected) {
   float dummy[4] = {};
   std::vector<int64_t> big{int64_t(1) << 31, int64_t(1) << 31};  // 2^62 fp32 elements = 2^64 bytes
   std::vector<int64_t> ws{int64_t(1) << 31};
-  DLTensor tx = dl(dummy, kF32, big), tw = dl(dummy, kF32, ws), to = dl(dummy, kF32, big);
+  DLTensor tx = make_dl(dummy, DType::F32, big), tw = make_dl(dummy, DType::F32, ws), to = make_dl(dummy, DType::F32, big);
   EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ks_last_error()).find("2^63 bytes"), std::string::npos) << ks_last_error();
 }
@@ -139,7 +129,7 @@ TEST(HostileRegressions, ByteSizeOverflowIsRejected) {
 TEST(HostileRegressions, ZeroDimAfterHugeDimsIsAnEmptyTensor) {
   float dummy[4] = {};
   std::vector<int64_t> xs{int64_t(1) << 40, int64_t(1) << 40, 0, 4}, ws{4};
-  DLTensor tx = dl(dummy, kF32, xs), tw = dl(dummy, kF32, ws), to = dl(dummy, kF32, xs);
+  DLTensor tx = make_dl(dummy, DType::F32, xs), tw = make_dl(dummy, DType::F32, ws), to = make_dl(dummy, DType::F32, xs);
   EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr), KS_SUCCESS) << ks_last_error();
 }
 
@@ -148,8 +138,8 @@ TEST(HostileRegressions, KvCacheAppendRejectsEmptyHeadDim) {
   float dummy[4] = {};
   int32_t slot[1] = {0};
   std::vector<int64_t> ks_{1, 1, 0}, cs{2, 4, 1, 0}, ss{1};
-  DLTensor k = dl(dummy, kF32, ks_), v = dl(dummy, kF32, ks_), kc = dl(dummy, kF32, cs), vc = dl(dummy, kF32, cs),
-           sm = dl(slot, kI32, ss);
+  DLTensor k = make_dl(dummy, DType::F32, ks_), v = make_dl(dummy, DType::F32, ks_), kc = make_dl(dummy, DType::F32, cs), vc = make_dl(dummy, DType::F32, cs),
+           sm = make_dl(slot, DType::I32, ss);
   EXPECT_EQ(ks_kv_cache_append(&kc, &vc, &k, &v, &sm, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(kstest::has_word(ks_last_error(), "k")) << ks_last_error();
 }
@@ -159,7 +149,8 @@ TEST(HostileRegressions, KvCacheAppendRejectsEmptyHeadDim) {
 TEST(HostileRegressions, MessagesShowTheValuesPassed) {
   float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, o[4] = {};
   std::vector<int64_t> xs{1, 4}, ws{4};
-  DLTensor tx = dl(x, kF32, xs), tw = dl(w, kF32, ws), to = dl(o, kF32, xs, DLDevice{kDLCPU, 1});
+  DLTensor tx = make_dl(x, DType::F32, xs), tw = make_dl(w, DType::F32, ws), to = make_dl(o, DType::F32, xs);
+  to.device = DLDevice{kDLCPU, 1};
   EXPECT_NE(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
   EXPECT_NE(std::string(ks_last_error()).find("cpu:1"), std::string::npos) << ks_last_error();
   to.device = DLDevice{kDLCPU, 0};
@@ -172,7 +163,7 @@ TEST(HostileRegressions, MessagesShowTheValuesPassed) {
 TEST(HostileRegressions, OutOfRangeEnumValuesAreRejected) {
   float x[4] = {1, 2, 3, 4}, w[4] = {1, 1, 1, 1}, o[4] = {};
   std::vector<int64_t> xs{1, 4}, ws{4};
-  DLTensor tx = dl(x, kF32, xs), tw = dl(w, kF32, ws), to = dl(o, kF32, xs);
+  DLTensor tx = make_dl(x, DType::F32, xs), tw = make_dl(w, DType::F32, ws), to = make_dl(o, DType::F32, xs);
   EXPECT_EQ(ks_rms_norm(&to, &tx, &tw, 1e-6, static_cast<ks_backend_t>(-1), nullptr), KS_ERROR_INVALID_ARGUMENT);
   int32_t bad_type = -3;
   std::memcpy(&tx.device.device_type, &bad_type, sizeof bad_type);
@@ -181,7 +172,7 @@ TEST(HostileRegressions, OutOfRangeEnumValuesAreRejected) {
   uint8_t packed[34] = {};
   std::vector<int64_t> ps{1, 34}, os{1, 32};
   float out[32];
-  DLTensor tp = dl(packed, DLDataType{kDLUInt, 8, 1}, ps), tout = dl(out, kF32, os);
+  DLTensor tp = make_dl(packed, DType::U8, ps), tout = make_dl(out, DType::F32, os);
   EXPECT_EQ(ks_dequantize(&tout, &tp, static_cast<ks_qtype_t>(99), KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
 }
 
