@@ -222,14 +222,7 @@ __all__ = [
     "rotary_embedding",
     "kv_cache_append",
     "paged_attention",
-    "KernscopeError",
-    "InvalidArgumentError",
-    "UnsupportedDtypeError",
-    "UnsupportedDeviceError",
-    "BackendUnavailableError",
-    "CudaError",
-    "OutOfMemoryError",
-    "InternalError",
+    *_errors.__all__,
 ]
 
 del annotations  # the __future__ feature object: not part of the package's namespace

@@ -54,10 +54,10 @@ _LIB = torch.library.Library("kernscope", "DEF")  # noqa: TOR901 - the low-level
 
 
 class _Op:
-    """A defined op: its eager kernel plus ``register_fake`` (the custom_op interface used below)."""
+    """A defined op's ``register_fake`` (the custom_op interface used below)."""
 
-    def __init__(self, name: str, fn: Any) -> None:
-        self.name, self.fn = name, fn
+    def __init__(self, name: str) -> None:
+        self.name = name
 
     def register_fake(self, fake: Any) -> Any:
         torch.library.register_fake(f"kernscope::{self.name}", fake, lib=_LIB)
@@ -71,7 +71,7 @@ def _op(schema: str) -> Any:
         name = schema.split("(", 1)[0]
         _LIB.define(schema)
         _LIB.impl(name, fn, "CompositeExplicitAutograd")
-        return _Op(name, fn)
+        return _Op(name)
 
     return deco
 

@@ -392,7 +392,7 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
     c.nv = k.nv;
     c.max_clusters = k.active;
     if (c.cluster > 0) {
-      c.slice = (hv + c.cluster - 1) / c.cluster;
+      c.slice = k.slice;
       c.grid = int(rows * c.cluster);
       return c;
     }
