@@ -81,12 +81,13 @@ ClusterChoice choose_cluster(int64_t rows, int64_t hv, int forced_c, int smem_mo
   }
   const int cs = forced_c ? forced_c : kStagingCluster;
   const int64_t slice_bytes = (hv + cs - 1) / cs * 16;
-  if (smem_mode > 0 && slice_bytes <= 160 * 1024) {
+  // Queried only when it could be chosen (mode 2, or auto after a >= 4-wave register choice).
+  const bool may_stage = smem_mode == 2 || (smem_mode == 1 && (best.cluster == 0 || best.waves >= kStagingMinWaves));
+  if (may_stage && slice_bytes <= 160 * 1024) {
     const int n = active(0, cs, kStagingThreads, slice_bytes);
     const int64_t waves = n > 0 ? (rows + n - 1) / n : 0;
     report(cs, kStagingThreads, 0, slice_bytes, n, waves);
-    if (n > 0 && (smem_mode == 2 || best.cluster == 0 || best.waves >= kStagingMinWaves))
-      best = ClusterChoice{cs, kStagingThreads, 0, n, waves, 0};
+    if (n > 0) best = ClusterChoice{cs, kStagingThreads, 0, n, waves, 0};
   }
   if (best.cluster) best.slice = (hv + best.cluster - 1) / best.cluster;
   return best;

@@ -17,6 +17,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -339,7 +342,15 @@ int query_active_clusters(void* kern, int c, int threads, size_t smem) {
   return n;
 }
 int max_active_clusters(int device, int es, int nv, int c, int threads, size_t smem = 0) {
-  if (nv == 0) return query_active_clusters(cluster_kernel(es, 0), c, threads, smem);
+  if (nv == 0) {  // staging: keyed by the slice size too (a map, on the >= 4-wave path only)
+    static std::mutex mu;
+    static std::map<std::tuple<int, int, int, int, size_t>, int> cache;
+    const auto key = std::make_tuple(device, es, c, threads, smem);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it == cache.end()) it = cache.emplace(key, query_active_clusters(cluster_kernel(es, 0), c, threads, smem)).first;
+    return it->second;
+  }
   constexpr int kDev = 16;
   static std::atomic<int> cache[kDev][2][6][4][2];
   const int di = device % kDev, ei = es == 4 ? 1 : 0, ni = nv <= 8 ? nv / 2 - 1 : nv == 12 ? 4 : 5;
