@@ -5,7 +5,11 @@ A 1 x 4096 row is so small that a tight loop of eager calls is bound by the host
 (Python, argument handling, DLPack import, launch), not by the kernel: the time
 per call of such a loop is the per-call host overhead. Each configuration is
 timed `--repeats` times over `--iters` calls after a warm-up; the median and the
-minimum are reported, in microseconds per call.
+minimum are reported, in microseconds per call. That loop is bound by whichever of
+the host and the device is slower (an eager launch costs the device a few µs even
+for a tiny kernel), so a third column, `host`, times the calling thread alone: the
+median over bursts of `--burst` calls that start with an idle device and end
+without waiting for it (short enough never to fill the launch queue).
 
 Rows:
   torch F.rms_norm              the PyTorch op (the baseline)
@@ -38,6 +42,7 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--iters", type=int, default=20000)
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--burst", type=int, default=100, help="calls per host-only burst (below the launch queue depth)")
     ap.add_argument("--csv", default=None, help="also write the rows to this CSV file")
     args = ap.parse_args()
 
@@ -73,7 +78,7 @@ def main() -> int:
     print(f"rms_norm {args.rows}x{args.hidden} {args.dtype} on {device}; "
           f"kernscope variant: {_variant(ks, args.dtype, device)}")
     print(f"{args.iters} calls x {args.repeats} repeats; microseconds per call\n")
-    print(f"{'case':32s} {'median':>9s} {'min':>9s}")
+    print(f"{'case':32s} {'median':>9s} {'min':>9s} {'host':>9s}")
     rows = []
     for name, fn in cases:
         try:
@@ -81,12 +86,13 @@ def main() -> int:
             sync()
         except Exception as e:  # e.g. no CUDA kernel yet: BackendUnavailableError
             print(f"{name:32s} {'n/a':>9s} {'':>9s}  ({type(e).__name__}: {str(e)[:80]})")
-            rows.append({"case": name, "median_us": "", "min_us": "", "note": f"{type(e).__name__}: {e}"})
+            rows.append({"case": name, "median_us": "", "min_us": "", "host_us": "",
+                         "note": f"{type(e).__name__}: {e}"})
             continue
         for _ in range(min(2000, args.iters)):
             fn()
         sync()
-        samples = []
+        samples, host = [], []
         for _ in range(args.repeats):
             sync()
             t0 = time.perf_counter()
@@ -94,13 +100,24 @@ def main() -> int:
                 fn()
             sync()
             samples.append((time.perf_counter() - t0) / args.iters * 1e6)
-        med, lo = statistics.median(samples), min(samples)
-        print(f"{name:32s} {med:9.2f} {lo:9.2f}")
-        rows.append({"case": name, "median_us": f"{med:.3f}", "min_us": f"{lo:.3f}", "note": ""})
+            # Host time alone: a burst short enough that the device's launch queue never
+            # fills, timed without waiting for the device (the loop above is bound by
+            # whichever of host and device is slower).
+            for _ in range(args.repeats):
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(args.burst):
+                    fn()
+                host.append((time.perf_counter() - t0) / args.burst * 1e6)
+        sync()
+        med, lo, hmed = statistics.median(samples), min(samples), statistics.median(host)
+        print(f"{name:32s} {med:9.2f} {lo:9.2f} {hmed:9.2f}")
+        rows.append({"case": name, "median_us": f"{med:.3f}", "min_us": f"{lo:.3f}", "host_us": f"{hmed:.3f}",
+                     "note": ""})
 
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=["case", "median_us", "min_us", "note", "device", "dtype", "shape",
+            wr = csv.DictWriter(f, fieldnames=["case", "median_us", "min_us", "host_us", "note", "device", "dtype", "shape",
                                                "torch", "kernscope"])
             wr.writeheader()
             for r in rows:

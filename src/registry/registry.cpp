@@ -116,9 +116,7 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
         continue;
       }
     }
-    c.variant = &v;
-    c.reason = std::string("priority ") + std::to_string(v.priority);
-    if (!skipped.empty()) c.reason += "; skipped " + skipped;
+    c.variant = &v;  // (no reason text on this per-call path: ks_which explains via select_static)
     return c;
   }
   if (!any_backend)

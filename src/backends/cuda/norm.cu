@@ -45,12 +45,17 @@ __device__ __forceinline__ float row_group_sum(float v, float* red, int group, i
 constexpr int kWMax = 32;
 
 // FUSED = false: out = rms_norm(x). FUSED = true: s = x + residual; residual = s; x = rms_norm(s).
-// Cached variants (NV > 0) run at most 512 threads per CTA, so the compiler may
-// use up to 128 registers per thread and keeps the row without spilling.
 // PRELOAD_W: load the weights together with the row (one memory round trip
 // instead of two: pays when few rows are in flight; costs registers otherwise).
+// Register budget: cached kernels without preloaded weights (the large-grid ones) are
+// capped at 48 registers per thread (rms_norm) or 64 (fused_add_rms_norm, which holds
+// the residual too): the most rows in flight per SM that ptxas reaches without
+// spilling for NV <= 4 (checked with -Xptxas -v; 256-thread row groups: 5 or 4 per
+// SM instead of 3 or 2). Decode-size grids (preloaded weights) and NV = 8 may use
+// up to 128: latency, not occupancy, bounds them.
 template <typename T, int VEC, int NV, bool FUSED, bool PRELOAD_W>
-__global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormParams p) {
+__global__ void __launch_bounds__(NV > 0 ? 512 : 1024) __maxnreg__(NV > 0 && NV <= 4 && !PRELOAD_W ? (FUSED ? 64 : 48) : 128)
+    norm_kernel(const NormParams p) {
   __shared__ float red[kWMax * 8];
   pdl_begin();
   const int tpr = p.warps_per_row * 32;
@@ -71,21 +76,27 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
     if constexpr (NV > 0) {
       // The row stays in registers as raw 16-byte vectors (half the registers of
       // FP32 copies, so more rows are in flight per SM); s = x (+ residual) is
-      // recomputed from them in the second phase, bit-identically.
+      // recomputed from them in the second phase, bit-identically. In-row offsets
+      // are 32-bit (a cached row has at most 8 * 512 vectors) from per-row bases:
+      // fewer live registers, more rows in flight. (No division here: a 64-bit
+      // divide before the first load cost decode sizes ~0.1 us.)
+      const int hv32 = active ? int(hv) : 0;
+      const T* xrow = x + off + lt * VEC;
+      const T* rrow = FUSED ? r + off + lt * VEC : nullptr;
+      const T* wrow = w + lt * VEC;
+      const int stride = tpr * VEC;
       Vec<T, VEC> xv[NV], rv[NV], wv[NV];
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int64_t idx = lt + int64_t(i) * tpr;
-        if (active && idx < hv) {
-          if constexpr (PRELOAD_W) wv[i] = load_vec<T, VEC>(w + idx * VEC);
-          xv[i] = load_vec<T, VEC>(x + off + idx * VEC);
-          if constexpr (FUSED) rv[i] = load_vec<T, VEC>(r + off + idx * VEC);
+        if (lt + i * tpr < hv32) {
+          if constexpr (PRELOAD_W) wv[i] = load_vec<T, VEC>(wrow + i * stride);
+          xv[i] = load_vec<T, VEC>(xrow + i * stride);
+          if constexpr (FUSED) rv[i] = load_vec<T, VEC>(rrow + i * stride);
         }
       }
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int64_t idx = lt + int64_t(i) * tpr;
-        if (active && idx < hv) {
+        if (lt + i * tpr < hv32) {
           OutVec<T, VEC> so;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
@@ -93,23 +104,30 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) norm_kernel(const NormPar
             ss += v * v;
             if constexpr (FUSED) so.set(j, v);
           }
-          if constexpr (FUSED) store_vec<T, VEC>(rout + off + idx * VEC, so);
+          if constexpr (FUSED) store_vec<T, VEC>(rout + off + lt * VEC + i * stride, so);
         }
       }
       const float total = row_group_sum<kWMax>(ss, red, group, warp_in_row, p.warps_per_row, lane);
       const float scale = 1.0f / sqrtf(total / float(H) + p.eps);
+      if constexpr (!PRELOAD_W) {  // large grids: registers are rows in flight (decode: latency)
+#pragma unroll
+        for (int i = 0; i < NV; ++i) {
+          opaque(xv[i]);
+          if constexpr (FUSED) opaque(rv[i]);
+        }
+      }
+      T* orow = out + off + lt * VEC;
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
-        const int64_t idx = lt + int64_t(i) * tpr;
-        if (active && idx < hv) {
-          if constexpr (!PRELOAD_W) wv[i] = load_vec<T, VEC>(w + idx * VEC);
+        if (lt + i * tpr < hv32) {
+          if constexpr (!PRELOAD_W) wv[i] = load_vec<T, VEC>(wrow + i * stride);
           OutVec<T, VEC> o;
 #pragma unroll
           for (int j = 0; j < VEC; ++j) {
             const float v = FUSED ? xv[i].f(j) + rv[i].f(j) : xv[i].f(j);
             o.set(j, v * scale * wv[i].f(j));
           }
-          store_vec<T, VEC>(out + off + idx * VEC, o);
+          store_vec<T, VEC>(orow + i * stride, o);
         }
       }
     } else {
@@ -163,15 +181,13 @@ NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int sm_count) {
   c.warps_per_row = g.warps_per_row;
   c.rows_per_cta = g.rows_per_cta;
   c.grid = g.grid;
-  // KS_NORM_PRELOAD=N (experiment, default 2): preload the weights while the grid is at
-  // most N CTAs per SM. Later loads cost a second (L2) round trip after the reduction,
-  // which mid sizes such as 512 x 4096 may feel more than the extra registers.
+  // KS_NORM_PRELOAD=N moves preload_weights' threshold to N CTAs per SM (experiments).
   static const int64_t preload_ctas_per_sm = [] {
     const char* e = std::getenv("KS_NORM_PRELOAD");
     const long v = e ? std::atol(e) : 0;
-    return int64_t(v > 0 ? v : 2);
+    return int64_t(v > 0 ? v : 8);
   }();
-  c.preload_w = (rows + g.rows_per_cta - 1) / g.rows_per_cta <= preload_ctas_per_sm * int64_t(sm_count);
+  c.preload_w = preload_weights((rows + g.rows_per_cta - 1) / g.rows_per_cta, sm_count, preload_ctas_per_sm);
   return c;
 }
 

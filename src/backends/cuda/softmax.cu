@@ -100,13 +100,21 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
     mx = group_reduce<1>(mx, red, group, wir, p.warps_per_row, lane);
     const bool bad = !(fabsf(mx) < INFINITY);  // NaN, +inf maximum, or all -inf
     float sum = 0.f;
+    // Cached rows: e = exp(x - max) is computed once, kept in FP32 registers and
+    // scaled at the store (the same values as recomputing it: one exp per element
+    // instead of two; the exp unit, 16 results per SM per clock, bounded mid-size
+    // rows). A bad row's e may be anything: inv is NaN there.
+    float e[NV > 0 ? NV : 1][NV > 0 ? VEC : 1];
     if constexpr (NV > 0) {
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t idx = lt + int64_t(i) * tpr;
-        if (active && !bad && idx < hv)
+        if (active && idx < hv)
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) sum += sm_exp<T>(xr[i].f(j) - mx);
+          for (int j = 0; j < VEC; ++j) {
+            e[i][j] = sm_exp<T>(xr[i].f(j) - mx);
+            sum += e[i][j];
+          }
       }
     } else if (active && !bad) {
       for (int64_t idx = lt; idx < hv; idx += tpr) {
@@ -127,7 +135,7 @@ __global__ void __launch_bounds__(NV > 0 ? 512 : 1024) softmax_kernel(const Soft
         if (idx < hv) {
           OutVec<T, VEC> o;
 #pragma unroll
-          for (int j = 0; j < VEC; ++j) o.set(j, sm_exp<T>(xr[i].f(j) - mx) * inv);
+          for (int j = 0; j < VEC; ++j) o.set(j, e[i][j] * inv);
           store_vec<T, VEC>(out + off + idx * VEC, o);
         }
       }
@@ -168,7 +176,7 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 
 // blockIdx.x / C = row, rank in the cluster = slice of p.slice vectors; thread t
 // holds vectors t, t + T, ..., t + (NV - 1) T of the slice in registers. NV > 8
-// variants run 256 threads (up to 128 registers each, two CTAs per SM), so a few
+// variants run 128 or 256 threads (up to 128 registers each), so a few
 // wide rows can be held on chip in a single wave. NV = 0 stages the slice in
 // dynamic shared memory instead (few registers, so more CTAs fit; an experiment
 // behind KS_SOFTMAX_SMEM=1 until measured), folding each vector into the running
@@ -202,6 +210,9 @@ __global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2) softmax_
 #pragma unroll
     for (int i = 0; i < NV; ++i)
       if (threadIdx.x + int64_t(i) * nt < n) st.m = fmax_nan(st.m, vec_max_nan(xr[i]));
+    // exp is recomputed at the store: keeping e = exp(x - thread max) in registers
+    // (one exp per element, as the row-group kernel does) was measured slower here
+    // (H200: 64 x 32000 bf16 7.1 -> 7.5 us; the extra registers cost co-resident clusters)
     if (fabsf(st.m) < INFINITY) {
 #pragma unroll
       for (int i = 0; i < NV; ++i)
@@ -352,9 +363,9 @@ int max_active_clusters(int device, int es, int nv, int c, int threads, size_t s
     return it->second;
   }
   constexpr int kDev = 16;
-  static std::atomic<int> cache[kDev][2][6][4][2];
+  static std::atomic<int> cache[kDev][2][6][4][3];
   const int di = device % kDev, ei = es == 4 ? 1 : 0, ni = nv <= 8 ? nv / 2 - 1 : nv == 12 ? 4 : 5;
-  const int ci = c == 2 ? 0 : c == 4 ? 1 : c == 8 ? 2 : 3, ti = threads == 512 ? 1 : 0;
+  const int ci = c == 2 ? 0 : c == 4 ? 1 : c == 8 ? 2 : 3, ti = threads == 512 ? 2 : threads == 256 ? 1 : 0;
   std::atomic<int>& slot = cache[di][ei][ni][ci][ti];
   const int known = slot.load(std::memory_order_relaxed);
   if (known > 0) return known - 1;
