@@ -181,9 +181,13 @@ __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.w
 // dynamic shared memory instead (few registers, so more CTAs fit; an experiment
 // behind KS_SOFTMAX_SMEM=1 until measured), folding each vector into the running
 // statistics as it arrives.
+// Register cap: 16-bit NV = 8 variants get 56 (no spills, checked with -Xptxas -v)
+// instead of 64, so nine 128-thread CTAs fit per SM: at 64 x 128256 the occupancy API
+// reported 58 co-resident clusters of 16 at 64 registers (two waves for 64 rows).
 constexpr int kClusterMaxThreads = 512;
 template <typename T, int VEC, int NV>
-__global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2) softmax_cluster_kernel(const SoftmaxParams p) {
+__global__ void __launch_bounds__(NV > 8 ? 256 : kClusterMaxThreads, 2)
+    __maxnreg__(NV == 8 && sizeof(T) == 2 ? 56 : NV > 8 ? 128 : 64) softmax_cluster_kernel(const SoftmaxParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ MaxSum red[kClusterMaxThreads / 32];
   __shared__ MaxSum part;  // this CTA's statistics, read by the whole cluster
