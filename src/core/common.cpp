@@ -119,6 +119,83 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
   return v;
 }
 
+RowsView rows_view_of(const char* op, const char* arg, const DLTensor* t) {
+  if (t != nullptr && t->ndim == 3 && t->strides != nullptr && t->shape != nullptr) {
+    // Validate everything but the strides through view_of on a compact copy of the header.
+    DLTensor compact = *t;
+    compact.strides = nullptr;
+    RowsView r;
+    r.v = view_of(op, arg, &compact);
+    const int64_t R = r.v.dim(0), H = r.v.dim(1), D = r.v.dim(2);
+    const int64_t rs = t->strides[0], hs = t->strides[1], ds = t->strides[2];
+    if (r.v.numel > 0) {
+      auto bad = [&](const std::string& why) {
+        std::ostringstream o;
+        o << arg << " " << why << "; got shape " << shape_str(r.v.shape) << " strides (" << rs << ", " << hs << ", "
+          << ds << ")";
+        fail(KS_ERROR_INVALID_ARGUMENT, op, o.str());
+      };
+      if (D > 1 && ds != 1) bad("must be contiguous in its last dimension");
+      if ((R > 1 && rs < 0) || (H > 1 && hs < 0)) bad("must have non-negative strides");
+      if (H > 1 && hs < D) bad("has overlapping heads (head stride < head_dim)");
+      const int64_t row_extent = (H - 1) * (H > 1 ? hs : 0) + D;
+      if (R > 1 && rs < row_extent) bad("has overlapping rows (row stride < the heads' extent)");
+      // the span must stay addressable in int64 bytes
+      const int64_t es = dtype_bytes(r.v.dtype), lim = std::numeric_limits<int64_t>::max() / es;
+      if ((R > 1 && rs > 0 && R - 1 > (lim - row_extent) / rs))
+        bad("spans more than 2^63 bytes");
+    }
+    // a size-1 dimension's stride is ignored (any value), as in view_of
+    r.head_stride = (H > 1 || hs >= D) ? hs : D;
+    const int64_t extent = (H - 1) * r.head_stride + D;
+    r.row_stride = (R > 1 || rs >= extent) ? rs : extent;
+    return r;
+  }
+  return as_rows(view_of(op, arg, t));
+}
+
+RowsView as_rows(const View& v) {
+  RowsView r;
+  r.v = v;
+  const int64_t D = v.ndim() >= 1 ? v.dim(-1) : 1, H = v.ndim() >= 2 ? v.dim(-2) : 1;
+  r.head_stride = D;
+  r.row_stride = H * D;
+  return r;
+}
+
+int64_t RowsView::span_elems() const {
+  if (v.numel == 0) return 0;
+  if (v.ndim() != 3) return v.numel;
+  return (v.dim(0) - 1) * row_stride + (v.dim(1) - 1) * head_stride + v.dim(2);
+}
+
+bool rows_overlap(const RowsView& a, const RowsView& b) {
+  if (a.v.numel == 0 || b.v.numel == 0) return false;
+  if (a.v.device.device_type != b.v.device.device_type || a.v.device.device_id != b.v.device.device_id) return false;
+  const int64_t ea = dtype_bytes(a.v.dtype), eb = dtype_bytes(b.v.dtype);
+  const auto a0 = int64_t(reinterpret_cast<uintptr_t>(a.v.data)), b0 = int64_t(reinterpret_cast<uintptr_t>(b.v.data));
+  const int64_t a_span = a.span_elems() * ea, b_span = b.span_elems() * eb;
+  if (!(a0 < b0 + b_span && b0 < a0 + a_span)) return false;  // spans disjoint
+  // Same row pitch in bytes and rows that fit in it: element sets are the rows'
+  // extents repeated every pitch; they meet iff the extents meet modulo the pitch.
+  if (a.v.ndim() == 3 && b.v.ndim() == 3 && a.row_stride * ea == b.row_stride * eb && a.row_stride > 0) {
+    const int64_t pitch = a.row_stride * ea;
+    const int64_t xa = ((a.v.dim(1) - 1) * a.head_stride + a.v.dim(2)) * ea;
+    const int64_t xb = ((b.v.dim(1) - 1) * b.head_stride + b.v.dim(2)) * eb;
+    if (xa <= pitch && xb <= pitch) {
+      const int64_t d = (((b0 - a0) % pitch) + pitch) % pitch;  // b's row start within a's pitch
+      return d < xa || pitch - d < xb;
+    }
+  }
+  return true;  // conservative
+}
+
+void require_rows_disjoint(const char* op, const char* a_arg, const RowsView& a, const char* b_arg,
+                           const RowsView& b) {
+  if (rows_overlap(a, b))
+    fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(a_arg) + " and " + b_arg + " overlap in memory; they must not");
+}
+
 void require_dtype(const char* op, const char* arg, const View& v, std::initializer_list<DType> ok) {
   for (DType d : ok)
     if (v.dtype == d) return;

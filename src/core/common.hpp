@@ -123,6 +123,25 @@ struct View {
 // int64, data non-null when numel > 0. Names the op and argument on failure.
 View view_of(const char* op, const char* arg, const DLTensor* t);
 
+// A 3-D [rows, heads, dim] view whose last dimension is contiguous and whose
+// leading strides (in elements, >= 0) may be anything that keeps the elements
+// distinct: dim <= head stride (heads > 1) and heads' extent <= row stride (rows > 1).
+// (In-place ops on slices of a fused buffer, e.g. q and k of a packed qkv.)
+struct RowsView {
+  View v;                     // data, dtype, device, shape; numel counts the viewed elements
+  int64_t row_stride = 0;     // elements between consecutive rows
+  int64_t head_stride = 0;    // elements between consecutive heads of a row
+  int64_t span_elems() const;  // from the first to one past the last viewed element
+};
+RowsView rows_view_of(const char* op, const char* arg, const DLTensor* t);
+// Whether two such views (or a view and a contiguous one) share an element. Exact
+// when both have the same row stride and each row's extent fits in it (slices of one
+// fused buffer); otherwise by their spans (conservative).
+bool rows_overlap(const RowsView& a, const RowsView& b);
+void require_rows_disjoint(const char* op, const char* a_arg, const RowsView& a, const char* b_arg,
+                           const RowsView& b);
+RowsView as_rows(const View& v);  // a contiguous view as a RowsView (1 row of its elements if not 3-D)
+
 void require_dtype(const char* op, const char* arg, const View& v, std::initializer_list<DType> ok);
 void require_same_dtype(const char* op, const char* arg, const View& v, const char* ref_arg,
                         const View& ref);

@@ -63,6 +63,8 @@ struct RotaryArgs {
   View q, k, positions;
   bool has_k, neox;
   int64_t num_tokens, num_heads, num_kv_heads, head_dim, rotary_dim;
+  // element strides of q and k (tokens, heads); the last dimension is contiguous
+  int64_t q_token_stride, q_head_stride, k_token_stride, k_head_stride;
   double theta;
 };
 

@@ -82,9 +82,16 @@ extern "C" ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTen
   static const char* op = "rotary_embedding";
   return guard(op, [&] {
     RotaryArgs a;
-    a.q = view_of(op, "q", q);
+    // q and k may be strided views (e.g. slices of a fused qkv buffer): any token and
+    // head strides that keep their elements distinct; the last dimension contiguous.
+    const RowsView qr = rows_view_of(op, "q", q);
+    a.q = qr.v;
     a.has_k = k != nullptr;
-    if (a.has_k) a.k = view_of(op, "k", k);
+    RowsView kr;
+    if (a.has_k) {
+      kr = rows_view_of(op, "k", k);
+      a.k = kr.v;
+    }
     a.positions = view_of(op, "positions", positions);
     require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
     require_dtype(op, "positions", a.positions, {DType::I32, DType::I64});
@@ -106,10 +113,14 @@ extern "C" ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTen
                                                 std::to_string(a.num_tokens) + ", *, " + std::to_string(a.head_dim) +
                                                 "); got " + shape_str(a.k.shape));
       a.num_kv_heads = a.k.dim(1);
-      require_no_overlap(op, "q", a.q, "k", a.k);
-      require_no_overlap(op, "k", a.k, "positions", a.positions);
+      require_rows_disjoint(op, "q", qr, "k", kr);
+      require_rows_disjoint(op, "k", kr, "positions", as_rows(a.positions));
     }
-    require_no_overlap(op, "q", a.q, "positions", a.positions);
+    require_rows_disjoint(op, "q", qr, "positions", as_rows(a.positions));
+    a.q_token_stride = qr.row_stride;
+    a.q_head_stride = qr.head_stride;
+    a.k_token_stride = a.has_k ? kr.row_stride : 0;
+    a.k_head_stride = a.has_k ? kr.head_stride : 0;
     if (rotary_dim <= 0 || rotary_dim > a.head_dim || rotary_dim % 2 != 0)
       fail(KS_ERROR_INVALID_ARGUMENT, op, "rotary_dim must be even and in (0, head_dim=" + std::to_string(a.head_dim) +
                                               "]; got " + std::to_string(rotary_dim));

@@ -387,32 +387,92 @@ TEST(Rotary, RejectsBadShapes) {
   }
 }
 
-TEST(Rotary, RejectsHeadStridedQ) {
-  // q as a view into a fused qkv buffer [T, (H + 2*KVH) * D]: head stride D, token stride
-  // (H + 2*KVH) * D. Not compact: must be rejected, nothing written.
-  const int64_t T = 3, H = 4, KVH = 2, D = 16;
-  Buf qkv(DType::F16, {T, (H + 2 * KVH) * D});
+// q and k as strided views into a fused qkv buffer [T, (H + 2 KVH) D] (token stride
+// (H + 2 KVH) D, head stride D): rotated in place exactly as contiguous copies are, and
+// the v part and every other byte untouched. Also a padded head stride (> D).
+TEST(Rotary, StridedQkvViewsEqualContiguousCopies) {
+  for (DType dt : kFloatTypes())
+    for (int neox : {1, 0})
+      for (int64_t pad : {int64_t(0), int64_t(8)}) {
+        const int64_t T = 5, H = 4, KVH = 2, D = 16, HS = D + pad, W = (H + 2 * KVH) * HS;
+        Buf qkv(dt, {T, W});
+        kstest::fill_normal(qkv);
+        Buf pos(DType::I64, {T});
+        for (int t = 0; t < T; ++t) set_i(pos, t, 7 * t + 3);
+        Buf qc(dt, {T, H, D}), kc(dt, {T, KVH, D});
+        const size_t es = ks::dtype_size(dt);
+        auto* base = static_cast<uint8_t*>(qkv.data());
+        for (int64_t t = 0; t < T; ++t) {
+          for (int64_t h = 0; h < H; ++h)
+            std::memcpy(static_cast<uint8_t*>(qc.data()) + size_t((t * H + h) * D) * es, base + size_t(t * W + h * HS) * es,
+                        size_t(D) * es);
+          for (int64_t h = 0; h < KVH; ++h)
+            std::memcpy(static_cast<uint8_t*>(kc.data()) + size_t((t * KVH + h) * D) * es,
+                        base + size_t(t * W + (H + h) * HS) * es, size_t(D) * es);
+        }
+        const auto before = data_bytes(qkv);
+        Dl q(qkv), k(qkv);
+        q.set_shape({T, H, D});
+        q.set_strides({W, HS, 1});
+        k.set_shape({T, KVH, D});
+        k.set_strides({W, HS, 1});
+        k.t.data = base + size_t(H * HS) * es;
+        DLTensor p = pos.dl();
+        ASSERT_EQ(ks_rotary_embedding(q.p(), k.p(), &p, D, 10000.0, neox, KS_BACKEND_AUTO, nullptr), KS_SUCCESS)
+            << ks_last_error();
+        ASSERT_EQ(run_rope(qc, &kc, pos, D, 10000.0, neox), KS_SUCCESS) << ks_last_error();
+        const auto after = data_bytes(qkv);
+        for (int64_t t = 0; t < T; ++t)
+          for (int64_t j = 0; j < W; ++j) {
+            const int64_t h = j / HS, f = j % HS;
+            const uint8_t* got = after.data() + size_t(t * W + j) * es;
+            const uint8_t* want = before.data() + size_t(t * W + j) * es;  // untouched unless q/k feature
+            if (f < D && h < H) want = static_cast<const uint8_t*>(qc.data()) + size_t((t * H + h) * D + f) * es;
+            if (f < D && h >= H && h < H + KVH)
+              want = static_cast<const uint8_t*>(kc.data()) + size_t((t * KVH + h - H) * D + f) * es;
+            ASSERT_EQ(0, std::memcmp(got, want, es)) << dt_name(dt) << " neox " << neox << " pad " << pad << " token " << t
+                                                     << " column " << j;
+          }
+        EXPECT_TRUE(qkv.guards_intact());
+      }
+}
+
+// Strided views that are not usable are rejected by name, nothing written: overlapping
+// heads, overlapping tokens, a non-contiguous last dimension, negative strides, and q/k
+// views of one buffer that share elements.
+TEST(Rotary, RejectsUnusableStridedViews) {
+  const int64_t T = 3, H = 4, KVH = 2, D = 16, W = (H + 2 * KVH) * D;
+  Buf qkv(DType::F16, {T, W});
   kstest::fill_normal(qkv);
   Buf pos(DType::I32, {T});
   for (int t = 0; t < T; ++t) set_i(pos, t, 5 * t);
-  Dl q(qkv);
-  q.set_shape({T, H, D});
-  q.set_strides({(H + 2 * KVH) * D, D, 1});
-  Dl k(qkv);
-  k.set_shape({T, KVH, D});
-  k.set_strides({(H + 2 * KVH) * D, D, 1});
-  k.t.data = static_cast<uint16_t*>(qkv.data()) + H * D;
   DLTensor p = pos.dl();
   Snap s{&qkv, &pos};
-  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), nullptr, &p, D, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
-                            KS_ERROR_INVALID_ARGUMENT, kOp, "q", s));
-  // A correct q with a strided k: k is named.
-  Buf qc(DType::F16, {T, H, D});
-  kstest::fill_normal(qc);
-  DLTensor qq = qc.dl();
-  Snap s2{&qkv, &pos, &qc};
-  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(&qq, k.p(), &p, D, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
-                            KS_ERROR_INVALID_ARGUMENT, kOp, "k", s2));
+  auto try_q = [&](std::vector<int64_t> strides, const char* why) {
+    Dl q(qkv);
+    q.set_shape({T, H, D});
+    q.set_strides(strides);
+    EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), nullptr, &p, D, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                              KS_ERROR_INVALID_ARGUMENT, kOp, "q", s))
+        << why;
+  };
+  try_q({W, D / 2, 1}, "heads overlap");
+  try_q({D, D, 1}, "tokens overlap");
+  try_q({W, D, 2}, "last dimension strided");
+  try_q({-W, D, 1}, "negative token stride");
+  // k overlapping q's last head (one buffer, same pitch): named as q and k
+  Dl q(qkv), k(qkv);
+  q.set_shape({T, H, D});
+  q.set_strides({W, D, 1});
+  k.set_shape({T, KVH, D});
+  k.set_strides({W, D, 1});
+  k.t.data = static_cast<uint16_t*>(qkv.data()) + (H - 1) * D;
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), k.p(), &p, D, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "k", s));
+  // k's rows wrapping into q's next row (k starts in the last columns of a row)
+  k.t.data = static_cast<uint16_t*>(qkv.data()) + W - D;
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), k.p(), &p, D, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "k", s));
   // Explicit compact strides for (T, H, D) are accepted and give the usual result.
   Buf q1(DType::F16, {T, H, D}), q2(DType::F16, {T, H, D});
   kstest::fill_normal(q1);

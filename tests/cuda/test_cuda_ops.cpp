@@ -477,6 +477,137 @@ TEST(Cuda, DependentChainKeepsStreamOrder) {
 // All five ops captured in one CUDA graph on a non-default stream, replayed
 // twice; the replay results equal eager results bitwise (no host sync, no
 // allocation inside the ops, the caller's stream is used).
+// rotary_embedding on CUDA against the CPU reference: NeoX and interleaved, int32 and
+// int64 positions (incl. 2^31 + 5 and values past fp32's integers), partial rotary_dim
+// (the tail must stay bit-identical), GQA head counts, q only, and q / k as strided
+// views of one fused qkv buffer (v and the padding between heads untouched).
+TEST(Cuda, RotaryAgainstCpuIncludingStridedQkv) {
+  NEED_GPU();
+  struct G {
+    int64_t T, H, KVH, D, rd, pad;
+  };
+  const std::vector<G> geoms = {{1, 9, 3, 64, 64, 0}, {7, 4, 2, 16, 16, 8}, {33, 8, 8, 128, 64, 0},
+                                {5, 2, 1, 10, 6, 2},  {300, 32, 8, 128, 128, 0}};
+  for (DType dt : kstest::float_dtypes())
+    for (DType pdt : {DType::I32, DType::I64})
+      for (int neox : {1, 0})
+        for (const G& g : geoms)
+          for (bool with_k : {true, false}) {
+            SCOPED_TRACE(std::string(ks::dtype_name(dt)) + (neox ? " neox" : " interleaved") + " T=" +
+                         std::to_string(g.T) + " H=" + std::to_string(g.H) + " KVH=" + std::to_string(g.KVH) +
+                         " D=" + std::to_string(g.D) + " rd=" + std::to_string(g.rd) + " pad=" +
+                         std::to_string(g.pad) + (with_k ? "" : " q only"));
+            const int64_t HS = g.D + g.pad, W = (g.H + 2 * g.KVH) * HS;
+            Buf qkv(dt, {g.T, W}), pos(pdt, {g.T});
+            kstest::fill_normal(qkv, 2.0);
+            std::mt19937_64 r(g.T * 131 + g.D);
+            for (int64_t t = 0; t < g.T; ++t) {
+              int64_t v = int64_t(r() % 100000);
+              if (t == 1) v = 16777217;  // not an fp32 integer
+              if (t == 2 && pdt == DType::I64) v = (int64_t(1) << 31) + 5;
+              pos.set(t, double(v));
+            }
+            Buf cpu = qkv;
+            DBuf dqkv(dt, {g.T, W}), dpos(pdt, {g.T});
+            dqkv.upload(qkv);
+            dpos.upload(pos);
+            const size_t es = ks::dtype_size(dt);
+            auto strided = [&](void* base, int64_t heads, size_t col, DLDevice dev) {
+              DLTensor t{};
+              t.data = static_cast<char*>(base) + col * es;
+              t.device = dev;
+              t.ndim = 3;
+              t.dtype = ks::TensorView(nullptr, dt, {1}).dl().dtype;
+              static thread_local int64_t shp[2][3], str[2][3];
+              static thread_local int slot = 0;
+              slot ^= 1;
+              shp[slot][0] = g.T, shp[slot][1] = heads, shp[slot][2] = g.D;
+              str[slot][0] = W, str[slot][1] = HS, str[slot][2] = 1;
+              t.shape = shp[slot];
+              t.strides = str[slot];
+              return t;
+            };
+            const DLDevice cuda{kDLCUDA, 0}, host{kDLCPU, 0};
+            DLTensor dq = strided(dqkv.data(), g.H, 0, cuda), dk = strided(dqkv.data(), g.KVH, size_t(g.H * HS), cuda);
+            const ks::TensorView dpos_v = dpos.view(), pos_v = pos.view();  // dl() points into the view
+            DLTensor dp = dpos_v.dl();
+            ASSERT_EQ(ks_rotary_embedding(&dq, with_k ? &dk : nullptr, &dp, g.rd, 10000.0, neox, KS_BACKEND_CUDA, nullptr),
+                      KS_SUCCESS)
+                << ks_last_error();
+            CK(cudaDeviceSynchronize());
+            DLTensor cq = strided(cpu.data(), g.H, 0, host), ck = strided(cpu.data(), g.KVH, size_t(g.H * HS), host);
+            DLTensor cp = pos_v.dl();
+            ASSERT_EQ(ks_rotary_embedding(&cq, with_k ? &ck : nullptr, &cp, g.rd, 10000.0, neox, KS_BACKEND_CPU, nullptr),
+                      KS_SUCCESS)
+                << ks_last_error();
+            Buf got(dt, {g.T, W});
+            dqkv.download(got);
+            // rotated features: within twice the dtype tolerance (both within it of FP64, cos/sin
+            // differ by an ulp or two); everything else bit-identical to the input
+            for (int64_t t = 0; t < g.T; ++t)
+              for (int64_t j = 0; j < W; ++j) {
+                const int64_t h = j / HS, f = j % HS, i = t * W + j;
+                const bool rotated = f < g.rd && (h < g.H || (with_k && h < g.H + g.KVH));
+                if (rotated) {
+                  const double a = got.get(i), b = cpu.get(i), tl = 2 * kstest::tol(dt) + 1e-5;
+                  ASSERT_LE(std::fabs(a - b), tl + tl * std::fabs(b)) << "token " << t << " column " << j;
+                } else {
+                  ASSERT_EQ(0, std::memcmp(static_cast<const char*>(got.data()) + size_t(i) * es,
+                                           static_cast<const char*>(qkv.data()) + size_t(i) * es, es))
+                      << "untouched element changed: token " << t << " column " << j;
+                }
+              }
+          }
+}
+
+// kv_cache_append on CUDA: bit-exact copies to the slots, -1 skipped, and device slots
+// out of range skipped as well (no host check is possible without a sync): nothing
+// outside the listed slots changes. k/v carry padding tokens past slot_mapping's length.
+TEST(Cuda, KvCacheAppendSlotsAndSkips) {
+  NEED_GPU();
+  for (DType dt : kstest::float_dtypes())
+    for (DType sdt : {DType::I32, DType::I64})
+      for (auto [KVH, D] : std::vector<std::pair<int64_t, int64_t>>{{3, 64}, {8, 128}, {1, 3}}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " KVH=" + std::to_string(KVH) + " D=" + std::to_string(D));
+        const int64_t blocks = 6, bs = 16, T = 9, padded = 12;
+        Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), k(dt, {padded, KVH, D}), v(dt, {padded, KVH, D});
+        kstest::fill_normal(kc);
+        kstest::fill_normal(vc);
+        kstest::fill_normal(k);
+        kstest::fill_normal(v);
+        Buf slots(sdt, {T});
+        const int64_t sv[T] = {0, 17, -1, 95, 40, -1, 3, 64, 5};
+        for (int64_t t = 0; t < T; ++t) slots.set(t, double(sv[t]));
+        DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dk(dt, k.shape), dv(dt, v.shape), ds(sdt, {T});
+        dkc.upload(kc);
+        dvc.upload(vc);
+        dk.upload(k);
+        dv.upload(v);
+        ds.upload(slots);
+        ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), ds.view(), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        Buf kref = kc, vref = vc;
+        ks::kv_cache_append(kref.view(), vref.view(), k.view(), v.view(), slots.view(), ks::Backend::Cpu);
+        Buf kg(dt, kc.shape), vg(dt, vc.shape);
+        dkc.download(kg);
+        dvc.download(vg);
+        EXPECT_EQ(0, std::memcmp(kg.data(), kref.data(), kg.nbytes())) << "k_cache";
+        EXPECT_EQ(0, std::memcmp(vg.data(), vref.data(), vg.nbytes())) << "v_cache";
+        // device slots out of range: skipped, nothing written anywhere
+        const int64_t bad[3] = {blocks * bs, -7, 2};
+        Buf bslots(sdt, {3});
+        for (int i = 0; i < 3; ++i) bslots.set(i, double(bad[i]));
+        DBuf dbs(sdt, {3});
+        dbs.upload(bslots);
+        ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dbs.view(), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dkc.download(kg);
+        const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
+        std::memcpy(static_cast<char*>(kref.data()) + 2 * row, static_cast<const char*>(k.data()) + 2 * row, row);
+        EXPECT_EQ(0, std::memcmp(kg.data(), kref.data(), kg.nbytes())) << "only slot 2 (token 2) may change";
+      }
+}
+
 TEST(Cuda, GraphCaptureAndReplay) {
   NEED_GPU();
   const int64_t R = 8, H = 4096, N = 1024;

@@ -268,11 +268,11 @@ void rope_inv_freq(int64_t rotary_dim, double theta, float* inv_freq) {
 
 namespace {
 
-void rotate_heads(void* base, DType dt, int64_t tok, int64_t heads, const RotaryArgs& a, float pos,
-                  const float* inv_freq) {
+void rotate_heads(void* base, DType dt, int64_t tok, int64_t heads, int64_t token_stride, int64_t head_stride,
+                  const RotaryArgs& a, float pos, const float* inv_freq) {
   const int64_t half = a.rotary_dim / 2;
   for (int64_t h = 0; h < heads; ++h) {
-    const int64_t off = (tok * heads + h) * a.head_dim;
+    const int64_t off = tok * token_stride + h * head_stride;
     for (int64_t i = 0; i < half; ++i) {
       const float ang = pos * inv_freq[i];
       const float c = std::cos(ang), s = std::sin(ang);
@@ -291,8 +291,9 @@ void rotary_ref(const void* p, ks_stream_t) {
   rope_inv_freq(a.rotary_dim, a.theta, inv_freq.data());
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const float pos = float(load_index(a.positions.data, a.positions.dtype, t));
-    rotate_heads(a.q.data, a.q.dtype, t, a.num_heads, a, pos, inv_freq.data());
-    if (a.has_k) rotate_heads(a.k.data, a.k.dtype, t, a.num_kv_heads, a, pos, inv_freq.data());
+    rotate_heads(a.q.data, a.q.dtype, t, a.num_heads, a.q_token_stride, a.q_head_stride, a, pos, inv_freq.data());
+    if (a.has_k)
+      rotate_heads(a.k.data, a.k.dtype, t, a.num_kv_heads, a.k_token_stride, a.k_head_stride, a, pos, inv_freq.data());
   }
 }
 

@@ -112,6 +112,9 @@ void fused_add_rms_norm_cuda(const void*, ks_stream_t);
 void softmax_cuda(const void*, ks_stream_t);
 void silu_and_mul_cuda(const void*, ks_stream_t);
 void gemv_cuda(const void*, ks_stream_t);
+void rotary_cuda(const void*, ks_stream_t);
+void kv_cache_append_cuda(const void*, ks_stream_t);
+std::string rope_can_implement(const void*);
 
 }  // namespace ks::cuda
 
@@ -148,6 +151,15 @@ std::string ci_gemv(const void* p) {
   auto& a = *static_cast<const ops::GemvArgs*>(p);
   return align_reason({&a.x, &a.weight, &a.out});
 }
+std::string ci_rotary(const void* p) {
+  auto& a = *static_cast<const ops::RotaryArgs*>(p);
+  std::string why = a.has_k ? align_reason({&a.q, &a.k, &a.positions}) : align_reason({&a.q, &a.positions});
+  return why.empty() ? rope_can_implement(p) : why;
+}
+std::string ci_kv(const void* p) {
+  auto& a = *static_cast<const ops::KvCacheAppendArgs*>(p);
+  return align_reason({&a.slot_mapping});  // rows are copied as bytes: any alignment
+}
 }  // namespace
 }  // namespace ks::cuda
 
@@ -165,6 +177,12 @@ void register_cuda_variants(std::vector<Variant>& v) {
                avail, ks::cuda::ci_silu, ks::cuda::silu_and_mul_cuda});
   v.push_back({"gemv", KS_BACKEND_CUDA, "cuda_warp_per_row", kFloatDTypes, 10,
                "one warp per output row, 16-byte loads, 4 in flight", avail, ks::cuda::ci_gemv, ks::cuda::gemv_cuda});
+  v.push_back({"rotary_embedding", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
+               "a CTA per token: cos/sin once in shared memory, every head of q and k; strided views", avail,
+               ks::cuda::ci_rotary, ks::cuda::rotary_cuda});
+  v.push_back({"kv_cache_append", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
+               "a CTA per token, 16-byte copies when aligned; out-of-range device slots skipped", avail,
+               ks::cuda::ci_kv, ks::cuda::kv_cache_append_cuda});
 }
 }  // namespace ks::registry
 

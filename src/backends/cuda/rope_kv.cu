@@ -1,0 +1,166 @@
+// rotary_embedding and kv_cache_append on CUDA (contracts in docs/contracts.md).
+//
+// rotary_embedding: a CTA owns a token at a time (grid-stride over tokens). The
+//   inverse frequencies fp32(theta^(-2i/rotary_dim)) are computed once per CTA in
+//   FP64 (as the CPU does, before the dependency wait: they read no memory); per
+//   token, cos and sin of fp32(fp32(pos) * inv_freq[i]) are computed once into
+//   shared memory (sincosf: full range reduction, so large positions stay
+//   accurate) and every head of q and k reuses them. q and k may be strided views
+//   (token and head strides in elements; the last dimension contiguous). Features
+//   past rotary_dim are never touched.
+// kv_cache_append: a CTA copies a token's k and v rows to their slot (16-byte
+//   accesses when every pointer and the row allow). Device slot_mapping is not
+//   range-checked on the host (that would need a synchronisation): a slot outside
+//   [0, num_slots) is skipped on the device, as -1 is, so nothing outside the
+//   cache is ever written.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "backends/cuda/common.cuh"
+#include "ops/args.hpp"
+
+namespace ks::cuda {
+
+struct RopeParams {
+  void* q;
+  void* k;
+  const void* pos;
+  bool pos64;
+  int64_t tokens, heads, kv_heads, rotary_half;
+  int64_t q_ts, q_hs, k_ts, k_hs;
+  double theta;
+};
+
+// Shared memory per CTA: inv_freq, cos, sin (3 * rotary_dim / 2 floats).
+constexpr int64_t kRopeMaxHalf = 4096;  // 48 KB of shared memory
+constexpr int kRopeThreads = 128;
+
+template <typename T, bool NEOX>
+__global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p) {
+  extern __shared__ float rope_sh[];
+  const int64_t half = p.rotary_half;
+  float* inv = rope_sh;
+  float* cs = rope_sh + half;
+  float* sn = rope_sh + 2 * half;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
+    inv[i] = float(pow(p.theta, -double(2 * i) / double(2 * half)));
+  pdl_begin();
+  const int64_t pairs = (p.heads + p.kv_heads) * half;
+  for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
+    const int64_t pi = p.pos64 ? static_cast<const int64_t*>(p.pos)[tok] : static_cast<const int32_t*>(p.pos)[tok];
+    const float pos = float(pi);
+    __syncthreads();  // the previous token's cos / sin are no longer read (and inv is complete)
+    for (int64_t i = threadIdx.x; i < half; i += blockDim.x) {
+      float s, c;
+      sincosf(pos * inv[i], &s, &c);
+      cs[i] = c;
+      sn[i] = s;
+    }
+    __syncthreads();
+    for (int64_t idx = threadIdx.x; idx < pairs; idx += blockDim.x) {
+      const int64_t h = idx / half, i = idx - h * half;
+      T* base = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
+                            : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
+      const int64_t i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
+      const float x0 = Dt<T>::to_f(base[i0]), x1 = Dt<T>::to_f(base[i1]);
+      const float c = cs[i], s = sn[i];
+      base[i0] = Dt<T>::from_f(x0 * c - x1 * s);
+      base[i1] = Dt<T>::from_f(x1 * c + x0 * s);
+    }
+  }
+}
+
+std::string rope_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::RotaryArgs*>(args);
+  if (a.rotary_dim / 2 > kRopeMaxHalf) return "rotary_dim > 8192 (the cos/sin table would exceed 48 KB of shared memory)";
+  return "";
+}
+
+void rotary_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::RotaryArgs*>(args);
+  const int dev = a.q.device.device_id;
+  DeviceGuard g(dev, "rotary_embedding");
+  const DeviceProps& dp = device_props(dev);
+  RopeParams p{a.q.data,         a.has_k ? a.k.data : nullptr,
+               a.positions.data, a.positions.dtype == detail::DType::I64,
+               a.num_tokens,     a.num_heads,
+               a.has_k ? a.num_kv_heads : 0,
+               a.rotary_dim / 2, a.q_token_stride,
+               a.q_head_stride,  a.k_token_stride,
+               a.k_head_stride,  a.theta};
+  const int64_t grid = std::min<int64_t>(a.num_tokens, int64_t(dp.sm_count) * 16);
+  const size_t smem = size_t(3 * p.rotary_half) * sizeof(float);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto go = [&](auto kern) {
+    if (smem > 48 * 1024) return;  // excluded by rope_can_implement
+    launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p);
+  };
+  switch (a.q.dtype) {
+    case detail::DType::F32: a.neox ? go(rope_kernel<float, true>) : go(rope_kernel<float, false>); break;
+    case detail::DType::F16: a.neox ? go(rope_kernel<__half, true>) : go(rope_kernel<__half, false>); break;
+    default: a.neox ? go(rope_kernel<__nv_bfloat16, true>) : go(rope_kernel<__nv_bfloat16, false>); break;
+  }
+  check_launch("rotary_embedding");
+  record_launch("rotary_embedding", "threads=%lld grid=%lld smem=%lld", {kRopeThreads, grid, (long long)smem});
+}
+
+// ---- kv_cache_append ------------------------------------------------------------
+struct KvParams {
+  char* k_cache;
+  char* v_cache;
+  const char* k;
+  const char* v;
+  const void* slots;
+  bool slots64;
+  int64_t tokens, num_slots, row_bytes;
+};
+
+template <int B>  // bytes per access: 16, or 1 for unaligned rows
+__global__ void __launch_bounds__(256) kv_append_kernel(const KvParams p) {
+  using R = std::conditional_t<B == 16, uint4, unsigned char>;
+  pdl_begin();
+  const int64_t n = p.row_bytes / B;
+  for (int64_t t = blockIdx.x; t < p.tokens; t += gridDim.x) {
+    const int64_t slot = p.slots64 ? static_cast<const int64_t*>(p.slots)[t] : static_cast<const int32_t*>(p.slots)[t];
+    if (slot < 0 || slot >= p.num_slots) continue;  // -1 (padding) or out of range: skipped
+    const R* ks = reinterpret_cast<const R*>(p.k + t * p.row_bytes);
+    const R* vs = reinterpret_cast<const R*>(p.v + t * p.row_bytes);
+    R* kd = reinterpret_cast<R*>(p.k_cache + slot * p.row_bytes);
+    R* vd = reinterpret_cast<R*>(p.v_cache + slot * p.row_bytes);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      kd[i] = ks[i];
+      vd[i] = vs[i];
+    }
+  }
+}
+
+void kv_cache_append_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::KvCacheAppendArgs*>(args);
+  const int dev = a.k.device.device_id;
+  DeviceGuard g(dev, "kv_cache_append");
+  const DeviceProps& dp = device_props(dev);
+  const int64_t row_bytes = a.num_kv_heads * a.head_dim * detail::dtype_bytes(a.k.dtype);
+  KvParams p{static_cast<char*>(a.k_cache.data),
+             static_cast<char*>(a.v_cache.data),
+             static_cast<const char*>(a.k.data),
+             static_cast<const char*>(a.v.data),
+             a.slot_mapping.data,
+             a.slot_mapping.dtype == detail::DType::I64,
+             a.num_tokens,
+             a.num_slots,
+             row_bytes};
+  const bool vec = row_bytes % 16 == 0 && aligned16(p.k_cache) && aligned16(p.v_cache) && aligned16(p.k) &&
+                   aligned16(p.v);
+  const int64_t grid = std::min<int64_t>(a.num_tokens, int64_t(dp.sm_count) * 16);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (vec)
+    launch_kernel("kv_cache_append", kv_append_kernel<16>, dim3(unsigned(grid)), dim3(256), 0, s, 1, dp.pdl, p);
+  else
+    launch_kernel("kv_cache_append", kv_append_kernel<1>, dim3(unsigned(grid)), dim3(256), 0, s, 1, dp.pdl, p);
+  check_launch("kv_cache_append");
+  record_launch("kv_cache_append", "bytes_per_access=%lld grid=%lld", {vec ? 16 : 1, grid});
+}
+
+}  // namespace ks::cuda
