@@ -200,6 +200,30 @@ def test_rotary_q_only_and_defaults(rng):
     assert_close(q, ref, "fp32", extra=e)
 
 
+@pytest.mark.parametrize("dt", ["fp32", "fp16"])
+def test_rotary_on_fused_qkv_views(rng, dt):
+    # q and k as views of one [T, (H + 2 KVH) * D] buffer: rotated in place, v untouched
+    T, H, KVH, D = 4, 3, 1, 16
+    qkv = rand(rng, (T, (H + 2 * KVH) * D), dt)
+    before = qkv.copy()
+    q = qkv[:, :H * D].reshape(T, H, D)  # token stride (H + 2 KVH) D: not contiguous
+    k = qkv[:, H * D:(H + KVH) * D].reshape(T, KVH, D)
+    assert not q.flags.c_contiguous
+    pos = np.array([3, 0, 9, 1000], np.int64)
+    rq, eq = ref_rotary(before[:, :H * D].reshape(T, H, D), pos, D, 10000.0, True)
+    rk, ek = ref_rotary(before[:, H * D:(H + KVH) * D].reshape(T, KVH, D), pos, D, 10000.0, True)
+    ks.rotary_embedding(q, k, pos, D, 10000.0, True)
+    assert_close(qkv[:, :H * D].reshape(T, H, D), rq, dt, extra=eq, what="q")
+    assert_close(qkv[:, H * D:(H + KVH) * D].reshape(T, KVH, D), rk, dt, extra=ek, what="k")
+    assert np.array_equal(qkv[:, (H + KVH) * D:].view(np.uint8), before[:, (H + KVH) * D:].view(np.uint8))
+    # k overlapping q is rejected, nothing written
+    k_bad = qkv[:, (H - 1) * D:H * D].reshape(T, 1, D)
+    snap = qkv.copy()
+    with pytest.raises(ValueError, match="rotary_embedding: q and k overlap"):
+        ks.rotary_embedding(q, k_bad, pos, D)
+    assert np.array_equal(qkv.view(np.uint8), snap.view(np.uint8))
+
+
 def test_rotary_validation(rng):
     q = rand(rng, (3, 2, 16), "fp32")
     q0 = q.copy()
