@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "gguf_blocks_fp64.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -606,6 +607,177 @@ TEST(Cuda, KvCacheAppendSlotsAndSkips) {
         std::memcpy(static_cast<char*>(kref.data()) + 2 * row, static_cast<const char*>(k.data()) + 2 * row, row);
         EXPECT_EQ(0, std::memcmp(kg.data(), kref.data(), kg.nbytes())) << "only slot 2 (token 2) may change";
       }
+}
+
+// argmax on CUDA: equal to the CPU reference (first maximum, first NaN, all -inf -> 0),
+// with ties placed on purpose, over widths up to the vocabulary size.
+TEST(Cuda, ArgmaxTiesNanAndWideRows) {
+  NEED_GPU();
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(32000), int64_t(128256)}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V));
+      const int64_t R = 6;
+      Buf x(dt, {R, V}), ref(DType::I64, {R}), got(DType::I64, {R});
+      kstest::fill_normal(x);
+      if (V > 3) {
+        x.set(0 * V + V / 2, 50.0), x.set(0 * V + V - 1, 50.0);           // tie: the first wins
+        x.set(1 * V + V / 3, std::nan("")), x.set(1 * V + V - 2, std::nan(""));  // first NaN wins
+      }
+      for (int64_t i = 0; i < V; ++i) x.set(2 * V + i, -INFINITY);        // all -inf: 0
+      x.set(3 * V + V - 1, INFINITY);                                      // +inf at the end
+      DBuf dx(dt, {R, V}), dout(DType::I64, {R});
+      dx.upload(x);
+      dout.poison();
+      ks::argmax(dout.view(), dx.view(), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      ks::argmax(ref.view(), x.view(), ks::Backend::Cpu);
+      for (int64_t r = 0; r < R; ++r) EXPECT_EQ(got.get(r), ref.get(r)) << "row " << r;
+    }
+}
+
+// embedding on CUDA: dense rows bit-exact; packed rows (Q4_0, Q4_1, Q8_0, F16, BF16, F32)
+// decoded as the CPU does; a device id out of range gives a NaN row (no host check).
+TEST(Cuda, EmbeddingDenseAndPackedRows) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  const int64_t vocab = 50, H = 96;
+  for (DType dt : kstest::float_dtypes())
+    for (DType idt : {DType::I32, DType::I64}) {
+      Buf ids(idt, {2, 3});
+      const int64_t iv[6] = {0, 49, 7, 7, 13, 2};
+      for (int i = 0; i < 6; ++i) ids.set(i, double(iv[i]));
+      DBuf dids(idt, {2, 3});
+      dids.upload(ids);
+      // dense
+      Buf table(dt, {vocab, H}), ref(dt, {2, 3, H}), got(dt, {2, 3, H});
+      kstest::fill_normal(table);
+      DBuf dtable(dt, {vocab, H}), dout(dt, {2, 3, H});
+      dtable.upload(table);
+      dout.poison();
+      ks::embedding(dout.view(), dids.view(), dtable.view(), ks::QType::None, ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      ks::embedding(ref.view(), ids.view(), table.view(), ks::QType::None, ks::Backend::Cpu);
+      EXPECT_EQ(0, std::memcmp(got.data(), ref.data(), got.nbytes())) << ks::dtype_name(dt) << " dense";
+      for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0, KS_QTYPE_F16, KS_QTYPE_BF16, KS_QTYPE_F32}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)));
+        Buf packed = make_packed(q, vocab, H);
+        DBuf dp(DType::U8, packed.shape);
+        dp.upload(packed);
+        dout.poison();
+        ks::embedding(dout.view(), dids.view(), dp.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::embedding(ref.view(), ids.view(), packed.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+        // d * q + m may be fused on one side and not the other: one FP32 ulp, then one rounding
+        EXPECT_TRUE(kstest::allclose(got.values(), ref.values(), 1e-6 + kstest::tol(dt), 1e-6 + kstest::tol(dt)));
+      }
+      // out-of-range device ids: NaN rows, the others still right
+      Buf bad(idt, {2});
+      bad.set(0, double(vocab)), bad.set(1, 3.0);
+      DBuf dbad(idt, {2});
+      dbad.upload(bad);
+      DBuf dout2(dt, {2, H});
+      dout2.poison();
+      ks::embedding(dout2.view(), dbad.view(), dtable.view(), ks::QType::None, ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      Buf got2(dt, {2, H});
+      dout2.download(got2);
+      for (int64_t j = 0; j < H; ++j) {
+        EXPECT_TRUE(std::isnan(got2.get(j))) << "id out of range must give NaN";
+        EXPECT_EQ(got2.get(H + j), table.get(3 * H + j));
+      }
+    }
+}
+
+// quant_matmul on CUDA against the CPU backend: GGUF Q4_0 / Q4_1 / Q8_0 weights, M from 1
+// (decode) to 9 (chunks of 4 rows plus a tail), K with one and many blocks.
+TEST(Cuda, QuantMatmulBlockFormats) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 576, 576}, {9, 37, 32}, {4, 130, 1536}, {2, 3, 4096}}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
+                     " N=" + std::to_string(N) + " K=" + std::to_string(K));
+        Buf x(dt, {M, K}), ref(dt, {M, N}), got(dt, {M, N});
+        kstest::fill_normal(x);
+        Buf w = make_packed(q, N, K);
+        DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
+        dx.upload(x);
+        dw.upload(w);
+        dout.poison();
+        ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+        // sums of K products in different orders (|x| ~ 1, |w| ~ 1): the random-walk bound
+        EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
+      }
+}
+
+// paged_attention on CUDA against the CPU backend: decode (one query per sequence, GQA,
+// scattered blocks, contexts from 0 to past one key tile) and causal prefill with seq_ids.
+TEST(Cuda, PagedAttentionDecodeAndPrefill) {
+  NEED_GPU();
+  for (DType dt : kstest::float_dtypes())
+    for (auto [H, KVH, D] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{9, 3, 64}, {8, 8, 128}, {4, 1, 32}}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(H) + " KVH=" + std::to_string(KVH) + " D=" +
+                   std::to_string(D));
+      const int64_t bs = 16, blocks = 40, seqs = 4, maxb = 10;
+      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      Buf bt(DType::I32, {seqs, maxb});
+      for (int64_t i = 0; i < seqs * maxb; ++i) bt.set(i, double((i * 7 + 3) % blocks));  // scattered blocks
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, {seqs, maxb});
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      const double scale = 1.0 / std::sqrt(double(D));
+      // decode: token t is sequence t
+      {
+        const int64_t T = seqs;
+        Buf q(dt, {T, H, D}), cl(DType::I32, {T}), ref(dt, {T, H, D}), got(dt, {T, H, D});
+        kstest::fill_normal(q);
+        const int64_t lens[4] = {1, 0, 129, 160};
+        for (int64_t t = 0; t < T; ++t) cl.set(t, double(lens[t]));
+        DBuf dq(dt, {T, H, D}), dcl(DType::I32, {T}), dout(dt, {T, H, D});
+        dq.upload(q);
+        dcl.upload(cl);
+        dout.poison();
+        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
+                            scale, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                            ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << "decode";
+      }
+      // causal prefill of 37 tokens of sequence 2 (positions 0..36), then 5 tokens of sequence 0
+      {
+        const int64_t T = 42;
+        Buf q(dt, {T, H, D}), cl(DType::I32, {T}), sid(DType::I32, {T}), ref(dt, {T, H, D}), got(dt, {T, H, D});
+        kstest::fill_normal(q);
+        for (int64_t t = 0; t < T; ++t) {
+          sid.set(t, t < 37 ? 2.0 : 0.0);
+          cl.set(t, double(t < 37 ? t + 1 : t - 37 + 1));
+        }
+        DBuf dq(dt, {T, H, D}), dcl(DType::I32, {T}), dsid(DType::I32, {T}), dout(dt, {T, H, D});
+        dq.upload(q);
+        dcl.upload(cl);
+        dsid.upload(sid);
+        dout.poison();
+        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), dsid.view(), dcl.view(), scale,
+                            ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), sid.view(), cl.view(), scale,
+                            ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << "prefill";
+      }
+    }
 }
 
 TEST(Cuda, GraphCaptureAndReplay) {

@@ -115,6 +115,12 @@ void gemv_cuda(const void*, ks_stream_t);
 void rotary_cuda(const void*, ks_stream_t);
 void kv_cache_append_cuda(const void*, ks_stream_t);
 std::string rope_can_implement(const void*);
+void argmax_cuda(const void*, ks_stream_t);
+void embedding_cuda(const void*, ks_stream_t);
+void quant_matmul_cuda(const void*, ks_stream_t);
+void paged_attention_cuda(const void*, ks_stream_t);
+std::string quant_matmul_can_implement(const void*);
+std::string paged_attention_can_implement(const void*);
 
 }  // namespace ks::cuda
 
@@ -156,6 +162,25 @@ std::string ci_rotary(const void* p) {
   std::string why = a.has_k ? align_reason({&a.q, &a.k, &a.positions}) : align_reason({&a.q, &a.positions});
   return why.empty() ? rope_can_implement(p) : why;
 }
+std::string ci_argmax(const void* p) {
+  auto& a = *static_cast<const ops::ArgmaxArgs*>(p);
+  return align_reason({&a.x, &a.out});
+}
+std::string ci_embedding(const void* p) {
+  auto& a = *static_cast<const ops::EmbeddingArgs*>(p);
+  return align_reason({&a.out, &a.ids, &a.table});
+}
+std::string ci_quant_matmul(const void* p) {
+  auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
+  const std::string why = align_reason({&a.x, &a.out, &a.weight});
+  return why.empty() ? quant_matmul_can_implement(p) : why;
+}
+std::string ci_attention(const void* p) {
+  auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
+  std::string why = align_reason({&a.out, &a.q, &a.k_cache, &a.v_cache, &a.block_tables, &a.context_lens});
+  if (why.empty() && a.has_seq_ids) why = align_reason({&a.seq_ids});
+  return why.empty() ? paged_attention_can_implement(p) : why;
+}
 std::string ci_kv(const void* p) {
   auto& a = *static_cast<const ops::KvCacheAppendArgs*>(p);
   return align_reason({&a.slot_mapping});  // rows are copied as bytes: any alignment
@@ -180,6 +205,18 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"rotary_embedding", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
                "a CTA per token: cos/sin once in shared memory, every head of q and k; strided views", avail,
                ks::cuda::ci_rotary, ks::cuda::rotary_cuda});
+  v.push_back({"argmax", KS_BACKEND_CUDA, "cuda_cta_per_row", kFloatDTypes, 10,
+               "a CTA per row, (value, index) reduction: first NaN, then first maximum", avail, ks::cuda::ci_argmax,
+               ks::cuda::argmax_cuda});
+  v.push_back({"embedding", KS_BACKEND_CUDA, "cuda_cta_per_id", kFloatDTypes, 10,
+               "a CTA per id: dense copy or FP32 block decode; device ids out of range give a NaN row", avail,
+               ks::cuda::ci_embedding, ks::cuda::embedding_cuda});
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
+               "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
+               ks::cuda::ci_quant_matmul, ks::cuda::quant_matmul_cuda});
+  v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_cta_per_head", kFloatDTypes, 10,
+               "a CTA per (token, head): key tiles of 128, online FP32 softmax", avail, ks::cuda::ci_attention,
+               ks::cuda::paged_attention_cuda});
   v.push_back({"kv_cache_append", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
                "a CTA per token, 16-byte copies when aligned; out-of-range device slots skipped", avail,
                ks::cuda::ci_kv, ks::cuda::kv_cache_append_cuda});

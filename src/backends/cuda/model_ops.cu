@@ -1,0 +1,434 @@
+// The model-path operators on CUDA (contracts in docs/contracts.md): argmax,
+// embedding, quant_matmul (GGUF block formats, decode-sized M) and paged_attention.
+// First versions, written for correctness with sensible memory access; their
+// launch rules are not tuned yet.
+//
+// Index tensors on the device cannot be range-checked on the host without a
+// synchronisation; the kernels stay memory-safe instead: an embedding id outside
+// [0, vocab) yields a row of NaN, a block id outside [0, num_blocks) or a
+// sequence id outside [0, num_seqs) drops the affected keys (an attention row
+// with no key left is a zero row), and context lengths are clamped to the block
+// table's capacity.
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "ops/args.hpp"
+
+namespace ks::cuda {
+namespace {
+
+template <typename T>
+__device__ __forceinline__ float ld_f(const T* p, int64_t i) {
+  return Dt<T>::to_f(p[i]);
+}
+
+__device__ __forceinline__ int64_t ld_index(const void* p, bool is64, int64_t i) {
+  return is64 ? static_cast<const int64_t*>(p)[i] : int64_t(static_cast<const int32_t*>(p)[i]);
+}
+
+// ---- argmax ---------------------------------------------------------------------
+// (value, index) with the contract's order: a NaN beats every number (the first NaN
+// wins), otherwise the larger value, ties to the smaller index.
+struct ArgBest {
+  float v;
+  int64_t i;
+};
+__device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
+  const bool an = a.v != a.v, bn = b.v != b.v;
+  if (an || bn) {
+    if (an && bn) return a.i <= b.i ? a : b;
+    return an ? a : b;
+  }
+  if (a.v != b.v) return a.v > b.v ? a : b;
+  return a.i <= b.i ? a : b;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(1024) argmax_kernel(const T* __restrict__ x, int64_t* __restrict__ out, int64_t rows,
+                                                      int64_t cols) {
+  __shared__ float sv[32];
+  __shared__ int64_t si[32];
+  pdl_begin();
+  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const T* row = x + r * cols;
+    ArgBest b{-INFINITY, cols};  // an empty share loses to any element (index cols > every index)
+    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) b = better(b, ArgBest{ld_f(row, i), i});
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      ArgBest c{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
+      b = better(b, c);
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    __syncthreads();  // the previous row's partials are read
+    if (lane == 0) {
+      sv[warp] = b.v;
+      si[warp] = b.i;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      ArgBest c = lane < nw ? ArgBest{sv[lane], si[lane]} : ArgBest{-INFINITY, cols};
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) {
+        ArgBest d{__shfl_xor_sync(0xffffffffu, c.v, o), __shfl_xor_sync(0xffffffffu, c.i, o)};
+        c = better(c, d);
+      }
+      // all -inf: every element ties at -inf and index 0 wins; cols > 0 always here
+      if (lane == 0) out[r] = c.i < cols ? c.i : 0;
+    }
+  }
+}
+
+// ---- embedding --------------------------------------------------------------------
+// Decodes element j of a packed row (GGUF block formats, little endian).
+__device__ __forceinline__ float h2f_bits(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+__device__ __forceinline__ uint16_t rd16(const uint8_t* p) { return uint16_t(p[0] | (uint16_t(p[1]) << 8)); }
+
+__device__ __forceinline__ float decode_elem(ks_qtype_t q, const uint8_t* row, int64_t j) {
+  switch (q) {
+    case KS_QTYPE_F32: {
+      float f;
+      memcpy(&f, row + 4 * j, 4);
+      return f;
+    }
+    case KS_QTYPE_F16: return h2f_bits(rd16(row + 2 * j));
+    case KS_QTYPE_BF16: return __uint_as_float(uint32_t(rd16(row + 2 * j)) << 16);
+    case KS_QTYPE_Q4_0: {
+      const uint8_t* b = row + (j / 32) * 18;
+      const int e = int(j % 32);
+      const int code = e < 16 ? (b[2 + e] & 0x0F) : (b[2 + e - 16] >> 4);
+      return h2f_bits(rd16(b)) * float(code - 8);
+    }
+    case KS_QTYPE_Q4_1: {
+      const uint8_t* b = row + (j / 32) * 20;
+      const int e = int(j % 32);
+      const int code = e < 16 ? (b[4 + e] & 0x0F) : (b[4 + e - 16] >> 4);
+      return h2f_bits(rd16(b)) * float(code) + h2f_bits(rd16(b + 2));
+    }
+    case KS_QTYPE_Q8_0: {
+      const uint8_t* b = row + (j / 32) * 34;
+      return h2f_bits(rd16(b)) * float(int8_t(b[2 + j % 32]));
+    }
+    default: return __int_as_float(0x7fffffff);
+  }
+}
+
+struct EmbParams {
+  void* out;
+  const void* ids;
+  bool ids64;
+  const void* table;
+  ks_qtype_t format;
+  int64_t num_ids, hidden, vocab, row_bytes;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(256) embedding_kernel(const EmbParams p) {
+  pdl_begin();
+  T* out = static_cast<T*>(p.out);
+  for (int64_t i = blockIdx.x; i < p.num_ids; i += gridDim.x) {
+    const int64_t id = ld_index(p.ids, p.ids64, i);
+    T* dst = out + i * p.hidden;
+    if (id < 0 || id >= p.vocab) {  // not checkable on the host: a loud NaN row, nothing read
+      for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x) dst[j] = Dt<T>::from_f(__int_as_float(0x7fffffff));
+      continue;
+    }
+    if (p.format == KS_QTYPE_NONE) {
+      const T* src = static_cast<const T*>(p.table) + id * p.hidden;
+      for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x) dst[j] = src[j];  // bit-exact copy
+    } else {
+      const uint8_t* src = static_cast<const uint8_t*>(p.table) + id * p.row_bytes;
+      for (int64_t j = threadIdx.x; j < p.hidden; j += blockDim.x) dst[j] = Dt<T>::from_f(decode_elem(p.format, src, j));
+    }
+  }
+}
+
+// ---- quant_matmul ----------------------------------------------------------------
+// out[m, n] = sum_k x[m, k] * w[n, k], w decoded from its blocks in FP32 on the fly.
+// A warp owns an output column n for kMq rows of x at a time; lane l takes blocks
+// l, l + 32, ... of the weight row, decodes each block once (32 values) and
+// multiplies it with the matching 32 values of every x row of the chunk.
+constexpr int kMq = 4;
+
+template <typename T>
+__global__ void __launch_bounds__(256) quant_matmul_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                                                           T* __restrict__ out, int64_t M, int64_t N, int64_t K,
+                                                           int64_t row_bytes, ks_qtype_t q) {
+  pdl_begin();
+  const int lane = threadIdx.x & 31;
+  const int64_t n = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  if (n >= N) return;
+  const int64_t nblocks = K / 32, bbytes = q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
+  const uint8_t* wr = w + n * row_bytes;
+  for (int64_t m0 = 0; m0 < M; m0 += kMq) {
+    float acc[kMq] = {};
+    for (int64_t b = lane; b < nblocks; b += 32) {
+      const uint8_t* blk = wr + b * bbytes;
+      float v[32];
+      const float d = h2f_bits(rd16(blk));
+      if (q == KS_QTYPE_Q8_0) {
+#pragma unroll
+        for (int e = 0; e < 32; ++e) v[e] = d * float(int8_t(blk[2 + e]));
+      } else {
+        const bool q41 = q == KS_QTYPE_Q4_1;
+        const float mn = q41 ? h2f_bits(rd16(blk + 2)) : 0.f;
+        const uint8_t* qs = blk + (q41 ? 4 : 2);
+#pragma unroll
+        for (int e = 0; e < 16; ++e) {
+          const int lo = qs[e] & 0x0F, hi = qs[e] >> 4;
+          v[e] = q41 ? d * float(lo) + mn : d * float(lo - 8);
+          v[e + 16] = q41 ? d * float(hi) + mn : d * float(hi - 8);
+        }
+      }
+#pragma unroll
+      for (int mm = 0; mm < kMq; ++mm) {
+        if (m0 + mm >= M) break;
+        const T* xr = x + (m0 + mm) * K + b * 32;
+        float s = 0.f;
+#pragma unroll
+        for (int e = 0; e < 32; ++e) s += v[e] * ld_f(xr, e);
+        acc[mm] += s;
+      }
+    }
+#pragma unroll
+    for (int mm = 0; mm < kMq; ++mm) {
+      float s = warp_sum(acc[mm]);
+      if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
+    }
+  }
+}
+
+// ---- paged_attention ----------------------------------------------------------------
+// A CTA per (query token, head): keys in tiles of kTile; a warp per key computes its
+// score (lanes over head_dim, FP32), the tile's scores go through an online softmax
+// (running max and sum, FP32), and thread d accumulates sum_j p_j v_j[d].
+constexpr int kAttnThreads = 128, kTile = 128;
+
+struct AttnParams {
+  void* out;
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* block_tables;
+  const int32_t* seq_ids;  // nullptr: token t uses row t
+  const int32_t* context_lens;
+  float scale;
+  int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs, max_blocks_per_seq;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const AttnParams p) {
+  extern __shared__ float attn_sh[];  // q (D floats), then acc (D floats)
+  __shared__ float sc[kTile];
+  __shared__ int64_t slot_of[kTile];
+  __shared__ float red[kAttnThreads / 32];
+  pdl_begin();
+  const int64_t D = p.head_dim;
+  float* qv = attn_sh;
+  float* acc = attn_sh + D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = kAttnThreads / 32;
+  const int64_t group = p.num_heads / p.num_kv_heads;
+  for (int64_t th = blockIdx.x; th < p.num_tokens * p.num_heads; th += gridDim.x) {
+    const int64_t t = th / p.num_heads, h = th % p.num_heads, kvh = h / group;
+    const T* q = static_cast<const T*>(p.q) + (t * p.num_heads + h) * D;
+    T* out = static_cast<T*>(p.out) + (t * p.num_heads + h) * D;
+    const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
+    int64_t len = p.context_lens[t];
+    if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
+    len = min(len, p.max_blocks_per_seq * p.block_size);
+    __syncthreads();  // the previous row's q / acc are no longer read
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      qv[d] = ld_f(q, d);
+      acc[d] = 0.f;
+    }
+    float run_max = -INFINITY, run_sum = 0.f;
+    for (int64_t j0 = 0; j0 < len; j0 += kTile) {
+      const int64_t nt = min(int64_t(kTile), len - j0);
+      __syncthreads();  // qv written / the previous tile's scores consumed
+      for (int64_t j = threadIdx.x; j < nt; j += blockDim.x) {
+        const int64_t pos = j0 + j;
+        const int64_t blk = p.block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
+        slot_of[j] = (blk >= 0 && blk < p.num_blocks) ? blk * p.block_size + pos % p.block_size : -1;
+      }
+      __syncthreads();
+      for (int64_t j = warp; j < nt; j += nw) {
+        float dot = 0.f;
+        const int64_t slot = slot_of[j];
+        if (slot >= 0) {
+          const T* kr = static_cast<const T*>(p.k_cache) + (slot * p.num_kv_heads + kvh) * D;
+          for (int64_t d = lane; d < D; d += 32) dot += qv[d] * ld_f(kr, d);
+        }
+        dot = warp_sum(dot);
+        if (lane == 0) sc[j] = slot >= 0 ? dot * p.scale : -INFINITY;  // a dropped key weighs 0
+      }
+      __syncthreads();
+      // tile maximum (max of FP32 scores; NaN scores propagate through exp below)
+      float m = -INFINITY;
+      for (int64_t j = threadIdx.x; j < nt; j += blockDim.x) m = fmaxf(m, sc[j]);
+      m = warp_max(m);
+      if (lane == 0) red[warp] = m;
+      __syncthreads();
+      m = red[0];
+      for (int i = 1; i < nw; ++i) m = fmaxf(m, red[i]);
+      const float new_max = fmaxf(run_max, m);
+      // all keys so far dropped (-inf): nothing to rescale, weights stay 0
+      const float corr = new_max == -INFINITY ? 1.f : expf(run_max - new_max);
+      __syncthreads();  // red read by all before reuse
+      float s = 0.f;
+      for (int64_t j = threadIdx.x; j < nt; j += blockDim.x) {
+        const float e = new_max == -INFINITY ? 0.f : expf(sc[j] - new_max);
+        sc[j] = e;
+        s += e;
+      }
+      s = warp_sum(s);
+      if (lane == 0) red[warp] = s;
+      __syncthreads();
+      float tile_sum = 0.f;
+      for (int i = 0; i < nw; ++i) tile_sum += red[i];
+      run_sum = run_sum * corr + tile_sum;
+      run_max = new_max;
+      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = acc[d] * corr;
+        for (int64_t j = 0; j < nt; ++j) {
+          const int64_t slot = slot_of[j];
+          if (slot < 0) continue;
+          a += sc[j] * ld_f(static_cast<const T*>(p.v_cache) + (slot * p.num_kv_heads + kvh) * D, d);
+        }
+        acc[d] = a;
+      }
+    }
+    __syncthreads();
+    const float inv = run_sum > 0.f ? 1.f / run_sum : 0.f;  // no key: a zero row
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = Dt<T>::from_f(len > 0 ? acc[d] * inv : 0.f);
+  }
+}
+
+}  // namespace
+
+// ---- launchers ----------------------------------------------------------------------
+void argmax_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::ArgmaxArgs*>(args);
+  DeviceGuard g(a.x.device.device_id, "argmax");
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  const int threads = a.cols >= 8192 ? 1024 : a.cols >= 1024 ? 256 : 128;
+  const unsigned grid = unsigned(std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 8));
+  const auto s = static_cast<cudaStream_t>(stream);
+  int64_t* out = static_cast<int64_t*>(a.out.data);
+  switch (a.x.dtype) {
+    case detail::DType::F32:
+      launch_kernel("argmax", argmax_kernel<float>, dim3(grid), dim3(threads), 0, s, 1, dp.pdl,
+                    static_cast<const float*>(a.x.data), out, a.rows, a.cols);
+      break;
+    case detail::DType::F16:
+      launch_kernel("argmax", argmax_kernel<__half>, dim3(grid), dim3(threads), 0, s, 1, dp.pdl,
+                    static_cast<const __half*>(a.x.data), out, a.rows, a.cols);
+      break;
+    default:
+      launch_kernel("argmax", argmax_kernel<__nv_bfloat16>, dim3(grid), dim3(threads), 0, s, 1, dp.pdl,
+                    static_cast<const __nv_bfloat16*>(a.x.data), out, a.rows, a.cols);
+      break;
+  }
+  check_launch("argmax");
+  record_launch("argmax", "threads=%lld grid=%lld", {threads, grid});
+}
+
+void embedding_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::EmbeddingArgs*>(args);
+  DeviceGuard g(a.out.device.device_id, "embedding");
+  const DeviceProps& dp = device_props(a.out.device.device_id);
+  EmbParams p{a.out.data, a.ids.data, a.ids.dtype == detail::DType::I64, a.table.data, a.format,
+              a.num_ids,  a.hidden,   a.vocab,                            a.row_bytes};
+  const unsigned grid = unsigned(std::min<int64_t>(a.num_ids, int64_t(dp.sm_count) * 16));
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.out.dtype) {
+    case detail::DType::F32: launch_kernel("embedding", embedding_kernel<float>, dim3(grid), dim3(256), 0, s, 1, dp.pdl, p); break;
+    case detail::DType::F16: launch_kernel("embedding", embedding_kernel<__half>, dim3(grid), dim3(256), 0, s, 1, dp.pdl, p); break;
+    default: launch_kernel("embedding", embedding_kernel<__nv_bfloat16>, dim3(grid), dim3(256), 0, s, 1, dp.pdl, p); break;
+  }
+  check_launch("embedding");
+  record_launch("embedding", "threads=256 grid=%lld", {grid});
+}
+
+std::string quant_matmul_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.qtype != KS_QTYPE_Q4_0 && a.qtype != KS_QTYPE_Q4_1 && a.qtype != KS_QTYPE_Q8_0)
+    return "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
+  return "";
+}
+
+void quant_matmul_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  DeviceGuard g(a.x.device.device_id, "quant_matmul");
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  constexpr int kWarps = 8;
+  const unsigned grid = unsigned((a.n + kWarps - 1) / kWarps);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto* w = static_cast<const uint8_t*>(a.weight.data);
+  switch (a.x.dtype) {
+    case detail::DType::F32:
+      launch_kernel("quant_matmul", quant_matmul_kernel<float>, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl,
+                    static_cast<const float*>(a.x.data), w, static_cast<float*>(a.out.data), a.m, a.n, a.k,
+                    a.row_bytes, a.qtype);
+      break;
+    case detail::DType::F16:
+      launch_kernel("quant_matmul", quant_matmul_kernel<__half>, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl,
+                    static_cast<const __half*>(a.x.data), w, static_cast<__half*>(a.out.data), a.m, a.n, a.k,
+                    a.row_bytes, a.qtype);
+      break;
+    default:
+      launch_kernel("quant_matmul", quant_matmul_kernel<__nv_bfloat16>, dim3(grid), dim3(32 * kWarps), 0, s, 1,
+                    dp.pdl, static_cast<const __nv_bfloat16*>(a.x.data), w, static_cast<__nv_bfloat16*>(a.out.data),
+                    a.m, a.n, a.k, a.row_bytes, a.qtype);
+      break;
+  }
+  check_launch("quant_matmul");
+  record_launch("quant_matmul", "warp_per_column warps_per_cta=%lld m_chunk=%lld", {kWarps, kMq});
+}
+
+std::string paged_attention_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+  if (a.head_dim > 4096) return "head_dim > 4096 (q and the accumulator are kept in 48 KB of shared memory)";
+  return "";
+}
+
+void paged_attention_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+  DeviceGuard g(a.q.device.device_id, "paged_attention");
+  const DeviceProps& dp = device_props(a.q.device.device_id);
+  AttnParams p{a.out.data,
+               a.q.data,
+               a.k_cache.data,
+               a.v_cache.data,
+               static_cast<const int32_t*>(a.block_tables.data),
+               a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data) : nullptr,
+               static_cast<const int32_t*>(a.context_lens.data),
+               a.scale,
+               a.num_tokens,
+               a.num_heads,
+               a.num_kv_heads,
+               a.head_dim,
+               a.block_size,
+               a.num_blocks,
+               a.num_seqs,
+               a.max_blocks_per_seq};
+  const unsigned grid = unsigned(std::min<int64_t>(a.num_tokens * a.num_heads, int64_t(dp.sm_count) * 16));
+  const size_t smem = size_t(2 * a.head_dim) * sizeof(float);
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.q.dtype) {
+    case detail::DType::F32:
+      launch_kernel("paged_attention", paged_attention_kernel<float>, dim3(grid), dim3(kAttnThreads), smem, s, 1, dp.pdl, p);
+      break;
+    case detail::DType::F16:
+      launch_kernel("paged_attention", paged_attention_kernel<__half>, dim3(grid), dim3(kAttnThreads), smem, s, 1, dp.pdl, p);
+      break;
+    default:
+      launch_kernel("paged_attention", paged_attention_kernel<__nv_bfloat16>, dim3(grid), dim3(kAttnThreads), smem, s, 1,
+                    dp.pdl, p);
+      break;
+  }
+  check_launch("paged_attention");
+  record_launch("paged_attention", "cta_per_token_head threads=%lld key_tile=%lld grid=%lld", {kAttnThreads, kTile, grid});
+}
+
+}  // namespace ks::cuda
