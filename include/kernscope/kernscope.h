@@ -227,6 +227,21 @@ KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DL
 KS_API ks_status_t ks_argmax(DLTensor* out, const DLTensor* x, ks_backend_t backend,
                              ks_stream_t stream);
 
+/* Samples one token id per row of logits (temperature, then top-k, then top-p), the
+ * same ids on every backend and every replay for the same (seed, offset)
+ * (docs/contracts.md#sample):
+ *   logits [rows, vocab] fp16/bf16/fp32, vocab > 0; out int64 [rows];
+ *   valid uint8 [rows] or NULL: 1, or 0 for a row holding NaN or +inf or only -inf
+ *     (its out is 0, the placeholder id; other rows are unaffected);
+ *   seed_offset int64 [2] = {seed, offset} on logits' device, read only: the row r
+ *     draw is Philox4x32-10(key = seed, counter = (offset, r)); advance offset between
+ *     steps (a CUDA graph replays the same tensor, so updating it changes the draw);
+ *   temperature finite, > 0; top_k >= 0 (0, or >= vocab: off); top_p in (0, 1] (1: off).
+ * Ties at the top-k and top-p cut-offs keep the lower index. */
+KS_API ks_status_t ks_sample(DLTensor* out, DLTensor* valid, const DLTensor* logits,
+                             const DLTensor* seed_offset, double temperature, int64_t top_k,
+                             double top_p, ks_backend_t backend, ks_stream_t stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -278,6 +278,14 @@ inline void argmax(const TensorView& out, const TensorView& x, Backend backend =
   DLTensor o = out.dl(), a = x.dl();
   check(ks_argmax(&o, &a, detail::be(backend), stream));
 }
+// valid may be an empty TensorView (no validity flags wanted).
+inline void sample(const TensorView& out, const TensorView& valid, const TensorView& logits,
+                   const TensorView& seed_offset, double temperature, int64_t top_k = 0, double top_p = 1.0,
+                   Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), v = valid.dl(), l = logits.dl(), so = seed_offset.dl();
+  check(ks_sample(&o, valid.ndim() > 0 ? &v : nullptr, &l, &so, temperature, top_k, top_p, detail::be(backend),
+                  stream));
+}
 
 // ---- library --------------------------------------------------------------
 inline std::string version() { return ks_version(); }

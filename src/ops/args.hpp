@@ -89,6 +89,15 @@ struct ArgmaxArgs {
   int64_t rows, cols;
 };
 
+struct SampleArgs {
+  View out, valid, logits, seed_offset;
+  bool has_valid;
+  float temperature;  // fp32(temperature), > 0
+  int64_t top_k;      // 0: off (also when >= vocab)
+  double top_p;       // 1: off
+  int64_t rows, vocab;
+};
+
 // Packed-format geometry; false for an unknown format.
 bool qtype_geometry(ks_qtype_t q, int64_t* block_size, int64_t* block_bytes);
 const char* qtype_name(ks_qtype_t q);

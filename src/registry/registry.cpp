@@ -12,6 +12,7 @@ const std::vector<Variant>& all() {
   static std::once_flag once;
   std::call_once(once, [] {
     register_cpu_variants(variants);
+    register_cpu_sampling(variants);
     register_cuda_variants(variants);
     std::stable_sort(variants.begin(), variants.end(), [](const Variant& a, const Variant& b) {
       const int c = std::strcmp(a.op, b.op);

@@ -57,5 +57,6 @@ void force_variant(const char* op, const char* variant);
 // Registration hooks, one per backend (called once by all()).
 void register_cpu_variants(std::vector<Variant>& out);
 void register_cuda_variants(std::vector<Variant>& out);
+void register_cpu_sampling(std::vector<Variant>& out);  // src/backends/cpu/sampling.cpp
 
 }  // namespace ks::registry

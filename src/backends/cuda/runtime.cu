@@ -116,6 +116,7 @@ void rotary_cuda(const void*, ks_stream_t);
 void kv_cache_append_cuda(const void*, ks_stream_t);
 std::string rope_can_implement(const void*);
 void argmax_cuda(const void*, ks_stream_t);
+void sample_cuda(const void*, ks_stream_t);
 void embedding_cuda(const void*, ks_stream_t);
 void quant_matmul_cuda(const void*, ks_stream_t);
 void paged_attention_cuda(const void*, ks_stream_t);
@@ -181,6 +182,11 @@ std::string ci_attention(const void* p) {
   if (why.empty() && a.has_seq_ids) why = align_reason({&a.seq_ids});
   return why.empty() ? paged_attention_can_implement(p) : why;
 }
+std::string ci_sample(const void* p) {
+  auto& a = *static_cast<const ops::SampleArgs*>(p);
+  std::string why = align_reason({&a.logits, &a.out, &a.seed_offset});
+  return why;
+}
 std::string ci_kv(const void* p) {
   auto& a = *static_cast<const ops::KvCacheAppendArgs*>(p);
   return align_reason({&a.slot_mapping});  // rows are copied as bytes: any alignment
@@ -208,6 +214,9 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"argmax", KS_BACKEND_CUDA, "cuda_cta_per_row", kFloatDTypes, 10,
                "a CTA per row, (value, index) reduction: first NaN, then first maximum", avail, ks::cuda::ci_argmax,
                ks::cuda::argmax_cuda});
+  v.push_back({"sample", KS_BACKEND_CUDA, "cuda_cta_per_row", kFloatDTypes, 10,
+               "a CTA per row: radix selection for top-k / top-p on exact integers, Philox draws", avail,
+               ks::cuda::ci_sample, ks::cuda::sample_cuda});
   v.push_back({"embedding", KS_BACKEND_CUDA, "cuda_cta_per_id", kFloatDTypes, 10,
                "a CTA per id: dense copy or FP32 block decode; device ids out of range give a NaN row", avail,
                ks::cuda::ci_embedding, ks::cuda::embedding_cuda});

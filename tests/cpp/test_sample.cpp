@@ -1,0 +1,258 @@
+// ks_sample: temperature, top-k, top-p, Philox4x32-10 draws on fixed-point weights
+// (docs/contracts.md#sample). Checked here: the generator against the published
+// known-answer vectors, the exp against FP64, the cut-off rules with ties, invalid
+// rows, reproducibility, and the sampled distribution against FP64 probabilities.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "core/sampling_math.hpp"
+#include "validation_harness.hpp"
+
+namespace {
+
+using namespace kstest::harness;
+namespace smp = ks::sampling;
+
+const char* kOp = "sample";
+
+struct Result {
+  std::vector<int64_t> ids;
+  std::vector<int> valid;
+};
+
+Result run(Buf& logits, int64_t seed, int64_t offset, double temperature, int64_t top_k, double top_p,
+           ks_status_t* st = nullptr) {
+  const int64_t rows = logits.shape[0];
+  Buf out(DType::I64, {rows}), valid(DType::U8, {rows}), so(DType::I64, {2});
+  out.poison();
+  valid.poison();
+  set_i(so, 0, seed);
+  set_i(so, 1, offset);
+  DLTensor o = out.dl(), v = valid.dl(), l = logits.dl(), s = so.dl();
+  const ks_status_t rc = ks_sample(&o, &v, &l, &s, temperature, top_k, top_p, KS_BACKEND_AUTO, nullptr);
+  if (st) *st = rc;
+  Result r;
+  if (rc != KS_SUCCESS) return r;
+  for (int64_t i = 0; i < rows; ++i) {
+    r.ids.push_back(get_i(out, i));
+    r.valid.push_back(int(valid.get(i)));
+  }
+  return r;
+}
+
+Buf rows_of(DType dt, const std::vector<std::vector<double>>& rows) {
+  Buf b(dt, {int64_t(rows.size()), int64_t(rows[0].size())});
+  for (size_t r = 0; r < rows.size(); ++r)
+    for (size_t i = 0; i < rows[r].size(); ++i) b.set(int64_t(r * rows[0].size() + i), rows[r][i]);
+  return b;
+}
+
+// Random123's published known-answer vectors for philox4x32-10 (first output word).
+TEST(Sample, PhiloxKnownAnswers) {
+  EXPECT_EQ(smp::philox_first(0, 0, 0, 0, 0, 0), 0x6627e8d5u);
+  EXPECT_EQ(smp::philox_first(~0u, ~0u, ~0u, ~0u, ~0u, ~0u), 0x408f276du);
+  EXPECT_EQ(smp::philox_first(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u),
+            0xd16cfe09u);
+}
+
+// sample_exp within 2 ulp of exp (FP64) over its whole range, exactly 1 at 0 and 0 below -104.
+TEST(Sample, ExpWithinTwoUlp) {
+  EXPECT_EQ(smp::sample_exp(0.0f), 1.0f);
+  EXPECT_EQ(smp::sample_exp(-104.0f), 0.0f);
+  EXPECT_EQ(smp::sample_exp(-1e30f), 0.0f);
+  double worst = 0;
+  for (float x = -103.9f; x < 0.0f; x = std::nextafter(x + 0.0137f * std::fabs(x) * 0.01f + 1e-4f, 0.0f)) {
+    const double want = std::exp(double(x)), got = smp::sample_exp(x);
+    if (want < 1.17549435e-38) {  // denormal range: absolute error within one denormal ulp per step
+      EXPECT_LE(std::fabs(got - want), 3e-45) << x;
+      continue;
+    }
+    const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+    worst = std::max(worst, std::fabs(got - want) / ulp);
+  }
+  EXPECT_LE(worst, 2.0);
+}
+
+TEST(Sample, TopKOneIsArgmaxWithTiesToTheLowerIndex) {
+  for (DType dt : kFloatTypes()) {
+    Buf x = rows_of(dt, {{0.5, 3.0, -1.0, 3.0, 2.0}, {-INFINITY, -INFINITY, 1.0, -INFINITY, 1.0}});
+    for (int64_t off = 0; off < 20; ++off) {
+      const Result r = run(x, 7, off, 1.0, 1, 1.0);
+      ASSERT_EQ(r.ids.size(), 2u);
+      EXPECT_EQ(r.ids[0], 1);
+      EXPECT_EQ(r.ids[1], 2);
+      EXPECT_EQ(r.valid[0], 1);
+    }
+  }
+}
+
+// Three logits tie at the top-k cut-off: the lower indices are kept, the last never drawn.
+TEST(Sample, TopKTiesAtTheCutOffKeepLowerIndices) {
+  Buf x = rows_of(DType::F32, {{1.0, 5.0, 5.0, 0.0, 5.0, 5.0}});
+  std::set<int64_t> seen;
+  for (int64_t off = 0; off < 400; ++off) seen.insert(run(x, 3, off, 1.0, 3, 1.0).ids[0]);
+  EXPECT_EQ(seen, (std::set<int64_t>{1, 2, 4}));
+}
+
+// top_p: weights with exact masses. With logits ln(8), ln(4), ln(2), ln(2) the probabilities
+// are 1/2, 1/4, 1/8, 1/8: top_p = 0.5 keeps only id 0; 0.75 keeps {0, 1}; 0.8 needs a third
+// id and the tie between ids 2 and 3 keeps id 2.
+TEST(Sample, TopPCutOffWithTies) {
+  Buf x = rows_of(DType::F32, {{std::log(8.0), std::log(4.0), std::log(2.0), std::log(2.0)}});
+  auto support = [&](double top_p) {
+    std::set<int64_t> s;
+    for (int64_t off = 0; off < 600; ++off) s.insert(run(x, 11, off, 1.0, 0, top_p).ids[0]);
+    return s;
+  };
+  EXPECT_EQ(support(0.5), (std::set<int64_t>{0}));
+  EXPECT_EQ(support(0.3), (std::set<int64_t>{0}));
+  EXPECT_EQ(support(0.75), (std::set<int64_t>{0, 1}));
+  EXPECT_EQ(support(0.8), (std::set<int64_t>{0, 1, 2}));
+  EXPECT_EQ(support(1.0), (std::set<int64_t>{0, 1, 2, 3}));
+}
+
+// NaN, +inf and all -inf rows: placeholder 0, valid 0; the other rows of the batch are
+// sampled as they would be anyway (their draws do not depend on other rows).
+TEST(Sample, InvalidRowsGetThePlaceholderAndDoNotDisturbOthers) {
+  for (DType dt : kFloatTypes()) {
+    const std::vector<double> good = {0.1, 2.0, 1.5, -0.5, 0.7};
+    Buf batch = rows_of(dt, {good, {0.0, NAN, 1.0, 1.0, 1.0}, good, {1.0, INFINITY, 0.0, 0.0, 0.0},
+                             {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY}, good});
+    Buf clean = rows_of(dt, {good, good, good, good, good, good});
+    for (int64_t off = 0; off < 30; ++off) {
+      const Result a = run(batch, 5, off, 0.9, 0, 1.0), b = run(clean, 5, off, 0.9, 0, 1.0);
+      ASSERT_EQ(a.ids.size(), 6u);
+      for (int r : {1, 3, 4}) {
+        EXPECT_EQ(a.ids[size_t(r)], 0) << dt_name(dt) << " row " << r;
+        EXPECT_EQ(a.valid[size_t(r)], 0) << dt_name(dt) << " row " << r;
+      }
+      for (int r : {0, 2, 5}) {
+        EXPECT_EQ(a.ids[size_t(r)], b.ids[size_t(r)]) << dt_name(dt) << " row " << r;
+        EXPECT_EQ(a.valid[size_t(r)], 1);
+      }
+    }
+  }
+}
+
+// A finite logit whose z = x / T overflows to +inf makes the row invalid (no distribution).
+TEST(Sample, OverflowingScoreMakesTheRowInvalid) {
+  Buf x = rows_of(DType::F32, {{3e38, 1.0, 2.0}, {1.0, 2.0, 3.0}});
+  const Result r = run(x, 1, 2, 0.5, 0, 1.0);
+  EXPECT_EQ(r.ids[0], 0);
+  EXPECT_EQ(r.valid[0], 0);
+  EXPECT_EQ(r.valid[1], 1);
+}
+
+// Same (seed, offset): the same ids; another offset or seed: other draws.
+TEST(Sample, ReproducibleAndOffsetAdvances) {
+  Buf x(DType::BF16, {8, 1000});
+  kstest::fill_normal(x, 2.0);
+  const Result a = run(x, 42, 9, 1.0, 50, 0.9), b = run(x, 42, 9, 1.0, 50, 0.9);
+  EXPECT_EQ(a.ids, b.ids);
+  int differ_offset = 0, differ_seed = 0;
+  for (int64_t off = 10; off < 20; ++off) {
+    const Result c = run(x, 42, off, 1.0, 50, 0.9), d = run(x, 43, 9 + off - 10, 1.0, 50, 0.9);
+    differ_offset += c.ids != a.ids;
+    differ_seed += d.ids != a.ids;
+  }
+  EXPECT_GE(differ_offset, 9);
+  EXPECT_GE(differ_seed, 9);
+}
+
+// The sampled frequencies match softmax(logits / T) restricted by top-k / top-p, computed
+// in FP64, within 5 standard deviations per id (20000 draws).
+TEST(Sample, DistributionMatchesFp64Probabilities) {
+  const std::vector<double> logits = {1.0, 2.5, -0.3, 0.0, 2.4, -3.0, 1.7, 0.9};
+  struct Cfg {
+    double t;
+    int64_t k;
+    double p;
+  };
+  for (Cfg c : {Cfg{1.0, 0, 1.0}, Cfg{0.7, 5, 1.0}, Cfg{1.3, 0, 0.8}, Cfg{0.9, 4, 0.7}}) {
+    std::vector<size_t> order(logits.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return logits[a] > logits[b]; });
+    const size_t kk = c.k > 0 ? size_t(c.k) : logits.size();
+    std::vector<double> p(logits.size(), 0.0);
+    double z = 0;
+    for (size_t j = 0; j < kk; ++j) z += std::exp(logits[order[j]] / c.t);
+    for (size_t j = 0; j < kk; ++j) p[order[j]] = std::exp(logits[order[j]] / c.t) / z;
+    if (c.p < 1.0) {
+      double acc = 0, kept = 0;
+      std::vector<double> q(logits.size(), 0.0);
+      for (size_t j = 0; j < kk && acc < c.p; ++j) acc += p[order[j]], q[order[j]] = p[order[j]], kept += p[order[j]];
+      for (auto& v : q) v /= kept;
+      p = q;
+    }
+    Buf x = rows_of(DType::F32, {logits});
+    std::vector<double> freq(logits.size(), 0.0);
+    const int n = 20000;
+    for (int64_t off = 0; off < n; ++off) freq[size_t(run(x, 1234, off, c.t, c.k, c.p).ids[0])] += 1.0 / n;
+    for (size_t i = 0; i < p.size(); ++i) {
+      const double sd = std::sqrt(std::max(p[i] * (1 - p[i]), 1e-12) / n);
+      EXPECT_NEAR(freq[i], p[i], 5 * sd + 1e-9) << "id " << i << " T " << c.t << " k " << c.k << " p " << c.p;
+    }
+  }
+}
+
+TEST(Sample, ValidationNamesTheArgumentAndWritesNothing) {
+  Buf x(DType::F32, {2, 16}), out(DType::I64, {2}), valid(DType::U8, {2}), so(DType::I64, {2});
+  kstest::fill_normal(x);
+  out.poison();
+  valid.poison();
+  Snap s{&x, &out, &valid, &so};
+  DLTensor o = out.dl(), v = valid.dl(), l = x.dl(), sd = so.dl();
+  auto call = [&](double t, int64_t k, double p) { return ks_sample(&o, &v, &l, &sd, t, k, p, KS_BACKEND_AUTO, nullptr); };
+  for (double t : {0.0, -1.0, double(NAN), double(INFINITY), 1e-50, 1e300})
+    EXPECT_TRUE(fails_cleanly(call(t, 0, 1.0), KS_ERROR_INVALID_ARGUMENT, kOp, "temperature", s)) << t;
+  EXPECT_TRUE(fails_cleanly(call(1.0, -1, 1.0), KS_ERROR_INVALID_ARGUMENT, kOp, "top_k", s));
+  for (double p : {0.0, -0.1, 1.5, double(NAN)})
+    EXPECT_TRUE(fails_cleanly(call(1.0, 0, p), KS_ERROR_INVALID_ARGUMENT, kOp, "top_p", s)) << p;
+  Buf so3(DType::I64, {3}), out3(DType::I64, {3}), xi(DType::I32, {2, 16}), so32(DType::I32, {2});
+  DLTensor s3 = so3.dl(), o3 = out3.dl(), li = xi.dl(), s32 = so32.dl();
+  EXPECT_TRUE(fails_cleanly(ks_sample(&o, &v, &l, &s3, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr), KS_ERROR_INVALID_ARGUMENT,
+                            kOp, "seed_offset", s));
+  EXPECT_TRUE(fails_cleanly(ks_sample(&o3, &v, &l, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr), KS_ERROR_INVALID_ARGUMENT,
+                            kOp, "out", s));
+  EXPECT_TRUE(fails_cleanly(ks_sample(&o, &v, &li, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_UNSUPPORTED_DTYPE, kOp, "logits", s));
+  EXPECT_TRUE(fails_cleanly(ks_sample(&o, &v, &l, &s32, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_UNSUPPORTED_DTYPE, kOp, "seed_offset", s));
+  // valid aliasing out
+  Dl vbad(out);
+  vbad.t.dtype = DLDataType{kDLUInt, 8, 1};
+  EXPECT_TRUE(fails_cleanly(ks_sample(&o, vbad.p(), &l, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "valid", s));
+  // valid is optional; zero rows are a no-op
+  EXPECT_EQ(ks_sample(&o, nullptr, &l, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
+  Buf x0(DType::F32, {0, 16}), out0(DType::I64, {0});
+  DLTensor l0 = x0.dl(), o0 = out0.dl();
+  EXPECT_EQ(ks_sample(&o0, nullptr, &l0, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
+}
+
+// A 128256-wide row (the Llama-3 vocabulary) with top-k 50 and top-p 0.9: the id is one
+// of the 50 largest logits, and with a logit far above the rest it is always that one.
+TEST(Sample, WideVocabulary) {
+  Buf x(DType::BF16, {2, 128256});
+  kstest::fill_normal(x, 1.5);
+  x.set(128256 + 77777, 40.0);
+  std::vector<std::pair<double, int64_t>> v;
+  for (int64_t i = 0; i < 128256; ++i) v.push_back({x.get(i), -i});
+  std::sort(v.rbegin(), v.rend());
+  std::set<int64_t> top50;
+  for (int j = 0; j < 50; ++j) top50.insert(-v[size_t(j)].second);
+  for (int64_t off = 0; off < 10; ++off) {
+    const Result r = run(x, 99, off, 1.0, 50, 0.9);
+    EXPECT_TRUE(top50.count(r.ids[0])) << r.ids[0];
+    EXPECT_EQ(r.ids[1], 77777);
+  }
+}
+
+}  // namespace

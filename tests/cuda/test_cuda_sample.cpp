@@ -1,0 +1,123 @@
+// ks_sample on CUDA: the ids and validity flags must equal the CPU reference's bit for bit
+// (every decision is on exact integers; exp and the division are the same IEEE sequence).
+// Also: a CUDA graph replays reproducibly and a new offset written into seed_offset
+// between replays changes the draw. Skipped without a CUDA device.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+namespace {
+
+using kstest::Buf;
+using ks::DType;
+
+#define CK(x) ASSERT_EQ((x), cudaSuccess) << #x << ": " << cudaGetErrorString(x)
+
+struct Dev {
+  void* p = nullptr;
+  size_t n = 0;
+  explicit Dev(const Buf& h) : n(h.nbytes()) {
+    if (cudaMalloc(&p, n ? n : 16) == cudaSuccess && n) cudaMemcpy(p, h.data(), n, cudaMemcpyHostToDevice);
+  }
+  ~Dev() { cudaFree(p); }
+  Dev(const Dev&) = delete;
+  void get(Buf& h) const { cudaMemcpy(h.data(), p, n, cudaMemcpyDeviceToHost); }
+};
+
+ks::TensorView dview(const Dev& d, const Buf& like) { return ks::TensorView(d.p, like.dtype, like.shape, DLDevice{kDLCUDA, 0}); }
+
+// Logits with ties on purpose: values drawn from a small set, so equal logits meet the
+// top-k and top-p cut-offs; some rows get NaN, +inf or only -inf.
+Buf make_logits(DType dt, int64_t rows, int64_t V, uint64_t seed, bool ties) {
+  Buf x(dt, {rows, V});
+  std::mt19937_64 r(seed);
+  std::normal_distribution<double> nd(0.0, 2.0);
+  for (int64_t i = 0; i < rows * V; ++i) x.set(i, ties ? std::round(nd(r) * 2) / 2 : nd(r));
+  if (rows > 3) {
+    x.set(1 * V + V / 2, std::nan(""));
+    x.set(2 * V + 0, INFINITY);
+    for (int64_t i = 0; i < V; ++i) x.set(3 * V + i, -INFINITY);
+  }
+  if (rows > 4) x.set(4 * V + V - 1, -INFINITY);
+  return x;
+}
+
+TEST(CudaSample, IdsEqualTheCpuReferenceBitForBit) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  struct Cfg {
+    double t;
+    int64_t k;
+    double p;
+  };
+  const std::vector<Cfg> cfgs = {{1.0, 0, 1.0}, {0.7, 50, 1.0}, {1.0, 0, 0.9}, {1.3, 40, 0.5}, {0.01, 1, 1.0}, {2.0, 3, 0.3}};
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(32000), int64_t(128256)})
+      for (bool ties : {false, true}) {
+        const int64_t rows = 6;
+        Buf x = make_logits(dt, rows, V, uint64_t(V) * 7 + (ties ? 1 : 0), ties);
+        Dev dx(x);
+        for (const Cfg& c : cfgs)
+          for (int64_t off : {int64_t(0), int64_t(12345)}) {
+            SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + (ties ? " ties" : "") +
+                         " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) +
+                         " offset=" + std::to_string(off));
+            Buf so(DType::I64, {2}), out(DType::I64, {rows}), valid(DType::U8, {rows});
+            so.set(0, 2024.0), so.set(1, double(off));
+            Buf gout = out, gvalid = valid;
+            Dev dso(so), dout(out), dvalid(valid);
+            CK(cudaMemset(dout.p, 0xFF, dout.n));
+            CK(cudaMemset(dvalid.p, 0xFF, dvalid.n));
+            ks::sample(dview(dout, out), dview(dvalid, valid), dview(dx, x), dview(dso, so), c.t, c.k, c.p,
+                       ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            dout.get(gout);
+            dvalid.get(gvalid);
+            ks::sample(out.view(), valid.view(), x.view(), so.view(), c.t, c.k, c.p, ks::Backend::Cpu);
+            for (int64_t r = 0; r < rows; ++r) {
+              EXPECT_EQ(gout.get(r), out.get(r)) << "row " << r;
+              EXPECT_EQ(gvalid.get(r), valid.get(r)) << "row " << r;
+            }
+          }
+      }
+}
+
+// One sampling call captured in a graph: replays with the same seed_offset give the same
+// ids; writing a new offset into the (device) seed_offset tensor between replays changes
+// the draws, exactly as the CPU reference predicts for that offset.
+TEST(CudaSample, GraphReplayReadsTheOffsetTensor) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  const int64_t rows = 4, V = 5000;
+  Buf x = make_logits(DType::BF16, rows, V, 99, false);
+  Buf so(DType::I64, {2}), out(DType::I64, {rows});
+  so.set(0, 7.0), so.set(1, 0.0);
+  Dev dx(x), dso(so), dout(out);
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  ks::sample(dview(dout, out), ks::TensorView(), dview(dx, x), dview(dso, so), 0.8, 20, 0.95, ks::Backend::Cuda, s);
+  CK(cudaStreamEndCapture(s, &g));
+  CK(cudaGraphInstantiate(&ge, g, 0));
+  for (int64_t off = 0; off < 5; ++off) {
+    so.set(1, double(off));
+    CK(cudaMemcpyAsync(dso.p, so.data(), 16, cudaMemcpyHostToDevice, s));
+    CK(cudaGraphLaunch(ge, s));
+    CK(cudaStreamSynchronize(s));
+    Buf got = out, ref = out;
+    dout.get(got);
+    ks::sample(ref.view(), ks::TensorView(), x.view(), so.view(), 0.8, 20, 0.95, ks::Backend::Cpu);
+    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got.get(r), ref.get(r)) << "offset " << off << " row " << r;
+  }
+  CK(cudaGraphExecDestroy(ge));
+  CK(cudaGraphDestroy(g));
+  CK(cudaStreamDestroy(s));
+}
+
+}  // namespace
