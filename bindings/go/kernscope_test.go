@@ -331,3 +331,25 @@ func TestDevicePointersReachTheLibrary(t *testing.T) {
 		checkErr(t, err, ks.ErrBackendUnavailable, ks.StatusBackendUnavailable, "rms_norm")
 	}
 }
+
+func TestSampleTopKOneIsArgmaxAndFlagsInvalidRows(t *testing.T) {
+	idx := []int64{-1, -1}
+	valid := []uint8{9, 9}
+	if err := ks.Sample(ks.I64(idx), ks.U8(valid), ks.F32(xs, 2, 5), ks.I64([]int64{7, 1}), 1.0, 1, 1.0); err != nil {
+		t.Fatal(err)
+	}
+	if idx[0] != 3 || idx[1] != 3 || valid[0] != 1 || valid[1] != 1 {
+		t.Fatalf("sample %v %v", idx, valid)
+	}
+	nan := append([]float32{}, xs...)
+	nan[6] = float32(math.NaN())
+	if err := ks.Sample(ks.I64(idx), ks.U8(valid), ks.F32(nan, 2, 5), ks.I64([]int64{7, 1}), 0.8, 0, 0.9); err != nil {
+		t.Fatal(err)
+	}
+	if idx[1] != 0 || valid[1] != 0 || valid[0] != 1 {
+		t.Fatalf("sample with a NaN row %v %v", idx, valid)
+	}
+	if err := ks.Sample(ks.I64(idx), nil, ks.F32(xs, 2, 5), ks.I64([]int64{7, 1}), 0, 0, 1); err == nil {
+		t.Fatal("temperature 0 must be rejected")
+	}
+}

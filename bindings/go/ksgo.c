@@ -93,3 +93,9 @@ ks_status_t ksgo_argmax(ksgo_desc* d, void* out, void* x, int backend, uintptr_t
   DLTensor o = mk(&d[0], out), xt = mk(&d[1], x);
   return ks_argmax(&o, &xt, BK, ST);
 }
+
+ks_status_t ksgo_sample(ksgo_desc* d, void* out, int has_valid, void* valid, void* logits, void* seed_offset,
+                        double temperature, int64_t top_k, double top_p, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), v = mk(&d[1], valid), l = mk(&d[2], logits), so = mk(&d[3], seed_offset);
+  return ks_sample(&o, has_valid ? &v : NULL, &l, &so, temperature, top_k, top_p, BK, ST);
+}

@@ -213,3 +213,20 @@ func Argmax(out, x *Tensor, opts ...Option) error {
 	b, s := config(opts)
 	return call(func() C.ks_status_t { return C.ksgo_argmax(&d[0], out.data, x.data, b, s) })
 }
+
+// Sample: one token id per row of logits (int64 out): temperature, top-k (0: off), top-p
+// (1: off), then a Philox4x32-10 draw keyed by seedOffset = [seed, offset] (int64 [2]).
+// valid (uint8, may be nil) is set to 0 for a row without a distribution (its id is 0).
+func Sample(out, valid, logits, seedOffset *Tensor, temperature float64, topK int64, topP float64,
+	opts ...Option) error {
+	var d [4]C.ksgo_desc
+	args := []arg{{"out", out}, {"valid?", valid}, {"logits", logits}, {"seed_offset", seedOffset}}
+	if err := describeAll("sample", d[:], args...); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_sample(&d[0], out.data, flag(valid != nil), dataOf(valid), logits.data, seedOffset.data,
+			C.double(temperature), C.int64_t(topK), C.double(topP), b, s)
+	})
+}

@@ -8,7 +8,7 @@ Quick start::
     y = ks.rms_norm(x, w, eps=1e-6)          # numpy in, numpy out (zero-copy input)
     ks.which("rms_norm", dtype="fp32", device="cpu")   # -> (variant, reason)
 
-Ops: rms_norm, fused_add_rms_norm, silu_and_mul, gemv, softmax, argmax,
+Ops: rms_norm, fused_add_rms_norm, silu_and_mul, gemv, softmax, argmax, sample,
 embedding, dequantize, gemm, quant_matmul, rotary_embedding, kv_cache_append,
 paged_attention. Each has a numerical contract in docs/contracts.md and the
 same ``backend`` keyword ("auto", "cpu", "cuda", "torch"); see kernscope._ops.
@@ -44,6 +44,7 @@ from ._ops import (
     OPS,
     QType,
     argmax,
+    sample,
     dequantize,
     embedding,
     fused_add_rms_norm,
@@ -215,6 +216,7 @@ __all__ = [
     "gemv",
     "softmax",
     "argmax",
+    "sample",
     "embedding",
     "dequantize",
     "gemm",

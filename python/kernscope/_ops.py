@@ -389,6 +389,53 @@ def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> A
     return out
 
 
+def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0, *,
+           backend: str = "auto", out: Optional[Array] = None, valid: Optional[Array] = None) -> Array:
+    """One token id per row: temperature, then top-k, then top-p, then a Philox4x32-10 draw.
+
+    The same ids on every backend ("cpu", "cuda": bit-identical) and for every replay of
+    the same (seed, offset): every decision is made on exact fixed-point weights.
+
+    Args:
+        logits: ``[rows, vocab]``, vocab > 0; fp16, bf16 or fp32.
+        seed_offset: int64 ``[2]`` = (seed, offset) on logits' device, read only. Row r
+            draws Philox4x32-10(key=seed, counter=(offset, r)); advance offset between
+            steps (a captured CUDA graph reads the tensor at every replay).
+        temperature: finite, > 0 (also after rounding to fp32).
+        top_k: >= 0; 0 (or >= vocab) turns it off. Ties at the cut-off keep the lower index.
+        top_p: in (0, 1]; 1 turns it off. Ties at the cut-off keep the lower index.
+        backend: "auto" | "cpu" | "cuda" (no "torch" reference for this op).
+        out: optional int64 ``[rows]`` output.
+        valid: optional uint8 ``[rows]``, set to 1, or 0 for a row with NaN, +inf or only
+            -inf logits (whose id is the placeholder 0).
+
+    Returns:
+        A new int64 ``[rows]`` array, or ``out``.
+
+    Raises:
+        ValueError: a bad temperature / top_k / top_p, shape or overlap.
+        TypeError: an unsupported dtype.
+
+    Contract: docs/contracts.md#sample--ks_sampleout-valid-logits-seed_offset-temperature-top_k-top_p
+    """
+    if _compiling() and valid is None:
+        return _TL.sample(logits, seed_offset, temperature, top_k, top_p, backend, out)
+    op = "sample"
+    code = _backend(op, backend)
+    fw = _fw(op, "logits", logits)
+    if code == _TORCH:
+        if not fw.is_torch:
+            raise _not_torch(op, logits)
+        raise ValueError("sample: there is no 'torch' reference backend for sample; use 'auto', 'cpu' or 'cuda'")
+    if fw.is_torch and getattr(logits, "requires_grad", False):
+        logits = logits.detach()  # sampling has no gradient: read the values
+    if out is None:
+        out = fw.empty(logits, (_dim0(tuple(logits.shape)),), "int64")
+    _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), float(temperature), int(top_k), float(top_p),
+            code)
+    return out
+
+
 def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None] = None,
               dtype: Any = None, backend: str = "auto", out: Optional[T] = None) -> T:
     """Rows of an embedding table: ``out[..., :] = table[ids[...], :]``.
@@ -641,6 +688,6 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     return out
 
 
-OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
+OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
                         "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
                         "kv_cache_append", "paged_attention")

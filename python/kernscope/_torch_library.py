@@ -26,6 +26,7 @@ Schema (backend: "auto" | "cpu" | "cuda"):
   gemv(Tensor x, Tensor weight, str backend) -> Tensor
   softmax(Tensor x, str backend) -> Tensor
   argmax(Tensor x, str backend) -> Tensor
+  sample(Tensor logits, Tensor seed_offset, float temperature, int top_k, float top_p, str backend) -> Tensor
   embedding(Tensor ids, Tensor table, int table_format, ScalarType? dtype, str backend) -> Tensor
   dequantize(Tensor packed, int qtype, ScalarType dtype, str backend) -> Tensor
   gemm(Tensor a, Tensor b, str backend) -> Tensor
@@ -138,6 +139,14 @@ def _argmax(x: Tensor, backend: str) -> Tensor:
     return out
 
 
+@_op("sample(Tensor logits, Tensor seed_offset, float temperature, int top_k, float top_p, str backend) -> Tensor")
+def _sample(logits: Tensor, seed_offset: Tensor, temperature: float, top_k: int, top_p: float,
+            backend: str) -> Tensor:
+    out = torch.empty((logits.shape[0] if logits.dim() else 0,), dtype=torch.int64, device=logits.device)
+    _run(_C.sample, (out, None, logits, seed_offset), temperature, top_k, top_p, _code("sample", backend))
+    return out
+
+
 def _hidden(table: Tensor, table_format: int) -> int:
     if table.dim() != 2:
         return 0
@@ -236,6 +245,11 @@ def _(x, backend):
     return x.new_empty((x.shape[0],), dtype=torch.int64)
 
 
+@_sample.register_fake
+def _(logits, seed_offset, temperature, top_k, top_p, backend):
+    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+
+
 @_embedding.register_fake
 def _(ids, table, table_format, dtype, backend):
     return table.new_empty((*ids.shape, _hidden(table, table_format)),
@@ -319,6 +333,13 @@ def argmax(x, backend, out):
     if _ref_or_op("argmax", backend, ("x",), (x,)):
         return _fin(ref.argmax(x), out)
     return _fin(torch.ops.kernscope.argmax(x, backend), out)
+
+
+def sample(logits, seed_offset, temperature, top_k, top_p, backend, out):
+    if backend == "torch":
+        raise ValueError("sample: there is no 'torch' reference backend for sample; use 'auto', 'cpu' or 'cuda'")
+    return _fin(torch.ops.kernscope.sample(logits, seed_offset, float(temperature), int(top_k), float(top_p), backend),
+                out)
 
 
 def _dt(op: str, dtype: Any) -> Optional[torch.dtype]:

@@ -469,6 +469,12 @@ NB_MODULE(_C, m) {
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] { return ks_argmax(c[0], c[1], be, c.stream()); });
   });
+  m.def("sample", [](nb::tuple t, double temperature, int64_t top_k, double top_p, KS_ARGS) {
+    static const OpSpec spec{"sample", 4, {"out", "valid", "logits", "seed_offset"}, 0b11, 0b10};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_sample(c[0], c[1], c[2], c[3], temperature, top_k, top_p, be, c.stream()); });
+  });
   m.def("embedding", [](nb::tuple t, int table_format, KS_ARGS) {
     static const OpSpec spec{"embedding", 3, {"out", "ids", "table"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);

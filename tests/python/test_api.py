@@ -48,7 +48,7 @@ def test_available_rows():
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
-                                "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
+                                "sample", "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "paged_attention"])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_which_cpu(op, dt):
@@ -98,6 +98,7 @@ def _call_every_op(backend):
         "gemv": lambda: ks.gemv(f[0].copy(), f, backend=backend),
         "softmax": lambda: ks.softmax(f, backend=backend),
         "argmax": lambda: ks.argmax(f, backend=backend),
+        "sample": lambda: ks.sample(f, np.array([1, 2], np.int64), backend=backend),
         "embedding": lambda: ks.embedding(np.array([0]), f, backend=backend),
         "dequantize": lambda: ks.dequantize(np.zeros((1, 4), np.uint8), "f32", backend=backend),
         "gemm": lambda: ks.gemm(f, f, backend=backend),
@@ -121,7 +122,7 @@ def _call_every_op(backend):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
-                                "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
+                                "sample", "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "paged_attention"])
 def test_backend_names_every_op(op):
     _call_every_op("cpu")[op]()
@@ -228,6 +229,8 @@ def _thread_cases(rng):
          lambda: ks.softmax(strided), ValueError, "softmax: x must be contiguous"),
         ("argmax", lambda: (ks.argmax(x), ks.argmax(big)),
          lambda: ks.argmax(x, out=np.empty(16, np.int32)), TypeError, "argmax: out has dtype int32"),
+        ("sample", lambda: (ks.sample(x, np.array([5, 1], np.int64), 0.8, 10, 0.9), ks.sample(big, np.array([5, 2], np.int64))),
+         lambda: ks.sample(x, np.array([5, 1], np.int64), 0.0), ValueError, "sample: temperature must be finite and > 0"),
         ("embedding", lambda: (ks.embedding(ids, table), ks.embedding(ids, packed, table_format="q4_0")),
          lambda: ks.embedding(np.array([3, 8]), table), ValueError, r"embedding: ids\[1\] = 8 is outside"),
         ("dequantize", lambda: (ks.dequantize(packed, "q4_0"), ks.dequantize(packed, "q4_0", dtype="bf16")),

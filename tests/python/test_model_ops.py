@@ -350,3 +350,45 @@ def test_paged_attention_validation(rng):
         ks.paged_attention(q, kc, kc.copy(), bt, ctx, seq_ids=np.array([7, 0], np.int32))
     with pytest.raises(TypeError, match="paged_attention: block_tables has dtype int64"):
         ks.paged_attention(q, kc, kc.copy(), bt.astype(np.int64), ctx)
+
+
+# ---- sample ------------------------------------------------------------------------------
+@pytest.mark.parametrize("dt", DTYPES)
+def test_sample_reproducible_valid_and_cutoffs(rng, dt):
+    x = rand(rng, (5, 300), dt)
+    so = np.array([2024, 7], np.int64)
+    a = ks.sample(x, so, 0.9, 20, 0.8)
+    b = ks.sample(x, so, 0.9, 20, 0.8)
+    assert a.dtype == np.int64 and a.shape == (5,)
+    assert np.array_equal(a, b)
+    # every id is among the row's 20 largest logits (top_k)
+    xf = f64(x)
+    for r in range(5):
+        assert xf[r, a[r]] >= np.sort(xf[r])[-20]
+    # top_k = 1 is the argmax
+    assert np.array_equal(ks.sample(x, so, 1.0, 1), ks.argmax(x))
+    # invalid rows: placeholder 0 and valid = 0; the others valid = 1
+    y = x.copy()
+    y[1, 3] = np.nan
+    y[3, :] = -np.inf
+    valid = np.full(5, 7, np.uint8)
+    ids = ks.sample(y, so, valid=valid)
+    assert list(valid) == [1, 0, 1, 0, 1] and ids[1] == 0 and ids[3] == 0
+    # offsets change the draws
+    draws = {tuple(ks.sample(x, np.array([2024, o], np.int64), 1.0)) for o in range(10)}
+    assert len(draws) > 5
+
+
+def test_sample_validation(rng):
+    x = rand(rng, (2, 16), "fp32")
+    so = np.array([1, 2], np.int64)
+    out = np.full(2, -5, np.int64)
+    for kw, msg in [({"temperature": -1.0}, "sample: temperature"), ({"top_k": -2}, "sample: top_k"),
+                    ({"top_p": 0.0}, "sample: top_p"), ({"top_p": 1.5}, "sample: top_p")]:
+        with pytest.raises(ValueError, match=msg):
+            ks.sample(x, so, out=out, **kw)
+    with pytest.raises(ValueError, match="sample: seed_offset must have shape"):
+        ks.sample(x, np.array([1, 2, 3], np.int64), out=out)
+    with pytest.raises(TypeError, match="sample: seed_offset"):
+        ks.sample(x, np.array([1, 2], np.int32), out=out)
+    assert list(out) == [-5, -5]

@@ -195,7 +195,7 @@ def test_custom_ops_registered():
         assert hasattr(torch.ops.kernscope, op), op
 
 
-@pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
+@pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
                                   "dequantize", "rotary_embedding", "kv_cache_append", "paged_attention"])
 def test_opcheck(case):
     x, w = trand((3, 16), "fp32"), trand((16,), "fp32")
@@ -208,6 +208,7 @@ def test_opcheck(case):
         "gemv": (ops.gemv, (w, x, "auto")),
         "softmax": (ops.softmax, (x, "auto")),
         "argmax": (ops.argmax, (x, "auto")),
+        "sample": (ops.sample, (x, torch.tensor([3, 4]), 0.8, 5, 0.9, "auto")),
         "dequantize": (ops.dequantize, (torch.from_numpy(make_packed(rng, 3, 64, 4)), 4, torch.bfloat16, "auto")),
         "rotary_embedding": (ops.rotary_embedding,
                              (trand((2, 2, 8), "fp32"), None, torch.tensor([1, 2]), 8, 10000.0, True, "auto")),

@@ -596,6 +596,19 @@ static napi_value js_argmax(napi_env env, napi_callback_info info) {
   return finish(env, ks_argmax(&out.t, &x.t, backend, stream));
 }
 
+static napi_value js_sample(napi_env env, napi_callback_info info) {
+  ARGS(9);
+  TENSOR(out, 0, "sample", "out");
+  OPT_TENSOR(valid, vp, 1, "sample", "valid");
+  TENSOR(logits, 2, "sample", "logits");
+  TENSOR(so, 3, "sample", "seed_offset");
+  DOUBLE(temperature, 4, "sample: temperature");
+  INT(top_k, 5, "sample: top_k");
+  DOUBLE(top_p, 6, "sample: top_p");
+  EXEC(7);
+  return finish(env, ks_sample(&out.t, vp, &logits.t, &so.t, temperature, top_k, top_p, backend, stream));
+}
+
 NAPI_MODULE_INIT() {
   const napi_property_descriptor props[] = {
       {"setErrorClass", NULL, js_set_error_class, NULL, NULL, NULL, napi_default, NULL},
@@ -621,6 +634,7 @@ NAPI_MODULE_INIT() {
       {"kvCacheAppend", NULL, js_kv_cache_append, NULL, NULL, NULL, napi_default, NULL},
       {"pagedAttention", NULL, js_paged_attention, NULL, NULL, NULL, napi_default, NULL},
       {"argmax", NULL, js_argmax, NULL, NULL, NULL, napi_default, NULL},
+      {"sample", NULL, js_sample, NULL, NULL, NULL, napi_default, NULL},
   };
   if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
   return exports;

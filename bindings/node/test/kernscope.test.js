@@ -213,3 +213,18 @@ test('device pointers (BigInt) reach the library: CPU backend rejects them, no C
                 'rms_norm');
   }
 });
+
+test('sample: top-k 1 is argmax; a NaN row is flagged invalid', () => {
+  const idx = new BigInt64Array(2).fill(-1n);
+  const valid = new Uint8Array(2).fill(9);
+  const so = ks.i64(new BigInt64Array([7n, 1n]));
+  ks.sample(ks.i64(idx), ks.u8(valid, [2]), ks.f32(f32(X), [2, 5]), so, 1.0, 1, 1.0);
+  assert.deepEqual(Array.from(idx), [3n, 3n]);
+  assert.deepEqual(Array.from(valid), [1, 1]);
+  const nan = f32(X);
+  nan[6] = NaN;
+  ks.sample(ks.i64(idx), ks.u8(valid, [2]), ks.f32(nan, [2, 5]), so, 0.8, 0, 0.9);
+  assert.equal(idx[1], 0n);
+  assert.deepEqual(Array.from(valid), [1, 0]);
+  expectError(() => ks.sample(ks.i64(idx), null, ks.f32(f32(X), [2, 5]), so, 0, 0, 1), ks.Status.INVALID_ARGUMENT, 'sample');
+});

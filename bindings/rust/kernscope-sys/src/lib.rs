@@ -227,6 +227,17 @@ extern "C" {
     ) -> ks_status_t;
     pub fn ks_argmax(out: *mut DLTensor, x: *const DLTensor, backend: ks_backend_t, stream: ks_stream_t)
         -> ks_status_t;
+    pub fn ks_sample(
+        out: *mut DLTensor,
+        valid: *mut DLTensor,
+        logits: *const DLTensor,
+        seed_offset: *const DLTensor,
+        temperature: f64,
+        top_k: i64,
+        top_p: f64,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
 }
 
 #[cfg(test)]

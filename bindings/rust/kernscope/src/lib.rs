@@ -368,6 +368,28 @@ impl Exec {
         let (mut o, xt) = (out.raw(), x.raw());
         check(unsafe { sys::ks_argmax(&mut o, &xt, self.backend.raw(), self.stream) })
     }
+
+    /// One token id per row of `logits` (int64 `out`): temperature, top-k (0: off),
+    /// top-p (1: off), then a Philox4x32-10 draw keyed by `seed_offset` = [seed, offset]
+    /// (int64 [2]); `valid` (u8, optional) is 0 for a row without a distribution.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample(
+        &self,
+        out: &mut TensorMut,
+        valid: Option<&mut TensorMut>,
+        logits: &Tensor,
+        seed_offset: &Tensor,
+        temperature: f64,
+        top_k: i64,
+        top_p: f64,
+    ) -> Result<()> {
+        let (mut o, lt, so) = (out.raw(), logits.raw(), seed_offset.raw());
+        let mut v = valid.map(|t| t.raw());
+        let vp = v.as_mut().map_or(ptr::null_mut(), |t| t as *mut sys::DLTensor);
+        check(unsafe {
+            sys::ks_sample(&mut o, vp, &lt, &so, temperature, top_k, top_p, self.backend.raw(), self.stream)
+        })
+    }
 }
 
 /// [`Exec::rms_norm`] on the automatic backend.
@@ -452,4 +474,17 @@ pub fn paged_attention(
 /// [`Exec::argmax`] on the automatic backend.
 pub fn argmax(out: &mut TensorMut, x: &Tensor) -> Result<()> {
     Exec::default().argmax(out, x)
+}
+
+/// [`Exec::sample`] on the automatic backend.
+pub fn sample(
+    out: &mut TensorMut,
+    valid: Option<&mut TensorMut>,
+    logits: &Tensor,
+    seed_offset: &Tensor,
+    temperature: f64,
+    top_k: i64,
+    top_p: f64,
+) -> Result<()> {
+    Exec::default().sample(out, valid, logits, seed_offset, temperature, top_k, top_p)
 }

@@ -298,3 +298,45 @@ fn device_pointers_reach_the_library() {
         assert!(e.message().contains("rms_norm"), "{}", e);
     }
 }
+
+#[test]
+fn sample_top_k_one_is_argmax_and_flags_invalid_rows() {
+    let mut idx = [-1i64; 2];
+    let mut valid = [9u8; 2];
+    let so = [7i64, 1];
+    kernscope::sample(
+        &mut TensorMut::i64(&mut idx, &[2]).unwrap(),
+        Some(&mut TensorMut::u8(&mut valid, &[2]).unwrap()),
+        &Tensor::f32(&X, &[2, 5]).unwrap(),
+        &Tensor::i64(&so, &[2]).unwrap(),
+        1.0,
+        1,
+        1.0,
+    )
+    .unwrap();
+    assert_eq!(idx, [3, 3]);
+    assert_eq!(valid, [1, 1]);
+    let mut nan = X;
+    nan[6] = f32::NAN;
+    kernscope::sample(
+        &mut TensorMut::i64(&mut idx, &[2]).unwrap(),
+        Some(&mut TensorMut::u8(&mut valid, &[2]).unwrap()),
+        &Tensor::f32(&nan, &[2, 5]).unwrap(),
+        &Tensor::i64(&so, &[2]).unwrap(),
+        0.8,
+        0,
+        0.9,
+    )
+    .unwrap();
+    assert_eq!((idx[1], valid[0], valid[1]), (0, 1, 0));
+    let e = kernscope::sample(
+        &mut TensorMut::i64(&mut idx, &[2]).unwrap(),
+        None,
+        &Tensor::f32(&X, &[2, 5]).unwrap(),
+        &Tensor::i64(&so, &[2]).unwrap(),
+        0.0,
+        0,
+        1.0,
+    );
+    assert!(e.is_err());
+}
