@@ -128,27 +128,27 @@ RowsView rows_view_of(const char* op, const char* arg, const DLTensor* t) {
     r.v = view_of(op, arg, &compact);
     const int64_t R = r.v.dim(0), H = r.v.dim(1), D = r.v.dim(2);
     const int64_t rs = t->strides[0], hs = t->strides[1], ds = t->strides[2];
-    if (r.v.numel > 0) {
-      auto bad = [&](const std::string& why) {
-        std::ostringstream o;
-        o << arg << " " << why << "; got shape " << shape_str(r.v.shape) << " strides (" << rs << ", " << hs << ", "
-          << ds << ")";
-        fail(KS_ERROR_INVALID_ARGUMENT, op, o.str());
-      };
-      if (D > 1 && ds != 1) bad("must be contiguous in its last dimension");
-      if ((R > 1 && rs < 0) || (H > 1 && hs < 0)) bad("must have non-negative strides");
-      if (H > 1 && hs < D) bad("has overlapping heads (head stride < head_dim)");
-      const int64_t row_extent = (H - 1) * (H > 1 ? hs : 0) + D;
-      if (R > 1 && rs < row_extent) bad("has overlapping rows (row stride < the heads' extent)");
-      // the span must stay addressable in int64 bytes
-      const int64_t es = dtype_bytes(r.v.dtype), lim = std::numeric_limits<int64_t>::max() / es;
-      if ((R > 1 && rs > 0 && R - 1 > (lim - row_extent) / rs))
-        bad("spans more than 2^63 bytes");
-    }
-    // a size-1 dimension's stride is ignored (any value), as in view_of
-    r.head_stride = (H > 1 || hs >= D) ? hs : D;
-    const int64_t extent = (H - 1) * r.head_stride + D;
-    r.row_stride = (R > 1 || rs >= extent) ? rs : extent;
+    if (r.v.numel == 0) return as_rows(r.v);  // nothing is addressed: the strides are never used
+    auto bad = [&](const std::string& why) {
+      std::ostringstream o;
+      o << arg << " " << why << "; got shape " << shape_str(r.v.shape) << " strides (" << rs << ", " << hs << ", "
+        << ds << ")";
+      fail(KS_ERROR_INVALID_ARGUMENT, op, o.str());
+    };
+    if (D > 1 && ds != 1) bad("must be contiguous in its last dimension");
+    if ((R > 1 && rs < 0) || (H > 1 && hs < 0)) bad("must have non-negative strides");
+    if (H > 1 && hs < D) bad("has overlapping heads (head stride < head_dim)");
+    // Every offset of the view, (R-1)*rs + (H-1)*hs + D elements, must stay addressable in
+    // int64 bytes; checked term by term so that no product or sum can overflow (a wrapped
+    // head or row offset would land on other elements of the view, or outside it).
+    const int64_t es = dtype_bytes(r.v.dtype), lim = std::numeric_limits<int64_t>::max() / es;
+    if (H > 1 && hs > (lim - D) / (H - 1)) bad("spans more than 2^63 bytes");
+    const int64_t row_extent = (H > 1 ? (H - 1) * hs : 0) + D;  // <= lim
+    if (R > 1 && rs < row_extent) bad("has overlapping rows (row stride < the heads' extent)");
+    if (R > 1 && rs > (lim - row_extent) / (R - 1)) bad("spans more than 2^63 bytes");
+    // a size-1 dimension's stride is ignored (any value), as in view_of: the compact value
+    r.head_stride = H > 1 ? hs : D;
+    r.row_stride = R > 1 ? rs : row_extent;
     return r;
   }
   return as_rows(view_of(op, arg, t));
@@ -172,18 +172,27 @@ int64_t RowsView::span_elems() const {
 bool rows_overlap(const RowsView& a, const RowsView& b) {
   if (a.v.numel == 0 || b.v.numel == 0) return false;
   if (a.v.device.device_type != b.v.device.device_type || a.v.device.device_id != b.v.device.device_id) return false;
-  const int64_t ea = dtype_bytes(a.v.dtype), eb = dtype_bytes(b.v.dtype);
-  const auto a0 = int64_t(reinterpret_cast<uintptr_t>(a.v.data)), b0 = int64_t(reinterpret_cast<uintptr_t>(b.v.data));
-  const int64_t a_span = a.span_elems() * ea, b_span = b.span_elems() * eb;
-  if (!(a0 < b0 + b_span && b0 < a0 + a_span)) return false;  // spans disjoint
+  // Spans in bytes (< 2^63 each, as validated) and start addresses as unsigned 64-bit
+  // values: all address arithmetic below is modulo 2^64, so nothing can overflow.
+  const uint64_t ea = uint64_t(dtype_bytes(a.v.dtype)), eb = uint64_t(dtype_bytes(b.v.dtype));
+  const uint64_t a0 = reinterpret_cast<uintptr_t>(a.v.data), b0 = reinterpret_cast<uintptr_t>(b.v.data);
+  const uint64_t a_span = uint64_t(a.span_elems()) * ea, b_span = uint64_t(b.span_elems()) * eb;
+  // b starts ab bytes after a, a starts ba bytes after b (on the circle of 2^64 addresses)
+  const uint64_t ab = b0 - a0, ba = a0 - b0;
+  if (ab >= a_span && ba >= b_span) return false;  // spans disjoint
   // Same row pitch in bytes and rows that fit in it: element sets are the rows'
   // extents repeated every pitch; they meet iff the extents meet modulo the pitch.
-  if (a.v.ndim() == 3 && b.v.ndim() == 3 && a.row_stride * ea == b.row_stride * eb && a.row_stride > 0) {
-    const int64_t pitch = a.row_stride * ea;
-    const int64_t xa = ((a.v.dim(1) - 1) * a.head_stride + a.v.dim(2)) * ea;
-    const int64_t xb = ((b.v.dim(1) - 1) * b.head_stride + b.v.dim(2)) * eb;
+  // (Only for spans that do not wrap past the top of the address space, where the
+  // repetition would not hold.)
+  const uint64_t top = std::numeric_limits<uint64_t>::max();
+  if (a.v.ndim() == 3 && b.v.ndim() == 3 && a.row_stride > 0 &&
+      uint64_t(a.row_stride) * ea == uint64_t(b.row_stride) * eb && a_span <= top - a0 && b_span <= top - b0) {
+    const uint64_t pitch = uint64_t(a.row_stride) * ea;
+    const uint64_t xa = uint64_t((a.v.dim(1) - 1) * a.head_stride + a.v.dim(2)) * ea;
+    const uint64_t xb = uint64_t((b.v.dim(1) - 1) * b.head_stride + b.v.dim(2)) * eb;
     if (xa <= pitch && xb <= pitch) {
-      const int64_t d = (((b0 - a0) % pitch) + pitch) % pitch;  // b's row start within a's pitch
+      // b's row start within a's pitch
+      const uint64_t d = b0 >= a0 ? (b0 - a0) % pitch : (pitch - (a0 - b0) % pitch) % pitch;
       return d < xa || pitch - d < xb;
     }
   }

@@ -125,7 +125,9 @@ View view_of(const char* op, const char* arg, const DLTensor* t);
 
 // A 3-D [rows, heads, dim] view whose last dimension is contiguous and whose
 // leading strides (in elements, >= 0) may be anything that keeps the elements
-// distinct: dim <= head stride (heads > 1) and heads' extent <= row stride (rows > 1).
+// distinct: dim <= head stride (heads > 1) and heads' extent <= row stride (rows > 1),
+// with the whole span addressable in int64 bytes (no offset computation can wrap).
+// A size-1 (or empty) dimension's stride is replaced by its compact value.
 // (In-place ops on slices of a fused buffer, e.g. q and k of a packed qkv.)
 struct RowsView {
   View v;                     // data, dtype, device, shape; numel counts the viewed elements
@@ -134,9 +136,10 @@ struct RowsView {
   int64_t span_elems() const;  // from the first to one past the last viewed element
 };
 RowsView rows_view_of(const char* op, const char* arg, const DLTensor* t);
-// Whether two such views (or a view and a contiguous one) share an element. Exact
-// when both have the same row stride and each row's extent fits in it (slices of one
-// fused buffer); otherwise by their spans (conservative).
+// Whether two such views (or a view and a contiguous one) may share an element. When
+// both have the same row pitch in bytes, exact at the granularity of a row's extent
+// (first head's first element to last head's last; slices of one fused buffer);
+// otherwise by their spans (conservative).
 bool rows_overlap(const RowsView& a, const RowsView& b);
 void require_rows_disjoint(const char* op, const char* a_arg, const RowsView& a, const char* b_arg,
                            const RowsView& b);

@@ -528,3 +528,206 @@ TEST(Rotary, RejectsOverlap) {
 }
 
 }  // namespace
+
+namespace {
+
+// Strides whose byte offsets only fit after wrapping around 2^64 (UB in int64, and in
+// practice the same addresses again): head h of a [1, 2, 4] fp32 view with head stride
+// 2^62 elements lies 2^64 bytes past head 0, i.e. on top of it. Such views, and the
+// rows / spans computed from them, must be rejected, not rotated twice in place.
+TEST(Rotary, RejectsStridesThatOverflowTheSpan) {
+  const int64_t P62 = int64_t(1) << 62;
+  Buf store(DType::F32, {64});
+  kstest::fill_normal(store);
+  Buf pos(DType::I32, {2});
+  set_i(pos, 0, 3);
+  set_i(pos, 1, 4);
+  DLTensor p = pos.dl();
+  Snap s{&store, &pos};
+  auto try_q = [&](std::vector<int64_t> shape, std::vector<int64_t> strides, const char* why) {
+    Dl q(store);
+    q.set_shape(shape);
+    q.set_strides(strides);
+    Dl pp(pos);
+    pp.set_shape({shape[0]});
+    EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), nullptr, pp.p(), 4, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                              KS_ERROR_INVALID_ARGUMENT, kOp, "q", s))
+        << why;
+  };
+  // one token: no row-stride check, and (heads - 1) * head_stride wraps the byte span
+  try_q({1, 2, 4}, {8, P62, 1}, "1 token, head 1 exactly on head 0 (2^64 bytes away)");
+  try_q({1, 2, 4}, {8, P62 + 1, 1}, "1 token, head 1 4 bytes past head 0");
+  try_q({1, 3, 4}, {12, P62, 1}, "1 token, (heads - 1) * head_stride overflows int64");
+  // several tokens: the heads' extent (heads - 1) * head_stride + head_dim wraps to 4,
+  // so a token stride of 4 passed as 'rows do not overlap'
+  try_q({2, 5, 4}, {4, P62, 1}, "2 tokens, heads' extent overflows int64");
+  try_q({2, 5, 4}, {4, std::numeric_limits<int64_t>::max(), 1}, "2 tokens, head stride INT64_MAX");
+  try_q({2, 1, 4}, {std::numeric_limits<int64_t>::max(), 4, 1}, "2 tokens, token stride INT64_MAX");
+  // k with a head stride of 2^62 - 2 fp32 elements: head 1 lies 8 bytes *before* head 0,
+  // inside q; its span, 2^64 + 8 bytes, wrapped to 8 and looked disjoint from q.
+  Dl q(store), k(store);
+  q.set_shape({1, 2, 4});
+  k.set_shape({1, 2, 4});
+  k.set_strides({8, P62 - 2, 1});
+  k.t.data = static_cast<float*>(store.data()) + 8;
+  Dl p1(pos);
+  p1.set_shape({1});
+  EXPECT_TRUE(fails_cleanly(ks_rotary_embedding(q.p(), k.p(), p1.p(), 4, 10000.0, 1, KS_BACKEND_AUTO, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "k", s));
+  EXPECT_TRUE(store.guards_intact());
+}
+
+// The same-pitch overlap test works on token extents (first head's first element to the
+// last head's last), as documented: k in the padding after q's last head is accepted, k in
+// the padding between two of q's heads is rejected (conservatively), and a k that wraps
+// from the end of one token into the next token's q is rejected.
+TEST(Rotary, SamePitchOverlapTestWorksOnTokenExtents) {
+  const int64_t T = 3, D = 4, W = 32;  // q: 2 heads at columns 0 and 8; k: 1 head
+  Buf store(DType::F32, {T + 1, W});  // room for a k that runs past q's last token
+  kstest::fill_normal(store);
+  Buf pos(DType::I64, {T});
+  for (int t = 0; t < T; ++t) set_i(pos, t, 11 * t + 2);
+  DLTensor p = pos.dl();
+  auto* base = static_cast<float*>(store.data());
+  Dl q(store), k(store);
+  q.set_shape({T, 2, D});
+  q.set_strides({W, 8, 1});
+  k.set_shape({T, 1, D});
+  k.set_strides({W, 1, 1});
+  auto call = [&] { return ks_rotary_embedding(q.p(), k.p(), &p, D, 10000.0, 1, KS_BACKEND_CPU, nullptr); };
+  for (int64_t col : {4, 6, 9, 30, 31}) {  // between q's heads, inside one, wrapping into the next token
+    Snap s{&store, &pos};
+    k.t.data = base + col;
+    EXPECT_TRUE(fails_cleanly(call(), KS_ERROR_INVALID_ARGUMENT, kOp, "k", s)) << "k at column " << col;
+  }
+  for (int64_t col : {12, 20, 28}) {  // after q's last head, up to the end of the token
+    k.t.data = base + col;
+    EXPECT_EQ(call(), KS_SUCCESS) << "k at column " << col << ": " << ks_last_error();
+  }
+  EXPECT_TRUE(store.guards_intact());
+}
+
+// Random q and k views of one buffer: random head and token strides (padding, size-1
+// dimensions with any stride), start offsets anywhere (also off element alignment, split
+// between data and byte_offset). A call is accepted only when q and k share no byte, and
+// then gives bit for bit what contiguous copies give, touching no other byte. With one
+// token pitch for both (or a single token), views whose token extents (first to last
+// head) are disjoint must be accepted.
+TEST(Rotary, RandomStridedViewsOfOneBuffer) {
+  std::mt19937_64 g(20240611);
+  auto U = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(g); };
+  int accepted = 0, rejected = 0;
+  for (int iter = 0; iter < 4000; ++iter) {
+    const DType dt = kFloatTypes()[size_t(U(0, int64_t(kFloatTypes().size()) - 1))];
+    const int64_t es = int64_t(ks::dtype_size(dt));
+    const int64_t T = U(1, 4), D = 2 * U(1, 3), rd = 2 * U(1, D / 2);
+    struct V {
+      int64_t heads, hs, rs, ext, span, off;  // ext, span in elements; off in bytes
+    };
+    auto make = [&](int64_t heads) {
+      V v{};
+      v.heads = heads;
+      v.hs = heads > 1 ? D + U(0, 3) : U(-5, 20);  // a size-1 dimension's stride is ignored
+      v.ext = (heads > 1 ? (heads - 1) * v.hs : 0) + D;
+      v.rs = T > 1 ? v.ext + U(0, 12) : U(-30, 30);
+      return v;
+    };
+    V qv = make(U(0, 3)), kv = make(U(0, 3));
+    const bool same_pitch = T > 1 && U(0, 1) == 1;
+    if (same_pitch) qv.rs = kv.rs = std::max(qv.rs, kv.rs);
+    for (V* v : {&qv, &kv}) v->span = v->heads == 0 ? 0 : (T - 1) * (T > 1 ? v->rs : 0) + v->ext;
+    const int64_t n_bytes = 2048;
+    Buf store(DType::U8, {n_bytes});
+    for (int64_t i = 0; i < n_bytes; ++i) static_cast<uint8_t*>(store.data())[i] = uint8_t(U(0, 255));
+    if (dt != DType::F32)  // keep 16-bit values finite: clear the exponent's top bit of every high byte
+      for (int64_t i = 1; i < n_bytes; i += 2) static_cast<uint8_t*>(store.data())[i] &= 0xBF;
+    else
+      for (int64_t i = 3; i < n_bytes; i += 4) static_cast<uint8_t*>(store.data())[i] &= 0xBF;
+    qv.off = U(0, 200) * es + (U(0, 3) == 0 ? U(1, es - 1) : 0);
+    // k near q: before, inside, just past, or in q's padding
+    kv.off = qv.off + U(-kv.span - 2, qv.span + 2) * es + (U(0, 3) == 0 ? U(1, es - 1) : 0);
+    if (kv.off < 0) kv.off = U(0, es);
+    ASSERT_LE(qv.off + qv.span * es, n_bytes);
+    ASSERT_LE(kv.off + kv.span * es, n_bytes);
+    // which bytes each view owns, and each token's extent
+    std::vector<int> owner(size_t(n_bytes), 0), row_owner(size_t(n_bytes), 0);
+    bool overlap = false, rows_meet = false;
+    auto mark = [&](const V& v, int who) {
+      for (int64_t t = 0; t < T && v.heads > 0; ++t) {
+        const int64_t r0 = v.off + t * (T > 1 ? v.rs : 0) * es;
+        for (int64_t b = r0; b < r0 + v.ext * es; ++b) {
+          if (row_owner[size_t(b)] && row_owner[size_t(b)] != who) rows_meet = true;
+          row_owner[size_t(b)] = who;
+        }
+        for (int64_t h = 0; h < v.heads; ++h) {
+          const int64_t h0 = r0 + h * (v.heads > 1 ? v.hs : 0) * es;
+          for (int64_t b = h0; b < h0 + D * es; ++b) {
+            if (owner[size_t(b)] && owner[size_t(b)] != who) overlap = true;
+            owner[size_t(b)] = who;
+          }
+        }
+      }
+    };
+    mark(qv, 1);
+    mark(kv, 2);
+    auto dl_of = [&](const V& v) {
+      Dl d(store);
+      d.t.dtype = ks::to_dl(dt);
+      d.set_shape({T, v.heads, D});
+      d.set_strides({v.rs, v.hs, 1});
+      const int64_t split = U(0, v.off);
+      d.t.data = static_cast<uint8_t*>(store.data()) + split;
+      d.t.byte_offset = uint64_t(v.off - split);
+      return d;
+    };
+    Dl q = dl_of(qv), k = dl_of(kv);
+    Buf pos(DType::I64, {T});
+    for (int64_t t = 0; t < T; ++t) set_i(pos, t, U(-50, 5000));
+    DLTensor p = pos.dl();
+    const auto before = store.raw;
+    const int neox = int(U(0, 1));
+    const ks_status_t st = ks_rotary_embedding(q.p(), k.p(), &p, rd, 10000.0, neox, KS_BACKEND_CPU, nullptr);
+    const std::string what = dt_name(dt) + " T " + std::to_string(T) + " D " + std::to_string(D) + " q heads " +
+                             std::to_string(qv.heads) + " strides (" + std::to_string(qv.rs) + ", " +
+                             std::to_string(qv.hs) + ") at byte " + std::to_string(qv.off) + ", k heads " +
+                             std::to_string(kv.heads) + " strides (" + std::to_string(kv.rs) + ", " +
+                             std::to_string(kv.hs) + ") at byte " + std::to_string(kv.off);
+    if (st != KS_SUCCESS) {
+      ++rejected;
+      ASSERT_EQ(st, KS_ERROR_INVALID_ARGUMENT) << ks_last_error() << "; " << what;
+      ASSERT_NE(std::string(ks_last_error()).find("overlap"), std::string::npos) << ks_last_error() << "; " << what;
+      const bool one_pitch = T == 1 || qv.rs == kv.rs;
+      ASSERT_TRUE(overlap || rows_meet || !one_pitch)
+          << "disjoint token extents of one pitch rejected: " << ks_last_error() << "; " << what;
+      ASSERT_TRUE(store.raw == before) << what;
+      continue;
+    }
+    ++accepted;
+    ASSERT_FALSE(overlap) << "q and k share bytes but were accepted; " << what;
+    // the same rotation on contiguous copies, then written back where the views are
+    Buf qc(dt, {T, qv.heads, D}), kc(dt, {T, kv.heads, D});
+    auto copy = [&](const V& v, Buf& c, bool to_view) {
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < v.heads; ++h) {
+          const int64_t at = v.off + (t * (T > 1 ? v.rs : 0) + h * (v.heads > 1 ? v.hs : 0)) * es;
+          uint8_t* cp = static_cast<uint8_t*>(c.data()) + (t * v.heads + h) * D * es;
+          if (to_view)
+            std::memcpy(static_cast<uint8_t*>(store.data()) + at, cp, size_t(D * es));
+          else
+            std::memcpy(cp, before.data() + Buf::kPad + size_t(at), size_t(D * es));
+        }
+    };
+    copy(qv, qc, false);
+    copy(kv, kc, false);
+    const auto after = store.raw;
+    store.raw = before;
+    ASSERT_EQ(run_rope(qc, &kc, pos, rd, 10000.0, neox, KS_BACKEND_CPU), KS_SUCCESS) << ks_last_error();
+    copy(qv, qc, true);
+    copy(kv, kc, true);
+    ASSERT_TRUE(after == store.raw) << "strided result differs from the contiguous one; " << what;
+  }
+  EXPECT_GT(accepted, 500);
+  EXPECT_GT(rejected, 500);
+}
+
+}  // namespace

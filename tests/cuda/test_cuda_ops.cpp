@@ -780,6 +780,119 @@ TEST(Cuda, PagedAttentionDecodeAndPrefill) {
     }
 }
 
+// paged_attention on CUDA with non-finite scores, as the CPU (two-pass softmax): a NaN in
+// q, or a first key tile (128 keys) whose K rows are all NaN, gives a NaN row (the online
+// softmax gave such keys weight 0 when the tile's maximum was -inf, hiding the NaN);
+// a first tile of -inf scores followed by finite ones gives the softmax of the finite keys;
+// scores that are all -inf give a NaN row (exp(-inf - -inf)), not a zero row. head_dim 40
+// is not a multiple of 32.
+TEST(Cuda, PagedAttentionNonFiniteScoresAsOnCpu) {
+  NEED_GPU();
+  for (DType dt : kstest::float_dtypes()) {
+    SCOPED_TRACE(ks::dtype_name(dt));
+    const int64_t H = 4, KVH = 2, D = 40, bs = 16, seqs = 4, maxb = 16, blocks = seqs * maxb;
+    const int64_t row = bs * KVH * D;  // elements per cache block
+    Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D});
+    kstest::fill_normal(kc);
+    kstest::fill_normal(vc);
+    Buf bt(DType::I32, {seqs, maxb});
+    for (int64_t i = 0; i < seqs * maxb; ++i) bt.set(i, double(i));  // sequence s owns blocks s*maxb ...
+    // sequence 1: the first 128 keys (8 blocks) have NaN K rows; keys 128..199 are finite
+    for (int64_t i = 0; i < 8 * row; ++i) kc.set(1 * maxb * row + i, std::nan(""));
+    // sequence 2: the first 128 keys have -inf K rows (scores -inf against a positive q)
+    for (int64_t i = 0; i < 8 * row; ++i) kc.set(2 * maxb * row + i, -INFINITY);
+    // sequence 3: all of its 20 keys -inf
+    for (int64_t i = 0; i < 2 * row; ++i) kc.set(3 * maxb * row + i, -INFINITY);
+    const int64_t T = seqs;
+    Buf q(dt, {T, H, D}), cl(DType::I32, {T}), ref(dt, {T, H, D}), got(dt, {T, H, D});
+    kstest::fill_normal(q);
+    for (int64_t d = 0; d < D; ++d) q.set(0 * H * D + 1 * D + d, std::nan(""));  // token 0, head 1: all scores NaN
+    for (int64_t i = 0; i < 2 * H * D; ++i) q.set(2 * H * D + i, 0.25 + 0.01 * double(i % 7));  // tokens 2, 3: q > 0
+    const int64_t lens[4] = {50, 200, 130, 20};
+    for (int64_t t = 0; t < T; ++t) cl.set(t, double(lens[t]));
+    DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, {T}),
+        dout(dt, q.shape);
+    dkc.upload(kc);
+    dvc.upload(vc);
+    dbt.upload(bt);
+    dq.upload(q);
+    dcl.upload(cl);
+    dout.poison();
+    const double scale = 1.0 / std::sqrt(double(D));
+    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+                        ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    dout.download(got);
+    ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                        ks::Backend::Cpu);
+    for (int64_t d = 0; d < D; ++d) {
+      EXPECT_TRUE(std::isnan(ref.get(1 * D + d)) && std::isnan(got.get(1 * D + d))) << "token 0 head 1 (NaN q)";
+      EXPECT_TRUE(std::isnan(ref.get((1 * H + 2) * D + d)) && std::isnan(got.get((1 * H + 2) * D + d)))
+          << "token 1 (first key tile NaN)";
+      EXPECT_TRUE(std::isfinite(ref.get((2 * H + 3) * D + d)) && std::isfinite(got.get((2 * H + 3) * D + d)))
+          << "token 2 (first key tile -inf, then finite keys)";
+      EXPECT_TRUE(std::isnan(ref.get((3 * H + 0) * D + d)) && std::isnan(got.get((3 * H + 0) * D + d)))
+          << "token 3 (all scores -inf)";
+    }
+    EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+  }
+}
+
+// paged_attention with device index tensors that the host cannot check: a block id outside
+// [0, num_blocks) drops its keys, a seq id outside [0, num_seqs) or a negative length gives a
+// zero row, a length past the table's capacity is clamped to it (docs/contracts.md). Compared
+// with the CPU on the equivalent valid inputs.
+TEST(Cuda, PagedAttentionDeviceIndicesOutOfRange) {
+  NEED_GPU();
+  for (DType dt : kstest::float_dtypes()) {
+    SCOPED_TRACE(ks::dtype_name(dt));
+    const int64_t H = 6, KVH = 3, D = 72, bs = 16, seqs = 4, maxb = 16, blocks = seqs * maxb, cap = maxb * bs;
+    Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D});
+    kstest::fill_normal(kc);
+    kstest::fill_normal(vc);
+    Buf bt(DType::I32, {seqs, maxb}), bad_bt(DType::I32, {seqs, maxb});
+    for (int64_t i = 0; i < seqs * maxb; ++i) bt.set(i, double((i * 5 + 1) % blocks));
+    bad_bt.raw = bt.raw;
+    bad_bt.set(0 * maxb + 2, -1.0);           // seq 0: block 2 (keys 32..47) dropped
+    bad_bt.set(3 * maxb + 0, double(blocks));  // seq 3: every block of its context out of range
+    bad_bt.set(3 * maxb + 1, 1000.0);
+    const int64_t T = 5;
+    //                      t0: seq 0, 40 keys (32..39 dropped); t1: seq 99; t2: length -3;
+    //                      t3: length past the capacity; t4: seq 3, all keys dropped
+    const int64_t sid_dev[T] = {0, 99, 1, 2, 3}, len_dev[T] = {40, 10, -3, 100000, 20};
+    const int64_t sid_cpu[T] = {0, 0, 1, 2, 0}, len_cpu[T] = {32, 0, 0, cap, 0};
+    Buf q(dt, {T, H, D}), sid(DType::I32, {T}), cl(DType::I32, {T}), sid_c(DType::I32, {T}), cl_c(DType::I32, {T});
+    kstest::fill_normal(q);
+    for (int64_t t = 0; t < T; ++t) {
+      sid.set(t, double(sid_dev[t]));
+      cl.set(t, double(len_dev[t]));
+      sid_c.set(t, double(sid_cpu[t]));
+      cl_c.set(t, double(len_cpu[t]));
+    }
+    DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dsid(DType::I32, {T}),
+        dcl(DType::I32, {T}), dout(dt, q.shape);
+    dkc.upload(kc);
+    dvc.upload(vc);
+    dbt.upload(bad_bt);
+    dq.upload(q);
+    dsid.upload(sid);
+    dcl.upload(cl);
+    dout.poison();
+    const double scale = 0.125;
+    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), dsid.view(), dcl.view(), scale,
+                        ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    Buf got(dt, q.shape), ref(dt, q.shape);
+    dout.download(got);
+    ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), sid_c.view(), cl_c.view(), scale,
+                        ks::Backend::Cpu);
+    EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+    for (int64_t t : {1, 2, 4})
+      for (int64_t i = 0; i < H * D; ++i)
+        ASSERT_EQ(got.get(t * H * D + i), 0.0) << "token " << t << " must be a zero row";
+  }
+}
+
 TEST(Cuda, GraphCaptureAndReplay) {
   NEED_GPU();
   const int64_t R = 8, H = 4096, N = 1024;

@@ -243,15 +243,18 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       acc[d] = 0.f;
     }
     float run_max = -INFINITY, run_sum = 0.f;
+    bool any_key = false;  // a key that is not dropped (the same value in every thread)
     for (int64_t j0 = 0; j0 < len; j0 += kTile) {
       const int64_t nt = min(int64_t(kTile), len - j0);
       __syncthreads();  // qv written / the previous tile's scores consumed
+      int kept = 0;
       for (int64_t j = threadIdx.x; j < nt; j += blockDim.x) {
         const int64_t pos = j0 + j;
         const int64_t blk = p.block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
         slot_of[j] = (blk >= 0 && blk < p.num_blocks) ? blk * p.block_size + pos % p.block_size : -1;
+        kept |= slot_of[j] >= 0;
       }
-      __syncthreads();
+      any_key |= __syncthreads_or(kept) != 0;
       for (int64_t j = warp; j < nt; j += nw) {
         float dot = 0.f;
         const int64_t slot = slot_of[j];
@@ -263,7 +266,8 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
         if (lane == 0) sc[j] = slot >= 0 ? dot * p.scale : -INFINITY;  // a dropped key weighs 0
       }
       __syncthreads();
-      // tile maximum (max of FP32 scores; NaN scores propagate through exp below)
+      // tile maximum (max of FP32 scores, NaN ignored as the CPU's std::max does; a NaN
+      // score propagates through its exp below)
       float m = -INFINITY;
       for (int64_t j = threadIdx.x; j < nt; j += blockDim.x) m = fmaxf(m, sc[j]);
       m = warp_max(m);
@@ -272,12 +276,16 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       m = red[0];
       for (int i = 1; i < nw; ++i) m = fmaxf(m, red[i]);
       const float new_max = fmaxf(run_max, m);
-      // all keys so far dropped (-inf): nothing to rescale, weights stay 0
+      // every score so far -inf or NaN: nothing to rescale
       const float corr = new_max == -INFINITY ? 1.f : expf(run_max - new_max);
       __syncthreads();  // red read by all before reuse
       float s = 0.f;
       for (int64_t j = threadIdx.x; j < nt; j += blockDim.x) {
-        const float e = new_max == -INFINITY ? 0.f : expf(sc[j] - new_max);
+        // Dropped keys and -inf scores weigh 0 (a -inf score against a -inf maximum is
+        // settled at the end). A NaN score gives a NaN weight even when the maximum so far
+        // is -inf, so the row is NaN as on the CPU (exp(NaN - max)), never a zero or finite
+        // row that hides the NaN.
+        const float e = (slot_of[j] < 0 || sc[j] == -INFINITY) ? 0.f : expf(sc[j] - new_max);
         sc[j] = e;
         s += e;
       }
@@ -299,7 +307,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       }
     }
     __syncthreads();
-    const float inv = run_sum > 0.f ? 1.f / run_sum : 0.f;  // no key: a zero row
+    // No key left (all dropped): a zero row. Keys whose scores are all -inf: softmax of
+    // all -inf, a NaN row (as the CPU's exp(-inf - -inf)). A NaN sum stays NaN.
+    const float inv = run_sum == 0.f ? (any_key ? __int_as_float(0x7fffffff) : 0.f) : 1.f / run_sum;
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = Dt<T>::from_f(len > 0 ? acc[d] * inv : 0.f);
   }
 }
