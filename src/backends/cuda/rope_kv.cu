@@ -1,8 +1,9 @@
 // rotary_embedding and kv_cache_append on CUDA (contracts in docs/contracts.md).
 //
 // rotary_embedding: a CTA owns a token at a time (grid-stride over tokens). The
-//   inverse frequencies fp32(theta^(-2i/rotary_dim)) are computed once per CTA in
-//   FP64 (as the CPU does, before the dependency wait: they read no memory); per
+//   inverse frequencies fp32(theta^(-2i/rotary_dim)) come from the host (the CPU
+//   reference's function, passed as a kernel parameter) and are staged in shared memory
+//   before the dependency wait (they read no memory); per
 //   token, cos and sin of fp32(fp32(pos) * inv_freq[i]) are computed once into
 //   shared memory (sincosf: full range reduction, so large positions stay
 //   accurate) and every head of q and k reuses them. q and k may be strided views
@@ -21,6 +22,10 @@
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
 
+namespace ks::cpu {
+void rope_inv_freq(int64_t rotary_dim, double theta, float* inv_freq);  // backends/cpu/reference.cpp
+}
+
 namespace ks::cuda {
 
 struct RopeParams {
@@ -36,16 +41,24 @@ struct RopeParams {
 // Shared memory per CTA: inv_freq, cos, sin (3 * rotary_dim / 2 floats).
 constexpr int64_t kRopeMaxHalf = 4096;  // 48 KB of shared memory
 constexpr int kRopeThreads = 128;
+// inv_freq computed on the host by the CPU reference's own function and passed by value
+// (2 KB of kernel parameters) for rotary_dim <= 1024, so both backends rotate by the same
+// FP32 frequencies (a device pow may round one of them to the neighbouring FP32 value,
+// which at positions near 2^31 changes the angle completely). Wider: device FP64 pow.
+constexpr int64_t kRopeParamHalf = 512;
+struct RopeTable {
+  float inv[kRopeParamHalf];
+};
 
 template <typename T, bool NEOX>
-__global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p) {
+__global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, const RopeTable table) {
   extern __shared__ float rope_sh[];
   const int64_t half = p.rotary_half;
   float* inv = rope_sh;
   float* cs = rope_sh + half;
   float* sn = rope_sh + 2 * half;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
-    inv[i] = float(pow(p.theta, -double(2 * i) / double(2 * half)));
+    inv[i] = half <= kRopeParamHalf ? table.inv[i] : float(pow(p.theta, -double(2 * i) / double(2 * half)));
   pdl_begin();
   const int64_t pairs = (p.heads + p.kv_heads) * half;
   for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
@@ -90,12 +103,14 @@ void rotary_cuda(const void* args, ks_stream_t stream) {
                a.rotary_dim / 2, a.q_token_stride,
                a.q_head_stride,  a.k_token_stride,
                a.k_head_stride,  a.theta};
+  RopeTable table{};
+  if (p.rotary_half <= kRopeParamHalf) cpu::rope_inv_freq(a.rotary_dim, a.theta, table.inv);
   const int64_t grid = std::min<int64_t>(a.num_tokens, int64_t(dp.sm_count) * 16);
   const size_t smem = size_t(3 * p.rotary_half) * sizeof(float);
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto kern) {
     if (smem > 48 * 1024) return;  // excluded by rope_can_implement
-    launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p);
+    launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
   };
   switch (a.q.dtype) {
     case detail::DType::F32: a.neox ? go(rope_kernel<float, true>) : go(rope_kernel<float, false>); break;
