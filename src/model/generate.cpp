@@ -52,14 +52,25 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
   const int64_t vocab = model.config().vocab_size;
   const EndTokens is_end(tok);
   std::mt19937_64 rng(opt.seed);
+  // Greedy decoding asks the model for the argmax directly (on CUDA: computed on the
+  // device, and one-token steps replay a CUDA graph); sampling reads the logits.
+  const bool greedy = !(opt.temperature > 0.0f);
+  const float* logits = nullptr;
+  int32_t greedy_next = 0;
+  auto step = [&](const int32_t* toks, int64_t n, int64_t at) {
+    if (greedy)
+      greedy_next = model.forward_argmax(toks, n, at);
+    else
+      logits = model.forward(toks, n, at);
+  };
   auto t0 = clock::now();
-  const float* logits = model.forward(prompt.data(), int64_t(prompt.size()), 0);
+  step(prompt.data(), int64_t(prompt.size()), 0);
   auto t1 = clock::now();
   st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
   int64_t pos = int64_t(prompt.size());
   auto t_first = t1;
   for (int64_t i = 0; i < opt.max_tokens; ++i) {
-    const int32_t next = sample_token(logits, vocab, opt.temperature, rng);
+    const int32_t next = greedy ? greedy_next : sample_token(logits, vocab, opt.temperature, rng);
     if (i == 0) {
       t_first = clock::now();
       st.first_token_seconds = std::chrono::duration<double>(t_first - t0).count();
@@ -78,7 +89,7 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
       st.stop_reason = "context full";
       break;
     }
-    logits = model.forward(&next, 1, pos++);
+    step(&next, 1, pos++);
   }
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t_first).count();
   return st;

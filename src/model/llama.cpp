@@ -72,27 +72,53 @@ LlamaConfig LlamaConfig::from_gguf(const GgufFile& f) {
   return c;
 }
 
+LlamaModel::Buffer LlamaModel::alloc(ks::DType dtype, const std::vector<int64_t>& shape) {
+  Buffer b;
+  if (on_device_) {
+    size_t bytes = ks::dtype_size(dtype);
+    for (int64_t d : shape) bytes *= size_t(d);
+    b.dev = DeviceArray(bytes);
+    b.view = b.dev.view(dtype, shape);
+  } else {
+    b.host = ks::Tensor(dtype, shape);
+    b.view = b.host.view();
+  }
+  return b;
+}
+
+Weight LlamaModel::upload(const Weight& w) {
+  if (!on_device_) return w;
+  DeviceArray& d = dev_weights_.emplace_back(w.data.nbytes());
+  stream_->to_device(d.data(), w.data.data(), w.data.nbytes());
+  Weight r = w;
+  r.data = d.view(w.data.dtype(), w.data.shape());
+  return r;
+}
+
 LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend)
     : cfg_(LlamaConfig::from_gguf(f)), backend_(backend) {
   if (max_context <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_context must be > 0");
+  on_device_ = backend == ks::Backend::Cuda;
+  if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   num_blocks_ = (max_ctx_ + block_size_ - 1) / block_size_;
   const auto& c = cfg_;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   tok_embd_ = matrix(f, "token_embd.weight", c.vocab_size, c.hidden_size);
   out_norm_ = norm(f, "output_norm.weight", c.hidden_size);
-  lm_head_ = f.tensor("output.weight") ? matrix(f, "output.weight", c.vocab_size, c.hidden_size) : tok_embd_;
+  const bool tied = !f.tensor("output.weight");
+  lm_head_ = tied ? tok_embd_ : matrix(f, "output.weight", c.vocab_size, c.hidden_size);
   layers_.resize(size_t(c.n_layers));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
     Layer& L = layers_[size_t(l)];
-    L.attn_norm = norm(f, p + "attn_norm.weight", c.hidden_size);
-    L.ffn_norm = norm(f, p + "ffn_norm.weight", c.hidden_size);
-    L.wq = matrix(f, p + "attn_q.weight", c.hidden_size, c.hidden_size);
-    L.wk = matrix(f, p + "attn_k.weight", kv_dim, c.hidden_size);
-    L.wv = matrix(f, p + "attn_v.weight", kv_dim, c.hidden_size);
-    L.wo = matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size);
-    L.w_down = matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size);
+    L.attn_norm = upload(norm(f, p + "attn_norm.weight", c.hidden_size));
+    L.ffn_norm = upload(norm(f, p + "ffn_norm.weight", c.hidden_size));
+    L.wq = upload(matrix(f, p + "attn_q.weight", c.hidden_size, c.hidden_size));
+    L.wk = upload(matrix(f, p + "attn_k.weight", kv_dim, c.hidden_size));
+    L.wv = upload(matrix(f, p + "attn_v.weight", kv_dim, c.hidden_size));
+    L.wo = upload(matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size));
+    L.w_down = upload(matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size));
     // gate and up rows stacked into one [2 * intermediate, hidden] matrix, so one
     // quant_matmul yields rows laid out as silu_and_mul expects (gate | up).
     Weight g = matrix(f, p + "ffn_gate.weight", c.intermediate_size, c.hidden_size);
@@ -101,54 +127,81 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     std::vector<uint8_t>& buf = owned_.emplace_back(g.data.nbytes() + u.data.nbytes());
     std::memcpy(buf.data(), g.data.data(), g.data.nbytes());
     std::memcpy(buf.data() + g.data.nbytes(), u.data.data(), u.data.nbytes());
-    L.w_gate_up = g;
-    L.w_gate_up.rows = 2 * c.intermediate_size;
-    L.w_gate_up.data = ks::TensorView(buf.data(), ks::DType::U8, {2 * c.intermediate_size, g.data.size(1)});
-    L.k_cache = ks::Tensor(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
-    L.v_cache = ks::Tensor(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
+    Weight gu = g;
+    gu.rows = 2 * c.intermediate_size;
+    gu.data = ks::TensorView(buf.data(), ks::DType::U8, {2 * c.intermediate_size, g.data.size(1)});
+    L.w_gate_up = upload(gu);
+    L.k_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
+    L.v_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
   }
-  block_table_ = ks::Tensor(ks::DType::I32, {1, num_blocks_});
-  for (int64_t b = 0; b < num_blocks_; ++b) block_table_.data<int32_t>()[b] = int32_t(b);
+  tok_embd_ = upload(tok_embd_);
+  out_norm_ = upload(out_norm_);
+  lm_head_ = tied ? tok_embd_ : upload(lm_head_);
+  std::vector<int32_t> table(static_cast<size_t>(num_blocks_));
+  for (int64_t b = 0; b < num_blocks_; ++b) table[size_t(b)] = int32_t(b);
+  block_table_ = alloc(ks::DType::I32, {1, num_blocks_});
+  if (on_device_) {
+    stream_->to_device(block_table_.view.data(), table.data(), table.size() * 4);
+    stream_->sync();  // the staging vectors (owned_, table) outlive the copies from here on
+  } else {
+    std::memcpy(block_table_.view.data(), table.data(), table.size() * 4);
+  }
   logits_ = ks::Tensor(ks::DType::F32, {1, c.vocab_size});
+  if (on_device_) {
+    logits_dev_ = alloc(ks::DType::F32, {1, c.vocab_size});
+    next_id_ = alloc(ks::DType::I64, {1});
+    owned_.clear();  // the merged gate|up matrices now live on the device
+  }
 }
 
 void LlamaModel::ensure_capacity(int64_t n) {
   if (n <= cap_) return;
   const auto& c = cfg_;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
-  x_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
-  res_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
-  h_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
-  q_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
-  k_ = ks::Tensor(ks::DType::F32, {n, kv_dim});
-  v_ = ks::Tensor(ks::DType::F32, {n, kv_dim});
-  attn_ = ks::Tensor(ks::DType::F32, {n, c.hidden_size});
-  gu_ = ks::Tensor(ks::DType::F32, {n, 2 * c.intermediate_size});
-  act_ = ks::Tensor(ks::DType::F32, {n, c.intermediate_size});
-  ids_ = ks::Tensor(ks::DType::I32, {n});
-  pos_ = ks::Tensor(ks::DType::I32, {n});
-  seq_ids_ = ks::Tensor(ks::DType::I32, {n});
-  ctx_lens_ = ks::Tensor(ks::DType::I32, {n});
+  if (stream_) {
+    stream_->sync();
+    stream_->drop_graph();  // it points into the buffers replaced below
+  }
+  x_ = alloc(ks::DType::F32, {n, c.hidden_size});
+  res_ = alloc(ks::DType::F32, {n, c.hidden_size});
+  h_ = alloc(ks::DType::F32, {n, c.hidden_size});
+  q_ = alloc(ks::DType::F32, {n, c.hidden_size});
+  k_ = alloc(ks::DType::F32, {n, kv_dim});
+  v_ = alloc(ks::DType::F32, {n, kv_dim});
+  attn_ = alloc(ks::DType::F32, {n, c.hidden_size});
+  gu_ = alloc(ks::DType::F32, {n, 2 * c.intermediate_size});
+  act_ = alloc(ks::DType::F32, {n, c.intermediate_size});
+  ids_ = alloc(ks::DType::I32, {n});
+  pos_ = alloc(ks::DType::I32, {n});
+  seq_ids_ = alloc(ks::DType::I32, {n});
+  ctx_lens_ = alloc(ks::DType::I32, {n});
   cap_ = n;
 }
 
-const float* LlamaModel::forward(const int32_t* tokens, int64_t n, int64_t pos) {
-  const auto& c = cfg_;
-  if (n <= 0 || pos < 0 || pos + n > max_ctx_)
-    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
-                              "LlamaModel::forward: positions [" + std::to_string(pos) + ", " +
-                                  std::to_string(pos + n) + ") exceed the context of " + std::to_string(max_ctx_));
-  ensure_capacity(n);
-  const auto be = backend_;
-  const int64_t H = c.hidden_size, kv_dim = c.num_kv_heads * c.head_dim;
-  auto rows = [n](const ks::Tensor& t, int64_t cols) { return t.view().reshape({n, cols}); };
+void LlamaModel::stage_indices(const int32_t* tokens, int64_t n, int64_t pos) {
+  staged_.resize(size_t(4 * n));
   for (int64_t i = 0; i < n; ++i) {
-    ids_.data<int32_t>()[i] = tokens[i];
-    pos_.data<int32_t>()[i] = int32_t(pos + i);
-    seq_ids_.data<int32_t>()[i] = 0;
-    ctx_lens_.data<int32_t>()[i] = int32_t(pos + i + 1);  // causal: token i sees keys 0..pos+i
+    staged_[size_t(i)] = tokens[i];
+    staged_[size_t(n + i)] = int32_t(pos + i);
+    staged_[size_t(2 * n + i)] = 0;
+    staged_[size_t(3 * n + i)] = int32_t(pos + i + 1);  // causal: token i sees keys 0..pos+i
   }
-  const ks::TensorView ids = ids_.view().reshape({n}), positions = pos_.view().reshape({n});
+  void* dst[4] = {ids_.view.data(), pos_.view.data(), seq_ids_.view.data(), ctx_lens_.view.data()};
+  for (int j = 0; j < 4; ++j) {
+    if (on_device_)
+      stream_->to_device(dst[j], staged_.data() + j * n, size_t(n) * 4);
+    else
+      std::memcpy(dst[j], staged_.data() + j * n, size_t(n) * 4);
+  }
+}
+
+void LlamaModel::run_layers(int64_t n) {
+  const auto& c = cfg_;
+  const auto be = backend_;
+  const ks_stream_t s = stream();
+  const int64_t H = c.hidden_size, kv_dim = c.num_kv_heads * c.head_dim;
+  auto rows = [n](const Buffer& t, int64_t cols) { return t.view.reshape({n, cols}); };
+  const ks::TensorView ids = ids_.view.reshape({n}), positions = pos_.view.reshape({n});
   // h holds the normalized input of the current sub-block and x the sub-block's
   // output; they trade buffers each layer so no copy is needed.
   ks::TensorView x = rows(x_, H), h = rows(h_, H);
@@ -160,34 +213,80 @@ const float* LlamaModel::forward(const int32_t* tokens, int64_t n, int64_t pos) 
                        attn3 = attn.reshape({n, c.num_heads, c.head_dim});
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
 
-  ks::embedding(res, ids, tok_embd_.data, tok_embd_.qtype, be);
+  ks::embedding(res, ids, tok_embd_.data, tok_embd_.qtype, be, s);
   for (int64_t l = 0; l < c.n_layers; ++l) {
     Layer& L = layers_[size_t(l)];
     if (l == 0) {
-      ks::rms_norm(h, res, L.attn_norm.data, c.rms_eps, be);
+      ks::rms_norm(h, res, L.attn_norm.data, c.rms_eps, be, s);
     } else {  // res += x (previous block's output); h = rms_norm(res)
-      ks::fused_add_rms_norm(x, res, L.attn_norm.data, c.rms_eps, be);
+      ks::fused_add_rms_norm(x, res, L.attn_norm.data, c.rms_eps, be, s);
       std::swap(h, x);
     }
-    ks::quant_matmul(q, h, L.wq.data, L.wq.qtype, be);
-    ks::quant_matmul(k, h, L.wk.data, L.wk.qtype, be);
-    ks::quant_matmul(v, h, L.wv.data, L.wv.qtype, be);
+    ks::quant_matmul(q, h, L.wq.data, L.wq.qtype, be, s);
+    ks::quant_matmul(k, h, L.wk.data, L.wk.qtype, be, s);
+    ks::quant_matmul(v, h, L.wv.data, L.wv.qtype, be, s);
     // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing.
-    ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be);
-    ks::kv_cache_append(L.k_cache, L.v_cache, k3, v3, positions, be);
-    ks::paged_attention(attn3, q3, L.k_cache, L.v_cache, block_table_, seq_ids_.view().reshape({n}),
-                        ctx_lens_.view().reshape({n}), scale, be);
-    ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be);
-    ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be);  // res += attn out; x = norm
-    ks::quant_matmul(gu, x, L.w_gate_up.data, L.w_gate_up.qtype, be);
-    ks::silu_and_mul(act, gu, be);
-    ks::quant_matmul(x, act, L.w_down.data, L.w_down.qtype, be);
+    ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
+    ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, positions, be, s);
+    ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
+                        ctx_lens_.view.reshape({n}), scale, be, s);
+    ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);
+    ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be, s);  // res += attn out; x = norm
+    ks::quant_matmul(gu, x, L.w_gate_up.data, L.w_gate_up.qtype, be, s);
+    ks::silu_and_mul(act, gu, be, s);
+    ks::quant_matmul(x, act, L.w_down.data, L.w_down.qtype, be, s);
   }
   // Only the last token's logits are needed.
   const ks::TensorView x_last = x.slice(n - 1, 1), res_last = res.slice(n - 1, 1);
-  ks::fused_add_rms_norm(x_last, res_last, out_norm_.data, c.rms_eps, be);
-  ks::quant_matmul(logits_, x_last, lm_head_.data, lm_head_.qtype, be);
+  ks::fused_add_rms_norm(x_last, res_last, out_norm_.data, c.rms_eps, be, s);
+  ks::quant_matmul(on_device_ ? logits_dev_.view : logits_.view(), x_last, lm_head_.data, lm_head_.qtype, be, s);
+}
+
+const float* LlamaModel::forward(const int32_t* tokens, int64_t n, int64_t pos) {
+  if (n <= 0 || pos < 0 || pos + n > max_ctx_)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
+                              "LlamaModel::forward: positions [" + std::to_string(pos) + ", " +
+                                  std::to_string(pos + n) + ") exceed the context of " + std::to_string(max_ctx_));
+  ensure_capacity(n);
+  stage_indices(tokens, n, pos);
+  run_layers(n);
+  if (on_device_) {
+    stream_->to_host(logits_.data<float>(), logits_dev_.view.data(), logits_.nbytes());
+    stream_->sync();
+  }
   return logits_.data<float>();
+}
+
+int32_t LlamaModel::forward_argmax(const int32_t* tokens, int64_t n, int64_t pos) {
+  if (!on_device_) {
+    const float* logits = forward(tokens, n, pos);
+    int64_t idx = 0;
+    ks::argmax(ks::TensorView(&idx, ks::DType::I64, {1}),
+               ks::TensorView(const_cast<float*>(logits), ks::DType::F32, {1, cfg_.vocab_size}), backend_);
+    return int32_t(idx);
+  }
+  if (n <= 0 || pos < 0 || pos + n > max_ctx_)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
+                              "LlamaModel::forward_argmax: positions [" + std::to_string(pos) + ", " +
+                                  std::to_string(pos + n) + ") exceed the context of " + std::to_string(max_ctx_));
+  ensure_capacity(n);
+  stage_indices(tokens, n, pos);
+  auto step = [&] {
+    run_layers(n);
+    ks::argmax(next_id_.view, logits_dev_.view, ks::Backend::Cuda, stream());
+  };
+  if (n == 1) {
+    // every one-token step has the same launches: the token, position and length are read
+    // from device buffers that stage_indices has just written (ordered on the stream)
+    if (!stream_->captured()) stream_->capture(step);
+    stream_->replay();
+  } else {
+    step();
+  }
+  int64_t id = 0;
+  stream_->to_host(&id, next_id_.view.data(), sizeof id);
+  stream_->sync();
+  return int32_t(id);
 }
 
 }  // namespace ks::model

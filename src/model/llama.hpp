@@ -6,14 +6,21 @@
 // multiplied straight from the packed blocks (ks::quant_matmul); the token
 // embedding doubles as the output head when the file has no output.weight.
 // The KV cache is paged (block_size 16) with one sequence.
+//
+// With Backend::Cuda every weight, the KV cache and the activations live on the GPU
+// (device 0) and every op runs there on the model's own stream; the decode step of
+// forward_argmax (one token, greedy) is captured once in a CUDA graph and replayed,
+// with the token, position and context length copied in before each replay.
 #pragma once
 
 #include <kernscope/kernscope.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "model/device.hpp"
 #include "model/gguf.hpp"
 
 namespace ks::model {
@@ -46,23 +53,45 @@ class LlamaModel {
   // Throws ks::InvalidArgument if pos + n exceeds max_context.
   const float* forward(const int32_t* tokens, int64_t n, int64_t pos);
 
+  // The same step followed by ks::argmax of the last token's logits: the greedy next
+  // id. On CUDA the argmax runs on the device and a one-token step replays a CUDA graph.
+  int32_t forward_argmax(const int32_t* tokens, int64_t n, int64_t pos);
+
+  ks::Backend backend() const { return backend_; }
+
  private:
+  // A buffer on the model's device: host memory (CPU) or device memory (CUDA).
+  struct Buffer {
+    ks::Tensor host;
+    DeviceArray dev;
+    ks::TensorView view;
+  };
+  Buffer alloc(ks::DType dtype, const std::vector<int64_t>& shape);
+  Weight upload(const Weight& w);  // a copy on the device (CUDA); w itself on the CPU
   struct Layer {
     Weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate_up, w_down;
-    ks::Tensor k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim] fp32
+    Buffer k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim] fp32
   };
   void ensure_capacity(int64_t n);
+  void stage_indices(const int32_t* tokens, int64_t n, int64_t pos);  // ids, positions, seq ids, lengths
+  void run_layers(int64_t n);  // every op of the step, on the model's backend and stream
+  ks_stream_t stream() const { return stream_ ? stream_->handle() : nullptr; }
 
   LlamaConfig cfg_;
   int64_t max_ctx_, block_size_ = 16, num_blocks_;
   ks::Backend backend_;
+  bool on_device_ = false;
+  std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;
   std::vector<Layer> layers_;
   std::vector<std::vector<uint8_t>> owned_;  // merged gate|up matrices
-  ks::Tensor block_table_;                   // int32 [1, num_blocks]
+  std::vector<DeviceArray> dev_weights_;     // device copies of the weights (CUDA)
+  Buffer block_table_;                       // int32 [1, num_blocks]
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;
-  ks::Tensor x_, res_, h_, q_, k_, v_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, logits_;
+  Buffer x_, res_, h_, q_, k_, v_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, logits_dev_, next_id_;
+  std::vector<int32_t> staged_;  // host staging of ids | positions | seq ids | lengths (CUDA)
+  ks::Tensor logits_;            // the last token's logits on the host
 };
 
 }  // namespace ks::model

@@ -52,9 +52,10 @@ nlohmann::json reference() {
 }
 
 struct Fixture {
+  explicit Fixture(ks::Backend be = ks::Backend::Cpu) : model(file, 512, be) {}
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
   ks::model::Tokenizer tok = ks::model::tokenizer_from_gguf(file);
-  ks::model::LlamaModel model{file, 512};
+  ks::model::LlamaModel model;
 };
 
 // Greedy decode of n ids after the prompt; returns the ids and the first logits.
@@ -156,6 +157,37 @@ TEST(Model, PrefillEqualsTokenByTokenDecode) {
   // (M = 1) give bitwise the same logits.
   EXPECT_EQ(worst, 0.0) << "largest logit difference between prefill and step-by-step decode";
   std::printf("prefill vs token-by-token: largest logit difference %.3g\n", worst);
+}
+
+// The CUDA path (weights, KV cache and activations on the GPU, decode steps replayed as
+// one CUDA graph) gives the reference's greedy ids, its first-step logits match within
+// the same tolerance, and they agree with the CPU path's logits. Skipped without a device.
+TEST(Model, CudaGreedyIdsAndLogitsMatchTransformersAndCpu) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
+  Fixture gpu(ks::Backend::Cuda), cpu;
+  const nlohmann::json ref = reference();
+  double worst = 0, worst_cpu = 0;
+  for (const auto& c : ref["cases"]) {
+    const auto prompt = c["prompt_ids"].get<std::vector<int32_t>>();
+    const size_t n = c["greedy_ids"].size();
+    std::vector<float> first;
+    const auto got = greedy(gpu, prompt, n, &first);
+    compare_ids(got, c, "cuda: " + c["prompt"].get<std::string>());
+    const auto ids = c["first_step_top5"]["ids"].get<std::vector<int32_t>>();
+    const auto vals = c["first_step_top5"]["logits"].get<std::vector<double>>();
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const double d = std::fabs(first[size_t(ids[i])] - vals[i]);
+      worst = std::max(worst, d);
+      EXPECT_LE(d, kLogitAtol) << "cuda logit of id " << ids[i];
+    }
+    const float* lc = cpu.model.forward(prompt.data(), int64_t(prompt.size()), 0);
+    for (int64_t v = 0; v < cpu.model.config().vocab_size; ++v)
+      worst_cpu = std::max(worst_cpu, double(std::fabs(first[size_t(v)] - lc[v])));
+  }
+  EXPECT_LE(worst_cpu, kLogitAtol) << "largest first-step logit difference between CUDA and CPU";
+  std::printf("cuda: largest first-step logit difference vs transformers %.3g, vs the CPU path %.3g\n", worst,
+              worst_cpu);
 }
 
 TEST(Model, RejectsPositionsPastTheContext) {

@@ -1,0 +1,110 @@
+#include "model/device.hpp"
+
+#include <string>
+
+#if defined(KS_MODEL_CUDA)
+#include <cuda_runtime.h>
+#endif
+
+namespace ks::model {
+
+#if defined(KS_MODEL_CUDA)
+namespace {
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+  {
+    const std::string msg = std::string("model: ") + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e);
+    if (e == cudaErrorMemoryAllocation) throw ks::OutOfMemory(KS_ERROR_OUT_OF_MEMORY, msg);
+    throw ks::CudaError(KS_ERROR_CUDA, msg);
+  }
+}
+cudaStream_t cs(ks_stream_t s) { return static_cast<cudaStream_t>(s); }
+}  // namespace
+
+bool cuda_runtime_built() { return true; }
+
+DeviceArray::DeviceArray(size_t bytes) : n_(bytes) { check(cudaMalloc(&p_, bytes ? bytes : 16), "cudaMalloc"); }
+DeviceArray::~DeviceArray() {
+  if (p_) cudaFree(p_);
+}
+DeviceArray& DeviceArray::operator=(DeviceArray&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFree(p_);
+    p_ = o.p_, n_ = o.n_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+
+DeviceStream::DeviceStream() {
+  cudaStream_t s;
+  check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
+  s_ = s;
+}
+DeviceStream::~DeviceStream() {
+  drop_graph();
+  if (s_) cudaStreamDestroy(cs(s_));
+}
+void DeviceStream::to_device(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cs(s_)), "copy to the device");
+}
+void DeviceStream::to_host(void* dst, const void* src, size_t bytes) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cs(s_)), "copy to the host");
+}
+void DeviceStream::sync() { check(cudaStreamSynchronize(cs(s_)), "stream synchronize"); }
+void DeviceStream::capture(const std::function<void()>& fn) {
+  drop_graph();
+  check(cudaStreamBeginCapture(cs(s_), cudaStreamCaptureModeThreadLocal), "begin graph capture");
+  try {
+    fn();
+  } catch (...) {
+    cudaGraph_t g = nullptr;
+    cudaStreamEndCapture(cs(s_), &g);
+    if (g) cudaGraphDestroy(g);
+    throw;
+  }
+  cudaGraph_t g = nullptr;
+  check(cudaStreamEndCapture(cs(s_), &g), "end graph capture");
+  cudaGraphExec_t e = nullptr;
+  const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
+  if (r != cudaSuccess) cudaGraphDestroy(g);
+  check(r, "instantiate the graph");
+  graph_ = g;
+  exec_ = e;
+}
+void DeviceStream::replay() { check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cs(s_)), "graph launch"); }
+void DeviceStream::drop_graph() {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  exec_ = graph_ = nullptr;
+}
+#else
+namespace {
+[[noreturn]] void unavailable() {
+  throw ks::BackendUnavailable(KS_ERROR_BACKEND_UNAVAILABLE,
+                               "model: this build has no CUDA runtime (the CUDA backend was not built)");
+}
+}  // namespace
+bool cuda_runtime_built() { return false; }
+DeviceArray::DeviceArray(size_t) { unavailable(); }
+DeviceArray::~DeviceArray() = default;
+DeviceArray& DeviceArray::operator=(DeviceArray&& o) noexcept {
+  p_ = o.p_, n_ = o.n_;
+  o.p_ = nullptr, o.n_ = 0;
+  return *this;
+}
+DeviceStream::DeviceStream() { unavailable(); }
+DeviceStream::~DeviceStream() = default;
+void DeviceStream::to_device(void*, const void*, size_t) { unavailable(); }
+void DeviceStream::to_host(void*, const void*, size_t) { unavailable(); }
+void DeviceStream::sync() { unavailable(); }
+void DeviceStream::capture(const std::function<void()>&) { unavailable(); }
+void DeviceStream::replay() { unavailable(); }
+void DeviceStream::drop_graph() {}
+#endif
+
+ks::TensorView DeviceArray::view(ks::DType dtype, const std::vector<int64_t>& shape) const {
+  return ks::TensorView(p_, dtype, shape, DLDevice{kDLCUDA, 0});
+}
+
+}  // namespace ks::model
