@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# SmolLM2-135M on the GPU machine: builds ksctl and the model tests for sm_90a, runs the
+# model tests (the CUDA test compares the CUDA path's greedy ids and logits with the
+# transformers reference and the CPU path), `ksctl generate --device cuda`, and
+# `ksctl bench-model` on CUDA and the CPU; writes logs and CSVs under $OUT.
+#
+# Needs what scripts/prepare_gpu_carry.sh made: .dlpack and .deps carried by this call,
+# and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
+# call (e.g. `KS_STAGE=part true`), then .mdl/part_ab in the next while the machine is
+# warm; this script joins them.
+#   KS_MODEL_STAGES  comma list of build,test,generate,bench (default: all)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+STAGES=${KS_MODEL_STAGES:-build,test,generate,bench}
+has() { [[ ",$STAGES," == *",$1,"* ]]; }
+LOG="$OUT/model_logs.txt"
+BUILD=build-gpu-model
+MODEL=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$MODEL" ]; then
+  [ -f .mdl/part_aa ] && [ -f .mdl/part_ab ] || { echo "gpu_model_check: need .mdl/part_aa and .mdl/part_ab (see the header)"; exit 2; }
+  cat .mdl/part_aa .mdl/part_ab > "$MODEL"
+fi
+[ "$(stat -c %s "$MODEL")" = 98362432 ] || { echo "gpu_model_check: the joined model has the wrong size"; exit 2; }
+# .deps: development files only; point the PCRE2 link name at the image's runtime library
+DEPLIB=$PWD/.deps/usr/lib/x86_64-linux-gnu
+for f in /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 /lib/x86_64-linux-gnu/libpcre2-8.so.0; do
+  [ -e "$f" ] && ln -sf "$f" "$DEPLIB/libpcre2-8.so" && break
+done
+export PKG_CONFIG_PATH=$DEPLIB/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PWD/.deps
+if has build; then
+  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKS_BUILD_TOOLS=ON \
+        -DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include -DCMAKE_PREFIX_PATH=$PWD/.deps/usr >> "$LOG" 2>&1 &&
+  cmake --build $BUILD -j 16 --target ksctl test_model test_cuda_ops >> "$LOG" 2>&1 || { tail -40 "$LOG"; exit 1; }
+fi
+if has test; then
+  KS_MODEL_PATH=$MODEL KS_TEST_DATA=$PWD/tests/data $BUILD/tests/test_model 2>&1 | tee -a "$LOG" |
+    grep -E "^\[  (FAILED|PASSED|SKIPPED)|OK \]|Failure|largest|cuda:" | head -40
+fi
+if has generate; then
+  for dev in cuda cpu; do
+    echo "== ksctl generate --device $dev" | tee -a "$LOG"
+    $BUILD/ksctl generate --model $MODEL --chat --prompt "What is the capital of France?" --max-tokens 48 \
+      --device $dev 2>&1 | tee -a "$LOG" | tail -6
+  done
+fi
+if has bench; then
+  $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64,512 --decode-tokens 128 --repeats 5 \
+    --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
+  $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64,512 --decode-tokens 64 --repeats 3 \
+    --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
+fi
