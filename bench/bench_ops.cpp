@@ -13,6 +13,8 @@
 // usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...] [--impl NAME]
 // (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run;
 //  --shapes 512x4096,64x128256 keeps only those shapes, as printed, e.g. for a profiler run)
+//  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
+//  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors)
 #include <cuda_runtime.h>
 #include <kernscope/kernscope.hpp>
 
@@ -23,7 +25,9 @@
 #include <random>
 #include <string>
 #include <cstring>
+#include <cmath>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "core/half.hpp"
@@ -164,8 +168,11 @@ int main(int argc, char** argv) {
   std::printf("device %s, copy bandwidth %.1f GB/s\n", prop.name, copy_gbs);
   std::mt19937_64 rng(1234);
   std::vector<Row> rows;
-  auto record = [&](const std::string& op, const std::string& shape, DType dt, double us, size_t bytes) {
-    Row r{op, shape, ks::dtype_name(dt), ks_last_launch_config(op.c_str()), us, double(bytes) / (us * 1e-6) / 1e9};
+  // cfg_op: the library op whose launch configuration the row records (default: op itself)
+  auto record = [&](const std::string& op, const std::string& shape, DType dt, double us, size_t bytes,
+                    const char* cfg_op = nullptr) {
+    Row r{op, shape, ks::dtype_name(dt), ks_last_launch_config(cfg_op ? cfg_op : op.c_str()), us,
+          double(bytes) / (us * 1e-6) / 1e9};
     std::printf("%-20s %-14s %-5s %10.3f us %8.1f GB/s %5.1f%%  %s\n", op.c_str(), shape.c_str(), r.dtype.c_str(), us, r.gbs,
                 100 * r.gbs / copy_gbs, r.config.c_str());
     rows.push_back(r);
@@ -250,6 +257,117 @@ int main(int argc, char** argv) {
         record("softmax", std::to_string(m) + "x" + std::to_string(h), dt, us, bytes);
       }
   }
+  // ---- model-path ops (bf16; opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul),
+  // shapes and byte counts as in ../shared/anchors/anchors2_h200.py where it has them.
+  const DType bf = DType::BF16;
+  if (has(ops, "rotary_embedding"))
+    for (int64_t n : {int64_t(1), int64_t(4096), int64_t(32768)}) {
+      // q [n, 32, 128], k [n, 8, 128] in place, NeoX, int64 positions; bytes: q and k read and written
+      // (the anchor also counts its cos/sin tables; kernscope reads positions instead)
+      const int64_t H = 32, KVH = 8, D = 128;
+      const size_t bytes = size_t(2 * n * (H + KVH) * D * 2 + n * 8);
+      const int k = nsets(bytes);
+      std::vector<std::unique_ptr<Dev>> q, kk, pos;
+      for (int i = 0; i < k; ++i) {
+        q.emplace_back(new Dev(n * H * D * 2)); kk.emplace_back(new Dev(n * KVH * D * 2)); pos.emplace_back(new Dev(n * 8));
+        fill_random(q.back()->p, n * H * D, bf, rng); fill_random(kk.back()->p, n * KVH * D, bf, rng);
+        std::vector<int64_t> pv(static_cast<size_t>(n));
+        for (int64_t t = 0; t < n; ++t) pv[size_t(t)] = (t * 7919) % 32768;
+        CK(cudaMemcpy(pos.back()->p, pv.data(), n * 8, cudaMemcpyHostToDevice));
+      }
+      const double us = graph_time(k, [&](int i, cudaStream_t st) {
+        ks::rotary_embedding(dv(q[i]->p, bf, {n, H, D}), dv(kk[i]->p, bf, {n, KVH, D}), dv(pos[i]->p, DType::I64, {n}), D,
+                             500000.0, true, ks::Backend::Cuda, st);
+      }, s);
+      record("rope_neox", std::to_string(n) + "x(32+8)x128", bf, us, bytes, "rotary_embedding");
+    }
+  if (has(ops, "paged_attention"))
+    for (auto [b, hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 9, 3, 64}, {1, 32, 8, 128}, {32, 32, 8, 128}})
+      for (int64_t T : {int64_t(1024), int64_t(8192), int64_t(32768)}) {
+        // decode: one query per sequence over T cached keys in 16-token blocks (contiguous block ids);
+        // bytes = K and V read once, as the anchor counts them
+        const int64_t bs = 16, blocks_per_seq = T / bs, blocks = b * blocks_per_seq;
+        const size_t kv_bytes = size_t(blocks * bs * hkv * d * 2);
+        const size_t bytes = 2 * kv_bytes;
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> q, kc, vc, o;
+        for (int i = 0; i < k; ++i) {
+          q.emplace_back(new Dev(b * hq * d * 2)); o.emplace_back(new Dev(b * hq * d * 2));
+          kc.emplace_back(new Dev(kv_bytes)); vc.emplace_back(new Dev(kv_bytes));
+          fill_random(q.back()->p, b * hq * d, bf, rng);
+          fill_random(kc.back()->p, blocks * bs * hkv * d, bf, rng);
+          fill_random(vc.back()->p, blocks * bs * hkv * d, bf, rng);
+        }
+        std::vector<int32_t> table(static_cast<size_t>(blocks)), lens(static_cast<size_t>(b), int32_t(T));
+        for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(i);
+        Dev dtable(blocks * 4), dlens(b * 4);
+        CK(cudaMemcpy(dtable.p, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dlens.p, lens.data(), b * 4, cudaMemcpyHostToDevice));
+        const double scale = 1.0 / std::sqrt(double(d));
+        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+          ks::paged_attention(dv(o[i]->p, bf, {b, hq, d}), dv(q[i]->p, bf, {b, hq, d}), dv(kc[i]->p, bf, {blocks, bs, hkv, d}),
+                              dv(vc[i]->p, bf, {blocks, bs, hkv, d}), dv(dtable.p, DType::I32, {b, blocks_per_seq}),
+                              ks::TensorView(), dv(dlens.p, DType::I32, {b}), scale, ks::Backend::Cuda, st);
+        }, s);
+        char shape[64];
+        std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld d%lld T%lld", (long long)b, (long long)hq, (long long)hkv,
+                      (long long)d, (long long)T);
+        record("decode_attention", shape, bf, us, bytes, "paged_attention");
+      }
+  for (const char* op : {"sample", "argmax"}) {
+    if (!has(ops, op)) continue;
+    for (auto [b, V] : std::vector<std::pair<int64_t, int64_t>>{{1, 128256}, {64, 128256}, {256, 151936}}) {
+      const size_t bytes = size_t(b * V * 2);
+      const int k = nsets(bytes);
+      std::vector<std::unique_ptr<Dev>> x;
+      for (int i = 0; i < k; ++i) {
+        x.emplace_back(new Dev(bytes));
+        fill_random(x.back()->p, b * V, bf, rng);
+      }
+      Dev out(b * 8), so(16);
+      const int64_t seed_offset[2] = {1234, 0};
+      CK(cudaMemcpy(so.p, seed_offset, 16, cudaMemcpyHostToDevice));
+      const bool sampling = std::strcmp(op, "sample") == 0;
+      const double us = graph_time(k, [&](int i, cudaStream_t st) {
+        if (sampling)  // top-k 50, top-p 0.9, as the anchor's torch path
+          ks::sample(dv(out.p, DType::I64, {b}), ks::TensorView(), dv(x[i]->p, bf, {b, V}), dv(so.p, DType::I64, {2}),
+                     1.0, 50, 0.9, ks::Backend::Cuda, st);
+        else
+          ks::argmax(dv(out.p, DType::I64, {b}), dv(x[i]->p, bf, {b, V}), ks::Backend::Cuda, st);
+      }, s);
+      record(sampling ? "sampling_topk_topp" : "argmax", std::to_string(b) + "x" + std::to_string(V), bf, us, bytes, op);
+    }
+  }
+  if (has(ops, "quant_matmul"))
+    for (auto [qt, qname, bb] : std::vector<std::tuple<ks::QType, const char*, int64_t>>{
+             {ks::QType::Q4_1, "q4_1", 20}, {ks::QType::Q8_0, "q8_0", 34}, {ks::QType::Q4_0, "q4_0", 18}})
+      for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{{576, 576}, {1536, 576}, {4096, 4096}, {14336, 4096}}) {
+        // decode GEMV (M = 1, bf16 x): bytes = the packed weight bytes + x + out
+        const int64_t row_bytes = h / 32 * bb;
+        const size_t bytes = size_t(n * row_bytes + 2 * h + 2 * n);
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> x, w, o;
+        std::vector<uint8_t> host(static_cast<size_t>(n * row_bytes));
+        for (int i = 0; i < k; ++i) {
+          x.emplace_back(new Dev(2 * h)); w.emplace_back(new Dev(n * row_bytes)); o.emplace_back(new Dev(2 * n));
+          fill_random(x.back()->p, h, bf, rng);
+          // random codes with small finite fp16 scales (bytes 0x00..0x3f in each scale's high byte)
+          for (auto& c : host) c = uint8_t(rng());
+          for (int64_t r = 0; r < n; ++r)
+            for (int64_t blk = 0; blk < h / 32; ++blk) {
+              uint8_t* p = host.data() + r * row_bytes + blk * bb;
+              p[1] = uint8_t(p[1] & 0x1f);  // d: |d| < 2^-? small positive/negative halves
+              if (qt == ks::QType::Q4_1) p[3] = uint8_t(p[3] & 0x1f);
+            }
+          CK(cudaMemcpy(w.back()->p, host.data(), host.size(), cudaMemcpyHostToDevice));
+        }
+        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+          ks::quant_matmul(dv(o[i]->p, bf, {1, n}), dv(x[i]->p, bf, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}), qt,
+                           ks::Backend::Cuda, st);
+        }, s);
+        record(std::string("quant_gemv_") + qname, std::to_string(n) + "x" + std::to_string(h), bf, us, bytes,
+               "quant_matmul");
+      }
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return 1;
   const char* commit = std::getenv("KS_COMMIT");

@@ -17,7 +17,15 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--name", default="h200")
     ap.add_argument("--ours-extra", default="", help="comma list of CSVs with kernscope rows under other impl names (KS_PDL=0, experiments)")
+    ap.add_argument("--peer-impls", default="torch_native,compile",
+                    help="peers whose best time the ratio column compares with")
+    ap.add_argument("--columns", default="kernscope_nopdl:no-PDL,torch_native:torch native,compile:compile,liger:liger",
+                    help="impl:title pairs shown as µs columns after kernscope's")
+    ap.add_argument("--title", default="CUDA operators")
+    ap.add_argument("--no-plot", action="store_true")
     a = ap.parse_args()
+    peer_impls = a.peer_impls.split(",")
+    columns = [tuple(c.split(":", 1)) for c in a.columns.split(",") if c]
     ours = list(csv.DictReader(open(a.ours)))
     peers = list(csv.DictReader(open(a.peers))) if os.path.exists(a.peers) else []
     meta = ours[0]
@@ -42,30 +50,37 @@ def main():
     by = defaultdict(dict)
     for r in merged:
         by[(r["op"], r["shape"], r["dtype"])][r["impl"]] = float(r["us"])
-    lines = [f"# CUDA operators on {meta['gpu']} (driver {meta['driver']}, CUDA runtime {meta['cuda']}, commit {meta['commit']})", "",
+    titles = dict(columns)
+    lines = [f"# {a.title} on {meta['gpu']} (driver {meta['driver']}, CUDA runtime {meta['cuda']}, commit {meta['commit']})", "",
              f"Measured device-to-device copy bandwidth in the same run: **{copy:.0f} GB/s**. CUDA-graph replay, inputs "
-             "rotated past L2, median of 7 replays (bench/bench_ops.cpp, bench/peers.py). Ratio = best of torch native "
-             "and torch.compile ÷ kernscope (> 1: kernscope faster). no-PDL: the same kernels launched without programmatic "
-             "dependent launch (KS_PDL=0), where measured.", "",
-             "| op | shape | dtype | kernscope µs | GB/s | % copy | no-PDL µs | torch native µs | compile µs | liger µs | ratio vs best peer |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "rotated past L2, median of 7 replays (bench/bench_ops.cpp, bench/peers*.py). Ratio = best of "
+             f"{', '.join(titles.get(i, i) for i in peer_impls)} ÷ kernscope (> 1: kernscope faster)."
+             + (" no-PDL: the same kernels launched without programmatic dependent launch (KS_PDL=0), where measured."
+                if "kernscope_nopdl" in titles else ""), "",
+             "| op | shape | dtype | kernscope µs | GB/s | % copy | " + " | ".join(f"{t} µs" for _, t in columns)
+             + " | ratio vs best peer |",
+             "|---|---|---|---|---|---|" + "---|" * len(columns) + "---|"]
     pct = {(r["op"], r["shape"], r["dtype"]): (float(r["gbs"]), float(r["pct_copy"])) for r in ours}
     wins = total = 0
     for key in sorted(by, key=lambda k: (k[0], k[2], k[1])):
         d = by[key]
         if "kernscope" not in d:
             continue
-        peers_best = [d[i] for i in ("torch_native", "compile") if i in d]
+        peers_best = [d[i] for i in peer_impls if i in d]
         ratio = min(peers_best) / d["kernscope"] if peers_best else float("nan")
-        total += 1
-        wins += ratio >= 1.0
+        if peers_best:  # rows without a peer are listed, not counted
+            total += 1
+            wins += ratio >= 1.0
         g, pc = pct[key]
         f = lambda i: f"{d[i]:.2f}" if i in d else "—"  # noqa: E731
-        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {d['kernscope']:.2f} | {g:.0f} | {pc:.1f} | {f('kernscope_nopdl')} | {f('torch_native')} | "
-                     f"{f('compile')} | {f('liger')} | {ratio:.2f}× |")
-    lines += ["", f"kernscope is at least as fast as the best of torch native and torch.compile at {wins} of {total} rows."]
+        lines.append(f"| {key[0]} | {key[1]} | {key[2]} | {d['kernscope']:.2f} | {g:.0f} | {pc:.1f} | "
+                     + " | ".join(f(i) for i, _ in columns) + (f" | {ratio:.2f}× |" if peers_best else " | no peer |"))
+    lines += ["", f"kernscope is at least as fast as the best of {', '.join(titles.get(i, i) for i in peer_impls)} "
+              f"at {wins} of {total} rows."]
     with open(os.path.join(a.out, f"{a.name}.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
+    if a.no_plot:
+        return
     try:
         import matplotlib
         matplotlib.use("Agg")

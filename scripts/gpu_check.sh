@@ -2,7 +2,9 @@
 # One call on the GPU machine: build for sm_90a, run the GPU tests, the
 # sanitizers, the kernscope benchmark and the peers, and write logs / CSVs /
 # the report under $OUT (default ./gpu_out).
-#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report (default: all)
+#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report,model (default: all)
+#               model: the model-path ops (RoPE, decode attention, sampling, argmax, quantized
+#               GEMV) against their PyTorch peers -> h200_model.csv / .md
 #   PEER_DTYPES dtypes for the peers (default bf16,fp16,fp32)
 # Needs: .dlpack/ (the libdlpack-dev header, carried) and optionally .whl/
 # (liger-kernel) — see docs/perf/README.md.
@@ -10,7 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-STAGES=${KS_STAGES:-build,test,sanitize,bench,peers,report}
+STAGES=${KS_STAGES:-build,test,sanitize,bench,peers,report,model}
 PEER_DTYPES=${PEER_DTYPES:-bf16,fp16,fp32}
 BUILD=build-gpu
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -18,7 +20,8 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 export KS_COMMIT=${KS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 export KS_DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
 LOG="$OUT/logs.txt"   # every stage's log, one file (the device returns at most 8 files:
-                      # logs.txt, bench_ops/nopdl/smem.csv, peers.csv, h200.csv/md/png)
+                      # logs.txt, bench_ops.csv, bench_variants.csv (no-PDL and no-staging rows),
+                      # h200.csv/md/png (every peer row is in h200.csv), h200_model.csv/md)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$LOG"
 
 if has build; then
@@ -45,14 +48,15 @@ fi
 if has bench; then
   $BUILD/bench_ops --csv "$OUT/bench_ops.csv" | tee -a "$LOG" | tail -100
   # The same kernels without programmatic dependent launch (bf16), for the no-PDL column.
-  KS_PDL=0 $BUILD/bench_ops --csv "$OUT/bench_nopdl.csv" --impl kernscope_nopdl --dtypes ${NOPDL_DTYPES:-bf16} >> "$LOG" 2>&1
+  KS_PDL=0 $BUILD/bench_ops --csv /tmp/bench_nopdl.csv --impl kernscope_nopdl --dtypes ${NOPDL_DTYPES:-bf16} >> "$LOG" 2>&1
   # Comparison: rms_norm / fused_add with the previous weight-preload threshold (KS_NORM_PRELOAD=2), bf16.
   KS_NORM_PRELOAD=2 $BUILD/bench_ops --csv /tmp/bench_preload.csv --impl kernscope_preload2 --ops rms_norm,fused_add_rms_norm --dtypes bf16 >> "$LOG" 2>&1
   echo "preload comparison (op,shape,dtype,us default | us KS_NORM_PRELOAD=2):" | tee -a "$LOG"
   paste -d, <(cut -d, -f5-7,10 "$OUT/bench_ops.csv" | grep -E "^(rms_norm|fused_add_rms_norm),.*,bf16,") <(cut -d, -f10 /tmp/bench_preload.csv | tail -n +2) | tee -a "$LOG"
   # Softmax's cluster path without shared-memory staging (KS_SOFTMAX_SMEM=0): what staging buys.
-  KS_SOFTMAX_SMEM=0 $BUILD/bench_ops --csv "$OUT/bench_smem.csv" --impl kernscope_nosmem --ops softmax >> "$LOG" 2>&1
-  paste -d, <(cut -d, -f5-7,10 "$OUT/bench_ops.csv" | grep softmax) <(cut -d, -f9,10 "$OUT/bench_smem.csv" | tail -n +2) | tee -a "$LOG"
+  KS_SOFTMAX_SMEM=0 $BUILD/bench_ops --csv /tmp/bench_smem.csv --impl kernscope_nosmem --ops softmax >> "$LOG" 2>&1
+  paste -d, <(cut -d, -f5-7,10 "$OUT/bench_ops.csv" | grep softmax) <(cut -d, -f9,10 /tmp/bench_smem.csv | tail -n +2) | tee -a "$LOG"
+  { cat /tmp/bench_nopdl.csv; tail -n +2 /tmp/bench_smem.csv; } > "$OUT/bench_variants.csv"
   # Host cost per eager call: the C ABI next to the runtime's own launch (bench/launch_overhead.cu).
   $BUILD/launch_overhead | tee -a "$LOG"
 fi
@@ -61,9 +65,18 @@ if has peers; then
   if ls .whl/liger_kernel*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/liger_kernel*.whl && export PYTHONPATH=/tmp/site
   fi
-  PYTHONUNBUFFERED=1 python3 bench/peers.py --csv "$OUT/peers.csv" --dtypes "$PEER_DTYPES" > "$OUT/peers.txt" 2>&1; echo "peers rc=$?"; grep -E "FAILED|unavailable|Error" "$OUT/peers.txt" | head; tail -3 "$OUT/peers.txt"; cat "$OUT/peers.txt" >> "$LOG"; rm -f "$OUT/peers.txt"
+  PYTHONUNBUFFERED=1 python3 bench/peers.py --csv /tmp/peers.csv --dtypes "$PEER_DTYPES" > /tmp/peers.txt 2>&1; echo "peers rc=$?"; grep -E "FAILED|unavailable|Error" /tmp/peers.txt | head; tail -3 /tmp/peers.txt; cat /tmp/peers.txt >> "$LOG"
 fi
 
 if has report; then
-  python3 bench/report.py --ours "$OUT/bench_ops.csv" --ours-extra "$OUT/bench_nopdl.csv,$OUT/bench_smem.csv" --peers "$OUT/peers.csv" --out "$OUT" && cat "$OUT/h200.md"
+  python3 bench/report.py --ours "$OUT/bench_ops.csv" --ours-extra "$OUT/bench_variants.csv" --peers /tmp/peers.csv --out "$OUT" && cat "$OUT/h200.md"
+fi
+
+if has model; then
+  $BUILD/bench_ops --csv /tmp/bench_model.csv --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul | tee -a "$LOG" | tail -40
+  PYTHONUNBUFFERED=1 python3 bench/peers_model.py --csv /tmp/peers_model.csv >> "$LOG" 2>&1; echo "peers_model rc=$?"
+  python3 bench/report.py --ours /tmp/bench_model.csv --peers /tmp/peers_model.csv --out "$OUT" --name h200_model \
+    --title "Model-path CUDA operators" --peer-impls torch_sdpa,compile,torch_sort,torch --no-plot \
+    --columns "torch_sdpa:torch SDPA,torch_ref:torch eager,compile:torch.compile,torch_sort:torch sort,torch:torch.argmax" &&
+    cat "$OUT/h200_model.md"
 fi
