@@ -117,6 +117,9 @@ void kv_cache_append_cuda(const void*, ks_stream_t);
 std::string rope_can_implement(const void*);
 void argmax_cuda(const void*, ks_stream_t);
 void sample_cuda(const void*, ks_stream_t);
+void gemm_tiled_cuda(const void*, ks_stream_t);
+void gemm_cublaslt_cuda(const void*, ks_stream_t);
+bool cublaslt_available();
 void embedding_cuda(const void*, ks_stream_t);
 void quant_matmul_cuda(const void*, ks_stream_t);
 void paged_attention_cuda(const void*, ks_stream_t);
@@ -182,6 +185,10 @@ std::string ci_attention(const void* p) {
   if (why.empty() && a.has_seq_ids) why = align_reason({&a.seq_ids});
   return why.empty() ? paged_attention_can_implement(p) : why;
 }
+std::string ci_gemm(const void* p) {
+  auto& a = *static_cast<const ops::GemmArgs*>(p);
+  return align_reason({&a.a, &a.b, &a.out});
+}
 std::string ci_sample(const void* p) {
   auto& a = *static_cast<const ops::SampleArgs*>(p);
   std::string why = align_reason({&a.logits, &a.out, &a.seed_offset});
@@ -214,6 +221,14 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"argmax", KS_BACKEND_CUDA, "cuda_cta_per_row", kFloatDTypes, 10,
                "a CTA per row, (value, index) reduction: first NaN, then first maximum", avail, ks::cuda::ci_argmax,
                ks::cuda::argmax_cuda});
+  v.push_back({"gemm", KS_BACKEND_CUDA, "cuda_cublaslt", kFloatDTypes, 10,
+               "cuBLASLt, FP32 compute (no TF32), no workspace; loaded at run time", [] {
+                 return ks::cuda::cublaslt_available();
+               },
+               ks::cuda::ci_gemm, ks::cuda::gemm_cublaslt_cuda});
+  v.push_back({"gemm", KS_BACKEND_CUDA, "cuda_tiled", kFloatDTypes, 5,
+               "kernscope's 64x64-tiled kernel, FP32 accumulation: the fallback", avail, ks::cuda::ci_gemm,
+               ks::cuda::gemm_tiled_cuda});
   v.push_back({"sample", KS_BACKEND_CUDA, "cuda_cta_per_row", kFloatDTypes, 10,
                "a CTA per row: radix selection for top-k / top-p on exact integers, Philox draws", avail,
                ks::cuda::ci_sample, ks::cuda::sample_cuda});
