@@ -33,14 +33,14 @@ fi
 
 if has test; then
   $BUILD/tests/test_cuda_ops 2>&1 | tee -a "$LOG" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|config" | head -60
-  ctest --test-dir $BUILD -j 8 -E "Cuda\." --output-on-failure >> "$LOG" 2>&1; echo "ctest (CPU suites) rc=$?"
+  ctest --test-dir $BUILD -j 8 -E "Cuda" --output-on-failure >> "$LOG" 2>&1; echo "ctest (CPU suites) rc=$?"
   $BUILD/ks_check all | tee -a "$LOG" | grep -E "INCORRECT|correct=" | head -20
 fi
 
 if has sanitize; then
-  F=${SAN_FILTER:-'Cuda.*-Cuda.MoreThan2Pow31Elements'}
+  F=${SAN_FILTER:-'Cuda*:*CudaAttention*-Cuda.MoreThan2Pow31Elements:CudaSample.IdsEqual*'}
   { compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$F" --gtest_brief=1; echo "memcheck rc=$?";
-    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter=${RACE_FILTER:-'Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*'} --gtest_brief=1; echo "racecheck rc=$?";
+    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter=${RACE_FILTER:-'Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*:Cuda.Argmax*:*CudaAttention*:CudaSample.Graph*'} --gtest_brief=1; echo "racecheck rc=$?";
   } > "$OUT/sanitizer.txt" 2>&1
   grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.txt"; cat "$OUT/sanitizer.txt" >> "$LOG"; rm -f "$OUT/sanitizer.txt"
 fi

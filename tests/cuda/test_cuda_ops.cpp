@@ -717,9 +717,23 @@ TEST(Cuda, QuantMatmulBlockFormats) {
       }
 }
 
+// The paged_attention tests run under every CUDA variant (pinned per test):
+// cuda_gqa_cluster (sm_90: K/V read once per kv head, keys split over a cluster) and
+// cuda_cta_per_head.
+class CudaAttention : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+    ASSERT_EQ(ks_force_variant("paged_attention", GetParam()), KS_SUCCESS) << ks_last_error();
+  }
+  void TearDown() override { ks_force_variant("paged_attention", nullptr); }
+};
+INSTANTIATE_TEST_SUITE_P(Variants, CudaAttention, ::testing::Values("cuda_gqa_cluster", "cuda_cta_per_head"),
+                         [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
+
 // paged_attention on CUDA against the CPU backend: decode (one query per sequence, GQA,
 // scattered blocks, contexts from 0 to past one key tile) and causal prefill with seq_ids.
-TEST(Cuda, PagedAttentionDecodeAndPrefill) {
+TEST_P(CudaAttention, DecodeAndPrefill) {
   NEED_GPU();
   for (DType dt : kstest::float_dtypes())
     for (auto [H, KVH, D] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{9, 3, 64}, {8, 8, 128}, {4, 1, 32}}) {
@@ -786,7 +800,7 @@ TEST(Cuda, PagedAttentionDecodeAndPrefill) {
 // a first tile of -inf scores followed by finite ones gives the softmax of the finite keys;
 // scores that are all -inf give a NaN row (exp(-inf - -inf)), not a zero row. head_dim 40
 // is not a multiple of 32.
-TEST(Cuda, PagedAttentionNonFiniteScoresAsOnCpu) {
+TEST_P(CudaAttention, NonFiniteScoresAsOnCpu) {
   NEED_GPU();
   for (DType dt : kstest::float_dtypes()) {
     SCOPED_TRACE(ks::dtype_name(dt));
@@ -842,7 +856,7 @@ TEST(Cuda, PagedAttentionNonFiniteScoresAsOnCpu) {
 // [0, num_blocks) drops its keys, a seq id outside [0, num_seqs) or a negative length gives a
 // zero row, a length past the table's capacity is clamped to it (docs/contracts.md). Compared
 // with the CPU on the equivalent valid inputs.
-TEST(Cuda, PagedAttentionDeviceIndicesOutOfRange) {
+TEST_P(CudaAttention, DeviceIndicesOutOfRange) {
   NEED_GPU();
   for (DType dt : kstest::float_dtypes()) {
     SCOPED_TRACE(ks::dtype_name(dt));

@@ -125,6 +125,9 @@ void quant_matmul_cuda(const void*, ks_stream_t);
 void paged_attention_cuda(const void*, ks_stream_t);
 std::string quant_matmul_can_implement(const void*);
 std::string paged_attention_can_implement(const void*);
+std::string paged_attention_gqa_can_implement(const void*);
+bool paged_attention_gqa_supported(int device);
+void paged_attention_gqa_cuda(const void*, ks_stream_t);
 
 }  // namespace ks::cuda
 
@@ -194,6 +197,13 @@ std::string ci_sample(const void* p) {
   std::string why = align_reason({&a.logits, &a.out, &a.seed_offset});
   return why;
 }
+std::string ci_attention_gqa(const void* p) {
+  auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
+  std::string why = ci_attention(p);
+  if (!why.empty()) return why;
+  if (!paged_attention_gqa_supported(a.q.device.device_id)) return "thread-block clusters need compute capability 9.0";
+  return paged_attention_gqa_can_implement(p);
+}
 std::string ci_kv(const void* p) {
   auto& a = *static_cast<const ops::KvCacheAppendArgs*>(p);
   return align_reason({&a.slot_mapping});  // rows are copied as bytes: any alignment
@@ -238,6 +248,10 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
                ks::cuda::ci_quant_matmul, ks::cuda::quant_matmul_cuda});
+  v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_gqa_cluster", kFloatDTypes, 20,
+               "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
+               "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",
+               avail, ks::cuda::ci_attention_gqa, ks::cuda::paged_attention_gqa_cuda});
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_cta_per_head", kFloatDTypes, 10,
                "a CTA per (token, head): key tiles of 128, online FP32 softmax", avail, ks::cuda::ci_attention,
                ks::cuda::paged_attention_cuda});

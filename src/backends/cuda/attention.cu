@@ -1,0 +1,256 @@
+// paged_attention on CUDA, variant cuda_gqa_cluster (contract: docs/contracts.md,
+// paged_attention): decode and prefill read the cache once per KV head instead of once
+// per query head, and long contexts are split over a thread-block cluster.
+//
+// Work unit: (query token t, kv head g) with the G = num_heads / num_kv_heads query
+// heads that share g. A cluster of C CTAs splits the unit's keys into C contiguous
+// ranges; each CTA walks its range in tiles of 64 keys:
+//  - a warp per key reads the K row once (lanes over head_dim) and forms the G scores;
+//  - per head, an online softmax over the tile (running max and sum, FP32; dropped keys
+//    and -inf scores weigh 0, a NaN score gives a NaN weight, as the CPU's exp);
+//  - thread d reads V[key][d] once and updates the G accumulators.
+// The C partial states (max, sum, accumulator per head) are merged through distributed
+// shared memory: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). No workspace in
+// global memory, so nothing is allocated per call (graph-capturable).
+// C: the fewest of 1, 2, 4, 8, 16 that give at least two CTAs per SM, at most one per 256
+// keys of the block table's capacity.
+#include <cooperative_groups.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "ops/args.hpp"
+
+namespace cg = cooperative_groups;
+
+namespace ks::cuda {
+namespace {
+
+constexpr int kGqaThreads = 128, kGqaWarps = kGqaThreads / 32, kKeyTile = 64;
+constexpr int64_t kGqaSmemLimit = 48 * 1024;
+
+struct GqaParams {
+  void* out;
+  const void* q;
+  const void* k_cache;
+  const void* v_cache;
+  const int32_t* block_tables;
+  const int32_t* seq_ids;
+  const int32_t* context_lens;
+  float scale;
+  int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs, max_blocks_per_seq;
+  int group;  // query heads per kv head
+};
+
+// Dynamic shared memory layout (floats unless noted): q[G][D], acc[G][D], w[G][tile],
+// m[G], l[G], corr[G], then slot[tile] (int64) and the CTA's any-key flag.
+struct GqaSmem {
+  float *q, *acc, *w, *m, *l, *corr;
+  long long* slot;
+  int* any;
+  __device__ GqaSmem(unsigned char* base, int G, int64_t D) {
+    float* f = reinterpret_cast<float*>(base);
+    q = f;
+    acc = q + G * D;
+    w = acc + G * D;
+    m = w + G * kKeyTile;
+    l = m + G;
+    corr = l + G;
+    uintptr_t p = reinterpret_cast<uintptr_t>(corr + G);
+    p = (p + 7) & ~uintptr_t(7);
+    slot = reinterpret_cast<long long*>(p);
+    any = reinterpret_cast<int*>(slot + kKeyTile);
+  }
+};
+
+size_t gqa_smem_bytes(int G, int64_t D) {
+  size_t b = size_t(2 * G * D + G * kKeyTile + 3 * G) * sizeof(float);
+  b = (b + 7) & ~size_t(7);
+  return b + kKeyTile * sizeof(long long) + sizeof(int);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const GqaParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ __align__(16) unsigned char gqa_raw[];
+  pdl_begin();
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int G = p.group;
+  const int64_t D = p.head_dim;
+  GqaSmem sm(gqa_raw, G, D);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t unit = blockIdx.x / C;  // (token, kv head)
+  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
+  int64_t len = p.context_lens[t];
+  if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
+  len = min(len, p.max_blocks_per_seq * p.block_size);
+  // this CTA's keys: [j_begin, j_end), whole tiles except at the end
+  const int64_t per = ((len + C - 1) / C + kKeyTile - 1) / kKeyTile * kKeyTile;
+  const int64_t j_begin = min(len, int64_t(rank) * per), j_end = min(len, j_begin + per);
+  const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
+  for (int64_t i = threadIdx.x; i < int64_t(G) * D; i += blockDim.x) {
+    sm.q[i] = Dt<T>::to_f(qbase[i]);
+    sm.acc[i] = 0.f;
+  }
+  for (int g = threadIdx.x; g < G; g += blockDim.x) sm.m[g] = -INFINITY, sm.l[g] = 0.f;
+  if (threadIdx.x == 0) *sm.any = 0;
+  int any_local = 0;
+  const T* kc = static_cast<const T*>(p.k_cache);
+  const T* vc = static_cast<const T*>(p.v_cache);
+  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyTile) {
+    const int nt = int(min(int64_t(kKeyTile), j_end - j0));
+    __syncthreads();  // q / the previous tile's weights and slots are consumed
+    for (int j = threadIdx.x; j < nt; j += blockDim.x) {
+      const int64_t pos = j0 + j;
+      const int64_t blk = p.block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
+      sm.slot[j] = (blk >= 0 && blk < p.num_blocks) ? (blk * p.block_size + pos % p.block_size) : -1;
+      any_local |= sm.slot[j] >= 0;
+    }
+    __syncthreads();
+    // scores: a warp per key, the K row read once for the G heads
+    for (int j = warp; j < nt; j += kGqaWarps) {
+      const long long slot = sm.slot[j];
+      const T* kr = slot >= 0 ? kc + (slot * p.num_kv_heads + kvh) * D : nullptr;
+      for (int g = 0; g < G; ++g) {
+        float dot = 0.f;
+        if (kr)
+          for (int64_t d = lane; d < D; d += 32) dot += sm.q[g * D + d] * Dt<T>::to_f(kr[d]);
+        dot = warp_sum(dot);
+        if (lane == 0) sm.w[g * kKeyTile + j] = slot >= 0 ? dot * p.scale : -INFINITY;
+      }
+    }
+    __syncthreads();
+    // online softmax per head: warp w owns heads w, w + 4, ...
+    for (int g = warp; g < G; g += kGqaWarps) {
+      float* wg = sm.w + g * kKeyTile;
+      float mx = -INFINITY;
+      for (int j = lane; j < nt; j += 32) mx = fmaxf(mx, wg[j]);  // NaN ignored here, kept by exp below
+      mx = warp_max(mx);
+      const float old = sm.m[g], nm = fmaxf(old, mx);
+      const float corr = nm == -INFINITY ? 1.f : expf(old - nm);
+      float s = 0.f;
+      for (int j = lane; j < nt; j += 32) {
+        const float sc = wg[j];
+        const float e = (sm.slot[j] < 0 || sc == -INFINITY) ? 0.f : expf(sc - nm);
+        wg[j] = e;
+        s += e;
+      }
+      s = warp_sum(s);
+      if (lane == 0) {
+        sm.l[g] = sm.l[g] * corr + s;
+        sm.m[g] = nm;
+        sm.corr[g] = corr;
+      }
+    }
+    __syncthreads();
+    // V: thread d reads V[key][d] once for the G accumulators
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      for (int g = 0; g < G; ++g) sm.acc[g * D + d] *= sm.corr[g];
+      for (int j = 0; j < nt; ++j) {
+        const long long slot = sm.slot[j];
+        if (slot < 0) continue;
+        const float v = Dt<T>::to_f(vc[(slot * p.num_kv_heads + kvh) * D + d]);
+        for (int g = 0; g < G; ++g) sm.acc[g * D + d] += sm.w[g * kKeyTile + j] * v;
+      }
+    }
+  }
+  if (__syncthreads_or(any_local) && threadIdx.x == 0) *sm.any = 1;
+  cluster.sync();  // every CTA's partial state is complete and visible to the cluster
+  // merge: rank r writes the output elements r, r + C, ... of the unit's G x D outputs
+  T* out = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
+  for (int64_t i = int64_t(rank) * blockDim.x + threadIdx.x; i < int64_t(G) * D; i += int64_t(C) * blockDim.x) {
+    const int g = int(i / D);
+    float M = -INFINITY;
+    int any = 0;
+    for (int c = 0; c < C; ++c) {
+      GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
+      M = fmaxf(M, r.m[g]);
+      any |= *r.any;
+    }
+    float L = 0.f, a = 0.f;
+    if (M != -INFINITY) {
+      for (int c = 0; c < C; ++c) {
+        GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
+        const float f = r.m[g] == -INFINITY ? 0.f : expf(r.m[g] - M);
+        L += r.l[g] * f;
+        a += r.acc[i] * f;
+      }
+    }
+    // no key at all (all dropped, or len 0): a zero row; keys whose scores are all -inf: NaN
+    const float y = L == 0.f ? (any ? __int_as_float(0x7fffffff) : 0.f) : a / L;
+    out[i] = Dt<T>::from_f(len > 0 ? y : 0.f);
+  }
+  cluster.sync();  // no CTA leaves while another may still read its shared memory
+#endif
+}
+
+int choose_cluster(const ops::PagedAttentionArgs& a, int sm_count) {
+  const int64_t units = a.num_tokens * a.num_kv_heads;
+  const int64_t capacity = a.max_blocks_per_seq * a.block_size;
+  int c = 1;
+  while (c < 16 && units * c < 2 * int64_t(sm_count) && capacity >= int64_t(2 * c) * 256) c *= 2;
+  return c;
+}
+
+}  // namespace
+
+std::string paged_attention_gqa_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+  const int G = int(a.num_heads / a.num_kv_heads);
+  if (int64_t(gqa_smem_bytes(G, a.head_dim)) > kGqaSmemLimit)
+    return "the query heads of a kv head times head_dim exceed 48 KB of shared memory";
+  return "";
+}
+
+bool paged_attention_gqa_supported(int device) { return device_props(device).major >= 9; }
+
+void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+  const int dev = a.q.device.device_id;
+  DeviceGuard g(dev, "paged_attention");
+  const DeviceProps& dp = device_props(dev);
+  const int G = int(a.num_heads / a.num_kv_heads);
+  GqaParams p{a.out.data,
+              a.q.data,
+              a.k_cache.data,
+              a.v_cache.data,
+              static_cast<const int32_t*>(a.block_tables.data),
+              a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data) : nullptr,
+              static_cast<const int32_t*>(a.context_lens.data),
+              a.scale,
+              a.num_tokens,
+              a.num_heads,
+              a.num_kv_heads,
+              a.head_dim,
+              a.block_size,
+              a.num_blocks,
+              a.num_seqs,
+              a.max_blocks_per_seq,
+              G};
+  const int C = choose_cluster(a, dp.sm_count);
+  const size_t smem = gqa_smem_bytes(G, a.head_dim);
+  const int64_t grid = a.num_tokens * a.num_kv_heads * C;
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto go = [&](auto kern) {
+    static std::once_flag once;  // one per instantiation: allow clusters of 16
+    std::call_once(once, [&] {
+      check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "paged_attention",
+                 "allow a non-portable cluster size");
+    });
+    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s, C, dp.pdl, p);
+  };
+  switch (a.q.dtype) {
+    case detail::DType::F32: go(paged_attention_gqa_kernel<float>); break;
+    case detail::DType::F16: go(paged_attention_gqa_kernel<__half>); break;
+    default: go(paged_attention_gqa_kernel<__nv_bfloat16>); break;
+  }
+  check_launch("paged_attention");
+  record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld key_tile=%lld grid=%lld",
+                {C, G, kKeyTile, grid});
+}
+
+}  // namespace ks::cuda
