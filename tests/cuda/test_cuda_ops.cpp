@@ -691,6 +691,28 @@ TEST(Cuda, EmbeddingDenseAndPackedRows) {
     }
 }
 
+// dequantize on CUDA: every GGUF block format, odd row counts, against the CPU reference
+// (d * q + m may be fused on one side: one FP32 ulp before the rounding to the output).
+TEST(Cuda, DequantizeEveryFormat) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0, KS_QTYPE_F16, KS_QTYPE_BF16, KS_QTYPE_F32})
+      for (auto [R, C] : std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {7, 96}, {300, 4096}}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " " + std::to_string(R) + "x" +
+                     std::to_string(C));
+        Buf packed = make_packed(q, R, C), ref(dt, {R, C}), got(dt, {R, C});
+        DBuf dp(DType::U8, packed.shape), dout(dt, {R, C});
+        dp.upload(packed);
+        dout.poison();
+        ks::dequantize(dout.view(), dp.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::dequantize(ref.view(), packed.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+        EXPECT_TRUE(kstest::allclose(got.values(), ref.values(), 1e-6 + kstest::tol(dt), 1e-6 + kstest::tol(dt)));
+      }
+}
+
 // quant_matmul on CUDA against the CPU backend: GGUF Q4_0 / Q4_1 / Q8_0 weights, M from 1
 // (decode) to 9 (chunks of 4 rows plus a tail), K with one and many blocks.
 TEST(Cuda, QuantMatmulBlockFormats) {

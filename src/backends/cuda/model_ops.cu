@@ -144,6 +144,20 @@ __global__ void __launch_bounds__(256) embedding_kernel(const EmbParams p) {
   }
 }
 
+// ---- dequantize -------------------------------------------------------------------
+// out[r, j] = decode of element j of packed row r (FP32, rounded once); a thread per output
+// element pair of a row strip, grid-stride over rows.
+template <typename T>
+__global__ void __launch_bounds__(256) dequantize_kernel(T* __restrict__ out, const uint8_t* __restrict__ packed,
+                                                         ks_qtype_t q, int64_t rows, int64_t cols, int64_t row_bytes) {
+  pdl_begin();
+  for (int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
+    const uint8_t* src = packed + r * row_bytes;
+    for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < cols; j += int64_t(gridDim.x) * blockDim.x)
+      out[r * cols + j] = Dt<T>::from_f(decode_elem(q, src, j));
+  }
+}
+
 // ---- quant_matmul ----------------------------------------------------------------
 // out[m, n] = sum_k x[m, k] * w[n, k], w decoded from its blocks in FP32 on the fly.
 // A warp owns an output column n for kMq rows of x at a time; lane l takes blocks
@@ -358,6 +372,31 @@ void embedding_cuda(const void* args, ks_stream_t stream) {
   }
   check_launch("embedding");
   record_launch("embedding", "threads=256 grid=%lld", {grid});
+}
+
+void dequantize_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::DequantizeArgs*>(args);
+  DeviceGuard g(a.out.device.device_id, "dequantize");
+  const DeviceProps& dp = device_props(a.out.device.device_id);
+  const dim3 grid(unsigned(std::min<int64_t>((a.cols + 255) / 256, 64)), unsigned(std::min<int64_t>(a.rows, 65535)));
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto* src = static_cast<const uint8_t*>(a.packed.data);
+  switch (a.out.dtype) {
+    case detail::DType::F32:
+      launch_kernel("dequantize", dequantize_kernel<float>, grid, dim3(256), 0, s, 1, dp.pdl,
+                    static_cast<float*>(a.out.data), src, a.qtype, a.rows, a.cols, a.row_bytes);
+      break;
+    case detail::DType::F16:
+      launch_kernel("dequantize", dequantize_kernel<__half>, grid, dim3(256), 0, s, 1, dp.pdl,
+                    static_cast<__half*>(a.out.data), src, a.qtype, a.rows, a.cols, a.row_bytes);
+      break;
+    default:
+      launch_kernel("dequantize", dequantize_kernel<__nv_bfloat16>, grid, dim3(256), 0, s, 1, dp.pdl,
+                    static_cast<__nv_bfloat16*>(a.out.data), src, a.qtype, a.rows, a.cols, a.row_bytes);
+      break;
+  }
+  check_launch("dequantize");
+  record_launch("dequantize", "threads=256 grid=%lldx%lld", {grid.x, grid.y});
 }
 
 std::string quant_matmul_can_implement(const void* args) {

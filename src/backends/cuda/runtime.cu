@@ -121,6 +121,7 @@ void gemm_tiled_cuda(const void*, ks_stream_t);
 void gemm_cublaslt_cuda(const void*, ks_stream_t);
 bool cublaslt_available();
 void embedding_cuda(const void*, ks_stream_t);
+void dequantize_cuda(const void*, ks_stream_t);
 void quant_matmul_cuda(const void*, ks_stream_t);
 void paged_attention_cuda(const void*, ks_stream_t);
 std::string quant_matmul_can_implement(const void*);
@@ -176,6 +177,10 @@ std::string ci_argmax(const void* p) {
 std::string ci_embedding(const void* p) {
   auto& a = *static_cast<const ops::EmbeddingArgs*>(p);
   return align_reason({&a.out, &a.ids, &a.table});
+}
+std::string ci_dequantize(const void* p) {
+  auto& a = *static_cast<const ops::DequantizeArgs*>(p);
+  return align_reason({&a.out, &a.packed});
 }
 std::string ci_quant_matmul(const void* p) {
   auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
@@ -245,6 +250,9 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"embedding", KS_BACKEND_CUDA, "cuda_cta_per_id", kFloatDTypes, 10,
                "a CTA per id: dense copy or FP32 block decode; device ids out of range give a NaN row", avail,
                ks::cuda::ci_embedding, ks::cuda::embedding_cuda});
+  v.push_back({"dequantize", KS_BACKEND_CUDA, "cuda_elementwise", kFloatDTypes, 10,
+               "a thread per element: FP32 block decode, one rounding", avail, ks::cuda::ci_dequantize,
+               ks::cuda::dequantize_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
                ks::cuda::ci_quant_matmul, ks::cuda::quant_matmul_cuda});
