@@ -353,3 +353,29 @@ def test_jax():
                                                                  np.asarray(w.astype(jnp.float32)), 1e-6), "bf16")
     # jax computes on y afterwards: the op's writes are complete (the call waited on its stream)
     assert float(jnp.abs(y.astype(jnp.float32) - ks.rms_norm(x, w).astype(jnp.float32)).max()) == 0.0
+
+
+# ---- sample: the same ids as the CPU, and CUDA graphs read the offset tensor -------------------
+def test_sample_cuda_equals_cpu_and_graph_replays():
+    if not has_kernel("sample", "bf16"):
+        pytest.skip("sample has no CUDA kernel")
+    x = torch.randn(4, 5000, device="cuda", dtype=torch.bfloat16)
+    x[1, 7] = float("nan")
+    so = torch.tensor([7, 3], device="cuda")
+    valid = torch.empty(4, dtype=torch.uint8, device="cuda")
+    a = ks.sample(x, so, 0.8, 20, 0.9, valid=valid)
+    b = ks.sample(x.cpu(), so.cpu(), 0.8, 20, 0.9)
+    assert torch.equal(a.cpu(), b)
+    assert valid.tolist() == [1, 0, 1, 1] and a[1].item() == 0
+    out = torch.empty(4, dtype=torch.int64, device="cuda")
+    ks.sample(x, so, 0.8, 20, 0.9, out=out)  # warm-up outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ks.sample(x, so, 0.8, 20, 0.9, out=out)
+    for off in range(4):
+        so[1] = off
+        g.replay()
+        torch.cuda.synchronize()
+        ref = ks.sample(x.cpu(), torch.tensor([7, off]), 0.8, 20, 0.9)
+        assert torch.equal(out.cpu(), ref), off
