@@ -16,6 +16,7 @@
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors)
 #include <cuda_runtime.h>
+#include "cuda_check.hpp"
 #include <kernscope/kernscope.hpp>
 
 #include <algorithm>
@@ -34,14 +35,6 @@
 
 namespace {
 
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 using ks::DType;
 

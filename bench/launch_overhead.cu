@@ -9,6 +9,7 @@
 //
 // usage: launch_overhead [--burst 100] [--repeats 51]
 #include <cuda_runtime.h>
+#include "cuda_check.hpp"
 #include <kernscope/kernscope.h>
 
 #include <algorithm>
@@ -22,14 +23,6 @@
 
 namespace {
 
-#define CK(x)                                                                                \
-  do {                                                                                       \
-    cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                          \
-    }                                                                                        \
-  } while (0)
 
 __global__ void empty_kernel(const void*, void*, long long, float) {}
 

@@ -14,41 +14,13 @@ usage: peers_model.py --csv peers_model.csv
 """
 import argparse
 import csv
-import statistics
 
 import torch
 import torch.nn.functional as F
 
+from peers import graph_us  # the same timing method as the core-op peers (bench/peers.py)
+
 BF = torch.bfloat16
-
-
-def graph_us(fn, sets, inner=20, reps=7):
-    for args in sets:
-        fn(*args)
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for args in sets:
-            fn(*args)
-    torch.cuda.current_stream().wait_stream(side)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(inner):
-            for args in sets:
-                fn(*args)
-    g.replay()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        t0.record()
-        g.replay()
-        t1.record()
-        torch.cuda.synchronize()
-        times.append(t0.elapsed_time(t1) * 1e3 / (inner * len(sets)))
-    return statistics.median(times)
 
 
 def sdpa(q, k, v):

@@ -20,6 +20,7 @@
 #include <mutex>
 #include <string>
 
+#include "backends/cuda/attention_params.cuh"
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
 
@@ -31,18 +32,6 @@ namespace {
 constexpr int kGqaThreads = 128, kGqaWarps = kGqaThreads / 32, kKeyTile = 64;
 constexpr int64_t kGqaSmemLimit = 48 * 1024;
 
-struct GqaParams {
-  void* out;
-  const void* q;
-  const void* k_cache;
-  const void* v_cache;
-  const int32_t* block_tables;
-  const int32_t* seq_ids;
-  const int32_t* context_lens;
-  float scale;
-  int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs, max_blocks_per_seq;
-  int group;  // query heads per kv head
-};
 
 // Dynamic shared memory layout (floats unless noted): q[G][D], acc[G][D], w[G][tile],
 // m[G], l[G], corr[G], then slot[tile] (int64) and the CTA's any-key flag.
@@ -72,7 +61,7 @@ size_t gqa_smem_bytes(int G, int64_t D) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const GqaParams p) {
+__global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(16) unsigned char gqa_raw[];
   pdl_begin();
@@ -214,23 +203,7 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(dev, "paged_attention");
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
-  GqaParams p{a.out.data,
-              a.q.data,
-              a.k_cache.data,
-              a.v_cache.data,
-              static_cast<const int32_t*>(a.block_tables.data),
-              a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data) : nullptr,
-              static_cast<const int32_t*>(a.context_lens.data),
-              a.scale,
-              a.num_tokens,
-              a.num_heads,
-              a.num_kv_heads,
-              a.head_dim,
-              a.block_size,
-              a.num_blocks,
-              a.num_seqs,
-              a.max_blocks_per_seq,
-              G};
+  const AttnParams p = attn_params(a);
   const int C = choose_cluster(a, dp.sm_count);
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const int64_t grid = a.num_tokens * a.num_kv_heads * C;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 
+#include "backends/cuda/attention_params.cuh"
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
 
@@ -219,17 +220,6 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const T* __restrict__
 // (running max and sum, FP32), and thread d accumulates sum_j p_j v_j[d].
 constexpr int kAttnThreads = 128, kTile = 128;
 
-struct AttnParams {
-  void* out;
-  const void* q;
-  const void* k_cache;
-  const void* v_cache;
-  const int32_t* block_tables;
-  const int32_t* seq_ids;  // nullptr: token t uses row t
-  const int32_t* context_lens;
-  float scale;
-  int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs, max_blocks_per_seq;
-};
 
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const AttnParams p) {
@@ -445,22 +435,7 @@ void paged_attention_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
   DeviceGuard g(a.q.device.device_id, "paged_attention");
   const DeviceProps& dp = device_props(a.q.device.device_id);
-  AttnParams p{a.out.data,
-               a.q.data,
-               a.k_cache.data,
-               a.v_cache.data,
-               static_cast<const int32_t*>(a.block_tables.data),
-               a.has_seq_ids ? static_cast<const int32_t*>(a.seq_ids.data) : nullptr,
-               static_cast<const int32_t*>(a.context_lens.data),
-               a.scale,
-               a.num_tokens,
-               a.num_heads,
-               a.num_kv_heads,
-               a.head_dim,
-               a.block_size,
-               a.num_blocks,
-               a.num_seqs,
-               a.max_blocks_per_seq};
+  const AttnParams p = attn_params(a);
   const unsigned grid = unsigned(std::min<int64_t>(a.num_tokens * a.num_heads, int64_t(dp.sm_count) * 16));
   const size_t smem = size_t(2 * a.head_dim) * sizeof(float);
   const auto s = static_cast<cudaStream_t>(stream);
