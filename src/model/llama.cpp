@@ -242,11 +242,15 @@ void LlamaModel::run_layers(int64_t n) {
   ks::quant_matmul(on_device_ ? logits_dev_.view : logits_.view(), x_last, lm_head_.data, lm_head_.qtype, be, s);
 }
 
-const float* LlamaModel::forward(const int32_t* tokens, int64_t n, int64_t pos) {
+void LlamaModel::check_positions(const char* what, int64_t n, int64_t pos) const {
   if (n <= 0 || pos < 0 || pos + n > max_ctx_)
-    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
-                              "LlamaModel::forward: positions [" + std::to_string(pos) + ", " +
-                                  std::to_string(pos + n) + ") exceed the context of " + std::to_string(max_ctx_));
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, std::string("LlamaModel::") + what + ": positions [" +
+                                                             std::to_string(pos) + ", " + std::to_string(pos + n) +
+                                                             ") exceed the context of " + std::to_string(max_ctx_));
+}
+
+const float* LlamaModel::forward(const int32_t* tokens, int64_t n, int64_t pos) {
+  check_positions("forward", n, pos);
   ensure_capacity(n);
   stage_indices(tokens, n, pos);
   run_layers(n);
@@ -265,23 +269,22 @@ int32_t LlamaModel::forward_argmax(const int32_t* tokens, int64_t n, int64_t pos
                ks::TensorView(const_cast<float*>(logits), ks::DType::F32, {1, cfg_.vocab_size}), backend_);
     return int32_t(idx);
   }
-  if (n <= 0 || pos < 0 || pos + n > max_ctx_)
-    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
-                              "LlamaModel::forward_argmax: positions [" + std::to_string(pos) + ", " +
-                                  std::to_string(pos + n) + ") exceed the context of " + std::to_string(max_ctx_));
+  check_positions("forward_argmax", n, pos);
   ensure_capacity(n);
   stage_indices(tokens, n, pos);
   auto step = [&] {
     run_layers(n);
     ks::argmax(next_id_.view, logits_dev_.view, ks::Backend::Cuda, stream());
   };
-  if (n == 1) {
+  if (n == 1 && stream_->captured()) {
     // every one-token step has the same launches: the token, position and length are read
     // from device buffers that stage_indices has just written (ordered on the stream)
-    if (!stream_->captured()) stream_->capture(step);
     stream_->replay();
   } else {
     step();
+    // the first one-token step runs eagerly (every kernel loaded and configured outside a
+    // capture), then is captured, not run, for the steps after it
+    if (n == 1) stream_->capture(step);
   }
   int64_t id = 0;
   stream_->to_host(&id, next_id_.view.data(), sizeof id);

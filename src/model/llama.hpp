@@ -73,6 +73,7 @@ class LlamaModel {
     Buffer k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim] fp32
   };
   void ensure_capacity(int64_t n);
+  void check_positions(const char* what, int64_t n, int64_t pos) const;  // throws ks::InvalidArgument
   void stage_indices(const int32_t* tokens, int64_t n, int64_t pos);  // ids, positions, seq ids, lengths
   void run_layers(int64_t n);  // every op of the step, on the model's backend and stream
   ks_stream_t stream() const { return stream_ ? stream_->handle() : nullptr; }

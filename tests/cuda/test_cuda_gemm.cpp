@@ -79,6 +79,76 @@ TEST(CudaGemm, EveryVariantAgainstTheCpuReference) {
         }
 }
 
+// cuBLASLt's heuristic assumes 256-byte-aligned matrices unless told the real alignment; a
+// plan made for aligned pointers must not be reused for an offset view of the same shape
+// (refused with CUBLAS_STATUS_NOT_SUPPORTED, or a misaligned access). Every combination of
+// aligned / element-aligned / 8-byte-aligned a, b and out, aligned first, per variant.
+TEST(CudaGemm, MixedPointerAlignmentsOfOneShape) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  const auto variants = cuda_gemm_variants();
+  ASSERT_FALSE(variants.empty());
+  const int64_t M = 96, N = 256, K = 320;
+  for (const std::string& var : variants)
+    for (DType dt : kstest::float_dtypes()) {
+      const size_t es = ks::dtype_size(dt);
+      for (size_t oa : {size_t(0), es, size_t(8)})
+        for (size_t ob : {size_t(0), es, size_t(8)})
+          for (size_t oo : {size_t(0), es, size_t(8)}) {
+            SCOPED_TRACE(var + " " + ks::dtype_name(dt) + " offsets a=" + std::to_string(oa) +
+                         " b=" + std::to_string(ob) + " out=" + std::to_string(oo));
+            Buf a(dt, {M, K}), b(dt, {N, K}), ref(dt, {M, N}), got(dt, {M, N});
+            kstest::fill_normal(a);
+            kstest::fill_normal(b);
+            DevBuf da(a.nbytes(), oa), db(b.nbytes(), ob), dout(got.nbytes(), oo);
+            CK(cudaMemcpy(da.p(), a.data(), a.nbytes(), cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(db.p(), b.data(), b.nbytes(), cudaMemcpyHostToDevice));
+            CK(cudaMemset(dout.p(), 0xFF, got.nbytes()));
+            const DLDevice gpu{kDLCUDA, 0};
+            ASSERT_EQ(ks_force_variant("gemm", var.c_str()), KS_SUCCESS) << ks_last_error();
+            const ks_status_t st = [&] {
+              try {
+                ks::gemm(ks::TensorView(dout.p(), dt, {M, N}, gpu), ks::TensorView(da.p(), dt, {M, K}, gpu),
+                         ks::TensorView(db.p(), dt, {N, K}, gpu), ks::Backend::Cuda);
+                return KS_SUCCESS;
+              } catch (const ks::Error& e) {
+                ADD_FAILURE() << e.what();
+                return KS_ERROR_CUDA;
+              }
+            }();
+            ASSERT_EQ(ks_force_variant(nullptr, nullptr), KS_SUCCESS);
+            ASSERT_EQ(st, KS_SUCCESS);
+            CK(cudaDeviceSynchronize());
+            CK(cudaMemcpy(got.data(), dout.p(), got.nbytes(), cudaMemcpyDeviceToHost));
+            ks::gemm(ref.view(), a.view(), b.view(), ks::Backend::Cpu);
+            const double t = kstest::tol(dt), walk = 16 * std::sqrt(double(K)) * 6e-8 * double(K);
+            EXPECT_TRUE(kstest::allclose(got.values(), ref.values(), 2 * t, 2 * t + walk));
+          }
+    }
+}
+
+// The tiled kernel with more than 65535 row tiles (gridDim.y's limit): the rows past
+// 65535 * 64 must be computed too.
+TEST(CudaGemm, TiledKernelBeyond65535RowTiles) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  const int64_t M = 65535 * 64 + 70, N = 5, K = 3;
+  Buf a(DType::F32, {M, K}), b(DType::F32, {N, K}), ref(DType::F32, {M, N}), got(DType::F32, {M, N});
+  kstest::fill_normal(a);
+  kstest::fill_normal(b);
+  DevBuf da(a.nbytes(), 0), db(b.nbytes(), 0), dout(got.nbytes(), 0);
+  CK(cudaMemcpy(da.p(), a.data(), a.nbytes(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(db.p(), b.data(), b.nbytes(), cudaMemcpyHostToDevice));
+  CK(cudaMemset(dout.p(), 0xFF, got.nbytes()));
+  const DLDevice gpu{kDLCUDA, 0};
+  ASSERT_EQ(ks_force_variant("gemm", "cuda_tiled"), KS_SUCCESS) << ks_last_error();
+  ks::gemm(ks::TensorView(dout.p(), DType::F32, {M, N}, gpu), ks::TensorView(da.p(), DType::F32, {M, K}, gpu),
+           ks::TensorView(db.p(), DType::F32, {N, K}, gpu), ks::Backend::Cuda);
+  ASSERT_EQ(ks_force_variant(nullptr, nullptr), KS_SUCCESS);
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(got.data(), dout.p(), got.nbytes(), cudaMemcpyDeviceToHost));
+  ks::gemm(ref.view(), a.view(), b.view(), ks::Backend::Cpu);
+  EXPECT_TRUE(kstest::allclose(got.values(), ref.values(), 1e-5, 1e-5));
+}
+
 TEST(CudaGemm, CapturedInAGraph) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
   const int64_t M = 16, N = 96, K = 128;

@@ -87,6 +87,57 @@ TEST(CudaSample, IdsEqualTheCpuReferenceBitForBit) {
       }
 }
 
+// More rows than CTAs (the kernel's grid is at most 2 CTAs per SM and strides over rows),
+// with the edge cases mixed in: rows with a few finite logits only (top_k >= that count),
+// finite logits whose z overflows to +inf (tiny temperature), subnormal z, heavy ties at
+// both cut-offs, and a vocab of 1.
+TEST(CudaSample, ManyRowsAndEdgeCasesEqualTheCpuReference) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t rows = 2 * int64_t(sms) * 2 + 37;
+  struct Cfg {
+    double t;
+    int64_t k;
+    double p;
+  };
+  const std::vector<Cfg> cfgs = {{1.0, 0, 1.0},  {1.0, 5, 1.0},   {0.9, 0, 0.6},     {1.0, 7, 0.8},
+                                 {1e-30, 0, 1.0}, {1e-38, 3, 0.9}, {1e-3, 2, 0.999999}, {3.0, 1, 0.01}};
+  for (int64_t V : {int64_t(1), int64_t(3), int64_t(257), int64_t(3000)}) {
+    Buf x(DType::F32, {rows, V});
+    std::mt19937_64 g(uint64_t(V) + 5);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t i = 0; i < V; ++i) {
+        double v = double(int64_t(g() % 7)) - 3.0;           // few distinct values: ties
+        if (r % 5 == 1 && g() % 4 != 0) v = -INFINITY;        // few finite logits
+        if (r % 11 == 2) v = std::ldexp(double(g() % 3), -140);  // subnormal z at T = 1
+        if (r % 13 == 3) v = 1e30 * double(g() % 3);         // z overflows at tiny T
+        x.set(r * V + i, v);
+      }
+    Dev dx(x);
+    for (const Cfg& c : cfgs) {
+      SCOPED_TRACE("V=" + std::to_string(V) + " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) +
+                   " p=" + std::to_string(c.p));
+      Buf so(DType::I64, {2}), out(DType::I64, {rows}), valid(DType::U8, {rows});
+      so.set(0, 31.0), so.set(1, 4.0);
+      Buf gout = out, gvalid = valid;
+      Dev dso(so), dout(out), dvalid(valid);
+      CK(cudaMemset(dout.p, 0xFF, dout.n));
+      CK(cudaMemset(dvalid.p, 0xFF, dvalid.n));
+      ks::sample(dview(dout, out), dview(dvalid, valid), dview(dx, x), dview(dso, so), c.t, c.k, c.p,
+                 ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.get(gout);
+      dvalid.get(gvalid);
+      ks::sample(out.view(), valid.view(), x.view(), so.view(), c.t, c.k, c.p, ks::Backend::Cpu);
+      for (int64_t r = 0; r < rows; ++r) {
+        EXPECT_EQ(gout.get(r), out.get(r)) << "row " << r;
+        EXPECT_EQ(gvalid.get(r), valid.get(r)) << "row " << r;
+      }
+    }
+  }
+}
+
 // One sampling call captured in a graph: replays with the same seed_offset give the same
 // ids; writing a new offset into the (device) seed_offset tensor between replays changes
 // the draws, exactly as the CPU reference predicts for that offset.

@@ -7,7 +7,8 @@
 //    time with dlopen, so the library has no link-time dependency on cuBLAS and the variant
 //    reports itself unavailable where libcublasLt is missing. No workspace (nothing is
 //    allocated per call, so it can be captured in a CUDA graph); the matmul descriptor,
-//    layouts and the heuristic's algorithm are cached per (device, dtype, M, N, K).
+//    layouts and the heuristic's algorithm are cached per (device, dtype, M, N, K, pointer
+//    alignments).
 //  - cuda_tiled (priority 5): kernscope's own 64 x 64-tiled kernel with FP32 accumulation,
 //    any alignment, int64 indexing: the correctness fallback (and the variant a
 //    deterministic mode can pin).
@@ -16,10 +17,13 @@
 #include <dlfcn.h>
 #endif
 
+#include <algorithm>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
@@ -35,43 +39,46 @@ __global__ void __launch_bounds__(kGemmThreads) gemm_tiled_kernel(const T* __res
   __shared__ float as[kTileK][kTile + 1];
   __shared__ float bs[kTileK][kTile + 1];
   pdl_begin();
-  const int64_t m0 = int64_t(blockIdx.y) * kTile, n0 = int64_t(blockIdx.x) * kTile;
+  const int64_t n0 = int64_t(blockIdx.x) * kTile;
   const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  float acc[4][4] = {};
-  for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
-    for (int i = threadIdx.x; i < kTile * kTileK; i += kGemmThreads) {
-      const int r = i / kTileK, c = i % kTileK;
-      const int64_t gm = m0 + r, gn = n0 + r, gk = k0 + c;
-      as[c][r] = (gm < M && gk < K) ? Dt<T>::to_f(a[gm * K + gk]) : 0.f;
-      bs[c][r] = (gn < N && gk < K) ? Dt<T>::to_f(b[gn * K + gk]) : 0.f;
+  // row tiles stride by gridDim.y (at most 65535 CTAs in y): any M
+  for (int64_t m0 = int64_t(blockIdx.y) * kTile; m0 < M; m0 += int64_t(gridDim.y) * kTile) {
+    float acc[4][4] = {};
+    for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+      for (int i = threadIdx.x; i < kTile * kTileK; i += kGemmThreads) {
+        const int r = i / kTileK, c = i % kTileK;
+        const int64_t gm = m0 + r, gn = n0 + r, gk = k0 + c;
+        as[c][r] = (gm < M && gk < K) ? Dt<T>::to_f(a[gm * K + gk]) : 0.f;
+        bs[c][r] = (gn < N && gk < K) ? Dt<T>::to_f(b[gn * K + gk]) : 0.f;
+      }
+      __syncthreads();
+#pragma unroll
+      for (int kk = 0; kk < kTileK; ++kk) {
+        float av[4], bv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) av[i] = as[kk][ty * 4 + i], bv[i] = bs[kk][tx * 4 + i];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+      __syncthreads();
     }
-    __syncthreads();
 #pragma unroll
-    for (int kk = 0; kk < kTileK; ++kk) {
-      float av[4], bv[4];
+    for (int i = 0; i < 4; ++i)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) av[i] = as[kk][ty * 4 + i], bv[i] = bs[kk][tx * 4 + i];
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-    }
-    __syncthreads();
+      for (int j = 0; j < 4; ++j) {
+        const int64_t gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
+        if (gm < M && gn < N) out[gm * N + gn] = Dt<T>::from_f(acc[i][j]);
+      }
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t gm = m0 + ty * 4 + i, gn = n0 + tx * 4 + j;
-      if (gm < M && gn < N) out[gm * N + gn] = Dt<T>::from_f(acc[i][j]);
-    }
 }
 
 void gemm_tiled_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::GemmArgs*>(args);
   DeviceGuard g(a.a.device.device_id, "gemm");
   const DeviceProps& dp = device_props(a.a.device.device_id);
-  const dim3 grid(unsigned((a.n + kTile - 1) / kTile), unsigned((a.m + kTile - 1) / kTile));
+  const dim3 grid(unsigned((a.n + kTile - 1) / kTile), unsigned(std::min<int64_t>((a.m + kTile - 1) / kTile, 65535)));
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.a.dtype) {
     case detail::DType::F32:
@@ -105,6 +112,7 @@ struct Lt {
   decltype(&cublasLtMatmulDescSetAttribute) desc_set = nullptr;
   decltype(&cublasLtMatrixLayoutCreate) layout_create = nullptr;
   decltype(&cublasLtMatmulPreferenceCreate) pref_create = nullptr;
+  decltype(&cublasLtMatmulPreferenceSetAttribute) pref_set = nullptr;
   decltype(&cublasLtMatmulPreferenceDestroy) pref_destroy = nullptr;
   decltype(&cublasLtMatmulAlgoGetHeuristic) heuristic = nullptr;
   decltype(&cublasLtMatmul) matmul = nullptr;
@@ -125,6 +133,7 @@ struct Lt {
     sym(desc_set, "cublasLtMatmulDescSetAttribute");
     sym(layout_create, "cublasLtMatrixLayoutCreate");
     sym(pref_create, "cublasLtMatmulPreferenceCreate");
+    sym(pref_set, "cublasLtMatmulPreferenceSetAttribute");
     sym(pref_destroy, "cublasLtMatmulPreferenceDestroy");
     sym(heuristic, "cublasLtMatmulAlgoGetHeuristic");
     sym(matmul, "cublasLtMatmul");
@@ -152,12 +161,23 @@ cudaDataType_t cuda_type(detail::DType d) {
   return d == detail::DType::F32 ? CUDA_R_32F : d == detail::DType::F16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-// Per device: the handle; per (device, dtype, M, N, K): the plan. Descriptors live for the
-// process (a few hundred bytes each).
-const Plan& plan_for(int device, detail::DType dt, int64_t M, int64_t N, int64_t K, cublasLtHandle_t* handle) {
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing the address.
+uint32_t alignment_of(const void* p) {
+  uint32_t al = 256;
+  while (al > 1 && reinterpret_cast<uintptr_t>(p) % al != 0) al >>= 1;
+  return al;
+}
+
+// Per device: the handle; per (device, dtype, M, N, K, pointer alignments): the plan.
+// The heuristic assumes 256-byte-aligned matrices unless told otherwise, and an algorithm
+// chosen for aligned pointers is refused (CUBLAS_STATUS_NOT_SUPPORTED) or faults on
+// pointers that are not (an offset view), so the alignments are part of the key.
+// Descriptors live for the process (a few hundred bytes each).
+const Plan& plan_for(int device, detail::DType dt, int64_t M, int64_t N, int64_t K, uint32_t align_a,
+                     uint32_t align_b, uint32_t align_out, cublasLtHandle_t* handle) {
   static std::mutex mu;
   static std::map<int, cublasLtHandle_t> handles;
-  static std::map<std::tuple<int, int, int64_t, int64_t, int64_t>, Plan> plans;
+  static std::map<std::tuple<int, int, int64_t, int64_t, int64_t, uint32_t, uint32_t, uint32_t>, Plan> plans;
   std::lock_guard<std::mutex> lock(mu);
   const Lt& L = lt();
   auto h = handles.find(device);
@@ -167,7 +187,7 @@ const Plan& plan_for(int device, detail::DType dt, int64_t M, int64_t N, int64_t
     h = handles.emplace(device, hd).first;
   }
   *handle = h->second;
-  const auto key = std::make_tuple(device, int(dt), M, N, K);
+  const auto key = std::make_tuple(device, int(dt), M, N, K, align_a, align_b, align_out);
   auto it = plans.find(key);
   if (it != plans.end()) return it->second;
   Plan p;
@@ -183,6 +203,17 @@ const Plan& plan_for(int device, detail::DType dt, int64_t M, int64_t N, int64_t
   lt_check(L.layout_create(&p.lc, t, uint64_t(N), uint64_t(M), N), "layout of out");
   cublasLtMatmulPreference_t pref = nullptr;
   lt_check(L.pref_create(&pref), "preference");
+  // cuBLASLt's A is kernscope's b, its B is a, C and D are out
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> aligns[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_b},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_a},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_out},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_out}};
+  for (const auto& [attr, al] : aligns) {
+    const cublasStatus_t st = L.pref_set(pref, attr, &al, sizeof al);
+    if (st != CUBLAS_STATUS_SUCCESS) L.pref_destroy(pref);
+    lt_check(st, "set a minimum alignment");
+  }
   cublasLtMatmulHeuristicResult_t res{};
   int found = 0;
   const cublasStatus_t st = L.heuristic(*handle, p.desc, p.la, p.lb, p.lc, p.lc, pref, 1, &res, &found);
@@ -202,7 +233,8 @@ void gemm_cublaslt_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(dev, "gemm");
   if (a.m > INT32_MAX || a.n > INT32_MAX || a.k > INT32_MAX) return gemm_tiled_cuda(args, stream);
   cublasLtHandle_t handle = nullptr;
-  const Plan& p = plan_for(dev, a.a.dtype, a.m, a.n, a.k, &handle);
+  const Plan& p = plan_for(dev, a.a.dtype, a.m, a.n, a.k, alignment_of(a.a.data), alignment_of(a.b.data),
+                           alignment_of(a.out.data), &handle);
   if (!p.ok) return gemm_tiled_cuda(args, stream);  // no algorithm for this problem: the own kernel
   const float alpha = 1.f, beta = 0.f;
   lt_check(lt().matmul(handle, p.desc, &alpha, a.b.data, p.la, a.a.data, p.lb, &beta, a.out.data, p.lc, a.out.data,
