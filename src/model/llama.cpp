@@ -1,5 +1,6 @@
 #include "model/llama.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -114,9 +115,26 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     Layer& L = layers_[size_t(l)];
     L.attn_norm = upload(norm(f, p + "attn_norm.weight", c.hidden_size));
     L.ffn_norm = upload(norm(f, p + "ffn_norm.weight", c.hidden_size));
-    L.wq = upload(matrix(f, p + "attn_q.weight", c.hidden_size, c.hidden_size));
-    L.wk = upload(matrix(f, p + "attn_k.weight", kv_dim, c.hidden_size));
-    L.wv = upload(matrix(f, p + "attn_v.weight", kv_dim, c.hidden_size));
+    const Weight wq = matrix(f, p + "attn_q.weight", c.hidden_size, c.hidden_size);
+    const Weight wk = matrix(f, p + "attn_k.weight", kv_dim, c.hidden_size);
+    const Weight wv = matrix(f, p + "attn_v.weight", kv_dim, c.hidden_size);
+    L.wq = upload(wq);
+    L.wk = upload(wk);
+    L.wv = upload(wv);
+    // q | k | v rows stacked, for one matmul per one-token step (decode); each output row
+    // is computed exactly as by the separate matrices (same row, same K)
+    if (wq.qtype == wk.qtype && wq.qtype == wv.qtype && wq.data.size(1) == wk.data.size(1) &&
+        wq.data.size(1) == wv.data.size(1)) {
+      const size_t bq = wq.data.nbytes(), bk = wk.data.nbytes(), bv = wv.data.nbytes();
+      std::vector<uint8_t>& qkv = owned_.emplace_back(bq + bk + bv);
+      std::memcpy(qkv.data(), wq.data.data(), bq);
+      std::memcpy(qkv.data() + bq, wk.data.data(), bk);
+      std::memcpy(qkv.data() + bq + bk, wv.data.data(), bv);
+      Weight w = wq;
+      w.rows = c.hidden_size + 2 * kv_dim;
+      w.data = ks::TensorView(qkv.data(), ks::DType::U8, {w.rows, wq.data.size(1)});
+      L.w_qkv = upload(w);
+    }
     L.wo = upload(matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size));
     L.w_down = upload(matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size));
     // gate and up rows stacked into one [2 * intermediate, hidden] matrix, so one
@@ -134,6 +152,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     L.k_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
     L.v_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
   }
+  qkv_fused_ = std::all_of(layers_.begin(), layers_.end(), [](const Layer& L) { return L.w_qkv.rows > 0; });
   tok_embd_ = upload(tok_embd_);
   out_norm_ = upload(out_norm_);
   lm_head_ = tied ? tok_embd_ : upload(lm_head_);
@@ -168,6 +187,7 @@ void LlamaModel::ensure_capacity(int64_t n) {
   q_ = alloc(ks::DType::F32, {n, c.hidden_size});
   k_ = alloc(ks::DType::F32, {n, kv_dim});
   v_ = alloc(ks::DType::F32, {n, kv_dim});
+  qkv_ = alloc(ks::DType::F32, {1, c.hidden_size + 2 * kv_dim});  // one-token steps only
   attn_ = alloc(ks::DType::F32, {n, c.hidden_size});
   gu_ = alloc(ks::DType::F32, {n, 2 * c.intermediate_size});
   act_ = alloc(ks::DType::F32, {n, c.intermediate_size});
@@ -205,9 +225,16 @@ void LlamaModel::run_layers(int64_t n) {
   // h holds the normalized input of the current sub-block and x the sub-block's
   // output; they trade buffers each layer so no copy is needed.
   ks::TensorView x = rows(x_, H), h = rows(h_, H);
-  const ks::TensorView res = rows(res_, H), q = rows(q_, H), k = rows(k_, kv_dim),
-                       v = rows(v_, kv_dim), attn = rows(attn_, H), gu = rows(gu_, 2 * c.intermediate_size),
+  // One-token steps take q, k and v from one matmul: consecutive slices of a qkv row.
+  const bool fused_qkv = n == 1 && qkv_fused_;
+  auto part = [&](int64_t col, int64_t cols) {
+    return ks::TensorView(static_cast<float*>(qkv_.view.data()) + col, ks::DType::F32, {1, cols},
+                          qkv_.view.device());
+  };
+  const ks::TensorView res = rows(res_, H), attn = rows(attn_, H), gu = rows(gu_, 2 * c.intermediate_size),
                        act = rows(act_, c.intermediate_size);
+  const ks::TensorView q = fused_qkv ? part(0, H) : rows(q_, H), k = fused_qkv ? part(H, kv_dim) : rows(k_, kv_dim),
+                       v = fused_qkv ? part(H + kv_dim, kv_dim) : rows(v_, kv_dim);
   const ks::TensorView q3 = q.reshape({n, c.num_heads, c.head_dim}), k3 = k.reshape({n, c.num_kv_heads, c.head_dim}),
                        v3 = v.reshape({n, c.num_kv_heads, c.head_dim}),
                        attn3 = attn.reshape({n, c.num_heads, c.head_dim});
@@ -222,9 +249,13 @@ void LlamaModel::run_layers(int64_t n) {
       ks::fused_add_rms_norm(x, res, L.attn_norm.data, c.rms_eps, be, s);
       std::swap(h, x);
     }
-    ks::quant_matmul(q, h, L.wq.data, L.wq.qtype, be, s);
-    ks::quant_matmul(k, h, L.wk.data, L.wk.qtype, be, s);
-    ks::quant_matmul(v, h, L.wv.data, L.wv.qtype, be, s);
+    if (fused_qkv) {
+      ks::quant_matmul(qkv_.view, h, L.w_qkv.data, L.w_qkv.qtype, be, s);
+    } else {
+      ks::quant_matmul(q, h, L.wq.data, L.wq.qtype, be, s);
+      ks::quant_matmul(k, h, L.wk.data, L.wk.qtype, be, s);
+      ks::quant_matmul(v, h, L.wv.data, L.wv.qtype, be, s);
+    }
     // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing.
     ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
     ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, positions, be, s);

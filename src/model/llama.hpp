@@ -70,6 +70,7 @@ class LlamaModel {
   Weight upload(const Weight& w);  // a copy on the device (CUDA); w itself on the CPU
   struct Layer {
     Weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate_up, w_down;
+    Weight w_qkv;  // wq | wk | wv rows stacked (one matmul for one-token steps); empty if formats differ
     Buffer k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim] fp32
   };
   void ensure_capacity(int64_t n);
@@ -82,6 +83,7 @@ class LlamaModel {
   int64_t max_ctx_, block_size_ = 16, num_blocks_;
   ks::Backend backend_;
   bool on_device_ = false;
+  bool qkv_fused_ = false;  // every layer has w_qkv
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;
   std::vector<Layer> layers_;
@@ -90,7 +92,7 @@ class LlamaModel {
   Buffer block_table_;                       // int32 [1, num_blocks]
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;
-  Buffer x_, res_, h_, q_, k_, v_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, logits_dev_, next_id_;
+  Buffer x_, res_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, logits_dev_, next_id_;
   std::vector<int32_t> staged_;  // host staging of ids | positions | seq ids | lengths (CUDA)
   ks::Tensor logits_;            // the last token's logits on the host
 };
