@@ -929,6 +929,161 @@ TEST_P(CudaAttention, DeviceIndicesOutOfRange) {
   }
 }
 
+// The cluster size cuda_gqa_cluster recorded for its last launch ("... cluster=C ..."), 0 if none.
+int64_t last_attention_cluster() {
+  const std::string cfg = ks_last_launch_config("paged_attention");
+  const size_t at = cfg.find("cluster=");
+  return at == std::string::npos ? 0 : std::stoll(cfg.substr(at + 8));
+}
+
+// The cluster path of cuda_gqa_cluster (the other tests' block tables hold at most 256 keys,
+// which keeps C = 1): a table of 5120 keys lets a (token, kv head)'s keys be split over up to
+// 16 CTAs merged through distributed shared memory; 3 to 100 tokens give clusters of 16, 8,
+// 4 and 2 on a 132-SM H200. Lengths not multiples of C * 64, smaller than C, 0 and the full
+// capacity; GQA groups of 3 and 8 (more query heads than the CTA's 4 warps); decode and
+// prefill with seq_ids. The three dtypes run one after the other in one process: a cluster of
+// 16 must launch for each (the non-portable cluster attribute was set only for the first
+// dtype launched: the three kernels shared one once_flag).
+TEST_P(CudaAttention, LongContextsSplitOverClusters) {
+  NEED_GPU();
+  const bool gqa = std::string(GetParam()) == "cuda_gqa_cluster";
+  const int64_t bs = 16, maxb = 320, cap = bs * maxb, blocks = 700;
+  const int64_t lens[] = {cap, cap - 1, 4097, 4096, 1025, 1000, 321, 65, 64, 63, 17, 15, 3, 1, 0};
+  const int64_t nlens = int64_t(sizeof(lens) / sizeof(lens[0]));
+  std::mt19937 gen(7);
+  for (auto [H, KVH, D] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{6, 2, 64}, {16, 2, 128}})
+    for (DType dt : kstest::float_dtypes()) {
+      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape);
+      dkc.upload(kc);
+      dvc.upload(vc);
+      const double scale = 1.0 / std::sqrt(double(D));
+      auto run = [&](int64_t T, int64_t seqs, const std::vector<int64_t>& sids, const std::vector<int64_t>& cls,
+                     const char* what) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(H) + " KVH=" + std::to_string(KVH) +
+                     " D=" + std::to_string(D) + " T=" + std::to_string(T) + " " + what);
+        Buf q(dt, {T, H, D}), bt(DType::I32, {seqs, maxb}), cl(DType::I32, {T}), sid(DType::I32, {T}),
+            ref(dt, {T, H, D}), got(dt, {T, H, D});
+        kstest::fill_normal(q);
+        for (int64_t i = 0; i < seqs * maxb; ++i) bt.set(i, double(gen() % blocks));
+        for (int64_t t = 0; t < T; ++t) {
+          cl.set(t, double(cls[size_t(t)]));
+          if (!sids.empty()) sid.set(t, double(sids[size_t(t)]));
+        }
+        DBuf dq(dt, q.shape), dbt(DType::I32, bt.shape), dcl(DType::I32, {T}), dsid(DType::I32, {T}), dout(dt, q.shape);
+        dq.upload(q);
+        dbt.upload(bt);
+        dcl.upload(cl);
+        dsid.upload(sid);
+        dout.poison();
+        const bool has_sid = !sids.empty();
+        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(),
+                            has_sid ? dsid.view() : ks::TensorView(), dcl.view(), scale, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        const int64_t C = last_attention_cluster();
+        std::printf("paged_attention %s %s T=%lld KVH=%lld: %s\n", GetParam(), ks::dtype_name(dt), (long long)T,
+                    (long long)KVH, ks_last_launch_config("paged_attention"));
+        if (gqa && T * KVH <= 8) EXPECT_GT(C, 1) << "a few (token, kv head) units over a long table take the cluster path";
+        dout.download(got);
+        ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), has_sid ? sid.view() : ks::TensorView(),
+                            cl.view(), scale, ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << "cluster=" << C;
+        for (int64_t t = 0; t < T; ++t)
+          if (cls[size_t(t)] == 0)
+            for (int64_t i = 0; i < H * D; ++i) ASSERT_EQ(got.get(t * H * D + i), 0.0) << "token " << t << ": context 0";
+      };
+      // decode: token t is sequence t
+      for (int64_t T : {3, 20, 50, 100}) {
+        std::vector<int64_t> cls;
+        for (int64_t t = 0; t < T; ++t) cls.push_back(lens[(t * 5 + T) % nlens]);
+        run(T, T, {}, cls, "decode");
+      }
+      // prefill: 8 tokens of two sequences (16 units at KVH 2: a cluster of 16 on the H200)
+      run(8, 2, {1, 0, 1, 1, 0, 1, 0, 1}, {cap, cap - 7, 4000, 2049, 300, 64, 2, 1}, "prefill");
+    }
+}
+
+// Non-finite scores and dropped keys on the cluster path: whole CTA ranges of keys whose
+// scores are NaN (the NaN must survive the merge of a CTA whose maximum stayed -inf), or
+// -inf followed by finite keys (the softmax of the finite keys), all -inf (a NaN row), and a
+// device block table whose first 160 blocks and one middle block are out of range (the
+// softmax of the rest, compared with the CPU on a table of the kept blocks). Lengths of 3
+// and 0 (fewer keys than CTAs) and a seq id out of range (a zero row).
+TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
+  NEED_GPU();
+  const bool gqa = std::string(GetParam()) == "cuda_gqa_cluster";
+  for (DType dt : kstest::float_dtypes()) {
+    SCOPED_TRACE(ks::dtype_name(dt));
+    const int64_t H = 4, KVH = 2, D = 40, bs = 16, seqs = 5, maxb = 320, blocks = seqs * maxb;
+    const int64_t row = bs * KVH * D;  // elements per cache block
+    Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D});
+    kstest::fill_normal(kc);
+    kstest::fill_normal(vc);
+    Buf bt(DType::I32, {seqs, maxb}), bt_cpu(DType::I32, {seqs, maxb});
+    for (int64_t i = 0; i < seqs * maxb; ++i) bt.set(i, double(i));  // sequence s owns blocks s*maxb ...
+    bt_cpu.raw = bt.raw;
+    // sequence 0: keys 0..2559 (blocks 0..159: the first CTA's range for every C >= 2) NaN
+    for (int64_t i = 0; i < 160 * row; ++i) kc.set(0 * maxb * row + i, std::nan(""));
+    // sequence 1: keys 0..2559 -inf (scores -inf against a positive q), then finite keys
+    for (int64_t i = 0; i < 160 * row; ++i) kc.set(1 * maxb * row + i, -INFINITY);
+    // sequence 2: every key -inf
+    for (int64_t i = 0; i < maxb * row; ++i) kc.set(2 * maxb * row + i, -INFINITY);
+    // sequence 3 on the device: blocks 0..159 and 200 out of range; 5000 keys = 312 blocks + 8
+    for (int64_t b = 0; b < 160; ++b) bt.set(3 * maxb + b, b % 2 ? -1.0 : double(blocks + b));
+    bt.set(3 * maxb + 200, -7.0);
+    // ... on the CPU: the kept blocks 160..199, 201..312 (the last one holding 8 keys)
+    {
+      int64_t n = 0;
+      for (int64_t b = 160; b <= 312; ++b)
+        if (b != 200) bt_cpu.set(3 * maxb + n++, double(3 * maxb + b));
+      for (; n < maxb; ++n) bt_cpu.set(3 * maxb + n, 0.0);
+    }
+    const int64_t T = 7;
+    //                         t0..t3: sequences 0..3; t4: 3 keys; t5: length 0; t6: seq id 99
+    const int64_t sid_dev[T] = {0, 1, 2, 3, 4, 4, 99}, len_dev[T] = {5000, 5000, 4321, 5000, 3, 0, 4000};
+    const int64_t sid_cpu[T] = {0, 1, 2, 3, 4, 4, 4}, len_cpu[T] = {5000, 5000, 4321, 151 * bs + 8, 3, 0, 0};
+    Buf q(dt, {T, H, D}), sid(DType::I32, {T}), cl(DType::I32, {T}), sid_c(DType::I32, {T}), cl_c(DType::I32, {T});
+    kstest::fill_normal(q);
+    for (int64_t i = 0; i < 2 * H * D; ++i) q.set(1 * H * D + i, 0.25 + 0.01 * double(i % 7));  // tokens 1, 2: q > 0
+    for (int64_t t = 0; t < T; ++t) {
+      sid.set(t, double(sid_dev[t]));
+      cl.set(t, double(len_dev[t]));
+      sid_c.set(t, double(sid_cpu[t]));
+      cl_c.set(t, double(len_cpu[t]));
+    }
+    DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dsid(DType::I32, {T}),
+        dcl(DType::I32, {T}), dout(dt, q.shape);
+    dkc.upload(kc);
+    dvc.upload(vc);
+    dbt.upload(bt);
+    dq.upload(q);
+    dsid.upload(sid);
+    dcl.upload(cl);
+    dout.poison();
+    const double scale = 1.0 / std::sqrt(double(D));
+    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), dsid.view(), dcl.view(), scale,
+                        ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    const int64_t C = last_attention_cluster();
+    if (gqa) EXPECT_GT(C, 1) << ks_last_launch_config("paged_attention");
+    Buf got(dt, q.shape), ref(dt, q.shape);
+    dout.download(got);
+    ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt_cpu.view(), sid_c.view(), cl_c.view(), scale,
+                        ks::Backend::Cpu);
+    for (int64_t i = 0; i < H * D; ++i) {
+      EXPECT_TRUE(std::isnan(ref.get(0 * H * D + i)) && std::isnan(got.get(0 * H * D + i))) << "token 0 (NaN keys) " << i;
+      EXPECT_TRUE(std::isfinite(ref.get(1 * H * D + i)) && std::isfinite(got.get(1 * H * D + i)))
+          << "token 1 (-inf keys, then finite ones) " << i;
+      EXPECT_TRUE(std::isnan(ref.get(2 * H * D + i)) && std::isnan(got.get(2 * H * D + i))) << "token 2 (all -inf) " << i;
+      ASSERT_EQ(got.get(5 * H * D + i), 0.0) << "token 5: context 0";
+      ASSERT_EQ(got.get(6 * H * D + i), 0.0) << "token 6: seq id out of range";
+    }
+    EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << "cluster=" << C;
+  }
+}
+
 TEST(Cuda, GraphCaptureAndReplay) {
   NEED_GPU();
   const int64_t R = 8, H = 4096, N = 1024;

@@ -13,10 +13,12 @@
 // shared memory: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). No workspace in
 // global memory, so nothing is allocated per call (graph-capturable).
 // C: the fewest of 1, 2, 4, 8, 16 that give at least two CTAs per SM, at most one per 256
-// keys of the block table's capacity.
+// keys of the block table's capacity; 8 at most where a cluster of 16 cannot be resident.
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <climits>
+#include <map>
 #include <mutex>
 #include <string>
 
@@ -177,12 +179,53 @@ __global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const 
 #endif
 }
 
-int choose_cluster(const ops::PagedAttentionArgs& a, int sm_count) {
+int choose_cluster(const ops::PagedAttentionArgs& a, int sm_count, int max_cluster) {
   const int64_t units = a.num_tokens * a.num_kv_heads;
   const int64_t capacity = a.max_blocks_per_seq * a.block_size;
   int c = 1;
-  while (c < 16 && units * c < 2 * int64_t(sm_count) && capacity >= int64_t(2 * c) * 256) c *= 2;
+  while (2 * c <= max_cluster && units * c < 2 * int64_t(sm_count) && capacity >= int64_t(2 * c) * 256) c *= 2;
   return c;
+}
+
+// Per kernel instantiation and per device (each device loads its own copy of the module,
+// and the attribute belongs to one kernel): allow clusters of 16, then ask whether a
+// cluster of 16 CTAs (128 threads, the largest shared-memory footprint, 48 KB) can be
+// resident at all (it needs 16 SMs of one GPC; a MIG slice may have fewer). Returns the
+// largest cluster size to use, 16 or 8. Done once per (T, device); a per-thread cache
+// keeps the lock off the launch path.
+template <typename T>
+int max_cluster_for(int dev) {
+  thread_local int cached_dev = -1, cached_max = 8;
+  if (dev == cached_dev) return cached_max;
+  static std::mutex mu;
+  static std::map<int, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(dev);
+  if (it == known.end()) {
+    auto kern = paged_attention_gqa_kernel<T>;
+    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "paged_attention",
+               "allow a non-portable cluster size");
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(16);
+    cfg.blockDim = dim3(kGqaThreads);
+    cfg.dynamicSmemBytes = size_t(kGqaSmemLimit);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 16;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    int n = 0;
+    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky: clear it so check_launch does not report it
+      n = 0;
+    }
+    it = known.emplace(dev, n > 0 ? 16 : 8).first;
+  }
+  cached_dev = dev;
+  cached_max = it->second;
+  return cached_max;
 }
 
 }  // namespace
@@ -192,10 +235,16 @@ std::string paged_attention_gqa_can_implement(const void* args) {
   const int G = int(a.num_heads / a.num_kv_heads);
   if (int64_t(gqa_smem_bytes(G, a.head_dim)) > kGqaSmemLimit)
     return "the query heads of a kv head times head_dim exceed 48 KB of shared memory";
+  // one CTA per (token, kv head) at least, on grid.x (at most 2^31 - 1 CTAs)
+  if (a.num_tokens * a.num_kv_heads > int64_t(INT32_MAX))
+    return "num_tokens * num_kv_heads exceeds the grid's 2^31 - 1 CTAs";
   return "";
 }
 
-bool paged_attention_gqa_supported(int device) { return device_props(device).major >= 9; }
+// Compute capability 9.0 and code built for it: the kernel's body exists only for sm_90+
+// (#if __CUDA_ARCH__ >= 900); a newer GPU that JIT-compiles an older PTX (80-virtual) would
+// run an empty kernel and leave the output unwritten (DeviceProps::sm90_code, cached).
+bool paged_attention_gqa_supported(int device) { return device_props(device).sm90_code; }
 
 void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
@@ -204,22 +253,25 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
   const AttnParams p = attn_params(a);
-  const int C = choose_cluster(a, dp.sm_count);
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
-  const int64_t grid = a.num_tokens * a.num_kv_heads * C;
   const auto s = static_cast<cudaStream_t>(stream);
-  auto go = [&](auto kern) {
-    static std::once_flag once;  // one per instantiation: allow clusters of 16
-    std::call_once(once, [&] {
-      check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "paged_attention",
-                 "allow a non-portable cluster size");
-    });
-    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s, C, dp.pdl, p);
+  int C = 1;
+  int64_t grid = 0;
+  // The kernels of the three dtypes have the same type, so a generic lambda with a static
+  // once_flag gave them one flag between them (and one for all devices): only the first
+  // dtype launched got the non-portable attribute, and a cluster of 16 of another dtype
+  // (or on another device) failed to launch. The attribute is now set per kernel and device.
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    C = choose_cluster(a, dp.sm_count, max_cluster_for<T>(dev));
+    grid = a.num_tokens * a.num_kv_heads * C;
+    launch_kernel("paged_attention", paged_attention_gqa_kernel<T>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s,
+                  C, dp.pdl, p);
   };
   switch (a.q.dtype) {
-    case detail::DType::F32: go(paged_attention_gqa_kernel<float>); break;
-    case detail::DType::F16: go(paged_attention_gqa_kernel<__half>); break;
-    default: go(paged_attention_gqa_kernel<__nv_bfloat16>); break;
+    case detail::DType::F32: go(float{}); break;
+    case detail::DType::F16: go(__half{}); break;
+    default: go(__nv_bfloat16{}); break;
   }
   check_launch("paged_attention");
   record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld key_tile=%lld grid=%lld",

@@ -265,7 +265,10 @@ class DeviceGuard {
 
 struct DeviceProps {
   int sm_count = 0, major = 0, minor = 0;
-  bool pdl = false;  // launch with programmatic dependent launch (sm_90+, unless KS_PDL=0)
+  // The kernels run sm_90 code on this device (not a JIT of the compute_80 PTX, where every
+  // `__CUDA_ARCH__ >= 900` section - clusters, griddepcontrol - is compiled out).
+  bool sm90_code = false;
+  bool pdl = false;  // launch with programmatic dependent launch (sm90_code, unless KS_PDL=0)
 };
 const DeviceProps& device_props(int device);
 

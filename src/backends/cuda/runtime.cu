@@ -51,6 +51,10 @@ bool device_present() {
   return present;
 }
 
+namespace {
+__global__ void arch_probe_kernel() {}  // compiled for the same targets as every kernel
+}  // namespace
+
 const DeviceProps& device_props(int device) {
   // Per-thread cache of the last device asked for: no lock on the launch path.
   thread_local int cached_device = -1;
@@ -65,8 +69,19 @@ const DeviceProps& device_props(int device) {
     check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device), "cuda", "device attribute");
     check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device), "cuda", "device attribute");
     check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device), "cuda", "device attribute");
+    {  // which code the device runs: the cubin for sm_90 (or newer), or a JIT of older PTX
+      int prev = 0;
+      check_cuda(cudaGetDevice(&prev), "cuda", "cudaGetDevice");
+      if (prev != device) check_cuda(cudaSetDevice(device), "cuda", "cudaSetDevice");
+      cudaFuncAttributes fa{};
+      const cudaError_t e = cudaFuncGetAttributes(&fa, arch_probe_kernel);
+      if (prev != device) cudaSetDevice(prev);
+      if (e != cudaSuccess) (void)cudaGetLastError();
+      p.sm90_code = p.major >= 9 && e == cudaSuccess && fa.ptxVersion >= 90;
+    }
     const char* pdl_env = std::getenv("KS_PDL");  // KS_PDL=0 turns programmatic dependent launch off
-    p.pdl = p.major >= 9 && !(pdl_env && std::string(pdl_env) == "0");
+    // without sm_90 code, kernels have no griddepcontrol.wait: PDL would let them start early
+    p.pdl = p.sm90_code && !(pdl_env && std::string(pdl_env) == "0");
     it = cache.emplace(device, p).first;
   }
   cached = it->second;
