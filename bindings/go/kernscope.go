@@ -122,6 +122,19 @@ func Version() string { return C.GoString(C.ks_version()) }
 // BackendAvailable reports whether the backend is compiled in and usable (CUDA: a device exists).
 func BackendAvailable(b Backend) bool { return C.ks_backend_available(C.ks_backend_t(b)) != 0 }
 
+// SetDeterministic turns deterministic (batch-invariant) mode on or off, process-wide: a
+// row's result never depends on the call's row count or the row's place.
+func SetDeterministic(on bool) error {
+	v := C.int(0)
+	if on {
+		v = 1
+	}
+	return call(func() C.ks_status_t { return C.ks_set_deterministic(v) })
+}
+
+// Deterministic reports whether deterministic mode is on (KS_DETERMINISTIC=1 at start).
+func Deterministic() bool { return C.ks_deterministic() != 0 }
+
 // LastError is ks_last_error() of the calling OS thread ("" after a success). Errors returned
 // by this package already carry their message; this is meaningful only on a goroutine that
 // holds runtime.LockOSThread.

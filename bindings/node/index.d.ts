@@ -96,6 +96,9 @@ export function version(): string;
 export function lastError(): string;
 export function statusName(status: number): string;
 export function backendAvailable(backend: BackendName | number): boolean;
+/** Deterministic (batch-invariant) mode, process-wide (KS_DETERMINISTIC=1 turns it on at start). */
+export function setDeterministic(enabled: boolean): void;
+export function deterministic(): boolean;
 export function qtypeInfo(qtype: QType): { blockSize: number; blockBytes: number };
 export function variants(): VariantInfo[];
 export function which(op: string, dtype: 'fp16' | 'bf16' | 'fp32', backend?: BackendName | number): { variant: string; reason: string };

@@ -209,6 +209,8 @@ module.exports = {
   lastError: () => native.lastError(),
   statusName: (status) => native.statusName(status),
   backendAvailable: (backend) => native.backendAvailable(exec({ backend })[0]),
+  setDeterministic: (enabled) => { native.setDeterministic(Boolean(enabled)); },
+  deterministic: () => native.deterministic(),
   qtypeInfo: (q) => {
     const [blockSize, blockBytes] = native.qtypeInfo(qtype(q));
     return { blockSize, blockBytes };

@@ -123,6 +123,16 @@ KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t back
  * KS_ERROR_INVALID_ARGUMENT. */
 KS_API ks_status_t ks_force_variant(const char* op, const char* variant);
 
+/* Deterministic (batch-invariant) mode, process-wide: when enabled, every op computes a
+ * row's result in an order that depends only on that row's length (and pointer
+ * alignment), never on how many rows the call holds or where the row sits, so a row
+ * alone and the same row inside any batch are bitwise equal. Variants that cannot
+ * promise it (cuBLASLt gemm, cluster-split attention) are skipped, and softmax keeps
+ * to its row-group kernel. Starts enabled when the environment has KS_DETERMINISTIC=1.
+ * Which ops are batch-invariant by default: docs/contracts.md ("Summation order"). */
+KS_API ks_status_t ks_set_deterministic(int enabled);
+KS_API int ks_deterministic(void);
+
 /* The launch configuration (block shape, vector width, cluster size, ...) of
  * this thread's last CUDA launch of `op`, as text; "" if none. For benchmarks
  * and diagnostics; valid until the next call on this thread. */

@@ -115,6 +115,20 @@ def available() -> _t.List[Variant]:
     return rows
 
 
+def set_deterministic(enabled: bool) -> None:
+    """Deterministic (batch-invariant) mode, process-wide: a row's result never depends on
+    how many rows the call holds or where the row sits (variants that cannot promise it,
+    such as cuBLASLt gemm and cluster-split attention, are skipped; softmax keeps to its
+    row-group kernel). ``KS_DETERMINISTIC=1`` turns it on at start.
+    Contract: docs/contracts.md ("Summation order")."""
+    _C.set_deterministic(bool(enabled))
+
+
+def deterministic() -> bool:
+    """Whether deterministic mode is on (see :func:`set_deterministic`)."""
+    return bool(_C.deterministic())
+
+
 def backend_available(backend: str) -> bool:
     """True when ``backend`` ("auto", "cpu", "cuda", "torch") can run here
     ("cuda": compiled in and a device present; "torch": torch is installed)."""
@@ -208,6 +222,8 @@ __all__ = [
     "which",
     "available",
     "backend_available",
+    "set_deterministic",
+    "deterministic",
     "force_variant",
     "last_launch_config",
     "rms_norm",

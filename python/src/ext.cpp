@@ -390,6 +390,8 @@ NB_MODULE(_C, m) {
   m.def("last_error", [] { return std::string(ks_last_error()); });
   m.def("status_name", [](int s) { return std::string(ks_status_name(static_cast<ks_status_t>(s))); });
   m.def("backend_available", [](int b) { return ks_backend_available(to_backend(b)) != 0; });
+  m.def("set_deterministic", [](bool on) { ks_set_deterministic(on ? 1 : 0); });
+  m.def("deterministic", [] { return ks_deterministic() != 0; });
   m.def("qtype_info", [](int q) {
     int64_t bs = 0, bb = 0;
     const ks_status_t st = ks_qtype_info(static_cast<ks_qtype_t>(q), &bs, &bb);

@@ -110,3 +110,10 @@ extern "C" ks_status_t ks_force_variant(const char* op, const char* variant) {
     return KS_SUCCESS;
   });
 }
+
+extern "C" ks_status_t ks_set_deterministic(int enabled) {
+  ks::registry::set_deterministic(enabled != 0);
+  return KS_SUCCESS;
+}
+
+extern "C" int ks_deterministic(void) { return ks::registry::deterministic() ? 1 : 0; }

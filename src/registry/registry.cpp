@@ -5,7 +5,23 @@
 #include <map>
 #include <mutex>
 
+#include <atomic>
+#include <cstdlib>
+
 namespace ks::registry {
+
+namespace {
+std::atomic<int>& deterministic_flag() {
+  static std::atomic<int> flag([] {
+    const char* e = std::getenv("KS_DETERMINISTIC");
+    return (e && e[0] == '1') ? 1 : 0;
+  }());
+  return flag;
+}
+}  // namespace
+
+bool deterministic() { return deterministic_flag().load(std::memory_order_relaxed) != 0; }
+void set_deterministic(bool on) { deterministic_flag().store(on ? 1 : 0, std::memory_order_relaxed); }
 
 const std::vector<Variant>& all() {
   static std::vector<Variant> variants;
@@ -40,6 +56,10 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) 
     }
     if (v.available && !v.available()) {
       skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not available on this machine";
+      continue;
+    }
+    if (!v.batch_invariant && deterministic()) {
+      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not batch-invariant (deterministic mode)";
       continue;
     }
     c.variant = &v;
@@ -108,6 +128,10 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
     any_dtype = true;
     if (v.available && !v.available()) {
       skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not available on this machine";
+      continue;
+    }
+    if (!v.batch_invariant && deterministic()) {
+      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not batch-invariant (deterministic mode)";
       continue;
     }
     if (v.can_implement) {

@@ -30,7 +30,14 @@ struct Variant {
   bool (*available)();                          // machine-level (CPU features, device); nullptr = always
   std::string (*can_implement)(const void* args);  // call-level; nullptr = always ""
   void (*run)(const void* args, ks_stream_t stream);
+  // A row's result depends only on the row (not on the call's row count or the row's
+  // place): eligible in deterministic mode. Variants that are not say so here.
+  bool batch_invariant = true;
 };
+
+// Deterministic (batch-invariant) mode: ks_set_deterministic, KS_DETERMINISTIC=1.
+bool deterministic();
+void set_deterministic(bool on);
 
 // All registered variants (registered once, on first use).
 const std::vector<Variant>& all();

@@ -378,3 +378,17 @@ def test_last_launch_config_on_cpu():
 def test_unexportable_arrays_name_the_argument():
     with pytest.raises(TypeError, match="rms_norm: x cannot be exported through DLPack: BufferError"):
         ks.rms_norm(np.array([[1.0, "a"]], dtype=object), np.ones(2, np.float32))
+
+
+def test_deterministic_mode_round_trip_and_rows(rng):
+    before = ks.deterministic()
+    try:
+        ks.set_deterministic(True)
+        assert ks.deterministic() is True
+        x = rand(rng, (64, 96), "fp32")
+        alone = ks.softmax(x[5:6].copy())
+        assert np.array_equal(ks.softmax(x)[5:6], alone)  # a row alone == the same row in a batch
+        ks.set_deterministic(False)
+        assert ks.deterministic() is False
+    finally:
+        ks.set_deterministic(before)

@@ -383,6 +383,23 @@ static napi_value js_backend_available(napi_env env, napi_callback_info info) {
   return r;
 }
 
+static napi_value js_set_deterministic(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  bool on = false;
+  if (napi_get_value_bool(env, argv[0], &on) != napi_ok) {
+    napi_throw_type_error(env, NULL, "kernscope: setDeterministic: enabled must be a boolean");
+    return NULL;
+  }
+  return finish(env, ks_set_deterministic(on ? 1 : 0));
+}
+
+static napi_value js_deterministic(napi_env env, napi_callback_info info) {
+  (void)info;
+  napi_value r;
+  napi_get_boolean(env, ks_deterministic() != 0, &r);
+  return r;
+}
+
 static napi_value js_qtype_info(napi_env env, napi_callback_info info) {
   ARGS(1);
   INT(q, 0, "qtype");
@@ -616,6 +633,8 @@ NAPI_MODULE_INIT() {
       {"lastError", NULL, js_last_error, NULL, NULL, NULL, napi_default, NULL},
       {"statusName", NULL, js_status_name, NULL, NULL, NULL, napi_default, NULL},
       {"backendAvailable", NULL, js_backend_available, NULL, NULL, NULL, napi_default, NULL},
+      {"setDeterministic", NULL, js_set_deterministic, NULL, NULL, NULL, napi_default, NULL},
+      {"deterministic", NULL, js_deterministic, NULL, NULL, NULL, napi_default, NULL},
       {"qtypeInfo", NULL, js_qtype_info, NULL, NULL, NULL, napi_default, NULL},
       {"variants", NULL, js_variants, NULL, NULL, NULL, napi_default, NULL},
       {"which", NULL, js_which, NULL, NULL, NULL, napi_default, NULL},

@@ -255,7 +255,7 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "cuBLASLt, FP32 compute (no TF32), no workspace; loaded at run time", [] {
                  return ks::cuda::cublaslt_available();
                },
-               ks::cuda::ci_gemm, ks::cuda::gemm_cublaslt_cuda});
+               ks::cuda::ci_gemm, ks::cuda::gemm_cublaslt_cuda, /*batch_invariant=*/false});
   v.push_back({"gemm", KS_BACKEND_CUDA, "cuda_tiled", kFloatDTypes, 5,
                "kernscope's 64x64-tiled kernel, FP32 accumulation: the fallback", avail, ks::cuda::ci_gemm,
                ks::cuda::gemm_tiled_cuda});
@@ -274,7 +274,7 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_gqa_cluster", kFloatDTypes, 20,
                "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
                "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",
-               avail, ks::cuda::ci_attention_gqa, ks::cuda::paged_attention_gqa_cuda});
+               avail, ks::cuda::ci_attention_gqa, ks::cuda::paged_attention_gqa_cuda, /*batch_invariant=*/false});
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_cta_per_head", kFloatDTypes, 10,
                "a CTA per (token, head): key tiles of 128, online FP32 softmax", avail, ks::cuda::ci_attention,
                ks::cuda::paged_attention_cuda});

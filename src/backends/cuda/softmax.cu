@@ -26,6 +26,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
+#include "registry/registry.hpp"
 
 namespace cg = cooperative_groups;
 
@@ -389,7 +390,9 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
   // the whole load -> cluster exchange -> store latency chain (measured: 64 x 128256
   // bf16 in two waves of NV = 4 took as long as one wave of twice the bytes would).
   // Ties: the smallest NV (more threads in flight), then the smallest C.
-  if (dp.sm90_code && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) && H * es >= 16 * 1024) {
+  // (deterministic mode: never, since the cluster path's order depends on the row count)
+  if (dp.sm90_code && !registry::deterministic() && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) &&
+      H * es >= 16 * 1024) {
     static const int forced = [] {  // KS_SOFTMAX_CLUSTER=2|4|8|16: a tuning knob for experiments
       const char* e = std::getenv("KS_SOFTMAX_CLUSTER");
       return e ? std::atoi(e) : 0;

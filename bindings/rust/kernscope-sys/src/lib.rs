@@ -111,6 +111,8 @@ extern "C" {
     pub fn ks_last_error() -> *const c_char;
     pub fn ks_status_name(status: ks_status_t) -> *const c_char;
     pub fn ks_backend_available(backend: ks_backend_t) -> c_int;
+    pub fn ks_set_deterministic(enabled: c_int) -> ks_status_t;
+    pub fn ks_deterministic() -> c_int;
     pub fn ks_qtype_info(qtype: ks_qtype_t, block_size: *mut i64, block_bytes: *mut i64) -> ks_status_t;
 
     // registry

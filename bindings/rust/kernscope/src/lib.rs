@@ -23,7 +23,7 @@ pub mod half;
 mod tensor;
 
 use std::ffi::{CStr, CString};
-use std::os::raw::{c_char, c_void};
+use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
 
 pub use kernscope_sys as sys;
@@ -115,6 +115,17 @@ pub fn last_error() -> String {
 /// Whether `backend` is compiled in and usable here (CUDA: a device exists).
 pub fn backend_available(backend: Backend) -> bool {
     unsafe { sys::ks_backend_available(backend.raw()) != 0 }
+}
+
+/// Deterministic (batch-invariant) mode, process-wide: a row's result never depends on the
+/// call's row count or the row's place (variants that cannot promise it are skipped).
+pub fn set_deterministic(enabled: bool) -> Result<()> {
+    check(unsafe { sys::ks_set_deterministic(enabled as c_int) })
+}
+
+/// Whether deterministic mode is on (`KS_DETERMINISTIC=1` turns it on at start).
+pub fn deterministic() -> bool {
+    unsafe { sys::ks_deterministic() != 0 }
 }
 
 /// (elements per block, bytes per block) of a packed format.
