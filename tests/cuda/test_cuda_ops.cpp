@@ -726,16 +726,20 @@ TEST(Cuda, QuantMatmulBlockFormats) {
         Buf x(dt, {M, K}), ref(dt, {M, N}), got(dt, {M, N});
         kstest::fill_normal(x);
         Buf w = make_packed(q, N, K);
-        DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
-        dx.upload(x);
-        dw.upload(w);
-        dout.poison();
-        ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-        CK(cudaDeviceSynchronize());
-        dout.download(got);
         ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
-        // sums of K products in different orders (|x| ~ 1, |w| ~ 1): the random-walk bound
-        EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
+        // aligned (word loads of the blocks, 16-byte loads of x) and offset by one byte / one
+        // element (the byte-wise path)
+        for (size_t off : {size_t(0), size_t(1)}) {
+          DBuf dx(dt, {M, K}, off ? ks::dtype_size(dt) : 0), dw(DType::U8, w.shape, off), dout(dt, {M, N});
+          dx.upload(x);
+          dw.upload(w);
+          dout.poison();
+          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          dout.download(got);
+          // sums of K products in different orders (|x| ~ 1, |w| ~ 1): the random-walk bound
+          EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K))) << "offset " << off;
+        }
       }
 }
 
