@@ -60,7 +60,6 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, 
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
     inv[i] = half <= kRopeParamHalf ? table.inv[i] : float(pow(p.theta, -double(2 * i) / double(2 * half)));
   pdl_begin();
-  const int64_t pairs = (p.heads + p.kv_heads) * half;
   for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
     const int64_t pi = p.pos64 ? static_cast<const int64_t*>(p.pos)[tok] : static_cast<const int32_t*>(p.pos)[tok];
     const float pos = float(pi);
@@ -72,16 +71,25 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, 
       sn[i] = s;
     }
     __syncthreads();
-    for (int64_t idx = threadIdx.x; idx < pairs; idx += blockDim.x) {
-      const int64_t h = idx / half, i = idx - h * half;
-      T* base = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
-                            : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
-      const int64_t i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
-      const float x0 = Dt<T>::to_f(base[i0]), x1 = Dt<T>::to_f(base[i1]);
-      const float c = cs[i], s = sn[i];
-      base[i0] = Dt<T>::from_f(x0 * c - x1 * s);
-      base[i1] = Dt<T>::from_f(x1 * c + x0 * s);
-    }
+    // thread -> (pair i, first head): i = t mod half, heads t / half, t / half + hpi, ...
+    // (no division per element; half > blockDim: every thread also strides over i)
+    const int64_t heads = p.heads + p.kv_heads;
+    const int hpi = half < blockDim.x ? int(blockDim.x / half) : 1;
+    const int64_t i_first = half < blockDim.x ? int64_t(threadIdx.x % unsigned(half)) : int64_t(threadIdx.x);
+    const int64_t h_first = half < blockDim.x ? int64_t(threadIdx.x / unsigned(half)) : 0;
+    const bool idle = half < blockDim.x && h_first >= hpi;  // the last partial group of threads
+    if (!idle)
+      for (int64_t i = i_first; i < half; i += (half < blockDim.x ? half : blockDim.x)) {
+        const float c = cs[i], s = sn[i];
+        const int64_t i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
+        for (int64_t h = h_first; h < heads; h += hpi) {
+          T* base = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
+                                : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
+          const float x0 = Dt<T>::to_f(base[i0]), x1 = Dt<T>::to_f(base[i1]);
+          base[i0] = Dt<T>::from_f(x0 * c - x1 * s);
+          base[i1] = Dt<T>::from_f(x1 * c + x0 * s);
+        }
+      }
   }
 }
 
