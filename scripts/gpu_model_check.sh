@@ -8,12 +8,15 @@
 # and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
 # call (e.g. `KS_STAGE=part true`), then .mdl/part_ab in the next while the machine is
 # warm; this script joins them.
-#   KS_MODEL_STAGES  comma list of build,test,generate,bench (default: all)
+#   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap (default: all)
+#                    swap: the Python package built here and examples/hf_swap.py --device cuda
+#                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
+#                    the gguf and accelerate wheels travel in .whl)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-STAGES=${KS_MODEL_STAGES:-build,test,generate,bench}
+STAGES=${KS_MODEL_STAGES:-build,test,generate,bench,swap}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 LOG="$OUT/model_logs.txt"
 BUILD=build-gpu-model
@@ -50,4 +53,15 @@ if has bench; then
     --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
   $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64,512 --decode-tokens 64 --repeats 3 \
     --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
+fi
+
+if has swap; then
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  CMAKE_ARGS="-DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include -DCMAKE_CUDA_ARCHITECTURES=90a-real" \
+    python3 -m pip install -q --no-build-isolation --no-deps --no-index --target /tmp/kspy \
+    -C build-dir="$PWD/build-python/model" . >> "$LOG" 2>&1 || echo "python package build failed (see model_logs.txt)"
+  PYTHONPATH=/tmp/kspy:/tmp/site python3 examples/hf_swap.py --model $MODEL --device cuda --tokens 64 2>&1 |
+    grep -v -i -E "warn|it/s" | tee -a "$LOG" | tail -6
 fi

@@ -23,9 +23,9 @@ if [ ! -d .deps/usr/include/CLI ]; then
   for f in "$tmp"/*.deb; do case "$f" in *dlpack*) ;; *) dpkg -x "$f" .deps ;; esac; done
   find .deps -name '*.a' -delete  # static archives: not needed, and every MB counts against the 64 MiB
 fi
-if ! ls .whl/liger_kernel*.whl >/dev/null 2>&1; then
+if ! ls .whl/accelerate*.whl >/dev/null 2>&1; then  # liger-kernel: a peer; gguf + accelerate: transformers' GGUF loading
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-    -d .whl liger-kernel gguf
+    -d .whl liger-kernel gguf accelerate
 fi
 model=${1:-${KS_CACHE:-$HOME/.cache/kernscope}/SmolLM2-135M-Instruct.Q4_1.gguf}
 if [ -f "$model" ] && [ ! -f .mdl/part_ab ]; then
