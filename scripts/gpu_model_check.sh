@@ -2,7 +2,8 @@
 # SmolLM2-135M on the GPU machine: builds ksctl and the model tests for sm_90a, runs the
 # model tests (the CUDA test compares the CUDA path's greedy ids and logits with the
 # transformers reference and the CPU path), `ksctl generate --device cuda`, and
-# `ksctl bench-model` on CUDA and the CPU; writes logs and CSVs under $OUT.
+# `ksctl bench-model` on CUDA and the CPU, the PyTorch baselines (bench/model_peers.py) and
+# docs/perf/model.md's table (bench/model_report.py); writes logs and CSVs under $OUT.
 #
 # Needs what scripts/prepare_gpu_carry.sh made: .dlpack and .deps carried by this call,
 # and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
@@ -53,6 +54,14 @@ if has bench; then
     --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
   $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64,512 --decode-tokens 64 --repeats 3 \
     --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
+  # the PyTorch baselines on the same weights (CUDA-graph decode step, compiled and not; HF generate)
+  if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  fi
+  PYTHONPATH=/tmp/site python3 bench/model_peers.py --model $MODEL --csv "$OUT/model_peers.csv" 2>&1 |
+    grep -v -i -E "warn|it/s" | tee -a "$LOG" | tail -8
+  python3 bench/model_report.py --ours "$OUT/model_cuda.csv" --peers "$OUT/model_peers.csv" --out "$OUT/model.md" &&
+    cat "$OUT/model.md"
 fi
 
 if has swap; then
