@@ -22,7 +22,10 @@ def main():
     a = ap.parse_args()
     ours = list(csv.DictReader(open(a.ours)))
     peers = list(csv.DictReader(open(a.peers))) if os.path.exists(a.peers) else []
-    decode = {int(r["prompt_tokens"]): float(r["median_tokens_per_s"]) for r in ours if r["phase"] == "decode"}
+    decode = {int(r["prompt_tokens"]): float(r["median_tokens_per_s"]) for r in ours
+              if r["phase"] == "decode" and r.get("batch", "1") == "1"}
+    batched = [(int(r["batch"]), int(r["prompt_tokens"]), float(r["median_tokens_per_s"])) for r in ours
+               if r["phase"] == "decode" and r.get("batch", "1") != "1"]
     prefill = {int(r["prompt_tokens"]): float(r["median_tokens_per_s"]) for r in ours if r["phase"] == "prefill"}
     best_b1 = max((float(p["tokens_per_s"]) for p in peers if p["batch"] == "1" and p["config"] != "hf_generate"),
                   default=float("nan"))
@@ -35,6 +38,8 @@ def main():
              "| configuration | batch | tokens/s |", "|---|---|---|"]
     for n, v in sorted(decode.items()):
         lines.append(f"| kernscope decode (after a {n}-token prompt) | 1 | {v:.0f} |")
+    for b, n, v in sorted(batched):
+        lines.append(f"| kernscope decode, {b} sequences at once (after a {n}-token prompt) | {b} | {v:.0f} |")
     for n, v in sorted(prefill.items()):
         lines.append(f"| kernscope prefill ({n} tokens) | 1 | {v:.0f} |")
     for p in peers:

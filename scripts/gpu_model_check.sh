@@ -50,9 +50,9 @@ if has generate; then
   done
 fi
 if has bench; then
-  $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64,512 --decode-tokens 128 --repeats 5 \
-    --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
-  $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64,512 --decode-tokens 64 --repeats 3 \
+  $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
+    --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
+  $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64 512 --decode-tokens 64 --repeats 3 \
     --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
   # the PyTorch baselines on the same weights (CUDA-graph decode step, compiled and not; HF generate)
   if ls .whl/*.whl >/dev/null 2>&1; then

@@ -69,8 +69,8 @@ struct LoadedModel {
   ks::model::GgufFile file;
   ks::model::Tokenizer tok;
   ks::model::LlamaModel model;
-  LoadedModel(const std::string& path, int64_t ctx, ks::Backend be)
-      : file(ks::model::GgufFile::open(path)), tok(ks::model::tokenizer_from_gguf(file)), model(file, ctx, be) {}
+  LoadedModel(const std::string& path, int64_t ctx, ks::Backend be, int64_t max_batch = 1)
+      : file(ks::model::GgufFile::open(path)), tok(ks::model::tokenizer_from_gguf(file)), model(file, ctx, be, max_batch) {}
 };
 
 // cpu (the default), cuda, or auto (cuda when a device is there). The CUDA path keeps
@@ -128,15 +128,16 @@ double median(std::vector<double> v) {
 // reports medians. The prompt is the chat template around a fixed text, cut or
 // repeated to N tokens, so the numbers are comparable across runs.
 int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, int64_t decode_tokens, int repeats,
-                    const std::string& device, const std::string& csv) {
+                    const std::string& device, const std::string& csv, std::vector<int64_t> batches) {
   const ks::Backend be = model_backend(device);
-  int64_t max_len = 0;
+  int64_t max_len = 0, max_batch = 1;
   for (auto n : prompt_lens) max_len = std::max(max_len, n);
-  LoadedModel m(path, max_len + decode_tokens + 1, be);
+  for (auto b : batches) max_batch = std::max(max_batch, b);
+  LoadedModel m(path, max_len + decode_tokens + 1, be, max_batch);
   std::vector<int32_t> base = m.tok.encode(
       ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
-  if (out) std::fprintf(out, "phase,prompt_tokens,tokens,threads,median_tokens_per_s,repeats\n");
+  if (out) std::fprintf(out, "phase,prompt_tokens,tokens,threads,median_tokens_per_s,repeats,batch\n");
   std::printf("%-8s %8s %8s %14s\n", "phase", "prompt", "tokens", "tokens/s (med)");
   for (int64_t n : prompt_lens) {
     std::vector<int32_t> prompt;
@@ -154,9 +155,35 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
     std::printf("%-8s %8lld %8lld %14.1f\n", "prefill", (long long)n, (long long)n, median(pf));
     std::printf("%-8s %8lld %8lld %14.1f\n", "decode", (long long)n, (long long)decode_tokens, median(dc));
     if (out) {
-      std::fprintf(out, "prefill,%lld,%lld,%d,%.2f,%d\n", (long long)n, (long long)n, omp_get_max_threads(), median(pf), repeats);
-      std::fprintf(out, "decode,%lld,%lld,%d,%.2f,%d\n", (long long)n, (long long)decode_tokens, omp_get_max_threads(),
+      std::fprintf(out, "prefill,%lld,%lld,%d,%.2f,%d,1\n", (long long)n, (long long)n, omp_get_max_threads(), median(pf),
+                   repeats);
+      std::fprintf(out, "decode,%lld,%lld,%d,%.2f,%d,1\n", (long long)n, (long long)decode_tokens, omp_get_max_threads(),
                    median(dc), repeats);
+    }
+    // batched decode: b sequences, each prefilled with the prompt, then decode_tokens steps of
+    // all b at once (one decode_batch call per step); tokens/s counts every sequence's token
+    for (int64_t b : batches) {
+      if (b <= 1) continue;
+      std::vector<double> rates;
+      for (int r = 0; r < repeats + 1; ++r) {
+        std::vector<int32_t> toks(static_cast<size_t>(b));
+        std::vector<int64_t> poss(static_cast<size_t>(b), n);
+        for (int64_t sq = 0; sq < b; ++sq) toks[size_t(sq)] = m.model.forward_argmax_seq(sq, prompt.data(), n, 0);
+        const auto t0 = std::chrono::steady_clock::now();
+        std::vector<int32_t> next(static_cast<size_t>(b));
+        for (int64_t i = 0; i < decode_tokens; ++i) {
+          m.model.decode_batch(toks.data(), poss.data(), b, next.data());
+          toks.swap(next);
+          for (auto& p : poss) ++p;
+        }
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (r > 0) rates.push_back(double(b * decode_tokens) / secs);
+      }
+      std::printf("%-8s %8lld %8lld %14.1f   (batch %lld)\n", "decode", (long long)n, (long long)decode_tokens,
+                  median(rates), (long long)b);
+      if (out)
+        std::fprintf(out, "decode,%lld,%lld,%d,%.2f,%d,%lld\n", (long long)n, (long long)decode_tokens,
+                     omp_get_max_threads(), median(rates), repeats, (long long)b);
     }
   }
   if (out) std::fclose(out);
@@ -215,6 +242,9 @@ int main(int argc, char** argv) {
   bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
   bench->add_option("--device", b_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", b_csv, "write results to this CSV");
+  std::vector<int64_t> b_batches{1};
+  bench->add_option("--batch", b_batches, "also decode this many sequences at once (decode throughput), e.g. 8 32")
+      ->check(CLI::Range(int64_t(1), int64_t(256)));
   bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
 
   CLI11_PARSE(app, argc, argv);
@@ -225,7 +255,7 @@ int main(int argc, char** argv) {
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);
-    if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv);
+    if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches);
   } catch (const ks::Error& e) {
     std::fprintf(stderr, "ksctl: error: %s (%s)\n", e.what(), ks_status_name(e.status()));
     return 2;

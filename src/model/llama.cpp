@@ -96,13 +96,15 @@ Weight LlamaModel::upload(const Weight& w) {
   return r;
 }
 
-LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend)
-    : cfg_(LlamaConfig::from_gguf(f)), backend_(backend) {
+LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend, int64_t max_batch)
+    : cfg_(LlamaConfig::from_gguf(f)), backend_(backend), max_batch_(max_batch) {
   if (max_context <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_context must be > 0");
+  if (max_batch <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_batch must be > 0");
   on_device_ = backend == ks::Backend::Cuda;
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
-  num_blocks_ = (max_ctx_ + block_size_ - 1) / block_size_;
+  blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
+  num_blocks_ = blocks_per_seq_ * max_batch_;
   const auto& c = cfg_;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   tok_embd_ = matrix(f, "token_embd.weight", c.vocab_size, c.hidden_size);
@@ -158,17 +160,17 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   lm_head_ = tied ? tok_embd_ : upload(lm_head_);
   std::vector<int32_t> table(static_cast<size_t>(num_blocks_));
   for (int64_t b = 0; b < num_blocks_; ++b) table[size_t(b)] = int32_t(b);
-  block_table_ = alloc(ks::DType::I32, {1, num_blocks_});
+  block_table_ = alloc(ks::DType::I32, {max_batch_, blocks_per_seq_});  // sequence s: its own blocks
   if (on_device_) {
     stream_->to_device(block_table_.view.data(), table.data(), table.size() * 4);
     stream_->sync();  // the staging vectors (owned_, table) outlive the copies from here on
   } else {
     std::memcpy(block_table_.view.data(), table.data(), table.size() * 4);
   }
-  logits_ = ks::Tensor(ks::DType::F32, {1, c.vocab_size});
+  logits_ = ks::Tensor(ks::DType::F32, {max_batch_, c.vocab_size});
   if (on_device_) {
-    logits_dev_ = alloc(ks::DType::F32, {1, c.vocab_size});
-    next_id_ = alloc(ks::DType::I64, {1});
+    logits_dev_ = alloc(ks::DType::F32, {max_batch_, c.vocab_size});
+    next_id_ = alloc(ks::DType::I64, {max_batch_});
     owned_.clear();  // the merged gate|up matrices now live on the device
   }
 }
@@ -180,6 +182,7 @@ void LlamaModel::ensure_capacity(int64_t n) {
   if (stream_) {
     stream_->sync();
     stream_->drop_graph();  // it points into the buffers replaced below
+    graph_rows_ = 0;
   }
   x_ = alloc(ks::DType::F32, {n, c.hidden_size});
   res_ = alloc(ks::DType::F32, {n, c.hidden_size});
@@ -195,16 +198,20 @@ void LlamaModel::ensure_capacity(int64_t n) {
   pos_ = alloc(ks::DType::I32, {n});
   seq_ids_ = alloc(ks::DType::I32, {n});
   ctx_lens_ = alloc(ks::DType::I32, {n});
+  slots_ = alloc(ks::DType::I64, {n});
   cap_ = n;
 }
 
-void LlamaModel::stage_indices(const int32_t* tokens, int64_t n, int64_t pos) {
+void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t n) {
   staged_.resize(size_t(4 * n));
+  std::vector<int64_t>& slots = staged_seq_;
+  slots.resize(size_t(n));
   for (int64_t i = 0; i < n; ++i) {
     staged_[size_t(i)] = tokens[i];
-    staged_[size_t(n + i)] = int32_t(pos + i);
-    staged_[size_t(2 * n + i)] = 0;
-    staged_[size_t(3 * n + i)] = int32_t(pos + i + 1);  // causal: token i sees keys 0..pos+i
+    staged_[size_t(n + i)] = int32_t(pos[i]);
+    staged_[size_t(2 * n + i)] = int32_t(seq[i]);
+    staged_[size_t(3 * n + i)] = int32_t(pos[i] + 1);  // causal: the row sees keys 0..pos
+    slots[size_t(i)] = seq[i] * blocks_per_seq_ * block_size_ + pos[i];  // the sequence's own blocks
   }
   void* dst[4] = {ids_.view.data(), pos_.view.data(), seq_ids_.view.data(), ctx_lens_.view.data()};
   for (int j = 0; j < 4; ++j) {
@@ -213,9 +220,13 @@ void LlamaModel::stage_indices(const int32_t* tokens, int64_t n, int64_t pos) {
     else
       std::memcpy(dst[j], staged_.data() + j * n, size_t(n) * 4);
   }
+  if (on_device_)
+    stream_->to_device(slots_.view.data(), slots.data(), size_t(n) * 8);
+  else
+    std::memcpy(slots_.view.data(), slots.data(), size_t(n) * 8);
 }
 
-void LlamaModel::run_layers(int64_t n) {
+void LlamaModel::run_layers(int64_t n, bool all_rows) {
   const auto& c = cfg_;
   const auto be = backend_;
   const ks_stream_t s = stream();
@@ -258,7 +269,7 @@ void LlamaModel::run_layers(int64_t n) {
     }
     // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing.
     ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
-    ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, positions, be, s);
+    ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots_.view.reshape({n}), be, s);
     ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
                         ctx_lens_.view.reshape({n}), scale, be, s);
     ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);
@@ -267,10 +278,12 @@ void LlamaModel::run_layers(int64_t n) {
     ks::silu_and_mul(act, gu, be, s);
     ks::quant_matmul(x, act, L.w_down.data, L.w_down.qtype, be, s);
   }
-  // Only the last token's logits are needed.
-  const ks::TensorView x_last = x.slice(n - 1, 1), res_last = res.slice(n - 1, 1);
-  ks::fused_add_rms_norm(x_last, res_last, out_norm_.data, c.rms_eps, be, s);
-  ks::quant_matmul(on_device_ ? logits_dev_.view : logits_.view(), x_last, lm_head_.data, lm_head_.qtype, be, s);
+  // The last row's logits (a sequence's step), or every row's (decode_batch).
+  const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;
+  const ks::TensorView x_out = x.slice(first, m), res_out = res.slice(first, m);
+  ks::fused_add_rms_norm(x_out, res_out, out_norm_.data, c.rms_eps, be, s);
+  const ks::TensorView logits = (on_device_ ? logits_dev_.view : logits_.view()).slice(0, m);
+  ks::quant_matmul(logits, x_out, lm_head_.data, lm_head_.qtype, be, s);
 }
 
 void LlamaModel::check_positions(const char* what, int64_t n, int64_t pos) const {
@@ -281,46 +294,92 @@ void LlamaModel::check_positions(const char* what, int64_t n, int64_t pos) const
 }
 
 const float* LlamaModel::forward(const int32_t* tokens, int64_t n, int64_t pos) {
+  return forward_seq(0, tokens, n, pos);
+}
+
+int32_t LlamaModel::forward_argmax(const int32_t* tokens, int64_t n, int64_t pos) {
+  return forward_argmax_seq(0, tokens, n, pos);
+}
+
+namespace {
+void check_seq(const char* what, int64_t seq, int64_t max_batch) {
+  if (seq < 0 || seq >= max_batch)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, std::string("LlamaModel::") + what + ": sequence " +
+                                                             std::to_string(seq) + " is outside [0, " +
+                                                             std::to_string(max_batch) + ")");
+}
+}  // namespace
+
+const float* LlamaModel::forward_seq(int64_t seq, const int32_t* tokens, int64_t n, int64_t pos) {
+  check_seq("forward", seq, max_batch_);
   check_positions("forward", n, pos);
   ensure_capacity(n);
-  stage_indices(tokens, n, pos);
-  run_layers(n);
+  std::vector<int64_t> seqs(static_cast<size_t>(n), seq), poss(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) poss[size_t(i)] = pos + i;
+  stage_rows(tokens, seqs.data(), poss.data(), n);
+  run_layers(n, false);
   if (on_device_) {
-    stream_->to_host(logits_.data<float>(), logits_dev_.view.data(), logits_.nbytes());
+    stream_->to_host(logits_.data<float>(), logits_dev_.view.data(), size_t(cfg_.vocab_size) * 4);
     stream_->sync();
   }
   return logits_.data<float>();
 }
 
-int32_t LlamaModel::forward_argmax(const int32_t* tokens, int64_t n, int64_t pos) {
+int32_t LlamaModel::forward_argmax_seq(int64_t seq, const int32_t* tokens, int64_t n, int64_t pos) {
+  if (n == 1) {  // a one-token step: the batched path with one row (graph-replayed on CUDA)
+    check_seq("forward_argmax", seq, max_batch_);
+    check_positions("forward_argmax", n, pos);
+    int32_t next = 0;
+    decode_rows(tokens, &seq, &pos, 1, &next);
+    return next;
+  }
+  const float* logits = forward_seq(seq, tokens, n, pos);
+  int64_t idx = 0;
+  ks::argmax(ks::TensorView(&idx, ks::DType::I64, {1}),
+             ks::TensorView(const_cast<float*>(logits), ks::DType::F32, {1, cfg_.vocab_size}), ks::Backend::Cpu);
+  return int32_t(idx);
+}
+
+void LlamaModel::decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids) {
+  if (b <= 0 || b > max_batch_)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel::decode_batch: b = " + std::to_string(b) +
+                                                             " is outside [1, " + std::to_string(max_batch_) + "]");
+  std::vector<int64_t> seqs(static_cast<size_t>(b));
+  for (int64_t i = 0; i < b; ++i) {
+    check_positions("decode_batch", 1, positions[i]);
+    seqs[size_t(i)] = i;
+  }
+  decode_rows(tokens, seqs.data(), positions, b, next_ids);
+}
+
+// One token for each of b rows (row i: sequence seq[i] at pos[i]); greedy ids out. On CUDA
+// the step (layers + argmax) is captured once per row count after a first eager run, and
+// replayed: the tokens, positions, sequence ids, lengths and slots are read from device
+// buffers that stage_rows has just written (ordered on the stream).
+void LlamaModel::decode_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t b,
+                             int32_t* next_ids) {
+  ensure_capacity(b);
+  stage_rows(tokens, seq, pos, b);
+  batch_ids_.resize(size_t(b));
   if (!on_device_) {
-    const float* logits = forward(tokens, n, pos);
-    int64_t idx = 0;
-    ks::argmax(ks::TensorView(&idx, ks::DType::I64, {1}),
-               ks::TensorView(const_cast<float*>(logits), ks::DType::F32, {1, cfg_.vocab_size}), backend_);
-    return int32_t(idx);
-  }
-  check_positions("forward_argmax", n, pos);
-  ensure_capacity(n);
-  stage_indices(tokens, n, pos);
-  auto step = [&] {
-    run_layers(n);
-    ks::argmax(next_id_.view, logits_dev_.view, ks::Backend::Cuda, stream());
-  };
-  if (n == 1 && stream_->captured()) {
-    // every one-token step has the same launches: the token, position and length are read
-    // from device buffers that stage_indices has just written (ordered on the stream)
-    stream_->replay();
+    run_layers(b, true);
+    ks::argmax(ks::TensorView(batch_ids_.data(), ks::DType::I64, {b}), logits_.view().slice(0, b), backend_);
   } else {
-    step();
-    // the first one-token step runs eagerly (every kernel loaded and configured outside a
-    // capture), then is captured, not run, for the steps after it
-    if (n == 1) stream_->capture(step);
+    auto step = [&] {
+      run_layers(b, true);
+      ks::argmax(next_id_.view.slice(0, b), logits_dev_.view.slice(0, b), ks::Backend::Cuda, stream());
+    };
+    if (stream_->captured() && graph_rows_ == b) {
+      stream_->replay();
+    } else {
+      step();  // eager first: every kernel loaded and configured outside a capture
+      stream_->capture(step);
+      graph_rows_ = b;
+    }
+    stream_->to_host(batch_ids_.data(), next_id_.view.data(), size_t(b) * 8);
+    stream_->sync();
   }
-  int64_t id = 0;
-  stream_->to_host(&id, next_id_.view.data(), sizeof id);
-  stream_->sync();
-  return int32_t(id);
+  for (int64_t i = 0; i < b; ++i) next_ids[i] = int32_t(batch_ids_[size_t(i)]);
 }
 
 }  // namespace ks::model

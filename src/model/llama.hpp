@@ -5,7 +5,8 @@
 // Activations are FP32. Weights stay in their GGUF block formats and are
 // multiplied straight from the packed blocks (ks::quant_matmul); the token
 // embedding doubles as the output head when the file has no output.weight.
-// The KV cache is paged (block_size 16) with one sequence.
+// The KV cache is paged (block_size 16): max_batch sequences, each with its own
+// blocks (sequence s owns blocks s * B .. s * B + B - 1, B = ceil(max_context / 16)).
 //
 // With Backend::Cuda every weight, the KV cache and the activations live on the GPU
 // (device 0) and every op runs there on the model's own stream; the decode step of
@@ -41,8 +42,10 @@ struct Weight {
 
 class LlamaModel {
  public:
-  // max_context: KV-cache capacity in tokens (<= the file's context length).
-  LlamaModel(const GgufFile& file, int64_t max_context, ks::Backend backend = ks::Backend::Cpu);
+  // max_context: KV-cache capacity in tokens per sequence (<= the file's context length);
+  // max_batch: sequences decoded together by decode_batch (sequence 0 is forward's).
+  LlamaModel(const GgufFile& file, int64_t max_context, ks::Backend backend = ks::Backend::Cpu,
+             int64_t max_batch = 1);
 
   const LlamaConfig& config() const { return cfg_; }
   int64_t max_context() const { return max_ctx_; }
@@ -58,6 +61,17 @@ class LlamaModel {
   int32_t forward_argmax(const int32_t* tokens, int64_t n, int64_t pos);
 
   ks::Backend backend() const { return backend_; }
+  int64_t max_batch() const { return max_batch_; }
+
+  // forward / forward_argmax for sequence `seq` (0 <= seq < max_batch).
+  const float* forward_seq(int64_t seq, const int32_t* tokens, int64_t n, int64_t pos);
+  int32_t forward_argmax_seq(int64_t seq, const int32_t* tokens, int64_t n, int64_t pos);
+
+  // One decode step of b sequences at once (b <= max_batch): sequence i takes tokens[i] at
+  // position positions[i] (its cache must hold positions 0..positions[i]-1) and gets the
+  // greedy next id in next_ids[i]. A row's result equals that sequence's own one-token
+  // step (every op is batch-invariant). On CUDA the step is one CUDA graph per b.
+  void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
 
  private:
   // A buffer on the model's device: host memory (CPU) or device memory (CUDA).
@@ -75,12 +89,16 @@ class LlamaModel {
   };
   void ensure_capacity(int64_t n);
   void check_positions(const char* what, int64_t n, int64_t pos) const;  // throws ks::InvalidArgument
-  void stage_indices(const int32_t* tokens, int64_t n, int64_t pos);  // ids, positions, seq ids, lengths
-  void run_layers(int64_t n);  // every op of the step, on the model's backend and stream
+  // ids, positions, seq ids, lengths, slots: row i is token tokens[i] of sequence seq[i] at pos[i]
+  void stage_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t n);
+  // every op of the step on the model's backend and stream; logits of the last row, or of
+  // every row (all_rows, for decode_batch), into the logits buffer
+  void run_layers(int64_t n, bool all_rows);
+  void decode_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t b, int32_t* next_ids);
   ks_stream_t stream() const { return stream_ ? stream_->handle() : nullptr; }
 
   LlamaConfig cfg_;
-  int64_t max_ctx_, block_size_ = 16, num_blocks_;
+  int64_t max_ctx_, block_size_ = 16, num_blocks_, blocks_per_seq_, max_batch_ = 1;
   ks::Backend backend_;
   bool on_device_ = false;
   bool qkv_fused_ = false;  // every layer has w_qkv
@@ -92,9 +110,12 @@ class LlamaModel {
   Buffer block_table_;                       // int32 [1, num_blocks]
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;
-  Buffer x_, res_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, logits_dev_, next_id_;
+  Buffer x_, res_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, slots_, logits_dev_, next_id_;
+  std::vector<int64_t> staged_seq_, staged_pos_;  // host staging for stage_rows
+  std::vector<int64_t> batch_ids_;                // decode_batch's argmax results (host)
+  int64_t graph_rows_ = 0;                        // rows of the captured decode graph (0: none)
   std::vector<int32_t> staged_;  // host staging of ids | positions | seq ids | lengths (CUDA)
-  ks::Tensor logits_;            // the last token's logits on the host
+  ks::Tensor logits_;            // the last token's logits on the host (decode_batch: every row's)
 };
 
 }  // namespace ks::model

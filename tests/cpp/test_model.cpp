@@ -190,6 +190,50 @@ TEST(Model, CudaGreedyIdsAndLogitsMatchTransformersAndCpu) {
               worst_cpu);
 }
 
+// Several sequences decoded together (decode_batch: one row per sequence, each at its own
+// position, with its own cache blocks) give exactly the greedy ids of each sequence decoded
+// alone; the other sequences' contents never change a row (batch invariance).
+TEST(Model, BatchedDecodeEqualsEachSequenceAlone) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  const nlohmann::json ref = reference();
+  const int64_t B = 3, steps = 10;
+  ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
+  std::vector<ks::Backend> backends{ks::Backend::Cpu};
+  if (ks_backend_available(KS_BACKEND_CUDA)) backends.push_back(ks::Backend::Cuda);  // graph per row count
+  for (ks::Backend be : backends) {
+  SCOPED_TRACE(be == ks::Backend::Cuda ? "cuda" : "cpu");
+  ks::model::LlamaModel batched(file, 256, be, B), alone(file, 256, be, 1);
+  std::vector<std::vector<int32_t>> prompts, want(static_cast<size_t>(B));
+  for (int64_t s = 0; s < B; ++s) prompts.push_back(ref["cases"][size_t(s)]["prompt_ids"].get<std::vector<int32_t>>());
+  for (int64_t s = 0; s < B; ++s) {  // each alone
+    const auto& p = prompts[size_t(s)];
+    int32_t next = alone.forward_argmax(p.data(), int64_t(p.size()), 0);
+    for (int64_t i = 0; i < steps; ++i) {
+      want[size_t(s)].push_back(next);
+      next = alone.forward_argmax(&next, 1, int64_t(p.size()) + i);
+    }
+  }
+  std::vector<int32_t> tokens(static_cast<size_t>(B));
+  std::vector<int64_t> positions(static_cast<size_t>(B));
+  for (int64_t s = 0; s < B; ++s) {
+    const auto& p = prompts[size_t(s)];
+    tokens[size_t(s)] = batched.forward_argmax_seq(s, p.data(), int64_t(p.size()), 0);
+    positions[size_t(s)] = int64_t(p.size());
+  }
+  std::vector<std::vector<int32_t>> got(static_cast<size_t>(B));
+  for (int64_t i = 0; i < steps; ++i) {
+    for (int64_t s = 0; s < B; ++s) got[size_t(s)].push_back(tokens[size_t(s)]);
+    std::vector<int32_t> next(static_cast<size_t>(B));
+    batched.decode_batch(tokens.data(), positions.data(), B, next.data());
+    tokens = next;
+    for (auto& p : positions) ++p;
+  }
+  for (int64_t s = 0; s < B; ++s) EXPECT_EQ(got[size_t(s)], want[size_t(s)]) << "sequence " << s;
+  EXPECT_THROW(batched.forward_seq(B, tokens.data(), 1, 0), ks::InvalidArgument);
+  EXPECT_THROW(batched.decode_batch(tokens.data(), positions.data(), B + 1, tokens.data()), ks::InvalidArgument);
+  }
+}
+
 TEST(Model, RejectsPositionsPastTheContext) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   Fixture fx;
