@@ -1,5 +1,5 @@
 # kernscope — the two commands:
-#   make run    set up a fresh machine, build, fetch SmolLM2 and generate text on the CPU
+#   make run    set up a fresh machine, build, fetch SmolLM2 and generate text (CPU; CUDA if a GPU is there)
 #   make test   set up, build and run every test (the CI entry point)
 BUILD     ?= build
 CMAKE_ARGS ?=
@@ -36,11 +36,16 @@ test-bindings: build
 	@scripts/setup_bindings.sh
 	bindings/run_tests.sh $(BUILD)
 
+# The prompt reaches ksctl through the environment, unexpanded and unquoted by make or the
+# shell (quotes, $ and backticks in PROMPT are passed as written). OpenMP threads wait
+# passively: spinning collapses throughput when other processes share the cores.
 run: build model
-	$(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$(PROMPT)"
+	KS_PROMPT='$(subst ','\'',$(value PROMPT))' OMP_WAIT_POLICY=passive \
+	  $(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
 
 bench: build model
-	$(BUILD)/ksctl bench-model --model $(MODEL) --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 --csv docs/perf/cpu.csv
+	OMP_WAIT_POLICY=passive $(BUILD)/ksctl bench-model --model $(MODEL) --prompt-tokens 64 512 --decode-tokens 128 \
+	  --repeats 5 --csv docs/perf/cpu.csv
 
 clean:
 	rm -rf $(BUILD)

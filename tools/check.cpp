@@ -600,5 +600,11 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
     else if (t[0] + t[1] + t[2] == 0) note = "  (no variants registered for this backend)";
     std::printf("%s: correct=%d incorrect=%d skipped=%d%s\n", be.c_str(), t[0], t[1], t[2], note.c_str());
   }
-  return incorrect_total ? 1 : 0;
+  if (incorrect_total) return 1;
+  // asked for CUDA explicitly and nothing ran there: not a pass
+  if (backend == "cuda" && !ks::backend_available(ks::Backend::Cuda)) {
+    std::fprintf(stderr, "check: --backend cuda, but the CUDA backend is not available here: nothing was checked\n");
+    return 3;
+  }
+  return 0;
 }

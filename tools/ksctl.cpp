@@ -10,6 +10,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -92,8 +94,12 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = chat ? ks::model::apply_chat_template({{"user", prompt}}) : prompt;
   const std::vector<int32_t> ids = m.tok.encode(text, /*parse_special=*/chat);
-  if (int64_t(ids.size()) + max_tokens > m.model.max_context())
-    max_tokens = std::max<int64_t>(0, m.model.max_context() - int64_t(ids.size()));
+  if (int64_t(ids.size()) >= m.model.max_context())
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
+                              "generate: the prompt has " + std::to_string(ids.size()) +
+                                  " tokens; --context " + std::to_string(m.model.max_context()) +
+                                  " must exceed it (raise --context)");
+  // a reply that reaches the context's end stops there, reported as "context full"
   ks::model::StreamDecoder dec(m.tok);
   ks::model::GenerateOptions opt;
   opt.max_tokens = max_tokens;
@@ -137,6 +143,9 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
   std::vector<int32_t> base = m.tok.encode(
       ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
+  if (!csv.empty() && !out)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "bench-model: cannot write --csv " + csv + ": " +
+                                                             std::strerror(errno));
   if (out) std::fprintf(out, "phase,prompt_tokens,tokens,threads,median_tokens_per_s,repeats,batch\n");
   std::printf("%-8s %8s %8s %14s\n", "phase", "prompt", "tokens", "tokens/s (med)");
   for (int64_t n : prompt_lens) {
@@ -237,7 +246,7 @@ int main(int argc, char** argv) {
   int64_t b_decode = 128;
   int b_repeats = 5;
   bench->add_option("--model", b_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
-  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure");
+  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->check(CLI::Range(int64_t(2), int64_t(4096)));
   bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
   bench->add_option("--device", b_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));

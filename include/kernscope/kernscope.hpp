@@ -301,6 +301,14 @@ inline Which which(const std::string& op, const std::string& dtype, Backend back
   return {v, r};
 }
 
+// Pins op to a variant on this thread (empty variant: automatic again); see ks_force_variant.
+inline void force_variant(const std::string& op, const std::string& variant = "") {
+  check(ks_force_variant(op.c_str(), variant.empty() ? nullptr : variant.c_str()));
+}
+// Deterministic (batch-invariant) mode, process-wide; see ks_set_deterministic.
+inline void set_deterministic(bool enabled) { check(ks_set_deterministic(enabled ? 1 : 0)); }
+inline bool deterministic() { return ks_deterministic() != 0; }
+
 inline std::vector<ks_variant_info_t> variants() {
   std::vector<ks_variant_info_t> out(ks_variant_count());
   for (size_t i = 0; i < out.size(); ++i) check(ks_variant_info(i, &out[i]));

@@ -121,7 +121,9 @@ def set_deterministic(enabled: bool) -> None:
     such as cuBLASLt gemm and cluster-split attention, are skipped; softmax keeps to its
     row-group kernel). ``KS_DETERMINISTIC=1`` turns it on at start.
     Contract: docs/contracts.md ("Summation order")."""
-    _C.set_deterministic(bool(enabled))
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_deterministic: enabled must be a bool; got {type(enabled).__name__}")
+    _C.set_deterministic(enabled)
 
 
 def deterministic() -> bool:

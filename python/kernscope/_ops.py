@@ -515,6 +515,10 @@ def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp
         raise _not_torch(op, packed)
     if out is None:
         shape = tuple(packed.shape)
+        bs, bb = _QGEOM[q]
+        if len(shape) == 2 and (int(shape[1]) == 0 or int(shape[1]) % bb != 0):
+            raise ValueError(f"dequantize: packed has {int(shape[1])} bytes per row; {QType(q).name} rows are "
+                             f"whole {bb}-byte blocks of {bs} elements")
         out = fw.empty(packed, (_dim0(shape), _packed_cols(shape, q)), name)
     _native(_C.dequantize, fw, packed, (out, packed), q, code)
     return out

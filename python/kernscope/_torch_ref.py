@@ -234,7 +234,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.argmax(x.to(_acc(x)), dim=-1)
 
 
-def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional[int] = None) -> torch.Tensor:
+def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional[int] = None,
+            cols_what: str = "columns") -> torch.Tensor:
     """FP32 values of packed uint8 rows [R, row_bytes] in a GGUF block format."""
     if qtype not in _QGEOM:
         raise InvalidArgumentError(f"{op}: qtype {qtype} is not a packed format")
@@ -246,7 +247,8 @@ def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional
         cols = row_bytes // bb * bs
     if cols % bs:
         raise InvalidArgumentError(
-            f"{op}: {name}: {cols} columns is not a multiple of the {_QNAMES[qtype]} block size {bs}")
+            f"{op}: {cols_what} = {cols} is not a multiple of the {_QNAMES[qtype]} block size {bs} "
+            f"({name}'s rows are whole blocks)")
     if row_bytes != cols // bs * bb:
         raise InvalidArgumentError(
             f"{op}: {name} must have {cols // bs * bb} bytes per row for {cols} {_QNAMES[qtype]} columns; "
@@ -334,7 +336,7 @@ def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Ten
     _same_device(op, "weight", weight, "x", x)
     _ndim(op, "x", x, 2)
     _nonempty_last(op, "x", x)
-    w = _decode(op, "weight", weight, qtype, cols=x.shape[1])
+    w = _decode(op, "weight", weight, qtype, cols=x.shape[1], cols_what="x's K (columns)")
     acc = _acc(x)
     with _no_autocast(x):
         return (x.to(acc) @ w.to(acc).T).to(x.dtype)

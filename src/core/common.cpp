@@ -70,9 +70,15 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
   View v;
   v.dtype = dtype_of(t);
   if (v.dtype == DType::Other) {
+    // a readable name for the usual DLPack types (float64, int8, bool, ...), then the raw fields
+    const int code = int(t->dtype.code), bits = int(t->dtype.bits);
+    const char* kind = code == kDLFloat ? "float" : code == kDLInt ? "int" : code == kDLUInt ? "uint"
+                     : code == kDLBfloat ? "bfloat" : code == kDLComplex ? "complex" : code == 6 /* kDLBool */ ? "bool"
+                     : nullptr;
     std::ostringstream o;
-    o << arg << " has unsupported dtype (code " << int(t->dtype.code) << ", bits " << int(t->dtype.bits)
-      << ", lanes " << t->dtype.lanes << ")";
+    o << arg << " has unsupported dtype ";
+    if (kind && t->dtype.lanes == 1) o << kind << (code == 6 ? "" : std::to_string(bits)) << " ";
+    o << "(code " << code << ", bits " << bits << ", lanes " << t->dtype.lanes << ")";
     fail(KS_ERROR_UNSUPPORTED_DTYPE, op, o.str());
   }
   // The device type is read as the integer the caller stored: a value outside

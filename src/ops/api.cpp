@@ -90,6 +90,16 @@ extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t 
     if (backend != KS_BACKEND_CPU && backend != KS_BACKEND_CUDA)
       fail(KS_ERROR_INVALID_ARGUMENT, "which", "unknown backend");
     static thread_local std::string v_out, r_out;
+    if (const char* pin = ks::registry::pinned_variant(op)) {  // a pin decides (if it belongs to the backend)
+      for (const auto& v : ks::registry::all())
+        if (std::string(v.op) == op && v.backend == backend && v.name == std::string(pin)) {
+          v_out = pin;
+          r_out = "pinned by ks_force_variant on this thread";
+          *variant = v_out.c_str();
+          *reason = r_out.c_str();
+          return KS_SUCCESS;
+        }
+    }
     auto c = ks::registry::select_static(op, backend, d);
     if (!c.variant) {
       if (backend == KS_BACKEND_CUDA && !ks_backend_available(KS_BACKEND_CUDA))

@@ -43,7 +43,7 @@ const char* qtype_name(ks_qtype_t q) {
 
 // Checks a packed uint8 [rows, row_bytes] tensor against `cols` elements per row.
 void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols,
-                  const char* qtype_arg) {
+                  const char* qtype_arg, const char* cols_what) {
   int64_t bs, bb;
   if (!qtype_geometry(qtype, &bs, &bb))
     fail(KS_ERROR_INVALID_ARGUMENT, op,
@@ -52,8 +52,8 @@ void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_
   require_ndim(op, arg, packed, 2);
   if (cols % bs != 0)
     fail(KS_ERROR_INVALID_ARGUMENT, op,
-         std::string(arg) + ": " + std::to_string(cols) + " columns is not a multiple of the " + qtype_name(qtype) +
-             " block size " + std::to_string(bs));
+         std::string(cols_what) + " = " + std::to_string(cols) + " is not a multiple of the " + qtype_name(qtype) +
+             " block size " + std::to_string(bs) + " (" + arg + "'s rows are whole blocks)");
   if (packed.cols() != cols / bs * bb)
     fail(KS_ERROR_INVALID_ARGUMENT, op,
          std::string(arg) + " must have " + std::to_string(cols / bs * bb) + " bytes per row for " +
@@ -145,7 +145,7 @@ extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const D
     require_same_device(op, "out", a.out, "x", a.x);
     require_ndim(op, "x", a.x, 2);
     require_nonempty_last(op, "x", a.x);
-    check_packed(op, "weight", a.weight, qtype, a.x.dim(1), "qtype");
+    check_packed(op, "weight", a.weight, qtype, a.x.dim(1), "qtype", "x's K (columns)");
     require_shape(op, "out", a.out, {a.x.dim(0), a.weight.dim(0)}, "(M, N)");
     require_no_overlap(op, "out", a.out, "x", a.x);
     require_no_overlap(op, "out", a.out, "weight", a.weight);
@@ -171,7 +171,7 @@ extern "C" ks_status_t ks_dequantize(DLTensor* out, const DLTensor* packed, ks_q
     require_same_device(op, "out", a.out, "packed", a.packed);
     require_ndim(op, "out", a.out, 2);
     require_nonempty_last(op, "out", a.out);
-    check_packed(op, "packed", a.packed, qtype, a.out.dim(1), "qtype");
+    check_packed(op, "packed", a.packed, qtype, a.out.dim(1), "qtype", "out's columns");
     if (a.packed.dim(0) != a.out.dim(0))
       fail(KS_ERROR_INVALID_ARGUMENT, op, "packed has " + std::to_string(a.packed.dim(0)) + " rows but out has " +
                                               std::to_string(a.out.dim(0)));

@@ -22,7 +22,7 @@ using namespace ks::ops;
 
 namespace ks::ops {
 void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_t qtype, int64_t cols,
-                  const char* qtype_arg);
+                  const char* qtype_arg, const char* cols_what);
 }
 
 
@@ -49,7 +49,7 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
         fail(KS_ERROR_INVALID_ARGUMENT, op, "table must have shape (vocab, " + std::to_string(a.hidden) +
                                                 ") to match out's hidden size; got " + shape_str(a.table.shape));
     } else {
-      check_packed(op, "table", a.table, table_format, a.hidden, "table_format");
+      check_packed(op, "table", a.table, table_format, a.hidden, "table_format", "out's hidden_size");
     }
     require_nonempty_last(op, "out", a.out);
     if (a.ids.ndim() >= Shape::kMax)  // out = ids' shape + (hidden,) must fit the 16-dimension limit

@@ -77,6 +77,11 @@ namespace {
 thread_local std::map<std::string, std::string> g_forced;  // op -> variant name
 }
 
+const char* pinned_variant(const char* op) {
+  auto it = g_forced.find(op);
+  return it == g_forced.end() ? nullptr : it->second.c_str();
+}
+
 void force_variant(const char* op, const char* variant) {
   if (op == nullptr) {
     g_forced.clear();

@@ -39,6 +39,9 @@ struct Variant {
 bool deterministic();
 void set_deterministic(bool on);
 
+// The variant pinned for op on this thread (ks_force_variant), or nullptr.
+const char* pinned_variant(const char* op);
+
 // All registered variants (registered once, on first use).
 const std::vector<Variant>& all();
 

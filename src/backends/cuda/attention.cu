@@ -31,7 +31,8 @@ namespace cg = cooperative_groups;
 namespace ks::cuda {
 namespace {
 
-constexpr int kGqaThreads = 128, kGqaWarps = kGqaThreads / 32, kKeyTile = 64;
+constexpr int kGqaThreads = 128, kKeyTile = 64;
+[[maybe_unused]] constexpr int kGqaWarps = kGqaThreads / 32;  // (device code only: unused in the host pass)
 constexpr int64_t kGqaSmemLimit = 48 * 1024;
 
 
