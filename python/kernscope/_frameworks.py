@@ -282,11 +282,11 @@ def _detect(t: type) -> Optional[Framework]:
         return Cupy()
     if root in ("jax", "jaxlib") and "jax" in sys.modules:
         return Jax()
+    if not (hasattr(t, "__dlpack__") and hasattr(t, "__dlpack_device__")):
+        return None  # e.g. numpy scalars (np.float32(1.0)): no DLPack export
     if hasattr(t, "__array_namespace__"):
         return ArrayAPI()
-    if hasattr(t, "__dlpack__"):
-        return _GENERIC
-    return None
+    return _GENERIC
 
 
 def is_torch(x: Any) -> bool:

@@ -392,3 +392,10 @@ def test_deterministic_mode_round_trip_and_rows(rng):
         assert ks.deterministic() is False
     finally:
         ks.set_deterministic(before)
+
+
+def test_numpy_scalar_is_rejected_by_name():
+    with pytest.raises(TypeError, match="softmax: x must be an array or tensor supporting DLPack"):
+        ks.softmax(np.float32(1.0))
+    with pytest.raises(TypeError, match="set_deterministic: enabled must be a bool"):
+        ks.set_deterministic("yes")
