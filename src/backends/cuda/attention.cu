@@ -206,22 +206,7 @@ int max_cluster_for(int dev) {
     auto kern = paged_attention_gqa_kernel<T>;
     check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "paged_attention",
                "allow a non-portable cluster size");
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(16);
-    cfg.blockDim = dim3(kGqaThreads);
-    cfg.dynamicSmemBytes = size_t(kGqaSmemLimit);
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 16;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    int n = 0;
-    if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky: clear it so check_launch does not report it
-      n = 0;
-    }
+    const int n = co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kGqaThreads, size_t(kGqaSmemLimit));
     it = known.emplace(dev, n > 0 ? 16 : 8).first;
   }
   cached_dev = dev;

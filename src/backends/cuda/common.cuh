@@ -302,6 +302,29 @@ void launch_kernel(const char* op, void (*kern)(P...), dim3 grid, dim3 block, si
   check_cuda(cudaLaunchKernelEx(&cfg, kern, std::forward<A>(args)...), op, "kernel launch");
 }
 
+// Clusters of c CTAs x threads (smem bytes of dynamic shared memory each) that can be
+// resident at once for kern (cudaOccupancyMaxActiveClusters); 0 when the configuration
+// cannot launch (the error is cleared: it is an answer here, not a failure).
+inline int co_resident_clusters(const void* kern, int c, int threads, size_t smem) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(unsigned(c));
+  cfg.blockDim = dim3(unsigned(threads));
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = unsigned(c);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    n = 0;
+  }
+  return n;
+}
+
 // Last launch configuration per op (ks_last_launch_config, the benchmark's
 // `config` column). Recording is cheap (a few integers into a thread-local slot,
 // no formatting or allocation on the launch path); the text is made on request.

@@ -339,23 +339,7 @@ int query_active_clusters(void* kern, int c, int threads, size_t smem) {
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), "softmax",
                "raise dynamic shared memory");
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(c);
-  cfg.blockDim = dim3(threads);
-  cfg.dynamicSmemBytes = smem;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = c;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kern, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();  // not launchable this way (e.g. C = 16 unsupported): never chosen
-    n = 0;
-  }
-  return n;
+  return co_resident_clusters(kern, c, threads, smem);  // 0: not launchable so (never chosen)
 }
 int max_active_clusters(int device, int es, int nv, int c, int threads, size_t smem = 0) {
   if (nv == 0) {  // staging: keyed by the slice size too (a map, on the >= 4-wave path only)
