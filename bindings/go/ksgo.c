@@ -94,6 +94,13 @@ ks_status_t ksgo_argmax(ksgo_desc* d, void* out, void* x, int backend, uintptr_t
   return ks_argmax(&o, &xt, BK, ST);
 }
 
+ks_status_t ksgo_varlen_attention(ksgo_desc* d, void* out, void* q, void* k, void* v, void* cu_q, void* cu_k,
+                                  double scale, int causal, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), qt = mk(&d[1], q), kt = mk(&d[2], k), vt = mk(&d[3], v), cq = mk(&d[4], cu_q),
+           ck = mk(&d[5], cu_k);
+  return ks_varlen_attention(&o, &qt, &kt, &vt, &cq, &ck, scale, causal, BK, ST);
+}
+
 ks_status_t ksgo_sample(ksgo_desc* d, void* out, int has_valid, void* valid, void* logits, void* seed_offset,
                         double temperature, int64_t top_k, double top_p, int backend, uintptr_t stream) {
   DLTensor o = mk(&d[0], out), v = mk(&d[1], valid), l = mk(&d[2], logits), so = mk(&d[3], seed_offset);

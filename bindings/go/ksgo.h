@@ -46,6 +46,8 @@ ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache
                                  int has_seq_ids, void* seq_ids, void* context_lens, double scale, int backend,
                                  uintptr_t stream);
 ks_status_t ksgo_argmax(ksgo_desc* d, void* out, void* x, int backend, uintptr_t stream);
+ks_status_t ksgo_varlen_attention(ksgo_desc* d, void* out, void* q, void* k, void* v, void* cu_q, void* cu_k,
+                                  double scale, int causal, int backend, uintptr_t stream);
 ks_status_t ksgo_sample(ksgo_desc* d, void* out, int has_valid, void* valid, void* logits, void* seed_offset,
                         double temperature, int64_t top_k, double top_p, int backend, uintptr_t stream);
 

@@ -214,6 +214,21 @@ func Argmax(out, x *Tensor, opts ...Option) error {
 	return call(func() C.ks_status_t { return C.ksgo_argmax(&d[0], out.data, x.data, b, s) })
 }
 
+// VarlenAttention: attention over packed sequences (q [totalQ, heads, d], k/v [totalK, kvHeads, d],
+// int32 offsets [numSeqs+1]); causal is the bottom-right aligned mask.
+func VarlenAttention(out, q, k, v, cuSeqlensQ, cuSeqlensK *Tensor, scale float64, causal bool, opts ...Option) error {
+	var d [6]C.ksgo_desc
+	args := []arg{{"out", out}, {"q", q}, {"k", k}, {"v", v}, {"cu_seqlens_q", cuSeqlensQ}, {"cu_seqlens_k", cuSeqlensK}}
+	if err := describeAll("varlen_attention", d[:], args...); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_varlen_attention(&d[0], out.data, q.data, k.data, v.data, cuSeqlensQ.data, cuSeqlensK.data,
+			C.double(scale), flag(causal), b, s)
+	})
+}
+
 // Sample: one token id per row of logits (int64 out): temperature, top-k (0: off), top-p
 // (1: off), then a Philox4x32-10 draw keyed by seedOffset = [seed, offset] (int64 [2]).
 // valid (uint8, may be nil) is set to 0 for a row without a distribution (its id is 0).

@@ -123,6 +123,9 @@ export function pagedAttention(out: TensorLike, q: TensorLike, kCache: TensorLik
                                blockTables: TensorLike, seqIds: TensorLike | null, contextLens: TensorLike,
                                scale: number, opts?: ExecOptions): void;
 export function argmax(out: TensorLike, x: TensorLike, opts?: ExecOptions): void;
+/** Attention over packed sequences (int32 offsets [numSeqs + 1]); causal: bottom-right aligned mask. */
+export function varlenAttention(out: TensorLike, q: TensorLike, k: TensorLike, v: TensorLike, cuSeqlensQ: TensorLike,
+                                cuSeqlensK: TensorLike, scale: number, causal: boolean, opts?: ExecOptions): void;
 /** One token id per row (int64 out): temperature, top-k (0: off), top-p (1: off), Philox draw keyed by
  * seedOffset = [seed, offset] (int64 [2]); valid (uint8, or null) is 0 for a row without a distribution. */
 export function sample(out: TensorLike, valid: TensorLike | null, logits: TensorLike, seedOffset: TensorLike,

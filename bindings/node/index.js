@@ -239,6 +239,8 @@ module.exports = {
     native.pagedAttention(T(out), T(q), T(kCache), T(vCache), T(blockTables), T(seqIds, false), T(contextLens), scale,
                           ...exec(opts)),
   argmax: (out, x, opts) => native.argmax(T(out), T(x), ...exec(opts)),
+  varlenAttention: (out, q, k, v, cuSeqlensQ, cuSeqlensK, scale, causal, opts) =>
+    native.varlenAttention(T(out), T(q), T(k), T(v), T(cuSeqlensQ), T(cuSeqlensK), scale, Boolean(causal), ...exec(opts)),
   sample: (out, valid, logits, seedOffset, temperature, topK, topP, opts) =>
     native.sample(T(out), T(valid, false), T(logits), T(seedOffset), temperature, topK, topP, ...exec(opts)),
 };

@@ -231,6 +231,18 @@ KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DL
                                       const DLTensor* seq_ids, const DLTensor* context_lens,
                                       double scale, ks_backend_t backend, ks_stream_t stream);
 
+/* Attention over packed variable-length sequences (the varlen layout: no cache, no padding):
+ * q [total_q, num_heads, head_dim], k and v [total_k, num_kv_heads, head_dim], out like q;
+ * cu_seqlens_q / cu_seqlens_k int32 [num_seqs + 1], non-decreasing from 0 to total_q / total_k:
+ * sequence s owns query rows cu_seqlens_q[s] .. cu_seqlens_q[s+1] - 1 and key rows likewise.
+ * causal != 0: query i of a sequence with len_q queries and len_k keys sees keys
+ * j <= i + len_k - len_q (bottom-right aligned, so the last query sees every key); a query
+ * that sees no key gets a zero row. GQA: query head h reads kv head h / (num_heads / num_kv_heads).
+ * scores = scale * q.k in FP32, FP32 softmax, FP32 weighted sum of V, one rounding. */
+KS_API ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                       const DLTensor* cu_seqlens_q, const DLTensor* cu_seqlens_k, double scale,
+                                       int causal, ks_backend_t backend, ks_stream_t stream);
+
 /* out[r] = index of the maximum of x[r, :] (int64 out: [rows]; x: [rows, V], V > 0).
  * Ties: the lowest index. A row holding NaN returns the index of its first NaN
  * (as torch.argmax). */

@@ -278,6 +278,12 @@ inline void argmax(const TensorView& out, const TensorView& x, Backend backend =
   DLTensor o = out.dl(), a = x.dl();
   check(ks_argmax(&o, &a, detail::be(backend), stream));
 }
+inline void varlen_attention(const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v,
+                             const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, double scale, bool causal,
+                             Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), qq = q.dl(), kk = k.dl(), vv = v.dl(), cq = cu_seqlens_q.dl(), ck = cu_seqlens_k.dl();
+  check(ks_varlen_attention(&o, &qq, &kk, &vv, &cq, &ck, scale, causal ? 1 : 0, detail::be(backend), stream));
+}
 // valid may be an empty TensorView (no validity flags wanted).
 inline void sample(const TensorView& out, const TensorView& valid, const TensorView& logits,
                    const TensorView& seed_offset, double temperature, int64_t top_k = 0, double top_p = 1.0,

@@ -643,6 +643,49 @@ def kv_cache_append(k_cache: Array, v_cache: Array, k: Array, v: Array, slot_map
     return None
 
 
+def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array,
+                     scale: Optional[float] = None, *, causal: bool = True, backend: str = "auto",
+                     out: Optional[T] = None) -> T:
+    """Attention over packed variable-length sequences (no cache, no padding).
+
+    Sequence s owns query rows ``cu_seqlens_q[s]:cu_seqlens_q[s+1]`` and key/value rows
+    ``cu_seqlens_k[s]:cu_seqlens_k[s+1]``. causal: query i of a sequence with len_q queries and
+    len_k keys sees keys ``j <= i + len_k - len_q`` (bottom-right aligned); a query that sees no
+    key gets a zero row. GQA: query head h reads kv head ``h // (num_heads // num_kv_heads)``.
+    FP32 scores, softmax and weighted sum; one rounding.
+
+    Args:
+        q: ``[total_q, num_heads, head_dim]``; fp16, bf16 or fp32.
+        k, v: ``[total_k, num_kv_heads, head_dim]``, q's dtype.
+        cu_seqlens_q, cu_seqlens_k: int32 ``[num_seqs + 1]``, from 0, non-decreasing, to the totals.
+        scale: the score scale (default ``1 / sqrt(head_dim)``).
+        causal: bottom-right-aligned causal mask (default) or none.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional output of q's shape.
+
+    Raises:
+        ValueError: shapes, GQA head counts, offsets (host) that do not start at 0, decrease, or
+            miss the totals.
+
+    Contract: docs/contracts.md#varlen_attention--ks_varlen_attentionout-q-k-v-cu_seqlens_q-cu_seqlens_k-scale-causal
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1))
+    if _compiling():
+        return _TL.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), bool(causal), backend, out)
+    op = "varlen_attention"
+    code = _backend(op, backend)
+    fw = _fw(op, "q", q)
+    if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
+        return _finish(_ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), bool(causal)), out)
+    if code == _TORCH:
+        raise _not_torch(op, q)
+    if out is None:
+        out = fw.empty_like(q)
+    _native(_C.varlen_attention, fw, q, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), float(scale), bool(causal), code)
+    return out
+
+
 def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, context_lens: Array,
                     scale: Optional[float] = None, *, seq_ids: Optional[Array] = None, backend: str = "auto",
                     out: Optional[T] = None) -> T:
@@ -693,5 +736,6 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
 
 
 OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
+                        "varlen_attention",
                         "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
                         "kv_cache_append", "paged_attention")

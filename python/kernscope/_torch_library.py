@@ -35,6 +35,8 @@ Schema (backend: "auto" | "cpu" | "cuda"):
                    bool is_neox, str backend) -> ()
   kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping,
                   str backend) -> ()
+  varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, float scale,
+                   bool causal, str backend) -> Tensor
   paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor? seq_ids,
                   Tensor context_lens, float scale, str backend) -> Tensor
 """
@@ -203,6 +205,26 @@ def _rotary_embedding(q: Tensor, k: Optional[Tensor], positions: Tensor, rotary_
 def _kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor,
                      backend: str) -> None:
     _run(_C.kv_cache_append, (k_cache, v_cache, k, v, slot_mapping), _code("kv_cache_append", backend))
+
+
+@_op("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, float scale, bool causal, str backend) -> Tensor")
+def _varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, scale: float,
+                      causal: bool, backend: str) -> Tensor:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _run(_C.varlen_attention, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), scale, causal,
+         _code("varlen_attention", backend))
+    return out
+
+
+@_varlen_attention.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, backend):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, backend, out):
+    if _ref_or_op("varlen_attention", backend, ("q", "k", "v"), (q, k, v)):
+        return _fin(ref.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal), out)
+    return _fin(torch.ops.kernscope.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, backend), out)
 
 
 @_op("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor? seq_ids, Tensor context_lens, float scale, str backend) -> Tensor")

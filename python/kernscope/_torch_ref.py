@@ -442,6 +442,47 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     v_cache.view(num_slots, kvh, hd)[dst] = v[:n][keep]
 
 
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """The varlen_attention contract in PyTorch: per sequence, FP32 scores, bottom-right causal
+    mask, FP32 softmax (a query with no visible key: zeros), FP32 weighted sum; one rounding."""
+    op = "varlen_attention"
+    for name, t in (("q", q), ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _tensor(op, name, t)
+    _float(op, "q", q)
+    _same_dtype(op, "k", k, "q", q)
+    _same_dtype(op, "v", v, "q", q)
+    _index(op, "cu_seqlens_q", cu_seqlens_q, (torch.int32,))
+    _index(op, "cu_seqlens_k", cu_seqlens_k, (torch.int32,))
+    _ndim(op, "q", q, 3)
+    _ndim(op, "k", k, 3)
+    if k.shape[1] == 0 or q.shape[1] % k.shape[1] or v.shape != k.shape or k.shape[2] != q.shape[2]:
+        raise InvalidArgumentError(f"{op}: k and v must be [total_k, num_kv_heads, head_dim] with num_heads "
+                                   f"({q.shape[1]}) a multiple of num_kv_heads; got {tuple(k.shape)}, {tuple(v.shape)}")
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    g = q.shape[1] // k.shape[1]
+    for s in range(len(cq) - 1):
+        qs = q[cq[s]:cq[s + 1]].float().transpose(0, 1)                          # [H, lq, D]
+        ks_ = k[ck[s]:ck[s + 1]].float().repeat_interleave(g, 1).transpose(0, 1)  # [H, lk, D]
+        vs = v[ck[s]:ck[s + 1]].float().repeat_interleave(g, 1).transpose(0, 1)
+        lq, lk = qs.shape[1], ks_.shape[1]
+        if lq == 0 or lk == 0:
+            continue
+        sc = (qs @ ks_.transpose(1, 2)) * scale                                   # [H, lq, lk]
+        p = None
+        if causal:
+            i = torch.arange(lq, device=q.device)[:, None]
+            j = torch.arange(lk, device=q.device)[None, :]
+            hidden = j > i + lk - lq                                                # [lq, lk]
+            p = torch.softmax(sc.masked_fill(hidden, float("-inf")), -1)
+            p = torch.where(hidden.all(-1)[:, None], torch.zeros_like(p), p)       # no visible key: zeros
+        else:
+            p = torch.softmax(sc, -1)
+        out[cq[s]:cq[s + 1]] = (p @ vs).transpose(0, 1)
+    return out.to(q.dtype)
+
+
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
                     seq_ids: Optional[torch.Tensor], context_lens: torch.Tensor, scale: float) -> torch.Tensor:
     op = "paged_attention"

@@ -522,6 +522,12 @@ NB_MODULE(_C, m) {
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] { return ks_kv_cache_append(c[0], c[1], c[2], c[3], c[4], be, c.stream()); });
   });
+  m.def("varlen_attention", [](nb::tuple t, double scale, bool causal, KS_ARGS) {
+    static const OpSpec spec{"varlen_attention", 6, {"out", "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] { return ks_varlen_attention(c[0], c[1], c[2], c[3], c[4], c[5], scale, causal ? 1 : 0, be, c.stream()); });
+  });
   m.def("paged_attention", [](nb::tuple t, double scale, KS_ARGS) {
     static const OpSpec spec{"paged_attention", 7,
                              {"out", "q", "k_cache", "v_cache", "block_tables", "seq_ids", "context_lens"},

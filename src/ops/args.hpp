@@ -84,6 +84,13 @@ struct PagedAttentionArgs {
   int64_t max_context_len = 0;
 };
 
+struct VarlenAttentionArgs {
+  View out, q, k, v, cu_q, cu_k;
+  float scale;
+  bool causal;
+  int64_t total_q, total_k, num_heads, num_kv_heads, head_dim, num_seqs;
+};
+
 struct ArgmaxArgs {
   View out, x;
   int64_t rows, cols;

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <tuple>
 
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
@@ -281,6 +282,70 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
       }
     }
     if (a.num_tokens == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.q.dtype, &a, stream);
+  });
+}
+
+// varlen_attention: packed sequences without a cache (docs/contracts.md#varlen_attention).
+extern "C" ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                           const DLTensor* cu_seqlens_q, const DLTensor* cu_seqlens_k, double scale,
+                                           int causal, ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "varlen_attention";
+  return guard(op, [&] {
+    VarlenAttentionArgs a;
+    a.out = view_of(op, "out", out);
+    a.q = view_of(op, "q", q);
+    a.k = view_of(op, "k", k);
+    a.v = view_of(op, "v", v);
+    a.cu_q = view_of(op, "cu_seqlens_q", cu_seqlens_q);
+    a.cu_k = view_of(op, "cu_seqlens_k", cu_seqlens_k);
+    require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
+    for (auto [n, t] : {std::pair{"out", &a.out}, {"k", &a.k}, {"v", &a.v}}) require_same_dtype(op, n, *t, "q", a.q);
+    require_dtype(op, "cu_seqlens_q", a.cu_q, {DType::I32});
+    require_dtype(op, "cu_seqlens_k", a.cu_k, {DType::I32});
+    for (auto [n, t] : {std::pair{"out", &a.out}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_q},
+                        {"cu_seqlens_k", &a.cu_k}})
+      require_same_device(op, n, *t, "q", a.q);
+    require_ndim(op, "q", a.q, 3);
+    require_ndim(op, "k", a.k, 3);
+    a.total_q = a.q.dim(0);
+    a.num_heads = a.q.dim(1);
+    a.head_dim = a.q.dim(2);
+    if (a.num_heads == 0 || a.head_dim == 0) fail(KS_ERROR_INVALID_ARGUMENT, op, "q must have num_heads > 0 and head_dim > 0");
+    require_shape(op, "out", a.out, a.q.shape, "same as q");
+    a.total_k = a.k.dim(0);
+    a.num_kv_heads = a.k.dim(1);
+    if (a.k.dim(2) != a.head_dim)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "k must have head_dim " + std::to_string(a.head_dim) + " (q's); got shape " +
+                                              shape_str(a.k.shape));
+    require_shape(op, "v", a.v, a.k.shape, "same as k");
+    if (a.num_kv_heads == 0 || a.num_heads % a.num_kv_heads != 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads (" + std::to_string(a.num_heads) +
+                                              ") must be a multiple of num_kv_heads (" + std::to_string(a.num_kv_heads) + ")");
+    require_ndim(op, "cu_seqlens_q", a.cu_q, 1);
+    if (a.cu_q.dim(0) < 1) fail(KS_ERROR_INVALID_ARGUMENT, op, "cu_seqlens_q must have num_seqs + 1 >= 1 entries");
+    a.num_seqs = a.cu_q.dim(0) - 1;
+    require_shape(op, "cu_seqlens_k", a.cu_k, a.cu_q.shape, "same as cu_seqlens_q (num_seqs + 1)");
+    if (!std::isfinite(float(scale))) fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite in fp32; got " + num_str(scale));
+    for (auto [n, t] : {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_q}, {"cu_seqlens_k", &a.cu_k}})
+      require_no_overlap(op, "out", a.out, n, *t);
+    const ks_backend_t be = resolve_backend(op, backend, a.q);
+    // host offsets: 0, non-decreasing, ending at the totals (device offsets: clamped by the kernel)
+    for (auto [n, t, total] : {std::tuple{"cu_seqlens_q", &a.cu_q, a.total_q}, {"cu_seqlens_k", &a.cu_k, a.total_k}}) {
+      if (!on_host(*t)) continue;
+      int64_t prev = 0;
+      for (int64_t i = 0; i <= a.num_seqs; ++i) {
+        const int64_t x = load_index(t->data, DType::I32, i);
+        if ((i == 0 && x != 0) || x < prev || (i == a.num_seqs && x != total))
+          fail(KS_ERROR_INVALID_ARGUMENT, op,
+               std::string(n) + "[" + std::to_string(i) + "] = " + std::to_string(x) +
+                   ": offsets must start at 0, never decrease and end at " + std::to_string(total));
+        prev = x;
+      }
+    }
+    a.scale = float(scale);
+    a.causal = causal != 0;
+    if (a.total_q == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.q.dtype, &a, stream);
   });
 }

@@ -29,6 +29,7 @@ const std::vector<Variant>& all() {
   std::call_once(once, [] {
     register_cpu_variants(variants);
     register_cpu_sampling(variants);
+    register_cpu_attention(variants);
     register_cuda_variants(variants);
     std::stable_sort(variants.begin(), variants.end(), [](const Variant& a, const Variant& b) {
       const int c = std::strcmp(a.op, b.op);

@@ -67,6 +67,7 @@ void force_variant(const char* op, const char* variant);
 // Registration hooks, one per backend (called once by all()).
 void register_cpu_variants(std::vector<Variant>& out);
 void register_cuda_variants(std::vector<Variant>& out);
-void register_cpu_sampling(std::vector<Variant>& out);  // src/backends/cpu/sampling.cpp
+void register_cpu_sampling(std::vector<Variant>& out);   // src/backends/cpu/sampling.cpp
+void register_cpu_attention(std::vector<Variant>& out);  // src/backends/cpu/varlen_attention.cpp
 
 }  // namespace ks::registry

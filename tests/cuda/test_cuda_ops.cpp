@@ -1088,6 +1088,48 @@ TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
   }
 }
 
+// varlen_attention on CUDA against the CPU reference: packed prefill, chunked prefill
+// (fewer queries than keys), an empty sequence, GQA, causal and not.
+TEST(Cuda, VarlenAttentionAgainstCpu) {
+  NEED_GPU();
+  struct P {
+    int64_t H, KVH, D;
+    std::vector<int32_t> lq, lk;
+  };
+  const std::vector<P> problems = {{4, 2, 32, {5, 0, 17, 1}, {5, 0, 17, 1}}, {9, 3, 64, {3, 200}, {70, 200}},
+                                   {8, 8, 128, {4}, {2}}};
+  for (DType dt : kstest::float_dtypes())
+    for (bool causal : {true, false})
+      for (const P& p : problems) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + (causal ? " causal" : "") + " H=" + std::to_string(p.H));
+        std::vector<int32_t> cq{0}, ck{0};
+        for (size_t s = 0; s < p.lq.size(); ++s) cq.push_back(cq.back() + p.lq[s]), ck.push_back(ck.back() + p.lk[s]);
+        const int64_t S = int64_t(p.lq.size()), TQ = cq.back(), TK = ck.back();
+        Buf q(dt, {TQ, p.H, p.D}), k(dt, {TK, p.KVH, p.D}), v(dt, {TK, p.KVH, p.D}), ref(dt, {TQ, p.H, p.D}),
+            got(dt, {TQ, p.H, p.D}), bq(DType::I32, {S + 1}), bk(DType::I32, {S + 1});
+        kstest::fill_normal(q);
+        kstest::fill_normal(k);
+        kstest::fill_normal(v);
+        for (int64_t i = 0; i <= S; ++i) bq.set(i, cq[size_t(i)]), bk.set(i, ck[size_t(i)]);
+        DBuf dq(dt, q.shape), dk(dt, k.shape), dv(dt, v.shape), dout(dt, got.shape), dbq(DType::I32, {S + 1}),
+            dbk(DType::I32, {S + 1});
+        dq.upload(q);
+        dk.upload(k);
+        dv.upload(v);
+        dbq.upload(bq);
+        dbk.upload(bk);
+        dout.poison();
+        const double scale = 1.0 / std::sqrt(double(p.D));
+        ks::varlen_attention(dout.view(), dq.view(), dk.view(), dv.view(), dbq.view(), dbk.view(), scale, causal,
+                             ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        ks::varlen_attention(ref.view(), q.view(), k.view(), v.view(), bq.view(), bk.view(), scale, causal,
+                             ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+      }
+}
+
 TEST(Cuda, GraphCaptureAndReplay) {
   NEED_GPU();
   const int64_t R = 8, H = 4096, N = 1024;

@@ -49,7 +49,7 @@ def test_available_rows():
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
                                 "sample", "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
-                                "kv_cache_append", "paged_attention"])
+                                "kv_cache_append", "paged_attention", "varlen_attention"])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_which_cpu(op, dt):
     variant, reason = ks.which(op, dtype=dt, device="cpu")
@@ -99,6 +99,9 @@ def _call_every_op(backend):
         "softmax": lambda: ks.softmax(f, backend=backend),
         "argmax": lambda: ks.argmax(f, backend=backend),
         "sample": lambda: ks.sample(f, np.array([1, 2], np.int64), backend=backend),
+        "varlen_attention": lambda: ks.varlen_attention(np.zeros((2, 1, 8), np.float32), np.zeros((2, 1, 8), np.float32),
+                                                        np.zeros((2, 1, 8), np.float32), np.array([0, 2], np.int32),
+                                                        np.array([0, 2], np.int32), backend=backend),
         "embedding": lambda: ks.embedding(np.array([0]), f, backend=backend),
         "dequantize": lambda: ks.dequantize(np.zeros((1, 4), np.uint8), "f32", backend=backend),
         "gemm": lambda: ks.gemm(f, f, backend=backend),
@@ -123,7 +126,7 @@ def _call_every_op(backend):
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
                                 "sample", "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
-                                "kv_cache_append", "paged_attention"])
+                                "kv_cache_append", "paged_attention", "varlen_attention"])
 def test_backend_names_every_op(op):
     _call_every_op("cpu")[op]()
     _call_every_op("auto")[op]()
@@ -229,6 +232,10 @@ def _thread_cases(rng):
          lambda: ks.softmax(strided), ValueError, "softmax: x must be contiguous"),
         ("argmax", lambda: (ks.argmax(x), ks.argmax(big)),
          lambda: ks.argmax(x, out=np.empty(16, np.int32)), TypeError, "argmax: out has dtype int32"),
+        ("varlen_attention", lambda: ks.varlen_attention(q, kv, kv, np.array([0, 1, 4], np.int32),
+                                                         np.array([0, 2, 4], np.int32)),
+         lambda: ks.varlen_attention(q, kv, kv, np.array([0, 3, 1], np.int32), np.array([0, 2, 4], np.int32)),
+         ValueError, r"varlen_attention: cu_seqlens_q\[2\] = 1"),
         ("sample", lambda: (ks.sample(x, np.array([5, 1], np.int64), 0.8, 10, 0.9), ks.sample(big, np.array([5, 2], np.int64))),
          lambda: ks.sample(x, np.array([5, 1], np.int64), 0.0), ValueError, "sample: temperature must be finite and > 0"),
         ("embedding", lambda: (ks.embedding(ids, table), ks.embedding(ids, packed, table_format="q4_0")),

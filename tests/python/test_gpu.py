@@ -214,6 +214,15 @@ def test_model_ops_cuda_vs_cpu(dt):
         close(o, oc, dt, "paged_attention")
         assert not o[2].any()
         ran += 1
+    if has_kernel("varlen_attention", dt):
+        cq = torch.tensor([0, 5, 5, 205, 206], dtype=torch.int32)
+        ck = torch.tensor([0, 5, 5, 300, 306], dtype=torch.int32)
+        q, k, v = trand((206, 8, 64), dt, 9), trand((306, 2, 64), dt, 10), trand((306, 2, 64), dt, 11)
+        for causal in (True, False):
+            o = ks.varlen_attention(q, k, v, cq.cuda(), ck.cuda(), causal=causal)
+            oc = ks.varlen_attention(q.cpu(), k.cpu(), v.cpu(), cq, ck, causal=causal)
+            close(o, oc, dt, f"varlen_attention causal={causal}")
+        ran += 1
     if not ran:
         pytest.skip("no CUDA kernel for the model-path ops yet")
 

@@ -14,6 +14,7 @@ from conftest import DTYPES, QNAMES, TOL, assert_close, f64, make_packed, ref_rm
 
 torch = pytest.importorskip("torch")
 import kernscope as ks  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 TORCH = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
@@ -106,6 +107,23 @@ def test_model_ops_native_vs_torch_reference(dt):
     o1 = ks.paged_attention(q, kc, vc, bt, ctx, seq_ids=seq)
     o2 = ks.paged_attention(q, kc, vc, bt, ctx, seq_ids=seq, backend="torch")
     close(o1, o2, dt, "paged_attention")
+    # varlen attention: packed sequences (an empty one, chunked lq < lk, lq > lk), causal and not
+    cq = torch.tensor([0, 3, 3, 5, 9], dtype=torch.int32)
+    ck = torch.tensor([0, 3, 3, 10, 11], dtype=torch.int32)
+    q, k, v = trand((9, 4, 16), dt, seed=17), trand((11, 2, 16), dt, seed=18), trand((11, 2, 16), dt, seed=19)
+    for causal in (True, False):
+        o1 = ks.varlen_attention(q, k, v, cq, ck, causal=causal)
+        o2 = ks.varlen_attention(q, k, v, cq, ck, causal=causal, backend="torch")
+        close(o1, o2, dt, f"varlen_attention causal={causal}")
+    # the same causal prefill through SDPA (lq == lk: its is_causal mask is the lower triangle)
+    cq = torch.tensor([0, 4, 11], dtype=torch.int32)
+    q, k, v = trand((11, 4, 16), dt, seed=20), trand((11, 2, 16), dt, seed=21), trand((11, 2, 16), dt, seed=22)
+    o = ks.varlen_attention(q, k, v, cq, cq).float()
+    for a, b in ((0, 4), (4, 11)):
+        want = F.scaled_dot_product_attention(q[a:b].float().transpose(0, 1), k[a:b].float().repeat_interleave(2, 1)
+                                              .transpose(0, 1), v[a:b].float().repeat_interleave(2, 1).transpose(0, 1),
+                                              is_causal=True).transpose(0, 1)
+        close(o[a:b].to(TORCH[dt]), want.to(TORCH[dt]), dt, "varlen_attention vs SDPA")
 
 
 def test_offset_views_and_strides():
@@ -196,7 +214,8 @@ def test_custom_ops_registered():
 
 
 @pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
-                                  "dequantize", "rotary_embedding", "kv_cache_append", "paged_attention"])
+                                  "dequantize", "rotary_embedding", "kv_cache_append", "paged_attention",
+                                  "varlen_attention"])
 def test_opcheck(case):
     x, w = trand((3, 16), "fp32"), trand((16,), "fp32")
     rng = np.random.default_rng(0)
@@ -218,6 +237,9 @@ def test_opcheck(case):
         "paged_attention": (ops.paged_attention, (trand((2, 2, 4), "fp32"), trand((2, 2, 1, 4), "fp32"),
                                                   trand((2, 2, 1, 4), "fp32"), torch.tensor([[0, 1], [1, 0]], dtype=torch.int32),
                                                   None, torch.tensor([3, 1], dtype=torch.int32), 0.5, "auto")),
+        "varlen_attention": (ops.varlen_attention, (trand((5, 2, 4), "fp32"), trand((6, 1, 4), "fp32"),
+                                                    trand((6, 1, 4), "fp32"), torch.tensor([0, 2, 5], dtype=torch.int32),
+                                                    torch.tensor([0, 2, 6], dtype=torch.int32), 0.5, True, "auto")),
     }
     op, a = args[case]
     torch.library.opcheck(op, a)

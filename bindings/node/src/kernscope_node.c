@@ -613,6 +613,24 @@ static napi_value js_argmax(napi_env env, napi_callback_info info) {
   return finish(env, ks_argmax(&out.t, &x.t, backend, stream));
 }
 
+static napi_value js_varlen_attention(napi_env env, napi_callback_info info) {
+  ARGS(10);
+  TENSOR(out, 0, "varlen_attention", "out");
+  TENSOR(q, 1, "varlen_attention", "q");
+  TENSOR(k, 2, "varlen_attention", "k");
+  TENSOR(v, 3, "varlen_attention", "v");
+  TENSOR(cq, 4, "varlen_attention", "cu_seqlens_q");
+  TENSOR(ck, 5, "varlen_attention", "cu_seqlens_k");
+  DOUBLE(scale, 6, "varlen_attention: scale");
+  bool causal = false;
+  if (napi_get_value_bool(env, argv[7], &causal) != napi_ok) {
+    napi_throw_type_error(env, NULL, "kernscope: varlen_attention: causal must be a boolean");
+    return NULL;
+  }
+  EXEC(8);
+  return finish(env, ks_varlen_attention(&out.t, &q.t, &k.t, &v.t, &cq.t, &ck.t, scale, causal ? 1 : 0, backend, stream));
+}
+
 static napi_value js_sample(napi_env env, napi_callback_info info) {
   ARGS(9);
   TENSOR(out, 0, "sample", "out");
@@ -654,6 +672,7 @@ NAPI_MODULE_INIT() {
       {"pagedAttention", NULL, js_paged_attention, NULL, NULL, NULL, napi_default, NULL},
       {"argmax", NULL, js_argmax, NULL, NULL, NULL, napi_default, NULL},
       {"sample", NULL, js_sample, NULL, NULL, NULL, napi_default, NULL},
+      {"varlenAttention", NULL, js_varlen_attention, NULL, NULL, NULL, napi_default, NULL},
   };
   if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
   return exports;

@@ -265,3 +265,145 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 }
 
 }  // namespace ks::cuda
+
+// ---- varlen_attention (packed sequences, no cache) ------------------------------------
+// A CTA per (query row, head), grid-stride: the row's sequence by binary search over
+// cu_seqlens_q (device offsets are clamped to [0, total], so bad offsets stay memory-safe),
+// then the visible keys in tiles of 64: a warp per key for the FP32 score, an online FP32
+// softmax, thread d accumulating V. The same arithmetic as cuda_cta_per_head's.
+namespace ks::cuda {
+namespace {
+
+struct VarlenParams {
+  void* out;
+  const void* q;
+  const void* k;
+  const void* v;
+  const int32_t* cu_q;
+  const int32_t* cu_k;
+  float scale;
+  bool causal;
+  int64_t total_q, total_k, num_heads, num_kv_heads, head_dim, num_seqs;
+};
+
+constexpr int kVarThreads = 128, kVarTile = 64;
+
+template <typename T>
+__global__ void __launch_bounds__(kVarThreads) varlen_attention_kernel(const VarlenParams p) {
+  extern __shared__ float var_sh[];  // q (D floats), acc (D floats)
+  __shared__ float w[kVarTile];
+  __shared__ float red[kVarThreads / 32];
+  pdl_begin();
+  const int64_t D = p.head_dim;
+  float* qv = var_sh;
+  float* acc = var_sh + D;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = kVarThreads / 32;
+  const int64_t G = p.num_heads / p.num_kv_heads;
+  auto off = [&](const int32_t* cu, int64_t i, int64_t total) { return min(max(int64_t(cu[i]), int64_t(0)), total); };
+  for (int64_t rh = blockIdx.x; rh < p.total_q * p.num_heads; rh += gridDim.x) {
+    const int64_t row = rh / p.num_heads, h = rh % p.num_heads, kvh = h / G;
+    // the sequence s with cu_q[s] <= row < cu_q[s + 1] (the last such s when empty ones repeat)
+    int64_t lo = 0, hi = p.num_seqs;  // invariant: answer in [lo, hi)
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (off(p.cu_q, mid, p.total_q) <= row) lo = mid; else hi = mid;
+    }
+    const int64_t s = lo;
+    const int64_t q0 = p.num_seqs > 0 ? off(p.cu_q, s, p.total_q) : 0, q1 = p.num_seqs > 0 ? off(p.cu_q, s + 1, p.total_q) : 0;
+    const int64_t k0 = p.num_seqs > 0 ? off(p.cu_k, s, p.total_k) : 0;
+    const int64_t k1 = p.num_seqs > 0 ? max(k0, off(p.cu_k, s + 1, p.total_k)) : 0;
+    const bool in_seq = row >= q0 && row < q1;
+    const int64_t lq = q1 - q0, lk = k1 - k0, i = row - q0;
+    int64_t vis = in_seq ? (p.causal ? min(lk, max(int64_t(0), i + lk - lq + 1)) : lk) : 0;
+    const T* qr = static_cast<const T*>(p.q) + rh * D;
+    T* out = static_cast<T*>(p.out) + rh * D;
+    __syncthreads();  // the previous row's q / acc are no longer read
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+      qv[d] = Dt<T>::to_f(qr[d]);
+      acc[d] = 0.f;
+    }
+    float run_max = -INFINITY, run_sum = 0.f;
+    for (int64_t j0 = 0; j0 < vis; j0 += kVarTile) {
+      const int nt = int(min(int64_t(kVarTile), vis - j0));
+      __syncthreads();
+      for (int j = warp; j < nt; j += nw) {
+        const T* kr = static_cast<const T*>(p.k) + ((k0 + j0 + j) * p.num_kv_heads + kvh) * D;
+        float dot = 0.f;
+        for (int64_t d = lane; d < D; d += 32) dot += qv[d] * Dt<T>::to_f(kr[d]);
+        dot = warp_sum(dot);
+        if (lane == 0) w[j] = dot * p.scale;
+      }
+      __syncthreads();
+      float m = -INFINITY;
+      for (int j = threadIdx.x; j < nt; j += blockDim.x) m = fmaxf(m, w[j]);
+      m = warp_max(m);
+      if (lane == 0) red[warp] = m;
+      __syncthreads();
+      m = red[0];
+      for (int k = 1; k < nw; ++k) m = fmaxf(m, red[k]);
+      const float nm = fmaxf(run_max, m);
+      const float corr = nm == -INFINITY ? 1.f : expf(run_max - nm);
+      __syncthreads();
+      float sum = 0.f;
+      for (int j = threadIdx.x; j < nt; j += blockDim.x) {
+        const float e = w[j] == -INFINITY ? 0.f : expf(w[j] - nm);
+        w[j] = e;
+        sum += e;
+      }
+      sum = warp_sum(sum);
+      if (lane == 0) red[warp] = sum;
+      __syncthreads();
+      float tile = 0.f;
+      for (int k = 0; k < nw; ++k) tile += red[k];
+      run_sum = run_sum * corr + tile;
+      run_max = nm;
+      for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float a = acc[d] * corr;
+        for (int j = 0; j < nt; ++j)
+          a += w[j] * Dt<T>::to_f(static_cast<const T*>(p.v)[((k0 + j0 + j) * p.num_kv_heads + kvh) * D + d]);
+        acc[d] = a;
+      }
+    }
+    __syncthreads();
+    // no visible key: a zero row; keys whose scores are all -inf: NaN (exp(-inf - -inf)), as the CPU
+    const float inv = run_sum == 0.f ? (vis > 0 ? __int_as_float(0x7fffffff) : 0.f) : 1.f / run_sum;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = Dt<T>::from_f(vis > 0 ? acc[d] * inv : 0.f);
+  }
+}
+
+}  // namespace
+
+std::string varlen_attention_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::VarlenAttentionArgs*>(args);
+  if (a.head_dim > 4096) return "head_dim > 4096 (q and the accumulator are kept in 48 KB of shared memory)";
+  return "";
+}
+
+void varlen_attention_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::VarlenAttentionArgs*>(args);
+  const int dev = a.q.device.device_id;
+  DeviceGuard g(dev, "varlen_attention");
+  const DeviceProps& dp = device_props(dev);
+  const VarlenParams p{a.out.data, a.q.data, a.k.data, a.v.data, static_cast<const int32_t*>(a.cu_q.data),
+                       static_cast<const int32_t*>(a.cu_k.data), a.scale, a.causal, a.total_q, a.total_k,
+                       a.num_heads, a.num_kv_heads, a.head_dim, a.num_seqs};
+  const unsigned grid = unsigned(std::min<int64_t>(a.total_q * a.num_heads, int64_t(dp.sm_count) * 16));
+  const size_t smem = size_t(2 * a.head_dim) * sizeof(float);
+  const auto s = static_cast<cudaStream_t>(stream);
+  switch (a.q.dtype) {
+    case detail::DType::F32:
+      launch_kernel("varlen_attention", varlen_attention_kernel<float>, dim3(grid), dim3(kVarThreads), smem, s, 1, dp.pdl, p);
+      break;
+    case detail::DType::F16:
+      launch_kernel("varlen_attention", varlen_attention_kernel<__half>, dim3(grid), dim3(kVarThreads), smem, s, 1, dp.pdl, p);
+      break;
+    default:
+      launch_kernel("varlen_attention", varlen_attention_kernel<__nv_bfloat16>, dim3(grid), dim3(kVarThreads), smem, s, 1,
+                    dp.pdl, p);
+      break;
+  }
+  check_launch("varlen_attention");
+  record_launch("varlen_attention", "cta_per_row_head threads=%lld key_tile=%lld grid=%lld", {kVarThreads, kVarTile, grid});
+}
+
+}  // namespace ks::cuda

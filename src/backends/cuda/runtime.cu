@@ -144,6 +144,8 @@ std::string paged_attention_can_implement(const void*);
 std::string paged_attention_gqa_can_implement(const void*);
 bool paged_attention_gqa_supported(int device);
 void paged_attention_gqa_cuda(const void*, ks_stream_t);
+std::string varlen_attention_can_implement(const void*);
+void varlen_attention_cuda(const void*, ks_stream_t);
 
 }  // namespace ks::cuda
 
@@ -224,6 +226,11 @@ std::string ci_attention_gqa(const void* p) {
   if (!paged_attention_gqa_supported(a.q.device.device_id)) return "thread-block clusters need compute capability 9.0";
   return paged_attention_gqa_can_implement(p);
 }
+std::string ci_varlen(const void* p) {
+  auto& a = *static_cast<const ops::VarlenAttentionArgs*>(p);
+  const std::string why = align_reason({&a.out, &a.q, &a.k, &a.v, &a.cu_q, &a.cu_k});
+  return why.empty() ? varlen_attention_can_implement(p) : why;
+}
 std::string ci_kv(const void* p) {
   auto& a = *static_cast<const ops::KvCacheAppendArgs*>(p);
   return align_reason({&a.slot_mapping});  // rows are copied as bytes: any alignment
@@ -275,6 +282,9 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
                "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",
                avail, ks::cuda::ci_attention_gqa, ks::cuda::paged_attention_gqa_cuda, /*batch_invariant=*/false});
+  v.push_back({"varlen_attention", KS_BACKEND_CUDA, "cuda_cta_per_row_head", kFloatDTypes, 10,
+               "a CTA per (query row, head): key tiles of 64, online FP32 softmax", avail, ks::cuda::ci_varlen,
+               ks::cuda::varlen_attention_cuda});
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_cta_per_head", kFloatDTypes, 10,
                "a CTA per (token, head): key tiles of 128, online FP32 softmax", avail, ks::cuda::ci_attention,
                ks::cuda::paged_attention_cuda});

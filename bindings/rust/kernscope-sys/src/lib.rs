@@ -229,6 +229,18 @@ extern "C" {
     ) -> ks_status_t;
     pub fn ks_argmax(out: *mut DLTensor, x: *const DLTensor, backend: ks_backend_t, stream: ks_stream_t)
         -> ks_status_t;
+    pub fn ks_varlen_attention(
+        out: *mut DLTensor,
+        q: *const DLTensor,
+        k: *const DLTensor,
+        v: *const DLTensor,
+        cu_seqlens_q: *const DLTensor,
+        cu_seqlens_k: *const DLTensor,
+        scale: f64,
+        causal: c_int,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     pub fn ks_sample(
         out: *mut DLTensor,
         valid: *mut DLTensor,

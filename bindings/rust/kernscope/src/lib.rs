@@ -380,6 +380,27 @@ impl Exec {
         check(unsafe { sys::ks_argmax(&mut o, &xt, self.backend.raw(), self.stream) })
     }
 
+    /// Attention over packed sequences: q `[total_q, heads, d]`, k/v `[total_k, kv_heads, d]`,
+    /// int32 offsets `[num_seqs + 1]`; `causal`: bottom-right aligned mask.
+    #[allow(clippy::too_many_arguments)]
+    pub fn varlen_attention(
+        &self,
+        out: &mut TensorMut,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cu_seqlens_q: &Tensor,
+        cu_seqlens_k: &Tensor,
+        scale: f64,
+        causal: bool,
+    ) -> Result<()> {
+        let (mut o, qt, kt, vt) = (out.raw(), q.raw(), k.raw(), v.raw());
+        let (cq, ck) = (cu_seqlens_q.raw(), cu_seqlens_k.raw());
+        check(unsafe {
+            sys::ks_varlen_attention(&mut o, &qt, &kt, &vt, &cq, &ck, scale, causal as c_int, self.backend.raw(), self.stream)
+        })
+    }
+
     /// One token id per row of `logits` (int64 `out`): temperature, top-k (0: off),
     /// top-p (1: off), then a Philox4x32-10 draw keyed by `seed_offset` = [seed, offset]
     /// (int64 [2]); `valid` (u8, optional) is 0 for a row without a distribution.
