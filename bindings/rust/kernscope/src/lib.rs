@@ -503,6 +503,20 @@ pub fn paged_attention(
 ) -> Result<()> {
     Exec::default().paged_attention(out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale)
 }
+/// [`Exec::varlen_attention`] on the automatic backend.
+#[allow(clippy::too_many_arguments)]
+pub fn varlen_attention(
+    out: &mut TensorMut,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    cu_seqlens_q: &Tensor,
+    cu_seqlens_k: &Tensor,
+    scale: f64,
+    causal: bool,
+) -> Result<()> {
+    Exec::default().varlen_attention(out, q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal)
+}
 /// [`Exec::argmax`] on the automatic backend.
 pub fn argmax(out: &mut TensorMut, x: &Tensor) -> Result<()> {
     Exec::default().argmax(out, x)

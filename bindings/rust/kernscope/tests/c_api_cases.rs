@@ -340,3 +340,47 @@ fn sample_top_k_one_is_argmax_and_flags_invalid_rows() {
     );
     assert!(e.is_err());
 }
+
+#[test]
+fn varlen_attention_causal_rows_and_bad_offsets() {
+    // One sequence of 2 queries over 2 keys (1 head, head_dim 2), causal: query 0 sees key 0
+    // only (its output is v[0]); query 1 averages v[0] and v[1] with softmax weights.
+    let q = [1.0f32, 0.0, 0.5, -1.0];
+    let k = [2.0f32, 1.0, -1.0, 3.0];
+    let v = [1.0f32, 2.0, -4.0, 8.0];
+    let cu = [0i32, 2];
+    let mut out = [f32::NAN; 4];
+    kernscope::varlen_attention(
+        &mut TensorMut::f32(&mut out, &[2, 1, 2]).unwrap(),
+        &Tensor::f32(&q, &[2, 1, 2]).unwrap(),
+        &Tensor::f32(&k, &[2, 1, 2]).unwrap(),
+        &Tensor::f32(&v, &[2, 1, 2]).unwrap(),
+        &Tensor::i32(&cu, &[2]).unwrap(),
+        &Tensor::i32(&cu, &[2]).unwrap(),
+        0.5,
+        true,
+    )
+    .unwrap();
+    assert!(close(out[0] as f64, 1.0, 1e-6) && close(out[1] as f64, 2.0, 1e-6), "{:?}", out);
+    let s0 = 0.5 * (0.5 * 2.0 - 1.0 * 1.0);
+    let s1 = 0.5 * (0.5 * -1.0 - 1.0 * 3.0);
+    let (e0, e1) = (f64::exp(s0), f64::exp(s1));
+    let p0 = e0 / (e0 + e1);
+    assert!(close(out[2] as f64, p0 * 1.0 + (1.0 - p0) * -4.0, 1e-5), "{:?}", out);
+    assert!(close(out[3] as f64, p0 * 2.0 + (1.0 - p0) * 8.0, 1e-5), "{:?}", out);
+    let before = out;
+    let e = kernscope::varlen_attention(
+        &mut TensorMut::f32(&mut out, &[2, 1, 2]).unwrap(),
+        &Tensor::f32(&q, &[2, 1, 2]).unwrap(),
+        &Tensor::f32(&k, &[2, 1, 2]).unwrap(),
+        &Tensor::f32(&v, &[2, 1, 2]).unwrap(),
+        &Tensor::i32(&[0, 3], &[2]).unwrap(),
+        &Tensor::i32(&cu, &[2]).unwrap(),
+        0.5,
+        true,
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("cu_seqlens_q"), "{}", e);
+    assert_eq!(out, before);
+}
