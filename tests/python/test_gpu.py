@@ -222,6 +222,15 @@ def test_model_ops_cuda_vs_cpu(dt):
             o = ks.varlen_attention(q, k, v, cq.cuda(), ck.cuda(), causal=causal)
             oc = ks.varlen_attention(q.cpu(), k.cpu(), v.cpu(), cq, ck, causal=causal)
             close(o, oc, dt, f"varlen_attention causal={causal}")
+        # causal prefill (len_q == len_k) against torch SDPA on the GPU, GQA expanded for it
+        cu = torch.tensor([0, 300, 301, 812], dtype=torch.int32, device="cuda")
+        q, k, v = trand((812, 8, 64), dt, 12), trand((812, 2, 64), dt, 13), trand((812, 2, 64), dt, 14)
+        o = ks.varlen_attention(q, k, v, cu, cu)
+        for a, b in ((0, 300), (300, 301), (301, 812)):
+            want = torch.nn.functional.scaled_dot_product_attention(
+                q[a:b].float().transpose(0, 1), k[a:b].float().repeat_interleave(4, 1).transpose(0, 1),
+                v[a:b].float().repeat_interleave(4, 1).transpose(0, 1), is_causal=True).transpose(0, 1).to(TORCH[dt])
+            close(o[a:b], want, dt, f"varlen_attention vs SDPA rows {a}:{b}")
         ran += 1
     if not ran:
         pytest.skip("no CUDA kernel for the model-path ops yet")
