@@ -493,6 +493,49 @@ int case_attention(Ctx& c, const std::vector<int64_t>& s) {
                  [&](std::string* why) { return close(o, ref, &sa, double(L), why); }, c);
 }
 
+// Packed sequences: {num_seqs, Hq, KVH, D, max_len, causal}; sequence 1 is empty, odd
+// sequences have 3 more keys than queries (chunked prefill), the rest len_q == len_k.
+int case_varlen(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t S = s[0], Hq = s[1], KVH = s[2], D = s[3], L = s[4];
+  const bool causal = s[5] != 0;
+  std::vector<int64_t> cq{0}, ck{0};
+  for (int64_t i = 0; i < S; ++i) {
+    const int64_t lq = i == 1 ? 0 : 1 + (i * 7 + 3) % L;
+    cq.push_back(cq.back() + lq);
+    ck.push_back(ck.back() + lq + (i % 2 ? 3 : 0));
+  }
+  const int64_t TQ = cq.back(), TK = ck.back();
+  HBuf q(c.dt, {TQ, Hq, D}, c.off), o(c.dt, {TQ, Hq, D}, c.off), k(c.dt, {TK, KVH, D}, c.off), v(c.dt, {TK, KVH, D}, c.off),
+      bq(DType::I32, {S + 1}, c.off), bk(DType::I32, {S + 1}, c.off);
+  q.randn(); k.randn(); v.randn(); o.poison();
+  for (int64_t i = 0; i <= S; ++i) bq.set(i, double(cq[size_t(i)])), bk.set(i, double(ck[size_t(i)]));
+  const double scale = 1 / std::sqrt(double(D));
+  std::vector<double> ref(size_t(o.numel()));
+  for (int64_t sq = 0; sq < S; ++sq) {
+    const int64_t lq = cq[size_t(sq) + 1] - cq[size_t(sq)], lk = ck[size_t(sq) + 1] - ck[size_t(sq)];
+    for (int64_t i = 0; i < lq; ++i)
+      for (int64_t h = 0; h < Hq; ++h) {
+        const int64_t g = h / (Hq / KVH), row = cq[size_t(sq)] + i;
+        const int64_t n = causal ? std::min(lk, std::max<int64_t>(0, i + lk - lq + 1)) : lk;
+        std::vector<double> sc(static_cast<size_t>(n));
+        double mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < D; ++d) dot += q.get((row * Hq + h) * D + d) * k.get(((ck[size_t(sq)] + j) * KVH + g) * D + d);
+          sc[size_t(j)] = double(float(scale)) * dot;
+          mx = std::max(mx, sc[size_t(j)]);
+        }
+        for (auto& x : sc) sum += (x = std::exp(x - mx));
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t d = 0; d < D; ++d)
+            ref[size_t((row * Hq + h) * D + d)] += sc[size_t(j)] / sum * v.get(((ck[size_t(sq)] + j) * KVH + g) * D + d);
+      }
+  }
+  std::vector<double> sa(size_t(o.numel()), 4.0);  // convex combinations of V rows, as paged_attention
+  return outcome([&] { ks::varlen_attention(c.v(o), c.v(q), c.v(k), c.v(v), c.v(bq), c.v(bk), scale, causal, c.be); },
+                 [&](std::string* why) { return close(o, ref, &sa, double(L + 3), why); }, c);
+}
+
 struct OpSweep {
   std::string op;
   std::vector<std::pair<std::string, CaseFn>> cases;  // label, fn(ctx) per shape
@@ -541,6 +584,9 @@ std::vector<OpSweep> sweeps() {
   add("paged_attention", {{1, 9, 3, 64, 16, 37}, {4, 8, 2, 64, 7, 50}, {3, 12, 3, 128, 16, 300}, {2, 4, 1, 32, 1, 9},
                           {5, 9, 3, 64, 16, 1}},
       case_attention);
+  add("varlen_attention", {{1, 9, 3, 64, 37, 1}, {4, 8, 2, 64, 50, 1}, {3, 12, 3, 128, 300, 1}, {4, 4, 1, 32, 9, 0},
+                           {5, 8, 8, 80, 70, 0}},
+      case_varlen);
   return v;
 }
 
