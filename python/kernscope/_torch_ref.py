@@ -477,6 +477,12 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
             hidden = j > i + lk - lq                                                # [lq, lk]
             p = torch.softmax(sc.masked_fill(hidden, float("-inf")), -1)
             p = torch.where(hidden.all(-1)[:, None], torch.zeros_like(p), p)       # no visible key: zeros
+            if not bool(torch.isfinite(vs).all()):
+                # only visible keys enter the sum: a NaN/inf V row hidden from a query (weight 0)
+                # must not reach it through 0 * NaN
+                contrib = (p[..., None] * vs[:, None, :, :]).masked_fill(hidden[None, :, :, None], 0.0)
+                out[cq[s]:cq[s + 1]] = contrib.sum(2).transpose(0, 1)
+                continue
         else:
             p = torch.softmax(sc, -1)
         out[cq[s]:cq[s + 1]] = (p @ vs).transpose(0, 1)

@@ -332,6 +332,10 @@ extern "C" ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, con
     const ks_backend_t be = resolve_backend(op, backend, a.q);
     // host offsets: 0, non-decreasing, ending at the totals (device offsets: clamped by the kernel)
     for (auto [n, t, total] : {std::tuple{"cu_seqlens_q", &a.cu_q, a.total_q}, {"cu_seqlens_k", &a.cu_k, a.total_k}}) {
+      if (a.num_seqs == 0 && total != 0)
+        fail(KS_ERROR_INVALID_ARGUMENT, op,
+             std::string(n) + " holds no sequence (shape [1]) but there are " + std::to_string(total) +
+                 (std::string(n) == "cu_seqlens_q" ? " query rows" : " key rows"));
       if (!on_host(*t)) continue;
       int64_t prev = 0;
       for (int64_t i = 0; i <= a.num_seqs; ++i) {

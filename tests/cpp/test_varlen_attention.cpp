@@ -135,6 +135,11 @@ TEST(VarlenAttention, ValidationNamesTheArgumentAndWritesNothing) {
                             KS_ERROR_INVALID_ARGUMENT, kOp, "num_kv_heads", s));
   EXPECT_TRUE(fails_cleanly(ks_varlen_attention(&o, &qq, &kk, &vv, &g, &g, INFINITY, 1, KS_BACKEND_CPU, nullptr),
                             KS_ERROR_INVALID_ARGUMENT, kOp, "scale", s));
+  Buf none(DType::I32, {1});
+  none.set(0, 0);
+  DLTensor nd = none.dl();
+  EXPECT_TRUE(fails_cleanly(ks_varlen_attention(&o, &qq, &kk, &vv, &nd, &nd, 0.3, 1, KS_BACKEND_CPU, nullptr),
+                            KS_ERROR_INVALID_ARGUMENT, kOp, "cu_seqlens_q holds no sequence", s));
   EXPECT_EQ(ks_varlen_attention(&o, &qq, &kk, &vv, &g, &g, 0.3, 1, KS_BACKEND_CPU, nullptr), KS_SUCCESS) << ks_last_error();
 }
 

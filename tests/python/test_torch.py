@@ -115,6 +115,14 @@ def test_model_ops_native_vs_torch_reference(dt):
         o1 = ks.varlen_attention(q, k, v, cq, ck, causal=causal)
         o2 = ks.varlen_attention(q, k, v, cq, ck, causal=causal, backend="torch")
         close(o1, o2, dt, f"varlen_attention causal={causal}")
+    # a NaN in the last V row of a sequence reaches only the queries that see that key
+    cq = torch.tensor([0, 4], dtype=torch.int32)
+    q, k, v = trand((4, 2, 8), dt, seed=23), trand((4, 1, 8), dt, seed=24), trand((4, 1, 8), dt, seed=25)
+    v[3, 0, 5] = float("nan")
+    for backend in ("auto", "torch"):
+        o = ks.varlen_attention(q, k, v, cq, cq, backend=backend)
+        assert torch.isfinite(o[:3]).all(), backend
+        assert torch.isnan(o[3, :, 5]).all() and torch.isfinite(o[3, :, :5]).all(), backend
     # the same causal prefill through SDPA (lq == lk: its is_causal mask is the lower triangle)
     cq = torch.tensor([0, 4, 11], dtype=torch.int32)
     q, k, v = trand((11, 4, 16), dt, seed=20), trand((11, 2, 16), dt, seed=21), trand((11, 2, 16), dt, seed=22)
