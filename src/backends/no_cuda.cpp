@@ -2,6 +2,7 @@
 #include <vector>
 
 #include "registry/registry.hpp"
+#include "registry/routing.hpp"
 
 namespace ks::cuda {
 bool device_present() { return false; }
@@ -12,6 +13,7 @@ const char* unavailable_reason() {
 
 namespace ks::registry {
 void register_cuda_variants(std::vector<Variant>&) {}
+std::string cuda_arch_name(int) { return ""; }
 }  // namespace ks::registry
 
 #include <kernscope/kernscope.h>

@@ -1,5 +1,7 @@
 #include "registry/registry.hpp"
 
+#include "registry/routing.hpp"
+
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -104,6 +106,16 @@ void force_variant(const char* op, const char* variant) {
     g_forced.erase(op);
 }
 
+const Cell* routed_cell(const char* op, ks_backend_t backend, detail::DType dtype, const void* args) {
+  const Table& t = active_table();
+  bool any = false;  // skip the shape key and arch lookup for ops the table does not mention
+  for (const Cell& c : t.cells) any = any || (c.op == op && c.backend == backend_name(backend));
+  if (!any) return nullptr;
+  const RouteKey k = route_key(op, args);
+  const std::string arch = backend == KS_BACKEND_CUDA ? cuda_arch_name(k.device) : "cpu";
+  return find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), k.rows, k.cols);
+}
+
 Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args) {
   Choice c;
   if (!g_forced.empty()) {
@@ -127,28 +139,40 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
   }
   std::string skipped;
   bool any_backend = false, any_dtype = false;
+  // Why v cannot run this call ("" when it can); counts what exists for the error messages.
+  auto why_not = [&](const Variant& v) -> std::string {
+    any_backend = true;
+    if (!(v.dtype_mask & dtype_bit(dtype))) return "-";
+    any_dtype = true;
+    if (v.available && !v.available()) return "not available on this machine";
+    if (!v.batch_invariant && deterministic()) return "not batch-invariant (deterministic mode)";
+    return v.can_implement ? v.can_implement(args) : std::string();
+  };
+  auto note = [&](const Variant& v, const std::string& why) {
+    if (why != "-") skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
+  };
+  // The routing table's cell for this shape, arch and dtype: its variants first, in its order.
+  const Cell* cell = routed_cell(op, backend, dtype, args);
+  if (cell)
+    for (const std::string& name : cell->order)
+      for (const Variant& v : all()) {
+        if (std::strcmp(v.op, op) != 0 || v.backend != backend || name != v.name) continue;
+        const std::string why = why_not(v);
+        if (why.empty()) {
+          c.variant = &v;
+          return c;
+        }
+        note(v, why);
+      }
   for (const Variant& v : all()) {
     if (std::strcmp(v.op, op) != 0 || v.backend != backend) continue;
-    any_backend = true;
-    if (!(v.dtype_mask & dtype_bit(dtype))) continue;
-    any_dtype = true;
-    if (v.available && !v.available()) {
-      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not available on this machine";
-      continue;
+    if (cell && std::find(cell->order.begin(), cell->order.end(), v.name) != cell->order.end()) continue;
+    const std::string why = why_not(v);
+    if (why.empty()) {
+      c.variant = &v;  // (no reason text on this per-call path: ks_which explains via select_static)
+      return c;
     }
-    if (!v.batch_invariant && deterministic()) {
-      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not batch-invariant (deterministic mode)";
-      continue;
-    }
-    if (v.can_implement) {
-      std::string why = v.can_implement(args);
-      if (!why.empty()) {
-        skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
-        continue;
-      }
-    }
-    c.variant = &v;  // (no reason text on this per-call path: ks_which explains via select_static)
-    return c;
+    note(v, why);
   }
   if (!any_backend)
     detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op,

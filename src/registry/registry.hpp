@@ -57,6 +57,11 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
 // Best variant ignoring call-level checks (for ks_which / ksctl which).
 Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype);
 
+// The routing-table cell (src/registry/routing.hpp) that orders the variants for this call,
+// or nullptr (then: priority order).
+struct Cell;
+const Cell* routed_cell(const char* op, ks_backend_t backend, detail::DType dtype, const void* args);
+
 // Runs validation-complete args through the selected variant.
 ks_status_t dispatch(const char* op, ks_backend_t backend, detail::DType dtype, const void* args,
                      ks_stream_t stream);

@@ -14,6 +14,7 @@
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
+#include "registry/routing.hpp"
 
 namespace ks::cuda {
 
@@ -292,6 +293,11 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "a CTA per token, 16-byte copies when aligned; out-of-range device slots skipped", avail,
                ks::cuda::ci_kv, ks::cuda::kv_cache_append_cuda});
 }
+std::string cuda_arch_name(int device) {
+  const cuda::DeviceProps& p = cuda::device_props(device);
+  return "sm_" + std::to_string(p.major) + std::to_string(p.minor);
+}
+
 }  // namespace ks::registry
 
 extern "C" const char* ks_last_launch_config(const char* op) {

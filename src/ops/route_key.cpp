@@ -1,0 +1,41 @@
+// The (rows, cols) each op is routed by (docs/routing.md#shape-keys), and its tensors' device.
+#include <cstring>
+
+#include "ops/args.hpp"
+#include "registry/routing.hpp"
+
+namespace ks::registry {
+
+namespace {
+template <typename A>
+const A& as(const void* p) {
+  return *static_cast<const A*>(p);
+}
+RouteKey key(int64_t rows, int64_t cols, const detail::View& v) { return {rows, cols, v.device.device_id}; }
+}  // namespace
+
+RouteKey route_key(const char* op, const void* args) {
+  using namespace ks::ops;
+  const auto is = [&](const char* name) { return std::strcmp(op, name) == 0; };
+  if (is("rms_norm")) { const auto& a = as<RmsNormArgs>(args); return key(a.rows, a.hidden, a.x); }
+  if (is("fused_add_rms_norm")) { const auto& a = as<FusedAddRmsNormArgs>(args); return key(a.rows, a.hidden, a.x); }
+  if (is("silu_and_mul")) { const auto& a = as<SiluAndMulArgs>(args); return key(a.rows, a.d, a.x); }
+  if (is("gemv")) { const auto& a = as<GemvArgs>(args); return key(a.n, a.h, a.x); }
+  if (is("softmax")) { const auto& a = as<SoftmaxArgs>(args); return key(a.rows, a.cols, a.x); }
+  if (is("argmax")) { const auto& a = as<ArgmaxArgs>(args); return key(a.rows, a.cols, a.x); }
+  if (is("sample")) { const auto& a = as<SampleArgs>(args); return key(a.rows, a.vocab, a.logits); }
+  if (is("gemm")) { const auto& a = as<GemmArgs>(args); return key(a.m, a.n, a.a); }
+  if (is("quant_matmul")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, a.n, a.x); }
+  if (is("embedding")) { const auto& a = as<EmbeddingArgs>(args); return key(a.num_ids, a.hidden, a.out); }
+  if (is("dequantize")) { const auto& a = as<DequantizeArgs>(args); return key(a.rows, a.cols, a.out); }
+  if (is("rotary_embedding")) { const auto& a = as<RotaryArgs>(args); return key(a.num_tokens, a.num_heads, a.q); }
+  if (is("kv_cache_append")) { const auto& a = as<KvCacheAppendArgs>(args); return key(a.num_tokens, a.num_kv_heads, a.k); }
+  if (is("paged_attention")) {
+    const auto& a = as<PagedAttentionArgs>(args);
+    return key(a.num_tokens, a.max_blocks_per_seq * a.block_size, a.q);
+  }
+  if (is("varlen_attention")) { const auto& a = as<VarlenAttentionArgs>(args); return key(a.total_q, a.total_k, a.q); }
+  return {};
+}
+
+}  // namespace ks::registry

@@ -1,0 +1,139 @@
+// Routing tables: parsing (nlohmann-json), matching, the active table. See routing.hpp.
+#include "registry/routing.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <utility>
+
+#include "core/common.hpp"
+
+namespace ks::registry {
+
+// Generated at configure time from src/registry/routing/*.json (CMakeLists.txt).
+const std::vector<std::pair<const char*, const char*>>& embedded_routing_tables();
+
+namespace {
+
+// Thrown directly (as detail::fail would) so that this file stands alone in tests/internal.
+[[noreturn]] void bad(const std::string& name, const std::string& what) {
+  throw detail::Failure{KS_ERROR_INVALID_ARGUMENT, "routing: " + name + ": " + what};
+}
+
+std::string str_field(const nlohmann::json& j, const char* key, const std::string& where, bool required = true) {
+  if (!j.contains(key)) {
+    if (required) bad(where, std::string("missing \"") + key + "\"");
+    return "";
+  }
+  if (!j[key].is_string()) bad(where, std::string("\"") + key + "\" must be a string");
+  return j[key].get<std::string>();
+}
+
+// [min, max] with null max meaning unbounded; absent: everything.
+void range_field(const nlohmann::json& j, const char* key, const std::string& where, int64_t* lo, int64_t* hi) {
+  if (!j.contains(key)) return;
+  const auto& r = j[key];
+  if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !(r[1].is_number_integer() || r[1].is_null()))
+    bad(where, std::string("\"") + key + "\" must be [min, max] (integers; max may be null)");
+  *lo = r[0].get<int64_t>();
+  *hi = r[1].is_null() ? INT64_MAX : r[1].get<int64_t>();
+  if (*lo < 0 || *hi < *lo) bad(where, std::string("\"") + key + "\" must have 0 <= min <= max");
+}
+
+}  // namespace
+
+Table parse_table(const std::string& text, const std::string& name) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    bad(name, std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) bad(name, "the document must be an object");
+  if (str_field(j, "schema", name) != "kernscope-routing/1")
+    bad(name, "\"schema\" must be \"kernscope-routing/1\"");
+  const std::string arch = str_field(j, "arch", name);
+  if (!j.contains("cells") || !j["cells"].is_array()) bad(name, "\"cells\" must be an array");
+  Table t;
+  t.files.push_back(name);
+  int index = 0;
+  for (const auto& cj : j["cells"]) {
+    const std::string where = name + " cell " + std::to_string(index);
+    if (!cj.is_object()) bad(where, "must be an object");
+    Cell c;
+    c.table = name;
+    c.index = index++;
+    c.arch = arch;
+    c.op = str_field(cj, "op", where);
+    c.backend = str_field(cj, "backend", where);
+    if (c.backend != "cpu" && c.backend != "cuda") bad(where, "\"backend\" must be \"cpu\" or \"cuda\"");
+    c.dtype = cj.contains("dtype") ? str_field(cj, "dtype", where) : "*";
+    if (c.dtype != "*" && c.dtype != "fp16" && c.dtype != "bf16" && c.dtype != "fp32")
+      bad(where, "\"dtype\" must be \"fp16\", \"bf16\", \"fp32\" or \"*\"");
+    range_field(cj, "rows", where, &c.rows_min, &c.rows_max);
+    range_field(cj, "cols", where, &c.cols_min, &c.cols_max);
+    if (!cj.contains("order") || !cj["order"].is_array() || cj["order"].empty())
+      bad(where, "\"order\" must be a non-empty array of variant names");
+    for (const auto& v : cj["order"]) {
+      if (!v.is_string()) bad(where, "\"order\" must hold variant names (strings)");
+      c.order.push_back(v.get<std::string>());
+    }
+    c.basis = str_field(cj, "basis", where);
+    if (c.basis != "measured" && c.basis != "heuristic") bad(where, "\"basis\" must be \"measured\" or \"heuristic\"");
+    c.source = str_field(cj, "source", where, c.basis == "measured");
+    c.why = str_field(cj, "why", where);
+    t.cells.push_back(std::move(c));
+  }
+  return t;
+}
+
+const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
+                      std::string_view dtype, int64_t rows, int64_t cols) {
+  for (const Cell& c : t.cells) {
+    if (c.op != op || c.backend != backend) continue;
+    if (c.arch != "*" && c.arch != arch) continue;
+    if (c.dtype != "*" && c.dtype != dtype) continue;
+    if (rows < c.rows_min || rows > c.rows_max || cols < c.cols_min || cols > c.cols_max) continue;
+    return &c;
+  }
+  return nullptr;
+}
+
+const Table& active_table() {
+  static Table table;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (const char* path = std::getenv("KS_ROUTING_TABLE"); path && *path) {
+      std::ifstream f(path);
+      if (!f) bad(path, "KS_ROUTING_TABLE names a file that cannot be read");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      table = parse_table(ss.str(), path);
+      return;
+    }
+    // Arch-specific files first, the generic ("*") one last: the first matching cell wins.
+    std::vector<Table> parts;
+    for (const auto& [name, text] : embedded_routing_tables()) parts.push_back(parse_table(text, name));
+    std::stable_sort(parts.begin(), parts.end(), [](const Table& a, const Table& b) {
+      const bool ga = !a.cells.empty() && a.cells[0].arch == "*", gb = !b.cells.empty() && b.cells[0].arch == "*";
+      return ga < gb;
+    });
+    for (auto& p : parts) {
+      table.files.insert(table.files.end(), p.files.begin(), p.files.end());
+      for (auto& c : p.cells) table.cells.push_back(std::move(c));
+    }
+  });
+  return table;
+}
+
+std::string describe(const Cell& c) {
+  std::string s = "routing cell " + std::to_string(c.index) + " of " + c.table + " (" + c.basis;
+  if (!c.source.empty()) s += ": " + c.source;
+  return s + ")";
+}
+
+}  // namespace ks::registry

@@ -1,0 +1,58 @@
+// Routing tables: which variant of (op, backend) to try first for a GPU arch, dtype and
+// shape bucket. The tables are JSON (src/registry/routing/<arch>.json, compiled into the
+// library; KS_ROUTING_TABLE=<file> replaces them at run time) and are documented in
+// docs/routing.md. A cell only reorders: the variants it lists are tried first, in its
+// order, then every other variant of (op, backend) by priority; each still has to pass
+// dtype, availability, deterministic-mode and can_implement checks, so a cell can never
+// pick a variant that cannot run a call, and the CPU backend's chain still ends at the
+// portable reference.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <kernscope/kernscope.h>
+
+namespace ks::registry {
+
+// The shape a call is routed by: (rows, cols) as docs/routing.md defines them per op, and
+// the device of its tensors (for the arch).
+struct RouteKey {
+  int64_t rows = 0, cols = 0;
+  int device = 0;
+};
+// Implemented by the ops layer (src/ops/route_key.cpp); an op without a definition gets {0, 0}.
+RouteKey route_key(const char* op, const void* args);
+
+struct Cell {
+  std::string op, backend, arch, dtype;  // arch "*" / dtype "*": any
+  int64_t rows_min = 0, rows_max = INT64_MAX, cols_min = 0, cols_max = INT64_MAX;  // inclusive
+  std::vector<std::string> order;  // variant names, tried first, in this order
+  std::string basis;               // "measured" or "heuristic"
+  std::string source;              // measured: the CSV (and commit) the order comes from
+  std::string why;                 // one line: what the measurement / heuristic says
+  std::string table;               // the file the cell came from
+  int index = 0;                   // its position there
+};
+
+struct Table {
+  std::vector<Cell> cells;  // in match order: the first matching cell wins
+  std::vector<std::string> files;
+};
+
+// Parses one routing JSON document (schema "kernscope-routing/1"); throws
+// ks::detail::Failure (KS_ERROR_INVALID_ARGUMENT) naming `name` and the bad field.
+Table parse_table(const std::string& json, const std::string& name);
+// The first cell of t that matches; nullptr when none does.
+const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
+                      std::string_view dtype, int64_t rows, int64_t cols);
+// The active table: KS_ROUTING_TABLE's file when set, else the compiled-in files. Parsed once.
+const Table& active_table();
+// A device's arch name ("sm_90" for compute capability 9.0); "" without a CUDA device.
+std::string cuda_arch_name(int device);
+// "cell N of FILE (basis[: source])" for ks_which / ksctl which.
+std::string describe(const Cell& c);
+
+}  // namespace ks::registry

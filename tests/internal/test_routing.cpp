@@ -1,0 +1,120 @@
+// The routing-table logic on its own (src/registry/routing.cpp compiled into this test):
+// parsing and its error messages, cell matching for fake device descriptions (arch,
+// dtype, shape buckets), first-match order, and the compiled-in tables.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/common.hpp"
+#include "registry/routing.hpp"
+
+namespace ks::registry {
+namespace {
+
+std::string doc(const std::string& arch, const std::string& cells) {
+  return R"({"schema": "kernscope-routing/1", "arch": ")" + arch + R"(", "cells": [)" + cells + "]}";
+}
+
+std::string error_of(const std::string& json) {
+  try {
+    parse_table(json, "t.json");
+  } catch (const detail::Failure& f) {
+    return f.message;
+  }
+  return "";
+}
+
+TEST(Routing, ParsesCellsWithDefaults) {
+  const Table t = parse_table(doc("sm_90", R"(
+    {"op": "softmax", "backend": "cuda", "dtype": "bf16", "rows": [1, 64], "cols": [1024, null],
+     "order": ["b", "a"], "basis": "measured", "source": "docs/perf/x.csv", "why": "b is 1.3x faster"},
+    {"op": "softmax", "backend": "cuda", "order": ["a"], "basis": "heuristic", "why": "default"})"),
+                              "t.json");
+  ASSERT_EQ(t.cells.size(), 2u);
+  const Cell& c = t.cells[0];
+  EXPECT_EQ(c.arch, "sm_90");
+  EXPECT_EQ(c.dtype, "bf16");
+  EXPECT_EQ(c.rows_min, 1);
+  EXPECT_EQ(c.rows_max, 64);
+  EXPECT_EQ(c.cols_min, 1024);
+  EXPECT_EQ(c.cols_max, INT64_MAX);
+  EXPECT_EQ(c.order, (std::vector<std::string>{"b", "a"}));
+  EXPECT_EQ(describe(c), "routing cell 0 of t.json (measured: docs/perf/x.csv)");
+  const Cell& d = t.cells[1];
+  EXPECT_EQ(d.dtype, "*");
+  EXPECT_EQ(d.rows_min, 0);
+  EXPECT_EQ(d.rows_max, INT64_MAX);
+  EXPECT_EQ(d.index, 1);
+  EXPECT_EQ(describe(d), "routing cell 1 of t.json (heuristic)");
+}
+
+TEST(Routing, BadDocumentsNameTheFileAndField) {
+  const std::string ok = R"("op": "softmax", "backend": "cuda", "order": ["a"], "basis": "heuristic", "why": "w")";
+  EXPECT_NE(error_of("{").find("t.json: not valid JSON"), std::string::npos) << error_of("{");
+  EXPECT_NE(error_of(R"({"schema": "other", "arch": "*", "cells": []})").find("\"schema\""), std::string::npos);
+  EXPECT_NE(error_of(R"({"schema": "kernscope-routing/1", "cells": []})").find("missing \"arch\""), std::string::npos);
+  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "backend2": 1, "dtype": "fp64"})")).find("t.json cell 0: \"dtype\""),
+            std::string::npos);
+  EXPECT_NE(error_of(doc("*", R"({"op": "softmax", "backend": "tpu", "order": ["a"], "basis": "heuristic", "why": "w"})"))
+                .find("\"backend\""),
+            std::string::npos);
+  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "rows": [5, 2]})")).find("\"rows\" must have 0 <= min <= max"),
+            std::string::npos);
+  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "cols": [1]})")).find("\"cols\" must be [min, max]"), std::string::npos);
+  EXPECT_NE(error_of(doc("*", R"({"op": "softmax", "backend": "cuda", "order": [], "basis": "heuristic", "why": "w"})"))
+                .find("\"order\""),
+            std::string::npos);
+  EXPECT_NE(error_of(doc("*", R"({"op": "softmax", "backend": "cuda", "order": ["a"], "basis": "measured", "why": "w"})"))
+                .find("missing \"source\""),
+            std::string::npos);
+  EXPECT_NE(error_of(doc("*", R"({"op": "softmax", "backend": "cuda", "order": ["a"], "basis": "guess", "why": "w"})"))
+                .find("\"basis\""),
+            std::string::npos);
+  EXPECT_EQ(error_of(doc("*", "{" + ok + "}")), "");
+}
+
+// Fake devices: an H200 (sm_90), an A100 (sm_80) and the CPU, against one table.
+TEST(Routing, MatchesArchDtypeAndInclusiveBucketsFirstCellWins) {
+  Table t = parse_table(doc("sm_90", R"(
+    {"op": "softmax", "backend": "cuda", "dtype": "bf16", "rows": [1, 64], "cols": [0, 4096],
+     "order": ["small"], "basis": "heuristic", "why": "w"},
+    {"op": "softmax", "backend": "cuda", "order": ["big"], "basis": "heuristic", "why": "w"})"),
+                        "sm_90.json");
+  const Table g = parse_table(doc("*", R"(
+    {"op": "softmax", "backend": "cuda", "order": ["generic"], "basis": "heuristic", "why": "w"},
+    {"op": "softmax", "backend": "cpu", "order": ["cpu_fast"], "basis": "heuristic", "why": "w"})"),
+                              "generic.json");
+  for (const Cell& c : g.cells) t.cells.push_back(c);
+  auto pick = [&](const char* backend, const char* arch, const char* dt, int64_t rows, int64_t cols) -> std::string {
+    const Cell* c = find_cell(t, "softmax", backend, arch, dt, rows, cols);
+    return c ? c->order[0] : "none";
+  };
+  EXPECT_EQ(pick("cuda", "sm_90", "bf16", 1, 4096), "small");   // both bounds inclusive
+  EXPECT_EQ(pick("cuda", "sm_90", "bf16", 64, 0), "small");
+  EXPECT_EQ(pick("cuda", "sm_90", "bf16", 65, 4096), "big");    // rows past the bucket
+  EXPECT_EQ(pick("cuda", "sm_90", "bf16", 0, 4096), "big");     // zero rows: below it
+  EXPECT_EQ(pick("cuda", "sm_90", "bf16", 1, 4097), "big");
+  EXPECT_EQ(pick("cuda", "sm_90", "fp16", 1, 16), "big");       // the dtype does not match
+  EXPECT_EQ(pick("cuda", "sm_80", "bf16", 1, 16), "generic");   // another arch: the generic cells
+  EXPECT_EQ(pick("cpu", "cpu", "fp32", 7, 7), "cpu_fast");
+  EXPECT_EQ(find_cell(t, "rms_norm", "cuda", "sm_90", "bf16", 1, 1), nullptr);
+  EXPECT_EQ(find_cell(t, "softmax", "cpu", "sm_90", "bf16", INT64_MAX, INT64_MAX)->order[0], "cpu_fast");
+}
+
+// The tables compiled into the library parse, and the arch-specific ones come before the
+// generic one (first match wins). (Their variant names are checked against the registry by
+// `ksctl table --check`, a ctest.)
+TEST(Routing, CompiledInTablesParseSpecificBeforeGeneric) {
+  const Table& t = active_table();
+  ASSERT_FALSE(t.cells.empty());
+  bool seen_generic = false;
+  for (const Cell& c : t.cells) {
+    if (c.arch == "*") seen_generic = true;
+    else EXPECT_FALSE(seen_generic) << "cell " << c.index << " of " << c.table << " comes after a generic cell";
+    EXPECT_FALSE(c.why.empty());
+  }
+  EXPECT_TRUE(seen_generic);
+}
+
+}  // namespace
+}  // namespace ks::registry
