@@ -6,8 +6,9 @@
 #               model: the model-path ops (RoPE, decode attention, sampling, argmax, quantized
 #               GEMV) against their PyTorch peers -> h200_model.csv / .md
 #   PEER_DTYPES dtypes for the peers (default bf16,fp16,fp32)
-# Needs: .dlpack/ (the libdlpack-dev header, carried) and optionally .whl/
-# (liger-kernel) — see docs/perf/README.md.
+# Needs: .dlpack/ (the libdlpack-dev header) and .deps/ (nlohmann-json for the routing tables),
+# both carried (scripts/prepare_gpu_carry.sh), and optionally .whl/ (liger-kernel) — see
+# docs/perf/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}

@@ -7,6 +7,7 @@
 #include <kernscope/kernscope.hpp>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 #include <omp.h>
 
 #include <algorithm>
@@ -56,6 +57,58 @@ int cmd_ops() {
     }
   std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
   return 0;
+}
+
+// The routing table: one line per cell, first match wins. --check: every variant a cell names
+// exists for its op and backend (exit 1 otherwise).
+int cmd_table(bool as_json, bool check_names) {
+  const std::string text = ks::routing_table();
+  if (as_json) {
+    std::printf("%s\n", text.c_str());
+  }
+  const auto j = nlohmann::json::parse(text);
+  std::set<std::string> known, backends;  // "op/backend/variant"; backends compiled into this build
+  for (const auto& v : ks::variants()) {
+    known.insert(std::string(v.op) + "/" + v.backend + "/" + v.name);
+    backends.insert(v.backend);
+  }
+  auto bound = [](const nlohmann::json& x) { return x.is_null() ? std::string("any") : std::to_string(x.get<long long>()); };
+  int unknown = 0;
+  if (!as_json) {
+    std::string files;
+    for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
+    std::printf("routing table (%s; first matching cell wins; then the remaining variants by priority)\n", files.c_str());
+    std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
+                "order  (why / source)");
+  }
+  for (const auto& c : j["cells"]) {
+    std::string order;
+    for (const auto& v : c["order"]) {
+      const std::string name = v.get<std::string>();
+      const bool ok = !backends.count(c["backend"].get<std::string>()) ||  // not built here: cannot tell
+                      known.count(c["op"].get<std::string>() + "/" + c["backend"].get<std::string>() + "/" + name) > 0;
+      if (!ok) {
+        ++unknown;
+        std::fprintf(stderr, "ksctl table: %s cell %d: op %s has no %s variant '%s'\n", c["table"].get<std::string>().c_str(),
+                     c["index"].get<int>(), c["op"].get<std::string>().c_str(), c["backend"].get<std::string>().c_str(),
+                     name.c_str());
+      }
+      order += (order.empty() ? "" : " > ") + name;
+    }
+    if (as_json) continue;
+    const std::string rows = bound(c["rows"][0]) + ".." + bound(c["rows"][1]);
+    const std::string cols = bound(c["cols"][0]) + ".." + bound(c["cols"][1]);
+    std::string note = c["why"].get<std::string>();
+    if (!c["source"].get<std::string>().empty()) note += "; " + c["source"].get<std::string>();
+    std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s  (%s)\n", c["op"].get<std::string>().c_str(),
+                c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(),
+                c["dtype"].get<std::string>().c_str(), rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
+                order.c_str(), note.c_str());
+  }
+  if (!as_json) std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
+  if (check_names && !backends.count("cuda"))
+    std::fprintf(stderr, "ksctl table --check: the cuda cells' variant names are not checked (no CUDA backend in this build)\n");
+  return check_names && unknown ? 1 : 0;
 }
 
 int cmd_which(const std::string& op, const std::string& dtype, const std::string& device) {
@@ -215,6 +268,11 @@ int main(int argc, char** argv) {
   which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32")->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
 
+  auto* table = app.add_subcommand("table", "The routing table: which variant goes first per op, GPU arch, dtype and shape");
+  bool t_json = false, t_check = false;
+  table->add_flag("--json", t_json, "print the table as JSON (ks_routing_table)");
+  table->add_flag("--check", t_check, "exit 1 when a cell names a variant that does not exist");
+
   auto* check = app.add_subcommand("check", "Every op x backend x variant x dtype x shape against FP64 references");
   std::string c_backend = "all", c_op;
   bool c_verbose = false;
@@ -260,6 +318,7 @@ int main(int argc, char** argv) {
   try {
     if (*ops) return cmd_ops();
     if (*which) return cmd_which(w_op, w_dtype, w_device);
+    if (*table) return cmd_table(t_json, t_check);
     if (*check) return run_check(c_backend, c_op, c_verbose);
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);

@@ -184,6 +184,15 @@ func Which(op, dtype string, b Backend) (variant, reason string, err error) {
 	return C.GoString(v), C.GoString(r), nil
 }
 
+// RoutingTable returns the active routing table as JSON (first matching cell wins).
+func RoutingTable() (string, error) {
+	var j *C.char
+	if st := C.ks_routing_table(&j); st != C.KS_SUCCESS {
+		return "", &Error{Status: Status(st), Message: C.GoString(C.ks_last_error())}
+	}
+	return C.GoString(j), nil
+}
+
 // ForceVariant pins op to variant for calls on the calling OS thread (hold
 // runtime.LockOSThread for it to mean anything). variant "" returns op to automatic selection;
 // op "" clears every pin.

@@ -254,6 +254,10 @@ func TestUnknownVariantAndRegistry(t *testing.T) {
 	if err != nil || variant != "cpu_reference" || reason == "" {
 		t.Fatalf("which: %q %q %v", variant, reason, err)
 	}
+	if j, err := ks.RoutingTable(); err != nil || !strings.Contains(j, `"kernscope-routing-active/1"`) ||
+		!strings.Contains(j, `"generic.json"`) {
+		t.Fatalf("routing table: %.200q %v", j, err)
+	}
 	_, _, err = ks.Which("no_such_op", "fp32", ks.BackendCPU)
 	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "no_such_op")
 

@@ -101,6 +101,8 @@ export function setDeterministic(enabled: boolean): void;
 export function deterministic(): boolean;
 export function qtypeInfo(qtype: QType): { blockSize: number; blockBytes: number };
 export function variants(): VariantInfo[];
+/** The active routing table (first matching cell wins), parsed from ks_routing_table's JSON. */
+export function routingTable(): { schema: string; files: string[]; cells: Array<{ op: string; backend: string; arch: string; dtype: string; rows: [number, number | null]; cols: [number, number | null]; order: string[]; basis: 'measured' | 'heuristic'; source: string; why: string; table: string; index: number }> };
 export function which(op: string, dtype: 'fp16' | 'bf16' | 'fp32', backend?: BackendName | number): { variant: string; reason: string };
 /** Pins op to variant for this thread; variant null: automatic again; op null: clear all pins. */
 export function forceVariant(op: string | null, variant: string | null): void;

@@ -115,6 +115,14 @@ KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
 KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend,
                             const char** variant, const char** reason);
 
+/* The active routing table (docs/routing.md) as one JSON document: {"schema":
+ * "kernscope-routing-active/1", "files": [...], "cells": [{"op", "backend", "arch", "dtype",
+ * "rows": [min, max|null], "cols": [...], "order": [variant, ...], "basis": "measured" |
+ * "heuristic", "source", "why", "table", "index"}, ...]}, first matching cell wins. The
+ * tables compiled in, or the file KS_ROUTING_TABLE names. *json is static, valid for the
+ * process. A table that does not parse: KS_ERROR_INVALID_ARGUMENT naming file and field. */
+KS_API ks_status_t ks_routing_table(const char** json);
+
 /* Pins `op` to the variant named `variant` for calls on this thread (NULL
  * variant: back to automatic selection; NULL op: clear every pin). A pinned
  * variant that cannot run a call fails it with KS_ERROR_BACKEND_UNAVAILABLE and

@@ -315,6 +315,13 @@ inline void force_variant(const std::string& op, const std::string& variant = ""
 inline void set_deterministic(bool enabled) { check(ks_set_deterministic(enabled ? 1 : 0)); }
 inline bool deterministic() { return ks_deterministic() != 0; }
 
+// The active routing table as JSON (see ks_routing_table).
+inline std::string routing_table() {
+  const char* json = nullptr;
+  check(ks_routing_table(&json));
+  return json;
+}
+
 inline std::vector<ks_variant_info_t> variants() {
   std::vector<ks_variant_info_t> out(ks_variant_count());
   for (size_t i = 0; i < out.size(); ++i) check(ks_variant_info(i, &out[i]));

@@ -98,6 +98,23 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu") -> _t.Tuple[s
     return tuple(_C.which(op, canonical_dtype(dtype, "which: dtype"), _device_code(device)))  # type: ignore[return-value]
 
 
+def routing_table() -> _t.Dict[str, _t.Any]:
+    """The active routing table (docs/routing.md): which variant goes first per op, backend,
+    GPU arch, dtype and (rows, cols) bucket; the first matching cell wins, then the remaining
+    variants by priority. Works without a GPU (the CUDA cells are listed all the same).
+
+    Returns the parsed JSON of ``ks_routing_table``: ``{"schema", "files", "cells": [{"op",
+    "backend", "arch", "dtype", "rows": [min, max or None], "cols", "order", "basis"
+    ("measured" | "heuristic"), "source", "why", "table", "index"}]}``.
+
+    Raises:
+        ValueError: ``KS_ROUTING_TABLE`` names a table that does not parse (file and field named).
+    """
+    import json as _json
+
+    return _json.loads(_C.routing_table())
+
+
 def _torch_importable() -> bool:
     return "torch" in _sys.modules or _importlib_util.find_spec("torch") is not None
 
@@ -223,6 +240,7 @@ __all__ = [
     "QType",
     "Variant",
     "which",
+    "routing_table",
     "available",
     "backend_available",
     "set_deterministic",

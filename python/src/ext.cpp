@@ -416,6 +416,12 @@ NB_MODULE(_C, m) {
     if (st != KS_SUCCESS) raise_status(st);
     return nb::make_tuple(std::string(variant ? variant : ""), std::string(reason ? reason : ""));
   });
+  m.def("routing_table", [] {
+    const char* json = nullptr;
+    const ks_status_t st = ks_routing_table(&json);
+    if (st != KS_SUCCESS) raise_status(st);
+    return std::string(json);
+  });
   m.def("force_variant", [](nb::handle op, nb::handle variant) {
     std::string o, v;
     const char* op_c = nullptr;

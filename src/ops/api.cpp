@@ -4,6 +4,7 @@
 
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
+#include "registry/routing.hpp"
 
 namespace ks::detail {
 const char* last_error_cstr();
@@ -75,6 +76,15 @@ extern "C" ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info) {
   });
 }
 
+extern "C" ks_status_t ks_routing_table(const char** json) {
+  return guard("routing_table", [&] {
+    if (json == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "routing_table", "json is NULL");
+    static const std::string text = ks::registry::to_json(ks::registry::active_table());
+    *json = text.c_str();
+    return KS_SUCCESS;
+  });
+}
+
 extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend, const char** variant,
                                 const char** reason) {
   return guard("which", [&] {
@@ -108,6 +118,12 @@ extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t 
     }
     v_out = c.variant->name;
     r_out = c.reason;
+    {  // the routing table may put another variant first at some shapes: say where
+      const std::string arch = backend == KS_BACKEND_CUDA ? ks::registry::cuda_arch_name(0) : "cpu";
+      const std::string cells = ks::registry::cells_summary(ks::registry::active_table(), op,
+                                                            backend == KS_BACKEND_CUDA ? "cuda" : "cpu", arch, dtype);
+      if (!cells.empty()) r_out += "; by shape (" + (arch.empty() ? std::string("no device") : arch) + "): " + cells;
+    }
     *variant = v_out.c_str();
     *reason = r_out.c_str();
     return KS_SUCCESS;

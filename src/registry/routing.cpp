@@ -136,4 +136,38 @@ std::string describe(const Cell& c) {
   return s + ")";
 }
 
+namespace {
+std::string bound(int64_t x) { return x == INT64_MAX ? "any" : std::to_string(x); }
+nlohmann::json range_json(int64_t lo, int64_t hi) {
+  return nlohmann::json::array({lo, hi == INT64_MAX ? nlohmann::json() : nlohmann::json(hi)});
+}
+}  // namespace
+
+std::string cells_summary(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
+                          std::string_view dtype) {
+  std::string s;
+  for (const Cell& c : t.cells) {
+    if (c.op != op || c.backend != backend || (c.arch != "*" && c.arch != arch) || (c.dtype != "*" && c.dtype != dtype))
+      continue;
+    std::string order;
+    for (const auto& v : c.order) order += (order.empty() ? "" : ", ") + v;
+    s += std::string(s.empty() ? "" : "; ") + "rows " + bound(c.rows_min) + ".." + bound(c.rows_max) + ", cols " +
+         bound(c.cols_min) + ".." + bound(c.cols_max) + ": [" + order + "] (" + describe(c) + ")";
+  }
+  return s;
+}
+
+std::string to_json(const Table& t) {
+  nlohmann::json j;
+  j["schema"] = "kernscope-routing-active/1";
+  j["files"] = t.files;
+  j["cells"] = nlohmann::json::array();
+  for (const Cell& c : t.cells)
+    j["cells"].push_back({{"op", c.op}, {"backend", c.backend}, {"arch", c.arch}, {"dtype", c.dtype},
+                          {"rows", range_json(c.rows_min, c.rows_max)}, {"cols", range_json(c.cols_min, c.cols_max)},
+                          {"order", c.order}, {"basis", c.basis}, {"source", c.source}, {"why", c.why},
+                          {"table", c.table}, {"index", c.index}});
+  return j.dump(1);
+}
+
 }  // namespace ks::registry

@@ -52,7 +52,14 @@ const Cell* find_cell(const Table& t, std::string_view op, std::string_view back
 const Table& active_table();
 // A device's arch name ("sm_90" for compute capability 9.0); "" without a CUDA device.
 std::string cuda_arch_name(int device);
-// "cell N of FILE (basis[: source])" for ks_which / ksctl which.
+// "routing cell N of FILE (basis[: source])" for ks_which / ksctl which.
 std::string describe(const Cell& c);
+// The cells of t for (op, backend, arch, dtype) at any shape, one clause each
+// ("rows 1..64, cols 4096..any: [a, b] (routing cell 0 of sm_90.json (heuristic))"), "; "-joined.
+std::string cells_summary(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
+                          std::string_view dtype);
+// t as one JSON document (schema "kernscope-routing-active/1"): {"files": [...], "cells": [{op, backend,
+// arch, dtype, rows: [min, max|null], cols: [...], order, basis, source, why, table, index}]}.
+std::string to_json(const Table& t);
 
 }  // namespace ks::registry

@@ -58,6 +58,30 @@ def test_which_cpu(op, dt):
     assert variant in names
 
 
+def test_routing_table_lists_cells_and_which_explains_them():
+    t = ks.routing_table()
+    assert t["schema"] == "kernscope-routing-active/1" and "generic.json" in t["files"]
+    names = {(r.op, r.backend, r.variant) for r in ks.available()}
+    for c in t["cells"]:
+        assert c["basis"] in ("measured", "heuristic") and c["why"]
+        assert c["rows"][0] <= (c["rows"][1] if c["rows"][1] is not None else 2**63)
+        if c["backend"] == "cpu":  # every CPU variant a cell names exists (CUDA: when built, ksctl table --check)
+            assert all((c["op"], "cpu", v) in names for v in c["order"]), c
+    qm = [c for c in t["cells"] if c["op"] == "quant_matmul" and c["backend"] == "cpu"]
+    assert qm and qm[0]["order"][0] == "cpu_avx512"
+    _, reason = ks.which("quant_matmul", "fp32", "cpu")
+    assert "routing cell" in reason and "generic.json" in reason
+
+
+def test_routing_table_from_env_and_a_bad_one(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "kernscope-routing/1", "arch": "*", "cells": [{"op": "softmax"}]}')
+    code = ("import kernscope as ks\ntry:\n    ks.routing_table()\nexcept ValueError as e:\n    print('ERR', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": str(bad)},
+                       capture_output=True, text=True, timeout=120)
+    assert "ERR routing: " in r.stdout and "bad.json cell 0: missing \"backend\"" in r.stdout, r.stdout + r.stderr
+
+
 def test_which_arguments():
     assert ks.which("rms_norm") == ks.which("rms_norm", "bf16", "cpu")
     assert ks.which("rms_norm", np.float32, "cpu") == ks.which("rms_norm", "fp32", "cpu")

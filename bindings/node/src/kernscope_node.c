@@ -456,6 +456,13 @@ static napi_value js_which(napi_env env, napi_callback_info info) {
   return o;
 }
 
+static napi_value js_routing_table(napi_env env, napi_callback_info info) {
+  (void)info;
+  const char* json = NULL;
+  if (!finish(env, ks_routing_table(&json))) return NULL;
+  return str(env, json);
+}
+
 static napi_value js_force_variant(napi_env env, napi_callback_info info) {
   ARGS(2);
   char *op = NULL, *variant = NULL;
@@ -656,6 +663,7 @@ NAPI_MODULE_INIT() {
       {"qtypeInfo", NULL, js_qtype_info, NULL, NULL, NULL, napi_default, NULL},
       {"variants", NULL, js_variants, NULL, NULL, NULL, napi_default, NULL},
       {"which", NULL, js_which, NULL, NULL, NULL, napi_default, NULL},
+      {"routingTable", NULL, js_routing_table, NULL, NULL, NULL, napi_default, NULL},
       {"forceVariant", NULL, js_force_variant, NULL, NULL, NULL, napi_default, NULL},
       {"lastLaunchConfig", NULL, js_last_launch_config, NULL, NULL, NULL, napi_default, NULL},
       {"rmsNorm", NULL, js_rms_norm, NULL, NULL, NULL, napi_default, NULL},

@@ -154,6 +154,10 @@ test('unknown variant and the registry', () => {
   const c = ks.which('rms_norm', 'bf16', 'cpu');
   assert.equal(c.variant, 'cpu_reference');
   assert.ok(c.reason.length > 0);
+  const rt = ks.routingTable();
+  assert.equal(rt.schema, 'kernscope-routing-active/1');
+  assert.ok(rt.files.includes('generic.json'));
+  assert.ok(rt.cells.some((c) => c.op === 'quant_matmul' && c.backend === 'cpu' && c.order[0] === 'cpu_avx512'));
   expectError(() => ks.which('no_such_op', 'fp32', 'cpu'), ks.Status.INVALID_ARGUMENT, 'no_such_op');
   expectError(() => ks.forceVariant('rms_norm', 'no_such_variant'), ks.Status.INVALID_ARGUMENT, 'rms_norm',
               'no_such_variant');

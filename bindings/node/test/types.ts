@@ -21,6 +21,7 @@ ks.tensor(new Uint16Array(2), [2], { dtype: 'fp8' });
 ks.forceVariant('rms_norm', null);
 const info: { blockSize: number; blockBytes: number } = ks.qtypeInfo('q4_1');
 const choice: { variant: string; reason: string } = ks.which('rms_norm', 'bf16', 'cpu');
+const firstOrder: string[] = ks.routingTable().cells[0].order;
 try {
   ks.rmsNorm(ks.f32(y, [2, 4]), ks.f32(x, [2, 4]), ks.f32(w), 0);
 } catch (e) {

@@ -186,6 +186,13 @@ pub fn which(op: &str, dtype: &str, backend: Backend) -> Result<Choice> {
     Ok(Choice { variant: owned_str(variant), reason: owned_str(reason) })
 }
 
+/// The active routing table as JSON (first matching cell wins; see `ks_routing_table`).
+pub fn routing_table() -> Result<String> {
+    let mut json: *const c_char = ptr::null();
+    check(unsafe { sys::ks_routing_table(&mut json) })?;
+    Ok(owned_str(json))
+}
+
 /// Pins `op` to `variant` for calls on this OS thread. `variant: None` returns `op` to automatic
 /// selection; `op: None` clears every pin.
 pub fn force_variant(op: Option<&str>, variant: Option<&str>) -> Result<()> {

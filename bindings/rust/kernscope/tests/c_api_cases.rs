@@ -200,6 +200,8 @@ fn unknown_variant_and_registry() {
     let c = kernscope::which("rms_norm", "bf16", Backend::Cpu).unwrap();
     assert_eq!(c.variant, "cpu_reference");
     assert!(!c.reason.is_empty());
+    let rt = kernscope::routing_table().unwrap();
+    assert!(rt.contains("\"kernscope-routing-active/1\"") && rt.contains("\"generic.json\""), "{}", rt);
     let e = kernscope::which("no_such_op", "fp32", Backend::Cpu).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("no_such_op"), "{}", e);

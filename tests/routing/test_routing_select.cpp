@@ -1,0 +1,56 @@
+// The routing table decides the per-call selection (end to end, through the public API):
+// run under ctest twice, with the compiled-in tables (KS_EXPECT_FIRST=cpu_avx512) and with
+// KS_ROUTING_TABLE=tests/data/routing_reference_first.json (KS_EXPECT_FIRST=cpu_reference).
+// quant_matmul fp32 on the CPU has both variants; their FP32 sums are ordered differently, so
+// the automatic call's bits tell which one ran.
+#include <gtest/gtest.h>
+
+#include <kernscope/kernscope.hpp>
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace {
+
+std::vector<float> run(const std::vector<float>& x, const std::vector<uint8_t>& w, int64_t m, int64_t n, int64_t k,
+                       const char* pin) {
+  ks::force_variant("quant_matmul", pin ? pin : "");
+  std::vector<float> out(size_t(m * n), std::nanf(""));
+  ks::quant_matmul(ks::TensorView(out.data(), ks::DType::F32, {m, n}),
+                   ks::TensorView(const_cast<float*>(x.data()), ks::DType::F32, {m, k}),
+                   ks::TensorView(const_cast<uint8_t*>(w.data()), ks::DType::U8, {n, k / 32 * 34}), ks::QType::Q8_0,
+                   ks::Backend::Cpu);
+  ks::force_variant("quant_matmul", "");
+  return out;
+}
+
+TEST(RoutingSelect, TheTablesFirstVariantRunsTheCall) {
+  const char* expect = std::getenv("KS_EXPECT_FIRST");
+  ASSERT_NE(expect, nullptr) << "run through ctest (KS_EXPECT_FIRST names the variant the table puts first)";
+  bool has_avx512 = false;
+  for (const auto& v : ks::variants())
+    has_avx512 = has_avx512 || (std::string(v.op) == "quant_matmul" && std::string(v.name) == "cpu_avx512");
+  const auto w = ks::which("quant_matmul", "fp32", ks::Backend::Cpu);
+  if (w.variant != "cpu_avx512" && !has_avx512) GTEST_SKIP() << "no AVX-512 variant on this CPU: one variant only";
+  const int64_t m = 3, n = 19, k = 4096;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(size_t(m * k));
+  for (auto& e : x) e = nd(rng);
+  std::vector<uint8_t> wq(size_t(n * (k / 32) * 34));
+  for (size_t b = 0; b < wq.size(); b += 34) {
+    wq[b] = 0x66, wq[b + 1] = 0x2e;  // fp16 scale ~0.1
+    for (int i = 2; i < 34; ++i) wq[b + i] = uint8_t(rng());
+  }
+  const auto ref = run(x, wq, m, n, k, "cpu_reference"), fast = run(x, wq, m, n, k, "cpu_avx512");
+  ASSERT_NE(std::memcmp(ref.data(), fast.data(), ref.size() * 4), 0)
+      << "the two variants agree bitwise here: this test cannot tell them apart";
+  const auto got = run(x, wq, m, n, k, nullptr);
+  const auto& want = std::string(expect) == "cpu_reference" ? ref : fast;
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "the automatic call did not run " << expect;
+}
+
+}  // namespace
