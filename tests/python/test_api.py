@@ -82,6 +82,14 @@ def test_routing_table_from_env_and_a_bad_one(tmp_path):
     assert "ERR routing: " in r.stdout and "bad.json cell 0: missing \"backend\"" in r.stdout, r.stdout + r.stderr
 
 
+def test_python_m_kernscope_prints_variants_and_routing_without_a_gpu():
+    r = subprocess.run([sys.executable, "-m", "kernscope"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr
+    assert "cpu_reference" in r.stdout and "routing table (" in r.stdout, r.stdout
+    assert "gemm               cuda" in r.stdout and "cuda_cublaslt > cuda_tiled" in r.stdout, r.stdout
+
+
 def test_which_arguments():
     assert ks.which("rms_norm") == ks.which("rms_norm", "bf16", "cpu")
     assert ks.which("rms_norm", np.float32, "cpu") == ks.which("rms_norm", "fp32", "cpu")
