@@ -119,7 +119,7 @@ extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t 
     v_out = c.variant->name;
     r_out = c.reason;
     {  // the routing table may put another variant first at some shapes: say where
-      const std::string arch = backend == KS_BACKEND_CUDA ? ks::registry::cuda_arch_name(0) : "cpu";
+      const std::string arch = backend == KS_BACKEND_CUDA ? ks::registry::cuda_arch_name(-1) : "cpu";
       const std::string cells = ks::registry::cells_summary(ks::registry::active_table(), op,
                                                             backend == KS_BACKEND_CUDA ? "cuda" : "cpu", arch, dtype);
       if (!cells.empty()) r_out += "; by shape (" + (arch.empty() ? std::string("no device") : arch) + "): " + cells;

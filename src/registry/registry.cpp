@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 
 #include <atomic>
 #include <cstdlib>
@@ -49,10 +50,28 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) 
   Choice c;
   std::string skipped;
   bool op_known = false;
+  // A routing cell that covers every shape for this arch and dtype orders the variants for
+  // every call, so it orders them here too (cells bounded by shape: ks_which lists them).
+  const Table& t = active_table();
+  const std::string arch = backend == KS_BACKEND_CUDA ? cuda_arch_name(-1) : "cpu";
+  const Cell* cell = nullptr;
+  for (const Cell& x : t.cells)
+    if (!cell && x.op == op && x.backend == backend_name(backend) && (x.arch == "*" || x.arch == arch) &&
+        (x.dtype == "*" || x.dtype == detail::dtype_name(dtype)) && x.rows_min == 0 && x.rows_max == INT64_MAX &&
+        x.cols_min == 0 && x.cols_max == INT64_MAX)
+      cell = &x;
+  std::vector<const Variant*> order;
+  if (cell)
+    for (const std::string& name : cell->order)
+      for (const Variant& v : all())
+        if (std::strcmp(v.op, op) == 0 && v.backend == backend && name == v.name) order.push_back(&v);
   for (const Variant& v : all()) {
     if (std::strcmp(v.op, op) != 0) continue;
     op_known = true;
-    if (v.backend != backend) continue;
+    if (v.backend == backend && std::find(order.begin(), order.end(), &v) == order.end()) order.push_back(&v);
+  }
+  for (const Variant* vp : order) {
+    const Variant& v = *vp;
     if (!(v.dtype_mask & dtype_bit(dtype))) {
       skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": no " + detail::dtype_name(dtype);
       continue;
@@ -66,8 +85,10 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) 
       continue;
     }
     c.variant = &v;
-    c.reason = std::string("highest-priority ") + backend_name(backend) + " variant for " +
-               detail::dtype_name(dtype) + " (priority " + std::to_string(v.priority) + ")";
+    const bool routed = cell && std::find(cell->order.begin(), cell->order.end(), v.name) != cell->order.end();
+    c.reason = routed ? "first runnable variant of " + describe(*cell) + ", which covers every shape"
+                      : std::string("highest-priority ") + backend_name(backend) + " variant for " +
+                            detail::dtype_name(dtype) + " (priority " + std::to_string(v.priority) + ")";
     if (!skipped.empty()) c.reason += "; skipped " + skipped;
     return c;
   }
@@ -113,11 +134,12 @@ const Cell* routed_cell(const char* op, ks_backend_t backend, detail::DType dtyp
   if (!any) return nullptr;
   const RouteKey k = route_key(op, args);
   const std::string arch = backend == KS_BACKEND_CUDA ? cuda_arch_name(k.device) : "cpu";
-  return find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), k.rows, k.cols);
+  return find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), k.rows, k.cols, deterministic());
 }
 
 Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args) {
   Choice c;
+  (void)active_table();  // a table that does not parse fails every call, pinned ones too
   if (!g_forced.empty()) {
     auto it = g_forced.find(op);
     if (it != g_forced.end()) {

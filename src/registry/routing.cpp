@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
-#include <mutex>
 #include <sstream>
 #include <utility>
 
@@ -56,7 +55,15 @@ Table parse_table(const std::string& text, const std::string& name) {
   if (!j.is_object()) bad(name, "the document must be an object");
   if (str_field(j, "schema", name) != "kernscope-routing/1")
     bad(name, "\"schema\" must be \"kernscope-routing/1\"");
+  for (const auto& [key, value] : j.items())
+    if (key != "schema" && key != "arch" && key != "description" && key != "cells")
+      bad(name, "unknown key \"" + key + "\" (expected schema, arch, description, cells)");
   const std::string arch = str_field(j, "arch", name);
+  {  // "*" or sm_<digits>: a typo must not make a file that silently matches nothing
+    bool ok = arch == "*" || (arch.size() > 3 && arch.compare(0, 3, "sm_") == 0);
+    for (size_t i = 3; ok && arch != "*" && i < arch.size(); ++i) ok = arch[i] >= '0' && arch[i] <= '9';
+    if (!ok) bad(name, "\"arch\" must be \"*\" or sm_<compute capability digits> (e.g. sm_90); got \"" + arch + "\"");
+  }
   if (!j.contains("cells") || !j["cells"].is_array()) bad(name, "\"cells\" must be an array");
   Table t;
   t.files.push_back(name);
@@ -64,6 +71,12 @@ Table parse_table(const std::string& text, const std::string& name) {
   for (const auto& cj : j["cells"]) {
     const std::string where = name + " cell " + std::to_string(index);
     if (!cj.is_object()) bad(where, "must be an object");
+    for (const auto& [key, value] : cj.items()) {
+      static const char* const known[] = {"op", "backend", "dtype", "rows", "cols", "order", "basis", "source", "why"};
+      bool ok = false;
+      for (const char* k : known) ok = ok || key == k;
+      if (!ok) bad(where, "unknown key \"" + key + "\" (a misspelt \"rows\" would match every shape)");
+    }
     Cell c;
     c.table = name;
     c.index = index++;
@@ -92,29 +105,29 @@ Table parse_table(const std::string& text, const std::string& name) {
 }
 
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
-                      std::string_view dtype, int64_t rows, int64_t cols) {
+                      std::string_view dtype, int64_t rows, int64_t cols, bool any_rows) {
   for (const Cell& c : t.cells) {
     if (c.op != op || c.backend != backend) continue;
     if (c.arch != "*" && c.arch != arch) continue;
     if (c.dtype != "*" && c.dtype != dtype) continue;
-    if (rows < c.rows_min || rows > c.rows_max || cols < c.cols_min || cols > c.cols_max) continue;
+    if (!any_rows && (rows < c.rows_min || rows > c.rows_max)) continue;
+    if (cols < c.cols_min || cols > c.cols_max) continue;
     return &c;
   }
   return nullptr;
 }
 
-const Table& active_table() {
-  static Table table;
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (const char* path = std::getenv("KS_ROUTING_TABLE"); path && *path) {
-      std::ifstream f(path);
-      if (!f) bad(path, "KS_ROUTING_TABLE names a file that cannot be read");
-      std::stringstream ss;
-      ss << f.rdbuf();
-      table = parse_table(ss.str(), path);
-      return;
-    }
+namespace {
+Table load_active_table() {
+  Table table;
+  if (const char* path = std::getenv("KS_ROUTING_TABLE"); path && *path) {
+    std::ifstream f(path);
+    if (!f) bad(path, "KS_ROUTING_TABLE names a file that cannot be read");
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return parse_table(ss.str(), path);
+  }
+  {
     // Arch-specific files first, the generic ("*") one last: the first matching cell wins.
     std::vector<Table> parts;
     for (const auto& [name, text] : embedded_routing_tables()) parts.push_back(parse_table(text, name));
@@ -126,7 +139,15 @@ const Table& active_table() {
       table.files.insert(table.files.end(), p.files.begin(), p.files.end());
       for (auto& c : p.cells) table.cells.push_back(std::move(c));
     }
-  });
+  }
+  return table;
+}
+}  // namespace
+
+// A function-local static: initialised once, thread-safe; a load that throws leaves it
+// uninitialised, so the next call tries again (and fails the same way, naming the file).
+const Table& active_table() {
+  static const Table table = load_active_table();
   return table;
 }
 
@@ -167,7 +188,7 @@ std::string to_json(const Table& t) {
                           {"rows", range_json(c.rows_min, c.rows_max)}, {"cols", range_json(c.cols_min, c.cols_max)},
                           {"order", c.order}, {"basis", c.basis}, {"source", c.source}, {"why", c.why},
                           {"table", c.table}, {"index", c.index}});
-  return j.dump(1);
+  return j.dump(1, ' ', false, nlohmann::json::error_handler_t::replace);  // a non-UTF-8 path: U+FFFD
 }
 
 }  // namespace ks::registry

@@ -45,12 +45,14 @@ struct Table {
 // Parses one routing JSON document (schema "kernscope-routing/1"); throws
 // ks::detail::Failure (KS_ERROR_INVALID_ARGUMENT) naming `name` and the bad field.
 Table parse_table(const std::string& json, const std::string& name);
-// The first cell of t that matches; nullptr when none does.
+// The first cell of t that matches; nullptr when none does. any_rows: ignore the cells' rows
+// bounds (deterministic mode: the variant for a row must not depend on the call's row count).
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
-                      std::string_view dtype, int64_t rows, int64_t cols);
+                      std::string_view dtype, int64_t rows, int64_t cols, bool any_rows = false);
 // The active table: KS_ROUTING_TABLE's file when set, else the compiled-in files. Parsed once.
 const Table& active_table();
-// A device's arch name ("sm_90" for compute capability 9.0); "" without a CUDA device.
+// A device's arch name ("sm_90" for compute capability 9.0); device < 0: the current device;
+// "" without a CUDA device.
 std::string cuda_arch_name(int device);
 // "routing cell N of FILE (basis[: source])" for ks_which / ksctl which.
 std::string describe(const Cell& c);

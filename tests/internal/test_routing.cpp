@@ -53,8 +53,14 @@ TEST(Routing, BadDocumentsNameTheFileAndField) {
   EXPECT_NE(error_of("{").find("t.json: not valid JSON"), std::string::npos) << error_of("{");
   EXPECT_NE(error_of(R"({"schema": "other", "arch": "*", "cells": []})").find("\"schema\""), std::string::npos);
   EXPECT_NE(error_of(R"({"schema": "kernscope-routing/1", "cells": []})").find("missing \"arch\""), std::string::npos);
-  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "backend2": 1, "dtype": "fp64"})")).find("t.json cell 0: \"dtype\""),
+  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "dtype": "fp64"})")).find("t.json cell 0: \"dtype\""), std::string::npos);
+  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "row": [1, 64]})")).find("t.json cell 0: unknown key \"row\""),
             std::string::npos);
+  EXPECT_NE(error_of(R"({"schema": "kernscope-routing/1", "arch": "*", "cell": []})").find("unknown key \"cell\""),
+            std::string::npos);
+  for (const char* arch : {"sm90", "SM_90", "cpu", "sm_", "sm_9a"})
+    EXPECT_NE(error_of(doc(arch, "")).find("\"arch\" must be"), std::string::npos) << arch;
+  EXPECT_EQ(error_of(doc("sm_100", "")), "");
   EXPECT_NE(error_of(doc("*", R"({"op": "softmax", "backend": "tpu", "order": ["a"], "basis": "heuristic", "why": "w"})"))
                 .find("\"backend\""),
             std::string::npos);
@@ -99,6 +105,9 @@ TEST(Routing, MatchesArchDtypeAndInclusiveBucketsFirstCellWins) {
   EXPECT_EQ(pick("cpu", "cpu", "fp32", 7, 7), "cpu_fast");
   EXPECT_EQ(find_cell(t, "rms_norm", "cuda", "sm_90", "bf16", 1, 1), nullptr);
   EXPECT_EQ(find_cell(t, "softmax", "cpu", "sm_90", "bf16", INT64_MAX, INT64_MAX)->order[0], "cpu_fast");
+  // deterministic mode ignores the rows bounds: the choice may not depend on the row count
+  for (int64_t rows : {1, 64, 65, 100000})
+    EXPECT_EQ(find_cell(t, "softmax", "cuda", "sm_90", "bf16", rows, 4096, /*any_rows=*/true)->order[0], "small") << rows;
 }
 
 // The tables compiled into the library parse, and the arch-specific ones come before the

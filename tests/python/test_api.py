@@ -76,10 +76,15 @@ def test_routing_table_lists_cells_and_which_explains_them():
 def test_routing_table_from_env_and_a_bad_one(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "kernscope-routing/1", "arch": "*", "cells": [{"op": "softmax"}]}')
-    code = ("import kernscope as ks\ntry:\n    ks.routing_table()\nexcept ValueError as e:\n    print('ERR', e)\n")
+    code = ("import numpy as np, kernscope as ks\n"
+            "try:\n    ks.routing_table()\nexcept ValueError as e:\n    print('ERR', e)\n"
+            "ks.force_variant('rms_norm', 'cpu_reference')\n"  # a pinned call fails on a bad table too
+            "try:\n    ks.rms_norm(np.ones((2, 8), np.float32), np.ones(8, np.float32))\n"
+            "except ValueError as e:\n    print('PINNED', e)\n")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": str(bad)},
                        capture_output=True, text=True, timeout=120)
     assert "ERR routing: " in r.stdout and "bad.json cell 0: missing \"backend\"" in r.stdout, r.stdout + r.stderr
+    assert "PINNED routing: " in r.stdout, r.stdout + r.stderr
 
 
 def test_python_m_kernscope_prints_variants_and_routing_without_a_gpu():
