@@ -11,28 +11,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
-#if defined(__CUDACC__)
-#define KS_HD __host__ __device__ __forceinline__
-#else
-#define KS_HD inline
-#endif
+#include "core/half.hpp"  // KS_HD, bits_to_f32 / f32_to_bits
 
 namespace ks::sampling {
 
 constexpr int kWeightBits = 40;  // fixed-point fraction bits of the weights
-
-KS_HD float bits_to_float(uint32_t u) {
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-}
-KS_HD uint32_t float_to_bits(float f) {
-  uint32_t u;
-  memcpy(&u, &f, 4);
-  return u;
-}
 
 // exp(x) for x <= 0 (the sampler only needs e^(z - max)); 0 below -104 (where the FP32
 // result would be denormal or zero), 1 at 0. x = n ln2 + r with |r| <= ln2/2 (two-part
@@ -54,7 +38,7 @@ KS_HD float sample_exp(float x) {
   // 2^n for n in [-150, 0]: two exact steps keep normal scale factors
   const int ni = int(n);
   const int n1 = ni / 2, n2 = ni - n1;
-  const float s1 = bits_to_float(uint32_t(127 + n1) << 23), s2 = bits_to_float(uint32_t(127 + n2) << 23);
+  const float s1 = ks::bits_to_f32(uint32_t(127 + n1) << 23), s2 = ks::bits_to_f32(uint32_t(127 + n2) << 23);
   return (p * s1) * s2;
 }
 
@@ -97,7 +81,7 @@ KS_HD uint32_t row_draw(uint64_t seed, uint64_t offset, uint64_t row) {
 // Order-preserving key: a < b (as floats, no NaN) iff key(a) < key(b); -0 == +0.
 KS_HD uint32_t order_key(float f) {
   if (f == 0.0f) f = 0.0f;
-  const uint32_t u = float_to_bits(f);
+  const uint32_t u = ks::f32_to_bits(f);
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 

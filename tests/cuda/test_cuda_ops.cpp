@@ -878,6 +878,37 @@ TEST_P(CudaAttention, NonFiniteScoresAsOnCpu) {
   }
 }
 
+// paged_attention on the device with index tensors the kernel must survive (bt_dev, sid_dev,
+// len_dev: out of range, negative, past the capacity) and on the CPU with their in-range
+// equivalents (bt_cpu, sid_cpu, len_cpu); got / ref receive the [T, H, D] outputs.
+void paged_device_vs_cpu(DType dt, Buf& q, Buf& kc, Buf& vc, Buf& bt_dev, Buf& bt_cpu, const std::vector<int64_t>& sid_dev,
+                         const std::vector<int64_t>& len_dev, const std::vector<int64_t>& sid_cpu,
+                         const std::vector<int64_t>& len_cpu, double scale, Buf& got, Buf& ref) {
+  const int64_t T = int64_t(sid_dev.size());
+  Buf sid(DType::I32, {T}), cl(DType::I32, {T}), sid_c(DType::I32, {T}), cl_c(DType::I32, {T});
+  for (int64_t t = 0; t < T; ++t) {
+    sid.set(t, double(sid_dev[size_t(t)]));
+    cl.set(t, double(len_dev[size_t(t)]));
+    sid_c.set(t, double(sid_cpu[size_t(t)]));
+    cl_c.set(t, double(len_cpu[size_t(t)]));
+  }
+  DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt_dev.shape), dq(dt, q.shape), dsid(DType::I32, {T}),
+      dcl(DType::I32, {T}), dout(dt, q.shape);
+  dkc.upload(kc);
+  dvc.upload(vc);
+  dbt.upload(bt_dev);
+  dq.upload(q);
+  dsid.upload(sid);
+  dcl.upload(cl);
+  dout.poison();
+  ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), dsid.view(), dcl.view(), scale,
+                      ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  dout.download(got);
+  ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt_cpu.view(), sid_c.view(), cl_c.view(), scale,
+                      ks::Backend::Cpu);
+}
+
 // paged_attention with device index tensors that the host cannot check: a block id outside
 // [0, num_blocks) drops its keys, a seq id outside [0, num_seqs) or a negative length gives a
 // zero row, a length past the table's capacity is clamped to it (docs/contracts.md). Compared
@@ -899,33 +930,11 @@ TEST_P(CudaAttention, DeviceIndicesOutOfRange) {
     const int64_t T = 5;
     //                      t0: seq 0, 40 keys (32..39 dropped); t1: seq 99; t2: length -3;
     //                      t3: length past the capacity; t4: seq 3, all keys dropped
-    const int64_t sid_dev[T] = {0, 99, 1, 2, 3}, len_dev[T] = {40, 10, -3, 100000, 20};
-    const int64_t sid_cpu[T] = {0, 0, 1, 2, 0}, len_cpu[T] = {32, 0, 0, cap, 0};
-    Buf q(dt, {T, H, D}), sid(DType::I32, {T}), cl(DType::I32, {T}), sid_c(DType::I32, {T}), cl_c(DType::I32, {T});
+    const std::vector<int64_t> sid_dev = {0, 99, 1, 2, 3}, len_dev = {40, 10, -3, 100000, 20};
+    const std::vector<int64_t> sid_cpu = {0, 0, 1, 2, 0}, len_cpu = {32, 0, 0, cap, 0};
+    Buf q(dt, {T, H, D}), got(dt, {T, H, D}), ref(dt, {T, H, D});
     kstest::fill_normal(q);
-    for (int64_t t = 0; t < T; ++t) {
-      sid.set(t, double(sid_dev[t]));
-      cl.set(t, double(len_dev[t]));
-      sid_c.set(t, double(sid_cpu[t]));
-      cl_c.set(t, double(len_cpu[t]));
-    }
-    DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dsid(DType::I32, {T}),
-        dcl(DType::I32, {T}), dout(dt, q.shape);
-    dkc.upload(kc);
-    dvc.upload(vc);
-    dbt.upload(bad_bt);
-    dq.upload(q);
-    dsid.upload(sid);
-    dcl.upload(cl);
-    dout.poison();
-    const double scale = 0.125;
-    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), dsid.view(), dcl.view(), scale,
-                        ks::Backend::Cuda);
-    CK(cudaDeviceSynchronize());
-    Buf got(dt, q.shape), ref(dt, q.shape);
-    dout.download(got);
-    ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), sid_c.view(), cl_c.view(), scale,
-                        ks::Backend::Cpu);
+    paged_device_vs_cpu(dt, q, kc, vc, bad_bt, bt, sid_dev, len_dev, sid_cpu, len_cpu, 0.125, got, ref);
     EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
     for (int64_t t : {1, 2, 4})
       for (int64_t i = 0; i < H * D; ++i)
@@ -1046,36 +1055,15 @@ TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
     }
     const int64_t T = 7;
     //                         t0..t3: sequences 0..3; t4: 3 keys; t5: length 0; t6: seq id 99
-    const int64_t sid_dev[T] = {0, 1, 2, 3, 4, 4, 99}, len_dev[T] = {5000, 5000, 4321, 5000, 3, 0, 4000};
-    const int64_t sid_cpu[T] = {0, 1, 2, 3, 4, 4, 4}, len_cpu[T] = {5000, 5000, 4321, 151 * bs + 8, 3, 0, 0};
-    Buf q(dt, {T, H, D}), sid(DType::I32, {T}), cl(DType::I32, {T}), sid_c(DType::I32, {T}), cl_c(DType::I32, {T});
+    const std::vector<int64_t> sid_dev = {0, 1, 2, 3, 4, 4, 99}, len_dev = {5000, 5000, 4321, 5000, 3, 0, 4000};
+    const std::vector<int64_t> sid_cpu = {0, 1, 2, 3, 4, 4, 4}, len_cpu = {5000, 5000, 4321, 151 * bs + 8, 3, 0, 0};
+    Buf q(dt, {T, H, D}), got(dt, {T, H, D}), ref(dt, {T, H, D});
     kstest::fill_normal(q);
     for (int64_t i = 0; i < 2 * H * D; ++i) q.set(1 * H * D + i, 0.25 + 0.01 * double(i % 7));  // tokens 1, 2: q > 0
-    for (int64_t t = 0; t < T; ++t) {
-      sid.set(t, double(sid_dev[t]));
-      cl.set(t, double(len_dev[t]));
-      sid_c.set(t, double(sid_cpu[t]));
-      cl_c.set(t, double(len_cpu[t]));
-    }
-    DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dsid(DType::I32, {T}),
-        dcl(DType::I32, {T}), dout(dt, q.shape);
-    dkc.upload(kc);
-    dvc.upload(vc);
-    dbt.upload(bt);
-    dq.upload(q);
-    dsid.upload(sid);
-    dcl.upload(cl);
-    dout.poison();
-    const double scale = 1.0 / std::sqrt(double(D));
-    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), dsid.view(), dcl.view(), scale,
-                        ks::Backend::Cuda);
-    CK(cudaDeviceSynchronize());
-    const int64_t C = last_attention_cluster();
+    paged_device_vs_cpu(dt, q, kc, vc, bt, bt_cpu, sid_dev, len_dev, sid_cpu, len_cpu, 1.0 / std::sqrt(double(D)), got,
+                        ref);
+    const int64_t C = last_attention_cluster();  // the device call's (the CPU call records no launch)
     if (gqa) EXPECT_GT(C, 1) << ks_last_launch_config("paged_attention");
-    Buf got(dt, q.shape), ref(dt, q.shape);
-    dout.download(got);
-    ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt_cpu.view(), sid_c.view(), cl_c.view(), scale,
-                        ks::Backend::Cpu);
     for (int64_t i = 0; i < H * D; ++i) {
       EXPECT_TRUE(std::isnan(ref.get(0 * H * D + i)) && std::isnan(got.get(0 * H * D + i))) << "token 0 (NaN keys) " << i;
       EXPECT_TRUE(std::isfinite(ref.get(1 * H * D + i)) && std::isfinite(got.get(1 * H * D + i)))
