@@ -934,7 +934,8 @@ TEST_P(CudaAttention, DeviceIndicesOutOfRange) {
     const std::vector<int64_t> sid_cpu = {0, 0, 1, 2, 0}, len_cpu = {32, 0, 0, cap, 0};
     Buf q(dt, {T, H, D}), got(dt, {T, H, D}), ref(dt, {T, H, D});
     kstest::fill_normal(q);
-    paged_device_vs_cpu(dt, q, kc, vc, bad_bt, bt, sid_dev, len_dev, sid_cpu, len_cpu, 0.125, got, ref);
+    ASSERT_NO_FATAL_FAILURE(
+        paged_device_vs_cpu(dt, q, kc, vc, bad_bt, bt, sid_dev, len_dev, sid_cpu, len_cpu, 0.125, got, ref));
     EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
     for (int64_t t : {1, 2, 4})
       for (int64_t i = 0; i < H * D; ++i)
@@ -1060,8 +1061,8 @@ TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
     Buf q(dt, {T, H, D}), got(dt, {T, H, D}), ref(dt, {T, H, D});
     kstest::fill_normal(q);
     for (int64_t i = 0; i < 2 * H * D; ++i) q.set(1 * H * D + i, 0.25 + 0.01 * double(i % 7));  // tokens 1, 2: q > 0
-    paged_device_vs_cpu(dt, q, kc, vc, bt, bt_cpu, sid_dev, len_dev, sid_cpu, len_cpu, 1.0 / std::sqrt(double(D)), got,
-                        ref);
+    ASSERT_NO_FATAL_FAILURE(paged_device_vs_cpu(dt, q, kc, vc, bt, bt_cpu, sid_dev, len_dev, sid_cpu, len_cpu,
+                                                1.0 / std::sqrt(double(D)), got, ref));
     const int64_t C = last_attention_cluster();  // the device call's (the CPU call records no launch)
     if (gqa) EXPECT_GT(C, 1) << ks_last_launch_config("paged_attention");
     for (int64_t i = 0; i < H * D; ++i) {

@@ -48,13 +48,34 @@ Buf make_logits(DType dt, int64_t rows, int64_t V, uint64_t seed, bool ties) {
   return x;
 }
 
+struct Cfg {
+  double t;   // temperature
+  int64_t k;  // top_k (0: off)
+  double p;   // top_p (1: off)
+};
+
+// ks_sample of x (rows x V, on the host and mirrored in dx) on CUDA and on the CPU with the
+// same seed_offset: ids and validity flags equal row by row. Device outputs are poisoned.
+void expect_cuda_equals_cpu(Buf& x, const Dev& dx, int64_t rows, double seed, double offset, const Cfg& c) {
+  Buf so(DType::I64, {2}), out(DType::I64, {rows}), valid(DType::U8, {rows});
+  so.set(0, seed), so.set(1, offset);
+  Buf gout = out, gvalid = valid;
+  Dev dso(so), dout(out), dvalid(valid);
+  CK(cudaMemset(dout.p, 0xFF, dout.n));
+  CK(cudaMemset(dvalid.p, 0xFF, dvalid.n));
+  ks::sample(dview(dout, out), dview(dvalid, valid), dview(dx, x), dview(dso, so), c.t, c.k, c.p, ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  dout.get(gout);
+  dvalid.get(gvalid);
+  ks::sample(out.view(), valid.view(), x.view(), so.view(), c.t, c.k, c.p, ks::Backend::Cpu);
+  for (int64_t r = 0; r < rows; ++r) {
+    EXPECT_EQ(gout.get(r), out.get(r)) << "row " << r;
+    EXPECT_EQ(gvalid.get(r), valid.get(r)) << "row " << r;
+  }
+}
+
 TEST(CudaSample, IdsEqualTheCpuReferenceBitForBit) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
-  struct Cfg {
-    double t;
-    int64_t k;
-    double p;
-  };
   const std::vector<Cfg> cfgs = {{1.0, 0, 1.0}, {0.7, 50, 1.0}, {1.0, 0, 0.9}, {1.3, 40, 0.5}, {0.01, 1, 1.0}, {2.0, 3, 0.3}};
   for (DType dt : kstest::float_dtypes())
     for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(32000), int64_t(128256)})
@@ -67,22 +88,7 @@ TEST(CudaSample, IdsEqualTheCpuReferenceBitForBit) {
             SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + (ties ? " ties" : "") +
                          " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) +
                          " offset=" + std::to_string(off));
-            Buf so(DType::I64, {2}), out(DType::I64, {rows}), valid(DType::U8, {rows});
-            so.set(0, 2024.0), so.set(1, double(off));
-            Buf gout = out, gvalid = valid;
-            Dev dso(so), dout(out), dvalid(valid);
-            CK(cudaMemset(dout.p, 0xFF, dout.n));
-            CK(cudaMemset(dvalid.p, 0xFF, dvalid.n));
-            ks::sample(dview(dout, out), dview(dvalid, valid), dview(dx, x), dview(dso, so), c.t, c.k, c.p,
-                       ks::Backend::Cuda);
-            CK(cudaDeviceSynchronize());
-            dout.get(gout);
-            dvalid.get(gvalid);
-            ks::sample(out.view(), valid.view(), x.view(), so.view(), c.t, c.k, c.p, ks::Backend::Cpu);
-            for (int64_t r = 0; r < rows; ++r) {
-              EXPECT_EQ(gout.get(r), out.get(r)) << "row " << r;
-              EXPECT_EQ(gvalid.get(r), valid.get(r)) << "row " << r;
-            }
+            ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 2024.0, double(off), c));
           }
       }
 }
@@ -96,11 +102,6 @@ TEST(CudaSample, ManyRowsAndEdgeCasesEqualTheCpuReference) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t rows = 2 * int64_t(sms) * 2 + 37;
-  struct Cfg {
-    double t;
-    int64_t k;
-    double p;
-  };
   const std::vector<Cfg> cfgs = {{1.0, 0, 1.0},  {1.0, 5, 1.0},   {0.9, 0, 0.6},     {1.0, 7, 0.8},
                                  {1e-30, 0, 1.0}, {1e-38, 3, 0.9}, {1e-3, 2, 0.999999}, {3.0, 1, 0.01}};
   for (int64_t V : {int64_t(1), int64_t(3), int64_t(257), int64_t(3000)}) {
@@ -118,22 +119,7 @@ TEST(CudaSample, ManyRowsAndEdgeCasesEqualTheCpuReference) {
     for (const Cfg& c : cfgs) {
       SCOPED_TRACE("V=" + std::to_string(V) + " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) +
                    " p=" + std::to_string(c.p));
-      Buf so(DType::I64, {2}), out(DType::I64, {rows}), valid(DType::U8, {rows});
-      so.set(0, 31.0), so.set(1, 4.0);
-      Buf gout = out, gvalid = valid;
-      Dev dso(so), dout(out), dvalid(valid);
-      CK(cudaMemset(dout.p, 0xFF, dout.n));
-      CK(cudaMemset(dvalid.p, 0xFF, dvalid.n));
-      ks::sample(dview(dout, out), dview(dvalid, valid), dview(dx, x), dview(dso, so), c.t, c.k, c.p,
-                 ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      dout.get(gout);
-      dvalid.get(gvalid);
-      ks::sample(out.view(), valid.view(), x.view(), so.view(), c.t, c.k, c.p, ks::Backend::Cpu);
-      for (int64_t r = 0; r < rows; ++r) {
-        EXPECT_EQ(gout.get(r), out.get(r)) << "row " << r;
-        EXPECT_EQ(gvalid.get(r), valid.get(r)) << "row " << r;
-      }
+      ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 31.0, 4.0, c));
     }
   }
 }
