@@ -46,6 +46,36 @@ const std::vector<Variant>& all() {
 
 static const char* backend_name(ks_backend_t b) { return b == KS_BACKEND_CUDA ? "cuda" : "cpu"; }
 
+namespace {
+// Why v cannot take calls of this dtype on this machine now ("" when it can): the checks
+// every selection path makes before can_implement. A pinned variant skips the
+// deterministic-mode check (with_deterministic false): the pin is the caller's choice.
+std::string why_not_static(const Variant& v, detail::DType dtype, bool with_deterministic = true) {
+  if (!(v.dtype_mask & dtype_bit(dtype))) return std::string("no ") + detail::dtype_name(dtype);
+  if (v.available && !v.available()) return "not available on this machine";
+  if (with_deterministic && !v.batch_invariant && deterministic()) return "not batch-invariant (deterministic mode)";
+  return "";
+}
+
+bool in_order(const Cell* cell, const char* name) {
+  return cell && std::find(cell->order.begin(), cell->order.end(), name) != cell->order.end();
+}
+
+// Visits the variants of (op, backend) in routing order: the cell's variants in its order,
+// then the others by priority; stops at the first for which f returns true. No allocation
+// (the per-call path uses it).
+template <typename F>
+const Variant* first_in_routing_order(const char* op, ks_backend_t backend, const Cell* cell, F&& f) {
+  if (cell)
+    for (const std::string& name : cell->order)
+      for (const Variant& v : all())
+        if (std::strcmp(v.op, op) == 0 && v.backend == backend && name == v.name && f(v)) return &v;
+  for (const Variant& v : all())
+    if (std::strcmp(v.op, op) == 0 && v.backend == backend && !in_order(cell, v.name) && f(v)) return &v;
+  return nullptr;
+}
+}  // namespace
+
 Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) {
   Choice c;
   std::string skipped;
@@ -56,39 +86,19 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) 
   const std::string arch = backend == KS_BACKEND_CUDA ? cuda_arch_name(-1) : "cpu";
   const Cell* cell = nullptr;
   for (const Cell& x : t.cells)
-    if (!cell && x.op == op && x.backend == backend_name(backend) && (x.arch == "*" || x.arch == arch) &&
-        (x.dtype == "*" || x.dtype == detail::dtype_name(dtype)) && x.rows_min == 0 && x.rows_max == INT64_MAX &&
-        x.cols_min == 0 && x.cols_max == INT64_MAX)
+    if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) && covers_every_shape(x))
       cell = &x;
-  std::vector<const Variant*> order;
-  if (cell)
-    for (const std::string& name : cell->order)
-      for (const Variant& v : all())
-        if (std::strcmp(v.op, op) == 0 && v.backend == backend && name == v.name) order.push_back(&v);
-  for (const Variant& v : all()) {
-    if (std::strcmp(v.op, op) != 0) continue;
-    op_known = true;
-    if (v.backend == backend && std::find(order.begin(), order.end(), &v) == order.end()) order.push_back(&v);
-  }
-  for (const Variant* vp : order) {
-    const Variant& v = *vp;
-    if (!(v.dtype_mask & dtype_bit(dtype))) {
-      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": no " + detail::dtype_name(dtype);
-      continue;
-    }
-    if (v.available && !v.available()) {
-      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not available on this machine";
-      continue;
-    }
-    if (!v.batch_invariant && deterministic()) {
-      skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": not batch-invariant (deterministic mode)";
-      continue;
-    }
-    c.variant = &v;
-    const bool routed = cell && std::find(cell->order.begin(), cell->order.end(), v.name) != cell->order.end();
-    c.reason = routed ? "first runnable variant of " + describe(*cell) + ", which covers every shape"
-                      : std::string("highest-priority ") + backend_name(backend) + " variant for " +
-                            detail::dtype_name(dtype) + " (priority " + std::to_string(v.priority) + ")";
+  for (const Variant& v : all()) op_known = op_known || std::strcmp(v.op, op) == 0;
+  c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {
+    const std::string why = why_not_static(v, dtype);
+    if (!why.empty()) skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
+    return why.empty();
+  });
+  if (c.variant) {
+    const Variant& v = *c.variant;
+    c.reason = in_order(cell, v.name) ? "first runnable variant of " + describe(*cell) + ", which covers every shape"
+                                      : std::string("highest-priority ") + backend_name(backend) + " variant for " +
+                                            detail::dtype_name(dtype) + " (priority " + std::to_string(v.priority) + ")";
     if (!skipped.empty()) c.reason += "; skipped " + skipped;
     return c;
   }
@@ -145,10 +155,8 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
     if (it != g_forced.end()) {
       for (const Variant& v : all()) {
         if (std::strcmp(v.op, op) != 0 || v.backend != backend || it->second != v.name) continue;
-        std::string why;
-        if (!(v.dtype_mask & dtype_bit(dtype))) why = std::string("no ") + detail::dtype_name(dtype);
-        else if (v.available && !v.available()) why = "not available on this machine";
-        else if (v.can_implement) why = v.can_implement(args);
+        std::string why = why_not_static(v, dtype, /*with_deterministic=*/false);
+        if (why.empty() && v.can_implement) why = v.can_implement(args);
         if (!why.empty())
           detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "pinned variant " + it->second + " cannot run this call: " + why);
         c.variant = &v;
@@ -161,41 +169,18 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
   }
   std::string skipped;
   bool any_backend = false, any_dtype = false;
-  // Why v cannot run this call ("" when it can); counts what exists for the error messages.
-  auto why_not = [&](const Variant& v) -> std::string {
-    any_backend = true;
-    if (!(v.dtype_mask & dtype_bit(dtype))) return "-";
-    any_dtype = true;
-    if (v.available && !v.available()) return "not available on this machine";
-    if (!v.batch_invariant && deterministic()) return "not batch-invariant (deterministic mode)";
-    return v.can_implement ? v.can_implement(args) : std::string();
-  };
-  auto note = [&](const Variant& v, const std::string& why) {
-    if (why != "-") skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
-  };
   // The routing table's cell for this shape, arch and dtype: its variants first, in its order.
   const Cell* cell = routed_cell(op, backend, dtype, args);
-  if (cell)
-    for (const std::string& name : cell->order)
-      for (const Variant& v : all()) {
-        if (std::strcmp(v.op, op) != 0 || v.backend != backend || name != v.name) continue;
-        const std::string why = why_not(v);
-        if (why.empty()) {
-          c.variant = &v;
-          return c;
-        }
-        note(v, why);
-      }
-  for (const Variant& v : all()) {
-    if (std::strcmp(v.op, op) != 0 || v.backend != backend) continue;
-    if (cell && std::find(cell->order.begin(), cell->order.end(), v.name) != cell->order.end()) continue;
-    const std::string why = why_not(v);
-    if (why.empty()) {
-      c.variant = &v;  // (no reason text on this per-call path: ks_which explains via select_static)
-      return c;
-    }
-    note(v, why);
-  }
+  c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {
+    any_backend = true;
+    if (!(v.dtype_mask & dtype_bit(dtype))) return false;  // not counted, not reported
+    any_dtype = true;
+    std::string why = why_not_static(v, dtype);
+    if (why.empty() && v.can_implement) why = v.can_implement(args);
+    if (!why.empty()) skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
+    return why.empty();
+  });
+  if (c.variant) return c;  // (no reason text on this per-call path: ks_which explains via select_static)
   if (!any_backend)
     detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op,
                  std::string("no ") + backend_name(backend) + " implementation is built");

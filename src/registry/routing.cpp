@@ -104,12 +104,19 @@ Table parse_table(const std::string& text, const std::string& name) {
   return t;
 }
 
+bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, std::string_view arch,
+                  std::string_view dtype) {
+  return c.op == op && c.backend == backend && (c.arch == "*" || c.arch == arch) && (c.dtype == "*" || c.dtype == dtype);
+}
+
+bool covers_every_shape(const Cell& c) {
+  return c.rows_min == 0 && c.rows_max == INT64_MAX && c.cols_min == 0 && c.cols_max == INT64_MAX;
+}
+
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
                       std::string_view dtype, int64_t rows, int64_t cols, bool any_rows) {
   for (const Cell& c : t.cells) {
-    if (c.op != op || c.backend != backend) continue;
-    if (c.arch != "*" && c.arch != arch) continue;
-    if (c.dtype != "*" && c.dtype != dtype) continue;
+    if (!cell_matches(c, op, backend, arch, dtype)) continue;
     if (!any_rows && (rows < c.rows_min || rows > c.rows_max)) continue;
     if (cols < c.cols_min || cols > c.cols_max) continue;
     return &c;
@@ -168,8 +175,7 @@ std::string cells_summary(const Table& t, std::string_view op, std::string_view 
                           std::string_view dtype) {
   std::string s;
   for (const Cell& c : t.cells) {
-    if (c.op != op || c.backend != backend || (c.arch != "*" && c.arch != arch) || (c.dtype != "*" && c.dtype != dtype))
-      continue;
+    if (!cell_matches(c, op, backend, arch, dtype)) continue;
     std::string order;
     for (const auto& v : c.order) order += (order.empty() ? "" : ", ") + v;
     s += std::string(s.empty() ? "" : "; ") + "rows " + bound(c.rows_min) + ".." + bound(c.rows_max) + ", cols " +

@@ -45,6 +45,11 @@ struct Table {
 // Parses one routing JSON document (schema "kernscope-routing/1"); throws
 // ks::detail::Failure (KS_ERROR_INVALID_ARGUMENT) naming `name` and the bad field.
 Table parse_table(const std::string& json, const std::string& name);
+// Whether c applies to (op, backend, arch, dtype) at some shape (arch/dtype "*" match any).
+bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, std::string_view arch,
+                  std::string_view dtype);
+// Whether c covers every shape (no rows or cols bound).
+bool covers_every_shape(const Cell& c);
 // The first cell of t that matches; nullptr when none does. any_rows: ignore the cells' rows
 // bounds (deterministic mode: the variant for a row must not depend on the call's row count).
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
