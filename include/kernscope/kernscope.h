@@ -246,7 +246,11 @@ KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DL
  * causal != 0: query i of a sequence with len_q queries and len_k keys sees keys
  * j <= i + len_k - len_q (bottom-right aligned, so the last query sees every key); a query
  * that sees no key gets a zero row. GQA: query head h reads kv head h / (num_heads / num_kv_heads).
- * scores = scale * q.k in FP32, FP32 softmax, FP32 weighted sum of V, one rounding. */
+ * scores = scale * q.k in FP32, FP32 softmax, FP32 weighted sum of V, one rounding.
+ * Errors (nothing written): KS_ERROR_INVALID_ARGUMENT for shapes, num_heads not a multiple of
+ * num_kv_heads, host offsets that do not start at 0, decrease or miss the totals, a scale not
+ * finite in fp32, out overlapping an input; KS_ERROR_UNSUPPORTED_DTYPE for q not
+ * fp16/bf16/fp32, k/v/out not q's dtype, cu_seqlens not int32. Contract: docs/contracts.md. */
 KS_API ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, const DLTensor* k, const DLTensor* v,
                                        const DLTensor* cu_seqlens_q, const DLTensor* cu_seqlens_k, double scale,
                                        int causal, ks_backend_t backend, ks_stream_t stream);

@@ -665,7 +665,9 @@ def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k
 
     Raises:
         ValueError: shapes, GQA head counts, offsets (host) that do not start at 0, decrease, or
-            miss the totals.
+            miss the totals, a non-finite scale, ``out`` overlapping an input.
+        TypeError: q not fp16/bf16/fp32, k/v/out not q's dtype, cu_seqlens not int32.
+        RuntimeError: the backend asked for is not available.
 
     Contract: docs/contracts.md#varlen_attention--ks_varlen_attentionout-q-k-v-cu_seqlens_q-cu_seqlens_k-scale-causal
     """
