@@ -15,7 +15,6 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 STAGES=${KS_STAGES:-build,test,sanitize,bench,peers,report,model}
 PEER_DTYPES=${PEER_DTYPES:-bf16,fp16,fp32}
-BUILD=build-gpu
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 # The device copy has no .git: the caller passes KS_COMMIT.
 export KS_COMMIT=${KS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -25,10 +24,9 @@ LOG="$OUT/logs.txt"   # every stage's log, one file (the device returns at most 
                       # h200.csv/md/png (every peer row is in h200.csv), h200_model.csv/md)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$LOG"
 
+source scripts/gpu_env.sh
 if has build; then
-  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-        -DKS_BUILD_TOOLS=OFF -DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include >> "$LOG" 2>&1 &&
-  cmake --build $BUILD -j 16 >> "$LOG" 2>&1 || { tail -40 "$LOG"; exit 1; }
+  ks_gpu_build "$LOG" || { tail -40 "$LOG"; exit 1; }
   grep -E "warning|error" "$LOG" | grep -v "^--" | head -20
 fi
 

@@ -7,8 +7,8 @@
 #
 # Needs what scripts/prepare_gpu_carry.sh made: .dlpack and .deps carried by this call,
 # and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
-# call (e.g. `KS_STAGE=part true`), then .mdl/part_ab in the next while the machine is
-# warm; this script joins them.
+# call that copies it to /tmp/ks_part_aa (e.g. the gpu_check.sh call), then .mdl/part_ab in the
+# next while the machine is warm; this script joins them.
 #   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap (default: all)
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
 #                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
@@ -20,23 +20,17 @@ mkdir -p "$OUT"
 STAGES=${KS_MODEL_STAGES:-build,test,generate,bench,swap}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 LOG="$OUT/model_logs.txt"
-BUILD=build-gpu-model
 MODEL=/tmp/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ ! -f "$MODEL" ]; then
-  [ -f .mdl/part_aa ] && [ -f .mdl/part_ab ] || { echo "gpu_model_check: need .mdl/part_aa and .mdl/part_ab (see the header)"; exit 2; }
-  cat .mdl/part_aa .mdl/part_ab > "$MODEL"
+  # part_aa may have come in an earlier call that saved it to /tmp (see the header)
+  A=.mdl/part_aa; [ -f $A ] || A=/tmp/ks_part_aa
+  [ -f $A ] && [ -f .mdl/part_ab ] || { echo "gpu_model_check: need .mdl/part_aa (or /tmp/ks_part_aa) and .mdl/part_ab (see the header)"; exit 2; }
+  cat $A .mdl/part_ab > "$MODEL"
 fi
 [ "$(stat -c %s "$MODEL")" = 98362432 ] || { echo "gpu_model_check: the joined model has the wrong size"; exit 2; }
-# .deps: development files only; point the PCRE2 link name at the image's runtime library
-DEPLIB=$PWD/.deps/usr/lib/x86_64-linux-gnu
-for f in /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 /lib/x86_64-linux-gnu/libpcre2-8.so.0; do
-  [ -e "$f" ] && ln -sf "$f" "$DEPLIB/libpcre2-8.so" && break
-done
-export PKG_CONFIG_PATH=$DEPLIB/pkgconfig PKG_CONFIG_SYSROOT_DIR=$PWD/.deps
+source scripts/gpu_env.sh
 if has build; then
-  cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKS_BUILD_TOOLS=ON \
-        -DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include -DCMAKE_PREFIX_PATH=$PWD/.deps/usr >> "$LOG" 2>&1 &&
-  cmake --build $BUILD -j 16 --target ksctl test_model test_cuda_ops >> "$LOG" 2>&1 || { tail -40 "$LOG"; exit 1; }
+  ks_gpu_build "$LOG" ksctl test_model test_cuda_ops || { tail -40 "$LOG"; exit 1; }
 fi
 if has test; then
   KS_MODEL_PATH=$MODEL KS_TEST_DATA=$PWD/tests/data $BUILD/tests/test_model 2>&1 | tee -a "$LOG" |
