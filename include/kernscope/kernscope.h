@@ -123,8 +123,10 @@ KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t back
  * process. A table that does not parse: KS_ERROR_INVALID_ARGUMENT naming file and field. */
 KS_API ks_status_t ks_routing_table(const char** json);
 
-/* Pins `op` to the variant named `variant` for calls on this thread (NULL
- * variant: back to automatic selection; NULL op: clear every pin). A pinned
+/* Pins `op` to the variant named `variant` for calls on this thread that run on
+ * that variant's backend (calls on the other backend are routed as usual, so a CUDA
+ * pin leaves the CPU reference usable; NULL variant: back to automatic selection;
+ * NULL op: clear every pin). A pinned
  * variant that cannot run a call fails it with KS_ERROR_BACKEND_UNAVAILABLE and
  * the variant's reason. Used by tests, `ksctl check` and benchmarks to run every
  * variant, not only the selected one. Unknown op or variant names are

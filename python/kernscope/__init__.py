@@ -161,7 +161,8 @@ def backend_available(backend: str) -> bool:
 
 
 def force_variant(op: _t.Any = None, variant: _t.Any = None) -> None:
-    """Pin ``op`` to the named variant for calls on this thread (``variant=None``:
+    """Pin ``op`` to the named variant for calls on this thread that run on the
+    variant's backend; calls on the other backend are routed as usual (``variant=None``:
     back to automatic selection; ``op=None``: clear every pin). A pinned variant
     that cannot run a call fails it with BackendUnavailableError. For tests and
     benchmarks that run every variant (ks_force_variant)."""

@@ -163,8 +163,7 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
         c.reason = "pinned by ks_force_variant";
         return c;
       }
-      detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op,
-                   "pinned variant " + it->second + " does not belong to the selected backend");
+      // a pin binds calls on its variant's backend only; calls on another backend route as usual
     }
   }
   std::string skipped;
