@@ -4,16 +4,22 @@
 //
 // Work unit: (query token t, kv head g) with the G = num_heads / num_kv_heads query
 // heads that share g. A cluster of C CTAs splits the unit's keys into C contiguous
-// ranges; each CTA walks its range in tiles of 64 keys:
-//  - a warp per key reads the K row once (lanes over head_dim) and forms the G scores;
-//  - per head, an online softmax over the tile (running max and sum, FP32; dropped keys
-//    and -inf scores weigh 0, a NaN score gives a NaN weight, as the CPU's exp);
-//  - thread d reads V[key][d] once and updates the G accumulators.
-// The C partial states (max, sum, accumulator per head) are merged through distributed
-// shared memory: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). No workspace in
-// global memory, so nothing is allocated per call (graph-capturable).
-// C: the fewest of 1, 2, 4, 8, 16 that give at least two CTAs per SM, at most one per 256
-// keys of the block table's capacity; 8 at most where a cluster of 16 cannot be resident.
+// ranges. Inside a CTA, LPK lanes hold one key row: lane `sub` owns the E = 16 / sizeof(T)
+// elements [sub*E, sub*E + E) of K and V, loaded as one 16-byte vector, and the query's G
+// rows for the same elements in registers. So a warp is 32 / LPK independent key streams;
+// each stream walks keys stream, stream + NS, ... (NS streams per CTA) U at a time, all
+// 2U loads issued before any arithmetic, with the next step's block-table entries
+// prefetched. Per stream and head an online softmax in FP32 (running max m, sum l,
+// accumulator acc; one rescale per U keys); the score is the FP32 dot reduced over the
+// LPK lanes by shuffles. Dropped keys (unmapped blocks) weigh 0; a -inf score weighs 0;
+// a NaN score gives a NaN weight, as the CPU's exp. The states then merge: streams of a
+// warp by shuffles, warps through shared memory, the C CTAs of the cluster through
+// distributed shared memory: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M).
+// No workspace in global memory, so nothing is allocated per call (graph-capturable).
+// C: the fewest of 1, 2, 4, 8, 16 that give two CTAs per SM, at most one per 128 keys of
+// the block table's capacity; 8 at most where a cluster of 16 cannot be resident.
+// can_implement: head_dim a multiple of E and at most 32 E, G <= 8, 16-byte aligned
+// tensors, at most 48 KB of shared memory; other calls go to cuda_cta_per_head.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -31,131 +37,198 @@ namespace cg = cooperative_groups;
 namespace ks::cuda {
 namespace {
 
-constexpr int kGqaThreads = 128, kKeyTile = 64;
-[[maybe_unused]] constexpr int kGqaWarps = kGqaThreads / 32;  // (device code only: unused in the host pass)
+constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8;
 constexpr int64_t kGqaSmemLimit = 48 * 1024;
 
-
-// Dynamic shared memory layout (floats unless noted): q[G][D], acc[G][D], w[G][tile],
-// m[G], l[G], corr[G], then slot[tile] (int64) and the CTA's any-key flag.
+// Shared memory (floats unless noted): the CTA's merged state m[G], l[G], acc[G][D] and its
+// any-key flag (read by the other CTAs of the cluster), then each warp's state
+// wm[W][G], wl[W][G], wacc[W][G][D].
 struct GqaSmem {
-  float *q, *acc, *w, *m, *l, *corr;
-  long long* slot;
+  float *m, *l, *acc, *wm, *wl, *wacc;
   int* any;
-  __device__ GqaSmem(unsigned char* base, int G, int64_t D) {
+  __device__ GqaSmem(unsigned char* base, int G, int D) {
     float* f = reinterpret_cast<float*>(base);
-    q = f;
-    acc = q + G * D;
-    w = acc + G * D;
-    m = w + G * kKeyTile;
+    m = f;
     l = m + G;
-    corr = l + G;
-    uintptr_t p = reinterpret_cast<uintptr_t>(corr + G);
-    p = (p + 7) & ~uintptr_t(7);
-    slot = reinterpret_cast<long long*>(p);
-    any = reinterpret_cast<int*>(slot + kKeyTile);
+    acc = l + G;
+    wm = acc + G * D;
+    wl = wm + kGqaWarps * G;
+    wacc = wl + kGqaWarps * G;
+    any = reinterpret_cast<int*>(wacc + kGqaWarps * G * D);
   }
 };
 
 size_t gqa_smem_bytes(int G, int64_t D) {
-  size_t b = size_t(2 * G * D + G * kKeyTile + 3 * G) * sizeof(float);
-  b = (b + 7) & ~size_t(7);
-  return b + kKeyTile * sizeof(long long) + sizeof(int);
+  return size_t(G * (2 + D) * (1 + kGqaWarps)) * sizeof(float) + sizeof(int);
 }
 
-template <typename T>
+// merge (mo, lo, acc_o) into (m, l, acc): the larger max wins, both sides rescaled
+__device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float& fo, float& M) {
+  M = fmaxf(m, mo);
+  f = m == -INFINITY ? 0.f : expf(m - M);
+  fo = mo == -INFINITY ? 0.f : expf(mo - M);
+}
+
+template <typename T, int LPK, int GM>
 __global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int E = 16 / int(sizeof(T));  // elements per lane: one 16-byte load
+  constexpr int SPW = 32 / LPK;            // key streams per warp
+  constexpr int NS = kGqaWarps * SPW;      // key streams per CTA
+  constexpr int U = kGqaUnroll;
+  using V = Vec<T, E>;
   extern __shared__ __align__(16) unsigned char gqa_raw[];
   pdl_begin();
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int G = p.group;
-  const int64_t D = p.head_dim;
+  const int D = int(p.head_dim);
   GqaSmem sm(gqa_raw, G, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int sub = lane % LPK, stream = warp * SPW + lane / LPK;
+  const bool owns = sub * E < D;  // lanes past head_dim hold zeros
   const int64_t unit = blockIdx.x / C;  // (token, kv head)
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
   const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
   int64_t len = p.context_lens[t];
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
-  len = min(len, p.max_blocks_per_seq * p.block_size);
-  // this CTA's keys: [j_begin, j_end), whole tiles except at the end
-  const int64_t per = ((len + C - 1) / C + kKeyTile - 1) / kKeyTile * kKeyTile;
-  const int64_t j_begin = min(len, int64_t(rank) * per), j_end = min(len, j_begin + per);
-  const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
-  for (int64_t i = threadIdx.x; i < int64_t(G) * D; i += blockDim.x) {
-    sm.q[i] = Dt<T>::to_f(qbase[i]);
-    sm.acc[i] = 0.f;
+  len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX (can_implement)
+  // this CTA's keys: [j_begin, j_end)
+  const int per = int((len + C - 1) / C);
+  const int j_begin = int(min(len, int64_t(rank) * per)), j_end = int(min(len, int64_t(j_begin) + per));
+  float q[GM][E], acc[GM][E], m[GM], l[GM];
+  {
+    const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      V v{};
+      if (g < G && owns) v = load_vec<T, E>(qbase + int64_t(g) * D);
+#pragma unroll
+      for (int e = 0; e < E; ++e) q[g][e] = v.f(e), acc[g][e] = 0.f;
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+    }
   }
-  for (int g = threadIdx.x; g < G; g += blockDim.x) sm.m[g] = -INFINITY, sm.l[g] = 0.f;
-  if (threadIdx.x == 0) *sm.any = 0;
+  const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
+  const int bs = int(p.block_size);
+  const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + sub * E;
+  const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + sub * E;
+  const int64_t row_stride = p.num_kv_heads * D;
   int any_local = 0;
-  const T* kc = static_cast<const T*>(p.k_cache);
-  const T* vc = static_cast<const T*>(p.v_cache);
-  for (int64_t j0 = j_begin; j0 < j_end; j0 += kKeyTile) {
-    const int nt = int(min(int64_t(kKeyTile), j_end - j0));
-    __syncthreads();  // q / the previous tile's weights and slots are consumed
-    for (int j = threadIdx.x; j < nt; j += blockDim.x) {
-      const int64_t pos = j0 + j;
-      const int64_t blk = p.block_tables[seq * p.max_blocks_per_seq + pos / p.block_size];
-      sm.slot[j] = (blk >= 0 && blk < p.num_blocks) ? (blk * p.block_size + pos % p.block_size) : -1;
-      any_local |= sm.slot[j] >= 0;
+  // block-table entries of the first step (prefetched one step ahead from then on)
+  int32_t blk[U];
+#pragma unroll
+  for (int k = 0; k < U; ++k) {
+    const int pos = j_begin + stream + k * NS;
+    blk[k] = pos < j_end ? bt[pos / bs] : -1;
+  }
+  for (int j0 = j_begin; j0 < j_end; j0 += NS * U) {
+    long long slot[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int pos = j0 + stream + k * NS;
+      slot[k] = (pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks) ? (long long)blk[k] * bs + pos % bs : -1;
+      any_local |= slot[k] >= 0;
     }
-    __syncthreads();
-    // scores: a warp per key, the K row read once for the G heads
-    for (int j = warp; j < nt; j += kGqaWarps) {
-      const long long slot = sm.slot[j];
-      const T* kr = slot >= 0 ? kc + (slot * p.num_kv_heads + kvh) * D : nullptr;
-      for (int g = 0; g < G; ++g) {
-        float dot = 0.f;
-        if (kr)
-          for (int64_t d = lane; d < D; d += 32) dot += sm.q[g * D + d] * Dt<T>::to_f(kr[d]);
-        dot = warp_sum(dot);
-        if (lane == 0) sm.w[g * kKeyTile + j] = slot >= 0 ? dot * p.scale : -INFINITY;
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int pos = j0 + NS * U + stream + k * NS;
+      blk[k] = pos < j_end ? bt[pos / bs] : -1;
+    }
+    V kv[U], vv[U];
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      kv[k] = V{};
+      vv[k] = V{};
+      if (slot[k] >= 0 && owns) {
+        kv[k] = load_vec<T, E>(kc + slot[k] * row_stride);
+        vv[k] = load_vec<T, E>(vc + slot[k] * row_stride);
       }
     }
-    __syncthreads();
-    // online softmax per head: warp w owns heads w, w + 4, ...
-    for (int g = warp; g < G; g += kGqaWarps) {
-      float* wg = sm.w + g * kKeyTile;
+    float sc[U][GM];
+#pragma unroll
+    for (int k = 0; k < U; ++k)
+#pragma unroll
+      for (int g = 0; g < GM; ++g) {
+        if (g >= G) break;
+        float d = 0.f;
+#pragma unroll
+        for (int e = 0; e < E; ++e) d = fmaf(q[g][e], kv[k].f(e), d);
+#pragma unroll
+        for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+        sc[k][g] = d * p.scale;
+      }
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      if (g >= G) break;
       float mx = -INFINITY;
-      for (int j = lane; j < nt; j += 32) mx = fmaxf(mx, wg[j]);  // NaN ignored here, kept by exp below
-      mx = warp_max(mx);
-      const float old = sm.m[g], nm = fmaxf(old, mx);
-      const float corr = nm == -INFINITY ? 1.f : expf(old - nm);
-      float s = 0.f;
-      for (int j = lane; j < nt; j += 32) {
-        const float sc = wg[j];
-        const float e = (sm.slot[j] < 0 || sc == -INFINITY) ? 0.f : expf(sc - nm);
-        wg[j] = e;
-        s += e;
+#pragma unroll
+      for (int k = 0; k < U; ++k)
+        if (slot[k] >= 0) mx = fmaxf(mx, sc[k][g]);  // NaN ignored here, kept by exp below
+      const float nm = fmaxf(m[g], mx);
+      const float corr = nm == -INFINITY ? 1.f : expf(m[g] - nm);
+      float pk[U], s = 0.f;
+#pragma unroll
+      for (int k = 0; k < U; ++k) {
+        pk[k] = (slot[k] < 0 || sc[k][g] == -INFINITY) ? 0.f : expf(sc[k][g] - nm);
+        s += pk[k];
       }
-      s = warp_sum(s);
-      if (lane == 0) {
-        sm.l[g] = sm.l[g] * corr + s;
-        sm.m[g] = nm;
-        sm.corr[g] = corr;
-      }
-    }
-    __syncthreads();
-    // V: thread d reads V[key][d] once for the G accumulators
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-      for (int g = 0; g < G; ++g) sm.acc[g * D + d] *= sm.corr[g];
-      for (int j = 0; j < nt; ++j) {
-        const long long slot = sm.slot[j];
-        if (slot < 0) continue;
-        const float v = Dt<T>::to_f(vc[(slot * p.num_kv_heads + kvh) * D + d]);
-        for (int g = 0; g < G; ++g) sm.acc[g * D + d] += sm.w[g * kKeyTile + j] * v;
+      l[g] = l[g] * corr + s;
+      m[g] = nm;
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        float a = acc[g][e] * corr;
+#pragma unroll
+        for (int k = 0; k < U; ++k) a = fmaf(pk[k], vv[k].f(e), a);
+        acc[g][e] = a;
       }
     }
   }
-  if (__syncthreads_or(any_local) && threadIdx.x == 0) *sm.any = 1;
+  // the warp's streams into one state (lanes differing in the bits above LPK)
+#pragma unroll
+  for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
+      float f, fo, M;
+      rescale_pair(m[g], mo, f, fo, M);
+      l[g] = l[g] * f + lo * fo;
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * f + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * fo;
+      m[g] = M;
+    }
+  if (lane < LPK) {
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      if (g >= G) break;
+      if (lane == 0) sm.wm[warp * G + g] = m[g], sm.wl[warp * G + g] = l[g];
+      if (owns)
+#pragma unroll
+        for (int e = 0; e < E; ++e) sm.wacc[(warp * G + g) * D + sub * E + e] = acc[g][e];
+    }
+  }
+  const int any_cta = __syncthreads_or(any_local);
+  // the warps into the CTA's state
+  for (int i = threadIdx.x; i < G * D; i += kGqaThreads) {
+    const int g = i / D;
+    float M = -INFINITY;
+    for (int w = 0; w < kGqaWarps; ++w) M = fmaxf(M, sm.wm[w * G + g]);
+    float L = 0.f, a = 0.f;
+    for (int w = 0; w < kGqaWarps; ++w) {
+      const float mw = sm.wm[w * G + g];
+      const float f = mw == -INFINITY ? 0.f : expf(mw - M);
+      L += sm.wl[w * G + g] * f;
+      a += sm.wacc[w * G * D + i] * f;
+    }
+    sm.acc[i] = a;
+    if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
+  }
+  if (threadIdx.x == 0) *sm.any = any_cta;
   cluster.sync();  // every CTA's partial state is complete and visible to the cluster
   // merge: rank r writes the output elements r, r + C, ... of the unit's G x D outputs
   T* out = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  for (int64_t i = int64_t(rank) * blockDim.x + threadIdx.x; i < int64_t(G) * D; i += int64_t(C) * blockDim.x) {
-    const int g = int(i / D);
+  for (int i = rank * kGqaThreads + threadIdx.x; i < G * D; i += C * kGqaThreads) {
+    const int g = i / D;
     float M = -INFINITY;
     int any = 0;
     for (int c = 0; c < C; ++c) {
@@ -184,17 +257,17 @@ int choose_cluster(const ops::PagedAttentionArgs& a, int sm_count, int max_clust
   const int64_t units = a.num_tokens * a.num_kv_heads;
   const int64_t capacity = a.max_blocks_per_seq * a.block_size;
   int c = 1;
-  while (2 * c <= max_cluster && units * c < 2 * int64_t(sm_count) && capacity >= int64_t(2 * c) * 256) c *= 2;
+  while (2 * c <= max_cluster && units * c < 2 * int64_t(sm_count) && capacity >= int64_t(2 * c) * 128) c *= 2;
   return c;
 }
 
 // Per kernel instantiation and per device (each device loads its own copy of the module,
 // and the attribute belongs to one kernel): allow clusters of 16, then ask whether a
-// cluster of 16 CTAs (128 threads, the largest shared-memory footprint, 48 KB) can be
-// resident at all (it needs 16 SMs of one GPC; a MIG slice may have fewer). Returns the
-// largest cluster size to use, 16 or 8. Done once per (T, device); a per-thread cache
-// keeps the lock off the launch path.
-template <typename T>
+// cluster of 16 CTAs (256 threads, 48 KB of shared memory) can be resident at all (it
+// needs 16 SMs of one GPC; a MIG slice may have fewer). Returns the largest cluster size
+// to use, 16 or 8. Done once per (kernel, device); a per-thread cache keeps the lock off
+// the launch path.
+template <typename T, int LPK, int GM>
 int max_cluster_for(int dev) {
   thread_local int cached_dev = -1, cached_max = 8;
   if (dev == cached_dev) return cached_max;
@@ -203,7 +276,7 @@ int max_cluster_for(int dev) {
   std::lock_guard<std::mutex> lock(mu);
   auto it = known.find(dev);
   if (it == known.end()) {
-    auto kern = paged_attention_gqa_kernel<T>;
+    auto kern = paged_attention_gqa_kernel<T, LPK, GM>;
     check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "paged_attention",
                "allow a non-portable cluster size");
     const int n = co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kGqaThreads, size_t(kGqaSmemLimit));
@@ -214,16 +287,27 @@ int max_cluster_for(int dev) {
   return cached_max;
 }
 
+int elems_per_lane(detail::DType dt) { return dt == detail::DType::F32 ? 4 : 8; }
+
 }  // namespace
 
 std::string paged_attention_gqa_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
-  const int G = int(a.num_heads / a.num_kv_heads);
-  if (int64_t(gqa_smem_bytes(G, a.head_dim)) > kGqaSmemLimit)
+  const int64_t G = a.num_heads / a.num_kv_heads, E = elems_per_lane(a.q.dtype);
+  if (G > kGqaMaxGroup) return "more than 8 query heads per kv head";
+  if (a.head_dim % E != 0 || a.head_dim > 32 * E)
+    return "head_dim must be a multiple of " + std::to_string(E) + " and at most " + std::to_string(32 * E) +
+           " (16-byte rows of K and V per lane group)";
+  for (const detail::View* t : {&a.q, &a.out, &a.k_cache, &a.v_cache})
+    if (!aligned16(t->data))
+      return "q, out, k_cache and v_cache must be 16-byte aligned";
+  if (int64_t(gqa_smem_bytes(int(G), a.head_dim)) > kGqaSmemLimit)
     return "the query heads of a kv head times head_dim exceed 48 KB of shared memory";
+  if (a.max_blocks_per_seq * a.block_size > int64_t(INT32_MAX / 2))
+    return "max_blocks_per_seq * block_size exceeds 2^30 key positions (32-bit key indices)";
   // one CTA per (token, kv head) at least, on grid.x (at most 2^31 - 1 CTAs)
-  if (a.num_tokens * a.num_kv_heads > int64_t(INT32_MAX))
-    return "num_tokens * num_kv_heads exceeds the grid's 2^31 - 1 CTAs";
+  if (a.num_tokens * a.num_kv_heads * 16 > int64_t(INT32_MAX))
+    return "num_tokens * num_kv_heads * 16 exceeds the grid's 2^31 - 1 CTAs";
   return "";
 }
 
@@ -241,27 +325,48 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   const AttnParams p = attn_params(a);
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
+  const int E = elems_per_lane(a.q.dtype);
+  const int lanes = int((a.head_dim + E - 1) / E);
+  const int LPK = lanes <= 4 ? 4 : lanes <= 8 ? 8 : lanes <= 16 ? 16 : 32;
+  const int GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
   int C = 1;
   int64_t grid = 0;
   // The kernels of the three dtypes have the same type, so a generic lambda with a static
   // once_flag gave them one flag between them (and one for all devices): only the first
   // dtype launched got the non-portable attribute, and a cluster of 16 of another dtype
-  // (or on another device) failed to launch. The attribute is now set per kernel and device.
-  auto go = [&](auto tag) {
+  // (or on another device) failed to launch. The attribute is set per kernel and device.
+  auto go = [&](auto tag, auto lpk, auto gm) {
     using T = decltype(tag);
-    C = choose_cluster(a, dp.sm_count, max_cluster_for<T>(dev));
+    constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value;
+    C = choose_cluster(a, dp.sm_count, max_cluster_for<T, kL, kG>(dev));
     grid = a.num_tokens * a.num_kv_heads * C;
-    launch_kernel("paged_attention", paged_attention_gqa_kernel<T>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s,
-                  C, dp.pdl, p);
+    launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads),
+                  smem, s, C, dp.pdl, p);
+  };
+  auto by_group = [&](auto tag, auto lpk) {
+    switch (GM) {
+      case 1: go(tag, lpk, std::integral_constant<int, 1>{}); break;
+      case 2: go(tag, lpk, std::integral_constant<int, 2>{}); break;
+      case 4: go(tag, lpk, std::integral_constant<int, 4>{}); break;
+      default: go(tag, lpk, std::integral_constant<int, 8>{}); break;
+    }
+  };
+  auto by_lanes = [&](auto tag) {
+    switch (LPK) {
+      case 4: by_group(tag, std::integral_constant<int, 4>{}); break;
+      case 8: by_group(tag, std::integral_constant<int, 8>{}); break;
+      case 16: by_group(tag, std::integral_constant<int, 16>{}); break;
+      default: by_group(tag, std::integral_constant<int, 32>{}); break;
+    }
   };
   switch (a.q.dtype) {
-    case detail::DType::F32: go(float{}); break;
-    case detail::DType::F16: go(__half{}); break;
-    default: go(__nv_bfloat16{}); break;
+    case detail::DType::F32: by_lanes(float{}); break;
+    case detail::DType::F16: by_lanes(__half{}); break;
+    default: by_lanes(__nv_bfloat16{}); break;
   }
   check_launch("paged_attention");
-  record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld key_tile=%lld grid=%lld",
-                {C, G, kKeyTile, grid});
+  record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld grid=%lld",
+                {C, G, LPK, grid});
 }
 
 }  // namespace ks::cuda

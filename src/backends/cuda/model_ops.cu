@@ -13,9 +13,13 @@
 #include <cstdint>
 #include <string>
 
+#include <cooperative_groups.h>
+
 #include "backends/cuda/attention_params.cuh"
 #include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
+
+namespace cg = cooperative_groups;
 
 namespace ks::cuda {
 namespace {
@@ -46,38 +50,93 @@ __device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
   return a.i <= b.i ? a : b;
 }
 
+// A row is split over a cluster of C CTAs (C = 1 where clusters are not available). Each
+// CTA scans its share of the row's 16-byte vectors, four loads per thread in flight
+// before any comparison; the elements before the first 16-byte boundary and after the
+// last whole vector go to rank 0. Warp shuffles, then shared memory, then rank 0 reads
+// the other CTAs' bests through distributed shared memory. The result does not depend
+// on C or on the order of the scan: better() is a total order on (value, index).
+constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4;
+
 template <typename T>
-__global__ void __launch_bounds__(1024) argmax_kernel(const T* __restrict__ x, int64_t* __restrict__ out, int64_t rows,
-                                                      int64_t cols) {
-  __shared__ float sv[32];
-  __shared__ int64_t si[32];
+__global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restrict__ x, int64_t* __restrict__ out,
+                                                                  int64_t rows, int64_t cols) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  using V = Vec<T, VEC>;
+  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ long long si[kArgmaxThreads / 32];
+  __shared__ float cta_v;
+  __shared__ long long cta_i;
   pdl_begin();
-  for (int64_t r = blockIdx.x; r < rows; r += gridDim.x) {
+  int C = 1, rank = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cg::cluster_group cluster = cg::this_cluster();
+  C = int(cluster.num_blocks());
+  rank = int(cluster.block_rank());
+#endif
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int64_t r = blockIdx.x / C; r < rows; r += gridDim.x / C) {
     const T* row = x + r * cols;
+    // elements [head, head + nvec * VEC) are whole aligned vectors
+    const int64_t mis = int64_t((reinterpret_cast<uintptr_t>(row) & 15u) / sizeof(T));
+    const int64_t head = min(cols, mis == 0 ? int64_t(0) : int64_t(VEC) - mis);
+    const int64_t nvec = (cols - head) / VEC;
+    const int64_t per = (nvec + C - 1) / C;
+    const int64_t v0 = min(nvec, int64_t(rank) * per), v1 = min(nvec, v0 + per);
+    const V* vrow = reinterpret_cast<const V*>(row + head);
     ArgBest b{-INFINITY, cols};  // an empty share loses to any element (index cols > every index)
-    for (int64_t i = threadIdx.x; i < cols; i += blockDim.x) b = better(b, ArgBest{ld_f(row, i), i});
+    for (int64_t v = v0 + threadIdx.x; v < v1; v += int64_t(kArgmaxUnroll) * kArgmaxThreads) {
+      V buf[kArgmaxUnroll];
+#pragma unroll
+      for (int u = 0; u < kArgmaxUnroll; ++u) {
+        const int64_t w = v + int64_t(u) * kArgmaxThreads;
+        if (w < v1) buf[u] = load_vec<T, VEC>(reinterpret_cast<const T*>(vrow + w));
+      }
+#pragma unroll
+      for (int u = 0; u < kArgmaxUnroll; ++u) {
+        const int64_t w = v + int64_t(u) * kArgmaxThreads;
+        if (w < v1)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) b = better(b, ArgBest{buf[u].f(e), head + w * VEC + e});
+      }
+    }
+    if (rank == 0) {  // the unaligned head and the tail
+      const int64_t tail0 = head + nvec * VEC;
+      for (int64_t i = threadIdx.x; i < head; i += kArgmaxThreads) b = better(b, ArgBest{ld_f(row, i), i});
+      for (int64_t i = tail0 + threadIdx.x; i < cols; i += kArgmaxThreads) b = better(b, ArgBest{ld_f(row, i), i});
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
       ArgBest c{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
       b = better(b, c);
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     __syncthreads();  // the previous row's partials are read
-    if (lane == 0) {
-      sv[warp] = b.v;
-      si[warp] = b.i;
-    }
+    if (lane == 0) sv[warp] = b.v, si[warp] = b.i;
     __syncthreads();
     if (warp == 0) {
-      ArgBest c = lane < nw ? ArgBest{sv[lane], si[lane]} : ArgBest{-INFINITY, cols};
+      ArgBest c = lane < kArgmaxThreads / 32 ? ArgBest{sv[lane], si[lane]} : ArgBest{-INFINITY, cols};
 #pragma unroll
       for (int o = 16; o > 0; o >>= 1) {
         ArgBest d{__shfl_xor_sync(0xffffffffu, c.v, o), __shfl_xor_sync(0xffffffffu, c.i, o)};
         c = better(c, d);
       }
-      // all -inf: every element ties at -inf and index 0 wins; cols > 0 always here
-      if (lane == 0) out[r] = c.i < cols ? c.i : 0;
+      if (lane == 0) cta_v = c.v, cta_i = c.i;
     }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (C > 1) {
+      cluster.sync();  // every CTA's best is in its shared memory
+      if (rank == 0 && threadIdx.x == 0) {
+        ArgBest c{cta_v, cta_i};
+        for (int k = 1; k < C; ++k)
+          c = better(c, ArgBest{*cluster.map_shared_rank(&cta_v, k), *cluster.map_shared_rank(&cta_i, k)});
+        // all -inf: every element ties at -inf and index 0 wins; cols > 0 always here
+        out[r] = c.i < cols ? c.i : 0;
+      }
+      cluster.sync();  // rank 0 has read the others before they move on
+      continue;
+    }
+#endif
+    if (threadIdx.x == 0) out[r] = cta_i < cols ? cta_i : 0;
   }
 }
 
@@ -384,26 +443,31 @@ void argmax_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::ArgmaxArgs*>(args);
   DeviceGuard g(a.x.device.device_id, "argmax");
   const DeviceProps& dp = device_props(a.x.device.device_id);
-  const int threads = a.cols >= 8192 ? 1024 : a.cols >= 1024 ? 256 : 128;
-  const unsigned grid = unsigned(std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 8));
+  // a cluster of up to 8 CTAs per row while the rows alone fill fewer than 2 CTAs per SM,
+  // each CTA keeping at least 8192 elements
+  int C = 1;
+  if (dp.sm90_code)
+    while (C < 8 && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192) C *= 2;
+  const int64_t clusters = std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 8 / C);
+  const unsigned grid = unsigned(clusters * C);
   const auto s = static_cast<cudaStream_t>(stream);
   int64_t* out = static_cast<int64_t*>(a.out.data);
   switch (a.x.dtype) {
     case detail::DType::F32:
-      launch_kernel("argmax", argmax_kernel<float>, dim3(grid), dim3(threads), 0, s, 1, dp.pdl,
+      launch_kernel("argmax", argmax_kernel<float>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
                     static_cast<const float*>(a.x.data), out, a.rows, a.cols);
       break;
     case detail::DType::F16:
-      launch_kernel("argmax", argmax_kernel<__half>, dim3(grid), dim3(threads), 0, s, 1, dp.pdl,
+      launch_kernel("argmax", argmax_kernel<__half>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
                     static_cast<const __half*>(a.x.data), out, a.rows, a.cols);
       break;
     default:
-      launch_kernel("argmax", argmax_kernel<__nv_bfloat16>, dim3(grid), dim3(threads), 0, s, 1, dp.pdl,
+      launch_kernel("argmax", argmax_kernel<__nv_bfloat16>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
                     static_cast<const __nv_bfloat16*>(a.x.data), out, a.rows, a.cols);
       break;
   }
   check_launch("argmax");
-  record_launch("argmax", "threads=%lld grid=%lld", {threads, grid});
+  record_launch("argmax", "threads=%lld cluster=%lld grid=%lld", {kArgmaxThreads, C, grid});
 }
 
 void embedding_cuda(const void* args, ks_stream_t stream) {
