@@ -34,7 +34,7 @@ if has build; then
 fi
 if has test; then
   KS_MODEL_PATH=$MODEL KS_TEST_DATA=$PWD/tests/data $BUILD/tests/test_model 2>&1 | tee -a "$LOG" |
-    grep -E "^\[  (FAILED|PASSED|SKIPPED)|OK \]|Failure|largest|cuda:" | head -40
+    grep -E "^\[  (FAILED|PASSED|SKIPPED)|OK \]|Failure|largest|cuda:|cuda dense" | head -40
 fi
 if has generate; then
   for dev in cuda cpu; do
@@ -46,8 +46,10 @@ fi
 if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
     --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
-  $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64 512 --decode-tokens 64 --repeats 3 \
-    --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
+  if [ "${KS_MODEL_CPU:-1}" = 1 ]; then  # KS_MODEL_CPU=0: skip the CPU path's benchmark
+    $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64 512 --decode-tokens 64 --repeats 3 \
+      --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
+  fi
   # the PyTorch baselines on the same weights (CUDA-graph decode step, compiled and not; HF generate)
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

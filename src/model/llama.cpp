@@ -87,13 +87,25 @@ LlamaModel::Buffer LlamaModel::alloc(ks::DType dtype, const std::vector<int64_t>
   return b;
 }
 
-Weight LlamaModel::upload(const Weight& w) {
+Weight LlamaModel::upload(const Weight& w, bool with_dense) {
   if (!on_device_) return w;
   DeviceArray& d = dev_weights_.emplace_back(w.data.nbytes());
   stream_->to_device(d.data(), w.data.data(), w.data.nbytes());
   Weight r = w;
   r.data = d.view(w.data.dtype(), w.data.shape());
+  if (with_dense && w.rows > 0 && w.cols > 0) {
+    DeviceArray& f = dev_weights_.emplace_back(size_t(w.rows * w.cols) * sizeof(float));
+    r.dense = f.view(ks::DType::F32, {w.rows, w.cols});
+    ks::dequantize(r.dense, r.data, w.qtype, ks::Backend::Cuda, stream());
+  }
   return r;
+}
+
+void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n) {
+  if (n >= kDenseRows && w.dense.data())
+    ks::gemm(out, x, w.dense, backend_, stream());
+  else
+    ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
 }
 
 LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend, int64_t max_batch)
@@ -120,9 +132,9 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     const Weight wq = matrix(f, p + "attn_q.weight", c.hidden_size, c.hidden_size);
     const Weight wk = matrix(f, p + "attn_k.weight", kv_dim, c.hidden_size);
     const Weight wv = matrix(f, p + "attn_v.weight", kv_dim, c.hidden_size);
-    L.wq = upload(wq);
-    L.wk = upload(wk);
-    L.wv = upload(wv);
+    L.wq = upload(wq, true);
+    L.wk = upload(wk, true);
+    L.wv = upload(wv, true);
     // q | k | v rows stacked, for one matmul per one-token step (decode); each output row
     // is computed exactly as by the separate matrices (same row, same K)
     if (wq.qtype == wk.qtype && wq.qtype == wv.qtype && wq.data.size(1) == wk.data.size(1) &&
@@ -137,8 +149,8 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
       w.data = ks::TensorView(qkv.data(), ks::DType::U8, {w.rows, wq.data.size(1)});
       L.w_qkv = upload(w);
     }
-    L.wo = upload(matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size));
-    L.w_down = upload(matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size));
+    L.wo = upload(matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size), true);
+    L.w_down = upload(matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size), true);
     // gate and up rows stacked into one [2 * intermediate, hidden] matrix, so one
     // quant_matmul yields rows laid out as silu_and_mul expects (gate | up).
     Weight g = matrix(f, p + "ffn_gate.weight", c.intermediate_size, c.hidden_size);
@@ -150,7 +162,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     Weight gu = g;
     gu.rows = 2 * c.intermediate_size;
     gu.data = ks::TensorView(buf.data(), ks::DType::U8, {2 * c.intermediate_size, g.data.size(1)});
-    L.w_gate_up = upload(gu);
+    L.w_gate_up = upload(gu, true);
     L.k_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
     L.v_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
   }
@@ -263,20 +275,20 @@ void LlamaModel::run_layers(int64_t n, bool all_rows) {
     if (fused_qkv) {
       ks::quant_matmul(qkv_.view, h, L.w_qkv.data, L.w_qkv.qtype, be, s);
     } else {
-      ks::quant_matmul(q, h, L.wq.data, L.wq.qtype, be, s);
-      ks::quant_matmul(k, h, L.wk.data, L.wk.qtype, be, s);
-      ks::quant_matmul(v, h, L.wv.data, L.wv.qtype, be, s);
+      matmul(q, h, L.wq, n);
+      matmul(k, h, L.wk, n);
+      matmul(v, h, L.wv, n);
     }
     // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing.
     ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
     ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots_.view.reshape({n}), be, s);
     ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
                         ctx_lens_.view.reshape({n}), scale, be, s);
-    ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);
+    matmul(x, attn, L.wo, n);
     ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be, s);  // res += attn out; x = norm
-    ks::quant_matmul(gu, x, L.w_gate_up.data, L.w_gate_up.qtype, be, s);
+    matmul(gu, x, L.w_gate_up, n);
     ks::silu_and_mul(act, gu, be, s);
-    ks::quant_matmul(x, act, L.w_down.data, L.w_down.qtype, be, s);
+    matmul(x, act, L.w_down, n);
   }
   // The last row's logits (a sequence's step), or every row's (decode_batch).
   const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;

@@ -38,6 +38,9 @@ struct Weight {
   ks::TensorView data;  // uint8 [rows, row_bytes] when packed; fp32 [cols] for norms
   ks::QType qtype = ks::QType::None;
   int64_t rows = 0, cols = 0;
+  // CUDA only, for steps of many rows (prefill): the matrix dequantized once at load,
+  // fp32 [rows, cols] on the device, multiplied through ks::gemm (cuBLASLt). Empty otherwise.
+  ks::TensorView dense;
 };
 
 class LlamaModel {
@@ -61,6 +64,9 @@ class LlamaModel {
   int32_t forward_argmax(const int32_t* tokens, int64_t n, int64_t pos);
 
   ks::Backend backend() const { return backend_; }
+  // CUDA: steps of at least this many rows (prefill) multiply through the weights
+  // dequantized once at load (fp32, cuBLASLt via ks::gemm) instead of quant_matmul
+  static constexpr int64_t kDenseRows = 64;
   int64_t max_batch() const { return max_batch_; }
 
   // forward / forward_argmax for sequence `seq` (0 <= seq < max_batch).
@@ -81,7 +87,11 @@ class LlamaModel {
     ks::TensorView view;
   };
   Buffer alloc(ks::DType dtype, const std::vector<int64_t>& shape);
-  Weight upload(const Weight& w);  // a copy on the device (CUDA); w itself on the CPU
+  // a copy on the device (CUDA; with_dense: also its fp32 dequantized copy); w itself on the CPU
+  Weight upload(const Weight& w, bool with_dense = false);
+  // out[n, rows] = x[n, cols] @ W^T: quant_matmul on the blocks, or ks::gemm on W.dense for
+  // n >= kDenseRows (each weight element dequantized in FP32 either way; sums in FP32)
+  void matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n);
   struct Layer {
     Weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate_up, w_down;
     Weight w_qkv;  // wq | wk | wv rows stacked (one matmul for one-token steps); empty if formats differ

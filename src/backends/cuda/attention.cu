@@ -7,9 +7,11 @@
 // ranges. Inside a CTA, LPK lanes hold one key row: lane `sub` owns the E = 16 / sizeof(T)
 // elements [sub*E, sub*E + E) of K and V, loaded as one 16-byte vector, and the query's G
 // rows for the same elements in registers. So a warp is 32 / LPK independent key streams;
-// each stream walks keys stream, stream + NS, ... (NS streams per CTA) U at a time, all
-// 2U loads issued before any arithmetic, with the next step's block-table entries
-// prefetched. Per stream and head an online softmax in FP32 (running max m, sum l,
+// each stream walks keys stream, stream + NS, ... (NS streams per CTA) U at a time. The
+// loads are cp.async copies into a two-stage shared-memory ring: while a step is computed,
+// the next step's 2U rows are in flight, and the block-table entries of the step after are
+// prefetched into registers. A lane reads back only the 16-byte pieces it copied itself,
+// so a per-thread wait (cp.async.wait_group) orders them and no barrier is needed. Per stream and head an online softmax in FP32 (running max m, sum l,
 // accumulator acc; one rescale per U keys); the score is the FP32 dot reduced over the
 // LPK lanes by shuffles. Dropped keys (unmapped blocks) weigh 0; a -inf score weighs 0;
 // a NaN score gives a NaN weight, as the CPU's exp. The states then merge: streams of a
@@ -19,7 +21,7 @@
 // C: the fewest of 1, 2, 4, 8, 16 that give two CTAs per SM, at most one per 128 keys of
 // the block table's capacity; 8 at most where a cluster of 16 cannot be resident.
 // can_implement: head_dim a multiple of E and at most 32 E, G <= 8, 16-byte aligned
-// tensors, at most 48 KB of shared memory; other calls go to cuda_cta_per_head.
+// tensors; other calls go to cuda_cta_per_head.
 #include <cooperative_groups.h>
 
 #include <algorithm>
@@ -37,17 +39,20 @@ namespace cg = cooperative_groups;
 namespace ks::cuda {
 namespace {
 
-constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8;
-constexpr int64_t kGqaSmemLimit = 48 * 1024;
+constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8, kGqaStages = 2;
+// the cp.async ring: [stage][key u][K | V][thread] 16-byte pieces (conflict-free: a thread's
+// pieces are consecutive across threads)
+constexpr int64_t kGqaRingBytes = int64_t(kGqaStages) * kGqaUnroll * 2 * kGqaThreads * 16;
+constexpr int64_t kGqaSmemLimit = 200 * 1024;
 
-// Shared memory (floats unless noted): the CTA's merged state m[G], l[G], acc[G][D] and its
-// any-key flag (read by the other CTAs of the cluster), then each warp's state
-// wm[W][G], wl[W][G], wacc[W][G][D].
+// Shared memory: the cp.async ring (kGqaRingBytes), then (floats unless noted) the CTA's
+// merged state m[G], l[G], acc[G][D] and its any-key flag (read by the other CTAs of the
+// cluster), then each warp's state wm[W][G], wl[W][G], wacc[W][G][D].
 struct GqaSmem {
   float *m, *l, *acc, *wm, *wl, *wacc;
   int* any;
   __device__ GqaSmem(unsigned char* base, int G, int D) {
-    float* f = reinterpret_cast<float*>(base);
+    float* f = reinterpret_cast<float*>(base + kGqaRingBytes);
     m = f;
     l = m + G;
     acc = l + G;
@@ -59,8 +64,16 @@ struct GqaSmem {
 };
 
 size_t gqa_smem_bytes(int G, int64_t D) {
-  return size_t(G * (2 + D) * (1 + kGqaWarps)) * sizeof(float) + sizeof(int);
+  return size_t(kGqaRingBytes) + size_t(G * (2 + D) * (1 + kGqaWarps)) * sizeof(float) + sizeof(int);
 }
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(fill ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // merge (mo, lo, acc_o) into (m, l, acc): the larger max wins, both sides rescaled
 __device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float& fo, float& M) {
@@ -70,7 +83,7 @@ __device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float&
 }
 
 template <typename T, int LPK, int GM>
-__global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const AttnParams p) {
+__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int E = 16 / int(sizeof(T));  // elements per lane: one 16-byte load
   constexpr int SPW = 32 / LPK;            // key streams per warp
@@ -115,35 +128,49 @@ __global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const 
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + sub * E;
   const int64_t row_stride = p.num_kv_heads * D;
   int any_local = 0;
-  // block-table entries of the first step (prefetched one step ahead from then on)
-  int32_t blk[U];
-#pragma unroll
-  for (int k = 0; k < U; ++k) {
-    const int pos = j_begin + stream + k * NS;
-    blk[k] = pos < j_end ? bt[pos / bs] : -1;
-  }
-  for (int j0 = j_begin; j0 < j_end; j0 += NS * U) {
-    long long slot[U];
+  uint4* ring = reinterpret_cast<uint4*>(gqa_raw);  // [stage][u][K|V][thread]
+  auto piece = [&](int stage, int k, int kv) { return ring + ((stage * U + k) * 2 + kv) * kGqaThreads + threadIdx.x; };
+  // the block-table entries of step `j0` (keys past j_end: -1)
+  auto fetch_blocks = [&](int j0, int32_t (&blk)[U]) {
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       const int pos = j0 + stream + k * NS;
-      slot[k] = (pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks) ? (long long)blk[k] * bs + pos % bs : -1;
-      any_local |= slot[k] >= 0;
-    }
-#pragma unroll
-    for (int k = 0; k < U; ++k) {
-      const int pos = j0 + NS * U + stream + k * NS;
       blk[k] = pos < j_end ? bt[pos / bs] : -1;
     }
+  };
+  // copies step j0's K and V pieces into `stage`; returns the mask of its mapped keys
+  auto issue = [&](int stage, int j0, const int32_t (&blk)[U]) {
+    unsigned valid = 0;
+#pragma unroll
+    for (int k = 0; k < U; ++k) {
+      const int pos = j0 + stream + k * NS;
+      const bool ok = pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks;
+      const long long slot = ok ? (long long)blk[k] * bs + pos % bs : 0;
+      valid |= unsigned(ok) << k;
+      cp_async16(piece(stage, k, 0), kc + slot * row_stride, ok && owns);
+      cp_async16(piece(stage, k, 1), vc + slot * row_stride, ok && owns);
+    }
+    cp_async_commit();
+    return valid;
+  };
+  int32_t blk[U];
+  fetch_blocks(j_begin, blk);
+  unsigned valid_cur = j_begin < j_end ? issue(0, j_begin, blk) : 0u;
+  fetch_blocks(j_begin + NS * U, blk);
+  int stage = 0;
+  for (int j0 = j_begin; j0 < j_end; j0 += NS * U, stage ^= 1) {
+    // the next step's copies go out before this step's arithmetic
+    unsigned valid_next = 0;
+    if (j0 + NS * U < j_end) valid_next = issue(stage ^ 1, j0 + NS * U, blk);
+    else cp_async_commit();  // an empty group keeps the wait count uniform
+    fetch_blocks(j0 + 2 * NS * U, blk);
+    cp_async_wait<1>();  // this thread's pieces of the current step have landed
+    any_local |= valid_cur != 0;
     V kv[U], vv[U];
 #pragma unroll
     for (int k = 0; k < U; ++k) {
-      kv[k] = V{};
-      vv[k] = V{};
-      if (slot[k] >= 0 && owns) {
-        kv[k] = load_vec<T, E>(kc + slot[k] * row_stride);
-        vv[k] = load_vec<T, E>(vc + slot[k] * row_stride);
-      }
+      kv[k] = *reinterpret_cast<const V*>(piece(stage, k, 0));
+      vv[k] = *reinterpret_cast<const V*>(piece(stage, k, 1));
     }
     float sc[U][GM];
 #pragma unroll
@@ -164,13 +191,13 @@ __global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const 
       float mx = -INFINITY;
 #pragma unroll
       for (int k = 0; k < U; ++k)
-        if (slot[k] >= 0) mx = fmaxf(mx, sc[k][g]);  // NaN ignored here, kept by exp below
+        if (valid_cur >> k & 1u) mx = fmaxf(mx, sc[k][g]);  // NaN ignored here, kept by exp below
       const float nm = fmaxf(m[g], mx);
       const float corr = nm == -INFINITY ? 1.f : expf(m[g] - nm);
       float pk[U], s = 0.f;
 #pragma unroll
       for (int k = 0; k < U; ++k) {
-        pk[k] = (slot[k] < 0 || sc[k][g] == -INFINITY) ? 0.f : expf(sc[k][g] - nm);
+        pk[k] = (!(valid_cur >> k & 1u) || sc[k][g] == -INFINITY) ? 0.f : expf(sc[k][g] - nm);
         s += pk[k];
       }
       l[g] = l[g] * corr + s;
@@ -183,7 +210,9 @@ __global__ void __launch_bounds__(kGqaThreads) paged_attention_gqa_kernel(const 
         acc[g][e] = a;
       }
     }
+    valid_cur = valid_next;
   }
+  cp_async_wait<0>();
   // the warp's streams into one state (lanes differing in the bits above LPK)
 #pragma unroll
   for (int o = LPK; o < 32; o <<= 1)
@@ -263,7 +292,7 @@ int choose_cluster(const ops::PagedAttentionArgs& a, int sm_count, int max_clust
 
 // Per kernel instantiation and per device (each device loads its own copy of the module,
 // and the attribute belongs to one kernel): allow clusters of 16, then ask whether a
-// cluster of 16 CTAs (256 threads, 48 KB of shared memory) can be resident at all (it
+// cluster of 16 CTAs (256 threads, the instantiation's largest shared memory) can be resident at all (it
 // needs 16 SMs of one GPC; a MIG slice may have fewer). Returns the largest cluster size
 // to use, 16 or 8. Done once per (kernel, device); a per-thread cache keeps the lock off
 // the launch path.
@@ -279,7 +308,11 @@ int max_cluster_for(int dev) {
     auto kern = paged_attention_gqa_kernel<T, LPK, GM>;
     check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "paged_attention",
                "allow a non-portable cluster size");
-    const int n = co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kGqaThreads, size_t(kGqaSmemLimit));
+    // the most this instantiation can need: GM heads of LPK * E elements
+    const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))));
+    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)), "paged_attention",
+               "set the dynamic shared memory size");
+    const int n = co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kGqaThreads, most);
     it = known.emplace(dev, n > 0 ? 16 : 8).first;
   }
   cached_dev = dev;
@@ -302,7 +335,7 @@ std::string paged_attention_gqa_can_implement(const void* args) {
     if (!aligned16(t->data))
       return "q, out, k_cache and v_cache must be 16-byte aligned";
   if (int64_t(gqa_smem_bytes(int(G), a.head_dim)) > kGqaSmemLimit)
-    return "the query heads of a kv head times head_dim exceed 48 KB of shared memory";
+    return "the query heads of a kv head times head_dim exceed 200 KB of shared memory";
   if (a.max_blocks_per_seq * a.block_size > int64_t(INT32_MAX / 2))
     return "max_blocks_per_seq * block_size exceeds 2^30 key positions (32-bit key indices)";
   // one CTA per (token, kv head) at least, on grid.x (at most 2^31 - 1 CTAs)

@@ -93,6 +93,94 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, 
   }
 }
 
+// The vector path: a thread owns (token, chunk of up to 8 heads, PAIRS consecutive pairs):
+// 16-byte loads (NeoX: the two halves, one vector each; interleaved: one vector holding
+// PAIRS adjacent pairs), all of the chunk's loads issued before the rotations, and its own
+// sincosf of the PAIRS angles (computed once for the chunk's heads). Same FP32 angle and
+// rotation formulas as rope_kernel. Taken when every pointer and stride is a multiple of
+// 16 bytes and rotary_dim / 2 a multiple of PAIRS (rotary_vec_ok); otherwise rope_kernel.
+constexpr int kRopeHeadChunk = 8;
+
+template <typename T, bool NEOX>
+__global__ void __launch_bounds__(kRopeThreads) rope_vec_kernel(const RopeParams p, const RopeTable table) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  constexpr int PAIRS = NEOX ? VEC : VEC / 2;
+  using V = Vec<T, VEC>;
+  extern __shared__ float rope_sh[];
+  const int64_t half = p.rotary_half;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x)
+    rope_sh[i] = half <= kRopeParamHalf ? table.inv[i] : float(pow(p.theta, -double(2 * i) / double(2 * half)));
+  __syncthreads();
+  pdl_begin();
+  const unsigned groups = unsigned(half / PAIRS);
+  const int64_t heads = p.heads + p.kv_heads;
+  const unsigned chunks = unsigned((heads + kRopeHeadChunk - 1) / kRopeHeadChunk);
+  const unsigned items = unsigned(p.tokens) * chunks * groups;  // < 2^31 (rotary_vec_ok)
+  for (unsigned it = blockIdx.x * blockDim.x + threadIdx.x; it < items; it += gridDim.x * blockDim.x) {
+    const unsigned gi = it % groups, rest = it / groups;
+    const unsigned ch = rest % chunks;
+    const int64_t tok = rest / chunks;
+    const int64_t i0 = int64_t(gi) * PAIRS;  // first pair
+    const int64_t pi = p.pos64 ? static_cast<const int64_t*>(p.pos)[tok] : static_cast<const int32_t*>(p.pos)[tok];
+    const float pos = float(pi);
+    T* ptr[kRopeHeadChunk];
+    V a[kRopeHeadChunk], b[kRopeHeadChunk];
+#pragma unroll
+    for (int j = 0; j < kRopeHeadChunk; ++j) {
+      const int64_t h = int64_t(ch) * kRopeHeadChunk + j;
+      ptr[j] = nullptr;
+      if (h < heads) {
+        ptr[j] = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
+                             : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
+        if (NEOX) {
+          a[j] = load_vec<T, VEC>(ptr[j] + i0);
+          b[j] = load_vec<T, VEC>(ptr[j] + half + i0);
+        } else {
+          a[j] = load_vec<T, VEC>(ptr[j] + 2 * i0);
+        }
+      }
+    }
+    float c[PAIRS], sn[PAIRS];
+#pragma unroll
+    for (int e = 0; e < PAIRS; ++e) sincosf(pos * rope_sh[i0 + e], &sn[e], &c[e]);
+#pragma unroll
+    for (int j = 0; j < kRopeHeadChunk; ++j) {
+      if (!ptr[j]) continue;
+      if (NEOX) {
+        OutVec<T, VEC> oa, ob;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float x0 = a[j].f(e), x1 = b[j].f(e);
+          oa.set(e, x0 * c[e] - x1 * sn[e]);
+          ob.set(e, x1 * c[e] + x0 * sn[e]);
+        }
+        store_vec(ptr[j] + i0, oa);
+        store_vec(ptr[j] + half + i0, ob);
+      } else {
+        OutVec<T, VEC> oa;
+#pragma unroll
+        for (int e = 0; e < PAIRS; ++e) {
+          const float x0 = a[j].f(2 * e), x1 = a[j].f(2 * e + 1);
+          oa.set(2 * e, x0 * c[e] - x1 * sn[e]);
+          oa.set(2 * e + 1, x1 * c[e] + x0 * sn[e]);
+        }
+        store_vec(ptr[j] + 2 * i0, oa);
+      }
+    }
+  }
+}
+
+bool rotary_vec_ok(const ops::RotaryArgs& a) {
+  const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
+  const int64_t half = a.rotary_dim / 2;
+  if (half % pairs != 0 || half > kRopeMaxHalf) return false;
+  if (!aligned16(a.q.data) || a.q_token_stride % vec != 0 || a.q_head_stride % vec != 0) return false;
+  if (a.has_k && (!aligned16(a.k.data) || a.k_token_stride % vec != 0 || a.k_head_stride % vec != 0)) return false;
+  const int64_t heads = a.num_heads + (a.has_k ? a.num_kv_heads : 0);
+  const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (half / pairs);
+  return items < int64_t(INT32_MAX) - int64_t(kRopeThreads) * 132 * 64;
+}
+
 std::string rope_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::RotaryArgs*>(args);
   if (a.rotary_dim / 2 > kRopeMaxHalf) return "rotary_dim > 8192 (the cos/sin table would exceed 48 KB of shared memory)";
@@ -113,9 +201,31 @@ void rotary_cuda(const void* args, ks_stream_t stream) {
                a.k_head_stride,  a.theta};
   RopeTable table{};
   if (p.rotary_half <= kRopeParamHalf) cpu::rope_inv_freq(a.rotary_dim, a.theta, table.inv);
+  const auto s = static_cast<cudaStream_t>(stream);
+  if (rotary_vec_ok(a)) {
+    const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
+    const int64_t heads = p.heads + p.kv_heads;
+    const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (p.rotary_half / pairs);
+    const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + kRopeThreads - 1) / kRopeThreads,
+                                                                int64_t(dp.sm_count) * 16));
+    const size_t smem = size_t(p.rotary_half) * sizeof(float);
+    auto go = [&](auto kern) {
+      launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
+    };
+    switch (a.q.dtype) {
+      case detail::DType::F32: a.neox ? go(rope_vec_kernel<float, true>) : go(rope_vec_kernel<float, false>); break;
+      case detail::DType::F16: a.neox ? go(rope_vec_kernel<__half, true>) : go(rope_vec_kernel<__half, false>); break;
+      default:
+        a.neox ? go(rope_vec_kernel<__nv_bfloat16, true>) : go(rope_vec_kernel<__nv_bfloat16, false>);
+        break;
+    }
+    check_launch("rotary_embedding");
+    record_launch("rotary_embedding", "vec16 threads=%lld head_chunk=%lld grid=%lld",
+                  {kRopeThreads, kRopeHeadChunk, grid});
+    return;
+  }
   const int64_t grid = std::min<int64_t>(a.num_tokens, int64_t(dp.sm_count) * 16);
   const size_t smem = size_t(3 * p.rotary_half) * sizeof(float);
-  const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto kern) {
     if (smem > 48 * 1024) return;  // excluded by rope_can_implement
     launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
