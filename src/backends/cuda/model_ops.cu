@@ -289,88 +289,22 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
 
 // WIDE: weight blocks read as words, and x's 32 values per block as 16-byte vectors
 // (x 16-byte aligned; K is a multiple of 32, so every block's x slice is too).
-// The wide path's raw block, packed in 32-bit registers so that a lane can have several
-// blocks in flight before decoding any (kBlocksInFlight): Q4_1 as its 5 words (4-byte
-// aligned); Q4_0 / Q8_0 (2-byte aligned) as 9 / 17 halfwords, two to a register.
-constexpr int kBlocksInFlight = 4;
-__device__ __forceinline__ void load_q_raw(ks_qtype_t q, const uint8_t* blk, uint32_t* r) {  // r: the format's words
-  if (q == KS_QTYPE_Q4_1) {
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(blk);
-#pragma unroll
-    for (int i = 0; i < 5; ++i) r[i] = w[i];
-  } else {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
-    const int n = q == KS_QTYPE_Q8_0 ? 17 : 9;
-#pragma unroll
-    for (int i = 0; i < 17; ++i)
-      if (i < n) r[i >> 1] = (i & 1) ? (r[i >> 1] | (uint32_t(h[i]) << 16)) : uint32_t(h[i]);
-  }
-}
-__device__ __forceinline__ uint32_t raw_half(const uint32_t* r, int i) { return (r[i >> 1] >> (16 * (i & 1))) & 0xFFFFu; }
-// the same values as decode_q_block<true> on the bytes load_q_raw read
-__device__ __forceinline__ void decode_q_raw(ks_qtype_t q, const uint32_t* r, float* v) {
-  if (q == KS_QTYPE_Q4_1) {
-    const float d = h2f_bits(uint16_t(r[0] & 0xFFFFu)), mn = h2f_bits(uint16_t(r[0] >> 16));
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const uint32_t c = (r[1 + i] >> (8 * k)) & 0xFFu;
-        v[4 * i + k] = d * float(c & 0x0Fu) + mn;
-        v[4 * i + k + 16] = d * float(c >> 4) + mn;
-      }
-    return;
-  }
-  const float d = h2f_bits(uint16_t(raw_half(r, 0)));
-  if (q == KS_QTYPE_Q8_0) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) {
-      const uint32_t hw = raw_half(r, 1 + i);
-      v[2 * i] = d * float(int8_t(hw & 0xFFu));
-      v[2 * i + 1] = d * float(int8_t(hw >> 8));
-    }
-  } else {  // Q4_0
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        const int c = int((raw_half(r, 1 + i) >> (8 * k)) & 0xFFu);
-        v[2 * i + k] = d * float((c & 0x0F) - 8);
-        v[2 * i + k + 16] = d * float((c >> 4) - 8);
-      }
-  }
-}
-
-template <typename T, bool WIDE, int QT>  // QT: the block format (ks_qtype_t), fixed per instantiation
-__global__ void __launch_bounds__(256, 2) quant_matmul_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                                                              T* __restrict__ out, int64_t M, int64_t N, int64_t K,
-                                                              int64_t row_bytes) {
-  constexpr ks_qtype_t q = ks_qtype_t(QT);
+template <typename T, bool WIDE>
+__global__ void __launch_bounds__(256) quant_matmul_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
+                                                           T* __restrict__ out, int64_t M, int64_t N, int64_t K,
+                                                           int64_t row_bytes, ks_qtype_t q) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
   if (n >= N) return;
-  constexpr int64_t bbytes = q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
-  constexpr int kWords = q == KS_QTYPE_Q8_0 ? 9 : 5;  // raw registers per block (load_q_raw)
-  const int64_t nblocks = K / 32;
+  const int64_t nblocks = K / 32, bbytes = q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
   const uint8_t* wr = w + n * row_bytes;
   constexpr int XV = 16 / int(sizeof(T));  // x elements per 16-byte vector
   for (int64_t m0 = 0; m0 < M; m0 += kMq) {
     float acc[kMq] = {};
-    for (int64_t b0 = lane; b0 < nblocks; b0 += 32 * kBlocksInFlight) {
-      uint32_t raw[kBlocksInFlight][kWords];
-      if constexpr (WIDE) {
-#pragma unroll
-        for (int u = 0; u < kBlocksInFlight; ++u)
-          if (b0 + 32 * u < nblocks) load_q_raw(q, wr + (b0 + 32 * u) * bbytes, raw[u]);
-      }
-#pragma unroll
-      for (int u = 0; u < kBlocksInFlight; ++u) {
-      const int64_t b = b0 + 32 * u;
-      if (b >= nblocks) break;
+    for (int64_t b = lane; b < nblocks; b += 32) {
       float v[32];
-      if constexpr (WIDE) decode_q_raw(q, raw[u], v);
-      else decode_q_block<false>(q, wr + b * bbytes, v);
+      decode_q_block<WIDE>(q, wr + b * bbytes, v);
 #pragma unroll
       for (int mm = 0; mm < kMq; ++mm) {
         if (m0 + mm >= M) break;
@@ -388,7 +322,6 @@ __global__ void __launch_bounds__(256, 2) quant_matmul_kernel(const T* __restric
           for (int e = 0; e < 32; ++e) s += v[e] * ld_f(xr, e);
         }
         acc[mm] += s;
-      }
       }
     }
 #pragma unroll
@@ -596,22 +529,16 @@ void quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const auto* w = static_cast<const uint8_t*>(a.weight.data);
   const uintptr_t wa = reinterpret_cast<uintptr_t>(w);
   const bool wide = (a.qtype == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0) && aligned16(a.x.data);
-  auto launch = [&](auto tag, auto wide_c, auto qt_c) {
-    using T = decltype(tag);
-    launch_kernel("quant_matmul", quant_matmul_kernel<T, decltype(wide_c)::value, decltype(qt_c)::value>, dim3(grid),
-                  dim3(32 * kWarps), 0, s, 1, dp.pdl, static_cast<const T*>(a.x.data), w, static_cast<T*>(a.out.data),
-                  a.m, a.n, a.k, a.row_bytes);
-  };
-  auto by_format = [&](auto tag, auto wide_c) {
-    switch (a.qtype) {
-      case KS_QTYPE_Q4_0: launch(tag, wide_c, std::integral_constant<int, KS_QTYPE_Q4_0>{}); break;
-      case KS_QTYPE_Q4_1: launch(tag, wide_c, std::integral_constant<int, KS_QTYPE_Q4_1>{}); break;
-      default: launch(tag, wide_c, std::integral_constant<int, KS_QTYPE_Q8_0>{}); break;
-    }
-  };
   auto go = [&](auto tag) {
-    if (wide) by_format(tag, std::true_type{});
-    else by_format(tag, std::false_type{});
+    using T = decltype(tag);
+    const T* x = static_cast<const T*>(a.x.data);
+    T* o = static_cast<T*>(a.out.data);
+    if (wide)
+      launch_kernel("quant_matmul", quant_matmul_kernel<T, true>, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, x, w,
+                    o, a.m, a.n, a.k, a.row_bytes, a.qtype);
+    else
+      launch_kernel("quant_matmul", quant_matmul_kernel<T, false>, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, x,
+                    w, o, a.m, a.n, a.k, a.row_bytes, a.qtype);
   };
   switch (a.x.dtype) {
     case detail::DType::F32: go(float{}); break;
