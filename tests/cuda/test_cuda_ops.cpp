@@ -493,8 +493,9 @@ TEST(Cuda, RotaryAgainstCpuIncludingStridedQkv) {
     for (DType pdt : {DType::I32, DType::I64})
       for (int neox : {1, 0})
         for (const G& g : geoms)
-          for (bool with_k : {true, false}) {
-            SCOPED_TRACE(std::string(ks::dtype_name(dt)) + (neox ? " neox" : " interleaved") + " T=" +
+          for (bool with_k : {true, false})
+          for (const char* variant : {"cuda_vec16", "cuda_token_cta"}) {
+            SCOPED_TRACE(std::string(variant) + " " + ks::dtype_name(dt) + (neox ? " neox" : " interleaved") + " T=" +
                          std::to_string(g.T) + " H=" + std::to_string(g.H) + " KVH=" + std::to_string(g.KVH) +
                          " D=" + std::to_string(g.D) + " rd=" + std::to_string(g.rd) + " pad=" +
                          std::to_string(g.pad) + (with_k ? "" : " q only"));
@@ -532,9 +533,19 @@ TEST(Cuda, RotaryAgainstCpuIncludingStridedQkv) {
             DLTensor dq = strided(dqkv.data(), g.H, 0, cuda), dk = strided(dqkv.data(), g.KVH, size_t(g.H * HS), cuda);
             const ks::TensorView dpos_v = dpos.view(), pos_v = pos.view();  // dl() points into the view
             DLTensor dp = dpos_v.dl();
-            ASSERT_EQ(ks_rotary_embedding(&dq, with_k ? &dk : nullptr, &dp, g.rd, 10000.0, neox, KS_BACKEND_CUDA, nullptr),
-                      KS_SUCCESS)
-                << ks_last_error();
+            // the vector variant takes the call iff every pointer and stride is a multiple of 16 bytes
+            // and rotary_dim / 2 a multiple of the pairs 16 bytes hold (computed here independently)
+            const int64_t vec = 16 / int64_t(es), pairs = neox ? vec : vec / 2;
+            const bool vec_ok = (g.rd / 2) % pairs == 0 && HS % vec == 0 && W % vec == 0;
+            ASSERT_EQ(ks_force_variant("rotary_embedding", variant), KS_SUCCESS) << ks_last_error();
+            const ks_status_t st =
+                ks_rotary_embedding(&dq, with_k ? &dk : nullptr, &dp, g.rd, 10000.0, neox, KS_BACKEND_CUDA, nullptr);
+            ks_force_variant("rotary_embedding", nullptr);
+            if (std::string(variant) == "cuda_vec16" && !vec_ok) {
+              ASSERT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << "the vector variant took an unaligned call";
+              continue;
+            }
+            ASSERT_EQ(st, KS_SUCCESS) << ks_last_error();
             CK(cudaDeviceSynchronize());
             DLTensor cq = strided(cpu.data(), g.H, 0, host), ck = strided(cpu.data(), g.KVH, size_t(g.H * HS), host);
             DLTensor cp = pos_v.dl();

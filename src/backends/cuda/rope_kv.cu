@@ -93,12 +93,13 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, 
   }
 }
 
-// The vector path: a thread owns (token, chunk of up to 8 heads, PAIRS consecutive pairs):
+// Variant cuda_vec16: a thread owns (token, chunk of up to 8 heads, PAIRS consecutive pairs):
 // 16-byte loads (NeoX: the two halves, one vector each; interleaved: one vector holding
 // PAIRS adjacent pairs), all of the chunk's loads issued before the rotations, and its own
 // sincosf of the PAIRS angles (computed once for the chunk's heads). Same FP32 angle and
 // rotation formulas as rope_kernel. Taken when every pointer and stride is a multiple of
-// 16 bytes and rotary_dim / 2 a multiple of PAIRS (rotary_vec_ok); otherwise rope_kernel.
+// 16 bytes and rotary_dim / 2 a multiple of PAIRS (rope_vec_can_implement); otherwise the
+// registry falls back to cuda_token_cta (rope_kernel).
 constexpr int kRopeHeadChunk = 8;
 
 template <typename T, bool NEOX>
@@ -115,7 +116,7 @@ __global__ void __launch_bounds__(kRopeThreads) rope_vec_kernel(const RopeParams
   const unsigned groups = unsigned(half / PAIRS);
   const int64_t heads = p.heads + p.kv_heads;
   const unsigned chunks = unsigned((heads + kRopeHeadChunk - 1) / kRopeHeadChunk);
-  const unsigned items = unsigned(p.tokens) * chunks * groups;  // < 2^31 (rotary_vec_ok)
+  const unsigned items = unsigned(p.tokens) * chunks * groups;  // < 2^31 (rope_vec_can_implement)
   for (unsigned it = blockIdx.x * blockDim.x + threadIdx.x; it < items; it += gridDim.x * blockDim.x) {
     const unsigned gi = it % groups, rest = it / groups;
     const unsigned ch = rest % chunks;
@@ -170,15 +171,22 @@ __global__ void __launch_bounds__(kRopeThreads) rope_vec_kernel(const RopeParams
   }
 }
 
-bool rotary_vec_ok(const ops::RotaryArgs& a) {
+// Why the vector kernel cannot take a call ("" when it can): variant cuda_vec16.
+std::string rope_vec_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::RotaryArgs*>(args);
   const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
   const int64_t half = a.rotary_dim / 2;
-  if (half % pairs != 0 || half > kRopeMaxHalf) return false;
-  if (!aligned16(a.q.data) || a.q_token_stride % vec != 0 || a.q_head_stride % vec != 0) return false;
-  if (a.has_k && (!aligned16(a.k.data) || a.k_token_stride % vec != 0 || a.k_head_stride % vec != 0)) return false;
+  if (half % pairs != 0)
+    return "rotary_dim / 2 must be a multiple of " + std::to_string(pairs) + " (the pairs in 16 bytes)";
+  if (half > kRopeMaxHalf) return "rotary_dim > 8192";
+  if (!aligned16(a.q.data) || a.q_token_stride % vec != 0 || a.q_head_stride % vec != 0)
+    return "q's pointer, token stride and head stride must be multiples of 16 bytes";
+  if (a.has_k && (!aligned16(a.k.data) || a.k_token_stride % vec != 0 || a.k_head_stride % vec != 0))
+    return "k's pointer, token stride and head stride must be multiples of 16 bytes";
   const int64_t heads = a.num_heads + (a.has_k ? a.num_kv_heads : 0);
   const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (half / pairs);
-  return items < int64_t(INT32_MAX) - int64_t(kRopeThreads) * 132 * 64;
+  if (items >= int64_t(INT32_MAX) - int64_t(kRopeThreads) * 132 * 64) return "more than 2^31 work items";
+  return "";
 }
 
 std::string rope_can_implement(const void* args) {
@@ -187,43 +195,60 @@ std::string rope_can_implement(const void* args) {
   return "";
 }
 
+// The parameters both launchers share (the inverse frequencies from the CPU reference's function).
+static void rope_params(const ops::RotaryArgs& a, RopeParams& p, RopeTable& table) {
+  p = RopeParams{a.q.data,         a.has_k ? a.k.data : nullptr,
+                 a.positions.data, a.positions.dtype == detail::DType::I64,
+                 a.num_tokens,     a.num_heads,
+                 a.has_k ? a.num_kv_heads : 0,
+                 a.rotary_dim / 2, a.q_token_stride,
+                 a.q_head_stride,  a.k_token_stride,
+                 a.k_head_stride,  a.theta};
+  table = RopeTable{};
+  if (p.rotary_half <= kRopeParamHalf) cpu::rope_inv_freq(a.rotary_dim, a.theta, table.inv);
+}
+
+// Variant cuda_vec16 (rope_vec_can_implement holds).
+void rotary_vec_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::RotaryArgs*>(args);
+  const int dev = a.q.device.device_id;
+  DeviceGuard g(dev, "rotary_embedding");
+  const DeviceProps& dp = device_props(dev);
+  RopeParams p;
+  RopeTable table;
+  rope_params(a, p, table);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
+  const int64_t heads = p.heads + p.kv_heads;
+  const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (p.rotary_half / pairs);
+  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + kRopeThreads - 1) / kRopeThreads,
+                                                              int64_t(dp.sm_count) * 16));
+  const size_t smem = size_t(p.rotary_half) * sizeof(float);
+  auto go = [&](auto kern) {
+    launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
+  };
+  switch (a.q.dtype) {
+    case detail::DType::F32: a.neox ? go(rope_vec_kernel<float, true>) : go(rope_vec_kernel<float, false>); break;
+    case detail::DType::F16: a.neox ? go(rope_vec_kernel<__half, true>) : go(rope_vec_kernel<__half, false>); break;
+    default:
+      a.neox ? go(rope_vec_kernel<__nv_bfloat16, true>) : go(rope_vec_kernel<__nv_bfloat16, false>);
+      break;
+  }
+  check_launch("rotary_embedding");
+  record_launch("rotary_embedding", "vec16 threads=%lld head_chunk=%lld grid=%lld",
+                {kRopeThreads, kRopeHeadChunk, grid});
+}
+
+// Variant cuda_token_cta: any strides.
 void rotary_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::RotaryArgs*>(args);
   const int dev = a.q.device.device_id;
   DeviceGuard g(dev, "rotary_embedding");
   const DeviceProps& dp = device_props(dev);
-  RopeParams p{a.q.data,         a.has_k ? a.k.data : nullptr,
-               a.positions.data, a.positions.dtype == detail::DType::I64,
-               a.num_tokens,     a.num_heads,
-               a.has_k ? a.num_kv_heads : 0,
-               a.rotary_dim / 2, a.q_token_stride,
-               a.q_head_stride,  a.k_token_stride,
-               a.k_head_stride,  a.theta};
-  RopeTable table{};
-  if (p.rotary_half <= kRopeParamHalf) cpu::rope_inv_freq(a.rotary_dim, a.theta, table.inv);
+  RopeParams p;
+  RopeTable table;
+  rope_params(a, p, table);
   const auto s = static_cast<cudaStream_t>(stream);
-  if (rotary_vec_ok(a)) {
-    const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
-    const int64_t heads = p.heads + p.kv_heads;
-    const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (p.rotary_half / pairs);
-    const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + kRopeThreads - 1) / kRopeThreads,
-                                                                int64_t(dp.sm_count) * 16));
-    const size_t smem = size_t(p.rotary_half) * sizeof(float);
-    auto go = [&](auto kern) {
-      launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
-    };
-    switch (a.q.dtype) {
-      case detail::DType::F32: a.neox ? go(rope_vec_kernel<float, true>) : go(rope_vec_kernel<float, false>); break;
-      case detail::DType::F16: a.neox ? go(rope_vec_kernel<__half, true>) : go(rope_vec_kernel<__half, false>); break;
-      default:
-        a.neox ? go(rope_vec_kernel<__nv_bfloat16, true>) : go(rope_vec_kernel<__nv_bfloat16, false>);
-        break;
-    }
-    check_launch("rotary_embedding");
-    record_launch("rotary_embedding", "vec16 threads=%lld head_chunk=%lld grid=%lld",
-                  {kRopeThreads, kRopeHeadChunk, grid});
-    return;
-  }
   const int64_t grid = std::min<int64_t>(a.num_tokens, int64_t(dp.sm_count) * 16);
   const size_t smem = size_t(3 * p.rotary_half) * sizeof(float);
   auto go = [&](auto kern) {

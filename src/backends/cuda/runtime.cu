@@ -131,6 +131,8 @@ void gemv_cuda(const void*, ks_stream_t);
 void rotary_cuda(const void*, ks_stream_t);
 void kv_cache_append_cuda(const void*, ks_stream_t);
 std::string rope_can_implement(const void*);
+std::string rope_vec_can_implement(const void*);
+void rotary_vec_cuda(const void*, ks_stream_t);
 void argmax_cuda(const void*, ks_stream_t);
 void sample_cuda(const void*, ks_stream_t);
 void gemm_tiled_cuda(const void*, ks_stream_t);
@@ -187,6 +189,10 @@ std::string ci_rotary(const void* p) {
   auto& a = *static_cast<const ops::RotaryArgs*>(p);
   std::string why = a.has_k ? align_reason({&a.q, &a.k, &a.positions}) : align_reason({&a.q, &a.positions});
   return why.empty() ? rope_can_implement(p) : why;
+}
+std::string ci_rotary_vec(const void* p) {
+  const std::string why = ci_rotary(p);
+  return why.empty() ? rope_vec_can_implement(p) : why;
 }
 std::string ci_argmax(const void* p) {
   auto& a = *static_cast<const ops::ArgmaxArgs*>(p);
@@ -253,11 +259,15 @@ void register_cuda_variants(std::vector<Variant>& v) {
                avail, ks::cuda::ci_silu, ks::cuda::silu_and_mul_cuda});
   v.push_back({"gemv", KS_BACKEND_CUDA, "cuda_warp_per_row", kFloatDTypes, 10,
                "one warp per output row, 16-byte loads, 4 in flight", avail, ks::cuda::ci_gemv, ks::cuda::gemv_cuda});
+  v.push_back({"rotary_embedding", KS_BACKEND_CUDA, "cuda_vec16", kFloatDTypes, 20,
+               "a thread per (token, 8 heads, 16 bytes of pairs): 16-byte loads issued first, its own sincosf; "
+               "16-byte aligned pointers and strides", avail, ks::cuda::ci_rotary_vec, ks::cuda::rotary_vec_cuda});
   v.push_back({"rotary_embedding", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
                "a CTA per token: cos/sin once in shared memory, every head of q and k; strided views", avail,
                ks::cuda::ci_rotary, ks::cuda::rotary_cuda});
-  v.push_back({"argmax", KS_BACKEND_CUDA, "cuda_cta_per_row", kFloatDTypes, 10,
-               "a CTA per row, (value, index) reduction: first NaN, then first maximum", avail, ks::cuda::ci_argmax,
+  v.push_back({"argmax", KS_BACKEND_CUDA, "cuda_cluster_per_row", kFloatDTypes, 10,
+               "a row per cluster of up to 8 CTAs (sm_90; one CTA elsewhere), 16-byte loads, (value, index) "
+               "reduction: first NaN, then first maximum", avail, ks::cuda::ci_argmax,
                ks::cuda::argmax_cuda});
   v.push_back({"gemm", KS_BACKEND_CUDA, "cuda_cublaslt", kFloatDTypes, 10,
                "cuBLASLt, FP32 compute (no TF32), no workspace; loaded at run time", [] {
