@@ -2,7 +2,11 @@
 # One call on the GPU machine: build for sm_90a, run the GPU tests, the
 # sanitizers, the kernscope benchmark and the peers, and write logs / CSVs /
 # the report under $OUT (default ./gpu_out).
-#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report,model (default: all)
+#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report,model,tune (default: all but tune)
+#               tune: `ksctl tune --backend cuda` -> routing_sm_90.json + tune_sm_90.csv (the
+#               measured routing table; copy it to src/registry/routing/sm_90.json after review).
+#               With every stage the call would return 10 files (the limit is 8): run tune with
+#               fewer stages, e.g. KS_STAGES=build,test,model,tune.
 #               model: the model-path ops (RoPE, decode attention, sampling, argmax, quantized
 #               GEMV) against their PyTorch peers -> h200_model.csv / .md
 #   PEER_DTYPES dtypes for the peers (default bf16,fp16,fp32)
@@ -78,4 +82,8 @@ if has model; then
     --title "Model-path CUDA operators" --peer-impls torch_sdpa,compile,torch_sort,torch --no-plot \
     --columns "torch_sdpa:torch SDPA,torch_ref:torch eager,compile:torch.compile,torch_sort:torch sort,torch:torch.argmax" &&
     cat "$OUT/h200_model.md"
+fi
+
+if has tune; then
+  $BUILD/ksctl tune --backend cuda --reps ${TUNE_REPS:-5} -q --out-dir "$OUT" 2>&1 | tee -a "$LOG" | tail -5
 fi

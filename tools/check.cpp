@@ -13,6 +13,8 @@
 // the order. A variant refusing a call (can_implement) counts as skipped.
 #include <kernscope/kernscope.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "core/half.hpp"
+#include "tune.hpp"
 
 #ifdef KS_CHECK_CUDA
 #include <cuda_runtime.h>
@@ -186,12 +189,18 @@ struct Ctx {
   size_t off;  // byte offset of every tensor's data pointer
   ks::Backend be;
   std::string why;
+  int reps = 0;       // > 0 (ksctl tune): a correct call is then timed, reps samples
+  double us = -1;     // the median time per call in microseconds (tune)
+  bool keep = false;  // while timing: each buffer is uploaded once and reused
 #ifdef KS_CHECK_CUDA
   std::vector<std::pair<HBuf*, char*>> mirrors;
 #endif
   ks::TensorView v(HBuf& b) {
 #ifdef KS_CHECK_CUDA
     if (be == ks::Backend::Cuda) {
+      if (keep)
+        for (auto& [h, d] : mirrors)
+          if (h == &b) return ks::TensorView(d + b.off, b.dt, b.shape, DLDevice{kDLCUDA, 0});
       char* d = nullptr;
       if (cudaMalloc(&d, b.nbytes() + b.off) != cudaSuccess) throw std::runtime_error("cudaMalloc failed");
       mirrors.emplace_back(&b, d);
@@ -216,6 +225,50 @@ struct Ctx {
   }
 };
 
+// Median microseconds per call of run (already known to succeed): calls are batched so that
+// a sample lasts about 200 us; CUDA samples are timed with events on the legacy stream (the
+// host's launch work included, no L2 rotation: a comparison of variants, not a benchmark).
+double time_call(const std::function<void()>& run, Ctx& c) {
+  c.keep = true;
+  run();  // warm-up (and, on CUDA, the one upload of every buffer)
+  std::vector<double> samples;
+#ifdef KS_CHECK_CUDA
+  if (c.be == ks::Backend::Cuda) {
+    cudaEvent_t e0, e1;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
+      throw std::runtime_error("cudaEventCreate failed");
+    auto batch = [&](int n) {
+      cudaEventRecord(e0, nullptr);
+      for (int i = 0; i < n; ++i) run();
+      cudaEventRecord(e1, nullptr);
+      if (cudaEventSynchronize(e1) != cudaSuccess) throw std::runtime_error("CUDA error while timing");
+      float ms = 0;
+      cudaEventElapsedTime(&ms, e0, e1);
+      return 1000.0 * double(ms) / n;
+    };
+    const double est = batch(3);
+    const int n = int(std::min(1000.0, std::max(1.0, 200.0 / std::max(est, 1e-3))));
+    for (int r = 0; r < c.reps; ++r) samples.push_back(batch(n));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+  }
+#endif
+  if (samples.empty()) {
+    auto batch = [&](int n) {
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < n; ++i) run();
+      return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / n;
+    };
+    const double est = batch(1);
+    const int n = int(std::min(1000.0, std::max(1.0, 200.0 / std::max(est, 1e-3))));
+    for (int r = 0; r < c.reps; ++r) samples.push_back(batch(n));
+  }
+  c.keep = false;
+  c.settle();
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
 int outcome(const std::function<void()>& run, const std::function<bool(std::string*)>& verify, Ctx& c) {
   try {
     run();
@@ -229,7 +282,9 @@ int outcome(const std::function<void()>& run, const std::function<bool(std::stri
     c.why = e.what();
     return 0;
   }
-  return verify(&c.why) ? 1 : 0;
+  const bool ok = verify(&c.why);
+  if (ok && c.reps > 0) c.us = time_call(run, c);
+  return ok ? 1 : 0;
 }
 
 using CaseFn = std::function<int(Ctx&, const std::vector<int64_t>&)>;
@@ -591,6 +646,113 @@ std::vector<OpSweep> sweeps() {
 }
 
 }  // namespace
+
+namespace ks::tune {
+namespace {
+// The tuning grid: ops with more than one variant on some backend. Each shape's routing key
+// (rows, cols) is the one src/ops/route_key.cpp computes for that call. The model's shapes
+// (SmolLM2-135M: hidden 576, 9 query / 3 kv heads of 64) and larger ones.
+struct TuneOp {
+  std::string op, tag;
+  std::vector<std::vector<int64_t>> shapes;
+  std::function<int(Ctx&, const std::vector<int64_t>&)> fn;
+  std::function<std::pair<int64_t, int64_t>(const std::vector<int64_t>&)> key;
+};
+std::vector<TuneOp> grid() {
+  const QFmt& q41 = kQuantFormats[1];
+  std::vector<TuneOp> v;
+  std::vector<std::vector<int64_t>> qm, gm, pa, ro;
+  for (int64_t m : {1, 8, 64})
+    for (int64_t n : {576, 1536, 4096}) qm.push_back({m, n, 576}), gm.push_back({m, n, 576});
+  for (int64_t t : {1, 8, 32})
+    for (int64_t len : {256, 2048}) pa.push_back({t, 9, 3, 64, 16, len});
+  for (int64_t t : {1, 64, 1024})
+    for (int64_t h : {9, 32}) ro.push_back({t, h, h / 3, 64, 64});
+  v.push_back({"quant_matmul", "Q4_1:", qm, [q41](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul(c, s, q41); },
+               [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
+  v.push_back({"gemm", "", gm, case_gemm, [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
+  v.push_back({"paged_attention", "", pa, case_attention, [](const std::vector<int64_t>& s) {
+                 return std::pair<int64_t, int64_t>{s[0], (s[5] + s[4] - 1) / s[4] * s[4]};  // T, MB * BS
+               }});
+  v.push_back({"rotary_embedding", "neox:", ro, [](Ctx& c, const std::vector<int64_t>& s) { return case_rotary(c, s, true); },
+               [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
+  return v;
+}
+}  // namespace
+
+std::string grid_summary() {
+  std::string r;
+  for (const auto& t : grid()) {
+    r += "  " + t.op + ":";
+    for (const auto& s : t.shapes) r += " " + label(s);
+    r += "\n";
+  }
+  return r;
+}
+
+std::vector<Row> measure(const std::string& backend, const std::string& op_filter, int reps, const Progress& progress) {
+  const auto all = ks::variants();
+  struct Job {  // one shape, every variant back to back (a passing load disturbs them alike)
+    const TuneOp* t;
+    std::vector<const ks_variant_info_t*> vs;
+    DType dt;
+    std::string be;
+    std::vector<int64_t> shape;
+  };
+  const auto g = grid();
+  std::vector<Job> jobs;
+  size_t total = 0;
+  for (const std::string be_name : {"cpu", "cuda"}) {
+    if (backend != "all" && backend != be_name) continue;
+    if (!ks::backend_available(be_name == "cpu" ? ks::Backend::Cpu : ks::Backend::Cuda)) continue;
+    for (const auto& t : g) {
+      if (!op_filter.empty() && t.op != op_filter) continue;
+      for (DType dt : {DType::F16, DType::BF16, DType::F32}) {
+        std::vector<const ks_variant_info_t*> vs;
+        for (const auto& v : all)
+          if (v.op == t.op && v.backend == be_name && std::string(v.dtypes).find(ks::dtype_name(dt)) != std::string::npos)
+            vs.push_back(&v);
+        if (vs.size() < 2) continue;  // one variant: nothing to choose
+        for (const auto& sh : t.shapes) jobs.push_back({&t, vs, dt, be_name, sh}), total += vs.size();
+      }
+    }
+  }
+  std::vector<Row> rows;
+  size_t done = 0;
+  for (const Job& j : jobs)
+    for (const ks_variant_info_t* variant : j.vs) {
+      const auto& s = j.shape;
+      const ks_variant_info_t* const jv = variant;
+      Row r;
+      r.backend = j.be;
+      r.op = j.t->op;
+      r.dtype = ks::dtype_name(j.dt);
+      r.variant = jv->name;
+      r.shape = j.t->tag + label(s);
+      std::tie(r.rows, r.cols) = j.t->key(s);
+      if (progress) progress(done, total, r.op + " " + r.backend + " " + r.variant + " " + r.dtype + " " + r.shape);
+      Ctx c{j.dt, 0, j.be == "cpu" ? ks::Backend::Cpu : ks::Backend::Cuda, ""};
+      c.reps = reps;
+      ks::check(ks_force_variant(jv->op, jv->name));
+      int res;
+      try {
+        res = j.t->fn(c, s);
+      } catch (...) {
+        ks::check(ks_force_variant(nullptr, nullptr));
+        throw;
+      }
+      ks::check(ks_force_variant(nullptr, nullptr));
+      r.status = res == 1 ? "ok" : res == 0 ? "incorrect" : "skipped";
+      r.why = res == 1 ? "" : c.why;
+      r.us = res == 1 ? c.us : -1;
+      rows.push_back(std::move(r));
+      ++done;
+    }
+  if (progress) progress(done, total, "");
+  return rows;
+}
+
+}  // namespace ks::tune
 
 int run_check(const std::string& backend, const std::string& op_filter, bool verbose) {
   const auto all = ks::variants();

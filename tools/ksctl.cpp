@@ -6,6 +6,8 @@
 //   ksctl bench-model --model PATH  prefill / decode tokens per second (median of repeats)
 #include <kernscope/kernscope.hpp>
 
+#include "tune.hpp"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 #include <omp.h>
@@ -22,6 +24,7 @@
 #include "model/generate.hpp"
 
 int run_check(const std::string& backend, const std::string& op_filter, bool verbose);  // tools/check.cpp
+int run_tune(const std::string& backend, const std::string& op, int reps, const std::string& dir, bool quiet);  // tools/tune.cpp
 
 namespace {
 
@@ -280,6 +283,22 @@ int main(int argc, char** argv) {
   check->add_option("--op", c_op, "only this op");
   check->add_flag("-v,--verbose", c_verbose, "print every case");
 
+  auto* tune = app.add_subcommand(
+      "tune", "Time every variant of the ops with a choice on the present CPU / GPU and write routing tables");
+  tune->footer("Each variant is first checked against FP64 at the shape (an incorrect one is reported and never "
+               "put first), then timed: median of --reps samples. Writes DIR/tune_<arch>.csv and "
+               "DIR/routing_<arch>.json (arch: cpu, or the GPU's sm_XY); use a table with "
+               "KS_ROUTING_TABLE=file[:file] or check it into src/registry/routing/ (docs/routing.md). Grid:\n" +
+               ks::tune::grid_summary());
+  std::string u_backend = "all", u_op, u_dir = ".";
+  int u_reps = 5;
+  bool u_quiet = false;
+  tune->add_option("--backend", u_backend, "cpu | cuda | all (the ones present)")->check(CLI::IsMember({"cpu", "cuda", "all"}));
+  tune->add_option("--op", u_op, "only this op");
+  tune->add_option("--reps", u_reps, "timed samples per variant and shape")->check(CLI::Range(1, 1000));
+  tune->add_option("--out-dir", u_dir, "where the CSV and the tables go")->check(CLI::ExistingDirectory);
+  tune->add_flag("-q,--quiet", u_quiet, "no progress bar");
+
   auto* gen = app.add_subcommand("generate", "Generate text with a Llama-family GGUF model using only kernscope ops");
   std::string g_model, g_prompt = "What is the capital of France?", g_device = "auto";
   int64_t g_max = 128, g_ctx = 2048;
@@ -320,6 +339,7 @@ int main(int argc, char** argv) {
     if (*which) return cmd_which(w_op, w_dtype, w_device);
     if (*table) return cmd_table(t_json, t_check);
     if (*check) return run_check(c_backend, c_op, c_verbose);
+    if (*tune) return run_tune(u_backend, u_op, u_reps, u_dir, u_quiet);
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);

@@ -127,12 +127,25 @@ const Cell* find_cell(const Table& t, std::string_view op, std::string_view back
 namespace {
 Table load_active_table() {
   Table table;
-  if (const char* path = std::getenv("KS_ROUTING_TABLE"); path && *path) {
-    std::ifstream f(path);
-    if (!f) bad(path, "KS_ROUTING_TABLE names a file that cannot be read");
-    std::stringstream ss;
-    ss << f.rdbuf();
-    return parse_table(ss.str(), path);
+  if (const char* env = std::getenv("KS_ROUTING_TABLE"); env && *env) {
+    // one file, or several separated by ':' (e.g. `ksctl tune`'s cpu and GPU tables); the
+    // first matching cell wins, in the order given
+    std::string list = env;
+    size_t start = 0;
+    while (start <= list.size()) {
+      const size_t end = std::min(list.find(':', start), list.size());
+      const std::string path = list.substr(start, end - start);
+      start = end + 1;
+      if (path.empty()) continue;
+      std::ifstream f(path);
+      if (!f) bad(path, "KS_ROUTING_TABLE names a file that cannot be read");
+      std::stringstream ss;
+      ss << f.rdbuf();
+      Table t = parse_table(ss.str(), path);
+      table.files.insert(table.files.end(), t.files.begin(), t.files.end());
+      for (auto& c : t.cells) table.cells.push_back(std::move(c));
+    }
+    return table;
   }
   {
     // Arch-specific files first, the generic ("*") one last: the first matching cell wins.

@@ -1,0 +1,191 @@
+// `ksctl tune`: measures every variant of the ops with a choice (tools/check.cpp's
+// ks::tune::measure, each result checked against FP64 first), then writes
+//  - <dir>/tune_<arch>.csv: one row per (backend, op, dtype, shape, variant);
+//  - <dir>/routing_<arch>.json: a routing table (schema kernscope-routing/1) with one
+//    "measured" cell per (op, backend, dtype, shape bucket), its variants fastest first.
+// arch: the GPU's sm_XY when CUDA was tuned (cuda cells), "cpu" for the CPU's file (whose
+// table arch is "*", matching every machine, as generic.json). Buckets: each measured rows
+// value r_i covers [ceil(sqrt(r_{i-1} r_i)), floor(sqrt(r_i r_{i+1}))], the first from 0 and
+// the last open; the same for cols: every shape goes to the nearest measured one on a log scale.
+#include <kernscope/kernscope.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tune.hpp"
+
+#ifdef KS_CHECK_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace {
+
+using ks::tune::Row;
+
+// [lo, hi] per measured value (hi < 0: open), a log-scale partition of [0, inf)
+std::map<int64_t, std::pair<int64_t, int64_t>> buckets(const std::set<int64_t>& values) {
+  std::map<int64_t, std::pair<int64_t, int64_t>> b;
+  const std::vector<int64_t> v(values.begin(), values.end());
+  for (size_t i = 0; i < v.size(); ++i) {
+    const int64_t lo = i == 0 ? 0 : int64_t(std::floor(std::sqrt(double(v[i - 1]) * double(v[i])))) + 1;
+    const int64_t hi = i + 1 == v.size() ? -1 : int64_t(std::floor(std::sqrt(double(v[i]) * double(v[i + 1]))));
+    b[v[i]] = {std::min(lo, v[i]), hi < 0 ? -1 : std::max(hi, v[i])};
+  }
+  return b;
+}
+
+nlohmann::json bound(std::pair<int64_t, int64_t> r) {
+  return nlohmann::json::array({r.first, r.second < 0 ? nlohmann::json(nullptr) : nlohmann::json(r.second)});
+}
+
+std::string cuda_arch() {
+#ifdef KS_CHECK_CUDA
+  int dev = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess)
+    return "sm_" + std::to_string(major) + std::to_string(minor);
+#endif
+  return "";
+}
+std::string cuda_name() {
+#ifdef KS_CHECK_CUDA
+  cudaDeviceProp p{};
+  int dev = 0;
+  if (cudaGetDevice(&dev) == cudaSuccess && cudaGetDeviceProperties(&p, dev) == cudaSuccess) return p.name;
+#endif
+  return "a CUDA device";
+}
+
+void progress_bar(size_t done, size_t total, const std::string& what) {
+  const int width = 30;
+  const int filled = total ? int(double(done) / double(total) * width) : width;
+  std::fprintf(stderr, "\r[%s%s] %zu/%zu %-70.70s", std::string(size_t(filled), '#').c_str(),
+               std::string(size_t(width - filled), ' ').c_str(), done, total, what.c_str());
+  if (done == total) std::fprintf(stderr, "\n");
+  std::fflush(stderr);
+}
+
+// the table for one backend's rows; false when no cell could be made
+bool write_table(const std::vector<Row>& rows, const std::string& backend, const std::string& arch_name,
+                 const std::string& path, const std::string& csv, int reps, const std::string& where) {
+  // (op, dtype) -> the keys measured; (op, dtype, rows, cols) -> its rows
+  std::map<std::pair<std::string, std::string>, std::pair<std::set<int64_t>, std::set<int64_t>>> keys;
+  std::map<std::tuple<std::string, std::string, int64_t, int64_t>, std::vector<const Row*>> at;
+  for (const Row& r : rows) {
+    if (r.backend != backend) continue;
+    auto& k = keys[{r.op, r.dtype}];
+    k.first.insert(r.rows);
+    k.second.insert(r.cols);
+    at[{r.op, r.dtype, r.rows, r.cols}].push_back(&r);
+  }
+  nlohmann::json cells = nlohmann::json::array();
+  for (const auto& [opd, k] : keys) {
+    const auto rb = buckets(k.first), cb = buckets(k.second);
+    for (int64_t rv : k.first)
+      for (int64_t cv : k.second) {
+        auto it = at.find({opd.first, opd.second, rv, cv});
+        if (it == at.end()) continue;
+        std::vector<const Row*> ok;
+        for (const Row* r : it->second)
+          if (r->status == "ok") ok.push_back(r);
+        if (ok.empty()) continue;
+        std::stable_sort(ok.begin(), ok.end(), [](const Row* a, const Row* b) { return a->us < b->us; });
+        nlohmann::json order = nlohmann::json::array();
+        std::string why = "ksctl tune at " + ok[0]->shape + " (median of " + std::to_string(reps) + " samples):";
+        for (const Row* r : ok) {
+          order.push_back(r->variant);
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " %s %.2f us", r->variant.c_str(), r->us);
+          why += buf;
+        }
+        for (const Row* r : it->second)
+          if (r->status != "ok") why += " (" + r->variant + ": " + r->status + ")";
+        cells.push_back({{"op", opd.first},
+                         {"backend", backend},
+                         {"dtype", opd.second},
+                         {"rows", bound(rb.at(rv))},
+                         {"cols", bound(cb.at(cv))},
+                         {"order", order},
+                         {"basis", "measured"},
+                         {"source", csv},
+                         {"why", why}});
+      }
+  }
+  if (cells.empty()) return false;
+  char date[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+  const nlohmann::json table = {{"schema", "kernscope-routing/1"},
+                                {"arch", arch_name},
+                                {"description", "Measured by ksctl tune on " + where + " (" + date + "); raw times in " + csv},
+                                {"cells", cells}};
+  std::ofstream f(path);
+  f << table.dump(2) << "\n";
+  if (!f) {
+    std::fprintf(stderr, "tune: cannot write %s\n", path.c_str());
+    return false;
+  }
+  std::printf("%s: %zu measured cells (use it with KS_ROUTING_TABLE=%s, or check it into src/registry/routing/)\n",
+              path.c_str(), cells.size(), path.c_str());
+  return true;
+}
+
+}  // namespace
+
+int run_tune(const std::string& backend, const std::string& op, int reps, const std::string& dir, bool quiet) {
+  if (reps < 1) {
+    std::fprintf(stderr, "tune: --reps must be >= 1\n");
+    return 2;
+  }
+  if (backend == "cuda" && !ks::backend_available(ks::Backend::Cuda)) {
+    std::fprintf(stderr, "tune: --backend cuda, but the CUDA backend is not available here\n");
+    return 3;
+  }
+  const std::vector<Row> rows = ks::tune::measure(backend, op, reps, quiet ? ks::tune::Progress() : progress_bar);
+  if (rows.empty()) {
+    std::fprintf(stderr, "tune: nothing to tune (no op%s with more than one variant on the backends present)\n",
+                 op.empty() ? "" : (" " + op).c_str());
+    return 2;
+  }
+  int status = 0;
+  for (const std::string be : {"cpu", "cuda"}) {
+    bool any = false;
+    for (const Row& r : rows) any = any || r.backend == be;
+    if (!any) continue;
+    const std::string arch = be == "cpu" ? "cpu" : cuda_arch();
+    const std::string csv = dir + "/tune_" + arch + ".csv", json = dir + "/routing_" + arch + ".json";
+    std::ofstream f(csv);
+    f << "backend,arch,op,dtype,shape,rows,cols,variant,status,us,why\n";
+    for (const Row& r : rows) {
+      if (r.backend != be) continue;
+      std::string why = r.why;
+      std::replace(why.begin(), why.end(), ',', ';');
+      std::replace(why.begin(), why.end(), '\n', ' ');
+      char us[32];
+      std::snprintf(us, sizeof us, "%.3f", r.us);
+      f << r.backend << ',' << arch << ',' << r.op << ',' << r.dtype << ',' << r.shape << ',' << r.rows << ',' << r.cols
+        << ',' << r.variant << ',' << r.status << ',' << (r.status == "ok" ? us : "") << ',' << why << "\n";
+    }
+    if (!f) {
+      std::fprintf(stderr, "tune: cannot write %s\n", csv.c_str());
+      return 1;
+    }
+    for (const Row& r : rows)
+      if (r.backend == be && r.status == "incorrect") {
+        std::fprintf(stderr, "tune: %s %s %s %s is INCORRECT: %s\n", r.op.c_str(), r.variant.c_str(), r.dtype.c_str(),
+                     r.shape.c_str(), r.why.c_str());
+        status = 1;
+      }
+    const std::string where = be == "cpu" ? std::string("this machine's CPU") : cuda_name();
+    if (!write_table(rows, be, be == "cpu" ? "*" : arch, json, csv, reps, where)) status = status ? status : 1;
+  }
+  return status;
+}
