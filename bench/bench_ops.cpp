@@ -10,7 +10,9 @@
 // device-to-device copy bandwidth (2 GiB, median of 20) is measured in the same
 // run and every row carries its percentage.
 //
-// usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...] [--impl NAME]
+// usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...] [--impl NAME] [--variants]
+// (--variants: the model-path ops with several CUDA variants are also timed under each
+//  variant, pinned: rows with impl "variant:<name>"; bench/auto_vs_best.py compares them)
 // (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run;
 //  --shapes 512x4096,64x128256 keeps only those shapes, as printed, e.g. for a profiler run)
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
@@ -132,6 +134,7 @@ int nsets(size_t bytes) { return int(std::max<size_t>(1, std::min<size_t>(16, si
 struct Row {
   std::string op, shape, dtype, config;
   double us, gbs;
+  std::string impl;  // empty: the run's --impl (the automatic choice); "variant:<name>" for a pinned variant
 };
 
 ks::TensorView dv(void* p, DType dt, std::vector<int64_t> shape) { return ks::TensorView(p, dt, shape, DLDevice{kDLCUDA, 0}); }
@@ -142,12 +145,17 @@ int main(int argc, char** argv) {
   std::string shapes, impl = "kernscope", csv = "bench_ops.csv", dtypes = "bf16,fp16,fp32", ops = "rms_norm,fused_add_rms_norm,silu_and_mul,gemv,softmax";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
+    if (k == "--variants") { --i; continue; }  // a flag: no value
     if (k == "--csv") csv = argv[i + 1];
     else if (k == "--dtypes") dtypes = argv[i + 1];
     else if (k == "--ops") ops = argv[i + 1];
     else if (k == "--impl") impl = argv[i + 1];
     else if (k == "--shapes") shapes = argv[i + 1];
   }
+  // --variants: also time every CUDA variant of the ops that have several (pinned), next to the
+  // automatic choice (bench/auto_vs_best.py: is the choice within 3% of the best variant?)
+  bool variants = false;
+  for (int i = 1; i < argc; ++i) variants = variants || std::string(argv[i]) == "--variants";
   auto has = [](const std::string& list, const std::string& x) { return ("," + list + ",").find("," + x + ",") != std::string::npos; };
   auto want_shape = [&](int64_t a, int64_t b) { return shapes.empty() || has(shapes, std::to_string(a) + "x" + std::to_string(b)); };
   cudaStream_t s;
@@ -169,6 +177,26 @@ int main(int argc, char** argv) {
     std::printf("%-20s %-14s %-5s %10.3f us %8.1f GB/s %5.1f%%  %s\n", op.c_str(), shape.c_str(), r.dtype.c_str(), us, r.gbs,
                 100 * r.gbs / copy_gbs, r.config.c_str());
     rows.push_back(r);
+  };
+  // the same call under every CUDA variant of lib_op, pinned (--variants; none when lib_op has one)
+  auto also_variants = [&](const char* lib_op, const std::string& op, const std::string& shape, DType dt, size_t bytes,
+                           int k, const std::function<void(int, cudaStream_t)>& call) {
+    if (!variants) return;
+    std::vector<std::string> names;
+    for (const auto& v : ks::variants())
+      if (std::strcmp(v.op, lib_op) == 0 && std::strcmp(v.backend, "cuda") == 0) names.push_back(v.name);
+    if (names.size() < 2) return;
+    for (const auto& name : names) {
+      ks::check(ks_force_variant(lib_op, name.c_str()));
+      try {
+        const double us = graph_time(k, call, s);
+        record(op, shape, dt, us, bytes, lib_op);
+        rows.back().impl = "variant:" + name;
+      } catch (const ks::Error& e) {
+        std::printf("%-20s %-14s variant %s cannot run it: %s\n", op.c_str(), shape.c_str(), name.c_str(), e.what());
+      }
+      ks::check(ks_force_variant(lib_op, nullptr));
+    }
   };
   for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
     if (!has(dtypes, ks::dtype_name(dt))) continue;
@@ -268,11 +296,13 @@ int main(int argc, char** argv) {
         for (int64_t t = 0; t < n; ++t) pv[size_t(t)] = (t * 7919) % 32768;
         CK(cudaMemcpy(pos.back()->p, pv.data(), n * 8, cudaMemcpyHostToDevice));
       }
-      const double us = graph_time(k, [&](int i, cudaStream_t st) {
+      const std::function<void(int, cudaStream_t)> call = [&](int i, cudaStream_t st) {
         ks::rotary_embedding(dv(q[i]->p, bf, {n, H, D}), dv(kk[i]->p, bf, {n, KVH, D}), dv(pos[i]->p, DType::I64, {n}), D,
                              500000.0, true, ks::Backend::Cuda, st);
-      }, s);
+      };
+      const double us = graph_time(k, call, s);
       record("rope_neox", std::to_string(n) + "x(32+8)x128", bf, us, bytes, "rotary_embedding");
+      also_variants("rotary_embedding", "rope_neox", std::to_string(n) + "x(32+8)x128", bf, bytes, k, call);
     }
   if (has(ops, "paged_attention"))
     for (auto [b, hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 9, 3, 64}, {1, 32, 8, 128}, {32, 32, 8, 128}})
@@ -297,15 +327,17 @@ int main(int argc, char** argv) {
         CK(cudaMemcpy(dtable.p, table.data(), blocks * 4, cudaMemcpyHostToDevice));
         CK(cudaMemcpy(dlens.p, lens.data(), b * 4, cudaMemcpyHostToDevice));
         const double scale = 1.0 / std::sqrt(double(d));
-        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+        const std::function<void(int, cudaStream_t)> call = [&](int i, cudaStream_t st) {
           ks::paged_attention(dv(o[i]->p, bf, {b, hq, d}), dv(q[i]->p, bf, {b, hq, d}), dv(kc[i]->p, bf, {blocks, bs, hkv, d}),
                               dv(vc[i]->p, bf, {blocks, bs, hkv, d}), dv(dtable.p, DType::I32, {b, blocks_per_seq}),
                               ks::TensorView(), dv(dlens.p, DType::I32, {b}), scale, ks::Backend::Cuda, st);
-        }, s);
+        };
+        const double us = graph_time(k, call, s);
         char shape[64];
         std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld d%lld T%lld", (long long)b, (long long)hq, (long long)hkv,
                       (long long)d, (long long)T);
         record("decode_attention", shape, bf, us, bytes, "paged_attention");
+        also_variants("paged_attention", "decode_attention", shape, bf, bytes, k, call);
       }
   for (const char* op : {"sample", "argmax"}) {
     if (!has(ops, op)) continue;
@@ -369,7 +401,8 @@ int main(int argc, char** argv) {
   std::fprintf(f, "gpu,driver,cuda,commit,op,shape,dtype,impl,config,us,gbs,pct_copy,copy_gbs\n");
   for (const auto& r : rows)
     std::fprintf(f, "%s,%s,%d,%s,%s,%s,%s,%s,\"%s\",%.3f,%.1f,%.1f,%.1f\n", prop.name, drv_s.c_str(), rt, commit ? commit : "unknown",
-                 r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), impl.c_str(), r.config.c_str(), r.us, r.gbs, 100 * r.gbs / copy_gbs, copy_gbs);
+                 r.op.c_str(), r.shape.c_str(), r.dtype.c_str(), r.impl.empty() ? impl.c_str() : r.impl.c_str(),
+                 r.config.c_str(), r.us, r.gbs, 100 * r.gbs / copy_gbs, copy_gbs);
   std::fclose(f);
   CK(cudaStreamDestroy(s));
   return 0;

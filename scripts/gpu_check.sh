@@ -76,11 +76,16 @@ if has report; then
 fi
 
 if has model; then
-  $BUILD/bench_ops --csv /tmp/bench_model.csv --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul | tee -a "$LOG" | tail -40
+  # --variants: rotary_embedding and paged_attention also under each CUDA variant, pinned (issue 6's
+  # check that the automatic choice is within 3% of the best variant: bench/auto_vs_best.py)
+  $BUILD/bench_ops --csv /tmp/bench_model_all.csv --variants --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul | tee -a "$LOG" | tail -60
+  grep -v ',variant:' /tmp/bench_model_all.csv > /tmp/bench_model.csv
+  python3 bench/auto_vs_best.py /tmp/bench_model_all.csv --out /tmp/auto_vs_best.md | tee -a "$LOG"
   PYTHONUNBUFFERED=1 python3 bench/peers_model.py --csv /tmp/peers_model.csv >> "$LOG" 2>&1; echo "peers_model rc=$?"
   python3 bench/report.py --ours /tmp/bench_model.csv --peers /tmp/peers_model.csv --out "$OUT" --name h200_model \
     --title "Model-path CUDA operators" --peer-impls torch_sdpa,compile,torch_sort,torch --no-plot \
     --columns "torch_sdpa:torch SDPA,torch_ref:torch eager,compile:torch.compile,torch_sort:torch sort,torch:torch.argmax" &&
+    { printf '\n## The automatic choice against every variant (bench_ops --variants)\n\n'; cat /tmp/auto_vs_best.md; } >> "$OUT/h200_model.md" &&
     cat "$OUT/h200_model.md"
 fi
 
