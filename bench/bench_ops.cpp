@@ -353,14 +353,17 @@ int main(int argc, char** argv) {
       const int64_t seed_offset[2] = {1234, 0};
       CK(cudaMemcpy(so.p, seed_offset, 16, cudaMemcpyHostToDevice));
       const bool sampling = std::strcmp(op, "sample") == 0;
-      const double us = graph_time(k, [&](int i, cudaStream_t st) {
+      const std::function<void(int, cudaStream_t)> call = [&](int i, cudaStream_t st) {
         if (sampling)  // top-k 50, top-p 0.9, as the anchor's torch path
           ks::sample(dv(out.p, DType::I64, {b}), ks::TensorView(), dv(x[i]->p, bf, {b, V}), dv(so.p, DType::I64, {2}),
                      1.0, 50, 0.9, ks::Backend::Cuda, st);
         else
           ks::argmax(dv(out.p, DType::I64, {b}), dv(x[i]->p, bf, {b, V}), ks::Backend::Cuda, st);
-      }, s);
-      record(sampling ? "sampling_topk_topp" : "argmax", std::to_string(b) + "x" + std::to_string(V), bf, us, bytes, op);
+      };
+      const double us = graph_time(k, call, s);
+      const std::string shape = std::to_string(b) + "x" + std::to_string(V);
+      record(sampling ? "sampling_topk_topp" : "argmax", shape, bf, us, bytes, op);
+      also_variants(op, sampling ? "sampling_topk_topp" : "argmax", shape, bf, bytes, k, call);
     }
   }
   if (has(ops, "quant_matmul"))

@@ -76,7 +76,7 @@ if has report; then
 fi
 
 if has model; then
-  # --variants: rotary_embedding and paged_attention also under each CUDA variant, pinned (issue 6's
+  # --variants: rotary_embedding, paged_attention and sample also under each CUDA variant, pinned (issue 6's
   # check that the automatic choice is within 3% of the best variant: bench/auto_vs_best.py)
   $BUILD/bench_ops --csv /tmp/bench_model_all.csv --variants --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul | tee -a "$LOG" | tail -60
   grep -v ',variant:' /tmp/bench_model_all.csv > /tmp/bench_model.csv

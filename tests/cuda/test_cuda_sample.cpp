@@ -124,6 +124,52 @@ TEST(CudaSample, ManyRowsAndEdgeCasesEqualTheCpuReference) {
   }
 }
 
+// The cuda_cluster_topk variant (top_k in 1..1024; pinned): the same bit-for-bit equality.
+// Its cluster size depends on rows and vocab: 6 rows of 128256 take clusters of 16, of
+// 32000 clusters of 4, many rows clusters of 1 striding over rows. k = 1024 with V = 1000
+// takes the no-selection path (every finite score is a member).
+TEST(CudaSample, ClusterTopkVariantEqualsTheCpuReference) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  struct Pin {
+    Pin() { ks::force_variant("sample", "cuda_cluster_topk"); }
+    ~Pin() { ks::force_variant("sample", ""); }
+  } pin;
+  const std::vector<Cfg> cfgs = {{0.7, 50, 1.0}, {1.3, 40, 0.5}, {0.01, 1, 1.0}, {2.0, 3, 0.3},
+                                 {1.0, 1024, 0.95}, {1.0, 50, 0.9}, {1e-38, 3, 0.9}};
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(32000), int64_t(128256)})
+      for (bool ties : {false, true}) {
+        const int64_t rows = 6;
+        Buf x = make_logits(dt, rows, V, uint64_t(V) * 11 + (ties ? 1 : 0), ties);
+        Dev dx(x);
+        for (const Cfg& c : cfgs) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + (ties ? " ties" : "") +
+                       " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p));
+          ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 77.0, 3.0, c));
+        }
+      }
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t rows = 4 * int64_t(sms) + 37, V = 9000;
+  Buf x(DType::BF16, {rows, V});
+  std::mt19937_64 g(99);
+  for (int64_t i = 0; i < rows * V; ++i) x.set(i, double(int64_t(g() % 9)) - 4.0);  // heavy ties at every cut
+  Dev dx(x);
+  for (const Cfg& c : cfgs) {
+    SCOPED_TRACE("many rows: k=" + std::to_string(c.k) + " p=" + std::to_string(c.p));
+    ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 5.0, 6.0, c));
+  }
+  // a call it refuses (top_k = 0) fails while pinned, naming the reason
+  Buf so(DType::I64, {2}), out(DType::I64, {rows});
+  Dev dso(so), dout(out);
+  try {
+    ks::sample(dview(dout, out), ks::TensorView(), dview(dx, x), dview(dso, so), 1.0, 0, 0.9, ks::Backend::Cuda);
+    ADD_FAILURE() << "top_k = 0 ran on cuda_cluster_topk";
+  } catch (const ks::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("top_k must be in 1..1024"), std::string::npos) << e.what();
+  }
+}
+
 // One sampling call captured in a graph: replays with the same seed_offset give the same
 // ids; writing a new offset into the (device) seed_offset tensor between replays changes
 // the draws, exactly as the CPU reference predicts for that offset.

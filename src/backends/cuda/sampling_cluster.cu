@@ -1,0 +1,445 @@
+// ks_sample on CUDA, variant cuda_cluster_topk (contract: docs/contracts.md#sample): top-k
+// (1 <= top_k <= 1024) then top-p, the same ids as the CPU reference bit for bit.
+//
+// A row is split over a cluster of C CTAs (C up to 16), each owning a contiguous range:
+//  1. one pass: validity (NaN, +inf), the max of z = x / T, the finite count, and a
+//     histogram of the top 12 bits of each finite z's order key; the C CTAs' values meet
+//     through distributed shared memory;
+//  2. top-k when the row has more than top_k finite scores: the k-th largest order key by
+//     radix selection in three rounds (12, 12 and 8 bits). Each round merges the C
+//     histograms, each rank summing its own slice of bins; the rank whose slice holds the
+//     k-th finds the digit with a block-wide suffix scan. Then the cut among equal keys
+//     (lower indices first) by counts per rank and an ordered scan on the rank holding it;
+//  3. every member (at most top_k) is appended to rank 0's shared memory;
+//  4. rank 0 alone: the members in index order (ranks by counting), the fixed-point
+//     weights w = round(2^40 exp(z - max)), top-p as the shortest prefix of (w desc, index
+//     asc) whose mass reaches ceil(top_p W), and the Philox draw over the kept ids in index
+//     order: exactly the CPU reference's steps (core/sampling_math.hpp).
+// Every decision is on integers; exp and the division are the CPU's operation sequence.
+// Calls with top_k = 0 or > 1024 go to cuda_cta_per_row.
+#include <cooperative_groups.h>
+
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "core/sampling_math.hpp"
+#include "ops/args.hpp"
+
+namespace cg = cooperative_groups;
+
+namespace ks::cuda {
+namespace {
+
+namespace smp = ks::sampling;
+constexpr int kThreads = 512, kWarpsPerCta = kThreads / 32, kMaxK = 1024, kBins = 4096;
+
+struct ClusterSampleParams {
+  const void* logits;
+  int64_t* out;
+  uint8_t* valid;
+  const int64_t* seed_offset;
+  float temperature;
+  int64_t top_k;
+  double top_p;
+  int64_t rows, vocab;
+};
+
+struct Smem {
+  unsigned hist[kBins];  // this CTA's digit histogram (read by the other ranks while merging)
+  union {
+    unsigned merged[kBins];  // this rank's slice of the merged histogram
+    struct {
+      int idx[kMaxK];                 // rank 0: members in index order
+      unsigned long long w[kMaxK];    // their weights
+      int by_weight[kMaxK];           // positions in (w desc, index asc) order
+      unsigned char kept[kMaxK];
+    } fin;
+  } u;
+  int cand[kMaxK];  // rank 0: member indices, appended by every rank in any order
+  unsigned long long warp_u64[kWarpsPerCta];
+  float warp_f[kWarpsPerCta];
+  // published for the cluster
+  int bad;
+  float zmax;
+  unsigned long long finite, range_total, eq;
+  unsigned cand_count;
+  unsigned long long decided[3];  // the deciding rank's digit / remaining need / cut index
+};
+
+__device__ __forceinline__ unsigned long long block_sum(unsigned long long v, Smem& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.warp_u64[threadIdx.x >> 5] = v;
+  __syncthreads();
+  unsigned long long s = 0;
+  for (int w = 0; w < kWarpsPerCta; ++w) s += sh.warp_u64[w];
+  return s;
+}
+__device__ __forceinline__ float block_max(float v, Smem& sh) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) sh.warp_f[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float m = sh.warp_f[0];
+  for (int w = 1; w < kWarpsPerCta; ++w) m = fmaxf(m, sh.warp_f[w]);
+  return m;
+}
+// inclusive scan in thread order; *total: the block's sum
+__device__ __forceinline__ unsigned long long block_scan(unsigned long long v, unsigned long long* total, Smem& sh) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long x = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += x;
+  }
+  __syncthreads();
+  if (lane == 31) sh.warp_u64[warp] = v;
+  __syncthreads();
+  unsigned long long before = 0, all = 0;
+  for (int w = 0; w < kWarpsPerCta; ++w) {
+    if (w < warp) before += sh.warp_u64[w];
+    all += sh.warp_u64[w];
+  }
+  *total = all;
+  return before + v;
+}
+// hist[bin] += 1 for the calling lanes, one shared atomic per distinct bin per warp
+__device__ __forceinline__ void count_bin(unsigned* hist, unsigned bin) {
+  const unsigned peers = __match_any_sync(__activemask(), bin);
+  if ((threadIdx.x & 31) == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bin], unsigned(__popc(peers)));
+}
+
+template <typename T>
+__device__ __forceinline__ float z_of(const T* row, int64_t i, float t) {
+  return Dt<T>::to_f(row[i]) / t;  // IEEE division (no fast-math): as the CPU
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const ClusterSampleParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  __shared__ Smem sh;
+  pdl_begin();
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const float t = p.temperature;
+  const uint64_t seed = uint64_t(p.seed_offset[0]), offset = uint64_t(p.seed_offset[1]);
+  const int64_t V = p.vocab;
+  const int64_t per = (V + C - 1) / C, i0 = min(V, int64_t(rank) * per), i1 = min(V, i0 + per);
+  for (int64_t r = blockIdx.x / C; r < p.rows; r += gridDim.x / C) {
+    const T* row = static_cast<const T*>(p.logits) + r * V;
+    // 1. validity, max z, finite count, top-12-bit key histogram
+    for (int b = threadIdx.x; b < kBins; b += kThreads) sh.hist[b] = 0;
+    if (threadIdx.x == 0) sh.cand_count = 0;
+    __syncthreads();
+    int bad = 0;
+    float zmax = -INFINITY;
+    unsigned long long finite = 0;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
+      const float x = Dt<T>::to_f(row[i]);
+      const float z = x / t;
+      bad |= (x != x) || z == INFINITY;
+      if (z > -INFINITY) {
+        ++finite;
+        zmax = fmaxf(zmax, z);
+        count_bin(sh.hist, smp::order_key(z) >> 20);
+      }
+    }
+    bad = __syncthreads_or(bad);
+    zmax = block_max(zmax, sh);
+    finite = block_sum(finite, sh);
+    if (threadIdx.x == 0) sh.bad = bad, sh.zmax = zmax, sh.finite = finite;
+    cluster.sync();
+    int bad_all = 0;
+    float zmax_all = -INFINITY;
+    unsigned long long finite_all = 0;
+    for (int c = 0; c < C; ++c) {
+      const Smem* o = cluster.map_shared_rank(&sh, c);
+      bad_all |= o->bad;
+      zmax_all = fmaxf(zmax_all, o->zmax);
+      finite_all += o->finite;
+    }
+    if (bad_all || finite_all == 0) {
+      if (rank == 0 && threadIdx.x == 0) {
+        p.out[r] = 0;
+        if (p.valid) p.valid[r] = 0;
+      }
+      cluster.sync();  // every rank has read the others' values before they change
+      continue;
+    }
+    // 2. top-k: the k-th largest key (kkey) and the cut among keys equal to it
+    const bool use_k = finite_all > static_cast<unsigned long long>(p.top_k);
+    unsigned kkey = 0;
+    long long cut = V;
+    if (use_k) {
+      unsigned prefix = 0, mask = 0;
+      unsigned long long need = static_cast<unsigned long long>(p.top_k);
+      for (int round = 0; round < 3; ++round) {
+        const int shift = round == 0 ? 20 : round == 1 ? 8 : 0;
+        const int nbins = round == 2 ? 256 : kBins;
+        if (round > 0) {
+          cluster.sync();  // the previous round's histograms and decision are read everywhere
+          for (int b = threadIdx.x; b < nbins; b += kThreads) sh.hist[b] = 0;
+          __syncthreads();
+          for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
+            const float z = z_of(row, i, t);
+            if (!(z > -INFINITY)) continue;
+            const unsigned key = smp::order_key(z);
+            if ((key & mask) == prefix) count_bin(sh.hist, (key >> shift) & unsigned(nbins - 1));
+          }
+          __syncthreads();
+          cluster.sync();  // every histogram is complete
+        } else {
+          cluster.sync();  // (round 0's histograms were completed before the first cluster sync)
+        }
+        // this rank's slice of the merged histogram, and its total
+        const int b0 = rank * nbins / C, b1 = (rank + 1) * nbins / C;
+        unsigned long long part = 0;
+        for (int b = b0 + threadIdx.x; b < b1; b += kThreads) {
+          unsigned s = 0;
+          for (int c = 0; c < C; ++c) s += cluster.map_shared_rank(sh.hist, c)[b];
+          sh.u.merged[b] = s;
+          part += s;
+        }
+        part = block_sum(part, sh);
+        if (threadIdx.x == 0) sh.range_total = part;
+        cluster.sync();
+        // the rank whose slice holds the need-th largest (slices of higher ranks hold larger digits)
+        unsigned long long above = 0;
+        int R = 0;
+        for (int c = C - 1; c >= 0; --c) {
+          const unsigned long long tot = cluster.map_shared_rank(&sh, c)->range_total;
+          if (above + tot >= need) {
+            R = c;
+            break;
+          }
+          above += tot;
+        }
+        if (rank == R) {
+          // suffix scan over the slice from its top: thread k takes the k-th bin from the top
+          // (slices hold at most kBins / C bins; kThreads may be fewer: a loop of chunks)
+          const unsigned long long need_here = need - above;
+          unsigned long long carry = 0;
+          bool found = false;
+          for (int top = b1 - 1; top >= b0 && !found; top -= kThreads) {
+            const int b = top - int(threadIdx.x);
+            const unsigned long long v = b >= b0 ? sh.u.merged[b] : 0;
+            unsigned long long total;
+            const unsigned long long inc = block_scan(v, &total, sh);
+            // the bin where the running count from the top first reaches need_here
+            if (b >= b0 && v > 0 && carry + inc >= need_here && carry + inc - v < need_here) {
+              sh.decided[0] = unsigned(b);
+              sh.decided[1] = need_here - (carry + inc - v);
+            }
+            carry += total;
+            found = carry >= need_here;
+            __syncthreads();
+          }
+        }
+        cluster.sync();  // rank R's decision is written
+        const Smem* d = cluster.map_shared_rank(&sh, R);
+        prefix |= unsigned(d->decided[0]) << shift;
+        need = d->decided[1];
+        mask |= unsigned(nbins - 1) << shift;
+      }
+      kkey = prefix;
+      // the need-th key equal to kkey in index order: counts per rank, then one ordered scan
+      unsigned long long eq = 0;
+      for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
+        const float z = z_of(row, i, t);
+        eq += (z > -INFINITY && smp::order_key(z) == kkey) ? 1 : 0;
+      }
+      eq = block_sum(eq, sh);
+      if (threadIdx.x == 0) sh.eq = eq;
+      cluster.sync();
+      unsigned long long before = 0;
+      int Q = C - 1;
+      for (int c = 0; c < C; ++c) {
+        const unsigned long long e = cluster.map_shared_rank(&sh, c)->eq;
+        if (before + e >= need) {
+          Q = c;
+          break;
+        }
+        before += e;
+      }
+      if (rank == Q) {
+        const unsigned long long nth = need - before;
+        unsigned long long carry = 0;
+        for (int64_t base = i0; base < i1; base += kThreads) {
+          const int64_t i = base + threadIdx.x;
+          unsigned long long f = 0;
+          if (i < i1) {
+            const float z = z_of(row, i, t);
+            f = (z > -INFINITY && smp::order_key(z) == kkey) ? 1 : 0;
+          }
+          unsigned long long total;
+          const unsigned long long inc = block_scan(f, &total, sh);
+          if (f && carry + inc == nth) sh.decided[2] = static_cast<unsigned long long>(i);
+          carry += total;
+          if (carry >= nth) break;  // uniform: carry and total are the same in every thread
+        }
+      }
+      cluster.sync();
+      cut = static_cast<long long>(cluster.map_shared_rank(&sh, Q)->decided[2]);
+    }
+    // 3. members -> rank 0
+    {
+      Smem* r0 = cluster.map_shared_rank(&sh, 0);
+      for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
+        const float z = z_of(row, i, t);
+        if (!(z > -INFINITY)) continue;
+        if (use_k) {
+          const unsigned key = smp::order_key(z);
+          if (!(key > kkey || (key == kkey && i <= cut))) continue;
+        }
+        const unsigned slot = atomicAdd(&r0->cand_count, 1u);
+        if (slot < unsigned(kMaxK)) r0->cand[slot] = int(i);
+      }
+    }
+    cluster.sync();  // every member is in rank 0's shared memory; nothing remote is read after this
+    if (rank != 0) continue;
+    // 4. rank 0: the CPU reference's steps on the (at most top_k) members
+    const int n = int(min(sh.cand_count, unsigned(kMaxK)));
+    for (int e = threadIdx.x; e < n; e += kThreads) {  // index order by counting
+      const int id = sh.cand[e];
+      int pos = 0;
+      for (int j = 0; j < n; ++j) pos += sh.cand[j] < id;
+      sh.u.fin.idx[pos] = id;
+    }
+    __syncthreads();
+    unsigned long long W = 0;
+    for (int e = threadIdx.x; e < n; e += kThreads) {
+      const float z = z_of(row, sh.u.fin.idx[e], t);
+      const unsigned long long w = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(z - zmax_all)));
+      sh.u.fin.w[e] = w;
+      sh.u.fin.kept[e] = 1;
+      W += w;
+    }
+    W = block_sum(W, sh);  // (its barriers also publish w and kept)
+    unsigned long long total = W;
+    if (p.top_p < 1.0) {
+      long long target = static_cast<long long>(ceil(p.top_p * double(W)));
+      target = min(max(target, 1ll), static_cast<long long>(W));
+      for (int e = threadIdx.x; e < n; e += kThreads) {  // (w desc, index asc) order by counting
+        const unsigned long long w = sh.u.fin.w[e];
+        int pos = 0;
+        for (int j = 0; j < n; ++j) pos += sh.u.fin.w[j] > w || (sh.u.fin.w[j] == w && j < e);
+        sh.u.fin.by_weight[pos] = e;
+      }
+      __syncthreads();
+      // the shortest prefix of that order whose mass reaches target: 2 entries per thread
+      const int j0 = 2 * int(threadIdx.x);
+      const unsigned long long w0 = j0 < n ? sh.u.fin.w[sh.u.fin.by_weight[j0]] : 0;
+      const unsigned long long w1 = j0 + 1 < n ? sh.u.fin.w[sh.u.fin.by_weight[j0 + 1]] : 0;
+      unsigned long long all;
+      const unsigned long long inc = block_scan(w0 + w1, &all, sh);
+      const unsigned long long c0 = inc - w1, c1 = inc;  // running mass through j0, j0 + 1
+      if (threadIdx.x == 0) sh.decided[0] = static_cast<unsigned long long>(n);
+      __syncthreads();
+      const unsigned long long tgt = static_cast<unsigned long long>(target);
+      if (j0 < n && c0 >= tgt && c0 - w0 < tgt) sh.decided[0] = unsigned(j0 + 1), sh.decided[1] = c0;
+      if (j0 + 1 < n && c1 >= tgt && c1 - w1 < tgt) sh.decided[0] = unsigned(j0 + 2), sh.decided[1] = c1;
+      __syncthreads();
+      const int keep = int(sh.decided[0]);
+      total = keep < n ? sh.decided[1] : W;
+      for (int j = threadIdx.x; j < n; j += kThreads) sh.u.fin.kept[sh.u.fin.by_weight[j]] = j < keep;
+      __syncthreads();
+    }
+    // the draw: the first kept id (index order) whose running weight exceeds c
+    const unsigned long long c = smp::scale_draw(smp::row_draw(seed, offset, uint64_t(r)), total);
+    if (threadIdx.x == 0) sh.decided[2] = ~0ull;
+    __syncthreads();
+    const int e0 = 2 * int(threadIdx.x);
+    const unsigned long long a0 = e0 < n && sh.u.fin.kept[e0] ? sh.u.fin.w[e0] : 0;
+    const unsigned long long a1 = e0 + 1 < n && sh.u.fin.kept[e0 + 1] ? sh.u.fin.w[e0 + 1] : 0;
+    unsigned long long all;
+    const unsigned long long inc = block_scan(a0 + a1, &all, sh);
+    const unsigned long long run0 = inc - a1, run1 = inc;
+    if (a0 > 0 && run0 > c && run0 - a0 <= c) sh.decided[2] = unsigned(e0);
+    if (a1 > 0 && run1 > c && run1 - a1 <= c) sh.decided[2] = unsigned(e0 + 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = sh.decided[2] == ~0ull ? -1 : int(sh.decided[2]);
+      if (chosen < 0)  // not reached (c < total); the CPU's default: the largest kept id
+        for (int e = n - 1; e >= 0 && chosen < 0; --e)
+          if (sh.u.fin.kept[e]) chosen = e;
+      p.out[r] = chosen >= 0 ? sh.u.fin.idx[chosen] : 0;
+      if (p.valid) p.valid[r] = 1;
+    }
+    __syncthreads();  // the next row's pass 1 reuses shared memory
+  }
+#endif
+}
+
+// Clusters of 16 are non-portable: allowed per kernel and device, then asked whether one
+// can be resident (16 SMs of one GPC). Returns 16 or 8.
+template <typename T>
+int max_cluster(int dev) {
+  thread_local int cached_dev = -1, cached = 8;  // keeps the lock off the launch path
+  if (dev == cached_dev) return cached;
+  static std::mutex mu;
+  static std::map<int, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(dev);
+  if (it == known.end()) {
+    auto kern = sample_cluster_kernel<T>;
+    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "sample",
+               "allow a non-portable cluster size");
+    const int n = co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kThreads, 0);
+    it = known.emplace(dev, n > 0 ? 16 : 8).first;
+  }
+  cached_dev = dev;
+  cached = it->second;
+  return cached;
+}
+
+}  // namespace
+
+std::string sample_cluster_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::SampleArgs*>(args);
+  if (a.top_k < 1 || a.top_k > kMaxK) return "top_k must be in 1..1024 (other calls: cuda_cta_per_row)";
+  if (a.vocab > int64_t(INT32_MAX)) return "vocab exceeds 2^31 - 1";
+  if (!device_props(a.logits.device.device_id).sm90_code) return "thread-block clusters need compute capability 9.0";
+  return "";
+}
+
+void sample_cluster_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::SampleArgs*>(args);
+  const int dev = a.logits.device.device_id;
+  DeviceGuard g(dev, "sample");
+  const DeviceProps& dp = device_props(dev);
+  const ClusterSampleParams p{a.logits.data,
+                              static_cast<int64_t*>(a.out.data),
+                              a.has_valid ? static_cast<uint8_t*>(a.valid.data) : nullptr,
+                              static_cast<const int64_t*>(a.seed_offset.data),
+                              a.temperature,
+                              a.top_k,
+                              a.top_p,
+                              a.rows,
+                              a.vocab};
+  const auto s = static_cast<cudaStream_t>(stream);
+  int C = 1;
+  int64_t grid = 0;
+  auto go = [&](auto tag) {
+    using T = decltype(tag);
+    const int most = max_cluster<T>(dev);
+    // the most CTAs per row while the rows fill at most 2 CTAs per SM, each CTA >= 4096 elements
+    while (2 * C <= most && a.rows * 2 * C <= 2 * int64_t(dp.sm_count) && a.vocab >= int64_t(2 * C) * 4096) C *= 2;
+    grid = std::min<int64_t>(a.rows, std::max<int64_t>(1, int64_t(dp.sm_count) * 2 / C)) * C;
+    launch_kernel("sample", sample_cluster_kernel<T>, dim3(unsigned(grid)), dim3(kThreads), 0, s, C, dp.pdl, p);
+  };
+  switch (a.logits.dtype) {
+    case detail::DType::F32: go(float{}); break;
+    case detail::DType::F16: go(__half{}); break;
+    default: go(__nv_bfloat16{}); break;
+  }
+  check_launch("sample");
+  record_launch("sample", "cluster_topk threads=%lld cluster=%lld grid=%lld", {kThreads, C, grid});
+}
+
+}  // namespace ks::cuda
