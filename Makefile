@@ -36,11 +36,12 @@ test-bindings: build
 	@scripts/setup_bindings.sh
 	bindings/run_tests.sh $(BUILD)
 
-# The prompt reaches ksctl through the environment, unexpanded and unquoted by make or the
-# shell (quotes, $ and backticks in PROMPT are passed as written). OpenMP threads wait
+# The prompt reaches ksctl through a shell variable set first (a `VAR=x cmd "$VAR"` prefix
+# would expand $VAR before the assignment: an empty prompt), unexpanded and unquoted by make
+# or the shell (quotes, $ and backticks in PROMPT are passed as written). OpenMP threads wait
 # passively: spinning collapses throughput when other processes share the cores.
 run: build model
-	KS_PROMPT='$(subst ','\'',$(value PROMPT))' OMP_WAIT_POLICY=passive \
+	KS_PROMPT='$(subst ','\'',$(value PROMPT))'; OMP_WAIT_POLICY=passive \
 	  $(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
 
 bench: build model

@@ -5,14 +5,17 @@
 //    "measured" cell per (op, backend, dtype, shape bucket), its variants fastest first.
 // arch: the GPU's sm_XY when CUDA was tuned (cuda cells), "cpu" for the CPU's file (whose
 // table arch is "*", matching every machine, as generic.json). Buckets: each measured rows
-// value r_i covers [ceil(sqrt(r_{i-1} r_i)), floor(sqrt(r_i r_{i+1}))], the first from 0 and
-// the last open; the same for cols: every shape goes to the nearest measured one on a log scale.
+// value r_i covers [floor(sqrt(r_{i-1} r_i)) + 1, floor(sqrt(r_i r_{i+1}))], the first from 0
+// and the last open; the same for cols: every shape goes to the nearest measured one on a log
+// scale (a perfect-square midpoint to the lower one).
 #include <kernscope/kernscope.hpp>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -64,7 +67,16 @@ std::string cuda_name() {
   return "a CUDA device";
 }
 
+// RFC 4180: quoted when it holds a comma, quote or line break; quotes doubled
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\r\n") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char ch : v) q += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return q + "\"";
+}
+
 void progress_bar(size_t done, size_t total, const std::string& what) {
+  if (total == 0) return;
   const int width = 30;
   const int filled = total ? int(double(done) / double(total) * width) : width;
   std::fprintf(stderr, "\r[%s%s] %zu/%zu %-70.70s", std::string(size_t(filled), '#').c_str(),
@@ -119,13 +131,16 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
                          {"why", why}});
       }
   }
-  if (cells.empty()) return false;
+  if (cells.empty()) {
+    std::fprintf(stderr, "tune: no %s variant passed its check at any shape: no table written\n", backend.c_str());
+    return false;
+  }
   char date[32];
   const std::time_t now = std::time(nullptr);
   std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
   const nlohmann::json table = {{"schema", "kernscope-routing/1"},
                                 {"arch", arch_name},
-                                {"description", "Measured by ksctl tune on " + where + " (" + date + "); raw times in " + csv},
+                                {"description", "Measured by ksctl tune on " + where + " (" + date + "); raw times: " + csv},
                                 {"cells", cells}};
   std::ofstream f(path);
   f << table.dump(2) << "\n";
@@ -133,8 +148,11 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
     std::fprintf(stderr, "tune: cannot write %s\n", path.c_str());
     return false;
   }
-  std::printf("%s: %zu measured cells (use it with KS_ROUTING_TABLE=%s, or check it into src/registry/routing/)\n",
-              path.c_str(), cells.size(), path.c_str());
+  std::printf("%s: %zu measured cells. Try it with KS_ROUTING_TABLE=%s (it replaces the compiled-in tables); "
+              "to make it the default, %s\n",
+              path.c_str(), cells.size(), path.c_str(),
+              backend == "cpu" ? "put its cells first in src/registry/routing/generic.json"
+                               : ("replace src/registry/routing/" + arch_name + ".json with it").c_str());
   return true;
 }
 
@@ -145,15 +163,29 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
     std::fprintf(stderr, "tune: --reps must be >= 1\n");
     return 2;
   }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    std::fprintf(stderr, "tune: cannot create --out-dir %s\n", dir.c_str());
+    return 2;
+  }
+  if (!op.empty()) {
+    bool known = false;
+    for (const auto& v : ks::variants()) known = known || op == v.op;
+    if (!known) {
+      std::fprintf(stderr, "tune: unknown op '%s' (the operators: ksctl ops)\n", op.c_str());
+      return 2;
+    }
+  }
   if (backend == "cuda" && !ks::backend_available(ks::Backend::Cuda)) {
     std::fprintf(stderr, "tune: --backend cuda, but the CUDA backend is not available here\n");
     return 3;
   }
   const std::vector<Row> rows = ks::tune::measure(backend, op, reps, quiet ? ks::tune::Progress() : progress_bar);
-  if (rows.empty()) {
-    std::fprintf(stderr, "tune: nothing to tune (no op%s with more than one variant on the backends present)\n",
-                 op.empty() ? "" : (" " + op).c_str());
-    return 2;
+  if (rows.empty()) {  // not an error: every op here has one variant
+    std::printf("tune: nothing to tune (no op%s with more than one variant on the backends present)\n",
+                op.empty() ? "" : (" " + op).c_str());
+    return 0;
   }
   int status = 0;
   for (const std::string be : {"cpu", "cuda"}) {
@@ -162,30 +194,39 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
     if (!any) continue;
     const std::string arch = be == "cpu" ? "cpu" : cuda_arch();
     const std::string csv = dir + "/tune_" + arch + ".csv", json = dir + "/routing_" + arch + ".json";
+    // the table's "source": the CSV's name and the commit measured (gpu_check.sh exports KS_COMMIT)
+    const char* commit = std::getenv("KS_COMMIT");
+    const std::string source = "tune_" + arch + ".csv @ " + (commit && *commit ? commit : "unknown commit");
     std::ofstream f(csv);
-    f << "backend,arch,op,dtype,shape,rows,cols,variant,status,us,why\n";
+    f << "backend,arch,op,dtype,shape,rows,cols,variant,status,us,spread,why\n";
     for (const Row& r : rows) {
       if (r.backend != be) continue;
-      std::string why = r.why;
-      std::replace(why.begin(), why.end(), ',', ';');
-      std::replace(why.begin(), why.end(), '\n', ' ');
-      char us[32];
+      char us[32], spread[32];
       std::snprintf(us, sizeof us, "%.3f", r.us);
-      f << r.backend << ',' << arch << ',' << r.op << ',' << r.dtype << ',' << r.shape << ',' << r.rows << ',' << r.cols
-        << ',' << r.variant << ',' << r.status << ',' << (r.status == "ok" ? us : "") << ',' << why << "\n";
+      std::snprintf(spread, sizeof spread, "%.3f", r.spread);
+      f << r.backend << ',' << arch << ',' << r.op << ',' << r.dtype << ',' << csv_field(r.shape) << ',' << r.rows << ','
+        << r.cols << ',' << r.variant << ',' << r.status << ',' << (r.status == "ok" ? us : "") << ','
+        << (r.status == "ok" ? spread : "") << ',' << csv_field(r.why) << "\n";
     }
     if (!f) {
       std::fprintf(stderr, "tune: cannot write %s\n", csv.c_str());
       return 1;
     }
     for (const Row& r : rows)
-      if (r.backend == be && r.status == "incorrect") {
-        std::fprintf(stderr, "tune: %s %s %s %s is INCORRECT: %s\n", r.op.c_str(), r.variant.c_str(), r.dtype.c_str(),
-                     r.shape.c_str(), r.why.c_str());
+      if (r.backend == be && (r.status == "incorrect" || r.status == "error")) {
+        std::fprintf(stderr, "tune: %s %s %s %s: %s: %s\n", r.op.c_str(), r.variant.c_str(), r.dtype.c_str(),
+                     r.shape.c_str(), r.status == "error" ? "ERROR" : "INCORRECT", r.why.c_str());
         status = 1;
       }
+    int noisy = 0;
+    for (const Row& r : rows) noisy += r.backend == be && r.status == "ok" && r.spread > 0.25;
+    if (noisy)
+      std::fprintf(stderr,
+                   "tune: warning: %d %s timings vary by more than 25%% between samples (the spread column of %s): "
+                   "is the machine busy? Tune on a quiet machine%s before using the table.\n",
+                   noisy, be.c_str(), csv.c_str(), be == "cpu" ? " (OMP_WAIT_POLICY=passive helps when cores are shared)" : "");
     const std::string where = be == "cpu" ? std::string("this machine's CPU") : cuda_name();
-    if (!write_table(rows, be, be == "cpu" ? "*" : arch, json, csv, reps, where)) status = status ? status : 1;
+    if (!write_table(rows, be, be == "cpu" ? "*" : arch, json, source, reps, where)) status = status ? status : 1;
   }
   return status;
 }

@@ -16,6 +16,7 @@ struct Row {
   std::string backend, op, dtype, variant, shape, status, why;
   int64_t rows = 0, cols = 0;  // the routing key (docs/routing.md#shape-keys)
   double us = -1;
+  double spread = 0;  // (slowest - fastest) / median of the samples: > 0.25 suggests a busy machine
 };
 
 using Progress = std::function<void(size_t done, size_t total, const std::string& what)>;

@@ -119,8 +119,9 @@ KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t back
  * "kernscope-routing-active/1", "files": [...], "cells": [{"op", "backend", "arch", "dtype",
  * "rows": [min, max|null], "cols": [...], "order": [variant, ...], "basis": "measured" |
  * "heuristic", "source", "why", "table", "index"}, ...]}, first matching cell wins. The
- * tables compiled in, or the file KS_ROUTING_TABLE names. *json is static, valid for the
- * process. A table that does not parse: KS_ERROR_INVALID_ARGUMENT naming file and field. */
+ * tables compiled in, or the files KS_ROUTING_TABLE names (':'-separated, in order; they
+ * replace the compiled-in tables). *json is static, valid for the process. A table that does
+ * not parse: KS_ERROR_INVALID_ARGUMENT naming file and field. */
 KS_API ks_status_t ks_routing_table(const char** json);
 
 /* Pins `op` to the variant named `variant` for calls on this thread that run on

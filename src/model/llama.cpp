@@ -1,6 +1,7 @@
 #include "model/llama.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
@@ -101,11 +102,19 @@ Weight LlamaModel::upload(const Weight& w, bool with_dense) {
   return r;
 }
 
-void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n) {
-  if (n >= kDenseRows && w.dense.data())
-    ks::gemm(out, x, w.dense, backend_, stream());
-  else
+void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill) {
+  if (!(prefill && dense_rows_ && n >= kDenseRows)) {
     ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
+    return;
+  }
+  if (w.dense.data()) {
+    ks::gemm(out, x, w.dense, backend_, stream());
+    return;
+  }
+  // the same FP32 values, dequantized now into the scratch (stream order keeps it safe to reuse)
+  const ks::TensorView d = dense_scratch_.view(ks::DType::F32, {w.rows, w.cols});
+  ks::dequantize(d, w.data, w.qtype, ks::Backend::Cuda, stream());
+  ks::gemm(out, x, d, backend_, stream());
 }
 
 LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend, int64_t max_batch)
@@ -116,6 +125,24 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
+  // FP32 copies of the layer matrices for long prefill steps (CUDA): held when they fit the
+  // budget, else dequantized per step into one scratch buffer of the largest matrix
+  bool hold_dense = false;
+  if (on_device_ && max_ctx_ >= kDenseRows) {
+    const auto& k = cfg_;
+    const int64_t kvd = k.num_kv_heads * k.head_dim;
+    const int64_t per_layer = 2 * k.hidden_size * k.hidden_size + 2 * kvd * k.hidden_size +
+                              3 * k.intermediate_size * k.hidden_size;  // q, o; k, v; gate|up, down
+    const char* env = std::getenv("KS_DENSE_WEIGHTS_MB");
+    const double budget_mb = env ? std::atof(env) : 1024.0;
+    dense_rows_ = true;
+    hold_dense = double(per_layer) * double(k.n_layers) * 4.0 <= budget_mb * 1048576.0;
+    if (!hold_dense) {
+      const int64_t largest = std::max({k.hidden_size * k.hidden_size, kvd * k.hidden_size,
+                                        2 * k.intermediate_size * k.hidden_size});
+      dense_scratch_ = DeviceArray(size_t(largest) * sizeof(float));
+    }
+  }
   num_blocks_ = blocks_per_seq_ * max_batch_;
   const auto& c = cfg_;
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
@@ -132,9 +159,9 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     const Weight wq = matrix(f, p + "attn_q.weight", c.hidden_size, c.hidden_size);
     const Weight wk = matrix(f, p + "attn_k.weight", kv_dim, c.hidden_size);
     const Weight wv = matrix(f, p + "attn_v.weight", kv_dim, c.hidden_size);
-    L.wq = upload(wq, true);
-    L.wk = upload(wk, true);
-    L.wv = upload(wv, true);
+    L.wq = upload(wq, hold_dense);
+    L.wk = upload(wk, hold_dense);
+    L.wv = upload(wv, hold_dense);
     // q | k | v rows stacked, for one matmul per one-token step (decode); each output row
     // is computed exactly as by the separate matrices (same row, same K)
     if (wq.qtype == wk.qtype && wq.qtype == wv.qtype && wq.data.size(1) == wk.data.size(1) &&
@@ -149,8 +176,8 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
       w.data = ks::TensorView(qkv.data(), ks::DType::U8, {w.rows, wq.data.size(1)});
       L.w_qkv = upload(w);
     }
-    L.wo = upload(matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size), true);
-    L.w_down = upload(matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size), true);
+    L.wo = upload(matrix(f, p + "attn_output.weight", c.hidden_size, c.hidden_size), hold_dense);
+    L.w_down = upload(matrix(f, p + "ffn_down.weight", c.hidden_size, c.intermediate_size), hold_dense);
     // gate and up rows stacked into one [2 * intermediate, hidden] matrix, so one
     // quant_matmul yields rows laid out as silu_and_mul expects (gate | up).
     Weight g = matrix(f, p + "ffn_gate.weight", c.intermediate_size, c.hidden_size);
@@ -162,7 +189,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     Weight gu = g;
     gu.rows = 2 * c.intermediate_size;
     gu.data = ks::TensorView(buf.data(), ks::DType::U8, {2 * c.intermediate_size, g.data.size(1)});
-    L.w_gate_up = upload(gu, true);
+    L.w_gate_up = upload(gu, hold_dense);
     L.k_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
     L.v_cache = alloc(ks::DType::F32, {num_blocks_, block_size_, c.num_kv_heads, c.head_dim});
   }
@@ -238,7 +265,7 @@ void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int
     std::memcpy(slots_.view.data(), slots.data(), size_t(n) * 8);
 }
 
-void LlamaModel::run_layers(int64_t n, bool all_rows) {
+void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   const auto& c = cfg_;
   const auto be = backend_;
   const ks_stream_t s = stream();
@@ -275,20 +302,20 @@ void LlamaModel::run_layers(int64_t n, bool all_rows) {
     if (fused_qkv) {
       ks::quant_matmul(qkv_.view, h, L.w_qkv.data, L.w_qkv.qtype, be, s);
     } else {
-      matmul(q, h, L.wq, n);
-      matmul(k, h, L.wk, n);
-      matmul(v, h, L.wv, n);
+      matmul(q, h, L.wq, n, prefill);
+      matmul(k, h, L.wk, n, prefill);
+      matmul(v, h, L.wv, n, prefill);
     }
     // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing.
     ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
     ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots_.view.reshape({n}), be, s);
     ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
                         ctx_lens_.view.reshape({n}), scale, be, s);
-    matmul(x, attn, L.wo, n);
+    matmul(x, attn, L.wo, n, prefill);
     ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be, s);  // res += attn out; x = norm
-    matmul(gu, x, L.w_gate_up, n);
+    matmul(gu, x, L.w_gate_up, n, prefill);
     ks::silu_and_mul(act, gu, be, s);
-    matmul(x, act, L.w_down, n);
+    matmul(x, act, L.w_down, n, prefill);
   }
   // The last row's logits (a sequence's step), or every row's (decode_batch).
   const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;
@@ -329,7 +356,7 @@ const float* LlamaModel::forward_seq(int64_t seq, const int32_t* tokens, int64_t
   std::vector<int64_t> seqs(static_cast<size_t>(n), seq), poss(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) poss[size_t(i)] = pos + i;
   stage_rows(tokens, seqs.data(), poss.data(), n);
-  run_layers(n, false);
+  run_layers(n, false, /*prefill=*/true);
   if (on_device_) {
     stream_->to_host(logits_.data<float>(), logits_dev_.view.data(), size_t(cfg_.vocab_size) * 4);
     stream_->sync();

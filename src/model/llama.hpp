@@ -3,8 +3,9 @@
 // library's first user, not a special case.
 //
 // Activations are FP32. Weights stay in their GGUF block formats and are
-// multiplied straight from the packed blocks (ks::quant_matmul); the token
-// embedding doubles as the output head when the file has no output.weight.
+// multiplied straight from the packed blocks (ks::quant_matmul); on CUDA, prefill
+// steps of at least kDenseRows tokens multiply through FP32 copies instead (ks::gemm);
+// the token embedding doubles as the output head when the file has no output.weight.
 // The KV cache is paged (block_size 16): max_batch sequences, each with its own
 // blocks (sequence s owns blocks s * B .. s * B + B - 1, B = ceil(max_context / 16)).
 //
@@ -38,8 +39,9 @@ struct Weight {
   ks::TensorView data;  // uint8 [rows, row_bytes] when packed; fp32 [cols] for norms
   ks::QType qtype = ks::QType::None;
   int64_t rows = 0, cols = 0;
-  // CUDA only, for steps of many rows (prefill): the matrix dequantized once at load,
-  // fp32 [rows, cols] on the device, multiplied through ks::gemm (cuBLASLt). Empty otherwise.
+  // CUDA only, for prefill steps of many rows: the matrix dequantized once at load, fp32
+  // [rows, cols] on the device, multiplied through ks::gemm (cuBLASLt); empty when the
+  // copies would exceed the budget (LlamaModel::kDenseRows), then one scratch buffer is used.
   ks::TensorView dense;
 };
 
@@ -64,8 +66,12 @@ class LlamaModel {
   int32_t forward_argmax(const int32_t* tokens, int64_t n, int64_t pos);
 
   ks::Backend backend() const { return backend_; }
-  // CUDA: steps of at least this many rows (prefill) multiply through the weights
-  // dequantized once at load (fp32, cuBLASLt via ks::gemm) instead of quant_matmul
+  // CUDA: prefill steps of at least this many rows multiply through FP32 weights with
+  // ks::gemm (cuBLASLt) instead of quant_matmul. The FP32 copies are made once at load
+  // when they fit in KS_DENSE_WEIGHTS_MB (default 1024) MB; otherwise each such step
+  // dequantizes each matrix into one scratch buffer just before its gemm. Decode steps
+  // (decode_batch included, at any batch size) always use quant_matmul, so batched rows
+  // stay bit-identical to one-token steps.
   static constexpr int64_t kDenseRows = 64;
   int64_t max_batch() const { return max_batch_; }
 
@@ -91,7 +97,7 @@ class LlamaModel {
   Weight upload(const Weight& w, bool with_dense = false);
   // out[n, rows] = x[n, cols] @ W^T: quant_matmul on the blocks, or ks::gemm on W.dense for
   // n >= kDenseRows (each weight element dequantized in FP32 either way; sums in FP32)
-  void matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n);
+  void matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill);
   struct Layer {
     Weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate_up, w_down;
     Weight w_qkv;  // wq | wk | wv rows stacked (one matmul for one-token steps); empty if formats differ
@@ -103,7 +109,7 @@ class LlamaModel {
   void stage_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t n);
   // every op of the step on the model's backend and stream; logits of the last row, or of
   // every row (all_rows, for decode_batch), into the logits buffer
-  void run_layers(int64_t n, bool all_rows);
+  void run_layers(int64_t n, bool all_rows, bool prefill = false);
   void decode_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t b, int32_t* next_ids);
   ks_stream_t stream() const { return stream_ ? stream_->handle() : nullptr; }
 
@@ -112,6 +118,8 @@ class LlamaModel {
   ks::Backend backend_;
   bool on_device_ = false;
   bool qkv_fused_ = false;  // every layer has w_qkv
+  bool dense_rows_ = false;    // CUDA prefill of >= kDenseRows rows goes through ks::gemm
+  DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;
   std::vector<Layer> layers_;

@@ -145,6 +145,7 @@ Table load_active_table() {
       table.files.insert(table.files.end(), t.files.begin(), t.files.end());
       for (auto& c : t.cells) table.cells.push_back(std::move(c));
     }
+    if (table.files.empty()) bad(env, "KS_ROUTING_TABLE lists no file (entries are separated by ':')");
     return table;
   }
   {

@@ -191,24 +191,33 @@ TEST(Model, CudaGreedyIdsAndLogitsMatchTransformersAndCpu) {
 }
 
 // A prefill of at least LlamaModel::kDenseRows tokens takes the CUDA path's dense route
-// (weights dequantized once at load, ks::gemm through cuBLASLt) instead of quant_matmul: its
-// logits agree with the CPU path's (quantized dot products) within the same tolerance.
+// (ks::gemm through cuBLASLt on FP32 weights) instead of quant_matmul: its logits agree with
+// the CPU path's (quantized dot products) within the same tolerance, both with the FP32
+// copies held from load (the default budget) and dequantized per step into one scratch
+// buffer (KS_DENSE_WEIGHTS_MB=0).
 TEST(Model, CudaLongPrefillMatchesCpu) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
-  Fixture gpu(ks::Backend::Cuda), cpu;
+  Fixture cpu;
   const nlohmann::json ref = reference();
   std::vector<int32_t> prompt;
   for (size_t i = 0; prompt.size() < size_t(2 * ks::model::LlamaModel::kDenseRows) + 7; ++i)
     for (int32_t id : ref["cases"][i % ref["cases"].size()]["prompt_ids"].get<std::vector<int32_t>>()) prompt.push_back(id);
-  const float* lg = gpu.model.forward(prompt.data(), int64_t(prompt.size()), 0);
-  const std::vector<float> got(lg, lg + gpu.model.config().vocab_size);
   const float* lc = cpu.model.forward(prompt.data(), int64_t(prompt.size()), 0);
-  double worst = 0;
-  for (int64_t v = 0; v < cpu.model.config().vocab_size; ++v)
-    worst = std::max(worst, double(std::fabs(got[size_t(v)] - lc[v])));
-  EXPECT_LE(worst, kLogitAtol) << "prefill of " << prompt.size() << " tokens: CUDA (dense) vs CPU logits";
-  std::printf("cuda dense prefill of %zu tokens: largest logit difference vs the CPU path %.3g\n", prompt.size(), worst);
+  const std::vector<float> want(lc, lc + cpu.model.config().vocab_size);
+  for (const char* budget : {"1024", "0"}) {
+    SCOPED_TRACE(std::string("KS_DENSE_WEIGHTS_MB=") + budget);
+    setenv("KS_DENSE_WEIGHTS_MB", budget, 1);
+    Fixture gpu(ks::Backend::Cuda);
+    unsetenv("KS_DENSE_WEIGHTS_MB");
+    const float* lg = gpu.model.forward(prompt.data(), int64_t(prompt.size()), 0);
+    double worst = 0;
+    for (int64_t v = 0; v < cpu.model.config().vocab_size; ++v)
+      worst = std::max(worst, double(std::fabs(lg[v] - want[size_t(v)])));
+    EXPECT_LE(worst, kLogitAtol) << "prefill of " << prompt.size() << " tokens: CUDA (dense) vs CPU logits";
+    std::printf("cuda dense prefill of %zu tokens (KS_DENSE_WEIGHTS_MB=%s): largest logit difference vs the CPU path %.3g\n",
+                prompt.size(), budget, worst);
+  }
 }
 
 // Several sequences decoded together (decode_batch: one row per sequence, each at its own

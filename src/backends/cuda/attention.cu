@@ -67,16 +67,16 @@ size_t gqa_smem_bytes(int G, int64_t D) {
   return size_t(kGqaRingBytes) + size_t(G * (2 + D) * (1 + kGqaWarps)) * sizeof(float) + sizeof(int);
 }
 
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
+[[maybe_unused]] __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
   const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(fill ? 16 : 0) : "memory");
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+[[maybe_unused]] __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+[[maybe_unused]] __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
 // merge (mo, lo, acc_o) into (m, l, acc): the larger max wins, both sides rescaled
-__device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float& fo, float& M) {
+[[maybe_unused]] __device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float& fo, float& M) {
   M = fmaxf(m, mo);
   f = m == -INFINITY ? 0.f : expf(m - M);
   fo = mo == -INFINITY ? 0.f : expf(mo - M);

@@ -315,6 +315,7 @@ void register_cuda_variants(std::vector<Variant>& v) {
                ks::cuda::ci_kv, ks::cuda::kv_cache_append_cuda});
 }
 std::string cuda_arch_name(int device) {
+  if (!cuda::device_present()) return "";  // no device: callers say so (not a driver error)
   if (device < 0) cuda::check_cuda(cudaGetDevice(&device), "which", "cudaGetDevice");
   const cuda::DeviceProps& p = cuda::device_props(device);
   return "sm_" + std::to_string(p.major) + std::to_string(p.minor);
