@@ -13,6 +13,7 @@
 // the CPU backend's. Not yet tuned for speed (a first, correct version).
 #include <cstdint>
 
+#include "backends/cuda/block_reduce.cuh"
 #include "backends/cuda/common.cuh"
 #include "core/sampling_math.hpp"
 #include "ops/args.hpp"
@@ -44,25 +45,9 @@ struct Shared {
 };
 
 __device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, Shared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.warp_u64[threadIdx.x >> 5] = v;
-  __syncthreads();
-  unsigned long long s = 0;
-  for (int w = 0; w < kWarps; ++w) s += sh.warp_u64[w];
-  return s;
+  return ks::cuda::block_sum_u64<kWarps>(v, sh.warp_u64);
 }
-__device__ __forceinline__ float block_max_f(float v, Shared& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.warp_f[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = sh.warp_f[0];
-  for (int w = 1; w < kWarps; ++w) m = fmaxf(m, sh.warp_f[w]);
-  return m;
-}
+__device__ __forceinline__ float block_max_f(float v, Shared& sh) { return ks::cuda::block_max_f<kWarps>(v, sh.warp_f); }
 __device__ __forceinline__ int block_or(int v, Shared& sh) {
   v = __any_sync(0xffffffffu, v);
   __syncthreads();
@@ -72,25 +57,9 @@ __device__ __forceinline__ int block_or(int v, Shared& sh) {
   for (int w = 0; w < kWarps; ++w) r |= sh.warp_i[w];
   return r;
 }
-// Inclusive prefix sum over the block in thread order; *total gets the block's sum.
 __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long v, unsigned long long* total,
                                                              Shared& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long u = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += u;
-  }
-  __syncthreads();
-  if (lane == 31) sh.warp_u64[warp] = v;
-  __syncthreads();
-  unsigned long long before = 0, all = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    if (w < warp) before += sh.warp_u64[w];
-    all += sh.warp_u64[w];
-  }
-  *total = all;
-  return before + v;
+  return ks::cuda::block_scan_u64<kWarps>(v, total, sh.warp_u64);
 }
 
 template <typename T>

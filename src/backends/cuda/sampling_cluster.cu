@@ -25,6 +25,7 @@
 #include <mutex>
 #include <string>
 
+#include "backends/cuda/block_reduce.cuh"
 #include "backends/cuda/common.cuh"
 #include "core/sampling_math.hpp"
 #include "ops/args.hpp"
@@ -71,43 +72,12 @@ struct Smem {
 };
 
 __device__ __forceinline__ unsigned long long block_sum(unsigned long long v, Smem& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.warp_u64[threadIdx.x >> 5] = v;
-  __syncthreads();
-  unsigned long long s = 0;
-  for (int w = 0; w < kWarpsPerCta; ++w) s += sh.warp_u64[w];
-  return s;
+  return block_sum_u64<kWarpsPerCta>(v, sh.warp_u64);
 }
-__device__ __forceinline__ float block_max(float v, Smem& sh) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) sh.warp_f[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = sh.warp_f[0];
-  for (int w = 1; w < kWarpsPerCta; ++w) m = fmaxf(m, sh.warp_f[w]);
-  return m;
-}
+__device__ __forceinline__ float block_max(float v, Smem& sh) { return block_max_f<kWarpsPerCta>(v, sh.warp_f); }
 // inclusive scan in thread order; *total: the block's sum
 __device__ __forceinline__ unsigned long long block_scan(unsigned long long v, unsigned long long* total, Smem& sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long x = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += x;
-  }
-  __syncthreads();
-  if (lane == 31) sh.warp_u64[warp] = v;
-  __syncthreads();
-  unsigned long long before = 0, all = 0;
-  for (int w = 0; w < kWarpsPerCta; ++w) {
-    if (w < warp) before += sh.warp_u64[w];
-    all += sh.warp_u64[w];
-  }
-  *total = all;
-  return before + v;
+  return block_scan_u64<kWarpsPerCta>(v, total, sh.warp_u64);
 }
 // hist[bin] += 1 for the calling lanes, one shared atomic per distinct bin per warp
 __device__ __forceinline__ void count_bin(unsigned* hist, unsigned bin) {
