@@ -13,7 +13,7 @@
 // the CPU backend's. Not yet tuned for speed (a first, correct version).
 #include <cstdint>
 
-#include "backends/cuda/block_reduce.cuh"
+#include "backends/cuda/sampling_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "core/sampling_math.hpp"
 #include "ops/args.hpp"
@@ -23,17 +23,6 @@ namespace {
 
 namespace smp = ks::sampling;
 constexpr int kSampleThreads = 1024, kWarps = kSampleThreads / 32;
-
-struct SampleParams {
-  const void* logits;
-  int64_t* out;
-  uint8_t* valid;
-  const int64_t* seed_offset;
-  float temperature;
-  int64_t top_k;
-  double top_p;
-  int64_t rows, vocab;
-};
 
 struct Shared {
   unsigned long long hist[256];
@@ -251,15 +240,7 @@ void sample_cuda(const void* args, ks_stream_t stream) {
   const int dev = a.logits.device.device_id;
   DeviceGuard g(dev, "sample");
   const DeviceProps& dp = device_props(dev);
-  SampleParams p{a.logits.data,
-                 static_cast<int64_t*>(a.out.data),
-                 a.has_valid ? static_cast<uint8_t*>(a.valid.data) : nullptr,
-                 static_cast<const int64_t*>(a.seed_offset.data),
-                 a.temperature,
-                 a.top_k,
-                 a.top_p,
-                 a.rows,
-                 a.vocab};
+  const SampleParams p = sample_params(a);
   const unsigned grid = unsigned(std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 2));
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.logits.dtype) {

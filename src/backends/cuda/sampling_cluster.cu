@@ -25,7 +25,7 @@
 #include <mutex>
 #include <string>
 
-#include "backends/cuda/block_reduce.cuh"
+#include "backends/cuda/sampling_common.cuh"
 #include "backends/cuda/common.cuh"
 #include "core/sampling_math.hpp"
 #include "ops/args.hpp"
@@ -37,17 +37,6 @@ namespace {
 
 namespace smp = ks::sampling;
 constexpr int kThreads = 512, kWarpsPerCta = kThreads / 32, kMaxK = 1024, kBins = 4096;
-
-struct ClusterSampleParams {
-  const void* logits;
-  int64_t* out;
-  uint8_t* valid;
-  const int64_t* seed_offset;
-  float temperature;
-  int64_t top_k;
-  double top_p;
-  int64_t rows, vocab;
-};
 
 struct Smem {
   unsigned hist[kBins];  // this CTA's digit histogram (read by the other ranks while merging)
@@ -91,7 +80,7 @@ __device__ __forceinline__ float z_of(const T* row, int64_t i, float t) {
 }
 
 template <typename T>
-__global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const ClusterSampleParams p) {
+__global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SampleParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ Smem sh;
   pdl_begin();
@@ -383,15 +372,7 @@ void sample_cluster_cuda(const void* args, ks_stream_t stream) {
   const int dev = a.logits.device.device_id;
   DeviceGuard g(dev, "sample");
   const DeviceProps& dp = device_props(dev);
-  const ClusterSampleParams p{a.logits.data,
-                              static_cast<int64_t*>(a.out.data),
-                              a.has_valid ? static_cast<uint8_t*>(a.valid.data) : nullptr,
-                              static_cast<const int64_t*>(a.seed_offset.data),
-                              a.temperature,
-                              a.top_k,
-                              a.top_p,
-                              a.rows,
-                              a.vocab};
+  const SampleParams p = sample_params(a);
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;
   int64_t grid = 0;

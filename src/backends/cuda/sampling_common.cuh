@@ -1,9 +1,37 @@
-// Block-wide reductions and scans of the sampling kernels (sampling.cu, sampling_cluster.cu):
-// W warps per block, W scratch slots in shared memory given by the caller. Every thread of
-// the block must call them (they contain __syncthreads) and gets the block's result.
+// Shared by the sampling kernels (sampling.cu, sampling_cluster.cu): their kernel parameters,
+// and block-wide reductions and scans for W warps per block with W scratch slots in shared
+// memory given by the caller. Every thread of the block must call the reductions (they
+// contain __syncthreads) and gets the block's result.
 #pragma once
 
+#include <cstdint>
+
+#include "ops/args.hpp"
+
 namespace ks::cuda {
+
+struct SampleParams {
+  const void* logits;
+  int64_t* out;
+  uint8_t* valid;
+  const int64_t* seed_offset;
+  float temperature;
+  int64_t top_k;
+  double top_p;
+  int64_t rows, vocab;
+};
+
+inline SampleParams sample_params(const ops::SampleArgs& a) {
+  return SampleParams{a.logits.data,
+                      static_cast<int64_t*>(a.out.data),
+                      a.has_valid ? static_cast<uint8_t*>(a.valid.data) : nullptr,
+                      static_cast<const int64_t*>(a.seed_offset.data),
+                      a.temperature,
+                      a.top_k,
+                      a.top_p,
+                      a.rows,
+                      a.vocab};
+}
 
 template <int W>
 __device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, unsigned long long* scratch) {
