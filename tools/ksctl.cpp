@@ -114,12 +114,17 @@ int cmd_table(bool as_json, bool check_names) {
   return check_names && unknown ? 1 : 0;
 }
 
-int cmd_which(const std::string& op, const std::string& dtype, const std::string& device) {
-  const auto w = ks::which(op, dtype, parse_device(device));
+int cmd_which(const std::string& op, const std::string& dtype, const std::string& device, int64_t rows, int64_t cols) {
+  if ((rows < 0) != (cols < 0)) {
+    std::fprintf(stderr, "which: give both --rows and --cols, or neither\n");
+    return 2;
+  }
+  const auto w = rows >= 0 ? ks::which(op, dtype, parse_device(device), rows, cols) : ks::which(op, dtype, parse_device(device));
   const std::string dev =
       device != "auto" ? device : (ks::backend_available(ks::Backend::Cuda) ? "cuda (auto)" : "cpu (auto)");
-  std::printf("%s %s on %s -> %s\n  why: %s\n", op.c_str(), dtype.c_str(), dev.c_str(), w.variant.c_str(),
-              w.reason.c_str());
+  const std::string shape = rows >= 0 ? " rows " + std::to_string(rows) + " cols " + std::to_string(cols) : "";
+  std::printf("%s %s%s on %s -> %s\n  why: %s\n", op.c_str(), dtype.c_str(), shape.c_str(), dev.c_str(),
+              w.variant.c_str(), w.reason.c_str());
   return 0;
 }
 
@@ -270,6 +275,10 @@ int main(int argc, char** argv) {
   which->add_option("op", w_op, "operator name, e.g. rms_norm")->required();
   which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32")->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  int64_t w_rows = -1, w_cols = -1;
+  which->add_option("--rows", w_rows, "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys)")
+      ->check(CLI::NonNegativeNumber);
+  which->add_option("--cols", w_cols, "with --rows")->check(CLI::NonNegativeNumber);
 
   auto* table = app.add_subcommand("table", "The routing table: which variant goes first per op, GPU arch, dtype and shape");
   bool t_json = false, t_check = false;
@@ -336,7 +345,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ops) return cmd_ops();
-    if (*which) return cmd_which(w_op, w_dtype, w_device);
+    if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols);
     if (*table) return cmd_table(t_json, t_check);
     if (*check) return run_check(c_backend, c_op, c_verbose);
     if (*tune) return run_tune(u_backend, u_op, u_reps, u_dir, u_quiet);

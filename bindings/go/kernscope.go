@@ -184,6 +184,21 @@ func Which(op, dtype string, b Backend) (variant, reason string, err error) {
 	return C.GoString(v), C.GoString(r), nil
 }
 
+// WhichShape is Which for a call of shape (rows, cols) as the routing table keys it
+// (ks_which_shape).
+func WhichShape(op, dtype string, b Backend, rows, cols int64) (variant, reason string, err error) {
+	cop, cdt := C.CString(op), C.CString(dtype)
+	defer C.free(unsafe.Pointer(cop))
+	defer C.free(unsafe.Pointer(cdt))
+	runtime.LockOSThread() // the returned strings are thread-local
+	defer runtime.UnlockOSThread()
+	var v, r *C.char
+	if st := C.ks_which_shape(cop, cdt, C.ks_backend_t(b), C.int64_t(rows), C.int64_t(cols), &v, &r); st != C.KS_SUCCESS {
+		return "", "", &Error{Status: Status(st), Message: C.GoString(C.ks_last_error())}
+	}
+	return C.GoString(v), C.GoString(r), nil
+}
+
 // RoutingTable returns the active routing table as JSON (first matching cell wins).
 func RoutingTable() (string, error) {
 	var j *C.char

@@ -258,6 +258,13 @@ func TestUnknownVariantAndRegistry(t *testing.T) {
 		!strings.Contains(j, `"generic.json"`) {
 		t.Fatalf("routing table: %.200q %v", j, err)
 	}
+	sv, sr, err := ks.WhichShape("quant_matmul", "fp32", ks.BackendCPU, 1, 576)
+	if err != nil || (sv != "cpu_avx512" && sv != "cpu_reference") || sr == "" {
+		t.Fatalf("WhichShape: %q %q %v", sv, sr, err)
+	}
+	if _, _, err = ks.WhichShape("quant_matmul", "fp32", ks.BackendCPU, -1, 576); err == nil {
+		t.Fatal("WhichShape accepted rows = -1")
+	}
 	_, _, err = ks.Which("no_such_op", "fp32", ks.BackendCPU)
 	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "no_such_op")
 

@@ -217,6 +217,7 @@ module.exports = {
   },
   variants: () => native.variants(),
   which: (op, dtype, backend = 'auto') => native.which(op, dtype, exec({ backend })[0]),
+  whichShape: (op, dtype, rows, cols, backend = 'auto') => native.whichShape(op, dtype, exec({ backend })[0], rows, cols),
   routingTable: () => JSON.parse(native.routingTable()),
   forceVariant: (op, variant) => native.forceVariant(op ?? null, variant ?? null),
   lastLaunchConfig: (op) => native.lastLaunchConfig(op),

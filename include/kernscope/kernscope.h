@@ -114,6 +114,12 @@ KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
  * dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype). */
 KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend,
                             const char** variant, const char** reason);
+/* The same for a call of a given shape: (rows, cols) as the routing table keys it
+ * (docs/routing.md#shape-keys, e.g. paged_attention: num_tokens and the block table's
+ * capacity), so the shape-bounded cell that such a call uses decides. The variant's
+ * can_implement (alignment, size limits) still applies per call. rows, cols >= 0. */
+KS_API ks_status_t ks_which_shape(const char* op, const char* dtype, ks_backend_t backend, int64_t rows,
+                                  int64_t cols, const char** variant, const char** reason);
 
 /* The active routing table (docs/routing.md) as one JSON document: {"schema":
  * "kernscope-routing-active/1", "files": [...], "cells": [{"op", "backend", "arch", "dtype",

@@ -306,6 +306,13 @@ inline Which which(const std::string& op, const std::string& dtype, Backend back
   check(ks_which(op.c_str(), dtype.c_str(), detail::be(backend), &v, &r));
   return {v, r};
 }
+// For a call of shape (rows, cols) as the routing table keys it; see ks_which_shape.
+inline Which which(const std::string& op, const std::string& dtype, Backend backend, int64_t rows, int64_t cols) {
+  const char* v = nullptr;
+  const char* r = nullptr;
+  check(ks_which_shape(op.c_str(), dtype.c_str(), detail::be(backend), rows, cols, &v, &r));
+  return {v, r};
+}
 
 // Pins op to a variant on this thread (empty variant: automatic again); see ks_force_variant.
 inline void force_variant(const std::string& op, const std::string& variant = "") {

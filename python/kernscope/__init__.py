@@ -79,7 +79,8 @@ def _device_code(device: _t.Any) -> int:
     return _DEVICES[base]
 
 
-def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu") -> _t.Tuple[str, str]:
+def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Optional[int] = None,
+          cols: _t.Optional[int] = None) -> _t.Tuple[str, str]:
     """The variant the registry picks for ``op`` on ``device`` with activations of
     ``dtype``, and why: ``(variant, reason)``.
 
@@ -87,6 +88,10 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu") -> _t.Tuple[s
         op: an op name (see :data:`OPS`).
         dtype: "fp16" | "bf16" | "fp32" (or a numpy/torch dtype).
         device: "cpu" | "cuda" | "auto" (or a torch.device / "cuda:0").
+        rows, cols: both or neither: the choice for a call of that shape as the routing table
+            keys it (docs/routing.md#shape-keys, e.g. quant_matmul: m and n), so the cell such
+            a call uses decides (ks_which_shape). The variant's own limits (alignment,
+            sizes) still apply per call.
 
     Raises:
         ValueError: an unknown op or device.
@@ -95,6 +100,11 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu") -> _t.Tuple[s
     """
     if not isinstance(op, str):
         raise TypeError(f"which: op must be a str; got {type(op).__name__}")
+    if (rows is None) != (cols is None):
+        raise ValueError("which: give both rows and cols, or neither")
+    if rows is not None:
+        return tuple(_C.which_shape(op, canonical_dtype(dtype, "which: dtype"), _device_code(device),  # type: ignore
+                                    int(rows), int(cols)))
     return tuple(_C.which(op, canonical_dtype(dtype, "which: dtype"), _device_code(device)))  # type: ignore[return-value]
 
 

@@ -416,6 +416,14 @@ NB_MODULE(_C, m) {
     if (st != KS_SUCCESS) raise_status(st);
     return nb::make_tuple(std::string(variant ? variant : ""), std::string(reason ? reason : ""));
   });
+  m.def("which_shape", [](const std::string& op, const std::string& dtype, int backend, int64_t rows, int64_t cols) {
+    const char* variant = nullptr;
+    const char* reason = nullptr;
+    const ks_status_t st =
+        ks_which_shape(op.c_str(), dtype.c_str(), to_backend(backend), rows, cols, &variant, &reason);
+    if (st != KS_SUCCESS) raise_status(st);
+    return nb::make_tuple(std::string(variant ? variant : ""), std::string(reason ? reason : ""));
+  });
   m.def("routing_table", [] {
     const char* json = nullptr;
     const ks_status_t st = ks_routing_table(&json);

@@ -85,8 +85,10 @@ extern "C" ks_status_t ks_routing_table(const char** json) {
   });
 }
 
-extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend, const char** variant,
-                                const char** reason) {
+namespace {
+// ks_which and ks_which_shape (shape: {rows, cols}, or nullptr)
+ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, const int64_t* shape,
+                       const char** variant, const char** reason) {
   return guard("which", [&] {
     if (op == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "op is NULL");
     if (dtype == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "dtype is NULL");
@@ -110,7 +112,8 @@ extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t 
           return KS_SUCCESS;
         }
     }
-    auto c = ks::registry::select_static(op, backend, d);
+    if (shape && (shape[0] < 0 || shape[1] < 0)) fail(KS_ERROR_INVALID_ARGUMENT, "which", "rows and cols must be >= 0");
+    auto c = ks::registry::select_static(op, backend, d, shape);
     if (!c.variant) {
       if (backend == KS_BACKEND_CUDA && !ks_backend_available(KS_BACKEND_CUDA))
         fail(KS_ERROR_BACKEND_UNAVAILABLE, op, std::string("the CUDA backend is not available: ") + ks::cuda::unavailable_reason());
@@ -122,12 +125,25 @@ extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t 
       const std::string arch = backend == KS_BACKEND_CUDA ? ks::registry::cuda_arch_name(-1) : "cpu";
       const std::string cells = ks::registry::cells_summary(ks::registry::active_table(), op,
                                                             backend == KS_BACKEND_CUDA ? "cuda" : "cpu", arch, dtype);
-      if (!cells.empty()) r_out += "; by shape (" + (arch.empty() ? std::string("no device") : arch) + "): " + cells;
+      if (!cells.empty() && !shape) r_out += "; by shape (" + (arch.empty() ? std::string("no device") : arch) + "): " + cells;
+      if (shape) r_out += " (each call still passes its variant's can_implement: alignment, sizes)";
     }
     *variant = v_out.c_str();
     *reason = r_out.c_str();
     return KS_SUCCESS;
   });
+}
+}  // namespace
+
+extern "C" ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend, const char** variant,
+                                const char** reason) {
+  return which_impl(op, dtype, backend, nullptr, variant, reason);
+}
+
+extern "C" ks_status_t ks_which_shape(const char* op, const char* dtype, ks_backend_t backend, int64_t rows,
+                                      int64_t cols, const char** variant, const char** reason) {
+  const int64_t shape[2] = {rows, cols};
+  return which_impl(op, dtype, backend, shape, variant, reason);
 }
 
 extern "C" ks_status_t ks_force_variant(const char* op, const char* variant) {

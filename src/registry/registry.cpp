@@ -76,18 +76,22 @@ const Variant* first_in_routing_order(const char* op, ks_backend_t backend, cons
 }
 }  // namespace
 
-Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) {
+Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape) {
   Choice c;
   std::string skipped;
   bool op_known = false;
   // A routing cell that covers every shape for this arch and dtype orders the variants for
   // every call, so it orders them here too (cells bounded by shape: ks_which lists them).
+  // With a shape: the cell a call of that shape would use.
   const Table& t = active_table();
   const std::string arch = backend == KS_BACKEND_CUDA ? cuda_arch_name(-1) : "cpu";
   const Cell* cell = nullptr;
-  for (const Cell& x : t.cells)
-    if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) && covers_every_shape(x))
-      cell = &x;
+  if (shape)
+    cell = find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), shape[0], shape[1], deterministic());
+  else
+    for (const Cell& x : t.cells)
+      if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) && covers_every_shape(x))
+        cell = &x;
   for (const Variant& v : all()) op_known = op_known || std::strcmp(v.op, op) == 0;
   c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {
     const std::string why = why_not_static(v, dtype);
@@ -96,7 +100,10 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype) 
   });
   if (c.variant) {
     const Variant& v = *c.variant;
-    c.reason = in_order(cell, v.name) ? "first runnable variant of " + describe(*cell) + ", which covers every shape"
+    c.reason = in_order(cell, v.name) ? "first runnable variant of " + describe(*cell) +
+                                            (shape ? ", the cell for rows " + std::to_string(shape[0]) + ", cols " +
+                                                         std::to_string(shape[1])
+                                                   : std::string(", which covers every shape"))
                                       : std::string("highest-priority ") + backend_name(backend) + " variant for " +
                                             detail::dtype_name(dtype) + " (priority " + std::to_string(v.priority) + ")";
     if (!skipped.empty()) c.reason += "; skipped " + skipped;

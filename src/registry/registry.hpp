@@ -55,7 +55,9 @@ struct Choice {
 Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args);
 
 // Best variant ignoring call-level checks (for ks_which / ksctl which).
-Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype);
+// shape (rows, cols; docs/routing.md#shape-keys) given: the cell matching it orders the
+// variants, as for a call of that shape; otherwise only a cell covering every shape does.
+Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape = nullptr);
 
 // The routing-table cell (src/registry/routing.hpp) that orders the variants for this call,
 // or nullptr (then: priority order).

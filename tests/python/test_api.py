@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import importlib.metadata
+import json
 import os
 import re
 import subprocess
@@ -108,6 +109,31 @@ def test_which_arguments():
     if not ks.backend_available("cuda"):
         with pytest.raises(RuntimeError, match="CUDA backend is not available"):
             ks.which("rms_norm", device="cuda")
+
+
+def test_which_for_a_shape_uses_that_shapes_cell(tmp_path):
+    # a table whose quant_matmul cells differ by rows: which(rows=...) names each cell's variant
+    table = tmp_path / "t.json"
+    table.write_text(json.dumps({"schema": "kernscope-routing/1", "arch": "*", "cells": [
+        {"op": "quant_matmul", "backend": "cpu", "dtype": "fp32", "rows": [0, 4], "order": ["cpu_reference"],
+         "basis": "heuristic", "why": "test: small m"},
+        {"op": "quant_matmul", "backend": "cpu", "dtype": "fp32", "rows": [5, None], "order": ["cpu_avx512"],
+         "basis": "heuristic", "why": "test: large m"}]}))
+    code = ("import kernscope as ks; print(ks.which('quant_matmul', 'fp32', 'cpu', rows=2, cols=576)[0]); "
+            "print(ks.which('quant_matmul', 'fp32', 'cpu', rows=100, cols=576)[0]); "
+            "print(ks.which('quant_matmul', 'fp32', 'cpu', rows=2, cols=576)[1])")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": str(table)},
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    small, large, why = r.stdout.splitlines()
+    assert small == "cpu_reference" and "rows 2, cols 576" in why, r.stdout
+    assert large in ("cpu_avx512", "cpu_reference")  # cpu_reference where the CPU has no AVX-512
+    if ks.which("quant_matmul", "fp32", "cpu")[0] == "cpu_avx512":  # this CPU runs the AVX-512 variant
+        assert large == "cpu_avx512"
+    with pytest.raises(ValueError, match="both rows and cols"):
+        ks.which("quant_matmul", "fp32", "cpu", rows=2)
+    with pytest.raises(ValueError, match="rows and cols must be >= 0"):
+        ks.which("quant_matmul", "fp32", "cpu", rows=-1, cols=5)
 
 
 def test_backend_available():

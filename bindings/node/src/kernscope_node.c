@@ -456,6 +456,30 @@ static napi_value js_which(napi_env env, napi_callback_info info) {
   return o;
 }
 
+static napi_value js_which_shape(napi_env env, napi_callback_info info) {
+  ARGS(5);
+  INT(b, 2, "backend");
+  INT(rows, 3, "rows");
+  INT(cols, 4, "cols");
+  char* op = get_string(env, argv[0], "whichShape: op");
+  if (op == NULL) return NULL;
+  char* dtype = get_string(env, argv[1], "whichShape: dtype");
+  if (dtype == NULL) {
+    free(op);
+    return NULL;
+  }
+  const char *variant = NULL, *reason = NULL;
+  ks_status_t st = ks_which_shape(op, dtype, (ks_backend_t)b, rows, cols, &variant, &reason);
+  free(op);
+  free(dtype);
+  if (!finish(env, st)) return NULL;
+  napi_value o;
+  napi_create_object(env, &o);
+  napi_set_named_property(env, o, "variant", str(env, variant));
+  napi_set_named_property(env, o, "reason", str(env, reason));
+  return o;
+}
+
 static napi_value js_routing_table(napi_env env, napi_callback_info info) {
   (void)info;
   const char* json = NULL;
@@ -665,6 +689,7 @@ NAPI_MODULE_INIT() {
       {"which", NULL, js_which, NULL, NULL, NULL, napi_default, NULL},
       {"routingTable", NULL, js_routing_table, NULL, NULL, NULL, napi_default, NULL},
       {"forceVariant", NULL, js_force_variant, NULL, NULL, NULL, napi_default, NULL},
+      {"whichShape", NULL, js_which_shape, NULL, NULL, NULL, napi_default, NULL},
       {"lastLaunchConfig", NULL, js_last_launch_config, NULL, NULL, NULL, napi_default, NULL},
       {"rmsNorm", NULL, js_rms_norm, NULL, NULL, NULL, napi_default, NULL},
       {"fusedAddRmsNorm", NULL, js_fused_add_rms_norm, NULL, NULL, NULL, napi_default, NULL},

@@ -159,6 +159,10 @@ test('unknown variant and the registry', () => {
   assert.ok(rt.files.includes('generic.json'));
   assert.ok(rt.cells.some((c) => c.op === 'quant_matmul' && c.backend === 'cpu' && c.order[0] === 'cpu_avx512'));
   expectError(() => ks.which('no_such_op', 'fp32', 'cpu'), ks.Status.INVALID_ARGUMENT, 'no_such_op');
+  const s = ks.whichShape('quant_matmul', 'fp32', 1, 576, 'cpu');
+  assert.ok(['cpu_avx512', 'cpu_reference'].includes(s.variant));
+  assert.ok(s.reason.length > 0);
+  expectError(() => ks.whichShape('quant_matmul', 'fp32', -1, 576, 'cpu'), ks.Status.INVALID_ARGUMENT, 'rows');
   expectError(() => ks.forceVariant('rms_norm', 'no_such_variant'), ks.Status.INVALID_ARGUMENT, 'rms_norm',
               'no_such_variant');
   const out = f32(10).fill(7);

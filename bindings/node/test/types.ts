@@ -31,3 +31,4 @@ try {
   }
 }
 void d, info, choice;
+const ws: string = ks.whichShape('quant_matmul', 'fp32', 1, 576, 'cpu').variant;

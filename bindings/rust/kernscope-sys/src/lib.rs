@@ -125,6 +125,15 @@ extern "C" {
         variant: *mut *const c_char,
         reason: *mut *const c_char,
     ) -> ks_status_t;
+    pub fn ks_which_shape(
+        op: *const c_char,
+        dtype: *const c_char,
+        backend: ks_backend_t,
+        rows: i64,
+        cols: i64,
+        variant: *mut *const c_char,
+        reason: *mut *const c_char,
+    ) -> ks_status_t;
     pub fn ks_force_variant(op: *const c_char, variant: *const c_char) -> ks_status_t;
     pub fn ks_routing_table(json: *mut *const c_char) -> ks_status_t;
     pub fn ks_last_launch_config(op: *const c_char) -> *const c_char;

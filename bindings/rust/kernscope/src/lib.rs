@@ -186,6 +186,16 @@ pub fn which(op: &str, dtype: &str, backend: Backend) -> Result<Choice> {
     Ok(Choice { variant: owned_str(variant), reason: owned_str(reason) })
 }
 
+/// The same for a call of shape (rows, cols) as the routing table keys it (`ks_which_shape`).
+pub fn which_shape(op: &str, dtype: &str, backend: Backend, rows: i64, cols: i64) -> Result<Choice> {
+    let (cop, cdt) = (c_string("which: op", op)?, c_string("which: dtype", dtype)?);
+    let (mut variant, mut reason): (*const c_char, *const c_char) = (ptr::null(), ptr::null());
+    check(unsafe {
+        sys::ks_which_shape(cop.as_ptr(), cdt.as_ptr(), backend.raw(), rows, cols, &mut variant, &mut reason)
+    })?;
+    Ok(Choice { variant: owned_str(variant), reason: owned_str(reason) })
+}
+
 /// The active routing table as JSON (first matching cell wins; see `ks_routing_table`).
 pub fn routing_table() -> Result<String> {
     let mut json: *const c_char = ptr::null();

@@ -202,6 +202,10 @@ fn unknown_variant_and_registry() {
     assert!(!c.reason.is_empty());
     let rt = kernscope::routing_table().unwrap();
     assert!(rt.contains("\"kernscope-routing-active/1\"") && rt.contains("\"generic.json\""), "{}", rt);
+    let s = kernscope::which_shape("quant_matmul", "fp32", Backend::Cpu, 1, 576).unwrap();
+    assert!(s.variant == "cpu_avx512" || s.variant == "cpu_reference", "{}", s.variant);
+    assert!(!s.reason.is_empty());
+    assert!(kernscope::which_shape("quant_matmul", "fp32", Backend::Cpu, -1, 576).is_err());
     let e = kernscope::which("no_such_op", "fp32", Backend::Cpu).unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("no_such_op"), "{}", e);
