@@ -272,10 +272,12 @@ int main(int argc, char** argv) {
           x.emplace_back(new Dev(m * h * es)); o.emplace_back(new Dev(m * h * es));
           fill_random(x.back()->p, m * h, dt, rng);
         }
-        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+        const std::function<void(int, cudaStream_t)> call = [&](int i, cudaStream_t st) {
           ks::softmax(dv(o[i]->p, dt, {m, h}), dv(x[i]->p, dt, {m, h}), ks::Backend::Cuda, st);
-        }, s);
+        };
+        const double us = graph_time(k, call, s);
         record("softmax", std::to_string(m) + "x" + std::to_string(h), dt, us, bytes);
+        also_variants("softmax", "softmax", std::to_string(m) + "x" + std::to_string(h), dt, bytes, k, call);
       }
   }
   // ---- model-path ops (bf16; opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul),

@@ -76,10 +76,11 @@ if has report; then
 fi
 
 if has model; then
-  # --variants: rotary_embedding, paged_attention and sample also under each CUDA variant, pinned (issue 6's
+  # --variants: rotary_embedding, paged_attention, sample and softmax also under each CUDA variant, pinned (issue 6's
   # check that the automatic choice is within 3% of the best variant: bench/auto_vs_best.py)
-  $BUILD/bench_ops --csv /tmp/bench_model_all.csv --variants --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul | tee -a "$LOG" | tail -60
-  grep -v ',variant:' /tmp/bench_model_all.csv > /tmp/bench_model.csv
+  $BUILD/bench_ops --csv /tmp/bench_model_all.csv --variants --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul,softmax --dtypes bf16 | tee -a "$LOG" | tail -70
+  # the model report: the automatic rows of the model-path ops (softmax is there for auto_vs_best only)
+  grep -v -e ',variant:' -e ',softmax,' /tmp/bench_model_all.csv > /tmp/bench_model.csv
   python3 bench/auto_vs_best.py /tmp/bench_model_all.csv --out /tmp/auto_vs_best.md | tee -a "$LOG"
   PYTHONUNBUFFERED=1 python3 bench/peers_model.py --csv /tmp/peers_model.csv >> "$LOG" 2>&1; echo "peers_model rc=$?"
   python3 bench/report.py --ours /tmp/bench_model.csv --peers /tmp/peers_model.csv --out "$OUT" --name h200_model \

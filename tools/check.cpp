@@ -680,6 +680,10 @@ std::vector<TuneOp> grid() {
   v.push_back({"paged_attention", "", pa, case_attention, [](const std::vector<int64_t>& s) {
                  return std::pair<int64_t, int64_t>{s[0], (s[5] + s[4] - 1) / s[4] * s[4]};  // T, MB * BS
                }});
+  std::vector<std::vector<int64_t>> sm;
+  for (int64_t r : {1, 64, 256})
+    for (int64_t cols : {4096, 32000, 128256}) sm.push_back({r, cols});
+  v.push_back({"softmax", "", sm, case_softmax, [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
   v.push_back({"rotary_embedding", "neox:", ro, [](Ctx& c, const std::vector<int64_t>& s) { return case_rotary(c, s, true); },
                [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
   return v;

@@ -33,6 +33,7 @@ TEST(CudaDeterministic, SelectionSkipsVariantsThatAreNotBatchInvariant) {
   DeterministicMode on;
   EXPECT_EQ(which_cuda("gemm"), "cuda_tiled");
   EXPECT_EQ(which_cuda("paged_attention"), "cuda_cta_per_head");
+  EXPECT_EQ(which_cuda("softmax"), "cuda_rowgroup");
 }
 
 // softmax over 128256-wide rows: in deterministic mode a row alone (which would take the

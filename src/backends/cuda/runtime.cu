@@ -126,6 +126,8 @@ std::string last_config(const char* op) {
 void rms_norm_cuda(const void*, ks_stream_t);
 void fused_add_rms_norm_cuda(const void*, ks_stream_t);
 void softmax_cuda(const void*, ks_stream_t);
+void softmax_cluster_cuda(const void*, ks_stream_t);
+std::string softmax_cluster_can_implement(const void*);
 void silu_and_mul_cuda(const void*, ks_stream_t);
 void gemv_cuda(const void*, ks_stream_t);
 void rotary_cuda(const void*, ks_stream_t);
@@ -178,6 +180,10 @@ std::string ci_fused(const void* p) {
 std::string ci_softmax(const void* p) {
   auto& a = *static_cast<const ops::SoftmaxArgs*>(p);
   return align_reason({&a.x, &a.out});
+}
+std::string ci_softmax_cluster(const void* p) {
+  const std::string why = ci_softmax(p);
+  return why.empty() ? softmax_cluster_can_implement(p) : why;
 }
 std::string ci_silu(const void* p) {
   auto& a = *static_cast<const ops::SiluAndMulArgs*>(p);
@@ -259,8 +265,13 @@ void register_cuda_variants(std::vector<Variant>& v) {
                ks::cuda::rms_norm_cuda});
   v.push_back({"fused_add_rms_norm", KS_BACKEND_CUDA, "cuda_rowgroup", kFloatDTypes, 10,
                "W warps per row, FP32 sum cached in registers", avail, ks::cuda::ci_fused, ks::cuda::fused_add_rms_norm_cuda});
-  v.push_back({"softmax", KS_BACKEND_CUDA, "cuda_rowgroup_cluster", kFloatDTypes, 10,
-               "row groups; thread-block clusters (sm_90) for few wide rows", avail, ks::cuda::ci_softmax, ks::cuda::softmax_cuda});
+  v.push_back({"softmax", KS_BACKEND_CUDA, "cuda_cluster", kFloatDTypes, 20,
+               "few wide rows (>= 16 KB, < 4 rows per SM): a thread-block cluster per row, the row spread over "
+               "its SMs and reduced through distributed shared memory (sm_90)",
+               avail, ks::cuda::ci_softmax_cluster, ks::cuda::softmax_cluster_cuda, /*batch_invariant=*/false});
+  v.push_back({"softmax", KS_BACKEND_CUDA, "cuda_rowgroup", kFloatDTypes, 10,
+               "row groups: warps per row and rows per CTA by width; any shape, batch-invariant", avail,
+               ks::cuda::ci_softmax, ks::cuda::softmax_cuda});
   v.push_back({"silu_and_mul", KS_BACKEND_CUDA, "cuda_vec", kFloatDTypes, 10, "2-D grid, 16-byte vectors, unrolled",
                avail, ks::cuda::ci_silu, ks::cuda::silu_and_mul_cuda});
   v.push_back({"gemv", KS_BACKEND_CUDA, "cuda_warp_per_row", kFloatDTypes, 10,

@@ -363,7 +363,10 @@ int max_active_clusters(int device, int es, int nv, int c, int threads, size_t s
   return n;
 }
 
-SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const DeviceProps& dp) {
+// path: which registry variant asks (cuda_cluster: the cluster path or cluster = 0 when no
+// configuration fits; cuda_rowgroup: the row-group path only).
+enum class Path { Cluster, RowGroup };
+SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const DeviceProps& dp, Path path) {
   SmConfig c{};
   c.vec = vec_ok ? 16 / es : 1;
   const int64_t hv = (H + c.vec - 1) / c.vec;
@@ -374,9 +377,11 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
   // the whole load -> cluster exchange -> store latency chain (measured: 64 x 128256
   // bf16 in two waves of NV = 4 took as long as one wave of twice the bytes would).
   // Ties: the smallest NV (more threads in flight), then the smallest C.
-  // (deterministic mode: never, since the cluster path's order depends on the row count)
-  if (dp.sm90_code && !registry::deterministic() && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) &&
-      H * es >= 16 * 1024) {
+  // (deterministic mode: never, since the cluster path's order depends on the row count: the
+  // registry skips cuda_cluster, which is not batch-invariant)
+  if (path == Path::Cluster) {
+    c.cluster = 0;
+    if (!(dp.sm90_code && c.vec > 1 && rows < 4 * int64_t(dp.sm_count) && H * es >= 16 * 1024)) return c;
     static const int forced = [] {  // KS_SOFTMAX_CLUSTER=2|4|8|16: a tuning knob for experiments
       const char* e = std::getenv("KS_SOFTMAX_CLUSTER");
       return e ? std::atoi(e) : 0;
@@ -407,8 +412,8 @@ SmConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int device, const 
     if (c.cluster > 0) {
       c.slice = k.slice;
       c.grid = int(rows * c.cluster);
-      return c;
     }
+    return c;  // cluster = 0: no configuration fits (can_implement says so)
   }
   c.cluster = 1;
   const RowGroupConfig g = row_group_config(rows, hv, c.vec == 1, dp.sm_count);
@@ -474,14 +479,44 @@ void launch_t(const SmConfig& c, const SoftmaxParams& p, cudaStream_t s, bool pd
 
 }  // namespace
 
-void softmax_cuda(const void* args, ks_stream_t stream) {
+namespace {
+bool softmax_vec_ok(const ops::SoftmaxArgs& a) {
+  return aligned16(a.x.data) && aligned16(a.out.data) && (a.cols * detail::dtype_bytes(a.x.dtype)) % 16 == 0;
+}
+void softmax_launch(const ops::SoftmaxArgs& a, ks_stream_t stream, Path path);
+}  // namespace
+
+// Variant cuda_cluster: few wide rows, a cluster per row (sm_90, 16-byte aligned rows).
+std::string softmax_cluster_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::SoftmaxArgs*>(args);
+  const int dev = a.x.device.device_id;
+  const DeviceProps& dp = device_props(dev);
+  if (!dp.sm90_code) return "thread-block clusters need compute capability 9.0";
+  if (!softmax_vec_ok(a)) return "rows must be 16-byte aligned and a multiple of 16 bytes";
+  const int es = detail::dtype_bytes(a.x.dtype);
+  if (a.rows >= 4 * int64_t(dp.sm_count)) return "4 or more rows per SM: row groups fill the GPU";
+  if (a.cols * es < 16 * 1024) return "rows under 16 KB: one CTA reads a row fast enough";
+  if (choose(a.rows, a.cols, es, true, dev, dp, Path::Cluster).cluster == 0)
+    return "no cluster configuration can be resident for this shape";
+  return "";
+}
+void softmax_cluster_cuda(const void* args, ks_stream_t stream) {
+  softmax_launch(*static_cast<const ops::SoftmaxArgs*>(args), stream, Path::Cluster);
+}
+// Variant cuda_rowgroup: any shape, batch-invariant.
+void softmax_cuda(const void* args, ks_stream_t stream) {
+  softmax_launch(*static_cast<const ops::SoftmaxArgs*>(args), stream, Path::RowGroup);
+}
+
+namespace {
+void softmax_launch(const ops::SoftmaxArgs& a, ks_stream_t stream, Path path) {
   const int dev = a.x.device.device_id;
   DeviceGuard g(dev, "softmax");
   const int es = detail::dtype_bytes(a.x.dtype);
-  const bool vec_ok = aligned16(a.x.data) && aligned16(a.out.data) && (a.cols * es) % 16 == 0;
+  const bool vec_ok = softmax_vec_ok(a);
   const DeviceProps& dp = device_props(dev);
-  const SmConfig c = choose(a.rows, a.cols, es, vec_ok, dev, dp);
+  const SmConfig c = choose(a.rows, a.cols, es, vec_ok, dev, dp, path);
+  if (c.cluster == 0) detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, "softmax", "no cluster configuration fits this shape");
   SoftmaxParams p{a.x.data, a.out.data, a.rows, a.cols, c.warps_per_row, c.rows_per_cta, c.slice};
   const auto s = static_cast<cudaStream_t>(stream);
   switch (a.x.dtype) {
@@ -497,5 +532,6 @@ void softmax_cuda(const void* args, ks_stream_t stream) {
     record_launch("softmax", "vec=%lld nv=%lld warps_per_row=%lld rows_per_cta=%lld grid=%lld",
                   {c.vec, c.nv, c.warps_per_row, c.rows_per_cta, c.grid});
 }
+}  // namespace
 
 }  // namespace ks::cuda
