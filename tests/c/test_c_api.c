@@ -90,6 +90,12 @@ int main(void) {
   CHECK(ks_which("rms_norm", "bf16", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
   CHECK(variant != NULL && strcmp(variant, "cpu_reference") == 0 && reason != NULL);
   CHECK(ks_which("no_such_op", "fp32", KS_BACKEND_CPU, &variant, &reason) == KS_ERROR_INVALID_ARGUMENT);
+  CHECK(ks_which_shape("quant_matmul", "fp32", KS_BACKEND_CPU, 1, 576, &variant, &reason) == KS_SUCCESS);
+  CHECK(variant != NULL && reason != NULL && strstr(reason, "rows 1, cols 576") != NULL);
+  CHECK(ks_which_shape("quant_matmul", "fp32", KS_BACKEND_CPU, -1, 576, &variant, &reason) ==
+        KS_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(ks_last_error(), "rows and cols") != NULL);
+  CHECK(ks_which_shape(NULL, "fp32", KS_BACKEND_CPU, 1, 1, &variant, &reason) == KS_ERROR_INVALID_ARGUMENT);
   CHECK(ks_force_variant("rms_norm", "no_such_variant") == KS_ERROR_INVALID_ARGUMENT);
   CHECK(ks_force_variant("rms_norm", "cpu_reference") == KS_SUCCESS);
   CHECK(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, NULL) == KS_SUCCESS);
