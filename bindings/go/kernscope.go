@@ -172,28 +172,27 @@ func Variants() ([]VariantInfo, error) {
 // Which returns the variant the registry picks for (op, dtype, backend) and why.
 // dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype).
 func Which(op, dtype string, b Backend) (variant, reason string, err error) {
-	cop, cdt := C.CString(op), C.CString(dtype)
-	defer C.free(unsafe.Pointer(cop))
-	defer C.free(unsafe.Pointer(cdt))
-	runtime.LockOSThread() // the returned strings are thread-local
-	defer runtime.UnlockOSThread()
-	var v, r *C.char
-	if st := C.ks_which(cop, cdt, C.ks_backend_t(b), &v, &r); st != C.KS_SUCCESS {
-		return "", "", &Error{Status: Status(st), Message: C.GoString(C.ks_last_error())}
-	}
-	return C.GoString(v), C.GoString(r), nil
+	return which(op, dtype, func(cop, cdt *C.char, v, r **C.char) C.ks_status_t {
+		return C.ks_which(cop, cdt, C.ks_backend_t(b), v, r)
+	})
 }
 
 // WhichShape is Which for a call of shape (rows, cols) as the routing table keys it
 // (ks_which_shape).
 func WhichShape(op, dtype string, b Backend, rows, cols int64) (variant, reason string, err error) {
+	return which(op, dtype, func(cop, cdt *C.char, v, r **C.char) C.ks_status_t {
+		return C.ks_which_shape(cop, cdt, C.ks_backend_t(b), C.int64_t(rows), C.int64_t(cols), v, r)
+	})
+}
+
+func which(op, dtype string, call func(cop, cdt *C.char, v, r **C.char) C.ks_status_t) (string, string, error) {
 	cop, cdt := C.CString(op), C.CString(dtype)
 	defer C.free(unsafe.Pointer(cop))
 	defer C.free(unsafe.Pointer(cdt))
 	runtime.LockOSThread() // the returned strings are thread-local
 	defer runtime.UnlockOSThread()
 	var v, r *C.char
-	if st := C.ks_which_shape(cop, cdt, C.ks_backend_t(b), C.int64_t(rows), C.int64_t(cols), &v, &r); st != C.KS_SUCCESS {
+	if st := call(cop, cdt, &v, &r); st != C.KS_SUCCESS {
 		return "", "", &Error{Status: Status(st), Message: C.GoString(C.ks_last_error())}
 	}
 	return C.GoString(v), C.GoString(r), nil

@@ -434,9 +434,8 @@ static napi_value js_variants(napi_env env, napi_callback_info info) {
   return arr;
 }
 
-static napi_value js_which(napi_env env, napi_callback_info info) {
-  ARGS(3);
-  INT(b, 2, "backend");
+/* which / whichShape: op and dtype from argv[0..1]; shape NULL or {rows, cols} */
+static napi_value which_common(napi_env env, napi_value* argv, ks_backend_t b, const int64_t* shape) {
   char* op = get_string(env, argv[0], "which: op");
   if (op == NULL) return NULL;
   char* dtype = get_string(env, argv[1], "which: dtype");
@@ -445,7 +444,8 @@ static napi_value js_which(napi_env env, napi_callback_info info) {
     return NULL;
   }
   const char *variant = NULL, *reason = NULL;
-  ks_status_t st = ks_which(op, dtype, (ks_backend_t)b, &variant, &reason);
+  ks_status_t st = shape ? ks_which_shape(op, dtype, b, shape[0], shape[1], &variant, &reason)
+                         : ks_which(op, dtype, b, &variant, &reason);
   free(op);
   free(dtype);
   if (!finish(env, st)) return NULL;
@@ -456,28 +456,19 @@ static napi_value js_which(napi_env env, napi_callback_info info) {
   return o;
 }
 
+static napi_value js_which(napi_env env, napi_callback_info info) {
+  ARGS(3);
+  INT(b, 2, "backend");
+  return which_common(env, argv, (ks_backend_t)b, NULL);
+}
+
 static napi_value js_which_shape(napi_env env, napi_callback_info info) {
   ARGS(5);
   INT(b, 2, "backend");
   INT(rows, 3, "rows");
   INT(cols, 4, "cols");
-  char* op = get_string(env, argv[0], "whichShape: op");
-  if (op == NULL) return NULL;
-  char* dtype = get_string(env, argv[1], "whichShape: dtype");
-  if (dtype == NULL) {
-    free(op);
-    return NULL;
-  }
-  const char *variant = NULL, *reason = NULL;
-  ks_status_t st = ks_which_shape(op, dtype, (ks_backend_t)b, rows, cols, &variant, &reason);
-  free(op);
-  free(dtype);
-  if (!finish(env, st)) return NULL;
-  napi_value o;
-  napi_create_object(env, &o);
-  napi_set_named_property(env, o, "variant", str(env, variant));
-  napi_set_named_property(env, o, "reason", str(env, reason));
-  return o;
+  const int64_t shape[2] = {rows, cols};
+  return which_common(env, argv, (ks_backend_t)b, shape);
 }
 
 static napi_value js_routing_table(napi_env env, napi_callback_info info) {
