@@ -67,6 +67,14 @@ size_t gqa_smem_bytes(int G, int64_t D) {
   return size_t(kGqaRingBytes) + size_t(G * (2 + D) * (1 + kGqaWarps)) * sizeof(float) + sizeof(int);
 }
 
+// 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; results below 2^-126 flush to
+// 0, weights that small change no FP32 sum they join); 2^-inf = 0, NaN stays NaN.
+[[maybe_unused]] __device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 [[maybe_unused]] __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
   const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(fill ? 16 : 0) : "memory");
@@ -78,8 +86,8 @@ template <int N>
 // merge (mo, lo, acc_o) into (m, l, acc): the larger max wins, both sides rescaled
 [[maybe_unused]] __device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float& fo, float& M) {
   M = fmaxf(m, mo);
-  f = m == -INFINITY ? 0.f : expf(m - M);
-  fo = mo == -INFINITY ? 0.f : expf(mo - M);
+  f = m == -INFINITY ? 0.f : exp2f(m - M);
+  fo = mo == -INFINITY ? 0.f : exp2f(mo - M);
 }
 
 template <typename T, int LPK, int GM>
@@ -124,6 +132,12 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   }
   const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
   const int bs = int(p.block_size);
+  // pos / block_size without a division: (pos * bs_mul) >> bs_shift, exact for pos < 2^31
+  // (attn_params); scores in log2 units: s * log2(e), so every exponential is one exp2f
+  const uint32_t bs_mul = p.bs_mul;
+  const int bs_shift = p.bs_shift;
+  auto div_bs = [&](int pos) { return int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift); };
+  const float scale_log2 = p.scale * 1.4426950408889634f;
   const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + sub * E;
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + sub * E;
   const int64_t row_stride = p.num_kv_heads * D;
@@ -135,7 +149,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       const int pos = j0 + stream + k * NS;
-      blk[k] = pos < j_end ? bt[pos / bs] : -1;
+      blk[k] = pos < j_end ? bt[div_bs(pos)] : -1;
     }
   };
   // copies step j0's K and V pieces into `stage`; returns the mask of its mapped keys
@@ -145,7 +159,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     for (int k = 0; k < U; ++k) {
       const int pos = j0 + stream + k * NS;
       const bool ok = pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks;
-      const long long slot = ok ? (long long)blk[k] * bs + pos % bs : 0;
+      const long long slot = ok ? (long long)blk[k] * bs + (pos - div_bs(pos) * bs) : 0;
       valid |= unsigned(ok) << k;
       cp_async16(piece(stage, k, 0), kc + slot * row_stride, ok && owns);
       cp_async16(piece(stage, k, 1), vc + slot * row_stride, ok && owns);
@@ -183,21 +197,22 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
         for (int e = 0; e < E; ++e) d = fmaf(q[g][e], kv[k].f(e), d);
 #pragma unroll
         for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-        sc[k][g] = d * p.scale;
+        sc[k][g] = (valid_cur >> k & 1u) ? d * scale_log2 : -INFINITY;  // a dropped key weighs 0
       }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       if (g >= G) break;
       float mx = -INFINITY;
 #pragma unroll
-      for (int k = 0; k < U; ++k)
-        if (valid_cur >> k & 1u) mx = fmaxf(mx, sc[k][g]);  // NaN ignored here, kept by exp below
+      for (int k = 0; k < U; ++k) mx = fmaxf(mx, sc[k][g]);  // NaN ignored here, kept by exp below
       const float nm = fmaxf(m[g], mx);
-      const float corr = nm == -INFINITY ? 1.f : expf(m[g] - nm);
+      // nothing seen yet (every score -inf): subtract 0, so exp2(-inf - 0) = 0 and no -inf - -inf
+      const float base = nm == -INFINITY ? 0.f : nm;
+      const float corr = fast_exp2(m[g] - base);
       float pk[U], s = 0.f;
 #pragma unroll
       for (int k = 0; k < U; ++k) {
-        pk[k] = (!(valid_cur >> k & 1u) || sc[k][g] == -INFINITY) ? 0.f : expf(sc[k][g] - nm);
+        pk[k] = fast_exp2(sc[k][g] - base);  // -inf score: 0; NaN score: NaN, as the CPU's exp
         s += pk[k];
       }
       l[g] = l[g] * corr + s;
@@ -245,7 +260,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     float L = 0.f, a = 0.f;
     for (int w = 0; w < kGqaWarps; ++w) {
       const float mw = sm.wm[w * G + g];
-      const float f = mw == -INFINITY ? 0.f : expf(mw - M);
+      const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);
       L += sm.wl[w * G + g] * f;
       a += sm.wacc[w * G * D + i] * f;
     }
@@ -269,7 +284,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     if (M != -INFINITY) {
       for (int c = 0; c < C; ++c) {
         GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-        const float f = r.m[g] == -INFINITY ? 0.f : expf(r.m[g] - M);
+        const float f = r.m[g] == -INFINITY ? 0.f : exp2f(r.m[g] - M);
         L += r.l[g] * f;
         a += r.acc[i] * f;
       }

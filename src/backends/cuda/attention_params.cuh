@@ -19,10 +19,24 @@ struct AttnParams {
   float scale;
   int64_t num_tokens, num_heads, num_kv_heads, head_dim, block_size, num_blocks, num_seqs, max_blocks_per_seq;
   int group;  // query heads per kv head
+  // pos / block_size == (pos * bs_mul) >> bs_shift for 0 <= pos < 2^31 (round-up reciprocal:
+  // l = ceil(log2 block_size), bs_shift = 31 + l, bs_mul = ceil(2^bs_shift / block_size) < 2^32)
+  uint32_t bs_mul;
+  int bs_shift;
 };
 
+// The round-up reciprocal of d (1 <= d < 2^31) for 31-bit numerators: with e = mul * d -
+// 2^shift < d <= 2^l, n * e < 2^(31 + l) = 2^shift, so floor(n * mul / 2^shift) = floor(n / d).
+inline void div_magic(int64_t d, uint32_t* mul, int* shift) {
+  int l = 0;
+  while ((int64_t(1) << l) < d) ++l;
+  *shift = 31 + l;
+  const unsigned __int128 num = (unsigned __int128)1 << *shift;
+  *mul = uint32_t((num + uint64_t(d) - 1) / uint64_t(d));
+}
+
 inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
-  return AttnParams{a.out.data,
+  AttnParams p{a.out.data,
                     a.q.data,
                     a.k_cache.data,
                     a.v_cache.data,
@@ -38,7 +52,11 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     a.num_blocks,
                     a.num_seqs,
                     a.max_blocks_per_seq,
-                    int(a.num_heads / a.num_kv_heads)};
+                    int(a.num_heads / a.num_kv_heads),
+                    0,
+                    0};
+  div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
+  return p;
 }
 
 }  // namespace ks::cuda
