@@ -220,10 +220,12 @@ __global__ void __launch_bounds__(256) dequantize_kernel(T* __restrict__ out, co
 
 // ---- quant_matmul ----------------------------------------------------------------
 // out[m, n] = sum_k x[m, k] * w[n, k], w decoded from its blocks in FP32 on the fly.
-// A warp owns an output column n for kMq rows of x at a time; lane l takes blocks
+// A warp owns an output column n for MQ rows of x at a time; lane l takes blocks
 // l, l + 32, ... of the weight row, decodes each block once (32 values) and
-// multiplies it with the matching 32 values of every x row of the chunk.
-constexpr int kMq = 4;
+// multiplies it with the matching 32 values of every x row of the chunk. MQ = 1 for
+// M = 1 (decode: no work for rows that do not exist), else 4. A row's arithmetic is the
+// same for either MQ (its own sums, in the same order), so results do not depend on M.
+constexpr int kMqMany = 4;
 
 // One block of 32 weights decoded in FP32. WIDE: the block is read as 32-bit words (Q4_1,
 // 20-byte blocks, 4-byte aligned) or 16-bit halves (Q4_0, Q8_0: 18 and 34 bytes, 2-byte
@@ -289,7 +291,7 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
 
 // WIDE: weight blocks read as words, and x's 32 values per block as 16-byte vectors
 // (x 16-byte aligned; K is a multiple of 32, so every block's x slice is too).
-template <typename T, bool WIDE>
+template <typename T, bool WIDE, int MQ>
 __global__ void __launch_bounds__(256) quant_matmul_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
                                                            T* __restrict__ out, int64_t M, int64_t N, int64_t K,
                                                            int64_t row_bytes, ks_qtype_t q) {
@@ -300,13 +302,13 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const T* __restrict__
   const int64_t nblocks = K / 32, bbytes = q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
   const uint8_t* wr = w + n * row_bytes;
   constexpr int XV = 16 / int(sizeof(T));  // x elements per 16-byte vector
-  for (int64_t m0 = 0; m0 < M; m0 += kMq) {
-    float acc[kMq] = {};
+  for (int64_t m0 = 0; m0 < M; m0 += MQ) {
+    float acc[MQ] = {};
     for (int64_t b = lane; b < nblocks; b += 32) {
       float v[32];
       decode_q_block<WIDE>(q, wr + b * bbytes, v);
 #pragma unroll
-      for (int mm = 0; mm < kMq; ++mm) {
+      for (int mm = 0; mm < MQ; ++mm) {
         if (m0 + mm >= M) break;
         const T* xr = x + (m0 + mm) * K + b * 32;
         float s = 0.f;
@@ -325,7 +327,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const T* __restrict__
       }
     }
 #pragma unroll
-    for (int mm = 0; mm < kMq; ++mm) {
+    for (int mm = 0; mm < MQ; ++mm) {
       float s = warp_sum(acc[mm]);
       if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
     }
@@ -529,16 +531,19 @@ void quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const auto* w = static_cast<const uint8_t*>(a.weight.data);
   const uintptr_t wa = reinterpret_cast<uintptr_t>(w);
   const bool wide = (a.qtype == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0) && aligned16(a.x.data);
+  const int mq = a.m == 1 ? 1 : kMqMany;
   auto go = [&](auto tag) {
     using T = decltype(tag);
     const T* x = static_cast<const T*>(a.x.data);
     T* o = static_cast<T*>(a.out.data);
+    auto launch = [&](auto kern) {
+      launch_kernel("quant_matmul", kern, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, x, w, o, a.m, a.n, a.k,
+                    a.row_bytes, a.qtype);
+    };
     if (wide)
-      launch_kernel("quant_matmul", quant_matmul_kernel<T, true>, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, x, w,
-                    o, a.m, a.n, a.k, a.row_bytes, a.qtype);
+      mq == 1 ? launch(quant_matmul_kernel<T, true, 1>) : launch(quant_matmul_kernel<T, true, kMqMany>);
     else
-      launch_kernel("quant_matmul", quant_matmul_kernel<T, false>, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, x,
-                    w, o, a.m, a.n, a.k, a.row_bytes, a.qtype);
+      mq == 1 ? launch(quant_matmul_kernel<T, false, 1>) : launch(quant_matmul_kernel<T, false, kMqMany>);
   };
   switch (a.x.dtype) {
     case detail::DType::F32: go(float{}); break;
@@ -547,7 +552,7 @@ void quant_matmul_cuda(const void* args, ks_stream_t stream) {
   }
   check_launch("quant_matmul");
   record_launch("quant_matmul", "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld",
-                {kWarps, kMq, wide ? 1 : 0});
+                {kWarps, mq, wide ? 1 : 0});
 }
 
 std::string paged_attention_can_implement(const void* args) {
