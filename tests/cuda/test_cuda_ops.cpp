@@ -754,6 +754,41 @@ TEST(Cuda, QuantMatmulBlockFormats) {
       }
 }
 
+// quant_matmul's result for a row does not depend on M: the one-row kernel (M = 1) and the
+// 4-row-chunk kernel (M = 9, the row at every position) give the same bytes, so batched
+// decode equals each sequence decoded alone.
+TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)));
+      const int64_t M = 9, N = 130, K = 1536;
+      Buf x(dt, {M, K}), all(dt, {M, N}), one(dt, {1, N});
+      kstest::fill_normal(x);
+      Buf w = make_packed(q, N, K);
+      DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dall(dt, {M, N});
+      dx.upload(x);
+      dw.upload(w);
+      ks::quant_matmul(dall.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dall.download(all);
+      const size_t row_bytes = size_t(N) * ks::dtype_size(dt);
+      for (int64_t r = 0; r < M; ++r) {
+        Buf xr(dt, {1, K});
+        std::memcpy(xr.data(), static_cast<const char*>(x.data()) + size_t(r * K) * ks::dtype_size(dt), xr.nbytes());
+        DBuf dxr(dt, {1, K}), done(dt, {1, N});
+        dxr.upload(xr);
+        done.poison();
+        ks::quant_matmul(done.view(), dxr.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        done.download(one);
+        EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(all.data()) + size_t(r) * row_bytes, row_bytes))
+            << "row " << r;
+      }
+    }
+}
+
 // The paged_attention tests run under every CUDA variant (pinned per test):
 // cuda_gqa_cluster (sm_90: K/V read once per kv head, keys split over a cluster) and
 // cuda_cta_per_head.

@@ -11,8 +11,9 @@
 // loads are cp.async copies into a two-stage shared-memory ring: while a step is computed,
 // the next step's 2U rows are in flight, and the block-table entries of the step after are
 // prefetched into registers. A lane reads back only the 16-byte pieces it copied itself,
-// so a per-thread wait (cp.async.wait_group) orders them and no barrier is needed. Per stream and head an online softmax in FP32 (running max m, sum l,
-// accumulator acc; one rescale per U keys); the score is the FP32 dot reduced over the
+// so a per-thread wait (cp.async.wait_group) orders them and no barrier is needed. Per
+// stream and head an online softmax in FP32 (running max m, sum l, accumulator acc; one
+// rescale per U keys; each e^(s - max) as the SFU's ex2.approx of (s - max) log2 e); the score is the FP32 dot reduced over the
 // LPK lanes by shuffles. Dropped keys (unmapped blocks) weigh 0; a -inf score weighs 0;
 // a NaN score gives a NaN weight, as the CPU's exp. The states then merge: streams of a
 // warp by shuffles, warps through shared memory, the C CTAs of the cluster through
@@ -86,8 +87,8 @@ template <int N>
 // merge (mo, lo, acc_o) into (m, l, acc): the larger max wins, both sides rescaled
 [[maybe_unused]] __device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float& fo, float& M) {
   M = fmaxf(m, mo);
-  f = m == -INFINITY ? 0.f : exp2f(m - M);
-  fo = mo == -INFINITY ? 0.f : exp2f(mo - M);
+  f = m == -INFINITY ? 0.f : expf(m - M);
+  fo = mo == -INFINITY ? 0.f : expf(mo - M);
 }
 
 template <typename T, int LPK, int GM>
@@ -133,11 +134,11 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
   const int bs = int(p.block_size);
   // pos / block_size without a division: (pos * bs_mul) >> bs_shift, exact for pos < 2^31
-  // (attn_params); scores in log2 units: s * log2(e), so every exponential is one exp2f
+  // (attn_params)
   const uint32_t bs_mul = p.bs_mul;
   const int bs_shift = p.bs_shift;
   auto div_bs = [&](int pos) { return int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift); };
-  const float scale_log2 = p.scale * 1.4426950408889634f;
+  constexpr float kLog2e = 1.4426950408889634f;
   const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + sub * E;
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + sub * E;
   const int64_t row_stride = p.num_kv_heads * D;
@@ -197,7 +198,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
         for (int e = 0; e < E; ++e) d = fmaf(q[g][e], kv[k].f(e), d);
 #pragma unroll
         for (int o = LPK / 2; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-        sc[k][g] = (valid_cur >> k & 1u) ? d * scale_log2 : -INFINITY;  // a dropped key weighs 0
+        sc[k][g] = (valid_cur >> k & 1u) ? d * p.scale : -INFINITY;  // a dropped key weighs 0
       }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
@@ -208,11 +209,11 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
       const float nm = fmaxf(m[g], mx);
       // nothing seen yet (every score -inf): subtract 0, so exp2(-inf - 0) = 0 and no -inf - -inf
       const float base = nm == -INFINITY ? 0.f : nm;
-      const float corr = fast_exp2(m[g] - base);
+      const float corr = fast_exp2((m[g] - base) * kLog2e);
       float pk[U], s = 0.f;
 #pragma unroll
       for (int k = 0; k < U; ++k) {
-        pk[k] = fast_exp2(sc[k][g] - base);  // -inf score: 0; NaN score: NaN, as the CPU's exp
+        pk[k] = fast_exp2((sc[k][g] - base) * kLog2e);  // -inf score: 0; NaN score: NaN, as exp
         s += pk[k];
       }
       l[g] = l[g] * corr + s;
@@ -260,7 +261,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     float L = 0.f, a = 0.f;
     for (int w = 0; w < kGqaWarps; ++w) {
       const float mw = sm.wm[w * G + g];
-      const float f = mw == -INFINITY ? 0.f : exp2f(mw - M);
+      const float f = mw == -INFINITY ? 0.f : expf(mw - M);
       L += sm.wl[w * G + g] * f;
       a += sm.wacc[w * G * D + i] * f;
     }
@@ -284,7 +285,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     if (M != -INFINITY) {
       for (int c = 0; c < C; ++c) {
         GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-        const float f = r.m[g] == -INFINITY ? 0.f : exp2f(r.m[g] - M);
+        const float f = r.m[g] == -INFINITY ? 0.f : expf(r.m[g] - M);
         L += r.l[g] * f;
         a += r.acc[i] * f;
       }

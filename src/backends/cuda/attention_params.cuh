@@ -29,7 +29,7 @@ struct AttnParams {
 // 2^shift < d <= 2^l, n * e < 2^(31 + l) = 2^shift, so floor(n * mul / 2^shift) = floor(n / d).
 inline void div_magic(int64_t d, uint32_t* mul, int* shift) {
   int l = 0;
-  while ((int64_t(1) << l) < d) ++l;
+  while (l < 62 && (int64_t(1) << l) < d) ++l;  // (attn_params runs for every block_size)
   *shift = 31 + l;
   const unsigned __int128 num = (unsigned __int128)1 << *shift;
   *mul = uint32_t((num + uint64_t(d) - 1) / uint64_t(d));
