@@ -187,12 +187,13 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
       kv[k] = *reinterpret_cast<const V*>(piece(stage, k, 0));
       vv[k] = *reinterpret_cast<const V*>(piece(stage, k, 1));
     }
+    // every head slot up to GM (q = 0 past G; their states are never stored): one basic
+    // block, so each K / V element is unpacked once for all heads and nothing spills
     float sc[U][GM];
 #pragma unroll
     for (int k = 0; k < U; ++k)
 #pragma unroll
       for (int g = 0; g < GM; ++g) {
-        if (g >= G) break;
         float d = 0.f;
 #pragma unroll
         for (int e = 0; e < E; ++e) d = fmaf(q[g][e], kv[k].f(e), d);
@@ -202,7 +203,6 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
       }
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
-      if (g >= G) break;
       float mx = -INFINITY;
 #pragma unroll
       for (int k = 0; k < U; ++k) mx = fmaxf(mx, sc[k][g]);  // NaN ignored here, kept by exp below
