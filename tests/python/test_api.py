@@ -96,6 +96,16 @@ def test_python_m_kernscope_prints_variants_and_routing_without_a_gpu():
     assert "gemm               cuda" in r.stdout and "cuda_cublaslt > cuda_tiled" in r.stdout, r.stdout
 
 
+def test_main_survives_a_closed_pipe():
+    # `python -m kernscope | head -0`: the reader is gone before the first line (closed while
+    # the child still imports the package); exit 0, no traceback
+    p = subprocess.Popen([sys.executable, "-m", "kernscope"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 0, err
+    assert "BrokenPipeError" not in err and "Traceback" not in err, err
+
+
 def test_which_arguments():
     assert ks.which("rms_norm") == ks.which("rms_norm", "bf16", "cpu")
     assert ks.which("rms_norm", np.float32, "cpu") == ks.which("rms_norm", "fp32", "cpu")
