@@ -84,11 +84,11 @@ size_t gqa_smem_bytes(int G, int64_t D) {
 template <int N>
 [[maybe_unused]] __device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
-// merge (mo, lo, acc_o) into (m, l, acc): the larger max wins, both sides rescaled
-[[maybe_unused]] __device__ __forceinline__ void rescale_pair(float m, float mo, float& f, float& fo, float& M) {
-  M = fmaxf(m, mo);
-  f = m == -INFINITY ? 0.f : expf(m - M);
-  fo = mo == -INFINITY ? 0.f : expf(mo - M);
+// The factor that brings a partial softmax state with running max m to the merged max M:
+// e^(m - M), and 0 for a part that saw no finite score (m = -inf; also when M = -inf). Every
+// merge (streams of a warp, warps of a CTA, CTAs of a cluster) weighs its parts with it.
+[[maybe_unused]] __device__ __forceinline__ float merge_factor(float m, float M) {
+  return m == -INFINITY ? 0.f : expf(m - M);
 }
 
 template <typename T, int LPK, int GM>
@@ -235,8 +235,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       const float mo = __shfl_xor_sync(0xffffffffu, m[g], o), lo = __shfl_xor_sync(0xffffffffu, l[g], o);
-      float f, fo, M;
-      rescale_pair(m[g], mo, f, fo, M);
+      const float M = fmaxf(m[g], mo), f = merge_factor(m[g], M), fo = merge_factor(mo, M);
       l[g] = l[g] * f + lo * fo;
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[g][e] = acc[g][e] * f + __shfl_xor_sync(0xffffffffu, acc[g][e], o) * fo;
@@ -261,7 +260,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     float L = 0.f, a = 0.f;
     for (int w = 0; w < kGqaWarps; ++w) {
       const float mw = sm.wm[w * G + g];
-      const float f = mw == -INFINITY ? 0.f : expf(mw - M);
+      const float f = merge_factor(mw, M);
       L += sm.wl[w * G + g] * f;
       a += sm.wacc[w * G * D + i] * f;
     }
@@ -285,7 +284,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     if (M != -INFINITY) {
       for (int c = 0; c < C; ++c) {
         GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-        const float f = r.m[g] == -INFINITY ? 0.f : expf(r.m[g] - M);
+        const float f = merge_factor(r.m[g], M);
         L += r.l[g] * f;
         a += r.acc[i] * f;
       }
@@ -408,11 +407,7 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
       default: by_group(tag, std::integral_constant<int, 32>{}); break;
     }
   };
-  switch (a.q.dtype) {
-    case detail::DType::F32: by_lanes(float{}); break;
-    case detail::DType::F16: by_lanes(__half{}); break;
-    default: by_lanes(__nv_bfloat16{}); break;
-  }
+  with_float_type(a.q.dtype, by_lanes);
   check_launch("paged_attention");
   record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld grid=%lld",
                 {C, G, LPK, grid});
@@ -544,18 +539,10 @@ void varlen_attention_cuda(const void* args, ks_stream_t stream) {
   const unsigned grid = unsigned(std::min<int64_t>(a.total_q * a.num_heads, int64_t(dp.sm_count) * 16));
   const size_t smem = size_t(2 * a.head_dim) * sizeof(float);
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.q.dtype) {
-    case detail::DType::F32:
-      launch_kernel("varlen_attention", varlen_attention_kernel<float>, dim3(grid), dim3(kVarThreads), smem, s, 1, dp.pdl, p);
-      break;
-    case detail::DType::F16:
-      launch_kernel("varlen_attention", varlen_attention_kernel<__half>, dim3(grid), dim3(kVarThreads), smem, s, 1, dp.pdl, p);
-      break;
-    default:
-      launch_kernel("varlen_attention", varlen_attention_kernel<__nv_bfloat16>, dim3(grid), dim3(kVarThreads), smem, s, 1,
-                    dp.pdl, p);
-      break;
-  }
+  with_float_type(a.q.dtype, [&](auto tag) {
+    launch_kernel("varlen_attention", varlen_attention_kernel<decltype(tag)>, dim3(grid), dim3(kVarThreads), smem, s, 1,
+                  dp.pdl, p);
+  });
   check_launch("varlen_attention");
   record_launch("varlen_attention", "cta_per_row_head threads=%lld key_tile=%lld grid=%lld", {kVarThreads, kVarTile, grid});
 }

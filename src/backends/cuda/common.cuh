@@ -238,6 +238,18 @@ __device__ __forceinline__ void pdl_begin() {
 // ---- host side -----------------------------------------------------------
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Calls f with a value of the element type of dt (float, __half, or __nv_bfloat16 for
+// bf16): the one place a launcher turns the validated float dtype into a kernel template
+// argument (`using T = decltype(tag);` in f).
+template <class F>
+void with_float_type(detail::DType dt, F&& f) {
+  switch (dt) {
+    case detail::DType::F32: f(float{}); break;
+    case detail::DType::F16: f(__half{}); break;
+    default: f(__nv_bfloat16{}); break;
+  }
+}
+
 // Throws a KS_ERROR_CUDA failure naming the op when e != cudaSuccess.
 inline void check_cuda(cudaError_t e, const char* op, const char* what) {
   if (e != cudaSuccess)

@@ -80,23 +80,11 @@ void gemm_tiled_cuda(const void* args, ks_stream_t stream) {
   const DeviceProps& dp = device_props(a.a.device.device_id);
   const dim3 grid(unsigned((a.n + kTile - 1) / kTile), unsigned(std::min<int64_t>((a.m + kTile - 1) / kTile, 65535)));
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.a.dtype) {
-    case detail::DType::F32:
-      launch_kernel("gemm", gemm_tiled_kernel<float>, grid, dim3(kGemmThreads), 0, s, 1, dp.pdl,
-                    static_cast<const float*>(a.a.data), static_cast<const float*>(a.b.data),
-                    static_cast<float*>(a.out.data), a.m, a.n, a.k);
-      break;
-    case detail::DType::F16:
-      launch_kernel("gemm", gemm_tiled_kernel<__half>, grid, dim3(kGemmThreads), 0, s, 1, dp.pdl,
-                    static_cast<const __half*>(a.a.data), static_cast<const __half*>(a.b.data),
-                    static_cast<__half*>(a.out.data), a.m, a.n, a.k);
-      break;
-    default:
-      launch_kernel("gemm", gemm_tiled_kernel<__nv_bfloat16>, grid, dim3(kGemmThreads), 0, s, 1, dp.pdl,
-                    static_cast<const __nv_bfloat16*>(a.a.data), static_cast<const __nv_bfloat16*>(a.b.data),
-                    static_cast<__nv_bfloat16*>(a.out.data), a.m, a.n, a.k);
-      break;
-  }
+  with_float_type(a.a.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel("gemm", gemm_tiled_kernel<T>, grid, dim3(kGemmThreads), 0, s, 1, dp.pdl, static_cast<const T*>(a.a.data),
+                  static_cast<const T*>(a.b.data), static_cast<T*>(a.out.data), a.m, a.n, a.k);
+  });
   check_launch("gemm");
   record_launch("gemm", "variant=cuda_tiled tile=64x64x16 grid=%lldx%lld", {grid.x, grid.y});
 }

@@ -454,20 +454,11 @@ void argmax_cuda(const void* args, ks_stream_t stream) {
   const unsigned grid = unsigned(clusters * C);
   const auto s = static_cast<cudaStream_t>(stream);
   int64_t* out = static_cast<int64_t*>(a.out.data);
-  switch (a.x.dtype) {
-    case detail::DType::F32:
-      launch_kernel("argmax", argmax_kernel<float>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
-                    static_cast<const float*>(a.x.data), out, a.rows, a.cols);
-      break;
-    case detail::DType::F16:
-      launch_kernel("argmax", argmax_kernel<__half>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
-                    static_cast<const __half*>(a.x.data), out, a.rows, a.cols);
-      break;
-    default:
-      launch_kernel("argmax", argmax_kernel<__nv_bfloat16>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
-                    static_cast<const __nv_bfloat16*>(a.x.data), out, a.rows, a.cols);
-      break;
-  }
+  with_float_type(a.x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel("argmax", argmax_kernel<T>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
+                  static_cast<const T*>(a.x.data), out, a.rows, a.cols);
+  });
   check_launch("argmax");
   record_launch("argmax", "threads=%lld cluster=%lld grid=%lld", {kArgmaxThreads, C, grid});
 }
@@ -480,11 +471,9 @@ void embedding_cuda(const void* args, ks_stream_t stream) {
               a.num_ids,  a.hidden,   a.vocab,                            a.row_bytes};
   const unsigned grid = unsigned(std::min<int64_t>(a.num_ids, int64_t(dp.sm_count) * 16));
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.out.dtype) {
-    case detail::DType::F32: launch_kernel("embedding", embedding_kernel<float>, dim3(grid), dim3(256), 0, s, 1, dp.pdl, p); break;
-    case detail::DType::F16: launch_kernel("embedding", embedding_kernel<__half>, dim3(grid), dim3(256), 0, s, 1, dp.pdl, p); break;
-    default: launch_kernel("embedding", embedding_kernel<__nv_bfloat16>, dim3(grid), dim3(256), 0, s, 1, dp.pdl, p); break;
-  }
+  with_float_type(a.out.dtype, [&](auto tag) {
+    launch_kernel("embedding", embedding_kernel<decltype(tag)>, dim3(grid), dim3(256), 0, s, 1, dp.pdl, p);
+  });
   check_launch("embedding");
   record_launch("embedding", "threads=256 grid=%lld", {grid});
 }
@@ -496,20 +485,11 @@ void dequantize_cuda(const void* args, ks_stream_t stream) {
   const dim3 grid(unsigned(std::min<int64_t>((a.cols + 255) / 256, 64)), unsigned(std::min<int64_t>(a.rows, 65535)));
   const auto s = static_cast<cudaStream_t>(stream);
   const auto* src = static_cast<const uint8_t*>(a.packed.data);
-  switch (a.out.dtype) {
-    case detail::DType::F32:
-      launch_kernel("dequantize", dequantize_kernel<float>, grid, dim3(256), 0, s, 1, dp.pdl,
-                    static_cast<float*>(a.out.data), src, a.qtype, a.rows, a.cols, a.row_bytes);
-      break;
-    case detail::DType::F16:
-      launch_kernel("dequantize", dequantize_kernel<__half>, grid, dim3(256), 0, s, 1, dp.pdl,
-                    static_cast<__half*>(a.out.data), src, a.qtype, a.rows, a.cols, a.row_bytes);
-      break;
-    default:
-      launch_kernel("dequantize", dequantize_kernel<__nv_bfloat16>, grid, dim3(256), 0, s, 1, dp.pdl,
-                    static_cast<__nv_bfloat16*>(a.out.data), src, a.qtype, a.rows, a.cols, a.row_bytes);
-      break;
-  }
+  with_float_type(a.out.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel("dequantize", dequantize_kernel<T>, grid, dim3(256), 0, s, 1, dp.pdl, static_cast<T*>(a.out.data), src,
+                  a.qtype, a.rows, a.cols, a.row_bytes);
+  });
   check_launch("dequantize");
   record_launch("dequantize", "threads=256 grid=%lldx%lld", {grid.x, grid.y});
 }
@@ -545,11 +525,7 @@ void quant_matmul_cuda(const void* args, ks_stream_t stream) {
     else
       mq == 1 ? launch(quant_matmul_kernel<T, false, 1>) : launch(quant_matmul_kernel<T, false, kMqMany>);
   };
-  switch (a.x.dtype) {
-    case detail::DType::F32: go(float{}); break;
-    case detail::DType::F16: go(__half{}); break;
-    default: go(__nv_bfloat16{}); break;
-  }
+  with_float_type(a.x.dtype, go);
   check_launch("quant_matmul");
   record_launch("quant_matmul", "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld",
                 {kWarps, mq, wide ? 1 : 0});
@@ -569,18 +545,10 @@ void paged_attention_cuda(const void* args, ks_stream_t stream) {
   const unsigned grid = unsigned(std::min<int64_t>(a.num_tokens * a.num_heads, int64_t(dp.sm_count) * 16));
   const size_t smem = size_t(2 * a.head_dim) * sizeof(float);
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.q.dtype) {
-    case detail::DType::F32:
-      launch_kernel("paged_attention", paged_attention_kernel<float>, dim3(grid), dim3(kAttnThreads), smem, s, 1, dp.pdl, p);
-      break;
-    case detail::DType::F16:
-      launch_kernel("paged_attention", paged_attention_kernel<__half>, dim3(grid), dim3(kAttnThreads), smem, s, 1, dp.pdl, p);
-      break;
-    default:
-      launch_kernel("paged_attention", paged_attention_kernel<__nv_bfloat16>, dim3(grid), dim3(kAttnThreads), smem, s, 1,
-                    dp.pdl, p);
-      break;
-  }
+  with_float_type(a.q.dtype, [&](auto tag) {
+    launch_kernel("paged_attention", paged_attention_kernel<decltype(tag)>, dim3(grid), dim3(kAttnThreads), smem, s, 1,
+                  dp.pdl, p);
+  });
   check_launch("paged_attention");
   record_launch("paged_attention", "cta_per_token_head threads=%lld key_tile=%lld grid=%lld", {kAttnThreads, kTile, grid});
 }

@@ -220,11 +220,7 @@ void launch_t(const NormConfig& c, const NormParams& p, cudaStream_t s, bool pdl
 
 template <bool FUSED>
 void launch(detail::DType dt, const NormConfig& c, const NormParams& p, cudaStream_t s, bool pdl) {
-  switch (dt) {
-    case detail::DType::F32: launch_t<float, FUSED>(c, p, s, pdl); break;
-    case detail::DType::F16: launch_t<__half, FUSED>(c, p, s, pdl); break;
-    default: launch_t<__nv_bfloat16, FUSED>(c, p, s, pdl); break;
-  }
+  with_float_type(dt, [&](auto tag) { launch_t<decltype(tag), FUSED>(c, p, s, pdl); });
 }
 
 constexpr const char* kNormFmt = "vec=%lld nv=%lld warps_per_row=%lld rows_per_cta=%lld grid=%lld preload_w=%lld";

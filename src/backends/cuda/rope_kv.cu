@@ -195,73 +195,61 @@ std::string rope_can_implement(const void* args) {
   return "";
 }
 
-// The parameters both launchers share (the inverse frequencies from the CPU reference's function).
-static void rope_params(const ops::RotaryArgs& a, RopeParams& p, RopeTable& table) {
-  p = RopeParams{a.q.data,         a.has_k ? a.k.data : nullptr,
-                 a.positions.data, a.positions.dtype == detail::DType::I64,
-                 a.num_tokens,     a.num_heads,
-                 a.has_k ? a.num_kv_heads : 0,
-                 a.rotary_dim / 2, a.q_token_stride,
-                 a.q_head_stride,  a.k_token_stride,
-                 a.k_head_stride,  a.theta};
-  table = RopeTable{};
+// What both variants' launchers share: the device guard, the kernel parameters with the
+// inverse frequencies from the CPU reference's function, then launch(a, dp, p, table, stream)
+// and the launch check.
+template <class Launch>
+void rope_launch(const void* args, ks_stream_t stream, Launch&& launch) {
+  const auto& a = *static_cast<const ops::RotaryArgs*>(args);
+  const int dev = a.q.device.device_id;
+  DeviceGuard g(dev, "rotary_embedding");
+  const RopeParams p{a.q.data,         a.has_k ? a.k.data : nullptr,
+                     a.positions.data, a.positions.dtype == detail::DType::I64,
+                     a.num_tokens,     a.num_heads,
+                     a.has_k ? a.num_kv_heads : 0,
+                     a.rotary_dim / 2, a.q_token_stride,
+                     a.q_head_stride,  a.k_token_stride,
+                     a.k_head_stride,  a.theta};
+  RopeTable table{};
   if (p.rotary_half <= kRopeParamHalf) cpu::rope_inv_freq(a.rotary_dim, a.theta, table.inv);
+  launch(a, device_props(dev), p, table, static_cast<cudaStream_t>(stream));
+  check_launch("rotary_embedding");
 }
 
 // Variant cuda_vec16 (rope_vec_can_implement holds).
 void rotary_vec_cuda(const void* args, ks_stream_t stream) {
-  const auto& a = *static_cast<const ops::RotaryArgs*>(args);
-  const int dev = a.q.device.device_id;
-  DeviceGuard g(dev, "rotary_embedding");
-  const DeviceProps& dp = device_props(dev);
-  RopeParams p;
-  RopeTable table;
-  rope_params(a, p, table);
-  const auto s = static_cast<cudaStream_t>(stream);
-  const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
-  const int64_t heads = p.heads + p.kv_heads;
-  const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (p.rotary_half / pairs);
-  const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + kRopeThreads - 1) / kRopeThreads,
-                                                              int64_t(dp.sm_count) * 16));
-  const size_t smem = size_t(p.rotary_half) * sizeof(float);
-  auto go = [&](auto kern) {
-    launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
-  };
-  switch (a.q.dtype) {
-    case detail::DType::F32: a.neox ? go(rope_vec_kernel<float, true>) : go(rope_vec_kernel<float, false>); break;
-    case detail::DType::F16: a.neox ? go(rope_vec_kernel<__half, true>) : go(rope_vec_kernel<__half, false>); break;
-    default:
-      a.neox ? go(rope_vec_kernel<__nv_bfloat16, true>) : go(rope_vec_kernel<__nv_bfloat16, false>);
-      break;
-  }
-  check_launch("rotary_embedding");
-  record_launch("rotary_embedding", "vec16 threads=%lld head_chunk=%lld grid=%lld",
-                {kRopeThreads, kRopeHeadChunk, grid});
+  rope_launch(args, stream, [](const ops::RotaryArgs& a, const DeviceProps& dp, const RopeParams& p,
+                               const RopeTable& table, cudaStream_t s) {
+    const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
+    const int64_t heads = p.heads + p.kv_heads;
+    const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (p.rotary_half / pairs);
+    const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + kRopeThreads - 1) / kRopeThreads,
+                                                                int64_t(dp.sm_count) * 16));
+    const size_t smem = size_t(p.rotary_half) * sizeof(float);
+    with_float_type(a.q.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      launch_kernel("rotary_embedding", a.neox ? rope_vec_kernel<T, true> : rope_vec_kernel<T, false>,
+                    dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
+    });
+    record_launch("rotary_embedding", "vec16 threads=%lld head_chunk=%lld grid=%lld",
+                  {kRopeThreads, kRopeHeadChunk, grid});
+  });
 }
 
 // Variant cuda_token_cta: any strides.
 void rotary_cuda(const void* args, ks_stream_t stream) {
-  const auto& a = *static_cast<const ops::RotaryArgs*>(args);
-  const int dev = a.q.device.device_id;
-  DeviceGuard g(dev, "rotary_embedding");
-  const DeviceProps& dp = device_props(dev);
-  RopeParams p;
-  RopeTable table;
-  rope_params(a, p, table);
-  const auto s = static_cast<cudaStream_t>(stream);
-  const int64_t grid = std::min<int64_t>(a.num_tokens, int64_t(dp.sm_count) * 16);
-  const size_t smem = size_t(3 * p.rotary_half) * sizeof(float);
-  auto go = [&](auto kern) {
+  rope_launch(args, stream, [](const ops::RotaryArgs& a, const DeviceProps& dp, const RopeParams& p,
+                               const RopeTable& table, cudaStream_t s) {
+    const int64_t grid = std::min<int64_t>(a.num_tokens, int64_t(dp.sm_count) * 16);
+    const size_t smem = size_t(3 * p.rotary_half) * sizeof(float);
     if (smem > 48 * 1024) return;  // excluded by rope_can_implement
-    launch_kernel("rotary_embedding", kern, dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
-  };
-  switch (a.q.dtype) {
-    case detail::DType::F32: a.neox ? go(rope_kernel<float, true>) : go(rope_kernel<float, false>); break;
-    case detail::DType::F16: a.neox ? go(rope_kernel<__half, true>) : go(rope_kernel<__half, false>); break;
-    default: a.neox ? go(rope_kernel<__nv_bfloat16, true>) : go(rope_kernel<__nv_bfloat16, false>); break;
-  }
-  check_launch("rotary_embedding");
-  record_launch("rotary_embedding", "threads=%lld grid=%lld smem=%lld", {kRopeThreads, grid, (long long)smem});
+    with_float_type(a.q.dtype, [&](auto tag) {
+      using T = decltype(tag);
+      launch_kernel("rotary_embedding", a.neox ? rope_kernel<T, true> : rope_kernel<T, false>, dim3(unsigned(grid)),
+                    dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table);
+    });
+    record_launch("rotary_embedding", "threads=%lld grid=%lld smem=%lld", {kRopeThreads, grid, (long long)smem});
+  });
 }
 
 // ---- kv_cache_append ------------------------------------------------------------

@@ -243,11 +243,9 @@ void sample_cuda(const void* args, ks_stream_t stream) {
   const SampleParams p = sample_params(a);
   const unsigned grid = unsigned(std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 2));
   const auto s = static_cast<cudaStream_t>(stream);
-  switch (a.logits.dtype) {
-    case detail::DType::F32: launch_kernel("sample", sample_kernel<float>, dim3(grid), dim3(kSampleThreads), 0, s, 1, dp.pdl, p); break;
-    case detail::DType::F16: launch_kernel("sample", sample_kernel<__half>, dim3(grid), dim3(kSampleThreads), 0, s, 1, dp.pdl, p); break;
-    default: launch_kernel("sample", sample_kernel<__nv_bfloat16>, dim3(grid), dim3(kSampleThreads), 0, s, 1, dp.pdl, p); break;
-  }
+  with_float_type(a.logits.dtype, [&](auto tag) {
+    launch_kernel("sample", sample_kernel<decltype(tag)>, dim3(grid), dim3(kSampleThreads), 0, s, 1, dp.pdl, p);
+  });
   check_launch("sample");
   record_launch("sample", "cta_per_row threads=%lld grid=%lld", {kSampleThreads, grid});
 }

@@ -384,11 +384,7 @@ void sample_cluster_cuda(const void* args, ks_stream_t stream) {
     grid = std::min<int64_t>(a.rows, std::max<int64_t>(1, int64_t(dp.sm_count) * 2 / C)) * C;
     launch_kernel("sample", sample_cluster_kernel<T>, dim3(unsigned(grid)), dim3(kThreads), 0, s, C, dp.pdl, p);
   };
-  switch (a.logits.dtype) {
-    case detail::DType::F32: go(float{}); break;
-    case detail::DType::F16: go(__half{}); break;
-    default: go(__nv_bfloat16{}); break;
-  }
+  with_float_type(a.logits.dtype, go);
   check_launch("sample");
   record_launch("sample", "cluster_topk threads=%lld cluster=%lld grid=%lld", {kThreads, C, grid});
 }

@@ -92,11 +92,7 @@ void silu_and_mul_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(a.x.device.device_id, "silu_and_mul");
   const auto s = static_cast<cudaStream_t>(stream);
   int vec = 1, unroll = 1, gx = 0;
-  switch (a.x.dtype) {
-    case detail::DType::F32: vec = silu_t<float>(a, s, &unroll, &gx); break;
-    case detail::DType::F16: vec = silu_t<__half>(a, s, &unroll, &gx); break;
-    default: vec = silu_t<__nv_bfloat16>(a, s, &unroll, &gx); break;
-  }
+  with_float_type(a.x.dtype, [&](auto tag) { vec = silu_t<decltype(tag)>(a, s, &unroll, &gx); });
   check_launch("silu_and_mul");
   record_launch("silu_and_mul", "vec=%lld unroll=%lld threads=256 grid=%lldx%lld",
                 {vec, unroll, gx, (long long)std::min<int64_t>(a.rows, 65535)});
@@ -170,11 +166,7 @@ void gemv_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(a.x.device.device_id, "gemv");
   const auto s = static_cast<cudaStream_t>(stream);
   int vec = 1, warps = 0;
-  switch (a.x.dtype) {
-    case detail::DType::F32: vec = gemv_t<float>(a, s, &warps); break;
-    case detail::DType::F16: vec = gemv_t<__half>(a, s, &warps); break;
-    default: vec = gemv_t<__nv_bfloat16>(a, s, &warps); break;
-  }
+  with_float_type(a.x.dtype, [&](auto tag) { vec = gemv_t<decltype(tag)>(a, s, &warps); });
   check_launch("gemv");
   record_launch("gemv", "vec=%lld warp_per_row warps_per_cta=%lld unroll=%lld", {vec, warps, vec > 1 ? 4 : 8});
 }
