@@ -107,6 +107,24 @@ def make(op, a, b, dt):
     return (r(a, b),), f"{a}x{b}", 2 * a * b
 
 
+def nsets(nbytes):
+    """Input sets rotated through the graph: enough to pass the L2 (3 x 60 MB), 1 to 16."""
+    return max(1, min(16, int(3 * 60e6 // nbytes) + 1))
+
+
+def time_peer(rows, row, fn, sets, nbytes, label, line):
+    """Times fn over sets (graph_us). On success appends row with us and GB/s to rows and prints
+    `line` with the times; a failing peer is reported under `label` and skipped, not fatal."""
+    try:
+        us = graph_us(fn, sets)
+    except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal
+        print(f"{label} FAILED: {type(e).__name__}: {str(e)[:160]}", flush=True)
+        return
+    gbs = nbytes / (us * 1e-6) / 1e9
+    rows.append(dict(row, us=round(us, 3), gbs=round(gbs, 1)))
+    print(f"{line} {us:10.3f} us {gbs:8.1f} GB/s", flush=True)
+
+
 def graph_us(fn, sets, inner=20, reps=7):
     for args in sets:
         fn(*args)
@@ -157,7 +175,7 @@ def main():
             for (x, y) in SHAPES[op]:
                 probe, shape, elems = make(op, x, y, dt)
                 nbytes = elems * es
-                k = max(1, min(16, int(3 * 60e6 // nbytes) + 1))
+                k = nsets(nbytes)
                 sets = [probe] + [make(op, x, y, dt)[0] for _ in range(k - 1)]
                 cands = []
                 if "torch_ref" in impls: cands.append(("torch_ref", CONTRACT[op]))
@@ -165,14 +183,8 @@ def main():
                 if "compile" in impls: cands.append(("compile", compiled[op]))
                 if op in liger: cands.append(("liger", liger[op]))
                 for name, fn in cands:
-                    try:
-                        us = graph_us(fn, sets)
-                    except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal
-                        print(f"{op} {shape} {dname} {name} FAILED: {type(e).__name__}: {str(e)[:160]}", flush=True)
-                        continue
-                    gbs = nbytes / (us * 1e-6) / 1e9
-                    rows.append(dict(gpu=gpu, op=op, shape=shape, dtype=dname, impl=name, us=round(us, 3), gbs=round(gbs, 1)))
-                    print(f"{op:20s} {shape:>14s} {dname:5s} {name:13s} {us:10.3f} us {gbs:8.1f} GB/s", flush=True)
+                    time_peer(rows, dict(gpu=gpu, op=op, shape=shape, dtype=dname, impl=name), fn, sets, nbytes,
+                              f"{op} {shape} {dname} {name}", f"{op:20s} {shape:>14s} {dname:5s} {name:13s}")
                 del sets, probe
                 torch.cuda.empty_cache()
     with open(a.csv, "w", newline="") as f:

@@ -18,7 +18,7 @@ import csv
 import torch
 import torch.nn.functional as F
 
-from peers import graph_us  # the same timing method as the core-op peers (bench/peers.py)
+from peers import nsets, time_peer  # the same timing method as the core-op peers (bench/peers.py)
 
 BF = torch.bfloat16
 
@@ -72,21 +72,14 @@ def main():
     gpu = torch.cuda.get_device_name()
     rows = []
     for op, shape, nbytes, make, impls in cases():
-        k = max(1, min(16, int(3 * 60e6 // nbytes) + 1))
         try:
-            sets = [make() for _ in range(k)]
+            sets = [make() for _ in range(nsets(nbytes))]
         except torch.OutOfMemoryError:
             print(f"{op} {shape}: out of memory, skipped", flush=True)
             continue
         for name, fn in impls:
-            try:
-                us = graph_us(fn, sets)
-            except Exception as e:  # noqa: BLE001 - a failing peer is reported, not fatal
-                print(f"{op} {shape} {name} FAILED: {type(e).__name__}: {str(e)[:160]}", flush=True)
-                continue
-            gbs = nbytes / (us * 1e-6) / 1e9
-            rows.append(dict(gpu=gpu, op=op, shape=shape, dtype="bf16", impl=name, us=round(us, 3), gbs=round(gbs, 1)))
-            print(f"{op:20s} {shape:>24s} bf16 {name:12s} {us:10.3f} us {gbs:8.1f} GB/s", flush=True)
+            time_peer(rows, dict(gpu=gpu, op=op, shape=shape, dtype="bf16", impl=name), fn, sets, nbytes,
+                      f"{op} {shape} {name}", f"{op:20s} {shape:>24s} bf16 {name:12s}")
         del sets
         torch.cuda.empty_cache()
     with open(a.csv, "w", newline="") as f:
