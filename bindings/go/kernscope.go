@@ -178,7 +178,8 @@ func Which(op, dtype string, b Backend) (variant, reason string, err error) {
 }
 
 // WhichShape is Which for a call of shape (rows, cols) as the routing table keys it
-// (ks_which_shape).
+// (ks_which_shape; docs/routing.md#shape-keys). Errors: an unknown op, dtype or backend, or a
+// negative rows or cols (StatusInvalidArgument); a backend that is not available.
 func WhichShape(op, dtype string, b Backend, rows, cols int64) (variant, reason string, err error) {
 	return which(op, dtype, func(cop, cdt *C.char, v, r **C.char) C.ks_status_t {
 		return C.ks_which_shape(cop, cdt, C.ks_backend_t(b), C.int64_t(rows), C.int64_t(cols), v, r)

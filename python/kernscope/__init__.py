@@ -94,7 +94,7 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
             sizes) still apply per call.
 
     Raises:
-        ValueError: an unknown op or device.
+        ValueError: an unknown op or device; only one of rows and cols; a negative one.
         TypeError: an unsupported dtype.
         RuntimeError: the device's backend is not available (e.g. "cuda" without a GPU).
     """

@@ -186,7 +186,9 @@ pub fn which(op: &str, dtype: &str, backend: Backend) -> Result<Choice> {
     Ok(Choice { variant: owned_str(variant), reason: owned_str(reason) })
 }
 
-/// The same for a call of shape (rows, cols) as the routing table keys it (`ks_which_shape`).
+/// The same for a call of shape (rows, cols) as the routing table keys it (`ks_which_shape`;
+/// docs/routing.md#shape-keys). Errors: an unknown op, dtype or backend, or a negative rows or
+/// cols (`Status::InvalidArgument`); a backend that is not available.
 pub fn which_shape(op: &str, dtype: &str, backend: Backend, rows: i64, cols: i64) -> Result<Choice> {
     let (cop, cdt) = (c_string("which: op", op)?, c_string("which: dtype", dtype)?);
     let (mut variant, mut reason): (*const c_char, *const c_char) = (ptr::null(), ptr::null());
