@@ -215,6 +215,31 @@ KS_API ks_status_t ks_gemm(DLTensor* out, const DLTensor* a, const DLTensor* b,
 KS_API ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTensor* weight,
                                    ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream);
 
+/* Decode-step fusion: the (fused add +) RMS norm of a row, then quant_matmul on it, in one
+ * kernel (no normalized copy goes through memory).
+ *   residual: [M, K]; norm_weight: [K]; weight: uint8 [N, row_bytes] in qtype; out: [M, N].
+ *   x == NULL:  h = round(rms_norm(residual, norm_weight, eps)); residual_out must be NULL.
+ *   x != NULL:  [M, K]; s = fp32(x) + fp32(residual); residual_out[M, K] = round(s);
+ *               h = round(s * rsqrt(mean(s^2) + eps) * fp32(norm_weight))   (s unrounded),
+ *               exactly fused_add_rms_norm's values, written to residual_out instead of in place.
+ *   out = quant_matmul(h, weight): FP32 products and sums, one rounding to out's dtype.
+ * Equals rms_norm / fused_add_rms_norm followed by ks_quant_matmul up to the FP32 summation
+ * order of the sum of squares. Same float dtype for x, residual, norm_weight, out and
+ * residual_out. out and residual_out must not overlap any input or each other (residual_out
+ * is a second buffer: other rows' blocks still read residual while it is written). */
+KS_API ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* residual_out, const DLTensor* x,
+                                                      const DLTensor* residual, const DLTensor* norm_weight,
+                                                      double eps, const DLTensor* weight, ks_qtype_t qtype,
+                                                      ks_backend_t backend, ks_stream_t stream);
+
+/* Decode-step fusion: silu_and_mul of a gate/up row, then quant_matmul on it, in one kernel.
+ *   gate_up: [M, 2K] (gate = [:, :K], up = [:, K:]); weight: uint8 [N, row_bytes] in qtype;
+ *   out: [M, N]. h = round(silu_and_mul(gate_up)) (ks_silu_and_mul's values);
+ *   out = quant_matmul(h, weight). Equals ks_silu_and_mul followed by ks_quant_matmul.
+ *   out must not overlap gate_up or weight. */
+KS_API ks_status_t ks_silu_and_mul_quant_matmul(DLTensor* out, const DLTensor* gate_up, const DLTensor* weight,
+                                                ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream);
+
 /* Rotary position embedding, in place on q and (optionally) k.
  * q: [num_tokens, num_heads, head_dim]; k: [num_tokens, num_kv_heads, head_dim] or NULL;
  * positions: int32/int64 [num_tokens]. The first rotary_dim (even, 0 < rotary_dim

@@ -247,6 +247,25 @@ inline void quant_matmul(const TensorView& out, const TensorView& x, const Tenso
   DLTensor o = out.dl(), a = x.dl(), w = weight.dl();
   check(ks_quant_matmul(&o, &a, &w, static_cast<ks_qtype_t>(qtype), detail::be(backend), stream));
 }
+// x and residual_out may be empty TensorViews (data == nullptr, ndim == 0): the plain rms_norm
+// of residual then feeds the matmul (ks_fused_add_rms_norm_quant_matmul in kernscope.h).
+inline void fused_add_rms_norm_quant_matmul(const TensorView& out, const TensorView& residual_out,
+                                            const TensorView& x, const TensorView& residual,
+                                            const TensorView& norm_weight, double eps, const TensorView& weight,
+                                            QType qtype, Backend backend = Backend::Auto,
+                                            ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), ro = residual_out.dl(), a = x.dl(), r = residual.dl(), nw = norm_weight.dl(),
+           w = weight.dl();
+  const bool has_x = x.ndim() > 0;
+  check(ks_fused_add_rms_norm_quant_matmul(&o, residual_out.ndim() > 0 ? &ro : nullptr, has_x ? &a : nullptr, &r,
+                                           &nw, eps, &w, static_cast<ks_qtype_t>(qtype), detail::be(backend),
+                                           stream));
+}
+inline void silu_and_mul_quant_matmul(const TensorView& out, const TensorView& gate_up, const TensorView& weight,
+                                      QType qtype, Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), g = gate_up.dl(), w = weight.dl();
+  check(ks_silu_and_mul_quant_matmul(&o, &g, &w, static_cast<ks_qtype_t>(qtype), detail::be(backend), stream));
+}
 // k may be an empty TensorView (data == nullptr, ndim == 0) to rotate q only.
 inline void rotary_embedding(const TensorView& q, const TensorView& k, const TensorView& positions,
                              int64_t rotary_dim, double theta, bool is_neox, Backend backend = Backend::Auto,

@@ -59,6 +59,22 @@ struct QuantMatmulArgs {
   int64_t m, n, k, row_bytes;
 };
 
+// fused_add_rms_norm_quant_matmul: has_x false -> plain rms_norm of residual (no residual_out).
+struct NormQuantMatmulArgs {
+  View out, residual_out, x, residual, norm_weight, weight;
+  bool has_x;
+  float eps;
+  ks_qtype_t qtype;
+  int64_t m, n, k, row_bytes;
+};
+
+// silu_and_mul_quant_matmul: gate_up [m, 2k], weight [n, row_bytes] over k columns.
+struct SiluQuantMatmulArgs {
+  View out, gate_up, weight;
+  ks_qtype_t qtype;
+  int64_t m, n, k, row_bytes;
+};
+
 struct RotaryArgs {
   View q, k, positions;
   bool has_k, neox;

@@ -4,6 +4,9 @@
 // gemm:         out[m,n] = round(sum_k fp32(a[m,k]) * fp32(b[n,k])).
 // dequantize:   each element decoded in FP32 per its block format (docs/contracts.md), then rounded.
 // quant_matmul: out[m,n] = round(sum_k fp32(x[m,k]) * w[n,k]) with w the FP32 dequantized weight.
+// fused_add_rms_norm_quant_matmul: h = fused_add_rms_norm's (or rms_norm's) rounded row, written
+//               nowhere; residual_out = round(x + residual); out = quant_matmul(h, weight).
+// silu_and_mul_quant_matmul: h = silu_and_mul(gate_up)'s rounded row; out = quant_matmul(h, weight).
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -157,6 +160,96 @@ extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const D
     a.row_bytes = a.weight.dim(1);
     if (a.m == 0 || a.n == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.x.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* residual_out, const DLTensor* x,
+                                                          const DLTensor* residual, const DLTensor* norm_weight,
+                                                          double eps, const DLTensor* weight, ks_qtype_t qtype,
+                                                          ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "fused_add_rms_norm_quant_matmul";
+  return guard(op, [&] {
+    NormQuantMatmulArgs a;
+    a.has_x = x != nullptr;
+    if (!a.has_x && residual_out)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "residual_out is given but x is NULL: residual_out = x + residual needs x");
+    if (a.has_x && !residual_out)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "x is given but residual_out is NULL: x + residual must be written somewhere");
+    a.residual = view_of(op, "residual", residual);
+    a.norm_weight = view_of(op, "norm_weight", norm_weight);
+    a.weight = view_of(op, "weight", weight);
+    a.out = view_of(op, "out", out);
+    require_dtype(op, "residual", a.residual, {DType::F16, DType::BF16, DType::F32});
+    require_ndim(op, "residual", a.residual, 2);
+    require_nonempty_last(op, "residual", a.residual);
+    if (a.has_x) {
+      a.x = view_of(op, "x", x);
+      a.residual_out = view_of(op, "residual_out", residual_out);
+      require_same_dtype(op, "x", a.x, "residual", a.residual);
+      require_same_dtype(op, "residual_out", a.residual_out, "residual", a.residual);
+      require_same_device(op, "x", a.x, "residual", a.residual);
+      require_same_device(op, "residual_out", a.residual_out, "residual", a.residual);
+      require_shape(op, "x", a.x, a.residual.shape, "same as residual");
+      require_shape(op, "residual_out", a.residual_out, a.residual.shape, "same as residual");
+    }
+    require_same_dtype(op, "norm_weight", a.norm_weight, "residual", a.residual);
+    require_same_dtype(op, "out", a.out, "residual", a.residual);
+    require_same_device(op, "norm_weight", a.norm_weight, "residual", a.residual);
+    require_same_device(op, "weight", a.weight, "residual", a.residual);
+    require_same_device(op, "out", a.out, "residual", a.residual);
+    require_shape(op, "norm_weight", a.norm_weight, {a.residual.cols()}, "hidden_size (K) of residual");
+    check_packed(op, "weight", a.weight, qtype, a.residual.cols(), "qtype", "residual's K (columns)");
+    require_shape(op, "out", a.out, {a.residual.dim(0), a.weight.dim(0)}, "(M, N)");
+    a.eps = checked_eps(op, eps);
+    // out and residual_out are written while every input is still read (by other blocks)
+    const std::pair<const char*, const View*> inputs[] = {
+        {"residual", &a.residual}, {"norm_weight", &a.norm_weight}, {"weight", &a.weight}, {"x", &a.x}};
+    for (const auto& [name, v] : inputs) {
+      if (!a.has_x && v == &a.x) continue;
+      require_no_overlap(op, "out", a.out, name, *v);
+      if (a.has_x) require_no_overlap(op, "residual_out", a.residual_out, name, *v);
+    }
+    if (a.has_x) require_no_overlap(op, "out", a.out, "residual_out", a.residual_out);
+    const ks_backend_t be = resolve_backend(op, backend, a.residual);
+    a.qtype = qtype;
+    a.m = a.residual.dim(0);
+    a.n = a.weight.dim(0);
+    a.k = a.residual.cols();
+    a.row_bytes = a.weight.dim(1);
+    if (a.m == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.residual.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_silu_and_mul_quant_matmul(DLTensor* out, const DLTensor* gate_up, const DLTensor* weight,
+                                                    ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "silu_and_mul_quant_matmul";
+  return guard(op, [&] {
+    SiluQuantMatmulArgs a;
+    a.gate_up = view_of(op, "gate_up", gate_up);
+    a.weight = view_of(op, "weight", weight);
+    a.out = view_of(op, "out", out);
+    require_dtype(op, "gate_up", a.gate_up, {DType::F16, DType::BF16, DType::F32});
+    require_same_dtype(op, "out", a.out, "gate_up", a.gate_up);
+    require_same_device(op, "weight", a.weight, "gate_up", a.gate_up);
+    require_same_device(op, "out", a.out, "gate_up", a.gate_up);
+    require_ndim(op, "gate_up", a.gate_up, 2);
+    require_nonempty_last(op, "gate_up", a.gate_up);
+    if (a.gate_up.cols() % 2 != 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "gate_up's last dimension must be even (gate and up halves); got " + shape_str(a.gate_up.shape));
+    check_packed(op, "weight", a.weight, qtype, a.gate_up.cols() / 2, "qtype", "gate_up's K (half its columns)");
+    require_shape(op, "out", a.out, {a.gate_up.dim(0), a.weight.dim(0)}, "(M, N)");
+    require_no_overlap(op, "out", a.out, "gate_up", a.gate_up);
+    require_no_overlap(op, "out", a.out, "weight", a.weight);
+    const ks_backend_t be = resolve_backend(op, backend, a.gate_up);
+    a.qtype = qtype;
+    a.m = a.gate_up.dim(0);
+    a.n = a.weight.dim(0);
+    a.k = a.gate_up.cols() / 2;
+    a.row_bytes = a.weight.dim(1);
+    if (a.m == 0 || a.n == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.gate_up.dtype, &a, stream);
   });
 }
 

@@ -389,10 +389,14 @@ void register_reference(std::vector<registry::Variant>& v) {
 
 }  // namespace ks::cpu
 
+namespace ks::cpu {
+void register_fused_matmul(std::vector<registry::Variant>& v);  // src/backends/cpu/fused_matmul.cpp
+}
 namespace ks::registry {
 void register_cpu_fast(std::vector<Variant>& v);  // src/backends/cpu/fast.cpp
 void register_cpu_variants(std::vector<Variant>& v) {
   ks::cpu::register_reference(v);
+  ks::cpu::register_fused_matmul(v);
   register_cpu_fast(v);
 }
 }  // namespace ks::registry

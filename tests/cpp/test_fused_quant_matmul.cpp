@@ -1,0 +1,344 @@
+// The decode-step fusions: ks_fused_add_rms_norm_quant_matmul and ks_silu_and_mul_quant_matmul,
+// against an FP64 reference (an independent FP64 block decoder, norm and SiLU in FP64), and,
+// on the CPU, bit for bit against the unfused sequence (fused_add_rms_norm / rms_norm /
+// silu_and_mul, then quant_matmul) that the model's prefill runs.
+// Tolerance: quant_matmul's (the seed's per-dtype rtol/atol plus the FP32 sum bound) plus the
+// rounding of the normalized / activated row h to the dtype: u_T sum_k |w_k h_k| (u_T = 2^-8
+// bf16, 2^-11 fp16, 2^-24 fp32) and the FP32 error of computing h, 8 u32 sum_k |w_k h_k|.
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "validation_harness.hpp"
+#include "gguf_blocks_fp64.hpp"
+
+namespace {
+
+using namespace kstest::harness;
+using namespace kstest::gguf;
+
+const char* kNorm = "fused_add_rms_norm_quant_matmul";
+const char* kSilu = "silu_and_mul_quant_matmul";
+
+double unit(DType d) { return d == DType::BF16 ? 0x1p-8 : d == DType::F16 ? 0x1p-11 : 0x1p-24; }
+
+// out[m, n] against sum_k h[m, k] w[n, k] in FP64
+::testing::AssertionResult close_to(const Buf& out, const std::vector<double>& h, const std::vector<double>& w, int64_t M,
+                                    int64_t N, int64_t K) {
+  const double t = kstest::tol(out.dtype), uT = unit(out.dtype);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double s = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = h[size_t(m * K + k)] * w[size_t(n * K + k)];
+        s += p;
+        mag += std::fabs(p);
+      }
+      const double got = out.get(m * N + n);
+      const double lim = t + t * std::fabs(s) + (uT + 8 * kU32) * mag + (1 + t) * 2 * kU32 * mag;
+      if (!(std::fabs(got - s) <= lim))
+        return ::testing::AssertionFailure() << "out[" << m << ", " << n << "]: got " << got << ", want " << s
+                                             << " (|diff| " << std::fabs(got - s) << " > " << lim << ")";
+    }
+  return ::testing::AssertionSuccess();
+}
+
+ks_status_t run_norm(Buf& out, Buf* res_out, Buf* x, Buf& res, Buf& nw, double eps, Buf& w, ks_qtype_t q,
+                     ks_backend_t be = KS_BACKEND_AUTO) {
+  DLTensor o = out.dl(), r = res.dl(), n = nw.dl(), ww = w.dl(), ro{}, xx{};
+  if (res_out) ro = res_out->dl();
+  if (x) xx = x->dl();
+  return ks_fused_add_rms_norm_quant_matmul(&o, res_out ? &ro : nullptr, x ? &xx : nullptr, &r, &n, eps, &ww, q, be,
+                                            nullptr);
+}
+
+ks_status_t run_silu(Buf& out, Buf& gu, Buf& w, ks_qtype_t q, ks_backend_t be = KS_BACKEND_AUTO) {
+  DLTensor o = out.dl(), g = gu.dl(), ww = w.dl();
+  return ks_silu_and_mul_quant_matmul(&o, &g, &ww, q, be, nullptr);
+}
+
+void norm_case(ks_qtype_t q, DType dt, int64_t M, int64_t N, int64_t K, bool with_x, size_t off, double scale = 1.0) {
+  Buf w = make_packed(q, N, K, nullptr, off);
+  const auto wd = decode_all(q, w, K);
+  Buf res(dt, {M, K}, off), x(dt, {M, K}, off), nw(dt, {K}, off), out(dt, {M, N}, off), res_out(dt, {M, K}, off);
+  kstest::fill_normal(res, scale);
+  kstest::fill_normal(x, scale);
+  kstest::fill_normal(nw, 1.0, 1.0);
+  out.poison();
+  res_out.poison();
+  const double eps = 1e-5;
+  Snap in{&res, &x, &nw, &w};
+  KS_RUN_OR_SKIP(run_norm(out, with_x ? &res_out : nullptr, with_x ? &x : nullptr, res, nw, eps, w, q));
+  // FP64: s = x + residual; h = s / sqrt(mean(s^2) + eps) * weight
+  std::vector<double> h(size_t(M * K));
+  for (int64_t m = 0; m < M; ++m) {
+    double ss = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double s = res.get(m * K + k) + (with_x ? x.get(m * K + k) : 0.0);
+      h[size_t(m * K + k)] = s;
+      ss += s * s;
+    }
+    const double r = 1.0 / std::sqrt(ss / double(K) + eps);
+    for (int64_t k = 0; k < K; ++k) {
+      const double s = h[size_t(m * K + k)];
+      if (with_x) {  // residual_out = round(s): within half a unit of the dtype
+        const double got = res_out.get(m * K + k);
+        ASSERT_LE(std::fabs(got - s), unit(dt) * std::fabs(s) * (1 + 1e-9) + 1e-300)
+            << "residual_out[" << m << ", " << k << "]";
+      }
+      h[size_t(m * K + k)] = s * r * nw.get(k);
+    }
+  }
+  EXPECT_TRUE(close_to(out, h, wd, M, N, K)) << qfmt(q).name << " " << dt_name(dt) << " M " << M << " N " << N << " K "
+                                             << K << (with_x ? " with x" : " residual only") << " offset " << off;
+  EXPECT_TRUE(out.guards_intact()) << "wrote outside out";
+  EXPECT_TRUE(res_out.guards_intact()) << "wrote outside residual_out";
+  if (!with_x) {
+    std::vector<uint8_t> poisoned(res_out.nbytes(), 0xFF);
+    EXPECT_EQ(std::memcmp(res_out.data(), poisoned.data(), poisoned.size()), 0) << "residual_out touched without x";
+  }
+  EXPECT_TRUE(in.same()) << "inputs modified";
+}
+
+void silu_case(ks_qtype_t q, DType dt, int64_t M, int64_t N, int64_t K, size_t off) {
+  Buf w = make_packed(q, N, K, nullptr, off);
+  const auto wd = decode_all(q, w, K);
+  Buf gu(dt, {M, 2 * K}, off), out(dt, {M, N}, off);
+  kstest::fill_normal(gu, 2.0);
+  out.poison();
+  Snap in{&gu, &w};
+  KS_RUN_OR_SKIP(run_silu(out, gu, w, q));
+  std::vector<double> h(size_t(M * K));
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const double g = gu.get(m * 2 * K + k), u = gu.get(m * 2 * K + K + k);
+      h[size_t(m * K + k)] = g / (1.0 + std::exp(-g)) * u;
+    }
+  EXPECT_TRUE(close_to(out, h, wd, M, N, K)) << qfmt(q).name << " " << dt_name(dt) << " M " << M << " N " << N << " K "
+                                             << K << " offset " << off;
+  EXPECT_TRUE(out.guards_intact()) << "wrote outside out";
+  EXPECT_TRUE(in.same()) << "inputs modified";
+}
+
+const ks_qtype_t kFormats[] = {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0};
+
+TEST(FusedNormQuantMatmul, AgainstFp64EveryVariant) {
+  FOR_EACH_VARIANT(kNorm) {
+    for (ks_qtype_t q : kFormats)
+      for (DType dt : kFloatTypes())
+        for (bool with_x : {true, false}) {
+          norm_case(q, dt, 1, 37, 576, with_x, 0);
+          norm_case(q, dt, 5, 9, 96, with_x, 2);  // misaligned views, 5 rows (not a multiple of 4)
+          norm_case(q, dt, 33, 3, 32, with_x, 0);
+        }
+  }
+}
+
+TEST(FusedNormQuantMatmul, Fp16SumOfSquaresPastItsRange) {
+  // |s| ~ 3000: s^2 ~ 1e7 overflows fp16 (max 65504); the FP32 sum of squares does not
+  FOR_EACH_VARIANT(kNorm) {
+    for (bool with_x : {true, false}) norm_case(KS_QTYPE_Q8_0, DType::F16, 3, 17, 256, with_x, 0, 1500.0);
+  }
+}
+
+TEST(FusedNormQuantMatmul, CpuEqualsTheUnfusedSequenceBitForBit) {
+  for (ks_qtype_t q : kFormats)
+    for (DType dt : kFloatTypes())
+      for (bool with_x : {true, false}) {
+        const int64_t M = 3, N = 21, K = 192;
+        Buf w = make_packed(q, N, K);
+        Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), out(dt, {M, N}), res_out(dt, {M, K});
+        kstest::fill_normal(res);
+        kstest::fill_normal(x);
+        kstest::fill_normal(nw, 1.0, 1.0);
+        ASSERT_EQ(run_norm(out, with_x ? &res_out : nullptr, with_x ? &x : nullptr, res, nw, 1e-6, w, q, KS_BACKEND_CPU),
+                  KS_SUCCESS)
+            << ks_last_error();
+        // the unfused steps on copies
+        Buf h(dt, {M, K}), r2(dt, {M, K}), o2(dt, {M, N});
+        std::memcpy(r2.data(), res.data(), res.nbytes());
+        DLTensor hd = h.dl(), rd = r2.dl(), nd = nw.dl(), od = o2.dl(), wd = w.dl();
+        if (with_x) {
+          std::memcpy(h.data(), x.data(), x.nbytes());
+          ASSERT_EQ(ks_fused_add_rms_norm(&hd, &rd, &nd, 1e-6, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+        } else {
+          ASSERT_EQ(ks_rms_norm(&hd, &rd, &nd, 1e-6, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+        }
+        ASSERT_EQ(ks_quant_matmul(&od, &hd, &wd, q, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+        EXPECT_EQ(std::memcmp(out.data(), o2.data(), out.nbytes()), 0) << qfmt(q).name << " " << dt_name(dt);
+        if (with_x) EXPECT_EQ(std::memcmp(res_out.data(), r2.data(), r2.nbytes()), 0) << "residual_out";
+      }
+}
+
+TEST(FusedNormQuantMatmul, RowsAreIndependentOfTheBatch) {
+  FOR_EACH_VARIANT(kNorm) {
+    const int64_t N = 40, K = 128;
+    for (DType dt : kFloatTypes()) {
+      Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+      Buf res(dt, {9, K}), x(dt, {9, K}), nw(dt, {K});
+      kstest::fill_normal(res);
+      kstest::fill_normal(x);
+      kstest::fill_normal(nw, 1.0, 1.0);
+      Buf out(dt, {9, N}), ro(dt, {9, K});
+      KS_RUN_OR_SKIP(run_norm(out, &ro, &x, res, nw, 1e-5, w, KS_QTYPE_Q4_1));
+      const size_t es = ks::dtype_size(dt);
+      for (int64_t row : {0, 4, 8}) {  // the same row alone
+        Buf r1(dt, {1, K}), x1(dt, {1, K}), o1(dt, {1, N}), ro1(dt, {1, K});
+        std::memcpy(r1.data(), static_cast<char*>(res.data()) + row * K * es, K * es);
+        std::memcpy(x1.data(), static_cast<char*>(x.data()) + row * K * es, K * es);
+        KS_RUN_OR_SKIP(run_norm(o1, &ro1, &x1, r1, nw, 1e-5, w, KS_QTYPE_Q4_1));
+        EXPECT_EQ(std::memcmp(o1.data(), static_cast<char*>(out.data()) + row * N * es, N * es), 0)
+            << dt_name(dt) << " row " << row;
+        EXPECT_EQ(std::memcmp(ro1.data(), static_cast<char*>(ro.data()) + row * K * es, K * es), 0)
+            << dt_name(dt) << " residual_out row " << row;
+      }
+    }
+  }
+}
+
+TEST(FusedNormQuantMatmul, NoOutputColumnsStillWritesResidualOut) {
+  FOR_EACH_VARIANT(kNorm) {
+    const int64_t M = 2, K = 64;
+    Buf w(DType::U8, {0, q_row_bytes(KS_QTYPE_Q8_0, K)});
+    Buf res(DType::F32, {M, K}), x(DType::F32, {M, K}), nw(DType::F32, {K}), out(DType::F32, {M, 0}),
+        ro(DType::F32, {M, K});
+    kstest::fill_normal(res);
+    kstest::fill_normal(x);
+    kstest::fill_normal(nw);
+    ro.poison();
+    KS_RUN_OR_SKIP(run_norm(out, &ro, &x, res, nw, 1e-5, w, KS_QTYPE_Q8_0));
+    for (int64_t i = 0; i < M * K; ++i) ASSERT_EQ(float(ro.get(i)), float(float(res.get(i)) + float(x.get(i)))) << i;
+  }
+}
+
+TEST(FusedNormQuantMatmul, ZeroRowsWriteNothing) {
+  Buf w = make_packed(KS_QTYPE_Q4_0, 4, 32);
+  Buf res(DType::F32, {0, 32}), x(DType::F32, {0, 32}), nw(DType::F32, {32}), out(DType::F32, {0, 4}),
+      ro(DType::F32, {0, 32});
+  kstest::fill_normal(nw);
+  Snap s{&out, &ro};
+  EXPECT_EQ(run_norm(out, &ro, &x, res, nw, 1e-5, w, KS_QTYPE_Q4_0), KS_SUCCESS) << ks_last_error();
+  EXPECT_TRUE(s.same());
+}
+
+TEST(FusedNormQuantMatmul, RejectsBadArgumentsAndWritesNothing) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  const int64_t M = 3, N = 5, K = 64;
+  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
+  Buf res(DType::F32, {M, K}), x(DType::F32, {M, K}), nw(DType::F32, {K}), out(DType::F32, {M, N}),
+      ro(DType::F32, {M, K});
+  kstest::fill_normal(res);
+  kstest::fill_normal(x);
+  kstest::fill_normal(nw);
+  out.poison();
+  ro.poison();
+  auto expect = [&](ks_status_t st, ks_status_t want, const char* arg, const std::string& what, Snap s) {
+    EXPECT_TRUE(fails_cleanly(st, want, kNorm, arg, s)) << what;
+  };
+  expect(run_norm(out, &ro, nullptr, res, nw, 1e-5, w, KS_QTYPE_Q8_0), INV, "residual_out", "residual_out without x",
+         Snap{&out, &ro, &res});
+  expect(run_norm(out, nullptr, &x, res, nw, 1e-5, w, KS_QTYPE_Q8_0), INV, "residual_out", "x without residual_out",
+         Snap{&out, &res});
+  {
+    Buf x2(DType::F32, {M, K + 32});
+    expect(run_norm(out, &ro, &x2, res, nw, 1e-5, w, KS_QTYPE_Q8_0), INV, "x", "x shape", Snap{&out, &ro});
+    Buf ro2(DType::F32, {M + 1, K});
+    expect(run_norm(out, &ro2, &x, res, nw, 1e-5, w, KS_QTYPE_Q8_0), INV, "residual_out", "residual_out shape",
+           Snap{&out, &ro2});
+    Buf nw2(DType::F32, {K - 1});
+    expect(run_norm(out, &ro, &x, res, nw2, 1e-5, w, KS_QTYPE_Q8_0), INV, "norm_weight", "norm_weight shape",
+           Snap{&out, &ro});
+    Buf o2(DType::F32, {M, N + 1});
+    expect(run_norm(o2, &ro, &x, res, nw, 1e-5, w, KS_QTYPE_Q8_0), INV, "out", "out shape", Snap{&o2, &ro});
+    Buf w2 = make_packed(KS_QTYPE_Q8_0, N, K + 32);
+    expect(run_norm(out, &ro, &x, res, nw, 1e-5, w2, KS_QTYPE_Q8_0), INV, "weight", "weight K", Snap{&out, &ro});
+    expect(run_norm(out, &ro, &x, res, nw, 1e-5, w, KS_QTYPE_Q4_1), INV, "weight", "weight bytes for Q4_1",
+           Snap{&out, &ro});
+    expect(run_norm(out, &ro, &x, res, nw, -1.0, w, KS_QTYPE_Q8_0), INV, "eps", "negative eps", Snap{&out, &ro});
+    Buf xh(DType::F16, {M, K});
+    expect(run_norm(out, &ro, &xh, res, nw, 1e-5, w, KS_QTYPE_Q8_0), KS_ERROR_UNSUPPORTED_DTYPE, "x", "x dtype",
+           Snap{&out, &ro});
+  }
+  // residual_out must be a second buffer: in place on residual (or on x) is refused
+  {
+    DLTensor o = out.dl(), r = res.dl(), n = nw.dl(), ww = w.dl(), xx = x.dl();
+    Snap s{&out, &res, &x};
+    expect(ks_fused_add_rms_norm_quant_matmul(&o, &r, &xx, &r, &n, 1e-5, &ww, KS_QTYPE_Q8_0, KS_BACKEND_AUTO, nullptr),
+           INV, "residual_out", "residual_out aliasing residual", s);
+    expect(ks_fused_add_rms_norm_quant_matmul(&o, &xx, &xx, &r, &n, 1e-5, &ww, KS_QTYPE_Q8_0, KS_BACKEND_AUTO, nullptr),
+           INV, "residual_out", "residual_out aliasing x", s);
+  }
+  // out overlapping an input
+  {
+    Buf big(DType::F32, {M, K});
+    kstest::fill_normal(big);
+    DLTensor o = big.dl(), r = big.dl(), n = nw.dl(), ww = w.dl();
+    o.shape = out.shape.data();  // [M, N] over the first elements of residual
+    Snap s{&big};
+    expect(ks_fused_add_rms_norm_quant_matmul(&o, nullptr, nullptr, &r, &n, 1e-5, &ww, KS_QTYPE_Q8_0, KS_BACKEND_AUTO,
+                                              nullptr),
+           INV, "out", "out overlapping residual", s);
+  }
+}
+
+TEST(SiluQuantMatmul, AgainstFp64EveryVariant) {
+  FOR_EACH_VARIANT(kSilu) {
+    for (ks_qtype_t q : kFormats)
+      for (DType dt : kFloatTypes()) {
+        silu_case(q, dt, 1, 29, 1536, 0);
+        silu_case(q, dt, 6, 7, 96, 2);
+        silu_case(q, dt, 17, 3, 32, 0);
+      }
+  }
+}
+
+TEST(SiluQuantMatmul, CpuEqualsTheUnfusedSequenceBitForBit) {
+  for (ks_qtype_t q : kFormats)
+    for (DType dt : kFloatTypes()) {
+      const int64_t M = 4, N = 13, K = 160;
+      Buf w = make_packed(q, N, K);
+      Buf gu(dt, {M, 2 * K}), out(dt, {M, N}), h(dt, {M, K}), o2(dt, {M, N});
+      kstest::fill_normal(gu, 3.0);
+      ASSERT_EQ(run_silu(out, gu, w, q, KS_BACKEND_CPU), KS_SUCCESS) << ks_last_error();
+      DLTensor hd = h.dl(), gd = gu.dl(), od = o2.dl(), wd = w.dl();
+      ASSERT_EQ(ks_silu_and_mul(&hd, &gd, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+      ASSERT_EQ(ks_quant_matmul(&od, &hd, &wd, q, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+      EXPECT_EQ(std::memcmp(out.data(), o2.data(), out.nbytes()), 0) << qfmt(q).name << " " << dt_name(dt);
+    }
+}
+
+TEST(SiluQuantMatmul, RejectsBadArgumentsAndWritesNothing) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  const int64_t M = 2, N = 4, K = 64;
+  Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+  Buf gu(DType::F32, {M, 2 * K}), out(DType::F32, {M, N});
+  kstest::fill_normal(gu);
+  out.poison();
+  {
+    Buf odd(DType::F32, {M, 2 * K + 1});
+    EXPECT_TRUE(fails_cleanly(run_silu(out, odd, w, KS_QTYPE_Q4_1), INV, kSilu, "gate_up", Snap{&out}));
+  }
+  {
+    Buf g2(DType::F32, {M, 4 * K});  // K = 128 does not match the weight's 64 columns
+    EXPECT_TRUE(fails_cleanly(run_silu(out, g2, w, KS_QTYPE_Q4_1), INV, kSilu, "weight", Snap{&out}));
+  }
+  {
+    Buf o2(DType::F32, {M + 1, N});
+    EXPECT_TRUE(fails_cleanly(run_silu(o2, gu, w, KS_QTYPE_Q4_1), INV, kSilu, "out", Snap{&o2}));
+  }
+  {
+    Buf oh(DType::F16, {M, N});
+    EXPECT_TRUE(fails_cleanly(run_silu(oh, gu, w, KS_QTYPE_Q4_1), KS_ERROR_UNSUPPORTED_DTYPE, kSilu, "out", Snap{&oh}));
+  }
+  {  // out over gate_up
+    DLTensor o = gu.dl(), g = gu.dl(), ww = w.dl();
+    o.shape = out.shape.data();
+    Snap s{&gu};
+    EXPECT_TRUE(fails_cleanly(ks_silu_and_mul_quant_matmul(&o, &g, &ww, KS_QTYPE_Q4_1, KS_BACKEND_AUTO, nullptr), INV,
+                              kSilu, "out", s));
+  }
+}
+
+}  // namespace
