@@ -2,7 +2,10 @@
 # One call on the GPU machine: build for sm_90a, run the GPU tests, the
 # sanitizers, the kernscope benchmark and the peers, and write logs / CSVs /
 # the report under $OUT (default ./gpu_out).
-#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report,model,tune (default: all but tune)
+#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report,model,variants,tune (default: all
+#               but variants and tune). variants: the model stage's bench_ops --variants rows and
+#               bench/auto_vs_best.py's 3% table (bench_variants_model.csv, auto_vs_best.md) without
+#               the PyTorch peers.
 #               tune: `ksctl tune --backend cuda` -> routing_sm_90.json + tune_sm_90.csv (the
 #               measured routing table; copy it to src/registry/routing/sm_90.json after review).
 #               With every stage the call would return 10 files (the limit is 8): run tune with
@@ -88,6 +91,12 @@ if has model; then
     --columns "torch_sdpa:torch SDPA,torch_ref:torch eager,compile:torch.compile,torch_sort:torch sort,torch:torch.argmax" &&
     { printf '\n## The automatic choice against every variant (bench_ops --variants)\n\n'; cat /tmp/auto_vs_best.md; } >> "$OUT/h200_model.md" &&
     cat "$OUT/h200_model.md"
+fi
+
+if has variants; then
+  # the model stage's variant rows and issue 6's 3% check, without the PyTorch peers (a short call)
+  $BUILD/bench_ops --csv "$OUT/bench_variants_model.csv" --variants --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul,softmax --dtypes bf16 2>&1 | tee -a "$LOG" | tail -60
+  python3 bench/auto_vs_best.py "$OUT/bench_variants_model.csv" --out "$OUT/auto_vs_best.md" | tee -a "$LOG"
 fi
 
 if has tune; then

@@ -10,6 +10,8 @@
 # call that copies it to /tmp/ks_part_aa (e.g. the gpu_check.sh call), then .mdl/part_ab in the
 # next while the machine is warm; this script joins them.
 #   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap (default: all)
+#   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
+#                    baselines (the report then compares with none)
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
 #                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
 #                    the gguf and accelerate wheels travel in .whl)
@@ -46,6 +48,9 @@ fi
 if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
     --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
+  # the same decode without the norm / SiLU fusions (7 -> 10 kernels per layer), batch 1
+  KS_MODEL_FUSE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
+    --repeats 5 --batch 1 --csv "$OUT/model_cuda_unfused.csv" 2>&1 | tee -a "$LOG" | grep decode
   if [ "${KS_MODEL_CPU:-1}" = 1 ]; then  # KS_MODEL_CPU=0: skip the CPU path's benchmark
     $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64 512 --decode-tokens 64 --repeats 3 \
       --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
@@ -54,7 +59,7 @@ if has bench; then
   if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   fi
-  PYTHONPATH=/tmp/site python3 bench/model_peers.py --model $MODEL --csv "$OUT/model_peers.csv" 2>&1 |
+  [ "${KS_MODEL_PEERS:-1}" = 1 ] && PYTHONPATH=/tmp/site python3 bench/model_peers.py --model $MODEL --csv "$OUT/model_peers.csv" 2>&1 |
     grep -v -i -E "warn|it/s" | tee -a "$LOG" | tail -8
   python3 bench/model_report.py --ours "$OUT/model_cuda.csv" --peers "$OUT/model_peers.csv" --out "$OUT/model.md" &&
     cat "$OUT/model.md"

@@ -423,6 +423,95 @@ int case_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
 }
 
+// The decode fusions: the FP64 row h (norm of x + residual, or silu(gate) * up) rounded to the
+// dtype as the contract rounds it, then its dot products with the FP64-decoded weight rows.
+std::vector<double> rounded_dots(HBuf& h, const QFmt& f, HBuf& w, int64_t M, int64_t N, int64_t K,
+                                 std::vector<double>* sa) {
+  std::vector<double> ref(size_t(M * N));
+  sa->assign(size_t(M * N), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    const auto wr = decode_row(f, w, n, K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = h.get(m * K + k) * wr[size_t(k)];
+        ref[size_t(m * N + n)] += p;
+        (*sa)[size_t(m * N + n)] += std::fabs(p);
+      }
+  }
+  return ref;
+}
+
+int case_norm_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f, bool with_x) {
+  const int64_t M = s[0], N = s[1], K = s[2];
+  HBuf res(c.dt, {M, K}, c.off), x(c.dt, {M, K}, c.off), nw(c.dt, {K}, c.off), o(c.dt, {M, N}, c.off),
+      ro(c.dt, {M, K}, c.off), h(c.dt, {M, K}, 0);
+  HBuf w = random_packed(f, N, K, c.off);
+  res.randn(); x.randn(); nw.randn(); o.poison(); ro.poison();
+  std::vector<double> rs(size_t(M * K));
+  for (int64_t m = 0; m < M; ++m) {
+    double ss = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      const double v = res.get(m * K + k) + (with_x ? x.get(m * K + k) : 0.0);
+      rs[size_t(m * K + k)] = v;
+      ss += v * v;
+    }
+    const double r = 1.0 / std::sqrt(ss / double(K) + 1e-5);
+    for (int64_t k = 0; k < K; ++k) h.set(m * K + k, rs[size_t(m * K + k)] * r * nw.get(k));
+  }
+  std::vector<double> sa;
+  const std::vector<double> ref = rounded_dots(h, f, w, M, N, K, &sa);
+  return outcome(
+      [&] {
+        const ks::TensorView none;
+        ks::fused_add_rms_norm_quant_matmul(c.v(o), with_x ? c.v(ro) : none, with_x ? c.v(x) : none, c.v(res), c.v(nw),
+                                            1e-5, c.v(w), f.q, c.be);
+      },
+      [&](std::string* why) {
+        // residual_out within half a unit of the dtype of x + residual (checked as an op with K = 1)
+        return close(o, ref, &sa, double(K), why) && (!with_x || close(ro, rs, nullptr, 0, why));
+      },
+      c);
+}
+
+int case_silu_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
+  const int64_t M = s[0], N = s[1], K = s[2];
+  HBuf gu(c.dt, {M, 2 * K}, c.off), o(c.dt, {M, N}, c.off), h(c.dt, {M, K}, 0);
+  HBuf w = random_packed(f, N, K, c.off);
+  gu.randn(); o.poison();
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t k = 0; k < K; ++k) {
+      const double g = gu.get(m * 2 * K + k), u = gu.get(m * 2 * K + K + k);
+      h.set(m * K + k, g / (1.0 + std::exp(-g)) * u);
+    }
+  std::vector<double> sa;
+  const std::vector<double> ref = rounded_dots(h, f, w, M, N, K, &sa);
+  return outcome([&] { ks::silu_and_mul_quant_matmul(c.v(o), c.v(gu), c.v(w), f.q, c.be); },
+                 [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
+}
+
+// sample (rows, vocab, top_k): its contract is the CPU reference's ids bit for bit (Philox
+// draws on exact integer selections), so the check is equality with the CPU backend's ids.
+int case_sample(Ctx& c, const std::vector<int64_t>& s) {
+  const int64_t R = s[0], V = s[1], top_k = s[2];
+  HBuf logits(c.dt, {R, V}, c.off), out(DType::I64, {R}, 0), want(DType::I64, {R}, 0), so(DType::I64, {2}, 0);
+  logits.randn();
+  out.poison();
+  so.set(0, 1234);
+  so.set(1, 7);
+  ks::sample(want.view(), ks::TensorView(), logits.view(), so.view(), 0.8, top_k, 0.9, ks::Backend::Cpu);
+  return outcome([&] { ks::sample(c.v(out), ks::TensorView(), c.v(logits), c.v(so), 0.8, top_k, 0.9, c.be); },
+                 [&](std::string* why) {
+                   for (int64_t r = 0; r < R; ++r)
+                     if (out.get(r) != want.get(r)) {
+                       *why = "row " + std::to_string(r) + ": id " + std::to_string(int64_t(out.get(r))) +
+                              ", the CPU reference draws " + std::to_string(int64_t(want.get(r)));
+                       return false;
+                     }
+                   return true;
+                 },
+                 c);
+}
+
 int case_dequantize(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
   const int64_t R = s[0], C = s[1];
   HBuf w = random_packed(f, R, C, c.off);
@@ -632,6 +721,12 @@ std::vector<OpSweep> sweeps() {
     add("quant_matmul", {{1, 7, 32}, {2, 9, 64}, {3, 33, 576}, {4, 17, 576}, {13, 41, 1536}},
         [f](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul(c, s, f); }, tag);
     add("dequantize", {{1, 32}, {5, 576}}, [f](Ctx& c, const std::vector<int64_t>& s) { return case_dequantize(c, s, f); }, tag);
+    add("fused_add_rms_norm_quant_matmul", {{1, 7, 32}, {5, 33, 576}},
+        [f](Ctx& c, const std::vector<int64_t>& s) { return case_norm_quant_matmul(c, s, f, true); }, tag + "add:");
+    add("fused_add_rms_norm_quant_matmul", {{1, 9, 64}, {3, 17, 576}},
+        [f](Ctx& c, const std::vector<int64_t>& s) { return case_norm_quant_matmul(c, s, f, false); }, tag + "norm:");
+    add("silu_and_mul_quant_matmul", {{1, 7, 32}, {6, 33, 1536}},
+        [f](Ctx& c, const std::vector<int64_t>& s) { return case_silu_quant_matmul(c, s, f); }, tag);
     add("embedding", {{3, 11, 64}, {5, 49, 576}},
         [f](Ctx& c, const std::vector<int64_t>& s) { return case_embedding(c, s, &f); }, tag);
   }
@@ -683,6 +778,10 @@ std::vector<TuneOp> grid() {
   std::vector<std::vector<int64_t>> sm;
   for (int64_t r : {1, 64, 256})
     for (int64_t cols : {4096, 32000, 128256}) sm.push_back({r, cols});
+  std::vector<std::vector<int64_t>> sp;  // top-k / top-p sampling over SmolLM2's and Llama 3's vocabularies
+  for (int64_t r : {1, 8, 64})
+    for (int64_t vocab : {49152, 128256}) sp.push_back({r, vocab, 50});
+  v.push_back({"sample", "", sp, case_sample, [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
   v.push_back({"softmax", "", sm, case_softmax, [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
   v.push_back({"rotary_embedding", "neox:", ro, [](Ctx& c, const std::vector<int64_t>& s) { return case_rotary(c, s, true); },
                [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});

@@ -122,6 +122,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (max_context <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_context must be > 0");
   if (max_batch <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_batch must be > 0");
   on_device_ = backend == ks::Backend::Cuda;
+  if (const char* e = std::getenv("KS_MODEL_FUSE")) fuse_decode_ = std::string(e) != "0";
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
@@ -225,6 +226,7 @@ void LlamaModel::ensure_capacity(int64_t n) {
   }
   x_ = alloc(ks::DType::F32, {n, c.hidden_size});
   res_ = alloc(ks::DType::F32, {n, c.hidden_size});
+  res2_ = alloc(ks::DType::F32, {n, c.hidden_size});  // the fused decode's second residual buffer
   h_ = alloc(ks::DType::F32, {n, c.hidden_size});
   q_ = alloc(ks::DType::F32, {n, c.hidden_size});
   k_ = alloc(ks::DType::F32, {n, kv_dim});
@@ -291,6 +293,34 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
 
   ks::embedding(res, ids, tok_embd_.data, tok_embd_.qtype, be, s);
+  // The last row's logits (a sequence's step), or every row's (decode_batch).
+  const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;
+  const ks::TensorView logits = (on_device_ ? logits_dev_.view : logits_.view()).slice(0, m);
+  if (fused_qkv && fuse_decode_) {
+    // One-token step, 7 kernels per layer: [norm -> qkv] [rope] [kv append] [attention] [o proj]
+    // [add + norm -> gate|up] [silu_and_mul -> down]. The residual stream alternates between
+    // res and res2 (the fused op writes x + residual to a second buffer).
+    ks::TensorView r = res, r_next = rows(res2_, H);
+    const ks::TensorView none;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      Layer& L = layers_[size_t(l)];
+      ks::fused_add_rms_norm_quant_matmul(qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r, L.attn_norm.data,
+                                          c.rms_eps, L.w_qkv.data, L.w_qkv.qtype, be, s);
+      if (l > 0) std::swap(r, r_next);
+      ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
+      ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots_.view.reshape({n}), be, s);
+      ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
+                          ctx_lens_.view.reshape({n}), scale, be, s);
+      ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);
+      ks::fused_add_rms_norm_quant_matmul(gu, r_next, x, r, L.ffn_norm.data, c.rms_eps, L.w_gate_up.data,
+                                          L.w_gate_up.qtype, be, s);
+      std::swap(r, r_next);
+      ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
+    }
+    ks::fused_add_rms_norm_quant_matmul(logits, r_next.slice(first, m), x.slice(first, m), r.slice(first, m),
+                                        out_norm_.data, c.rms_eps, lm_head_.data, lm_head_.qtype, be, s);
+    return;
+  }
   for (int64_t l = 0; l < c.n_layers; ++l) {
     Layer& L = layers_[size_t(l)];
     if (l == 0) {
@@ -317,11 +347,8 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     ks::silu_and_mul(act, gu, be, s);
     matmul(x, act, L.w_down, n, prefill);
   }
-  // The last row's logits (a sequence's step), or every row's (decode_batch).
-  const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;
   const ks::TensorView x_out = x.slice(first, m), res_out = res.slice(first, m);
   ks::fused_add_rms_norm(x_out, res_out, out_norm_.data, c.rms_eps, be, s);
-  const ks::TensorView logits = (on_device_ ? logits_dev_.view : logits_.view()).slice(0, m);
   ks::quant_matmul(logits, x_out, lm_head_.data, lm_head_.qtype, be, s);
 }
 

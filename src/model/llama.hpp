@@ -118,6 +118,10 @@ class LlamaModel {
   ks::Backend backend_;
   bool on_device_ = false;
   bool qkv_fused_ = false;  // every layer has w_qkv
+  // one-token steps fuse each norm into the matmul after it and silu_and_mul into the down
+  // projection (ks::fused_add_rms_norm_quant_matmul, ks::silu_and_mul_quant_matmul);
+  // KS_MODEL_FUSE=0 runs the unfused sequence instead (comparisons)
+  bool fuse_decode_ = true;
   bool dense_rows_ = false;    // CUDA prefill of >= kDenseRows rows goes through ks::gemm
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
@@ -128,7 +132,7 @@ class LlamaModel {
   Buffer block_table_;                       // int32 [1, num_blocks]
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;
-  Buffer x_, res_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, slots_, logits_dev_, next_id_;
+  Buffer x_, res_, res2_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, slots_, logits_dev_, next_id_;
   std::vector<int64_t> staged_seq_, staged_pos_;  // host staging for stage_rows
   std::vector<int64_t> batch_ids_;                // decode_batch's argmax results (host)
   int64_t graph_rows_ = 0;                        // rows of the captured decode graph (0: none)

@@ -190,6 +190,39 @@ TEST(Model, CudaGreedyIdsAndLogitsMatchTransformersAndCpu) {
               worst_cpu);
 }
 
+// One-token steps run the fused decode (ks::fused_add_rms_norm_quant_matmul and
+// ks::silu_and_mul_quant_matmul, 7 kernels per layer); KS_MODEL_FUSE=0 runs the unfused
+// sequence. Fed the same tokens one at a time, both CUDA paths' logits agree with each other
+// and with the CPU path's within the logit tolerance at every step (the CUDA fusions change
+// only the sum-of-squares order and where the normalized row is rounded).
+TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
+  Fixture fused(ks::Backend::Cuda), cpu;
+  setenv("KS_MODEL_FUSE", "0", 1);
+  Fixture plain(ks::Backend::Cuda);
+  unsetenv("KS_MODEL_FUSE");
+  const nlohmann::json ref = reference();
+  const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  const int64_t V = cpu.model.config().vocab_size;
+  double worst_plain = 0, worst_cpu = 0;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    const float* lf = fused.model.forward(&prompt[i], 1, int64_t(i));
+    const std::vector<float> a(lf, lf + V);
+    const float* lp = plain.model.forward(&prompt[i], 1, int64_t(i));
+    const std::vector<float> b(lp, lp + V);
+    const float* lc = cpu.model.forward(&prompt[i], 1, int64_t(i));
+    for (int64_t v = 0; v < V; ++v) {
+      worst_plain = std::max(worst_plain, double(std::fabs(a[size_t(v)] - b[size_t(v)])));
+      worst_cpu = std::max(worst_cpu, double(std::fabs(a[size_t(v)] - lc[v])));
+    }
+  }
+  EXPECT_LE(worst_plain, kLogitAtol) << "fused vs unfused CUDA decode steps";
+  EXPECT_LE(worst_cpu, kLogitAtol) << "fused CUDA vs CPU decode steps";
+  std::printf("cuda fused decode over %zu one-token steps: largest logit difference vs unfused %.3g, vs the CPU %.3g\n",
+              prompt.size(), worst_plain, worst_cpu);
+}
+
 // A prefill of at least LlamaModel::kDenseRows tokens takes the CUDA path's dense route
 // (ks::gemm through cuBLASLt on FP32 weights) instead of quant_matmul: its logits agree with
 // the CPU path's (quantized dot products) within the same tolerance, both with the FP32

@@ -789,6 +789,141 @@ TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
     }
 }
 
+// The decode-step fusions on CUDA against the CPU (whose result is the unfused sequence's):
+// fused_add_rms_norm_quant_matmul with and without x, aligned (vector loads) and offset by one
+// element (scalar loads), M = 1 (the one-row kernel) and M = 5 (a 4-row chunk and a partial
+// one). residual_out = round(x + residual) is the same FP32 sum on both: bit for bit.
+TEST(Cuda, FusedNormQuantMatmulAgainstCpu) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 576, 576}, {5, 37, 64}, {4, 130, 1536}})
+        for (bool with_x : {true, false}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
+                       " N=" + std::to_string(N) + " K=" + std::to_string(K) + (with_x ? " with x" : " residual only"));
+          Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), ref(dt, {M, N}), ref_ro(dt, {M, K}), got(dt, {M, N}),
+              got_ro(dt, {M, K});
+          kstest::fill_normal(res);
+          kstest::fill_normal(x);
+          kstest::fill_normal(nw, 1.0, 1.0);
+          Buf w = make_packed(q, N, K);
+          const ks::TensorView none;
+          ks::fused_add_rms_norm_quant_matmul(ref.view(), with_x ? ref_ro.view() : none, with_x ? x.view() : none,
+                                              res.view(), nw.view(), 1e-5, w.view(), static_cast<ks::QType>(q),
+                                              ks::Backend::Cpu);
+          for (size_t off : {size_t(0), size_t(1)}) {
+            const size_t eo = off ? ks::dtype_size(dt) : 0;
+            DBuf dres(dt, {M, K}, eo), dx(dt, {M, K}, eo), dnw(dt, {K}, eo), dw(DType::U8, w.shape, off),
+                dout(dt, {M, N}, eo), dro(dt, {M, K}, eo);
+            dres.upload(res);
+            dx.upload(x);
+            dnw.upload(nw);
+            dw.upload(w);
+            dout.poison();
+            dro.poison();
+            ks::fused_add_rms_norm_quant_matmul(dout.view(), with_x ? dro.view() : none, with_x ? dx.view() : none,
+                                                dres.view(), dnw.view(), 1e-5, dw.view(), static_cast<ks::QType>(q),
+                                                ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            dout.download(got);
+            // the norm's sum in another order can move a normalized value across a rounding
+            // boundary of the dtype: one unit of it per product, on top of quant_matmul's bound
+            const double unit = dt == DType::BF16 ? 0x1p-8 : dt == DType::F16 ? 0x1p-11 : 0x1p-24;
+            EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K) + 4 * unit * double(K)))
+                << "offset " << off;
+            if (with_x) {
+              dro.download(got_ro);
+              EXPECT_EQ(0, std::memcmp(got_ro.data(), ref_ro.data(), ref_ro.nbytes())) << "residual_out, offset " << off;
+            }
+          }
+        }
+}
+
+// The norm fusion's row does not depend on M (M = 1 kernel vs the row inside M = 9), and with
+// no output column (N = 0) residual_out is still written.
+TEST(Cuda, FusedNormQuantMatmulRowDoesNotDependOnMAndNoColumns) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes()) {
+    SCOPED_TRACE(ks::dtype_name(dt));
+    const int64_t M = 9, N = 70, K = 576;
+    Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), all(dt, {M, N}), one(dt, {1, N});
+    kstest::fill_normal(res);
+    kstest::fill_normal(x);
+    kstest::fill_normal(nw, 1.0, 1.0);
+    Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+    DBuf dres(dt, {M, K}), dx(dt, {M, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dall(dt, {M, N}), dro(dt, {M, K});
+    dres.upload(res);
+    dx.upload(x);
+    dnw.upload(nw);
+    dw.upload(w);
+    ks::fused_add_rms_norm_quant_matmul(dall.view(), dro.view(), dx.view(), dres.view(), dnw.view(), 1e-6, dw.view(),
+                                        ks::QType::Q4_1, ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    dall.download(all);
+    const size_t es = ks::dtype_size(dt);
+    for (int64_t r = 0; r < M; ++r) {
+      Buf rr(dt, {1, K}), xr(dt, {1, K});
+      std::memcpy(rr.data(), static_cast<const char*>(res.data()) + size_t(r * K) * es, size_t(K) * es);
+      std::memcpy(xr.data(), static_cast<const char*>(x.data()) + size_t(r * K) * es, size_t(K) * es);
+      DBuf drr(dt, {1, K}), dxr(dt, {1, K}), done(dt, {1, N}), dro1(dt, {1, K});
+      drr.upload(rr);
+      dxr.upload(xr);
+      done.poison();
+      ks::fused_add_rms_norm_quant_matmul(done.view(), dro1.view(), dxr.view(), drr.view(), dnw.view(), 1e-6, dw.view(),
+                                          ks::QType::Q4_1, ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      done.download(one);
+      EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(all.data()) + size_t(r * N) * es, size_t(N) * es))
+          << "row " << r;
+    }
+    // N = 0: only residual_out = round(x + residual)
+    Buf ro(dt, {M, K}), want(dt, {M, K});
+    for (int64_t i = 0; i < M * K; ++i) want.set(i, double(float(res.get(i)) + float(x.get(i))));
+    DBuf dw0(DType::U8, {0, w.shape[1]}), dout0(dt, {M, 0}), dro0(dt, {M, K});
+    dro0.poison();
+    ks::fused_add_rms_norm_quant_matmul(dout0.view(), dro0.view(), dx.view(), dres.view(), dnw.view(), 1e-6,
+                                        dw0.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    dro0.download(ro);
+    EXPECT_EQ(0, std::memcmp(ro.data(), want.data(), want.nbytes())) << "residual_out with N = 0";
+  }
+}
+
+// silu_and_mul_quant_matmul on CUDA is bit for bit silu_and_mul then quant_matmul on CUDA (the
+// same expression, rounding and dot-product order), aligned and offset by one element.
+TEST(Cuda, SiluQuantMatmulEqualsTheTwoCudaSteps) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 576, 1536}, {6, 33, 96}})
+        for (size_t off : {size_t(0), size_t(1)}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
+                       " offset " + std::to_string(off));
+          Buf gu(dt, {M, 2 * K}), a(dt, {M, N}), b(dt, {M, N}), cpu(dt, {M, N});
+          kstest::fill_normal(gu, 2.0);
+          Buf w = make_packed(q, N, K);
+          const size_t eo = off ? ks::dtype_size(dt) : 0;
+          DBuf dgu(dt, {M, 2 * K}, eo), dw(DType::U8, w.shape, off), dh(dt, {M, K}, eo), da(dt, {M, N}, eo),
+              db(dt, {M, N}, eo);
+          dgu.upload(gu);
+          dw.upload(w);
+          da.poison();
+          db.poison();
+          ks::silu_and_mul_quant_matmul(da.view(), dgu.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          ks::silu_and_mul(dh.view(), dgu.view(), ks::Backend::Cuda);
+          ks::quant_matmul(db.view(), dh.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          da.download(a);
+          db.download(b);
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+          ks::silu_and_mul_quant_matmul(cpu.view(), gu.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+          EXPECT_TRUE(close_to_cpu(a, cpu, 16 * std::sqrt(double(K)) * 6e-8 * double(K) * 4)) << "vs the CPU";
+        }
+}
+
 // The paged_attention tests run under every CUDA variant (pinned per test):
 // cuda_gqa_cluster (sm_90: K/V read once per kv head, keys split over a cluster) and
 // cuda_cta_per_head.

@@ -289,39 +289,111 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
   }
 }
 
-// WIDE: weight blocks read as words, and x's 32 values per block as 16-byte vectors
-// (x 16-byte aligned; K is a multiple of 32, so every block's x slice is too).
-template <typename T, bool WIDE, int MQ>
-__global__ void __launch_bounds__(256) quant_matmul_kernel(const T* __restrict__ x, const uint8_t* __restrict__ w,
-                                                           T* __restrict__ out, int64_t M, int64_t N, int64_t K,
-                                                           int64_t row_bytes, ks_qtype_t q) {
+// The row fed to the dot products ("h"), by prologue:
+//  - None:    x itself;
+//  - Norm:    round(r * inv_rms * norm_weight) of residual r (rms_norm's expression and rounding);
+//  - AddNorm: the same of s = x + residual (FP32, unrounded), residual_out = round(s)
+//             (fused_add_rms_norm's values, written by warp 0 of CTA 0);
+//  - Silu:    round(g * sigmoid(g) * u) of gate_up (silu_and_mul's expression and rounding).
+// inv_rms = 1 / sqrt(sum(s^2) / K + eps): each warp sums its rows' squares itself (lanes over
+// 16-byte vectors, then the butterfly), so no block waits on another and a row's sums do not
+// depend on M. The dot products are quant_matmul's, so with the prologue None the kernel is it.
+enum class Pro { None, Norm, AddNorm, Silu };
+
+struct QmmParams {
+  const void* x;        // None: x [M, K]; Norm / AddNorm: residual [M, K]; Silu: gate_up [M, 2K]
+  const void* add;      // AddNorm: x [M, K]
+  const void* norm_w;   // Norm / AddNorm: [K]
+  void* res_out;        // AddNorm: residual_out [M, K]
+  const uint8_t* w;     // [N, row_bytes]
+  void* out;            // [M, N]
+  int64_t M, N, K, row_bytes;
+  float eps;
+  ks_qtype_t q;
+};
+
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return Dt<T>::to_f(Dt<T>::from_f(v));
+}
+
+template <typename T, Pro P>
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  const float sig = sizeof(T) == 2 ? __fdividef(1.0f, 1.0f + __expf(-g)) : 1.0f / (1.0f + expf(-g));
+  return round_to<T>(g * sig * u);  // silu_and_mul_kernel's expression
+}
+
+// WIDE: weight blocks read as words, and the rows' 32 values per block as 16-byte vectors
+// (every row pointer 16-byte aligned; K is a multiple of 32, so every block's slice is too).
+template <typename T, bool WIDE, int MQ, Pro P>
+__global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
   pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t n = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
-  if (n >= N) return;
-  const int64_t nblocks = K / 32, bbytes = q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
-  const uint8_t* wr = w + n * row_bytes;
-  constexpr int XV = 16 / int(sizeof(T));  // x elements per 16-byte vector
+  const bool writer = P == Pro::AddNorm && blockIdx.x == 0 && threadIdx.x < 32;  // residual_out
+  if (n >= p.N && !writer) return;
+  const int64_t M = p.M, N = p.N, K = p.K;
+  const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
+  const uint8_t* wr = p.w + n * p.row_bytes;
+  const T* x = static_cast<const T*>(p.x);
+  const T* xa = static_cast<const T*>(p.add);
+  const T* nw = static_cast<const T*>(p.norm_w);
+  T* ro = static_cast<T*>(p.res_out);
+  T* out = static_cast<T*>(p.out);
+  const int64_t xs = P == Pro::Silu ? 2 * K : K;  // elements between rows of p.x
+  constexpr int XV = WIDE ? 16 / int(sizeof(T)) : 1;  // elements per load
   for (int64_t m0 = 0; m0 < M; m0 += MQ) {
+    float inv[MQ];
+    if constexpr (P == Pro::Norm || P == Pro::AddNorm) {
+#pragma unroll
+      for (int mm = 0; mm < MQ; ++mm) {
+        inv[mm] = 0.f;
+        if (m0 + mm >= M) break;
+        const int64_t row = (m0 + mm) * K;
+        float ss = 0.f;
+        for (int64_t i = lane; i < K / XV; i += 32) {
+          const auto rv = load_vec<T, XV>(x + row + i * XV);
+          Vec<T, XV> av;
+          if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + row + i * XV);
+          OutVec<T, XV> so;
+#pragma unroll
+          for (int j = 0; j < XV; ++j) {
+            float v = rv.f(j);
+            if constexpr (P == Pro::AddNorm) v += av.f(j);
+            ss += v * v;
+            so.set(j, v);
+          }
+          if constexpr (P == Pro::AddNorm)
+            if (writer) store_vec<T, XV>(ro + row + i * XV, so);
+        }
+        inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + p.eps);  // norm_kernel's expression
+      }
+    }
+    if (n >= N) continue;  // the residual_out writer past the last column
     float acc[MQ] = {};
     for (int64_t b = lane; b < nblocks; b += 32) {
       float v[32];
-      decode_q_block<WIDE>(q, wr + b * bbytes, v);
+      decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
 #pragma unroll
       for (int mm = 0; mm < MQ; ++mm) {
         if (m0 + mm >= M) break;
-        const T* xr = x + (m0 + mm) * K + b * 32;
+        const int64_t base = (m0 + mm) * xs + b * 32;
         float s = 0.f;
-        if constexpr (WIDE) {
 #pragma unroll
-          for (int c = 0; c < 32 / XV; ++c) {
-            const auto xv = load_vec<T, XV>(xr + c * XV);
+        for (int c = 0; c < 32 / XV; ++c) {
+          const auto xv = load_vec<T, XV>(x + base + c * XV);
+          Vec<T, XV> av, wv, uv;
+          if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + c * XV);
+          if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + b * 32 + c * XV);
+          if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + c * XV);
 #pragma unroll
-            for (int j = 0; j < XV; ++j) s += v[c * XV + j] * xv.f(j);
+          for (int j = 0; j < XV; ++j) {
+            float h = xv.f(j);
+            if constexpr (P == Pro::AddNorm) h += av.f(j);
+            if constexpr (P == Pro::Norm || P == Pro::AddNorm) h = round_to<T>(h * inv[mm] * wv.f(j));
+            if constexpr (P == Pro::Silu) h = silu_mul<T, P>(h, uv.f(j));
+            s += v[c * XV + j] * h;
           }
-        } else {
-#pragma unroll
-          for (int e = 0; e < 32; ++e) s += v[e] * ld_f(xr, e);
         }
         acc[mm] += s;
       }
@@ -501,34 +573,62 @@ std::string quant_matmul_can_implement(const void* args) {
   return "";
 }
 
-void quant_matmul_cuda(const void* args, ks_stream_t stream) {
-  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  DeviceGuard g(a.x.device.device_id, "quant_matmul");
-  const DeviceProps& dp = device_props(a.x.device.device_id);
+namespace {
+// One launcher for quant_matmul and its two fused forms. rows: every pointer the kernel reads
+// rows through (16-byte alignment for the vector path).
+template <Pro P>
+void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::initializer_list<const void*> rows,
+                ks_stream_t stream) {
+  DeviceGuard g(dev, op);
+  const DeviceProps& dp = device_props(dev);
   constexpr int kWarps = 8;
-  const unsigned grid = unsigned((a.n + kWarps - 1) / kWarps);
+  const unsigned grid = unsigned(std::max<int64_t>(1, (p.N + kWarps - 1) / kWarps));
+  const uintptr_t wa = reinterpret_cast<uintptr_t>(p.w);
+  bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
+  for (const void* r : rows) wide = wide && aligned16(r);
+  const int mq = p.M == 1 ? 1 : kMqMany;
   const auto s = static_cast<cudaStream_t>(stream);
-  const auto* w = static_cast<const uint8_t*>(a.weight.data);
-  const uintptr_t wa = reinterpret_cast<uintptr_t>(w);
-  const bool wide = (a.qtype == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0) && aligned16(a.x.data);
-  const int mq = a.m == 1 ? 1 : kMqMany;
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    const T* x = static_cast<const T*>(a.x.data);
-    T* o = static_cast<T*>(a.out.data);
-    auto launch = [&](auto kern) {
-      launch_kernel("quant_matmul", kern, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, x, w, o, a.m, a.n, a.k,
-                    a.row_bytes, a.qtype);
-    };
+    auto launch = [&](auto kern) { launch_kernel(op, kern, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, p); };
     if (wide)
-      mq == 1 ? launch(quant_matmul_kernel<T, true, 1>) : launch(quant_matmul_kernel<T, true, kMqMany>);
+      mq == 1 ? launch(quant_matmul_kernel<T, true, 1, P>) : launch(quant_matmul_kernel<T, true, kMqMany, P>);
     else
-      mq == 1 ? launch(quant_matmul_kernel<T, false, 1>) : launch(quant_matmul_kernel<T, false, kMqMany>);
+      mq == 1 ? launch(quant_matmul_kernel<T, false, 1, P>) : launch(quant_matmul_kernel<T, false, kMqMany, P>);
   };
-  with_float_type(a.x.dtype, go);
-  check_launch("quant_matmul");
-  record_launch("quant_matmul", "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld",
-                {kWarps, mq, wide ? 1 : 0});
+  with_float_type(dt, go);
+  check_launch(op);
+  record_launch(op, "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld", {kWarps, mq, wide ? 1 : 0});
+}
+}  // namespace
+
+void quant_matmul_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype};
+  launch_qmm<Pro::None>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
+}
+
+void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::NormQuantMatmulArgs*>(args);
+  const char* op = "fused_add_rms_norm_quant_matmul";
+  const QmmParams p{a.residual.data, a.has_x ? a.x.data : nullptr, a.norm_weight.data,
+                    a.has_x ? a.residual_out.data : nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                    a.m, a.n, a.k, a.row_bytes, a.eps, a.qtype};
+  const int dev = a.residual.device.device_id;
+  if (a.has_x)
+    launch_qmm<Pro::AddNorm>(op, p, a.residual.dtype, dev, {a.residual.data, a.x.data, a.norm_weight.data,
+                                                            a.residual_out.data}, stream);
+  else
+    launch_qmm<Pro::Norm>(op, p, a.residual.dtype, dev, {a.residual.data, a.norm_weight.data}, stream);
+}
+
+void silu_quant_matmul_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::SiluQuantMatmulArgs*>(args);
+  const QmmParams p{a.gate_up.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype};
+  launch_qmm<Pro::Silu>("silu_and_mul_quant_matmul", p, a.gate_up.dtype, a.gate_up.device.device_id, {a.gate_up.data},
+                        stream);
 }
 
 std::string paged_attention_can_implement(const void* args) {

@@ -153,6 +153,8 @@ bool paged_attention_gqa_supported(int device);
 void paged_attention_gqa_cuda(const void*, ks_stream_t);
 std::string varlen_attention_can_implement(const void*);
 void varlen_attention_cuda(const void*, ks_stream_t);
+void norm_quant_matmul_cuda(const void*, ks_stream_t);
+void silu_quant_matmul_cuda(const void*, ks_stream_t);
 
 }  // namespace ks::cuda
 
@@ -218,6 +220,21 @@ std::string ci_quant_matmul(const void* p) {
   auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
   const std::string why = align_reason({&a.x, &a.out, &a.weight});
   return why.empty() ? quant_matmul_can_implement(p) : why;
+}
+std::string qtype_reason(ks_qtype_t q) {
+  return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0 ? ""
+                                                                       : "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
+}
+std::string ci_norm_quant_matmul(const void* p) {
+  auto& a = *static_cast<const ops::NormQuantMatmulArgs*>(p);
+  const std::string why = a.has_x ? align_reason({&a.residual, &a.x, &a.residual_out, &a.norm_weight, &a.out, &a.weight})
+                                  : align_reason({&a.residual, &a.norm_weight, &a.out, &a.weight});
+  return why.empty() ? qtype_reason(a.qtype) : why;
+}
+std::string ci_silu_quant_matmul(const void* p) {
+  auto& a = *static_cast<const ops::SiluQuantMatmulArgs*>(p);
+  const std::string why = align_reason({&a.gate_up, &a.out, &a.weight});
+  return why.empty() ? qtype_reason(a.qtype) : why;
 }
 std::string ci_attention(const void* p) {
   auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
@@ -311,6 +328,13 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
                ks::cuda::ci_quant_matmul, ks::cuda::quant_matmul_cuda});
+  v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
+               "quant_matmul's warp per output column; each warp computes its rows' (x + residual) norm itself, "
+               "warp 0 of block 0 writes residual_out", avail, ks::cuda::ci_norm_quant_matmul,
+               ks::cuda::norm_quant_matmul_cuda});
+  v.push_back({"silu_and_mul_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
+               "quant_matmul's warp per output column, silu(gate) * up computed as the row is read", avail,
+               ks::cuda::ci_silu_quant_matmul, ks::cuda::silu_quant_matmul_cuda});
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_gqa_cluster", kFloatDTypes, 20,
                "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
                "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",
