@@ -364,3 +364,141 @@ func TestSampleTopKOneIsArgmaxAndFlagsInvalidRows(t *testing.T) {
 		t.Fatal("temperature 0 must be rejected")
 	}
 }
+
+// ---- the quant_matmul fusions ---------------------------------------------------------------
+
+// q8_0Rows builds Q8_0 rows here: per 32-element block an f16 scale d (1/16, 2/16 or 3/16, exact
+// in f16) then 32 int8 codes q; element = d * q. Returns packed [n, k/32*34] and FP64 values [n, k].
+func q8_0Rows(n, k int) ([]uint8, []float64) {
+	scales := []struct {
+		bits uint16
+		v    float64
+	}{{0x2C00, 0.0625}, {0x3000, 0.125}, {0x3200, 0.1875}}
+	var packed []uint8
+	values := make([]float64, n*k)
+	for r := 0; r < n; r++ {
+		for b := 0; b < k/32; b++ {
+			sc := scales[(r+b)%3]
+			packed = append(packed, uint8(sc.bits), uint8(sc.bits>>8))
+			for j := 0; j < 32; j++ {
+				q := (r*7+b*13+j*5)%41 - 20
+				packed = append(packed, uint8(int8(q)))
+				values[r*k+b*32+j] = sc.v * float64(q)
+			}
+		}
+	}
+	return packed, values
+}
+
+// checkMatmul compares out [m, n] with FP64 h @ w^T, allowing rel*|h| per element of h (its FP32
+// computation) and the FP32 sum in any order.
+func checkMatmul(t *testing.T, what string, out []float32, h, w []float64, m, n, k int, rel float64) {
+	t.Helper()
+	u := math.Pow(2, -24)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			acc, abs := 0.0, 0.0
+			for c := 0; c < k; c++ {
+				p := h[i*k+c] * w[j*k+c]
+				acc, abs = acc+p, abs+math.Abs(p)
+			}
+			tol := 1e-6 + 1e-6*math.Abs(acc) + (rel+8*math.Sqrt(float64(k))*u)*abs
+			if g := float64(out[i*n+j]); math.Abs(g-acc) > tol {
+				t.Errorf("%s[%d][%d] = %v, want %v", what, i, j, g, acc)
+			}
+		}
+	}
+}
+
+func TestFusedAddRMSNormQuantMatmul(t *testing.T) {
+	const m, n, k, eps = 2, 3, 64, 1e-5
+	packed, wv := q8_0Rows(n, k)
+	x, res, nw := make([]float32, m*k), make([]float32, m*k), make([]float32, k)
+	for i := range x {
+		x[i] = xs[i%10] * (1 + float32(i)/64)
+		res[i] = xs[(i*3+1)%10] * 0.5
+	}
+	for i := range nw {
+		nw[i] = ws[i%5] + 0.125
+	}
+	norm := func(s []float64) []float64 {
+		h := make([]float64, len(s))
+		for r := 0; r < m; r++ {
+			ss := 0.0
+			for c := 0; c < k; c++ {
+				ss += s[r*k+c] * s[r*k+c]
+			}
+			scale := 1 / math.Sqrt(ss/k+eps)
+			for c := 0; c < k; c++ {
+				h[r*k+c] = s[r*k+c] * scale * float64(nw[c])
+			}
+		}
+		return h
+	}
+	rel := (8*math.Sqrt(k) + 16) * math.Pow(2, -24)
+	w := ks.U8(packed, n, k/32*34)
+
+	// with x: residualOut = x + residual; out = quant_matmul(rms_norm(x + residual))
+	out, resOut := filled(m*n, float32(math.NaN())), filled(m*k, float32(math.NaN()))
+	if err := ks.FusedAddRMSNormQuantMatmul(ks.F32(out, m, n), ks.F32(resOut, m, k), ks.F32(x, m, k), ks.F32(res, m, k),
+		ks.F32(nw, k), eps, w, ks.QTypeQ8_0, ks.WithBackend(ks.BackendCPU)); err != nil {
+		t.Fatal(err)
+	}
+	s := make([]float64, m*k)
+	for i := range s {
+		s[i] = float64(x[i]) + float64(res[i])
+		if resOut[i] != float32(s[i]) {
+			t.Errorf("residual_out[%d] = %v, want %v", i, resOut[i], float32(s[i]))
+		}
+	}
+	checkMatmul(t, "out", out, norm(s), wv, m, n, k, rel)
+
+	// x nil: out = quant_matmul(rms_norm(residual))
+	out0 := filled(m*n, float32(math.NaN()))
+	if err := ks.FusedAddRMSNormQuantMatmul(ks.F32(out0, m, n), nil, nil, ks.F32(res, m, k), ks.F32(nw, k), eps, w,
+		ks.QTypeQ8_0); err != nil {
+		t.Fatal(err)
+	}
+	r64 := make([]float64, m*k)
+	for i, v := range res {
+		r64[i] = float64(v)
+	}
+	checkMatmul(t, "out (no x)", out0, norm(r64), wv, m, n, k, rel)
+
+	// residual_out without x: rejected, naming the op and residual_out; nothing written
+	out7, res7 := filled(m*n, 7), filled(m*k, 7)
+	err := ks.FusedAddRMSNormQuantMatmul(ks.F32(out7, m, n), ks.F32(res7, m, k), nil, ks.F32(res, m, k), ks.F32(nw, k),
+		eps, w, ks.QTypeQ8_0, ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "fused_add_rms_norm_quant_matmul", "residual_out")
+	untouched(t, out7, 7)
+	untouched(t, res7, 7)
+}
+
+func TestSiluAndMulQuantMatmul(t *testing.T) {
+	const m, n, k = 2, 3, 64
+	packed, wv := q8_0Rows(n, k)
+	w := ks.U8(packed, n, k/32*34)
+	gu := make([]float32, m*2*k)
+	for i := range gu {
+		gu[i] = xs[(i*7)%10]*0.75 + float32(i%3)*0.25
+	}
+	h := make([]float64, m*k)
+	for r := 0; r < m; r++ {
+		for c := 0; c < k; c++ {
+			g, u := float64(gu[r*2*k+c]), float64(gu[r*2*k+k+c])
+			h[r*k+c] = g / (1 + math.Exp(-g)) * u
+		}
+	}
+	out := filled(m*n, float32(math.NaN()))
+	if err := ks.SiluAndMulQuantMatmul(ks.F32(out, m, n), ks.F32(gu, m, 2*k), w, ks.QTypeQ8_0,
+		ks.WithBackend(ks.BackendCPU)); err != nil {
+		t.Fatal(err)
+	}
+	checkMatmul(t, "out", out, h, wv, m, n, k, 16*math.Pow(2, -24))
+
+	// an odd gate_up width: rejected, naming the op and gate_up; nothing written
+	out7 := filled(m*n, 7)
+	err := ks.SiluAndMulQuantMatmul(ks.F32(out7, m, n), ks.F32(gu[:m*127], m, 127), w, ks.QTypeQ8_0)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "silu_and_mul_quant_matmul", "gate_up")
+	untouched(t, out7, 7)
+}

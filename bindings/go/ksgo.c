@@ -68,6 +68,21 @@ ks_status_t ksgo_quant_matmul(ksgo_desc* d, void* out, void* x, void* weight, in
   return ks_quant_matmul(&o, &xt, &w, (ks_qtype_t)qtype, BK, ST);
 }
 
+ks_status_t ksgo_fused_add_rms_norm_quant_matmul(ksgo_desc* d, void* out, int has_residual_out, void* residual_out,
+                                                int has_x, void* x, void* residual, void* norm_weight, double eps,
+                                                void* weight, int qtype, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), ro = mk(&d[1], residual_out), xt = mk(&d[2], x), r = mk(&d[3], residual),
+           nw = mk(&d[4], norm_weight), w = mk(&d[5], weight);
+  return ks_fused_add_rms_norm_quant_matmul(&o, has_residual_out ? &ro : NULL, has_x ? &xt : NULL, &r, &nw, eps, &w,
+                                            (ks_qtype_t)qtype, BK, ST);
+}
+
+ks_status_t ksgo_silu_and_mul_quant_matmul(ksgo_desc* d, void* out, void* gate_up, void* weight, int qtype, int backend,
+                                           uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), g = mk(&d[1], gate_up), w = mk(&d[2], weight);
+  return ks_silu_and_mul_quant_matmul(&o, &g, &w, (ks_qtype_t)qtype, BK, ST);
+}
+
 ks_status_t ksgo_rotary_embedding(ksgo_desc* d, void* q, int has_k, void* k, void* positions, int64_t rotary_dim,
                                   double theta, int is_neox, int backend, uintptr_t stream) {
   DLTensor qt = mk(&d[0], q), kt = mk(&d[1], k), p = mk(&d[2], positions);

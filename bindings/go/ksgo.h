@@ -25,7 +25,8 @@ typedef struct {
 } ksgo_desc;
 
 /* d[i] describes the i-th tensor argument, in the op's argument order. A NULL desc pointer
- * for an optional tensor (rotary k, paged_attention seq_ids) passes NULL. */
+ * for an optional tensor (rotary k, paged_attention seq_ids, the fused norm's x and residual_out)
+ * passes NULL. */
 ks_status_t ksgo_rms_norm(ksgo_desc* d, void* out, void* x, void* weight, double eps, int backend, uintptr_t stream);
 ks_status_t ksgo_fused_add_rms_norm(ksgo_desc* d, void* x, void* residual, void* weight, double eps, int backend,
                                     uintptr_t stream);
@@ -38,6 +39,11 @@ ks_status_t ksgo_dequantize(ksgo_desc* d, void* out, void* packed, int qtype, in
 ks_status_t ksgo_gemm(ksgo_desc* d, void* out, void* a, void* b, int backend, uintptr_t stream);
 ks_status_t ksgo_quant_matmul(ksgo_desc* d, void* out, void* x, void* weight, int qtype, int backend,
                               uintptr_t stream);
+ks_status_t ksgo_fused_add_rms_norm_quant_matmul(ksgo_desc* d, void* out, int has_residual_out, void* residual_out,
+                                                int has_x, void* x, void* residual, void* norm_weight, double eps,
+                                                void* weight, int qtype, int backend, uintptr_t stream);
+ks_status_t ksgo_silu_and_mul_quant_matmul(ksgo_desc* d, void* out, void* gate_up, void* weight, int qtype, int backend,
+                                           uintptr_t stream);
 ks_status_t ksgo_rotary_embedding(ksgo_desc* d, void* q, int has_k, void* k, void* positions, int64_t rotary_dim,
                                   double theta, int is_neox, int backend, uintptr_t stream);
 ks_status_t ksgo_kv_cache_append(ksgo_desc* d, void* k_cache, void* v_cache, void* k, void* v, void* slot_mapping,

@@ -163,6 +163,46 @@ func QuantMatmul(out, x, weight *Tensor, qtype QType, opts ...Option) error {
 	})
 }
 
+// FusedAddRMSNormQuantMatmul is the decode-step fusion of the (fused add +) RMS norm of each row
+// and QuantMatmul on it, in one kernel: residual [M, K], normWeight [K], weight packed [N, row_bytes]
+// in qtype, out [M, N]. With x ([M, K]): s = x + residual (FP32); residualOut ([M, K], required)
+// = round(s); out = quant_matmul(round(rms_norm(s) * normWeight)), FusedAddRMSNorm's values then
+// QuantMatmul, with x and residual left unchanged. x nil: out = quant_matmul(round(rms_norm(residual)
+// * normWeight)), and residualOut must be nil too. Errors (nothing written): residualOut without x
+// (or x without residualOut), shapes, eps, overlap (out and residualOut overlap no input nor each
+// other) are ErrInvalidArgument; mismatched float dtypes (or a weight that is not uint8)
+// ErrUnsupportedDtype.
+func FusedAddRMSNormQuantMatmul(out, residualOut, x, residual, normWeight *Tensor, eps float64, weight *Tensor,
+	qtype QType, opts ...Option) error {
+	var d [6]C.ksgo_desc
+	args := []arg{{"out", out}, {"residual_out?", residualOut}, {"x?", x}, {"residual", residual},
+		{"norm_weight", normWeight}, {"weight", weight}}
+	if err := describeAll("fused_add_rms_norm_quant_matmul", d[:], args...); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_fused_add_rms_norm_quant_matmul(&d[0], out.data, flag(residualOut != nil), dataOf(residualOut),
+			flag(x != nil), dataOf(x), residual.data, normWeight.data, C.double(eps), weight.data, C.int(qtype), b, s)
+	})
+}
+
+// SiluAndMulQuantMatmul is the decode-step fusion of SiluAndMul of gateUp [M, 2K] (gate, then up)
+// and QuantMatmul on it, in one kernel: out [M, N] = quant_matmul(round(silu(gate) * up), weight).
+// Errors (nothing written): an odd last dim of gateUp, a K that is not whole blocks, bad shapes,
+// out overlapping an input (ErrInvalidArgument).
+func SiluAndMulQuantMatmul(out, gateUp, weight *Tensor, qtype QType, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("silu_and_mul_quant_matmul", d[:], arg{"out", out}, arg{"gate_up", gateUp},
+		arg{"weight", weight}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_silu_and_mul_quant_matmul(&d[0], out.data, gateUp.data, weight.data, C.int(qtype), b, s)
+	})
+}
+
 // RotaryEmbedding rotates q and (if not nil) k in place.
 func RotaryEmbedding(q, k, positions *Tensor, rotaryDim int64, theta float64, isNeox bool, opts ...Option) error {
 	var d [3]C.ksgo_desc

@@ -121,6 +121,21 @@ export function embedding(out: TensorLike, ids: TensorLike, table: TensorLike, t
 export function dequantize(out: TensorLike, packed: TensorLike, qtype: QType, opts?: ExecOptions): void;
 export function gemm(out: TensorLike, a: TensorLike, b: TensorLike, opts?: ExecOptions): void;
 export function quantMatmul(out: TensorLike, x: TensorLike, weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
+/** Decode-step fusion, one kernel: the (fused add +) RMS norm of each row, then quantMatmul on it.
+ *  residual [M, K], normWeight [K], weight packed [N, rowBytes] in qtype, out [M, N]. With x ([M, K]):
+ *  s = x + residual (FP32); residualOut ([M, K], required) = round(s);
+ *  out = quantMatmul(round(rmsNorm(s) * normWeight)): fusedAddRmsNorm's values then quantMatmul, x and
+ *  residual unchanged. x null: out = quantMatmul(round(rmsNorm(residual) * normWeight)), and
+ *  residualOut must be null too. Throws KernscopeError (nothing written) for residualOut without x
+ *  (or x without it), shapes, eps, overlap (INVALID_ARGUMENT) and mismatched dtypes (UNSUPPORTED_DTYPE). */
+export function fusedAddRmsNormQuantMatmul(out: TensorLike, residualOut: TensorLike | null, x: TensorLike | null,
+                                           residual: TensorLike, normWeight: TensorLike, eps: number,
+                                           weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
+/** Decode-step fusion, one kernel: siluAndMul of gateUp [M, 2K] (gate, then up), then quantMatmul:
+ *  out [M, N] = quantMatmul(round(silu(gate) * up), weight). Throws KernscopeError (nothing written)
+ *  for an odd gateUp width, a K that is not whole blocks, bad shapes or overlap (INVALID_ARGUMENT). */
+export function siluAndMulQuantMatmul(out: TensorLike, gateUp: TensorLike, weight: TensorLike, qtype: QType,
+                                      opts?: ExecOptions): void;
 export function rotaryEmbedding(q: TensorLike, k: TensorLike | null, positions: TensorLike, rotaryDim: number,
                                 theta: number, isNeox: boolean, opts?: ExecOptions): void;
 export function kvCacheAppend(kCache: TensorLike, vCache: TensorLike, k: TensorLike, v: TensorLike,

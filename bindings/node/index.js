@@ -233,6 +233,11 @@ module.exports = {
   dequantize: (out, packed, q, opts) => native.dequantize(T(out), T(packed), qtype(q), ...exec(opts)),
   gemm: (out, a, b, opts) => native.gemm(T(out), T(a), T(b), ...exec(opts)),
   quantMatmul: (out, x, weight, q, opts) => native.quantMatmul(T(out), T(x), T(weight), qtype(q), ...exec(opts)),
+  fusedAddRmsNormQuantMatmul: (out, residualOut, x, residual, normWeight, eps, weight, q, opts) =>
+    native.fusedAddRmsNormQuantMatmul(T(out), T(residualOut, false), T(x, false), T(residual), T(normWeight), eps,
+                                      T(weight), qtype(q), ...exec(opts)),
+  siluAndMulQuantMatmul: (out, gateUp, weight, q, opts) =>
+    native.siluAndMulQuantMatmul(T(out), T(gateUp), T(weight), qtype(q), ...exec(opts)),
   rotaryEmbedding: (q, k, positions, rotaryDim, theta, isNeox, opts) =>
     native.rotaryEmbedding(T(q), T(k, false), T(positions), rotaryDim, theta, Boolean(isNeox), ...exec(opts)),
   kvCacheAppend: (kCache, vCache, k, v, slotMapping, opts) =>

@@ -219,7 +219,8 @@ KS_API ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTen
  * kernel (no normalized copy goes through memory).
  *   residual: [M, K]; norm_weight: [K]; weight: uint8 [N, row_bytes] in qtype; out: [M, N].
  *   x == NULL:  h = round(rms_norm(residual, norm_weight, eps)); residual_out must be NULL.
- *   x != NULL:  [M, K]; s = fp32(x) + fp32(residual); residual_out[M, K] = round(s);
+ *   x != NULL:  [M, K]; residual_out is required; s = fp32(x) + fp32(residual);
+ *               residual_out[M, K] = round(s);
  *               h = round(s * rsqrt(mean(s^2) + eps) * fp32(norm_weight))   (s unrounded),
  *               exactly fused_add_rms_norm's values, written to residual_out instead of in place.
  *   out = quant_matmul(h, weight): FP32 products and sums, one rounding to out's dtype.
@@ -258,6 +259,17 @@ KS_API ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTensor*
 KS_API ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, const DLTensor* k,
                                       const DLTensor* v, const DLTensor* slot_mapping,
                                       ks_backend_t backend, ks_stream_t stream);
+
+/* Decode-step fusion: ks_rotary_embedding on q and k, then ks_kv_cache_append of the rotated
+ * k and of v, in one pass (one kernel on CUDA). Arguments as in those two functions (k must be
+ * given, and is both rotated in place and the appended key rows); the result is theirs, in
+ * that order. v must not overlap q or k, and the caches must not overlap q or positions
+ * (the one pass reads and writes them in no fixed order). */
+KS_API ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, const DLTensor* v,
+                                                 const DLTensor* positions, int64_t rotary_dim, double theta,
+                                                 int is_neox, DLTensor* k_cache, DLTensor* v_cache,
+                                                 const DLTensor* slot_mapping, ks_backend_t backend,
+                                                 ks_stream_t stream);
 
 /* Attention of each query row over a paged KV cache (decode; also causal prefill
  * by giving each prompt token its own context length).

@@ -275,6 +275,16 @@ inline void rotary_embedding(const TensorView& q, const TensorView& k, const Ten
   check(ks_rotary_embedding(&qq, has_k ? &kk : nullptr, &p, rotary_dim, theta, is_neox ? 1 : 0,
                             detail::be(backend), stream));
 }
+inline void rotary_embedding_kv_append(const TensorView& q, const TensorView& k, const TensorView& v,
+                                       const TensorView& positions, int64_t rotary_dim, double theta, bool is_neox,
+                                       const TensorView& k_cache, const TensorView& v_cache,
+                                       const TensorView& slot_mapping, Backend backend = Backend::Auto,
+                                       ks_stream_t stream = nullptr) {
+  DLTensor qq = q.dl(), kk = k.dl(), vv = v.dl(), p = positions.dl(), kc = k_cache.dl(), vc = v_cache.dl(),
+           sm = slot_mapping.dl();
+  check(ks_rotary_embedding_kv_append(&qq, &kk, &vv, &p, rotary_dim, theta, is_neox ? 1 : 0, &kc, &vc, &sm,
+                                      detail::be(backend), stream));
+}
 inline void kv_cache_append(const TensorView& k_cache, const TensorView& v_cache, const TensorView& k,
                             const TensorView& v, const TensorView& slot_mapping, Backend backend = Backend::Auto,
                             ks_stream_t stream = nullptr) {

@@ -9,8 +9,9 @@ Quick start::
     ks.which("rms_norm", dtype="fp32", device="cpu")   # -> (variant, reason)
 
 Ops: rms_norm, fused_add_rms_norm, silu_and_mul, gemv, softmax, argmax, sample,
-embedding, dequantize, gemm, quant_matmul, rotary_embedding, kv_cache_append,
-paged_attention. Each has a numerical contract in docs/contracts.md and the
+embedding, dequantize, gemm, quant_matmul, fused_add_rms_norm_quant_matmul,
+silu_and_mul_quant_matmul, rotary_embedding, kv_cache_append, paged_attention,
+varlen_attention. Each has a numerical contract in docs/contracts.md and the
 same ``backend`` keyword ("auto", "cpu", "cuda", "torch"); see kernscope._ops.
 
 With torch installed, the ops are also registered as torch.library custom ops
@@ -49,6 +50,7 @@ from ._ops import (
     dequantize,
     embedding,
     fused_add_rms_norm,
+    fused_add_rms_norm_quant_matmul,
     gemm,
     gemv,
     kv_cache_append,
@@ -57,6 +59,7 @@ from ._ops import (
     rms_norm,
     rotary_embedding,
     silu_and_mul,
+    silu_and_mul_quant_matmul,
     softmax,
 )
 
@@ -270,6 +273,8 @@ __all__ = [
     "dequantize",
     "gemm",
     "quant_matmul",
+    "fused_add_rms_norm_quant_matmul",
+    "silu_and_mul_quant_matmul",
     "rotary_embedding",
     "kv_cache_append",
     "paged_attention",

@@ -581,6 +581,124 @@ def quant_matmul(x: T, weight: Array, qtype: Union[str, int, QType], *, backend:
     return out
 
 
+def fused_add_rms_norm_quant_matmul(x: Optional[T], residual: T, norm_weight: Array, weight: Array,
+                                    qtype: Union[str, int, QType], eps: float = 1e-6, *, backend: str = "auto",
+                                    out: Optional[T] = None,
+                                    residual_out: Optional[T] = None) -> Union[T, Tuple[T, T]]:
+    """Decode-step fusion: (residual add +) RMS norm, then :func:`quant_matmul`, in one kernel.
+
+    With x (``s = fp32(x) + fp32(residual)``, unrounded)::
+
+        residual_out = round(s)
+        h            = round(s * rsqrt(mean(s^2) + eps) * fp32(norm_weight))
+        out          = round(sum_k fp32(h[m, k]) * w[n, k])      (w decoded from weight's blocks)
+
+    Without x (``x=None``): ``h = round(rms_norm(residual, norm_weight, eps))`` and the same out.
+    h is rounded to the activation dtype, as the unfused ops store it, but never goes
+    through memory. The result equals :func:`fused_add_rms_norm` (or :func:`rms_norm` when x
+    is None) followed by :func:`quant_matmul`, up to the FP32 summation order of the sum
+    of squares; residual_out holds exactly fused_add_rms_norm's residual values.
+
+    Args:
+        x: ``[M, K]`` or None; fp16, bf16 or fp32. Read only (unlike fused_add_rms_norm).
+        residual: ``[M, K]``, K > 0 and a multiple of the block size; x's dtype. Read only.
+        norm_weight: ``[K]``, residual's dtype.
+        weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype.
+        qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16" (or a :class:`QType`).
+        eps: finite, > 0 (after rounding to fp32).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[M, N]`` output in residual's dtype.
+        residual_out: optional ``[M, K]`` output for ``round(x + residual)``, residual's dtype;
+            allocated when x is given and it is not. Must be None when x is None.
+
+    out and residual_out must not overlap any input or each other (residual_out cannot be
+    residual itself: other rows still read residual while it is written).
+
+    Returns:
+        x None: ``out``. x given: ``(out, residual_out)``. New arrays in residual's
+        framework and device, or the ones passed.
+
+    Raises:
+        ValueError: residual_out given without x; a shape (x, norm_weight, out,
+            residual_out; weight's bytes per row for K), eps, qtype, layout or overlap error;
+            an unknown backend.
+        TypeError: an unsupported or mismatched dtype (weight must be uint8).
+        RuntimeError: mixed devices, an unavailable backend, a CUDA error, or a torch
+            tensor requiring grad with backend "cpu"/"cuda".
+
+    After an error nothing has been written (out and residual_out are unchanged).
+
+    Contract: docs/contracts.md (fused_add_rms_norm_quant_matmul; fused_add_rms_norm, rms_norm
+    and quant_matmul); ks_fused_add_rms_norm_quant_matmul in include/kernscope/kernscope.h.
+    """
+    if _compiling():
+        return _TL.fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, qtype, eps, backend, out,
+                                                   residual_out)
+    op = "fused_add_rms_norm_quant_matmul"
+    code = _backend(op, backend)
+    q = _qtype(op, qtype)
+    fw = _fw(op, "residual", residual)
+    if fw.is_torch and _torch_route(op, code, backend, ("x", "residual", "norm_weight"), (x, residual, norm_weight)):
+        y, r = _ref().fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, q, eps, residual_out)
+        y = _finish(y, out)
+        return y if x is None else (y, r)
+    if code == _TORCH:
+        raise _not_torch(op, residual)
+    if out is None:
+        out = fw.empty(residual, (_dim0(tuple(residual.shape)), _dim0(tuple(weight.shape))))
+    if x is not None and residual_out is None:
+        residual_out = fw.empty_like(residual)
+    _native(_C.fused_add_rms_norm_quant_matmul, fw, residual, (out, residual_out, x, residual, norm_weight, weight),
+            float(eps), q, code)
+    return out if x is None else (out, residual_out)
+
+
+def silu_and_mul_quant_matmul(gate_up: T, weight: Array, qtype: Union[str, int, QType], *, backend: str = "auto",
+                              out: Optional[T] = None) -> T:
+    """Decode-step fusion: :func:`silu_and_mul`, then :func:`quant_matmul`, in one kernel.
+
+    ``h = round(g * sigmoid(g) * u)`` with ``g = fp32(gate_up[:, :K])``, ``u = fp32(gate_up[:, K:])``
+    (silu_and_mul's values, rounded to gate_up's dtype but never stored), then
+    ``out[m, n] = round(sum_k fp32(h[m, k]) * w[n, k])`` with w decoded from weight's blocks.
+    Equals :func:`silu_and_mul` followed by :func:`quant_matmul`.
+
+    Args:
+        gate_up: ``[M, 2K]`` (gate then up), K > 0 and a multiple of the block size;
+            fp16, bf16 or fp32. Read only.
+        weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype.
+        qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16" (or a :class:`QType`).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[M, N]`` output in gate_up's dtype; must overlap neither input.
+
+    Returns:
+        A new ``[M, N]`` array (gate_up's framework and device), or ``out``.
+
+    Raises:
+        ValueError: an odd or empty last dimension of gate_up, a K that is not whole blocks,
+            a bad weight or out shape, an unknown qtype, layout, overlap, an unknown backend.
+        TypeError, RuntimeError: as for :func:`fused_add_rms_norm_quant_matmul`.
+
+    After an error nothing has been written.
+
+    Contract: docs/contracts.md (silu_and_mul_quant_matmul; silu_and_mul and quant_matmul);
+    ks_silu_and_mul_quant_matmul in include/kernscope/kernscope.h.
+    """
+    if _compiling():
+        return _TL.silu_and_mul_quant_matmul(gate_up, weight, qtype, backend, out)
+    op = "silu_and_mul_quant_matmul"
+    code = _backend(op, backend)
+    q = _qtype(op, qtype)
+    fw = _fw(op, "gate_up", gate_up)
+    if fw.is_torch and _torch_route(op, code, backend, ("gate_up",), (gate_up,)):
+        return _finish(_ref().silu_and_mul_quant_matmul(gate_up, weight, q), out)
+    if code == _TORCH:
+        raise _not_torch(op, gate_up)
+    if out is None:
+        out = fw.empty(gate_up, (_dim0(tuple(gate_up.shape)), _dim0(tuple(weight.shape))))
+    _native(_C.silu_and_mul_quant_matmul, fw, gate_up, (out, gate_up, weight), q, code)
+    return out
+
+
 def rotary_embedding(q: Array, k: Optional[Array], positions: Array, rotary_dim: Optional[int] = None,
                      theta: float = 10000.0, is_neox: bool = True, *, backend: str = "auto") -> None:
     """Rotary position embedding, in place on q and k (k may be None); returns None.
@@ -739,5 +857,5 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
 
 OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
                         "varlen_attention",
-                        "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
-                        "kv_cache_append", "paged_attention")
+                        "embedding", "dequantize", "gemm", "quant_matmul", "fused_add_rms_norm_quant_matmul",
+                        "silu_and_mul_quant_matmul", "rotary_embedding", "kv_cache_append", "paged_attention")

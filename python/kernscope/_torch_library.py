@@ -31,6 +31,11 @@ Schema (backend: "auto" | "cpu" | "cuda"):
   dequantize(Tensor packed, int qtype, ScalarType dtype, str backend) -> Tensor
   gemm(Tensor a, Tensor b, str backend) -> Tensor
   quant_matmul(Tensor x, Tensor weight, int qtype, str backend) -> Tensor
+  fused_add_rms_norm_quant_matmul(Tensor? x, Tensor residual, Tensor norm_weight, Tensor weight, int qtype,
+                                  float eps, str backend) -> (Tensor out, Tensor residual_out)
+      (residual_out is a new tensor, empty (shape (0,)) when x is None: a functional op, so
+      torch.compile needs no auto-functionalization of an optional mutable argument)
+  silu_and_mul_quant_matmul(Tensor gate_up, Tensor weight, int qtype, str backend) -> Tensor
   rotary_embedding(Tensor(a!) q, Tensor(b!)? k, Tensor positions, int rotary_dim, float theta,
                    bool is_neox, str backend) -> ()
   kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping,
@@ -51,6 +56,7 @@ from torch import Tensor
 
 from . import _C, _ops
 from . import _torch_ref as ref
+from ._errors import InvalidArgumentError
 
 _installed = False
 _LIB = torch.library.Library("kernscope", "DEF")  # noqa: TOR901 - the low-level API on purpose (see above)
@@ -195,6 +201,25 @@ def _quant_matmul(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor
     return out
 
 
+@_op("fused_add_rms_norm_quant_matmul(Tensor? x, Tensor residual, Tensor norm_weight, Tensor weight, int qtype, float eps, str backend) -> (Tensor, Tensor)")
+def _fused_add_rms_norm_quant_matmul(x: Optional[Tensor], residual: Tensor, norm_weight: Tensor, weight: Tensor,
+                                     qtype: int, eps: float, backend: str) -> Any:
+    out = torch.empty((residual.shape[0] if residual.dim() else 0, weight.shape[0] if weight.dim() else 0),
+                      dtype=residual.dtype, device=residual.device)
+    res = torch.empty(residual.shape if x is not None else (0,), dtype=residual.dtype, device=residual.device)
+    _run(_C.fused_add_rms_norm_quant_matmul, (out, res if x is not None else None, x, residual, norm_weight, weight),
+         eps, qtype, _code("fused_add_rms_norm_quant_matmul", backend))
+    return out, res
+
+
+@_op("silu_and_mul_quant_matmul(Tensor gate_up, Tensor weight, int qtype, str backend) -> Tensor")
+def _silu_and_mul_quant_matmul(gate_up: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
+    out = torch.empty((gate_up.shape[0] if gate_up.dim() else 0, weight.shape[0] if weight.dim() else 0),
+                      dtype=gate_up.dtype, device=gate_up.device)
+    _run(_C.silu_and_mul_quant_matmul, (out, gate_up, weight), qtype, _code("silu_and_mul_quant_matmul", backend))
+    return out
+
+
 @_op("rotary_embedding(Tensor(a!) q, Tensor(b!)? k, Tensor positions, int rotary_dim, float theta, bool is_neox, str backend) -> ()")
 def _rotary_embedding(q: Tensor, k: Optional[Tensor], positions: Tensor, rotary_dim: int, theta: float,
                       is_neox: bool, backend: str) -> None:
@@ -291,6 +316,20 @@ def _(a, b, backend):
 @_quant_matmul.register_fake
 def _(x, weight, qtype, backend):
     return x.new_empty((x.shape[0], weight.shape[0]))
+
+
+@_fused_add_rms_norm_quant_matmul.register_fake
+def _(x, residual, norm_weight, weight, qtype, eps, backend):
+    if x is None:
+        res = residual.new_empty((0,))
+    else:
+        res = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    return residual.new_empty((residual.shape[0], weight.shape[0])), res
+
+
+@_silu_and_mul_quant_matmul.register_fake
+def _(gate_up, weight, qtype, backend):
+    return gate_up.new_empty((gate_up.shape[0], weight.shape[0]))
 
 
 @_rotary_embedding.register_fake
@@ -394,6 +433,27 @@ def quant_matmul(x, weight, qtype, backend, out):
     if _ref_or_op("quant_matmul", backend, ("x",), (x,)):
         return _fin(ref.quant_matmul(x, weight, q), out)
     return _fin(torch.ops.kernscope.quant_matmul(x, weight, q, backend), out)
+
+
+def fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, qtype, eps, backend, out, residual_out):
+    op = "fused_add_rms_norm_quant_matmul"
+    q = _ops._qtype(op, qtype)
+    if _ref_or_op(op, backend, ("x", "residual", "norm_weight"), (x, residual, norm_weight)):
+        y, r = ref.fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, q, eps, residual_out)
+        y = _fin(y, out)
+        return y if x is None else (y, r)
+    if x is None and residual_out is not None:  # as the C ABI says, before the op sees None for both
+        raise InvalidArgumentError(f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
+    y, r = torch.ops.kernscope.fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, q, float(eps), backend)
+    y = _fin(y, out)
+    return y if x is None else (y, _fin(r, residual_out))
+
+
+def silu_and_mul_quant_matmul(gate_up, weight, qtype, backend, out):
+    q = _ops._qtype("silu_and_mul_quant_matmul", qtype)
+    if _ref_or_op("silu_and_mul_quant_matmul", backend, ("gate_up",), (gate_up,)):
+        return _fin(ref.silu_and_mul_quant_matmul(gate_up, weight, q), out)
+    return _fin(torch.ops.kernscope.silu_and_mul_quant_matmul(gate_up, weight, q, backend), out)
 
 
 def rotary_embedding(q, k, positions, rotary_dim, theta, is_neox, backend):

@@ -4,12 +4,14 @@ These are the references the native backends are held to, with the same
 validation rules and the same exception classes. They run on any torch device,
 are traceable by torch.compile, and support autograd for rms_norm,
 silu_and_mul, gemv and softmax (the formulas are plain differentiable torch ops;
-embedding, gemm, quant_matmul (activations) and paged_attention are
+embedding, gemm, quant_matmul, its two fusions (activations) and paged_attention are
 differentiable too, but only the first four are tested with gradcheck).
 
 Precision: fp16/bf16/fp32 inputs are upcast to FP32 and rounded once to the
-input dtype at the end, as the contract says. fp64 inputs (not a kernscope
-dtype; accepted here so torch.autograd.gradcheck can run) are computed in fp64.
+input dtype at the end, as the contract says (the two quant_matmul fusions also
+round their normalised or gated activations to the input dtype in between, as
+the unfused ops store them). fp64 inputs (not a kernscope dtype; accepted here
+so torch.autograd.gradcheck can run) are computed in fp64.
 
 This module is imported only when backend="torch" is used (or autograd routes a
 call here), so kernscope does not need torch otherwise.
@@ -340,6 +342,72 @@ def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Ten
     acc = _acc(x)
     with _no_autocast(x):
         return (x.to(acc) @ w.to(acc).T).to(x.dtype)
+
+
+def fused_add_rms_norm_quant_matmul(x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,
+                                    weight: torch.Tensor, qtype: int, eps: float = 1e-6,
+                                    residual_out: Optional[torch.Tensor] = None):
+    """(out, residual_out): fused_add_rms_norm (rms_norm when x is None) then quant_matmul, with the
+    normalised activations rounded to residual's dtype in between; residual_out (None when x is
+    None) is the given tensor, written, or a new one. Validation in the order of
+    src/ops/matmul_ops.cpp, with its messages."""
+    op = "fused_add_rms_norm_quant_matmul"
+    if x is None and residual_out is not None:
+        raise InvalidArgumentError(
+            f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
+    _tensor(op, "residual", residual), _tensor(op, "norm_weight", norm_weight), _tensor(op, "weight", weight)
+    _float(op, "residual", residual)
+    _ndim(op, "residual", residual, 2)
+    _nonempty_last(op, "residual", residual)
+    given = [(name, t) for name, t in (("x", x), ("residual_out", residual_out)) if t is not None]
+    for name, t in given:
+        _tensor(op, name, t)
+        _same_dtype(op, name, t, "residual", residual)
+    for name, t in given:
+        _same_device(op, name, t, "residual", residual)
+    for name, t in given:
+        _require_shape(op, name, t, residual.shape, "same as residual")
+    _same_dtype(op, "norm_weight", norm_weight, "residual", residual)
+    _same_device(op, "norm_weight", norm_weight, "residual", residual)
+    _same_device(op, "weight", weight, "residual", residual)
+    _require_shape(op, "norm_weight", norm_weight, (residual.shape[1],), "hidden_size (K) of residual")
+    w = _decode(op, "weight", weight, qtype, cols=residual.shape[1], cols_what="residual's K (columns)")
+    eps = _eps(op, eps)
+    if residual_out is not None:
+        for name, t in (("residual", residual), ("norm_weight", norm_weight), ("weight", weight), ("x", x)):
+            _no_overlap(op, "residual_out", residual_out, name, t)
+    acc = _acc(residual)
+    s = residual.to(acc) if x is None else x.to(acc) + residual.to(acc)  # unrounded FP32 sum
+    h = (s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * norm_weight.to(acc)).to(residual.dtype)
+    with _no_autocast(residual):
+        out = (h.to(acc) @ w.to(acc).T).to(residual.dtype)
+    if x is None:
+        return out, None
+    if residual_out is None:
+        return out, s.to(residual.dtype)
+    residual_out.copy_(s)
+    return out, residual_out
+
+
+def silu_and_mul_quant_matmul(gate_up: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """silu_and_mul then quant_matmul, with the activations rounded to gate_up's dtype in between."""
+    op = "silu_and_mul_quant_matmul"
+    _tensor(op, "gate_up", gate_up), _tensor(op, "weight", weight)
+    _float(op, "gate_up", gate_up)
+    _same_device(op, "weight", weight, "gate_up", gate_up)
+    _ndim(op, "gate_up", gate_up, 2)
+    _nonempty_last(op, "gate_up", gate_up)
+    if gate_up.shape[1] % 2:
+        raise InvalidArgumentError(
+            f"{op}: gate_up's last dimension must be even (gate and up halves); got {_shape(gate_up.shape)}")
+    k = gate_up.shape[1] // 2
+    w = _decode(op, "weight", weight, qtype, cols=k, cols_what="gate_up's K (half its columns)")
+    acc = _acc(gate_up)
+    gf = gate_up.to(acc)
+    g, u = gf[:, :k], gf[:, k:]
+    h = (g * torch.sigmoid(g) * u).to(gate_up.dtype)
+    with _no_autocast(gate_up):
+        return (h.to(acc) @ w.to(acc).T).to(gate_up.dtype)
 
 
 def rotary_embedding(q: torch.Tensor, k: Optional[torch.Tensor], positions: torch.Tensor,

@@ -521,6 +521,25 @@ NB_MODULE(_C, m) {
       return ks_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
+  // x and residual_out may be None (NULL): then the plain rms_norm of residual feeds the matmul.
+  m.def("fused_add_rms_norm_quant_matmul", [](nb::tuple t, double eps, int qtype, KS_ARGS) {
+    static const OpSpec spec{"fused_add_rms_norm_quant_matmul", 6,
+                             {"out", "residual_out", "x", "residual", "norm_weight", "weight"}, 0b11, 0b110};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_fused_add_rms_norm_quant_matmul(c[0], c[1], c[2], c[3], c[4], eps, c[5],
+                                                static_cast<ks_qtype_t>(qtype), be, c.stream());
+    });
+  });
+  m.def("silu_and_mul_quant_matmul", [](nb::tuple t, int qtype, KS_ARGS) {
+    static const OpSpec spec{"silu_and_mul_quant_matmul", 3, {"out", "gate_up", "weight"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_silu_and_mul_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
+    });
+  });
   m.def("rotary_embedding", [](nb::tuple t, int64_t rotary_dim, double theta, bool is_neox, KS_ARGS) {
     static const OpSpec spec{"rotary_embedding", 3, {"q", "k", "positions"}, 0b11, 0b10};
     const ks_backend_t be = to_backend(backend);

@@ -89,6 +89,13 @@ struct KvCacheAppendArgs {
   int64_t num_tokens, num_kv_heads, head_dim, num_slots;
 };
 
+// rotary_embedding_kv_append: rotary_embedding's args (k given), then kv_cache_append's
+// (k the same tensor, rotated).
+struct RopeKvAppendArgs {
+  RotaryArgs rope;
+  KvCacheAppendArgs kv;
+};
+
 struct PagedAttentionArgs {
   View out, q, k_cache, v_cache, block_tables, seq_ids, context_lens;
   bool has_seq_ids;

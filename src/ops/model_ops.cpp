@@ -78,11 +78,9 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
   });
 }
 
-extern "C" ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTensor* positions, int64_t rotary_dim,
-                                           double theta, int is_neox, ks_backend_t backend, ks_stream_t stream) {
-  static const char* op = "rotary_embedding";
-  return guard(op, [&] {
-    RotaryArgs a;
+// rotary_embedding's rules (also those of rotary_embedding_kv_append, under its name).
+static void validate_rotary(const char* op, RotaryArgs& a, DLTensor* q, DLTensor* k, const DLTensor* positions,
+                            int64_t rotary_dim, double theta, int is_neox) {
     // q and k may be strided views (e.g. slices of a fused qkv buffer): any token and
     // head strides that keep their elements distinct; the last dimension contiguous.
     const RowsView qr = rows_view_of(op, "q", q);
@@ -130,6 +128,14 @@ extern "C" ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTen
     a.rotary_dim = rotary_dim;
     a.theta = theta;
     a.neox = is_neox != 0;
+}
+
+extern "C" ks_status_t ks_rotary_embedding(DLTensor* q, DLTensor* k, const DLTensor* positions, int64_t rotary_dim,
+                                           double theta, int is_neox, ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "rotary_embedding";
+  return guard(op, [&] {
+    RotaryArgs a;
+    validate_rotary(op, a, q, k, positions, rotary_dim, theta, is_neox);
     const ks_backend_t be = resolve_backend(op, backend, a.q);
     if (a.num_tokens == 0 || a.num_heads + a.num_kv_heads == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.q.dtype, &a, stream);
@@ -145,11 +151,9 @@ static void check_cache(const char* op, const char* arg, const View& c, int64_t 
              std::to_string(hd) + "); got " + shape_str(c.shape));
 }
 
-extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, const DLTensor* k, const DLTensor* v,
-                                          const DLTensor* slot_mapping, ks_backend_t backend, ks_stream_t stream) {
-  static const char* op = "kv_cache_append";
-  return guard(op, [&] {
-    KvCacheAppendArgs a;
+// kv_cache_append's rules (also those of rotary_embedding_kv_append, under its name).
+static void validate_kv_append(const char* op, KvCacheAppendArgs& a, DLTensor* k_cache, DLTensor* v_cache,
+                               const DLTensor* k, const DLTensor* v, const DLTensor* slot_mapping) {
     a.k_cache = view_of(op, "k_cache", k_cache);
     a.v_cache = view_of(op, "v_cache", v_cache);
     a.k = view_of(op, "k", k);
@@ -181,7 +185,6 @@ extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, 
       require_no_overlap(op, "k_cache", a.k_cache, n, *t);
       require_no_overlap(op, "v_cache", a.v_cache, n, *t);
     }
-    const ks_backend_t be = resolve_backend(op, backend, a.k);
     if (on_host(a.slot_mapping))
       for (int64_t t = 0; t < a.num_tokens; ++t) {
         const int64_t s = load_index(a.slot_mapping.data, a.slot_mapping.dtype, t);
@@ -189,8 +192,45 @@ extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, 
           fail(KS_ERROR_INVALID_ARGUMENT, op, "slot_mapping[" + std::to_string(t) + "] = " + std::to_string(s) +
                                                   " is outside [-1, " + std::to_string(a.num_slots) + ")");
       }
+}
+
+extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, const DLTensor* k, const DLTensor* v,
+                                          const DLTensor* slot_mapping, ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "kv_cache_append";
+  return guard(op, [&] {
+    KvCacheAppendArgs a;
+    validate_kv_append(op, a, k_cache, v_cache, k, v, slot_mapping);
+    const ks_backend_t be = resolve_backend(op, backend, a.k);
     if (a.num_tokens == 0 || a.num_kv_heads * a.head_dim == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.k.dtype, &a, stream);
+  });
+}
+
+extern "C" ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, const DLTensor* v,
+                                                     const DLTensor* positions, int64_t rotary_dim, double theta,
+                                                     int is_neox, DLTensor* k_cache, DLTensor* v_cache,
+                                                     const DLTensor* slot_mapping, ks_backend_t backend,
+                                                     ks_stream_t stream) {
+  static const char* op = "rotary_embedding_kv_append";
+  return guard(op, [&] {
+    RopeKvAppendArgs a;
+    if (!k) fail(KS_ERROR_INVALID_ARGUMENT, op, "k must not be NULL (its rotated rows go to k_cache)");
+    validate_rotary(op, a.rope, q, k, positions, rotary_dim, theta, is_neox);
+    validate_kv_append(op, a.kv, k_cache, v_cache, k, v, slot_mapping);
+    // One pass writes q, k and the caches while it reads v and positions: every pair that the
+    // two-call sequence would order must not share memory (kv_cache_append's checks cover the
+    // caches against k, v and slot_mapping; rotary_embedding's, q against k and positions).
+    const RowsView qr = rows_view_of(op, "q", q);
+    for (const char* c : {"k_cache", "v_cache"}) {
+      const View& cv = c[0] == 'k' ? a.kv.k_cache : a.kv.v_cache;
+      require_rows_disjoint(op, c, as_rows(cv), "q", qr);
+      require_rows_disjoint(op, c, as_rows(cv), "positions", as_rows(a.rope.positions));
+    }
+    require_rows_disjoint(op, "v", as_rows(a.kv.v), "q", qr);
+    require_no_overlap(op, "v", a.kv.v, "k", a.kv.k);
+    const ks_backend_t be = resolve_backend(op, backend, a.rope.q);
+    if (a.rope.num_tokens == 0 || a.rope.num_heads + a.rope.num_kv_heads == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.rope.q.dtype, &a, stream);
   });
 }
 

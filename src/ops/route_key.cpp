@@ -31,6 +31,7 @@ RouteKey route_key(const char* op, const void* args) {
   if (is("embedding")) { const auto& a = as<EmbeddingArgs>(args); return key(a.num_ids, a.hidden, a.out); }
   if (is("dequantize")) { const auto& a = as<DequantizeArgs>(args); return key(a.rows, a.cols, a.out); }
   if (is("rotary_embedding")) { const auto& a = as<RotaryArgs>(args); return key(a.num_tokens, a.num_heads, a.q); }
+  if (is("rotary_embedding_kv_append")) { const auto& a = as<RopeKvAppendArgs>(args); return key(a.rope.num_tokens, a.rope.num_heads, a.rope.q); }
   if (is("kv_cache_append")) { const auto& a = as<KvCacheAppendArgs>(args); return key(a.num_tokens, a.num_kv_heads, a.k); }
   if (is("paged_attention")) {
     const auto& a = as<PagedAttentionArgs>(args);

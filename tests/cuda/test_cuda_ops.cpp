@@ -924,6 +924,55 @@ TEST(Cuda, SiluQuantMatmulEqualsTheTwoCudaSteps) {
         }
 }
 
+// rotary_embedding_kv_append on CUDA is bit for bit rotary_embedding (under each CUDA
+// variant, pinned) then kv_cache_append on CUDA: q, k and both caches, with slots skipped
+// (-1), rotary_dim < head_dim, decode (1 token) and prefill-sized calls, int32 and int64
+// positions; every variant rotates with the same sincosf angle and rope_rotate.
+TEST(Cuda, RotaryKvAppendEqualsRotaryThenAppend) {
+  NEED_GPU();
+  struct C { int64_t T, H, KVH, D, rd, blocks, bs; };
+  for (DType dt : kstest::float_dtypes())
+    for (bool neox : {false, true})
+      for (const C c : {C{1, 9, 3, 64, 64, 8, 16}, C{37, 8, 2, 128, 64, 6, 16}, C{5, 4, 1, 66, 32, 3, 7}})
+        for (const char* variant : {"cuda_vec16", "cuda_token_cta"}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + (neox ? " neox" : " interleaved") + " T=" + std::to_string(c.T) +
+                       " D=" + std::to_string(c.D) + " rotary " + variant);
+          Buf q(dt, {c.T, c.H, c.D}), k(dt, {c.T, c.KVH, c.D}), v(dt, {c.T, c.KVH, c.D}),
+              pos(c.T % 2 ? DType::I64 : DType::I32, {c.T}), slots(DType::I64, {c.T});
+          kstest::fill_normal(q);
+          kstest::fill_normal(k);
+          kstest::fill_normal(v);
+          for (int64_t t = 0; t < c.T; ++t) {
+            pos.set(t, double(1000 * t + 17));
+            slots.set(t, double(t % 4 == 2 ? -1 : (t * 5) % (c.blocks * c.bs)));
+          }
+          const std::vector<int64_t> cs = {c.blocks, c.bs, c.KVH, c.D};
+          DBuf dq(dt, q.shape), dk(dt, k.shape), dv(dt, v.shape), dpos(pos.dtype, pos.shape), dsl(DType::I64, {c.T}),
+              dkc(dt, cs), dvc(dt, cs), eq(dt, q.shape), ek(dt, k.shape), ekc(dt, cs), evc(dt, cs);
+          dq.upload(q), eq.upload(q), dk.upload(k), ek.upload(k), dv.upload(v), dpos.upload(pos), dsl.upload(slots);
+          dkc.poison(), dvc.poison(), ekc.poison(), evc.poison();
+          ks::rotary_embedding_kv_append(dq.view(), dk.view(), dv.view(), dpos.view(), c.rd, 10000.0, neox, dkc.view(),
+                                         dvc.view(), dsl.view(), ks::Backend::Cuda);
+          if (ks_force_variant("rotary_embedding", variant) != KS_SUCCESS) FAIL() << ks_last_error();
+          const ks_status_t st = [&] {
+            DLTensor a = eq.view().dl(), b = ek.view().dl(), p = dpos.view().dl();
+            return ks_rotary_embedding(&a, &b, &p, c.rd, 10000.0, neox, KS_BACKEND_CUDA, nullptr);
+          }();
+          ks_force_variant("rotary_embedding", nullptr);
+          if (st == KS_ERROR_BACKEND_UNAVAILABLE) continue;  // the pinned variant cannot take this shape
+          ASSERT_EQ(st, KS_SUCCESS) << ks_last_error();
+          ks::kv_cache_append(ekc.view(), evc.view(), ek.view(), dv.view(), dsl.view(), ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          for (auto [got, want, name] : {std::tuple{&dq, &eq, "q"}, {&dk, &ek, "k"}, {&dkc, &ekc, "k_cache"},
+                                         {&dvc, &evc, "v_cache"}}) {
+            Buf a(dt, got->shape), b(dt, want->shape);
+            got->download(a);
+            want->download(b);
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << name;
+          }
+        }
+}
+
 // The paged_attention tests run under every CUDA variant (pinned per test):
 // cuda_gqa_cluster (sm_90: K/V read once per kv head, keys split over a cluster) and
 // cuda_cta_per_head.

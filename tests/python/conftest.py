@@ -143,6 +143,31 @@ def ref_dequantize(packed: np.ndarray, q: int) -> np.ndarray:
     return w.reshape(rows, nb * bs)
 
 
+def ref_norm_input(x, residual, norm_weight, eps):
+    """FP64 (s, h) of fused_add_rms_norm_quant_matmul: s = x + residual (residual when x is
+    None) and h = rms_norm(s) * norm_weight, before h's rounding to the activation dtype."""
+    s = f64(residual) if x is None else f64(x) + f64(residual)
+    h = s / np.sqrt(np.mean(s * s, axis=-1, keepdims=True) + np.float64(np.float32(eps))) * f64(norm_weight)
+    return s, h
+
+
+def ref_rounded_matmul(h, wd, name: str, rel: float):
+    """FP64 reference and allowance of out = round(h) @ wd.T, where the kernel computes h in FP32
+    (within rel * |h| of the FP64 h given here) and rounds it to dtype `name` before the matmul,
+    as the unfused ops store it. Returns (ref, extra): ref uses the FP64 h rounded to the dtype;
+    extra allows, per element of h, the distance to any value the kernel's h may round to (zero
+    for fp16/bf16 unless h lies within rel of a rounding boundary), the FP32 sum (sum_bound) and
+    one FP32 ulp per decoded weight (Q4_1's d*q+m)."""
+    h = np.asarray(h, dtype=np.float64)
+    hr = h.astype(NP[name]).astype(np.float64)
+    lo = (h - rel * np.abs(h)).astype(NP[name]).astype(np.float64)
+    hi = (h + rel * np.abs(h)).astype(NP[name]).astype(np.float64)
+    dh = np.maximum(np.abs(hi - hr), np.abs(lo - hr))
+    absprod = np.abs(hr) @ np.abs(wd).T
+    extra = dh @ np.abs(wd).T + sum_bound(absprod, h.shape[-1]) + 2 * U * absprod
+    return hr @ wd.T, extra
+
+
 def cpu_variants(op: str):
     """Names of the native CPU variants of op (for ks.force_variant)."""
     return [v.variant for v in ks.available() if v.op == op and v.backend == "cpu"]

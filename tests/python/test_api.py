@@ -40,16 +40,19 @@ def test_import_from_another_directory(tmp_path):
 def test_available_rows():
     rows = ks.available()
     assert rows and all(isinstance(r, ks.Variant) for r in rows)
+    # the quant_matmul fusions run the CPU's own unfused steps ("cpu_composed") instead of a reference
+    composed = {"fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul"}
     for op in ks.OPS:
         cpu = [r for r in rows if r.op == op and r.backend == "cpu"]
-        assert any(r.variant == "cpu_reference" for r in cpu), op
+        assert any(r.variant == ("cpu_composed" if op in composed else "cpu_reference") for r in cpu), op
         for r in cpu:
             assert set(r.dtypes) <= {"fp16", "bf16", "fp32"} and r.dtypes and r.summary
     assert {r.backend for r in rows} <= {"cpu", "cuda", "torch"}
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
-                                "sample", "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
+                                "sample", "embedding", "dequantize", "gemm", "quant_matmul",
+                                "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "paged_attention", "varlen_attention"])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_which_cpu(op, dt):
@@ -180,6 +183,12 @@ def _call_every_op(backend):
         "gemm": lambda: ks.gemm(f, f, backend=backend),
         "quant_matmul": lambda: ks.quant_matmul(np.zeros((1, 32), np.float32), np.zeros((1, 34), np.uint8), "q8_0",
                                                 backend=backend),
+        "fused_add_rms_norm_quant_matmul": lambda: ks.fused_add_rms_norm_quant_matmul(
+            np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32), np.ones(32, np.float32),
+            np.zeros((1, 34), np.uint8), "q8_0", backend=backend),
+        "silu_and_mul_quant_matmul": lambda: ks.silu_and_mul_quant_matmul(np.zeros((1, 64), np.float32),
+                                                                          np.zeros((1, 34), np.uint8), "q8_0",
+                                                                          backend=backend),
         "rotary_embedding": lambda: ks.rotary_embedding(np.zeros((1, 1, 8), np.float32), None, np.array([0]),
                                                         backend=backend),
         "kv_cache_append": lambda: ks.kv_cache_append(np.zeros((1, 1, 1, 8), np.float32),
@@ -198,7 +207,8 @@ def _call_every_op(backend):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
-                                "sample", "embedding", "dequantize", "gemm", "quant_matmul", "rotary_embedding",
+                                "sample", "embedding", "dequantize", "gemm", "quant_matmul",
+                                "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "paged_attention", "varlen_attention"])
 def test_backend_names_every_op(op):
     _call_every_op("cpu")[op]()
@@ -269,6 +279,7 @@ def _thread_cases(rng):
     ids, table = np.array([3, 0, 7, 1], np.int64), rand(rng, (8, 64), f32)
     packed = make_packed(rng, 64, 64, 4)  # q4_0
     qx = rand(rng, (8, 64), f32)
+    gu = rand(rng, (8, 128), f32)
     q, k = rand(rng, (4, 4, 16), f32), rand(rng, (4, 2, 16), f32)
     pos = np.array([0, 5, 2, 9], np.int64)
     kv = rand(rng, (4, 2, 16), f32)
@@ -319,6 +330,16 @@ def _thread_cases(rng):
          lambda: ks.gemm(ga, gb[:, :9].copy()), ValueError, "gemm: b must have shape"),
         ("quant_matmul", lambda: (ks.quant_matmul(qx, packed, "q4_0"), ks.quant_matmul(qx[:1], packed, "q4_0")),
          lambda: ks.quant_matmul(qx[:, :32].copy(), packed, "q4_0"), ValueError, "quant_matmul: weight"),
+        ("fused_add_rms_norm_quant_matmul",
+         lambda: (ks.fused_add_rms_norm_quant_matmul(qx, qx[::-1].copy(), w, packed, "q4_0"),
+                  ks.fused_add_rms_norm_quant_matmul(None, qx[:1], w, packed, "q4_0")),
+         lambda: ks.fused_add_rms_norm_quant_matmul(None, qx, w[:7].copy(), packed, "q4_0"), ValueError,
+         "fused_add_rms_norm_quant_matmul: norm_weight must have shape"),
+        ("silu_and_mul_quant_matmul",
+         lambda: (ks.silu_and_mul_quant_matmul(gu, packed, "q4_0"),
+                  ks.silu_and_mul_quant_matmul(gu[:1], packed, "q4_0")),
+         lambda: ks.silu_and_mul_quant_matmul(gu[:, :127].copy(), packed, "q4_0"), ValueError,
+         "silu_and_mul_quant_matmul: gate_up.s last dimension must be even"),
         ("rotary_embedding", rotary,
          lambda: ks.rotary_embedding(q.copy(), None, pos[:3].copy(), 8), ValueError,
          "rotary_embedding: positions must have shape"),

@@ -10,7 +10,8 @@ import os
 
 import numpy as np
 import pytest
-from conftest import DTYPES, QNAMES, TOL, assert_close, f64, make_packed, ref_rms_norm, ref_softmax, sum_bound
+from conftest import (DTYPES, QNAMES, TOL, U, assert_close, f64, make_packed, ref_dequantize, ref_norm_input,
+                      ref_rms_norm, ref_rounded_matmul, ref_silu_and_mul, ref_softmax, sum_bound)
 
 torch = pytest.importorskip("torch")
 import kernscope as ks  # noqa: E402
@@ -234,6 +235,42 @@ def test_model_ops_cuda_vs_cpu(dt):
         ran += 1
     if not ran:
         pytest.skip("no CUDA kernel for the model-path ops yet")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m", [1, 7])
+def test_quant_matmul_fusions_cuda_vs_fp64(dt, m):
+    # the FP64 references of test_model_ops.py (h rounded to dt between the norm / activation and
+    # the matmul), on CUDA tensors; residual_out bit for bit against the CPU backend
+    rng = np.random.default_rng(5)
+    k, n = 256, 40
+    ran = 0
+    for q, name in QNAMES.items():
+        packed = make_packed(rng, n, k, q)
+        wd, w = ref_dequantize(packed, q), torch.from_numpy(packed).cuda()
+        if has_kernel("fused_add_rms_norm_quant_matmul", dt):
+            x, r, nw = trand((m, k), dt, 1 + q), trand((m, k), dt, 11 + q), trand((k,), dt, 21 + q)
+            out = torch.full((m, n), float("nan"), dtype=TORCH[dt], device="cuda")
+            res = torch.full((m, k), float("nan"), dtype=TORCH[dt], device="cuda")
+            ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, name, out=out, residual_out=res)
+            s, h = ref_norm_input(np64(x), np64(r), np64(nw), 1e-6)
+            ref, extra = ref_rounded_matmul(h, wd, dt, (8 * np.sqrt(k) + 16) * U)
+            assert_close(np64(out), ref, dt, extra=extra, what=f"fused norm {name}")
+            _, res_cpu = ks.fused_add_rms_norm_quant_matmul(x.cpu(), r.cpu(), nw.cpu(), w.cpu(), name)
+            assert torch.equal(res.cpu(), res_cpu)
+            _, h0 = ref_norm_input(None, np64(r), np64(nw), 1e-6)
+            ref0, extra0 = ref_rounded_matmul(h0, wd, dt, (8 * np.sqrt(k) + 16) * U)
+            y0 = ks.fused_add_rms_norm_quant_matmul(None, r, nw, w, name)
+            assert y0.device == r.device
+            assert_close(np64(y0), ref0, dt, extra=extra0, what=f"fused norm, no x, {name}")
+            ran += 1
+        if has_kernel("silu_and_mul_quant_matmul", dt):
+            gu = trand((m, 2 * k), dt, 31 + q)
+            ref, extra = ref_rounded_matmul(ref_silu_and_mul(np64(gu)), wd, dt, 16 * U)
+            assert_close(np64(ks.silu_and_mul_quant_matmul(gu, w, name)), ref, dt, extra=extra, what=f"silu {name}")
+            ran += 1
+    if not ran:
+        pytest.skip("no CUDA kernel for the quant_matmul fusions yet")
 
 
 # ---- streams, graphs, compile -------------------------------------------------------------------

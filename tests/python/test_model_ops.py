@@ -19,6 +19,9 @@ from conftest import (
     make_packed,
     rand,
     ref_dequantize,
+    ref_norm_input,
+    ref_rounded_matmul,
+    ref_silu_and_mul,
     each_variant,
     sum_bound,
 )
@@ -155,6 +158,190 @@ def test_quant_matmul_validation(rng):
         ks.quant_matmul(x, make_packed(rng, 3, 64, 4)[:, :54], "q4_0")
     with pytest.raises(ValueError, match="quant_matmul: unknown qtype"):
         ks.quant_matmul(x, make_packed(rng, 3, 64, 4), 42)
+
+
+# ---- fused_add_rms_norm_quant_matmul / silu_and_mul_quant_matmul -----------------------------
+# References: FP64 numpy on the rounded inputs, with the weight decoded from its blocks in numpy
+# (ref_dequantize) and the normalised / gated activations h rounded to the activation dtype, as
+# the contract (kernscope.h: "equals fused_add_rms_norm / rms_norm / silu_and_mul followed by
+# quant_matmul") stores them between the unfused ops.
+def _norm_rel(k: int) -> float:
+    # FP32 h of the norm: the sum of squares (any order), rsqrt, two products (and, for fp32
+    # inputs, the rounding of s); relative to |h|.
+    return (8 * math.sqrt(k) + 16) * U
+
+
+SILU_REL = 16 * U  # FP32 g * sigmoid(g) * u: exp, the division, two products
+
+
+@pytest.mark.parametrize("q", QTYPES)
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m", [1, 5])
+@pytest.mark.parametrize("with_x", [True, False])
+def test_fused_add_rms_norm_quant_matmul_every_variant(rng, q, dt, m, with_x):
+    k, n, eps = 128, 9, 1e-5
+    x = rand(rng, (m, k), dt) if with_x else None
+    r = rand(rng, (m, k), dt)
+    nw = rand(rng, (k,), dt)
+    w = make_packed(rng, n, k, q)
+    x0, r0 = (None if x is None else x.copy()), r.copy()
+    s, h = ref_norm_input(x, r, nw, eps)
+    ref, extra = ref_rounded_matmul(h, ref_dequantize(w, q), dt, _norm_rel(k))
+
+    def call():
+        out = np.full((m, n), np.nan, NP[dt])  # poisoned: every element must be written
+        res = np.full((m, k), np.nan, NP[dt]) if with_x else None
+        got = ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, QNAMES[q], eps, out=out, residual_out=res)
+        if with_x:
+            assert isinstance(got, tuple) and got[0] is out and got[1] is res
+        else:
+            assert got is out
+        return out, res
+
+    for variant, (out, res) in each_variant("fused_add_rms_norm_quant_matmul", call):
+        assert_close(out, ref, dt, extra=extra, what=f"fused_add_rms_norm_quant_matmul {variant} {QNAMES[q]}")
+        if with_x:
+            assert_close(res, s, dt, what=f"residual_out {variant}")
+    # the inputs are read only
+    assert np.array_equal(r.view(np.uint8), r0.view(np.uint8))
+    if with_x:
+        assert np.array_equal(x.view(np.uint8), x0.view(np.uint8))
+    # allocated outputs: residual's framework, dtype and the (M, N) / (M, K) shapes
+    got = ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, ks.QType(q), eps=eps)
+    out = got[0] if with_x else got
+    assert isinstance(out, np.ndarray) and out.shape == (m, n) and out.dtype == NP[dt]
+    assert_close(out, ref, dt, extra=extra, what="allocated out")
+    if with_x:
+        assert got[1].shape == (m, k) and got[1].dtype == NP[dt]
+        assert_close(got[1], s, dt, what="allocated residual_out")
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("with_x", [True, False])
+def test_fused_add_rms_norm_quant_matmul_equals_the_unfused_ops(rng, dt, with_x):
+    # residual_out holds exactly fused_add_rms_norm's residual; out is quant_matmul of the
+    # normalised rows, within the FP32 sum order of the two matmuls and the norm's sum of squares
+    k, n, m, q = 256, 17, 3, 5  # Q4_1
+    x = rand(rng, (m, k), dt) if with_x else None
+    r, nw, w = rand(rng, (m, k), dt), rand(rng, (k,), dt), make_packed(rng, n, k, q)
+    got = ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, "q4_1")
+    if with_x:
+        out, res = got
+        hx, hr = x.copy(), r.copy()
+        ks.fused_add_rms_norm(hx, hr, nw)
+        assert np.array_equal(res.view(np.uint8), hr.view(np.uint8))
+    else:
+        out, hx = got, ks.rms_norm(r, nw)
+    _, h = ref_norm_input(x, r, nw, 1e-6)
+    _, extra = ref_rounded_matmul(h, ref_dequantize(w, q), dt, _norm_rel(k))
+    assert_close(out, ks.quant_matmul(hx, w, "q4_1"), dt, extra=2 * extra, what="fused vs unfused")
+
+
+@pytest.mark.parametrize("q", QTYPES)
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m", [1, 5])
+def test_silu_and_mul_quant_matmul_every_variant(rng, q, dt, m):
+    k, n = 128, 9
+    gu = rand(rng, (m, 2 * k), dt)
+    gu0 = gu.copy()
+    w = make_packed(rng, n, k, q)
+    ref, extra = ref_rounded_matmul(ref_silu_and_mul(gu), ref_dequantize(w, q), dt, SILU_REL)
+
+    def call():
+        out = np.full((m, n), np.nan, NP[dt])  # poisoned
+        assert ks.silu_and_mul_quant_matmul(gu, w, QNAMES[q], out=out) is out
+        return out
+
+    for variant, out in each_variant("silu_and_mul_quant_matmul", call):
+        assert_close(out, ref, dt, extra=extra, what=f"silu_and_mul_quant_matmul {variant} {QNAMES[q]}")
+    assert np.array_equal(gu.view(np.uint8), gu0.view(np.uint8))
+    y = ks.silu_and_mul_quant_matmul(gu, w, ks.QType(q))
+    assert isinstance(y, np.ndarray) and y.shape == (m, n) and y.dtype == NP[dt]
+    assert_close(y, ref, dt, extra=extra, what="allocated out")
+    # the unfused pair: silu_and_mul's rounded values, then quant_matmul
+    assert_close(y, ks.quant_matmul(ks.silu_and_mul(gu), w, QNAMES[q]), dt, extra=2 * extra, what="fused vs unfused")
+
+
+def test_quant_matmul_fusions_zero_rows_and_columns(rng):
+    # M = 0 or N = 0: a no-op that still validates its arguments
+    nw, w = rand(rng, (64,), "fp32"), make_packed(rng, 3, 64, 6)
+    out, res = ks.fused_add_rms_norm_quant_matmul(np.zeros((0, 64), np.float32), np.zeros((0, 64), np.float32), nw,
+                                                  w, "q8_0")
+    assert out.shape == (0, 3) and res.shape == (0, 64)
+    assert ks.fused_add_rms_norm_quant_matmul(None, rand(rng, (2, 64), "fp32"), nw, w[:0], "q8_0").shape == (2, 0)
+    # N = 0 with x: out is empty, but residual_out = x + residual is still written
+    x, r = rand(rng, (2, 64), "fp32"), rand(rng, (2, 64), "fp32")
+    out, res = ks.fused_add_rms_norm_quant_matmul(x, r, nw, w[:0], "q8_0",
+                                                  residual_out=np.full((2, 64), np.nan, np.float32))
+    assert out.shape == (2, 0)
+    assert_close(res, f64(x) + f64(r), "fp32", what="residual_out with N = 0")
+    assert ks.silu_and_mul_quant_matmul(np.zeros((0, 128), np.float32), w, "q8_0").shape == (0, 3)
+    with pytest.raises(ValueError, match="fused_add_rms_norm_quant_matmul: .*norm_weight"):
+        ks.fused_add_rms_norm_quant_matmul(None, np.zeros((0, 64), np.float32), nw[:63], w, "q8_0")
+
+
+def test_fused_add_rms_norm_quant_matmul_validation_writes_nothing(rng):
+    op = "fused_add_rms_norm_quant_matmul"
+    m, k, n = 2, 64, 3
+    x, r, nw = rand(rng, (m, k), "fp32"), rand(rng, (m, k), "fp32"), rand(rng, (k,), "fp32")
+    w = make_packed(rng, n, k, 6)
+    x0, r0 = x.copy(), r.copy()
+    out = np.full((m, n), 7.0, np.float32)
+    res = np.full((m, k), 7.0, np.float32)
+
+    def bad(exc, pattern, **kw):
+        args = dict(x=x, residual=r, norm_weight=nw, weight=w, qtype="q8_0", eps=1e-6, out=out, residual_out=res)
+        args.update(kw)
+        with pytest.raises(exc, match=pattern):
+            ks.fused_add_rms_norm_quant_matmul(**args)
+        assert np.all(out == 7.0) and np.all(res == 7.0), "an output was written after an error"
+        assert np.array_equal(x, x0) and np.array_equal(r, r0)
+
+    bad(ValueError, rf"{op}: residual_out is given but x is NULL", x=None)
+    bad(ValueError, rf"{op}: x must have shape", x=rand(rng, (m + 1, k), "fp32"))
+    bad(ValueError, rf"{op}: norm_weight must have shape \({k},\)", norm_weight=nw[:k - 1])
+    bad(ValueError, rf"{op}: weight must have {k // 32 * 34} bytes per row", weight=make_packed(rng, n, 2 * k, 6))
+    bad(ValueError, rf"{op}: residual's K \(columns\) = 48 is not a multiple of the Q8_0 block size 32",
+        x=x[:, :48].copy(), residual=r[:, :48].copy(), norm_weight=nw[:48].copy(), residual_out=None)
+    bad(ValueError, rf"{op}: out must have shape \({m}, {n}\)", out=np.full((m, n - 1), 7.0, np.float32))
+    bad(ValueError, rf"{op}: residual_out must have shape \({m}, {k}\)", residual_out=res[:1])
+    bad(ValueError, rf"{op}: eps", eps=0.0)
+    bad(ValueError, rf"{op}: unknown qtype 'q5_k'", qtype="q5_k")
+    bad(ValueError, rf"{op}: unknown backend", backend="triton")
+    bad(TypeError, rf"{op}: x has dtype fp16", x=x.astype(np.float16))
+    bad(TypeError, rf"{op}: norm_weight has dtype fp16", norm_weight=nw.astype(np.float16))
+    bad(TypeError, rf"{op}: weight has (unsupported )?dtype int8", weight=w.view(np.int8))
+    bad(ValueError, rf"{op}: residual_out and residual overlap", residual_out=r)  # not in place
+    bad(ValueError, rf"{op}: .*out and residual_out overlap|residual_out and out overlap",
+        out=res.reshape(-1)[:m * n].reshape(m, n))
+    bad(ValueError, rf"{op}: residual must be contiguous", residual=rand(rng, (m, 2 * k), "fp32")[:, ::2])
+    with pytest.raises(TypeError, match=rf"{op}: residual must be an array or tensor supporting DLPack"):
+        ks.fused_add_rms_norm_quant_matmul(None, [[1.0] * k], nw, w, "q8_0")
+
+
+def test_silu_and_mul_quant_matmul_validation_writes_nothing(rng):
+    op = "silu_and_mul_quant_matmul"
+    gu, w = rand(rng, (2, 128), "fp32"), make_packed(rng, 3, 64, 4)
+    out = np.full((2, 3), 7.0, np.float32)
+
+    def bad(exc, pattern, **kw):
+        args = dict(gate_up=gu, weight=w, qtype="q4_0", out=out)
+        args.update(kw)
+        with pytest.raises(exc, match=pattern):
+            ks.silu_and_mul_quant_matmul(**args)
+        assert np.all(out == 7.0), "out was written after an error"
+
+    bad(ValueError, rf"{op}: gate_up's last dimension must be even", gate_up=gu[:, :127].copy())
+    bad(ValueError, rf"{op}: gate_up's K \(half its columns\) = 48 is not a multiple of the Q4_0 block size 32",
+        gate_up=gu[:, :96].copy())
+    bad(ValueError, rf"{op}: weight must have 36 bytes per row", weight=make_packed(rng, 3, 32, 4))
+    bad(ValueError, rf"{op}: out must have shape \(2, 3\)", out=np.full((2, 2), 7.0, np.float32))
+    bad(ValueError, rf"{op}: out and gate_up overlap", out=gu.reshape(-1)[:6].reshape(2, 3))
+    bad(ValueError, rf"{op}: gate_up must have 2 dims", gate_up=gu.reshape(2, 2, 64))
+    bad(ValueError, rf"{op}: unknown qtype 42", qtype=42)
+    bad(TypeError, rf"{op}: out has dtype fp16", out=np.zeros((2, 3), np.float16))
+    bad(TypeError, rf"{op}: gate_up has (unsupported )?dtype", gate_up=gu.astype(np.float64))
+    assert np.all(out == 7.0)
 
 
 # ---- rotary_embedding ----------------------------------------------------------------------

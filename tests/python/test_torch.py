@@ -10,7 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import DTYPES, QNAMES, TOL, assert_close, f64, make_packed, ref_rms_norm
+from conftest import (DTYPES, QNAMES, TOL, U, assert_close, f64, make_packed, ref_dequantize, ref_norm_input,
+                      ref_rms_norm, ref_rounded_matmul, ref_silu_and_mul)
 
 torch = pytest.importorskip("torch")
 import kernscope as ks  # noqa: E402
@@ -134,6 +135,88 @@ def test_model_ops_native_vs_torch_reference(dt):
         close(o[a:b].to(TORCH[dt]), want.to(TORCH[dt]), dt, "varlen_attention vs SDPA")
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_quant_matmul_fusions_native_and_torch_reference_vs_fp64(dt):
+    # both implementations of each contract against the FP64 numpy reference (weight decoded
+    # in numpy; h rounded to dt between the norm / activation and the matmul)
+    rng = np.random.default_rng(3)
+    k, n = 64, 7
+    for q, name in QNAMES.items():
+        packed = make_packed(rng, n, k, q)
+        wd = ref_dequantize(packed, q)
+        w = torch.from_numpy(packed)
+        x, r, nw = trand((3, k), dt, seed=30 + q), trand((3, k), dt, seed=40 + q), trand((k,), dt, seed=50 + q)
+        s, h = ref_norm_input(to_np(x), to_np(r), to_np(nw), 1e-6)
+        ref, extra = ref_rounded_matmul(h, wd, dt, (8 * math.sqrt(k) + 16) * U)
+        _, h0 = ref_norm_input(None, to_np(r), to_np(nw), 1e-6)
+        ref0, extra0 = ref_rounded_matmul(h0, wd, dt, (8 * math.sqrt(k) + 16) * U)
+        res = {}
+        for backend in ("auto", "torch"):
+            out, res[backend] = ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, name, backend=backend)
+            assert isinstance(out, torch.Tensor) and out.dtype == TORCH[dt] and out.shape == (3, n)
+            assert_close(to_np(out), ref, dt, extra=extra, what=f"fused norm {name} {backend}")
+            assert_close(to_np(res[backend]), s, dt, what=f"residual_out {name} {backend}")
+            out0 = ks.fused_add_rms_norm_quant_matmul(None, r, nw, w, name, backend=backend)
+            assert_close(to_np(out0), ref0, dt, extra=extra0, what=f"fused norm, no x, {name} {backend}")
+        assert torch.equal(res["auto"], res["torch"])  # one rounding of the same FP32 sum
+        gu = trand((3, 2 * k), dt, seed=60 + q)
+        sref, sextra = ref_rounded_matmul(ref_silu_and_mul(to_np(gu)), wd, dt, 16 * U)
+        for backend in ("auto", "torch"):
+            y = ks.silu_and_mul_quant_matmul(gu, w, name, backend=backend)
+            assert y.dtype == TORCH[dt] and y.shape == (3, n)
+            assert_close(to_np(y), sref, dt, extra=sextra, what=f"silu {name} {backend}")
+
+
+def test_quant_matmul_fusions_torch_reference_validation_matches_native():
+    # the same exception class and the same message from the native backend and the reference
+    x, r, nw = trand((2, 32), "fp32"), trand((2, 32), "fp32", seed=1), trand((32,), "fp32", seed=2)
+    w = torch.zeros(3, 34, dtype=torch.uint8)
+    f, s = ks.fused_add_rms_norm_quant_matmul, ks.silu_and_mul_quant_matmul
+    cases = [
+        (ks.InvalidArgumentError, "fused_add_rms_norm_quant_matmul: residual_out is given but x is NULL",
+         lambda b: f(None, r, nw, w, "q8_0", residual_out=torch.empty(2, 32), backend=b)),
+        (ks.InvalidArgumentError, r"fused_add_rms_norm_quant_matmul: norm_weight must have shape \(32,\)",
+         lambda b: f(x, r, nw[:31], w, "q8_0", backend=b)),
+        (ks.InvalidArgumentError, r"fused_add_rms_norm_quant_matmul: x must have shape \(2, 32\)",
+         lambda b: f(trand((3, 32), "fp32"), r, nw, w, "q8_0", backend=b)),
+        (ks.UnsupportedDtypeError, "fused_add_rms_norm_quant_matmul: x has dtype fp16",
+         lambda b: f(x.half(), r, nw, w, "q8_0", backend=b)),
+        (ks.InvalidArgumentError, "fused_add_rms_norm_quant_matmul: weight must have 34 bytes per row",
+         lambda b: f(x, r, nw, torch.zeros(3, 35, dtype=torch.uint8), "q8_0", backend=b)),
+        (ks.InvalidArgumentError, "fused_add_rms_norm_quant_matmul: eps",
+         lambda b: f(None, r, nw, w, "q8_0", -1.5, backend=b)),
+        (ks.InvalidArgumentError, "fused_add_rms_norm_quant_matmul: residual_out and residual overlap",
+         lambda b: f(x, r, nw, w, "q8_0", residual_out=r, backend=b)),
+        (ks.InvalidArgumentError, "silu_and_mul_quant_matmul: gate_up's last dimension must be even",
+         lambda b: s(trand((2, 63), "fp32"), w, "q8_0", backend=b)),
+        (ks.InvalidArgumentError, r"silu_and_mul_quant_matmul: gate_up's K \(half its columns\) = 16 is not a multiple",
+         lambda b: s(x, w, "q8_0", backend=b)),
+        (ks.InvalidArgumentError, "silu_and_mul_quant_matmul: weight must have 34 bytes per row",
+         lambda b: s(trand((2, 64), "fp32"), torch.zeros(3, 68, dtype=torch.uint8), "q8_0", backend=b)),
+    ]
+    for exc, pattern, call in cases:
+        msgs = []
+        for backend in ("cpu", "torch"):
+            with pytest.raises(exc, match=pattern) as e:
+                call(backend)
+            msgs.append(str(e.value))
+        assert msgs[0] == msgs[1], msgs
+
+
+def test_quant_matmul_fusions_autograd_routes_to_reference():
+    gu = trand((2, 64), "fp32").requires_grad_()
+    w = torch.from_numpy(make_packed(np.random.default_rng(0), 3, 32, 6))
+    ks.silu_and_mul_quant_matmul(gu, w, "q8_0").sum().backward()  # auto: the PyTorch reference
+    assert gu.grad is not None and gu.grad.shape == gu.shape
+    with pytest.raises(RuntimeError, match="silu_and_mul_quant_matmul: gate_up requires grad"):
+        ks.silu_and_mul_quant_matmul(gu, w, "q8_0", backend="cpu")
+    r = trand((2, 32), "fp32").requires_grad_()
+    out, res = ks.fused_add_rms_norm_quant_matmul(trand((2, 32), "fp32", seed=1), r, trand((32,), "fp32", seed=2), w,
+                                                  "q8_0")
+    (out.sum() + res.sum()).backward()
+    assert r.grad is not None
+
+
 def test_offset_views_and_strides():
     base = trand((5, 33), "fp32", seed=20)
     w = trand((33,), "fp32", seed=21)
@@ -222,12 +305,14 @@ def test_custom_ops_registered():
 
 
 @pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
-                                  "dequantize", "rotary_embedding", "kv_cache_append", "paged_attention",
-                                  "varlen_attention"])
+                                  "dequantize", "quant_matmul", "fused_add_rms_norm_quant_matmul",
+                                  "fused_add_rms_norm_quant_matmul_no_x", "silu_and_mul_quant_matmul",
+                                  "rotary_embedding", "kv_cache_append", "paged_attention", "varlen_attention"])
 def test_opcheck(case):
     x, w = trand((3, 16), "fp32"), trand((16,), "fp32")
     rng = np.random.default_rng(0)
     ops = torch.ops.kernscope
+    q8 = torch.from_numpy(make_packed(rng, 5, 32, 6))
     args = {
         "rms_norm": (ops.rms_norm, (x, w, 1e-6, "auto")),
         "fused_add_rms_norm": (ops.fused_add_rms_norm, (x.clone(), x.clone() + 1, w, 1e-6, "cpu")),
@@ -237,6 +322,14 @@ def test_opcheck(case):
         "argmax": (ops.argmax, (x, "auto")),
         "sample": (ops.sample, (x, torch.tensor([3, 4]), 0.8, 5, 0.9, "auto")),
         "dequantize": (ops.dequantize, (torch.from_numpy(make_packed(rng, 3, 64, 4)), 4, torch.bfloat16, "auto")),
+        "quant_matmul": (ops.quant_matmul, (trand((3, 32), "fp32"), q8, 6, "auto")),
+        "fused_add_rms_norm_quant_matmul": (ops.fused_add_rms_norm_quant_matmul,
+                                            (trand((3, 32), "fp32", seed=1), trand((3, 32), "fp32", seed=2),
+                                             trand((32,), "fp32", seed=3), q8, 6, 1e-6, "cpu")),
+        "fused_add_rms_norm_quant_matmul_no_x": (ops.fused_add_rms_norm_quant_matmul,
+                                                 (None, trand((3, 32), "fp32", seed=2), trand((32,), "fp32", seed=3),
+                                                  q8, 6, 1e-6, "auto")),
+        "silu_and_mul_quant_matmul": (ops.silu_and_mul_quant_matmul, (trand((3, 64), "fp32"), q8, 6, "auto")),
         "rotary_embedding": (ops.rotary_embedding,
                              (trand((2, 2, 8), "fp32"), None, torch.tensor([1, 2]), 8, 10000.0, True, "auto")),
         "kv_cache_append": (ops.kv_cache_append, (torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4),
@@ -301,6 +394,31 @@ def test_compile_model_ops_fullgraph():
     got = torch.compile(f, fullgraph=True)(*args())
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_compile_quant_matmul_fusions_fullgraph(backend):
+    torch._dynamo.reset()
+    packed = torch.from_numpy(make_packed(np.random.default_rng(2), 12, 32, 5))
+
+    def f(x, r, nw, gu):
+        y, res = ks.fused_add_rms_norm_quant_matmul(x, r, nw, packed, "q4_1", 1e-5, backend=backend)
+        y0 = ks.fused_add_rms_norm_quant_matmul(None, res, nw, packed, "q4_1", backend=backend)
+        return y, res, y0, ks.silu_and_mul_quant_matmul(gu, packed, "q4_1", backend=backend)
+
+    def args():
+        return (trand((3, 32), "fp32", seed=1), trand((3, 32), "fp32", seed=2), trand((32,), "fp32", seed=3),
+                trand((3, 64), "fp32", seed=4))
+
+    want = f(*args())
+    got = torch.compile(f, fullgraph=True, backend="eager" if backend == "torch" else "inductor")(*args())
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    # residual_out without x is rejected while tracing too
+    g = torch.compile(lambda r, nw: ks.fused_add_rms_norm_quant_matmul(None, r, nw, packed, "q4_1", residual_out=r + 1,
+                                                                       backend=backend), fullgraph=True, backend="eager")
+    with pytest.raises(Exception, match="residual_out is given but x is NULL"):
+        g(*args()[1:3])
 
 
 def test_compile_autograd_routes_to_reference():

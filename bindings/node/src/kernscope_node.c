@@ -586,6 +586,32 @@ static napi_value js_quant_matmul(napi_env env, napi_callback_info info) {
   return finish(env, ks_quant_matmul(&out.t, &x.t, &w.t, (ks_qtype_t)q, backend, stream));
 }
 
+/* x and residual_out may be null/undefined (NULL): then the rms_norm of residual feeds the matmul. */
+static napi_value js_fused_add_rms_norm_quant_matmul(napi_env env, napi_callback_info info) {
+  ARGS(10);
+  TENSOR(out, 0, "fused_add_rms_norm_quant_matmul", "out");
+  OPT_TENSOR(ro, rop, 1, "fused_add_rms_norm_quant_matmul", "residual_out");
+  OPT_TENSOR(x, xp, 2, "fused_add_rms_norm_quant_matmul", "x");
+  TENSOR(r, 3, "fused_add_rms_norm_quant_matmul", "residual");
+  TENSOR(nw, 4, "fused_add_rms_norm_quant_matmul", "norm_weight");
+  DOUBLE(eps, 5, "fused_add_rms_norm_quant_matmul: eps");
+  TENSOR(w, 6, "fused_add_rms_norm_quant_matmul", "weight");
+  INT(q, 7, "fused_add_rms_norm_quant_matmul: qtype");
+  EXEC(8);
+  return finish(env, ks_fused_add_rms_norm_quant_matmul(&out.t, rop, xp, &r.t, &nw.t, eps, &w.t, (ks_qtype_t)q,
+                                                        backend, stream));
+}
+
+static napi_value js_silu_and_mul_quant_matmul(napi_env env, napi_callback_info info) {
+  ARGS(6);
+  TENSOR(out, 0, "silu_and_mul_quant_matmul", "out");
+  TENSOR(g, 1, "silu_and_mul_quant_matmul", "gate_up");
+  TENSOR(w, 2, "silu_and_mul_quant_matmul", "weight");
+  INT(q, 3, "silu_and_mul_quant_matmul: qtype");
+  EXEC(4);
+  return finish(env, ks_silu_and_mul_quant_matmul(&out.t, &g.t, &w.t, (ks_qtype_t)q, backend, stream));
+}
+
 static napi_value js_rotary_embedding(napi_env env, napi_callback_info info) {
   ARGS(8);
   TENSOR(q, 0, "rotary_embedding", "q");
@@ -691,6 +717,8 @@ NAPI_MODULE_INIT() {
       {"dequantize", NULL, js_dequantize, NULL, NULL, NULL, napi_default, NULL},
       {"gemm", NULL, js_gemm, NULL, NULL, NULL, napi_default, NULL},
       {"quantMatmul", NULL, js_quant_matmul, NULL, NULL, NULL, napi_default, NULL},
+      {"fusedAddRmsNormQuantMatmul", NULL, js_fused_add_rms_norm_quant_matmul, NULL, NULL, NULL, napi_default, NULL},
+      {"siluAndMulQuantMatmul", NULL, js_silu_and_mul_quant_matmul, NULL, NULL, NULL, napi_default, NULL},
       {"rotaryEmbedding", NULL, js_rotary_embedding, NULL, NULL, NULL, napi_default, NULL},
       {"kvCacheAppend", NULL, js_kv_cache_append, NULL, NULL, NULL, napi_default, NULL},
       {"pagedAttention", NULL, js_paged_attention, NULL, NULL, NULL, napi_default, NULL},

@@ -236,3 +236,105 @@ test('sample: top-k 1 is argmax; a NaN row is flagged invalid', () => {
   assert.deepEqual(Array.from(valid), [1, 0]);
   expectError(() => ks.sample(ks.i64(idx), null, ks.f32(f32(X), [2, 5]), so, 0, 0, 1), ks.Status.INVALID_ARGUMENT, 'sample');
 });
+
+// ---- the quant_matmul fusions -----------------------------------------------------------------
+
+// Q8_0 rows built here: per 32-element block an f16 scale d (1/16, 2/16 or 3/16, exact in f16) then
+// 32 int8 codes q; element = d * q. Returns the packed bytes [n, k/32*34] and the values [n, k].
+function q80Rows(n, k) {
+  const scales = [[0x2c00, 0.0625], [0x3000, 0.125], [0x3200, 0.1875]];
+  const packed = new Uint8Array(n * (k / 32) * 34);
+  const values = new Float64Array(n * k);
+  let p = 0;
+  for (let r = 0; r < n; r++) {
+    for (let b = 0; b < k / 32; b++) {
+      const [bits, d] = scales[(r + b) % 3];
+      packed[p++] = bits & 0xff;
+      packed[p++] = bits >> 8;
+      for (let j = 0; j < 32; j++) {
+        const q = ((r * 7 + b * 13 + j * 5) % 41) - 20;
+        packed[p++] = q & 0xff;
+        values[r * k + b * 32 + j] = d * q;
+      }
+    }
+  }
+  return { packed, values };
+}
+
+// out [m, n] against FP64 h @ w^T, allowing rel*|h| per element of h (its FP32 computation) and
+// the FP32 sum in any order.
+function checkMatmul(what, out, h, w, m, n, k, rel) {
+  for (let i = 0; i < m; i++) {
+    for (let j = 0; j < n; j++) {
+      let acc = 0, abs = 0;
+      for (let c = 0; c < k; c++) {
+        const p = h[i * k + c] * w[j * k + c];
+        acc += p;
+        abs += Math.abs(p);
+      }
+      const tol = 1e-6 + 1e-6 * Math.abs(acc) + (rel + 8 * Math.sqrt(k) * 2 ** -24) * abs;
+      assert.ok(Math.abs(out[i * n + j] - acc) <= tol, `${what}[${i}][${j}] = ${out[i * n + j]}, want ${acc}`);
+    }
+  }
+}
+
+test('fused_add_rms_norm_quant_matmul matches fp64; residual_out without x is rejected', () => {
+  const m = 2, n = 3, k = 64, eps = 1e-5;
+  const { packed, values } = q80Rows(n, k);
+  const w = ks.u8(packed, [n, (k / 32) * 34]);
+  const x = f32(m * k).map((_, i) => X[i % 10] * (1 + i / 64));
+  const res = f32(m * k).map((_, i) => X[(i * 3 + 1) % 10] * 0.5);
+  const nw = f32(k).map((_, i) => W[i % 5] + 0.125);
+  const norm = (s) => {
+    const h = new Float64Array(s.length);
+    for (let r = 0; r < m; r++) {
+      let ss = 0;
+      for (let c = 0; c < k; c++) ss += s[r * k + c] * s[r * k + c];
+      const scale = 1 / Math.sqrt(ss / k + eps);
+      for (let c = 0; c < k; c++) h[r * k + c] = s[r * k + c] * scale * nw[c];
+    }
+    return h;
+  };
+  const rel = (8 * Math.sqrt(k) + 16) * 2 ** -24;
+
+  // with x: residual_out = x + residual; out = quant_matmul(rms_norm(x + residual))
+  const out = f32(m * n).fill(NaN), resOut = f32(m * k).fill(NaN);
+  ks.fusedAddRmsNormQuantMatmul(ks.f32(out, [m, n]), ks.f32(resOut, [m, k]), ks.f32(x, [m, k]), ks.f32(res, [m, k]),
+                                ks.f32(nw), eps, w, 'q8_0', { backend: 'cpu' });
+  const s = Array.from(x, (v, i) => v + res[i]);
+  for (let i = 0; i < s.length; i++) assert.equal(resOut[i], Math.fround(s[i]), `residual_out[${i}]`);
+  checkMatmul('out', out, norm(s), values, m, n, k, rel);
+
+  // x null: out = quant_matmul(rms_norm(residual))
+  const out0 = f32(m * n).fill(NaN);
+  ks.fusedAddRmsNormQuantMatmul(ks.f32(out0, [m, n]), null, null, ks.f32(res, [m, k]), ks.f32(nw), eps, w, 'q8_0');
+  checkMatmul('out (no x)', out0, norm(Array.from(res)), values, m, n, k, rel);
+
+  const out7 = f32(m * n).fill(7), res7 = f32(m * k).fill(7);
+  expectError(() => ks.fusedAddRmsNormQuantMatmul(ks.f32(out7, [m, n]), ks.f32(res7, [m, k]), null, ks.f32(res, [m, k]),
+                                                  ks.f32(nw), eps, w, 'q8_0', { backend: 'cpu' }),
+              ks.Status.INVALID_ARGUMENT, 'fused_add_rms_norm_quant_matmul', 'residual_out');
+  assert.ok(out7.every((v) => v === 7) && res7.every((v) => v === 7));
+});
+
+test('silu_and_mul_quant_matmul matches fp64; an odd gate_up width is rejected', () => {
+  const m = 2, n = 3, k = 64;
+  const { packed, values } = q80Rows(n, k);
+  const w = ks.u8(packed, [n, (k / 32) * 34]);
+  const gu = f32(m * 2 * k).map((_, i) => X[(i * 7) % 10] * 0.75 + (i % 3) * 0.25);
+  const h = new Float64Array(m * k);
+  for (let r = 0; r < m; r++) {
+    for (let c = 0; c < k; c++) {
+      const g = gu[r * 2 * k + c], u = gu[r * 2 * k + k + c];
+      h[r * k + c] = g / (1 + Math.exp(-g)) * u;
+    }
+  }
+  const out = f32(m * n).fill(NaN);
+  ks.siluAndMulQuantMatmul(ks.f32(out, [m, n]), ks.f32(gu, [m, 2 * k]), w, 'q8_0', { backend: 'cpu' });
+  checkMatmul('out', out, h, values, m, n, k, 16 * 2 ** -24);
+
+  const out7 = f32(m * n).fill(7);
+  expectError(() => ks.siluAndMulQuantMatmul(ks.f32(out7, [m, n]), ks.f32(gu.subarray(0, m * 127), [m, 127]), w, 'q8_0'),
+              ks.Status.INVALID_ARGUMENT, 'silu_and_mul_quant_matmul', 'gate_up');
+  assert.ok(out7.every((v) => v === 7));
+});

@@ -32,3 +32,12 @@ try {
 }
 void d, info, choice;
 const ws: string = ks.whichShape('quant_matmul', 'fp32', 1, 576, 'cpu').variant;
+const packed = ks.u8(new Uint8Array(3 * 34), [3, 34]);
+const r2 = ks.f32(new Float32Array(64), [2, 32]);
+ks.fusedAddRmsNormQuantMatmul(ks.f32(new Float32Array(6), [2, 3]), r2, r2, r2, ks.f32(new Float32Array(32)), 1e-6,
+                              packed, 'q8_0', { backend: 'cpu' });
+ks.fusedAddRmsNormQuantMatmul(ks.f32(new Float32Array(6), [2, 3]), null, null, r2, ks.f32(new Float32Array(32)), 1e-6,
+                              packed, ks.qtypeInfo('q8_0').blockSize === 32 ? 'q8_0' : 6);
+ks.siluAndMulQuantMatmul(ks.f32(new Float32Array(3), [1, 3]), ks.f32(new Float32Array(64), [1, 64]), packed, 'q8_0');
+// @ts-expect-error eps is a number
+ks.fusedAddRmsNormQuantMatmul(r2, null, null, r2, r2, '1e-6', packed, 'q8_0');

@@ -1,13 +1,18 @@
-// The decode-step fusions on the CPU: fused_add_rms_norm_quant_matmul and
-// silu_and_mul_quant_matmul as their two steps, each through the registry's CPU choice for
+// The decode-step fusions on the CPU: fused_add_rms_norm_quant_matmul,
+// silu_and_mul_quant_matmul and rotary_embedding_kv_append as their two steps, each through the registry's CPU choice for
 // that step (fused_add_rms_norm / rms_norm / silu_and_mul, then quant_matmul) on a host
 // scratch row block. So the CPU result is bit for bit the unfused sequence's (the model's
 // prefill, which runs the steps apart, and its decode agree exactly on the CPU).
+// Every step's variant is chosen before the first one runs: a step that cannot run (a pinned
+// variant that does not take the call) fails the call with nothing written, naming the fused
+// op and the step.
 #include <cstring>
 #include <vector>
 
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
+
+using ks::detail::DType;
 
 namespace ks::cpu {
 namespace {
@@ -25,9 +30,17 @@ View host_view(void* data, DType dt, std::initializer_list<int64_t> shape) {
   return v;
 }
 
-void matmul_step(const View& out, const View& h, const View& weight, ks_qtype_t qtype, int64_t m, int64_t n,
-                 int64_t k, int64_t row_bytes, ks_stream_t stream) {
-  if (n == 0) return;
+// The CPU variant that will run one step (its errors restated under the fused op's name).
+const registry::Variant* step(const char* fused, const char* op, DType dt, const void* args) {
+  try {
+    return registry::select(op, KS_BACKEND_CPU, dt, args).variant;
+  } catch (const detail::Failure& f) {
+    detail::fail(f.status, fused, std::string("its ") + op + " step cannot run: " + f.message);
+  }
+}
+
+QuantMatmulArgs matmul_args(const View& out, const View& h, const View& weight, ks_qtype_t qtype, int64_t m,
+                            int64_t n, int64_t k, int64_t row_bytes) {
   QuantMatmulArgs q;
   q.out = out;
   q.x = h;
@@ -37,40 +50,45 @@ void matmul_step(const View& out, const View& h, const View& weight, ks_qtype_t 
   q.n = n;
   q.k = k;
   q.row_bytes = row_bytes;
-  registry::dispatch("quant_matmul", KS_BACKEND_CPU, h.dtype, &q, stream);
+  return q;
 }
 
 void norm_quant_matmul_cpu(const void* p, ks_stream_t stream) {
   const auto& a = *static_cast<const NormQuantMatmulArgs*>(p);
+  const char* op = "fused_add_rms_norm_quant_matmul";
   const DType dt = a.residual.dtype;
   std::vector<unsigned char> buf(a.residual.nbytes());
   const View h = host_view(buf.data(), dt, {a.m, a.k});
-  if (a.has_x) {  // residual_out = residual, h = x; then the in-place fused step on them
+  FusedAddRmsNormArgs f;  // in place on residual_out (a copy of residual) and h (a copy of x)
+  f.x = h;
+  f.residual = a.residual_out;
+  f.weight = a.norm_weight;
+  f.eps = a.eps;
+  f.rows = a.m;
+  f.hidden = a.k;
+  RmsNormArgs r;
+  r.out = h;
+  r.x = a.residual;
+  r.weight = a.norm_weight;
+  r.eps = a.eps;
+  r.rows = a.m;
+  r.hidden = a.k;
+  const QuantMatmulArgs q = matmul_args(a.out, h, a.weight, a.qtype, a.m, a.n, a.k, a.row_bytes);
+  const registry::Variant* norm = a.has_x ? step(op, "fused_add_rms_norm", dt, &f) : step(op, "rms_norm", dt, &r);
+  const registry::Variant* mm = a.n > 0 ? step(op, "quant_matmul", dt, &q) : nullptr;
+  if (a.has_x) {
     std::memcpy(a.residual_out.data, a.residual.data, a.residual.nbytes());
     std::memcpy(buf.data(), a.x.data, a.x.nbytes());
-    FusedAddRmsNormArgs f;
-    f.x = h;
-    f.residual = a.residual_out;
-    f.weight = a.norm_weight;
-    f.eps = a.eps;
-    f.rows = a.m;
-    f.hidden = a.k;
-    registry::dispatch("fused_add_rms_norm", KS_BACKEND_CPU, dt, &f, stream);
+    norm->run(&f, stream);
   } else {
-    RmsNormArgs r;
-    r.out = h;
-    r.x = a.residual;
-    r.weight = a.norm_weight;
-    r.eps = a.eps;
-    r.rows = a.m;
-    r.hidden = a.k;
-    registry::dispatch("rms_norm", KS_BACKEND_CPU, dt, &r, stream);
+    norm->run(&r, stream);
   }
-  matmul_step(a.out, h, a.weight, a.qtype, a.m, a.n, a.k, a.row_bytes, stream);
+  if (mm) mm->run(&q, stream);
 }
 
 void silu_quant_matmul_cpu(const void* p, ks_stream_t stream) {
   const auto& a = *static_cast<const SiluQuantMatmulArgs*>(p);
+  const char* op = "silu_and_mul_quant_matmul";
   const DType dt = a.gate_up.dtype;
   std::vector<unsigned char> buf(size_t(a.m * a.k) * detail::dtype_bytes(dt));
   const View h = host_view(buf.data(), dt, {a.m, a.k});
@@ -79,8 +97,21 @@ void silu_quant_matmul_cpu(const void* p, ks_stream_t stream) {
   s.x = a.gate_up;
   s.rows = a.m;
   s.d = a.k;
-  registry::dispatch("silu_and_mul", KS_BACKEND_CPU, dt, &s, stream);
-  matmul_step(a.out, h, a.weight, a.qtype, a.m, a.n, a.k, a.row_bytes, stream);
+  const QuantMatmulArgs q = matmul_args(a.out, h, a.weight, a.qtype, a.m, a.n, a.k, a.row_bytes);
+  const registry::Variant* act = step(op, "silu_and_mul", dt, &s);
+  const registry::Variant* mm = step(op, "quant_matmul", dt, &q);
+  act->run(&s, stream);
+  mm->run(&q, stream);
+}
+
+void rope_kv_append_cpu(const void* p, ks_stream_t stream) {
+  const auto& a = *static_cast<const RopeKvAppendArgs*>(p);
+  const char* op = "rotary_embedding_kv_append";
+  const bool append = a.kv.num_tokens > 0 && a.kv.num_kv_heads * a.kv.head_dim > 0;
+  const registry::Variant* rope = step(op, "rotary_embedding", a.rope.q.dtype, &a.rope);
+  const registry::Variant* kv = append ? step(op, "kv_cache_append", a.kv.k.dtype, &a.kv) : nullptr;
+  rope->run(&a.rope, stream);
+  if (kv) kv->run(&a.kv, stream);
 }
 
 }  // namespace
@@ -92,6 +123,8 @@ void register_fused_matmul(std::vector<registry::Variant>& v) {
   v.push_back({"silu_and_mul_quant_matmul", KS_BACKEND_CPU, "cpu_composed", registry::kFloatDTypes, 0,
                "the CPU's silu_and_mul into a scratch row block, then its quant_matmul", nullptr, nullptr,
                silu_quant_matmul_cpu});
+  v.push_back({"rotary_embedding_kv_append", KS_BACKEND_CPU, "cpu_composed", registry::kFloatDTypes, 0,
+               "the CPU's rotary_embedding, then its kv_cache_append", nullptr, nullptr, rope_kv_append_cpu});
 }
 
 }  // namespace ks::cpu

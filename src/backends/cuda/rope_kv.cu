@@ -50,6 +50,14 @@ struct RopeTable {
   float inv[kRopeParamHalf];
 };
 
+// The rotation of one pair, with every product and sum rounded on its own (no FMA
+// contraction): the three kernels below, whatever code the compiler makes around them,
+// give the same bits, and the same as the CPU reference's unfused FP32 expression.
+__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float& r0, float& r1) {
+  r0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
+  r1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
+}
+
 template <typename T, bool NEOX>
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, const RopeTable table) {
   extern __shared__ float rope_sh[];
@@ -85,9 +93,10 @@ __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, 
         for (int64_t h = h_first; h < heads; h += hpi) {
           T* base = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
                                 : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
-          const float x0 = Dt<T>::to_f(base[i0]), x1 = Dt<T>::to_f(base[i1]);
-          base[i0] = Dt<T>::from_f(x0 * c - x1 * s);
-          base[i1] = Dt<T>::from_f(x1 * c + x0 * s);
+          float r0, r1;
+          rope_rotate(Dt<T>::to_f(base[i0]), Dt<T>::to_f(base[i1]), c, s, r0, r1);
+          base[i0] = Dt<T>::from_f(r0);
+          base[i1] = Dt<T>::from_f(r1);
         }
       }
   }
@@ -151,9 +160,10 @@ __global__ void __launch_bounds__(kRopeThreads) rope_vec_kernel(const RopeParams
         OutVec<T, VEC> oa, ob;
 #pragma unroll
         for (int e = 0; e < VEC; ++e) {
-          const float x0 = a[j].f(e), x1 = b[j].f(e);
-          oa.set(e, x0 * c[e] - x1 * sn[e]);
-          ob.set(e, x1 * c[e] + x0 * sn[e]);
+          float r0, r1;
+          rope_rotate(a[j].f(e), b[j].f(e), c[e], sn[e], r0, r1);
+          oa.set(e, r0);
+          ob.set(e, r1);
         }
         store_vec(ptr[j] + i0, oa);
         store_vec(ptr[j] + half + i0, ob);
@@ -161,9 +171,10 @@ __global__ void __launch_bounds__(kRopeThreads) rope_vec_kernel(const RopeParams
         OutVec<T, VEC> oa;
 #pragma unroll
         for (int e = 0; e < PAIRS; ++e) {
-          const float x0 = a[j].f(2 * e), x1 = a[j].f(2 * e + 1);
-          oa.set(2 * e, x0 * c[e] - x1 * sn[e]);
-          oa.set(2 * e + 1, x1 * c[e] + x0 * sn[e]);
+          float r0, r1;
+          rope_rotate(a[j].f(2 * e), a[j].f(2 * e + 1), c[e], sn[e], r0, r1);
+          oa.set(2 * e, r0);
+          oa.set(2 * e + 1, r1);
         }
         store_vec(ptr[j] + 2 * i0, oa);
       }
@@ -307,6 +318,95 @@ void kv_cache_append_cuda(const void* args, ks_stream_t stream) {
     launch_kernel("kv_cache_append", kv_append_kernel<1>, dim3(unsigned(grid)), dim3(256), 0, s, 1, dp.pdl, p);
   check_launch("kv_cache_append");
   record_launch("kv_cache_append", "bytes_per_access=%lld grid=%lld", {vec ? 16 : 1, grid});
+}
+
+// ---- rotary_embedding_kv_append ---------------------------------------------------
+// A CTA per token (grid-stride): thread t takes the (head, pair) items t, t + 128, ... of q
+// and k, with its own sincosf of the angle (rope_kernel's angle and rope_rotate, the inverse
+// frequencies from the host table); a rotated k pair is stored to k and to its cache
+// row. Then the CTA copies v and k's features past rotary_dim into the cache rows: every cache
+// element is written by the thread that read its source, so no barrier is needed after the
+// inverse frequencies are staged. A slot outside [0, num_slots) is skipped (as kv_append_kernel).
+template <typename T, bool NEOX>
+__global__ void __launch_bounds__(kRopeThreads) rope_append_kernel(const RopeParams p, const RopeTable table,
+                                                                   const KvParams kv, const int64_t head_dim) {
+  extern __shared__ float rope_sh[];
+  const int64_t half = p.rotary_half;
+  for (int64_t i = threadIdx.x; i < half; i += blockDim.x) rope_sh[i] = table.inv[i];
+  __syncthreads();
+  pdl_begin();
+  const int64_t heads = p.heads + p.kv_heads, D = head_dim, kv_row = p.kv_heads * D;
+  for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
+    const int64_t pi = p.pos64 ? static_cast<const int64_t*>(p.pos)[tok] : static_cast<const int32_t*>(p.pos)[tok];
+    const float pos = float(pi);
+    int64_t slot = -1;
+    if (tok < kv.tokens)
+      slot = kv.slots64 ? static_cast<const int64_t*>(kv.slots)[tok] : static_cast<const int32_t*>(kv.slots)[tok];
+    T* kc = slot >= 0 && slot < kv.num_slots ? reinterpret_cast<T*>(kv.k_cache + slot * kv.row_bytes) : nullptr;
+    T* vc = kc ? reinterpret_cast<T*>(kv.v_cache + slot * kv.row_bytes) : nullptr;
+    for (int64_t it = threadIdx.x; it < heads * half; it += blockDim.x) {
+      const int64_t h = it / half, i = it - h * half;
+      float sn, c;
+      sincosf(pos * rope_sh[i], &sn, &c);
+      const int64_t i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
+      T* base = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
+                            : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
+      float f0, f1;
+      rope_rotate(Dt<T>::to_f(base[i0]), Dt<T>::to_f(base[i1]), c, sn, f0, f1);
+      const T r0 = Dt<T>::from_f(f0), r1 = Dt<T>::from_f(f1);
+      base[i0] = r0;
+      base[i1] = r1;
+      if (h >= p.heads && kc) {
+        kc[(h - p.heads) * D + i0] = r0;
+        kc[(h - p.heads) * D + i1] = r1;
+      }
+    }
+    if (kc) {
+      const T* vs = reinterpret_cast<const T*>(kv.v) + tok * kv_row;
+      const T* ks = static_cast<const T*>(p.k) + tok * p.k_ts;
+      for (int64_t e = threadIdx.x; e < kv_row; e += blockDim.x) {
+        const int64_t hh = e / D, d = e - hh * D;
+        vc[e] = vs[e];
+        if (d >= 2 * half) kc[e] = ks[hh * p.k_hs + d];
+      }
+    }
+  }
+}
+
+std::string rope_append_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::RopeKvAppendArgs*>(args);
+  if (a.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
+  return "";
+}
+
+void rope_kv_append_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::RopeKvAppendArgs*>(args);
+  const ops::RotaryArgs& r = a.rope;
+  const int dev = r.q.device.device_id;
+  DeviceGuard g(dev, "rotary_embedding_kv_append");
+  const DeviceProps& dp = device_props(dev);
+  const RopeParams p{r.q.data, r.k.data, r.positions.data, r.positions.dtype == detail::DType::I64, r.num_tokens,
+                     r.num_heads, r.num_kv_heads, r.rotary_dim / 2, r.q_token_stride, r.q_head_stride,
+                     r.k_token_stride, r.k_head_stride, r.theta};
+  RopeTable table{};
+  cpu::rope_inv_freq(r.rotary_dim, r.theta, table.inv);
+  const int64_t row_bytes = a.kv.num_kv_heads * a.kv.head_dim * detail::dtype_bytes(a.kv.k.dtype);
+  // kv.tokens 0: nothing appended (kv_cache_append's empty cases), the rotation still runs
+  const bool append = a.kv.num_tokens > 0 && row_bytes > 0;
+  const KvParams kv{static_cast<char*>(a.kv.k_cache.data), static_cast<char*>(a.kv.v_cache.data),
+                    static_cast<const char*>(a.kv.k.data), static_cast<const char*>(a.kv.v.data),
+                    a.kv.slot_mapping.data, a.kv.slot_mapping.dtype == detail::DType::I64,
+                    append ? a.kv.num_tokens : 0, a.kv.num_slots, row_bytes};
+  const int64_t grid = std::min<int64_t>(r.num_tokens, int64_t(dp.sm_count) * 16);
+  const size_t smem = size_t(p.rotary_half) * sizeof(float);
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type(r.q.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel("rotary_embedding_kv_append", r.neox ? rope_append_kernel<T, true> : rope_append_kernel<T, false>,
+                  dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table, kv, r.head_dim);
+  });
+  check_launch("rotary_embedding_kv_append");
+  record_launch("rotary_embedding_kv_append", "token_cta threads=%lld grid=%lld", {kRopeThreads, grid});
 }
 
 }  // namespace ks::cuda

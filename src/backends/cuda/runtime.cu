@@ -154,6 +154,8 @@ void paged_attention_gqa_cuda(const void*, ks_stream_t);
 std::string varlen_attention_can_implement(const void*);
 void varlen_attention_cuda(const void*, ks_stream_t);
 void norm_quant_matmul_cuda(const void*, ks_stream_t);
+void rope_kv_append_cuda(const void*, ks_stream_t);
+std::string rope_append_can_implement(const void*);
 void silu_quant_matmul_cuda(const void*, ks_stream_t);
 
 }  // namespace ks::cuda
@@ -235,6 +237,13 @@ std::string ci_silu_quant_matmul(const void* p) {
   auto& a = *static_cast<const ops::SiluQuantMatmulArgs*>(p);
   const std::string why = align_reason({&a.gate_up, &a.out, &a.weight});
   return why.empty() ? qtype_reason(a.qtype) : why;
+}
+std::string ci_rope_kv_append(const void* p) {
+  auto& a = *static_cast<const ops::RopeKvAppendArgs*>(p);
+  std::string why = align_reason({&a.rope.q, &a.rope.k, &a.rope.positions, &a.kv.v, &a.kv.k_cache, &a.kv.v_cache,
+                                  &a.kv.slot_mapping});
+  if (why.empty()) why = rope_can_implement(&a.rope);
+  return why.empty() ? rope_append_can_implement(p) : why;
 }
 std::string ci_attention(const void* p) {
   auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
@@ -335,6 +344,10 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"silu_and_mul_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column, silu(gate) * up computed as the row is read", avail,
                ks::cuda::ci_silu_quant_matmul, ks::cuda::silu_quant_matmul_cuda});
+  v.push_back({"rotary_embedding_kv_append", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
+               "a CTA per token: each (head, pair) rotated by its own thread, rotated k pairs stored to k and the "
+               "cache row, then v and k's unrotated features copied", avail, ks::cuda::ci_rope_kv_append,
+               ks::cuda::rope_kv_append_cuda});
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_gqa_cluster", kFloatDTypes, 20,
                "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
                "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",

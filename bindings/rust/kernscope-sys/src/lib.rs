@@ -206,6 +206,27 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
+    /// `x` and `residual_out` may be null (then `out` = quant_matmul of rms_norm(residual)).
+    pub fn ks_fused_add_rms_norm_quant_matmul(
+        out: *mut DLTensor,
+        residual_out: *mut DLTensor,
+        x: *const DLTensor,
+        residual: *const DLTensor,
+        norm_weight: *const DLTensor,
+        eps: f64,
+        weight: *const DLTensor,
+        qtype: ks_qtype_t,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
+    pub fn ks_silu_and_mul_quant_matmul(
+        out: *mut DLTensor,
+        gate_up: *const DLTensor,
+        weight: *const DLTensor,
+        qtype: ks_qtype_t,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     pub fn ks_rotary_embedding(
         q: *mut DLTensor,
         k: *mut DLTensor,

@@ -330,6 +330,67 @@ impl Exec {
         check(unsafe { sys::ks_quant_matmul(&mut o, &xt, &w, qtype.raw(), self.backend.raw(), self.stream) })
     }
 
+    /// Decode-step fusion: the (fused add +) RMS norm of each row, then [`Exec::quant_matmul`] on
+    /// it, in one kernel. `residual` `[M, K]`, `norm_weight` `[K]`, `weight` packed `[N, row_bytes]`
+    /// in `qtype`, `out` `[M, N]`. With `x` (`[M, K]`): `s = x + residual` (FP32);
+    /// `residual_out` (`[M, K]`, required) = round(s); `out` = quant_matmul(round(rms_norm(s) *
+    /// norm_weight)), i.e. [`Exec::fused_add_rms_norm`]'s values then quant_matmul, with `x` and
+    /// `residual` left unchanged. `x: None`: `out` = quant_matmul(round(rms_norm(residual) *
+    /// norm_weight)); `residual_out` must then be `None` too. Errors (nothing written):
+    /// `residual_out` without `x` (or `x` without it), shapes, eps, overlap (`out` and
+    /// `residual_out` overlap no input nor each other) are `Status::InvalidArgument`; mismatched
+    /// float dtypes (or `weight` not u8) `Status::UnsupportedDtype`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fused_add_rms_norm_quant_matmul(
+        &self,
+        out: &mut TensorMut,
+        residual_out: Option<&mut TensorMut>,
+        x: Option<&Tensor>,
+        residual: &Tensor,
+        norm_weight: &Tensor,
+        eps: f64,
+        weight: &Tensor,
+        qtype: QType,
+    ) -> Result<()> {
+        let mut o = out.raw();
+        let mut ro = residual_out.map(|t| t.raw());
+        let rop = ro.as_mut().map_or(ptr::null_mut(), |t| t as *mut sys::DLTensor);
+        let xt = x.map(|t| t.raw());
+        let xp = xt.as_ref().map_or(ptr::null(), |t| t as *const sys::DLTensor);
+        let (r, nw, w) = (residual.raw(), norm_weight.raw(), weight.raw());
+        check(unsafe {
+            sys::ks_fused_add_rms_norm_quant_matmul(
+                &mut o,
+                rop,
+                xp,
+                &r,
+                &nw,
+                eps,
+                &w,
+                qtype.raw(),
+                self.backend.raw(),
+                self.stream,
+            )
+        })
+    }
+
+    /// Decode-step fusion: [`Exec::silu_and_mul`] of `gate_up` `[M, 2K]` (gate, then up), then
+    /// [`Exec::quant_matmul`] on it, in one kernel: `out[M, N]` = quant_matmul(round(silu(gate) *
+    /// up), weight). Errors (nothing written): an odd last dim of `gate_up`, a K that is not
+    /// whole blocks, bad shapes, `out` overlapping an input (`Status::InvalidArgument`).
+    pub fn silu_and_mul_quant_matmul(
+        &self,
+        out: &mut TensorMut,
+        gate_up: &Tensor,
+        weight: &Tensor,
+        qtype: QType,
+    ) -> Result<()> {
+        let (mut o, g, w) = (out.raw(), gate_up.raw(), weight.raw());
+        check(unsafe {
+            sys::ks_silu_and_mul_quant_matmul(&mut o, &g, &w, qtype.raw(), self.backend.raw(), self.stream)
+        })
+    }
+
     /// Rotary position embedding in place on `q` and (optionally) `k`.
     pub fn rotary_embedding(
         &self,
@@ -486,6 +547,24 @@ pub fn gemm(out: &mut TensorMut, a: &Tensor, b: &Tensor) -> Result<()> {
 /// [`Exec::quant_matmul`] on the automatic backend.
 pub fn quant_matmul(out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
     Exec::default().quant_matmul(out, x, weight, qtype)
+}
+/// [`Exec::fused_add_rms_norm_quant_matmul`] on the automatic backend.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_add_rms_norm_quant_matmul(
+    out: &mut TensorMut,
+    residual_out: Option<&mut TensorMut>,
+    x: Option<&Tensor>,
+    residual: &Tensor,
+    norm_weight: &Tensor,
+    eps: f64,
+    weight: &Tensor,
+    qtype: QType,
+) -> Result<()> {
+    Exec::default().fused_add_rms_norm_quant_matmul(out, residual_out, x, residual, norm_weight, eps, weight, qtype)
+}
+/// [`Exec::silu_and_mul_quant_matmul`] on the automatic backend.
+pub fn silu_and_mul_quant_matmul(out: &mut TensorMut, gate_up: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
+    Exec::default().silu_and_mul_quant_matmul(out, gate_up, weight, qtype)
 }
 /// [`Exec::rotary_embedding`] on the automatic backend.
 pub fn rotary_embedding(

@@ -390,3 +390,165 @@ fn varlen_attention_causal_rows_and_bad_offsets() {
     assert!(e.message().contains("cu_seqlens_q"), "{}", e);
     assert_eq!(out, before);
 }
+
+// ---- the quant_matmul fusions ----------------------------------------------------------------
+
+/// Q8_0 rows built here: per 32-element block an f16 scale d (exact: 1/16, 2/16, 3/16) then 32
+/// int8 codes q; element = d * q. Returns (packed [n, k / 32 * 34], FP64 values [n, k]).
+fn q8_0_rows(n: usize, k: usize) -> (Vec<u8>, Vec<f64>) {
+    let (mut packed, mut values) = (Vec::new(), vec![0.0f64; n * k]);
+    for r in 0..n {
+        for b in 0..k / 32 {
+            let d = 0.0625f32 * (1 + (r + b) % 3) as f32;
+            packed.extend_from_slice(&f32_to_f16_bits(d).to_le_bytes());
+            for j in 0..32 {
+                let q = ((r * 7 + b * 13 + j * 5) % 41) as i32 - 20;
+                packed.push(q as i8 as u8);
+                values[r * k + b * 32 + j] = d as f64 * q as f64;
+            }
+        }
+    }
+    (packed, values)
+}
+
+/// FP64 h @ w^T with an allowance for the FP32 computation of h (rel * |h| per element) and
+/// the FP32 sum in any order.
+fn matmul_ref(h: &[f64], w: &[f64], m: usize, n: usize, k: usize, rel: f64) -> Vec<(f64, f64)> {
+    let u = 2f64.powi(-24);
+    let mut out = Vec::new();
+    for i in 0..m {
+        for j in 0..n {
+            let (mut acc, mut abs) = (0.0, 0.0);
+            for c in 0..k {
+                acc += h[i * k + c] * w[j * k + c];
+                abs += (h[i * k + c] * w[j * k + c]).abs();
+            }
+            out.push((acc, 1e-6 + 1e-6 * acc.abs() + (rel + 8.0 * (k as f64).sqrt() * u) * abs));
+        }
+    }
+    out
+}
+
+#[test]
+fn fused_add_rms_norm_quant_matmul_matches_fp64() {
+    let (m, n, k) = (2usize, 3usize, 64usize);
+    let (packed, wv) = q8_0_rows(n, k);
+    let x: Vec<f32> = (0..m * k).map(|i| X[i % 10] * (1.0 + i as f32 / 64.0)).collect();
+    let res: Vec<f32> = (0..m * k).map(|i| X[(i * 3 + 1) % 10] * 0.5).collect();
+    let nw: Vec<f32> = (0..k).map(|i| W[i % 5] + 0.125).collect();
+    let eps = 1e-5;
+    let rel = (8.0 * (k as f64).sqrt() + 16.0) * 2f64.powi(-24);
+    let norm = |s: &[f64]| -> Vec<f64> {
+        let mut h = Vec::new();
+        for row in s.chunks(k) {
+            let scale = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / k as f64 + eps).sqrt();
+            h.extend(row.iter().zip(&nw).map(|(v, g)| v * scale * *g as f64));
+        }
+        h
+    };
+    let w = Tensor::u8(&packed, &[n as i64, (k / 32 * 34) as i64]).unwrap();
+
+    // with x: residual_out = x + residual; out = quant_matmul(rms_norm(x + residual))
+    let mut out = [f32::NAN; 6];
+    let mut res_out = vec![f32::NAN; m * k];
+    cpu()
+        .fused_add_rms_norm_quant_matmul(
+            &mut TensorMut::f32(&mut out, &[2, 3]).unwrap(),
+            Some(&mut TensorMut::f32(&mut res_out, &[2, 64]).unwrap()),
+            Some(&Tensor::f32(&x, &[2, 64]).unwrap()),
+            &Tensor::f32(&res, &[2, 64]).unwrap(),
+            &Tensor::f32(&nw, &[64]).unwrap(),
+            eps,
+            &w,
+            QType::Q8_0,
+        )
+        .unwrap();
+    let s: Vec<f64> = x.iter().zip(&res).map(|(a, b)| *a as f64 + *b as f64).collect();
+    for (g, want) in res_out.iter().zip(&s) {
+        assert_eq!(*g, *want as f32, "residual_out");
+    }
+    for (g, (want, tol)) in out.iter().zip(matmul_ref(&norm(&s), &wv, m, n, k, rel)) {
+        assert!((*g as f64 - want).abs() <= tol, "out {} vs {}", g, want);
+    }
+
+    // x = None: out = quant_matmul(rms_norm(residual))
+    let mut out0 = [f32::NAN; 6];
+    kernscope::fused_add_rms_norm_quant_matmul(
+        &mut TensorMut::f32(&mut out0, &[2, 3]).unwrap(),
+        None,
+        None,
+        &Tensor::f32(&res, &[2, 64]).unwrap(),
+        &Tensor::f32(&nw, &[64]).unwrap(),
+        eps,
+        &w,
+        QType::Q8_0,
+    )
+    .unwrap();
+    let r64: Vec<f64> = res.iter().map(|v| *v as f64).collect();
+    for (g, (want, tol)) in out0.iter().zip(matmul_ref(&norm(&r64), &wv, m, n, k, rel)) {
+        assert!((*g as f64 - want).abs() <= tol, "out (no x) {} vs {}", g, want);
+    }
+}
+
+#[test]
+fn fused_add_rms_norm_quant_matmul_residual_out_without_x_is_rejected() {
+    let (packed, _) = q8_0_rows(3, 64);
+    let res = vec![0.5f32; 128];
+    let nw = vec![1.0f32; 64];
+    let mut out = [7.0f32; 6];
+    let mut res_out = vec![7.0f32; 128];
+    let e = cpu()
+        .fused_add_rms_norm_quant_matmul(
+            &mut TensorMut::f32(&mut out, &[2, 3]).unwrap(),
+            Some(&mut TensorMut::f32(&mut res_out, &[2, 64]).unwrap()),
+            None,
+            &Tensor::f32(&res, &[2, 64]).unwrap(),
+            &Tensor::f32(&nw, &[64]).unwrap(),
+            1e-6,
+            &Tensor::u8(&packed, &[3, 68]).unwrap(),
+            QType::Q8_0,
+        )
+        .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("fused_add_rms_norm_quant_matmul") && e.message().contains("residual_out"), "{}", e);
+    assert!(out.iter().chain(&res_out).all(|&v| v == 7.0));
+}
+
+#[test]
+fn silu_and_mul_quant_matmul_matches_fp64_and_rejects_odd_gate_up() {
+    let (m, n, k) = (2usize, 3usize, 64usize);
+    let (packed, wv) = q8_0_rows(n, k);
+    let w = Tensor::u8(&packed, &[3, 68]).unwrap();
+    let gu: Vec<f32> = (0..m * 2 * k).map(|i| X[(i * 7) % 10] * 0.75 + (i % 3) as f32 * 0.25).collect();
+    let mut h = Vec::new();
+    for r in 0..m {
+        for c in 0..k {
+            let (g, u) = (gu[r * 2 * k + c] as f64, gu[r * 2 * k + k + c] as f64);
+            h.push(g / (1.0 + (-g).exp()) * u);
+        }
+    }
+    let mut out = [f32::NAN; 6];
+    cpu()
+        .silu_and_mul_quant_matmul(
+            &mut TensorMut::f32(&mut out, &[2, 3]).unwrap(),
+            &Tensor::f32(&gu, &[2, 128]).unwrap(),
+            &w,
+            QType::Q8_0,
+        )
+        .unwrap();
+    for (g, (want, tol)) in out.iter().zip(matmul_ref(&h, &wv, m, n, k, 16.0 * 2f64.powi(-24))) {
+        assert!((*g as f64 - want).abs() <= tol, "out {} vs {}", g, want);
+    }
+
+    let before = out;
+    let e = kernscope::silu_and_mul_quant_matmul(
+        &mut TensorMut::f32(&mut out, &[2, 3]).unwrap(),
+        &Tensor::f32(&gu[..254], &[2, 127]).unwrap(),
+        &w,
+        QType::Q8_0,
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("silu_and_mul_quant_matmul") && e.message().contains("gate_up"), "{}", e);
+    assert_eq!(out, before);
+}

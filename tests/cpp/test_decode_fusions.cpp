@@ -1,4 +1,6 @@
-// The decode-step fusions: ks_fused_add_rms_norm_quant_matmul and ks_silu_and_mul_quant_matmul,
+// The decode-step fusions. ks_rotary_embedding_kv_append: bit for bit ks_rotary_embedding then
+// ks_kv_cache_append (whose own tests compare with FP64), on every variant; its argument rules.
+// ks_fused_add_rms_norm_quant_matmul and ks_silu_and_mul_quant_matmul
 // against an FP64 reference (an independent FP64 block decoder, norm and SiLU in FP64), and,
 // on the CPU, bit for bit against the unfused sequence (fused_add_rms_norm / rms_norm /
 // silu_and_mul, then quant_matmul) that the model's prefill runs.
@@ -283,6 +285,35 @@ TEST(FusedNormQuantMatmul, RejectsBadArgumentsAndWritesNothing) {
   }
 }
 
+// A step that cannot run fails the whole call before anything is written: quant_matmul pinned
+// to its AVX-512 variant, which takes fp32 only (or is absent on this CPU), under an fp16 call.
+TEST(FusedNormQuantMatmul, AStepThatCannotRunWritesNothingAndNamesTheOp) {
+  const int64_t M = 2, N = 5, K = 64;
+  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
+  Buf res(DType::F16, {M, K}), x(DType::F16, {M, K}), nw(DType::F16, {K}), out(DType::F16, {M, N}),
+      ro(DType::F16, {M, K}), gu(DType::F16, {M, 2 * K});
+  kstest::fill_normal(res);
+  kstest::fill_normal(x);
+  kstest::fill_normal(nw);
+  kstest::fill_normal(gu);
+  out.poison();
+  ro.poison();
+  ASSERT_EQ(ks_force_variant("quant_matmul", "cpu_avx512"), KS_SUCCESS) << ks_last_error();
+  const ks_status_t a = run_norm(out, &ro, &x, res, nw, 1e-5, w, KS_QTYPE_Q8_0, KS_BACKEND_CPU);
+  const std::string msg_a = ks_last_error();
+  const ks_status_t b = run_silu(out, gu, w, KS_QTYPE_Q8_0, KS_BACKEND_CPU);
+  const std::string msg_b = ks_last_error();
+  ks_force_variant("quant_matmul", nullptr);
+  EXPECT_EQ(a, KS_ERROR_BACKEND_UNAVAILABLE);
+  EXPECT_NE(msg_a.find(kNorm), std::string::npos) << msg_a;
+  EXPECT_NE(msg_a.find("quant_matmul step"), std::string::npos) << msg_a;
+  EXPECT_EQ(b, KS_ERROR_BACKEND_UNAVAILABLE);
+  EXPECT_NE(msg_b.find(kSilu), std::string::npos) << msg_b;
+  std::vector<uint8_t> poisoned(ro.nbytes(), 0xFF);
+  EXPECT_EQ(std::memcmp(ro.data(), poisoned.data(), poisoned.size()), 0) << "residual_out written";
+  EXPECT_EQ(std::memcmp(out.data(), poisoned.data(), out.nbytes()), 0) << "out written";
+}
+
 TEST(SiluQuantMatmul, AgainstFp64EveryVariant) {
   FOR_EACH_VARIANT(kSilu) {
     for (ks_qtype_t q : kFormats)
@@ -338,6 +369,108 @@ TEST(SiluQuantMatmul, RejectsBadArgumentsAndWritesNothing) {
     Snap s{&gu};
     EXPECT_TRUE(fails_cleanly(ks_silu_and_mul_quant_matmul(&o, &g, &ww, KS_QTYPE_Q4_1, KS_BACKEND_AUTO, nullptr), INV,
                               kSilu, "out", s));
+  }
+}
+
+// ---- rotary_embedding_kv_append ----------------------------------------------------
+
+const char* kRope = "rotary_embedding_kv_append";
+
+struct RopeCase {
+  int64_t T, H, KVH, D, rotary_dim, blocks, block_size;
+  bool neox;
+};
+
+// The fused call on (q, k, caches) and the two-call sequence on copies: every byte equal.
+void rope_append_case(DType dt, const RopeCase& c, size_t off) {
+  Buf q(dt, {c.T, c.H, c.D}, off), k(dt, {c.T, c.KVH, c.D}, off), v(dt, {c.T, c.KVH, c.D}, off),
+      pos(DType::I64, {c.T}, 0), slots(DType::I32, {c.T}, 0), kc(dt, {c.blocks, c.block_size, c.KVH, c.D}, off),
+      vc(dt, {c.blocks, c.block_size, c.KVH, c.D}, off);
+  kstest::fill_normal(q);
+  kstest::fill_normal(k);
+  kstest::fill_normal(v);
+  kc.poison();
+  vc.poison();
+  std::vector<int64_t> free_slots(size_t(c.blocks * c.block_size));
+  for (size_t i = 0; i < free_slots.size(); ++i) free_slots[i] = int64_t(i);
+  std::shuffle(free_slots.begin(), free_slots.end(), rng());
+  for (int64_t t = 0; t < c.T; ++t) {
+    set_i(pos, t, (t * 7919 + 3) % 100000);
+    set_i(slots, t, t % 5 == 3 ? -1 : free_slots[size_t(t)]);  // some tokens skipped (-1)
+  }
+  Buf q2 = q, k2 = k, kc2 = kc, vc2 = vc;
+  Snap in{&v, &pos, &slots};
+  {
+    DLTensor qd = q.dl(), kd = k.dl(), vd = v.dl(), pd = pos.dl(), kcd = kc.dl(), vcd = vc.dl(), sd = slots.dl();
+    KS_RUN_OR_SKIP(ks_rotary_embedding_kv_append(&qd, &kd, &vd, &pd, c.rotary_dim, 10000.0, c.neox, &kcd, &vcd, &sd,
+                                                 KS_BACKEND_AUTO, nullptr));
+  }
+  {
+    DLTensor qd = q2.dl(), kd = k2.dl(), vd = v.dl(), pd = pos.dl(), kcd = kc2.dl(), vcd = vc2.dl(), sd = slots.dl();
+    ASSERT_EQ(ks_rotary_embedding(&qd, &kd, &pd, c.rotary_dim, 10000.0, c.neox, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+    ASSERT_EQ(ks_kv_cache_append(&kcd, &vcd, &kd, &vd, &sd, KS_BACKEND_CPU, nullptr), KS_SUCCESS);
+  }
+  const std::string what = dt_name(dt) + (c.neox ? " neox" : " interleaved") + " T " + std::to_string(c.T) +
+                           " rotary_dim " + std::to_string(c.rotary_dim) + " of " + std::to_string(c.D);
+  EXPECT_EQ(q.raw, q2.raw) << "q, " << what;
+  EXPECT_EQ(k.raw, k2.raw) << "k, " << what;
+  EXPECT_EQ(kc.raw, kc2.raw) << "k_cache, " << what;
+  EXPECT_EQ(vc.raw, vc2.raw) << "v_cache, " << what;
+  EXPECT_TRUE(in.same()) << "inputs modified, " << what;
+}
+
+TEST(RopeKvAppend, EqualsRotaryThenAppendEveryVariant) {
+  FOR_EACH_VARIANT(kRope) {
+    for (DType dt : kFloatTypes())
+      for (bool neox : {false, true}) {
+        rope_append_case(dt, {1, 9, 3, 64, 64, 4, 16, neox}, 0);
+        rope_append_case(dt, {7, 4, 2, 66, 32, 3, 7, neox}, 2);  // rotary_dim < head_dim, odd block size, misaligned
+        rope_append_case(dt, {33, 8, 1, 128, 128, 5, 16, neox}, 0);
+      }
+  }
+}
+
+TEST(RopeKvAppend, RejectsBadArgumentsAndWritesNothing) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  const int64_t T = 3, H = 4, KVH = 2, D = 32;
+  Buf q(DType::F32, {T, H, D}), k(DType::F32, {T, KVH, D}), v(DType::F32, {T, KVH, D}), pos(DType::I32, {T}),
+      slots(DType::I64, {T}), kc(DType::F32, {2, 4, KVH, D}), vc(DType::F32, {2, 4, KVH, D});
+  kstest::fill_normal(q);
+  kstest::fill_normal(k);
+  kstest::fill_normal(v);
+  for (int64_t t = 0; t < T; ++t) set_i(pos, t, t), set_i(slots, t, t);
+  auto call = [&](DLTensor* qd, DLTensor* kd, DLTensor* vd, DLTensor* kcd, DLTensor* vcd, DLTensor* sd,
+                  int64_t rotary_dim) {
+    DLTensor pd = pos.dl();
+    return ks_rotary_embedding_kv_append(qd, kd, vd, &pd, rotary_dim, 10000.0, 0, kcd, vcd, sd, KS_BACKEND_AUTO,
+                                         nullptr);
+  };
+  DLTensor qd = q.dl(), kd = k.dl(), vd = v.dl(), kcd = kc.dl(), vcd = vc.dl(), sd = slots.dl();
+  const Snap all{&q, &k, &v, &kc, &vc};
+  EXPECT_TRUE(fails_cleanly(call(&qd, nullptr, &vd, &kcd, &vcd, &sd, D), INV, kRope, "k", all));
+  EXPECT_TRUE(fails_cleanly(call(&qd, &kd, &vd, &kcd, &vcd, &sd, D + 2), INV, kRope, "rotary_dim", all));
+  {
+    Buf v2(DType::F32, {T, KVH, D + 1});
+    DLTensor v2d = v2.dl();
+    EXPECT_TRUE(fails_cleanly(call(&qd, &kd, &v2d, &kcd, &vcd, &sd, D), INV, kRope, "v", all));
+  }
+  {
+    Buf s2(DType::I64, {T});
+    for (int64_t t = 0; t < T; ++t) set_i(s2, t, t == 1 ? 8 : t);  // past the 8 slots
+    DLTensor s2d = s2.dl();
+    EXPECT_TRUE(fails_cleanly(call(&qd, &kd, &vd, &kcd, &vcd, &s2d, D), INV, kRope, "slot_mapping", all));
+  }
+  {  // v sharing memory with k: the one pass would copy half-rotated values
+    EXPECT_TRUE(fails_cleanly(call(&qd, &kd, &kd, &kcd, &vcd, &sd, D), INV, kRope, "v", all));
+  }
+  {  // a cache over q
+    Buf big(DType::F32, {2, 4, KVH, D});
+    kstest::fill_normal(big);
+    DLTensor bq = big.dl(), bc = big.dl();
+    std::vector<int64_t> qs = {T, H, D};
+    bq.shape = qs.data();
+    const Snap s{&big, &k, &v, &vc};
+    EXPECT_TRUE(fails_cleanly(call(&bq, &kd, &vd, &bc, &vcd, &sd, D), INV, kRope, "k_cache|q", s));
   }
 }
 
