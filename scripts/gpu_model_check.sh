@@ -48,7 +48,7 @@ fi
 if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
     --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
-  # the same decode without the norm / SiLU fusions (7 -> 10 kernels per layer), batch 1
+  # the same decode without the decode fusions (10 kernels per layer instead of 6), batch 1
   KS_MODEL_FUSE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
     --repeats 5 --batch 1 --csv "$OUT/model_cuda_unfused.csv" 2>&1 | tee -a "$LOG" | grep decode
   if [ "${KS_MODEL_CPU:-1}" = 1 ]; then  # KS_MODEL_CPU=0: skip the CPU path's benchmark

@@ -297,7 +297,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;
   const ks::TensorView logits = (on_device_ ? logits_dev_.view : logits_.view()).slice(0, m);
   if (fused_qkv && fuse_decode_) {
-    // One-token step, 7 kernels per layer: [norm -> qkv] [rope] [kv append] [attention] [o proj]
+    // One-token step, 6 kernels per layer: [norm -> qkv] [rope + kv append] [attention] [o proj]
     // [add + norm -> gate|up] [silu_and_mul -> down]. The residual stream alternates between
     // res and res2 (the fused op writes x + residual to a second buffer).
     ks::TensorView r = res, r_next = rows(res2_, H);
@@ -307,8 +307,8 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
       ks::fused_add_rms_norm_quant_matmul(qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r, L.attn_norm.data,
                                           c.rms_eps, L.w_qkv.data, L.w_qkv.qtype, be, s);
       if (l > 0) std::swap(r, r_next);
-      ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
-      ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots_.view.reshape({n}), be, s);
+      ks::rotary_embedding_kv_append(q3, k3, v3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
+                                     L.k_cache.view, L.v_cache.view, slots_.view.reshape({n}), be, s);
       ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
                           ctx_lens_.view.reshape({n}), scale, be, s);
       ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);

@@ -190,9 +190,9 @@ TEST(Model, CudaGreedyIdsAndLogitsMatchTransformersAndCpu) {
               worst_cpu);
 }
 
-// One-token steps run the fused decode (ks::fused_add_rms_norm_quant_matmul and
-// ks::silu_and_mul_quant_matmul, 7 kernels per layer); KS_MODEL_FUSE=0 runs the unfused
-// sequence. Fed the same tokens one at a time, both CUDA paths' logits agree with each other
+// One-token steps run the fused decode (ks::fused_add_rms_norm_quant_matmul,
+// ks::silu_and_mul_quant_matmul and ks::rotary_embedding_kv_append: 6 kernels per layer);
+// KS_MODEL_FUSE=0 runs the unfused sequence. Fed the same tokens one at a time, both CUDA paths' logits agree with each other
 // and with the CPU path's within the logit tolerance at every step (the CUDA fusions change
 // only the sum-of-squares order and where the normalized row is rounded).
 TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
