@@ -11,6 +11,7 @@
 // run and every row carries its percentage.
 //
 // usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...] [--impl NAME] [--variants]
+// (--ops decode_fusions: the model's three decode fusions next to the calls they replace)
 // (--variants: the model-path ops with several CUDA variants are also timed under each
 //  variant, pinned: rows with impl "variant:<name>"; bench/auto_vs_best.py compares them)
 // (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run;
@@ -398,6 +399,83 @@ int main(int argc, char** argv) {
         record(std::string("quant_gemv_") + qname, std::to_string(n) + "x" + std::to_string(h), bf, us, bytes,
                "quant_matmul");
       }
+  // The model's decode fusions (SmolLM2-135M, one token, FP32 activations, Q4_1 weights): each
+  // fused call next to the sequence it replaces, both as graph replays (impl "fused" / "unfused").
+  if (has(ops, "decode_fusions")) {
+    const DType f32 = DType::F32;
+    const int64_t H = 576, QKV = 960, I = 1536, KVH = 3, D = 64, NH = 9;
+    auto packed = [&](int64_t n, int64_t k) {  // Q4_1 rows with small finite scales
+      const int64_t rb = k / 32 * 20;
+      std::vector<uint8_t> host(size_t(n * rb));
+      for (auto& c : host) c = uint8_t(rng());
+      for (int64_t b = 0; b < n * k / 32; ++b) host[size_t(b * 20 + 1)] &= 0x1f, host[size_t(b * 20 + 3)] &= 0x1f;
+      auto d = std::make_unique<Dev>(host.size());
+      CK(cudaMemcpy(d->p, host.data(), host.size(), cudaMemcpyHostToDevice));
+      return d;
+    };
+    auto buf = [&](int64_t n) {
+      auto d = std::make_unique<Dev>(size_t(n) * 4);
+      fill_random(d->p, size_t(n), f32, rng);
+      return d;
+    };
+    const auto wqkv = packed(QKV, H), wgu = packed(2 * I, H), wd = packed(H, I);
+    const auto x = buf(H), r = buf(H), r2 = buf(H), nw = buf(H), qkv = buf(QKV), gu = buf(2 * I), act = buf(I),
+               out = buf(2 * I), kc = buf(64 * 16 * KVH * D), vc = buf(64 * 16 * KVH * D);
+    auto pos = std::make_unique<Dev>(4), slot = std::make_unique<Dev>(8);
+    const int32_t p0 = 100;
+    const int64_t s0 = 100;
+    CK(cudaMemcpy(pos->p, &p0, 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(slot->p, &s0, 8, cudaMemcpyHostToDevice));
+    const ks::QType q = ks::QType::Q4_1;
+    auto time_pair = [&](const std::string& name, const std::function<void(cudaStream_t)>& fused,
+                         const std::function<void(cudaStream_t)>& unfused, size_t bytes) {
+      for (int which = 0; which < 2; ++which) {
+        const double us = graph_time(1, [&](int, cudaStream_t st) { (which ? unfused : fused)(st); }, s);
+        record(name, "smollm2_b1", f32, us, bytes, nullptr);
+        rows.back().impl = which ? "unfused" : "fused";
+      }
+    };
+    const auto qkv3 = [&](int64_t col, int64_t heads) {
+      return dv(static_cast<float*>(qkv->p) + col, f32, {1, heads, D});
+    };
+    time_pair("norm_qkv", [&](cudaStream_t st) {
+      ks::fused_add_rms_norm_quant_matmul(dv(qkv->p, f32, {1, QKV}), dv(r2->p, f32, {1, H}), dv(x->p, f32, {1, H}),
+                                          dv(r->p, f32, {1, H}), dv(nw->p, f32, {H}), 1e-5, dv(wqkv->p, DType::U8, {QKV, H / 32 * 20}),
+                                          q, ks::Backend::Cuda, st);
+    }, [&](cudaStream_t st) {
+      ks::fused_add_rms_norm(dv(x->p, f32, {1, H}), dv(r->p, f32, {1, H}), dv(nw->p, f32, {H}), 1e-5, ks::Backend::Cuda, st);
+      ks::quant_matmul(dv(qkv->p, f32, {1, QKV}), dv(x->p, f32, {1, H}), dv(wqkv->p, DType::U8, {QKV, H / 32 * 20}), q,
+                       ks::Backend::Cuda, st);
+    }, size_t(QKV * H / 32 * 20));
+    time_pair("norm_gate_up", [&](cudaStream_t st) {
+      ks::fused_add_rms_norm_quant_matmul(dv(gu->p, f32, {1, 2 * I}), dv(r2->p, f32, {1, H}), dv(x->p, f32, {1, H}),
+                                          dv(r->p, f32, {1, H}), dv(nw->p, f32, {H}), 1e-5, dv(wgu->p, DType::U8, {2 * I, H / 32 * 20}),
+                                          q, ks::Backend::Cuda, st);
+    }, [&](cudaStream_t st) {
+      ks::fused_add_rms_norm(dv(x->p, f32, {1, H}), dv(r->p, f32, {1, H}), dv(nw->p, f32, {H}), 1e-5, ks::Backend::Cuda, st);
+      ks::quant_matmul(dv(gu->p, f32, {1, 2 * I}), dv(x->p, f32, {1, H}), dv(wgu->p, DType::U8, {2 * I, H / 32 * 20}), q,
+                       ks::Backend::Cuda, st);
+    }, size_t(2 * I * H / 32 * 20));
+    time_pair("silu_down", [&](cudaStream_t st) {
+      ks::silu_and_mul_quant_matmul(dv(out->p, f32, {1, H}), dv(gu->p, f32, {1, 2 * I}), dv(wd->p, DType::U8, {H, I / 32 * 20}),
+                                    q, ks::Backend::Cuda, st);
+    }, [&](cudaStream_t st) {
+      ks::silu_and_mul(dv(act->p, f32, {1, I}), dv(gu->p, f32, {1, 2 * I}), ks::Backend::Cuda, st);
+      ks::quant_matmul(dv(out->p, f32, {1, H}), dv(act->p, f32, {1, I}), dv(wd->p, DType::U8, {H, I / 32 * 20}), q,
+                       ks::Backend::Cuda, st);
+    }, size_t(H * I / 32 * 20));
+    const std::vector<int64_t> cache = {64, 16, KVH, D};
+    time_pair("rope_kv_append", [&](cudaStream_t st) {
+      ks::rotary_embedding_kv_append(qkv3(0, NH), qkv3(NH * D, KVH), qkv3((NH + KVH) * D, KVH), dv(pos->p, DType::I32, {1}),
+                                     D, 10000.0, false, dv(kc->p, f32, cache), dv(vc->p, f32, cache),
+                                     dv(slot->p, DType::I64, {1}), ks::Backend::Cuda, st);
+    }, [&](cudaStream_t st) {
+      ks::rotary_embedding(qkv3(0, NH), qkv3(NH * D, KVH), dv(pos->p, DType::I32, {1}), D, 10000.0, false,
+                           ks::Backend::Cuda, st);
+      ks::kv_cache_append(dv(kc->p, f32, cache), dv(vc->p, f32, cache), qkv3(NH * D, KVH), qkv3((NH + KVH) * D, KVH),
+                          dv(slot->p, DType::I64, {1}), ks::Backend::Cuda, st);
+    }, size_t(QKV * 4 * 2));
+  }
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return 1;
   const char* commit = std::getenv("KS_COMMIT");

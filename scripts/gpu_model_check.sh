@@ -9,7 +9,8 @@
 # and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
 # call that copies it to /tmp/ks_part_aa (e.g. the gpu_check.sh call), then .mdl/part_ab in the
 # next while the machine is warm; this script joins them.
-#   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap (default: all)
+#   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap,profile (default: all but profile)
+#                    profile: ncu's duration of each kernel of one decode step (decode_profile.csv)
 #   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
 #                    baselines (the report then compares with none)
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
@@ -63,6 +64,28 @@ if has bench; then
     grep -v -i -E "warn|it/s" | tee -a "$LOG" | tail -8
   python3 bench/model_report.py --ours "$OUT/model_cuda.csv" --peers "$OUT/model_peers.csv" --out "$OUT/model.md" &&
     cat "$OUT/model.md"
+fi
+
+if has profile; then
+  # Where one decode step's time goes: Nsight Compute's duration of every kernel of a decode
+  # step (kernels replayed one at a time: no overlap, no PDL; launch gaps not included).
+  # The chat prompt (37 tokens) prefills in one step of about 300 launches; skip past it.
+  ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip ${KS_PROFILE_SKIP:-420} --launch-count ${KS_PROFILE_COUNT:-200} \
+    $BUILD/ksctl generate --model $MODEL --chat --prompt "What is the capital of France?" --max-tokens 6 --device cuda \
+    > "$OUT/decode_profile.csv" 2>> "$LOG"
+  python3 - "$OUT/decode_profile.csv" <<'PY' | tee -a "$LOG"
+import csv, sys, collections
+rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]
+head = rows[0]; ki = head.index("Kernel Name"); vi = head.index("Metric Value")
+tot = collections.Counter(); cnt = collections.Counter()
+for r in rows[1:]:
+    name = r[ki].split("(")[0].split("<")[0].replace("void ", "")
+    tot[name] += float(r[vi].replace(",", "")) / 1000.0; cnt[name] += 1
+print("decode profile: kernel, launches, total us, us per launch")
+for n, t in tot.most_common():
+    print(f"  {n:60s} {cnt[n]:5d} {t:9.1f} {t / cnt[n]:7.2f}")
+print(f"  total {sum(tot.values()):.1f} us over {sum(cnt.values())} launches")
+PY
 fi
 
 if has swap; then
