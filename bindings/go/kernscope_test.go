@@ -502,3 +502,82 @@ func TestSiluAndMulQuantMatmul(t *testing.T) {
 	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "silu_and_mul_quant_matmul", "gate_up")
 	untouched(t, out7, 7)
 }
+
+// ---- rotary_embedding_kv_append ----------------------------------------------------------------
+
+// ropeKVInputs: q [3, 2, 8], k and v [3, 1, 8], caches [2 blocks, 2 slots, 1, 8] (filled, so
+// untouched rows are compared too).
+func ropeKVInputs() (q, k, v, kc, vc []float32) {
+	q, k, v, kc, vc = make([]float32, 48), make([]float32, 24), make([]float32, 24), make([]float32, 32),
+		make([]float32, 32)
+	for i := range q {
+		q[i] = xs[i%10] * (1 + float32(i)/16)
+	}
+	for i := range k {
+		k[i] = xs[(i*3+1)%10] - 0.25*float32(i)
+		v[i] = ws[i%5] * float32(i)
+	}
+	for i := range kc {
+		kc[i], vc[i] = -float32(i), 100+float32(i)
+	}
+	return
+}
+
+func sameBits(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s[%d] = %v, want %v (bit for bit)", what, i, got[i], want[i])
+		}
+	}
+}
+
+func TestRotaryEmbeddingKVAppendEqualsRotaryThenAppend(t *testing.T) {
+	pos := []int32{0, 5, 100}
+	slots := []int64{2, -1, 0} // slot -1 skipped
+	for _, neox := range []bool{true, false} {
+		q, k, v, kc, vc := ropeKVInputs()
+		q2, k2 := append([]float32(nil), q...), append([]float32(nil), k...)
+		kc2, vc2 := append([]float32(nil), kc...), append([]float32(nil), vc...)
+		// rotary_dim 4 < head_dim 8: features 4..8 pass through
+		if err := ks.RotaryEmbeddingKVAppend(ks.F32(q, 3, 2, 8), ks.F32(k, 3, 1, 8), ks.F32(v, 3, 1, 8), ks.I32(pos, 3), 4,
+			10000, neox, ks.F32(kc, 2, 2, 1, 8), ks.F32(vc, 2, 2, 1, 8), ks.I64(slots, 3),
+			ks.WithBackend(ks.BackendCPU)); err != nil {
+			t.Fatal(err)
+		}
+		if err := ks.RotaryEmbedding(ks.F32(q2, 3, 2, 8), ks.F32(k2, 3, 1, 8), ks.I32(pos, 3), 4, 10000, neox); err != nil {
+			t.Fatal(err)
+		}
+		if err := ks.KVCacheAppend(ks.F32(kc2, 2, 2, 1, 8), ks.F32(vc2, 2, 2, 1, 8), ks.F32(k2, 3, 1, 8), ks.F32(v, 3, 1, 8),
+			ks.I64(slots, 3)); err != nil {
+			t.Fatal(err)
+		}
+		sameBits(t, "q", q, q2)
+		sameBits(t, "k", k, k2)
+		sameBits(t, "k_cache", kc, kc2)
+		sameBits(t, "v_cache", vc, vc2)
+		// the call did something: slot 2 holds token 0's rotated k, slot 0 token 2's v
+		sameBits(t, "k_cache slot 2", kc[16:24], k[0:8])
+		sameBits(t, "v_cache slot 0", vc[0:8], v[16:24])
+		if q0, _, _, _, _ := ropeKVInputs(); q[16] == q0[16] && q[17] == q0[17] {
+			t.Error("q of token 1 (position 5) was not rotated")
+		}
+	}
+}
+
+func TestRotaryEmbeddingKVAppendRejectsVOverlappingKAndNilK(t *testing.T) {
+	q, k, v, kc, vc := ropeKVInputs()
+	q0, k0, kc0, vc0 := append([]float32(nil), q...), append([]float32(nil), k...), append([]float32(nil), kc...),
+		append([]float32(nil), vc...)
+	pos, slots := ks.I64([]int64{0, 1, 2}, 3), ks.I32([]int32{0, 1, 3}, 3)
+	err := ks.RotaryEmbeddingKVAppend(ks.F32(q, 3, 2, 8), ks.F32(k, 3, 1, 8), ks.F32(k, 3, 1, 8), pos, 8, 10000, true,
+		ks.F32(kc, 2, 2, 1, 8), ks.F32(vc, 2, 2, 1, 8), slots, ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "rotary_embedding_kv_append", "v and k overlap")
+	err = ks.RotaryEmbeddingKVAppend(ks.F32(q, 3, 2, 8), nil, ks.F32(v, 3, 1, 8), pos, 8, 10000, true,
+		ks.F32(kc, 2, 2, 1, 8), ks.F32(vc, 2, 2, 1, 8), slots)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "rotary_embedding_kv_append", "k")
+	sameBits(t, "q", q, q0)
+	sameBits(t, "k", k, k0)
+	sameBits(t, "k_cache", kc, kc0)
+	sameBits(t, "v_cache", vc, vc0)
+}

@@ -96,6 +96,14 @@ ks_status_t ksgo_kv_cache_append(ksgo_desc* d, void* k_cache, void* v_cache, voi
   return ks_kv_cache_append(&kc, &vc, &kt, &vt, &s, BK, ST);
 }
 
+ks_status_t ksgo_rotary_embedding_kv_append(ksgo_desc* d, void* q, void* k, void* v, void* positions, int64_t rotary_dim,
+                                            double theta, int is_neox, void* k_cache, void* v_cache, void* slot_mapping,
+                                            int backend, uintptr_t stream) {
+  DLTensor qt = mk(&d[0], q), kt = mk(&d[1], k), vt = mk(&d[2], v), p = mk(&d[3], positions), kc = mk(&d[4], k_cache),
+           vc = mk(&d[5], v_cache), s = mk(&d[6], slot_mapping);
+  return ks_rotary_embedding_kv_append(&qt, &kt, &vt, &p, rotary_dim, theta, is_neox, &kc, &vc, &s, BK, ST);
+}
+
 ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache, void* block_tables,
                                  int has_seq_ids, void* seq_ids, void* context_lens, double scale, int backend,
                                  uintptr_t stream) {

@@ -48,6 +48,9 @@ ks_status_t ksgo_rotary_embedding(ksgo_desc* d, void* q, int has_k, void* k, voi
                                   double theta, int is_neox, int backend, uintptr_t stream);
 ks_status_t ksgo_kv_cache_append(ksgo_desc* d, void* k_cache, void* v_cache, void* k, void* v, void* slot_mapping,
                                  int backend, uintptr_t stream);
+ks_status_t ksgo_rotary_embedding_kv_append(ksgo_desc* d, void* q, void* k, void* v, void* positions, int64_t rotary_dim,
+                                            double theta, int is_neox, void* k_cache, void* v_cache, void* slot_mapping,
+                                            int backend, uintptr_t stream);
 ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache, void* block_tables,
                                  int has_seq_ids, void* seq_ids, void* context_lens, double scale, int backend,
                                  uintptr_t stream);

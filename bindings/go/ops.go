@@ -229,6 +229,29 @@ func KVCacheAppend(kCache, vCache, k, v, slotMapping *Tensor, opts ...Option) er
 	})
 }
 
+// RotaryEmbeddingKVAppend is the decode-step fusion of RotaryEmbedding of q and k, then
+// KVCacheAppend of the rotated k and of v, in one pass (one kernel on CUDA): in place on q, k,
+// kCache and vCache, bit for bit the two calls. q [num_tokens, num_heads, head_dim], k and v
+// [num_tokens, num_kv_heads, head_dim] (k is required), positions int32/int64 [num_tokens], the
+// caches [num_blocks, block_size, num_kv_heads, head_dim], slotMapping int32/int64 [n <= num_tokens]
+// (slot -1 skipped). Errors (nothing written): every rule of the two ops, plus v overlapping q or k
+// and a cache overlapping q or positions (ErrInvalidArgument); mismatched dtypes
+// (ErrUnsupportedDtype).
+func RotaryEmbeddingKVAppend(q, k, v, positions *Tensor, rotaryDim int64, theta float64, isNeox bool,
+	kCache, vCache, slotMapping *Tensor, opts ...Option) error {
+	var d [7]C.ksgo_desc
+	if err := describeAll("rotary_embedding_kv_append", d[:], arg{"q", q}, arg{"k", k}, arg{"v", v},
+		arg{"positions", positions}, arg{"k_cache", kCache}, arg{"v_cache", vCache},
+		arg{"slot_mapping", slotMapping}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_rotary_embedding_kv_append(&d[0], q.data, k.data, v.data, positions.data, C.int64_t(rotaryDim),
+			C.double(theta), flag(isNeox), kCache.data, vCache.data, slotMapping.data, b, s)
+	})
+}
+
 // PagedAttention: attention over a paged KV cache. seqIDs nil means sequence t for token t.
 func PagedAttention(out, q, kCache, vCache, blockTables, seqIDs, contextLens *Tensor, scale float64, opts ...Option) error {
 	var d [7]C.ksgo_desc

@@ -140,6 +140,15 @@ export function rotaryEmbedding(q: TensorLike, k: TensorLike | null, positions: 
                                 theta: number, isNeox: boolean, opts?: ExecOptions): void;
 export function kvCacheAppend(kCache: TensorLike, vCache: TensorLike, k: TensorLike, v: TensorLike,
                               slotMapping: TensorLike, opts?: ExecOptions): void;
+/** Decode-step fusion, one pass (one kernel on CUDA): rotaryEmbedding of q and k, then kvCacheAppend of the
+ *  rotated k and of v; in place on q, k, kCache and vCache, bit for bit the two calls. q [numTokens, numHeads,
+ *  headDim], k and v [numTokens, numKvHeads, headDim] (k is required), positions int32/int64 [numTokens],
+ *  the caches [numBlocks, blockSize, numKvHeads, headDim], slotMapping int32/int64 [n <= numTokens] (slot -1
+ *  skipped). Throws KernscopeError (nothing written) for every rule of the two ops, plus v overlapping q or k
+ *  and a cache overlapping q or positions (INVALID_ARGUMENT), and mismatched dtypes (UNSUPPORTED_DTYPE). */
+export function rotaryEmbeddingKvAppend(q: TensorLike, k: TensorLike, v: TensorLike, positions: TensorLike,
+                                        rotaryDim: number, theta: number, isNeox: boolean, kCache: TensorLike,
+                                        vCache: TensorLike, slotMapping: TensorLike, opts?: ExecOptions): void;
 export function pagedAttention(out: TensorLike, q: TensorLike, kCache: TensorLike, vCache: TensorLike,
                                blockTables: TensorLike, seqIds: TensorLike | null, contextLens: TensorLike,
                                scale: number, opts?: ExecOptions): void;

@@ -242,6 +242,9 @@ module.exports = {
     native.rotaryEmbedding(T(q), T(k, false), T(positions), rotaryDim, theta, Boolean(isNeox), ...exec(opts)),
   kvCacheAppend: (kCache, vCache, k, v, slotMapping, opts) =>
     native.kvCacheAppend(T(kCache), T(vCache), T(k), T(v), T(slotMapping), ...exec(opts)),
+  rotaryEmbeddingKvAppend: (q, k, v, positions, rotaryDim, theta, isNeox, kCache, vCache, slotMapping, opts) =>
+    native.rotaryEmbeddingKvAppend(T(q), T(k), T(v), T(positions), rotaryDim, theta, Boolean(isNeox), T(kCache),
+                                   T(vCache), T(slotMapping), ...exec(opts)),
   pagedAttention: (out, q, kCache, vCache, blockTables, seqIds, contextLens, scale, opts) =>
     native.pagedAttention(T(out), T(q), T(kCache), T(vCache), T(blockTables), T(seqIds, false), T(contextLens), scale,
                           ...exec(opts)),

@@ -761,6 +761,69 @@ def kv_cache_append(k_cache: Array, v_cache: Array, k: Array, v: Array, slot_map
     return None
 
 
+def rotary_embedding_kv_append(q: Array, k: Array, v: Array, positions: Array, k_cache: Array, v_cache: Array,
+                               slot_mapping: Array, rotary_dim: Optional[int] = None, theta: float = 10000.0,
+                               is_neox: bool = True, *, backend: str = "auto") -> None:
+    """Decode-step fusion: :func:`rotary_embedding` of q and k, then :func:`kv_cache_append` of
+    the rotated k and of v, in one pass (one kernel on CUDA); in place, returns None.
+
+    Exactly ``rotary_embedding(q, k, positions, rotary_dim, theta, is_neox)`` followed by
+    ``kv_cache_append(k_cache, v_cache, k, v, slot_mapping)``: q and k are rotated in place (k's
+    rotated rows are also what the cache receives), and for token t with
+    ``slot = slot_mapping[t] >= 0``, ``k_cache[slot] = k[t]`` (rotated), ``v_cache[slot] = v[t]``;
+    slot -1 is skipped. Bit for bit the two calls' result. Note the argument order: the
+    tensors first (as the C ABI's, with the caches and slot_mapping moved before rotary_dim),
+    so that rotary_dim, theta and is_neox keep rotary_embedding's defaults.
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]``; fp16, bf16 or fp32; may be a strided view
+            (e.g. of a fused qkv buffer). Rotated in place.
+        k: ``[num_tokens, num_kv_heads, head_dim]``, q's dtype; required (unlike
+            rotary_embedding's). Rotated in place.
+        v: k's shape and dtype. Read only.
+        positions: int32/int64 ``[num_tokens]``, any value.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, k's dtype; written.
+        slot_mapping: int32/int64 ``[n]``, n <= num_tokens (the appended tokens: k may hold
+            padding rows, which are still rotated); a slot < -1 or >= num_blocks * block_size
+            raises ValueError before anything is written.
+        rotary_dim: even, 0 < rotary_dim <= head_dim (default: head_dim); later features pass
+            through (and are appended as they are).
+        theta: finite, > 1.
+        is_neox: True: pairs (i, i + rotary_dim/2) (HF rotate_half); False: (2i, 2i+1).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+
+    Every rule of the two ops applies, and a few more, since one pass reads and writes them in
+    no fixed order: v must not overlap q or k, and the caches must not overlap q or positions.
+
+    Raises:
+        ValueError: k None, a shape, rotary_dim, theta, slot, layout or overlap error; an
+            unknown backend.
+        TypeError: an unsupported or mismatched dtype.
+        RuntimeError: mixed devices, an unavailable backend, a CUDA error, or a torch tensor
+            requiring grad with backend "cpu"/"cuda".
+
+    After an error nothing has been written (q, k and the caches are unchanged).
+
+    Contract: docs/contracts.md (rotary_embedding and kv_cache_append);
+    ks_rotary_embedding_kv_append in include/kernscope/kernscope.h.
+    """
+    if _compiling():
+        return _TL.rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta,
+                                              is_neox, backend)
+    op = "rotary_embedding_kv_append"
+    code = _backend(op, backend)
+    fw = _fw(op, "q", q)
+    rd = _last(tuple(q.shape)) if rotary_dim is None else int(rotary_dim)
+    if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
+        return _ref().rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd,
+                                                 float(theta), bool(is_neox))
+    if code == _TORCH:
+        raise _not_torch(op, q)
+    _native(_C.rotary_embedding_kv_append, fw, q, (q, k, v, positions, k_cache, v_cache, slot_mapping), rd,
+            float(theta), bool(is_neox), code)
+    return None
+
+
 def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array,
                      scale: Optional[float] = None, *, causal: bool = True, backend: str = "auto",
                      out: Optional[T] = None) -> T:
@@ -858,4 +921,5 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
 OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
                         "varlen_attention",
                         "embedding", "dequantize", "gemm", "quant_matmul", "fused_add_rms_norm_quant_matmul",
-                        "silu_and_mul_quant_matmul", "rotary_embedding", "kv_cache_append", "paged_attention")
+                        "silu_and_mul_quant_matmul", "rotary_embedding", "kv_cache_append",
+                        "rotary_embedding_kv_append", "paged_attention")

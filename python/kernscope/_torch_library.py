@@ -40,6 +40,9 @@ Schema (backend: "auto" | "cpu" | "cuda"):
                    bool is_neox, str backend) -> ()
   kv_cache_append(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slot_mapping,
                   str backend) -> ()
+  rotary_embedding_kv_append(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor(c!) k_cache,
+                             Tensor(d!) v_cache, Tensor slot_mapping, int rotary_dim, float theta,
+                             bool is_neox, str backend) -> ()
   varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, float scale,
                    bool causal, str backend) -> Tensor
   paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor? seq_ids,
@@ -232,6 +235,14 @@ def _kv_cache_append(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, slo
     _run(_C.kv_cache_append, (k_cache, v_cache, k, v, slot_mapping), _code("kv_cache_append", backend))
 
 
+@_op("rotary_embedding_kv_append(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, int rotary_dim, float theta, bool is_neox, str backend) -> ()")
+def _rotary_embedding_kv_append(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor, v_cache: Tensor,
+                                slot_mapping: Tensor, rotary_dim: int, theta: float, is_neox: bool,
+                                backend: str) -> None:
+    _run(_C.rotary_embedding_kv_append, (q, k, v, positions, k_cache, v_cache, slot_mapping), rotary_dim, theta,
+         is_neox, _code("rotary_embedding_kv_append", backend))
+
+
 @_op("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, float scale, bool causal, str backend) -> Tensor")
 def _varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, scale: float,
                       causal: bool, backend: str) -> Tensor:
@@ -339,6 +350,11 @@ def _(q, k, positions, rotary_dim, theta, is_neox, backend):
 
 @_kv_cache_append.register_fake
 def _(k_cache, v_cache, k, v, slot_mapping, backend):
+    return None
+
+
+@_rotary_embedding_kv_append.register_fake
+def _(q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta, is_neox, backend):
     return None
 
 
@@ -467,6 +483,18 @@ def kv_cache_append(k_cache, v_cache, k, v, slot_mapping, backend):
     if _ref_or_op("kv_cache_append", backend, ("k", "v"), (k, v)):
         return ref.kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
     torch.ops.kernscope.kv_cache_append(k_cache, v_cache, k, v, slot_mapping, backend)
+
+
+def rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta, is_neox, backend):
+    op = "rotary_embedding_kv_append"
+    rd = q.shape[-1] if rotary_dim is None else int(rotary_dim)
+    if _ref_or_op(op, backend, ("q", "k", "v"), (q, k, v)):
+        return ref.rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd, float(theta),
+                                              bool(is_neox))
+    if k is None:  # as the C ABI says, before the schema's required k sees None
+        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+    torch.ops.kernscope.rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd,
+                                                   float(theta), bool(is_neox), backend)
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_ids, backend, out):

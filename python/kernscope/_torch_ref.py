@@ -410,9 +410,10 @@ def silu_and_mul_quant_matmul(gate_up: torch.Tensor, weight: torch.Tensor, qtype
         return (h.to(acc) @ w.to(acc).T).to(gate_up.dtype)
 
 
-def rotary_embedding(q: torch.Tensor, k: Optional[torch.Tensor], positions: torch.Tensor,
-                     rotary_dim: int, theta: float = 10000.0, is_neox: bool = True) -> None:
-    op = "rotary_embedding"
+def _check_rotary(op: str, q: torch.Tensor, k: Optional[torch.Tensor], positions: torch.Tensor,
+                  rotary_dim: int, theta: float) -> int:
+    """rotary_embedding's validation (src/ops/model_ops.cpp validate_rotary) under op's name;
+    returns rotary_dim as an int."""
     _tensor(op, "q", q), _tensor(op, "positions", positions)
     _float(op, "q", q)
     _index(op, "positions", positions)
@@ -438,6 +439,11 @@ def rotary_embedding(q: torch.Tensor, k: Optional[torch.Tensor], positions: torc
         raise InvalidArgumentError(f"{op}: rotary_dim must be even and in (0, head_dim={head_dim}]; got {rotary_dim}")
     if not math.isfinite(theta) or not theta > 1.0:
         raise InvalidArgumentError(f"{op}: theta must be finite and > 1; got {theta}")
+    return rd
+
+
+def _rotate(q: torch.Tensor, k: Optional[torch.Tensor], positions: torch.Tensor, rd: int, theta: float,
+            is_neox: bool) -> None:
     half = rd // 2
     i = torch.arange(half, dtype=torch.float64, device=q.device)
     inv_freq = torch.pow(torch.tensor(float(theta), dtype=torch.float64, device=q.device),
@@ -464,6 +470,12 @@ def rotary_embedding(q: torch.Tensor, k: Optional[torch.Tensor], positions: torc
             t[..., 1:rd:2].copy_(nb)
 
 
+def rotary_embedding(q: torch.Tensor, k: Optional[torch.Tensor], positions: torch.Tensor,
+                     rotary_dim: int, theta: float = 10000.0, is_neox: bool = True) -> None:
+    rd = _check_rotary("rotary_embedding", q, k, positions, rotary_dim, theta)
+    _rotate(q, k, positions, rd, theta, is_neox)
+
+
 def _check_cache(op: str, name: str, c: torch.Tensor, kvh: int, hd: int) -> None:
     _ndim(op, name, c, 4)
     if c.shape[2] != kvh or c.shape[3] != hd:
@@ -471,9 +483,10 @@ def _check_cache(op: str, name: str, c: torch.Tensor, kvh: int, hd: int) -> None
             f"{op}: {name} must have shape (num_blocks, block_size, {kvh}, {hd}); got {_shape(c.shape)}")
 
 
-def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    slot_mapping: torch.Tensor) -> None:
-    op = "kv_cache_append"
+def _check_kv_append(op: str, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     slot_mapping: torch.Tensor) -> torch.Tensor:
+    """kv_cache_append's validation (src/ops/model_ops.cpp validate_kv_append) under op's name;
+    returns the slots as int64."""
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache), ("k", k), ("v", v), ("slot_mapping", slot_mapping)):
         _tensor(op, name, t)
     _float(op, "k", k)
@@ -484,6 +497,7 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     for name, t in (("v", v), ("k_cache", k_cache), ("v_cache", v_cache), ("slot_mapping", slot_mapping)):
         _same_device(op, name, t, "k", k)
     _ndim(op, "k", k, 3)
+    _nonempty_last(op, "k", k)
     _ndim(op, "slot_mapping", slot_mapping, 1)
     n = slot_mapping.shape[0]
     kvh, hd = k.shape[1], k.shape[2]
@@ -502,12 +516,47 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     if bad is not None:
         raise InvalidArgumentError(
             f"{op}: slot_mapping[{bad}] = {int(slots[bad])} is outside [-1, {num_slots})")
+    return slots
+
+
+def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+            slots: torch.Tensor) -> None:
+    n, kvh, hd = slots.shape[0], k.shape[1], k.shape[2]
     if n == 0 or kvh * hd == 0:
         return
+    num_slots = k_cache.shape[0] * k_cache.shape[1]
     keep = slots >= 0
     dst = slots[keep]
     k_cache.view(num_slots, kvh, hd)[dst] = k[:n][keep]
     v_cache.view(num_slots, kvh, hd)[dst] = v[:n][keep]
+
+
+def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    slot_mapping: torch.Tensor) -> None:
+    slots = _check_kv_append("kv_cache_append", k_cache, v_cache, k, v, slot_mapping)
+    _append(k_cache, v_cache, k, v, slots)
+
+
+def rotary_embedding_kv_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                               rotary_dim: int, theta: float = 10000.0, is_neox: bool = True) -> None:
+    """rotary_embedding(q, k) then kv_cache_append(k_cache, v_cache, k, v, slot_mapping), in place;
+    every check of both (and the fused op's own overlap rules) before anything is written.
+    Validation in the order of src/ops/model_ops.cpp, with its messages."""
+    op = "rotary_embedding_kv_append"
+    if k is None:
+        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+    rd = _check_rotary(op, q, k, positions, rotary_dim, theta)
+    slots = _check_kv_append(op, k_cache, v_cache, k, v, slot_mapping)
+    for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
+        _no_overlap(op, name, c, "q", q)
+        _no_overlap(op, name, c, "positions", positions)
+    _no_overlap(op, "v", v, "q", q)
+    _no_overlap(op, "v", v, "k", k)
+    if q.shape[0] == 0 or q.shape[1] + k.shape[1] == 0:
+        return
+    _rotate(q, k, positions, rd, theta, is_neox)
+    _append(k_cache, v_cache, k, v, slots)
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

@@ -555,6 +555,17 @@ NB_MODULE(_C, m) {
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] { return ks_kv_cache_append(c[0], c[1], c[2], c[3], c[4], be, c.stream()); });
   });
+  // k is required by the C ABI; None reaches it as NULL so that its own message names k.
+  m.def("rotary_embedding_kv_append", [](nb::tuple t, int64_t rotary_dim, double theta, bool is_neox, KS_ARGS) {
+    static const OpSpec spec{"rotary_embedding_kv_append", 7,
+                             {"q", "k", "v", "positions", "k_cache", "v_cache", "slot_mapping"}, 0b110011, 0b10};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_rotary_embedding_kv_append(c[0], c[1], c[2], c[3], rotary_dim, theta, is_neox ? 1 : 0, c[4], c[5],
+                                           c[6], be, c.stream());
+    });
+  });
   m.def("varlen_attention", [](nb::tuple t, double scale, bool causal, KS_ARGS) {
     static const OpSpec spec{"varlen_attention", 6, {"out", "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);

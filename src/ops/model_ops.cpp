@@ -228,6 +228,9 @@ extern "C" ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, c
     }
     require_rows_disjoint(op, "v", as_rows(a.kv.v), "q", qr);
     require_no_overlap(op, "v", a.kv.v, "k", a.kv.k);
+    // slot_mapping is read after the rotation wrote q and k (validated values must stay so)
+    require_rows_disjoint(op, "slot_mapping", as_rows(a.kv.slot_mapping), "q", qr);
+    require_no_overlap(op, "slot_mapping", a.kv.slot_mapping, "k", a.kv.k);
     const ks_backend_t be = resolve_backend(op, backend, a.rope.q);
     if (a.rope.num_tokens == 0 || a.rope.num_heads + a.rope.num_kv_heads == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.rope.q.dtype, &a, stream);

@@ -463,6 +463,19 @@ TEST(RopeKvAppend, RejectsBadArgumentsAndWritesNothing) {
   {  // v sharing memory with k: the one pass would copy half-rotated values
     EXPECT_TRUE(fails_cleanly(call(&qd, &kd, &kd, &kcd, &vcd, &sd, D), INV, kRope, "v", all));
   }
+  {  // slot_mapping over q: the rotation would rewrite validated slots before they are read
+    DLTensor sq = q.dl();
+    sq.dtype = DLDataType{kDLInt, 32, 1};
+    std::vector<int64_t> ss = {T};
+    sq.shape = ss.data();
+    sq.ndim = 1;
+    float one_slot;
+    const int32_t slot1 = 1;
+    std::memcpy(&one_slot, &slot1, 4);
+    for (int64_t t = 0; t < T; ++t) q.set(t, double(one_slot));  // valid slots 1, 1, 1 as int32
+    const Snap s{&q, &k, &v, &kc, &vc};
+    EXPECT_TRUE(fails_cleanly(call(&qd, &kd, &vd, &kcd, &vcd, &sq, D), INV, kRope, "slot_mapping", s));
+  }
   {  // a cache over q
     Buf big(DType::F32, {2, 4, KVH, D});
     kstest::fill_normal(big);

@@ -40,8 +40,8 @@ def test_import_from_another_directory(tmp_path):
 def test_available_rows():
     rows = ks.available()
     assert rows and all(isinstance(r, ks.Variant) for r in rows)
-    # the quant_matmul fusions run the CPU's own unfused steps ("cpu_composed") instead of a reference
-    composed = {"fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul"}
+    # the decode-step fusions run the CPU's own unfused steps ("cpu_composed") instead of a reference
+    composed = {"fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding_kv_append"}
     for op in ks.OPS:
         cpu = [r for r in rows if r.op == op and r.backend == "cpu"]
         assert any(r.variant == ("cpu_composed" if op in composed else "cpu_reference") for r in cpu), op
@@ -53,7 +53,8 @@ def test_available_rows():
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
                                 "sample", "embedding", "dequantize", "gemm", "quant_matmul",
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
-                                "kv_cache_append", "paged_attention", "varlen_attention"])
+                                "kv_cache_append", "rotary_embedding_kv_append", "paged_attention",
+                                "varlen_attention"])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_which_cpu(op, dt):
     variant, reason = ks.which(op, dtype=dt, device="cpu")
@@ -196,6 +197,10 @@ def _call_every_op(backend):
                                                       np.zeros((1, 1, 8), np.float32),
                                                       np.zeros((1, 1, 8), np.float32), np.array([0]),
                                                       backend=backend),
+        "rotary_embedding_kv_append": lambda: ks.rotary_embedding_kv_append(
+            np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32),
+            np.array([0]), np.zeros((1, 1, 1, 8), np.float32), np.zeros((1, 1, 1, 8), np.float32), np.array([0]),
+            backend=backend),
         "paged_attention": lambda: ks.paged_attention(np.zeros((1, 1, 8), np.float32),
                                                       np.zeros((1, 1, 1, 8), np.float32),
                                                       np.zeros((1, 1, 1, 8), np.float32),
@@ -209,7 +214,8 @@ def _call_every_op(backend):
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
                                 "sample", "embedding", "dequantize", "gemm", "quant_matmul",
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
-                                "kv_cache_append", "paged_attention", "varlen_attention"])
+                                "kv_cache_append", "rotary_embedding_kv_append", "paged_attention",
+                                "varlen_attention"])
 def test_backend_names_every_op(op):
     _call_every_op("cpu")[op]()
     _call_every_op("auto")[op]()
@@ -303,6 +309,11 @@ def _thread_cases(rng):
         ks.kv_cache_append(a, b, kv, kv[::-1].copy(), slots)
         return a, b
 
+    def rope_kv_append():
+        a, b, c, d = q.copy(), k.copy(), np.zeros((2, 4, 2, 16), np.float32), np.zeros((2, 4, 2, 16), np.float32)
+        ks.rotary_embedding_kv_append(a, b, kv, pos, c, d, slots, 8, 10000.0, False)
+        return a, b, c, d
+
     return [
         ("rms_norm", lambda: (ks.rms_norm(x, w), ks.rms_norm(xb, wb), ks.rms_norm(big, big[0].copy())),
          lambda: ks.rms_norm(x, w[:7]), ValueError, r"rms_norm: weight must have shape \(64,\)"),
@@ -347,6 +358,10 @@ def _thread_cases(rng):
          lambda: ks.kv_cache_append(np.zeros((2, 4, 2, 16), np.float32), np.zeros((2, 4, 2, 16), np.float32),
                                     kv, kv.copy(), np.array([0, 8, -1, 1])), ValueError,
          r"kv_cache_append: slot_mapping\[1\] = 8 is outside"),
+        ("rotary_embedding_kv_append", rope_kv_append,
+         lambda: ks.rotary_embedding_kv_append(q.copy(), k.copy(), kv, pos, np.zeros((2, 4, 2, 16), np.float32),
+                                               np.zeros((2, 4, 2, 16), np.float32), slots, 7), ValueError,
+         r"rotary_embedding_kv_append: rotary_dim must be even and in \(0, head_dim=16\]; got 7"),
         ("paged_attention", lambda: ks.paged_attention(q, kc, kc[::-1].copy(), bt, ctx),
          lambda: ks.paged_attention(q, kc, kc.copy(), bt, np.array([1, 13, 1, 1], np.int32)), ValueError,
          r"paged_attention: context_lens\[1\] = 13 is outside"),

@@ -273,6 +273,62 @@ def test_quant_matmul_fusions_cuda_vs_fp64(dt, m):
         pytest.skip("no CUDA kernel for the quant_matmul fusions yet")
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_rotary_embedding_kv_append_cuda(dt):
+    # bit for bit rotary_embedding then kv_cache_append on CUDA (every CUDA RoPE kernel rotates with
+    # the same angle and rope_rotate), within tolerance of the CPU backend: decode (1 token) and
+    # prefill-sized calls, GQA, rotary_dim < head_dim, a head_dim off the 16-byte path, slots -1
+    # skipped, a padding row past slot_mapping's tokens, both pairings, int32 and int64 positions;
+    # random caches, so untouched rows are compared too
+    need_kernel("rotary_embedding_kv_append", dt)
+    g = torch.Generator().manual_seed(9)
+    for T, H, KVH, D, rd, blocks, bs in ((1, 8, 2, 128, 128, 4, 16), (37, 8, 2, 128, 64, 6, 16),
+                                         (5, 4, 1, 66, 32, 3, 7)):
+        n = blocks * bs
+        slots = torch.tensor([-1 if t % 4 == 2 else (t * 5) % n for t in range(max(T - 1, 1))], device="cuda")
+        for neox in (True, False):
+            for pos_dt in (torch.int32, torch.int64):
+                seed = 100 * T + 10 * neox + (pos_dt == torch.int64)
+                q, k, v = trand((T, H, D), dt, seed), trand((T, KVH, D), dt, seed + 1), trand((T, KVH, D), dt, seed + 2)
+                kc, vc = trand((blocks, bs, KVH, D), dt, seed + 3), trand((blocks, bs, KVH, D), dt, seed + 4)
+                pos = torch.randint(0, 1 << 20, (T,), generator=g).to(pos_dt).cuda()
+                two = [t.clone() for t in (q, k, kc, vc)]
+                cpu = [t.cpu() for t in (q, k, kc, vc)]
+                assert ks.rotary_embedding_kv_append(q, k, v, pos, kc, vc, slots, rd, 10000.0, neox) is None
+                ks.rotary_embedding(two[0], two[1], pos, rd, 10000.0, neox)
+                ks.kv_cache_append(two[2], two[3], two[1], v, slots)
+                ks.rotary_embedding_kv_append(cpu[0], cpu[1], v.cpu(), pos.cpu(), cpu[2], cpu[3], slots.cpu(), rd,
+                                              10000.0, neox)
+                what = f"T={T} D={D} rd={rd} neox={neox} {pos_dt}"
+                for name, a, b, c in zip(("q", "k", "k_cache", "v_cache"), (q, k, kc, vc), two, cpu):
+                    assert torch.equal(a, b), f"{name} vs the two CUDA calls, {what}"
+                    close(a, c, dt, f"{name} vs the CPU, {what}")
+    # q a strided view of a fused qkv buffer
+    T, H, KVH, D = 4, 4, 2, 64
+    qkv = trand((T, (H + 2 * KVH) * D), dt, 7)
+    q = qkv[:, :H * D].view(T, H, D)
+    k, v = qkv[:, H * D:(H + KVH) * D].reshape(T, KVH, D).clone(), qkv[:, (H + KVH) * D:].reshape(T, KVH, D).clone()
+    kc, vc = torch.zeros(2, 4, KVH, D, dtype=TORCH[dt], device="cuda"), torch.zeros(2, 4, KVH, D, dtype=TORCH[dt],
+                                                                                   device="cuda")
+    pos, slots = torch.tensor([5, 0, 9, 2], device="cuda"), torch.tensor([3, -1, 7, 0], device="cuda", dtype=torch.int32)
+    q2, k2, kc2, vc2 = q.clone(), k.clone(), kc.clone(), vc.clone()
+    ks.rotary_embedding_kv_append(q, k, v, pos, kc, vc, slots, 32, 10000.0, False)
+    ks.rotary_embedding(q2, k2, pos, 32, 10000.0, False)
+    ks.kv_cache_append(kc2, vc2, k2, v, slots)
+    for name, a, b in (("q", q, q2), ("k", k, k2), ("k_cache", kc, kc2), ("v_cache", vc, vc2)):
+        assert torch.equal(a, b), f"strided q: {name}"
+    # errors name the argument and write nothing
+    before = [t.clone() for t in (q, k, kc, vc)]
+    for kw, pattern in ((dict(v=k), "v and k overlap"), (dict(rotary_dim=66), "rotary_dim must be even"),
+                        (dict(k_cache=qkv.view(-1)[:2 * 4 * KVH * D].view(2, 4, KVH, D)), "k_cache and q overlap")):
+        args = dict(q=q, k=k, v=v, positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, rotary_dim=32)
+        args.update(kw)
+        with pytest.raises(ks.InvalidArgumentError, match=f"rotary_embedding_kv_append: {pattern}"):
+            ks.rotary_embedding_kv_append(**args)
+        for a, b in zip((q, k, kc, vc), before):
+            assert torch.equal(a, b)
+
+
 # ---- streams, graphs, compile -------------------------------------------------------------------
 def test_non_default_stream_orders_with_producer():
     need_kernel("rms_norm")

@@ -458,6 +458,136 @@ def test_kv_cache_append_bad_slot_writes_nothing(rng):
                            np.array([0, 1]))
 
 
+# ---- rotary_embedding_kv_append -----------------------------------------------------------
+def _two_calls(q, k, v, pos, kc, vc, slots, rd, theta, neox):
+    """rotary_embedding then kv_cache_append on copies: the fused op's expected (q, k, k_cache, v_cache)."""
+    q2, k2, kc2, vc2 = q.copy(), k.copy(), kc.copy(), vc.copy()
+    ks.rotary_embedding(q2, k2, pos, rd, theta, neox)
+    ks.kv_cache_append(kc2, vc2, k2, v, slots)
+    return q2, k2, kc2, vc2
+
+
+def _assert_bits(got, want, names=("q", "k", "k_cache", "v_cache")):
+    for name, a, b in zip(names, got, want):
+        assert a.shape == b.shape and np.array_equal(np.ascontiguousarray(a).view(np.uint8),
+                                                     np.ascontiguousarray(b).view(np.uint8)), name
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("pos_dt,slot_dt", [(np.int32, np.int64), (np.int64, np.int32)])
+def test_rotary_embedding_kv_append_equals_the_two_calls(rng, dt, neox, pos_dt, slot_dt):
+    # bit for bit: random inputs (caches too, so untouched rows are checked), GQA, rotary_dim <
+    # head_dim, slots -1 skipped, and a padding row of k past slot_mapping's tokens (rotated,
+    # not appended)
+    T, H, KVH, D, rd, blocks, bs = 7, 4, 2, 32, 16, 3, 4
+    q, k, v = rand(rng, (T, H, D), dt), rand(rng, (T, KVH, D), dt), rand(rng, (T, KVH, D), dt)
+    kc, vc = rand(rng, (blocks, bs, KVH, D), dt), rand(rng, (blocks, bs, KVH, D), dt)
+    pos = rng.integers(0, 1 << 20, T).astype(pos_dt)
+    slots = np.array([5, -1, 0, 11, -1, 6], slot_dt)  # T - 1 tokens
+    q0, k0, v0, kc0, vc0 = q.copy(), k.copy(), v.copy(), kc.copy(), vc.copy()
+    want = _two_calls(q, k, v, pos, kc, vc, slots, rd, 5e5, neox)
+    assert ks.rotary_embedding_kv_append(q, k, v, pos, kc, vc, slots, rd, 5e5, neox) is None
+    _assert_bits((q, k, kc, vc), want)
+    assert np.array_equal(v.view(np.uint8), v0.view(np.uint8))  # v is read only
+    # the call did something: q and k rotated (features past rotary_dim passed through), the
+    # slots' rows written with the rotated k and with v, the other rows untouched
+    assert not np.array_equal(q[..., :rd], q0[..., :rd]) and not np.array_equal(k[..., :rd], k0[..., :rd])
+    assert np.array_equal(q[..., rd:].view(np.uint8), q0[..., rd:].view(np.uint8))
+    fk, fv, fk0, fv0 = (c.reshape(blocks * bs, KVH, D) for c in (kc, vc, kc0, vc0))
+    for t, slot in enumerate(slots):
+        if slot >= 0:
+            assert np.array_equal(fk[slot].view(np.uint8), k[t].view(np.uint8))
+            assert np.array_equal(fv[slot].view(np.uint8), v[t].view(np.uint8))
+    rest = [i for i in range(blocks * bs) if i not in set(int(x) for x in slots)]
+    assert np.array_equal(fk[rest].view(np.uint8), fk0[rest].view(np.uint8))
+    assert np.array_equal(fv[rest].view(np.uint8), fv0[rest].view(np.uint8))
+    # the rotation itself against FP64 (as test_rotary_embedding)
+    rk, ek = ref_rotary(k0, pos, rd, 5e5, neox)
+    assert_close(k, rk, dt, extra=ek, what="k")
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_rotary_embedding_kv_append_strided_q_and_empty_calls(rng, dt):
+    # q a strided view of a fused qkv buffer (k and v must be contiguous, as kv_cache_append's)
+    T, H, KVH, D = 4, 3, 1, 16
+    qkv = rand(rng, (T, (H + 2 * KVH) * D), dt)
+    q = qkv[:, :H * D].reshape(T, H, D)
+    assert not q.flags.c_contiguous
+    k = qkv[:, H * D:(H + KVH) * D].reshape(T, KVH, D).copy()
+    v = qkv[:, (H + KVH) * D:].reshape(T, KVH, D).copy()
+    kc, vc = np.zeros((2, 4, KVH, D), NP[dt]), np.zeros((2, 4, KVH, D), NP[dt])
+    pos, slots = np.array([9, 0, 77, 3]), np.array([7, 2, -1, 0])
+    rest = qkv[:, H * D:].copy()
+    want = _two_calls(q, k, v, pos, kc, vc, slots, D, 1e4, True)
+    ks.rotary_embedding_kv_append(q, k, v, pos, kc, vc, slots)  # rotary_dim = head_dim, theta 1e4, NeoX
+    _assert_bits((q, k, kc, vc), want)
+    assert np.array_equal(qkv[:, H * D:].view(np.uint8), rest.view(np.uint8))
+    # no slot: only the rotation; no token: nothing at all
+    q2, k2, kc2 = q.copy(), k.copy(), kc.copy()
+    want = _two_calls(q2, k2, v, pos, kc2, vc, slots[:0], 8, 1e4, False)
+    ks.rotary_embedding_kv_append(q2, k2, v, pos, kc2, vc, slots[:0], 8, 1e4, False)
+    _assert_bits((q2, k2, kc2), want[:3])
+    assert np.array_equal(kc2.view(np.uint8), kc.view(np.uint8))
+    e = np.zeros((0, H, D), NP[dt]), np.zeros((0, KVH, D), NP[dt])
+    ks.rotary_embedding_kv_append(e[0], e[1], e[1].copy(), np.zeros(0, np.int64), kc2, vc, np.zeros(0, np.int32))
+    assert np.array_equal(kc2.view(np.uint8), kc.view(np.uint8))
+
+
+def test_rotary_embedding_kv_append_validation_writes_nothing(rng):
+    op = "rotary_embedding_kv_append"
+    T, H, KVH, D = 3, 2, 1, 16
+    kbuf = rand(rng, ((T + 1) * KVH * D,), "fp32")  # k, and one row more for a v overlapping it
+    q, k, v = rand(rng, (T, H, D), "fp32"), kbuf[:T * KVH * D].reshape(T, KVH, D), rand(rng, (T, KVH, D), "fp32")
+    kc, vc = rand(rng, (2, 2, KVH, D), "fp32"), rand(rng, (2, 2, KVH, D), "fp32")
+    pos, slots = np.arange(T), np.array([0, 3, -1], np.int32)
+    written = (q, k, kc, vc)
+    before = [a.copy() for a in written]
+
+    def bad(exc, pattern, **kw):
+        args = dict(q=q, k=k, v=v, positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, rotary_dim=8)
+        args.update(kw)
+        with pytest.raises(exc, match=pattern):
+            ks.rotary_embedding_kv_append(**args)
+        for name, a, b in zip(("q", "k", "k_cache", "v_cache"), written, before):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} was written after an error"
+
+    bad(ValueError, rf"{op}: k must not be NULL", k=None)
+    bad(ValueError, rf"{op}: v and k overlap in memory", v=k)
+    bad(ValueError, rf"{op}: v and k overlap in memory", v=kbuf[KVH * D:].reshape(T, KVH, D))
+    for rd in (0, 3, 18, -2):
+        bad(ValueError, rf"{op}: rotary_dim must be even and in \(0, head_dim=16\]; got {rd}", rotary_dim=rd)
+    bad(ValueError, rf"{op}: theta must be finite and > 1", theta=float("nan"))
+    bad(ValueError, rf"{op}: positions must have shape \(3,\)", positions=np.arange(T + 1))
+    bad(ValueError, rf"{op}: k must have shape \(num_tokens, num_kv_heads, head_dim\)",
+        k=rand(rng, (T, KVH, 8), "fp32"))
+    bad(ValueError, rf"{op}: v must have shape", v=rand(rng, (T, KVH + 1, D), "fp32"))
+    bad(ValueError, rf"{op}: slot_mapping\[1\] = 4 is outside \[-1, 4\)", slot_mapping=np.array([0, 4, -1]))
+    bad(ValueError, rf"{op}: slot_mapping\[2\] = -2 is outside", slot_mapping=np.array([0, 1, -2]))
+    bad(ValueError, rf"{op}: k has 3 tokens but slot_mapping has 4", slot_mapping=np.array([0, 1, 2, 3]))
+    bad(ValueError, rf"{op}: k_cache must have shape \(num_blocks, block_size, 1, 16\)",
+        k_cache=np.zeros((2, 2, 2, D), np.float32))
+    bad(ValueError, rf"{op}: v_cache must have shape", v_cache=np.zeros((2, 3, KVH, D), np.float32))
+    bad(ValueError, rf"{op}: k_cache and v_cache overlap", v_cache=kc)
+    bad(ValueError, rf"{op}: k_cache and k overlap", k_cache=kbuf.reshape(2, 2, KVH, D))
+    # the fused op's own rules: the caches must not overlap q or positions, v must not overlap q
+    bad(ValueError, rf"{op}: k_cache and q overlap", k_cache=q.reshape(-1)[:64].reshape(2, 2, KVH, D))
+    bad(ValueError, rf"{op}: v_cache and q overlap", v_cache=q.reshape(-1)[32:].reshape(2, 2, KVH, D))
+    bad(ValueError, rf"{op}: k_cache and positions overlap", positions=kc.reshape(-1).view(np.int32)[:T])
+    bad(ValueError, rf"{op}: v and q overlap", v=q.reshape(-1)[:T * KVH * D].reshape(T, KVH, D))
+    bad(ValueError, rf"{op}: k must be contiguous", k=rand(rng, (T, KVH, 2 * D), "fp32")[..., ::2])
+    bad(TypeError, rf"{op}: k has dtype fp16 but q has fp32", k=k.astype(np.float16))
+    bad(TypeError, rf"{op}: v has dtype fp16 but k has fp32", v=v.astype(np.float16))
+    bad(TypeError, rf"{op}: positions has dtype fp32", positions=pos.astype(np.float32))
+    bad(TypeError, rf"{op}: slot_mapping has dtype", slot_mapping=slots.astype(np.float32))
+    bad(ValueError, rf"{op}: unknown backend 'triton'", backend="triton")
+    ro = v.copy()
+    ro.flags.writeable = False  # v is only read: a read-only array is fine ...
+    ks.rotary_embedding_kv_append(q.copy(), k.copy(), ro, pos, kc.copy(), vc.copy(), slots, 8)
+    bad(ValueError, rf"{op}: k_cache is read-only",  # ... a read-only k_cache is not
+        k_cache=np.frombuffer(kc.tobytes(), np.float32).reshape(kc.shape))
+
+
 # ---- paged_attention -----------------------------------------------------------------------
 def ref_paged_attention(q, kc, vc, bt, seq_ids, ctx, scale):
     qf, kf, vf = f64(q), f64(kc), f64(vc)

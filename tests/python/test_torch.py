@@ -217,6 +217,70 @@ def test_quant_matmul_fusions_autograd_routes_to_reference():
     assert r.grad is not None
 
 
+def _rope_kv_inputs(dt, seed=0):
+    # q, k, v, positions (int32), k_cache, v_cache (random: untouched rows are compared too), slot_mapping
+    return (trand((5, 4, 32), dt, seed=seed), trand((5, 2, 32), dt, seed=seed + 1), trand((5, 2, 32), dt, seed=seed + 2),
+            torch.tensor([0, 7, 4095, 100000, 3], dtype=torch.int32), trand((3, 4, 2, 32), dt, seed=seed + 3),
+            trand((3, 4, 2, 32), dt, seed=seed + 4), torch.tensor([9, -1, 0, 11, 2]))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_rotary_embedding_kv_append_native_and_torch_reference(dt):
+    # each implementation bit for bit its own rotary_embedding then kv_cache_append; the two
+    # implementations within the rotation's tolerance of each other
+    for neox in (True, False):
+        got = {}
+        for backend in ("auto", "torch"):
+            q, k, v, pos, kc, vc, slots = _rope_kv_inputs(dt)
+            q2, k2, kc2, vc2 = q.clone(), k.clone(), kc.clone(), vc.clone()
+            assert ks.rotary_embedding_kv_append(q, k, v, pos, kc, vc, slots, 16, 5e5, neox, backend=backend) is None
+            ks.rotary_embedding(q2, k2, pos, 16, 5e5, neox, backend=backend)
+            ks.kv_cache_append(kc2, vc2, k2, v, slots, backend=backend)
+            for name, a, b in (("q", q, q2), ("k", k, k2), ("k_cache", kc, kc2), ("v_cache", vc, vc2)):
+                assert torch.equal(a, b), f"{backend} {name}"
+            got[backend] = (q, k, kc, vc)
+        for name, a, b in zip(("q", "k", "k_cache", "v_cache"), got["auto"], got["torch"]):
+            close(a, b, dt, f"native vs torch {name} neox={neox}")
+
+
+def test_rotary_embedding_kv_append_torch_reference_validation_matches_native():
+    op = "rotary_embedding_kv_append"
+    f = ks.rotary_embedding_kv_append
+
+    def call(backend, **kw):
+        q, k, v, pos, kc, vc, slots = _rope_kv_inputs("fp32", seed=40)
+        args = dict(q=q, k=k, v=v, positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, rotary_dim=16)
+        args.update({name: fn(args) for name, fn in kw.items()})
+        before = {n: args[n].clone() for n in ("q", "k", "k_cache", "v_cache") if args[n] is not None}
+        try:
+            f(**args, backend=backend)
+        finally:
+            for n, t in before.items():
+                assert torch.equal(args[n], t), f"{n} was written after an error ({backend})"
+
+    cases = [
+        (ks.InvalidArgumentError, rf"{op}: k must not be NULL", dict(k=lambda a: None)),
+        (ks.InvalidArgumentError, rf"{op}: v and k overlap in memory", dict(v=lambda a: a["k"])),
+        (ks.InvalidArgumentError, rf"{op}: rotary_dim must be even and in \(0, head_dim=32\]; got 3",
+         dict(rotary_dim=lambda a: 3)),
+        (ks.InvalidArgumentError, rf"{op}: slot_mapping\[3\] = 12 is outside \[-1, 12\)",
+         dict(slot_mapping=lambda a: torch.tensor([9, -1, 0, 12, 2]))),
+        (ks.InvalidArgumentError, rf"{op}: k_cache and q overlap in memory",
+         dict(k_cache=lambda a: a["q"].view(-1)[:512].view(2, 4, 2, 32), v_cache=lambda a: torch.zeros(2, 4, 2, 32),
+              slot_mapping=lambda a: torch.tensor([1, -1, 0, 7, 2]))),
+        (ks.InvalidArgumentError, rf"{op}: v and q overlap in memory", dict(v=lambda a: a["q"].view(-1)[:320].view(5, 2, 32))),
+        (ks.InvalidArgumentError, rf"{op}: positions must have shape \(5,\)", dict(positions=lambda a: torch.arange(6))),
+        (ks.UnsupportedDtypeError, rf"{op}: v has dtype fp16 but k has fp32", dict(v=lambda a: a["v"].half())),
+    ]
+    for exc, pattern, kw in cases:
+        msgs = []
+        for backend in ("cpu", "torch"):
+            with pytest.raises(exc, match=pattern) as e:
+                call(backend, **kw)
+            msgs.append(str(e.value))
+        assert msgs[0] == msgs[1], msgs
+
+
 def test_offset_views_and_strides():
     base = trand((5, 33), "fp32", seed=20)
     w = trand((33,), "fp32", seed=21)
@@ -307,7 +371,8 @@ def test_custom_ops_registered():
 @pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
                                   "dequantize", "quant_matmul", "fused_add_rms_norm_quant_matmul",
                                   "fused_add_rms_norm_quant_matmul_no_x", "silu_and_mul_quant_matmul",
-                                  "rotary_embedding", "kv_cache_append", "paged_attention", "varlen_attention"])
+                                  "rotary_embedding", "kv_cache_append", "rotary_embedding_kv_append",
+                                  "paged_attention", "varlen_attention"])
 def test_opcheck(case):
     x, w = trand((3, 16), "fp32"), trand((16,), "fp32")
     rng = np.random.default_rng(0)
@@ -335,6 +400,10 @@ def test_opcheck(case):
         "kv_cache_append": (ops.kv_cache_append, (torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4),
                                                   trand((2, 1, 4), "fp32"), trand((2, 1, 4), "fp32"),
                                                   torch.tensor([3, 0]), "auto")),
+        "rotary_embedding_kv_append": (ops.rotary_embedding_kv_append,
+                                       (trand((2, 2, 8), "fp32"), trand((2, 1, 8), "fp32", seed=1),
+                                        trand((2, 1, 8), "fp32", seed=2), torch.tensor([1, 2]), torch.zeros(2, 2, 1, 8),
+                                        torch.zeros(2, 2, 1, 8), torch.tensor([3, -1]), 4, 10000.0, False, "auto")),
         "paged_attention": (ops.paged_attention, (trand((2, 2, 4), "fp32"), trand((2, 2, 1, 4), "fp32"),
                                                   trand((2, 2, 1, 4), "fp32"), torch.tensor([[0, 1], [1, 0]], dtype=torch.int32),
                                                   None, torch.tensor([3, 1], dtype=torch.int32), 0.5, "auto")),
@@ -419,6 +488,31 @@ def test_compile_quant_matmul_fusions_fullgraph(backend):
                                                                        backend=backend), fullgraph=True, backend="eager")
     with pytest.raises(Exception, match="residual_out is given but x is NULL"):
         g(*args()[1:3])
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_compile_rotary_embedding_kv_append_fullgraph(backend):
+    # the in-place effects on q, k and both caches happen inside the compiled graph, bit for bit
+    # the eager call's
+    torch._dynamo.reset()
+
+    def f(q, k, v, pos, kc, vc, slots):
+        ks.rotary_embedding_kv_append(q, k, v, pos, kc, vc, slots, 16, 10000.0, True, backend=backend)
+        return q.sum() + kc.sum()
+
+    want_args, args = _rope_kv_inputs("fp32", seed=50), _rope_kv_inputs("fp32", seed=50)
+    want = f(*want_args)
+    got = torch.compile(f, fullgraph=True, backend="eager" if backend == "torch" else "inductor")(*args)
+    assert torch.equal(got, want)
+    for a, b in zip(args, want_args):
+        assert torch.equal(a, b)
+    # k None is rejected while tracing too
+    g = torch.compile(lambda q, v, pos, kc, vc, slots: ks.rotary_embedding_kv_append(q, None, v, pos, kc, vc, slots,
+                                                                                     backend=backend),
+                      fullgraph=True, backend="eager")
+    a = _rope_kv_inputs("fp32")
+    with pytest.raises(Exception, match="rotary_embedding_kv_append: k must not be NULL"):
+        g(a[0], *a[2:])
 
 
 def test_compile_autograd_routes_to_reference():

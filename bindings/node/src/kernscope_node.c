@@ -639,6 +639,28 @@ static napi_value js_kv_cache_append(napi_env env, napi_callback_info info) {
   return finish(env, ks_kv_cache_append(&kc.t, &vc.t, &k.t, &v.t, &slots.t, backend, stream));
 }
 
+/* k is required (rotated in place, and its rotated rows are what k_cache receives). */
+static napi_value js_rotary_embedding_kv_append(napi_env env, napi_callback_info info) {
+  ARGS(12);
+  TENSOR(q, 0, "rotary_embedding_kv_append", "q");
+  TENSOR(k, 1, "rotary_embedding_kv_append", "k");
+  TENSOR(v, 2, "rotary_embedding_kv_append", "v");
+  TENSOR(pos, 3, "rotary_embedding_kv_append", "positions");
+  INT(rotary_dim, 4, "rotary_embedding_kv_append: rotary_dim");
+  DOUBLE(theta, 5, "rotary_embedding_kv_append: theta");
+  bool neox = false;
+  if (napi_get_value_bool(env, argv[6], &neox) != napi_ok) {
+    napi_throw_type_error(env, NULL, "kernscope: rotary_embedding_kv_append: is_neox must be a boolean");
+    return NULL;
+  }
+  TENSOR(kc, 7, "rotary_embedding_kv_append", "k_cache");
+  TENSOR(vc, 8, "rotary_embedding_kv_append", "v_cache");
+  TENSOR(slots, 9, "rotary_embedding_kv_append", "slot_mapping");
+  EXEC(10);
+  return finish(env, ks_rotary_embedding_kv_append(&q.t, &k.t, &v.t, &pos.t, rotary_dim, theta, neox ? 1 : 0, &kc.t,
+                                                   &vc.t, &slots.t, backend, stream));
+}
+
 static napi_value js_paged_attention(napi_env env, napi_callback_info info) {
   ARGS(10);
   TENSOR(out, 0, "paged_attention", "out");
@@ -721,6 +743,7 @@ NAPI_MODULE_INIT() {
       {"siluAndMulQuantMatmul", NULL, js_silu_and_mul_quant_matmul, NULL, NULL, NULL, napi_default, NULL},
       {"rotaryEmbedding", NULL, js_rotary_embedding, NULL, NULL, NULL, napi_default, NULL},
       {"kvCacheAppend", NULL, js_kv_cache_append, NULL, NULL, NULL, napi_default, NULL},
+      {"rotaryEmbeddingKvAppend", NULL, js_rotary_embedding_kv_append, NULL, NULL, NULL, napi_default, NULL},
       {"pagedAttention", NULL, js_paged_attention, NULL, NULL, NULL, napi_default, NULL},
       {"argmax", NULL, js_argmax, NULL, NULL, NULL, napi_default, NULL},
       {"sample", NULL, js_sample, NULL, NULL, NULL, napi_default, NULL},

@@ -338,3 +338,51 @@ test('silu_and_mul_quant_matmul matches fp64; an odd gate_up width is rejected',
               ks.Status.INVALID_ARGUMENT, 'silu_and_mul_quant_matmul', 'gate_up');
   assert.ok(out7.every((v) => v === 7));
 });
+
+// ---- rotary_embedding_kv_append -------------------------------------------------------------------
+
+// q [3, 2, 8], k and v [3, 1, 8], caches [2 blocks, 2 slots, 1, 8] (filled, so untouched rows are
+// compared too).
+function ropeKvInputs() {
+  return {
+    q: f32(48).map((_, i) => X[i % 10] * (1 + i / 16)),
+    k: f32(24).map((_, i) => X[(i * 3 + 1) % 10] - 0.25 * i),
+    v: f32(24).map((_, i) => W[i % 5] * i),
+    kc: f32(32).map((_, i) => -i),
+    vc: f32(32).map((_, i) => 100 + i),
+  };
+}
+
+const bits = (a) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+
+test('rotary_embedding_kv_append is bit for bit rotary_embedding then kv_cache_append', () => {
+  const pos = ks.i32(new Int32Array([0, 5, 100]));
+  const slots = ks.i64(new BigInt64Array([2n, -1n, 0n])); // slot -1 skipped
+  for (const neox of [true, false]) {
+    const a = ropeKvInputs(), b = ropeKvInputs();
+    // rotary_dim 4 < head_dim 8: features 4..8 pass through
+    ks.rotaryEmbeddingKvAppend(ks.f32(a.q, [3, 2, 8]), ks.f32(a.k, [3, 1, 8]), ks.f32(a.v, [3, 1, 8]), pos, 4, 10000,
+                               neox, ks.f32(a.kc, [2, 2, 1, 8]), ks.f32(a.vc, [2, 2, 1, 8]), slots, { backend: 'cpu' });
+    ks.rotaryEmbedding(ks.f32(b.q, [3, 2, 8]), ks.f32(b.k, [3, 1, 8]), pos, 4, 10000, neox);
+    ks.kvCacheAppend(ks.f32(b.kc, [2, 2, 1, 8]), ks.f32(b.vc, [2, 2, 1, 8]), ks.f32(b.k, [3, 1, 8]),
+                     ks.f32(b.v, [3, 1, 8]), slots);
+    for (const name of ['q', 'k', 'kc', 'vc']) assert.deepEqual(bits(a[name]), bits(b[name]), `${name} (neox ${neox})`);
+    // the call did something: slot 2 holds token 0's rotated k, slot 0 token 2's v
+    assert.deepEqual(bits(a.kc.subarray(16, 24)), bits(a.k.subarray(0, 8)));
+    assert.deepEqual(bits(a.vc.subarray(0, 8)), bits(a.v.subarray(16, 24)));
+    assert.notDeepEqual(bits(a.q.subarray(16, 20)), bits(ropeKvInputs().q.subarray(16, 20)));
+  }
+});
+
+test('rotary_embedding_kv_append: v overlapping k is rejected, nothing written', () => {
+  const a = ropeKvInputs(), before = ropeKvInputs();
+  const k = ks.f32(a.k, [3, 1, 8]);
+  expectError(() => ks.rotaryEmbeddingKvAppend(ks.f32(a.q, [3, 2, 8]), k, k, ks.i64(new BigInt64Array([0n, 1n, 2n])), 8,
+                                               10000, true, ks.f32(a.kc, [2, 2, 1, 8]), ks.f32(a.vc, [2, 2, 1, 8]),
+                                               ks.i32(new Int32Array([0, 1, 3])), { backend: 'cpu' }),
+              ks.Status.INVALID_ARGUMENT, 'rotary_embedding_kv_append', 'v and k overlap');
+  for (const name of ['q', 'k', 'kc', 'vc']) assert.deepEqual(bits(a[name]), bits(before[name]), name);
+  assert.throws(() => ks.rotaryEmbeddingKvAppend(ks.f32(a.q, [3, 2, 8]), null, k, ks.i32(new Int32Array(3)), 8, 10000,
+                                                 true, ks.f32(a.kc, [2, 2, 1, 8]), ks.f32(a.vc, [2, 2, 1, 8]),
+                                                 ks.i32(new Int32Array(3))), TypeError);
+});

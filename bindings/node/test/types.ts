@@ -41,3 +41,9 @@ ks.fusedAddRmsNormQuantMatmul(ks.f32(new Float32Array(6), [2, 3]), null, null, r
 ks.siluAndMulQuantMatmul(ks.f32(new Float32Array(3), [1, 3]), ks.f32(new Float32Array(64), [1, 64]), packed, 'q8_0');
 // @ts-expect-error eps is a number
 ks.fusedAddRmsNormQuantMatmul(r2, null, null, r2, r2, '1e-6', packed, 'q8_0');
+const kv = ks.f32(new Float32Array(16), [2, 1, 8]);
+const cache = ks.f32(new Float32Array(32), [2, 2, 1, 8]);
+ks.rotaryEmbeddingKvAppend(ks.f32(new Float32Array(32), [2, 2, 8]), kv, kv, ks.i32(new Int32Array(2)), 8, 10000, true,
+                           cache, cache, ks.i64(new BigInt64Array(2)), { backend: 'cpu' });
+// @ts-expect-error k is required
+ks.rotaryEmbeddingKvAppend(kv, null, kv, ks.i32(new Int32Array(2)), 8, 10000, true, cache, cache, kv);

@@ -246,6 +246,21 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
+    /// `k` must not be null: it is rotated in place and its rotated rows are what `k_cache` receives.
+    pub fn ks_rotary_embedding_kv_append(
+        q: *mut DLTensor,
+        k: *mut DLTensor,
+        v: *const DLTensor,
+        positions: *const DLTensor,
+        rotary_dim: i64,
+        theta: f64,
+        is_neox: c_int,
+        k_cache: *mut DLTensor,
+        v_cache: *mut DLTensor,
+        slot_mapping: *const DLTensor,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     pub fn ks_paged_attention(
         out: *mut DLTensor,
         q: *const DLTensor,

@@ -432,6 +432,49 @@ impl Exec {
         check(unsafe { sys::ks_kv_cache_append(&mut kc, &mut vc, &kt, &vt, &s, self.backend.raw(), self.stream) })
     }
 
+    /// Decode-step fusion: [`Exec::rotary_embedding`] of `q` and `k`, then
+    /// [`Exec::kv_cache_append`] of the rotated `k` and of `v`, in one pass (one kernel on
+    /// CUDA); in place on `q`, `k`, `k_cache` and `v_cache`, bit for bit the two calls. `q`
+    /// `[num_tokens, num_heads, head_dim]`, `k`/`v` `[num_tokens, num_kv_heads, head_dim]`
+    /// (`k` required), `positions` int32/int64 `[num_tokens]`, caches `[num_blocks,
+    /// block_size, num_kv_heads, head_dim]`, `slot_mapping` int32/int64 `[n <= num_tokens]`
+    /// (slot -1 skipped). Errors (nothing written): every rule of the two ops, plus `v`
+    /// overlapping `q` or `k` and a cache overlapping `q` or `positions`
+    /// (`Status::InvalidArgument`); mismatched dtypes (`Status::UnsupportedDtype`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rotary_embedding_kv_append(
+        &self,
+        q: &mut TensorMut,
+        k: &mut TensorMut,
+        v: &Tensor,
+        positions: &Tensor,
+        rotary_dim: i64,
+        theta: f64,
+        is_neox: bool,
+        k_cache: &mut TensorMut,
+        v_cache: &mut TensorMut,
+        slot_mapping: &Tensor,
+    ) -> Result<()> {
+        let (mut qt, mut kt, vt, p) = (q.raw(), k.raw(), v.raw(), positions.raw());
+        let (mut kc, mut vc, s) = (k_cache.raw(), v_cache.raw(), slot_mapping.raw());
+        check(unsafe {
+            sys::ks_rotary_embedding_kv_append(
+                &mut qt,
+                &mut kt,
+                &vt,
+                &p,
+                rotary_dim,
+                theta,
+                is_neox as i32,
+                &mut kc,
+                &mut vc,
+                &s,
+                self.backend.raw(),
+                self.stream,
+            )
+        })
+    }
+
     /// Attention over a paged KV cache. `seq_ids: None` means sequence t for token t.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
@@ -586,6 +629,33 @@ pub fn kv_cache_append(
     slot_mapping: &Tensor,
 ) -> Result<()> {
     Exec::default().kv_cache_append(k_cache, v_cache, k, v, slot_mapping)
+}
+/// [`Exec::rotary_embedding_kv_append`] on the automatic backend.
+#[allow(clippy::too_many_arguments)]
+pub fn rotary_embedding_kv_append(
+    q: &mut TensorMut,
+    k: &mut TensorMut,
+    v: &Tensor,
+    positions: &Tensor,
+    rotary_dim: i64,
+    theta: f64,
+    is_neox: bool,
+    k_cache: &mut TensorMut,
+    v_cache: &mut TensorMut,
+    slot_mapping: &Tensor,
+) -> Result<()> {
+    Exec::default().rotary_embedding_kv_append(
+        q,
+        k,
+        v,
+        positions,
+        rotary_dim,
+        theta,
+        is_neox,
+        k_cache,
+        v_cache,
+        slot_mapping,
+    )
 }
 /// [`Exec::paged_attention`] on the automatic backend.
 #[allow(clippy::too_many_arguments)]

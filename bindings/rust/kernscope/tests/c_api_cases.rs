@@ -552,3 +552,88 @@ fn silu_and_mul_quant_matmul_matches_fp64_and_rejects_odd_gate_up() {
     assert!(e.message().contains("silu_and_mul_quant_matmul") && e.message().contains("gate_up"), "{}", e);
     assert_eq!(out, before);
 }
+
+// ---- rotary_embedding_kv_append ----------------------------------------------------------------
+
+/// q [3, 2, 8], k and v [3, 1, 8], caches [2 blocks, 2 slots, 1, 8] (filled, so untouched rows
+/// are compared too).
+fn rope_kv_inputs() -> (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) {
+    let q: Vec<f32> = (0..48).map(|i| X[i % 10] * (1.0 + i as f32 / 16.0)).collect();
+    let k: Vec<f32> = (0..24).map(|i| X[(i * 3 + 1) % 10] - 0.25 * i as f32).collect();
+    let v: Vec<f32> = (0..24).map(|i| W[i % 5] * i as f32).collect();
+    let kc: Vec<f32> = (0..32).map(|i| -(i as f32)).collect();
+    let vc: Vec<f32> = (0..32).map(|i| 100.0 + i as f32).collect();
+    (q, k, v, kc, vc)
+}
+
+#[test]
+fn rotary_embedding_kv_append_equals_rotary_then_append() {
+    let pos = [0i32, 5, 100];
+    let slots = [2i64, -1, 0]; // slot -1 skipped
+    let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    for neox in [true, false] {
+        let (mut q, mut k, v, mut kc, mut vc) = rope_kv_inputs();
+        let (mut q2, mut k2, mut kc2, mut vc2) = (q.clone(), k.clone(), kc.clone(), vc.clone());
+        cpu()
+            .rotary_embedding_kv_append(
+                &mut TensorMut::f32(&mut q, &[3, 2, 8]).unwrap(),
+                &mut TensorMut::f32(&mut k, &[3, 1, 8]).unwrap(),
+                &Tensor::f32(&v, &[3, 1, 8]).unwrap(),
+                &Tensor::i32(&pos, &[3]).unwrap(),
+                4, // rotary_dim < head_dim: features 4..8 pass through
+                10000.0,
+                neox,
+                &mut TensorMut::f32(&mut kc, &[2, 2, 1, 8]).unwrap(),
+                &mut TensorMut::f32(&mut vc, &[2, 2, 1, 8]).unwrap(),
+                &Tensor::i64(&slots, &[3]).unwrap(),
+            )
+            .unwrap();
+        kernscope::rotary_embedding(
+            &mut TensorMut::f32(&mut q2, &[3, 2, 8]).unwrap(),
+            Some(&mut TensorMut::f32(&mut k2, &[3, 1, 8]).unwrap()),
+            &Tensor::i32(&pos, &[3]).unwrap(),
+            4,
+            10000.0,
+            neox,
+        )
+        .unwrap();
+        kernscope::kv_cache_append(
+            &mut TensorMut::f32(&mut kc2, &[2, 2, 1, 8]).unwrap(),
+            &mut TensorMut::f32(&mut vc2, &[2, 2, 1, 8]).unwrap(),
+            &Tensor::f32(&k2, &[3, 1, 8]).unwrap(),
+            &Tensor::f32(&v, &[3, 1, 8]).unwrap(),
+            &Tensor::i64(&slots, &[3]).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(bits(&q), bits(&q2), "q (neox {})", neox);
+        assert_eq!(bits(&k), bits(&k2), "k (neox {})", neox);
+        assert_eq!(bits(&kc), bits(&kc2), "k_cache (neox {})", neox);
+        assert_eq!(bits(&vc), bits(&vc2), "v_cache (neox {})", neox);
+        // the call did something: token 1 (position 5) rotated, slot 2 holds token 0's rotated k
+        assert_ne!(bits(&q[16..20]), bits(&rope_kv_inputs().0[16..20]));
+        assert_eq!(bits(&kc[16..24]), bits(&k[0..8]));
+        assert_eq!(bits(&vc[0..8]), bits(&v[16..24]));
+    }
+}
+
+#[test]
+fn rotary_embedding_kv_append_odd_rotary_dim_is_rejected() {
+    let (mut q, mut k, v, mut kc, mut vc) = rope_kv_inputs();
+    let before = (q.clone(), k.clone(), kc.clone(), vc.clone());
+    let e = kernscope::rotary_embedding_kv_append(
+        &mut TensorMut::f32(&mut q, &[3, 2, 8]).unwrap(),
+        &mut TensorMut::f32(&mut k, &[3, 1, 8]).unwrap(),
+        &Tensor::f32(&v, &[3, 1, 8]).unwrap(),
+        &Tensor::i64(&[0, 1, 2], &[3]).unwrap(),
+        3,
+        10000.0,
+        true,
+        &mut TensorMut::f32(&mut kc, &[2, 2, 1, 8]).unwrap(),
+        &mut TensorMut::f32(&mut vc, &[2, 2, 1, 8]).unwrap(),
+        &Tensor::i32(&[0, 1, 3], &[3]).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("rotary_embedding_kv_append") && e.message().contains("rotary_dim"), "{}", e);
+    assert_eq!((q, k, kc, vc), before);
+}
