@@ -13,7 +13,8 @@
 #               model: the model-path ops (RoPE, decode attention, sampling, argmax, quantized
 #               GEMV) against their PyTorch peers -> h200_model.csv / .md
 #   PEER_DTYPES dtypes for the peers (default bf16,fp16,fp32)
-#   KS_CPU_SUITES=0  the test stage skips ctest's CPU suites (CI runs them)
+#   KS_CPU_SUITES=0  the test stage skips ctest's CPU suites (CI runs them); KS_CHECK_SWEEP=0 skips
+#               ks_check all; KS_GTEST_FILTER narrows test_cuda_ops (short calls)
 # Needs: .dlpack/ (the libdlpack-dev header) and .deps/ (nlohmann-json for the routing tables),
 # both carried (scripts/prepare_gpu_carry.sh), and optionally .whl/ (liger-kernel) — see
 # docs/perf/README.md.
@@ -39,11 +40,11 @@ if has build; then
 fi
 
 if has test; then
-  $BUILD/tests/test_cuda_ops 2>&1 | tee -a "$LOG" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|config" | head -60
+  $BUILD/tests/test_cuda_ops --gtest_filter="${KS_GTEST_FILTER:-*}" 2>&1 | tee -a "$LOG" | grep -E "^\[  (FAILED|PASSED|  OK|SKIPPED)|Failure|config" | head -60
   if [ "${KS_CPU_SUITES:-1}" = 1 ]; then  # KS_CPU_SUITES=0: CI runs them; a short call skips them
     ctest --test-dir $BUILD -j 8 -E "Cuda" --output-on-failure >> "$LOG" 2>&1; echo "ctest (CPU suites) rc=$?"
   fi
-  $BUILD/ks_check all | tee -a "$LOG" | grep -E "INCORRECT|correct=" | head -20
+  [ "${KS_CHECK_SWEEP:-1}" = 1 ] && $BUILD/ks_check all | tee -a "$LOG" | grep -E "INCORRECT|correct=" | head -20
 fi
 
 if has sanitize; then

@@ -193,6 +193,7 @@ struct Ctx {
   double us = -1;     // the median time per call in microseconds (tune)
   double spread = 0;  // (slowest - fastest) / median of those samples
   bool keep = false;  // while timing: each buffer is uploaded once and reused
+  ks_stream_t stream = nullptr;  // while timing CUDA: the stream the calls are captured on
 #ifdef KS_CHECK_CUDA
   std::vector<std::pair<HBuf*, char*>> mirrors;
 #endif
@@ -226,34 +227,73 @@ struct Ctx {
   }
 };
 
-// Median microseconds per call of run (already known to succeed): calls are batched so that
-// a sample lasts about 200 us; CUDA samples are timed with events on the legacy stream (the
-// host's launch work included, no L2 rotation: a comparison of variants, not a benchmark).
+// Median microseconds per call of run (already known to succeed). CUDA: n calls captured in a
+// CUDA graph on a stream of their own and the graph replayed, each sample timed with events
+// (device time per call, as bench_ops measures it: no host launch cost; without that, kernels
+// of a few microseconds all measure the host's launch rate). Should a call not be capturable,
+// the calls are timed eagerly on that stream instead (c.why says so). No L2 rotation: a
+// comparison of variants, not a benchmark. CPU: wall time of batches of about 200 us.
 double time_call(const std::function<void()>& run, Ctx& c) {
   c.keep = true;
-  run();  // warm-up (and, on CUDA, the one upload of every buffer)
   std::vector<double> samples;
 #ifdef KS_CHECK_CUDA
   if (c.be == ks::Backend::Cuda) {
+    cudaStream_t s = nullptr;
     cudaEvent_t e0, e1;
-    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess)
-      throw std::runtime_error("cudaEventCreate failed");
-    auto batch = [&](int n) {
-      cudaEventRecord(e0, nullptr);
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess)
+      throw std::runtime_error("cudaStreamCreate / cudaEventCreate failed");
+    c.stream = s;
+    run();  // warm-up (and the one upload of every buffer)
+    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("CUDA error in the warm-up call");
+    auto eager = [&](int n) {
+      cudaEventRecord(e0, s);
       for (int i = 0; i < n; ++i) run();
-      cudaEventRecord(e1, nullptr);
+      cudaEventRecord(e1, s);
       if (cudaEventSynchronize(e1) != cudaSuccess) throw std::runtime_error("CUDA error while timing");
       float ms = 0;
       cudaEventElapsedTime(&ms, e0, e1);
       return 1000.0 * double(ms) / n;
     };
-    const double est = batch(3);
+    const double est = eager(3);
     const int n = int(std::min(1000.0, std::max(1.0, 200.0 / std::max(est, 1e-3))));
-    for (int r = 0; r < c.reps; ++r) samples.push_back(batch(n));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    bool captured = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
+    if (captured) {
+      try {
+        for (int i = 0; i < n; ++i) run();
+      } catch (const std::exception&) {
+        captured = false;
+      }
+      captured = cudaStreamEndCapture(s, &graph) == cudaSuccess && captured && graph &&
+                 cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+      cudaGetLastError();  // a failed capture leaves an error to clear
+    }
+    for (int r = 0; r < c.reps; ++r) {
+      if (captured) {
+        cudaEventRecord(e0, s);
+        cudaGraphLaunch(exec, s);
+        cudaEventRecord(e1, s);
+        if (cudaEventSynchronize(e1) != cudaSuccess) throw std::runtime_error("CUDA error while timing");
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        samples.push_back(1000.0 * double(ms) / n);
+      } else {
+        samples.push_back(eager(n));
+      }
+    }
+    if (!captured) c.why = "timed eagerly (the call could not be captured in a CUDA graph)";
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
     cudaEventDestroy(e0);
     cudaEventDestroy(e1);
+    cudaStreamSynchronize(s);
+    cudaStreamDestroy(s);
+    c.stream = nullptr;
   }
 #endif
+  if (c.be != ks::Backend::Cuda) run();  // warm-up
   if (samples.empty()) {
     auto batch = [&](int n) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -305,7 +345,7 @@ int case_rms_norm(Ctx& c, const std::vector<int64_t>& s) {
     const double sc = 1 / std::sqrt(ss / H + double(float(1e-6)));
     for (int64_t i = 0; i < H; ++i) ref[size_t(r * H + i)] = x.get(r * H + i) * sc * w.get(i);
   }
-  return outcome([&] { ks::rms_norm(c.v(o), c.v(x), c.v(w), 1e-6, c.be); },
+  return outcome([&] { ks::rms_norm(c.v(o), c.v(x), c.v(w), 1e-6, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
 }
 
@@ -324,7 +364,7 @@ int case_fused_add(Ctx& c, const std::vector<int64_t>& s) {
     const double sc = 1 / std::sqrt(ss / H + double(float(1e-6)));
     for (int64_t i = 0; i < H; ++i) rx[size_t(r * H + i)] = rr[size_t(r * H + i)] * sc * w.get(i);
   }
-  return outcome([&] { ks::fused_add_rms_norm(c.v(x), c.v(res), c.v(w), 1e-6, c.be); },
+  return outcome([&] { ks::fused_add_rms_norm(c.v(x), c.v(res), c.v(w), 1e-6, c.be, c.stream); },
                  [&](std::string* why) { return close(x, rx, nullptr, 0, why) && close(res, rr, nullptr, 0, why); }, c);
 }
 
@@ -338,7 +378,7 @@ int case_silu(Ctx& c, const std::vector<int64_t>& s) {
       const double g = x.get(r * 2 * D + i), u = x.get(r * 2 * D + D + i);
       ref[size_t(r * D + i)] = g / (1 + std::exp(-g)) * u;
     }
-  return outcome([&] { ks::silu_and_mul(c.v(o), c.v(x), c.be); },
+  return outcome([&] { ks::silu_and_mul(c.v(o), c.v(x), c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
 }
 
@@ -352,7 +392,7 @@ int case_gemv(Ctx& c, const std::vector<int64_t>& s) {
       ref[size_t(n)] += w.get(n * H + h) * x.get(h);
       sa[size_t(n)] += std::fabs(w.get(n * H + h) * x.get(h));
     }
-  return outcome([&] { ks::gemv(c.v(o), c.v(x), c.v(w), c.be); },
+  return outcome([&] { ks::gemv(c.v(o), c.v(x), c.v(w), c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(H), why); }, c);
 }
 
@@ -367,7 +407,7 @@ int case_softmax(Ctx& c, const std::vector<int64_t>& s) {
     for (int64_t i = 0; i < H; ++i) sum += std::exp(x.get(r * H + i) - mx);
     for (int64_t i = 0; i < H; ++i) ref[size_t(r * H + i)] = std::exp(x.get(r * H + i) - mx) / sum;
   }
-  return outcome([&] { ks::softmax(c.v(o), c.v(x), c.be); },
+  return outcome([&] { ks::softmax(c.v(o), c.v(x), c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
 }
 
@@ -384,7 +424,7 @@ int case_argmax(Ctx& c, const std::vector<int64_t>& s) {
     if (best + 1 < V) x.set(r * V + V - 1, x.get(r * V + best));
     ref[size_t(r)] = double(best);
   }
-  return outcome([&] { ks::argmax(c.v(o), c.v(x), c.be); },
+  return outcome([&] { ks::argmax(c.v(o), c.v(x), c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
 }
 
@@ -400,7 +440,7 @@ int case_gemm(Ctx& c, const std::vector<int64_t>& s) {
         ref[size_t(m * N + n)] += p;
         sa[size_t(m * N + n)] += std::fabs(p);
       }
-  return outcome([&] { ks::gemm(c.v(o), c.v(a), c.v(b), c.be); },
+  return outcome([&] { ks::gemm(c.v(o), c.v(a), c.v(b), c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
 }
 
@@ -419,7 +459,7 @@ int case_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
         sa[size_t(m * N + n)] += std::fabs(p);
       }
   }
-  return outcome([&] { ks::quant_matmul(c.v(o), c.v(x), c.v(w), f.q, c.be); },
+  return outcome([&] { ks::quant_matmul(c.v(o), c.v(x), c.v(w), f.q, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
 }
 
@@ -464,7 +504,7 @@ int case_norm_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f,
       [&] {
         const ks::TensorView none;
         ks::fused_add_rms_norm_quant_matmul(c.v(o), with_x ? c.v(ro) : none, with_x ? c.v(x) : none, c.v(res), c.v(nw),
-                                            1e-5, c.v(w), f.q, c.be);
+                                            1e-5, c.v(w), f.q, c.be, c.stream);
       },
       [&](std::string* why) {
         // residual_out within half a unit of the dtype of x + residual (checked as an op with K = 1)
@@ -485,7 +525,7 @@ int case_silu_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f)
     }
   std::vector<double> sa;
   const std::vector<double> ref = rounded_dots(h, f, w, M, N, K, &sa);
-  return outcome([&] { ks::silu_and_mul_quant_matmul(c.v(o), c.v(gu), c.v(w), f.q, c.be); },
+  return outcome([&] { ks::silu_and_mul_quant_matmul(c.v(o), c.v(gu), c.v(w), f.q, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
 }
 
@@ -499,7 +539,7 @@ int case_sample(Ctx& c, const std::vector<int64_t>& s) {
   so.set(0, 1234);
   so.set(1, 7);
   ks::sample(want.view(), ks::TensorView(), logits.view(), so.view(), 0.8, top_k, 0.9, ks::Backend::Cpu);
-  return outcome([&] { ks::sample(c.v(out), ks::TensorView(), c.v(logits), c.v(so), 0.8, top_k, 0.9, c.be); },
+  return outcome([&] { ks::sample(c.v(out), ks::TensorView(), c.v(logits), c.v(so), 0.8, top_k, 0.9, c.be, c.stream); },
                  [&](std::string* why) {
                    for (int64_t r = 0; r < R; ++r)
                      if (out.get(r) != want.get(r)) {
@@ -522,7 +562,7 @@ int case_dequantize(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
     auto row = decode_row(f, w, r, C);
     ref.insert(ref.end(), row.begin(), row.end());
   }
-  return outcome([&] { ks::dequantize(c.v(o), c.v(w), f.q, c.be); },
+  return outcome([&] { ks::dequantize(c.v(o), c.v(w), f.q, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
 }
 
@@ -544,7 +584,7 @@ int case_embedding(Ctx& c, const std::vector<int64_t>& s, const QFmt* f) {
       for (int64_t j = 0; j < H; ++j) ref[size_t(t * H + j)] = table.get(id * H + j);
     }
   }
-  return outcome([&] { ks::embedding(c.v(o), c.v(ids), c.v(table), f ? f->q : ks::QType::None, c.be); },
+  return outcome([&] { ks::embedding(c.v(o), c.v(ids), c.v(table), f ? f->q : ks::QType::None, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
 }
 
@@ -571,7 +611,7 @@ int case_rotary(Ctx& c, const std::vector<int64_t>& s, bool neox) {
     return ref;
   };
   const auto rq = rotate(q, Hq), rk = rotate(k, Hk);
-  return outcome([&] { ks::rotary_embedding(c.v(q), c.v(k), c.v(pos), RD, theta, neox, c.be); },
+  return outcome([&] { ks::rotary_embedding(c.v(q), c.v(k), c.v(pos), RD, theta, neox, c.be, c.stream); },
                  [&](std::string* why) {
                    // sin/cos of an FP32 angle up to ~4e3 rad: FP32 evaluation is accurate to a few ulp.
                    return close(q, rq, nullptr, 0, why) && close(k, rk, nullptr, 0, why);
@@ -597,7 +637,7 @@ int case_kv_append(Ctx& c, const std::vector<int64_t>& s) {
       rv[size_t(slot * KVH * D + j)] = v.get(t * KVH * D + j);
     }
   }
-  return outcome([&] { ks::kv_cache_append(c.v(kc), c.v(vc), c.v(k), c.v(v), c.v(slots), c.be); },
+  return outcome([&] { ks::kv_cache_append(c.v(kc), c.v(vc), c.v(k), c.v(v), c.v(slots), c.be, c.stream); },
                  [&](std::string* why) { return close(kc, rk, nullptr, 0, why) && close(vc, rv, nullptr, 0, why); }, c);
 }
 
@@ -637,7 +677,7 @@ int case_attention(Ctx& c, const std::vector<int64_t>& s) {
   std::vector<double> sa(size_t(o.numel()), 4.0);
   return outcome([&] {
                    ks::paged_attention(c.v(o), c.v(q), c.v(kc), c.v(vc), c.v(bt), ks::TensorView(), c.v(cl),
-                                       scale, c.be);
+                                       scale, c.be, c.stream);
                  },
                  [&](std::string* why) { return close(o, ref, &sa, double(L), why); }, c);
 }
@@ -681,7 +721,7 @@ int case_varlen(Ctx& c, const std::vector<int64_t>& s) {
       }
   }
   std::vector<double> sa(size_t(o.numel()), 4.0);  // convex combinations of V rows, as paged_attention
-  return outcome([&] { ks::varlen_attention(c.v(o), c.v(q), c.v(k), c.v(v), c.v(bq), c.v(bk), scale, causal, c.be); },
+  return outcome([&] { ks::varlen_attention(c.v(o), c.v(q), c.v(k), c.v(v), c.v(bq), c.v(bk), scale, causal, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(L + 3), why); }, c);
 }
 
@@ -852,7 +892,7 @@ std::vector<Row> measure(const std::string& backend, const std::string& op_filte
       }
       ks::check(ks_force_variant(nullptr, nullptr));
       r.status = res == 1 ? "ok" : res == 0 ? "incorrect" : res == -1 ? "skipped" : "error";
-      r.why = res == 1 ? "" : c.why;
+      r.why = c.why;  // ok rows: a timing note, if any
       r.us = res == 1 ? c.us : -1;
       r.spread = c.spread;
       rows.push_back(std::move(r));

@@ -406,6 +406,119 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
   }
 }
 
+// The fused forms with the prologue's rows staged in shared memory (the launcher's choice when
+// MQ rows of K fit in kStageBytes): the CTA computes h once for its 8 warps (the per-warp
+// kernel above recomputes it in every warp: 8x the loads and, for SiLU, the exponentials)
+// and the dot products read it back. Each 32-element block of h is stored 36 floats apart,
+// so the lanes' 16-byte reads of consecutive blocks fall in distinct banks. The norm's sum of
+// squares: thread t over the 16-byte vectors t, t + 256, ..., the warp butterfly, then the 8
+// warps' sums in order: an order set by K and the pointers' alignment only, never by M.
+constexpr int kStageThreads = 256, kStageWarps = kStageThreads / 32;
+constexpr size_t kStageBytes = 48 * 1024;
+__host__ __device__ constexpr int64_t staged_floats(int64_t k) { return k / 32 * 36; }
+
+template <typename T, bool WIDE, int MQ, Pro P>
+__global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(const QmmParams p) {
+  static_assert(P != Pro::None, "quant_matmul itself reads x directly");
+  extern __shared__ __align__(16) float hs[];  // [MQ][K / 32][36]
+  __shared__ float red[kStageWarps];
+  pdl_begin();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t n = int64_t(blockIdx.x) * kStageWarps + warp;
+  const int64_t M = p.M, N = p.N, K = p.K, KS = staged_floats(K);
+  const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
+  const T* x = static_cast<const T*>(p.x);
+  const T* xa = static_cast<const T*>(p.add);
+  const T* nw = static_cast<const T*>(p.norm_w);
+  T* ro = static_cast<T*>(p.res_out);
+  T* out = static_cast<T*>(p.out);
+  const bool writer = P == Pro::AddNorm && blockIdx.x == 0;  // this CTA writes residual_out
+  const int64_t xs = P == Pro::Silu ? 2 * K : K;
+  constexpr int XV = WIDE ? 16 / int(sizeof(T)) : 1;
+  const int64_t kv = K / XV;  // vectors per row
+  for (int64_t m0 = 0; m0 < M; m0 += MQ) {
+#pragma unroll
+    for (int mm = 0; mm < MQ; ++mm) {
+      if (m0 + mm >= M) break;
+      const int64_t row = (m0 + mm) * xs;
+      float* hrow = hs + mm * KS;
+      float inv = 0.f;
+      if constexpr (P == Pro::Norm || P == Pro::AddNorm) {
+        float ss = 0.f;
+        for (int64_t i = threadIdx.x; i < kv; i += kStageThreads) {
+          const auto rv = load_vec<T, XV>(x + row + i * XV);
+          Vec<T, XV> av;
+          if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + row + i * XV);
+          OutVec<T, XV> so;
+#pragma unroll
+          for (int j = 0; j < XV; ++j) {
+            float v = rv.f(j);
+            if constexpr (P == Pro::AddNorm) v += av.f(j);
+            ss += v * v;
+            so.set(j, v);
+          }
+          if constexpr (P == Pro::AddNorm)
+            if (writer) store_vec<T, XV>(ro + row + i * XV, so);
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        float total = 0.f;
+#pragma unroll
+        for (int w = 0; w < kStageWarps; ++w) total += red[w];
+        inv = 1.0f / sqrtf(total / float(K) + p.eps);  // norm_kernel's expression
+        __syncthreads();  // red is reused by the next row
+      }
+      for (int64_t i = threadIdx.x; i < kv; i += kStageThreads) {
+        const auto xv = load_vec<T, XV>(x + row + i * XV);
+        Vec<T, XV> av, wv, uv;
+        if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + row + i * XV);
+        if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + i * XV);
+        if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + row + K + i * XV);
+#pragma unroll
+        for (int j = 0; j < XV; ++j) {
+          const int64_t k = i * XV + j;
+          float h = xv.f(j);
+          if constexpr (P == Pro::AddNorm) h += av.f(j);
+          if constexpr (P == Pro::Norm || P == Pro::AddNorm) h = round_to<T>(h * inv * wv.f(j));
+          if constexpr (P == Pro::Silu) h = silu_mul<T, P>(h, uv.f(j));
+          hrow[(k >> 5) * 36 + (k & 31)] = h;
+        }
+      }
+    }
+    __syncthreads();  // the chunk's rows are staged
+    if (n < N) {
+      const uint8_t* wr = p.w + n * p.row_bytes;
+      float acc[MQ] = {};
+      for (int64_t b = lane; b < nblocks; b += 32) {
+        float v[32];
+        decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
+#pragma unroll
+        for (int mm = 0; mm < MQ; ++mm) {
+          if (m0 + mm >= M) break;
+          const float4* hb = reinterpret_cast<const float4*>(hs + mm * KS + b * 36);
+          float s = 0.f;
+#pragma unroll
+          for (int c = 0; c < 8; ++c) {
+            const float4 h = hb[c];
+            s += v[4 * c] * h.x;
+            s += v[4 * c + 1] * h.y;
+            s += v[4 * c + 2] * h.z;
+            s += v[4 * c + 3] * h.w;
+          }
+          acc[mm] += s;
+        }
+      }
+#pragma unroll
+      for (int mm = 0; mm < MQ; ++mm) {
+        const float s = warp_sum(acc[mm]);
+        if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
+      }
+    }
+    __syncthreads();  // the next chunk overwrites hs
+  }
+}
+
 // ---- paged_attention ----------------------------------------------------------------
 // A CTA per (query token, head): keys in tiles of kTile; a warp per key computes its
 // score (lanes over head_dim, FP32), the tile's scores go through an online softmax
@@ -587,18 +700,35 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
   for (const void* r : rows) wide = wide && aligned16(r);
   const int mq = p.M == 1 ? 1 : kMqMany;
+  // the fused forms stage their rows when MQ of them fit (decode: K up to 10922 for M = 1)
+  const size_t smem = size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float);
+  const bool staged = P != Pro::None && smem <= kStageBytes;
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto tag) {
     using T = decltype(tag);
-    auto launch = [&](auto kern) { launch_kernel(op, kern, dim3(grid), dim3(32 * kWarps), 0, s, 1, dp.pdl, p); };
+    auto launch = [&](auto kern, size_t bytes) {
+      launch_kernel(op, kern, dim3(grid), dim3(32 * kWarps), bytes, s, 1, dp.pdl, p);
+    };
+    if constexpr (P != Pro::None) {
+      if (staged) {
+        if (wide)
+          mq == 1 ? launch(quant_matmul_staged_kernel<T, true, 1, P>, smem)
+                  : launch(quant_matmul_staged_kernel<T, true, kMqMany, P>, smem);
+        else
+          mq == 1 ? launch(quant_matmul_staged_kernel<T, false, 1, P>, smem)
+                  : launch(quant_matmul_staged_kernel<T, false, kMqMany, P>, smem);
+        return;
+      }
+    }
     if (wide)
-      mq == 1 ? launch(quant_matmul_kernel<T, true, 1, P>) : launch(quant_matmul_kernel<T, true, kMqMany, P>);
+      mq == 1 ? launch(quant_matmul_kernel<T, true, 1, P>, 0) : launch(quant_matmul_kernel<T, true, kMqMany, P>, 0);
     else
-      mq == 1 ? launch(quant_matmul_kernel<T, false, 1, P>) : launch(quant_matmul_kernel<T, false, kMqMany, P>);
+      mq == 1 ? launch(quant_matmul_kernel<T, false, 1, P>, 0) : launch(quant_matmul_kernel<T, false, kMqMany, P>, 0);
   };
   with_float_type(dt, go);
   check_launch(op);
-  record_launch(op, "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld", {kWarps, mq, wide ? 1 : 0});
+  record_launch(op, "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld staged_rows=%lld",
+                {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0});
 }
 }  // namespace
 
