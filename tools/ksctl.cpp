@@ -25,6 +25,7 @@
 
 int run_check(const std::string& backend, const std::string& op_filter, bool verbose);  // tools/check.cpp
 int run_tune(const std::string& backend, const std::string& op, int reps, const std::string& dir, bool quiet);  // tools/tune.cpp
+int run_tune_from_csv(const std::string& csv, const std::string& dir, const std::string& commit);  // tools/tune.cpp
 
 namespace {
 
@@ -295,8 +296,9 @@ int main(int argc, char** argv) {
   auto* tune = app.add_subcommand(
       "tune", "Time every variant of the ops with a choice on the present CPU / GPU and write routing tables");
   tune->footer("Each variant is first checked against FP64 at the shape (an incorrect one is reported and never "
-               "put first), then timed: median of --reps samples. Writes DIR/tune_<arch>.csv and "
-               "DIR/routing_<arch>.json (arch: cpu, or the GPU's sm_XY); use a table with "
+               "put first), then timed (CUDA: CUDA-graph replays after 20 ms of warm-up): median of --reps samples. A "
+               "shape gets a cell only when its fastest variant beats the runner-up by more than half of either one's "
+               "spread between samples and by 3%. Writes DIR/tune_<arch>.csv and DIR/routing_<arch>.json (arch: cpu, or the GPU's sm_XY); use a table with "
                "KS_ROUTING_TABLE=file[:file] or check it into src/registry/routing/ (docs/routing.md). Grid:\n" +
                ks::tune::grid_summary());
   std::string u_backend = "all", u_op, u_dir = ".";
@@ -307,6 +309,10 @@ int main(int argc, char** argv) {
   tune->add_option("--reps", u_reps, "timed samples per variant and shape")->check(CLI::Range(1, 1000));
   tune->add_option("--out-dir", u_dir, "where the CSV and the tables go (created if missing)");
   tune->add_flag("-q,--quiet", u_quiet, "no progress bar");
+  std::string u_from_csv, u_commit;
+  tune->add_option("--from-csv", u_from_csv,
+                   "write the tables again from an earlier run's tune_<arch>.csv instead of measuring");
+  tune->add_option("--commit", u_commit, "with --from-csv: the commit the CSV was measured at (the cells' source)");
 
   auto* gen = app.add_subcommand("generate", "Generate text with a Llama-family GGUF model using only kernscope ops");
   std::string g_model, g_prompt = "What is the capital of France?", g_device = "auto";
@@ -348,7 +354,8 @@ int main(int argc, char** argv) {
     if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols);
     if (*table) return cmd_table(t_json, t_check);
     if (*check) return run_check(c_backend, c_op, c_verbose);
-    if (*tune) return run_tune(u_backend, u_op, u_reps, u_dir, u_quiet);
+    if (*tune) return u_from_csv.empty() ? run_tune(u_backend, u_op, u_reps, u_dir, u_quiet)
+                                         : run_tune_from_csv(u_from_csv, u_dir, u_commit);
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);

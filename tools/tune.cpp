@@ -87,7 +87,8 @@ void progress_bar(size_t done, size_t total, const std::string& what) {
 
 // the table for one backend's rows; false when no cell could be made
 bool write_table(const std::vector<Row>& rows, const std::string& backend, const std::string& arch_name,
-                 const std::string& path, const std::string& csv, int reps, const std::string& where) {
+                 const std::string& path, const std::string& csv, int reps, const std::string& where,
+                 int* undecided) {
   // (op, dtype) -> the keys measured; (op, dtype, rows, cols) -> its rows
   std::map<std::pair<std::string, std::string>, std::pair<std::set<int64_t>, std::set<int64_t>>> keys;
   std::map<std::tuple<std::string, std::string, int64_t, int64_t>, std::vector<const Row*>> at;
@@ -110,8 +111,20 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
           if (r->status == "ok") ok.push_back(r);
         if (ok.empty()) continue;
         std::stable_sort(ok.begin(), ok.end(), [](const Row* a, const Row* b) { return a->us < b->us; });
+        // Decisive only: the fastest must beat the runner-up by more than half of either one's
+        // spread between samples (about the uncertainty of a median of 5) and by 3%; otherwise
+        // the timings cannot order them and no cell is written, so calls of that shape keep
+        // the registry's order (priority, or a later heuristic cell).
+        if (ok.size() > 1) {
+          const double margin = (ok[1]->us - ok[0]->us) / ok[0]->us;
+          if (!(margin > std::max({0.03, ok[0]->spread / 2, ok[1]->spread / 2}))) {
+            ++*undecided;
+            continue;
+          }
+        }
         nlohmann::json order = nlohmann::json::array();
-        std::string why = "ksctl tune at " + ok[0]->shape + " (median of " + std::to_string(reps) + " samples):";
+        std::string why = "ksctl tune at " + ok[0]->shape + " (median of " + (reps > 0 ? std::to_string(reps) : "the") +
+                          " samples):";
         for (const Row* r : ok) {
           order.push_back(r->variant);
           char buf[96];
@@ -131,7 +144,7 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
                          {"why", why}});
       }
   }
-  if (cells.empty()) {
+  if (cells.empty() && *undecided == 0) {
     std::fprintf(stderr, "tune: no %s variant passed its check at any shape: no table written\n", backend.c_str());
     return false;
   }
@@ -148,15 +161,88 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
     std::fprintf(stderr, "tune: cannot write %s\n", path.c_str());
     return false;
   }
-  std::printf("%s: %zu measured cells. Try it with KS_ROUTING_TABLE=%s (it replaces the compiled-in tables); "
-              "to make it the default, %s\n",
-              path.c_str(), cells.size(), path.c_str(),
-              backend == "cpu" ? "put its cells first in src/registry/routing/generic.json"
-                               : ("replace src/registry/routing/" + arch_name + ".json with it").c_str());
+  std::printf("%s: %zu measured cells (%d shapes left out: their variants' timings were within the noise). Try it "
+              "with KS_ROUTING_TABLE=%s (it replaces the compiled-in tables); to make it the default, put its cells "
+              "first in src/registry/routing/%s.json\n",
+              path.c_str(), cells.size(), *undecided, path.c_str(), backend == "cpu" ? "generic" : arch_name.c_str());
+  return true;
+}
+
+// One RFC 4180 line into fields (quoted fields may hold commas and doubled quotes).
+std::vector<std::string> csv_split(const std::string& line) {
+  std::vector<std::string> f(1);
+  bool q = false;
+  for (size_t i = 0; i < line.size(); ++i) {
+    const char ch = line[i];
+    if (q && ch == '"' && i + 1 < line.size() && line[i + 1] == '"') f.back() += '"', ++i;
+    else if (ch == '"') q = !q;
+    else if (ch == ',' && !q) f.emplace_back();
+    else f.back() += ch;
+  }
+  return f;
+}
+
+// The rows of an earlier run's tune_<arch>.csv (its arch column too), for --from-csv.
+bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arch) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || line.rfind("backend,arch,op,dtype,shape,rows,cols,variant,status,us,spread", 0) != 0)
+    return false;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto f = csv_split(line);
+    if (f.size() < 12) return false;
+    Row r;
+    r.backend = f[0];
+    *arch = f[1];
+    r.op = f[2];
+    r.dtype = f[3];
+    r.shape = f[4];
+    r.rows = std::stoll(f[5]);
+    r.cols = std::stoll(f[6]);
+    r.variant = f[7];
+    r.status = f[8];
+    r.us = f[9].empty() ? -1 : std::stod(f[9]);
+    r.spread = f[10].empty() ? 0 : std::stod(f[10]);
+    r.why = f[11];
+    rows->push_back(std::move(r));
+  }
   return true;
 }
 
 }  // namespace
+
+// `ksctl tune --from-csv FILE`: the routing table again from an earlier run's measurements
+// (after a change of the rule that turns them into cells; no timing, no device needed).
+int run_tune_from_csv(const std::string& csv_path, const std::string& dir, const std::string& commit) {
+  std::vector<Row> rows;
+  std::string arch;
+  try {
+    if (!read_rows(csv_path, &rows, &arch)) {
+      std::fprintf(stderr, "tune: %s is not a ksctl tune CSV\n", csv_path.c_str());
+      return 2;
+    }
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "tune: %s has a malformed number\n", csv_path.c_str());
+    return 2;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  int status = 0;
+  for (const std::string be : {"cpu", "cuda"}) {
+    bool any = false;
+    for (const Row& r : rows) any = any || r.backend == be;
+    if (!any) continue;
+    const std::string a = be == "cpu" ? "cpu" : arch;
+    const std::string name = std::filesystem::path(csv_path).filename().string();
+    const std::string source = name + " @ " + (commit.empty() ? "unknown commit" : commit);
+    int undecided = 0;
+    if (!write_table(rows, be, be == "cpu" ? "*" : a, dir + "/routing_" + a + ".json", source, 0,
+                     "the machine that measured " + name, &undecided))
+      status = 1;
+  }
+  return status;
+}
 
 int run_tune(const std::string& backend, const std::string& op, int reps, const std::string& dir, bool quiet) {
   if (reps < 1) {
@@ -226,7 +312,9 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
                    "is the machine busy? Tune on a quiet machine%s before using the table.\n",
                    noisy, be.c_str(), csv.c_str(), be == "cpu" ? " (OMP_WAIT_POLICY=passive helps when cores are shared)" : "");
     const std::string where = be == "cpu" ? std::string("this machine's CPU") : cuda_name();
-    if (!write_table(rows, be, be == "cpu" ? "*" : arch, json, source, reps, where)) status = status ? status : 1;
+    int undecided = 0;
+    if (!write_table(rows, be, be == "cpu" ? "*" : arch, json, source, reps, where, &undecided))
+      status = status ? status : 1;
   }
   return status;
 }

@@ -321,7 +321,7 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "kernscope's 64x64-tiled kernel, FP32 accumulation: the fallback", avail, ks::cuda::ci_gemm,
                ks::cuda::gemm_tiled_cuda});
   // priority 5, below cuda_cta_per_row, until it has run on a GPU (tests pin it)
-  v.push_back({"sample", KS_BACKEND_CUDA, "cuda_cluster_topk", kFloatDTypes, 5,
+  v.push_back({"sample", KS_BACKEND_CUDA, "cuda_cluster_topk", kFloatDTypes, 20,
                "top_k 1..1024: a row over a cluster of up to 16 CTAs, radix-selected top-k (12+12+8 bits), "
                "then top-p and the draw on the members in one CTA; bit-identical to the CPU",
                avail, ks::cuda::ci_sample_cluster, ks::cuda::sample_cluster_cuda});
