@@ -69,8 +69,11 @@ fi
 if has profile; then
   # Where one decode step's time goes: Nsight Compute's duration of every kernel of a decode
   # step (kernels replayed one at a time: no overlap, no PDL; launch gaps not included).
-  # The chat prompt (37 tokens) prefills in one step of about 300 launches; skip past it.
-  ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip ${KS_PROFILE_SKIP:-420} --launch-count ${KS_PROFILE_COUNT:-200} \
+  # The chat prompt (37 tokens) prefills in one step of about 300 launches (no dense weight
+  # copies: KS_DENSE_WEIGHTS_MB=0, so loading launches nothing); skip past it. At ea4997e the
+  # skip (420, with the copies' 210 dequantize launches at load) landed in the prefill.
+  KS_DENSE_WEIGHTS_MB=0 ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip ${KS_PROFILE_SKIP:-310} \
+    --launch-count ${KS_PROFILE_COUNT:-185} \
     $BUILD/ksctl generate --model $MODEL --chat --prompt "What is the capital of France?" --max-tokens 6 --device cuda \
     > "$OUT/decode_profile.csv" 2>> "$LOG"
   python3 - "$OUT/decode_profile.csv" <<'PY' | tee -a "$LOG"
