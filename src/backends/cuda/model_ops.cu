@@ -323,6 +323,42 @@ __device__ __forceinline__ float silu_mul(float g, float u) {
   return round_to<T>(g * sig * u);  // silu_and_mul_kernel's expression
 }
 
+// This thread's share of a row's sum of squares (Norm: of residual r; AddNorm: of s = x + r),
+// vectors first, first + step, ... of XV elements; `write` stores round(s) to residual_out as
+// it goes (AddNorm). Shared by the per-warp and the staged kernels.
+template <typename T, int XV, Pro P>
+__device__ __forceinline__ float row_squares(const T* r, const T* xa, T* ro, int64_t row, int64_t nvec, int64_t first,
+                                             int64_t step, bool write) {
+  float ss = 0.f;
+  for (int64_t i = first; i < nvec; i += step) {
+    const auto rv = load_vec<T, XV>(r + row + i * XV);
+    Vec<T, XV> av;
+    if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + row + i * XV);
+    OutVec<T, XV> so;
+#pragma unroll
+    for (int j = 0; j < XV; ++j) {
+      float v = rv.f(j);
+      if constexpr (P == Pro::AddNorm) v += av.f(j);
+      ss += v * v;
+      so.set(j, v);
+    }
+    if constexpr (P == Pro::AddNorm)
+      if (write) store_vec<T, XV>(ro + row + i * XV, so);
+  }
+  return ss;
+}
+
+// One element of the row fed to the dot products: x (or residual, or gate) value xv, the added
+// x value a (AddNorm), the norm weight w (Norm, AddNorm), the up value u (Silu).
+template <typename T, Pro P>
+__device__ __forceinline__ float prologue(float xv, float a, float w, float u, float inv) {
+  float h = xv;
+  if constexpr (P == Pro::AddNorm) h += a;
+  if constexpr (P == Pro::Norm || P == Pro::AddNorm) h = round_to<T>(h * inv * w);
+  if constexpr (P == Pro::Silu) h = silu_mul<T, P>(h, u);
+  return h;
+}
+
 // WIDE: weight blocks read as words, and the rows' 32 values per block as 16-byte vectors
 // (every row pointer 16-byte aligned; K is a multiple of 32, so every block's slice is too).
 template <typename T, bool WIDE, int MQ, Pro P>
@@ -349,23 +385,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
       for (int mm = 0; mm < MQ; ++mm) {
         inv[mm] = 0.f;
         if (m0 + mm >= M) break;
-        const int64_t row = (m0 + mm) * K;
-        float ss = 0.f;
-        for (int64_t i = lane; i < K / XV; i += 32) {
-          const auto rv = load_vec<T, XV>(x + row + i * XV);
-          Vec<T, XV> av;
-          if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + row + i * XV);
-          OutVec<T, XV> so;
-#pragma unroll
-          for (int j = 0; j < XV; ++j) {
-            float v = rv.f(j);
-            if constexpr (P == Pro::AddNorm) v += av.f(j);
-            ss += v * v;
-            so.set(j, v);
-          }
-          if constexpr (P == Pro::AddNorm)
-            if (writer) store_vec<T, XV>(ro + row + i * XV, so);
-        }
+        const float ss = row_squares<T, XV, P>(x, xa, ro, (m0 + mm) * K, K / XV, lane, 32, writer);
         inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + p.eps);  // norm_kernel's expression
       }
     }
@@ -389,9 +409,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
 #pragma unroll
           for (int j = 0; j < XV; ++j) {
             float h = xv.f(j);
-            if constexpr (P == Pro::AddNorm) h += av.f(j);
-            if constexpr (P == Pro::Norm || P == Pro::AddNorm) h = round_to<T>(h * inv[mm] * wv.f(j));
-            if constexpr (P == Pro::Silu) h = silu_mul<T, P>(h, uv.f(j));
+            if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
             s += v[c * XV + j] * h;
           }
         }
@@ -444,23 +462,7 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
       float* hrow = hs + mm * KS;
       float inv = 0.f;
       if constexpr (P == Pro::Norm || P == Pro::AddNorm) {
-        float ss = 0.f;
-        for (int64_t i = threadIdx.x; i < kv; i += kStageThreads) {
-          const auto rv = load_vec<T, XV>(x + row + i * XV);
-          Vec<T, XV> av;
-          if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + row + i * XV);
-          OutVec<T, XV> so;
-#pragma unroll
-          for (int j = 0; j < XV; ++j) {
-            float v = rv.f(j);
-            if constexpr (P == Pro::AddNorm) v += av.f(j);
-            ss += v * v;
-            so.set(j, v);
-          }
-          if constexpr (P == Pro::AddNorm)
-            if (writer) store_vec<T, XV>(ro + row + i * XV, so);
-        }
-        ss = warp_sum(ss);
+        const float ss = warp_sum(row_squares<T, XV, P>(x, xa, ro, row, kv, threadIdx.x, kStageThreads, writer));
         if (lane == 0) red[warp] = ss;
         __syncthreads();
         float total = 0.f;
@@ -471,18 +473,14 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
       }
       for (int64_t i = threadIdx.x; i < kv; i += kStageThreads) {
         const auto xv = load_vec<T, XV>(x + row + i * XV);
-        Vec<T, XV> av, wv, uv;
+        Vec<T, XV> av{}, wv{}, uv{};  // only those of prologue P are loaded
         if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + row + i * XV);
         if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + i * XV);
         if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + row + K + i * XV);
 #pragma unroll
         for (int j = 0; j < XV; ++j) {
           const int64_t k = i * XV + j;
-          float h = xv.f(j);
-          if constexpr (P == Pro::AddNorm) h += av.f(j);
-          if constexpr (P == Pro::Norm || P == Pro::AddNorm) h = round_to<T>(h * inv * wv.f(j));
-          if constexpr (P == Pro::Silu) h = silu_mul<T, P>(h, uv.f(j));
-          hrow[(k >> 5) * 36 + (k & 31)] = h;
+          hrow[(k >> 5) * 36 + (k & 31)] = prologue<T, P>(xv.f(j), av.f(j), wv.f(j), uv.f(j), inv);
         }
       }
     }
