@@ -639,8 +639,7 @@ def fused_add_rms_norm_quant_matmul(x: Optional[T], residual: T, norm_weight: Ar
     q = _qtype(op, qtype)
     fw = _fw(op, "residual", residual)
     if fw.is_torch and _torch_route(op, code, backend, ("x", "residual", "norm_weight"), (x, residual, norm_weight)):
-        y, r = _ref().fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, q, eps, residual_out)
-        y = _finish(y, out)
+        y, r = _ref().fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, q, eps, residual_out, out)
         return y if x is None else (y, r)
     if code == _TORCH:
         raise _not_torch(op, residual)

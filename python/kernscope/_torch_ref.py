@@ -346,11 +346,11 @@ def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Ten
 
 def fused_add_rms_norm_quant_matmul(x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,
                                     weight: torch.Tensor, qtype: int, eps: float = 1e-6,
-                                    residual_out: Optional[torch.Tensor] = None):
+                                    residual_out: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None):
     """(out, residual_out): fused_add_rms_norm (rms_norm when x is None) then quant_matmul, with the
-    normalised activations rounded to residual's dtype in between; residual_out (None when x is
-    None) is the given tensor, written, or a new one. Validation in the order of
-    src/ops/matmul_ops.cpp, with its messages."""
+    normalised activations rounded to residual's dtype in between; out and residual_out (None
+    when x is None) are the given tensors, written, or new ones. Every check (out's and the
+    overlaps' too) before anything is written, with src/ops/matmul_ops.cpp's messages."""
     op = "fused_add_rms_norm_quant_matmul"
     if x is None and residual_out is not None:
         raise InvalidArgumentError(
@@ -372,15 +372,31 @@ def fused_add_rms_norm_quant_matmul(x: Optional[torch.Tensor], residual: torch.T
     _same_device(op, "weight", weight, "residual", residual)
     _require_shape(op, "norm_weight", norm_weight, (residual.shape[1],), "hidden_size (K) of residual")
     w = _decode(op, "weight", weight, qtype, cols=residual.shape[1], cols_what="residual's K (columns)")
+    if out is not None:  # the native op's out checks, before anything is written
+        _tensor(op, "out", out)
+        _same_dtype(op, "out", out, "residual", residual)
+        _same_device(op, "out", out, "residual", residual)
+        _require_shape(op, "out", out, (residual.shape[0], weight.shape[0]), "(M, N)")
     eps = _eps(op, eps)
-    if residual_out is not None:
-        for name, t in (("residual", residual), ("norm_weight", norm_weight), ("weight", weight), ("x", x)):
+    inputs = (("residual", residual), ("norm_weight", norm_weight), ("weight", weight), ("x", x))
+    for name, t in inputs:
+        if t is None:
+            continue
+        if out is not None:
+            _no_overlap(op, "out", out, name, t)
+        if residual_out is not None:
             _no_overlap(op, "residual_out", residual_out, name, t)
+    if out is not None and residual_out is not None:
+        _no_overlap(op, "out", out, "residual_out", residual_out)
     acc = _acc(residual)
     s = residual.to(acc) if x is None else x.to(acc) + residual.to(acc)  # unrounded FP32 sum
     h = (s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * norm_weight.to(acc)).to(residual.dtype)
     with _no_autocast(residual):
-        out = (h.to(acc) @ w.to(acc).T).to(residual.dtype)
+        y = (h.to(acc) @ w.to(acc).T).to(residual.dtype)
+    if out is not None:
+        out.copy_(y)
+        y = out
+    out = y
     if x is None:
         return out, None
     if residual_out is None:
@@ -553,6 +569,8 @@ def rotary_embedding_kv_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         _no_overlap(op, name, c, "positions", positions)
     _no_overlap(op, "v", v, "q", q)
     _no_overlap(op, "v", v, "k", k)
+    _no_overlap(op, "slot_mapping", slot_mapping, "q", q)  # the rotation must not rewrite the slots
+    _no_overlap(op, "slot_mapping", slot_mapping, "k", k)
     if q.shape[0] == 0 or q.shape[1] + k.shape[1] == 0:
         return
     _rotate(q, k, positions, rd, theta, is_neox)

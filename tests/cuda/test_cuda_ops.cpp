@@ -843,55 +843,61 @@ TEST(Cuda, FusedNormQuantMatmulAgainstCpu) {
         }
 }
 
-// The norm fusion's row does not depend on M (M = 1 kernel vs the row inside M = 9), and with
-// no output column (N = 0) residual_out is still written.
+// The norm fusion's row does not depend on M (M = 1 kernel vs the row inside M = 9), with rows
+// staged in shared memory (K = 576) and not (K = 4096: the launcher decides by K alone, so the
+// sum of squares keeps one order at every M; a review found it had depended on M), and with no
+// output column (N = 0) residual_out is still written.
 TEST(Cuda, FusedNormQuantMatmulRowDoesNotDependOnMAndNoColumns) {
   NEED_GPU();
   using namespace kstest::gguf;
-  for (DType dt : kstest::float_dtypes()) {
-    SCOPED_TRACE(ks::dtype_name(dt));
-    const int64_t M = 9, N = 70, K = 576;
-    Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), all(dt, {M, N}), one(dt, {1, N});
-    kstest::fill_normal(res);
-    kstest::fill_normal(x);
-    kstest::fill_normal(nw, 1.0, 1.0);
-    Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
-    DBuf dres(dt, {M, K}), dx(dt, {M, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dall(dt, {M, N}), dro(dt, {M, K});
-    dres.upload(res);
-    dx.upload(x);
-    dnw.upload(nw);
-    dw.upload(w);
-    ks::fused_add_rms_norm_quant_matmul(dall.view(), dro.view(), dx.view(), dres.view(), dnw.view(), 1e-6, dw.view(),
-                                        ks::QType::Q4_1, ks::Backend::Cuda);
-    CK(cudaDeviceSynchronize());
-    dall.download(all);
-    const size_t es = ks::dtype_size(dt);
-    for (int64_t r = 0; r < M; ++r) {
-      Buf rr(dt, {1, K}), xr(dt, {1, K});
-      std::memcpy(rr.data(), static_cast<const char*>(res.data()) + size_t(r * K) * es, size_t(K) * es);
-      std::memcpy(xr.data(), static_cast<const char*>(x.data()) + size_t(r * K) * es, size_t(K) * es);
-      DBuf drr(dt, {1, K}), dxr(dt, {1, K}), done(dt, {1, N}), dro1(dt, {1, K});
-      drr.upload(rr);
-      dxr.upload(xr);
-      done.poison();
-      ks::fused_add_rms_norm_quant_matmul(done.view(), dro1.view(), dxr.view(), drr.view(), dnw.view(), 1e-6, dw.view(),
-                                          ks::QType::Q4_1, ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      done.download(one);
-      EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(all.data()) + size_t(r * N) * es, size_t(N) * es))
-          << "row " << r;
-    }
-    // N = 0: only residual_out = round(x + residual)
-    Buf ro(dt, {M, K}), want(dt, {M, K});
-    for (int64_t i = 0; i < M * K; ++i) want.set(i, double(float(res.get(i)) + float(x.get(i))));
-    DBuf dw0(DType::U8, {0, w.shape[1]}), dout0(dt, {M, 0}), dro0(dt, {M, K});
-    dro0.poison();
-    ks::fused_add_rms_norm_quant_matmul(dout0.view(), dro0.view(), dx.view(), dres.view(), dnw.view(), 1e-6,
-                                        dw0.view(), ks::QType::Q4_1, ks::Backend::Cuda);
-    CK(cudaDeviceSynchronize());
-    dro0.download(ro);
-    EXPECT_EQ(0, std::memcmp(ro.data(), want.data(), want.nbytes())) << "residual_out with N = 0";
-  }
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t K : {int64_t(576), int64_t(4096)})
+      for (bool with_x : {true, false}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " K=" + std::to_string(K) + (with_x ? " with x" : " residual only"));
+        const int64_t M = 9, N = 70;
+        Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), all(dt, {M, N}), one(dt, {1, N});
+        kstest::fill_normal(res);
+        kstest::fill_normal(x);
+        kstest::fill_normal(nw, 1.0, 1.0);
+        Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+        DBuf dres(dt, {M, K}), dx(dt, {M, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dall(dt, {M, N}), dro(dt, {M, K});
+        dres.upload(res);
+        dx.upload(x);
+        dnw.upload(nw);
+        dw.upload(w);
+        const ks::TensorView none;
+        ks::fused_add_rms_norm_quant_matmul(dall.view(), with_x ? dro.view() : none, with_x ? dx.view() : none, dres.view(),
+                                            dnw.view(), 1e-6, dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dall.download(all);
+        const size_t es = ks::dtype_size(dt);
+        for (int64_t r = 0; r < M; ++r) {
+          Buf rr(dt, {1, K}), xr(dt, {1, K});
+          std::memcpy(rr.data(), static_cast<const char*>(res.data()) + size_t(r * K) * es, size_t(K) * es);
+          std::memcpy(xr.data(), static_cast<const char*>(x.data()) + size_t(r * K) * es, size_t(K) * es);
+          DBuf drr(dt, {1, K}), dxr(dt, {1, K}), done(dt, {1, N}), dro1(dt, {1, K});
+          drr.upload(rr);
+          dxr.upload(xr);
+          done.poison();
+          ks::fused_add_rms_norm_quant_matmul(done.view(), with_x ? dro1.view() : none, with_x ? dxr.view() : none,
+                                              drr.view(), dnw.view(), 1e-6, dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          done.download(one);
+          EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(all.data()) + size_t(r * N) * es, size_t(N) * es))
+              << "row " << r;
+        }
+        if (!with_x || K != 576) continue;
+        // N = 0: only residual_out = round(x + residual)
+        Buf ro(dt, {M, K}), want(dt, {M, K});
+        for (int64_t i = 0; i < M * K; ++i) want.set(i, double(float(res.get(i)) + float(x.get(i))));
+        DBuf dw0(DType::U8, {0, w.shape[1]}), dout0(dt, {M, 0}), dro0(dt, {M, K});
+        dro0.poison();
+        ks::fused_add_rms_norm_quant_matmul(dout0.view(), dro0.view(), dx.view(), dres.view(), dnw.view(), 1e-6,
+                                            dw0.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dro0.download(ro);
+        EXPECT_EQ(0, std::memcmp(ro.data(), want.data(), want.nbytes())) << "residual_out with N = 0";
+      }
 }
 
 // silu_and_mul_quant_matmul on CUDA is bit for bit silu_and_mul then quant_matmul on CUDA (the

@@ -243,6 +243,30 @@ def test_rotary_embedding_kv_append_native_and_torch_reference(dt):
             close(a, b, dt, f"native vs torch {name} neox={neox}")
 
 
+def _slots_inside(t):
+    s = t.view(-1)[:10].view(torch.int64)  # 5 int64 slots over k's first 10 floats
+    s.copy_(torch.tensor([1, 3, 0, 7, 2]))  # no -1: its bits would be NaN floats in k
+    return s
+
+
+def test_fused_norm_quant_matmul_torch_reference_checks_out_before_writing():
+    # found in review: the reference wrote residual_out, then failed on out's shape
+    rng = np.random.default_rng(5)
+    M, N, K = 2, 5, 64
+    w = torch.from_numpy(make_packed(rng, N, K, 3))  # Q4_1
+    x, r, nw = trand((M, K), "fp32", seed=1), trand((M, K), "fp32", seed=2), trand((K,), "fp32", seed=3)
+    for backend in ("cpu", "torch"):
+        ro = torch.full((M, K), float("nan"))
+        with pytest.raises(ks.InvalidArgumentError, match=r"out must have shape \(2, 5\)"):
+            ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, 3, 1e-6, backend=backend, out=torch.empty(3, N),
+                                               residual_out=ro)
+        assert torch.isnan(ro).all(), f"residual_out written after an error ({backend})"
+        buf = torch.empty(M, K)
+        with pytest.raises(ks.InvalidArgumentError, match="out and residual_out overlap"):
+            ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, 3, 1e-6, backend=backend,
+                                               out=buf.view(-1)[:M * N].view(M, N), residual_out=buf)
+
+
 def test_rotary_embedding_kv_append_torch_reference_validation_matches_native():
     op = "rotary_embedding_kv_append"
     f = ks.rotary_embedding_kv_append
@@ -271,6 +295,9 @@ def test_rotary_embedding_kv_append_torch_reference_validation_matches_native():
         (ks.InvalidArgumentError, rf"{op}: v and q overlap in memory", dict(v=lambda a: a["q"].view(-1)[:320].view(5, 2, 32))),
         (ks.InvalidArgumentError, rf"{op}: positions must have shape \(5,\)", dict(positions=lambda a: torch.arange(6))),
         (ks.UnsupportedDtypeError, rf"{op}: v has dtype fp16 but k has fp32", dict(v=lambda a: a["v"].half())),
+        # slot_mapping inside k, holding valid slots: the rotation would rewrite them (found in review)
+        (ks.InvalidArgumentError, rf"{op}: slot_mapping and k overlap in memory",
+         dict(slot_mapping=lambda a: _slots_inside(a["k"]))),
     ]
     for exc, pattern, kw in cases:
         msgs = []

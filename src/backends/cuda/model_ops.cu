@@ -425,7 +425,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
 }
 
 // The fused forms with the prologue's rows staged in shared memory (the launcher's choice when
-// MQ rows of K fit in kStageBytes): the CTA computes h once for its 8 warps (the per-warp
+// 4 rows of K fit in kStageBytes, K <= 2720, at every M): the CTA computes h once for its 8 warps (the per-warp
 // kernel above recomputes it in every warp: 8x the loads and, for SiLU, the exponentials)
 // and the dot products read it back. Each 32-element block of h is stored 36 floats apart,
 // so the lanes' 16-byte reads of consecutive blocks fall in distinct banks. The norm's sum of
@@ -698,9 +698,11 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
   for (const void* r : rows) wide = wide && aligned16(r);
   const int mq = p.M == 1 ? 1 : kMqMany;
-  // the fused forms stage their rows when MQ of them fit (decode: K up to 10922 for M = 1)
+  // The fused forms stage their rows when 4 of them fit (K <= 2720), whatever M is: the
+  // staged and per-warp kernels sum a row's squares in different orders, so a choice that
+  // depended on M would make a row's result depend on the batch.
   const size_t smem = size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float);
-  const bool staged = P != Pro::None && smem <= kStageBytes;
+  const bool staged = P != Pro::None && size_t(kMqMany) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto tag) {
     using T = decltype(tag);
