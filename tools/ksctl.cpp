@@ -52,12 +52,14 @@ int cmd_ops() {
   // op -> backend -> "variant(dtypes)"
   std::map<std::string, std::map<std::string, std::vector<std::string>>> table;
   for (const auto& v : ks::variants()) table[v.op][v.backend].push_back(std::string(v.name) + " [" + v.dtypes + "]");
-  std::printf("%-20s %-5s %s\n", "op", "backend", "variants [dtypes], best first");
+  int w = 2;  // the longest op name sets the column
+  for (const auto& kv : table) w = std::max(w, int(kv.first.size()));
+  std::printf("%-*s %-7s %s\n", w, "op", "backend", "variants [dtypes], best first");
   for (const auto& [op, backends] : table)
     for (const auto& [be, vs] : backends) {
       std::string s;
       for (const auto& x : vs) s += (s.empty() ? "" : ", ") + x;
-      std::printf("%-20s %-7s %s\n", op.c_str(), be.c_str(), s.c_str());
+      std::printf("%-*s %-7s %s\n", w, op.c_str(), be.c_str(), s.c_str());
     }
   std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
   return 0;

@@ -32,8 +32,12 @@ const Presence& presence() {
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky "no device" error
-      r.why = std::string("built with the CUDA backend, but the CUDA runtime finds no usable device (") +
-              cudaGetErrorName(e) + ": " + cudaGetErrorString(e) + ")";
+      // no GPU or no driver: the runtime says "driver version is insufficient" (libcuda is
+      // missing or a stub), which reads like a version problem; say what it usually means
+      const bool no_driver = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice;
+      r.why = std::string("built with the CUDA backend, but the CUDA runtime finds no usable device") +
+              (no_driver ? ": no NVIDIA GPU or driver on this machine" : "") + " (" + cudaGetErrorName(e) + ": " +
+              cudaGetErrorString(e) + ")";
     } else if (n == 0) {
       r.why = "built with the CUDA backend, but the CUDA runtime reports 0 devices";
     } else {

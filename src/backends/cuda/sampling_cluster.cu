@@ -60,6 +60,9 @@ struct Smem {
   unsigned long long decided[3];  // the deciding rank's digit / remaining need / cut index
 };
 
+// (sm_90 only, as the kernel: an older target's pass compiles the kernel empty and would warn
+// that these are never referenced)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 __device__ __forceinline__ unsigned long long block_sum(unsigned long long v, Smem& sh) {
   return block_sum_u64<kWarpsPerCta>(v, sh.warp_u64);
 }
@@ -73,6 +76,7 @@ __device__ __forceinline__ void count_bin(unsigned* hist, unsigned bin) {
   const unsigned peers = __match_any_sync(__activemask(), bin);
   if ((threadIdx.x & 31) == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bin], unsigned(__popc(peers)));
 }
+#endif
 
 template <typename T>
 __device__ __forceinline__ float z_of(const T* row, int64_t i, float t) {
