@@ -598,34 +598,75 @@ int case_embedding(Ctx& c, const std::vector<int64_t>& s, const QFmt* f) {
                  [&](std::string* why) { return close(o, ref, nullptr, 0, why); }, c);
 }
 
+// b [T, heads, D] rotated in FP64 by the contract's FP32 angles (positions pos), as a vector
+std::vector<double> rope_ref(HBuf& b, const HBuf& pos, int64_t T, int64_t heads, int64_t D, int64_t RD, bool neox,
+                             double theta) {
+  std::vector<double> ref(size_t(b.numel()));
+  for (int64_t i = 0; i < b.numel(); ++i) ref[size_t(i)] = b.get(i);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < RD / 2; ++i) {
+        const float inv = float(std::pow(theta, -double(2 * i) / double(RD)));
+        const double ang = double(float(float(pos.get(t)) * inv));  // the contract's FP32 angle
+        const int64_t base = (t * heads + h) * D;
+        const int64_t i0 = neox ? base + i : base + 2 * i, i1 = neox ? base + i + RD / 2 : base + 2 * i + 1;
+        const double x0 = b.get(i0), x1 = b.get(i1);
+        ref[size_t(i0)] = x0 * std::cos(ang) - x1 * std::sin(ang);
+        ref[size_t(i1)] = x1 * std::cos(ang) + x0 * std::sin(ang);
+      }
+  return ref;
+}
+
 int case_rotary(Ctx& c, const std::vector<int64_t>& s, bool neox) {
   const int64_t T = s[0], Hq = s[1], Hk = s[2], D = s[3], RD = s[4];
   const double theta = 10000.0;
   HBuf q(c.dt, {T, Hq, D}, c.off), k(c.dt, {T, Hk, D}, c.off), pos(DType::I32, {T}, c.off);
   q.randn(); k.randn();
   for (int64_t t = 0; t < T; ++t) pos.set(t, double((t * 37) % 4099));
-  auto rotate = [&](HBuf& b, int64_t heads) {
-    std::vector<double> ref(size_t(b.numel()));
-    for (int64_t i = 0; i < b.numel(); ++i) ref[size_t(i)] = b.get(i);
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < heads; ++h)
-        for (int64_t i = 0; i < RD / 2; ++i) {
-          const float inv = float(std::pow(theta, -double(2 * i) / double(RD)));
-          const double ang = double(float(float(pos.get(t)) * inv));  // the contract's FP32 angle
-          const int64_t base = (t * heads + h) * D;
-          const int64_t i0 = neox ? base + i : base + 2 * i, i1 = neox ? base + i + RD / 2 : base + 2 * i + 1;
-          const double x0 = b.get(i0), x1 = b.get(i1);
-          ref[size_t(i0)] = x0 * std::cos(ang) - x1 * std::sin(ang);
-          ref[size_t(i1)] = x1 * std::cos(ang) + x0 * std::sin(ang);
-        }
-    return ref;
-  };
-  const auto rq = rotate(q, Hq), rk = rotate(k, Hk);
+  const auto rq = rope_ref(q, pos, T, Hq, D, RD, neox, theta), rk = rope_ref(k, pos, T, Hk, D, RD, neox, theta);
   return outcome([&] { ks::rotary_embedding(c.v(q), c.v(k), c.v(pos), RD, theta, neox, c.be, c.stream); },
                  [&](std::string* why) {
                    // sin/cos of an FP32 angle up to ~4e3 rad: FP32 evaluation is accurate to a few ulp.
                    return close(q, rq, nullptr, 0, why) && close(k, rk, nullptr, 0, why);
                  }, c);
+}
+
+// rotary_embedding_kv_append (T, Hq, Hk, D, RD, blocks, block_size): q and k rotated as
+// case_rotary checks them, the rotated k rows and the v rows at their slots (every fifth
+// token's slot -1: skipped), every other cache row untouched.
+int case_rope_kv_append(Ctx& c, const std::vector<int64_t>& s, bool neox) {
+  const int64_t T = s[0], Hq = s[1], Hk = s[2], D = s[3], RD = s[4], NB = s[5], BS = s[6];
+  const double theta = 10000.0;
+  HBuf q(c.dt, {T, Hq, D}, c.off), k(c.dt, {T, Hk, D}, c.off), v(c.dt, {T, Hk, D}, c.off), pos(DType::I64, {T}, c.off),
+      kc(c.dt, {NB, BS, Hk, D}, c.off), vc(c.dt, {NB, BS, Hk, D}, c.off), slots(DType::I32, {T}, c.off);
+  q.randn(); k.randn(); v.randn(); kc.randn(); vc.randn();
+  for (int64_t t = 0; t < T; ++t) pos.set(t, double((t * 53) % 8191));
+  const auto rq = rope_ref(q, pos, T, Hq, D, RD, neox, theta), rk = rope_ref(k, pos, T, Hk, D, RD, neox, theta);
+  std::vector<int64_t> perm(size_t(NB * BS));
+  for (size_t i = 0; i < perm.size(); ++i) perm[i] = int64_t(i);
+  std::shuffle(perm.begin(), perm.end(), g_rng);
+  std::vector<double> rkc(size_t(kc.numel())), rvc(size_t(vc.numel()));
+  for (int64_t i = 0; i < kc.numel(); ++i) rkc[size_t(i)] = kc.get(i), rvc[size_t(i)] = vc.get(i);
+  const int64_t row = Hk * D;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = t % 5 == 4 ? -1 : perm[size_t(t)];
+    slots.set(t, double(slot));
+    if (slot < 0) continue;
+    for (int64_t j = 0; j < row; ++j) {
+      rkc[size_t(slot * row + j)] = rk[size_t(t * row + j)];
+      rvc[size_t(slot * row + j)] = v.get(t * row + j);
+    }
+  }
+  return outcome(
+      [&] {
+        ks::rotary_embedding_kv_append(c.v(q), c.v(k), c.v(v), c.v(pos), RD, theta, neox, c.v(kc), c.v(vc), c.v(slots),
+                                       c.be, c.stream);
+      },
+      [&](std::string* why) {
+        return close(q, rq, nullptr, 0, why) && close(k, rk, nullptr, 0, why) && close(kc, rkc, nullptr, 0, why) &&
+               close(vc, rvc, nullptr, 0, why);
+      },
+      c);
 }
 
 int case_kv_append(Ctx& c, const std::vector<int64_t>& s) {
@@ -786,6 +827,18 @@ std::vector<OpSweep> sweeps() {
   add("rotary_embedding", {{1, 9, 3, 64, 64}, {5, 4, 1, 128, 96}, {3, 8, 2, 66, 32}},
       [](Ctx& c, const std::vector<int64_t>& s) { return case_rotary(c, s, false); }, "interleaved:");
   add("kv_cache_append", {{1, 3, 64, 4, 16}, {9, 2, 32, 3, 7}}, case_kv_append);
+  add("rotary_embedding_kv_append", {{1, 9, 3, 64, 64, 4, 16}, {7, 4, 2, 66, 32, 3, 7}},
+      [](Ctx& c, const std::vector<int64_t>& s) { return case_rope_kv_append(c, s, false); }, "interleaved:");
+  add("rotary_embedding_kv_append", {{5, 8, 2, 128, 128, 4, 16}},
+      [](Ctx& c, const std::vector<int64_t>& s) { return case_rope_kv_append(c, s, true); }, "neox:");
+  // sample: the check is the CPU reference's ids, so the sweep runs it on CUDA only (the CPU
+  // reference itself is checked against an FP64 model of the contract in test_sample)
+  add("sample", {{1, 1000, 50}, {3, 49152, 1024}, {2, 4097, 1}, {4, 32000, 0}},
+      [](Ctx& c, const std::vector<int64_t>& s) {
+        if (c.be != ks::Backend::Cpu) return case_sample(c, s);
+        c.why = "the CPU reference defines the ids (tests/cpp/test_sample.cpp checks it)";
+        return -1;
+      });
   add("paged_attention", {{1, 9, 3, 64, 16, 37}, {4, 8, 2, 64, 7, 50}, {3, 12, 3, 128, 16, 300}, {2, 4, 1, 32, 1, 9},
                           {5, 9, 3, 64, 16, 1}},
       case_attention);
