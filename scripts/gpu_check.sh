@@ -48,9 +48,10 @@ if has test; then
 fi
 
 if has sanitize; then
+  # racecheck: the long-context attention tests alone took 400 of its 460 s at e7eaf07; left out
   F=${SAN_FILTER:-'Cuda*:*CudaAttention*-Cuda.MoreThan2Pow31Elements:CudaSample.IdsEqual*'}
   { compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$F" --gtest_brief=1; echo "memcheck rc=$?";
-    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter=${RACE_FILTER:-'Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*:Cuda.Argmax*:*CudaAttention*:CudaSample.Graph*'} --gtest_brief=1; echo "racecheck rc=$?";
+    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter=${RACE_FILTER:-'Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*:Cuda.Argmax*:*CudaAttention*:CudaSample.Graph*:Cuda.FusedNorm*:Cuda.Silu*-*LongContexts*'} --gtest_brief=1; echo "racecheck rc=$?";
   } > "$OUT/sanitizer.txt" 2>&1
   grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.txt"; cat "$OUT/sanitizer.txt" >> "$LOG"; rm -f "$OUT/sanitizer.txt"
 fi
