@@ -8,8 +8,8 @@
 #               the PyTorch peers.
 #               tune: `ksctl tune --backend cuda` -> routing_sm_90.json + tune_sm_90.csv (the
 #               measured routing table; copy it to src/registry/routing/sm_90.json after review).
-#               With every stage the call would return 10 files (the limit is 8): run tune with
-#               fewer stages, e.g. KS_STAGES=build,test,model,tune.
+#               With every stage the call would return 12 files (the limit is 8: tune and variants
+#               add 2 each): run them with fewer stages, e.g. KS_STAGES=build,test,tune,variants.
 #               model: the model-path ops (RoPE, decode attention, sampling, argmax, quantized
 #               GEMV) against their PyTorch peers -> h200_model.csv / .md
 #   PEER_DTYPES dtypes for the peers (default bf16,fp16,fp32)
@@ -51,7 +51,7 @@ if has sanitize; then
   # (racecheck, below, leaves out the long-context attention tests: 400 of its 460 s at e7eaf07)
   F=${SAN_FILTER:-'Cuda*:*CudaAttention*-Cuda.MoreThan2Pow31Elements:CudaSample.IdsEqual*'}
   { compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$F" --gtest_brief=1; echo "memcheck rc=$?";
-    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter=${RACE_FILTER:-'Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*:Cuda.Argmax*:*CudaAttention*:CudaSample.Graph*:Cuda.FusedNorm*:Cuda.Silu*-*LongContexts*'} --gtest_brief=1; echo "racecheck rc=$?";
+    compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="${RACE_FILTER:-Cuda.RmsNorm*:Cuda.FusedAdd*:Cuda.Softmax*:Cuda.Graph*:Cuda.Argmax*:*CudaAttention*:CudaSample.Graph*:Cuda.FusedNorm*:Cuda.Silu*-*LongContexts*}" --gtest_brief=1; echo "racecheck rc=$?";
   } > "$OUT/sanitizer.txt" 2>&1
   grep -E "rc=|ERROR SUMMARY|RACECHECK SUMMARY" "$OUT/sanitizer.txt"; cat "$OUT/sanitizer.txt" >> "$LOG"; rm -f "$OUT/sanitizer.txt"
 fi
@@ -104,8 +104,11 @@ fi
 
 if has variants; then
   # the model stage's variant rows and issue 6's 3% check, without the PyTorch peers (a short
-  # call); after a tune stage, the automatic choice is the new measured table's
-  [ -f "$OUT/routing_sm_90.json" ] && export KS_ROUTING_TABLE="$OUT/routing_sm_90.json" &&
+  # call); after a tune stage in this call, the automatic choice is the new measured table's
+  # cells first, then the checked-in tables' (as they ship once its cells are put first in
+  # sm_90.json; not a table an earlier run left in a reused $OUT)
+  has tune && [ -f "$OUT/routing_sm_90.json" ] &&
+    export KS_ROUTING_TABLE="$OUT/routing_sm_90.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json" &&
     echo "variants: automatic choice from the tune stage's $KS_ROUTING_TABLE" | tee -a "$LOG"
   $BUILD/bench_ops --csv "$OUT/bench_variants_model.csv" --variants --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul,softmax,decode_fusions --dtypes bf16 2>&1 | tee -a "$LOG" | tail -70
   python3 bench/auto_vs_best.py "$OUT/bench_variants_model.csv" --out "$OUT/auto_vs_best.md" | tee -a "$LOG"

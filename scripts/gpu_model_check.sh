@@ -11,11 +11,11 @@
 # next while the machine is warm; this script joins them.
 #   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap,profile (default: all but profile)
 #                    profile: ncu's duration of each kernel of one decode step (decode_profile.csv)
-#   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
-#                    baselines (the report then compares with none)
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
 #                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
 #                    the gguf and accelerate wheels travel in .whl)
+#   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
+#                    baselines (the report then compares with none)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}

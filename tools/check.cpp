@@ -225,6 +225,16 @@ struct Ctx {
     mirrors.clear();
 #endif
   }
+  Ctx() = default;
+  Ctx(DType d, size_t o, ks::Backend b, std::string w) : dt(d), off(o), be(b), why(std::move(w)) {}
+  Ctx(const Ctx&) = delete;
+  Ctx& operator=(const Ctx&) = delete;
+  // a case or a timing that threw before settle(): its device mirrors are freed here
+  ~Ctx() {
+#ifdef KS_CHECK_CUDA
+    for (auto& m : mirrors) cudaFree(m.second);
+#endif
+  }
 };
 
 // Median microseconds per call of run (already known to succeed). CUDA: n calls captured in a
@@ -238,69 +248,85 @@ double time_call(const std::function<void()>& run, Ctx& c) {
   std::vector<double> samples;
 #ifdef KS_CHECK_CUDA
   if (c.be == ks::Backend::Cuda) {
-    cudaStream_t s = nullptr;
-    cudaEvent_t e0, e1;
-    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
-        cudaEventCreate(&e1) != cudaSuccess)
+    // Warm-up on the legacy stream, then the device synchronized: it uploads every buffer once
+    // (a pageable cudaMemcpy may return before its copy lands, and the non-blocking stream
+    // below is not ordered after the legacy stream).
+    run();
+    if (cudaDeviceSynchronize() != cudaSuccess) throw std::runtime_error("CUDA error in the warm-up call");
+    // everything this timing creates, released on every way out (an exception included): a
+    // capture still open is ended, c.stream reset
+    struct Timing {
+      Ctx& c;
+      cudaStream_t s = nullptr;
+      cudaEvent_t e0 = nullptr, e1 = nullptr;
+      cudaGraph_t graph = nullptr;
+      cudaGraphExec_t exec = nullptr;
+      ~Timing() {
+        cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+        if (s && cudaStreamIsCapturing(s, &st) == cudaSuccess && st != cudaStreamCaptureStatusNone) {
+          cudaGraph_t g = nullptr;
+          cudaStreamEndCapture(s, &g);
+          if (g) cudaGraphDestroy(g);
+        }
+        if (exec) cudaGraphExecDestroy(exec);
+        if (graph) cudaGraphDestroy(graph);
+        if (e0) cudaEventDestroy(e0);
+        if (e1) cudaEventDestroy(e1);
+        if (s) {
+          cudaStreamSynchronize(s);
+          cudaStreamDestroy(s);
+        }
+        cudaGetLastError();  // a failed capture or launch leaves an error to clear
+        c.stream = nullptr;
+      }
+    } t{c};
+    if (cudaStreamCreateWithFlags(&t.s, cudaStreamNonBlocking) != cudaSuccess || cudaEventCreate(&t.e0) != cudaSuccess ||
+        cudaEventCreate(&t.e1) != cudaSuccess)
       throw std::runtime_error("cudaStreamCreate / cudaEventCreate failed");
+    const cudaStream_t s = t.s;
     c.stream = s;
-    run();  // warm-up (and the one upload of every buffer)
-    if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("CUDA error in the warm-up call");
-    auto eager = [&](int n) {
-      cudaEventRecord(e0, s);
-      for (int i = 0; i < n; ++i) run();
-      cudaEventRecord(e1, s);
-      if (cudaEventSynchronize(e1) != cudaSuccess) throw std::runtime_error("CUDA error while timing");
+    auto timed = [&](const std::function<void()>& work) {  // microseconds of work on s
+      if (cudaEventRecord(t.e0, s) != cudaSuccess) throw std::runtime_error("cudaEventRecord failed");
+      work();
+      if (cudaEventRecord(t.e1, s) != cudaSuccess || cudaEventSynchronize(t.e1) != cudaSuccess)
+        throw std::runtime_error("CUDA error while timing");
       float ms = 0;
-      cudaEventElapsedTime(&ms, e0, e1);
-      return 1000.0 * double(ms) / n;
+      if (cudaEventElapsedTime(&ms, t.e0, t.e1) != cudaSuccess) throw std::runtime_error("cudaEventElapsedTime failed");
+      return 1000.0 * double(ms);
+    };
+    auto eager = [&](int n) {
+      return timed([&] {
+               for (int i = 0; i < n; ++i) run();
+             }) / n;
+    };
+    auto replay = [&] {
+      if (cudaGraphLaunch(t.exec, s) != cudaSuccess) throw std::runtime_error("cudaGraphLaunch failed");
     };
     const double est = eager(3);
     const int n = int(std::min(1000.0, std::max(1.0, 200.0 / std::max(est, 1e-3))));
-    cudaGraph_t graph = nullptr;
-    cudaGraphExec_t exec = nullptr;
     bool captured = cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
     if (captured) {
       try {
         for (int i = 0; i < n; ++i) run();
-      } catch (const std::exception&) {
+      } catch (const std::exception&) {  // the capture is ended below all the same
         captured = false;
       }
-      captured = cudaStreamEndCapture(s, &graph) == cudaSuccess && captured && graph &&
-                 cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
-      cudaGetLastError();  // a failed capture leaves an error to clear
+      captured = cudaStreamEndCapture(s, &t.graph) == cudaSuccess && captured && t.graph &&
+                 cudaGraphInstantiate(&t.exec, t.graph, 0) == cudaSuccess;
     }
+    cudaGetLastError();  // a failed capture leaves an error to clear
     // the clocks first: an idle GPU (the FP64 check before ran on the CPU) clocks down, and
     // a few microseconds of work per sample would measure its ramp; replay for >= 20 ms
     {
       const auto t0 = std::chrono::steady_clock::now();
       while (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() < 20.0) {
-        if (captured) cudaGraphLaunch(exec, s);
+        if (captured) replay();
         else eager(n);
         if (cudaStreamSynchronize(s) != cudaSuccess) throw std::runtime_error("CUDA error while warming up");
       }
     }
-    for (int r = 0; r < c.reps; ++r) {
-      if (captured) {
-        cudaEventRecord(e0, s);
-        cudaGraphLaunch(exec, s);
-        cudaEventRecord(e1, s);
-        if (cudaEventSynchronize(e1) != cudaSuccess) throw std::runtime_error("CUDA error while timing");
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        samples.push_back(1000.0 * double(ms) / n);
-      } else {
-        samples.push_back(eager(n));
-      }
-    }
+    for (int r = 0; r < c.reps; ++r) samples.push_back(captured ? timed(replay) / n : eager(n));
     if (!captured) c.why = "timed eagerly (the call could not be captured in a CUDA graph)";
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaStreamSynchronize(s);
-    cudaStreamDestroy(s);
-    c.stream = nullptr;
   }
 #endif
   if (c.be != ks::Backend::Cuda) run();  // warm-up

@@ -300,21 +300,27 @@ int main(int argc, char** argv) {
   tune->footer("Each variant is first checked against FP64 at the shape (an incorrect one is reported and never "
                "put first), then timed (CUDA: CUDA-graph replays after 20 ms of warm-up): median of --reps samples. A "
                "shape gets a cell only when its fastest variant beats the runner-up by more than half of either one's "
-               "spread between samples and by 3%. Writes DIR/tune_<arch>.csv and DIR/routing_<arch>.json (arch: cpu, or the GPU's sm_XY); use a table with "
+               "spread between samples and by 3% (or when one of its variants failed its check). Writes DIR/tune_<arch>.csv and DIR/routing_<arch>.json (arch: cpu, or the GPU's sm_XY); use a table with "
                "KS_ROUTING_TABLE=file[:file] or check it into src/registry/routing/ (docs/routing.md). Grid:\n" +
                ks::tune::grid_summary());
   std::string u_backend = "all", u_op, u_dir = ".";
   int u_reps = 5;
   bool u_quiet = false;
-  tune->add_option("--backend", u_backend, "cpu | cuda | all (the ones present)")->check(CLI::IsMember({"cpu", "cuda", "all"}));
-  tune->add_option("--op", u_op, "only this op");
-  tune->add_option("--reps", u_reps, "timed samples per variant and shape")->check(CLI::Range(1, 1000));
+  auto* u_backend_opt =
+      tune->add_option("--backend", u_backend, "cpu | cuda | all (the ones present)")->check(CLI::IsMember({"cpu", "cuda", "all"}));
+  auto* u_op_opt = tune->add_option("--op", u_op, "only this op");
+  auto* u_reps_opt = tune->add_option("--reps", u_reps, "timed samples per variant and shape")->check(CLI::Range(1, 1000));
   tune->add_option("--out-dir", u_dir, "where the CSV and the tables go (created if missing)");
   tune->add_flag("-q,--quiet", u_quiet, "no progress bar");
   std::string u_from_csv, u_commit;
-  tune->add_option("--from-csv", u_from_csv,
-                   "write the tables again from an earlier run's tune_<arch>.csv instead of measuring");
-  tune->add_option("--commit", u_commit, "with --from-csv: the commit the CSV was measured at (the cells' source)");
+  // --from-csv measures nothing: the options that choose what to measure do not go with it
+  auto* u_from_csv_opt = tune->add_option("--from-csv", u_from_csv,
+                                          "write the tables again from an earlier run's tune_<arch>.csv instead of measuring")
+                             ->excludes(u_backend_opt)
+                             ->excludes(u_op_opt)
+                             ->excludes(u_reps_opt);
+  tune->add_option("--commit", u_commit, "with --from-csv: the commit the CSV was measured at (the cells' source)")
+      ->needs(u_from_csv_opt);
 
   auto* gen = app.add_subcommand("generate", "Generate text with a Llama-family GGUF model using only kernscope ops");
   std::string g_model, g_prompt = "What is the capital of France?", g_device = "auto";

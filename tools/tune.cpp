@@ -20,6 +20,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -115,9 +116,15 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
         // spread between samples (about the uncertainty of a median of 5) and by 3%; otherwise
         // the timings cannot order them and no cell is written, so calls of that shape keep
         // the registry's order (priority, or a later heuristic cell).
+        // A shape where some variant failed its check keeps its cell even so: without one,
+        // the registry's order could put the failed variant first (with three or more).
+        bool failed = false;
+        for (const Row* r : it->second) failed = failed || r->status == "incorrect" || r->status == "error";
+        bool decisive = true;
         if (ok.size() > 1) {
           const double margin = (ok[1]->us - ok[0]->us) / ok[0]->us;
-          if (!(margin > std::max({0.03, ok[0]->spread / 2, ok[1]->spread / 2}))) {
+          decisive = margin > std::max({0.03, ok[0]->spread / 2, ok[1]->spread / 2});
+          if (!decisive && !failed) {
             ++*undecided;
             continue;
           }
@@ -133,6 +140,7 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
         }
         for (const Row* r : it->second)
           if (r->status != "ok") why += " (" + r->variant + ": " + r->status + ")";
+        if (!decisive) why += " (not decisive; a cell because a variant failed its check)";
         cells.push_back({{"op", opd.first},
                          {"backend", backend},
                          {"dtype", opd.second},
@@ -168,8 +176,9 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
   return true;
 }
 
-// One RFC 4180 line into fields (quoted fields may hold commas and doubled quotes).
-std::vector<std::string> csv_split(const std::string& line) {
+// One RFC 4180 record into fields (quoted fields may hold commas, doubled quotes and line
+// breaks); *open: the record ends inside a quoted field (its next line continues it).
+std::vector<std::string> csv_split(const std::string& line, bool* open) {
   std::vector<std::string> f(1);
   bool q = false;
   for (size_t i = 0; i < line.size(); ++i) {
@@ -179,33 +188,96 @@ std::vector<std::string> csv_split(const std::string& line) {
     else if (ch == ',' && !q) f.emplace_back();
     else f.back() += ch;
   }
+  *open = q;
   return f;
 }
 
-// The rows of an earlier run's tune_<arch>.csv (its arch column too), for --from-csv.
-bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arch) {
+// a whole field as a number (std::stod alone would take "5x" as 5)
+bool parse_num(const std::string& s, double* v) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  *v = std::strtod(s.c_str(), &end);
+  return end == s.c_str() + s.size() && std::isfinite(*v);
+}
+
+// The rows of an earlier run's tune_<arch>.csv, for --from-csv, and the arch of its cuda rows
+// (sm_XY; "" when it has none). false with *err set when the file is not such a CSV.
+bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arch, std::string* err) {
   std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line) || line.rfind("backend,arch,op,dtype,shape,rows,cols,variant,status,us,spread", 0) != 0)
+  if (!in) {
+    *err = "cannot be read";
     return false;
+  }
+  std::string line;
+  if (!std::getline(in, line) || line.rfind("backend,arch,op,dtype,shape,rows,cols,variant,status,us,spread,why", 0) != 0) {
+    *err = "is not a ksctl tune CSV (its first line is not tune's header)";
+    return false;
+  }
+  std::set<std::tuple<std::string, std::string, std::string, int64_t, int64_t, std::string>> seen;
+  int n = 1;
   while (std::getline(in, line)) {
+    const int first = ++n;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
-    const auto f = csv_split(line);
-    if (f.size() < 12) return false;
+    bool open = false;
+    auto f = csv_split(line, &open);
+    for (std::string more; open && std::getline(in, more); ++n) {  // a quoted line break
+      if (!more.empty() && more.back() == '\r') more.pop_back();
+      line += "\n" + more;
+      f = csv_split(line, &open);
+    }
+    const std::string at = "line " + std::to_string(first) + ": ";
+    if (open || f.size() != 12) {
+      *err = at + (open ? "a quoted field is not closed" : "expected 12 fields, found " + std::to_string(f.size()));
+      return false;
+    }
     Row r;
     r.backend = f[0];
-    *arch = f[1];
     r.op = f[2];
     r.dtype = f[3];
     r.shape = f[4];
-    r.rows = std::stoll(f[5]);
-    r.cols = std::stoll(f[6]);
     r.variant = f[7];
     r.status = f[8];
-    r.us = f[9].empty() ? -1 : std::stod(f[9]);
-    r.spread = f[10].empty() ? 0 : std::stod(f[10]);
     r.why = f[11];
+    double rows_v = 0, cols_v = 0;
+    if (!parse_num(f[5], &rows_v) || !parse_num(f[6], &cols_v) || rows_v < 0 || cols_v < 0 ||
+        rows_v != std::floor(rows_v) || cols_v != std::floor(cols_v)) {
+      *err = at + "rows and cols must be integers >= 0";
+      return false;
+    }
+    r.rows = int64_t(rows_v);
+    r.cols = int64_t(cols_v);
+    if (r.backend != "cpu" && r.backend != "cuda") {
+      *err = at + "backend must be cpu or cuda, not \"" + r.backend + "\"";
+      return false;
+    }
+    if (r.status != "ok" && r.status != "incorrect" && r.status != "skipped" && r.status != "error") {
+      *err = at + "status must be ok, incorrect, skipped or error, not \"" + r.status + "\"";
+      return false;
+    }
+    if (r.status == "ok" && (!parse_num(f[9], &r.us) || r.us <= 0 || !parse_num(f[10], &r.spread) || r.spread < 0)) {
+      *err = at + "an ok row needs us > 0 and spread >= 0";
+      return false;
+    }
+    if (r.backend == "cuda") {  // the table's arch and file name; cpu rows' tables are arch "*"
+      bool sm = f[1].size() > 3 && f[1].compare(0, 3, "sm_") == 0;
+      for (size_t i = 3; sm && i < f[1].size(); ++i) sm = f[1][i] >= '0' && f[1][i] <= '9';
+      if (!sm || (!arch->empty() && *arch != f[1])) {
+        *err = at + "a cuda row's arch must be sm_<digits>, the same on every cuda row (got \"" + f[1] + "\")";
+        return false;
+      }
+      *arch = f[1];
+    }
+    if (!seen.insert({r.backend, r.op, r.dtype, r.rows, r.cols, r.variant}).second) {
+      *err = at + "a second row for " + r.backend + " " + r.op + " " + r.dtype + " " + r.variant + " at rows " +
+             f[5] + ", cols " + f[6];
+      return false;
+    }
     rows->push_back(std::move(r));
+  }
+  if (rows->empty()) {
+    *err = "has no rows after its header";
+    return false;
   }
   return true;
 }
@@ -216,18 +288,17 @@ bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arc
 // (after a change of the rule that turns them into cells; no timing, no device needed).
 int run_tune_from_csv(const std::string& csv_path, const std::string& dir, const std::string& commit) {
   std::vector<Row> rows;
-  std::string arch;
-  try {
-    if (!read_rows(csv_path, &rows, &arch)) {
-      std::fprintf(stderr, "tune: %s is not a ksctl tune CSV\n", csv_path.c_str());
-      return 2;
-    }
-  } catch (const std::exception&) {
-    std::fprintf(stderr, "tune: %s has a malformed number\n", csv_path.c_str());
+  std::string arch, err;
+  if (!read_rows(csv_path, &rows, &arch, &err)) {
+    std::fprintf(stderr, "tune: %s %s\n", csv_path.c_str(), err.c_str());
     return 2;
   }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    std::fprintf(stderr, "tune: cannot create --out-dir %s\n", dir.c_str());
+    return 2;
+  }
   int status = 0;
   for (const std::string be : {"cpu", "cuda"}) {
     bool any = false;
@@ -238,7 +309,7 @@ int run_tune_from_csv(const std::string& csv_path, const std::string& dir, const
     const std::string source = name + " @ " + (commit.empty() ? "unknown commit" : commit);
     int undecided = 0;
     if (!write_table(rows, be, be == "cpu" ? "*" : a, dir + "/routing_" + a + ".json", source, 0,
-                     "the machine that measured " + name, &undecided))
+                     "the machine that measured " + name + "; cells re-derived by ksctl tune --from-csv", &undecided))
       status = 1;
   }
   return status;
