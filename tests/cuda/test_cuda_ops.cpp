@@ -789,6 +789,39 @@ TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
     }
 }
 
+// quant_matmul's cuda_warp_per_column_m16 (16 rows per decoded block) gives the same bytes as
+// cuda_warp_per_column (4): the same per-row sums in the same order. Both pinned; M from 8 to
+// 64 (full and partial chunks), aligned (word / 16-byte loads) and offset (byte-wise loads).
+TEST(Cuda, QuantMatmulM16VariantEqualsTheDefault) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (int64_t M : {int64_t(8), int64_t(9), int64_t(33), int64_t(64)})
+        for (size_t off : {size_t(0), size_t(1)}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
+                       " offset " + std::to_string(off));
+          const int64_t N = 70, K = 576;
+          Buf x(dt, {M, K}), a(dt, {M, N}), b(dt, {M, N});
+          kstest::fill_normal(x);
+          Buf w = make_packed(q, N, K);
+          DBuf dx(dt, {M, K}, off ? ks::dtype_size(dt) : 0), dw(DType::U8, w.shape, off), da(dt, {M, N}), db(dt, {M, N});
+          dx.upload(x);
+          dw.upload(w);
+          da.poison();
+          db.poison();
+          for (auto [variant, out] : {std::pair{"cuda_warp_per_column_m16", &da}, {"cuda_warp_per_column", &db}}) {
+            ASSERT_EQ(ks_force_variant("quant_matmul", variant), KS_SUCCESS) << ks_last_error();
+            ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            ks_force_variant("quant_matmul", nullptr);
+          }
+          CK(cudaDeviceSynchronize());
+          da.download(a);
+          db.download(b);
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+        }
+}
+
 // The decode-step fusions on CUDA against the CPU (whose result is the unfused sequence's):
 // fused_add_rms_norm_quant_matmul with and without x, aligned (vector loads) and offset by one
 // element (scalar loads), M = 1 (the one-row kernel) and M = 5 (a 4-row chunk and a partial

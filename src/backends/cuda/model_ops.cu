@@ -687,9 +687,12 @@ std::string quant_matmul_can_implement(const void* args) {
 namespace {
 // One launcher for quant_matmul and its two fused forms. rows: every pointer the kernel reads
 // rows through (16-byte alignment for the vector path).
-template <Pro P>
+// MQ_MANY: the rows one decoded weight block serves when M > 1 (4; the cuda_warp_per_column_m16
+// variant: 16, Pro::None only). A row's arithmetic does not depend on it.
+template <Pro P, int MQ_MANY = kMqMany>
 void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::initializer_list<const void*> rows,
                 ks_stream_t stream) {
+  static_assert(MQ_MANY == kMqMany || P == Pro::None, "the fused forms chunk rows by 4");
   DeviceGuard g(dev, op);
   const DeviceProps& dp = device_props(dev);
   constexpr int kWarps = 8;
@@ -697,7 +700,7 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   const uintptr_t wa = reinterpret_cast<uintptr_t>(p.w);
   bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
   for (const void* r : rows) wide = wide && aligned16(r);
-  const int mq = p.M == 1 ? 1 : kMqMany;
+  const int mq = p.M == 1 ? 1 : MQ_MANY;
   // The fused forms stage their rows when 4 of them fit (K <= 2720), whatever M is: the
   // staged and per-warp kernels sum a row's squares in different orders, so a choice that
   // depended on M would make a row's result depend on the batch.
@@ -721,9 +724,9 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
       }
     }
     if (wide)
-      mq == 1 ? launch(quant_matmul_kernel<T, true, 1, P>, 0) : launch(quant_matmul_kernel<T, true, kMqMany, P>, 0);
+      mq == 1 ? launch(quant_matmul_kernel<T, true, 1, P>, 0) : launch(quant_matmul_kernel<T, true, MQ_MANY, P>, 0);
     else
-      mq == 1 ? launch(quant_matmul_kernel<T, false, 1, P>, 0) : launch(quant_matmul_kernel<T, false, kMqMany, P>, 0);
+      mq == 1 ? launch(quant_matmul_kernel<T, false, 1, P>, 0) : launch(quant_matmul_kernel<T, false, MQ_MANY, P>, 0);
   };
   with_float_type(dt, go);
   check_launch(op);
@@ -737,6 +740,21 @@ void quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
                     a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype};
   launch_qmm<Pro::None>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
+}
+
+// Variant cuda_warp_per_column_m16 (M >= 8): each decoded block serves 16 rows of x instead of
+// 4, so a batch of 32 decodes the weights twice instead of 8 times. The same per-row sums in
+// the same order as cuda_warp_per_column: the same bits (tested), so the two may be routed by M.
+void quant_matmul_m16_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype};
+  launch_qmm<Pro::None, 16>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
+}
+
+std::string quant_matmul_m16_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  return a.m >= 8 ? "" : "fewer than 8 rows: cuda_warp_per_column's 4-row chunks already cover them";
 }
 
 void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {
