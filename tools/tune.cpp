@@ -282,6 +282,29 @@ bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arc
   return true;
 }
 
+// --out-dir, created if missing (false, and the reason on stderr, when it cannot be)
+bool make_out_dir(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec || !std::filesystem::is_directory(dir)) {
+    std::fprintf(stderr, "tune: cannot create --out-dir %s\n", dir.c_str());
+    return false;
+  }
+  return true;
+}
+
+// the backends the rows hold, cpu first: one CSV and one table each
+std::vector<std::string> backends_of(const std::vector<Row>& rows) {
+  std::vector<std::string> out;
+  for (const char* be : {"cpu", "cuda"})
+    for (const Row& r : rows)
+      if (r.backend == be) {
+        out.push_back(be);
+        break;
+      }
+  return out;
+}
+
 }  // namespace
 
 // `ksctl tune --from-csv FILE`: the routing table again from an earlier run's measurements
@@ -293,17 +316,9 @@ int run_tune_from_csv(const std::string& csv_path, const std::string& dir, const
     std::fprintf(stderr, "tune: %s %s\n", csv_path.c_str(), err.c_str());
     return 2;
   }
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir)) {
-    std::fprintf(stderr, "tune: cannot create --out-dir %s\n", dir.c_str());
-    return 2;
-  }
+  if (!make_out_dir(dir)) return 2;
   int status = 0;
-  for (const std::string be : {"cpu", "cuda"}) {
-    bool any = false;
-    for (const Row& r : rows) any = any || r.backend == be;
-    if (!any) continue;
+  for (const std::string& be : backends_of(rows)) {
     const std::string a = be == "cpu" ? "cpu" : arch;
     const std::string name = std::filesystem::path(csv_path).filename().string();
     const std::string source = name + " @ " + (commit.empty() ? "unknown commit" : commit);
@@ -320,12 +335,7 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
     std::fprintf(stderr, "tune: --reps must be >= 1\n");
     return 2;
   }
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec || !std::filesystem::is_directory(dir)) {
-    std::fprintf(stderr, "tune: cannot create --out-dir %s\n", dir.c_str());
-    return 2;
-  }
+  if (!make_out_dir(dir)) return 2;
   if (!op.empty()) {
     bool known = false;
     for (const auto& v : ks::variants()) known = known || op == v.op;
@@ -345,10 +355,7 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
     return 0;
   }
   int status = 0;
-  for (const std::string be : {"cpu", "cuda"}) {
-    bool any = false;
-    for (const Row& r : rows) any = any || r.backend == be;
-    if (!any) continue;
+  for (const std::string& be : backends_of(rows)) {
     const std::string arch = be == "cpu" ? "cpu" : cuda_arch();
     const std::string csv = dir + "/tune_" + arch + ".csv", json = dir + "/routing_" + arch + ".json";
     // the table's "source": the CSV's name and the commit measured (gpu_check.sh exports KS_COMMIT)
