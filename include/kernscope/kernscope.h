@@ -227,7 +227,13 @@ KS_API ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTen
  * Equals rms_norm / fused_add_rms_norm followed by ks_quant_matmul up to the FP32 summation
  * order of the sum of squares. Same float dtype for x, residual, norm_weight, out and
  * residual_out. out and residual_out must not overlap any input or each other (residual_out
- * is a second buffer: other rows' blocks still read residual while it is written). */
+ * is a second buffer: other rows' blocks still read residual while it is written).
+ * Contract: docs/contracts.md#fused_add_rms_norm_quant_matmul.
+ * Errors (nothing written): KS_ERROR_INVALID_ARGUMENT for shapes, weight's bytes per row
+ * for K, an unknown qtype, eps, x without residual_out or residual_out without x, and
+ * overlaps; KS_ERROR_UNSUPPORTED_DTYPE for residual not fp16/bf16/fp32 or a mismatched
+ * dtype; KS_ERROR_UNSUPPORTED_DEVICE for mixed devices; KS_ERROR_BACKEND_UNAVAILABLE when
+ * the backend cannot take the call (CUDA: Q4_0, Q4_1 and Q8_0 only, element-aligned data). */
 KS_API ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* residual_out, const DLTensor* x,
                                                       const DLTensor* residual, const DLTensor* norm_weight,
                                                       double eps, const DLTensor* weight, ks_qtype_t qtype,
@@ -237,7 +243,12 @@ KS_API ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* r
  *   gate_up: [M, 2K] (gate = [:, :K], up = [:, K:]); weight: uint8 [N, row_bytes] in qtype;
  *   out: [M, N]. h = round(silu_and_mul(gate_up)) (ks_silu_and_mul's values);
  *   out = quant_matmul(h, weight). Equals ks_silu_and_mul followed by ks_quant_matmul.
- *   out must not overlap gate_up or weight. */
+ *   out must not overlap gate_up or weight.
+ * Contract: docs/contracts.md#silu_and_mul_quant_matmul.
+ * Errors (nothing written): KS_ERROR_INVALID_ARGUMENT for shapes (gate_up's columns odd or
+ * not twice weight's K), an unknown qtype and overlaps; KS_ERROR_UNSUPPORTED_DTYPE for
+ * gate_up not fp16/bf16/fp32 or out of another dtype; KS_ERROR_UNSUPPORTED_DEVICE for mixed
+ * devices; KS_ERROR_BACKEND_UNAVAILABLE as ks_fused_add_rms_norm_quant_matmul. */
 KS_API ks_status_t ks_silu_and_mul_quant_matmul(DLTensor* out, const DLTensor* gate_up, const DLTensor* weight,
                                                 ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream);
 
@@ -264,7 +275,11 @@ KS_API ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, cons
  * k and of v, in one pass (one kernel on CUDA). Arguments as in those two functions (k must be
  * given, and is both rotated in place and the appended key rows); the result is theirs, in
  * that order. v must not overlap q or k, and the caches must not overlap q or positions
- * (the one pass reads and writes them in no fixed order). */
+ * (the one pass reads and writes them in no fixed order); slot_mapping must not overlap q
+ * or k. Contract: docs/contracts.md#rotary_embedding_kv_append.
+ * Errors (nothing written): every error of the two functions (KS_ERROR_INVALID_ARGUMENT,
+ * KS_ERROR_UNSUPPORTED_DTYPE, KS_ERROR_UNSUPPORTED_DEVICE), KS_ERROR_INVALID_ARGUMENT for k
+ * NULL and the overlaps above; KS_ERROR_BACKEND_UNAVAILABLE on CUDA for rotary_dim > 1024. */
 KS_API ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, const DLTensor* v,
                                                  const DLTensor* positions, int64_t rotary_dim, double theta,
                                                  int is_neox, DLTensor* k_cache, DLTensor* v_cache,
