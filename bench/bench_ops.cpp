@@ -372,8 +372,10 @@ int main(int argc, char** argv) {
   if (has(ops, "quant_matmul"))
     for (auto [qt, qname, bb] : std::vector<std::tuple<ks::QType, const char*, int64_t>>{
              {ks::QType::Q4_1, "q4_1", 20}, {ks::QType::Q8_0, "q8_0", 34}, {ks::QType::Q4_0, "q4_0", 18}})
-      for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{{576, 576}, {1536, 576}, {4096, 4096}, {14336, 4096}}) {
-        // decode GEMV (M = 1, bf16 x): bytes = the packed weight bytes + x + out
+      for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{
+               {576, 576}, {1536, 576}, {4096, 4096}, {14336, 4096}, {49152, 576}}) {
+        // decode GEMV (M = 1, bf16 x): bytes = the packed weight bytes + x + out; 49152 x 576 is
+        // the shape of SmolLM2's output head
         const int64_t row_bytes = h / 32 * bb;
         const size_t bytes = size_t(n * row_bytes + 2 * h + 2 * n);
         const int k = nsets(bytes);

@@ -2,8 +2,9 @@
 # One call on the GPU machine: build for sm_90a, run the GPU tests, the
 # sanitizers, the kernscope benchmark and the peers, and write logs / CSVs /
 # the report under $OUT (default ./gpu_out).
-#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report,model,variants,tune (default: all
-#               but variants and tune). variants: the model stage's bench_ops --variants rows and
+#   KS_STAGES   comma list of build,test,sanitize,bench,peers,report,model,variants,tune,ab (default: all
+#               but variants, tune and ab). ab: AB_OPS (default quant_matmul,decode_fusions) timed as
+#               built and under AB_ENV (default KS_QMM_WSTAGE=0) in the same call -> bench_ab.csv. variants: the model stage's bench_ops --variants rows and
 #               bench/auto_vs_best.py's 3% table (bench_variants_model.csv, auto_vs_best.md) without
 #               the PyTorch peers.
 #               tune: `ksctl tune --backend cuda` -> routing_sm_90.json + tune_sm_90.csv (the
@@ -96,6 +97,17 @@ if has model; then
     --columns "torch_sdpa:torch SDPA,torch_ref:torch eager,compile:torch.compile,torch_sort:torch sort,torch:torch.argmax" &&
     { printf '\n## The automatic choice against every variant (bench_ops --variants)\n\n'; cat /tmp/auto_vs_best.md; } >> "$OUT/h200_model.md" &&
     cat "$OUT/h200_model.md"
+fi
+
+if has ab; then
+  # One op set timed twice in this call: as built, and under the environment AB_ENV (e.g.
+  # KS_QMM_WSTAGE=0, a switch that changes no bits) -> bench_ab.csv, and a side-by-side table.
+  AB_ENV=${AB_ENV:-KS_QMM_WSTAGE=0}; AB_OPS=${AB_OPS:-quant_matmul,decode_fusions}
+  $BUILD/bench_ops --csv /tmp/ab_base.csv --ops "$AB_OPS" --dtypes bf16 >> "$LOG" 2>&1
+  env $AB_ENV $BUILD/bench_ops --csv /tmp/ab_alt.csv --impl "kernscope_${AB_ENV%%=*}" --ops "$AB_OPS" --dtypes bf16 >> "$LOG" 2>&1
+  { cat /tmp/ab_base.csv; tail -n +2 /tmp/ab_alt.csv; } > "$OUT/bench_ab.csv"
+  echo "A/B (op,shape,dtype,impl,us | us with $AB_ENV):" | tee -a "$LOG"
+  paste -d, <(cut -d, -f5-8,10 /tmp/ab_base.csv | tail -n +2) <(cut -d, -f10 /tmp/ab_alt.csv | tail -n +2) | tee -a "$LOG"
 fi
 
 if has tune; then

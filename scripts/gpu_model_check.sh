@@ -52,6 +52,9 @@ if has bench; then
   # the same decode without the decode fusions (10 kernels per layer instead of 6), batch 1
   KS_MODEL_FUSE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
     --repeats 5 --batch 1 --csv "$OUT/model_cuda_unfused.csv" 2>&1 | tee -a "$LOG" | grep decode
+  # the same with the matmuls' weight staging off (KS_QMM_WSTAGE=0: the same bits), batch 1
+  KS_QMM_WSTAGE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
+    --repeats 5 --batch 1 --csv "$OUT/model_cuda_nowstage.csv" 2>&1 | tee -a "$LOG" | grep decode
   if [ "${KS_MODEL_CPU:-1}" = 1 ]; then  # KS_MODEL_CPU=0: skip the CPU path's benchmark
     $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64 512 --decode-tokens 64 --repeats 3 \
       --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"
@@ -69,10 +72,11 @@ fi
 if has profile; then
   # Where one decode step's time goes: Nsight Compute's duration of every kernel of a decode
   # step (kernels replayed one at a time: no overlap, no PDL; launch gaps not included).
-  # The chat prompt (37 tokens) prefills in one step of about 300 launches (no dense weight
-  # copies: KS_DENSE_WEIGHTS_MB=0, so loading launches nothing); skip past it. At ea4997e the
-  # skip (420, with the copies' 210 dequantize launches at load) landed in the prefill.
-  KS_DENSE_WEIGHTS_MB=0 ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip ${KS_PROFILE_SKIP:-310} \
+  # The chat prompt (37 tokens) prefills in one unfused step: 1 + 30 x 12 + 2 = 363 launches (no
+  # dense weight copies: KS_DENSE_WEIGHTS_MB=0, so loading launches nothing). Skip past it and
+  # the first decode step (the graph's capture): 363 + 185. At eedbc6f the skip of 310 landed
+  # in the prefill.
+  KS_DENSE_WEIGHTS_MB=0 ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip ${KS_PROFILE_SKIP:-548} \
     --launch-count ${KS_PROFILE_COUNT:-185} \
     $BUILD/ksctl generate --model $MODEL --chat --prompt "What is the capital of France?" --max-tokens 6 --device cuda \
     > "$OUT/decode_profile.csv" 2>> "$LOG"

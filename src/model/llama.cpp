@@ -94,27 +94,31 @@ Weight LlamaModel::upload(const Weight& w, bool with_dense) {
   stream_->to_device(d.data(), w.data.data(), w.data.nbytes());
   Weight r = w;
   r.data = d.view(w.data.dtype(), w.data.shape());
-  if (with_dense && w.rows > 0 && w.cols > 0) {
-    DeviceArray& f = dev_weights_.emplace_back(size_t(w.rows * w.cols) * sizeof(float));
-    r.dense = f.view(ks::DType::F32, {w.rows, w.cols});
-    ks::dequantize(r.dense, r.data, w.qtype, ks::Backend::Cuda, stream());
-  }
+  if (with_dense) add_dense(r);
   return r;
 }
 
+void LlamaModel::add_dense(Weight& w) {
+  if (!on_device_ || w.rows <= 0 || w.cols <= 0) return;
+  DeviceArray& f = dev_weights_.emplace_back(size_t(w.rows * w.cols) * sizeof(float));
+  w.dense = f.view(ks::DType::F32, {w.rows, w.cols});
+  ks::dequantize(w.dense, w.data, w.qtype, ks::Backend::Cuda, stream());
+}
+
 void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill) {
-  if (!(prefill && dense_rows_ && n >= kDenseRows)) {
-    ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
-    return;
-  }
-  if (w.dense.data()) {
+  if (dense_rows_ && w.dense.data() && n >= kDenseRows && (prefill || !batch_invariant_)) {
     ks::gemm(out, x, w.dense, backend_, stream());
     return;
   }
-  // the same FP32 values, dequantized now into the scratch (stream order keeps it safe to reuse)
-  const ks::TensorView d = dense_scratch_.view(ks::DType::F32, {w.rows, w.cols});
-  ks::dequantize(d, w.data, w.qtype, ks::Backend::Cuda, stream());
-  ks::gemm(out, x, d, backend_, stream());
+  if (dense_rows_ && !w.dense.data() && prefill && n >= kScratchDenseRows &&
+      size_t(w.rows * w.cols) * sizeof(float) <= dense_scratch_.bytes()) {
+    // the same FP32 values, dequantized now into the scratch (stream order keeps it safe to reuse)
+    const ks::TensorView d = dense_scratch_.view(ks::DType::F32, {w.rows, w.cols});
+    ks::dequantize(d, w.data, w.qtype, ks::Backend::Cuda, stream());
+    ks::gemm(out, x, d, backend_, stream());
+    return;
+  }
+  ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
 }
 
 LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend, int64_t max_batch)
@@ -123,11 +127,12 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (max_batch <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_batch must be > 0");
   on_device_ = backend == ks::Backend::Cuda;
   if (const char* e = std::getenv("KS_MODEL_FUSE")) fuse_decode_ = std::string(e) != "0";
+  if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
-  // FP32 copies of the layer matrices for long prefill steps (CUDA): held when they fit the
-  // budget, else dequantized per step into one scratch buffer of the largest matrix
+  // FP32 copies of the matrices for steps of many rows (CUDA): held when they fit the budget,
+  // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
   bool hold_dense = false;
   if (on_device_ && max_ctx_ >= kDenseRows) {
     const auto& k = cfg_;
@@ -137,7 +142,8 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     const char* env = std::getenv("KS_DENSE_WEIGHTS_MB");
     const double budget_mb = env ? std::atof(env) : 1024.0;
     dense_rows_ = true;
-    hold_dense = double(per_layer) * double(k.n_layers) * 4.0 <= budget_mb * 1048576.0;
+    const double elems = double(per_layer) * double(k.n_layers) + double(k.vocab_size) * double(k.hidden_size);
+    hold_dense = elems * 4.0 <= budget_mb * 1048576.0;  // the layers' matrices and the output head
     if (!hold_dense) {
       const int64_t largest = std::max({k.hidden_size * k.hidden_size, kvd * k.hidden_size,
                                         2 * k.intermediate_size * k.hidden_size});
@@ -198,6 +204,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   tok_embd_ = upload(tok_embd_);
   out_norm_ = upload(out_norm_);
   lm_head_ = tied ? tok_embd_ : upload(lm_head_);
+  if (hold_dense) add_dense(lm_head_);  // decode_batch's logits (the embedding keeps its blocks)
   std::vector<int32_t> table(static_cast<size_t>(num_blocks_));
   for (int64_t b = 0; b < num_blocks_; ++b) table[size_t(b)] = int32_t(b);
   block_table_ = alloc(ks::DType::I32, {max_batch_, blocks_per_seq_});  // sequence s: its own blocks
@@ -349,7 +356,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   }
   const ks::TensorView x_out = x.slice(first, m), res_out = res.slice(first, m);
   ks::fused_add_rms_norm(x_out, res_out, out_norm_.data, c.rms_eps, be, s);
-  ks::quant_matmul(logits, x_out, lm_head_.data, lm_head_.qtype, be, s);
+  matmul(logits, x_out, lm_head_, m, prefill);
 }
 
 void LlamaModel::check_positions(const char* what, int64_t n, int64_t pos) const {

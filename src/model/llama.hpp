@@ -67,12 +67,14 @@ class LlamaModel {
 
   ks::Backend backend() const { return backend_; }
   // CUDA: prefill steps of at least this many rows multiply through FP32 weights with
-  // ks::gemm (cuBLASLt) instead of quant_matmul. The FP32 copies are made once at load
-  // when they fit in KS_DENSE_WEIGHTS_MB (default 1024) MB; otherwise each such step
-  // dequantizes each matrix into one scratch buffer just before its gemm. Decode steps
-  // (decode_batch included, at any batch size) always use quant_matmul, so batched rows
-  // stay bit-identical to one-token steps.
-  static constexpr int64_t kDenseRows = 64;
+  // ks::gemm (cuBLASLt) instead of quant_matmul. The FP32 copies (the output head's included)
+  // are made once at load when they fit in KS_DENSE_WEIGHTS_MB (default 1024) MB; then every
+  // step of at least kDenseRows rows uses them: prefill, and decode_batch of 8 or more
+  // sequences. Without held copies, prefill steps of at least kScratchDenseRows rows dequantize
+  // each matrix into one scratch buffer just before its gemm, and decode steps use
+  // quant_matmul. KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul, so a
+  // batched row stays bit-identical to that sequence's one-token step at any batch size.
+  static constexpr int64_t kDenseRows = 8, kScratchDenseRows = 64;
   int64_t max_batch() const { return max_batch_; }
 
   // forward / forward_argmax for sequence `seq` (0 <= seq < max_batch).
@@ -81,8 +83,11 @@ class LlamaModel {
 
   // One decode step of b sequences at once (b <= max_batch): sequence i takes tokens[i] at
   // position positions[i] (its cache must hold positions 0..positions[i]-1) and gets the
-  // greedy next id in next_ids[i]. A row's result equals that sequence's own one-token
-  // step (every op is batch-invariant). On CUDA the step is one CUDA graph per b.
+  // greedy next id in next_ids[i]. Below kDenseRows sequences (or with
+  // KS_MODEL_BATCH_INVARIANT=1), a row's result equals that sequence's own one-token step bit
+  // for bit (every op is batch-invariant); from kDenseRows on, with the FP32 weight copies
+  // held (CUDA), the matmuls go through ks::gemm: the same products, summed in cuBLASLt's
+  // order. On CUDA the step is one CUDA graph per b.
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
 
  private:
@@ -95,6 +100,8 @@ class LlamaModel {
   Buffer alloc(ks::DType dtype, const std::vector<int64_t>& shape);
   // a copy on the device (CUDA; with_dense: also its fp32 dequantized copy); w itself on the CPU
   Weight upload(const Weight& w, bool with_dense = false);
+  // w's FP32 dequantized copy on the device (w.dense), made once
+  void add_dense(Weight& w);
   // out[n, rows] = x[n, cols] @ W^T: quant_matmul on the blocks, or ks::gemm on W.dense for
   // n >= kDenseRows (each weight element dequantized in FP32 either way; sums in FP32)
   void matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill);
@@ -123,7 +130,8 @@ class LlamaModel {
   // ks::silu_and_mul_quant_matmul, ks::rotary_embedding_kv_append): 6 kernels per layer
   // instead of 10; KS_MODEL_FUSE=0 runs the unfused sequence instead (comparisons)
   bool fuse_decode_ = true;
-  bool dense_rows_ = false;    // CUDA prefill of >= kDenseRows rows goes through ks::gemm
+  bool dense_rows_ = false;    // CUDA steps of >= kDenseRows rows may go through ks::gemm
+  bool batch_invariant_ = false;  // KS_MODEL_BATCH_INVARIANT=1: decode steps stay on quant_matmul
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;

@@ -256,18 +256,17 @@ TEST(Model, CudaLongPrefillMatchesCpu) {
 // Several sequences decoded together (decode_batch: one row per sequence, each at its own
 // position, with its own cache blocks) give exactly the greedy ids of each sequence decoded
 // alone; the other sequences' contents never change a row (batch invariance).
-TEST(Model, BatchedDecodeEqualsEachSequenceAlone) {
-  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+namespace {
+// B sequences (the reference prompts, cyclically) decoded `steps` tokens at once with
+// decode_batch give the ids each gets decoded alone.
+void expect_batched_ids_equal_alone(ks::Backend be, int64_t B, int64_t steps) {
   const nlohmann::json ref = reference();
-  const int64_t B = 3, steps = 10;
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
-  std::vector<ks::Backend> backends{ks::Backend::Cpu};
-  if (ks_backend_available(KS_BACKEND_CUDA)) backends.push_back(ks::Backend::Cuda);  // graph per row count
-  for (ks::Backend be : backends) {
-  SCOPED_TRACE(be == ks::Backend::Cuda ? "cuda" : "cpu");
   ks::model::LlamaModel batched(file, 256, be, B), alone(file, 256, be, 1);
   std::vector<std::vector<int32_t>> prompts, want(static_cast<size_t>(B));
-  for (int64_t s = 0; s < B; ++s) prompts.push_back(ref["cases"][size_t(s)]["prompt_ids"].get<std::vector<int32_t>>());
+  const size_t cases = ref["cases"].size();
+  for (int64_t s = 0; s < B; ++s)
+    prompts.push_back(ref["cases"][size_t(s) % cases]["prompt_ids"].get<std::vector<int32_t>>());
   for (int64_t s = 0; s < B; ++s) {  // each alone
     const auto& p = prompts[size_t(s)];
     int32_t next = alone.forward_argmax(p.data(), int64_t(p.size()), 0);
@@ -294,7 +293,29 @@ TEST(Model, BatchedDecodeEqualsEachSequenceAlone) {
   for (int64_t s = 0; s < B; ++s) EXPECT_EQ(got[size_t(s)], want[size_t(s)]) << "sequence " << s;
   EXPECT_THROW(batched.forward_seq(B, tokens.data(), 1, 0), ks::InvalidArgument);
   EXPECT_THROW(batched.decode_batch(tokens.data(), positions.data(), B + 1, tokens.data()), ks::InvalidArgument);
+}
+}  // namespace
+
+// Below LlamaModel::kDenseRows sequences every op of the step is batch-invariant: the rows
+// are bit-identical to one-token steps, so the ids are too (CPU, and CUDA with a graph per b).
+TEST(Model, BatchedDecodeEqualsEachSequenceAlone) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  std::vector<ks::Backend> backends{ks::Backend::Cpu};
+  if (ks_backend_available(KS_BACKEND_CUDA)) backends.push_back(ks::Backend::Cuda);
+  for (ks::Backend be : backends) {
+    SCOPED_TRACE(be == ks::Backend::Cuda ? "cuda" : "cpu");
+    expect_batched_ids_equal_alone(be, 3, 10);
   }
+}
+
+// From kDenseRows sequences on, CUDA decode steps multiply through the FP32 weight copies
+// (ks::gemm): the same products summed in another order. The greedy ids still match each
+// sequence decoded alone (one-token steps on quant_matmul) over 10 steps of 9 sequences.
+TEST(Model, CudaBatchedDecodeThroughGemmGivesTheSameIds) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
+  static_assert(ks::model::LlamaModel::kDenseRows <= 9, "9 sequences must reach the dense path");
+  expect_batched_ids_equal_alone(ks::Backend::Cuda, 9, 10);
 }
 
 TEST(Model, RejectsPositionsPastTheContext) {

@@ -789,6 +789,44 @@ TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
     }
 }
 
+// Wide matrices of short rows (an lm_head's shape): warps own 2 or 4 consecutive columns
+// (N >= 64 * 2 * SMs) and CTAs stage their weight rows in shared memory with cp.async before
+// the kernel's dependency wait. N odd, so the last CTA is partial; weights aligned, offset by
+// one byte (an unaligned head read by plain loads, byte-wise decode) and by two (the 16-bit
+// word path of Q4_0 / Q8_0 from a range that does not start on 16 bytes). Against the CPU, and
+// the rows of M = 5 byte-equal to M = 1 (the row does not depend on M here either).
+TEST(Cuda, QuantMatmulWideMatricesAgainstCpu) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t N = 64 * 2 * int64_t(sms) + 129;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (int64_t K : {int64_t(64), int64_t(576)})
+        for (size_t off : {size_t(0), size_t(1), size_t(2)}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " K=" + std::to_string(K) +
+                       " weight offset " + std::to_string(off));
+          const int64_t M = 5;
+          Buf x(dt, {M, K}), ref(dt, {M, N}), got(dt, {M, N}), one(dt, {1, N});
+          kstest::fill_normal(x);
+          Buf w = make_packed(q, N, K);
+          ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+          DBuf dx(dt, {M, K}), dw(DType::U8, w.shape, off), dout(dt, {M, N}), done(dt, {1, N});
+          dx.upload(x);
+          dw.upload(w);
+          dout.poison();
+          done.poison();
+          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          ks::quant_matmul(done.view(), dx.view().slice(0, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          dout.download(got);
+          done.download(one);
+          EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
+          EXPECT_EQ(0, std::memcmp(one.data(), got.data(), one.nbytes())) << "row 0 of M = 5 differs from M = 1";
+        }
+}
+
 // quant_matmul's cuda_warp_per_column_m16 (16 rows per decoded block) gives the same bytes as
 // cuda_warp_per_column (4): the same per-row sums in the same order. Both pinned; M from 8 to
 // 64 (full and partial chunks), aligned (word / 16-byte loads) and offset (byte-wise loads).

@@ -235,6 +235,37 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// ---- asynchronous copies to shared memory (cp.async, sm_80+) ------------------
+// Copies the first n (0..16) bytes at gmem to smem as one 16-byte copy, zero-filling the
+// rest; nothing past gmem + n is read. Both addresses 16-byte aligned. Without sm_80 code
+// the copy is done at once by the thread (commit and wait are then no-ops).
+__device__ __forceinline__ void cp_async_bytes(void* smem, const void* gmem, int n) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(n) : "memory");
+#else
+  unsigned char* d = static_cast<unsigned char*>(smem);
+  const unsigned char* g = static_cast<const unsigned char*>(gmem);
+  for (int i = 0; i < 16; ++i) d[i] = i < n ? g[i] : 0;
+#endif
+}
+// 16 bytes when fill, else 16 zero bytes (nothing read).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
+  cp_async_bytes(smem, gmem, fill ? 16 : 0);
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // ---- host side -----------------------------------------------------------
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 

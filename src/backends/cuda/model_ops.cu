@@ -11,7 +11,9 @@
 // table's capacity.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include <cooperative_groups.h>
 
@@ -310,7 +312,33 @@ struct QmmParams {
   int64_t M, N, K, row_bytes;
   float eps;
   ks_qtype_t q;
+  int cols_per_warp;    // the consecutive output columns each warp owns (1, 2 or 4; by N, K and the block format)
 };
+
+// Weight staging (SW): a CTA's weight rows are one contiguous range of bytes. The CTA copies
+// them to shared memory with 16-byte cp.async copies issued *before* it waits on the kernel
+// it depends on (pdl_begin): no kernel of a step writes weights, so they may be read early,
+// and the DRAM latency of the weights then overlaps the previous kernel. The range's unaligned
+// head (< 16 bytes) is read by plain loads and its tail by a zero-filling partial copy, so no
+// byte outside the rows is read. The rows keep their address modulo 16 in shared memory, so
+// the word loads of decode_q_block stay aligned. Returns where row n0 starts in `dst`.
+__device__ __forceinline__ const uint8_t* stage_weight_rows(unsigned char* dst, const uint8_t* w, int64_t row_bytes,
+                                                           int64_t n0, int64_t rows) {
+  const uintptr_t beg = reinterpret_cast<uintptr_t>(w + n0 * row_bytes), end = beg + uintptr_t(rows * row_bytes);
+  const uintptr_t a0 = beg & ~uintptr_t(15), a1 = (beg + 15) & ~uintptr_t(15);
+  unsigned char* row0 = dst + (beg - a0);
+  if (threadIdx.x < a1 - beg && beg + threadIdx.x < end) row0[threadIdx.x] = w[n0 * row_bytes + threadIdx.x];
+  for (uintptr_t a = a1 + 16 * uintptr_t(threadIdx.x); a < end; a += 16 * uintptr_t(blockDim.x)) {
+    const uintptr_t left = end - a;
+    cp_async_bytes(dst + (a - a0), reinterpret_cast<const void*>(a), left < 16 ? int(left) : 16);
+  }
+  cp_async_commit();
+  return row0;
+}
+// Bytes of shared memory a CTA of `rows` weight rows needs to stage them.
+__host__ __device__ constexpr int64_t staged_weight_bytes(int64_t rows, int64_t row_bytes) {
+  return rows * row_bytes + 16;
+}
 
 template <typename T>
 __device__ __forceinline__ float round_to(float v) {
@@ -361,16 +389,28 @@ __device__ __forceinline__ float prologue(float xv, float a, float w, float u, f
 
 // WIDE: weight blocks read as words, and the rows' 32 values per block as 16-byte vectors
 // (every row pointer 16-byte aligned; K is a multiple of 32, so every block's slice is too).
-template <typename T, bool WIDE, int MQ, Pro P>
+// NC (p.cols_per_warp): warp w of the CTA owns columns n0 + w * NC + c, c < NC, one after the
+// other (each column's sums exactly as with NC = 1). SW: the CTA's weight rows are staged in
+// shared memory first (stage_weight_rows); the arithmetic is the same either way.
+template <typename T, bool WIDE, int MQ, Pro P, bool SW>
 __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
-  pdl_begin();
-  const int lane = threadIdx.x & 31;
-  const int64_t n = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  extern __shared__ __align__(16) unsigned char qmm_wsm[];  // SW: the CTA's weight rows
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nc = p.cols_per_warp;
+  const int64_t cta_cols = int64_t(blockDim.x >> 5) * nc, n0 = int64_t(blockIdx.x) * cta_cols;
+  const uint8_t* wcta = p.w + n0 * p.row_bytes;  // row n0 of the weights, wherever they are read from
+  if constexpr (SW) {
+    wcta = stage_weight_rows(qmm_wsm, p.w, p.row_bytes, n0, min(cta_cols, p.N - n0));
+    pdl_begin();
+    cp_async_wait<0>();
+    __syncthreads();
+  } else {
+    pdl_begin();
+  }
+  const int64_t col0 = n0 + int64_t(warp) * nc;  // this warp's first column
   const bool writer = P == Pro::AddNorm && blockIdx.x == 0 && threadIdx.x < 32;  // residual_out
-  if (n >= p.N && !writer) return;
+  if (col0 >= p.N && !writer) return;
   const int64_t M = p.M, N = p.N, K = p.K;
   const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
-  const uint8_t* wr = p.w + n * p.row_bytes;
   const T* x = static_cast<const T*>(p.x);
   const T* xa = static_cast<const T*>(p.add);
   const T* nw = static_cast<const T*>(p.norm_w);
@@ -389,37 +429,41 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
         inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + p.eps);  // norm_kernel's expression
       }
     }
-    if (n >= N) continue;  // the residual_out writer past the last column
-    float acc[MQ] = {};
-    for (int64_t b = lane; b < nblocks; b += 32) {
-      float v[32];
-      decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
+    for (int c = 0; c < nc; ++c) {
+      const int64_t n = col0 + c;
+      if (n >= N) break;  // (also the residual_out writer past the last column)
+      const uint8_t* wr = wcta + (n - n0) * p.row_bytes;
+      float acc[MQ] = {};
+      for (int64_t b = lane; b < nblocks; b += 32) {
+        float v[32];
+        decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
+#pragma unroll
+        for (int mm = 0; mm < MQ; ++mm) {
+          if (m0 + mm >= M) break;
+          const int64_t base = (m0 + mm) * xs + b * 32;
+          float s = 0.f;
+#pragma unroll
+          for (int cc = 0; cc < 32 / XV; ++cc) {
+            const auto xv = load_vec<T, XV>(x + base + cc * XV);
+            Vec<T, XV> av, wv, uv;
+            if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + cc * XV);
+            if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + b * 32 + cc * XV);
+            if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + cc * XV);
+#pragma unroll
+            for (int j = 0; j < XV; ++j) {
+              float h = xv.f(j);
+              if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
+              s += v[cc * XV + j] * h;
+            }
+          }
+          acc[mm] += s;
+        }
+      }
 #pragma unroll
       for (int mm = 0; mm < MQ; ++mm) {
-        if (m0 + mm >= M) break;
-        const int64_t base = (m0 + mm) * xs + b * 32;
-        float s = 0.f;
-#pragma unroll
-        for (int c = 0; c < 32 / XV; ++c) {
-          const auto xv = load_vec<T, XV>(x + base + c * XV);
-          Vec<T, XV> av, wv, uv;
-          if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + c * XV);
-          if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + b * 32 + c * XV);
-          if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + c * XV);
-#pragma unroll
-          for (int j = 0; j < XV; ++j) {
-            float h = xv.f(j);
-            if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
-            s += v[c * XV + j] * h;
-          }
-        }
-        acc[mm] += s;
+        float s = warp_sum(acc[mm]);
+        if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
       }
-    }
-#pragma unroll
-    for (int mm = 0; mm < MQ; ++mm) {
-      float s = warp_sum(acc[mm]);
-      if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
     }
   }
 }
@@ -435,15 +479,21 @@ constexpr int kStageThreads = 256, kStageWarps = kStageThreads / 32;
 constexpr size_t kStageBytes = 48 * 1024;
 __host__ __device__ constexpr int64_t staged_floats(int64_t k) { return k / 32 * 36; }
 
-template <typename T, bool WIDE, int MQ, Pro P>
+template <typename T, bool WIDE, int MQ, Pro P, bool SW>
 __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(const QmmParams p) {
   static_assert(P != Pro::None, "quant_matmul itself reads x directly");
-  extern __shared__ __align__(16) float hs[];  // [MQ][K / 32][36]
+  extern __shared__ __align__(16) float hs[];  // [min(M, MQ)][K / 32][36], then (SW) the weight rows
   __shared__ float red[kStageWarps];
-  pdl_begin();
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t n = int64_t(blockIdx.x) * kStageWarps + warp;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nc = p.cols_per_warp;
   const int64_t M = p.M, N = p.N, K = p.K, KS = staged_floats(K);
+  const int64_t cta_cols = int64_t(kStageWarps) * nc, n0 = int64_t(blockIdx.x) * cta_cols;
+  const int64_t col0 = n0 + int64_t(warp) * nc;  // this warp's first column
+  const uint8_t* wcta = p.w + n0 * p.row_bytes;
+  if constexpr (SW) {  // the weights first: they do not depend on the previous kernel
+    unsigned char* wdst = reinterpret_cast<unsigned char*>(hs + min(M, int64_t(MQ)) * KS);
+    wcta = stage_weight_rows(wdst, p.w, p.row_bytes, n0, min(cta_cols, N - n0));
+  }
+  pdl_begin();
   const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
   const T* x = static_cast<const T*>(p.x);
   const T* xa = static_cast<const T*>(p.add);
@@ -484,9 +534,14 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
         }
       }
     }
-    __syncthreads();  // the chunk's rows are staged
-    if (n < N) {
-      const uint8_t* wr = p.w + n * p.row_bytes;
+    if constexpr (SW) {
+      if (m0 == 0) cp_async_wait<0>();  // this thread's weight copies have landed
+    }
+    __syncthreads();  // the chunk's rows (and the weights) are staged
+    for (int c = 0; c < nc; ++c) {
+      const int64_t n = col0 + c;
+      if (n >= N) break;
+      const uint8_t* wr = wcta + (n - n0) * p.row_bytes;
       float acc[MQ] = {};
       for (int64_t b = lane; b < nblocks; b += 32) {
         float v[32];
@@ -497,12 +552,12 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
           const float4* hb = reinterpret_cast<const float4*>(hs + mm * KS + b * 36);
           float s = 0.f;
 #pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const float4 h = hb[c];
-            s += v[4 * c] * h.x;
-            s += v[4 * c + 1] * h.y;
-            s += v[4 * c + 2] * h.z;
-            s += v[4 * c + 3] * h.w;
+          for (int cc = 0; cc < 8; ++cc) {
+            const float4 h = hb[cc];
+            s += v[4 * cc] * h.x;
+            s += v[4 * cc + 1] * h.y;
+            s += v[4 * cc + 2] * h.z;
+            s += v[4 * cc + 3] * h.w;
           }
           acc[mm] += s;
         }
@@ -689,6 +744,15 @@ namespace {
 // rows through (16-byte alignment for the vector path).
 // MQ_MANY: the rows one decoded weight block serves when M > 1 (4; the cuda_warp_per_column_m16
 // variant: 16, Pro::None only). A row's arithmetic does not depend on it.
+// KS_QMM_WSTAGE=0 turns weight staging off (the same bits; for comparisons).
+bool qmm_stage_weights_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KS_QMM_WSTAGE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
 template <Pro P, int MQ_MANY = kMqMany>
 void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::initializer_list<const void*> rows,
                 ks_stream_t stream) {
@@ -696,7 +760,15 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   DeviceGuard g(dev, op);
   const DeviceProps& dp = device_props(dev);
   constexpr int kWarps = 8;
-  const unsigned grid = unsigned(std::max<int64_t>(1, (p.N + kWarps - 1) / kWarps));
+  // Columns per warp: 2 or 4 where the grid keeps at least 2 CTAs per SM even so and a CTA's
+  // weight rows stay within 16 KB (wide matrices of short rows, e.g. an lm_head of 49152 x 576:
+  // fewer, longer-lived CTAs with more bytes in flight each). By N, K and the format only.
+  int nc = 1;
+  while (nc < 4 && p.N >= int64_t(kWarps) * 2 * nc * 2 * dp.sm_count && int64_t(kWarps) * 2 * nc * p.row_bytes <= 16384)
+    nc *= 2;
+  p.cols_per_warp = nc;
+  const int64_t cta_cols = int64_t(kWarps) * nc;
+  const unsigned grid = unsigned(std::max<int64_t>(1, (p.N + cta_cols - 1) / cta_cols));
   const uintptr_t wa = reinterpret_cast<uintptr_t>(p.w);
   bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
   for (const void* r : rows) wide = wide && aligned16(r);
@@ -704,41 +776,53 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   // The fused forms stage their rows when 4 of them fit (K <= 2720), whatever M is: the
   // staged and per-warp kernels sum a row's squares in different orders, so a choice that
   // depended on M would make a row's result depend on the batch.
-  const size_t smem = size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float);
   const bool staged = P != Pro::None && size_t(kMqMany) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
+  const size_t row_smem = staged ? size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float) : 0;
+  // Weight staging changes no arithmetic, so it may depend on anything: where the CTA's rows
+  // fit next to the staged x rows in the default 48 KB.
+  const size_t w_smem = size_t(staged_weight_bytes(cta_cols, p.row_bytes));
+  const bool sw = qmm_stage_weights_enabled() && row_smem + w_smem <= kStageBytes;
+  const size_t smem = row_smem + (sw ? w_smem : 0);
   const auto s = static_cast<cudaStream_t>(stream);
-  auto go = [&](auto tag) {
+  auto go = [&](auto tag, auto sw_tag) {
     using T = decltype(tag);
-    auto launch = [&](auto kern, size_t bytes) {
-      launch_kernel(op, kern, dim3(grid), dim3(32 * kWarps), bytes, s, 1, dp.pdl, p);
-    };
+    constexpr bool SW = decltype(sw_tag)::value;
+    auto launch = [&](auto kern) { launch_kernel(op, kern, dim3(grid), dim3(32 * kWarps), smem, s, 1, dp.pdl, p); };
     if constexpr (P != Pro::None) {
       if (staged) {
         if (wide)
-          mq == 1 ? launch(quant_matmul_staged_kernel<T, true, 1, P>, smem)
-                  : launch(quant_matmul_staged_kernel<T, true, kMqMany, P>, smem);
+          mq == 1 ? launch(quant_matmul_staged_kernel<T, true, 1, P, SW>)
+                  : launch(quant_matmul_staged_kernel<T, true, kMqMany, P, SW>);
         else
-          mq == 1 ? launch(quant_matmul_staged_kernel<T, false, 1, P>, smem)
-                  : launch(quant_matmul_staged_kernel<T, false, kMqMany, P>, smem);
+          mq == 1 ? launch(quant_matmul_staged_kernel<T, false, 1, P, SW>)
+                  : launch(quant_matmul_staged_kernel<T, false, kMqMany, P, SW>);
         return;
       }
     }
     if (wide)
-      mq == 1 ? launch(quant_matmul_kernel<T, true, 1, P>, 0) : launch(quant_matmul_kernel<T, true, MQ_MANY, P>, 0);
+      mq == 1 ? launch(quant_matmul_kernel<T, true, 1, P, SW>) : launch(quant_matmul_kernel<T, true, MQ_MANY, P, SW>);
     else
-      mq == 1 ? launch(quant_matmul_kernel<T, false, 1, P>, 0) : launch(quant_matmul_kernel<T, false, MQ_MANY, P>, 0);
+      mq == 1 ? launch(quant_matmul_kernel<T, false, 1, P, SW>)
+              : launch(quant_matmul_kernel<T, false, MQ_MANY, P, SW>);
   };
-  with_float_type(dt, go);
+  with_float_type(dt, [&](auto tag) {
+    if (sw)
+      go(tag, std::true_type{});
+    else
+      go(tag, std::false_type{});
+  });
   check_launch(op);
-  record_launch(op, "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld staged_rows=%lld",
-                {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0});
+  record_launch(op,
+                "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld staged_rows=%lld cols_per_warp=%lld "
+                "staged_weights=%lld",
+                {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0, nc, sw ? 1 : 0});
 }
 }  // namespace
 
 void quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
   const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype};
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
   launch_qmm<Pro::None>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
 }
 
@@ -748,7 +832,7 @@ void quant_matmul_cuda(const void* args, ks_stream_t stream) {
 void quant_matmul_m16_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
   const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype};
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
   launch_qmm<Pro::None, 16>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
 }
 
@@ -762,7 +846,7 @@ void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const char* op = "fused_add_rms_norm_quant_matmul";
   const QmmParams p{a.residual.data, a.has_x ? a.x.data : nullptr, a.norm_weight.data,
                     a.has_x ? a.residual_out.data : nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, a.eps, a.qtype};
+                    a.m, a.n, a.k, a.row_bytes, a.eps, a.qtype, 1};
   const int dev = a.residual.device.device_id;
   if (a.has_x)
     launch_qmm<Pro::AddNorm>(op, p, a.residual.dtype, dev, {a.residual.data, a.x.data, a.norm_weight.data,
@@ -774,7 +858,7 @@ void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {
 void silu_quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::SiluQuantMatmulArgs*>(args);
   const QmmParams p{a.gate_up.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype};
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
   launch_qmm<Pro::Silu>("silu_and_mul_quant_matmul", p, a.gate_up.dtype, a.gate_up.device.device_id, {a.gate_up.data},
                         stream);
 }

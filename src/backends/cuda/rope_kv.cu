@@ -321,21 +321,27 @@ void kv_cache_append_cuda(const void* args, ks_stream_t stream) {
 }
 
 // ---- rotary_embedding_kv_append ---------------------------------------------------
-// A CTA per token (grid-stride): thread t takes the (head, pair) items t, t + 128, ... of q
+// A CTA per token (grid-stride): thread t takes the (head, pair) items t, t + 512, ... of q
 // and k, with its own sincosf of the angle (rope_kernel's angle and rope_rotate, the inverse
 // frequencies from the host table); a rotated k pair is stored to k and to its cache
 // row. Then the CTA copies v and k's features past rotary_dim into the cache rows: every cache
 // element is written by the thread that read its source, so no barrier is needed after the
 // inverse frequencies are staged. A slot outside [0, num_slots) is skipped (as kv_append_kernel).
+// 512 threads: a one-token step of a small model (SmolLM2: 12 heads x 32 pairs) is one pass,
+// so the step's latency is one chain of loads, not three. 32-bit index arithmetic (the item
+// counts are checked to fit by can_implement).
+constexpr int kRopeAppendThreads = 512;
 template <typename T, bool NEOX>
-__global__ void __launch_bounds__(kRopeThreads) rope_append_kernel(const RopeParams p, const RopeTable table,
+__global__ void __launch_bounds__(kRopeAppendThreads) rope_append_kernel(const RopeParams p, const RopeTable table,
                                                                    const KvParams kv, const int64_t head_dim) {
   extern __shared__ float rope_sh[];
   const int64_t half = p.rotary_half;
   for (int64_t i = threadIdx.x; i < half; i += blockDim.x) rope_sh[i] = table.inv[i];
   __syncthreads();
   pdl_begin();
-  const int64_t heads = p.heads + p.kv_heads, D = head_dim, kv_row = p.kv_heads * D;
+  const int half32 = int(half), D32 = int(head_dim);
+  const int items = int((p.heads + p.kv_heads) * half), kv_row32 = int(p.kv_heads * head_dim);
+  const int64_t D = head_dim;
   for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
     const int64_t pi = p.pos64 ? static_cast<const int64_t*>(p.pos)[tok] : static_cast<const int32_t*>(p.pos)[tok];
     const float pos = float(pi);
@@ -344,11 +350,11 @@ __global__ void __launch_bounds__(kRopeThreads) rope_append_kernel(const RopePar
       slot = kv.slots64 ? static_cast<const int64_t*>(kv.slots)[tok] : static_cast<const int32_t*>(kv.slots)[tok];
     T* kc = slot >= 0 && slot < kv.num_slots ? reinterpret_cast<T*>(kv.k_cache + slot * kv.row_bytes) : nullptr;
     T* vc = kc ? reinterpret_cast<T*>(kv.v_cache + slot * kv.row_bytes) : nullptr;
-    for (int64_t it = threadIdx.x; it < heads * half; it += blockDim.x) {
-      const int64_t h = it / half, i = it - h * half;
+    for (int it = threadIdx.x; it < items; it += blockDim.x) {
+      const int h = it / half32, i = it - h * half32;
       float sn, c;
       sincosf(pos * rope_sh[i], &sn, &c);
-      const int64_t i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half : 2 * i + 1;
+      const int i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half32 : 2 * i + 1;
       T* base = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
                             : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
       float f0, f1;
@@ -362,10 +368,10 @@ __global__ void __launch_bounds__(kRopeThreads) rope_append_kernel(const RopePar
       }
     }
     if (kc) {
-      const T* vs = reinterpret_cast<const T*>(kv.v) + tok * kv_row;
+      const T* vs = reinterpret_cast<const T*>(kv.v) + tok * int64_t(kv_row32);
       const T* ks = static_cast<const T*>(p.k) + tok * p.k_ts;
-      for (int64_t e = threadIdx.x; e < kv_row; e += blockDim.x) {
-        const int64_t hh = e / D, d = e - hh * D;
+      for (int e = threadIdx.x; e < kv_row32; e += blockDim.x) {
+        const int hh = e / D32, d = e - hh * D32;
         vc[e] = vs[e];
         if (d >= 2 * half) kc[e] = ks[hh * p.k_hs + d];
       }
@@ -376,6 +382,9 @@ __global__ void __launch_bounds__(kRopeThreads) rope_append_kernel(const RopePar
 std::string rope_append_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::RopeKvAppendArgs*>(args);
   if (a.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
+  if ((a.rope.num_heads + a.rope.num_kv_heads) * (a.rope.rotary_dim / 2) >= int64_t(INT32_MAX) - kRopeAppendThreads ||
+      a.rope.num_kv_heads * a.rope.head_dim >= int64_t(INT32_MAX) - kRopeAppendThreads)
+    return "a token's (head, pair) items or kv row exceed 32-bit indexing";
   return "";
 }
 
@@ -403,10 +412,10 @@ void rope_kv_append_cuda(const void* args, ks_stream_t stream) {
   with_float_type(r.q.dtype, [&](auto tag) {
     using T = decltype(tag);
     launch_kernel("rotary_embedding_kv_append", r.neox ? rope_append_kernel<T, true> : rope_append_kernel<T, false>,
-                  dim3(unsigned(grid)), dim3(kRopeThreads), smem, s, 1, dp.pdl, p, table, kv, r.head_dim);
+                  dim3(unsigned(grid)), dim3(kRopeAppendThreads), smem, s, 1, dp.pdl, p, table, kv, r.head_dim);
   });
   check_launch("rotary_embedding_kv_append");
-  record_launch("rotary_embedding_kv_append", "token_cta threads=%lld grid=%lld", {kRopeThreads, grid});
+  record_launch("rotary_embedding_kv_append", "token_cta threads=%lld grid=%lld", {kRopeAppendThreads, grid});
 }
 
 }  // namespace ks::cuda
