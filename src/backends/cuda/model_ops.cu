@@ -778,10 +778,15 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   // depended on M would make a row's result depend on the batch.
   const bool staged = P != Pro::None && size_t(kMqMany) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
   const size_t row_smem = staged ? size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float) : 0;
-  // Weight staging changes no arithmetic, so it may depend on anything: where the CTA's rows
-  // fit next to the staged x rows in the default 48 KB.
+  // Weight staging changes no arithmetic, so it may depend on anything: grids of at most 2 CTAs
+  // per SM (decode-sized matrices, where hiding the weights' latency behind the previous kernel
+  // is the gain; measured on the H200 at 488a101: 576 x 576 1.43 vs 1.55 us, SiLU + down
+  // 2.42 vs 2.85), and where the CTA's rows fit next to the staged x rows in the default 48 KB.
+  // Larger grids run in waves, where a CTA's load-then-compute phases cost more than they hide
+  // (4096 x 4096 Q4_1: 9.45 staged vs 8.50 us).
   const size_t w_smem = size_t(staged_weight_bytes(cta_cols, p.row_bytes));
-  const bool sw = qmm_stage_weights_enabled() && row_smem + w_smem <= kStageBytes;
+  const bool sw = qmm_stage_weights_enabled() && int64_t(grid) <= 2 * int64_t(dp.sm_count) &&
+                  row_smem + w_smem <= kStageBytes;
   const size_t smem = row_smem + (sw ? w_smem : 0);
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto tag, auto sw_tag) {
