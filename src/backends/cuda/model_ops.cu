@@ -335,19 +335,6 @@ __device__ __forceinline__ const uint8_t* stage_weight_rows(unsigned char* dst, 
   cp_async_commit();
   return row0;
 }
-// Read from global memory (SW off): the loads of a lane's block wait a DRAM round trip each,
-// one after the other. Prefetching into L1 what the warp reads next takes the round trips off
-// that chain: at a column's start, the warp's other columns' blocks (NC > 1: all of them in
-// flight together); each step, the lane's next block of the column (K > 1024: 2+ blocks per
-// lane). A block (18-34 bytes) spans at most two 128-byte lines. Only addresses of blocks the
-// kernel reads are prefetched. No effect on any value.
-__device__ __forceinline__ void prefetch_block_l1(const uint8_t* blk, int64_t bbytes) {
-#if defined(__CUDA_ARCH__)
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(blk));
-  asm volatile("prefetch.global.L1 [%0];" ::"l"(blk + bbytes - 1));
-#endif
-}
-
 // Bytes of shared memory a CTA of `rows` weight rows needs to stage them.
 __host__ __device__ constexpr int64_t staged_weight_bytes(int64_t rows, int64_t row_bytes) {
   return rows * row_bytes + 16;
@@ -446,16 +433,8 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
       const int64_t n = col0 + c;
       if (n >= N) break;  // (also the residual_out writer past the last column)
       const uint8_t* wr = wcta + (n - n0) * p.row_bytes;
-      if constexpr (!SW) {
-        if (c == 0 && m0 == 0)  // the warp's other columns, all at once
-          for (int c2 = 1; c2 < nc && n + c2 < N; ++c2)
-            for (int64_t b = lane; b < nblocks; b += 32) prefetch_block_l1(wr + c2 * p.row_bytes + b * bbytes, bbytes);
-      }
       float acc[MQ] = {};
       for (int64_t b = lane; b < nblocks; b += 32) {
-        if constexpr (!SW) {
-          if (b + 32 < nblocks) prefetch_block_l1(wr + (b + 32) * bbytes, bbytes);  // the lane's next block
-        }
         float v[32];
         decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
 #pragma unroll
@@ -563,16 +542,8 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
       const int64_t n = col0 + c;
       if (n >= N) break;
       const uint8_t* wr = wcta + (n - n0) * p.row_bytes;
-      if constexpr (!SW) {
-        if (c == 0 && m0 == 0)  // the warp's other columns, all at once
-          for (int c2 = 1; c2 < nc && n + c2 < N; ++c2)
-            for (int64_t b = lane; b < nblocks; b += 32) prefetch_block_l1(wr + c2 * p.row_bytes + b * bbytes, bbytes);
-      }
       float acc[MQ] = {};
       for (int64_t b = lane; b < nblocks; b += 32) {
-        if constexpr (!SW) {
-          if (b + 32 < nblocks) prefetch_block_l1(wr + (b + 32) * bbytes, bbytes);  // the lane's next block
-        }
         float v[32];
         decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
 #pragma unroll
