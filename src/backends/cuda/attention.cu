@@ -261,37 +261,26 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   }
   if (threadIdx.x == 0) *sm.any = any_cta;
   cluster.sync();  // every CTA's partial state is complete and visible to the cluster
-  // merge: each output element i of the unit's G x D takes C consecutive lanes, lane c reading
-  // CTA c's part (one round trip of distributed shared memory for all C parts), then
-  // butterflies over the C lanes: the max, then the weighted sums. The (i, c) pairs are spread
-  // over every CTA of the cluster; a warp's iterations are uniform, so the shuffles see all lanes.
+  // merge: rank r writes the output elements r, r + C, ... of the unit's G x D outputs
   T* out = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  const int pairs = G * D * C, c_shift = __ffs(C) - 1;  // C: a power of two; pairs <= 8 * 256 * 16
-  for (int base = rank * kGqaThreads + warp * 32; base < pairs; base += C * kGqaThreads) {
-    const int pidx = base + lane;
-    const bool valid = pidx < pairs;
-    const int i = pidx >> c_shift, c = pidx & (C - 1), g = valid ? i / D : 0;
-    float mc = -INFINITY, lc = 0.f, ac = 0.f;
+  for (int i = rank * kGqaThreads + threadIdx.x; i < G * D; i += C * kGqaThreads) {
+    const int g = i / D;
+    float M = -INFINITY;
     int any = 0;
-    if (valid) {
+    for (int c = 0; c < C; ++c) {
       GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-      mc = r.m[g];
-      lc = r.l[g];
-      ac = r.acc[i];
-      any = *r.any;
+      M = fmaxf(M, r.m[g]);
+      any |= *r.any;
     }
-    float M = mc;
-    for (int o = C / 2; o > 0; o >>= 1) {
-      M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-      any |= __shfl_xor_sync(0xffffffffu, any, o);
+    float L = 0.f, a = 0.f;
+    if (M != -INFINITY) {
+      for (int c = 0; c < C; ++c) {
+        GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
+        const float f = merge_factor(r.m[g], M);
+        L += r.l[g] * f;
+        a += r.acc[i] * f;
+      }
     }
-    const float f = merge_factor(mc, M);
-    float L = M == -INFINITY ? 0.f : lc * f, a = M == -INFINITY ? 0.f : ac * f;
-    for (int o = C / 2; o > 0; o >>= 1) {
-      L += __shfl_xor_sync(0xffffffffu, L, o);
-      a += __shfl_xor_sync(0xffffffffu, a, o);
-    }
-    if (!valid || c != 0) continue;
     // no key at all (all dropped, or len 0): a zero row; keys whose scores are all -inf: NaN
     const float y = L == 0.f ? (any ? __int_as_float(0x7fffffff) : 0.f) : a / L;
     out[i] = Dt<T>::from_f(len > 0 ? y : 0.f);
