@@ -15,7 +15,8 @@
 #                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
 #                    the gguf and accelerate wheels travel in .whl)
 #   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
-#                    baselines (the report then compares with none)
+#                    baselines (the report then compares with none); KS_MODEL_AB=0: skip the batch-1
+#                    comparison runs (KS_MODEL_FUSE=0, KS_QMM_WSTAGE=0)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -50,10 +51,10 @@ if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
     --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
   # the same decode without the decode fusions (10 kernels per layer instead of 6), batch 1
-  KS_MODEL_FUSE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
+  [ "${KS_MODEL_AB:-1}" = 1 ] && KS_MODEL_FUSE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
     --repeats 5 --batch 1 --csv "$OUT/model_cuda_unfused.csv" 2>&1 | tee -a "$LOG" | grep decode
   # the same with the matmuls' weight staging off (KS_QMM_WSTAGE=0: the same bits), batch 1
-  KS_QMM_WSTAGE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
+  [ "${KS_MODEL_AB:-1}" = 1 ] && KS_QMM_WSTAGE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
     --repeats 5 --batch 1 --csv "$OUT/model_cuda_nowstage.csv" 2>&1 | tee -a "$LOG" | grep decode
   if [ "${KS_MODEL_CPU:-1}" = 1 ]; then  # KS_MODEL_CPU=0: skip the CPU path's benchmark
     $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64 512 --decode-tokens 64 --repeats 3 \
