@@ -394,12 +394,14 @@ int main(int argc, char** argv) {
             }
           CK(cudaMemcpy(w.back()->p, host.data(), host.size(), cudaMemcpyHostToDevice));
         }
-        const double us = graph_time(k, [&](int i, cudaStream_t st) {
+        const auto call = [&](int i, cudaStream_t st) {
           ks::quant_matmul(dv(o[i]->p, bf, {1, n}), dv(x[i]->p, bf, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}), qt,
                            ks::Backend::Cuda, st);
-        }, s);
-        record(std::string("quant_gemv_") + qname, std::to_string(n) + "x" + std::to_string(h), bf, us, bytes,
-               "quant_matmul");
+        };
+        const double us = graph_time(k, call, s);
+        const std::string op = std::string("quant_gemv_") + qname, shape = std::to_string(n) + "x" + std::to_string(h);
+        record(op, shape, bf, us, bytes, "quant_matmul");
+        also_variants("quant_matmul", op, shape, bf, bytes, k, call);
       }
   // The model's decode fusions (SmolLM2-135M, one token, FP32 activations, Q4_1 weights): each
   // fused call next to the sequence it replaces, both as graph replays (impl "fused" / "unfused").

@@ -860,6 +860,50 @@ TEST(Cuda, QuantMatmulM16VariantEqualsTheDefault) {
         }
 }
 
+// quant_matmul's cuda_row_stream (M = 1: each warp streams weight rows through two shared-memory
+// buffers) gives the same bytes as cuda_warp_per_column, and is close to the CPU: every block
+// format, rows of one block to 4096 elements, more columns than the grid has warps (each warp
+// takes several rows, both buffers in turn), weights aligned and offset by 1 and 2 bytes (head
+// bytes by plain loads; byte-wise and 16-bit decode). M = 2 is refused by its can_implement.
+TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t many = 4 * 4 * int64_t(sms) * 3 + 5;  // > 3 rows per warp at 4 CTAs of 4 warps per SM
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{7, 32}, {576, 576}, {many, 576}, {300, 4096}})
+        for (size_t off : {size_t(0), size_t(1), size_t(2)}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " N=" + std::to_string(N) +
+                       " K=" + std::to_string(K) + " offset " + std::to_string(off));
+          Buf x(dt, {1, K}), ref(dt, {1, N}), a(dt, {1, N}), b(dt, {1, N});
+          kstest::fill_normal(x);
+          Buf w = make_packed(q, N, K);
+          ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+          DBuf dx(dt, {1, K}), dw(DType::U8, w.shape, off), da(dt, {1, N}), db(dt, {1, N});
+          dx.upload(x);
+          dw.upload(w);
+          da.poison();
+          db.poison();
+          for (auto [variant, out] : {std::pair{"cuda_row_stream", &da}, {"cuda_warp_per_column", &db}}) {
+            ASSERT_EQ(ks_force_variant("quant_matmul", variant), KS_SUCCESS) << ks_last_error();
+            ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            ks_force_variant("quant_matmul", nullptr);
+          }
+          CK(cudaDeviceSynchronize());
+          da.download(a);
+          db.download(b);
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+          EXPECT_TRUE(close_to_cpu(a, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
+        }
+  // M = 2: the pinned variant cannot run the call, and says so
+  DBuf dx(DType::F32, {2, 64}), dw(DType::U8, {3, 2 * 20}), dout(DType::F32, {2, 3});
+  ASSERT_EQ(ks_force_variant("quant_matmul", "cuda_row_stream"), KS_SUCCESS) << ks_last_error();
+  EXPECT_THROW(ks::quant_matmul(dout.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  ks_force_variant("quant_matmul", nullptr);
+}
+
 // The decode-step fusions on CUDA against the CPU (whose result is the unfused sequence's):
 // fused_add_rms_norm_quant_matmul with and without x, aligned (vector loads) and offset by one
 // element (scalar loads), M = 1 (the one-row kernel) and M = 5 (a 4-row chunk and a partial

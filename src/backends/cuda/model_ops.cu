@@ -321,14 +321,16 @@ struct QmmParams {
 // and the DRAM latency of the weights then overlaps the previous kernel. The range's unaligned
 // head (< 16 bytes) is read by plain loads and its tail by a zero-filling partial copy, so no
 // byte outside the rows is read. The rows keep their address modulo 16 in shared memory, so
-// the word loads of decode_q_block stay aligned. Returns where row n0 starts in `dst`.
+// the word loads of decode_q_block stay aligned. Thread t of the `nt` copying threads (the CTA,
+// or a warp's lanes) takes the pieces t, t + nt, ...; each commits one cp.async group. Returns
+// where row n0 starts in `dst`.
 __device__ __forceinline__ const uint8_t* stage_weight_rows(unsigned char* dst, const uint8_t* w, int64_t row_bytes,
-                                                           int64_t n0, int64_t rows) {
+                                                           int64_t n0, int64_t rows, unsigned t, unsigned nt) {
   const uintptr_t beg = reinterpret_cast<uintptr_t>(w + n0 * row_bytes), end = beg + uintptr_t(rows * row_bytes);
   const uintptr_t a0 = beg & ~uintptr_t(15), a1 = (beg + 15) & ~uintptr_t(15);
   unsigned char* row0 = dst + (beg - a0);
-  if (threadIdx.x < a1 - beg && beg + threadIdx.x < end) row0[threadIdx.x] = w[n0 * row_bytes + threadIdx.x];
-  for (uintptr_t a = a1 + 16 * uintptr_t(threadIdx.x); a < end; a += 16 * uintptr_t(blockDim.x)) {
+  if (t < a1 - beg && beg + t < end) row0[t] = w[n0 * row_bytes + t];
+  for (uintptr_t a = a1 + 16 * uintptr_t(t); a < end; a += 16 * uintptr_t(nt)) {
     const uintptr_t left = end - a;
     cp_async_bytes(dst + (a - a0), reinterpret_cast<const void*>(a), left < 16 ? int(left) : 16);
   }
@@ -399,7 +401,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
   const int64_t cta_cols = int64_t(blockDim.x >> 5) * nc, n0 = int64_t(blockIdx.x) * cta_cols;
   const uint8_t* wcta = p.w + n0 * p.row_bytes;  // row n0 of the weights, wherever they are read from
   if constexpr (SW) {
-    wcta = stage_weight_rows(qmm_wsm, p.w, p.row_bytes, n0, min(cta_cols, p.N - n0));
+    wcta = stage_weight_rows(qmm_wsm, p.w, p.row_bytes, n0, min(cta_cols, p.N - n0), threadIdx.x, blockDim.x);
     pdl_begin();
     cp_async_wait<0>();
     __syncthreads();
@@ -491,7 +493,7 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
   const uint8_t* wcta = p.w + n0 * p.row_bytes;
   if constexpr (SW) {  // the weights first: they do not depend on the previous kernel
     unsigned char* wdst = reinterpret_cast<unsigned char*>(hs + min(M, int64_t(MQ)) * KS);
-    wcta = stage_weight_rows(wdst, p.w, p.row_bytes, n0, min(cta_cols, N - n0));
+    wcta = stage_weight_rows(wdst, p.w, p.row_bytes, n0, min(cta_cols, N - n0), threadIdx.x, blockDim.x);
   }
   pdl_begin();
   const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
@@ -570,6 +572,62 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
     }
     __syncthreads();  // the next chunk overwrites hs
   }
+}
+
+// ---- variant cuda_row_stream (M = 1) ---------------------------------------------------
+// Decode GEMV over long rows: a warp strides over the output columns (n, n + W, ... for W warps
+// in the grid) and streams each column's weight row into one of its two shared-memory buffers
+// with 16-byte cp.async copies (the row's bytes are contiguous, so its 32 lanes put the whole
+// row in flight at once), decoding row n while row n + W is in flight. The first row is issued
+// before the kernel's dependency wait (weights are never written by a step's kernels). Each
+// column's arithmetic is quant_matmul_kernel's for M = 1 - lane l takes blocks l, l + 32, ... in
+// order, a block's 32 products in order, then the butterfly - so the bits are
+// cuda_warp_per_column's (tested), and the two may be routed by shape.
+constexpr int kStreamWarps = 4;
+// one buffer: the row and up to 15 bytes of head misalignment, in 16-byte pieces
+__host__ __device__ constexpr int64_t stream_buffer_bytes(int64_t row_bytes) { return (row_bytes + 15) / 16 * 16 + 16; }
+
+template <typename T, bool WIDE>
+__global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(const QmmParams p) {
+  extern __shared__ __align__(16) unsigned char qmm_stream[];  // [warp][2][stream_buffer_bytes]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t bufb = stream_buffer_bytes(p.row_bytes), N = p.N, K = p.K;
+  unsigned char* buf0 = qmm_stream + int64_t(2 * warp) * bufb;
+  const int64_t stride = int64_t(gridDim.x) * kStreamWarps;
+  int64_t n = int64_t(blockIdx.x) * kStreamWarps + warp;
+  const uint8_t* cur = n < N ? stage_weight_rows(buf0, p.w, p.row_bytes, n, 1, lane, 32) : nullptr;
+  pdl_begin();
+  const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
+  const T* x = static_cast<const T*>(p.x);
+  T* out = static_cast<T*>(p.out);
+  constexpr int XV = WIDE ? 16 / int(sizeof(T)) : 1;
+  for (int sel = 0; n < N; n += stride, sel ^= 1) {
+    const uint8_t* next = nullptr;
+    if (n + stride < N)
+      next = stage_weight_rows(buf0 + (sel ^ 1) * bufb, p.w, p.row_bytes, n + stride, 1, lane, 32);
+    else
+      cp_async_commit();  // an empty group keeps the wait count uniform
+    cp_async_wait<1>();   // this lane's copies of row n have landed
+    __syncwarp();         // and every lane's are visible
+    float acc = 0.f;
+    for (int64_t b = lane; b < nblocks; b += 32) {
+      float v[32];
+      decode_q_block<WIDE>(p.q, cur + b * bbytes, v);
+      float s = 0.f;
+#pragma unroll
+      for (int cc = 0; cc < 32 / XV; ++cc) {
+        const auto xv = load_vec<T, XV>(x + b * 32 + cc * XV);
+#pragma unroll
+        for (int j = 0; j < XV; ++j) s += v[cc * XV + j] * xv.f(j);
+      }
+      acc += s;
+    }
+    const float sum = warp_sum(acc);
+    if (lane == 0) out[n] = Dt<T>::from_f(sum);
+    __syncwarp();  // every lane is done with this buffer before the next step refills it
+    cur = next;
+  }
+  cp_async_wait<0>();
 }
 
 // ---- paged_attention ----------------------------------------------------------------
@@ -753,6 +811,15 @@ bool qmm_stage_weights_enabled() {
   return on;
 }
 
+// Word loads of the blocks (Q4_1: 4-byte aligned weights; Q4_0 / Q8_0: 2-byte) and 16-byte
+// loads of every row pointer the kernel reads.
+bool qmm_wide(const QmmParams& p, std::initializer_list<const void*> rows) {
+  const uintptr_t wa = reinterpret_cast<uintptr_t>(p.w);
+  bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
+  for (const void* r : rows) wide = wide && aligned16(r);
+  return wide;
+}
+
 template <Pro P, int MQ_MANY = kMqMany>
 void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::initializer_list<const void*> rows,
                 ks_stream_t stream) {
@@ -769,9 +836,7 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   p.cols_per_warp = nc;
   const int64_t cta_cols = int64_t(kWarps) * nc;
   const unsigned grid = unsigned(std::max<int64_t>(1, (p.N + cta_cols - 1) / cta_cols));
-  const uintptr_t wa = reinterpret_cast<uintptr_t>(p.w);
-  bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
-  for (const void* r : rows) wide = wide && aligned16(r);
+  const bool wide = qmm_wide(p, rows);
   const int mq = p.M == 1 ? 1 : MQ_MANY;
   // The fused forms stage their rows when 4 of them fit (K <= 2720), whatever M is: the
   // staged and per-warp kernels sum a row's squares in different orders, so a choice that
@@ -844,6 +909,43 @@ void quant_matmul_m16_cuda(const void* args, ks_stream_t stream) {
 std::string quant_matmul_m16_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
   return a.m >= 8 ? "" : "fewer than 8 rows: cuda_warp_per_column's 4-row chunks already cover them";
+}
+
+// Variant cuda_row_stream (M = 1, two row buffers per warp within 48 KB): see
+// quant_gemv_stream_kernel. KS_QMM_STREAM_CTAS_PER_SM (default 4) sets the grid's CTAs per SM
+// for experiments; there are never more warps than columns.
+std::string quant_matmul_stream_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.m != 1) return "M > 1: the row stream serves one row of x (decode)";
+  if (2 * kStreamWarps * stream_buffer_bytes(a.row_bytes) > int64_t(kStageBytes))
+    return "rows over 5.9 KB: two buffers per warp would exceed 48 KB of shared memory";
+  return "";
+}
+
+void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  DeviceGuard g(a.x.device.device_id, "quant_matmul");
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  static const int64_t ctas_per_sm = [] {
+    const char* e = std::getenv("KS_QMM_STREAM_CTAS_PER_SM");
+    const long v = e ? std::atol(e) : 0;
+    return int64_t(v > 0 ? v : 4);
+  }();
+  const int64_t grid = std::max<int64_t>(
+      1, std::min<int64_t>((p.N + kStreamWarps - 1) / kStreamWarps, ctas_per_sm * dp.sm_count));
+  const size_t smem = size_t(2 * kStreamWarps * stream_buffer_bytes(p.row_bytes));
+  const bool wide = qmm_wide(p, {a.x.data});
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type(a.x.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    launch_kernel("quant_matmul", wide ? quant_gemv_stream_kernel<T, true> : quant_gemv_stream_kernel<T, false>,
+                  dim3(unsigned(grid)), dim3(32 * kStreamWarps), smem, s, 1, dp.pdl, p);
+  });
+  check_launch("quant_matmul");
+  record_launch("quant_matmul", "row_stream warps_per_cta=%lld grid=%lld wide_loads=%lld buffer_bytes=%lld",
+                {kStreamWarps, grid, wide ? 1 : 0, stream_buffer_bytes(p.row_bytes)});
 }
 
 void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {

@@ -160,6 +160,8 @@ void varlen_attention_cuda(const void*, ks_stream_t);
 void norm_quant_matmul_cuda(const void*, ks_stream_t);
 void quant_matmul_m16_cuda(const void*, ks_stream_t);
 std::string quant_matmul_m16_can_implement(const void*);
+void quant_matmul_stream_cuda(const void*, ks_stream_t);
+std::string quant_matmul_stream_can_implement(const void*);
 void rope_kv_append_cuda(const void*, ks_stream_t);
 std::string rope_append_can_implement(const void*);
 void silu_quant_matmul_cuda(const void*, ks_stream_t);
@@ -232,6 +234,10 @@ std::string ci_quant_matmul(const void* p) {
 std::string ci_quant_matmul_m16(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_m16_can_implement(p) : why;
+}
+std::string ci_quant_matmul_stream(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? quant_matmul_stream_can_implement(p) : why;
 }
 std::string qtype_reason(ks_qtype_t q) {
   return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0 ? ""
@@ -350,6 +356,10 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column_m16", kFloatDTypes, 5,
                "cuda_warp_per_column with 16 rows of x per decoded block (M >= 8; the same bits); below it "
                "until measured", avail, ks::cuda::ci_quant_matmul_m16, ks::cuda::quant_matmul_m16_cuda});
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_row_stream", kFloatDTypes, 4,
+               "M = 1: each warp streams whole weight rows into two shared-memory buffers with cp.async (the "
+               "next row in flight while one is decoded), the same bits as cuda_warp_per_column; below it "
+               "until measured", avail, ks::cuda::ci_quant_matmul_stream, ks::cuda::quant_matmul_stream_cuda});
   v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column; each warp computes its rows' (x + residual) norm itself, "
                "warp 0 of block 0 writes residual_out", avail, ks::cuda::ci_norm_quant_matmul,
