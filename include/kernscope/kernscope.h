@@ -211,7 +211,10 @@ KS_API ks_status_t ks_gemm(DLTensor* out, const DLTensor* a, const DLTensor* b,
 /* out[M, N] = x[M, K] @ dequant(weight)^T, computed from the packed blocks.
  * weight: uint8 [N, row_bytes] in qtype; x, out: same float dtype.
  * Each weight element is dequantized in FP32 (contract in docs/contracts.md),
- * products and sums in FP32, one rounding to out's dtype. */
+ * products and sums in FP32, one rounding to out's dtype.
+ * weight is read-only and, on CUDA with programmatic dependent launch, may be read before the
+ * kernel queued just before this call on the stream finishes: do not write it with that
+ * kernel (also for the two fused forms below; docs/contracts.md, quant_matmul). */
 KS_API ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTensor* weight,
                                    ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream);
 

@@ -558,7 +558,9 @@ def quant_matmul(x: T, weight: Array, qtype: Union[str, int, QType], *, backend:
 
     Args:
         x: ``[M, K]``; fp16, bf16 or fp32. K must be a multiple of the block size.
-        weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype.
+        weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype. Read-only: on CUDA it
+            may be read before the kernel queued just before this call on the stream finishes,
+            so that kernel must not write it (synchronize or record an event in between).
         qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16".
         backend: "auto" | "cpu" | "cuda" | "torch".
         out: optional ``[M, N]`` output in x's dtype.

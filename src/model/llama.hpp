@@ -102,8 +102,10 @@ class LlamaModel {
   Weight upload(const Weight& w, bool with_dense = false);
   // w's FP32 dequantized copy on the device (w.dense), made once
   void add_dense(Weight& w);
-  // out[n, rows] = x[n, cols] @ W^T: quant_matmul on the blocks, or ks::gemm on W.dense for
-  // n >= kDenseRows (each weight element dequantized in FP32 either way; sums in FP32)
+  // out[n, rows] = x[n, cols] @ W^T: ks::gemm on W.dense when held and n >= kDenseRows (not
+  // for decode steps with KS_MODEL_BATCH_INVARIANT=1); for prefill steps of >= kScratchDenseRows
+  // rows without held copies, ks::gemm on W dequantized into the scratch; else quant_matmul on
+  // the blocks (each weight element dequantized in FP32 every way; sums in FP32)
   void matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill);
   struct Layer {
     Weight attn_norm, wq, wk, wv, wo, ffn_norm, w_gate_up, w_down;

@@ -234,7 +234,10 @@ TEST(Model, CudaLongPrefillMatchesCpu) {
   Fixture cpu;
   const nlohmann::json ref = reference();
   std::vector<int32_t> prompt;
-  for (size_t i = 0; prompt.size() < size_t(2 * ks::model::LlamaModel::kDenseRows) + 7; ++i)
+  // long enough for the per-step scratch path as well (KS_DENSE_WEIGHTS_MB=0: prefill of at
+  // least kScratchDenseRows rows), not only for the held copies (kDenseRows)
+  using LM = ks::model::LlamaModel;
+  for (size_t i = 0; prompt.size() < size_t(std::max(LM::kDenseRows, LM::kScratchDenseRows)) + 7; ++i)
     for (int32_t id : ref["cases"][i % ref["cases"].size()]["prompt_ids"].get<std::vector<int32_t>>()) prompt.push_back(id);
   const float* lc = cpu.model.forward(prompt.data(), int64_t(prompt.size()), 0);
   const std::vector<float> want(lc, lc + cpu.model.config().vocab_size);
@@ -253,12 +256,10 @@ TEST(Model, CudaLongPrefillMatchesCpu) {
   }
 }
 
-// Several sequences decoded together (decode_batch: one row per sequence, each at its own
-// position, with its own cache blocks) give exactly the greedy ids of each sequence decoded
-// alone; the other sequences' contents never change a row (batch invariance).
 namespace {
 // B sequences (the reference prompts, cyclically) decoded `steps` tokens at once with
-// decode_batch give the ids each gets decoded alone.
+// decode_batch (one row per sequence, each at its own position, with its own cache blocks)
+// give the ids each gets decoded alone.
 void expect_batched_ids_equal_alone(ks::Backend be, int64_t B, int64_t steps) {
   const nlohmann::json ref = reference();
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
@@ -316,6 +317,16 @@ TEST(Model, CudaBatchedDecodeThroughGemmGivesTheSameIds) {
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
   static_assert(ks::model::LlamaModel::kDenseRows <= 9, "9 sequences must reach the dense path");
   expect_batched_ids_equal_alone(ks::Backend::Cuda, 9, 10);
+}
+
+// KS_MODEL_BATCH_INVARIANT=1 keeps decode steps of any batch size on quant_matmul (rows
+// bit-identical to one-token steps): 9 sequences give each one's ids.
+TEST(Model, CudaBatchInvariantModeAtNineSequences) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
+  setenv("KS_MODEL_BATCH_INVARIANT", "1", 1);
+  expect_batched_ids_equal_alone(ks::Backend::Cuda, 9, 10);
+  unsetenv("KS_MODEL_BATCH_INVARIANT");
 }
 
 TEST(Model, RejectsPositionsPastTheContext) {

@@ -790,11 +790,10 @@ TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
 }
 
 // Wide matrices of short rows (an lm_head's shape): warps own 2 or 4 consecutive columns
-// (N >= 64 * 2 * SMs) and CTAs stage their weight rows in shared memory with cp.async before
-// the kernel's dependency wait. N odd, so the last CTA is partial; weights aligned, offset by
-// one byte (an unaligned head read by plain loads, byte-wise decode) and by two (the 16-bit
-// word path of Q4_0 / Q8_0 from a range that does not start on 16 bytes). Against the CPU, and
-// the rows of M = 5 byte-equal to M = 1 (the row does not depend on M here either).
+// (N >= 64 * 2 * SMs; the grid is then too large for weight staging, which is off). N odd, so
+// the last CTA is partial; weights aligned, offset by one byte (byte-wise decode) and by two
+// (the 16-bit word path of Q4_0 / Q8_0). Against the CPU, and the rows of M = 5 byte-equal to
+// M = 1 (the row does not depend on M here either).
 TEST(Cuda, QuantMatmulWideMatricesAgainstCpu) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -858,6 +857,118 @@ TEST(Cuda, QuantMatmulM16VariantEqualsTheDefault) {
           db.download(b);
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
         }
+}
+
+// Weight staging (the CTA's weight rows copied to shared memory with cp.async before the
+// dependency wait; on for grids of at most 2 CTAs per SM) changes no bits: the first 64
+// columns computed with 64 columns of weight (8 CTAs: staged) equal those columns inside a
+// matrix of 32 x SMs + 8 columns (a grid over 2 CTAs per SM: read from global memory). For
+// quant_matmul (M = 1 and 5) and both fused forms (M = 3), weights aligned and offset by 1 and
+// 2 bytes (the head read by plain loads). Then SiLU + down at K = 2656, M = 3: the staged rows
+// and weights come within 32 bytes of 48 KB next to the kernel's static shared memory (a
+// launch that needed more would fail).
+TEST(Cuda, WeightStagingGivesTheSameBits) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int64_t K = 576, NS = 64, NB = 32 * int64_t(sms) + 8;
+  const ks::TensorView none;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (size_t off : {size_t(0), size_t(1), size_t(2)}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " weight offset " +
+                     std::to_string(off));
+        const auto qt = static_cast<ks::QType>(q);
+        Buf w = make_packed(q, NB, K);
+        DBuf dw(DType::U8, w.shape, off);
+        dw.upload(w);
+        const ks::TensorView wbig = dw.view(), wsmall = dw.view().slice(0, NS);
+        // columns [0, NS) of out_big [M, NB] against out_small [M, NS], row by row
+        auto same_columns = [&](const Buf& small, const Buf& big, int64_t M) {
+          const size_t es = ks::dtype_size(dt);
+          for (int64_t m = 0; m < M; ++m)
+            EXPECT_EQ(0, std::memcmp(static_cast<const char*>(small.data()) + size_t(m * NS) * es,
+                                     static_cast<const char*>(big.data()) + size_t(m * NB) * es, size_t(NS) * es))
+                << "row " << m;
+        };
+        for (int64_t M : {int64_t(1), int64_t(5)}) {
+          Buf x(dt, {M, K}), small(dt, {M, NS}), big(dt, {M, NB});
+          kstest::fill_normal(x);
+          DBuf dx(dt, {M, K}), ds(dt, {M, NS}), db(dt, {M, NB});
+          dx.upload(x);
+          ds.poison();
+          db.poison();
+          ks::quant_matmul(ds.view(), dx.view(), wsmall, qt, ks::Backend::Cuda);
+          ks::quant_matmul(db.view(), dx.view(), wbig, qt, ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          ds.download(small);
+          db.download(big);
+          SCOPED_TRACE("quant_matmul M=" + std::to_string(M));
+          same_columns(small, big, M);
+        }
+        const int64_t M = 3;
+        Buf x(dt, {M, K}), res(dt, {M, K}), nw(dt, {K}), gu(dt, {M, 2 * K}), small(dt, {M, NS}), big(dt, {M, NB}),
+            ro_s(dt, {M, K}), ro_b(dt, {M, K});
+        kstest::fill_normal(x);
+        kstest::fill_normal(res);
+        kstest::fill_normal(nw);
+        kstest::fill_normal(gu, 2.0);
+        DBuf dx(dt, {M, K}), dres(dt, {M, K}), dnw(dt, {K}), dgu(dt, {M, 2 * K}), ds(dt, {M, NS}), db(dt, {M, NB}),
+            dro_s(dt, {M, K}), dro_b(dt, {M, K});
+        dx.upload(x);
+        dres.upload(res);
+        dnw.upload(nw);
+        dgu.upload(gu);
+        ds.poison();
+        db.poison();
+        dro_s.poison();
+        dro_b.poison();
+        ks::fused_add_rms_norm_quant_matmul(ds.view(), dro_s.view(), dx.view(), dres.view(), dnw.view(), 1e-5, wsmall, qt,
+                                            ks::Backend::Cuda);
+        ks::fused_add_rms_norm_quant_matmul(db.view(), dro_b.view(), dx.view(), dres.view(), dnw.view(), 1e-5, wbig, qt,
+                                            ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        ds.download(small);
+        db.download(big);
+        dro_s.download(ro_s);
+        dro_b.download(ro_b);
+        {
+          SCOPED_TRACE("fused_add_rms_norm_quant_matmul");
+          same_columns(small, big, M);
+          EXPECT_EQ(0, std::memcmp(ro_s.data(), ro_b.data(), ro_s.nbytes())) << "residual_out";
+        }
+        ds.poison();
+        db.poison();
+        // gate_up [M, 2 K] feeds the same [NB, K] weights as a down projection would
+        ks::silu_and_mul_quant_matmul(ds.view(), dgu.view(), wsmall, qt, ks::Backend::Cuda);
+        ks::silu_and_mul_quant_matmul(db.view(), dgu.view(), wbig, qt, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        ds.download(small);
+        db.download(big);
+        SCOPED_TRACE("silu_and_mul_quant_matmul");
+        same_columns(small, big, M);
+      }
+  // the 48 KB edge: SiLU + down, K = 2656 (83 Q4_1 blocks), M = 3, N = 2048 against the two CUDA steps
+  for (DType dt : kstest::float_dtypes()) {
+    SCOPED_TRACE(std::string("edge ") + ks::dtype_name(dt));
+    const int64_t M = 3, N = 2048, KE = 2656;
+    Buf gu(dt, {M, 2 * KE}), a(dt, {M, N}), b(dt, {M, N});
+    kstest::fill_normal(gu, 2.0);
+    Buf w = make_packed(KS_QTYPE_Q4_1, N, KE);
+    DBuf dgu(dt, {M, 2 * KE}), dw(DType::U8, w.shape), dh(dt, {M, KE}), da(dt, {M, N}), db(dt, {M, N});
+    dgu.upload(gu);
+    dw.upload(w);
+    da.poison();
+    db.poison();
+    ks::silu_and_mul_quant_matmul(da.view(), dgu.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    ks::silu_and_mul(dh.view(), dgu.view(), ks::Backend::Cuda);
+    ks::quant_matmul(db.view(), dh.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    da.download(a);
+    db.download(b);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+  }
 }
 
 // quant_matmul's cuda_row_stream (M = 1: each warp streams weight rows through two shared-memory

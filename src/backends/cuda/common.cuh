@@ -219,7 +219,9 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 // Every kernel starts with pdl_begin(): it waits until the grids it depends on
 // in the stream have completed and their writes are visible (a no-op when the
 // launch had no programmatic dependency). A kernel launched with the PDL
-// attribute therefore reads nothing early: what it gains is its launch (CTA
+// attribute reads nothing early - except quant_matmul's packed weights, which its
+// kernels stage before calling this (the contract makes weights read-only inputs
+// that the preceding kernel must not write) - so what it gains is its launch (CTA
 // setup, argument fetch) overlapping the previous kernel's tail. Stream order is
 // kept for any predecessor, kernscope's or not. Grids of at most one CTA per SM
 // (decode sizes) then let the next kernel be scheduled at once; larger grids

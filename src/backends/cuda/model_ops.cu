@@ -337,7 +337,10 @@ __device__ __forceinline__ const uint8_t* stage_weight_rows(unsigned char* dst, 
   cp_async_commit();
   return row0;
 }
-// Bytes of shared memory a CTA of `rows` weight rows needs to stage them.
+// Bytes of shared memory a CTA of `rows` weight rows needs to stage them: the rows, up to 15
+// bytes of head misalignment, and the tail's last 16-byte piece (its zero fill) - within the
+// 16 added bytes because every block format's row bytes (18, 20, 34 per block) are even and a
+// CTA stages 8 x cols_per_warp rows, a multiple of 16 bytes.
 __host__ __device__ constexpr int64_t staged_weight_bytes(int64_t rows, int64_t row_bytes) {
   return rows * row_bytes + 16;
 }
@@ -433,7 +436,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
     }
     for (int c = 0; c < nc; ++c) {
       const int64_t n = col0 + c;
-      if (n >= N) break;  // (also the residual_out writer past the last column)
+      if (n >= N) break;
       const uint8_t* wr = wcta + (n - n0) * p.row_bytes;
       float acc[MQ] = {};
       for (int64_t b = lane; b < nblocks; b += 32) {
@@ -829,7 +832,8 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   constexpr int kWarps = 8;
   // Columns per warp: 2 or 4 where the grid keeps at least 2 CTAs per SM even so and a CTA's
   // weight rows stay within 16 KB (wide matrices of short rows, e.g. an lm_head of 49152 x 576:
-  // fewer, longer-lived CTAs with more bytes in flight each). By N, K and the format only.
+  // fewer, longer-lived CTAs with more bytes in flight each). By N, the row bytes and the SM
+  // count, never by M; no value depends on it.
   int nc = 1;
   while (nc < 4 && p.N >= int64_t(kWarps) * 2 * nc * 2 * dp.sm_count && int64_t(kWarps) * 2 * nc * p.row_bytes <= 16384)
     nc *= 2;
@@ -849,9 +853,12 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   // 2.42 vs 2.85), and where the CTA's rows fit next to the staged x rows in the default 48 KB.
   // Larger grids run in waves, where a CTA's load-then-compute phases cost more than they hide
   // (4096 x 4096 Q4_1: 9.45 staged vs 8.50 us).
+  // One column per warp only (2-4 columns per warp come with grids larger than that anyway).
+  // The budget leaves room for the staged kernel's static red[] (static + dynamic <= 48 KB
+  // without an opt-in).
   const size_t w_smem = size_t(staged_weight_bytes(cta_cols, p.row_bytes));
-  const bool sw = qmm_stage_weights_enabled() && int64_t(grid) <= 2 * int64_t(dp.sm_count) &&
-                  row_smem + w_smem <= kStageBytes;
+  const bool sw = qmm_stage_weights_enabled() && nc == 1 && int64_t(grid) <= 2 * int64_t(dp.sm_count) &&
+                  row_smem + w_smem + kStageWarps * sizeof(float) <= kStageBytes;
   const size_t smem = row_smem + (sw ? w_smem : 0);
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto tag, auto sw_tag) {
