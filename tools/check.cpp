@@ -894,12 +894,13 @@ std::vector<TuneOp> grid() {
   for (int64_t m : {1, 8, 64})
     for (int64_t n : {576, 1536, 4096}) qm.push_back({m, n, 576}), gm.push_back({m, n, 576});
   for (int64_t m : {1, 8, 64}) qm.push_back({m, 49152, 576});  // SmolLM2's output head (vocab 49152)
+  for (int64_t n : {4096, 14336}) qm.push_back({1, n, 4096});   // the GEMV shapes (long rows)
   for (int64_t t : {1, 8, 32})
     for (int64_t len : {256, 2048}) pa.push_back({t, 9, 3, 64, 16, len});
   for (int64_t t : {1, 64, 1024})
     for (int64_t h : {9, 32}) ro.push_back({t, h, h / 3, 64, 64});
   v.push_back({"quant_matmul", "Q4_1:", qm, [q41](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul(c, s, q41); },
-               [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
+               [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1] * s[2]}; }});
   v.push_back({"gemm", "", gm, case_gemm, [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
   v.push_back({"paged_attention", "", pa, case_attention, [](const std::vector<int64_t>& s) {
                  return std::pair<int64_t, int64_t>{s[0], (s[5] + s[4] - 1) / s[4] * s[4]};  // T, MB * BS

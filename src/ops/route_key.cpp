@@ -25,9 +25,11 @@ RouteKey route_key(const char* op, const void* args) {
   if (is("argmax")) { const auto& a = as<ArgmaxArgs>(args); return key(a.rows, a.cols, a.x); }
   if (is("sample")) { const auto& a = as<SampleArgs>(args); return key(a.rows, a.vocab, a.logits); }
   if (is("gemm")) { const auto& a = as<GemmArgs>(args); return key(a.m, a.n, a.a); }
-  if (is("quant_matmul")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, a.n, a.x); }
-  if (is("fused_add_rms_norm_quant_matmul")) { const auto& a = as<NormQuantMatmulArgs>(args); return key(a.m, a.n, a.residual); }
-  if (is("silu_and_mul_quant_matmul")) { const auto& a = as<SiluQuantMatmulArgs>(args); return key(a.m, a.n, a.gate_up); }
+  // the quantized matmuls: cols = the weight's elements N x K (a GEMV's time follows its bytes; N
+  // alone would give a 4096 x 576 matrix's cell to 4096 x 4096)
+  if (is("quant_matmul")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.x); }
+  if (is("fused_add_rms_norm_quant_matmul")) { const auto& a = as<NormQuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.residual); }
+  if (is("silu_and_mul_quant_matmul")) { const auto& a = as<SiluQuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.gate_up); }
   if (is("embedding")) { const auto& a = as<EmbeddingArgs>(args); return key(a.num_ids, a.hidden, a.out); }
   if (is("dequantize")) { const auto& a = as<DequantizeArgs>(args); return key(a.rows, a.cols, a.out); }
   if (is("rotary_embedding")) { const auto& a = as<RotaryArgs>(args); return key(a.num_tokens, a.num_heads, a.q); }
