@@ -56,4 +56,34 @@ TEST(RoutingSelect, TheTablesFirstVariantRunsTheCall) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0) << "the automatic call did not run " << expect;
 }
 
+// quant_matmul is routed by (M, N x K): with tests/data/routing_quant_key.json (one cell at
+// M = 3, cols = 19 x 4096 = 77824, the reference first) the call 3 x 19 x 4096 runs the
+// reference, and 3 x 19 x 2048 (cols 38912: no cell) the registry's first, AVX-512. Keyed by
+// N alone (cols 19) neither call would match the cell.
+TEST(RoutingSelect, QuantMatmulIsKeyedByTheWeightsElements) {
+  if (!std::getenv("KS_EXPECT_KEY_CELL")) GTEST_SKIP() << "run through ctest (routing_select_quant_key)";
+  // (the table puts the reference first at one shape only, so which() names AVX-512 when it can run)
+  if (ks::which("quant_matmul", "fp32", ks::Backend::Cpu).variant != "cpu_avx512")
+    GTEST_SKIP() << "no AVX-512 on this CPU: one runnable variant only";
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  for (int64_t k : {int64_t(4096), int64_t(2048)}) {
+    SCOPED_TRACE("k = " + std::to_string(k));
+    const int64_t m = 3, n = 19;
+    std::vector<float> x(size_t(m * k));
+    for (auto& e : x) e = nd(rng);
+    std::vector<uint8_t> wq(size_t(n * (k / 32) * 34));
+    for (size_t b = 0; b < wq.size(); b += 34) {
+      wq[b] = 0x66, wq[b + 1] = 0x2e;  // fp16 scale ~0.1
+      for (int i = 2; i < 34; ++i) wq[b + i] = uint8_t(rng());
+    }
+    const auto ref = run(x, wq, m, n, k, "cpu_reference"), fast = run(x, wq, m, n, k, "cpu_avx512"),
+               got = run(x, wq, m, n, k, nullptr);
+    ASSERT_NE(std::memcmp(ref.data(), fast.data(), ref.size() * 4), 0) << "the variants agree: cannot tell them apart";
+    const auto& want = k == 4096 ? ref : fast;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+        << "the automatic call did not run " << (k == 4096 ? "the cell's cpu_reference" : "cpu_avx512");
+  }
+}
+
 }  // namespace
