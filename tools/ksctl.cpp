@@ -281,7 +281,8 @@ int main(int argc, char** argv) {
   int64_t w_rows = -1, w_cols = -1;
   which->add_option("--rows", w_rows, "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys)")
       ->check(CLI::NonNegativeNumber);
-  which->add_option("--cols", w_cols, "with --rows")->check(CLI::NonNegativeNumber);
+  which->add_option("--cols", w_cols, "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K)")
+      ->check(CLI::NonNegativeNumber);
 
   auto* table = app.add_subcommand("table", "The routing table: which variant goes first per op, GPU arch, dtype and shape");
   bool t_json = false, t_check = false;
