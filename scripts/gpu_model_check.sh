@@ -16,7 +16,8 @@
 #                    the gguf and accelerate wheels travel in .whl)
 #   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
 #                    baselines (the report then compares with none); KS_MODEL_AB=0: skip the batch-1
-#                    comparison runs (KS_MODEL_FUSE=0, KS_QMM_WSTAGE=0)
+#                    comparison runs (KS_MODEL_FUSE=0, KS_QMM_WSTAGE=0, KS_MODEL_SPLIT_HEAD=1 with and
+#                    without cuda_row_stream for the head)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -50,12 +51,29 @@ fi
 if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
     --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
-  # the same decode without the decode fusions (10 kernels per layer instead of 6), batch 1
-  [ "${KS_MODEL_AB:-1}" = 1 ] && KS_MODEL_FUSE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
-    --repeats 5 --batch 1 --csv "$OUT/model_cuda_unfused.csv" 2>&1 | tee -a "$LOG" | grep decode
-  # the same with the matmuls' weight staging off (KS_QMM_WSTAGE=0: the same bits), batch 1
-  [ "${KS_MODEL_AB:-1}" = 1 ] && KS_QMM_WSTAGE=0 $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
-    --repeats 5 --batch 1 --csv "$OUT/model_cuda_nowstage.csv" 2>&1 | tee -a "$LOG" | grep decode
+  # Batch-1 comparisons in the same call, one CSV (model_cuda_ab.csv, a leading `config` column;
+  # the call returns at most 8 files):
+  #   unfused      KS_MODEL_FUSE=0: 10 kernels per layer instead of 6
+  #   no_wstage    KS_QMM_WSTAGE=0: the matmuls' weight staging off (the same bits)
+  #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
+  #   split_head_stream  the same with quant_matmul's cuda_row_stream first at the head's shape
+  #                (bench/routing_head_row_stream.json chained before the checked-in tables)
+  if [ "${KS_MODEL_AB:-1}" = 1 ]; then
+    ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
+      local name=$1; shift
+      env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
+        --repeats 5 --batch 1 --csv /tmp/ab_$name.csv 2>&1 | tee -a "$LOG" | grep decode | sed "s/^/$name: /"
+      [ -f /tmp/ab_$name.csv ] || return 0
+      if [ ! -f "$OUT/model_cuda_ab.csv" ]; then echo "config,$(head -1 /tmp/ab_$name.csv)" > "$OUT/model_cuda_ab.csv"; fi
+      tail -n +2 /tmp/ab_$name.csv | sed "s/^/$name,/" >> "$OUT/model_cuda_ab.csv"
+    }
+    rm -f "$OUT/model_cuda_ab.csv"
+    ab unfused KS_MODEL_FUSE=0
+    ab no_wstage KS_QMM_WSTAGE=0
+    ab split_head KS_MODEL_SPLIT_HEAD=1
+    ab split_head_stream KS_MODEL_SPLIT_HEAD=1 \
+      KS_ROUTING_TABLE=bench/routing_head_row_stream.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
+  fi
   if [ "${KS_MODEL_CPU:-1}" = 1 ]; then  # KS_MODEL_CPU=0: skip the CPU path's benchmark
     $BUILD/ksctl bench-model --model $MODEL --device cpu --prompt-tokens 64 512 --decode-tokens 64 --repeats 3 \
       --csv "$OUT/model_cpu.csv" 2>&1 | tee -a "$LOG"

@@ -128,6 +128,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   on_device_ = backend == ks::Backend::Cuda;
   if (const char* e = std::getenv("KS_MODEL_FUSE")) fuse_decode_ = std::string(e) != "0";
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
+  if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
@@ -327,8 +328,14 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
       std::swap(r, r_next);
       ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
     }
-    ks::fused_add_rms_norm_quant_matmul(logits, r_next.slice(first, m), x.slice(first, m), r.slice(first, m),
-                                        out_norm_.data, c.rms_eps, lm_head_.data, lm_head_.qtype, be, s);
+    if (split_head_) {  // the final norm, then the output head through quant_matmul's own routing
+      const ks::TensorView x_out = x.slice(first, m), res_out = r.slice(first, m);
+      ks::fused_add_rms_norm(x_out, res_out, out_norm_.data, c.rms_eps, be, s);
+      ks::quant_matmul(logits, x_out, lm_head_.data, lm_head_.qtype, be, s);
+    } else {
+      ks::fused_add_rms_norm_quant_matmul(logits, r_next.slice(first, m), x.slice(first, m), r.slice(first, m),
+                                          out_norm_.data, c.rms_eps, lm_head_.data, lm_head_.qtype, be, s);
+    }
     return;
   }
   for (int64_t l = 0; l < c.n_layers; ++l) {

@@ -134,6 +134,10 @@ class LlamaModel {
   bool fuse_decode_ = true;
   bool dense_rows_ = false;    // CUDA steps of >= kDenseRows rows may go through ks::gemm
   bool batch_invariant_ = false;  // KS_MODEL_BATCH_INVARIANT=1: decode steps stay on quant_matmul
+  // KS_MODEL_SPLIT_HEAD=1: the fused one-token step ends with fused_add_rms_norm, then
+  // quant_matmul for the output head (whose routing may pick another variant, e.g.
+  // cuda_row_stream) instead of fused_add_rms_norm_quant_matmul (comparisons)
+  bool split_head_ = false;
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;

@@ -202,23 +202,31 @@ TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
   setenv("KS_MODEL_FUSE", "0", 1);
   Fixture plain(ks::Backend::Cuda);
   unsetenv("KS_MODEL_FUSE");
+  setenv("KS_MODEL_SPLIT_HEAD", "1", 1);  // the fused step with the output head split off
+  Fixture split(ks::Backend::Cuda);
+  unsetenv("KS_MODEL_SPLIT_HEAD");
   const nlohmann::json ref = reference();
   const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
   const int64_t V = cpu.model.config().vocab_size;
-  double worst_plain = 0, worst_cpu = 0;
+  double worst_plain = 0, worst_cpu = 0, worst_split = 0;
   for (size_t i = 0; i < prompt.size(); ++i) {
     const float* lf = fused.model.forward(&prompt[i], 1, int64_t(i));
     const std::vector<float> a(lf, lf + V);
     const float* lp = plain.model.forward(&prompt[i], 1, int64_t(i));
     const std::vector<float> b(lp, lp + V);
+    const float* ls = split.model.forward(&prompt[i], 1, int64_t(i));
+    const std::vector<float> d(ls, ls + V);
     const float* lc = cpu.model.forward(&prompt[i], 1, int64_t(i));
     for (int64_t v = 0; v < V; ++v) {
       worst_plain = std::max(worst_plain, double(std::fabs(a[size_t(v)] - b[size_t(v)])));
+      worst_split = std::max(worst_split, double(std::fabs(a[size_t(v)] - d[size_t(v)])));
       worst_cpu = std::max(worst_cpu, double(std::fabs(a[size_t(v)] - lc[v])));
     }
   }
   EXPECT_LE(worst_plain, kLogitAtol) << "fused vs unfused CUDA decode steps";
+  EXPECT_LE(worst_split, kLogitAtol) << "fused vs KS_MODEL_SPLIT_HEAD=1 CUDA decode steps";
   EXPECT_LE(worst_cpu, kLogitAtol) << "fused CUDA vs CPU decode steps";
+  std::printf("cuda split output head: largest logit difference vs the fused step %.3g\n", worst_split);
   std::printf("cuda fused decode over %zu one-token steps: largest logit difference vs unfused %.3g, vs the CPU %.3g\n",
               prompt.size(), worst_plain, worst_cpu);
 }
