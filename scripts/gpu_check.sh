@@ -103,11 +103,16 @@ if has ab; then
   # One op set timed twice in this call: as built, and under the environment AB_ENV (e.g.
   # KS_QMM_WSTAGE=0, a switch that changes no bits) -> bench_ab.csv, and a side-by-side table.
   AB_ENV=${AB_ENV:-KS_QMM_WSTAGE=0}; AB_OPS=${AB_OPS:-quant_matmul,decode_fusions}
-  $BUILD/bench_ops --csv /tmp/ab_base.csv --ops "$AB_OPS" --dtypes bf16 >> "$LOG" 2>&1
-  env $AB_ENV $BUILD/bench_ops --csv /tmp/ab_alt.csv --impl "kernscope_${AB_ENV%%=*}" --ops "$AB_OPS" --dtypes bf16 >> "$LOG" 2>&1
-  { cat /tmp/ab_base.csv; tail -n +2 /tmp/ab_alt.csv; } > "$OUT/bench_ab.csv"
-  echo "A/B (op,shape,dtype,impl,us | us with $AB_ENV):" | tee -a "$LOG"
-  paste -d, <(cut -d, -f5-8,10 /tmp/ab_base.csv | tail -n +2) <(cut -d, -f10 /tmp/ab_alt.csv | tail -n +2) | tee -a "$LOG"
+  rm -f /tmp/ab_base.csv /tmp/ab_alt.csv
+  $BUILD/bench_ops --csv /tmp/ab_base.csv --ops "$AB_OPS" --dtypes bf16 >> "$LOG" 2>&1; rc_a=$?
+  env $AB_ENV $BUILD/bench_ops --csv /tmp/ab_alt.csv --impl "kernscope_ab" --ops "$AB_OPS" --dtypes bf16 >> "$LOG" 2>&1; rc_b=$?
+  if [ $rc_a != 0 ] || [ $rc_b != 0 ] || [ "$(wc -l < /tmp/ab_base.csv)" != "$(wc -l < /tmp/ab_alt.csv)" ]; then
+    echo "ab: bench_ops failed (rc $rc_a / $rc_b) or the two runs differ in rows; see logs.txt" | tee -a "$LOG"
+  else
+    { cat /tmp/ab_base.csv; tail -n +2 /tmp/ab_alt.csv; } > "$OUT/bench_ab.csv"  # impl kernscope_ab: the AB_ENV rows
+    echo "A/B (op,shape,dtype,impl,us | us with $AB_ENV):" | tee -a "$LOG"
+    paste -d, <(cut -d, -f5-8,10 /tmp/ab_base.csv | tail -n +2) <(cut -d, -f10 /tmp/ab_alt.csv | tail -n +2) | tee -a "$LOG"
+  fi
 fi
 
 if has tune; then

@@ -61,9 +61,11 @@ if has bench; then
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
       local name=$1; shift
+      rm -f /tmp/ab_$name.csv  # (a warm machine keeps /tmp: no rows from an earlier call)
       env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
         --repeats 5 --batch 1 --csv /tmp/ab_$name.csv 2>&1 | tee -a "$LOG" | grep decode | sed "s/^/$name: /"
-      [ -f /tmp/ab_$name.csv ] || return 0
+      local rc=${PIPESTATUS[0]}
+      if [ "$rc" != 0 ] || [ ! -s /tmp/ab_$name.csv ]; then echo "$name: bench-model failed (rc=$rc); no rows"; return 0; fi
       if [ ! -f "$OUT/model_cuda_ab.csv" ]; then echo "config,$(head -1 /tmp/ab_$name.csv)" > "$OUT/model_cuda_ab.csv"; fi
       tail -n +2 /tmp/ab_$name.csv | sed "s/^/$name,/" >> "$OUT/model_cuda_ab.csv"
     }

@@ -894,7 +894,8 @@ std::vector<TuneOp> grid() {
   for (int64_t m : {1, 8, 64})
     for (int64_t n : {576, 1536, 4096}) qm.push_back({m, n, 576}), gm.push_back({m, n, 576});
   for (int64_t m : {1, 8, 64}) qm.push_back({m, 49152, 576});  // SmolLM2's output head (vocab 49152)
-  for (int64_t n : {4096, 14336}) qm.push_back({1, n, 4096});   // the GEMV shapes (long rows)
+  for (int64_t m : {1, 8, 64})  // the GEMV shapes (long rows), at every M of the grid: the
+    for (int64_t n : {4096, 14336}) qm.push_back({m, n, 4096});  // cells need a full (M, N x K) grid
   for (int64_t t : {1, 8, 32})
     for (int64_t len : {256, 2048}) pa.push_back({t, 9, 3, 64, 16, len});
   for (int64_t t : {1, 64, 1024})

@@ -94,7 +94,7 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
         dtype: "fp16" | "bf16" | "fp32" (or a numpy/torch dtype).
         device: "cpu" | "cuda" | "auto" (or a torch.device / "cuda:0").
         rows, cols: both or neither: the choice for a call of that shape as the routing table
-            keys it (docs/routing.md#shape-keys, e.g. quant_matmul: m and n), so the cell such
+            keys it (docs/routing.md#shape-keys, e.g. quant_matmul: m and n * k), so the cell such
             a call uses decides (ks_which_shape). The variant's own limits (alignment,
             sizes) still apply per call.
 

@@ -873,7 +873,11 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t K = 576, NS = 64, NB = 32 * int64_t(sms) + 8;
-  const ks::TensorView none;
+  // the launch really staged (or not): the test compares the two paths, not one with itself
+  auto expect_staged = [](const char* op, bool on) {
+    const std::string cfg = ks_last_launch_config(op);
+    EXPECT_NE(cfg.find(on ? "staged_weights=1" : "staged_weights=0"), std::string::npos) << op << ": " << cfg;
+  };
   for (DType dt : kstest::float_dtypes())
     for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
       for (size_t off : {size_t(0), size_t(1), size_t(2)}) {
@@ -900,7 +904,9 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
           ds.poison();
           db.poison();
           ks::quant_matmul(ds.view(), dx.view(), wsmall, qt, ks::Backend::Cuda);
+          expect_staged("quant_matmul", true);
           ks::quant_matmul(db.view(), dx.view(), wbig, qt, ks::Backend::Cuda);
+          expect_staged("quant_matmul", false);
           CK(cudaDeviceSynchronize());
           ds.download(small);
           db.download(big);
@@ -926,8 +932,10 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
         dro_b.poison();
         ks::fused_add_rms_norm_quant_matmul(ds.view(), dro_s.view(), dx.view(), dres.view(), dnw.view(), 1e-5, wsmall, qt,
                                             ks::Backend::Cuda);
+        expect_staged("fused_add_rms_norm_quant_matmul", true);
         ks::fused_add_rms_norm_quant_matmul(db.view(), dro_b.view(), dx.view(), dres.view(), dnw.view(), 1e-5, wbig, qt,
                                             ks::Backend::Cuda);
+        expect_staged("fused_add_rms_norm_quant_matmul", false);
         CK(cudaDeviceSynchronize());
         ds.download(small);
         db.download(big);
@@ -942,7 +950,9 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
         db.poison();
         // gate_up [M, 2 K] feeds the same [NB, K] weights as a down projection would
         ks::silu_and_mul_quant_matmul(ds.view(), dgu.view(), wsmall, qt, ks::Backend::Cuda);
+        expect_staged("silu_and_mul_quant_matmul", true);
         ks::silu_and_mul_quant_matmul(db.view(), dgu.view(), wbig, qt, ks::Backend::Cuda);
+        expect_staged("silu_and_mul_quant_matmul", false);
         CK(cudaDeviceSynchronize());
         ds.download(small);
         db.download(big);
@@ -981,7 +991,7 @@ TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
   using namespace kstest::gguf;
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int64_t many = 4 * 4 * int64_t(sms) * 3 + 5;  // > 3 rows per warp at 4 CTAs of 4 warps per SM
+  const int64_t many = 4 * 4 * int64_t(sms) * 3 + 5;  // 3 or 4 rows per warp at 4 CTAs of 4 warps per SM
   for (DType dt : kstest::float_dtypes())
     for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
       for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{7, 32}, {576, 576}, {many, 576}, {300, 4096}})
@@ -1001,6 +1011,12 @@ TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
             ASSERT_EQ(ks_force_variant("quant_matmul", variant), KS_SUCCESS) << ks_last_error();
             ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
             ks_force_variant("quant_matmul", nullptr);
+            if (out == &da && N == many) {  // the grid leaves several rows to each warp (both buffers used)
+              const std::string cfg = ks_last_launch_config("quant_matmul");
+              const size_t at = cfg.find("grid=");
+              ASSERT_NE(at, std::string::npos) << cfg;
+              EXPECT_GE(N, 3 * 4 * std::stoll(cfg.substr(at + 5))) << cfg;
+            }
           }
           CK(cudaDeviceSynchronize());
           da.download(a);
