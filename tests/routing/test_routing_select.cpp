@@ -31,6 +31,19 @@ std::vector<float> run(const std::vector<float>& x, const std::vector<uint8_t>& 
   return out;
 }
 
+// x [m, k] from N(0, 1); Q8_0 weights [n, k] with fp16 scales ~0.1 and random codes
+void random_inputs(std::mt19937& rng, int64_t m, int64_t n, int64_t k, std::vector<float>* x,
+                   std::vector<uint8_t>* wq) {
+  std::normal_distribution<float> nd;
+  x->resize(size_t(m * k));
+  for (auto& e : *x) e = nd(rng);
+  wq->assign(size_t(n * (k / 32) * 34), 0);
+  for (size_t b = 0; b < wq->size(); b += 34) {
+    (*wq)[b] = 0x66, (*wq)[b + 1] = 0x2e;  // fp16 scale ~0.1
+    for (int i = 2; i < 34; ++i) (*wq)[b + i] = uint8_t(rng());
+  }
+}
+
 TEST(RoutingSelect, TheTablesFirstVariantRunsTheCall) {
   const char* expect = std::getenv("KS_EXPECT_FIRST");
   ASSERT_NE(expect, nullptr) << "run through ctest (KS_EXPECT_FIRST names the variant the table puts first)";
@@ -40,14 +53,9 @@ TEST(RoutingSelect, TheTablesFirstVariantRunsTheCall) {
     GTEST_SKIP() << "no AVX-512 on this CPU: one runnable variant only";
   const int64_t m = 3, n = 19, k = 4096;
   std::mt19937 rng(7);
-  std::normal_distribution<float> nd;
-  std::vector<float> x(size_t(m * k));
-  for (auto& e : x) e = nd(rng);
-  std::vector<uint8_t> wq(size_t(n * (k / 32) * 34));
-  for (size_t b = 0; b < wq.size(); b += 34) {
-    wq[b] = 0x66, wq[b + 1] = 0x2e;  // fp16 scale ~0.1
-    for (int i = 2; i < 34; ++i) wq[b + i] = uint8_t(rng());
-  }
+  std::vector<float> x;
+  std::vector<uint8_t> wq;
+  random_inputs(rng, m, n, k, &x, &wq);
   const auto ref = run(x, wq, m, n, k, "cpu_reference"), fast = run(x, wq, m, n, k, "cpu_avx512");
   ASSERT_NE(std::memcmp(ref.data(), fast.data(), ref.size() * 4), 0)
       << "the two variants agree bitwise here: this test cannot tell them apart";
@@ -66,17 +74,12 @@ TEST(RoutingSelect, QuantMatmulIsKeyedByTheWeightsElements) {
   if (ks::which("quant_matmul", "fp32", ks::Backend::Cpu).variant != "cpu_avx512")
     GTEST_SKIP() << "no AVX-512 on this CPU: one runnable variant only";
   std::mt19937 rng(11);
-  std::normal_distribution<float> nd;
   for (int64_t k : {int64_t(4096), int64_t(2048)}) {
     SCOPED_TRACE("k = " + std::to_string(k));
     const int64_t m = 3, n = 19;
-    std::vector<float> x(size_t(m * k));
-    for (auto& e : x) e = nd(rng);
-    std::vector<uint8_t> wq(size_t(n * (k / 32) * 34));
-    for (size_t b = 0; b < wq.size(); b += 34) {
-      wq[b] = 0x66, wq[b + 1] = 0x2e;  // fp16 scale ~0.1
-      for (int i = 2; i < 34; ++i) wq[b + i] = uint8_t(rng());
-    }
+    std::vector<float> x;
+    std::vector<uint8_t> wq;
+    random_inputs(rng, m, n, k, &x, &wq);
     const auto ref = run(x, wq, m, n, k, "cpu_reference"), fast = run(x, wq, m, n, k, "cpu_avx512"),
                got = run(x, wq, m, n, k, nullptr);
     ASSERT_NE(std::memcmp(ref.data(), fast.data(), ref.size() * 4), 0) << "the variants agree: cannot tell them apart";
