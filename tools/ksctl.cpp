@@ -280,9 +280,11 @@ int main(int argc, char** argv) {
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   int64_t w_rows = -1, w_cols = -1;
   which->add_option("--rows", w_rows, "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("");  // -1 means "not given": no default to show
   which->add_option("--cols", w_cols, "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->default_str("");
 
   auto* table = app.add_subcommand("table", "The routing table: which variant goes first per op, GPU arch, dtype and shape");
   bool t_json = false, t_check = false;
