@@ -10,7 +10,8 @@
 # call that copies it to /tmp/ks_part_aa (e.g. the gpu_check.sh call), then .mdl/part_ab in the
 # next while the machine is warm; this script joins them.
 #   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap,profile (default: all but profile)
-#                    profile: ncu's duration of each kernel of one decode step (decode_profile.csv)
+#                    profile: ncu's duration of each kernel of one decode step (decode_profile.csv;
+#                    KS_PROFILE_BATCH=32: of one 32-sequence step)
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
 #                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
 #                    the gguf and accelerate wheels travel in .whl)
@@ -93,6 +94,14 @@ fi
 if has profile; then
   # Where one decode step's time goes: Nsight Compute's duration of every kernel of a decode
   # step (kernels replayed one at a time: no overlap, no PDL; launch gaps not included).
+  # KS_PROFILE_BATCH=N (> 1): the kernels of one N-sequence decode step of bench-model instead,
+  # taken by the NVTX range each graph replay is (src/model/device.cpp).
+  if [ "${KS_PROFILE_BATCH:-1}" -gt 1 ]; then
+    ncu --nvtx --nvtx-include "ks_decode_step/" --metrics gpu__time_duration.sum --csv --print-units base \
+      --launch-count ${KS_PROFILE_COUNT:-400} \
+      $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 --decode-tokens 3 --repeats 1 \
+      --batch ${KS_PROFILE_BATCH} > "$OUT/decode_profile.csv" 2>> "$LOG"
+  else
   # The chat prompt (37 tokens) prefills in one unfused step: 1 + 30 x 12 + 2 = 363 launches (no
   # dense weight copies: KS_DENSE_WEIGHTS_MB=0, so loading launches nothing). Skip past it and
   # the first decode step (the graph's capture): 363 + 185. At eedbc6f the skip of 310 landed
@@ -101,6 +110,7 @@ if has profile; then
     --launch-count ${KS_PROFILE_COUNT:-185} \
     $BUILD/ksctl generate --model $MODEL --chat --prompt "What is the capital of France?" --max-tokens 6 --device cuda \
     > "$OUT/decode_profile.csv" 2>> "$LOG"
+  fi
   python3 - "$OUT/decode_profile.csv" <<'PY' | tee -a "$LOG"
 import csv, sys, collections
 rows = [r for r in csv.reader(open(sys.argv[1])) if len(r) > 10]

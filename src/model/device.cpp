@@ -4,6 +4,14 @@
 
 #if defined(KS_MODEL_CUDA)
 #include <cuda_runtime.h>
+#if __has_include(<nvtx3/nvToolsExt.h>)  // header-only; a no-op unless a profiler is attached
+#include <nvtx3/nvToolsExt.h>
+#define KS_NVTX_RANGE_PUSH(name) nvtxRangePushA(name)
+#define KS_NVTX_RANGE_POP() nvtxRangePop()
+#else
+#define KS_NVTX_RANGE_PUSH(name) ((void)0)
+#define KS_NVTX_RANGE_POP() ((void)0)
+#endif
 #endif
 
 namespace ks::model {
@@ -72,7 +80,14 @@ void DeviceStream::capture(const std::function<void()>& fn) {
   graph_ = g;
   exec_ = e;
 }
-void DeviceStream::replay() { check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cs(s_)), "graph launch"); }
+// Each replay is an NVTX range "ks_decode_step", so a profiler can take the decode steps'
+// kernels alone (ncu --nvtx --nvtx-include "ks_decode_step/": scripts/gpu_model_check.sh).
+void DeviceStream::replay() {
+  KS_NVTX_RANGE_PUSH("ks_decode_step");
+  const cudaError_t r = cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cs(s_));
+  KS_NVTX_RANGE_POP();
+  check(r, "graph launch");
+}
 void DeviceStream::drop_graph() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
   if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
