@@ -135,6 +135,8 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   // FP32 copies of the matrices for steps of many rows (CUDA): held when they fit the budget,
   // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
   bool hold_dense = false;
+  // an FP32 copy of the output head is of use only to decode_batch steps of >= kDenseRows rows
+  const bool dense_head = max_batch_ >= kDenseRows && !batch_invariant_;
   if (on_device_ && max_ctx_ >= kDenseRows) {
     const auto& k = cfg_;
     const int64_t kvd = k.num_kv_heads * k.head_dim;
@@ -143,9 +145,8 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     const char* env = std::getenv("KS_DENSE_WEIGHTS_MB");
     const double budget_mb = env ? std::atof(env) : 1024.0;
     dense_rows_ = true;
-    const bool head = max_batch_ >= kDenseRows && !batch_invariant_;  // an output-head copy is of use
     const double elems =
-        double(per_layer) * double(k.n_layers) + (head ? double(k.vocab_size) * double(k.hidden_size) : 0.0);
+        double(per_layer) * double(k.n_layers) + (dense_head ? double(k.vocab_size) * double(k.hidden_size) : 0.0);
     hold_dense = elems * 4.0 <= budget_mb * 1048576.0;  // the layers' matrices (and the output head)
     if (!hold_dense && max_ctx_ >= kScratchDenseRows) {  // the scratch serves prefill steps of >= 64 rows only
       const int64_t largest = std::max({k.hidden_size * k.hidden_size, kvd * k.hidden_size,
@@ -207,8 +208,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   tok_embd_ = upload(tok_embd_);
   out_norm_ = upload(out_norm_);
   lm_head_ = tied ? tok_embd_ : upload(lm_head_);
-  // decode_batch's logits of >= kDenseRows rows (prefill computes one row's: quant_matmul)
-  if (hold_dense && max_batch_ >= kDenseRows && !batch_invariant_) add_dense(lm_head_);
+  if (hold_dense && dense_head) add_dense(lm_head_);  // (prefill computes one row's logits: quant_matmul)
   std::vector<int32_t> table(static_cast<size_t>(num_blocks_));
   for (int64_t b = 0; b < num_blocks_; ++b) table[size_t(b)] = int32_t(b);
   block_table_ = alloc(ks::DType::I32, {max_batch_, blocks_per_seq_});  // sequence s: its own blocks
