@@ -307,41 +307,49 @@ int main(int argc, char** argv) {
       record("rope_neox", std::to_string(n) + "x(32+8)x128", bf, us, bytes, "rotary_embedding");
       also_variants("rotary_embedding", "rope_neox", std::to_string(n) + "x(32+8)x128", bf, bytes, k, call);
     }
-  if (has(ops, "paged_attention"))
-    for (auto [b, hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 9, 3, 64}, {1, 32, 8, 128}, {32, 32, 8, 128}})
-      for (int64_t T : {int64_t(1024), int64_t(8192), int64_t(32768)}) {
-        // decode: one query per sequence over T cached keys in 16-token blocks (contiguous block ids);
-        // bytes = K and V read once, as the anchor counts them
-        const int64_t bs = 16, blocks_per_seq = T / bs, blocks = b * blocks_per_seq;
-        const size_t kv_bytes = size_t(blocks * bs * hkv * d * 2);
-        const size_t bytes = 2 * kv_bytes;
-        const int k = nsets(bytes);
-        std::vector<std::unique_ptr<Dev>> q, kc, vc, o;
-        for (int i = 0; i < k; ++i) {
-          q.emplace_back(new Dev(b * hq * d * 2)); o.emplace_back(new Dev(b * hq * d * 2));
-          kc.emplace_back(new Dev(kv_bytes)); vc.emplace_back(new Dev(kv_bytes));
-          fill_random(q.back()->p, b * hq * d, bf, rng);
-          fill_random(kc.back()->p, blocks * bs * hkv * d, bf, rng);
-          fill_random(vc.back()->p, blocks * bs * hkv * d, bf, rng);
-        }
-        std::vector<int32_t> table(static_cast<size_t>(blocks)), lens(static_cast<size_t>(b), int32_t(T));
-        for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(i);
-        Dev dtable(blocks * 4), dlens(b * 4);
-        CK(cudaMemcpy(dtable.p, table.data(), blocks * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(dlens.p, lens.data(), b * 4, cudaMemcpyHostToDevice));
-        const double scale = 1.0 / std::sqrt(double(d));
-        const std::function<void(int, cudaStream_t)> call = [&](int i, cudaStream_t st) {
-          ks::paged_attention(dv(o[i]->p, bf, {b, hq, d}), dv(q[i]->p, bf, {b, hq, d}), dv(kc[i]->p, bf, {blocks, bs, hkv, d}),
-                              dv(vc[i]->p, bf, {blocks, bs, hkv, d}), dv(dtable.p, DType::I32, {b, blocks_per_seq}),
-                              ks::TensorView(), dv(dlens.p, DType::I32, {b}), scale, ks::Backend::Cuda, st);
-        };
-        const double us = graph_time(k, call, s);
-        char shape[64];
-        std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld d%lld T%lld", (long long)b, (long long)hq, (long long)hkv,
-                      (long long)d, (long long)T);
-        record("decode_attention", shape, bf, us, bytes, "paged_attention");
-        also_variants("paged_attention", "decode_attention", shape, bf, bytes, k, call);
+  if (has(ops, "paged_attention")) {
+    // decode: one query per sequence over T live cached keys in 16-token blocks (contiguous block
+    // ids) of a block table sized for `capacity` tokens; bytes = the live K and V read once, as
+    // the anchor counts them
+    auto attention = [&](int64_t b, int64_t hq, int64_t hkv, int64_t d, int64_t T, int64_t capacity, DType dt) {
+      const int64_t bs = 16, blocks_per_seq = capacity / bs, blocks = b * blocks_per_seq, es = int64_t(ks::dtype_size(dt));
+      const size_t kv_bytes = size_t(blocks * bs * hkv * d * es);
+      const size_t bytes = size_t(2 * b * T * hkv * d * es);
+      const int k = nsets(bytes);
+      std::vector<std::unique_ptr<Dev>> q, kc, vc, o;
+      for (int i = 0; i < k; ++i) {
+        q.emplace_back(new Dev(b * hq * d * es)); o.emplace_back(new Dev(b * hq * d * es));
+        kc.emplace_back(new Dev(kv_bytes)); vc.emplace_back(new Dev(kv_bytes));
+        fill_random(q.back()->p, b * hq * d, dt, rng);
+        fill_random(kc.back()->p, blocks * bs * hkv * d, dt, rng);
+        fill_random(vc.back()->p, blocks * bs * hkv * d, dt, rng);
       }
+      std::vector<int32_t> table(static_cast<size_t>(blocks)), lens(static_cast<size_t>(b), int32_t(T));
+      for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(i);
+      Dev dtable(blocks * 4), dlens(b * 4);
+      CK(cudaMemcpy(dtable.p, table.data(), blocks * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(dlens.p, lens.data(), b * 4, cudaMemcpyHostToDevice));
+      const double scale = 1.0 / std::sqrt(double(d));
+      const std::function<void(int, cudaStream_t)> call = [&](int i, cudaStream_t st) {
+        ks::paged_attention(dv(o[i]->p, dt, {b, hq, d}), dv(q[i]->p, dt, {b, hq, d}), dv(kc[i]->p, dt, {blocks, bs, hkv, d}),
+                            dv(vc[i]->p, dt, {blocks, bs, hkv, d}), dv(dtable.p, DType::I32, {b, blocks_per_seq}),
+                            ks::TensorView(), dv(dlens.p, DType::I32, {b}), scale, ks::Backend::Cuda, st);
+      };
+      const double us = graph_time(k, call, s);
+      char shape[96];
+      std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld d%lld T%lld", (long long)b, (long long)hq, (long long)hkv,
+                    (long long)d, (long long)T);
+      std::string sh = shape;
+      if (capacity != T) sh += " of " + std::to_string(capacity);
+      record("decode_attention", sh, dt, us, bytes, "paged_attention");
+      also_variants("paged_attention", "decode_attention", sh, dt, bytes, k, call);
+    };
+    for (auto [b, hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 9, 3, 64}, {1, 32, 8, 128}, {32, 32, 8, 128}})
+      for (int64_t T : {int64_t(1024), int64_t(8192), int64_t(32768)}) attention(b, hq, hkv, d, T, T, bf);
+    // SmolLM2's decode step in the model: FP32, a cache of 2048 tokens (ksctl's default
+    // --context), short live contexts
+    for (int64_t T : {int64_t(64), int64_t(192), int64_t(576)}) attention(1, 9, 3, 64, T, 2048, DType::F32);
+  }
   for (const char* op : {"sample", "argmax"}) {
     if (!has(ops, op)) continue;
     for (auto [b, V] : std::vector<std::pair<int64_t, int64_t>>{{1, 128256}, {64, 128256}, {256, 151936}}) {

@@ -56,12 +56,16 @@ if has bench; then
   # the call returns at most 8 files):
   #   unfused      KS_MODEL_FUSE=0: 10 kernels per layer instead of 6
   #   no_wstage    KS_QMM_WSTAGE=0: the matmuls' weight staging off (the same bits)
+  #   no_live_split  KS_ATTN_LIVE_SPLIT=0: decode attention splits the keys over every CTA of
+  #                the cluster sized for the cache's capacity, not over ceil(len / step) of them
   #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
   #   split_head_stream  the same with quant_matmul's cuda_row_stream first at the head's shape
   #                (bench/routing_head_row_stream.json chained before the checked-in tables)
+  # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
       local name=$1; shift
+      [ -n "${KS_MODEL_AB_ONLY:-}" ] && [[ ",$KS_MODEL_AB_ONLY," != *",$name,"* ]] && return 0
       rm -f /tmp/ab_$name.csv  # (a warm machine keeps /tmp: no rows from an earlier call)
       env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
         --repeats 5 --batch 1 --csv /tmp/ab_$name.csv 2>&1 | tee -a "$LOG" | grep decode | sed "s/^/$name: /"
@@ -73,6 +77,7 @@ if has bench; then
     rm -f "$OUT/model_cuda_ab.csv"
     ab unfused KS_MODEL_FUSE=0
     ab no_wstage KS_QMM_WSTAGE=0
+    ab no_live_split KS_ATTN_LIVE_SPLIT=0
     ab split_head KS_MODEL_SPLIT_HEAD=1
     ab split_head_stream KS_MODEL_SPLIT_HEAD=1 \
       KS_ROUTING_TABLE=bench/routing_head_row_stream.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json

@@ -1559,6 +1559,75 @@ TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
   }
 }
 
+// A short live context in a block table sized for many more keys (the model's decode step:
+// a cluster sized at capture for the capacity, replayed at every length): only the first
+// ceil(len / keys per step) CTAs take keys, so a token's row depends on its own length only.
+// Each sequence decoded alone (a cluster of 16 on the H200) must give the same bits as inside
+// a batch of 24 (a smaller cluster), and match the CPU; lengths up to 64 keys (one step of
+// every instantiation here) and one of 1000 (several CTAs) against the CPU.
+TEST_P(CudaAttention, ShortContextsInALargeTableAloneAndBatched) {
+  NEED_GPU();
+  const int64_t H = 9, KVH = 3, D = 64, bs = 16, maxb = 256, seqs = 24, blocks = seqs * maxb;
+  for (DType dt : kstest::float_dtypes()) {
+    SCOPED_TRACE(ks::dtype_name(dt));
+    Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {seqs, maxb});
+    kstest::fill_normal(kc);
+    kstest::fill_normal(vc);
+    std::mt19937 gen(11);
+    for (int64_t i = 0; i < seqs * maxb; ++i) bt.set(i, double(gen() % blocks));
+    DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape);
+    dkc.upload(kc);
+    dvc.upload(vc);
+    dbt.upload(bt);
+    const double scale = 1.0 / std::sqrt(double(D));
+    const int64_t short_lens[] = {1, 2, 17, 33, 63, 64};
+    Buf q(dt, {seqs, H, D}), cl(DType::I32, {seqs}), sid(DType::I32, {seqs}), ref(dt, q.shape), got(dt, q.shape);
+    kstest::fill_normal(q);
+    for (int64_t t = 0; t < seqs; ++t) {
+      cl.set(t, double(t == seqs - 1 ? 1000 : short_lens[t % 6]));
+      sid.set(t, double(t));
+    }
+    DBuf dq(dt, q.shape), dcl(DType::I32, {seqs}), dsid(DType::I32, {seqs}), dout(dt, q.shape);
+    dq.upload(q);
+    dcl.upload(cl);
+    dsid.upload(sid);
+    dout.poison();
+    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), dsid.view(), dcl.view(), scale,
+                        ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    const int64_t c_batch = last_attention_cluster();
+    dout.download(got);
+    ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), sid.view(), cl.view(), scale,
+                        ks::Backend::Cpu);
+    EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << "batch of " << seqs << ", cluster=" << c_batch;
+    // each short one alone: token t of the batch as a one-token call on its own sequence
+    for (int64_t t = 0; t + 1 < seqs; ++t) {
+      Buf q1(dt, {1, H, D}), cl1(DType::I32, {1}), sid1(DType::I32, {1}), got1(dt, {1, H, D});
+      for (int64_t i = 0; i < H * D; ++i) q1.set(i, q.get(t * H * D + i));
+      cl1.set(0, cl.get(t));
+      sid1.set(0, double(t));
+      DBuf dq1(dt, q1.shape), dcl1(DType::I32, {1}), dsid1(DType::I32, {1}), dout1(dt, q1.shape);
+      dq1.upload(q1);
+      dcl1.upload(cl1);
+      dsid1.upload(sid1);
+      dout1.poison();
+      ks::paged_attention(dout1.view(), dq1.view(), dkc.view(), dvc.view(), dbt.view(), dsid1.view(), dcl1.view(),
+                          scale, ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      const int64_t c_alone = last_attention_cluster();
+      if (std::string(GetParam()) == "cuda_gqa_cluster") EXPECT_GE(c_alone, c_batch);
+      dout1.download(got1);
+      for (int64_t i = 0; i < H * D; ++i)
+        ASSERT_EQ(std::memcmp(static_cast<const uint8_t*>(got1.data()) + size_t(i) * ks::dtype_size(dt),
+                              static_cast<const uint8_t*>(got.data()) + size_t(t * H * D + i) * ks::dtype_size(dt),
+                              ks::dtype_size(dt)),
+                  0)
+            << "token " << t << " (length " << cl.get(t) << ") element " << i << ": alone (cluster " << c_alone
+            << ") differs from the batch (cluster " << c_batch << ")";
+    }
+  }
+}
+
 // varlen_attention on CUDA against the CPU reference: packed prefill, chunked prefill
 // (fewer queries than keys), an empty sequence, GQA, causal and not.
 TEST(Cuda, VarlenAttentionAgainstCpu) {

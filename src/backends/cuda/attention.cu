@@ -20,13 +20,16 @@
 // distributed shared memory: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M).
 // No workspace in global memory, so nothing is allocated per call (graph-capturable).
 // C: the fewest of 1, 2, 4, 8, 16 that give two CTAs per SM, at most one per 128 keys of
-// the block table's capacity; 8 at most where a cluster of 16 cannot be resident.
+// the block table's capacity; 8 at most where a cluster of 16 cannot be resident. Of the C
+// CTAs only the first Ce = min(C, ceil(len / keys per step)) take keys (len: the unit's
+// live context length), so a graph captured for the capacity stays cheap at short lengths.
 // can_implement: head_dim a multiple of E and at most 32 E, G <= 8, 16-byte aligned
 // tensors; other calls go to cuda_cta_per_head.
 #include <cooperative_groups.h>
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -107,9 +110,15 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   int64_t len = p.context_lens[t];
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
   len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX (can_implement)
-  // this CTA's keys: [j_begin, j_end)
-  const int per = int((len + C - 1) / C);
-  const int j_begin = int(min(len, int64_t(rank) * per)), j_end = int(min(len, int64_t(j_begin) + per));
+  // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each. C was sized
+  // at launch from the block table's capacity (a graph replays it at every length); a short
+  // live context then goes to a few CTAs, and the cluster merge reads only their states.
+  // Ce depends on this unit's length alone, not on the batch, when C >= ceil(len / (NS U)).
+  const int Ce = p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + NS * U - 1) / (NS * U)))) : C;
+  // this CTA's keys: [j_begin, j_end) (empty for rank >= Ce)
+  const int per = int((len + Ce - 1) / Ce);
+  const int j_begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
+  const int j_end = int(min(len, int64_t(j_begin) + per));
   float q[GM][E], acc[GM][E], m[GM], l[GM];
   {
     const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
@@ -261,24 +270,36 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   }
   if (threadIdx.x == 0) *sm.any = any_cta;
   cluster.sync();  // every CTA's partial state is complete and visible to the cluster
-  // merge: rank r writes the output elements r, r + C, ... of the unit's G x D outputs
+  // merge: rank r writes the output elements r, r + C, ... of the unit's G x D outputs, from
+  // the states of the Ce ranks that had keys (all their loads issued before any is used)
   T* out = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
+  constexpr int kMaxC = 16;
   for (int i = rank * kGqaThreads + threadIdx.x; i < G * D; i += C * kGqaThreads) {
     const int g = i / D;
-    float M = -INFINITY;
+    float mc[kMaxC];
     int any = 0;
-    for (int c = 0; c < C; ++c) {
-      GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-      M = fmaxf(M, r.m[g]);
-      any |= *r.any;
+#pragma unroll
+    for (int c = 0; c < kMaxC; ++c) {
+      mc[c] = -INFINITY;
+      if (c < Ce) {
+        GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
+        mc[c] = r.m[g];
+        any |= *r.any;
+      }
     }
+    float M = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
     float L = 0.f, a = 0.f;
     if (M != -INFINITY) {
-      for (int c = 0; c < C; ++c) {
-        GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-        const float f = merge_factor(r.m[g], M);
-        L += r.l[g] * f;
-        a += r.acc[i] * f;
+#pragma unroll
+      for (int c = 0; c < kMaxC; ++c) {
+        if (c < Ce) {
+          GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
+          const float f = merge_factor(mc[c], M);
+          L += r.l[g] * f;
+          a += r.acc[i] * f;
+        }
       }
     }
     // no key at all (all dropped, or len 0): a zero row; keys whose scores are all -inf: NaN
@@ -362,7 +383,12 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(dev, "paged_attention");
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
-  const AttnParams p = attn_params(a);
+  AttnParams p = attn_params(a);
+  static const bool live_split = [] {
+    const char* e = std::getenv("KS_ATTN_LIVE_SPLIT");
+    return !(e && std::string(e) == "0");
+  }();
+  p.live_split = live_split ? 1 : 0;
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   const int E = elems_per_lane(a.q.dtype);

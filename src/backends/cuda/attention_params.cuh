@@ -23,6 +23,9 @@ struct AttnParams {
   // l = ceil(log2 block_size), bs_shift = 31 + l, bs_mul = ceil(2^bs_shift / block_size) < 2^32)
   uint32_t bs_mul;
   int bs_shift;
+  // cuda_gqa_cluster: 1 = only the first ceil(len / keys per step) CTAs of a cluster take keys
+  // (the default); 0 = all C (KS_ATTN_LIVE_SPLIT=0, for comparisons)
+  int live_split;
 };
 
 // The round-up reciprocal of d (1 <= d < 2^31) for 31-bit numerators: with e = mul * d -
@@ -54,7 +57,8 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     a.max_blocks_per_seq,
                     int(a.num_heads / a.num_kv_heads),
                     0,
-                    0};
+                    0,
+                    1};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }
