@@ -344,11 +344,15 @@ int main(int argc, char** argv) {
       record("decode_attention", sh, dt, us, bytes, "paged_attention");
       also_variants("paged_attention", "decode_attention", sh, dt, bytes, k, call);
     };
-    for (auto [b, hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 9, 3, 64}, {1, 32, 8, 128}, {32, 32, 8, 128}})
-      for (int64_t T : {int64_t(1024), int64_t(8192), int64_t(32768)}) attention(b, hq, hkv, d, T, T, bf);
-    // SmolLM2's decode step in the model: FP32, a cache of 2048 tokens (ksctl's default
-    // --context), short live contexts
+    // KS_BENCH_ATTN=model: only the model's shapes (below)
+    const char* only = std::getenv("KS_BENCH_ATTN");
+    if (!(only && std::string(only) == "model"))
+      for (auto [b, hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 9, 3, 64}, {1, 32, 8, 128}, {32, 32, 8, 128}})
+        for (int64_t T : {int64_t(1024), int64_t(8192), int64_t(32768)}) attention(b, hq, hkv, d, T, T, bf);
+    // SmolLM2's decode step in the model: FP32, short live contexts in a cache of 2048 tokens
+    // (ksctl generate's default --context) and of 656 (bench-model's after a 512-token prompt)
     for (int64_t T : {int64_t(64), int64_t(192), int64_t(576)}) attention(1, 9, 3, 64, T, 2048, DType::F32);
+    for (int64_t T : {int64_t(128), int64_t(576)}) attention(1, 9, 3, 64, T, 656, DType::F32);
   }
   for (const char* op : {"sample", "argmax"}) {
     if (!has(ops, op)) continue;

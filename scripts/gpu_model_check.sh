@@ -61,6 +61,8 @@ if has bench; then
   #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
   #   split_head_stream  the same with quant_matmul's cuda_row_stream first at the head's shape
   #                (bench/routing_head_row_stream.json chained before the checked-in tables)
+  #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
+  #                CTA at least N keys (only when named in KS_MODEL_AB_ONLY)
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
@@ -78,6 +80,9 @@ if has bench; then
     ab unfused KS_MODEL_FUSE=0
     ab no_wstage KS_QMM_WSTAGE=0
     ab no_live_split KS_ATTN_LIVE_SPLIT=0
+    if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then
+      for n in 128 256 512; do ab attn_min$n KS_ATTN_MIN_KEYS=$n; done
+    fi
     ab split_head KS_MODEL_SPLIT_HEAD=1
     ab split_head_stream KS_MODEL_SPLIT_HEAD=1 \
       KS_ROUTING_TABLE=bench/routing_head_row_stream.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json

@@ -86,6 +86,13 @@ size_t gqa_smem_bytes(int G, int64_t D) {
   return m == -INFINITY ? 0.f : expf(m - M);
 }
 
+// One output element from its merged state (sum of weights L, weighted sum a): no key at
+// all (all dropped, or len 0) gives 0; keys whose scores are all -inf give NaN.
+__device__ __forceinline__ float attention_output(float L, float a, int any, int64_t len) {
+  const float y = L == 0.f ? (any ? __int_as_float(0x7fffffff) : 0.f) : a / L;
+  return len > 0 ? y : 0.f;
+}
+
 template <typename T, int LPK, int GM>
 __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -110,11 +117,15 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   int64_t len = p.context_lens[t];
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
   len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX (can_implement)
-  // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each. C was sized
+  // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each (or
+  // KS_ATTN_MIN_KEYS). C was sized
   // at launch from the block table's capacity (a graph replays it at every length); a short
   // live context then goes to a few CTAs, and the cluster merge reads only their states.
   // Ce depends on this unit's length alone, not on the batch, when C >= ceil(len / (NS U)).
-  const int Ce = p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + NS * U - 1) / (NS * U)))) : C;
+  const int64_t keys_per_cta = max(int64_t(NS * U), int64_t(p.min_keys_per_cta));
+  const int Ce =
+      p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys_per_cta - 1) / keys_per_cta))) : C;
+  if (Ce == 1 && rank > 0) return;  // rank 0 alone: no cluster exchange (below)
   // this CTA's keys: [j_begin, j_end) (empty for rank >= Ce)
   const int per = int((len + Ce - 1) / Ce);
   const int j_begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
@@ -253,6 +264,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     }
   }
   const int any_cta = __syncthreads_or(any_local);
+  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   // the warps into the CTA's state
   for (int i = threadIdx.x; i < G * D; i += kGqaThreads) {
     const int g = i / D;
@@ -265,14 +277,20 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
       L += sm.wl[w * G + g] * f;
       a += sm.wacc[w * G * D + i] * f;
     }
-    sm.acc[i] = a;
-    if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
+    if (Ce == 1) {  // the CTA's state is the unit's: its output, with no cluster exchange
+      out_t[i] = Dt<T>::from_f(attention_output(L, a, any_cta, len));
+    } else {
+      sm.acc[i] = a;
+      if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
+    }
   }
+  // Ce is the same in every CTA of the cluster (the unit's length), so all of them skip the
+  // cluster barriers together; the other ranks returned before the key loop.
+  if (Ce == 1) return;
   if (threadIdx.x == 0) *sm.any = any_cta;
   cluster.sync();  // every CTA's partial state is complete and visible to the cluster
   // merge: rank r writes the output elements r, r + C, ... of the unit's G x D outputs, from
   // the states of the Ce ranks that had keys (all their loads issued before any is used)
-  T* out = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   constexpr int kMaxC = 16;
   for (int i = rank * kGqaThreads + threadIdx.x; i < G * D; i += C * kGqaThreads) {
     const int g = i / D;
@@ -302,9 +320,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
         }
       }
     }
-    // no key at all (all dropped, or len 0): a zero row; keys whose scores are all -inf: NaN
-    const float y = L == 0.f ? (any ? __int_as_float(0x7fffffff) : 0.f) : a / L;
-    out[i] = Dt<T>::from_f(len > 0 ? y : 0.f);
+    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
   }
   cluster.sync();  // no CTA leaves while another may still read its shared memory
 #endif
@@ -389,6 +405,11 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
     return !(e && std::string(e) == "0");
   }();
   p.live_split = live_split ? 1 : 0;
+  static const int min_keys = [] {  // KS_ATTN_MIN_KEYS=N: at least N keys per CTA (experiments)
+    const char* e = std::getenv("KS_ATTN_MIN_KEYS");
+    return e ? std::max(0, std::atoi(e)) : 0;
+  }();
+  p.min_keys_per_cta = min_keys;
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   const int E = elems_per_lane(a.q.dtype);

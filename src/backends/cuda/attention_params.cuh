@@ -26,6 +26,7 @@ struct AttnParams {
   // cuda_gqa_cluster: 1 = only the first ceil(len / keys per step) CTAs of a cluster take keys
   // (the default); 0 = all C (KS_ATTN_LIVE_SPLIT=0, for comparisons)
   int live_split;
+  int min_keys_per_cta;  // 0: one step of keys (KS_ATTN_MIN_KEYS)
 };
 
 // The round-up reciprocal of d (1 <= d < 2^31) for 31-bit numerators: with e = mul * d -
@@ -58,7 +59,8 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     int(a.num_heads / a.num_kv_heads),
                     0,
                     0,
-                    1};
+                    1,
+                    0};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }
