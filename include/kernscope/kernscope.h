@@ -289,6 +289,29 @@ KS_API ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, const
                                                  const DLTensor* slot_mapping, ks_backend_t backend,
                                                  ks_stream_t stream);
 
+/* Decode-step fusion for one token: ks_fused_add_rms_norm_quant_matmul into out, then
+ * ks_rotary_embedding_kv_append on out's column slices q = [:, 0 : H D], k = [:, H D : (H + KVH) D]
+ * and v = [:, (H + KVH) D :] seen as [1, H, D], [1, KVH, D], [1, KVH, D] (H = num_heads,
+ * KVH = num_kv_heads, D = head_dim = N / (H + 2 KVH)), in one kernel on CUDA where it can.
+ *   residual, x, residual_out, norm_weight, eps, weight, qtype: as in
+ *   ks_fused_add_rms_norm_quant_matmul, with one row (M = 1; M = 0 does nothing);
+ *   out: [1, N], N = weight's rows = (H + 2 KVH) D; on return q and k in out are rotated;
+ *   positions, rotary_dim, theta, is_neox, k_cache, v_cache, slot_mapping: as in
+ *   ks_rotary_embedding_kv_append (slot_mapping: [1] or [0]).
+ * The result is bit for bit the two calls' (each value rounded to out's dtype after the
+ * matmul, then rotated in FP32 and rounded again). Contract:
+ * docs/contracts.md#fused_add_rms_norm_quant_matmul_rope_kv_append.
+ * Errors (nothing written): every error of the two functions, named under this one;
+ * KS_ERROR_INVALID_ARGUMENT for more than one row, num_heads or num_kv_heads <= 0, N not
+ * a multiple of H + 2 KVH, and the caches, positions or slot_mapping overlapping the matmul's
+ * tensors. CUDA runs one fused kernel for interleaved pairs (is_neox = 0), K <= 2720,
+ * 16-byte aligned rows and rotary_dim <= 1024, and the two calls otherwise. */
+KS_API ks_status_t ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
+    DLTensor* out, DLTensor* residual_out, const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight,
+    double eps, const DLTensor* weight, ks_qtype_t qtype, int64_t num_heads, int64_t num_kv_heads,
+    const DLTensor* positions, int64_t rotary_dim, double theta, int is_neox, DLTensor* k_cache, DLTensor* v_cache,
+    const DLTensor* slot_mapping, ks_backend_t backend, ks_stream_t stream);
+
 /* Attention of each query row over a paged KV cache (decode; also causal prefill
  * by giving each prompt token its own context length).
  * out, q: [num_tokens, num_heads, head_dim]; k_cache, v_cache: as in

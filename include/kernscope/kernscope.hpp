@@ -285,6 +285,23 @@ inline void rotary_embedding_kv_append(const TensorView& q, const TensorView& k,
   check(ks_rotary_embedding_kv_append(&qq, &kk, &vv, &p, rotary_dim, theta, is_neox ? 1 : 0, &kc, &vc, &sm,
                                       detail::be(backend), stream));
 }
+// One token's norm + q/k/v matmul, RoPE and cache append (x and residual_out may be empty
+// TensorViews, as in fused_add_rms_norm_quant_matmul);
+// ks_fused_add_rms_norm_quant_matmul_rope_kv_append in kernscope.h.
+inline void fused_add_rms_norm_quant_matmul_rope_kv_append(
+    const TensorView& out, const TensorView& residual_out, const TensorView& x, const TensorView& residual,
+    const TensorView& norm_weight, double eps, const TensorView& weight, QType qtype, int64_t num_heads,
+    int64_t num_kv_heads, const TensorView& positions, int64_t rotary_dim, double theta, bool is_neox,
+    const TensorView& k_cache, const TensorView& v_cache, const TensorView& slot_mapping,
+    Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), ro = residual_out.dl(), a = x.dl(), r = residual.dl(), nw = norm_weight.dl(),
+           w = weight.dl(), p = positions.dl(), kc = k_cache.dl(), vc = v_cache.dl(), sm = slot_mapping.dl();
+  const bool has_x = x.ndim() > 0;
+  check(ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
+      &o, residual_out.ndim() > 0 ? &ro : nullptr, has_x ? &a : nullptr, &r, &nw, eps, &w,
+      static_cast<ks_qtype_t>(qtype), num_heads, num_kv_heads, &p, rotary_dim, theta, is_neox ? 1 : 0, &kc, &vc, &sm,
+      detail::be(backend), stream));
+}
 inline void kv_cache_append(const TensorView& k_cache, const TensorView& v_cache, const TensorView& k,
                             const TensorView& v, const TensorView& slot_mapping, Backend backend = Backend::Auto,
                             ks_stream_t stream = nullptr) {

@@ -96,6 +96,21 @@ struct RopeKvAppendArgs {
   KvCacheAppendArgs kv;
 };
 
+// fused_add_rms_norm_quant_matmul_rope_kv_append (one token): the norm + q/k/v matmul into
+// out [1, (num_heads + 2 num_kv_heads) head_dim], then rotary_embedding_kv_append on out's
+// q, k and v slices (rkv's q, k and v views point into out).
+struct NormQmmRopeAppendArgs {
+  NormQuantMatmulArgs mm;
+  RopeKvAppendArgs rkv;
+};
+
+}  // namespace ks::ops
+namespace ks::cpu {
+// The fusion's two steps through backend `be`'s registry choices (backends/cpu/fused_matmul.cpp).
+void norm_qmm_rope_append_composed(const void* args, ks_stream_t stream, ks_backend_t be);
+}  // namespace ks::cpu
+namespace ks::ops {
+
 struct PagedAttentionArgs {
   View out, q, k_cache, v_cache, block_tables, seq_ids, context_lens;
   bool has_seq_ids;
@@ -130,6 +145,11 @@ struct SampleArgs {
 
 // Packed-format geometry; false for an unknown format.
 bool qtype_geometry(ks_qtype_t q, int64_t* block_size, int64_t* block_bytes);
+// fused_add_rms_norm_quant_matmul's argument rules, under the name `op` (also those of the
+// fusion that adds RoPE and the cache append); fills everything but the backend.
+void validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a, DLTensor* out, DLTensor* residual_out,
+                                const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight, double eps,
+                                const DLTensor* weight, ks_qtype_t qtype);
 const char* qtype_name(ks_qtype_t q);
 
 }  // namespace ks::ops

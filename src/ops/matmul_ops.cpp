@@ -163,13 +163,9 @@ extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const D
   });
 }
 
-extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* residual_out, const DLTensor* x,
-                                                          const DLTensor* residual, const DLTensor* norm_weight,
-                                                          double eps, const DLTensor* weight, ks_qtype_t qtype,
-                                                          ks_backend_t backend, ks_stream_t stream) {
-  static const char* op = "fused_add_rms_norm_quant_matmul";
-  return guard(op, [&] {
-    NormQuantMatmulArgs a;
+void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a, DLTensor* out, DLTensor* residual_out,
+                                const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight, double eps,
+                                const DLTensor* weight, ks_qtype_t qtype) {
     a.has_x = x != nullptr;
     if (!a.has_x && residual_out)
       fail(KS_ERROR_INVALID_ARGUMENT, op, "residual_out is given but x is NULL: residual_out = x + residual needs x");
@@ -210,12 +206,22 @@ extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTenso
       if (a.has_x) require_no_overlap(op, "residual_out", a.residual_out, name, *v);
     }
     if (a.has_x) require_no_overlap(op, "out", a.out, "residual_out", a.residual_out);
-    const ks_backend_t be = resolve_backend(op, backend, a.residual);
     a.qtype = qtype;
     a.m = a.residual.dim(0);
     a.n = a.weight.dim(0);
     a.k = a.residual.cols();
     a.row_bytes = a.weight.dim(1);
+}
+
+extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* residual_out, const DLTensor* x,
+                                                          const DLTensor* residual, const DLTensor* norm_weight,
+                                                          double eps, const DLTensor* weight, ks_qtype_t qtype,
+                                                          ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "fused_add_rms_norm_quant_matmul";
+  return guard(op, [&] {
+    NormQuantMatmulArgs a;
+    validate_norm_quant_matmul(op, a, out, residual_out, x, residual, norm_weight, eps, weight, qtype);
+    const ks_backend_t be = resolve_backend(op, backend, a.residual);
     if (a.m == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.residual.dtype, &a, stream);
   });

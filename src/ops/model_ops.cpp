@@ -237,6 +237,74 @@ extern "C" ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, c
   });
 }
 
+// fused_add_rms_norm_quant_matmul then rotary_embedding_kv_append on out's q / k / v slices, for
+// one token. Every rule of the two, under this op's name, plus: one row (M = 1), out's columns
+// (num_heads + 2 num_kv_heads) x head_dim, and the caches, positions and slot_mapping apart
+// from everything the matmul reads or writes.
+extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
+    DLTensor* out, DLTensor* residual_out, const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight,
+    double eps, const DLTensor* weight, ks_qtype_t qtype, int64_t num_heads, int64_t num_kv_heads,
+    const DLTensor* positions, int64_t rotary_dim, double theta, int is_neox, DLTensor* k_cache, DLTensor* v_cache,
+    const DLTensor* slot_mapping, ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
+  return guard(op, [&] {
+    NormQmmRopeAppendArgs a;
+    validate_norm_quant_matmul(op, a.mm, out, residual_out, x, residual, norm_weight, eps, weight, qtype);
+    if (a.mm.m > 1)
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "residual has " + std::to_string(a.mm.m) +
+               " rows; this fusion is a one-token decode step (for more rows call fused_add_rms_norm_quant_matmul, "
+               "then rotary_embedding_kv_append)");
+    if (num_heads <= 0 || num_kv_heads <= 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads and num_kv_heads must be > 0; got " + std::to_string(num_heads) +
+                                              " and " + std::to_string(num_kv_heads));
+    if (num_heads > (int64_t(1) << 40) || num_kv_heads > (int64_t(1) << 40))
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads and num_kv_heads must be at most 2^40");
+    const int64_t heads = num_heads + 2 * num_kv_heads;
+    if (a.mm.n % heads != 0 || a.mm.n == 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "weight's " + std::to_string(a.mm.n) + " rows (out's columns) must be (num_heads + 2 num_kv_heads) x "
+               "head_dim with num_heads=" + std::to_string(num_heads) + ", num_kv_heads=" + std::to_string(num_kv_heads));
+    const int64_t D = a.mm.n / heads, M = a.mm.m;
+    // (out is contiguous: view_of checked it)
+    // q, k and v: out's column slices [0, H D), [H D, (H + KVH) D), [(H + KVH) D, N) as [M, heads, D]
+    int64_t qs[3] = {M, num_heads, D}, ks[3] = {M, num_kv_heads, D}, vs[3] = {M, num_kv_heads, D};
+    const uint64_t es = uint64_t(dtype_bytes(a.mm.out.dtype));
+    DLTensor q = *out, k = *out, v = *out;
+    q.ndim = k.ndim = v.ndim = 3;
+    q.strides = k.strides = v.strides = nullptr;
+    q.shape = qs;
+    k.shape = ks;
+    v.shape = vs;
+    k.byte_offset += uint64_t(num_heads * D) * es;
+    v.byte_offset += uint64_t((num_heads + num_kv_heads) * D) * es;
+    validate_rotary(op, a.rkv.rope, &q, &k, positions, rotary_dim, theta, is_neox);
+    validate_kv_append(op, a.rkv.kv, k_cache, v_cache, &k, &v, slot_mapping);
+    // the caches are written, and positions and slot_mapping read, while the matmul's inputs
+    // are read and out / residual_out written (in no fixed order, in one kernel)
+    const std::pair<const char*, const View*> mm_args[] = {{"residual", &a.mm.residual},
+                                                           {"norm_weight", &a.mm.norm_weight},
+                                                           {"weight", &a.mm.weight},
+                                                           {"x", &a.mm.x},
+                                                           {"residual_out", &a.mm.residual_out},
+                                                           {"out", &a.mm.out}};
+    for (const auto& [name, view] : mm_args) {
+      if (!a.mm.has_x && (view == &a.mm.x || view == &a.mm.residual_out)) continue;
+      require_no_overlap(op, "k_cache", a.rkv.kv.k_cache, name, *view);
+      require_no_overlap(op, "v_cache", a.rkv.kv.v_cache, name, *view);
+      if (view == &a.mm.out || view == &a.mm.residual_out) {
+        require_no_overlap(op, name, *view, "positions", a.rkv.rope.positions);
+        require_no_overlap(op, name, *view, "slot_mapping", a.rkv.kv.slot_mapping);
+      }
+    }
+    require_no_overlap(op, "k_cache", a.rkv.kv.k_cache, "positions", a.rkv.rope.positions);
+    require_no_overlap(op, "v_cache", a.rkv.kv.v_cache, "positions", a.rkv.rope.positions);
+    const ks_backend_t be = resolve_backend(op, backend, a.mm.residual);
+    if (M == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.mm.residual.dtype, &a, stream);
+  });
+}
+
 extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
                                           const DLTensor* v_cache, const DLTensor* block_tables,
                                           const DLTensor* seq_ids, const DLTensor* context_lens, double scale,

@@ -29,6 +29,10 @@ RouteKey route_key(const char* op, const void* args) {
   // alone would give a 4096 x 576 matrix's cell to 4096 x 4096)
   if (is("quant_matmul")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.x); }
   if (is("fused_add_rms_norm_quant_matmul")) { const auto& a = as<NormQuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.residual); }
+  if (is("fused_add_rms_norm_quant_matmul_rope_kv_append")) {
+    const auto& a = as<NormQmmRopeAppendArgs>(args).mm;
+    return key(a.m, a.n * a.k, a.residual);
+  }
   if (is("silu_and_mul_quant_matmul")) { const auto& a = as<SiluQuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.gate_up); }
   if (is("embedding")) { const auto& a = as<EmbeddingArgs>(args); return key(a.num_ids, a.hidden, a.out); }
   if (is("dequantize")) { const auto& a = as<DequantizeArgs>(args); return key(a.rows, a.cols, a.out); }

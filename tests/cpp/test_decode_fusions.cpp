@@ -489,4 +489,178 @@ TEST(RopeKvAppend, RejectsBadArgumentsAndWritesNothing) {
   }
 }
 
+const char* kNormRope = "fused_add_rms_norm_quant_matmul_rope_kv_append";
+
+ks_status_t run_norm_rope(Buf& out, Buf* res_out, Buf* x, Buf& res, Buf& nw, Buf& w, ks_qtype_t q, int64_t H,
+                          int64_t KVH, Buf& pos, int64_t rotary_dim, bool neox, Buf& kc, Buf& vc, Buf& slots,
+                          ks_backend_t be = KS_BACKEND_AUTO) {
+  DLTensor o = out.dl(), r = res.dl(), n = nw.dl(), ww = w.dl(), ro{}, xx{}, p = pos.dl(), kcd = kc.dl(),
+           vcd = vc.dl(), sd = slots.dl();
+  if (res_out) ro = res_out->dl();
+  if (x) xx = x->dl();
+  return ks_fused_add_rms_norm_quant_matmul_rope_kv_append(&o, res_out ? &ro : nullptr, x ? &xx : nullptr, &r, &n,
+                                                           1e-5, &ww, q, H, KVH, &p, rotary_dim, 10000.0, neox, &kcd,
+                                                           &vcd, &sd, be, nullptr);
+}
+
+// The fusion against the two calls it stands for, on copies: out (q and k rotated), residual_out
+// and both caches equal byte for byte (every CPU variant of the steps: FOR_EACH_VARIANT pins
+// quant_matmul's). GQA heads, rotary_dim below head_dim, NeoX and interleaved pairs, a skipped
+// slot (-1), no slot (slot_mapping of 0 entries), misaligned tensors.
+void norm_rope_case(DType dt, ks_qtype_t q, int64_t H, int64_t KVH, int64_t D, int64_t rd, int64_t K, bool neox,
+                    bool with_x, int slot_case, size_t off) {
+  const int64_t N = (H + 2 * KVH) * D;
+  Buf w = make_packed(q, N, K, nullptr, off);
+  Buf res(dt, {1, K}, off), x(dt, {1, K}, off), nw(dt, {K}, off), out(dt, {1, N}, off), ro(dt, {1, K}, off),
+      pos(DType::I64, {1}), slots(DType::I32, {slot_case == 2 ? int64_t(0) : int64_t(1)}),
+      kc(dt, {3, 8, KVH, D}, off), vc(dt, {3, 8, KVH, D}, off);
+  kstest::fill_normal(res);
+  kstest::fill_normal(x);
+  kstest::fill_normal(nw, 1.0, 1.0);
+  out.poison();
+  ro.poison();
+  kc.poison();
+  vc.poison();
+  set_i(pos, 0, 77777);
+  if (slot_case != 2) set_i(slots, 0, slot_case == 1 ? -1 : 13);
+  Buf out2 = out, ro2 = ro, kc2 = kc, vc2 = vc;
+  Snap in{&res, &x, &nw, &w, &pos, &slots};
+  KS_RUN_OR_SKIP(run_norm_rope(out, with_x ? &ro : nullptr, with_x ? &x : nullptr, res, nw, w, q, H, KVH, pos, rd, neox,
+                               kc, vc, slots));
+  ASSERT_EQ(run_norm(out2, with_x ? &ro2 : nullptr, with_x ? &x : nullptr, res, nw, 1e-5, w, q, KS_BACKEND_CPU),
+            KS_SUCCESS)
+      << ks_last_error();
+  {
+    const size_t es = ks::dtype_size(dt);
+    char* base = static_cast<char*>(out2.data());
+    int64_t qs[3] = {1, H, D}, ks_[3] = {1, KVH, D}, vs[3] = {1, KVH, D};
+    DLTensor qd = out2.dl(), kd = out2.dl(), vd = out2.dl(), pd = pos.dl(), kcd = kc2.dl(), vcd = vc2.dl(),
+             sd = slots.dl();
+    qd.ndim = kd.ndim = vd.ndim = 3;
+    qd.shape = qs, kd.shape = ks_, vd.shape = vs;
+    qd.data = base, kd.data = base + H * D * es, vd.data = base + (H + KVH) * D * es;
+    qd.byte_offset = kd.byte_offset = vd.byte_offset = 0;
+    ASSERT_EQ(ks_rotary_embedding_kv_append(&qd, &kd, &vd, &pd, rd, 10000.0, neox, &kcd, &vcd, &sd, KS_BACKEND_CPU,
+                                            nullptr),
+              KS_SUCCESS)
+        << ks_last_error();
+  }
+  const std::string what = dt_name(dt) + " " + qfmt(q).name + (neox ? " neox" : " interleaved") + " H " +
+                           std::to_string(H) + "/" + std::to_string(KVH) + " D " + std::to_string(D) + " rotary_dim " +
+                           std::to_string(rd) + (with_x ? " with x" : " residual only") + " slot case " +
+                           std::to_string(slot_case) + " offset " + std::to_string(off);
+  EXPECT_EQ(out.raw, out2.raw) << "out, " << what;
+  EXPECT_EQ(ro.raw, ro2.raw) << "residual_out, " << what;
+  EXPECT_EQ(kc.raw, kc2.raw) << "k_cache, " << what;
+  EXPECT_EQ(vc.raw, vc2.raw) << "v_cache, " << what;
+  EXPECT_TRUE(in.same()) << "inputs modified, " << what;
+  // the rotation did happen: q's first pair differs from the unrotated matmul value
+  if (slot_case == 0) {
+    Buf plain = out;
+    ASSERT_EQ(run_norm(plain, with_x ? &ro2 : nullptr, with_x ? &x : nullptr, res, nw, 1e-5, w, q, KS_BACKEND_CPU),
+              KS_SUCCESS);
+    bool moved = false;
+    for (int64_t i = 0; i < H * D; ++i) moved = moved || plain.get(i) != out.get(i);
+    EXPECT_TRUE(moved) << "q was not rotated, " << what;
+  }
+}
+
+TEST(FusedNormQkvRopeAppend, EqualsTheTwoCallsBitForBit) {
+  FOR_EACH_VARIANT(kNorm) {
+    for (DType dt : kFloatTypes())
+      for (bool neox : {false, true})
+        for (int slot_case = 0; slot_case < 3; ++slot_case) {
+          norm_rope_case(dt, KS_QTYPE_Q4_1, 9, 3, 64, 64, 576, neox, true, slot_case, 0);
+          norm_rope_case(dt, KS_QTYPE_Q8_0, 4, 2, 34, 16, 96, neox, false, slot_case, 2);
+        }
+  }
+}
+
+TEST(FusedNormQkvRopeAppend, ZeroRowsWriteNothing) {
+  Buf w = make_packed(KS_QTYPE_Q8_0, 8 * 16, 64);
+  Buf res(DType::F32, {0, 64}), nw(DType::F32, {64}), out(DType::F32, {0, 128}), pos(DType::I64, {0}),
+      slots(DType::I64, {0}), kc(DType::F32, {2, 4, 2, 16}), vc(DType::F32, {2, 4, 2, 16});
+  kstest::fill_normal(nw);
+  kc.poison();
+  vc.poison();
+  Snap s{&kc, &vc};
+  ASSERT_EQ(run_norm_rope(out, nullptr, nullptr, res, nw, w, KS_QTYPE_Q8_0, 4, 2, pos, 16, false, kc, vc, slots),
+            KS_SUCCESS)
+      << ks_last_error();
+  EXPECT_TRUE(s.same());
+}
+
+TEST(FusedNormQkvRopeAppend, RejectsBadArgumentsAndWritesNothing) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  const int64_t H = 4, KVH = 2, D = 16, K = 64, N = (H + 2 * KVH) * D;
+  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
+  Buf res(DType::F32, {1, K}), x(DType::F32, {1, K}), nw(DType::F32, {K}), out(DType::F32, {1, N}),
+      ro(DType::F32, {1, K}), pos(DType::I64, {1}), slots(DType::I64, {1}), kc(DType::F32, {2, 4, KVH, D}),
+      vc(DType::F32, {2, 4, KVH, D});
+  kstest::fill_normal(res);
+  kstest::fill_normal(x);
+  kstest::fill_normal(nw);
+  out.poison();
+  ro.poison();
+  kc.poison();
+  vc.poison();
+  set_i(pos, 0, 3);
+  set_i(slots, 0, 5);
+  const Snap all{&out, &ro, &kc, &vc};
+  auto expect = [&](ks_status_t st, ks_status_t want, const char* arg, const std::string& what, const Snap& s) {
+    EXPECT_TRUE(fails_cleanly(st, want, kNormRope, arg, s)) << what;
+  };
+  {  // two rows: a one-token step only
+    Buf res2(DType::F32, {2, K}), x2(DType::F32, {2, K}), out2(DType::F32, {2, N}), ro2(DType::F32, {2, K});
+    kstest::fill_normal(res2);
+    kstest::fill_normal(x2);
+    expect(run_norm_rope(out2, &ro2, &x2, res2, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots), INV,
+           "residual", "two rows", Snap{&out2, &ro2, &kc, &vc});
+  }
+  expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, 0, KVH, pos, D, false, kc, vc, slots), INV,
+         "num_heads", "no heads", all);
+  expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H + 1, KVH, pos, D, false, kc, vc, slots), INV,
+         "num_heads", "N not (H + 2 KVH) D", all);
+  expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D + 2, false, kc, vc, slots), INV,
+         "rotary_dim", "rotary_dim past head_dim", all);
+  expect(run_norm_rope(out, nullptr, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots), INV,
+         "residual_out", "x without residual_out", all);
+  {
+    Buf kc2(DType::F32, {2, 4, KVH, D + 2});
+    expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc2, vc, slots), INV,
+           "k_cache", "cache head_dim", all);
+  }
+  {
+    Buf s2(DType::I64, {1});
+    set_i(s2, 0, 8);  // the cache holds 8 slots
+    expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, s2), INV,
+           "slot_mapping", "slot past the cache", all);
+  }
+  {  // positions inside out: read while out is written
+    DLTensor o = out.dl(), r = res.dl(), n = nw.dl(), ww = w.dl(), rr = ro.dl(), xx = x.dl(), kcd = kc.dl(),
+             vcd = vc.dl(), sd = slots.dl(), pd = out.dl();
+    pd.dtype = DLDataType{kDLInt, 32, 1};
+    std::vector<int64_t> ps = {1};
+    pd.shape = ps.data();
+    pd.ndim = 1;
+    expect(ks_fused_add_rms_norm_quant_matmul_rope_kv_append(&o, &rr, &xx, &r, &n, 1e-5, &ww, KS_QTYPE_Q8_0, H, KVH,
+                                                             &pd, D, 10000.0, 0, &kcd, &vcd, &sd, KS_BACKEND_AUTO,
+                                                             nullptr),
+           INV, "positions", "positions overlapping out", all);
+  }
+  {  // a cache over residual (read by the matmul while the cache is written)
+    Buf big(DType::F32, {2, 4, KVH, D});
+    kstest::fill_normal(big);
+    DLTensor o = out.dl(), r = big.dl(), n = nw.dl(), ww = w.dl(), pd = pos.dl(), kcd = big.dl(), vcd = vc.dl(),
+             sd = slots.dl();
+    std::vector<int64_t> rs = {1, K};
+    r.shape = rs.data();
+    r.ndim = 2;
+    expect(ks_fused_add_rms_norm_quant_matmul_rope_kv_append(&o, nullptr, nullptr, &r, &n, 1e-5, &ww, KS_QTYPE_Q8_0, H,
+                                                             KVH, &pd, D, 10000.0, 0, &kcd, &vcd, &sd,
+                                                             KS_BACKEND_AUTO, nullptr),
+           INV, "k_cache", "k_cache overlapping residual", Snap{&out, &big, &vc});
+  }
+}
+
 }  // namespace

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 
@@ -205,6 +206,9 @@ TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
   setenv("KS_MODEL_SPLIT_HEAD", "1", 1);  // the fused step with the output head split off
   Fixture split(ks::Backend::Cuda);
   unsetenv("KS_MODEL_SPLIT_HEAD");
+  setenv("KS_MODEL_FUSE_ROPE", "0", 1);  // RoPE + append as their own kernel: the same bits
+  Fixture rope_apart(ks::Backend::Cuda);
+  unsetenv("KS_MODEL_FUSE_ROPE");
   const nlohmann::json ref = reference();
   const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
   const int64_t V = cpu.model.config().vocab_size;
@@ -216,6 +220,10 @@ TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
     const std::vector<float> b(lp, lp + V);
     const float* ls = split.model.forward(&prompt[i], 1, int64_t(i));
     const std::vector<float> d(ls, ls + V);
+    const float* lr = rope_apart.model.forward(&prompt[i], 1, int64_t(i));
+    ASSERT_EQ(std::memcmp(a.data(), lr, size_t(V) * sizeof(float)), 0)
+        << "step " << i << ": the fused q/k/v + RoPE + append kernel changed the logits' bits against "
+        << "KS_MODEL_FUSE_ROPE=0";
     const float* lc = cpu.model.forward(&prompt[i], 1, int64_t(i));
     for (int64_t v = 0; v < V; ++v) {
       worst_plain = std::max(worst_plain, double(std::fabs(a[size_t(v)] - b[size_t(v)])));

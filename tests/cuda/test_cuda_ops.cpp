@@ -1225,6 +1225,114 @@ TEST(Cuda, RotaryKvAppendEqualsRotaryThenAppend) {
         }
 }
 
+// fused_add_rms_norm_quant_matmul_rope_kv_append on CUDA against the two calls it fuses
+// (fused_add_rms_norm_quant_matmul, then rotary_embedding_kv_append on out's slices), bit for
+// bit: out (q and k rotated, v), residual_out and both caches (poisoned first, so a cache row
+// written by one and not the other shows). Interleaved pairs take the one-kernel variant
+// (its launch config says rope_epilogue=1), NeoX pairs the composed one; rotary_dim below
+// head_dim, a large position, int32 / int64 indices, slot -1, a device slot past the cache
+// (skipped), no slot at all (slot_mapping of 0 entries), a model-sized row (K = 576, 9 / 3
+// heads of 64: the weights staged in shared memory), misaligned tensors (composed) and a
+// non-sm_90-sized K.
+TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  struct C { int64_t H, KVH, D, rd, K; ks_qtype_t q; };
+  for (DType dt : kstest::float_dtypes())
+    for (const C c : {C{9, 3, 64, 64, 576, KS_QTYPE_Q4_1}, C{4, 2, 32, 16, 256, KS_QTYPE_Q8_0},
+                      C{2, 1, 130, 64, 1536, KS_QTYPE_Q4_0}})
+      for (bool neox : {false, true})
+        for (bool with_x : {true, false})
+          for (int slot_case = 0; slot_case < 4; ++slot_case) {
+            const size_t off = slot_case == 3 ? ks::dtype_size(dt) : 0;  // a misaligned case: composed
+            SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(c.H) + " KVH=" +
+                         std::to_string(c.KVH) + " D=" + std::to_string(c.D) + " rotary_dim=" + std::to_string(c.rd) +
+                         (neox ? " neox" : " interleaved") + (with_x ? " with x" : " residual only") + " slot case " +
+                         std::to_string(slot_case));
+            const int64_t N = (c.H + 2 * c.KVH) * c.D, blocks = 5, bs = 16;
+            Buf res(dt, {1, c.K}), x(dt, {1, c.K}), nw(dt, {c.K});
+            kstest::fill_normal(res);
+            kstest::fill_normal(x);
+            kstest::fill_normal(nw, 1.0, 1.0);
+            Buf w = make_packed(c.q, N, c.K);
+            const DType pdt = slot_case % 2 ? DType::I32 : DType::I64;
+            Buf pos(pdt, {1}), slots(pdt, {slot_case == 2 ? int64_t(0) : int64_t(1)});
+            pos.set(0, 123457.0);
+            if (slot_case != 2) slots.set(0, slot_case == 1 ? -1.0 : 37.0);
+            const std::vector<int64_t> cs = {blocks, bs, c.KVH, c.D};
+            DBuf dres(dt, {1, c.K}, off), dx(dt, {1, c.K}, off), dnw(dt, {c.K}, off), dw(DType::U8, w.shape),
+                dpos(pdt, {1}), dsl(pdt, slots.shape), got(dt, {1, N}, off), got_ro(dt, {1, c.K}, off),
+                got_kc(dt, cs), got_vc(dt, cs), want(dt, {1, N}, off), want_ro(dt, {1, c.K}, off), want_kc(dt, cs),
+                want_vc(dt, cs);
+            dres.upload(res), dx.upload(x), dnw.upload(nw), dw.upload(w), dpos.upload(pos), dsl.upload(slots);
+            for (DBuf* b : {&got, &got_ro, &got_kc, &got_vc, &want, &want_ro, &want_kc, &want_vc}) b->poison();
+            const ks::TensorView none;
+            const auto qt = static_cast<ks::QType>(c.q);
+            ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
+                got.view(), with_x ? got_ro.view() : none, with_x ? dx.view() : none, dres.view(), dnw.view(), 1e-5,
+                dw.view(), qt, c.H, c.KVH, dpos.view(), c.rd, 10000.0, neox, got_kc.view(), got_vc.view(),
+                dsl.view(), ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            const std::string cfg = ks_last_launch_config("fused_add_rms_norm_quant_matmul_rope_kv_append");
+            const bool one_kernel = !neox && off == 0;
+            EXPECT_EQ(cfg.find("rope_epilogue=1") != std::string::npos, one_kernel) << cfg;
+            ks::fused_add_rms_norm_quant_matmul(want.view(), with_x ? want_ro.view() : none, with_x ? dx.view() : none,
+                                                dres.view(), dnw.view(), 1e-5, dw.view(), qt, ks::Backend::Cuda);
+            const size_t es = ks::dtype_size(dt);
+            char* base = static_cast<char*>(want.view().data());
+            ks::TensorView q(base, dt, {1, c.H, c.D}, want.view().device()),
+                k(base + c.H * c.D * es, dt, {1, c.KVH, c.D}, want.view().device()),
+                v(base + (c.H + c.KVH) * c.D * es, dt, {1, c.KVH, c.D}, want.view().device());
+            ks::rotary_embedding_kv_append(q, k, v, dpos.view(), c.rd, 10000.0, neox, want_kc.view(), want_vc.view(),
+                                           dsl.view(), ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            for (auto [g, e, name] : {std::tuple{&got, &want, "out"}, {&got_kc, &want_kc, "k_cache"},
+                                      {&got_vc, &want_vc, "v_cache"}, {&got_ro, &want_ro, "residual_out"}}) {
+              Buf a(dt, g->shape), b(dt, e->shape);
+              g->download(a);
+              e->download(b);
+              EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << name;
+            }
+          }
+}
+
+// A device slot past the cache is skipped by the one-kernel variant (nothing outside the cache
+// written: the poisoned caches stay poisoned), as rotary_embedding_kv_append skips it.
+TEST(Cuda, FusedNormQkvRopeAppendSkipsADeviceSlotPastTheCache) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  const DType dt = DType::F32;
+  const int64_t H = 9, KVH = 3, D = 64, K = 576, N = (H + 2 * KVH) * D;
+  Buf res(dt, {1, K}), nw(dt, {K}), pos(DType::I64, {1}), slots(DType::I64, {1});
+  kstest::fill_normal(res);
+  kstest::fill_normal(nw, 1.0, 1.0);
+  pos.set(0, 5.0);
+  slots.set(0, 1e9);
+  Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+  const std::vector<int64_t> cs = {2, 16, KVH, D};
+  DBuf dres(dt, {1, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dpos(DType::I64, {1}), dsl(DType::I64, {1}),
+      out(dt, {1, N}), kc(dt, cs), vc(dt, cs);
+  dres.upload(res), dnw.upload(nw), dw.upload(w), dpos.upload(pos), dsl.upload(slots);
+  out.poison(), kc.poison(), vc.poison();
+  Buf kc0(dt, cs), vc0(dt, cs);
+  kc.download(kc0);
+  vc.download(vc0);
+  const ks::TensorView none;
+  ks::fused_add_rms_norm_quant_matmul_rope_kv_append(out.view(), none, none, dres.view(), dnw.view(), 1e-5, dw.view(),
+                                                     ks::QType::Q4_1, H, KVH, dpos.view(), D, 10000.0, false,
+                                                     kc.view(), vc.view(), dsl.view(), ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  EXPECT_NE(std::string(ks_last_launch_config("fused_add_rms_norm_quant_matmul_rope_kv_append")).find("rope_epilogue=1"),
+            std::string::npos);
+  Buf kc1(dt, cs), vc1(dt, cs), o(dt, {1, N});
+  kc.download(kc1);
+  vc.download(vc1);
+  out.download(o);
+  EXPECT_EQ(0, std::memcmp(kc0.data(), kc1.data(), kc0.nbytes())) << "k_cache";
+  EXPECT_EQ(0, std::memcmp(vc0.data(), vc1.data(), vc0.nbytes())) << "v_cache";
+  for (int64_t i = 0; i < N; ++i) ASSERT_TRUE(std::isfinite(o.get(i))) << "out " << i;
+}
+
 // The paged_attention tests run under every CUDA variant (pinned per test):
 // cuda_gqa_cluster (sm_90: K/V read once per kv head, keys split over a cluster) and
 // cuda_cta_per_head.

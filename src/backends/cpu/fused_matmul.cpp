@@ -30,10 +30,11 @@ View host_view(void* data, DType dt, std::initializer_list<int64_t> shape) {
   return v;
 }
 
-// The CPU variant that will run one step (its errors restated under the fused op's name).
-const registry::Variant* step(const char* fused, const char* op, DType dt, const void* args) {
+// The variant of `be` that will run one step (its errors restated under the fused op's name).
+const registry::Variant* step(const char* fused, const char* op, DType dt, const void* args,
+                              ks_backend_t be = KS_BACKEND_CPU) {
   try {
-    return registry::select(op, KS_BACKEND_CPU, dt, args).variant;
+    return registry::select(op, be, dt, args).variant;
   } catch (const detail::Failure& f) {
     detail::fail(f.status, fused, std::string("its ") + op + " step cannot run: " + f.message);
   }
@@ -116,6 +117,18 @@ void rope_kv_append_cpu(const void* p, ks_stream_t stream) {
 
 }  // namespace
 
+// fused_add_rms_norm_quant_matmul_rope_kv_append as its two steps on backend `be` (the CPU's
+// only variant, and CUDA's fallback): the norm + matmul into out, then RoPE and the append on
+// out's slices. Both steps' variants are chosen before either runs.
+void norm_qmm_rope_append_composed(const void* p, ks_stream_t stream, ks_backend_t be) {
+  const auto& a = *static_cast<const NormQmmRopeAppendArgs*>(p);
+  const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
+  const registry::Variant* mm = step(op, "fused_add_rms_norm_quant_matmul", a.mm.residual.dtype, &a.mm, be);
+  const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
+  mm->run(&a.mm, stream);
+  rope->run(&a.rkv, stream);
+}
+
 void register_fused_matmul(std::vector<registry::Variant>& v) {
   v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CPU, "cpu_composed", registry::kFloatDTypes, 0,
                "the CPU's fused_add_rms_norm (or rms_norm) into a scratch row block, then its quant_matmul",
@@ -125,6 +138,11 @@ void register_fused_matmul(std::vector<registry::Variant>& v) {
                silu_quant_matmul_cpu});
   v.push_back({"rotary_embedding_kv_append", KS_BACKEND_CPU, "cpu_composed", registry::kFloatDTypes, 0,
                "the CPU's rotary_embedding, then its kv_cache_append", nullptr, nullptr, rope_kv_append_cpu});
+  v.push_back({"fused_add_rms_norm_quant_matmul_rope_kv_append", KS_BACKEND_CPU, "cpu_composed",
+               registry::kFloatDTypes, 0,
+               "the CPU's fused_add_rms_norm_quant_matmul into out, then its rotary_embedding_kv_append on out's "
+               "q, k and v",
+               nullptr, nullptr, [](const void* p, ks_stream_t s) { norm_qmm_rope_append_composed(p, s, KS_BACKEND_CPU); }});
 }
 
 }  // namespace ks::cpu

@@ -19,6 +19,7 @@
 
 #include "backends/cuda/attention_params.cuh"
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/rope_common.cuh"
 #include "ops/args.hpp"
 
 namespace cg = cooperative_groups;
@@ -481,14 +482,79 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
 // squares: thread t over the 16-byte vectors t, t + 256, ..., the warp butterfly, then the 8
 // warps' sums in order: an order set by K and the pointers' alignment only, never by M.
 constexpr int kStageThreads = 256, kStageWarps = kStageThreads / 32;
+constexpr int kMaxColsPerWarp = 4;  // launch_qmm's cols_per_warp is 1, 2 or 4
 constexpr size_t kStageBytes = 48 * 1024;
 __host__ __device__ constexpr int64_t staged_floats(int64_t k) { return k / 32 * 36; }
 
-template <typename T, bool WIDE, int MQ, Pro P, bool SW>
-__global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(const QmmParams p) {
+// The RoPE + KV-cache epilogue of fused_add_rms_norm_quant_matmul_rope_kv_append (one row):
+// out is [1, (heads + 2 kv_heads) head_dim] = q | k | v. A CTA's columns are whole interleaved
+// pairs (2i, 2i + 1): n0 and the CTA's column count are even, and so is head_dim.
+struct RopeEpi {
+  const void* pos;    // positions[0]
+  const void* slots;  // slot_mapping[0] (when kv_tokens > 0)
+  char* k_cache;
+  char* v_cache;
+  int64_t num_slots, kv_tokens;
+  int heads, kv_heads, head_dim, rotary_half;
+  bool pos64, slots64;
+};
+struct NoRope {};
+struct WithRope {
+  const RopeEpi& e;
+  const RopeTable& tab;
+};
+
+// rotary_embedding_kv_append on the CTA's `cols` columns from n0 (even; `v` holds their values
+// as the matmul would have stored them): pair (n, n + 1) of q or k within rotary_dim rotates by
+// the angle fp32(fp32(pos) * inv_freq[i]) (sincosf, rope_rotate: rope_append_kernel's
+// arithmetic, so the same bits); every value goes to out, and k's and v's also to the cache
+// row of slot_mapping[0] when it is in [0, num_slots).
+template <typename T>
+__device__ __forceinline__ void rope_epilogue(const RopeEpi& e, const RopeTable& tab, const float* v, T* out,
+                                              int64_t n0, int64_t cols) {
+  const int64_t pi = e.pos64 ? static_cast<const int64_t*>(e.pos)[0] : static_cast<const int32_t*>(e.pos)[0];
+  const float pos = float(pi);
+  int64_t slot = -1;
+  if (e.kv_tokens > 0) slot = e.slots64 ? static_cast<const int64_t*>(e.slots)[0] : static_cast<const int32_t*>(e.slots)[0];
+  const bool append = slot >= 0 && slot < e.num_slots;
+  const int64_t D = e.head_dim, qd = int64_t(e.heads) * D, kd = int64_t(e.kv_heads) * D;
+  for (int64_t t = threadIdx.x; 2 * t < cols; t += blockDim.x) {
+    const int64_t n = n0 + 2 * t;
+    const int region = n < qd ? 0 : n < qd + kd ? 1 : 2;  // q, k, v
+    const int64_t off = region == 0 ? n : region == 1 ? n - qd : n - qd - kd;
+    const int j = int(off % D);
+    float x0 = v[2 * t], x1 = v[2 * t + 1];
+    if (region < 2 && j < 2 * e.rotary_half) {
+      float sn, c;
+      sincosf(pos * tab.inv[j / 2], &sn, &c);
+      float f0, f1;
+      rope_rotate(x0, x1, c, sn, f0, f1);
+      x0 = f0;
+      x1 = f1;
+    }
+    const T r0 = Dt<T>::from_f(x0), r1 = Dt<T>::from_f(x1);
+    out[n] = r0;
+    out[n + 1] = r1;
+    if (region > 0 && append) {
+      T* row = reinterpret_cast<T*>(region == 1 ? e.k_cache : e.v_cache) + slot * kd;
+      row[off] = r0;
+      row[off + 1] = r1;
+    }
+  }
+}
+
+template <typename T, bool WIDE, int MQ, Pro P, bool SW, typename EPI>
+__device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, const EPI& epi) {
   static_assert(P != Pro::None, "quant_matmul itself reads x directly");
+  constexpr bool ROPE = std::is_same_v<EPI, WithRope>;
+  static_assert(!ROPE || MQ == 1, "the RoPE epilogue serves one row");
   extern __shared__ __align__(16) float hs[];  // [min(M, MQ)][K / 32][36], then (SW) the weight rows
   __shared__ float red[kStageWarps];
+  float* colv = nullptr;  // ROPE: the CTA's column values, rounded to T (static shared memory)
+  if constexpr (ROPE) {
+    __shared__ float colv_rope[kStageWarps * kMaxColsPerWarp];
+    colv = colv_rope;
+  }
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nc = p.cols_per_warp;
   const int64_t M = p.M, N = p.N, K = p.K, KS = staged_floats(K);
   const int64_t cta_cols = int64_t(kStageWarps) * nc, n0 = int64_t(blockIdx.x) * cta_cols;
@@ -570,11 +636,30 @@ __global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(cons
 #pragma unroll
       for (int mm = 0; mm < MQ; ++mm) {
         const float s = warp_sum(acc[mm]);
-        if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
+        if constexpr (ROPE) {
+          if (lane == 0) colv[warp * nc + c] = round_to<T>(s);  // the value the matmul would store
+        } else {
+          if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
+        }
       }
+    }
+    if constexpr (ROPE) {
+      __syncthreads();  // every column of the CTA is in colv
+      rope_epilogue<T>(epi.e, epi.tab, colv, out, n0, min(cta_cols, N - n0));
     }
     __syncthreads();  // the next chunk overwrites hs
   }
+}
+
+template <typename T, bool WIDE, int MQ, Pro P, bool SW>
+__global__ void __launch_bounds__(kStageThreads) quant_matmul_staged_kernel(const QmmParams p) {
+  quant_matmul_staged_body<T, WIDE, MQ, P, SW>(p, NoRope{});
+}
+
+template <typename T, bool WIDE, Pro P, bool SW>
+__global__ void __launch_bounds__(kStageThreads)
+    quant_matmul_staged_rope_kernel(const QmmParams p, const RopeEpi e, const RopeTable tab) {
+  quant_matmul_staged_body<T, WIDE, 1, P, SW>(p, WithRope{e, tab});
 }
 
 // ---- variant cuda_row_stream (M = 1) ---------------------------------------------------
@@ -823,9 +908,11 @@ bool qmm_wide(const QmmParams& p, std::initializer_list<const void*> rows) {
   return wide;
 }
 
+// rope (and tab): fused_add_rms_norm_quant_matmul_rope_kv_append's epilogue (Norm / AddNorm, M = 1,
+// the staged rows and 16-byte loads: norm_qmm_rope_can_implement checks them first).
 template <Pro P, int MQ_MANY = kMqMany>
 void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::initializer_list<const void*> rows,
-                ks_stream_t stream) {
+                ks_stream_t stream, const RopeEpi* rope = nullptr, const RopeTable* tab = nullptr) {
   static_assert(MQ_MANY == kMqMany || P == Pro::None, "the fused forms chunk rows by 4");
   DeviceGuard g(dev, op);
   const DeviceProps& dp = device_props(dev);
@@ -857,14 +944,23 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   // The budget leaves room for the staged kernel's static red[] (static + dynamic <= 48 KB
   // without an opt-in).
   const size_t w_smem = size_t(staged_weight_bytes(cta_cols, p.row_bytes));
+  const size_t static_smem = kStageWarps * sizeof(float) * (rope ? 1 + kMaxColsPerWarp : 1);  // red[] (, colv)
   const bool sw = qmm_stage_weights_enabled() && nc == 1 && int64_t(grid) <= 2 * int64_t(dp.sm_count) &&
-                  row_smem + w_smem + kStageWarps * sizeof(float) <= kStageBytes;
+                  row_smem + w_smem + static_smem <= kStageBytes;
   const size_t smem = row_smem + (sw ? w_smem : 0);
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto tag, auto sw_tag) {
     using T = decltype(tag);
     constexpr bool SW = decltype(sw_tag)::value;
     auto launch = [&](auto kern) { launch_kernel(op, kern, dim3(grid), dim3(32 * kWarps), smem, s, 1, dp.pdl, p); };
+    if constexpr (P == Pro::Norm || P == Pro::AddNorm) {
+      if (rope) {  // staged, wide and M = 1 (checked by the variant's can_implement)
+        if (!staged || !wide || p.M != 1) detail::fail(KS_ERROR_INTERNAL, op, "the RoPE epilogue needs staged rows");
+        launch_kernel(op, quant_matmul_staged_rope_kernel<T, true, P, SW>, dim3(grid), dim3(32 * kWarps), smem, s, 1,
+                      dp.pdl, p, *rope, *tab);
+        return;
+      }
+    }
     if constexpr (P != Pro::None) {
       if (staged) {
         if (wide)
@@ -891,8 +987,8 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   check_launch(op);
   record_launch(op,
                 "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld staged_rows=%lld cols_per_warp=%lld "
-                "staged_weights=%lld",
-                {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0, nc, sw ? 1 : 0});
+                "staged_weights=%lld rope_epilogue=%lld",
+                {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0, nc, sw ? 1 : 0, rope ? 1 : 0});
 }
 }  // namespace
 
@@ -955,18 +1051,70 @@ void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
                 {kStreamWarps, grid, wide ? 1 : 0, stream_buffer_bytes(p.row_bytes)});
 }
 
+namespace {
+QmmParams norm_qmm_params(const ops::NormQuantMatmulArgs& a) {
+  return QmmParams{a.residual.data, a.has_x ? a.x.data : nullptr, a.norm_weight.data,
+                   a.has_x ? a.residual_out.data : nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                   a.m, a.n, a.k, a.row_bytes, a.eps, a.qtype, 1};
+}
+}  // namespace
+
 void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::NormQuantMatmulArgs*>(args);
   const char* op = "fused_add_rms_norm_quant_matmul";
-  const QmmParams p{a.residual.data, a.has_x ? a.x.data : nullptr, a.norm_weight.data,
-                    a.has_x ? a.residual_out.data : nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, a.eps, a.qtype, 1};
+  const QmmParams p = norm_qmm_params(a);
   const int dev = a.residual.device.device_id;
   if (a.has_x)
     launch_qmm<Pro::AddNorm>(op, p, a.residual.dtype, dev, {a.residual.data, a.x.data, a.norm_weight.data,
                                                             a.residual_out.data}, stream);
   else
     launch_qmm<Pro::Norm>(op, p, a.residual.dtype, dev, {a.residual.data, a.norm_weight.data}, stream);
+}
+
+// fused_add_rms_norm_quant_matmul_rope_kv_append, variant cuda_warp_per_column: the staged
+// norm + matmul kernel with the RoPE + cache epilogue (one kernel).
+std::string norm_qmm_rope_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::NormQmmRopeAppendArgs*>(args);
+  if (a.rkv.rope.neox) return "NeoX pairs (i, i + rotary_dim / 2) span CTAs: the two calls run instead";
+  if (a.rkv.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
+  if (a.mm.m != 1) return "one row only";
+  if (size_t(kMqMany) * size_t(staged_floats(a.mm.k)) * sizeof(float) > kStageBytes)
+    return "K > 2720: the normalized row is not staged in shared memory";
+  const QmmParams p = norm_qmm_params(a.mm);
+  const bool wide = a.mm.has_x ? qmm_wide(p, {a.mm.residual.data, a.mm.x.data, a.mm.norm_weight.data, a.mm.residual_out.data})
+                               : qmm_wide(p, {a.mm.residual.data, a.mm.norm_weight.data});
+  if (!wide) return "rows or weights not aligned for 16-byte / word loads";
+  return "";
+}
+
+void norm_qmm_rope_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::NormQmmRopeAppendArgs*>(args);
+  const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
+  const ops::RotaryArgs& r = a.rkv.rope;
+  const ops::KvCacheAppendArgs& kv = a.rkv.kv;
+  RopeTable tab{};
+  cpu::rope_inv_freq(r.rotary_dim, r.theta, tab.inv);
+  const RopeEpi e{r.positions.data,
+                  kv.slot_mapping.data,
+                  static_cast<char*>(kv.k_cache.data),
+                  static_cast<char*>(kv.v_cache.data),
+                  kv.num_slots,
+                  kv.num_kv_heads * kv.head_dim > 0 ? kv.num_tokens : 0,
+                  int(r.num_heads),
+                  int(r.num_kv_heads),
+                  int(r.head_dim),
+                  int(r.rotary_dim / 2),
+                  r.positions.dtype == detail::DType::I64,
+                  kv.slot_mapping.dtype == detail::DType::I64};
+  const QmmParams p = norm_qmm_params(a.mm);
+  const int dev = a.mm.residual.device.device_id;
+  if (a.mm.has_x)
+    launch_qmm<Pro::AddNorm>(op, p, a.mm.residual.dtype, dev,
+                             {a.mm.residual.data, a.mm.x.data, a.mm.norm_weight.data, a.mm.residual_out.data}, stream,
+                             &e, &tab);
+  else
+    launch_qmm<Pro::Norm>(op, p, a.mm.residual.dtype, dev, {a.mm.residual.data, a.mm.norm_weight.data}, stream, &e,
+                          &tab);
 }
 
 void silu_quant_matmul_cuda(const void* args, ks_stream_t stream) {

@@ -20,11 +20,8 @@
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/rope_common.cuh"
 #include "ops/args.hpp"
-
-namespace ks::cpu {
-void rope_inv_freq(int64_t rotary_dim, double theta, float* inv_freq);  // backends/cpu/reference.cpp
-}
 
 namespace ks::cuda {
 
@@ -41,23 +38,8 @@ struct RopeParams {
 // Shared memory per CTA: inv_freq, cos, sin (3 * rotary_dim / 2 floats).
 constexpr int64_t kRopeMaxHalf = 4096;  // 48 KB of shared memory
 constexpr int kRopeThreads = 128;
-// inv_freq computed on the host by the CPU reference's own function and passed by value
-// (2 KB of kernel parameters) for rotary_dim <= 1024, so both backends rotate by the same
-// FP32 frequencies (a device pow may round one of them to the neighbouring FP32 value,
-// which at positions near 2^31 changes the angle completely). Wider: device FP64 pow.
-constexpr int64_t kRopeParamHalf = 512;
-struct RopeTable {
-  float inv[kRopeParamHalf];
-};
-
-// The rotation of one pair, with every product and sum rounded on its own (no FMA
-// contraction): the three kernels below, whatever code the compiler makes around them,
-// give the same bits, and the same as the CPU reference's unfused FP32 expression.
-__device__ __forceinline__ void rope_rotate(float x0, float x1, float c, float s, float& r0, float& r1) {
-  r0 = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, s));
-  r1 = __fadd_rn(__fmul_rn(x1, c), __fmul_rn(x0, s));
-}
-
+// The inverse frequencies: RopeTable (rope_common.cuh) for rotary_dim <= 1024; wider: device
+// FP64 pow.
 template <typename T, bool NEOX>
 __global__ void __launch_bounds__(kRopeThreads) rope_kernel(const RopeParams p, const RopeTable table) {
   extern __shared__ float rope_sh[];

@@ -158,6 +158,8 @@ void paged_attention_gqa_cuda(const void*, ks_stream_t);
 std::string varlen_attention_can_implement(const void*);
 void varlen_attention_cuda(const void*, ks_stream_t);
 void norm_quant_matmul_cuda(const void*, ks_stream_t);
+void norm_qmm_rope_cuda(const void*, ks_stream_t);
+std::string norm_qmm_rope_can_implement(const void*);
 void quant_matmul_m16_cuda(const void*, ks_stream_t);
 std::string quant_matmul_m16_can_implement(const void*);
 void quant_matmul_stream_cuda(const void*, ks_stream_t);
@@ -260,6 +262,17 @@ std::string ci_rope_kv_append(const void* p) {
                                   &a.kv.slot_mapping});
   if (why.empty()) why = rope_can_implement(&a.rope);
   return why.empty() ? rope_append_can_implement(p) : why;
+}
+std::string ci_norm_qmm_rope_append(const void* p) {
+  auto& a = *static_cast<const ops::NormQmmRopeAppendArgs*>(p);
+  std::string why = ci_norm_quant_matmul(&a.mm);
+  if (why.empty()) why = ci_rope_kv_append(&a.rkv);
+  return why.empty() ? norm_qmm_rope_can_implement(p) : why;
+}
+std::string ci_norm_qmm_rope_composed(const void* p) {
+  auto& a = *static_cast<const ops::NormQmmRopeAppendArgs*>(p);
+  std::string why = ci_norm_quant_matmul(&a.mm);
+  return why.empty() ? ci_rope_kv_append(&a.rkv) : why;
 }
 std::string ci_attention(const void* p) {
   auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
@@ -371,6 +384,15 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "a CTA per token: each (head, pair) rotated by its own thread, rotated k pairs stored to k and the "
                "cache row, then v and k's unrotated features copied", avail, ks::cuda::ci_rope_kv_append,
                ks::cuda::rope_kv_append_cuda});
+  v.push_back({"fused_add_rms_norm_quant_matmul_rope_kv_append", KS_BACKEND_CUDA, "cuda_warp_per_column",
+               kFloatDTypes, 10,
+               "one kernel: fused_add_rms_norm_quant_matmul's staged kernel whose CTAs rotate their (2i, 2i+1) "
+               "column pairs of q and k and write k and v to the cache row (interleaved pairs, K <= 2720)",
+               avail, ks::cuda::ci_norm_qmm_rope_append, ks::cuda::norm_qmm_rope_cuda});
+  v.push_back({"fused_add_rms_norm_quant_matmul_rope_kv_append", KS_BACKEND_CUDA, "cuda_composed", kFloatDTypes, 0,
+               "the two calls: CUDA's fused_add_rms_norm_quant_matmul, then its rotary_embedding_kv_append",
+               avail, ks::cuda::ci_norm_qmm_rope_composed,
+               [](const void* p, ks_stream_t s) { ks::cpu::norm_qmm_rope_append_composed(p, s, KS_BACKEND_CUDA); }});
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_gqa_cluster", kFloatDTypes, 20,
                "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
                "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",
