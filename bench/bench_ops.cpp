@@ -491,6 +491,21 @@ int main(int argc, char** argv) {
       ks::kv_cache_append(dv(kc->p, f32, cache), dv(vc->p, f32, cache), qkv3(NH * D, KVH), qkv3((NH + KVH) * D, KVH),
                           dv(slot->p, DType::I64, {1}), ks::Backend::Cuda, st);
     }, size_t(QKV * 4 * 2));
+    // the norm + q/k/v matmul + RoPE + append in one kernel, against the two fused calls
+    time_pair("norm_qkv_rope_append", [&](cudaStream_t st) {
+      ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
+          dv(qkv->p, f32, {1, QKV}), dv(r2->p, f32, {1, H}), dv(x->p, f32, {1, H}), dv(r->p, f32, {1, H}),
+          dv(nw->p, f32, {H}), 1e-5, dv(wqkv->p, DType::U8, {QKV, H / 32 * 20}), q, NH, KVH, dv(pos->p, DType::I32, {1}),
+          D, 10000.0, false, dv(kc->p, f32, cache), dv(vc->p, f32, cache), dv(slot->p, DType::I64, {1}),
+          ks::Backend::Cuda, st);
+    }, [&](cudaStream_t st) {
+      ks::fused_add_rms_norm_quant_matmul(dv(qkv->p, f32, {1, QKV}), dv(r2->p, f32, {1, H}), dv(x->p, f32, {1, H}),
+                                          dv(r->p, f32, {1, H}), dv(nw->p, f32, {H}), 1e-5, dv(wqkv->p, DType::U8, {QKV, H / 32 * 20}),
+                                          q, ks::Backend::Cuda, st);
+      ks::rotary_embedding_kv_append(qkv3(0, NH), qkv3(NH * D, KVH), qkv3((NH + KVH) * D, KVH), dv(pos->p, DType::I32, {1}),
+                                     D, 10000.0, false, dv(kc->p, f32, cache), dv(vc->p, f32, cache),
+                                     dv(slot->p, DType::I64, {1}), ks::Backend::Cuda, st);
+    }, size_t(QKV * H / 32 * 20));
   }
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return 1;
