@@ -56,7 +56,7 @@ if has bench; then
   # the call returns at most 8 files):
   #   unfused      KS_MODEL_FUSE=0: 10 kernels per layer instead of 6
   #   no_wstage    KS_QMM_WSTAGE=0: the matmuls' weight staging off (the same bits)
-  #   rope_apart   KS_MODEL_FUSE_ROPE=0: RoPE + the cache append as their own kernel (6 per layer)
+  #   rope_fused   KS_MODEL_FUSE_ROPE=1: RoPE + the cache append in the q/k/v matmul (5 kernels per layer)
   #   no_live_split  KS_ATTN_LIVE_SPLIT=0: decode attention splits the keys over every CTA of
   #                the cluster sized for the cache's capacity, not over ceil(len / step) of them
   #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
@@ -81,7 +81,7 @@ if has bench; then
     ab unfused KS_MODEL_FUSE=0
     ab no_wstage KS_QMM_WSTAGE=0
     ab no_live_split KS_ATTN_LIVE_SPLIT=0
-    ab rope_apart KS_MODEL_FUSE_ROPE=0
+    ab rope_fused KS_MODEL_FUSE_ROPE=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then
       for n in 128 256 512; do ab attn_min$n KS_ATTN_MIN_KEYS=$n; done
     fi

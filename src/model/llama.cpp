@@ -129,7 +129,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_FUSE")) fuse_decode_ = std::string(e) != "0";
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
-  if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) != "0";
+  if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
@@ -309,15 +309,15 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;
   const ks::TensorView logits = (on_device_ ? logits_dev_.view : logits_.view()).slice(0, m);
   if (fused_qkv && fuse_decode_) {
-    // One-token step, 5 kernels per layer: [norm -> qkv -> rope + kv append] [attention] [o proj]
-    // [add + norm -> gate|up] [silu_and_mul -> down] (KS_MODEL_FUSE_ROPE=0: the RoPE and the
-    // append as a sixth kernel). The residual stream alternates between
+    // One-token step, 6 kernels per layer: [norm -> qkv] [rope + kv append] [attention] [o proj]
+    // [add + norm -> gate|up] [silu_and_mul -> down]; KS_MODEL_FUSE_ROPE=1: 5, the RoPE and the
+    // append in the q/k/v matmul's epilogue (the same bits; slower in the model at e1eaa5a). The residual stream alternates between
     // res and res2 (the fused op writes x + residual to a second buffer).
     ks::TensorView r = res, r_next = rows(res2_, H);
     const ks::TensorView none;
     for (int64_t l = 0; l < c.n_layers; ++l) {
       Layer& L = layers_[size_t(l)];
-      if (fuse_rope_) {  // [norm -> qkv -> rope + kv append]: 5 kernels per layer
+      if (fuse_rope_) {  // [norm -> qkv -> rope + kv append]
         ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
             qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r, L.attn_norm.data, c.rms_eps, L.w_qkv.data,
             L.w_qkv.qtype, c.num_heads, c.num_kv_heads, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,

@@ -138,7 +138,9 @@ class LlamaModel {
   // quant_matmul for the output head (whose routing may pick another variant, e.g.
   // cuda_row_stream) instead of fused_add_rms_norm_quant_matmul (comparisons)
   bool split_head_ = false;
-  bool fuse_rope_ = true;  // KS_MODEL_FUSE_ROPE=0: the one-token step runs RoPE + append as its own kernel
+  // KS_MODEL_FUSE_ROPE=1: the one-token step's q/k/v matmul also rotates and appends (5 kernels per
+  // layer); off by default: measured slower in the model on the H200 at e1eaa5a (docs/perf/model.md)
+  bool fuse_rope_ = false;
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;

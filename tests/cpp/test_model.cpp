@@ -206,8 +206,8 @@ TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
   setenv("KS_MODEL_SPLIT_HEAD", "1", 1);  // the fused step with the output head split off
   Fixture split(ks::Backend::Cuda);
   unsetenv("KS_MODEL_SPLIT_HEAD");
-  setenv("KS_MODEL_FUSE_ROPE", "0", 1);  // RoPE + append as their own kernel: the same bits
-  Fixture rope_apart(ks::Backend::Cuda);
+  setenv("KS_MODEL_FUSE_ROPE", "1", 1);  // RoPE + append in the q/k/v matmul's epilogue: the same bits
+  Fixture rope_fused(ks::Backend::Cuda);
   unsetenv("KS_MODEL_FUSE_ROPE");
   const nlohmann::json ref = reference();
   const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
@@ -220,10 +220,9 @@ TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
     const std::vector<float> b(lp, lp + V);
     const float* ls = split.model.forward(&prompt[i], 1, int64_t(i));
     const std::vector<float> d(ls, ls + V);
-    const float* lr = rope_apart.model.forward(&prompt[i], 1, int64_t(i));
+    const float* lr = rope_fused.model.forward(&prompt[i], 1, int64_t(i));
     ASSERT_EQ(std::memcmp(a.data(), lr, size_t(V) * sizeof(float)), 0)
-        << "step " << i << ": the fused q/k/v + RoPE + append kernel changed the logits' bits against "
-        << "KS_MODEL_FUSE_ROPE=0";
+        << "step " << i << ": KS_MODEL_FUSE_ROPE=1 (the q/k/v + RoPE + append kernel) changed the logits' bits";
     const float* lc = cpu.model.forward(&prompt[i], 1, int64_t(i));
     for (int64_t v = 0; v < V; ++v) {
       worst_plain = std::max(worst_plain, double(std::fabs(a[size_t(v)] - b[size_t(v)])));

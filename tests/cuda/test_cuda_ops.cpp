@@ -1273,9 +1273,26 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
                 dw.view(), qt, c.H, c.KVH, dpos.view(), c.rd, 10000.0, neox, got_kc.view(), got_vc.view(),
                 dsl.view(), ks::Backend::Cuda);
             CK(cudaDeviceSynchronize());
-            const std::string cfg = ks_last_launch_config("fused_add_rms_norm_quant_matmul_rope_kv_append");
+            const char* fused_op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
             const bool one_kernel = !neox && off == 0;
-            EXPECT_EQ(cfg.find("rope_epilogue=1") != std::string::npos, one_kernel) << cfg;
+            if (one_kernel) {
+              const std::string cfg = ks_last_launch_config(fused_op);
+              EXPECT_NE(cfg.find("rope_epilogue=1"), std::string::npos) << cfg;
+            } else {  // the composed variant ran: the one-kernel variant, pinned, refuses the call
+              ASSERT_EQ(ks_force_variant(fused_op, "cuda_warp_per_column"), KS_SUCCESS) << ks_last_error();
+              bool refused = false;
+              try {
+                ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
+                    want.view(), with_x ? want_ro.view() : none, with_x ? dx.view() : none, dres.view(), dnw.view(),
+                    1e-5, dw.view(), static_cast<ks::QType>(c.q), c.H, c.KVH, dpos.view(), c.rd, 10000.0, neox,
+                    want_kc.view(), want_vc.view(), dsl.view(), ks::Backend::Cuda);
+              } catch (const std::exception&) {
+                refused = true;
+              }
+              ks_force_variant(fused_op, nullptr);
+              EXPECT_TRUE(refused) << "cuda_warp_per_column took a call it cannot implement";
+              want.poison(), want_ro.poison(), want_kc.poison(), want_vc.poison();  // (nothing was written)
+            }
             ks::fused_add_rms_norm_quant_matmul(want.view(), with_x ? want_ro.view() : none, with_x ? dx.view() : none,
                                                 dres.view(), dnw.view(), 1e-5, dw.view(), qt, ks::Backend::Cuda);
             const size_t es = ks::dtype_size(dt);

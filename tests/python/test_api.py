@@ -41,7 +41,8 @@ def test_available_rows():
     rows = ks.available()
     assert rows and all(isinstance(r, ks.Variant) for r in rows)
     # the decode-step fusions run the CPU's own unfused steps ("cpu_composed") instead of a reference
-    composed = {"fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding_kv_append"}
+    composed = {"fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding_kv_append",
+                "fused_add_rms_norm_quant_matmul_rope_kv_append"}
     for op in ks.OPS:
         cpu = [r for r in rows if r.op == op and r.backend == "cpu"]
         assert any(r.variant == ("cpu_composed" if op in composed else "cpu_reference") for r in cpu), op
@@ -53,7 +54,8 @@ def test_available_rows():
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
                                 "sample", "embedding", "dequantize", "gemm", "quant_matmul",
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
-                                "kv_cache_append", "rotary_embedding_kv_append", "paged_attention",
+                                "kv_cache_append", "rotary_embedding_kv_append",
+                                "fused_add_rms_norm_quant_matmul_rope_kv_append", "paged_attention",
                                 "varlen_attention"])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_which_cpu(op, dt):
@@ -201,6 +203,10 @@ def _call_every_op(backend):
             np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32),
             np.array([0]), np.zeros((1, 1, 1, 8), np.float32), np.zeros((1, 1, 1, 8), np.float32), np.array([0]),
             backend=backend),
+        "fused_add_rms_norm_quant_matmul_rope_kv_append": lambda: ks.fused_add_rms_norm_quant_matmul_rope_kv_append(
+            None, np.zeros((1, 32), np.float32), np.ones(32, np.float32), np.zeros((24, 34), np.uint8), "q8_0", 1, 1,
+            np.array([0]), np.zeros((1, 1, 1, 8), np.float32), np.zeros((1, 1, 1, 8), np.float32), np.array([0]),
+            backend=backend),
         "paged_attention": lambda: ks.paged_attention(np.zeros((1, 1, 8), np.float32),
                                                       np.zeros((1, 1, 1, 8), np.float32),
                                                       np.zeros((1, 1, 1, 8), np.float32),
@@ -214,7 +220,8 @@ def _call_every_op(backend):
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
                                 "sample", "embedding", "dequantize", "gemm", "quant_matmul",
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
-                                "kv_cache_append", "rotary_embedding_kv_append", "paged_attention",
+                                "kv_cache_append", "rotary_embedding_kv_append",
+                                "fused_add_rms_norm_quant_matmul_rope_kv_append", "paged_attention",
                                 "varlen_attention"])
 def test_backend_names_every_op(op):
     _call_every_op("cpu")[op]()
@@ -314,6 +321,12 @@ def _thread_cases(rng):
         ks.rotary_embedding_kv_append(a, b, kv, pos, c, d, slots, 8, 10000.0, False)
         return a, b, c, d
 
+    def norm_rope_append():  # q4_0 weight [64, 64]: H 4 + 2 KVH 2 heads of D = 8, rotary_dim 8
+        c, d = np.zeros((2, 4, 2, 8), np.float32), np.zeros((2, 4, 2, 8), np.float32)
+        out, res = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(qx[:1], qx[1:2], w, packed, "q4_0", 4, 2, pos[1:2],
+                                                                      c, d, slots[3:], 1e-6, 8, 10000.0, False)
+        return out, res, c, d
+
     return [
         ("rms_norm", lambda: (ks.rms_norm(x, w), ks.rms_norm(xb, wb), ks.rms_norm(big, big[0].copy())),
          lambda: ks.rms_norm(x, w[:7]), ValueError, r"rms_norm: weight must have shape \(64,\)"),
@@ -362,6 +375,11 @@ def _thread_cases(rng):
          lambda: ks.rotary_embedding_kv_append(q.copy(), k.copy(), kv, pos, np.zeros((2, 4, 2, 16), np.float32),
                                                np.zeros((2, 4, 2, 16), np.float32), slots, 7), ValueError,
          r"rotary_embedding_kv_append: rotary_dim must be even and in \(0, head_dim=16\]; got 7"),
+        ("fused_add_rms_norm_quant_matmul_rope_kv_append", norm_rope_append,
+         lambda: ks.fused_add_rms_norm_quant_matmul_rope_kv_append(qx[:1], qx[1:2], w, packed, "q4_0", 0, 2, pos[1:2],
+                                                                   np.zeros((2, 4, 2, 8), np.float32),
+                                                                   np.zeros((2, 4, 2, 8), np.float32), slots[3:]),
+         ValueError, r"fused_add_rms_norm_quant_matmul_rope_kv_append: num_heads and num_kv_heads must be > 0; got 0"),
         ("paged_attention", lambda: ks.paged_attention(q, kc, kc[::-1].copy(), bt, ctx),
          lambda: ks.paged_attention(q, kc, kc.copy(), bt, np.array([1, 13, 1, 1], np.int32)), ValueError,
          r"paged_attention: context_lens\[1\] = 13 is outside"),

@@ -588,6 +588,156 @@ def test_rotary_embedding_kv_append_validation_writes_nothing(rng):
         k_cache=np.frombuffer(kc.tobytes(), np.float32).reshape(kc.shape))
 
 
+# ---- fused_add_rms_norm_quant_matmul_rope_kv_append -----------------------------------------
+def _norm_rope_two_calls(x, r, nw, w, qtype, h, kvh, pos, kc, vc, slots, rd, theta, neox, eps):
+    """fused_add_rms_norm_quant_matmul, then rotary_embedding_kv_append on out's q / k / v column
+    slices (numpy views of out), on copies of the caches: the fused op's expected
+    (out, residual_out or None, k_cache, v_cache), and out before the rotation."""
+    kc2, vc2 = kc.copy(), vc.copy()
+    got = ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, qtype, eps)
+    out, res = got if x is not None else (got, None)
+    plain = out.copy()
+    d = out.shape[1] // (h + 2 * kvh)
+    q = out[:, :h * d].reshape(1, h, d)
+    k = out[:, h * d:(h + kvh) * d].reshape(1, kvh, d)
+    v = out[:, (h + kvh) * d:].reshape(1, kvh, d)
+    assert all(np.shares_memory(t, out) for t in (q, k, v))  # views: rotated in place inside out
+    ks.rotary_embedding_kv_append(q, k, v, pos, kc2, vc2, slots, rd, theta, neox)
+    return (out, res, kc2, vc2), plain
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("with_x", [True, False])
+@pytest.mark.parametrize("q,slot", [(5, [13]), (6, [-1]), (4, [])])
+def test_fused_add_rms_norm_quant_matmul_rope_kv_append_equals_the_two_calls(rng, dt, neox, with_x, q, slot):
+    # bit for bit, under every CPU variant of quant_matmul (the matmul step): one token, GQA,
+    # rotary_dim < head_dim, random caches (untouched rows are checked too), a slot, a skipped
+    # slot (-1) and no slot (slot_mapping of 0 entries)
+    H, KVH, D, rd, K, blocks, bs, eps, theta = 4, 2, 32, 16, 128, 3, 8, 1e-5, 5e5
+    N = (H + 2 * KVH) * D
+    x = rand(rng, (1, K), dt) if with_x else None
+    r, nw, w = rand(rng, (1, K), dt), rand(rng, (K,), dt), make_packed(rng, N, K, q)
+    kc0, vc0 = rand(rng, (blocks, bs, KVH, D), dt), rand(rng, (blocks, bs, KVH, D), dt)
+    pos, slots = np.array([77777], np.int64), np.array(slot, np.int32)
+    x0, r0 = (None if x is None else x.copy()), r.copy()
+
+    def both():
+        kc, vc = kc0.copy(), vc0.copy()
+        out = np.full((1, N), np.nan, NP[dt])  # poisoned: every element must be written
+        res = np.full((1, K), np.nan, NP[dt]) if with_x else None
+        got = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(x, r, nw, w, QNAMES[q], H, KVH, pos, kc, vc, slots,
+                                                                eps, rd, theta, neox, out=out, residual_out=res)
+        if with_x:
+            assert isinstance(got, tuple) and got[0] is out and got[1] is res
+        else:
+            assert got is out
+        return (out, res, kc, vc), _norm_rope_two_calls(x, r, nw, w, QNAMES[q], H, KVH, pos, kc0, vc0, slots, rd,
+                                                        theta, neox, eps)
+
+    ran = []
+    for variant, (got, (want, plain)) in each_variant("quant_matmul", both):
+        ran.append(variant)
+        keep = (0, 1, 2, 3) if with_x else (0, 2, 3)  # residual_out: None without x
+        _assert_bits([got[i] for i in keep], [want[i] for i in keep],
+                     [("out", "residual_out", "k_cache", "v_cache")[i] + f" ({variant})" for i in keep])
+        out, kc = got[0], got[2]
+        # the call did something: q and k rotated (features past rotary_dim passed through), v
+        # as the matmul wrote it; the slot's rows hold the rotated k and v, the others untouched
+        qkv, plain3 = out.reshape(H + 2 * KVH, D), plain.reshape(H + 2 * KVH, D)
+        assert not np.array_equal(qkv[:H + KVH, :rd], plain3[:H + KVH, :rd]), variant
+        assert np.array_equal(qkv[:, rd:].view(np.uint8), plain3[:, rd:].view(np.uint8)), variant
+        assert np.array_equal(qkv[H + KVH:].view(np.uint8), plain3[H + KVH:].view(np.uint8)), variant
+        fk, fk0 = kc.reshape(blocks * bs, KVH, D), kc0.reshape(blocks * bs, KVH, D)
+        kept = [i for i in range(blocks * bs) if i not in slot]
+        assert np.array_equal(fk[kept].view(np.uint8), fk0[kept].view(np.uint8)), variant
+        if slot and slot[0] >= 0:
+            assert np.array_equal(fk[slot[0]].view(np.uint8), qkv[H:H + KVH].view(np.uint8)), variant
+    assert len(ran) == len(set(ran)) >= 1
+    # the inputs are read only
+    assert np.array_equal(r.view(np.uint8), r0.view(np.uint8))
+    if with_x:
+        assert np.array_equal(x.view(np.uint8), x0.view(np.uint8))
+    # allocated outputs (residual's framework, dtype, the (1, N) / (1, K) shapes) and the defaults
+    # (eps 1e-6, rotary_dim = head_dim, theta 1e4, NeoX pairs)
+    kc, vc = kc0.copy(), vc0.copy()
+    got = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(x, r, nw, w, ks.QType(q), H, KVH, pos, kc, vc, slots)
+    (want, _) = _norm_rope_two_calls(x, r, nw, w, QNAMES[q], H, KVH, pos, kc0, vc0, slots, D, 1e4, True, 1e-6)
+    got = got if with_x else (got, None)
+    assert isinstance(got[0], np.ndarray) and got[0].shape == (1, N) and got[0].dtype == NP[dt]
+    _assert_bits((got[0], kc, vc), (want[0], want[2], want[3]), ("allocated out", "k_cache", "v_cache"))
+    if with_x:
+        assert got[1].shape == (1, K) and got[1].dtype == NP[dt]
+        _assert_bits(got[1:2], want[1:2], ("allocated residual_out",))
+
+
+def test_fused_add_rms_norm_quant_matmul_rope_kv_append_zero_rows(rng):
+    # residual [0, K]: validated, nothing written
+    H, KVH, D, K = 2, 1, 16, 64
+    kc, vc = rand(rng, (2, 4, KVH, D), "fp32"), rand(rng, (2, 4, KVH, D), "fp32")
+    kc0, vc0 = kc.copy(), vc.copy()
+    out = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(
+        None, np.zeros((0, K), np.float32), rand(rng, (K,), "fp32"), make_packed(rng, (H + 2 * KVH) * D, K, 6),
+        "q8_0", H, KVH, np.zeros(0, np.int64), kc, vc, np.zeros(0, np.int64))
+    assert out.shape == (0, (H + 2 * KVH) * D)
+    assert np.array_equal(kc, kc0) and np.array_equal(vc, vc0)
+
+
+def test_fused_add_rms_norm_quant_matmul_rope_kv_append_validation_writes_nothing(rng):
+    op = "fused_add_rms_norm_quant_matmul_rope_kv_append"
+    H, KVH, D, K = 4, 2, 16, 64
+    N = (H + 2 * KVH) * D
+    x, r, nw = rand(rng, (1, K), "fp32"), rand(rng, (1, K), "fp32"), rand(rng, (K,), "fp32")
+    w = make_packed(rng, N, K, 6)
+    kc, vc = rand(rng, (2, 4, KVH, D), "fp32"), rand(rng, (2, 4, KVH, D), "fp32")
+    pos, slots = np.array([3], np.int64), np.array([5], np.int64)
+    out, res = np.full((1, N), 7.0, np.float32), np.full((1, K), 7.0, np.float32)
+    written = (out, res, kc, vc)
+    before = [a.copy() for a in written]
+
+    def bad(exc, pattern, **kw):
+        args = dict(x=x, residual=r, norm_weight=nw, weight=w, qtype="q8_0", num_heads=H, num_kv_heads=KVH,
+                    positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, rotary_dim=D, out=out,
+                    residual_out=res)
+        args.update(kw)
+        with pytest.raises(exc, match=pattern):
+            ks.fused_add_rms_norm_quant_matmul_rope_kv_append(**args)
+        for name, a, b in zip(("out", "residual_out", "k_cache", "v_cache"), written, before):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} was written after an error"
+
+    bad(ValueError, rf"{op}: num_heads and num_kv_heads must be > 0; got 0 and {KVH}", num_heads=0)
+    bad(ValueError, rf"{op}: num_heads and num_kv_heads must be > 0; got {H} and -1", num_kv_heads=-1)
+    bad(ValueError, rf"{op}: weight's {N} rows \(out's columns\) must be \(num_heads \+ 2 num_kv_heads\) x head_dim",
+        num_heads=H + 1)
+    bad(ValueError, rf"{op}: residual has 2 rows; this fusion is a one-token decode step",
+        x=rand(rng, (2, K), "fp32"), residual=rand(rng, (2, K), "fp32"), out=np.full((2, N), 7.0, np.float32),
+        residual_out=np.full((2, K), 7.0, np.float32))
+    bad(ValueError, rf"{op}: residual_out is given but x is NULL", x=None)
+    bad(ValueError, rf"{op}: rotary_dim must be even and in \(0, head_dim={D}\]; got {D + 2}", rotary_dim=D + 2)
+    bad(ValueError, rf"{op}: theta must be finite and > 1", theta=1.0)
+    bad(ValueError, rf"{op}: positions must have shape \(1,\)", positions=np.array([3, 4]))
+    bad(ValueError, rf"{op}: k_cache must have shape \(num_blocks, block_size, {KVH}, {D}\)",
+        k_cache=np.zeros((2, 4, KVH, D + 2), np.float32))
+    bad(ValueError, rf"{op}: slot_mapping\[0\] = 8 is outside \[-1, 8\)", slot_mapping=np.array([8]))
+    bad(ValueError, rf"{op}: eps", eps=0.0)
+    bad(ValueError, rf"{op}: unknown qtype 'q5_k'", qtype="q5_k")
+    bad(ValueError, rf"{op}: unknown backend 'triton'", backend="triton")
+    bad(TypeError, rf"{op}: k_cache has dtype fp16 but k has fp32", k_cache=kc.astype(np.float16))
+    bad(TypeError, rf"{op}: positions has dtype fp32", positions=pos.astype(np.float32))
+    # the fused op's own rules: the caches, positions and slot_mapping apart from the matmul's tensors
+    big = rand(rng, (2, 4, KVH, D), "fp32")
+    bad(ValueError, rf"{op}: k_cache and residual overlap", k_cache=big, residual=big.reshape(-1)[:K].reshape(1, K))
+    bad(ValueError, rf"{op}: q and positions overlap", positions=out.reshape(-1).view(np.int64)[:1])
+    bad(ValueError, rf"{op}: out and positions overlap",  # in v: read by no rotation, still inside out
+        positions=out.reshape(-1)[(H + KVH) * D:].view(np.int64)[:1])
+    # the extension's own checks: the caches are written, so they must be writable
+    ro_kc = np.frombuffer(kc.tobytes(), np.float32).reshape(kc.shape)
+    bad(ValueError, rf"{op}: k_cache is read-only", k_cache=ro_kc)
+    bad(ValueError, rf"{op}: v_cache is read-only", v_cache=np.frombuffer(vc.tobytes(), np.float32).reshape(vc.shape))
+    with pytest.raises(TypeError, match=rf"{op}: slot_mapping must be a tensor, not None"):
+        ks.fused_add_rms_norm_quant_matmul_rope_kv_append(x, r, nw, w, "q8_0", H, KVH, pos, kc, vc, None)
+
+
 # ---- paged_attention -----------------------------------------------------------------------
 def ref_paged_attention(q, kc, vc, bt, seq_ids, ctx, scale):
     qf, kf, vf = f64(q), f64(kc), f64(vc)

@@ -308,6 +308,95 @@ def test_rotary_embedding_kv_append_torch_reference_validation_matches_native():
         assert msgs[0] == msgs[1], msgs
 
 
+def _norm_rope_inputs(dt, with_x=True, seed=0):
+    # one token: x (or None), residual, norm_weight, a Q8_0 weight for H 4 + 2 KVH 2 heads of D 32 (K 64),
+    # positions (int32), k_cache, v_cache (random: untouched rows are compared too), slot_mapping
+    w = torch.from_numpy(make_packed(np.random.default_rng(seed), 8 * 32, 64, 6))
+    return (trand((1, 64), dt, seed=seed) if with_x else None, trand((1, 64), dt, seed=seed + 1),
+            trand((64,), dt, seed=seed + 2), w, torch.tensor([4095], dtype=torch.int32),
+            trand((3, 4, 2, 32), dt, seed=seed + 3), trand((3, 4, 2, 32), dt, seed=seed + 4), torch.tensor([9]))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_fused_add_rms_norm_quant_matmul_rope_kv_append_native_and_torch_reference(dt):
+    # each implementation bit for bit its own fused_add_rms_norm_quant_matmul then
+    # rotary_embedding_kv_append on out's q / k / v slices; the two within tolerance of each other
+    H, KVH, D = 4, 2, 32
+    for with_x in (True, False):
+        for neox in (True, False):
+            got = {}
+            for backend in ("auto", "torch"):
+                x, r, nw, w, pos, kc, vc, slots = _norm_rope_inputs(dt, with_x)
+                kc2, vc2 = kc.clone(), vc.clone()
+                y = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(x, r, nw, w, "q8_0", H, KVH, pos, kc, vc, slots,
+                                                                      1e-5, 16, 5e5, neox, backend=backend)
+                y2 = ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, "q8_0", 1e-5, backend=backend)
+                (out, res), (out2, res2) = (y, y2) if with_x else ((y, None), (y2, None))
+                assert isinstance(out, torch.Tensor) and out.dtype == TORCH[dt] and out.shape == (1, 8 * D)
+                ks.rotary_embedding_kv_append(out2[:, :H * D].view(1, H, D), out2[:, H * D:(H + KVH) * D].view(1, KVH, D),
+                                              out2[:, (H + KVH) * D:].view(1, KVH, D), pos, kc2, vc2, slots, 16, 5e5,
+                                              neox, backend=backend)
+                for name, a, b in (("out", out, out2), ("residual_out", res, res2), ("k_cache", kc, kc2),
+                                   ("v_cache", vc, vc2)):
+                    assert (a is None and b is None) or torch.equal(a, b), f"{backend} {name}"
+                got[backend] = (out, kc, vc)
+            # the two matmuls may differ by an ulp of dt (FP32 sum order), which the rotation
+            # mixes within a pair: allow dt's tolerance of the largest value, per tensor
+            for name, a, b in zip(("out", "k_cache", "v_cache"), got["auto"], got["torch"]):
+                assert_close(to_np(a), to_np(b), dt, extra=4 * TOL[dt] * np.abs(to_np(b)).max(),
+                             what=f"native vs torch {name} x={with_x} neox={neox}")
+
+
+def test_fused_add_rms_norm_quant_matmul_rope_kv_append_torch_reference_validation_matches_native():
+    op = "fused_add_rms_norm_quant_matmul_rope_kv_append"
+    f = ks.fused_add_rms_norm_quant_matmul_rope_kv_append
+
+    def call(backend, **kw):
+        x, r, nw, w, pos, kc, vc, slots = _norm_rope_inputs("fp32", seed=40)
+        args = dict(x=x, residual=r, norm_weight=nw, weight=w, qtype="q8_0", num_heads=4, num_kv_heads=2,
+                    positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, rotary_dim=16,
+                    out=torch.full((1, 256), 7.0), residual_out=torch.full((1, 64), 7.0))
+        args.update({name: fn(args) for name, fn in kw.items()})
+        before = {n: args[n].clone() for n in ("out", "residual_out", "k_cache", "v_cache") if args[n] is not None}
+        try:
+            f(**args, backend=backend)
+        finally:
+            for n, t in before.items():
+                assert torch.equal(args[n], t), f"{n} was written after an error ({backend})"
+
+    cases = [
+        (ks.InvalidArgumentError, rf"{op}: num_heads and num_kv_heads must be > 0; got 0 and 2",
+         dict(num_heads=lambda a: 0)),
+        (ks.InvalidArgumentError, rf"{op}: weight's 256 rows \(out's columns\) must be", dict(num_heads=lambda a: 3)),
+        (ks.InvalidArgumentError, rf"{op}: residual has 2 rows; this fusion is a one-token decode step",
+         dict(x=lambda a: trand((2, 64), "fp32"), residual=lambda a: trand((2, 64), "fp32", seed=1),
+              out=lambda a: torch.full((2, 256), 7.0), residual_out=lambda a: torch.full((2, 64), 7.0))),
+        (ks.InvalidArgumentError, rf"{op}: residual_out is given but x is NULL", dict(x=lambda a: None)),
+        (ks.InvalidArgumentError, rf"{op}: out must have shape \(1, 256\)", dict(out=lambda a: torch.full((1, 255), 7.0))),
+        (ks.InvalidArgumentError, rf"{op}: rotary_dim must be even and in \(0, head_dim=32\]; got 34",
+         dict(rotary_dim=lambda a: 34)),
+        (ks.InvalidArgumentError, rf"{op}: positions must have shape \(1,\)", dict(positions=lambda a: torch.arange(2))),
+        (ks.InvalidArgumentError, rf"{op}: slot_mapping\[0\] = 12 is outside \[-1, 12\)",
+         dict(slot_mapping=lambda a: torch.tensor([12]))),
+        (ks.InvalidArgumentError, rf"{op}: k_cache must have shape \(num_blocks, block_size, 2, 32\)",
+         dict(k_cache=lambda a: torch.zeros(3, 4, 1, 32))),
+        (ks.UnsupportedDtypeError, rf"{op}: v_cache has dtype fp16 but k has fp32", dict(v_cache=lambda a: a["v_cache"].half())),
+        (ks.InvalidArgumentError, rf"{op}: k_cache and residual overlap in memory",
+         dict(residual=lambda a: a["k_cache"].view(-1)[:64].view(1, 64))),
+        (ks.InvalidArgumentError, rf"{op}: q and positions overlap in memory",
+         dict(positions=lambda a: a["out"].view(-1)[:2].view(torch.int64)[:1])),
+        (ks.InvalidArgumentError, rf"{op}: out and positions overlap in memory",
+         dict(positions=lambda a: a["out"].view(-1)[200:202].view(torch.int64))),
+    ]
+    for exc, pattern, kw in cases:
+        msgs = []
+        for backend in ("cpu", "torch"):
+            with pytest.raises(exc, match=pattern) as e:
+                call(backend, **kw)
+            msgs.append(str(e.value))
+        assert msgs[0] == msgs[1], msgs
+
+
 def test_offset_views_and_strides():
     base = trand((5, 33), "fp32", seed=20)
     w = trand((33,), "fp32", seed=21)
@@ -399,7 +488,9 @@ def test_custom_ops_registered():
                                   "dequantize", "quant_matmul", "fused_add_rms_norm_quant_matmul",
                                   "fused_add_rms_norm_quant_matmul_no_x", "silu_and_mul_quant_matmul",
                                   "rotary_embedding", "kv_cache_append", "rotary_embedding_kv_append",
-                                  "paged_attention", "varlen_attention"])
+                                  "fused_add_rms_norm_quant_matmul_rope_kv_append",
+                                  "fused_add_rms_norm_quant_matmul_rope_kv_append_no_x", "paged_attention",
+                                  "varlen_attention"])
 def test_opcheck(case):
     x, w = trand((3, 16), "fp32"), trand((16,), "fp32")
     rng = np.random.default_rng(0)
@@ -431,6 +522,16 @@ def test_opcheck(case):
                                        (trand((2, 2, 8), "fp32"), trand((2, 1, 8), "fp32", seed=1),
                                         trand((2, 1, 8), "fp32", seed=2), torch.tensor([1, 2]), torch.zeros(2, 2, 1, 8),
                                         torch.zeros(2, 2, 1, 8), torch.tensor([3, -1]), 4, 10000.0, False, "auto")),
+        "fused_add_rms_norm_quant_matmul_rope_kv_append": (
+            ops.fused_add_rms_norm_quant_matmul_rope_kv_append,
+            (trand((1, 32), "fp32", seed=1), trand((1, 32), "fp32", seed=2), trand((32,), "fp32", seed=3),
+             torch.from_numpy(make_packed(rng, 16, 32, 6)), 6, 1e-6, 2, 1, torch.tensor([5]), torch.zeros(2, 2, 1, 4),
+             torch.zeros(2, 2, 1, 4), torch.tensor([3]), 4, 10000.0, False, "cpu")),
+        "fused_add_rms_norm_quant_matmul_rope_kv_append_no_x": (
+            ops.fused_add_rms_norm_quant_matmul_rope_kv_append,
+            (None, trand((1, 32), "fp32", seed=2), trand((32,), "fp32", seed=3),
+             torch.from_numpy(make_packed(rng, 16, 32, 6)), 6, 1e-6, 2, 1, torch.tensor([5]), torch.zeros(2, 2, 1, 4),
+             torch.zeros(2, 2, 1, 4), torch.tensor([-1]), 2, 10000.0, True, "auto")),
         "paged_attention": (ops.paged_attention, (trand((2, 2, 4), "fp32"), trand((2, 2, 1, 4), "fp32"),
                                                   trand((2, 2, 1, 4), "fp32"), torch.tensor([[0, 1], [1, 0]], dtype=torch.int32),
                                                   None, torch.tensor([3, 1], dtype=torch.int32), 0.5, "auto")),
@@ -540,6 +641,28 @@ def test_compile_rotary_embedding_kv_append_fullgraph(backend):
     a = _rope_kv_inputs("fp32")
     with pytest.raises(Exception, match="rotary_embedding_kv_append: k must not be NULL"):
         g(a[0], *a[2:])
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_compile_fused_add_rms_norm_quant_matmul_rope_kv_append_fullgraph(backend):
+    # out, residual_out and the in-place effects on both caches inside the compiled graph, bit for
+    # bit the eager call's
+    torch._dynamo.reset()
+
+    def f(x, r, nw, w, pos, kc, vc, slots):
+        out, res = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(x, r, nw, w, "q8_0", 4, 2, pos, kc, vc, slots,
+                                                                     1e-5, 16, 10000.0, False, backend=backend)
+        out0 = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(None, res, nw, w, "q8_0", 4, 2, pos + 1, kc, vc,
+                                                                 slots - 1, backend=backend)
+        return out, res, out0  # (the caches: compared as the arguments below)
+
+    want_args, args = _norm_rope_inputs("fp32", seed=50), _norm_rope_inputs("fp32", seed=50)
+    want = f(*want_args)
+    got = torch.compile(f, fullgraph=True, backend="eager" if backend == "torch" else "inductor")(*args)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for a, b in zip(args, want_args):
+        assert torch.equal(a, b)
 
 
 def test_compile_autograd_routes_to_reference():
