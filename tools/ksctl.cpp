@@ -198,12 +198,17 @@ double median(std::vector<double> v) {
 // reports medians. The prompt is the chat template around a fixed text, cut or
 // repeated to N tokens, so the numbers are comparable across runs.
 int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, int64_t decode_tokens, int repeats,
-                    const std::string& device, const std::string& csv, std::vector<int64_t> batches) {
+                    const std::string& device, const std::string& csv, std::vector<int64_t> batches, int64_t context) {
   const ks::Backend be = model_backend(device);
   int64_t max_len = 0, max_batch = 1;
   for (auto n : prompt_lens) max_len = std::max(max_len, n);
   for (auto b : batches) max_batch = std::max(max_batch, b);
-  LoadedModel m(path, max_len + decode_tokens + 1, be, max_batch);
+  const int64_t need = max_len + decode_tokens + 1;
+  if (context > 0 && context < need)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "bench-model: --context " + std::to_string(context) +
+                                                             " is shorter than the longest prompt + decode tokens + 1 (" +
+                                                             std::to_string(need) + ")");
+  LoadedModel m(path, context > 0 ? context : need, be, max_batch);
   std::vector<int32_t> base = m.tok.encode(
       ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
@@ -354,6 +359,11 @@ int main(int argc, char** argv) {
   bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
   bench->add_option("--device", b_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", b_csv, "write results to this CSV");
+  int64_t b_context = 0;
+  bench->add_option("--context", b_context,
+                    "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; generate's "
+                    "default is 2048, which sizes decode attention's clusters differently)")
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 20));
   std::vector<int64_t> b_batches{1};
   bench->add_option("--batch", b_batches, "also decode this many sequences at once (decode throughput), e.g. 8 32")
       ->check(CLI::Range(int64_t(1), int64_t(256)));
@@ -370,7 +380,7 @@ int main(int argc, char** argv) {
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);
-    if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches);
+    if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches, b_context);
   } catch (const ks::Error& e) {
     std::fprintf(stderr, "ksctl: error: %s (%s)\n", e.what(), ks_status_name(e.status()));
     return 2;

@@ -581,3 +581,90 @@ func TestRotaryEmbeddingKVAppendRejectsVOverlappingKAndNilK(t *testing.T) {
 	sameBits(t, "k_cache", kc, kc0)
 	sameBits(t, "v_cache", vc, vc0)
 }
+
+// ---- fused_add_rms_norm_quant_matmul_rope_kv_append --------------------------------------------
+
+// normRopeInputs: one token, H = 2, KVH = 1, D = 8 (out [1, 32] = q | k | v), K = 64 (Q8_0 weight
+// [32, 68]), caches [2 blocks, 2 slots, 1, 8] (filled, so untouched rows are compared too).
+func normRopeInputs() (packed []uint8, x, res, nw, kc, vc []float32) {
+	packed, _ = q8_0Rows(32, 64)
+	x, res, nw = make([]float32, 64), make([]float32, 64), make([]float32, 64)
+	for i := range x {
+		x[i] = xs[i%10] * (1 + float32(i)/64)
+		res[i] = xs[(i*3+1)%10] * 0.5
+		nw[i] = ws[i%5] + 0.125
+	}
+	kc, vc = make([]float32, 32), make([]float32, 32)
+	for i := range kc {
+		kc[i], vc[i] = -float32(i), 100+float32(i)
+	}
+	return
+}
+
+func TestFusedAddRMSNormQuantMatmulRopeKVAppendEqualsTheTwoCalls(t *testing.T) {
+	const h, kvh, d = 2, 1, 8
+	pos := []int32{5}
+	slots := []int64{3} // block 1, offset 1
+	packed, x, res, nw, kc0, vc0 := normRopeInputs()
+	w := ks.U8(packed, 32, 68)
+	for _, withX := range []bool{true, false} {
+		for _, neox := range []bool{true, false} {
+			out, resOut := filled(32, float32(math.NaN())), filled(64, float32(math.NaN()))
+			kc, vc := append([]float32(nil), kc0...), append([]float32(nil), vc0...)
+			out2, resOut2 := filled(32, float32(math.NaN())), filled(64, float32(math.NaN()))
+			kc2, vc2 := append([]float32(nil), kc0...), append([]float32(nil), vc0...)
+			var xt, ro, ro2 *ks.Tensor
+			if withX {
+				xt, ro, ro2 = ks.F32(x, 1, 64), ks.F32(resOut, 1, 64), ks.F32(resOut2, 1, 64)
+			}
+			// rotary_dim 4 < head_dim 8: features 4..8 pass through
+			if err := ks.FusedAddRMSNormQuantMatmulRopeKVAppend(ks.F32(out, 1, 32), ro, xt, ks.F32(res, 1, 64),
+				ks.F32(nw, 64), 1e-5, w, ks.QTypeQ8_0, h, kvh, ks.I32(pos, 1), 4, 10000, neox, ks.F32(kc, 2, 2, 1, 8),
+				ks.F32(vc, 2, 2, 1, 8), ks.I64(slots, 1), ks.WithBackend(ks.BackendCPU)); err != nil {
+				t.Fatal(err)
+			}
+			// the two calls: the norm + matmul into out2, then RoPE + append on its column slices
+			if err := ks.FusedAddRMSNormQuantMatmul(ks.F32(out2, 1, 32), ro2, xt, ks.F32(res, 1, 64), ks.F32(nw, 64),
+				1e-5, w, ks.QTypeQ8_0); err != nil {
+				t.Fatal(err)
+			}
+			plain := append([]float32(nil), out2...)
+			if err := ks.RotaryEmbeddingKVAppend(ks.F32(out2[:h*d], 1, h, d), ks.F32(out2[h*d:(h+kvh)*d], 1, kvh, d),
+				ks.F32(out2[(h+kvh)*d:], 1, kvh, d), ks.I32(pos, 1), 4, 10000, neox, ks.F32(kc2, 2, 2, 1, 8),
+				ks.F32(vc2, 2, 2, 1, 8), ks.I64(slots, 1)); err != nil {
+				t.Fatal(err)
+			}
+			sameBits(t, "out", out, out2)
+			sameBits(t, "residual_out", resOut, resOut2)
+			sameBits(t, "k_cache", kc, kc2)
+			sameBits(t, "v_cache", vc, vc2)
+			// the call did something: q rotated, slot 3 holds the rotated k and v, the rest kept
+			if math.Float32bits(out[0]) == math.Float32bits(plain[0]) &&
+				math.Float32bits(out[2]) == math.Float32bits(plain[2]) {
+				t.Errorf("q was not rotated (x %v, neox %v)", withX, neox)
+			}
+			sameBits(t, "k_cache slot 3", kc[24:32], out[16:24])
+			sameBits(t, "v_cache slot 3", vc[24:32], out[24:32])
+			sameBits(t, "k_cache other slots", kc[:24], kc0[:24])
+			if !withX && !math.IsNaN(float64(resOut[0])) {
+				t.Error("residual_out written without x")
+			}
+		}
+	}
+}
+
+func TestFusedAddRMSNormQuantMatmulRopeKVAppendRejectsZeroHeads(t *testing.T) {
+	packed, x, res, nw, kc, vc := normRopeInputs()
+	kc0, vc0 := append([]float32(nil), kc...), append([]float32(nil), vc...)
+	out, resOut := filled(32, 7), filled(64, 7)
+	err := ks.FusedAddRMSNormQuantMatmulRopeKVAppend(ks.F32(out, 1, 32), ks.F32(resOut, 1, 64), ks.F32(x, 1, 64),
+		ks.F32(res, 1, 64), ks.F32(nw, 64), 1e-5, ks.U8(packed, 32, 68), ks.QTypeQ8_0, 0, 1,
+		ks.I64([]int64{5}, 1), 8, 10000, false, ks.F32(kc, 2, 2, 1, 8), ks.F32(vc, 2, 2, 1, 8),
+		ks.I32([]int32{3}, 1), ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "fused_add_rms_norm_quant_matmul_rope_kv_append",
+		"num_heads")
+	untouched(t, out, 7)
+	untouched(t, resOut, 7)
+	sameBits(t, "k_cache", kc, kc0)
+	sameBits(t, "v_cache", vc, vc0)
+}

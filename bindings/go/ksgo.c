@@ -104,6 +104,19 @@ ks_status_t ksgo_rotary_embedding_kv_append(ksgo_desc* d, void* q, void* k, void
   return ks_rotary_embedding_kv_append(&qt, &kt, &vt, &p, rotary_dim, theta, is_neox, &kc, &vc, &s, BK, ST);
 }
 
+ks_status_t ksgo_fused_add_rms_norm_quant_matmul_rope_kv_append(
+    ksgo_desc* d, void* out, int has_residual_out, void* residual_out, int has_x, void* x, void* residual,
+    void* norm_weight, double eps, void* weight, int qtype, int64_t num_heads, int64_t num_kv_heads, void* positions,
+    int64_t rotary_dim, double theta, int is_neox, void* k_cache, void* v_cache, void* slot_mapping, int backend,
+    uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), ro = mk(&d[1], residual_out), xt = mk(&d[2], x), r = mk(&d[3], residual),
+           nw = mk(&d[4], norm_weight), w = mk(&d[5], weight), p = mk(&d[6], positions), kc = mk(&d[7], k_cache),
+           vc = mk(&d[8], v_cache), s = mk(&d[9], slot_mapping);
+  return ks_fused_add_rms_norm_quant_matmul_rope_kv_append(&o, has_residual_out ? &ro : NULL, has_x ? &xt : NULL, &r,
+                                                           &nw, eps, &w, (ks_qtype_t)qtype, num_heads, num_kv_heads,
+                                                           &p, rotary_dim, theta, is_neox, &kc, &vc, &s, BK, ST);
+}
+
 ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache, void* block_tables,
                                  int has_seq_ids, void* seq_ids, void* context_lens, double scale, int backend,
                                  uintptr_t stream) {

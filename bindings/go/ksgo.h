@@ -51,6 +51,11 @@ ks_status_t ksgo_kv_cache_append(ksgo_desc* d, void* k_cache, void* v_cache, voi
 ks_status_t ksgo_rotary_embedding_kv_append(ksgo_desc* d, void* q, void* k, void* v, void* positions, int64_t rotary_dim,
                                             double theta, int is_neox, void* k_cache, void* v_cache, void* slot_mapping,
                                             int backend, uintptr_t stream);
+ks_status_t ksgo_fused_add_rms_norm_quant_matmul_rope_kv_append(
+    ksgo_desc* d, void* out, int has_residual_out, void* residual_out, int has_x, void* x, void* residual,
+    void* norm_weight, double eps, void* weight, int qtype, int64_t num_heads, int64_t num_kv_heads, void* positions,
+    int64_t rotary_dim, double theta, int is_neox, void* k_cache, void* v_cache, void* slot_mapping, int backend,
+    uintptr_t stream);
 ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache, void* block_tables,
                                  int has_seq_ids, void* seq_ids, void* context_lens, double scale, int backend,
                                  uintptr_t stream);

@@ -252,6 +252,37 @@ func RotaryEmbeddingKVAppend(q, k, v, positions *Tensor, rotaryDim int64, theta 
 	})
 }
 
+// FusedAddRMSNormQuantMatmulRopeKVAppend is the decode-step fusion for one token of
+// FusedAddRMSNormQuantMatmul into out, then RotaryEmbeddingKVAppend on out's column slices
+// q = [:, 0 : H D], k = [:, H D : (H + KVH) D] and v = [:, (H + KVH) D :] seen as [1, H, D],
+// [1, KVH, D], [1, KVH, D] (H = numHeads, KVH = numKVHeads, D = N / (H + 2 KVH)), in one kernel on
+// CUDA where it can; bit for bit the two calls. residual [1, K] (one row; [0, K] does nothing), x,
+// residualOut, normWeight, eps, weight and qtype as in FusedAddRMSNormQuantMatmul (x and residualOut
+// both given or both nil); out [1, N] with N = weight's rows = (H + 2 KVH) D, its q and k rotated on
+// return; positions, rotaryDim, theta, isNeox, kCache, vCache and slotMapping ([1] or [0]) as in
+// RotaryEmbeddingKVAppend. Errors (nothing written): every rule of the two ops under this op's name,
+// plus more than one row, numHeads or numKVHeads <= 0, N not a multiple of H + 2 KVH, and the caches,
+// positions or slotMapping overlapping the matmul's tensors (ErrInvalidArgument); mismatched dtypes
+// (ErrUnsupportedDtype).
+func FusedAddRMSNormQuantMatmulRopeKVAppend(out, residualOut, x, residual, normWeight *Tensor, eps float64,
+	weight *Tensor, qtype QType, numHeads, numKVHeads int64, positions *Tensor, rotaryDim int64, theta float64,
+	isNeox bool, kCache, vCache, slotMapping *Tensor, opts ...Option) error {
+	var d [10]C.ksgo_desc
+	args := []arg{{"out", out}, {"residual_out?", residualOut}, {"x?", x}, {"residual", residual},
+		{"norm_weight", normWeight}, {"weight", weight}, {"positions", positions}, {"k_cache", kCache},
+		{"v_cache", vCache}, {"slot_mapping", slotMapping}}
+	if err := describeAll("fused_add_rms_norm_quant_matmul_rope_kv_append", d[:], args...); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_fused_add_rms_norm_quant_matmul_rope_kv_append(&d[0], out.data, flag(residualOut != nil),
+			dataOf(residualOut), flag(x != nil), dataOf(x), residual.data, normWeight.data, C.double(eps), weight.data,
+			C.int(qtype), C.int64_t(numHeads), C.int64_t(numKVHeads), positions.data, C.int64_t(rotaryDim),
+			C.double(theta), flag(isNeox), kCache.data, vCache.data, slotMapping.data, b, s)
+	})
+}
+
 // PagedAttention: attention over a paged KV cache. seqIDs nil means sequence t for token t.
 func PagedAttention(out, q, kCache, vCache, blockTables, seqIDs, contextLens *Tensor, scale float64, opts ...Option) error {
 	var d [7]C.ksgo_desc

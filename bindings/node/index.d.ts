@@ -149,6 +149,23 @@ export function kvCacheAppend(kCache: TensorLike, vCache: TensorLike, k: TensorL
 export function rotaryEmbeddingKvAppend(q: TensorLike, k: TensorLike, v: TensorLike, positions: TensorLike,
                                         rotaryDim: number, theta: number, isNeox: boolean, kCache: TensorLike,
                                         vCache: TensorLike, slotMapping: TensorLike, opts?: ExecOptions): void;
+/** Decode-step fusion for one token: fusedAddRmsNormQuantMatmul into out, then rotaryEmbeddingKvAppend on out's
+ *  column slices q = [:, 0 : H D], k = [:, H D : (H + KVH) D], v = [:, (H + KVH) D :] seen as [1, H, D],
+ *  [1, KVH, D], [1, KVH, D] (H = numHeads, KVH = numKvHeads, D = N / (H + 2 KVH)), in one kernel on CUDA where it
+ *  can; bit for bit the two calls. residual [1, K] (one row; [0, K] does nothing), x, residualOut, normWeight,
+ *  eps, weight and qtype as in fusedAddRmsNormQuantMatmul (x and residualOut both given or both null); out
+ *  [1, N] with N = weight's rows = (H + 2 KVH) D, its q and k rotated on return; positions, rotaryDim, theta,
+ *  isNeox, kCache, vCache and slotMapping ([1] or [0]) as in rotaryEmbeddingKvAppend. Throws KernscopeError
+ *  (nothing written) for every rule of the two ops under this op's name, plus more than one row, numHeads or
+ *  numKvHeads <= 0, N not a multiple of H + 2 KVH, and the caches, positions or slotMapping overlapping the
+ *  matmul's tensors (INVALID_ARGUMENT), and mismatched dtypes (UNSUPPORTED_DTYPE). */
+export function fusedAddRmsNormQuantMatmulRopeKvAppend(out: TensorLike, residualOut: TensorLike | null,
+                                                       x: TensorLike | null, residual: TensorLike,
+                                                       normWeight: TensorLike, eps: number, weight: TensorLike,
+                                                       qtype: QType, numHeads: number, numKvHeads: number,
+                                                       positions: TensorLike, rotaryDim: number, theta: number,
+                                                       isNeox: boolean, kCache: TensorLike, vCache: TensorLike,
+                                                       slotMapping: TensorLike, opts?: ExecOptions): void;
 export function pagedAttention(out: TensorLike, q: TensorLike, kCache: TensorLike, vCache: TensorLike,
                                blockTables: TensorLike, seqIds: TensorLike | null, contextLens: TensorLike,
                                scale: number, opts?: ExecOptions): void;

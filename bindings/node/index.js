@@ -245,6 +245,13 @@ module.exports = {
   rotaryEmbeddingKvAppend: (q, k, v, positions, rotaryDim, theta, isNeox, kCache, vCache, slotMapping, opts) =>
     native.rotaryEmbeddingKvAppend(T(q), T(k), T(v), T(positions), rotaryDim, theta, Boolean(isNeox), T(kCache),
                                    T(vCache), T(slotMapping), ...exec(opts)),
+  fusedAddRmsNormQuantMatmulRopeKvAppend: (out, residualOut, x, residual, normWeight, eps, weight, q, numHeads,
+                                           numKvHeads, positions, rotaryDim, theta, isNeox, kCache, vCache,
+                                           slotMapping, opts) =>
+    native.fusedAddRmsNormQuantMatmulRopeKvAppend(T(out), T(residualOut, false), T(x, false), T(residual),
+                                                  T(normWeight), eps, T(weight), qtype(q), numHeads, numKvHeads,
+                                                  T(positions), rotaryDim, theta, Boolean(isNeox), T(kCache),
+                                                  T(vCache), T(slotMapping), ...exec(opts)),
   pagedAttention: (out, q, kCache, vCache, blockTables, seqIds, contextLens, scale, opts) =>
     native.pagedAttention(T(out), T(q), T(kCache), T(vCache), T(blockTables), T(seqIds, false), T(contextLens), scale,
                           ...exec(opts)),

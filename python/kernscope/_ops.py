@@ -825,6 +825,116 @@ def rotary_embedding_kv_append(q: Array, k: Array, v: Array, positions: Array, k
     return None
 
 
+def _rope_head_dim(weight_shape: Sequence[int], num_heads: int, num_kv_heads: int) -> int:
+    """head_dim = N / (num_heads + 2 num_kv_heads) (0 when that is not a positive count; the C
+    ABI then rejects num_heads and num_kv_heads before it looks at rotary_dim)."""
+    heads = num_heads + 2 * num_kv_heads
+    return _dim0(weight_shape) // heads if heads > 0 else 0
+
+
+def fused_add_rms_norm_quant_matmul_rope_kv_append(
+        x: Optional[T], residual: T, norm_weight: Array, weight: Array, qtype: Union[str, int, QType],
+        num_heads: int, num_kv_heads: int, positions: Array, k_cache: Array, v_cache: Array, slot_mapping: Array,
+        eps: float = 1e-6, rotary_dim: Optional[int] = None, theta: float = 10000.0, is_neox: bool = True, *,
+        backend: str = "auto", out: Optional[T] = None,
+        residual_out: Optional[T] = None) -> Union[T, Tuple[T, T]]:
+    """Decode-step fusion for one token: :func:`fused_add_rms_norm_quant_matmul` (the q/k/v
+    projection), then :func:`rotary_embedding_kv_append` on out's q, k and v column slices, in
+    one kernel on CUDA where it can; out (and residual_out) returned, the caches written in place.
+
+    With ``H = num_heads``, ``KVH = num_kv_heads``, ``N = weight's rows`` and
+    ``D = head_dim = N / (H + 2 KVH)``, exactly::
+
+        out, residual_out = fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, qtype, eps)
+        q = out[:, :H*D].reshape(1, H, D)            # views of out, rotated in place
+        k = out[:, H*D:(H+KVH)*D].reshape(1, KVH, D)
+        v = out[:, (H+KVH)*D:].reshape(1, KVH, D)
+        rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta, is_neox)
+
+    Bit for bit the two calls' result: each value of out is rounded to residual's dtype after
+    the matmul, then q and k are rotated in FP32 and rounded again; for ``slot = slot_mapping[0]
+    >= 0``, ``k_cache[slot] = k[0]`` (rotated) and ``v_cache[slot] = v[0]``; slot -1 is skipped.
+    Note the argument order: the tensors first (as the C ABI's, with eps moved after them),
+    then eps, rotary_dim, theta and is_neox with their neighbours' defaults.
+
+    Args:
+        x: ``[1, K]`` or None; fp16, bf16 or fp32. Read only.
+        residual: ``[1, K]`` (one token; ``[0, K]`` does nothing), K > 0 and a multiple of the
+            block size; x's dtype. Read only. More than one row raises ValueError (call
+            fused_add_rms_norm_quant_matmul, then rotary_embedding_kv_append).
+        norm_weight: ``[K]``, residual's dtype.
+        weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype, N = (H + 2 KVH) * D: the
+            q, k and v projections' rows stacked.
+        qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16" (or a :class:`QType`).
+        num_heads: H > 0 query heads.
+        num_kv_heads: KVH > 0 key/value heads.
+        positions: int32/int64 ``[1]`` (``[0]`` with zero rows), any value.
+        k_cache, v_cache: ``[num_blocks, block_size, KVH, D]``, residual's dtype; written.
+        slot_mapping: int32/int64 ``[1]`` or ``[0]`` (no append); a slot < -1 or >=
+            num_blocks * block_size raises ValueError before anything is written.
+        eps: finite, > 0 (after rounding to fp32).
+        rotary_dim: even, 0 < rotary_dim <= D (default: D); later features pass through (and
+            are appended as they are).
+        theta: finite, > 1.
+        is_neox: True: pairs (i, i + rotary_dim/2) (HF rotate_half); False: (2i, 2i+1)
+            (GPT-J, GGUF Llama; the layout CUDA fuses into the matmul kernel).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[1, N]`` output in residual's dtype (q, k, v as described, q and k
+            rotated).
+        residual_out: optional ``[1, K]`` output for ``round(x + residual)``, residual's dtype;
+            allocated when x is given and it is not. Must be None when x is None.
+
+    Every rule of the two ops applies, under this op's name, and a few more, since one kernel
+    reads and writes them in no fixed order: out and residual_out overlap no input nor each
+    other, and the caches, positions and slot_mapping overlap none of the matmul's tensors
+    (x, residual, norm_weight, weight, out, residual_out).
+
+    Returns:
+        x None: ``out``. x given: ``(out, residual_out)``. New arrays in residual's framework
+        and device, or the ones passed.
+
+    Raises:
+        ValueError: residual_out given without x; more than one row; num_heads or num_kv_heads
+            <= 0, or N not a multiple of num_heads + 2 num_kv_heads; a shape, eps, qtype,
+            rotary_dim, theta, slot, layout or overlap error; an unknown backend.
+        TypeError: an unsupported or mismatched dtype (weight must be uint8; the caches must
+            have residual's dtype).
+        RuntimeError: mixed devices, an unavailable backend, a CUDA error, or a torch tensor
+            requiring grad with backend "cpu"/"cuda".
+
+    After an error nothing has been written (out, residual_out and the caches are unchanged).
+
+    Contract: docs/contracts.md#fused_add_rms_norm_quant_matmul_rope_kv_append (the two calls'
+    result, bit for bit); ks_fused_add_rms_norm_quant_matmul_rope_kv_append in
+    include/kernscope/kernscope.h.
+    """
+    if _compiling():
+        return _TL.fused_add_rms_norm_quant_matmul_rope_kv_append(
+            x, residual, norm_weight, weight, qtype, num_heads, num_kv_heads, positions, k_cache, v_cache,
+            slot_mapping, eps, rotary_dim, theta, is_neox, backend, out, residual_out)
+    op = "fused_add_rms_norm_quant_matmul_rope_kv_append"
+    code = _backend(op, backend)
+    q = _qtype(op, qtype)
+    fw = _fw(op, "residual", residual)
+    h, kvh = int(num_heads), int(num_kv_heads)
+    rd = _rope_head_dim(tuple(weight.shape), h, kvh) if rotary_dim is None else int(rotary_dim)
+    if fw.is_torch and _torch_route(op, code, backend, ("x", "residual", "norm_weight"), (x, residual, norm_weight)):
+        y, r = _ref().fused_add_rms_norm_quant_matmul_rope_kv_append(
+            x, residual, norm_weight, weight, q, eps, h, kvh, positions, k_cache, v_cache, slot_mapping, rd,
+            float(theta), bool(is_neox), residual_out, out)
+        return y if x is None else (y, r)
+    if code == _TORCH:
+        raise _not_torch(op, residual)
+    if out is None:
+        out = fw.empty(residual, (_dim0(tuple(residual.shape)), _dim0(tuple(weight.shape))))
+    if x is not None and residual_out is None:
+        residual_out = fw.empty_like(residual)
+    _native(_C.fused_add_rms_norm_quant_matmul_rope_kv_append, fw, residual,
+            (out, residual_out, x, residual, norm_weight, weight, positions, k_cache, v_cache, slot_mapping),
+            float(eps), q, h, kvh, rd, float(theta), bool(is_neox), code)
+    return out if x is None else (out, residual_out)
+
+
 def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k: Array,
                      scale: Optional[float] = None, *, causal: bool = True, backend: str = "auto",
                      out: Optional[T] = None) -> T:
@@ -923,4 +1033,5 @@ OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv"
                         "varlen_attention",
                         "embedding", "dequantize", "gemm", "quant_matmul", "fused_add_rms_norm_quant_matmul",
                         "silu_and_mul_quant_matmul", "rotary_embedding", "kv_cache_append",
-                        "rotary_embedding_kv_append", "paged_attention")
+                        "rotary_embedding_kv_append", "fused_add_rms_norm_quant_matmul_rope_kv_append",
+                        "paged_attention")

@@ -43,6 +43,13 @@ Schema (backend: "auto" | "cpu" | "cuda"):
   rotary_embedding_kv_append(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor(c!) k_cache,
                              Tensor(d!) v_cache, Tensor slot_mapping, int rotary_dim, float theta,
                              bool is_neox, str backend) -> ()
+  fused_add_rms_norm_quant_matmul_rope_kv_append(Tensor? x, Tensor residual, Tensor norm_weight,
+                                                 Tensor weight, int qtype, float eps, int num_heads,
+                                                 int num_kv_heads, Tensor positions, Tensor(a!) k_cache,
+                                                 Tensor(b!) v_cache, Tensor slot_mapping, int rotary_dim,
+                                                 float theta, bool is_neox, str backend)
+                                                 -> (Tensor out, Tensor residual_out)
+      (out and residual_out new tensors as in fused_add_rms_norm_quant_matmul; the caches mutated)
   varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, float scale,
                    bool causal, str backend) -> Tensor
   paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor? seq_ids,
@@ -243,6 +250,22 @@ def _rotary_embedding_kv_append(q: Tensor, k: Tensor, v: Tensor, positions: Tens
          is_neox, _code("rotary_embedding_kv_append", backend))
 
 
+@_op("fused_add_rms_norm_quant_matmul_rope_kv_append(Tensor? x, Tensor residual, Tensor norm_weight, Tensor weight, int qtype, float eps, int num_heads, int num_kv_heads, Tensor positions, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor slot_mapping, int rotary_dim, float theta, bool is_neox, str backend) -> (Tensor, Tensor)")
+def _fused_add_rms_norm_quant_matmul_rope_kv_append(x: Optional[Tensor], residual: Tensor, norm_weight: Tensor,
+                                                    weight: Tensor, qtype: int, eps: float, num_heads: int,
+                                                    num_kv_heads: int, positions: Tensor, k_cache: Tensor,
+                                                    v_cache: Tensor, slot_mapping: Tensor, rotary_dim: int,
+                                                    theta: float, is_neox: bool, backend: str) -> Any:
+    out = torch.empty((residual.shape[0] if residual.dim() else 0, weight.shape[0] if weight.dim() else 0),
+                      dtype=residual.dtype, device=residual.device)
+    res = torch.empty(residual.shape if x is not None else (0,), dtype=residual.dtype, device=residual.device)
+    _run(_C.fused_add_rms_norm_quant_matmul_rope_kv_append,
+         (out, res if x is not None else None, x, residual, norm_weight, weight, positions, k_cache, v_cache,
+          slot_mapping), eps, qtype, num_heads, num_kv_heads, rotary_dim, theta, is_neox,
+         _code("fused_add_rms_norm_quant_matmul_rope_kv_append", backend))
+    return out, res
+
+
 @_op("varlen_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, float scale, bool causal, str backend) -> Tensor")
 def _varlen_attention(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, scale: float,
                       causal: bool, backend: str) -> Tensor:
@@ -356,6 +379,16 @@ def _(k_cache, v_cache, k, v, slot_mapping, backend):
 @_rotary_embedding_kv_append.register_fake
 def _(q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta, is_neox, backend):
     return None
+
+
+@_fused_add_rms_norm_quant_matmul_rope_kv_append.register_fake
+def _(x, residual, norm_weight, weight, qtype, eps, num_heads, num_kv_heads, positions, k_cache, v_cache,
+      slot_mapping, rotary_dim, theta, is_neox, backend):
+    if x is None:
+        res = residual.new_empty((0,))
+    else:
+        res = torch.empty_like(residual, memory_format=torch.contiguous_format)
+    return residual.new_empty((residual.shape[0], weight.shape[0])), res
 
 
 @_paged_attention.register_fake
@@ -495,6 +528,28 @@ def rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mappin
         raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
     torch.ops.kernscope.rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd,
                                                    float(theta), bool(is_neox), backend)
+
+
+def fused_add_rms_norm_quant_matmul_rope_kv_append(x, residual, norm_weight, weight, qtype, num_heads, num_kv_heads,
+                                                   positions, k_cache, v_cache, slot_mapping, eps, rotary_dim, theta,
+                                                   is_neox, backend, out, residual_out):
+    op = "fused_add_rms_norm_quant_matmul_rope_kv_append"
+    q = _ops._qtype(op, qtype)
+    h, kvh = int(num_heads), int(num_kv_heads)
+    rd = _ops._rope_head_dim(tuple(weight.shape), h, kvh) if rotary_dim is None else int(rotary_dim)
+    if _ref_or_op(op, backend, ("x", "residual", "norm_weight"), (x, residual, norm_weight)):
+        y, r = ref.fused_add_rms_norm_quant_matmul_rope_kv_append(x, residual, norm_weight, weight, q, eps, h, kvh,
+                                                                  positions, k_cache, v_cache, slot_mapping, rd,
+                                                                  float(theta), bool(is_neox), residual_out)
+        y = _fin(y, out)
+        return y if x is None else (y, r)
+    if x is None and residual_out is not None:  # as the C ABI says, before the op sees None for both
+        raise InvalidArgumentError(f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
+    y, r = torch.ops.kernscope.fused_add_rms_norm_quant_matmul_rope_kv_append(
+        x, residual, norm_weight, weight, q, float(eps), h, kvh, positions, k_cache, v_cache, slot_mapping, rd,
+        float(theta), bool(is_neox), backend)
+    y = _fin(y, out)
+    return y if x is None else (y, _fin(r, residual_out))
 
 
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_ids, backend, out):

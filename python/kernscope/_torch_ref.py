@@ -8,9 +8,11 @@ embedding, gemm, quant_matmul, its two fusions (activations) and paged_attention
 differentiable too, but only the first four are tested with gradcheck).
 
 Precision: fp16/bf16/fp32 inputs are upcast to FP32 and rounded once to the
-input dtype at the end, as the contract says (the two quant_matmul fusions also
+input dtype at the end, as the contract says (the quant_matmul fusions also
 round their normalised or gated activations to the input dtype in between, as
-the unfused ops store them). fp64 inputs (not a kernscope dtype; accepted here
+the unfused ops store them, and the one-token norm + q/k/v matmul + RoPE + cache
+append fusion rounds its matmul output before the rotation, as the two calls
+it stands for). fp64 inputs (not a kernscope dtype; accepted here
 so torch.autograd.gradcheck can run) are computed in fp64.
 
 This module is imported only when backend="torch" is used (or autograd routes a
@@ -344,14 +346,11 @@ def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Ten
         return (x.to(acc) @ w.to(acc).T).to(x.dtype)
 
 
-def fused_add_rms_norm_quant_matmul(x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,
-                                    weight: torch.Tensor, qtype: int, eps: float = 1e-6,
-                                    residual_out: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None):
-    """(out, residual_out): fused_add_rms_norm (rms_norm when x is None) then quant_matmul, with the
-    normalised activations rounded to residual's dtype in between; out and residual_out (None
-    when x is None) are the given tensors, written, or new ones. Every check (out's and the
-    overlaps' too) before anything is written, with src/ops/matmul_ops.cpp's messages."""
-    op = "fused_add_rms_norm_quant_matmul"
+def _check_norm_qmm(op: str, x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,
+                    weight: torch.Tensor, qtype: int, eps: float, residual_out: Optional[torch.Tensor],
+                    out: Optional[torch.Tensor]):
+    """fused_add_rms_norm_quant_matmul's validation (src/ops/matmul_ops.cpp) under op's name, out's
+    and the overlaps' too; returns (the decoded weight, eps)."""
     if x is None and residual_out is not None:
         raise InvalidArgumentError(
             f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
@@ -388,21 +387,45 @@ def fused_add_rms_norm_quant_matmul(x: Optional[torch.Tensor], residual: torch.T
             _no_overlap(op, "residual_out", residual_out, name, t)
     if out is not None and residual_out is not None:
         _no_overlap(op, "out", out, "residual_out", residual_out)
+    return w, eps
+
+
+def _norm_qmm(x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor, w: torch.Tensor,
+              eps: float):
+    """(y, s): quant_matmul of round(rms_norm(s) * norm_weight) with s = x + residual (residual when x
+    is None), unrounded FP32; y in residual's dtype."""
     acc = _acc(residual)
     s = residual.to(acc) if x is None else x.to(acc) + residual.to(acc)  # unrounded FP32 sum
     h = (s * torch.rsqrt(s.square().mean(-1, keepdim=True) + eps) * norm_weight.to(acc)).to(residual.dtype)
     with _no_autocast(residual):
         y = (h.to(acc) @ w.to(acc).T).to(residual.dtype)
+    return y, s
+
+
+def _residual_result(x: Optional[torch.Tensor], residual: torch.Tensor, s: torch.Tensor,
+                     residual_out: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    if x is None:
+        return None
+    if residual_out is None:
+        return s.to(residual.dtype)
+    residual_out.copy_(s)
+    return residual_out
+
+
+def fused_add_rms_norm_quant_matmul(x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,
+                                    weight: torch.Tensor, qtype: int, eps: float = 1e-6,
+                                    residual_out: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None):
+    """(out, residual_out): fused_add_rms_norm (rms_norm when x is None) then quant_matmul, with the
+    normalised activations rounded to residual's dtype in between; out and residual_out (None
+    when x is None) are the given tensors, written, or new ones. Every check (out's and the
+    overlaps' too) before anything is written, with src/ops/matmul_ops.cpp's messages."""
+    op = "fused_add_rms_norm_quant_matmul"
+    w, eps = _check_norm_qmm(op, x, residual, norm_weight, weight, qtype, eps, residual_out, out)
+    y, s = _norm_qmm(x, residual, norm_weight, w, eps)
     if out is not None:
         out.copy_(y)
         y = out
-    out = y
-    if x is None:
-        return out, None
-    if residual_out is None:
-        return out, s.to(residual.dtype)
-    residual_out.copy_(s)
-    return out, residual_out
+    return y, _residual_result(x, residual, s, residual_out)
 
 
 def silu_and_mul_quant_matmul(gate_up: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Tensor:
@@ -575,6 +598,63 @@ def rotary_embedding_kv_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return
     _rotate(q, k, positions, rd, theta, is_neox)
     _append(k_cache, v_cache, k, v, slots)
+
+
+def fused_add_rms_norm_quant_matmul_rope_kv_append(
+        x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor, weight: torch.Tensor, qtype: int,
+        eps: float, num_heads: int, num_kv_heads: int, positions: torch.Tensor, k_cache: torch.Tensor,
+        v_cache: torch.Tensor, slot_mapping: torch.Tensor, rotary_dim: int, theta: float = 10000.0,
+        is_neox: bool = True, residual_out: Optional[torch.Tensor] = None, out: Optional[torch.Tensor] = None):
+    """(out, residual_out): fused_add_rms_norm_quant_matmul for one token, then
+    rotary_embedding_kv_append on out's q, k and v column slices ([1, H, D], [1, KVH, D],
+    [1, KVH, D]); the caches written in place. Every check of both (and the fused op's own rules)
+    before anything is written, in the order of src/ops/model_ops.cpp, with its messages."""
+    op = "fused_add_rms_norm_quant_matmul_rope_kv_append"
+    w, eps = _check_norm_qmm(op, x, residual, norm_weight, weight, qtype, eps, residual_out, out)
+    m, n = residual.shape[0], weight.shape[0]
+    if m > 1:
+        raise InvalidArgumentError(
+            f"{op}: residual has {m} rows; this fusion is a one-token decode step (for more rows call "
+            "fused_add_rms_norm_quant_matmul, then rotary_embedding_kv_append)")
+    h, kvh = int(num_heads), int(num_kv_heads)
+    if h <= 0 or kvh <= 0:
+        raise InvalidArgumentError(f"{op}: num_heads and num_kv_heads must be > 0; got {h} and {kvh}")
+    if h > 2 ** 40 or kvh > 2 ** 40:
+        raise InvalidArgumentError(f"{op}: num_heads and num_kv_heads must be at most 2^40")
+    heads = h + 2 * kvh
+    if n % heads or n == 0:
+        raise InvalidArgumentError(
+            f"{op}: weight's {n} rows (out's columns) must be (num_heads + 2 num_kv_heads) x head_dim with "
+            f"num_heads={h}, num_kv_heads={kvh}")
+    d = n // heads
+    y = out if out is not None else torch.empty((m, n), dtype=residual.dtype, device=residual.device)
+    qkv = y.view(m, heads, d)
+    q, k, v = qkv[:, :h], qkv[:, h:h + kvh], qkv[:, h + kvh:]
+    rd = _check_rotary(op, q, k, positions, rotary_dim, theta)
+    _no_overlap(op, "k", k, "positions", positions)  # the rotation reads positions while it writes q and k
+    _no_overlap(op, "q", q, "positions", positions)
+    slots = _check_kv_append(op, k_cache, v_cache, k, v, slot_mapping)
+    # the caches are written, and positions and slot_mapping read, while the matmul's tensors are
+    # read and out / residual_out written
+    mm = (("residual", residual), ("norm_weight", norm_weight), ("weight", weight), ("x", x),
+          ("residual_out", residual_out), ("out", y))
+    for name, t in mm:
+        if t is None:
+            continue
+        _no_overlap(op, "k_cache", k_cache, name, t)
+        _no_overlap(op, "v_cache", v_cache, name, t)
+        if name in ("out", "residual_out"):
+            _no_overlap(op, name, t, "positions", positions)
+            _no_overlap(op, name, t, "slot_mapping", slot_mapping)
+    _no_overlap(op, "k_cache", k_cache, "positions", positions)
+    _no_overlap(op, "v_cache", v_cache, "positions", positions)
+    val, s = _norm_qmm(x, residual, norm_weight, w, eps)
+    y.copy_(val)
+    r = _residual_result(x, residual, s, residual_out)
+    if m:
+        _rotate(q, k, positions, rd, theta, is_neox)
+        _append(k_cache, v_cache, k, v, slots)
+    return y, r
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

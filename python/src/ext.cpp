@@ -161,7 +161,7 @@ const ExchangeAPI* exchange_api(PyObject* obj) {
 }
 
 // ---- one call's imported tensors -----------------------------------------------
-constexpr int kMaxTensors = 8;
+constexpr int kMaxTensors = 10;
 
 struct OpSpec {
   const char* op;
@@ -564,6 +564,23 @@ NB_MODULE(_C, m) {
     run(c, sync, [&] {
       return ks_rotary_embedding_kv_append(c[0], c[1], c[2], c[3], rotary_dim, theta, is_neox ? 1 : 0, c[4], c[5],
                                            c[6], be, c.stream());
+    });
+  });
+  // One token: fused_add_rms_norm_quant_matmul's tensors (x and residual_out None together),
+  // then rotary_embedding_kv_append's on out's q / k / v column slices.
+  m.def("fused_add_rms_norm_quant_matmul_rope_kv_append",
+        [](nb::tuple t, double eps, int qtype, int64_t num_heads, int64_t num_kv_heads, int64_t rotary_dim,
+           double theta, bool is_neox, KS_ARGS) {
+    static const OpSpec spec{"fused_add_rms_norm_quant_matmul_rope_kv_append", 10,
+                             {"out", "residual_out", "x", "residual", "norm_weight", "weight", "positions", "k_cache",
+                              "v_cache", "slot_mapping"},
+                             0b110000011, 0b110};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
+          c[0], c[1], c[2], c[3], c[4], eps, c[5], static_cast<ks_qtype_t>(qtype), num_heads, num_kv_heads, c[6],
+          rotary_dim, theta, is_neox ? 1 : 0, c[7], c[8], c[9], be, c.stream());
     });
   });
   m.def("varlen_attention", [](nb::tuple t, double scale, bool causal, KS_ARGS) {

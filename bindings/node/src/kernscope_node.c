@@ -661,6 +661,37 @@ static napi_value js_rotary_embedding_kv_append(napi_env env, napi_callback_info
                                                    &vc.t, &slots.t, backend, stream));
 }
 
+/* One token: x and residual_out may be null/undefined together (NULL), as in
+ * fused_add_rms_norm_quant_matmul; q, k and v are out's column slices. */
+static napi_value js_fused_add_rms_norm_quant_matmul_rope_kv_append(napi_env env, napi_callback_info info) {
+  ARGS(19);
+  TENSOR(out, 0, "fused_add_rms_norm_quant_matmul_rope_kv_append", "out");
+  OPT_TENSOR(ro, rop, 1, "fused_add_rms_norm_quant_matmul_rope_kv_append", "residual_out");
+  OPT_TENSOR(x, xp, 2, "fused_add_rms_norm_quant_matmul_rope_kv_append", "x");
+  TENSOR(r, 3, "fused_add_rms_norm_quant_matmul_rope_kv_append", "residual");
+  TENSOR(nw, 4, "fused_add_rms_norm_quant_matmul_rope_kv_append", "norm_weight");
+  DOUBLE(eps, 5, "fused_add_rms_norm_quant_matmul_rope_kv_append: eps");
+  TENSOR(w, 6, "fused_add_rms_norm_quant_matmul_rope_kv_append", "weight");
+  INT(q, 7, "fused_add_rms_norm_quant_matmul_rope_kv_append: qtype");
+  INT(num_heads, 8, "fused_add_rms_norm_quant_matmul_rope_kv_append: num_heads");
+  INT(num_kv_heads, 9, "fused_add_rms_norm_quant_matmul_rope_kv_append: num_kv_heads");
+  TENSOR(pos, 10, "fused_add_rms_norm_quant_matmul_rope_kv_append", "positions");
+  INT(rotary_dim, 11, "fused_add_rms_norm_quant_matmul_rope_kv_append: rotary_dim");
+  DOUBLE(theta, 12, "fused_add_rms_norm_quant_matmul_rope_kv_append: theta");
+  bool neox = false;
+  if (napi_get_value_bool(env, argv[13], &neox) != napi_ok) {
+    napi_throw_type_error(env, NULL, "kernscope: fused_add_rms_norm_quant_matmul_rope_kv_append: is_neox must be a boolean");
+    return NULL;
+  }
+  TENSOR(kc, 14, "fused_add_rms_norm_quant_matmul_rope_kv_append", "k_cache");
+  TENSOR(vc, 15, "fused_add_rms_norm_quant_matmul_rope_kv_append", "v_cache");
+  TENSOR(slots, 16, "fused_add_rms_norm_quant_matmul_rope_kv_append", "slot_mapping");
+  EXEC(17);
+  return finish(env, ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
+                         &out.t, rop, xp, &r.t, &nw.t, eps, &w.t, (ks_qtype_t)q, num_heads, num_kv_heads, &pos.t,
+                         rotary_dim, theta, neox ? 1 : 0, &kc.t, &vc.t, &slots.t, backend, stream));
+}
+
 static napi_value js_paged_attention(napi_env env, napi_callback_info info) {
   ARGS(10);
   TENSOR(out, 0, "paged_attention", "out");
@@ -744,6 +775,8 @@ NAPI_MODULE_INIT() {
       {"rotaryEmbedding", NULL, js_rotary_embedding, NULL, NULL, NULL, napi_default, NULL},
       {"kvCacheAppend", NULL, js_kv_cache_append, NULL, NULL, NULL, napi_default, NULL},
       {"rotaryEmbeddingKvAppend", NULL, js_rotary_embedding_kv_append, NULL, NULL, NULL, napi_default, NULL},
+      {"fusedAddRmsNormQuantMatmulRopeKvAppend", NULL, js_fused_add_rms_norm_quant_matmul_rope_kv_append, NULL, NULL,
+       NULL, napi_default, NULL},
       {"pagedAttention", NULL, js_paged_attention, NULL, NULL, NULL, napi_default, NULL},
       {"argmax", NULL, js_argmax, NULL, NULL, NULL, napi_default, NULL},
       {"sample", NULL, js_sample, NULL, NULL, NULL, napi_default, NULL},

@@ -386,3 +386,67 @@ test('rotary_embedding_kv_append: v overlapping k is rejected, nothing written',
                                                  true, ks.f32(a.kc, [2, 2, 1, 8]), ks.f32(a.vc, [2, 2, 1, 8]),
                                                  ks.i32(new Int32Array(3))), TypeError);
 });
+
+// ---- fused_add_rms_norm_quant_matmul_rope_kv_append ---------------------------------------------
+
+// One token: H = 2, KVH = 1, D = 8 (out [1, 32] = q | k | v), K = 64 (Q8_0 weight [32, 68]), caches
+// [2 blocks, 2 slots, 1, 8] (filled, so untouched rows are compared too).
+function normRopeInputs() {
+  return {
+    w: ks.u8(q80Rows(32, 64).packed, [32, 68]),
+    x: f32(64).map((_, i) => X[i % 10] * (1 + i / 64)),
+    res: f32(64).map((_, i) => X[(i * 3 + 1) % 10] * 0.5),
+    nw: f32(64).map((_, i) => W[i % 5] + 0.125),
+    kc: f32(32).map((_, i) => -i),
+    vc: f32(32).map((_, i) => 100 + i),
+  };
+}
+
+test('fused_add_rms_norm_quant_matmul_rope_kv_append is bit for bit the norm matmul then rotary_embedding_kv_append', () => {
+  const H = 2, KVH = 1, D = 8;
+  const pos = ks.i32(new Int32Array([5]));
+  const slots = ks.i64(new BigInt64Array([3n])); // block 1, offset 1
+  for (const withX of [true, false]) {
+    for (const neox of [true, false]) {
+      const a = normRopeInputs(), b = normRopeInputs();
+      for (const t of [a, b]) Object.assign(t, { out: f32(32).fill(NaN), resOut: f32(64).fill(NaN) });
+      // rotary_dim 4 < head_dim 8: features 4..8 pass through
+      ks.fusedAddRmsNormQuantMatmulRopeKvAppend(ks.f32(a.out, [1, 32]), withX ? ks.f32(a.resOut, [1, 64]) : null,
+                                                withX ? ks.f32(a.x, [1, 64]) : null, ks.f32(a.res, [1, 64]),
+                                                ks.f32(a.nw), 1e-5, a.w, 'q8_0', H, KVH, pos, 4, 10000, neox,
+                                                ks.f32(a.kc, [2, 2, 1, 8]), ks.f32(a.vc, [2, 2, 1, 8]), slots,
+                                                { backend: 'cpu' });
+      // the two calls: the norm + matmul into b.out, then RoPE + append on its column slices
+      ks.fusedAddRmsNormQuantMatmul(ks.f32(b.out, [1, 32]), withX ? ks.f32(b.resOut, [1, 64]) : null,
+                                    withX ? ks.f32(b.x, [1, 64]) : null, ks.f32(b.res, [1, 64]), ks.f32(b.nw), 1e-5,
+                                    b.w, 'q8_0');
+      const plain = b.out.slice();
+      ks.rotaryEmbeddingKvAppend(ks.f32(b.out.subarray(0, H * D), [1, H, D]),
+                                 ks.f32(b.out.subarray(H * D, (H + KVH) * D), [1, KVH, D]),
+                                 ks.f32(b.out.subarray((H + KVH) * D), [1, KVH, D]), pos, 4, 10000, neox,
+                                 ks.f32(b.kc, [2, 2, 1, 8]), ks.f32(b.vc, [2, 2, 1, 8]), slots);
+      const what = `(x ${withX}, neox ${neox})`;
+      for (const name of ['out', 'resOut', 'kc', 'vc']) assert.deepEqual(bits(a[name]), bits(b[name]), `${name} ${what}`);
+      // the call did something: q rotated, slot 3 holds the rotated k and v, the rest kept
+      assert.notDeepEqual(bits(a.out.subarray(0, 4)), bits(plain.subarray(0, 4)), `q rotated ${what}`);
+      assert.deepEqual(bits(a.kc.subarray(24, 32)), bits(a.out.subarray(16, 24)), `k_cache slot 3 ${what}`);
+      assert.deepEqual(bits(a.vc.subarray(24, 32)), bits(a.out.subarray(24, 32)), `v_cache slot 3 ${what}`);
+      assert.deepEqual(bits(a.kc.subarray(0, 24)), bits(normRopeInputs().kc.subarray(0, 24)), `other slots ${what}`);
+      assert.equal(a.resOut.every((v) => Number.isNaN(v)), !withX, `residual_out written ${what}`);
+    }
+  }
+});
+
+test('fused_add_rms_norm_quant_matmul_rope_kv_append: num_heads 0 is rejected, nothing written', () => {
+  const a = normRopeInputs(), before = normRopeInputs();
+  const out = f32(32).fill(7), resOut = f32(64).fill(7);
+  expectError(() => ks.fusedAddRmsNormQuantMatmulRopeKvAppend(ks.f32(out, [1, 32]), ks.f32(resOut, [1, 64]),
+                                                              ks.f32(a.x, [1, 64]), ks.f32(a.res, [1, 64]),
+                                                              ks.f32(a.nw), 1e-5, a.w, 'q8_0', 0, 1,
+                                                              ks.i64(new BigInt64Array([5n])), 8, 10000, false,
+                                                              ks.f32(a.kc, [2, 2, 1, 8]), ks.f32(a.vc, [2, 2, 1, 8]),
+                                                              ks.i32(new Int32Array([3])), { backend: 'cpu' }),
+              ks.Status.INVALID_ARGUMENT, 'fused_add_rms_norm_quant_matmul_rope_kv_append', 'num_heads');
+  assert.ok(out.every((v) => v === 7) && resOut.every((v) => v === 7));
+  for (const name of ['kc', 'vc']) assert.deepEqual(bits(a[name]), bits(before[name]), name);
+});

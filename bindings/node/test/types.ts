@@ -47,3 +47,16 @@ ks.rotaryEmbeddingKvAppend(ks.f32(new Float32Array(32), [2, 2, 8]), kv, kv, ks.i
                            cache, cache, ks.i64(new BigInt64Array(2)), { backend: 'cpu' });
 // @ts-expect-error k is required
 ks.rotaryEmbeddingKvAppend(kv, null, kv, ks.i32(new Int32Array(2)), 8, 10000, true, cache, cache, kv);
+const row = ks.f32(new Float32Array(32), [1, 32]);
+const packed32 = ks.u8(new Uint8Array(32 * 34), [32, 34]);
+ks.fusedAddRmsNormQuantMatmulRopeKvAppend(ks.f32(new Float32Array(32), [1, 32]), row, row, row,
+                                          ks.f32(new Float32Array(32)), 1e-6, packed32, 'q8_0', 2, 1,
+                                          ks.i32(new Int32Array(1)), 8, 10000, false, cache, cache,
+                                          ks.i64(new BigInt64Array(1)), { backend: 'cpu' });
+ks.fusedAddRmsNormQuantMatmulRopeKvAppend(ks.f32(new Float32Array(32), [1, 32]), null, null, row,
+                                          ks.f32(new Float32Array(32)), 1e-6, packed32, 6, 2, 1,
+                                          ks.i32(new Int32Array(1)), 8, 10000, true, cache, cache,
+                                          ks.i32(new Int32Array(1)));
+// @ts-expect-error num_heads is a number
+ks.fusedAddRmsNormQuantMatmulRopeKvAppend(row, null, null, row, row, 1e-6, packed32, 'q8_0', '2', 1, kv, 8, 10000,
+                                          true, cache, cache, kv);

@@ -261,6 +261,29 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
+    /// `x` and `residual_out` may be null together (then the plain rms_norm of `residual` feeds
+    /// the matmul); `residual` holds one row. q, k and v are `out`'s column slices.
+    pub fn ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
+        out: *mut DLTensor,
+        residual_out: *mut DLTensor,
+        x: *const DLTensor,
+        residual: *const DLTensor,
+        norm_weight: *const DLTensor,
+        eps: f64,
+        weight: *const DLTensor,
+        qtype: ks_qtype_t,
+        num_heads: i64,
+        num_kv_heads: i64,
+        positions: *const DLTensor,
+        rotary_dim: i64,
+        theta: f64,
+        is_neox: c_int,
+        k_cache: *mut DLTensor,
+        v_cache: *mut DLTensor,
+        slot_mapping: *const DLTensor,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     pub fn ks_paged_attention(
         out: *mut DLTensor,
         q: *const DLTensor,

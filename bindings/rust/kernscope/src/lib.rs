@@ -475,6 +475,73 @@ impl Exec {
         })
     }
 
+    /// Decode-step fusion for one token: [`Exec::fused_add_rms_norm_quant_matmul`] into `out`,
+    /// then [`Exec::rotary_embedding_kv_append`] on `out`'s column slices q = `[:, 0 : H D]`,
+    /// k = `[:, H D : (H + KVH) D]` and v = `[:, (H + KVH) D :]` seen as `[1, H, D]`, `[1, KVH, D]`,
+    /// `[1, KVH, D]` (H = `num_heads`, KVH = `num_kv_heads`, D = N / (H + 2 KVH)), in one kernel on
+    /// CUDA where it can; bit for bit the two calls. `residual` `[1, K]` (one row; `[0, K]` does
+    /// nothing), `x`, `residual_out`, `norm_weight`, `eps`, `weight` and `qtype` as in
+    /// [`Exec::fused_add_rms_norm_quant_matmul`] (`x` and `residual_out` given or `None`
+    /// together); `out` `[1, N]` with N = weight's rows = (H + 2 KVH) D, its q and k rotated on
+    /// return; `positions`, `rotary_dim`, `theta`, `is_neox`, `k_cache`, `v_cache` and
+    /// `slot_mapping` (`[1]` or `[0]`) as in [`Exec::rotary_embedding_kv_append`]. Errors
+    /// (nothing written): every rule of the two ops under this op's name, plus more than one
+    /// row, `num_heads` or `num_kv_heads` <= 0, N not a multiple of H + 2 KVH, and the caches,
+    /// `positions` or `slot_mapping` overlapping the matmul's tensors (`Status::InvalidArgument`);
+    /// mismatched dtypes (`Status::UnsupportedDtype`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn fused_add_rms_norm_quant_matmul_rope_kv_append(
+        &self,
+        out: &mut TensorMut,
+        residual_out: Option<&mut TensorMut>,
+        x: Option<&Tensor>,
+        residual: &Tensor,
+        norm_weight: &Tensor,
+        eps: f64,
+        weight: &Tensor,
+        qtype: QType,
+        num_heads: i64,
+        num_kv_heads: i64,
+        positions: &Tensor,
+        rotary_dim: i64,
+        theta: f64,
+        is_neox: bool,
+        k_cache: &mut TensorMut,
+        v_cache: &mut TensorMut,
+        slot_mapping: &Tensor,
+    ) -> Result<()> {
+        let mut o = out.raw();
+        let mut ro = residual_out.map(|t| t.raw());
+        let rop = ro.as_mut().map_or(ptr::null_mut(), |t| t as *mut sys::DLTensor);
+        let xt = x.map(|t| t.raw());
+        let xp = xt.as_ref().map_or(ptr::null(), |t| t as *const sys::DLTensor);
+        let (r, nw, w, p) = (residual.raw(), norm_weight.raw(), weight.raw(), positions.raw());
+        let (mut kc, mut vc, s) = (k_cache.raw(), v_cache.raw(), slot_mapping.raw());
+        check(unsafe {
+            sys::ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
+                &mut o,
+                rop,
+                xp,
+                &r,
+                &nw,
+                eps,
+                &w,
+                qtype.raw(),
+                num_heads,
+                num_kv_heads,
+                &p,
+                rotary_dim,
+                theta,
+                is_neox as i32,
+                &mut kc,
+                &mut vc,
+                &s,
+                self.backend.raw(),
+                self.stream,
+            )
+        })
+    }
+
     /// Attention over a paged KV cache. `seq_ids: None` means sequence t for token t.
     #[allow(clippy::too_many_arguments)]
     pub fn paged_attention(
@@ -648,6 +715,47 @@ pub fn rotary_embedding_kv_append(
         q,
         k,
         v,
+        positions,
+        rotary_dim,
+        theta,
+        is_neox,
+        k_cache,
+        v_cache,
+        slot_mapping,
+    )
+}
+/// [`Exec::fused_add_rms_norm_quant_matmul_rope_kv_append`] on the automatic backend.
+#[allow(clippy::too_many_arguments)]
+pub fn fused_add_rms_norm_quant_matmul_rope_kv_append(
+    out: &mut TensorMut,
+    residual_out: Option<&mut TensorMut>,
+    x: Option<&Tensor>,
+    residual: &Tensor,
+    norm_weight: &Tensor,
+    eps: f64,
+    weight: &Tensor,
+    qtype: QType,
+    num_heads: i64,
+    num_kv_heads: i64,
+    positions: &Tensor,
+    rotary_dim: i64,
+    theta: f64,
+    is_neox: bool,
+    k_cache: &mut TensorMut,
+    v_cache: &mut TensorMut,
+    slot_mapping: &Tensor,
+) -> Result<()> {
+    Exec::default().fused_add_rms_norm_quant_matmul_rope_kv_append(
+        out,
+        residual_out,
+        x,
+        residual,
+        norm_weight,
+        eps,
+        weight,
+        qtype,
+        num_heads,
+        num_kv_heads,
         positions,
         rotary_dim,
         theta,

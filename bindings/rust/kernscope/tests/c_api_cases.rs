@@ -637,3 +637,136 @@ fn rotary_embedding_kv_append_odd_rotary_dim_is_rejected() {
     assert!(e.message().contains("rotary_embedding_kv_append") && e.message().contains("rotary_dim"), "{}", e);
     assert_eq!((q, k, kc, vc), before);
 }
+
+// ---- fused_add_rms_norm_quant_matmul_rope_kv_append --------------------------------------------
+
+/// One token: H = 2, KVH = 1, D = 8 (out [1, 32] = q | k | v), K = 64 (Q8_0 weight [32, 68]),
+/// caches [2 blocks, 2 slots, 1, 8] (filled, so untouched rows are compared too).
+/// (weight, x, residual, norm_weight, k_cache, v_cache)
+type NormRopeInputs = (Vec<u8>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn norm_rope_inputs() -> NormRopeInputs {
+    let (packed, _) = q8_0_rows(32, 64);
+    let x: Vec<f32> = (0..64).map(|i| X[i % 10] * (1.0 + i as f32 / 64.0)).collect();
+    let res: Vec<f32> = (0..64).map(|i| X[(i * 3 + 1) % 10] * 0.5).collect();
+    let nw: Vec<f32> = (0..64).map(|i| W[i % 5] + 0.125).collect();
+    let kc: Vec<f32> = (0..32).map(|i| -(i as f32)).collect();
+    let vc: Vec<f32> = (0..32).map(|i| 100.0 + i as f32).collect();
+    (packed, x, res, nw, kc, vc)
+}
+
+#[test]
+fn fused_add_rms_norm_quant_matmul_rope_kv_append_equals_the_two_calls() {
+    let (h, kvh, d) = (2usize, 1usize, 8usize);
+    let pos = [5i32];
+    let slots = [3i64]; // block 1, offset 1
+    let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let (packed, x, res, nw, kc0, vc0) = norm_rope_inputs();
+    let w = Tensor::u8(&packed, &[32, 68]).unwrap();
+    for with_x in [true, false] {
+        for neox in [true, false] {
+            let (mut out, mut res_out, mut kc, mut vc) =
+                (vec![f32::NAN; 32], vec![f32::NAN; 64], kc0.clone(), vc0.clone());
+            let (mut out2, mut res_out2, mut kc2, mut vc2) = (out.clone(), res_out.clone(), kc0.clone(), vc0.clone());
+            let xt = Tensor::f32(&x, &[1, 64]).unwrap();
+            let mut ro = TensorMut::f32(&mut res_out, &[1, 64]).unwrap();
+            cpu()
+                .fused_add_rms_norm_quant_matmul_rope_kv_append(
+                    &mut TensorMut::f32(&mut out, &[1, 32]).unwrap(),
+                    if with_x { Some(&mut ro) } else { None },
+                    if with_x { Some(&xt) } else { None },
+                    &Tensor::f32(&res, &[1, 64]).unwrap(),
+                    &Tensor::f32(&nw, &[64]).unwrap(),
+                    1e-5,
+                    &w,
+                    QType::Q8_0,
+                    h as i64,
+                    kvh as i64,
+                    &Tensor::i32(&pos, &[1]).unwrap(),
+                    4, // rotary_dim < head_dim: features 4..8 pass through
+                    10000.0,
+                    neox,
+                    &mut TensorMut::f32(&mut kc, &[2, 2, 1, 8]).unwrap(),
+                    &mut TensorMut::f32(&mut vc, &[2, 2, 1, 8]).unwrap(),
+                    &Tensor::i64(&slots, &[1]).unwrap(),
+                )
+                .unwrap();
+
+            // the two calls: the norm + matmul into out2, then RoPE + append on its column slices
+            let mut ro2 = TensorMut::f32(&mut res_out2, &[1, 64]).unwrap();
+            kernscope::fused_add_rms_norm_quant_matmul(
+                &mut TensorMut::f32(&mut out2, &[1, 32]).unwrap(),
+                if with_x { Some(&mut ro2) } else { None },
+                if with_x { Some(&xt) } else { None },
+                &Tensor::f32(&res, &[1, 64]).unwrap(),
+                &Tensor::f32(&nw, &[64]).unwrap(),
+                1e-5,
+                &w,
+                QType::Q8_0,
+            )
+            .unwrap();
+            let plain = out2.clone();
+            let (q2, rest) = out2.split_at_mut(h * d);
+            let (k2, v2) = rest.split_at_mut(kvh * d);
+            kernscope::rotary_embedding_kv_append(
+                &mut TensorMut::f32(q2, &[1, 2, 8]).unwrap(),
+                &mut TensorMut::f32(k2, &[1, 1, 8]).unwrap(),
+                &Tensor::f32(v2, &[1, 1, 8]).unwrap(),
+                &Tensor::i32(&pos, &[1]).unwrap(),
+                4,
+                10000.0,
+                neox,
+                &mut TensorMut::f32(&mut kc2, &[2, 2, 1, 8]).unwrap(),
+                &mut TensorMut::f32(&mut vc2, &[2, 2, 1, 8]).unwrap(),
+                &Tensor::i64(&slots, &[1]).unwrap(),
+            )
+            .unwrap();
+            let what = format!("(x {}, neox {})", with_x, neox);
+            assert_eq!(bits(&out), bits(&out2), "out {}", what);
+            assert_eq!(bits(&res_out), bits(&res_out2), "residual_out {}", what);
+            assert_eq!(bits(&kc), bits(&kc2), "k_cache {}", what);
+            assert_eq!(bits(&vc), bits(&vc2), "v_cache {}", what);
+            // the call did something: q rotated, slot 3 holds the rotated k and v, the rest kept
+            assert_ne!(bits(&out[0..4]), bits(&plain[0..4]), "q not rotated {}", what);
+            assert_eq!(bits(&kc[24..32]), bits(&out[16..24]), "k_cache slot 3 {}", what);
+            assert_eq!(bits(&vc[24..32]), bits(&out[24..32]), "v_cache slot 3 {}", what);
+            assert_eq!(bits(&kc[0..24]), bits(&kc0[0..24]), "k_cache other slots {}", what);
+            assert_eq!(res_out.iter().all(|v| v.is_nan()), !with_x, "residual_out written {}", what);
+        }
+    }
+}
+
+#[test]
+fn fused_add_rms_norm_quant_matmul_rope_kv_append_zero_heads_is_rejected() {
+    let (packed, x, res, nw, mut kc, mut vc) = norm_rope_inputs();
+    let (mut out, mut res_out) = (vec![7.0f32; 32], vec![7.0f32; 64]);
+    let before = (kc.clone(), vc.clone());
+    let e = kernscope::fused_add_rms_norm_quant_matmul_rope_kv_append(
+        &mut TensorMut::f32(&mut out, &[1, 32]).unwrap(),
+        Some(&mut TensorMut::f32(&mut res_out, &[1, 64]).unwrap()),
+        Some(&Tensor::f32(&x, &[1, 64]).unwrap()),
+        &Tensor::f32(&res, &[1, 64]).unwrap(),
+        &Tensor::f32(&nw, &[64]).unwrap(),
+        1e-5,
+        &Tensor::u8(&packed, &[32, 68]).unwrap(),
+        QType::Q8_0,
+        0, // num_heads
+        1,
+        &Tensor::i64(&[5], &[1]).unwrap(),
+        8,
+        10000.0,
+        false,
+        &mut TensorMut::f32(&mut kc, &[2, 2, 1, 8]).unwrap(),
+        &mut TensorMut::f32(&mut vc, &[2, 2, 1, 8]).unwrap(),
+        &Tensor::i32(&[3], &[1]).unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(
+        e.message().contains("fused_add_rms_norm_quant_matmul_rope_kv_append") && e.message().contains("num_heads"),
+        "{}",
+        e
+    );
+    assert!(out.iter().chain(&res_out).all(|&v| v == 7.0));
+    assert_eq!((kc, vc), before);
+}
