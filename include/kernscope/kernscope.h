@@ -302,10 +302,11 @@ KS_API ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, const
  * matmul, then rotated in FP32 and rounded again). Contract:
  * docs/contracts.md#fused_add_rms_norm_quant_matmul_rope_kv_append.
  * Errors (nothing written): every error of the two functions, named under this one;
- * KS_ERROR_INVALID_ARGUMENT for more than one row, num_heads or num_kv_heads <= 0, N not
- * a multiple of H + 2 KVH, and the caches, positions or slot_mapping overlapping the matmul's
- * tensors. CUDA runs one fused kernel for interleaved pairs (is_neox = 0), K <= 2720,
- * 16-byte aligned rows and rotary_dim <= 1024, and the two calls otherwise. */
+ * KS_ERROR_INVALID_ARGUMENT for more than one row, num_heads or num_kv_heads <= 0 or > 2^40,
+ * N not a multiple of H + 2 KVH, the caches overlapping the matmul's tensors or positions, and
+ * positions or slot_mapping overlapping out or residual_out. CUDA runs one fused kernel for
+ * interleaved pairs (is_neox = 0), an even head_dim, K <= 2720, 16-byte aligned rows and
+ * rotary_dim <= 1024, and the two calls otherwise. */
 KS_API ks_status_t ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
     DLTensor* out, DLTensor* residual_out, const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight,
     double eps, const DLTensor* weight, ks_qtype_t qtype, int64_t num_heads, int64_t num_kv_heads,

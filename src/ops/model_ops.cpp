@@ -278,8 +278,15 @@ extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
     v.shape = vs;
     k.byte_offset += uint64_t(num_heads * D) * es;
     v.byte_offset += uint64_t((num_heads + num_kv_heads) * D) * es;
-    validate_rotary(op, a.rkv.rope, &q, &k, positions, rotary_dim, theta, is_neox);
-    validate_kv_append(op, a.rkv.kv, k_cache, v_cache, &k, &v, slot_mapping);
+    try {
+      validate_rotary(op, a.rkv.rope, &q, &k, positions, rotary_dim, theta, is_neox);
+      validate_kv_append(op, a.rkv.kv, k_cache, v_cache, &k, &v, slot_mapping);
+    } catch (const Failure& f) {  // the two ops' rules speak of q, k and v: say what they are here
+      throw Failure{f.status, f.message + " (q, k and v: out's columns [0, " + std::to_string(num_heads * D) + "), [" +
+                                  std::to_string(num_heads * D) + ", " + std::to_string((num_heads + num_kv_heads) * D) +
+                                  ") and [" + std::to_string((num_heads + num_kv_heads) * D) + ", " +
+                                  std::to_string(a.mm.n) + ") as [1, heads, head_dim=" + std::to_string(D) + "])"};
+    }
     // the caches are written, and positions and slot_mapping read, while the matmul's inputs
     // are read and out / residual_out written (in no fixed order, in one kernel)
     const std::pair<const char*, const View*> mm_args[] = {{"residual", &a.mm.residual},

@@ -572,8 +572,54 @@ TEST(FusedNormQkvRopeAppend, EqualsTheTwoCallsBitForBit) {
         for (int slot_case = 0; slot_case < 3; ++slot_case) {
           norm_rope_case(dt, KS_QTYPE_Q4_1, 9, 3, 64, 64, 576, neox, true, slot_case, 0);
           norm_rope_case(dt, KS_QTYPE_Q8_0, 4, 2, 34, 16, 96, neox, false, slot_case, 2);
+          norm_rope_case(dt, KS_QTYPE_Q4_0, 2, 1, 35, 16, 64, neox, true, slot_case, 0);  // odd head_dim, odd N
         }
   }
+}
+
+// A step that declines (quant_matmul pinned to its AVX-512 variant, fp32 only or absent, under
+// an fp16 call) fails the fusion naming it and the step, before anything is written.
+TEST(FusedNormQkvRopeAppend, AStepThatCannotRunNamesThisOpAndWritesNothing) {
+  const int64_t H = 2, KVH = 1, D = 16, K = 64, N = (H + 2 * KVH) * D;
+  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
+  Buf res(DType::F16, {1, K}), x(DType::F16, {1, K}), nw(DType::F16, {K}), out(DType::F16, {1, N}),
+      ro(DType::F16, {1, K}), pos(DType::I64, {1}), slots(DType::I64, {1}), kc(DType::F16, {2, 4, KVH, D}),
+      vc(DType::F16, {2, 4, KVH, D});
+  kstest::fill_normal(res);
+  kstest::fill_normal(x);
+  kstest::fill_normal(nw);
+  out.poison();
+  ro.poison();
+  kc.poison();
+  vc.poison();
+  set_i(pos, 0, 3);
+  set_i(slots, 0, 5);
+  const Snap all{&out, &ro, &kc, &vc};
+  ASSERT_EQ(ks_force_variant("quant_matmul", "cpu_avx512"), KS_SUCCESS) << ks_last_error();
+  const ks_status_t st =
+      run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots, KS_BACKEND_CPU);
+  const std::string msg = ks_last_error();
+  ks_force_variant("quant_matmul", nullptr);
+  EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << msg;
+  EXPECT_EQ(msg.rfind(kNormRope, 0), 0u) << msg;
+  EXPECT_NE(msg.find("fused_add_rms_norm_quant_matmul step"), std::string::npos) << msg;
+  EXPECT_TRUE(all.same()) << "written before the failure";
+}
+
+// The two ops' rules speak of q, k and v; this op's errors say they are out's columns.
+TEST(FusedNormQkvRopeAppend, ErrorsAboutSlicesSayWhichColumns) {
+  const int64_t H = 2, KVH = 1, D = 16, K = 64, N = (H + 2 * KVH) * D;
+  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
+  Buf res(DType::F32, {1, K}), nw(DType::F32, {K}), out(DType::F32, {1, N}), pos(DType::I64, {1}),
+      slots(DType::I64, {2}), kc(DType::F32, {2, 4, KVH, D}), vc(DType::F32, {2, 4, KVH, D});
+  kstest::fill_normal(res);
+  kstest::fill_normal(nw);
+  const ks_status_t st =
+      run_norm_rope(out, nullptr, nullptr, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots);
+  const std::string msg = ks_last_error();
+  EXPECT_EQ(st, KS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("slot_mapping"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("out's columns"), std::string::npos) << msg;
 }
 
 TEST(FusedNormQkvRopeAppend, ZeroRowsWriteNothing) {

@@ -1233,14 +1233,16 @@ TEST(Cuda, RotaryKvAppendEqualsRotaryThenAppend) {
 // variant, pinned, refuses them); rotary_dim below head_dim, a large position, int32 / int64
 // indices, slot -1, a device slot past the cache (skipped: nothing written), no slot at all
 // (slot_mapping of 0 entries), a model-sized row (K = 576, 9 / 3 heads of 64: the weights
-// staged in shared memory), misaligned tensors (composed), head_dim 130.
+// staged in shared memory), misaligned tensors (composed), head_dim 130, and odd head_dims
+// (35; 3, with N = 9 odd: composed, since the one kernel's column pairs would straddle heads).
 TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
   NEED_GPU();
   using namespace kstest::gguf;
   struct C { int64_t H, KVH, D, rd, K; ks_qtype_t q; };
   for (DType dt : kstest::float_dtypes())
     for (const C c : {C{9, 3, 64, 64, 576, KS_QTYPE_Q4_1}, C{4, 2, 32, 16, 256, KS_QTYPE_Q8_0},
-                      C{2, 1, 130, 64, 1536, KS_QTYPE_Q4_0}})
+                      C{2, 1, 130, 64, 1536, KS_QTYPE_Q4_0}, C{2, 1, 35, 16, 64, KS_QTYPE_Q8_0},
+                      C{1, 1, 3, 2, 64, KS_QTYPE_Q8_0}})
       for (bool neox : {false, true})
         for (bool with_x : {true, false})
           for (int slot_case = 0; slot_case < 5; ++slot_case) {
@@ -1276,7 +1278,7 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
                 dsl.view(), ks::Backend::Cuda);
             CK(cudaDeviceSynchronize());
             const char* fused_op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
-            const bool one_kernel = !neox && off == 0;
+            const bool one_kernel = !neox && off == 0 && c.D % 2 == 0;  // odd head_dim: composed
             if (one_kernel) {
               const std::string cfg = ks_last_launch_config(fused_op);
               EXPECT_NE(cfg.find("rope_epilogue=1"), std::string::npos) << cfg;

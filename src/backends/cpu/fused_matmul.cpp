@@ -125,8 +125,16 @@ void norm_qmm_rope_append_composed(const void* p, ks_stream_t stream, ks_backend
   const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
   const registry::Variant* mm = step(op, "fused_add_rms_norm_quant_matmul", a.mm.residual.dtype, &a.mm, be);
   const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
-  mm->run(&a.mm, stream);
-  rope->run(&a.rkv, stream);
+  // A composed step chooses its own steps' variants as it starts, before it writes: one that
+  // cannot run fails here with nothing written, restated under this op's name.
+  const char* running = "fused_add_rms_norm_quant_matmul";
+  try {
+    mm->run(&a.mm, stream);
+    running = "rotary_embedding_kv_append";
+    rope->run(&a.rkv, stream);
+  } catch (const detail::Failure& f) {
+    detail::fail(f.status, op, std::string("its ") + running + " step cannot run: " + f.message);
+  }
 }
 
 void register_fused_matmul(std::vector<registry::Variant>& v) {

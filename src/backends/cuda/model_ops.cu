@@ -1076,6 +1076,9 @@ void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {
 std::string norm_qmm_rope_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::NormQmmRopeAppendArgs*>(args);
   if (a.rkv.rope.neox) return "NeoX pairs (i, i + rotary_dim / 2) span CTAs: the two calls run instead";
+  // a CTA's column pairs (n0 + 2t, n0 + 2t + 1) are a head's pairs only when every head starts on
+  // an even column (an odd head_dim would pair across heads and past out's end)
+  if (a.rkv.rope.head_dim % 2 != 0) return "odd head_dim: column pairs would straddle heads";
   if (a.rkv.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
   if (a.mm.m != 1) return "one row only";
   if (size_t(kMqMany) * size_t(staged_floats(a.mm.k)) * sizeof(float) > kStageBytes)
