@@ -1242,7 +1242,13 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
   for (DType dt : kstest::float_dtypes())
     for (const C c : {C{9, 3, 64, 64, 576, KS_QTYPE_Q4_1}, C{4, 2, 32, 16, 256, KS_QTYPE_Q8_0},
                       C{2, 1, 130, 64, 1536, KS_QTYPE_Q4_0}, C{2, 1, 35, 16, 64, KS_QTYPE_Q8_0},
-                      C{1, 1, 3, 2, 64, KS_QTYPE_Q8_0}})
+                      C{1, 1, 3, 2, 64, KS_QTYPE_Q8_0},
+                      // 2 and 4 columns per warp (N >= 4224 / 8448 on 132 SMs, short rows), the
+                      // staging limit K = 2720 and one past it (per-warp kernel: composed),
+                      // rotary_dim 1024 (the parameter table's limit)
+                      C{64, 2, 64, 64, 576, KS_QTYPE_Q4_1}, C{128, 4, 64, 64, 256, KS_QTYPE_Q8_0},
+                      C{4, 2, 32, 32, 2720, KS_QTYPE_Q8_0}, C{4, 2, 32, 32, 2752, KS_QTYPE_Q8_0},
+                      C{1, 1, 1024, 1024, 64, KS_QTYPE_Q8_0}})
       for (bool neox : {false, true})
         for (bool with_x : {true, false})
           for (int slot_case = 0; slot_case < 5; ++slot_case) {
@@ -1278,7 +1284,7 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
                 dsl.view(), ks::Backend::Cuda);
             CK(cudaDeviceSynchronize());
             const char* fused_op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
-            const bool one_kernel = !neox && off == 0 && c.D % 2 == 0;  // odd head_dim: composed
+            const bool one_kernel = !neox && off == 0 && c.D % 2 == 0 && c.K <= 2720;  // else composed
             if (one_kernel) {
               const std::string cfg = ks_last_launch_config(fused_op);
               EXPECT_NE(cfg.find("rope_epilogue=1"), std::string::npos) << cfg;
@@ -1325,6 +1331,63 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
               EXPECT_EQ(0, std::memcmp(b.data(), p0.data(), b.nbytes())) << "v_cache written for a slot past it";
             }
           }
+}
+
+// Under programmatic dependent launch the fusion reads positions and slot_mapping only after
+// its dependency wait: argmax writes the position (and the slot) on the same stream right
+// before each call, 24 times with a new value each time; every result must equal the two calls
+// run on host-uploaded copies of those values (a stale read would rotate by the previous angle).
+TEST(Cuda, FusedNormQkvRopeAppendReadsPositionsWrittenJustBefore) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  const DType dt = DType::F32;
+  const int64_t H = 9, KVH = 3, D = 64, K = 576, N = (H + 2 * KVH) * D, V = 1000;
+  Buf res(dt, {1, K}), nw(dt, {K});
+  kstest::fill_normal(res);
+  kstest::fill_normal(nw, 1.0, 1.0);
+  Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+  const std::vector<int64_t> cs = {32, 16, KVH, D};  // 512 slots: every slot below is inside
+  DBuf dres(dt, {1, K}), dnw(dt, {K}), dw(DType::U8, w.shape), logits(dt, {1, V}), pos(DType::I64, {1}),
+      slot(DType::I64, {1}), hpos(DType::I64, {1}), got(dt, {1, N}), want(dt, {1, N}), kc(dt, cs), vc(dt, cs),
+      ekc(dt, cs), evc(dt, cs);
+  dres.upload(res), dnw.upload(nw), dw.upload(w);
+  const ks::TensorView none;
+  for (int it = 0; it < 24; ++it) {
+    Buf l(dt, {1, V}), p(DType::I64, {1});
+    for (int64_t i = 0; i < V; ++i) l.set(i, i == 17 * it + 5 ? 100.0 : double(i % 7));
+    logits.upload(l);
+    p.set(0, double(17 * it + 5));
+    hpos.upload(p);
+    got.poison(), want.poison();
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    ks::argmax(pos.view(), logits.view(), ks::Backend::Cuda, st);  // position = 17 it + 5
+    ks::argmax(slot.view(), logits.view(), ks::Backend::Cuda, st);  // slot = the same (< 512)
+    ks::fused_add_rms_norm_quant_matmul_rope_kv_append(got.view(), none, none, dres.view(), dnw.view(), 1e-5, dw.view(),
+                                                       ks::QType::Q4_1, H, KVH, pos.view(), D, 10000.0, false,
+                                                       kc.view(), vc.view(), slot.view(), ks::Backend::Cuda, st);
+    CK(cudaStreamSynchronize(st));
+    CK(cudaStreamDestroy(st));
+    ASSERT_NE(std::string(ks_last_launch_config("fused_add_rms_norm_quant_matmul_rope_kv_append")).find("rope_epilogue=1"),
+              std::string::npos);
+    ks::fused_add_rms_norm_quant_matmul(want.view(), none, none, dres.view(), dnw.view(), 1e-5, dw.view(),
+                                        ks::QType::Q4_1, ks::Backend::Cuda);
+    char* base = static_cast<char*>(want.view().data());
+    const DLDevice dev = want.view().device();
+    ks::rotary_embedding_kv_append(ks::TensorView(base, dt, {1, H, D}, dev), ks::TensorView(base + H * D * 4, dt, {1, KVH, D}, dev),
+                                   ks::TensorView(base + (H + KVH) * D * 4, dt, {1, KVH, D}, dev), hpos.view(), D, 10000.0,
+                                   false, ekc.view(), evc.view(), hpos.view(), ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    Buf a(dt, {1, N}), b(dt, {1, N}), ka(dt, cs), kb(dt, cs);
+    got.download(a);
+    want.download(b);
+    ASSERT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << "iteration " << it << ": out";
+    kc.download(ka);
+    ekc.download(kb);
+    const size_t row = size_t(KVH * D) * 4, at = size_t(17 * it + 5) * row;
+    ASSERT_EQ(0, std::memcmp(static_cast<char*>(ka.data()) + at, static_cast<char*>(kb.data()) + at, row))
+        << "iteration " << it << ": the k_cache row of the slot argmax wrote";
+  }
 }
 
 // The paged_attention tests run under every CUDA variant (pinned per test):
