@@ -64,6 +64,7 @@ if has bench; then
   #                (bench/routing_head_row_stream.json chained before the checked-in tables)
   #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
   #                CTA at least N keys (only when named in KS_MODEL_AB_ONLY)
+  #   nopdl / rope_fused_nopdl  KS_PDL=0 without / with KS_MODEL_FUSE_ROPE=1 (only when named)
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
@@ -84,6 +85,8 @@ if has bench; then
     ab rope_fused KS_MODEL_FUSE_ROPE=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then
       for n in 128 256 512; do ab attn_min$n KS_ATTN_MIN_KEYS=$n; done
+      ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
+      ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
     fi
     ab split_head KS_MODEL_SPLIT_HEAD=1
     ab split_head_stream KS_MODEL_SPLIT_HEAD=1 \
