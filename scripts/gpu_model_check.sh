@@ -15,6 +15,8 @@
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
 #                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
 #                    the gguf and accelerate wheels travel in .whl)
+#   KS_MODEL_CONTEXT=N  bench: the CUDA bench-model runs (and A/B runs) with --context N (e.g. 2048,
+#                    generate's default; decode attention sizes its clusters by the capacity)
 #   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
 #                    baselines (the report then compares with none); KS_MODEL_AB=0: skip the batch-1
 #                    comparison runs (KS_MODEL_FUSE=0, KS_QMM_WSTAGE=0, KS_MODEL_SPLIT_HEAD=1 with and
@@ -50,7 +52,7 @@ if has generate; then
   done
 fi
 if has bench; then
-  $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
+  $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
     --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
   # Batch-1 comparisons in the same call, one CSV (model_cuda_ab.csv, a leading `config` column;
   # the call returns at most 8 files):
@@ -71,7 +73,7 @@ if has bench; then
       local name=$1; shift
       [ -n "${KS_MODEL_AB_ONLY:-}" ] && [[ ",$KS_MODEL_AB_ONLY," != *",$name,"* ]] && return 0
       rm -f /tmp/ab_$name.csv  # (a warm machine keeps /tmp: no rows from an earlier call)
-      env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda --prompt-tokens 64 512 --decode-tokens 128 \
+      env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens 64 512 --decode-tokens 128 \
         --repeats 5 --batch 1 --csv /tmp/ab_$name.csv 2>&1 | tee -a "$LOG" | grep decode | sed "s/^/$name: /"
       local rc=${PIPESTATUS[0]}
       if [ "$rc" != 0 ] || [ ! -s /tmp/ab_$name.csv ]; then echo "$name: bench-model failed (rc=$rc); no rows"; return 0; fi
