@@ -67,6 +67,8 @@ if has bench; then
   #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
   #                CTA at least N keys (only when named in KS_MODEL_AB_ONLY)
   #   nopdl / rope_fused_nopdl  KS_PDL=0 without / with KS_MODEL_FUSE_ROPE=1 (only when named)
+  #   batch_qmm / batch_qmm_staged_x  batch 8 and 32 through quant_matmul (KS_MODEL_BATCH_INVARIANT=1),
+  #                as routed / with cuda_staged_x first (only when named)
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
@@ -74,7 +76,7 @@ if has bench; then
       [ -n "${KS_MODEL_AB_ONLY:-}" ] && [[ ",$KS_MODEL_AB_ONLY," != *",$name,"* ]] && return 0
       rm -f /tmp/ab_$name.csv  # (a warm machine keeps /tmp: no rows from an earlier call)
       env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens 64 512 --decode-tokens 128 \
-        --repeats 5 --batch 1 --csv /tmp/ab_$name.csv 2>&1 | tee -a "$LOG" | grep decode | sed "s/^/$name: /"
+        --repeats 5 --batch ${AB_BATCH:-1} --csv /tmp/ab_$name.csv 2>&1 | tee -a "$LOG" | grep decode | sed "s/^/$name: /"
       local rc=${PIPESTATUS[0]}
       if [ "$rc" != 0 ] || [ ! -s /tmp/ab_$name.csv ]; then echo "$name: bench-model failed (rc=$rc); no rows"; return 0; fi
       if [ ! -f "$OUT/model_cuda_ab.csv" ]; then echo "config,$(head -1 /tmp/ab_$name.csv)" > "$OUT/model_cuda_ab.csv"; fi
@@ -87,6 +89,11 @@ if has bench; then
     ab rope_fused KS_MODEL_FUSE_ROPE=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then
       for n in 128 256 512; do ab attn_min$n KS_ATTN_MIN_KEYS=$n; done
+      # batched decode through quant_matmul instead of the FP32 copies + cuBLASLt: as routed, and with
+      # cuda_staged_x first (bench/routing_staged_x.json)
+      AB_BATCH="8 32" ab batch_qmm KS_MODEL_BATCH_INVARIANT=1
+      AB_BATCH="8 32" ab batch_qmm_staged_x KS_MODEL_BATCH_INVARIANT=1 \
+        KS_ROUTING_TABLE=bench/routing_staged_x.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
       ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
       ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
     fi

@@ -859,6 +859,65 @@ TEST(Cuda, QuantMatmulM16VariantEqualsTheDefault) {
         }
 }
 
+// cuda_staged_x (x's rows staged in shared memory, 16 per decoded block where they fit) gives
+// cuda_warp_per_column's bits: M from 2 to 64 (the 16-row and 4-row chunks and their tails),
+// K = 576 (16 rows fit), 1536 and 2720 (4 rows), a grid with and without weight staging
+// (N = 70; 4 x 132 x 8 + 3 columns: more than 2 CTAs per SM), and cuda_warp_per_column_m16 at
+// M >= 8 as well. Where x or the weights are misaligned the variant declines (its launch config
+// is never recorded for such a call).
+TEST(Cuda, QuantMatmulStagedXVariantEqualsTheDefault) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {2, 70, 576}, {5, 70, 576}, {16, 70, 576}, {33, 70, 576}, {64, 4227, 576}, {8, 70, 1536},
+               {17, 130, 2720}, {3, 4227, 256}}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
+                     " N=" + std::to_string(N) + " K=" + std::to_string(K));
+        Buf x(dt, {M, K}), a(dt, {M, N}), b(dt, {M, N});
+        kstest::fill_normal(x);
+        Buf w = make_packed(q, N, K);
+        DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), da(dt, {M, N}), db(dt, {M, N}), dc(dt, {M, N});
+        dx.upload(x);
+        dw.upload(w);
+        da.poison(), db.poison(), dc.poison();
+        std::vector<std::pair<const char*, DBuf*>> runs = {{"cuda_staged_x", &da}, {"cuda_warp_per_column", &db}};
+        if (M >= 8) runs.push_back({"cuda_warp_per_column_m16", &dc});
+        for (auto [variant, out] : runs) {
+          ASSERT_EQ(ks_force_variant("quant_matmul", variant), KS_SUCCESS) << ks_last_error();
+          ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          ks_force_variant("quant_matmul", nullptr);
+          if (std::string(variant) == "cuda_staged_x") {
+            const std::string cfg = ks_last_launch_config("quant_matmul");
+            EXPECT_NE(cfg.find("staged_rows=1"), std::string::npos) << cfg;
+            EXPECT_NE(cfg.find(M >= 16 && K <= 576 ? "m_chunk=16" : "m_chunk=4"), std::string::npos) << cfg;
+          }
+        }
+        CK(cudaDeviceSynchronize());
+        da.download(a);
+        db.download(b);
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << "cuda_staged_x vs cuda_warp_per_column";
+        if (M >= 8) {
+          Buf c(dt, {M, N});
+          dc.download(c);
+          EXPECT_EQ(0, std::memcmp(c.data(), b.data(), c.nbytes())) << "m16 vs cuda_warp_per_column";
+        }
+      }
+  // misaligned x: the variant declines, naming why
+  const int64_t M = 4, N = 16, K = 64;
+  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
+  DBuf dx(DType::F32, {M, K}, 4), dw(DType::U8, w.shape), out(DType::F32, {M, N});
+  dw.upload(w);
+  ASSERT_EQ(ks_force_variant("quant_matmul", "cuda_staged_x"), KS_SUCCESS);
+  DLTensor o = out.view().dl(), xx = dx.view().dl(), ww = dw.view().dl();
+  const ks_status_t st = ks_quant_matmul(&o, &xx, &ww, KS_QTYPE_Q8_0, KS_BACKEND_CUDA, nullptr);
+  const std::string msg = ks_last_error();
+  ks_force_variant("quant_matmul", nullptr);
+  EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << msg;
+  EXPECT_NE(msg.find("aligned"), std::string::npos) << msg;
+}
+
 // Weight staging (the CTA's weight rows copied to shared memory with cp.async before the
 // dependency wait; on for grids of at most 2 CTAs per SM) changes no bits: the first 64
 // columns computed with 64 columns of weight (8 CTAs: staged) equal those columns inside a

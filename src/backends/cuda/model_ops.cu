@@ -545,7 +545,7 @@ __device__ __forceinline__ void rope_epilogue(const RopeEpi& e, const RopeTable&
 
 template <typename T, bool WIDE, int MQ, Pro P, bool SW, typename EPI>
 __device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, const EPI& epi) {
-  static_assert(P != Pro::None, "quant_matmul itself reads x directly");
+  // (P == None: quant_matmul's variant cuda_staged_x, x's rows staged as they are)
   constexpr bool ROPE = std::is_same_v<EPI, WithRope>;
   static_assert(!ROPE || MQ == 1, "the RoPE epilogue serves one row");
   extern __shared__ __align__(16) float hs[];  // [min(M, MQ)][K / 32][36], then (SW) the weight rows
@@ -910,10 +910,13 @@ bool qmm_wide(const QmmParams& p, std::initializer_list<const void*> rows) {
 
 // rope (and tab): fused_add_rms_norm_quant_matmul_rope_kv_append's epilogue (Norm / AddNorm, M = 1,
 // the staged rows and 16-byte loads: norm_qmm_rope_can_implement checks them first).
-template <Pro P, int MQ_MANY = kMqMany>
+// STAGE_X (P == None, M >= 2, 16-byte rows; quant_matmul's cuda_staged_x): x's rows staged in
+// shared memory as the fused forms stage theirs, 16 rows per decoded block where 16 fit (else 4).
+template <Pro P, int MQ_MANY = kMqMany, bool STAGE_X = false>
 void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::initializer_list<const void*> rows,
                 ks_stream_t stream, const RopeEpi* rope = nullptr, const RopeTable* tab = nullptr) {
   static_assert(MQ_MANY == kMqMany || P == Pro::None, "the fused forms chunk rows by 4");
+  static_assert(!STAGE_X || (P == Pro::None && MQ_MANY == kMqMany), "staged x: quant_matmul's rows");
   DeviceGuard g(dev, op);
   const DeviceProps& dp = device_props(dev);
   constexpr int kWarps = 8;
@@ -928,11 +931,14 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   const int64_t cta_cols = int64_t(kWarps) * nc;
   const unsigned grid = unsigned(std::max<int64_t>(1, (p.N + cta_cols - 1) / cta_cols));
   const bool wide = qmm_wide(p, rows);
-  const int mq = p.M == 1 ? 1 : MQ_MANY;
+  const bool x16 = STAGE_X && p.M >= 16 && size_t(16) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
+  const int mq = p.M == 1 ? 1 : x16 ? 16 : MQ_MANY;
   // The fused forms stage their rows when 4 of them fit (K <= 2720), whatever M is: the
   // staged and per-warp kernels sum a row's squares in different orders, so a choice that
-  // depended on M would make a row's result depend on the batch.
-  const bool staged = P != Pro::None && size_t(kMqMany) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
+  // depended on M would make a row's result depend on the batch. (cuda_staged_x: the variant's
+  // can_implement asks for 4 rows' room; its sums are the per-warp kernel's, in the same order.)
+  const bool staged = (P != Pro::None || STAGE_X) &&
+                      size_t(kMqMany) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
   const size_t row_smem = staged ? size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float) : 0;
   // Weight staging changes no arithmetic, so it may depend on anything: grids of at most 2 CTAs
   // per SM (decode-sized matrices, where hiding the weights' latency behind the previous kernel
@@ -960,6 +966,12 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
                       dp.pdl, p, *rope, *tab);
         return;
       }
+    }
+    if constexpr (STAGE_X) {
+      if (!staged || !wide || p.M < 2) detail::fail(KS_ERROR_INTERNAL, op, "cuda_staged_x: its rows do not fit");
+      x16 ? launch(quant_matmul_staged_kernel<T, true, 16, P, SW>)
+          : launch(quant_matmul_staged_kernel<T, true, kMqMany, P, SW>);
+      return;
     }
     if constexpr (P != Pro::None) {
       if (staged) {
@@ -1007,6 +1019,30 @@ void quant_matmul_m16_cuda(const void* args, ks_stream_t stream) {
   const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
                     a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
   launch_qmm<Pro::None, 16>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
+}
+
+// Variant cuda_staged_x (M >= 2): x's rows staged once per CTA in shared memory (blocks of 32
+// stored 36 floats apart), 16 rows per decoded block where 16 rows of K fit in 48 KB, else 4;
+// the weights staged too where the grid allows (as cuda_warp_per_column). The per-warp kernel
+// reads every row's values from global memory (L1) once per decoded block and column; here
+// from shared memory. Each row's sums are cuda_warp_per_column's, in the same order: the same
+// bits (GPU test), so the two may be routed by M.
+std::string quant_matmul_staged_x_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.m < 2) return "one row: nothing to share between rows";
+  if (size_t(kMqMany) * size_t(staged_floats(a.k)) * sizeof(float) > kStageBytes)
+    return "K > 2720: 4 rows of x do not fit 48 KB of shared memory";
+  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  if (!qmm_wide(p, {a.x.data})) return "x's rows or the weights not aligned for 16-byte / word loads";
+  return "";
+}
+
+void quant_matmul_staged_x_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  launch_qmm<Pro::None, kMqMany, true>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
 }
 
 std::string quant_matmul_m16_can_implement(const void* args) {

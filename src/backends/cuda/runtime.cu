@@ -162,6 +162,8 @@ void norm_qmm_rope_cuda(const void*, ks_stream_t);
 std::string norm_qmm_rope_can_implement(const void*);
 void quant_matmul_m16_cuda(const void*, ks_stream_t);
 std::string quant_matmul_m16_can_implement(const void*);
+std::string quant_matmul_staged_x_can_implement(const void*);
+void quant_matmul_staged_x_cuda(const void*, ks_stream_t);
 void quant_matmul_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_stream_can_implement(const void*);
 void rope_kv_append_cuda(const void*, ks_stream_t);
@@ -236,6 +238,10 @@ std::string ci_quant_matmul(const void* p) {
 std::string ci_quant_matmul_m16(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_m16_can_implement(p) : why;
+}
+std::string ci_quant_matmul_staged_x(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? quant_matmul_staged_x_can_implement(p) : why;
 }
 std::string ci_quant_matmul_stream(const void* p) {
   const std::string why = ci_quant_matmul(p);
@@ -369,6 +375,10 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column_m16", kFloatDTypes, 5,
                "cuda_warp_per_column with 16 rows of x per decoded block (M >= 8; the same bits); below it "
                "until measured", avail, ks::cuda::ci_quant_matmul_m16, ks::cuda::quant_matmul_m16_cuda});
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_staged_x", kFloatDTypes, 3,
+               "M >= 2, K <= 2720: x's rows staged once per CTA in shared memory, 16 rows per decoded block "
+               "where they fit; the same bits as cuda_warp_per_column; lowest until measured",
+               avail, ks::cuda::ci_quant_matmul_staged_x, ks::cuda::quant_matmul_staged_x_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_row_stream", kFloatDTypes, 4,
                "M = 1: each warp streams whole weight rows into two shared-memory buffers with cp.async (the "
                "next row in flight while one is decoded), the same bits as cuda_warp_per_column; below it "
