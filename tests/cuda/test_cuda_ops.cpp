@@ -910,7 +910,8 @@ TEST(Cuda, QuantMatmulStagedXVariantEqualsTheDefault) {
   DBuf dx(DType::F32, {M, K}, 4), dw(DType::U8, w.shape), out(DType::F32, {M, N});
   dw.upload(w);
   ASSERT_EQ(ks_force_variant("quant_matmul", "cuda_staged_x"), KS_SUCCESS);
-  DLTensor o = out.view().dl(), xx = dx.view().dl(), ww = dw.view().dl();
+  const ks::TensorView ov = out.view(), xv = dx.view(), wv = dw.view();  // (dl() points into the view)
+  DLTensor o = ov.dl(), xx = xv.dl(), ww = wv.dl();
   const ks_status_t st = ks_quant_matmul(&o, &xx, &ww, KS_QTYPE_Q8_0, KS_BACKEND_CUDA, nullptr);
   const std::string msg = ks_last_error();
   ks_force_variant("quant_matmul", nullptr);
@@ -1266,7 +1267,8 @@ TEST(Cuda, RotaryKvAppendEqualsRotaryThenAppend) {
                                          dvc.view(), dsl.view(), ks::Backend::Cuda);
           if (ks_force_variant("rotary_embedding", variant) != KS_SUCCESS) FAIL() << ks_last_error();
           const ks_status_t st = [&] {
-            DLTensor a = eq.view().dl(), b = ek.view().dl(), p = dpos.view().dl();
+            const ks::TensorView qv = eq.view(), kv = ek.view(), pv = dpos.view();  // (dl() points into the view)
+            DLTensor a = qv.dl(), b = kv.dl(), p = pv.dl();
             return ks_rotary_embedding(&a, &b, &p, c.rd, 10000.0, neox, KS_BACKEND_CUDA, nullptr);
           }();
           ks_force_variant("rotary_embedding", nullptr);

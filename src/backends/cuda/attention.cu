@@ -277,7 +277,8 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
       L += sm.wl[w * G + g] * f;
       a += sm.wacc[w * G * D + i] * f;
     }
-    if (Ce == 1) {  // the CTA's state is the unit's: its output, with no cluster exchange
+    if (Ce == 1) {  // the CTA's state is the unit's: its output, with no cluster exchange (the merge's
+      // values; only a zero's sign may differ: the merge's fma(a, 1, +0) makes -0 +0)
       out_t[i] = Dt<T>::from_f(attention_output(L, a, any_cta, len));
     } else {
       sm.acc[i] = a;
@@ -407,7 +408,8 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   p.live_split = live_split ? 1 : 0;
   static const int min_keys = [] {  // KS_ATTN_MIN_KEYS=N: at least N keys per CTA (experiments)
     const char* e = std::getenv("KS_ATTN_MIN_KEYS");
-    return e ? std::max(0, std::atoi(e)) : 0;
+    const long long v = e ? std::strtoll(e, nullptr, 10) : 0;
+    return int(std::clamp<long long>(v, 0, INT_MAX));
   }();
   p.min_keys_per_cta = min_keys;
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
