@@ -27,7 +27,7 @@ from typing import Optional
 
 import torch
 
-from ._errors import InvalidArgumentError, UnsupportedDeviceError, UnsupportedDtypeError
+from ._errors import InvalidArgumentError, KernscopeError, UnsupportedDeviceError, UnsupportedDtypeError
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _INDEX = (torch.int32, torch.int64)
@@ -473,6 +473,8 @@ def _check_rotary(op: str, q: torch.Tensor, k: Optional[torch.Tensor], positions
                 f"{op}: k must have shape (num_tokens, num_kv_heads, head_dim) = ({t_count}, *, {head_dim}); "
                 f"got {_shape(k.shape)}")
         _no_overlap(op, "q", q, "k", k)
+        _no_overlap(op, "k", k, "positions", positions)  # the rotation writes k while it reads positions
+    _no_overlap(op, "q", q, "positions", positions)
     rd = int(rotary_dim)
     if rd <= 0 or rd > head_dim or rd % 2:
         raise InvalidArgumentError(f"{op}: rotary_dim must be even and in (0, head_dim={head_dim}]; got {rotary_dim}")
@@ -630,10 +632,12 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
     y = out if out is not None else torch.empty((m, n), dtype=residual.dtype, device=residual.device)
     qkv = y.view(m, heads, d)
     q, k, v = qkv[:, :h], qkv[:, h:h + kvh], qkv[:, h + kvh:]
-    rd = _check_rotary(op, q, k, positions, rotary_dim, theta)
-    _no_overlap(op, "k", k, "positions", positions)  # the rotation reads positions while it writes q and k
-    _no_overlap(op, "q", q, "positions", positions)
-    slots = _check_kv_append(op, k_cache, v_cache, k, v, slot_mapping)
+    try:
+        rd = _check_rotary(op, q, k, positions, rotary_dim, theta)
+        slots = _check_kv_append(op, k_cache, v_cache, k, v, slot_mapping)
+    except KernscopeError as e:  # the two ops' rules speak of q, k and v: say what they are here
+        raise type(e)(f"{e} (q, k and v: out's columns [0, {h * d}), [{h * d}, {(h + kvh) * d}) and "
+                      f"[{(h + kvh) * d}, {n}) as [1, heads, head_dim={d}])") from None
     # the caches are written, and positions and slot_mapping read, while the matmul's tensors are
     # read and out / residual_out written
     mm = (("residual", residual), ("norm_weight", norm_weight), ("weight", weight), ("x", x),
