@@ -401,16 +401,10 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
   AttnParams p = attn_params(a);
-  static const bool live_split = [] {
-    const char* e = std::getenv("KS_ATTN_LIVE_SPLIT");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
   p.live_split = live_split ? 1 : 0;
-  static const int min_keys = [] {  // KS_ATTN_MIN_KEYS=N: at least N keys per CTA (experiments)
-    const char* e = std::getenv("KS_ATTN_MIN_KEYS");
-    const long long v = e ? std::strtoll(e, nullptr, 10) : 0;
-    return int(std::clamp<long long>(v, 0, INT_MAX));
-  }();
+  // KS_ATTN_MIN_KEYS=N: at least N keys per CTA (experiments)
+  static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
   p.min_keys_per_cta = min_keys;
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);

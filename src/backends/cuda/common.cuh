@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <initializer_list>
 #include <string>
 #include <type_traits>
@@ -270,6 +271,18 @@ __device__ __forceinline__ void cp_async_wait() {
 
 // ---- host side -----------------------------------------------------------
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Environment switches (for comparisons and experiments): whether the variable holds exactly
+// `value` (only the values a switch documents change anything), or its number (strtoll;
+// `fallback` when unset).
+inline bool env_is(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e && std::string(e) == value;
+}
+inline long long env_number(const char* name, long long fallback) {
+  const char* e = std::getenv(name);
+  return e ? std::strtoll(e, nullptr, 10) : fallback;
+}
 
 // Calls f with a value of the element type of dt (float, __half, or __nv_bfloat16 for
 // bf16): the one place a launcher turns the validated float dtype into a kernel template

@@ -230,6 +230,11 @@ __global__ void __launch_bounds__(256) dequantize_kernel(T* __restrict__ out, co
 // same for either MQ (its own sums, in the same order), so results do not depend on M.
 constexpr int kMqMany = 4;
 
+// Bytes of one block of 32 weights (Q4_0 18, Q4_1 20, Q8_0 34: the formats with a CUDA variant).
+__host__ __device__ constexpr int64_t q_block_bytes(ks_qtype_t q) {
+  return q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
+}
+
 // One block of 32 weights decoded in FP32. WIDE: the block is read as 32-bit words (Q4_1,
 // 20-byte blocks, 4-byte aligned) or 16-bit halves (Q4_0, Q8_0: 18 and 34 bytes, 2-byte
 // aligned) instead of byte by byte: the same values, 4-2x fewer load instructions.
@@ -416,7 +421,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
   const bool writer = P == Pro::AddNorm && blockIdx.x == 0 && threadIdx.x < 32;  // residual_out
   if (col0 >= p.N && !writer) return;
   const int64_t M = p.M, N = p.N, K = p.K;
-  const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
+  const int64_t nblocks = K / 32, bbytes = q_block_bytes(p.q);
   const T* x = static_cast<const T*>(p.x);
   const T* xa = static_cast<const T*>(p.add);
   const T* nw = static_cast<const T*>(p.norm_w);
@@ -485,6 +490,10 @@ constexpr int kStageThreads = 256, kStageWarps = kStageThreads / 32;
 constexpr int kMaxColsPerWarp = 4;  // launch_qmm's cols_per_warp is 1, 2 or 4
 constexpr size_t kStageBytes = 48 * 1024;
 __host__ __device__ constexpr int64_t staged_floats(int64_t k) { return k / 32 * 36; }
+// Whether `rows` rows of K fit the staged kernel's 48 KB (4 rows: K <= 2720; 16 rows: K <= 672).
+constexpr bool staged_rows_fit(int64_t rows, int64_t k) {
+  return size_t(rows) * size_t(staged_floats(k)) * sizeof(float) <= kStageBytes;
+}
 
 // The RoPE + KV-cache epilogue of fused_add_rms_norm_quant_matmul_rope_kv_append (one row):
 // out is [1, (heads + 2 kv_heads) head_dim] = q | k | v. A CTA's columns are whole interleaved
@@ -565,7 +574,7 @@ __device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, con
     wcta = stage_weight_rows(wdst, p.w, p.row_bytes, n0, min(cta_cols, N - n0), threadIdx.x, blockDim.x);
   }
   pdl_begin();
-  const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
+  const int64_t nblocks = K / 32, bbytes = q_block_bytes(p.q);
   const T* x = static_cast<const T*>(p.x);
   const T* xa = static_cast<const T*>(p.add);
   const T* nw = static_cast<const T*>(p.norm_w);
@@ -685,7 +694,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
   int64_t n = int64_t(blockIdx.x) * kStreamWarps + warp;
   const uint8_t* cur = n < N ? stage_weight_rows(buf0, p.w, p.row_bytes, n, 1, lane, 32) : nullptr;
   pdl_begin();
-  const int64_t nblocks = K / 32, bbytes = p.q == KS_QTYPE_Q4_0 ? 18 : p.q == KS_QTYPE_Q4_1 ? 20 : 34;
+  const int64_t nblocks = K / 32, bbytes = q_block_bytes(p.q);
   const T* x = static_cast<const T*>(p.x);
   T* out = static_cast<T*>(p.out);
   constexpr int XV = WIDE ? 16 / int(sizeof(T)) : 1;
@@ -892,10 +901,7 @@ namespace {
 // variant: 16, Pro::None only). A row's arithmetic does not depend on it.
 // KS_QMM_WSTAGE=0 turns weight staging off (the same bits; for comparisons).
 bool qmm_stage_weights_enabled() {
-  static const bool on = [] {
-    const char* e = std::getenv("KS_QMM_WSTAGE");
-    return !(e && std::string(e) == "0");
-  }();
+  static const bool on = !env_is("KS_QMM_WSTAGE", "0");
   return on;
 }
 
@@ -931,14 +937,13 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   const int64_t cta_cols = int64_t(kWarps) * nc;
   const unsigned grid = unsigned(std::max<int64_t>(1, (p.N + cta_cols - 1) / cta_cols));
   const bool wide = qmm_wide(p, rows);
-  const bool x16 = STAGE_X && p.M >= 16 && size_t(16) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
+  const bool x16 = STAGE_X && p.M >= 16 && staged_rows_fit(16, p.K);
   const int mq = p.M == 1 ? 1 : x16 ? 16 : MQ_MANY;
   // The fused forms stage their rows when 4 of them fit (K <= 2720), whatever M is: the
   // staged and per-warp kernels sum a row's squares in different orders, so a choice that
   // depended on M would make a row's result depend on the batch. (cuda_staged_x: the variant's
   // can_implement asks for 4 rows' room; its sums are the per-warp kernel's, in the same order.)
-  const bool staged = (P != Pro::None || STAGE_X) &&
-                      size_t(kMqMany) * size_t(staged_floats(p.K)) * sizeof(float) <= kStageBytes;
+  const bool staged = (P != Pro::None || STAGE_X) && staged_rows_fit(kMqMany, p.K);
   const size_t row_smem = staged ? size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float) : 0;
   // Weight staging changes no arithmetic, so it may depend on anything: grids of at most 2 CTAs
   // per SM (decode-sized matrices, where hiding the weights' latency behind the previous kernel
@@ -1004,10 +1009,16 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
 }
 }  // namespace
 
+namespace {
+QmmParams qmm_params(const ops::QuantMatmulArgs& a) {
+  return QmmParams{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
+                   a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+}
+}  // namespace
+
 void quant_matmul_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  const QmmParams p = qmm_params(a);
   launch_qmm<Pro::None>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
 }
 
@@ -1016,8 +1027,7 @@ void quant_matmul_cuda(const void* args, ks_stream_t stream) {
 // the same order as cuda_warp_per_column: the same bits (tested), so the two may be routed by M.
 void quant_matmul_m16_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  const QmmParams p = qmm_params(a);
   launch_qmm<Pro::None, 16>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
 }
 
@@ -1030,18 +1040,16 @@ void quant_matmul_m16_cuda(const void* args, ks_stream_t stream) {
 std::string quant_matmul_staged_x_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
   if (a.m < 2) return "one row: nothing to share between rows";
-  if (size_t(kMqMany) * size_t(staged_floats(a.k)) * sizeof(float) > kStageBytes)
+  if (!staged_rows_fit(kMqMany, a.k))
     return "K > 2720: 4 rows of x do not fit 48 KB of shared memory";
-  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  const QmmParams p = qmm_params(a);
   if (!qmm_wide(p, {a.x.data})) return "x's rows or the weights not aligned for 16-byte / word loads";
   return "";
 }
 
 void quant_matmul_staged_x_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  const QmmParams p = qmm_params(a);
   launch_qmm<Pro::None, kMqMany, true>("quant_matmul", p, a.x.dtype, a.x.device.device_id, {a.x.data}, stream);
 }
 
@@ -1063,13 +1071,11 @@ std::string quant_matmul_stream_can_implement(const void* args) {
 
 void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  const QmmParams p{a.x.data, nullptr, nullptr, nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
-                    a.m, a.n, a.k, a.row_bytes, 0.f, a.qtype, 1};
+  const QmmParams p = qmm_params(a);
   DeviceGuard g(a.x.device.device_id, "quant_matmul");
   const DeviceProps& dp = device_props(a.x.device.device_id);
   static const int64_t ctas_per_sm = [] {
-    const char* e = std::getenv("KS_QMM_STREAM_CTAS_PER_SM");
-    const long v = e ? std::atol(e) : 0;
+    const long long v = env_number("KS_QMM_STREAM_CTAS_PER_SM", 0);
     return int64_t(v > 0 ? v : 4);
   }();
   const int64_t grid = std::max<int64_t>(
@@ -1093,18 +1099,29 @@ QmmParams norm_qmm_params(const ops::NormQuantMatmulArgs& a) {
                    a.has_x ? a.residual_out.data : nullptr, static_cast<const uint8_t*>(a.weight.data), a.out.data,
                    a.m, a.n, a.k, a.row_bytes, a.eps, a.qtype, 1};
 }
+// The rows the norm forms read (16-byte loads need every one aligned): f({rows...}).
+template <typename F>
+auto with_norm_rows(const ops::NormQuantMatmulArgs& a, F f) {
+  return a.has_x ? f({a.residual.data, a.x.data, a.norm_weight.data, a.residual_out.data})
+                 : f({a.residual.data, a.norm_weight.data});
+}
+// fused_add_rms_norm_quant_matmul's launch (rope, tab: the RoPE + cache epilogue of the fusion
+// that adds them)
+void launch_norm_qmm(const char* op, const ops::NormQuantMatmulArgs& a, ks_stream_t stream,
+                     const RopeEpi* rope = nullptr, const RopeTable* tab = nullptr) {
+  const QmmParams p = norm_qmm_params(a);
+  const int dev = a.residual.device.device_id;
+  with_norm_rows(a, [&](std::initializer_list<const void*> rows) {
+    if (a.has_x)
+      launch_qmm<Pro::AddNorm>(op, p, a.residual.dtype, dev, rows, stream, rope, tab);
+    else
+      launch_qmm<Pro::Norm>(op, p, a.residual.dtype, dev, rows, stream, rope, tab);
+  });
+}
 }  // namespace
 
 void norm_quant_matmul_cuda(const void* args, ks_stream_t stream) {
-  const auto& a = *static_cast<const ops::NormQuantMatmulArgs*>(args);
-  const char* op = "fused_add_rms_norm_quant_matmul";
-  const QmmParams p = norm_qmm_params(a);
-  const int dev = a.residual.device.device_id;
-  if (a.has_x)
-    launch_qmm<Pro::AddNorm>(op, p, a.residual.dtype, dev, {a.residual.data, a.x.data, a.norm_weight.data,
-                                                            a.residual_out.data}, stream);
-  else
-    launch_qmm<Pro::Norm>(op, p, a.residual.dtype, dev, {a.residual.data, a.norm_weight.data}, stream);
+  launch_norm_qmm("fused_add_rms_norm_quant_matmul", *static_cast<const ops::NormQuantMatmulArgs*>(args), stream);
 }
 
 // fused_add_rms_norm_quant_matmul_rope_kv_append, variant cuda_warp_per_column: the staged
@@ -1117,12 +1134,11 @@ std::string norm_qmm_rope_can_implement(const void* args) {
   if (a.rkv.rope.head_dim % 2 != 0) return "odd head_dim: column pairs would straddle heads";
   if (a.rkv.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
   if (a.mm.m != 1) return "one row only";
-  if (size_t(kMqMany) * size_t(staged_floats(a.mm.k)) * sizeof(float) > kStageBytes)
+  if (!staged_rows_fit(kMqMany, a.mm.k))
     return "K > 2720: the normalized row is not staged in shared memory";
   const QmmParams p = norm_qmm_params(a.mm);
-  const bool wide = a.mm.has_x ? qmm_wide(p, {a.mm.residual.data, a.mm.x.data, a.mm.norm_weight.data, a.mm.residual_out.data})
-                               : qmm_wide(p, {a.mm.residual.data, a.mm.norm_weight.data});
-  if (!wide) return "rows or weights not aligned for 16-byte / word loads";
+  if (!with_norm_rows(a.mm, [&](std::initializer_list<const void*> rows) { return qmm_wide(p, rows); }))
+    return "rows or weights not aligned for 16-byte / word loads";
   return "";
 }
 
@@ -1145,15 +1161,7 @@ void norm_qmm_rope_cuda(const void* args, ks_stream_t stream) {
                   int(r.rotary_dim / 2),
                   r.positions.dtype == detail::DType::I64,
                   kv.slot_mapping.dtype == detail::DType::I64};
-  const QmmParams p = norm_qmm_params(a.mm);
-  const int dev = a.mm.residual.device.device_id;
-  if (a.mm.has_x)
-    launch_qmm<Pro::AddNorm>(op, p, a.mm.residual.dtype, dev,
-                             {a.mm.residual.data, a.mm.x.data, a.mm.norm_weight.data, a.mm.residual_out.data}, stream,
-                             &e, &tab);
-  else
-    launch_qmm<Pro::Norm>(op, p, a.mm.residual.dtype, dev, {a.mm.residual.data, a.mm.norm_weight.data}, stream, &e,
-                          &tab);
+  launch_norm_qmm(op, a.mm, stream, &e, &tab);
 }
 
 void silu_quant_matmul_cuda(const void* args, ks_stream_t stream) {

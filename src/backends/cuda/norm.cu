@@ -183,8 +183,7 @@ NormConfig choose(int64_t rows, int64_t H, int es, bool vec_ok, int sm_count) {
   c.grid = g.grid;
   // KS_NORM_PRELOAD=N moves preload_weights' threshold to N CTAs per SM (experiments).
   static const int64_t preload_ctas_per_sm = [] {
-    const char* e = std::getenv("KS_NORM_PRELOAD");
-    const long v = e ? std::atol(e) : 0;
+    const long long v = env_number("KS_NORM_PRELOAD", 0);
     return int64_t(v > 0 ? v : 8);
   }();
   c.preload_w = preload_weights((rows + g.rows_per_cta - 1) / g.rows_per_cta, sm_count, preload_ctas_per_sm);

@@ -84,9 +84,9 @@ const DeviceProps& device_props(int device) {
       if (e != cudaSuccess) (void)cudaGetLastError();
       p.sm90_code = p.major >= 9 && e == cudaSuccess && fa.ptxVersion >= 90;
     }
-    const char* pdl_env = std::getenv("KS_PDL");  // KS_PDL=0 turns programmatic dependent launch off
-    // without sm_90 code, kernels have no griddepcontrol.wait: PDL would let them start early
-    p.pdl = p.sm90_code && !(pdl_env && std::string(pdl_env) == "0");
+    // KS_PDL=0 turns programmatic dependent launch off; without sm_90 code, kernels have no
+    // griddepcontrol.wait: PDL would let them start early
+    p.pdl = p.sm90_code && !env_is("KS_PDL", "0");
     it = cache.emplace(device, p).first;
   }
   cached = it->second;
