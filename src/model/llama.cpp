@@ -311,8 +311,9 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   if (fused_qkv && fuse_decode_) {
     // One-token step, 6 kernels per layer: [norm -> qkv] [rope + kv append] [attention] [o proj]
     // [add + norm -> gate|up] [silu_and_mul -> down]; KS_MODEL_FUSE_ROPE=1: 5, the RoPE and the
-    // append in the q/k/v matmul's epilogue (the same bits; slower in the model at e1eaa5a). The residual stream alternates between
-    // res and res2 (the fused op writes x + residual to a second buffer).
+    // append in the q/k/v matmul's epilogue (the same bits; slower in the model at e1eaa5a). The
+    // residual stream alternates between res and res2 (the fused op writes x + residual to a
+    // second buffer).
     ks::TensorView r = res, r_next = rows(res2_, H);
     const ks::TensorView none;
     for (int64_t l = 0; l < c.n_layers; ++l) {
@@ -322,14 +323,13 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
             qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r, L.attn_norm.data, c.rms_eps, L.w_qkv.data,
             L.w_qkv.qtype, c.num_heads, c.num_kv_heads, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
             L.k_cache.view, L.v_cache.view, slots_.view.reshape({n}), be, s);
-        if (l > 0) std::swap(r, r_next);
       } else {
         ks::fused_add_rms_norm_quant_matmul(qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r,
                                             L.attn_norm.data, c.rms_eps, L.w_qkv.data, L.w_qkv.qtype, be, s);
-        if (l > 0) std::swap(r, r_next);
         ks::rotary_embedding_kv_append(q3, k3, v3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
                                        L.k_cache.view, L.v_cache.view, slots_.view.reshape({n}), be, s);
       }
+      if (l > 0) std::swap(r, r_next);  // (the RoPE step reads neither)
       ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
                           ctx_lens_.view.reshape({n}), scale, be, s);
       ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);

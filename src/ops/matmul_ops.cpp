@@ -164,53 +164,53 @@ extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const D
 }
 
 void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a, DLTensor* out, DLTensor* residual_out,
-                                const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight, double eps,
-                                const DLTensor* weight, ks_qtype_t qtype) {
-    a.has_x = x != nullptr;
-    if (!a.has_x && residual_out)
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "residual_out is given but x is NULL: residual_out = x + residual needs x");
-    if (a.has_x && !residual_out)
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "x is given but residual_out is NULL: x + residual must be written somewhere");
-    a.residual = view_of(op, "residual", residual);
-    a.norm_weight = view_of(op, "norm_weight", norm_weight);
-    a.weight = view_of(op, "weight", weight);
-    a.out = view_of(op, "out", out);
-    require_dtype(op, "residual", a.residual, {DType::F16, DType::BF16, DType::F32});
-    require_ndim(op, "residual", a.residual, 2);
-    require_nonempty_last(op, "residual", a.residual);
-    if (a.has_x) {
-      a.x = view_of(op, "x", x);
-      a.residual_out = view_of(op, "residual_out", residual_out);
-      require_same_dtype(op, "x", a.x, "residual", a.residual);
-      require_same_dtype(op, "residual_out", a.residual_out, "residual", a.residual);
-      require_same_device(op, "x", a.x, "residual", a.residual);
-      require_same_device(op, "residual_out", a.residual_out, "residual", a.residual);
-      require_shape(op, "x", a.x, a.residual.shape, "same as residual");
-      require_shape(op, "residual_out", a.residual_out, a.residual.shape, "same as residual");
-    }
-    require_same_dtype(op, "norm_weight", a.norm_weight, "residual", a.residual);
-    require_same_dtype(op, "out", a.out, "residual", a.residual);
-    require_same_device(op, "norm_weight", a.norm_weight, "residual", a.residual);
-    require_same_device(op, "weight", a.weight, "residual", a.residual);
-    require_same_device(op, "out", a.out, "residual", a.residual);
-    require_shape(op, "norm_weight", a.norm_weight, {a.residual.cols()}, "hidden_size (K) of residual");
-    check_packed(op, "weight", a.weight, qtype, a.residual.cols(), "qtype", "residual's K (columns)");
-    require_shape(op, "out", a.out, {a.residual.dim(0), a.weight.dim(0)}, "(M, N)");
-    a.eps = checked_eps(op, eps);
-    // out and residual_out are written while every input is still read (by other blocks)
-    const std::pair<const char*, const View*> inputs[] = {
-        {"residual", &a.residual}, {"norm_weight", &a.norm_weight}, {"weight", &a.weight}, {"x", &a.x}};
-    for (const auto& [name, v] : inputs) {
-      if (!a.has_x && v == &a.x) continue;
-      require_no_overlap(op, "out", a.out, name, *v);
-      if (a.has_x) require_no_overlap(op, "residual_out", a.residual_out, name, *v);
-    }
-    if (a.has_x) require_no_overlap(op, "out", a.out, "residual_out", a.residual_out);
-    a.qtype = qtype;
-    a.m = a.residual.dim(0);
-    a.n = a.weight.dim(0);
-    a.k = a.residual.cols();
-    a.row_bytes = a.weight.dim(1);
+                                         const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight,
+                                         double eps, const DLTensor* weight, ks_qtype_t qtype) {
+  a.has_x = x != nullptr;
+  if (!a.has_x && residual_out)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "residual_out is given but x is NULL: residual_out = x + residual needs x");
+  if (a.has_x && !residual_out)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "x is given but residual_out is NULL: x + residual must be written somewhere");
+  a.residual = view_of(op, "residual", residual);
+  a.norm_weight = view_of(op, "norm_weight", norm_weight);
+  a.weight = view_of(op, "weight", weight);
+  a.out = view_of(op, "out", out);
+  require_dtype(op, "residual", a.residual, {DType::F16, DType::BF16, DType::F32});
+  require_ndim(op, "residual", a.residual, 2);
+  require_nonempty_last(op, "residual", a.residual);
+  if (a.has_x) {
+    a.x = view_of(op, "x", x);
+    a.residual_out = view_of(op, "residual_out", residual_out);
+    require_same_dtype(op, "x", a.x, "residual", a.residual);
+    require_same_dtype(op, "residual_out", a.residual_out, "residual", a.residual);
+    require_same_device(op, "x", a.x, "residual", a.residual);
+    require_same_device(op, "residual_out", a.residual_out, "residual", a.residual);
+    require_shape(op, "x", a.x, a.residual.shape, "same as residual");
+    require_shape(op, "residual_out", a.residual_out, a.residual.shape, "same as residual");
+  }
+  require_same_dtype(op, "norm_weight", a.norm_weight, "residual", a.residual);
+  require_same_dtype(op, "out", a.out, "residual", a.residual);
+  require_same_device(op, "norm_weight", a.norm_weight, "residual", a.residual);
+  require_same_device(op, "weight", a.weight, "residual", a.residual);
+  require_same_device(op, "out", a.out, "residual", a.residual);
+  require_shape(op, "norm_weight", a.norm_weight, {a.residual.cols()}, "hidden_size (K) of residual");
+  check_packed(op, "weight", a.weight, qtype, a.residual.cols(), "qtype", "residual's K (columns)");
+  require_shape(op, "out", a.out, {a.residual.dim(0), a.weight.dim(0)}, "(M, N)");
+  a.eps = checked_eps(op, eps);
+  // out and residual_out are written while every input is still read (by other blocks)
+  const std::pair<const char*, const View*> inputs[] = {
+      {"residual", &a.residual}, {"norm_weight", &a.norm_weight}, {"weight", &a.weight}, {"x", &a.x}};
+  for (const auto& [name, v] : inputs) {
+    if (!a.has_x && v == &a.x) continue;
+    require_no_overlap(op, "out", a.out, name, *v);
+    if (a.has_x) require_no_overlap(op, "residual_out", a.residual_out, name, *v);
+  }
+  if (a.has_x) require_no_overlap(op, "out", a.out, "residual_out", a.residual_out);
+  a.qtype = qtype;
+  a.m = a.residual.dim(0);
+  a.n = a.weight.dim(0);
+  a.k = a.residual.cols();
+  a.row_bytes = a.weight.dim(1);
 }
 
 extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* residual_out, const DLTensor* x,
