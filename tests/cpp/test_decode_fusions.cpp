@@ -577,27 +577,39 @@ TEST(FusedNormQkvRopeAppend, EqualsTheTwoCallsBitForBit) {
   }
 }
 
+// One token's arguments for the fusion: H / KVH heads of D, K = 64, a Q8_0 weight, random
+// x / residual / norm_weight, position 3 and slot 5 of a 2 x 4-slot cache; the outputs (out,
+// residual_out and both caches) poisoned. run() calls the fusion with x and residual_out.
+struct NormRopeArgs {
+  int64_t H, KVH, D, K = 64, N = (H + 2 * KVH) * D;
+  Buf w, res, x, nw, out, ro, pos, slots, kc, vc;
+  NormRopeArgs(DType dt, int64_t h, int64_t kvh, int64_t d)
+      : H(h), KVH(kvh), D(d), w(make_packed(KS_QTYPE_Q8_0, N, K)), res(dt, {1, K}), x(dt, {1, K}), nw(dt, {K}),
+        out(dt, {1, N}), ro(dt, {1, K}), pos(DType::I64, {1}), slots(DType::I64, {1}), kc(dt, {2, 4, KVH, D}),
+        vc(dt, {2, 4, KVH, D}) {
+    kstest::fill_normal(res);
+    kstest::fill_normal(x);
+    kstest::fill_normal(nw);
+    out.poison();
+    ro.poison();
+    kc.poison();
+    vc.poison();
+    set_i(pos, 0, 3);
+    set_i(slots, 0, 5);
+  }
+  Snap outputs() { return Snap{&out, &ro, &kc, &vc}; }
+  ks_status_t run(ks_backend_t be = KS_BACKEND_AUTO) {
+    return run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots, be);
+  }
+};
+
 // A step that declines (quant_matmul pinned to its AVX-512 variant, fp32 only or absent, under
 // an fp16 call) fails the fusion naming it and the step, before anything is written.
 TEST(FusedNormQkvRopeAppend, AStepThatCannotRunNamesThisOpAndWritesNothing) {
-  const int64_t H = 2, KVH = 1, D = 16, K = 64, N = (H + 2 * KVH) * D;
-  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
-  Buf res(DType::F16, {1, K}), x(DType::F16, {1, K}), nw(DType::F16, {K}), out(DType::F16, {1, N}),
-      ro(DType::F16, {1, K}), pos(DType::I64, {1}), slots(DType::I64, {1}), kc(DType::F16, {2, 4, KVH, D}),
-      vc(DType::F16, {2, 4, KVH, D});
-  kstest::fill_normal(res);
-  kstest::fill_normal(x);
-  kstest::fill_normal(nw);
-  out.poison();
-  ro.poison();
-  kc.poison();
-  vc.poison();
-  set_i(pos, 0, 3);
-  set_i(slots, 0, 5);
-  const Snap all{&out, &ro, &kc, &vc};
+  NormRopeArgs f(DType::F16, 2, 1, 16);
+  const Snap all = f.outputs();
   ASSERT_EQ(ks_force_variant("quant_matmul", "cpu_avx512"), KS_SUCCESS) << ks_last_error();
-  const ks_status_t st =
-      run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots, KS_BACKEND_CPU);
+  const ks_status_t st = f.run(KS_BACKEND_CPU);
   const std::string msg = ks_last_error();
   ks_force_variant("quant_matmul", nullptr);
   EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << msg;
@@ -608,14 +620,10 @@ TEST(FusedNormQkvRopeAppend, AStepThatCannotRunNamesThisOpAndWritesNothing) {
 
 // The two ops' rules speak of q, k and v; this op's errors say they are out's columns.
 TEST(FusedNormQkvRopeAppend, ErrorsAboutSlicesSayWhichColumns) {
-  const int64_t H = 2, KVH = 1, D = 16, K = 64, N = (H + 2 * KVH) * D;
-  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
-  Buf res(DType::F32, {1, K}), nw(DType::F32, {K}), out(DType::F32, {1, N}), pos(DType::I64, {1}),
-      slots(DType::I64, {2}), kc(DType::F32, {2, 4, KVH, D}), vc(DType::F32, {2, 4, KVH, D});
-  kstest::fill_normal(res);
-  kstest::fill_normal(nw);
-  const ks_status_t st =
-      run_norm_rope(out, nullptr, nullptr, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots);
+  NormRopeArgs f(DType::F32, 2, 1, 16);
+  Buf slots(DType::I64, {2});  // two slots for the one token
+  const ks_status_t st = run_norm_rope(f.out, nullptr, nullptr, f.res, f.nw, f.w, KS_QTYPE_Q8_0, f.H, f.KVH, f.pos,
+                                       f.D, false, f.kc, f.vc, slots);
   const std::string msg = ks_last_error();
   EXPECT_EQ(st, KS_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(msg.find("slot_mapping"), std::string::npos) << msg;
@@ -638,21 +646,9 @@ TEST(FusedNormQkvRopeAppend, ZeroRowsWriteNothing) {
 
 TEST(FusedNormQkvRopeAppend, RejectsBadArgumentsAndWritesNothing) {
   const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
-  const int64_t H = 4, KVH = 2, D = 16, K = 64, N = (H + 2 * KVH) * D;
-  Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
-  Buf res(DType::F32, {1, K}), x(DType::F32, {1, K}), nw(DType::F32, {K}), out(DType::F32, {1, N}),
-      ro(DType::F32, {1, K}), pos(DType::I64, {1}), slots(DType::I64, {1}), kc(DType::F32, {2, 4, KVH, D}),
-      vc(DType::F32, {2, 4, KVH, D});
-  kstest::fill_normal(res);
-  kstest::fill_normal(x);
-  kstest::fill_normal(nw);
-  out.poison();
-  ro.poison();
-  kc.poison();
-  vc.poison();
-  set_i(pos, 0, 3);
-  set_i(slots, 0, 5);
-  const Snap all{&out, &ro, &kc, &vc};
+  NormRopeArgs f(DType::F32, 4, 2, 16);
+  const int64_t H = f.H, KVH = f.KVH, D = f.D, K = f.K, N = f.N;
+  const Snap all = f.outputs();
   auto expect = [&](ks_status_t st, ks_status_t want, const char* arg, const std::string& what, const Snap& s) {
     EXPECT_TRUE(fails_cleanly(st, want, kNormRope, arg, s)) << what;
   };
@@ -660,31 +656,31 @@ TEST(FusedNormQkvRopeAppend, RejectsBadArgumentsAndWritesNothing) {
     Buf res2(DType::F32, {2, K}), x2(DType::F32, {2, K}), out2(DType::F32, {2, N}), ro2(DType::F32, {2, K});
     kstest::fill_normal(res2);
     kstest::fill_normal(x2);
-    expect(run_norm_rope(out2, &ro2, &x2, res2, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots), INV,
-           "residual", "two rows", Snap{&out2, &ro2, &kc, &vc});
+    expect(run_norm_rope(out2, &ro2, &x2, res2, f.nw, f.w, KS_QTYPE_Q8_0, H, KVH, f.pos, D, false, f.kc, f.vc,
+                         f.slots),
+           INV, "residual", "two rows", Snap{&out2, &ro2, &f.kc, &f.vc});
   }
-  expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, 0, KVH, pos, D, false, kc, vc, slots), INV,
-         "num_heads", "no heads", all);
-  expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H + 1, KVH, pos, D, false, kc, vc, slots), INV,
-         "num_heads", "N not (H + 2 KVH) D", all);
-  expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D + 2, false, kc, vc, slots), INV,
-         "rotary_dim", "rotary_dim past head_dim", all);
-  expect(run_norm_rope(out, nullptr, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, slots), INV,
-         "residual_out", "x without residual_out", all);
+  // the fixture's call with residual_out, num_heads, rotary_dim, k_cache or slot_mapping replaced
+  auto call = [&](Buf* ro, int64_t heads, int64_t rotary_dim, Buf& kc, Buf& slots) {
+    return run_norm_rope(f.out, ro, &f.x, f.res, f.nw, f.w, KS_QTYPE_Q8_0, heads, KVH, f.pos, rotary_dim, false, kc,
+                         f.vc, slots);
+  };
+  expect(call(&f.ro, 0, D, f.kc, f.slots), INV, "num_heads", "no heads", all);
+  expect(call(&f.ro, H + 1, D, f.kc, f.slots), INV, "num_heads", "N not (H + 2 KVH) D", all);
+  expect(call(&f.ro, H, D + 2, f.kc, f.slots), INV, "rotary_dim", "rotary_dim past head_dim", all);
+  expect(call(nullptr, H, D, f.kc, f.slots), INV, "residual_out", "x without residual_out", all);
   {
     Buf kc2(DType::F32, {2, 4, KVH, D + 2});
-    expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc2, vc, slots), INV,
-           "k_cache", "cache head_dim", all);
+    expect(call(&f.ro, H, D, kc2, f.slots), INV, "k_cache", "cache head_dim", all);
   }
   {
     Buf s2(DType::I64, {1});
     set_i(s2, 0, 8);  // the cache holds 8 slots
-    expect(run_norm_rope(out, &ro, &x, res, nw, w, KS_QTYPE_Q8_0, H, KVH, pos, D, false, kc, vc, s2), INV,
-           "slot_mapping", "slot past the cache", all);
+    expect(call(&f.ro, H, D, f.kc, s2), INV, "slot_mapping", "slot past the cache", all);
   }
   {  // positions inside out: read while out is written
-    DLTensor o = out.dl(), r = res.dl(), n = nw.dl(), ww = w.dl(), rr = ro.dl(), xx = x.dl(), kcd = kc.dl(),
-             vcd = vc.dl(), sd = slots.dl(), pd = out.dl();
+    DLTensor o = f.out.dl(), r = f.res.dl(), n = f.nw.dl(), ww = f.w.dl(), rr = f.ro.dl(), xx = f.x.dl(),
+             kcd = f.kc.dl(), vcd = f.vc.dl(), sd = f.slots.dl(), pd = f.out.dl();
     pd.dtype = DLDataType{kDLInt, 32, 1};
     std::vector<int64_t> ps = {1};
     pd.shape = ps.data();
@@ -697,15 +693,15 @@ TEST(FusedNormQkvRopeAppend, RejectsBadArgumentsAndWritesNothing) {
   {  // a cache over residual (read by the matmul while the cache is written)
     Buf big(DType::F32, {2, 4, KVH, D});
     kstest::fill_normal(big);
-    DLTensor o = out.dl(), r = big.dl(), n = nw.dl(), ww = w.dl(), pd = pos.dl(), kcd = big.dl(), vcd = vc.dl(),
-             sd = slots.dl();
+    DLTensor o = f.out.dl(), r = big.dl(), n = f.nw.dl(), ww = f.w.dl(), pd = f.pos.dl(), kcd = big.dl(),
+             vcd = f.vc.dl(), sd = f.slots.dl();
     std::vector<int64_t> rs = {1, K};
     r.shape = rs.data();
     r.ndim = 2;
     expect(ks_fused_add_rms_norm_quant_matmul_rope_kv_append(&o, nullptr, nullptr, &r, &n, 1e-5, &ww, KS_QTYPE_Q8_0, H,
                                                              KVH, &pd, D, 10000.0, 0, &kcd, &vcd, &sd,
                                                              KS_BACKEND_AUTO, nullptr),
-           INV, "k_cache", "k_cache overlapping residual", Snap{&out, &big, &vc});
+           INV, "k_cache", "k_cache overlapping residual", Snap{&f.out, &big, &f.vc});
   }
 }
 

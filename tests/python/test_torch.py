@@ -167,6 +167,29 @@ def test_quant_matmul_fusions_native_and_torch_reference_vs_fp64(dt):
             assert_close(to_np(y), sref, dt, extra=sextra, what=f"silu {name} {backend}")
 
 
+def _assert_errors_match_native(cases):
+    """Each case (exception class, message pattern, call(backend)): the native CPU backend and the
+    PyTorch reference both raise it, with the same message."""
+    for exc, pattern, call in cases:
+        msgs = []
+        for backend in ("cpu", "torch"):
+            with pytest.raises(exc, match=pattern) as e:
+                call(backend)
+            msgs.append(str(e.value))
+        assert msgs[0] == msgs[1], msgs
+
+
+def _call_writing_nothing_on_error(f, args, outputs, backend):
+    """f(**args, backend=backend), then: every tensor named in outputs is as it was (whether f
+    raised or not: the callers expect it to raise)."""
+    before = {n: args[n].clone() for n in outputs if args[n] is not None}
+    try:
+        f(**args, backend=backend)
+    finally:
+        for n, t in before.items():
+            assert torch.equal(args[n], t), f"{n} was written after an error ({backend})"
+
+
 def test_quant_matmul_fusions_torch_reference_validation_matches_native():
     # the same exception class and the same message from the native backend and the reference
     x, r, nw = trand((2, 32), "fp32"), trand((2, 32), "fp32", seed=1), trand((32,), "fp32", seed=2)
@@ -194,13 +217,7 @@ def test_quant_matmul_fusions_torch_reference_validation_matches_native():
         (ks.InvalidArgumentError, "silu_and_mul_quant_matmul: weight must have 34 bytes per row",
          lambda b: s(trand((2, 64), "fp32"), torch.zeros(3, 68, dtype=torch.uint8), "q8_0", backend=b)),
     ]
-    for exc, pattern, call in cases:
-        msgs = []
-        for backend in ("cpu", "torch"):
-            with pytest.raises(exc, match=pattern) as e:
-                call(backend)
-            msgs.append(str(e.value))
-        assert msgs[0] == msgs[1], msgs
+    _assert_errors_match_native(cases)
 
 
 def test_quant_matmul_fusions_autograd_routes_to_reference():
@@ -275,12 +292,7 @@ def test_rotary_embedding_kv_append_torch_reference_validation_matches_native():
         q, k, v, pos, kc, vc, slots = _rope_kv_inputs("fp32", seed=40)
         args = dict(q=q, k=k, v=v, positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, rotary_dim=16)
         args.update({name: fn(args) for name, fn in kw.items()})
-        before = {n: args[n].clone() for n in ("q", "k", "k_cache", "v_cache") if args[n] is not None}
-        try:
-            f(**args, backend=backend)
-        finally:
-            for n, t in before.items():
-                assert torch.equal(args[n], t), f"{n} was written after an error ({backend})"
+        _call_writing_nothing_on_error(f, args, ("q", "k", "k_cache", "v_cache"), backend)
 
     cases = [
         (ks.InvalidArgumentError, rf"{op}: k must not be NULL", dict(k=lambda a: None)),
@@ -299,13 +311,7 @@ def test_rotary_embedding_kv_append_torch_reference_validation_matches_native():
         (ks.InvalidArgumentError, rf"{op}: slot_mapping and k overlap in memory",
          dict(slot_mapping=lambda a: _slots_inside(a["k"]))),
     ]
-    for exc, pattern, kw in cases:
-        msgs = []
-        for backend in ("cpu", "torch"):
-            with pytest.raises(exc, match=pattern) as e:
-                call(backend, **kw)
-            msgs.append(str(e.value))
-        assert msgs[0] == msgs[1], msgs
+    _assert_errors_match_native([(exc, pattern, lambda b, kw=kw: call(b, **kw)) for exc, pattern, kw in cases])
 
 
 def _norm_rope_inputs(dt, with_x=True, seed=0):
@@ -357,12 +363,7 @@ def test_fused_add_rms_norm_quant_matmul_rope_kv_append_torch_reference_validati
                     positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, rotary_dim=16,
                     out=torch.full((1, 256), 7.0), residual_out=torch.full((1, 64), 7.0))
         args.update({name: fn(args) for name, fn in kw.items()})
-        before = {n: args[n].clone() for n in ("out", "residual_out", "k_cache", "v_cache") if args[n] is not None}
-        try:
-            f(**args, backend=backend)
-        finally:
-            for n, t in before.items():
-                assert torch.equal(args[n], t), f"{n} was written after an error ({backend})"
+        _call_writing_nothing_on_error(f, args, ("out", "residual_out", "k_cache", "v_cache"), backend)
 
     cases = [
         (ks.InvalidArgumentError, rf"{op}: num_heads and num_kv_heads must be > 0; got 0 and 2",
@@ -388,13 +389,7 @@ def test_fused_add_rms_norm_quant_matmul_rope_kv_append_torch_reference_validati
         (ks.InvalidArgumentError, rf"{op}: out and positions overlap in memory",
          dict(positions=lambda a: a["out"].view(-1)[200:202].view(torch.int64))),
     ]
-    for exc, pattern, kw in cases:
-        msgs = []
-        for backend in ("cpu", "torch"):
-            with pytest.raises(exc, match=pattern) as e:
-                call(backend, **kw)
-            msgs.append(str(e.value))
-        assert msgs[0] == msgs[1], msgs
+    _assert_errors_match_native([(exc, pattern, lambda b, kw=kw: call(b, **kw)) for exc, pattern, kw in cases])
 
 
 def test_offset_views_and_strides():
