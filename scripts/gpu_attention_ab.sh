@@ -8,11 +8,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}; mkdir -p "$OUT"
-[ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa
 export KS_COMMIT=${1:-unknown}
-KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER='*CudaAttention*:Cuda.Graph*' KS_STAGES=build,test scripts/gpu_check.sh 2>&1 | tail -4
+# build, the attention GPU tests and the attention benchmark as built (and part_aa saved)
+KS_GTEST_FILTER='*CudaAttention*:Cuda.Graph*' KS_MEMCHECK_FILTER=none KS_BENCH_OPS=paged_attention \
+  OUT="$OUT" scripts/gpu_quick_check.sh > /tmp/attn_ab.txt 2>&1
+grep -E "FAILED|PASSED" /tmp/attn_ab.txt
+mv "$OUT/bench_quick.csv" "$OUT/attn.csv"
 BUILD=${KS_GPU_BUILD:-build-gpu}
-$BUILD/bench_ops --ops paged_attention --csv "$OUT/attn.csv" > /tmp/attn_ab.txt 2>&1
 export KS_BENCH_ATTN=model
 KS_ATTN_LIVE_SPLIT=0 $BUILD/bench_ops --ops paged_attention --impl no_live_split --csv /tmp/attn_n0.csv >> /tmp/attn_ab.txt 2>&1
 for n in 128 256 512; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A short GPU call for one change: build, the GPU tests matching KS_GTEST_FILTER (default: the
 # decode fusions, quant_matmul and decode attention), memcheck of KS_MEMCHECK_FILTER, then
-# `bench_ops --ops KS_BENCH_OPS` (default decode_fusions) -> $OUT/bench_quick.csv.
+# `bench_ops --ops KS_BENCH_OPS` (default decode_fusions) -> $OUT/bench_quick.csv (either `none`:
+# skipped).
 # Saves .mdl/part_aa to /tmp when carried, for a gpu_model_check.sh call after it.
 # Usage (device): KS_COMMIT=sha scripts/gpu_quick_check.sh   (carry .dlpack and .deps)
 set -uo pipefail
@@ -13,6 +14,9 @@ KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER="$F" KS_STAGES=build,test scrip
   grep -E "FAILED|PASSED|Failure|error" | head -30
 BUILD=${KS_GPU_BUILD:-build-gpu}
 M=${KS_MEMCHECK_FILTER:-'Cuda.FusedNormQkv*'}
-compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$M" --gtest_brief=1 \
-  > /tmp/memcheck.txt 2>&1; echo "memcheck ($M) rc=$?"; grep -E "ERROR SUMMARY" /tmp/memcheck.txt
-$BUILD/bench_ops --ops ${KS_BENCH_OPS:-decode_fusions} --csv "$OUT/bench_quick.csv" 2>&1 | tail -20
+if [ "$M" != none ]; then
+  compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$M" --gtest_brief=1 \
+    > /tmp/memcheck.txt 2>&1; echo "memcheck ($M) rc=$?"; grep -E "ERROR SUMMARY" /tmp/memcheck.txt
+fi
+B=${KS_BENCH_OPS:-decode_fusions}
+[ "$B" != none ] && $BUILD/bench_ops --ops $B --csv "$OUT/bench_quick.csv" 2>&1 | tail -20
