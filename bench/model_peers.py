@@ -139,7 +139,7 @@ def main():
     cfg, sd, theta, hf = load_weights(a.model, a.device, torch.bfloat16 if a.device == "cuda" else torch.float32)
     rows = []
     with torch.no_grad():
-        for batch in (1, 8, 32):
+        for batch in (1, 8, 16, 32):
             dec = Decoder(cfg, sd, theta, batch, a.tokens + 8, a.device, next(iter(sd.values())).dtype)
             if a.smoke:
                 out = dec.step(torch.zeros(batch, dtype=torch.long, device=a.device), torch.zeros(1, dtype=torch.long,

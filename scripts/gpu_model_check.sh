@@ -53,7 +53,7 @@ if has generate; then
 fi
 if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
-    --batch 1 8 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
+    --batch 1 8 16 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
   # Batch-1 comparisons in the same call, one CSV (model_cuda_ab.csv, a leading `config` column;
   # the call returns at most 8 files):
   #   unfused      KS_MODEL_FUSE=0: 10 kernels per layer instead of 6

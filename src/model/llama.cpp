@@ -106,7 +106,7 @@ void LlamaModel::add_dense(Weight& w) {
 }
 
 void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill) {
-  if (dense_rows_ && w.dense.data() && n >= kDenseRows && (prefill || !batch_invariant_)) {
+  if (dense_rows_ && w.dense.data() && (prefill ? n >= kDenseRows : !batch_invariant_ && n >= kDenseDecodeRows)) {
     ks::gemm(out, x, w.dense, backend_, stream());
     return;
   }
@@ -136,8 +136,8 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   // FP32 copies of the matrices for steps of many rows (CUDA): held when they fit the budget,
   // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
   bool hold_dense = false;
-  // an FP32 copy of the output head is of use only to decode_batch steps of >= kDenseRows rows
-  const bool dense_head = max_batch_ >= kDenseRows && !batch_invariant_;
+  // an FP32 copy of the output head is of use only to decode_batch steps of >= kDenseDecodeRows rows
+  const bool dense_head = max_batch_ >= kDenseDecodeRows && !batch_invariant_;
   if (on_device_ && max_ctx_ >= kDenseRows) {
     const auto& k = cfg_;
     const int64_t kvd = k.num_kv_heads * k.head_dim;

@@ -69,12 +69,14 @@ class LlamaModel {
   // CUDA: prefill steps of at least this many rows multiply through FP32 weights with
   // ks::gemm (cuBLASLt) instead of quant_matmul. The FP32 copies (the output head's included)
   // are made once at load when they fit in KS_DENSE_WEIGHTS_MB (default 1024) MB; then every
-  // step of at least kDenseRows rows uses them: prefill, and decode_batch of 8 or more
-  // sequences. Without held copies, prefill steps of at least kScratchDenseRows rows dequantize
-  // each matrix into one scratch buffer just before its gemm, and decode steps use
-  // quant_matmul. KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul, so a
-  // batched row stays bit-identical to that sequence's one-token step at any batch size.
-  static constexpr int64_t kDenseRows = 8, kScratchDenseRows = 64;
+  // prefill step of at least kDenseRows rows uses them, and so does a decode_batch step of at
+  // least kDenseDecodeRows sequences (below that, quant_matmul with x's rows staged in shared
+  // memory was faster: 8 sequences 4368 vs 3598 tokens/s at a1bda96 on the H200). Without held
+  // copies, prefill steps of at least kScratchDenseRows rows dequantize each matrix into one
+  // scratch buffer just before its gemm, and decode steps use quant_matmul.
+  // KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul, so a batched row stays
+  // bit-identical to that sequence's one-token step at any batch size.
+  static constexpr int64_t kDenseRows = 8, kDenseDecodeRows = 16, kScratchDenseRows = 64;
   int64_t max_batch() const { return max_batch_; }
 
   // forward / forward_argmax for sequence `seq` (0 <= seq < max_batch).
@@ -83,9 +85,9 @@ class LlamaModel {
 
   // One decode step of b sequences at once (b <= max_batch): sequence i takes tokens[i] at
   // position positions[i] (its cache must hold positions 0..positions[i]-1) and gets the
-  // greedy next id in next_ids[i]. Below kDenseRows sequences (or with
+  // greedy next id in next_ids[i]. Below kDenseDecodeRows sequences (or with
   // KS_MODEL_BATCH_INVARIANT=1), a row's result equals that sequence's own one-token step bit
-  // for bit (every op is batch-invariant); from kDenseRows on, with the FP32 weight copies
+  // for bit (every op is batch-invariant); from kDenseDecodeRows on, with the FP32 weight copies
   // held (CUDA), the matmuls go through ks::gemm: the same products, summed in cuBLASLt's
   // order. On CUDA the step is one CUDA graph per b.
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
@@ -102,8 +104,8 @@ class LlamaModel {
   Weight upload(const Weight& w, bool with_dense = false);
   // w's FP32 dequantized copy on the device (w.dense), made once
   void add_dense(Weight& w);
-  // out[n, rows] = x[n, cols] @ W^T: ks::gemm on W.dense when held and n >= kDenseRows (not
-  // for decode steps with KS_MODEL_BATCH_INVARIANT=1); for prefill steps of >= kScratchDenseRows
+  // out[n, rows] = x[n, cols] @ W^T: ks::gemm on W.dense when held and n >= kDenseRows
+  // (decode steps: n >= kDenseDecodeRows, and not with KS_MODEL_BATCH_INVARIANT=1); for prefill steps of >= kScratchDenseRows
   // rows without held copies, ks::gemm on W dequantized into the scratch; else quant_matmul on
   // the blocks (each weight element dequantized in FP32 every way; sums in FP32)
   void matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill);
