@@ -124,18 +124,19 @@ TEST(CudaSample, ManyRowsAndEdgeCasesEqualTheCpuReference) {
   }
 }
 
-// The cuda_cluster_topk variant (top_k in 1..1024; pinned): the same bit-for-bit equality.
-// Its cluster size depends on rows and vocab: 6 rows of 128256 take clusters of 16, of
-// 32000 clusters of 4, many rows clusters of 1 striding over rows. k = 999 with V = 1000
-// with row 4 of make_logits (999 finite scores) takes the no-selection path (every finite score
-// is a member). ks_sample turns top_k >= vocab into "off" (0), which this variant refuses: such
-// configurations are left to the unpinned tests.
-TEST(CudaSample, ClusterTopkVariantEqualsTheCpuReference) {
-  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
-  struct Pin {
-    Pin() { ks::force_variant("sample", "cuda_cluster_topk"); }
-    ~Pin() { ks::force_variant("sample", ""); }
-  } pin;
+// A top-k variant pinned (top_k in 1..1024): the same bit-for-bit equality. Cluster sizes
+// depend on rows and vocab: 6 rows of 128256 take clusters of 16, of 32000 clusters of 4, many
+// rows clusters of 1. k = 999 with V = 1000 with row 4 of make_logits (999 finite scores)
+// takes the no-selection path (every finite score is a member). ks_sample turns top_k >=
+// vocab into "off" (0), which these variants refuse: such configurations are left to the
+// unpinned tests.
+struct PinSample {
+  explicit PinSample(const char* v) { ks::force_variant("sample", v); }
+  ~PinSample() { ks::force_variant("sample", ""); }
+};
+
+void expect_topk_variant_equals_cpu(const char* variant) {
+  PinSample pin(variant);
   const std::vector<Cfg> cfgs = {{0.7, 50, 1.0}, {1.3, 40, 0.5}, {0.01, 1, 1.0}, {2.0, 3, 0.3},
                                  {1.0, 999, 0.95}, {1.0, 1024, 0.95}, {1.0, 50, 0.9}, {1e-38, 3, 0.9}};
   for (DType dt : kstest::float_dtypes())
@@ -146,8 +147,9 @@ TEST(CudaSample, ClusterTopkVariantEqualsTheCpuReference) {
         Dev dx(x);
         for (const Cfg& c : cfgs) {
           if (c.k >= V) continue;  // top_k >= vocab means off: not this variant's call
-          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + (ties ? " ties" : "") +
-                       " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p));
+          SCOPED_TRACE(std::string(variant) + " " + ks::dtype_name(dt) + " V=" + std::to_string(V) +
+                       (ties ? " ties" : "") + " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) +
+                       " p=" + std::to_string(c.p));
           ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 77.0, 3.0, c));
         }
       }
@@ -160,7 +162,7 @@ TEST(CudaSample, ClusterTopkVariantEqualsTheCpuReference) {
   Dev dx(x);
   for (const Cfg& c : cfgs) {
     if (c.k >= V) continue;
-    SCOPED_TRACE("many rows: k=" + std::to_string(c.k) + " p=" + std::to_string(c.p));
+    SCOPED_TRACE(std::string(variant) + " many rows: k=" + std::to_string(c.k) + " p=" + std::to_string(c.p));
     ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 5.0, 6.0, c));
   }
   // a call it refuses (top_k = 0) fails while pinned, naming the reason
@@ -168,9 +170,75 @@ TEST(CudaSample, ClusterTopkVariantEqualsTheCpuReference) {
   Dev dso(so), dout(out);
   try {
     ks::sample(dview(dout, out), ks::TensorView(), dview(dx, x), dview(dso, so), 1.0, 0, 0.9, ks::Backend::Cuda);
-    ADD_FAILURE() << "top_k = 0 ran on cuda_cluster_topk";
+    ADD_FAILURE() << "top_k = 0 ran on " << variant;
   } catch (const ks::Error& e) {
     EXPECT_NE(std::string(e.what()).find("top_k must be in 1..1024"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaSample, ClusterTopkVariantEqualsTheCpuReference) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  expect_topk_variant_equals_cpu("cuda_cluster_topk");
+}
+
+TEST(CudaSample, ClusterLocalTopkVariantEqualsTheCpuReference) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  expect_topk_variant_equals_cpu("cuda_cluster_local_topk");
+}
+
+// cuda_cluster_local_topk's own edges: every range full (16 x 32768 scores: 64 per thread),
+// one score more (refused, naming the vocab), ranges left empty or short by forced clusters,
+// a row of equal scores (every range sends its lowest indices; rank 0 keeps the lowest of
+// those), the winners all in one range, top_k 1024 (up to 16384 candidates), and the issue's
+// batched shape (64 x 128256).
+TEST(CudaSample, ClusterLocalTopkEdgesEqualTheCpuReference) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  PinSample pin("cuda_cluster_local_topk");
+  const std::vector<Cfg> cfgs = {{1.0, 50, 0.9}, {0.8, 1024, 1.0}, {1.0, 7, 0.3}, {1e-38, 2, 1.0}};
+  std::mt19937_64 g(7);
+  std::normal_distribution<double> nd(0.0, 3.0);
+  auto run = [&](Buf& x, int64_t rows, const std::string& what) {
+    Dev dx(x);
+    for (const Cfg& c : cfgs) {
+      if (c.k >= x.shape[1]) continue;
+      SCOPED_TRACE(what + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) + " T=" + std::to_string(c.t));
+      ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 123.0, 9.0, c));
+    }
+  };
+  {  // 16 x 32768 scores: 64 per thread; rows: random, all equal, the winners in the last range
+    const int64_t V = 16 * 32768, rows = 3;
+    Buf x(DType::BF16, {rows, V});
+    for (int64_t i = 0; i < V; ++i) x.set(i, nd(g));
+    for (int64_t i = 0; i < V; ++i) x.set(V + i, 1.5);
+    for (int64_t i = 0; i < V; ++i) x.set(2 * V + i, i >= V - 2000 ? 4.0 + double(i % 5) : -2.0 + double(i % 3));
+    run(x, rows, "V=16x32768");
+    // one more score per row: refused, naming the vocab
+    Buf y(DType::BF16, {1, V + 1}), so(DType::I64, {2}), out(DType::I64, {1});
+    Dev dy(y), dso(so), dout(out);
+    try {
+      ks::sample(dview(dout, out), ks::TensorView(), dview(dy, y), dview(dso, so), 1.0, 50, 1.0, ks::Backend::Cuda);
+      ADD_FAILURE() << "a vocab of 16 x 32768 + 1 ran on cuda_cluster_local_topk";
+    } catch (const ks::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("vocab exceeds"), std::string::npos) << e.what();
+    }
+  }
+  for (int64_t V : {int64_t(20), int64_t(1030), int64_t(40000)})  // forced clusters: short and empty ranges
+    for (const char* cl : {"16", "2"}) {
+      ASSERT_EQ(setenv("KS_SAMPLE_CLUSTER", cl, 1), 0);
+      const int64_t rows = 5;
+      Buf x(DType::F32, {rows, V});
+      for (int64_t i = 0; i < rows * V; ++i) x.set(i, (i / V) % 2 ? std::round(nd(g)) : nd(g));
+      x.set(3 * V + V - 1, -INFINITY);
+      for (int64_t i = 0; i < V; ++i)
+        if (i % 3) x.set(4 * V + i, -INFINITY);  // few finite scores, scattered over the ranges
+      run(x, rows, "V=" + std::to_string(V) + " KS_SAMPLE_CLUSTER=" + cl);
+      unsetenv("KS_SAMPLE_CLUSTER");
+    }
+  {  // the batched shape
+    const int64_t V = 128256, rows = 64;
+    Buf x(DType::BF16, {rows, V});
+    for (int64_t i = 0; i < rows * V; ++i) x.set(i, (i / V) % 3 ? nd(g) : std::round(nd(g)));
+    run(x, rows, "64x128256");
   }
 }
 
@@ -179,32 +247,36 @@ TEST(CudaSample, ClusterTopkVariantEqualsTheCpuReference) {
 // the draws, exactly as the CPU reference predicts for that offset.
 TEST(CudaSample, GraphReplayReadsTheOffsetTensor) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
-  const int64_t rows = 4, V = 5000;
-  Buf x = make_logits(DType::BF16, rows, V, 99, false);
-  Buf so(DType::I64, {2}), out(DType::I64, {rows});
-  so.set(0, 7.0), so.set(1, 0.0);
-  Dev dx(x), dso(so), dout(out);
-  cudaStream_t s;
-  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  ks::sample(dview(dout, out), ks::TensorView(), dview(dx, x), dview(dso, so), 0.8, 20, 0.95, ks::Backend::Cuda, s);
-  CK(cudaStreamEndCapture(s, &g));
-  CK(cudaGraphInstantiate(&ge, g, 0));
-  for (int64_t off = 0; off < 5; ++off) {
-    so.set(1, double(off));
-    CK(cudaMemcpyAsync(dso.p, so.data(), 16, cudaMemcpyHostToDevice, s));
-    CK(cudaGraphLaunch(ge, s));
-    CK(cudaStreamSynchronize(s));
-    Buf got = out, ref = out;
-    dout.get(got);
-    ks::sample(ref.view(), ks::TensorView(), x.view(), so.view(), 0.8, 20, 0.95, ks::Backend::Cpu);
-    for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got.get(r), ref.get(r)) << "offset " << off << " row " << r;
+  for (const char* variant : {"", "cuda_cluster_topk", "cuda_cluster_local_topk"}) {  // "": as routed
+    SCOPED_TRACE(std::string("variant ") + variant);
+    PinSample pin(variant);
+    const int64_t rows = 4, V = 5000;
+    Buf x = make_logits(DType::BF16, rows, V, 99, false);
+    Buf so(DType::I64, {2}), out(DType::I64, {rows});
+    so.set(0, 7.0), so.set(1, 0.0);
+    Dev dx(x), dso(so), dout(out);
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    ks::sample(dview(dout, out), ks::TensorView(), dview(dx, x), dview(dso, so), 0.8, 20, 0.95, ks::Backend::Cuda, s);
+    CK(cudaStreamEndCapture(s, &g));
+    CK(cudaGraphInstantiate(&ge, g, 0));
+    for (int64_t off = 0; off < 5; ++off) {
+      so.set(1, double(off));
+      CK(cudaMemcpyAsync(dso.p, so.data(), 16, cudaMemcpyHostToDevice, s));
+      CK(cudaGraphLaunch(ge, s));
+      CK(cudaStreamSynchronize(s));
+      Buf got = out, ref = out;
+      dout.get(got);
+      ks::sample(ref.view(), ks::TensorView(), x.view(), so.view(), 0.8, 20, 0.95, ks::Backend::Cpu);
+      for (int64_t r = 0; r < rows; ++r) EXPECT_EQ(got.get(r), ref.get(r)) << "offset " << off << " row " << r;
+    }
+    CK(cudaGraphExecDestroy(ge));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(s));
   }
-  CK(cudaGraphExecDestroy(ge));
-  CK(cudaGraphDestroy(g));
-  CK(cudaStreamDestroy(s));
 }
 
 }  // namespace

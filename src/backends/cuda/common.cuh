@@ -238,6 +238,16 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// ---- thread-block cluster barrier halves (sm_90) ---------------------------------
+// Every thread of every CTA of the cluster arrives, then waits; arrive and wait alternate.
+// release / acquire order the shared-memory accesses (local and distributed) around them;
+// the relaxed arrive orders nothing (e.g. only "every CTA of the cluster has started").
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+
 // ---- asynchronous copies to shared memory (cp.async, sm_80+) ------------------
 // Copies the first n (0..16) bytes at gmem to smem as one 16-byte copy, zero-filling the
 // rest; nothing past gmem + n is read. Both addresses 16-byte aligned. Without sm_80 code

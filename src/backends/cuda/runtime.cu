@@ -143,6 +143,8 @@ void argmax_cuda(const void*, ks_stream_t);
 void sample_cuda(const void*, ks_stream_t);
 void sample_cluster_cuda(const void*, ks_stream_t);
 std::string sample_cluster_can_implement(const void*);
+void sample_local_cuda(const void*, ks_stream_t);
+std::string sample_local_can_implement(const void*);
 void gemm_tiled_cuda(const void*, ks_stream_t);
 void gemm_cublaslt_cuda(const void*, ks_stream_t);
 bool cublaslt_available();
@@ -299,6 +301,10 @@ std::string ci_sample_cluster(const void* p) {
   const std::string why = ci_sample(p);
   return why.empty() ? sample_cluster_can_implement(p) : why;
 }
+std::string ci_sample_local(const void* p) {
+  const std::string why = ci_sample(p);
+  return why.empty() ? sample_local_can_implement(p) : why;
+}
 std::string ci_attention_gqa(const void* p) {
   auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
   std::string why = ci_attention(p);
@@ -356,6 +362,11 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "kernscope's 64x64-tiled kernel, FP32 accumulation: the fallback", avail, ks::cuda::ci_gemm,
                ks::cuda::gemm_tiled_cuda});
   // priority 5, below cuda_cta_per_row, until it has run on a GPU (tests pin it)
+  v.push_back({"sample", KS_BACKEND_CUDA, "cuda_cluster_local_topk", kFloatDTypes, 5,
+               "top_k 1..1024, vocab up to 16 x 32768: a row over a cluster of up to 16 CTAs, each selecting "
+               "its own range's top-k in registers, one cluster barrier, then the row's top-k of those, top-p "
+               "and the draw in one CTA; bit-identical to the CPU",
+               avail, ks::cuda::ci_sample_local, ks::cuda::sample_local_cuda});
   v.push_back({"sample", KS_BACKEND_CUDA, "cuda_cluster_topk", kFloatDTypes, 20,
                "top_k 1..1024: a row over a cluster of up to 16 CTAs, radix-selected top-k (12+12+8 bits), "
                "then top-p and the draw on the members in one CTA; bit-identical to the CPU",

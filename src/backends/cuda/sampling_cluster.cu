@@ -11,10 +11,9 @@
 //     k-th finds the digit with a block-wide suffix scan. Then the cut among equal keys
 //     (lower indices first) by counts per rank and an ordered scan on the rank holding it;
 //  3. every member (at most top_k) is appended to rank 0's shared memory;
-//  4. rank 0 alone: the members in index order (ranks by counting), the fixed-point
-//     weights w = round(2^40 exp(z - max)), top-p as the shortest prefix of (w desc, index
-//     asc) whose mass reaches ceil(top_p W), and the Philox draw over the kept ids in index
-//     order: exactly the CPU reference's steps (core/sampling_math.hpp).
+//  4. rank 0 alone: the members in index order (ranks by counting), then
+//     sample_finish_row (sampling_finish.cuh): the fixed-point weights, top-p and the
+//     Philox draw, exactly the CPU reference's steps (core/sampling_math.hpp).
 // Every decision is on integers; exp and the division are the CPU's operation sequence.
 // Calls with top_k = 0 or > 1024 go to cuda_cta_per_row.
 #include <cooperative_groups.h>
@@ -26,6 +25,7 @@
 #include <string>
 
 #include "backends/cuda/sampling_common.cuh"
+#include "backends/cuda/sampling_finish.cuh"
 #include "backends/cuda/common.cuh"
 #include "core/sampling_math.hpp"
 #include "ops/args.hpp"
@@ -36,18 +36,13 @@ namespace ks::cuda {
 namespace {
 
 namespace smp = ks::sampling;
-constexpr int kThreads = 512, kWarpsPerCta = kThreads / 32, kMaxK = 1024, kBins = 4096;
+constexpr int kThreads = 512, kWarpsPerCta = kThreads / 32, kMaxK = kSampleMaxTopK, kBins = 4096;
 
 struct Smem {
   unsigned hist[kBins];  // this CTA's digit histogram (read by the other ranks while merging)
   union {
     unsigned merged[kBins];  // this rank's slice of the merged histogram
-    struct {
-      int idx[kMaxK];                 // rank 0: members in index order
-      unsigned long long w[kMaxK];    // their weights
-      int by_weight[kMaxK];           // positions in (w desc, index asc) order
-      unsigned char kept[kMaxK];
-    } fin;
+    SampleMembers fin;       // rank 0: the members in index order, then the last step
   } u;
   int cand[kMaxK];  // rank 0: member indices, appended by every rank in any order
   unsigned long long warp_u64[kWarpsPerCta];
@@ -79,11 +74,6 @@ __device__ __forceinline__ void count_bin(unsigned* hist, unsigned bin) {
 #endif
 
 template <typename T>
-__device__ __forceinline__ float z_of(const T* row, int64_t i, float t) {
-  return Dt<T>::to_f(row[i]) / t;  // IEEE division (no fast-math): as the CPU
-}
-
-template <typename T>
 __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SampleParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   __shared__ Smem sh;
@@ -91,7 +81,6 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const float t = p.temperature;
-  const uint64_t seed = uint64_t(p.seed_offset[0]), offset = uint64_t(p.seed_offset[1]);
   const int64_t V = p.vocab;
   const int64_t per = (V + C - 1) / C, i0 = min(V, int64_t(rank) * per), i1 = min(V, i0 + per);
   for (int64_t r = blockIdx.x / C; r < p.rows; r += gridDim.x / C) {
@@ -150,7 +139,7 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
           for (int b = threadIdx.x; b < nbins; b += kThreads) sh.hist[b] = 0;
           __syncthreads();
           for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
-            const float z = z_of(row, i, t);
+            const float z = sample_z(row, i, t);
             if (!(z > -INFINITY)) continue;
             const unsigned key = smp::order_key(z);
             if ((key & mask) == prefix) count_bin(sh.hist, (key >> shift) & unsigned(nbins - 1));
@@ -214,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
       // the need-th key equal to kkey in index order: counts per rank, then one ordered scan
       unsigned long long eq = 0;
       for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
-        const float z = z_of(row, i, t);
+        const float z = sample_z(row, i, t);
         eq += (z > -INFINITY && smp::order_key(z) == kkey) ? 1 : 0;
       }
       eq = block_sum(eq, sh);
@@ -237,7 +226,7 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
           const int64_t i = base + threadIdx.x;
           unsigned long long f = 0;
           if (i < i1) {
-            const float z = z_of(row, i, t);
+            const float z = sample_z(row, i, t);
             f = (z > -INFINITY && smp::order_key(z) == kkey) ? 1 : 0;
           }
           unsigned long long total;
@@ -254,7 +243,7 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
     {
       Smem* r0 = cluster.map_shared_rank(&sh, 0);
       for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
-        const float z = z_of(row, i, t);
+        const float z = sample_z(row, i, t);
         if (!(z > -INFINITY)) continue;
         if (use_k) {
           const unsigned key = smp::order_key(z);
@@ -275,66 +264,7 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
       sh.u.fin.idx[pos] = id;
     }
     __syncthreads();
-    unsigned long long W = 0;
-    for (int e = threadIdx.x; e < n; e += kThreads) {
-      const float z = z_of(row, sh.u.fin.idx[e], t);
-      const unsigned long long w = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(z - zmax_all)));
-      sh.u.fin.w[e] = w;
-      sh.u.fin.kept[e] = 1;
-      W += w;
-    }
-    W = block_sum(W, sh);  // (its barriers also publish w and kept)
-    unsigned long long total = W;
-    if (p.top_p < 1.0) {
-      long long target = static_cast<long long>(ceil(p.top_p * double(W)));
-      target = min(max(target, 1ll), static_cast<long long>(W));
-      for (int e = threadIdx.x; e < n; e += kThreads) {  // (w desc, index asc) order by counting
-        const unsigned long long w = sh.u.fin.w[e];
-        int pos = 0;
-        for (int j = 0; j < n; ++j) pos += sh.u.fin.w[j] > w || (sh.u.fin.w[j] == w && j < e);
-        sh.u.fin.by_weight[pos] = e;
-      }
-      __syncthreads();
-      // the shortest prefix of that order whose mass reaches target: 2 entries per thread
-      const int j0 = 2 * int(threadIdx.x);
-      const unsigned long long w0 = j0 < n ? sh.u.fin.w[sh.u.fin.by_weight[j0]] : 0;
-      const unsigned long long w1 = j0 + 1 < n ? sh.u.fin.w[sh.u.fin.by_weight[j0 + 1]] : 0;
-      unsigned long long all;
-      const unsigned long long inc = block_scan(w0 + w1, &all, sh);
-      const unsigned long long c0 = inc - w1, c1 = inc;  // running mass through j0, j0 + 1
-      if (threadIdx.x == 0) sh.decided[0] = static_cast<unsigned long long>(n);
-      __syncthreads();
-      const unsigned long long tgt = static_cast<unsigned long long>(target);
-      if (j0 < n && c0 >= tgt && c0 - w0 < tgt) sh.decided[0] = unsigned(j0 + 1), sh.decided[1] = c0;
-      if (j0 + 1 < n && c1 >= tgt && c1 - w1 < tgt) sh.decided[0] = unsigned(j0 + 2), sh.decided[1] = c1;
-      __syncthreads();
-      const int keep = int(sh.decided[0]);
-      total = keep < n ? sh.decided[1] : W;
-      for (int j = threadIdx.x; j < n; j += kThreads) sh.u.fin.kept[sh.u.fin.by_weight[j]] = j < keep;
-      __syncthreads();
-    }
-    // the draw: the first kept id (index order) whose running weight exceeds c
-    const unsigned long long c = smp::scale_draw(smp::row_draw(seed, offset, uint64_t(r)), total);
-    if (threadIdx.x == 0) sh.decided[2] = ~0ull;
-    __syncthreads();
-    const int e0 = 2 * int(threadIdx.x);
-    const unsigned long long a0 = e0 < n && sh.u.fin.kept[e0] ? sh.u.fin.w[e0] : 0;
-    const unsigned long long a1 = e0 + 1 < n && sh.u.fin.kept[e0 + 1] ? sh.u.fin.w[e0 + 1] : 0;
-    unsigned long long all;
-    const unsigned long long inc = block_scan(a0 + a1, &all, sh);
-    const unsigned long long run0 = inc - a1, run1 = inc;
-    if (a0 > 0 && run0 > c && run0 - a0 <= c) sh.decided[2] = unsigned(e0);
-    if (a1 > 0 && run1 > c && run1 - a1 <= c) sh.decided[2] = unsigned(e0 + 1);
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      int chosen = sh.decided[2] == ~0ull ? -1 : int(sh.decided[2]);
-      if (chosen < 0)  // not reached (c < total); the CPU's default: the largest kept id
-        for (int e = n - 1; e >= 0 && chosen < 0; --e)
-          if (sh.u.fin.kept[e]) chosen = e;
-      p.out[r] = chosen >= 0 ? sh.u.fin.idx[chosen] : 0;
-      if (p.valid) p.valid[r] = 1;
-    }
-    __syncthreads();  // the next row's pass 1 reuses shared memory
+    sample_finish_row<kWarpsPerCta>(p, r, row, zmax_all, n, sh.u.fin, sh.warp_u64, sh.decided);
   }
 #endif
 }

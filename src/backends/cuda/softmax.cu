@@ -172,9 +172,6 @@ __device__ __forceinline__ MaxSum warp_merge(MaxSum v) {
   return v;
 }
 
-__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-
 // blockIdx.x / C = row, rank in the cluster = slice of p.slice vectors; thread t
 // holds vectors t, t + T, ..., t + (NV - 1) T of the slice in registers. NV > 8
 // variants run 128 or 256 threads (up to 128 registers each), so a few

@@ -1,0 +1,432 @@
+// ks_sample on CUDA, variant cuda_cluster_local_topk (contract:
+// docs/contracts.md#sample): top-k (1 <= top_k <= 1024) then top-p, the same
+// ids as the CPU reference bit for bit, with one cluster barrier per row.
+//
+// A row is split over a cluster of C CTAs (C up to 16), each owning a
+// contiguous range of at most 512 L scores (L = 8, 16, 32 or 64 per thread, in
+// registers):
+//  1. each CTA reads its range once: validity (NaN, +inf), the max of z = x /
+//  T, the
+//     finite count, and each finite z's order key;
+//  2. each CTA selects its own top-k (the top_k largest keys, equal keys going
+//  to lower
+//     indices) by radix selection in three rounds (12, 12 and 8 bits) over its
+//     registers, with no cluster traffic. The row's top-k is contained in the
+//     union of the ranges' top-k: an id beaten by top_k ids of its own range is
+//     beaten by top_k ids of the row, in the same (key desc, index asc) order;
+//  3. each CTA writes its members (at most top_k, in index order) and its
+//  validity, max and
+//     finite count into rank 0's shared memory; one cluster barrier;
+//  4. rank 0: the row's top-k of the (at most C top_k) candidates by the same
+//  selection,
+//     then sample_finish_row (sampling_finish.cuh): weights, top-p and the
+//     draw, the CPU reference's steps.
+// Positions are numbered j * 512 + thread (j < L) in a range, and so in index
+// order: the order-dependent steps (the cut among equal keys, the members'
+// slots) take the flags of one j from a warp ballot, and one block-wide scan
+// over the (j, warp) counts.
+#include <cooperative_groups.h>
+
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <set>
+#include <string>
+#include <type_traits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/sampling_common.cuh"
+#include "backends/cuda/sampling_finish.cuh"
+#include "core/sampling_math.hpp"
+#include "ops/args.hpp"
+
+namespace cg = cooperative_groups;
+
+namespace ks::cuda {
+namespace {
+
+namespace smp = ks::sampling;
+constexpr int kThreads = 512, kWarps = kThreads / 32, kBins = 4096, kMaxC = 16, kMaxL = 64;
+
+struct Smem {
+  unsigned hist[kBins];
+  unsigned pos_count[kMaxL * kWarps];  // ordered prefix: per (j, warp) counts,
+                                       // then their prefix
+  SampleMembers fin;                   // rank 0: the row's members, then the last step
+  unsigned long long warp_u64[kWarps];
+  float warp_f[kWarps];
+  unsigned long long decided[3];
+  unsigned sel[2];  // a selection round's digit and the count still needed within it
+  // rank 0: what every rank publishes
+  int part_bad[kMaxC];
+  float part_zmax[kMaxC];
+  unsigned part_finite[kMaxC];
+  unsigned part_n[kMaxC];
+};
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ void count_bin(unsigned *hist, unsigned bin) {
+  const unsigned peers = __match_any_sync(__activemask(), bin);
+  if ((threadIdx.x & 31) == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bin], unsigned(__popc(peers)));
+}
+
+// The bin of hist[0 .. nbins) where the count from the top first reaches need
+// (>= 1, and
+// <= the histogram's total): sh.sel = {bin, need - the count in the bins above
+// it}.
+__device__ void select_digit(Smem &sh, int nbins, unsigned need) {
+  const int per_t = (nbins + kThreads - 1) / kThreads;
+  const int top = nbins - 1 - int(threadIdx.x) * per_t;  // this thread's bins: top, top - 1, ...
+  unsigned s = 0;
+  for (int q = 0; q < per_t; ++q)
+    if (top - q >= 0) s += sh.hist[top - q];
+  unsigned long long total;
+  const unsigned long long inc = block_scan_u64<kWarps>(s, &total, sh.warp_u64);
+  if (inc - s < need && inc >= need) {
+    unsigned long long run = inc - s;
+    for (int q = 0; q < per_t; ++q) {
+      const unsigned h = sh.hist[top - q];
+      if (run + h >= need) {
+        sh.sel[0] = unsigned(top - q);
+        sh.sel[1] = unsigned(need - run);
+        break;
+      }
+      run += h;
+    }
+  }
+  __syncthreads();
+}
+
+// For the flags of the calling thread's positions j * 512 + threadIdx.x (bit j
+// of flags, j < L), the number of set flags at lower positions of the CTA, for
+// each j, via ordered_rank after this call. Uses sh.pos_count; every thread
+// calls it.
+template <int L>
+__device__ void ordered_prefix(uint64_t flags, Smem &sh, unsigned *total) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // pos_count's previous contents are consumed
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    const unsigned b = __ballot_sync(0xffffffffu, (flags >> j) & 1);
+    if (lane == 0) sh.pos_count[j * kWarps + warp] = unsigned(__popc(b));
+  }
+  __syncthreads();
+  // exclusive prefix over the L * kWarps counts in (j, warp) order: E per
+  // thread
+  constexpr int E = (L * kWarps + kThreads - 1) / kThreads;
+  unsigned v[E], s = 0;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int q = int(threadIdx.x) * E + e;
+    v[e] = q < L * kWarps ? sh.pos_count[q] : 0;
+    s += v[e];
+  }
+  unsigned long long all;
+  unsigned run = unsigned(block_scan_u64<kWarps>(s, &all, sh.warp_u64)) - s;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int q = int(threadIdx.x) * E + e;
+    if (q < L * kWarps) sh.pos_count[q] = run;
+    run += v[e];
+  }
+  *total = unsigned(all);
+  __syncthreads();
+}
+// after ordered_prefix: the number of set flags before position j * 512 +
+// threadIdx.x
+__device__ __forceinline__ unsigned ordered_rank(uint64_t flags, int j, const Smem &sh) {
+  const unsigned b = __ballot_sync(0xffffffffu, (flags >> j) & 1);
+  const unsigned lt = (1u << (threadIdx.x & 31)) - 1u;
+  return sh.pos_count[j * kWarps + (threadIdx.x >> 5)] + unsigned(__popc(b & lt));
+}
+
+// The top k of the CTA's nonzero keys (key[j] at position j * 512 +
+// threadIdx.x; count of them CTA-uniform): the k largest, equal keys going to
+// lower positions; all of them when count <= k. Returns the calling thread's
+// member flags (bit j); *members: their number.
+template <int L>
+__device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigned k, Smem &sh, unsigned *members) {
+  uint64_t flags = 0;
+  if (count <= k) {
+#pragma unroll
+    for (int j = 0; j < L; ++j)
+      if (key[j]) flags |= 1ull << j;
+    *members = count;
+    return flags;
+  }
+  unsigned prefix = 0, mask = 0, need = k;
+  for (int round = 0; round < 3; ++round) {
+    const int shift = round == 0 ? 20 : round == 1 ? 8 : 0;
+    const int nbins = round == 2 ? 256 : kBins;
+    for (int b = threadIdx.x; b < nbins; b += kThreads) sh.hist[b] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < L; ++j)
+      if (key[j] && (key[j] & mask) == prefix) count_bin(sh.hist, (key[j] >> shift) & unsigned(nbins - 1));
+    __syncthreads();
+    select_digit(sh, nbins, need);
+    prefix |= sh.sel[0] << shift;
+    need = sh.sel[1];
+    mask |= unsigned(nbins - 1) << shift;
+  }
+  // prefix: the k-th largest key; need: how many keys equal to it are members
+  // (lowest first)
+  uint64_t eq = 0;
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    if (key[j] > prefix) flags |= 1ull << j;
+    if (key[j] == prefix) eq |= 1ull << j;
+  }
+  unsigned eq_total;
+  ordered_prefix<L>(eq, sh, &eq_total);
+#pragma unroll
+  for (int j = 0; j < L; ++j)
+    if (ordered_rank(eq, j, sh) < need && ((eq >> j) & 1)) flags |= 1ull << j;
+  *members = k;
+  return flags;
+}
+
+#endif
+
+template <typename T, int L>
+__global__ void __launch_bounds__(kThreads) sample_local_kernel(const SampleParams p, int kcap) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  extern __shared__ unsigned cand[];  // [C * kcap] keys, then [C * kcap] indices (rank 0's)
+  __shared__ Smem sh;
+  cluster_arrive_relaxed();  // "this CTA has started"; waited for before the
+                             // first remote write
+  pdl_begin();
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int64_t r = blockIdx.x / C, V = p.vocab;
+  const int64_t per = (V + C - 1) / C, i0 = min(V, int64_t(rank) * per), i1 = min(V, i0 + per);
+  const int n_loc = int(i1 - i0);
+  const T *row = static_cast<const T *>(p.logits) + r * V;
+  const float t = p.temperature;
+  const unsigned k = unsigned(p.top_k);
+  // 1. the range, once
+  unsigned key[L];
+  int bad = 0;
+  unsigned finite = 0;
+  float zmax = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    const int q = j * kThreads + int(threadIdx.x);
+    key[j] = 0;  // below every finite z's key (>= 0x00800000)
+    if (q < n_loc) {
+      const float x = Dt<T>::to_f(row[i0 + q]);
+      const float z = x / t;  // IEEE division (no fast-math): as the CPU
+      bad |= (x != x) || z == INFINITY;
+      if (z > -INFINITY) {
+        ++finite;
+        zmax = fmaxf(zmax, z);
+        key[j] = smp::order_key(z);
+      }
+    }
+  }
+  bad = __syncthreads_or(bad);
+  zmax = block_max_f<kWarps>(zmax, sh.warp_f);
+  finite = unsigned(block_sum_u64<kWarps>(finite, sh.warp_u64));
+  // 2. this range's top-k, in index order
+  unsigned n_mem = 0;
+  const uint64_t mem = bad ? 0 : select_top<L>(key, finite, k, sh, &n_mem);
+  unsigned placed;
+  ordered_prefix<L>(mem, sh, &placed);
+  // 3. into rank 0's shared memory
+  cluster_wait();  // every CTA of the cluster has started
+  unsigned *r0_key = cluster.map_shared_rank(cand, 0);
+  int *r0_idx = reinterpret_cast<int *>(r0_key + C * kcap);
+  const int base = rank * kcap;
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    const unsigned slot = ordered_rank(mem, j, sh);
+    if ((mem >> j) & 1) {
+      r0_key[base + int(slot)] = key[j];
+      r0_idx[base + int(slot)] = int(i0 + j * kThreads + int(threadIdx.x));
+    }
+  }
+  if (threadIdx.x == 0) {
+    Smem *r0 = cluster.map_shared_rank(&sh, 0);
+    r0->part_bad[rank] = bad;
+    r0->part_zmax[rank] = zmax;
+    r0->part_finite[rank] = finite;
+    r0->part_n[rank] = bad ? 0 : n_mem;
+  }
+  cluster_arrive();
+  cluster_wait();  // every rank's candidates are in rank 0; the other ranks are
+                   // done
+  if (rank != 0) return;
+  // 4. rank 0: the row's top-k of the candidates (position j * 512 + thread =
+  // rank * kcap + slot: index order), then the last step
+  int bad_all = 0;
+  float zmax_all = -INFINITY;
+  unsigned long long finite_all = 0;
+  for (int c = 0; c < C; ++c) {
+    bad_all |= sh.part_bad[c];
+    zmax_all = fmaxf(zmax_all, sh.part_zmax[c]);
+    finite_all += sh.part_finite[c];
+  }
+  if (bad_all || finite_all == 0) {
+    if (threadIdx.x == 0) {
+      p.out[r] = 0;
+      if (p.valid) p.valid[r] = 0;
+    }
+    return;
+  }
+  const int *idx = reinterpret_cast<const int *>(cand + C * kcap);
+  unsigned n_cand = 0;
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    const int g = j * kThreads + int(threadIdx.x);
+    key[j] = 0;
+    if (g < C * kcap) {
+      const int c = g / kcap;
+      if (g - c * kcap < int(sh.part_n[c])) key[j] = cand[g], ++n_cand;
+    }
+  }
+  n_cand = unsigned(block_sum_u64<kWarps>(n_cand, sh.warp_u64));
+  // (a row with at most top_k finite scores: every range sent all of its own,
+  // all members)
+  unsigned n = 0;
+  const uint64_t top = select_top<L>(key, n_cand, k, sh, &n);
+  ordered_prefix<L>(top, sh, &placed);
+#pragma unroll
+  for (int j = 0; j < L; ++j) {
+    const unsigned slot = ordered_rank(top, j, sh);
+    if ((top >> j) & 1) sh.fin.idx[slot] = idx[j * kThreads + int(threadIdx.x)];
+  }
+  __syncthreads();
+  sample_finish_row<kWarps>(p, r, row, zmax_all, int(n), sh.fin, sh.warp_u64, sh.decided);
+#endif
+}
+
+constexpr int kLs[] = {8, 16, 32, 64};
+constexpr size_t kSmemLimit = size_t(kMaxC) * kSampleMaxTopK * 8;  // the largest candidate area: 128 KB
+
+// Once per device and instantiation: clusters of 16 (non-portable) allowed, and
+// the dynamic shared memory limit raised to the largest candidate area.
+template <typename T, int L>
+void prepare(int dev) {
+  static std::mutex mu;
+  static std::set<int> done;
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count(dev)) return;
+  auto kern = sample_local_kernel<T, L>;
+  check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "sample",
+             "allow a non-portable cluster size");
+  check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)), "sample",
+             "raise the dynamic shared memory limit");
+  done.insert(dev);
+}
+
+// 16 when a cluster of 16 of the heaviest instantiation (L = 64, the largest
+// candidate area) can be resident on the device (16 SMs of one GPC), else 8;
+// cached per device.
+int max_cluster(int dev) {
+  static std::mutex mu;
+  static std::map<int, int> known;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find(dev);
+    if (it != known.end()) return it->second;
+  }
+  prepare<float, kMaxL>(dev);
+  const int n =
+      co_resident_clusters(reinterpret_cast<const void *>(sample_local_kernel<float, kMaxL>), 16, kThreads, kSmemLimit);
+  std::lock_guard<std::mutex> lock(mu);
+  return known.emplace(dev, n > 0 ? 16 : 8).first->second;
+}
+
+struct Plan {
+  int C = 1, L = 0, kcap = 0;
+  size_t smem = 0;
+  std::string why;
+};
+
+// The cluster size C and scores per thread L for a call: C at least what makes
+// a range fit 512 x 64 scores; then doubled up to max_c while the rows' CTAs
+// fit one per SM and each range keeps >= 2048 scores (KS_SAMPLE_CLUSTER=C: that
+// power of two instead, if a range fits it; for experiments). L: the fewest
+// that hold a range and rank 0's C x kcap candidates.
+Plan plan_for(const ops::SampleArgs &a, int sm_count, int max_c) {
+  Plan pl;
+  const int64_t V = a.vocab, most = int64_t(kThreads) * kMaxL;
+  auto fits = [&](int c) { return (V + c - 1) / c <= most; };
+  int C = 1;
+  while (C < max_c && !fits(C)) C *= 2;
+  if (!fits(C)) {
+    pl.why = "vocab exceeds " + std::to_string(max_c) + " x 32768 scores (other calls: cuda_cluster_topk)";
+    return pl;
+  }
+  while (2 * C <= max_c && a.rows * 2 * C <= int64_t(sm_count) && V / (2 * C) >= 2048) C *= 2;
+  const long long forced = env_number("KS_SAMPLE_CLUSTER", 0);
+  if ((forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16) && forced <= max_c &&
+      fits(int(forced)))
+    C = int(forced);
+  const int64_t per = (V + C - 1) / C;
+  pl.C = C;
+  pl.kcap = int(std::min<int64_t>(a.top_k, per));
+  const int64_t need = std::max<int64_t>(per, int64_t(C) * pl.kcap);  // a range, and rank 0's candidates
+  for (int L : kLs)
+    if (int64_t(kThreads) * L >= need) {
+      pl.L = L;
+      break;
+    }
+  pl.smem = size_t(C) * size_t(pl.kcap) * 8;
+  if (a.rows > int64_t(INT_MAX) / C) pl.why = "rows x cluster size exceeds 2^31 - 1 CTAs";
+  return pl;
+}
+
+}  // namespace
+
+std::string sample_local_can_implement(const void *args) {
+  const auto &a = *static_cast<const ops::SampleArgs *>(args);
+  if (a.top_k < 1 || a.top_k > kSampleMaxTopK) return "top_k must be in 1..1024 (other calls: cuda_cta_per_row)";
+  const int dev = a.logits.device.device_id;
+  const DeviceProps &dp = device_props(dev);
+  if (!dp.sm90_code) return "thread-block clusters need compute capability 9.0";
+  if (a.vocab <= int64_t(kThreads) * kMaxL * 8) return plan_for(a, dp.sm_count, 8).why;  // (no device query)
+  return plan_for(a, dp.sm_count, max_cluster(dev)).why;
+}
+
+void sample_local_cuda(const void *args, ks_stream_t stream) {
+  const auto &a = *static_cast<const ops::SampleArgs *>(args);
+  const int dev = a.logits.device.device_id;
+  DeviceGuard g(dev, "sample");
+  const DeviceProps &dp = device_props(dev);
+  const Plan pl = plan_for(a, dp.sm_count, max_cluster(dev));
+  if (!pl.why.empty()) detail::fail(KS_ERROR_INTERNAL, "sample",
+                                    pl.why);  // (can_implement refused it)
+  const SampleParams p = sample_params(a);
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto go = [&](auto tag, auto lt) {
+    using T = decltype(tag);
+    constexpr int L = decltype(lt)::value;
+    prepare<T, L>(dev);
+    launch_kernel("sample", sample_local_kernel<T, L>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads), pl.smem, s, pl.C,
+                  dp.pdl, p, pl.kcap);
+  };
+  with_float_type(a.logits.dtype, [&](auto tag) {
+    switch (pl.L) {
+      case 8:
+        go(tag, std::integral_constant<int, 8>{});
+        break;
+      case 16:
+        go(tag, std::integral_constant<int, 16>{});
+        break;
+      case 32:
+        go(tag, std::integral_constant<int, 32>{});
+        break;
+      default:
+        go(tag, std::integral_constant<int, 64>{});
+        break;
+    }
+  });
+  check_launch("sample");
+  record_launch("sample", "cluster_local_topk threads=%lld cluster=%lld L=%lld grid=%lld",
+                {kThreads, pl.C, pl.L, a.rows * pl.C});
+}
+
+}  // namespace ks::cuda
