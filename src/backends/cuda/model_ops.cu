@@ -56,10 +56,12 @@ __device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
 // A row is split over a cluster of C CTAs (C = 1 where clusters are not available). Each
 // CTA scans its share of the row's 16-byte vectors, four loads per thread in flight
 // before any comparison; the elements before the first 16-byte boundary and after the
-// last whole vector go to rank 0. Warp shuffles, then shared memory, then rank 0 reads
-// the other CTAs' bests through distributed shared memory. The result does not depend
+// last whole vector go to rank 0. Warp shuffles, then shared memory; then every CTA
+// stores its best into rank 0's shared memory (one slot per rank, two sets alternating by
+// row, so a CTA a row ahead cannot overwrite what rank 0 has yet to read) and one cluster
+// barrier later rank 0 reduces them from its own shared memory. The result does not depend
 // on C or on the order of the scan: better() is a total order on (value, index).
-constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4;
+constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxMaxCluster = 8;
 
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restrict__ x, int64_t* __restrict__ out,
@@ -70,12 +72,18 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
   __shared__ long long si[kArgmaxThreads / 32];
   __shared__ float cta_v;
   __shared__ long long cta_i;
-  pdl_begin();
+  __shared__ float part_v[2][kArgmaxMaxCluster];  // rank 0: every rank's best, by row parity
+  __shared__ long long part_i[2][kArgmaxMaxCluster];
   int C = 1, rank = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cluster_arrive_relaxed();  // "this CTA has started": waited for before the first remote store
   cg::cluster_group cluster = cg::this_cluster();
   C = int(cluster.num_blocks());
   rank = int(cluster.block_rank());
+#endif
+  pdl_begin();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  bool first = true;
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int64_t r = blockIdx.x / C; r < rows; r += gridDim.x / C) {
@@ -126,16 +134,22 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
       if (lane == 0) cta_v = c.v, cta_i = c.i;
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (first) cluster_wait();  // (the start: every CTA of the cluster runs)
+    first = false;
     if (C > 1) {
-      cluster.sync();  // every CTA's best is in its shared memory
+      const int set = int((r / (gridDim.x / C)) & 1);  // this CTA's row count so far, mod 2
+      if (threadIdx.x == 0) {  // (warp 0's lane 0 wrote cta_v / cta_i)
+        *cluster.map_shared_rank(&part_v[set][rank], 0) = cta_v;
+        *cluster.map_shared_rank(&part_i[set][rank], 0) = cta_i;
+      }
+      cluster_arrive();
+      cluster_wait();  // every rank's best is in rank 0's shared memory
       if (rank == 0 && threadIdx.x == 0) {
-        ArgBest c{cta_v, cta_i};
-        for (int k = 1; k < C; ++k)
-          c = better(c, ArgBest{*cluster.map_shared_rank(&cta_v, k), *cluster.map_shared_rank(&cta_i, k)});
+        ArgBest c{part_v[set][0], part_i[set][0]};
+        for (int k = 1; k < C; ++k) c = better(c, ArgBest{part_v[set][k], part_i[set][k]});
         // all -inf: every element ties at -inf and index 0 wins; cols > 0 always here
         out[r] = c.i < cols ? c.i : 0;
       }
-      cluster.sync();  // rank 0 has read the others before they move on
       continue;
     }
 #endif
@@ -842,7 +856,7 @@ void argmax_cuda(const void* args, ks_stream_t stream) {
   // each CTA keeping at least 8192 elements
   int C = 1;
   if (dp.sm90_code)
-    while (C < 8 && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192) C *= 2;
+    while (C < kArgmaxMaxCluster && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192) C *= 2;
   const int64_t clusters = std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 8 / C);
   const unsigned grid = unsigned(clusters * C);
   const auto s = static_cast<cudaStream_t>(stream);
