@@ -1,30 +1,25 @@
-// ks_sample on CUDA, variant cuda_cluster_local_topk (contract:
-// docs/contracts.md#sample): top-k (1 <= top_k <= 1024) then top-p, the same
-// ids as the CPU reference bit for bit, with one cluster barrier per row.
+// ks_sample on CUDA, variant cuda_cluster_local_topk (contract: docs/contracts.md#sample):
+// top-k (1 <= top_k <= 1024) then top-p, the same ids as the CPU reference bit for bit, with
+// one cluster barrier per row.
 //
-// A row is split over a cluster of C CTAs (C up to 16), each owning a
-// contiguous range of at most 512 L scores (L = 8, 16, 32 or 64 per thread, in
-// registers):
-//  1. each CTA reads its range once: validity (NaN, +inf), the max of z = x /
-//  T, the
+// A row is split over a cluster of C CTAs (C up to 16), each owning a contiguous range of
+// at most 512 L scores (L = 8, 16, 32 or 64 per thread, in registers):
+//  1. each CTA reads its range once: validity (NaN, +inf), the max of z = x / T, the
 //     finite count, and each finite z's order key;
-//  2. each CTA selects its own top-k (the top_k largest keys, equal keys going
-//  to lower
-//     indices) by radix selection in three rounds (12, 12 and 8 bits) over its
-//     registers, with no cluster traffic. The row's top-k is contained in the
-//     union of the ranges' top-k: an id beaten by top_k ids of its own range is
-//     beaten by top_k ids of the row, in the same (key desc, index asc) order;
-//  3. each CTA writes its members (at most top_k, in index order) and its
-//  validity, max and
-//     finite count into rank 0's shared memory; one cluster barrier;
-//  4. rank 0: the row's top-k of the (at most C top_k) candidates by the same
-//  selection,
-//     then sample_finish_row (sampling_finish.cuh): weights, top-p and the
-//     draw, the CPU reference's steps.
-// Positions are numbered j * 512 + thread (j < L) in a range, and so in index
-// order: the order-dependent steps (the cut among equal keys, the members'
-// slots) take the flags of one j from a warp ballot, and one block-wide scan
-// over the (j, warp) counts.
+//  2. each CTA selects its own top-k (the top_k largest keys, equal keys going to lower
+//     indices) by radix selection in four rounds of 8 bits over its registers, with no
+//     cluster traffic (a histogram per warp: scores crowd into a few bins, and atomics
+//     from 16 warps on one bin serialize). The row's top-k is contained in the union of
+//     the ranges' top-k: an id beaten by top_k ids of its own range is beaten by top_k ids
+//     of the row, in the same (key desc, index asc) order;
+//  3. each CTA writes its members (at most top_k, in index order) and its validity, max
+//     and finite count into rank 0's shared memory; one cluster barrier;
+//  4. rank 0: the row's top-k of the (at most C top_k) candidates by the same selection,
+//     then sample_finish_row (sampling_finish.cuh): weights, top-p and the draw, the CPU
+//     reference's steps.
+// Positions are numbered j * 512 + thread (j < L) in a range, and so in index order: the
+// order-dependent steps (the cut among equal keys, the members' slots) take the flags of
+// one j from a warp ballot, and one block-wide scan over the (j, warp) counts.
 #include <cooperative_groups.h>
 
 #include <climits>
@@ -48,12 +43,11 @@ namespace ks::cuda {
 namespace {
 
 namespace smp = ks::sampling;
-constexpr int kThreads = 512, kWarps = kThreads / 32, kBins = 4096, kMaxC = 16, kMaxL = 64;
+constexpr int kThreads = 512, kWarps = kThreads / 32, kBins = 256, kMaxC = 16, kMaxL = 64;
 
 struct Smem {
-  unsigned hist[kBins];
-  unsigned pos_count[kMaxL * kWarps];  // ordered prefix: per (j, warp) counts,
-                                       // then their prefix
+  unsigned hist[kWarps][kBins];  // a digit histogram per warp (no atomics across warps)
+  unsigned pos_count[kMaxL * kWarps];  // ordered prefix: per (j, warp) counts, then their prefix
   SampleMembers fin;                   // rank 0: the row's members, then the last step
   unsigned long long warp_u64[kWarps];
   float warp_f[kWarps];
@@ -67,34 +61,27 @@ struct Smem {
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+// hist[bin] += 1 for the calling lanes (one warp's histogram): one shared atomic per
+// distinct bin
 __device__ __forceinline__ void count_bin(unsigned *hist, unsigned bin) {
   const unsigned peers = __match_any_sync(__activemask(), bin);
   if ((threadIdx.x & 31) == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bin], unsigned(__popc(peers)));
 }
 
-// The bin of hist[0 .. nbins) where the count from the top first reaches need
-// (>= 1, and
-// <= the histogram's total): sh.sel = {bin, need - the count in the bins above
-// it}.
-__device__ void select_digit(Smem &sh, int nbins, unsigned need) {
-  const int per_t = (nbins + kThreads - 1) / kThreads;
-  const int top = nbins - 1 - int(threadIdx.x) * per_t;  // this thread's bins: top, top - 1, ...
+// The digit whose bin, summed over the warps' histograms, is where the count from the top
+// first reaches need (>= 1, and <= the histograms' total): sh.sel = {digit, need - the count
+// in the digits above it}. Thread t < 256 takes digit 255 - t.
+__device__ void select_digit(Smem &sh, unsigned need) {
+  const int d = kBins - 1 - int(threadIdx.x);
   unsigned s = 0;
-  for (int q = 0; q < per_t; ++q)
-    if (top - q >= 0) s += sh.hist[top - q];
+  if (d >= 0)
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) s += sh.hist[w][d];
   unsigned long long total;
   const unsigned long long inc = block_scan_u64<kWarps>(s, &total, sh.warp_u64);
-  if (inc - s < need && inc >= need) {
-    unsigned long long run = inc - s;
-    for (int q = 0; q < per_t; ++q) {
-      const unsigned h = sh.hist[top - q];
-      if (run + h >= need) {
-        sh.sel[0] = unsigned(top - q);
-        sh.sel[1] = unsigned(need - run);
-        break;
-      }
-      run += h;
-    }
+  if (s > 0 && inc - s < need && inc >= need) {
+    sh.sel[0] = unsigned(d);
+    sh.sel[1] = unsigned(need - (inc - s));
   }
   __syncthreads();
 }
@@ -157,19 +144,18 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
     return flags;
   }
   unsigned prefix = 0, mask = 0, need = k;
-  for (int round = 0; round < 3; ++round) {
-    const int shift = round == 0 ? 20 : round == 1 ? 8 : 0;
-    const int nbins = round == 2 ? 256 : kBins;
-    for (int b = threadIdx.x; b < nbins; b += kThreads) sh.hist[b] = 0;
+  const int warp = threadIdx.x >> 5;
+  for (int shift = 24; shift >= 0; shift -= 8) {  // radix selection, 8 bits a round
+    for (int b = threadIdx.x; b < kWarps * kBins; b += kThreads) (&sh.hist[0][0])[b] = 0;
     __syncthreads();
 #pragma unroll
     for (int j = 0; j < L; ++j)
-      if (key[j] && (key[j] & mask) == prefix) count_bin(sh.hist, (key[j] >> shift) & unsigned(nbins - 1));
+      if (key[j] && (key[j] & mask) == prefix) count_bin(sh.hist[warp], (key[j] >> shift) & unsigned(kBins - 1));
     __syncthreads();
-    select_digit(sh, nbins, need);
+    select_digit(sh, need);
     prefix |= sh.sel[0] << shift;
     need = sh.sel[1];
-    mask |= unsigned(nbins - 1) << shift;
+    mask |= unsigned(kBins - 1) << shift;
   }
   // prefix: the k-th largest key; need: how many keys equal to it are members
   // (lowest first)
@@ -195,8 +181,7 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ unsigned cand[];  // [C * kcap] keys, then [C * kcap] indices (rank 0's)
   __shared__ Smem sh;
-  cluster_arrive_relaxed();  // "this CTA has started"; waited for before the
-                             // first remote write
+  cluster_arrive_relaxed();  // "this CTA has started"; waited for before the first remote write
   pdl_begin();
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
@@ -255,8 +240,7 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     r0->part_n[rank] = bad ? 0 : n_mem;
   }
   cluster_arrive();
-  cluster_wait();  // every rank's candidates are in rank 0; the other ranks are
-                   // done
+  cluster_wait();  // every rank's candidates are in rank 0; the other ranks are done
   if (rank != 0) return;
   // 4. rank 0: the row's top-k of the candidates (position j * 512 + thread =
   // rank * kcap + slot: index order), then the last step
