@@ -61,12 +61,10 @@ struct Smem {
 };
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
-// hist[bin] += 1 for the calling lanes (one warp's histogram): one shared atomic per
-// distinct bin
-__device__ __forceinline__ void count_bin(unsigned *hist, unsigned bin) {
-  const unsigned peers = __match_any_sync(__activemask(), bin);
-  if ((threadIdx.x & 31) == unsigned(__ffs(peers) - 1)) atomicAdd(&hist[bin], unsigned(__popc(peers)));
-}
+// hist[bin] += 1 (the calling warp's own histogram). A plain shared atomic per lane: at
+// 10fa6ee, aggregating equal bins first with __match_any_sync cost about 1 us per score
+// per thread over the four rounds (1x128256: 30.5 us at 16 scores per thread, 45 at 32).
+__device__ __forceinline__ void count_bin(unsigned *hist, unsigned bin) { atomicAdd(&hist[bin], 1u); }
 
 // The digit whose bin, summed over the warps' histograms, is where the count from the top
 // first reaches need (>= 1, and <= the histograms' total): sh.sel = {digit, need - the count
