@@ -127,42 +127,10 @@ __device__ __forceinline__ unsigned ordered_rank(uint64_t flags, int j, const Sm
   return sh.pos_count[j * kWarps + (threadIdx.x >> 5)] + unsigned(__popc(b & lt));
 }
 
-// The k-th largest of the CTA's keys that are >= lo (lo >= 1; at least k of them):
-// radix selection, 8 bits a round, over a histogram per warp. Returns it; *need: how many
-// keys equal to it are among the k largest. Each warp clears its own histogram (its last
-// reader, select_digit, has passed a block barrier since), so a round has two barriers
-// besides select_digit's.
-template <int L>
-__device__ unsigned kth_largest(const unsigned (&key)[L], unsigned lo, unsigned k, Smem &sh, unsigned *need_out) {
-  unsigned prefix = 0, mask = 0, need = k;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-#pragma unroll
-    for (int b = lane; b < kBins; b += 32) sh.hist[warp][b] = 0;
-    __syncwarp();
-#pragma unroll
-    for (int j = 0; j < L; ++j)
-      if (key[j] >= lo && (key[j] & mask) == prefix)
-        count_bin(sh.hist[warp], (key[j] >> shift) & unsigned(kBins - 1));
-    __syncthreads();
-    select_digit(sh, need);
-    prefix |= sh.sel[0] << shift;
-    need = sh.sel[1];
-    mask |= unsigned(kBins - 1) << shift;
-  }
-  *need_out = need;
-  return prefix;
-}
-
-// The top k of the CTA's nonzero keys (key[j] at position j * 512 + threadIdx.x; count of
-// them CTA-uniform): the k largest, equal keys going to lower positions; all of them when
-// count <= k. Returns the calling thread's member flags (bit j); *members: their number.
-// With many keys per thread, a floor first: the k-th largest of the threads' maxima (k
-// threads hold a key at or above it, so the k largest keys are all at or above it), found
-// by the same selection over one key per thread; then only the keys at or above the floor
-// (typically a few per warp) enter the selection's histograms. Measured before the floor
-// (69d45c2): 26.9 us for 1x128256 at 16 keys per thread, 37.4 at 32, mostly the first
-// round's same-bin atomics over every key.
+// The top k of the CTA's nonzero keys (key[j] at position j * 512 +
+// threadIdx.x; count of them CTA-uniform): the k largest, equal keys going to
+// lower positions; all of them when count <= k. Returns the calling thread's
+// member flags (bit j); *members: their number.
 template <int L>
 __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigned k, Smem &sh, unsigned *members) {
   uint64_t flags = 0;
@@ -173,14 +141,20 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
     *members = count;
     return flags;
   }
-  unsigned lo = 1, need = 0;  // the floor
-  if (count > 4u * kThreads) {
-    unsigned top[1] = {0};
+  unsigned prefix = 0, mask = 0, need = k;
+  const int warp = threadIdx.x >> 5;
+  for (int shift = 24; shift >= 0; shift -= 8) {  // radix selection, 8 bits a round
+    for (int b = threadIdx.x; b < kWarps * kBins; b += kThreads) (&sh.hist[0][0])[b] = 0;
+    __syncthreads();
 #pragma unroll
-    for (int j = 0; j < L; ++j) top[0] = max(top[0], key[j]);
-    if (unsigned(__syncthreads_count(top[0] != 0)) > k) lo = kth_largest<1>(top, 1u, k, sh, &need);
+    for (int j = 0; j < L; ++j)
+      if (key[j] && (key[j] & mask) == prefix) count_bin(sh.hist[warp], (key[j] >> shift) & unsigned(kBins - 1));
+    __syncthreads();
+    select_digit(sh, need);
+    prefix |= sh.sel[0] << shift;
+    need = sh.sel[1];
+    mask |= unsigned(kBins - 1) << shift;
   }
-  const unsigned prefix = kth_largest<L>(key, lo, k, sh, &need);
   // prefix: the k-th largest key; need: how many keys equal to it are members
   // (lowest first)
   uint64_t eq = 0;
