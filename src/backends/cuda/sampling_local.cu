@@ -23,6 +23,7 @@
 #include <cooperative_groups.h>
 
 #include <climits>
+#include <cstdio>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -174,13 +175,24 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
 
 #endif
 
-template <typename T, int L>
+// Trace (KS_SAMPLE_TRACE=1, bf16 calls only; for locating the time, not for production): a
+// barrier and a clock64() reading after each phase, and thread 0 of row 0's rank 0 prints
+// the SM cycles each phase took, once per launch.
+template <typename T, int L, bool Trace = false>
 __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SampleParams p, int kcap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ unsigned cand[];  // [C * kcap] keys, then [C * kcap] indices (rank 0's)
   __shared__ Smem sh;
   cluster_arrive_relaxed();  // "this CTA has started"; waited for before the first remote write
   pdl_begin();
+  long long tr[9] = {};
+  auto mark = [&](int i) {
+    if constexpr (Trace) {
+      __syncthreads();
+      tr[i] = clock64();
+    }
+  };
+  mark(0);
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int64_t r = blockIdx.x / C, V = p.vocab;
@@ -212,11 +224,14 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   bad = __syncthreads_or(bad);
   zmax = block_max_f<kWarps>(zmax, sh.warp_f);
   finite = unsigned(block_sum_u64<kWarps>(finite, sh.warp_u64));
+  mark(1);
   // 2. this range's top-k, in index order
   unsigned n_mem = 0;
   const uint64_t mem = bad ? 0 : select_top<L>(key, finite, k, sh, &n_mem);
+  mark(2);
   unsigned placed;
   ordered_prefix<L>(mem, sh, &placed);
+  mark(3);
   // 3. into rank 0's shared memory
   cluster_wait();  // every CTA of the cluster has started
   unsigned *r0_key = cluster.map_shared_rank(cand, 0);
@@ -240,6 +255,7 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   cluster_arrive();
   cluster_wait();  // every rank's candidates are in rank 0; the other ranks are done
   if (rank != 0) return;
+  mark(4);
   // 4. rank 0: the row's top-k of the candidates (position j * 512 + thread =
   // rank * kcap + slot: index order), then the last step
   int bad_all = 0;
@@ -269,10 +285,12 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     }
   }
   n_cand = unsigned(block_sum_u64<kWarps>(n_cand, sh.warp_u64));
+  mark(5);
   // (a row with at most top_k finite scores: every range sent all of its own,
   // all members)
   unsigned n = 0;
   const uint64_t top = select_top<L>(key, n_cand, k, sh, &n);
+  mark(6);
   ordered_prefix<L>(top, sh, &placed);
 #pragma unroll
   for (int j = 0; j < L; ++j) {
@@ -280,7 +298,15 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     if ((top >> j) & 1) sh.fin.idx[slot] = idx[j * kThreads + int(threadIdx.x)];
   }
   __syncthreads();
+  mark(7);
   sample_finish_row<kWarps>(p, r, row, zmax_all, int(n), sh.fin, sh.warp_u64, sh.decided);
+  mark(8);
+  if constexpr (Trace)
+    if (blockIdx.x == 0 && threadIdx.x == 0)
+      printf("sample trace L=%d C=%d (SM cycles, row 0 rank 0): load %lld select %lld order %lld "
+             "write+barrier %lld candidates %lld select %lld order %lld finish %lld total %lld\n",
+             L, C, tr[1] - tr[0], tr[2] - tr[1], tr[3] - tr[2], tr[4] - tr[3], tr[5] - tr[4], tr[6] - tr[5],
+             tr[7] - tr[6], tr[8] - tr[7], tr[8] - tr[0]);
 #endif
 }
 
@@ -289,13 +315,13 @@ constexpr size_t kSmemLimit = size_t(kMaxC) * kSampleMaxTopK * 8;  // the larges
 
 // Once per device and instantiation: clusters of 16 (non-portable) allowed, and
 // the dynamic shared memory limit raised to the largest candidate area.
-template <typename T, int L>
+template <typename T, int L, bool Trace = false>
 void prepare(int dev) {
   static std::mutex mu;
   static std::set<int> done;
   std::lock_guard<std::mutex> lock(mu);
   if (done.count(dev)) return;
-  auto kern = sample_local_kernel<T, L>;
+  auto kern = sample_local_kernel<T, L, Trace>;
   check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "sample",
              "allow a non-portable cluster size");
   check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)), "sample",
@@ -383,9 +409,17 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
                                     pl.why);  // (can_implement refused it)
   const SampleParams p = sample_params(a);
   const auto s = static_cast<cudaStream_t>(stream);
+  const bool trace = env_is("KS_SAMPLE_TRACE", "1");
   auto go = [&](auto tag, auto lt) {
     using T = decltype(tag);
     constexpr int L = decltype(lt)::value;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      if (trace) {
+        prepare<T, L, true>(dev);
+        launch_kernel("sample", sample_local_kernel<T, L, true>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads), pl.smem,
+                      s, pl.C, dp.pdl, p, pl.kcap);
+        return;
+      }
     prepare<T, L>(dev);
     launch_kernel("sample", sample_local_kernel<T, L>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads), pl.smem, s, pl.C,
                   dp.pdl, p, pl.kcap);
