@@ -167,8 +167,10 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
   unsigned eq_total;
   ordered_prefix<L>(eq, sh, &eq_total);
 #pragma unroll
-  for (int j = 0; j < L; ++j)
-    if (ordered_rank(eq, j, sh) < need && ((eq >> j) & 1)) flags |= 1ull << j;
+  for (int j = 0; j < L; ++j) {
+    const unsigned rank = ordered_rank(eq, j, sh);  // (a full-warp ballot: outside any condition)
+    if (((eq >> j) & 1) && rank < need) flags |= 1ull << j;
+  }
   *members = k;
   return flags;
 }
@@ -177,7 +179,7 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
 
 // Trace (KS_SAMPLE_TRACE=1, bf16 calls only; for locating the time, not for production): a
 // barrier and a clock64() reading after each phase, and thread 0 of row 0's rank 0 prints
-// the SM cycles each phase took, once per launch.
+// the SM cycles each phase took, once per launch (nothing when row 0 has no distribution).
 template <typename T, int L, bool Trace = false>
 __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SampleParams p, int kcap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -383,7 +385,9 @@ Plan plan_for(const ops::SampleArgs &a, int sm_count, int max_c) {
       break;
     }
   pl.smem = size_t(C) * size_t(pl.kcap) * 8;
-  if (a.rows > int64_t(INT_MAX) / C) pl.why = "rows x cluster size exceeds 2^31 - 1 CTAs";
+  // (against the largest cluster, so can_implement, which plans without asking the device,
+  // and the launch agree whatever C turns out to be)
+  if (a.rows > int64_t(INT_MAX) / kMaxC) pl.why = "rows exceed (2^31 - 1) / 16 (the grid's CTAs at 16 per row)";
   return pl;
 }
 
