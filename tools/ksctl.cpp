@@ -287,9 +287,20 @@ int main(int argc, char** argv) {
   which->add_option("--rows", w_rows, "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys)")
       ->check(CLI::NonNegativeNumber)
       ->default_str("");  // -1 means "not given": no default to show
-  which->add_option("--cols", w_cols, "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K)")
-      ->check(CLI::NonNegativeNumber)
-      ->default_str("");
+  // --cols: a number, or NxK for a product (quant_matmul's key is N * K)
+  which->add_option_function<std::string>(
+          "--cols",
+          [&w_cols](const std::string& v) {
+            const size_t x = v.find_first_of("xX*");
+            auto number = [&v](const std::string& part) {
+              if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 12)
+                throw CLI::ValidationError("--cols", "'" + v + "' is not a non-negative integer or NxK");
+              return std::stoll(part);
+            };
+            w_cols = x == std::string::npos ? number(v) : number(v.substr(0, x)) * number(v.substr(x + 1));
+          },
+          "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K, given as the product or as "
+          "NxK, e.g. 576x576)");
 
   auto* table = app.add_subcommand("table", "The routing table: which variant goes first per op, GPU arch, dtype and shape");
   bool t_json = false, t_check = false;
