@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Where the time goes inside two kernels that miss the issue's targets, in one short GPU call:
+#  1. cuda_cluster_local_topk with KS_SAMPLE_TRACE=1: the SM cycles of each phase for row 0
+#     (bf16, the benchmark's sampling shapes), medians per (L, C) -> $OUT/sample_trace.txt
+#  2. quant_matmul's per-warp kernel (M = 1, bf16, the GEMV shapes 4096x4096 and 14336x4096)
+#     under Nsight Compute: speed of light, issue activity, warp stall reasons, occupancy
+#     -> $OUT/ncu_quant_matmul.txt
+# It builds first and runs the sampling GPU tests (the trace kernel is a separate
+# instantiation; the tests cover the production one).
+# Usage (device): KS_COMMIT=sha scripts/gpu_profile_ops.sh   (carry .dlpack and .deps)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER='CudaSample.*' KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
+  grep -E "FAILED|PASSED|Failure|error" | head -20
+BUILD=${KS_GPU_BUILD:-build-gpu}
+
+KS_SAMPLE_TRACE=1 $BUILD/bench_ops --ops sample --dtypes bf16 --csv /tmp/sample_trace.csv 2>&1 | grep "sample trace" |
+  python3 -c '
+import re, statistics, sys
+groups = {}
+for line in sys.stdin:
+    head, _, rest = line.partition("(")
+    fields = re.findall(r"([a-z+]+) (-?\d+)", rest.split(":", 1)[1])
+    groups.setdefault(head.strip(), []).append(fields)
+for head, runs in groups.items():
+    names = [n for n, _ in runs[0]]
+    med = [statistics.median(int(r[i][1]) for r in runs) for i in range(len(names))]
+    print(head, "(median of", len(runs), "launches; SM cycles):", ", ".join(f"{n} {m:.0f}" for n, m in zip(names, med)))
+' | tee "$OUT/sample_trace.txt"
+
+# (the first launch of each shape is Q4_1's: the benchmark runs Q4_1, then Q8_0, then Q4_0)
+for shape in 4096x4096 14336x4096; do
+  echo "== quant_matmul_kernel, Q4_1 $shape (bf16, M = 1)"
+  ncu --kernel-name regex:quant_matmul_kernel --launch-count 1 --section SpeedOfLight --section WarpStateStats \
+    --section InstructionStats --section Occupancy --section LaunchStats \
+    $BUILD/bench_ops --ops quant_matmul --dtypes bf16 --shapes $shape --csv /tmp/ncu_bench.csv 2>&1
+  echo "ncu rc=$?"
+done > "$OUT/ncu_quant_matmul.txt"
+grep -E "Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Stall|Registers Per" \
+  "$OUT/ncu_quant_matmul.txt" | head -40
