@@ -23,8 +23,10 @@
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 
 #include "model/generate.hpp"
+#include "test_util.hpp"
 
 namespace {
 
@@ -200,15 +202,15 @@ TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
   Fixture fused(ks::Backend::Cuda), cpu;
-  setenv("KS_MODEL_FUSE", "0", 1);
-  Fixture plain(ks::Backend::Cuda);
-  unsetenv("KS_MODEL_FUSE");
-  setenv("KS_MODEL_SPLIT_HEAD", "1", 1);  // the fused step with the output head split off
-  Fixture split(ks::Backend::Cuda);
-  unsetenv("KS_MODEL_SPLIT_HEAD");
-  setenv("KS_MODEL_FUSE_ROPE", "1", 1);  // RoPE + append in the q/k/v matmul's epilogue: the same bits
-  Fixture rope_fused(ks::Backend::Cuda);
-  unsetenv("KS_MODEL_FUSE_ROPE");
+  // (each switch is read when the model is built)
+  auto with_env = [](const char* name, const char* value) {
+    kstest::ScopedEnv e(name, value);
+    return std::make_unique<Fixture>(ks::Backend::Cuda);
+  };
+  const auto plain_p = with_env("KS_MODEL_FUSE", "0");
+  const auto split_p = with_env("KS_MODEL_SPLIT_HEAD", "1");  // the fused step with the output head split off
+  const auto rope_p = with_env("KS_MODEL_FUSE_ROPE", "1");  // RoPE + append in the q/k/v matmul's epilogue: the same bits
+  Fixture &plain = *plain_p, &split = *split_p, &rope_fused = *rope_p;
   const nlohmann::json ref = reference();
   const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
   const int64_t V = cpu.model.config().vocab_size;
@@ -258,9 +260,11 @@ TEST(Model, CudaLongPrefillMatchesCpu) {
   const std::vector<float> want(lc, lc + cpu.model.config().vocab_size);
   for (const char* budget : {"1024", "0"}) {
     SCOPED_TRACE(std::string("KS_DENSE_WEIGHTS_MB=") + budget);
-    setenv("KS_DENSE_WEIGHTS_MB", budget, 1);
-    Fixture gpu(ks::Backend::Cuda);
-    unsetenv("KS_DENSE_WEIGHTS_MB");
+    const auto gpu_p = [&] {
+      kstest::ScopedEnv e("KS_DENSE_WEIGHTS_MB", budget);  // read when the model is built
+      return std::make_unique<Fixture>(ks::Backend::Cuda);
+    }();
+    Fixture& gpu = *gpu_p;
     const float* lg = gpu.model.forward(prompt.data(), int64_t(prompt.size()), 0);
     double worst = 0;
     for (int64_t v = 0; v < cpu.model.config().vocab_size; ++v)
@@ -341,9 +345,8 @@ TEST(Model, CudaBatchedDecodeThroughGemmGivesTheSameIds) {
 TEST(Model, CudaBatchInvariantModeAtSeventeenSequences) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
-  setenv("KS_MODEL_BATCH_INVARIANT", "1", 1);
+  kstest::ScopedEnv invariant("KS_MODEL_BATCH_INVARIANT", "1");
   expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);
-  unsetenv("KS_MODEL_BATCH_INVARIANT");
 }
 
 TEST(Model, RejectsPositionsPastTheContext) {

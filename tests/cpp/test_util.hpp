@@ -11,6 +11,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -21,6 +22,23 @@
 namespace kstest {
 
 using ks::DType;
+
+// Sets an environment variable for a scope and restores its previous state (set or unset)
+// on exit, also when an ASSERT returns early or a call throws, so a switch never leaks into
+// the tests that follow in the same process.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() { had_ ? (void)setenv(name_.c_str(), old_.c_str(), 1) : (void)unsetenv(name_.c_str()); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_ = false;
+};
 
 // A host buffer with padding bytes before and after, so offset/misaligned views
 // and out-of-bounds writes can be tested. `offset_bytes` shifts the data start.

@@ -222,7 +222,7 @@ TEST(Cuda, SoftmaxHiddenSizesAndClusterPath) {
 // slices are all -inf, NaN and +inf.
 TEST(Cuda, SoftmaxSharedMemoryStagingVariant) {
   NEED_GPU();
-  ASSERT_EQ(setenv("KS_SOFTMAX_SMEM", "1", 1), 0);
+  kstest::ScopedEnv staging("KS_SOFTMAX_SMEM", "1");
   const float inf = INFINITY;
   for (DType dt : kstest::float_dtypes())
     for (auto [rows, H] : std::vector<std::pair<int64_t, int64_t>>{{5, 16384}, {64, 32000}, {64, 128256}, {7, 262144}}) {
@@ -243,7 +243,6 @@ TEST(Cuda, SoftmaxSharedMemoryStagingVariant) {
       EXPECT_TRUE(close_to_cpu(got, ref)) << cfg;
       std::printf("smem staging %s %lldx%lld: %s\n", ks::dtype_name(dt), (long long)rows, (long long)H, cfg.c_str());
     }
-  unsetenv("KS_SOFTMAX_SMEM");
 }
 
 TEST(Cuda, SoftmaxNonFiniteRows) {

@@ -224,7 +224,7 @@ TEST(CudaSample, ClusterLocalTopkEdgesEqualTheCpuReference) {
   }
   for (int64_t V : {int64_t(20), int64_t(1030), int64_t(40000)})  // forced clusters: short and empty ranges
     for (const char* cl : {"16", "2"}) {
-      ASSERT_EQ(setenv("KS_SAMPLE_CLUSTER", cl, 1), 0);
+      kstest::ScopedEnv force("KS_SAMPLE_CLUSTER", cl);
       const int64_t rows = 5;
       Buf x(DType::F32, {rows, V});
       for (int64_t i = 0; i < rows * V; ++i) x.set(i, (i / V) % 2 ? std::round(nd(g)) : nd(g));
@@ -232,7 +232,9 @@ TEST(CudaSample, ClusterLocalTopkEdgesEqualTheCpuReference) {
       for (int64_t i = 0; i < V; ++i)
         if (i % 3) x.set(4 * V + i, -INFINITY);  // few finite scores, scattered over the ranges
       run(x, rows, "V=" + std::to_string(V) + " KS_SAMPLE_CLUSTER=" + cl);
-      unsetenv("KS_SAMPLE_CLUSTER");
+      // the forced size was used (a silently ignored switch would test the planned one again)
+      const std::string cfg = ks_last_launch_config("sample");
+      EXPECT_NE(cfg.find(std::string("cluster=") + cl + " "), std::string::npos) << cfg;
     }
   {  // the batched shape
     const int64_t V = 128256, rows = 64;
