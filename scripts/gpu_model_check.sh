@@ -67,8 +67,9 @@ if has bench; then
   #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
   #                CTA at least N keys (only when named in KS_MODEL_AB_ONLY)
   #   nopdl / rope_fused_nopdl  KS_PDL=0 without / with KS_MODEL_FUSE_ROPE=1 (only when named)
-  #   batch_qmm / batch_qmm_staged_x  batch 8 and 32 through quant_matmul (KS_MODEL_BATCH_INVARIANT=1),
-  #                as routed / with cuda_staged_x first (only when named)
+  #   batch_qmm / batch_qmm_staged_x  batch 8, 16 and 32 through quant_matmul
+  #                (KS_MODEL_BATCH_INVARIANT=1), with cuda_warp_per_column first
+  #                (bench/routing_qmm_per_warp.json) / with cuda_staged_x first (only when named)
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
@@ -89,10 +90,11 @@ if has bench; then
     ab rope_fused KS_MODEL_FUSE_ROPE=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then
       for n in 128 256 512; do ab attn_min$n KS_ATTN_MIN_KEYS=$n; done
-      # batched decode through quant_matmul instead of the FP32 copies + cuBLASLt: as routed, and with
-      # cuda_staged_x first (bench/routing_staged_x.json)
-      AB_BATCH="8 32" ab batch_qmm KS_MODEL_BATCH_INVARIANT=1
-      AB_BATCH="8 32" ab batch_qmm_staged_x KS_MODEL_BATCH_INVARIANT=1 \
+      # batched decode through quant_matmul at every batch size instead of the FP32 copies +
+      # cuBLASLt from 16 on: with the per-warp kernel first, and with cuda_staged_x first
+      AB_BATCH="8 16 32" ab batch_qmm KS_MODEL_BATCH_INVARIANT=1 \
+        KS_ROUTING_TABLE=bench/routing_qmm_per_warp.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
+      AB_BATCH="8 16 32" ab batch_qmm_staged_x KS_MODEL_BATCH_INVARIANT=1 \
         KS_ROUTING_TABLE=bench/routing_staged_x.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
       ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
       ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0

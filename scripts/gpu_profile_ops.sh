@@ -15,6 +15,7 @@ mkdir -p "$OUT"
 KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER='CudaSample.*' KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
   grep -E "FAILED|PASSED|Failure|error" | head -20
 BUILD=${KS_GPU_BUILD:-build-gpu}
+[ -x $BUILD/bench_ops ] || { echo "gpu_profile_ops: the build failed (see $OUT/logs.txt)"; exit 1; }
 
 KS_SAMPLE_TRACE=1 $BUILD/bench_ops --ops sample --dtypes bf16 --csv /tmp/sample_trace.csv 2>&1 | grep "sample trace" |
   python3 -c '
@@ -33,10 +34,12 @@ for head, runs in groups.items():
 # (the first launch of each shape is Q4_1's: the benchmark runs Q4_1, then Q8_0, then Q4_0)
 for shape in 4096x4096 14336x4096; do
   echo "== quant_matmul_kernel, Q4_1 $shape (bf16, M = 1)"
-  ncu --kernel-name regex:quant_matmul_kernel --launch-count 1 --section SpeedOfLight --section WarpStateStats \
-    --section InstructionStats --section Occupancy --section LaunchStats \
+  # (--clock-control none: the clocks bench_ops runs at, so Duration compares with its times)
+  ncu --clock-control none --kernel-name regex:quant_matmul_kernel --launch-count 1 --section SpeedOfLight \
+    --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section InstructionStats \
+    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
     $BUILD/bench_ops --ops quant_matmul --dtypes bf16 --shapes $shape --csv /tmp/ncu_bench.csv 2>&1
   echo "ncu rc=$?"
 done > "$OUT/ncu_quant_matmul.txt"
-grep -E "Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|Achieved Occupancy|Stall|Registers Per" \
-  "$OUT/ncu_quant_matmul.txt" | head -40
+grep -E "^== |Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|Issued Warp|No Eligible|Achieved Occupancy|Stall|Registers Per" \
+  "$OUT/ncu_quant_matmul.txt" | head -60

@@ -365,7 +365,8 @@ void register_cuda_variants(std::vector<Variant>& v) {
   // benchmark shape at 69d45c2 (1x128256 bf16 26.9 vs 59.2 us, 64x128256 168 vs 295, 256x151936
   // 1019 vs 1222)
   v.push_back({"sample", KS_BACKEND_CUDA, "cuda_cluster_local_topk", kFloatDTypes, 25,
-               "top_k 1..1024, vocab up to 16 x 32768: a row over a cluster of up to 16 CTAs, each selecting "
+               "top_k 1..1024, vocab up to 16 x 32768 (8 x 32768 where clusters of 16 cannot be resident): a row "
+               "over a cluster of up to 16 CTAs, each selecting "
                "its own range's top-k in registers, one cluster barrier, then the row's top-k of those, top-p "
                "and the draw in one CTA; bit-identical to the CPU",
                avail, ks::cuda::ci_sample_local, ks::cuda::sample_local_cuda});
@@ -390,7 +391,8 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "until measured", avail, ks::cuda::ci_quant_matmul_m16, ks::cuda::quant_matmul_m16_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_staged_x", kFloatDTypes, 3,
                "M >= 2, K <= 2720: x's rows staged once per CTA in shared memory, 16 rows per decoded block "
-               "where they fit; the same bits as cuda_warp_per_column; lowest until measured",
+               "where they fit; the same bits as cuda_warp_per_column; lowest by priority, first for fp32 at 2..15 "
+               "rows by sm_90.json (the model's batched decode measured faster at a1bda96)",
                avail, ks::cuda::ci_quant_matmul_staged_x, ks::cuda::quant_matmul_staged_x_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_row_stream", kFloatDTypes, 4,
                "M = 1: each warp streams whole weight rows into two shared-memory buffers with cp.async (the "
