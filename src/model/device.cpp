@@ -44,6 +44,19 @@ DeviceArray& DeviceArray::operator=(DeviceArray&& o) noexcept {
   return *this;
 }
 
+PinnedArray::PinnedArray(size_t bytes) : n_(bytes) { check(cudaMallocHost(&p_, bytes ? bytes : 16), "cudaMallocHost"); }
+PinnedArray::~PinnedArray() {
+  if (p_) cudaFreeHost(p_);
+}
+PinnedArray& PinnedArray::operator=(PinnedArray&& o) noexcept {
+  if (this != &o) {
+    if (p_) cudaFreeHost(p_);
+    p_ = o.p_, n_ = o.n_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+
 DeviceStream::DeviceStream() {
   cudaStream_t s;
   check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -108,6 +121,13 @@ DeviceArray& DeviceArray::operator=(DeviceArray&& o) noexcept {
   o.p_ = nullptr, o.n_ = 0;
   return *this;
 }
+PinnedArray::PinnedArray(size_t) { unavailable(); }
+PinnedArray::~PinnedArray() = default;
+PinnedArray& PinnedArray::operator=(PinnedArray&& o) noexcept {
+  p_ = o.p_, n_ = o.n_;
+  o.p_ = nullptr, o.n_ = 0;
+  return *this;
+}
 DeviceStream::DeviceStream() { unavailable(); }
 DeviceStream::~DeviceStream() = default;
 void DeviceStream::to_device(void*, const void*, size_t) { unavailable(); }
@@ -118,8 +138,8 @@ void DeviceStream::replay() { unavailable(); }
 void DeviceStream::drop_graph() {}
 #endif
 
-ks::TensorView DeviceArray::view(ks::DType dtype, const std::vector<int64_t>& shape) const {
-  return ks::TensorView(p_, dtype, shape, DLDevice{kDLCUDA, 0});
+ks::TensorView DeviceArray::view(ks::DType dtype, const std::vector<int64_t>& shape, size_t offset) const {
+  return ks::TensorView(static_cast<char*>(p_) + offset, dtype, shape, DLDevice{kDLCUDA, 0});
 }
 
 }  // namespace ks::model

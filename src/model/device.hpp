@@ -24,8 +24,25 @@ class DeviceArray {  // cudaMalloc'd bytes on the current device; move-only
   DeviceArray& operator=(const DeviceArray&) = delete;
   void* data() const { return p_; }
   size_t bytes() const { return n_; }
-  // A view of these bytes as dtype/shape on CUDA device 0.
-  ks::TensorView view(ks::DType dtype, const std::vector<int64_t>& shape) const;
+  // A view of these bytes, from byte `offset` on, as dtype/shape on CUDA device 0.
+  ks::TensorView view(ks::DType dtype, const std::vector<int64_t>& shape, size_t offset = 0) const;
+
+ private:
+  void* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+class PinnedArray {  // page-locked host bytes (cudaMallocHost): async copies read them at run time; move-only
+ public:
+  PinnedArray() = default;
+  explicit PinnedArray(size_t bytes);
+  ~PinnedArray();
+  PinnedArray(PinnedArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  PinnedArray& operator=(PinnedArray&& o) noexcept;
+  PinnedArray(const PinnedArray&) = delete;
+  PinnedArray& operator=(const PinnedArray&) = delete;
+  void* data() const { return p_; }
+  size_t bytes() const { return n_; }
 
  private:
   void* p_ = nullptr;
@@ -39,7 +56,9 @@ class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
   DeviceStream(const DeviceStream&) = delete;
   DeviceStream& operator=(const DeviceStream&) = delete;
   ks_stream_t handle() const { return s_; }
-  void to_device(void* dst, const void* src, size_t bytes);  // async on this stream (src must stay valid)
+  // async on this stream: src must stay valid and unchanged until the stream reaches the copy
+  // (pinned memory is read then; pageable memory is staged at the call)
+  void to_device(void* dst, const void* src, size_t bytes);
   void to_host(void* dst, const void* src, size_t bytes);    // async; call sync() before reading dst
   void sync();
   // Captures fn (launches on this stream only) into a graph; replay() launches it.

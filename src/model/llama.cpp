@@ -227,6 +227,20 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   }
 }
 
+namespace {
+// Where a step's inputs sit in the CUDA step block (LlamaModel::step_dev_ / step_host_): the
+// slots (int64), then the ids, positions, sequence ids and lengths (int32), each on a 16-byte
+// boundary, for a step of `cap` rows (the block is sized for the capacity).
+struct StepLayout {
+  size_t slots, ids, pos, seq, lens, bytes;
+};
+StepLayout step_layout(int64_t cap) {
+  auto up = [](size_t b) { return (b + 15) & ~size_t(15); };
+  const size_t s8 = up(size_t(cap) * 8), s4 = up(size_t(cap) * 4);
+  return StepLayout{0, s8, s8 + s4, s8 + 2 * s4, s8 + 3 * s4, s8 + 4 * s4};
+}
+}  // namespace
+
 void LlamaModel::ensure_capacity(int64_t n) {
   if (n <= cap_) return;
   const auto& c = cfg_;
@@ -247,36 +261,53 @@ void LlamaModel::ensure_capacity(int64_t n) {
   attn_ = alloc(ks::DType::F32, {n, c.hidden_size});
   gu_ = alloc(ks::DType::F32, {n, 2 * c.intermediate_size});
   act_ = alloc(ks::DType::F32, {n, c.intermediate_size});
-  ids_ = alloc(ks::DType::I32, {n});
-  pos_ = alloc(ks::DType::I32, {n});
-  seq_ids_ = alloc(ks::DType::I32, {n});
-  ctx_lens_ = alloc(ks::DType::I32, {n});
-  slots_ = alloc(ks::DType::I64, {n});
+  if (on_device_) {  // one block, one copy per step; stage_rows lays each step out in it
+    const size_t bytes = step_layout(n).bytes;
+    DeviceArray d(bytes);  // (every allocation first: a failure leaves the old blocks in place)
+    PinnedArray h(bytes), ids(size_t(n) * 8);
+    step_dev_ = std::move(d);
+    step_host_ = std::move(h);
+    next_host_ = std::move(ids);
+  } else {
+    ids_ = alloc(ks::DType::I32, {n});
+    pos_ = alloc(ks::DType::I32, {n});
+    seq_ids_ = alloc(ks::DType::I32, {n});
+    ctx_lens_ = alloc(ks::DType::I32, {n});
+    slots_ = alloc(ks::DType::I64, {n});
+  }
   cap_ = n;
 }
 
 void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t n) {
-  staged_.resize(size_t(4 * n));
-  std::vector<int64_t>& slots = staged_seq_;
-  slots.resize(size_t(n));
+  // Per row: the token, its position, its sequence, the keys it sees (causal: 0..pos) and its
+  // cache slot (the sequence's own blocks). On the CPU straight into the step's tensors. On
+  // CUDA into the pinned step block, laid out for n rows (the same addresses for every step
+  // of n rows, so a graph captured for n replays with them), and sent in one copy of just
+  // those bytes; the views the kernels read point into the device block.
+  const StepLayout L = step_layout(n);
+  char* h = nullptr;
+  if (on_device_) {
+    stream_->sync();  // an earlier step's copy may still read the pinned block (after an error)
+    h = static_cast<char*>(step_host_.data());
+    slots_.view = step_dev_.view(ks::DType::I64, {n}, L.slots);
+    ids_.view = step_dev_.view(ks::DType::I32, {n}, L.ids);
+    pos_.view = step_dev_.view(ks::DType::I32, {n}, L.pos);
+    seq_ids_.view = step_dev_.view(ks::DType::I32, {n}, L.seq);
+    ctx_lens_.view = step_dev_.view(ks::DType::I32, {n}, L.lens);
+  }
+  auto* slots = on_device_ ? reinterpret_cast<int64_t*>(h + L.slots) : static_cast<int64_t*>(slots_.view.data());
+  auto* ids = on_device_ ? reinterpret_cast<int32_t*>(h + L.ids) : static_cast<int32_t*>(ids_.view.data());
+  auto* p = on_device_ ? reinterpret_cast<int32_t*>(h + L.pos) : static_cast<int32_t*>(pos_.view.data());
+  auto* sq = on_device_ ? reinterpret_cast<int32_t*>(h + L.seq) : static_cast<int32_t*>(seq_ids_.view.data());
+  auto* lens = on_device_ ? reinterpret_cast<int32_t*>(h + L.lens) : static_cast<int32_t*>(ctx_lens_.view.data());
   for (int64_t i = 0; i < n; ++i) {
-    staged_[size_t(i)] = tokens[i];
-    staged_[size_t(n + i)] = int32_t(pos[i]);
-    staged_[size_t(2 * n + i)] = int32_t(seq[i]);
-    staged_[size_t(3 * n + i)] = int32_t(pos[i] + 1);  // causal: the row sees keys 0..pos
-    slots[size_t(i)] = seq[i] * blocks_per_seq_ * block_size_ + pos[i];  // the sequence's own blocks
+    slots[i] = seq[i] * blocks_per_seq_ * block_size_ + pos[i];
+    ids[i] = tokens[i];
+    p[i] = int32_t(pos[i]);
+    sq[i] = int32_t(seq[i]);
+    lens[i] = int32_t(pos[i] + 1);
   }
-  void* dst[4] = {ids_.view.data(), pos_.view.data(), seq_ids_.view.data(), ctx_lens_.view.data()};
-  for (int j = 0; j < 4; ++j) {
-    if (on_device_)
-      stream_->to_device(dst[j], staged_.data() + j * n, size_t(n) * 4);
-    else
-      std::memcpy(dst[j], staged_.data() + j * n, size_t(n) * 4);
-  }
-  if (on_device_)
-    stream_->to_device(slots_.view.data(), slots.data(), size_t(n) * 8);
-  else
-    std::memcpy(slots_.view.data(), slots.data(), size_t(n) * 8);
+  if (on_device_) stream_->to_device(step_dev_.data(), step_host_.data(), L.bytes);
 }
 
 void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
@@ -469,8 +500,9 @@ void LlamaModel::decode_rows(const int32_t* tokens, const int64_t* seq, const in
       stream_->capture(step);
       graph_rows_ = b;
     }
-    stream_->to_host(batch_ids_.data(), next_id_.view.data(), size_t(b) * 8);
+    stream_->to_host(next_host_.data(), next_id_.view.data(), size_t(b) * 8);
     stream_->sync();
+    std::memcpy(batch_ids_.data(), next_host_.data(), size_t(b) * 8);
   }
   for (int64_t i = 0; i < b; ++i) next_ids[i] = int32_t(batch_ids_[size_t(i)]);
 }

@@ -153,10 +153,12 @@ class LlamaModel {
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;
   Buffer x_, res_, res2_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, slots_, logits_dev_, next_id_;
-  std::vector<int64_t> staged_seq_, staged_pos_;  // host staging for stage_rows
   std::vector<int64_t> batch_ids_;                // decode_batch's argmax results (host)
   int64_t graph_rows_ = 0;                        // rows of the captured decode graph (0: none)
-  std::vector<int32_t> staged_;  // host staging of ids | positions | seq ids | lengths (CUDA)
+  // CUDA: a step's inputs (slots_, ids_, pos_, seq_ids_, ctx_lens_ are views into step_dev_)
+  // staged in one pinned block and sent with one copy; next_host_: the argmax ids, pinned
+  DeviceArray step_dev_;
+  PinnedArray step_host_, next_host_;
   ks::Tensor logits_;            // the last token's logits on the host (decode_batch: every row's)
 };
 
