@@ -23,6 +23,23 @@ namespace kstest {
 
 using ks::DType;
 
+// Pins op to variant (ks_force_variant) for a scope and releases the pin on every exit, also
+// when an ASSERT returns early or a call throws; status(): the pin's result (check it). An
+// empty or null variant leaves the routing as it is.
+struct ScopedVariant {
+  ScopedVariant(const char* op, const char* variant) : op_(op) {
+    status_ = variant && *variant ? ks_force_variant(op, variant) : KS_SUCCESS;
+  }
+  ~ScopedVariant() { ks_force_variant(op_.c_str(), nullptr); }
+  ScopedVariant(const ScopedVariant&) = delete;
+  ScopedVariant& operator=(const ScopedVariant&) = delete;
+  ks_status_t status() const { return status_; }
+
+ private:
+  std::string op_;
+  ks_status_t status_;
+};
+
 // Sets an environment variable for a scope and restores its previous state (set or unset)
 // on exit, also when an ASSERT returns early or a call throws, so a switch never leaks into
 // the tests that follow in the same process.

@@ -847,9 +847,11 @@ TEST(Cuda, QuantMatmulM16VariantEqualsTheDefault) {
           da.poison();
           db.poison();
           for (auto [variant, out] : {std::pair{"cuda_warp_per_column_m16", &da}, {"cuda_warp_per_column", &db}}) {
-            ASSERT_EQ(ks_force_variant("quant_matmul", variant), KS_SUCCESS) << ks_last_error();
-            ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-            ks_force_variant("quant_matmul", nullptr);
+            {
+              kstest::ScopedVariant pin("quant_matmul", variant);
+              ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+              ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            }
           }
           CK(cudaDeviceSynchronize());
           da.download(a);
@@ -884,9 +886,11 @@ TEST(Cuda, QuantMatmulStagedXVariantEqualsTheDefault) {
         std::vector<std::pair<const char*, DBuf*>> runs = {{"cuda_staged_x", &da}, {"cuda_warp_per_column", &db}};
         if (M >= 8) runs.push_back({"cuda_warp_per_column_m16", &dc});
         for (auto [variant, out] : runs) {
-          ASSERT_EQ(ks_force_variant("quant_matmul", variant), KS_SUCCESS) << ks_last_error();
-          ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-          ks_force_variant("quant_matmul", nullptr);
+          {
+            kstest::ScopedVariant pin("quant_matmul", variant);
+            ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+            ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          }
           if (std::string(variant) == "cuda_staged_x") {
             const std::string cfg = ks_last_launch_config("quant_matmul");
             EXPECT_NE(cfg.find("staged_rows=1"), std::string::npos) << cfg;
@@ -908,12 +912,12 @@ TEST(Cuda, QuantMatmulStagedXVariantEqualsTheDefault) {
   Buf w = make_packed(KS_QTYPE_Q8_0, N, K);
   DBuf dx(DType::F32, {M, K}, 4), dw(DType::U8, w.shape), out(DType::F32, {M, N});
   dw.upload(w);
-  ASSERT_EQ(ks_force_variant("quant_matmul", "cuda_staged_x"), KS_SUCCESS);
+  kstest::ScopedVariant pin("quant_matmul", "cuda_staged_x");
+  ASSERT_EQ(pin.status(), KS_SUCCESS);
   const ks::TensorView ov = out.view(), xv = dx.view(), wv = dw.view();  // (dl() points into the view)
   DLTensor o = ov.dl(), xx = xv.dl(), ww = wv.dl();
   const ks_status_t st = ks_quant_matmul(&o, &xx, &ww, KS_QTYPE_Q8_0, KS_BACKEND_CUDA, nullptr);
   const std::string msg = ks_last_error();
-  ks_force_variant("quant_matmul", nullptr);
   EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << msg;
   EXPECT_NE(msg.find("aligned"), std::string::npos) << msg;
 }
@@ -1067,9 +1071,11 @@ TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
           da.poison();
           db.poison();
           for (auto [variant, out] : {std::pair{"cuda_row_stream", &da}, {"cuda_warp_per_column", &db}}) {
-            ASSERT_EQ(ks_force_variant("quant_matmul", variant), KS_SUCCESS) << ks_last_error();
-            ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-            ks_force_variant("quant_matmul", nullptr);
+            {
+              kstest::ScopedVariant pin("quant_matmul", variant);
+              ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+              ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            }
             if (out == &da && N == many) {  // the grid leaves several rows to each warp (both buffers used)
               const std::string cfg = ks_last_launch_config("quant_matmul");
               const size_t at = cfg.find("grid=");
@@ -1085,9 +1091,9 @@ TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
         }
   // M = 2: the pinned variant cannot run the call, and says so
   DBuf dx(DType::F32, {2, 64}), dw(DType::U8, {3, 2 * 20}), dout(DType::F32, {2, 3});
-  ASSERT_EQ(ks_force_variant("quant_matmul", "cuda_row_stream"), KS_SUCCESS) << ks_last_error();
+  kstest::ScopedVariant pin("quant_matmul", "cuda_row_stream");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
   EXPECT_THROW(ks::quant_matmul(dout.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
-  ks_force_variant("quant_matmul", nullptr);
 }
 
 // The decode-step fusions on CUDA against the CPU (whose result is the unfused sequence's):

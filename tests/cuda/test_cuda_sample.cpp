@@ -130,13 +130,9 @@ TEST(CudaSample, ManyRowsAndEdgeCasesEqualTheCpuReference) {
 // takes the no-selection path (every finite score is a member). ks_sample turns top_k >=
 // vocab into "off" (0), which these variants refuse: such configurations are left to the
 // unpinned tests.
-struct PinSample {
-  explicit PinSample(const char* v) { ks::force_variant("sample", v); }
-  ~PinSample() { ks::force_variant("sample", ""); }
-};
-
 void expect_topk_variant_equals_cpu(const char* variant) {
-  PinSample pin(variant);
+  kstest::ScopedVariant pin("sample", variant);
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
   const std::vector<Cfg> cfgs = {{0.7, 50, 1.0}, {1.3, 40, 0.5}, {0.01, 1, 1.0}, {2.0, 3, 0.3},
                                  {1.0, 999, 0.95}, {1.0, 1024, 0.95}, {1.0, 50, 0.9}, {1e-38, 3, 0.9}};
   for (DType dt : kstest::float_dtypes())
@@ -193,7 +189,8 @@ TEST(CudaSample, ClusterLocalTopkVariantEqualsTheCpuReference) {
 // batched shape (64 x 128256).
 TEST(CudaSample, ClusterLocalTopkEdgesEqualTheCpuReference) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
-  PinSample pin("cuda_cluster_local_topk");
+  kstest::ScopedVariant pin("sample", "cuda_cluster_local_topk");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
   const std::vector<Cfg> cfgs = {{1.0, 50, 0.9}, {0.8, 1024, 1.0}, {1.0, 7, 0.3}, {1e-38, 2, 1.0}};
   std::mt19937_64 g(7);
   std::normal_distribution<double> nd(0.0, 3.0);
@@ -251,7 +248,8 @@ TEST(CudaSample, GraphReplayReadsTheOffsetTensor) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
   for (const char* variant : {"", "cuda_cluster_topk", "cuda_cluster_local_topk"}) {  // "": as routed
     SCOPED_TRACE(std::string("variant ") + variant);
-    PinSample pin(variant);
+    kstest::ScopedVariant pin("sample", variant);
+    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
     const int64_t rows = 4, V = 5000;
     Buf x = make_logits(DType::BF16, rows, V, 99, false);
     Buf so(DType::I64, {2}), out(DType::I64, {rows});
