@@ -261,45 +261,43 @@ void LlamaModel::ensure_capacity(int64_t n) {
   attn_ = alloc(ks::DType::F32, {n, c.hidden_size});
   gu_ = alloc(ks::DType::F32, {n, 2 * c.intermediate_size});
   act_ = alloc(ks::DType::F32, {n, c.intermediate_size});
-  if (on_device_) {  // one block, one copy per step; stage_rows lays each step out in it
-    const size_t bytes = step_layout(n).bytes;
+  // the step inputs' block (stage_rows lays each step out in it): on CUDA a pinned host block
+  // and its device twin, one copy per step; on the CPU a host block the kernels read directly
+  const size_t bytes = step_layout(n).bytes;
+  if (on_device_) {
     DeviceArray d(bytes);  // (every allocation first: a failure leaves the old blocks in place)
     PinnedArray h(bytes), ids(size_t(n) * 8);
     step_dev_ = std::move(d);
     step_host_ = std::move(h);
     next_host_ = std::move(ids);
   } else {
-    ids_ = alloc(ks::DType::I32, {n});
-    pos_ = alloc(ks::DType::I32, {n});
-    seq_ids_ = alloc(ks::DType::I32, {n});
-    ctx_lens_ = alloc(ks::DType::I32, {n});
-    slots_ = alloc(ks::DType::I64, {n});
+    step_cpu_.assign(bytes / 8, 0);
   }
   cap_ = n;
 }
 
 void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t n) {
   // Per row: the token, its position, its sequence, the keys it sees (causal: 0..pos) and its
-  // cache slot (the sequence's own blocks). On the CPU straight into the step's tensors. On
-  // CUDA into the pinned step block, laid out for n rows (the same addresses for every step
-  // of n rows, so a graph captured for n replays with them), and sent in one copy of just
-  // those bytes; the views the kernels read point into the device block.
+  // cache slot (the sequence's own blocks), laid out for n rows in the step block (the same
+  // addresses for every step of n rows, so a graph captured for n replays with them). On
+  // CUDA the pinned block goes over in one copy of just those bytes and the kernels read the
+  // device twin; on the CPU they read the host block itself.
   const StepLayout L = step_layout(n);
-  char* h = nullptr;
-  if (on_device_) {
-    stream_->sync();  // an earlier step's copy may still read the pinned block (after an error)
-    h = static_cast<char*>(step_host_.data());
-    slots_.view = step_dev_.view(ks::DType::I64, {n}, L.slots);
-    ids_.view = step_dev_.view(ks::DType::I32, {n}, L.ids);
-    pos_.view = step_dev_.view(ks::DType::I32, {n}, L.pos);
-    seq_ids_.view = step_dev_.view(ks::DType::I32, {n}, L.seq);
-    ctx_lens_.view = step_dev_.view(ks::DType::I32, {n}, L.lens);
-  }
-  auto* slots = on_device_ ? reinterpret_cast<int64_t*>(h + L.slots) : static_cast<int64_t*>(slots_.view.data());
-  auto* ids = on_device_ ? reinterpret_cast<int32_t*>(h + L.ids) : static_cast<int32_t*>(ids_.view.data());
-  auto* p = on_device_ ? reinterpret_cast<int32_t*>(h + L.pos) : static_cast<int32_t*>(pos_.view.data());
-  auto* sq = on_device_ ? reinterpret_cast<int32_t*>(h + L.seq) : static_cast<int32_t*>(seq_ids_.view.data());
-  auto* lens = on_device_ ? reinterpret_cast<int32_t*>(h + L.lens) : static_cast<int32_t*>(ctx_lens_.view.data());
+  if (on_device_) stream_->sync();  // an earlier step's copy may still read the pinned block (after an error)
+  char* h = on_device_ ? static_cast<char*>(step_host_.data()) : reinterpret_cast<char*>(step_cpu_.data());
+  auto view = [&](ks::DType dt, size_t off) {
+    return on_device_ ? step_dev_.view(dt, {n}, off) : ks::TensorView(h + off, dt, {n});
+  };
+  slots_.view = view(ks::DType::I64, L.slots);
+  ids_.view = view(ks::DType::I32, L.ids);
+  pos_.view = view(ks::DType::I32, L.pos);
+  seq_ids_.view = view(ks::DType::I32, L.seq);
+  ctx_lens_.view = view(ks::DType::I32, L.lens);
+  auto* slots = reinterpret_cast<int64_t*>(h + L.slots);
+  auto* ids = reinterpret_cast<int32_t*>(h + L.ids);
+  auto* p = reinterpret_cast<int32_t*>(h + L.pos);
+  auto* sq = reinterpret_cast<int32_t*>(h + L.seq);
+  auto* lens = reinterpret_cast<int32_t*>(h + L.lens);
   for (int64_t i = 0; i < n; ++i) {
     slots[i] = seq[i] * blocks_per_seq_ * block_size_ + pos[i];
     ids[i] = tokens[i];
@@ -484,8 +482,8 @@ void LlamaModel::decode_rows(const int32_t* tokens, const int64_t* seq, const in
                              int32_t* next_ids) {
   ensure_capacity(b);
   stage_rows(tokens, seq, pos, b);
-  batch_ids_.resize(size_t(b));
   if (!on_device_) {
+    batch_ids_.resize(size_t(b));
     run_layers(b, true);
     ks::argmax(ks::TensorView(batch_ids_.data(), ks::DType::I64, {b}), logits_.view().slice(0, b), backend_);
   } else {
@@ -502,9 +500,9 @@ void LlamaModel::decode_rows(const int32_t* tokens, const int64_t* seq, const in
     }
     stream_->to_host(next_host_.data(), next_id_.view.data(), size_t(b) * 8);
     stream_->sync();
-    std::memcpy(batch_ids_.data(), next_host_.data(), size_t(b) * 8);
   }
-  for (int64_t i = 0; i < b; ++i) next_ids[i] = int32_t(batch_ids_[size_t(i)]);
+  const int64_t* got = on_device_ ? static_cast<const int64_t*>(next_host_.data()) : batch_ids_.data();
+  for (int64_t i = 0; i < b; ++i) next_ids[i] = int32_t(got[i]);
 }
 
 }  // namespace ks::model

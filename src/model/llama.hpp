@@ -153,12 +153,14 @@ class LlamaModel {
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;
   Buffer x_, res_, res2_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, slots_, logits_dev_, next_id_;
-  std::vector<int64_t> batch_ids_;                // decode_batch's argmax results (host)
+  std::vector<int64_t> batch_ids_;                // decode_batch's argmax results (CPU)
   int64_t graph_rows_ = 0;                        // rows of the captured decode graph (0: none)
-  // CUDA: a step's inputs (slots_, ids_, pos_, seq_ids_, ctx_lens_ are views into step_dev_)
-  // staged in one pinned block and sent with one copy; next_host_: the argmax ids, pinned
+  // A step's inputs (slots_, ids_, pos_, seq_ids_, ctx_lens_ are views set by stage_rows):
+  // CUDA: written into the pinned step_host_, sent with one copy to step_dev_, which the
+  // kernels read; next_host_: the argmax ids, pinned. CPU: step_cpu_ (int64 words), read in place.
   DeviceArray step_dev_;
   PinnedArray step_host_, next_host_;
+  std::vector<int64_t> step_cpu_;
   ks::Tensor logits_;            // the last token's logits on the host (decode_batch: every row's)
 };
 
