@@ -417,16 +417,15 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
   auto go = [&](auto tag, auto lt) {
     using T = decltype(tag);
     constexpr int L = decltype(lt)::value;
+    auto launch = [&](auto traced) {  // the kernel, or its traced instantiation (bf16 only)
+      constexpr bool Trace = decltype(traced)::value;
+      prepare<T, L, Trace>(dev);
+      launch_kernel("sample", sample_local_kernel<T, L, Trace>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads),
+                    pl.smem, s, pl.C, dp.pdl, p, pl.kcap);
+    };
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      if (trace) {
-        prepare<T, L, true>(dev);
-        launch_kernel("sample", sample_local_kernel<T, L, true>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads), pl.smem,
-                      s, pl.C, dp.pdl, p, pl.kcap);
-        return;
-      }
-    prepare<T, L>(dev);
-    launch_kernel("sample", sample_local_kernel<T, L>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads), pl.smem, s, pl.C,
-                  dp.pdl, p, pl.kcap);
+      if (trace) return launch(std::true_type{});
+    launch(std::false_type{});
   };
   with_float_type(a.logits.dtype, [&](auto tag) {
     switch (pl.L) {
