@@ -30,8 +30,6 @@
 #include <algorithm>
 #include <climits>
 #include <cstdlib>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "backends/cuda/attention_params.cuh"
@@ -335,34 +333,14 @@ int choose_cluster(const ops::PagedAttentionArgs& a, int sm_count, int max_clust
   return c;
 }
 
-// Per kernel instantiation and per device (each device loads its own copy of the module,
-// and the attribute belongs to one kernel): allow clusters of 16, then ask whether a
-// cluster of 16 CTAs (256 threads, the instantiation's largest shared memory) can be resident at all (it
-// needs 16 SMs of one GPC; a MIG slice may have fewer). Returns the largest cluster size
-// to use, 16 or 8. Done once per (kernel, device); a per-thread cache keeps the lock off
-// the launch path.
+// The largest cluster size for this instantiation on dev, 16 or 8 (cluster16_or_8: per kernel
+// and device, since each device loads its own copy of the module), asked with 256 threads and
+// the instantiation's largest shared memory.
 template <typename T, int LPK, int GM>
 int max_cluster_for(int dev) {
-  thread_local int cached_dev = -1, cached_max = 8;
-  if (dev == cached_dev) return cached_max;
-  static std::mutex mu;
-  static std::map<int, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find(dev);
-  if (it == known.end()) {
-    auto kern = paged_attention_gqa_kernel<T, LPK, GM>;
-    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "paged_attention",
-               "allow a non-portable cluster size");
-    // the most this instantiation can need: GM heads of LPK * E elements
-    const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))));
-    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)), "paged_attention",
-               "set the dynamic shared memory size");
-    const int n = co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kGqaThreads, most);
-    it = known.emplace(dev, n > 0 ? 16 : 8).first;
-  }
-  cached_dev = dev;
-  cached_max = it->second;
-  return cached_max;
+  // the most this instantiation can need: GM heads of LPK * E elements
+  const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))));
+  return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
 }
 
 int elems_per_lane(detail::DType dt) { return dt == detail::DType::F32 ? 4 : 8; }

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <map>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -391,6 +393,34 @@ inline int co_resident_clusters(const void* kern, int c, int threads, size_t sme
     n = 0;
   }
   return n;
+}
+
+// The largest cluster size to launch Kern with on device dev: 16 when a cluster of 16 CTAs of
+// `threads` threads and `smem` bytes of dynamic shared memory can be resident (it needs 16
+// SMs of one GPC; a MIG slice may have fewer), else 8. Clusters of 16 are non-portable: they
+// are allowed for Kern here first, and Kern's dynamic shared memory limit is raised to smem
+// when smem > 0. Asked once per (kernel, device); a per-thread cache keeps the lock off the
+// launch path. The caller holds a DeviceGuard for dev.
+template <auto Kern>
+int cluster16_or_8(int dev, int threads, size_t smem, const char* op) {
+  thread_local int cached_dev = -1, cached = 8;
+  if (dev == cached_dev) return cached;
+  static std::mutex mu;
+  static std::map<int, int> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(dev);
+  if (it == known.end()) {
+    check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), op,
+               "allow a non-portable cluster size");
+    if (smem > 0)
+      check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), op,
+                 "set the dynamic shared memory size");
+    const int n = co_resident_clusters(reinterpret_cast<const void*>(Kern), 16, threads, smem);
+    it = known.emplace(dev, n > 0 ? 16 : 8).first;
+  }
+  cached_dev = dev;
+  cached = it->second;
+  return cached;
 }
 
 // Last launch configuration per op (ks_last_launch_config, the benchmark's

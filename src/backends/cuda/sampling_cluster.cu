@@ -20,8 +20,6 @@
 
 #include <climits>
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <string>
 
 #include "backends/cuda/sampling_common.cuh"
@@ -269,26 +267,10 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
 #endif
 }
 
-// Clusters of 16 are non-portable: allowed per kernel and device, then asked whether one
-// can be resident (16 SMs of one GPC). Returns 16 or 8.
+// 16 when a cluster of 16 can be resident on the device, else 8 (cluster16_or_8)
 template <typename T>
 int max_cluster(int dev) {
-  thread_local int cached_dev = -1, cached = 8;  // keeps the lock off the launch path
-  if (dev == cached_dev) return cached;
-  static std::mutex mu;
-  static std::map<int, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find(dev);
-  if (it == known.end()) {
-    auto kern = sample_cluster_kernel<T>;
-    check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "sample",
-               "allow a non-portable cluster size");
-    const int n = co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kThreads, 0);
-    it = known.emplace(dev, n > 0 ? 16 : 8).first;
-  }
-  cached_dev = dev;
-  cached = it->second;
-  return cached;
+  return cluster16_or_8<sample_cluster_kernel<T>>(dev, kThreads, 0, "sample");
 }
 
 }  // namespace

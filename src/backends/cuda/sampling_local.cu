@@ -26,7 +26,6 @@
 #include <cstdio>
 #include <cstdint>
 #include <cstdlib>
-#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -331,22 +330,10 @@ void prepare(int dev) {
   done.insert(dev);
 }
 
-// 16 when a cluster of 16 of the heaviest instantiation (L = 64, the largest
-// candidate area) can be resident on the device (16 SMs of one GPC), else 8;
-// cached per device.
+// 16 when a cluster of 16 of the heaviest instantiation (L = 64, the largest candidate area)
+// can be resident on the device (16 SMs of one GPC), else 8 (cluster16_or_8).
 int max_cluster(int dev) {
-  static std::mutex mu;
-  static std::map<int, int> known;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = known.find(dev);
-    if (it != known.end()) return it->second;
-  }
-  prepare<float, kMaxL>(dev);
-  const int n =
-      co_resident_clusters(reinterpret_cast<const void *>(sample_local_kernel<float, kMaxL>), 16, kThreads, kSmemLimit);
-  std::lock_guard<std::mutex> lock(mu);
-  return known.emplace(dev, n > 0 ? 16 : 8).first->second;
+  return cluster16_or_8<sample_local_kernel<float, kMaxL>>(dev, kThreads, kSmemLimit, "sample");
 }
 
 struct Plan {
