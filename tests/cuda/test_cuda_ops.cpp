@@ -825,43 +825,6 @@ TEST(Cuda, QuantMatmulWideMatricesAgainstCpu) {
         }
 }
 
-// One row of x and long weight rows (K = 4096): the per-warp kernel makes x's 32 values of a
-// block once for 2 or 4 columns per warp (N past 16 and 32 x SMs; N odd, so the last CTA is
-// partial). Against the CPU, and byte-equal to row 0 of M = 5 (the 4-row chunks, one column per
-// warp): the same sums in the same order. Weights aligned, offset by one byte (byte-wise decode)
-// and by two (the 16-bit word path of Q4_0 / Q8_0).
-TEST(Cuda, QuantMatmulOneRowSeveralColumnsPerWarp) {
-  NEED_GPU();
-  using namespace kstest::gguf;
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int64_t K = 4096;
-  for (int64_t N : {16 * int64_t(sms) + 37, 32 * int64_t(sms) + 37})
-    for (DType dt : kstest::float_dtypes())
-      for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
-        for (size_t off : {size_t(0), size_t(1), size_t(2)}) {
-          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " N=" + std::to_string(N) +
-                       " weight offset " + std::to_string(off));
-          const int64_t M = 5;
-          Buf x(dt, {M, K}), ref(dt, {1, N}), got(dt, {M, N}), one(dt, {1, N});
-          kstest::fill_normal(x);
-          Buf w = make_packed(q, N, K);
-          ks::quant_matmul(ref.view(), x.view().slice(0, 1), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
-          DBuf dx(dt, {M, K}), dw(DType::U8, w.shape, off), dout(dt, {M, N}), done(dt, {1, N});
-          dx.upload(x);
-          dw.upload(w);
-          dout.poison();
-          done.poison();
-          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-          ks::quant_matmul(done.view(), dx.view().slice(0, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-          CK(cudaDeviceSynchronize());
-          dout.download(got);
-          done.download(one);
-          EXPECT_TRUE(close_to_cpu(one, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
-          EXPECT_EQ(0, std::memcmp(one.data(), got.data(), one.nbytes())) << "M = 1 differs from row 0 of M = 5";
-        }
-}
-
 // quant_matmul's cuda_warp_per_column_m16 (16 rows per decoded block) gives the same bytes as
 // cuda_warp_per_column (4): the same per-row sums in the same order. Both pinned; M from 8 to
 // 64 (full and partial chunks), aligned (word / 16-byte loads) and offset (byte-wise loads).

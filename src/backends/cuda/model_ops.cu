@@ -243,7 +243,6 @@ __global__ void __launch_bounds__(256) dequantize_kernel(T* __restrict__ out, co
 // M = 1 (decode: no work for rows that do not exist), else 4. A row's arithmetic is the
 // same for either MQ (its own sums, in the same order), so results do not depend on M.
 constexpr int kMqMany = 4;
-constexpr int kMaxColsPerWarp = 4;  // launch_qmm's cols_per_warp is 1, 2 or 4
 
 // Bytes of one block of 32 weights (Q4_0 18, Q4_1 20, Q8_0 34: the formats with a CUDA variant).
 __host__ __device__ constexpr int64_t q_block_bytes(ks_qtype_t q) {
@@ -253,30 +252,21 @@ __host__ __device__ constexpr int64_t q_block_bytes(ks_qtype_t q) {
 // One block of 32 weights decoded in FP32. WIDE: the block is read as 32-bit words (Q4_1,
 // 20-byte blocks, 4-byte aligned) or 16-bit halves (Q4_0, Q8_0: 18 and 34 bytes, 2-byte
 // aligned) instead of byte by byte: the same values, 4-2x fewer load instructions.
-// 2^23 + byte k of w, as a float: the byte is placed in the mantissa under the exponent of 2^23
-// (one PRMT), so subtracting 2^23 (+ a bias) leaves the byte's value exactly - the same float
-// as converting it, without the conversion instruction (a quarter-rate pipe on sm_90).
-__device__ __forceinline__ float byte_magic(uint32_t w, int k) {
-  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | unsigned(k)));
-}
-constexpr float kMagic = 8388608.f;  // 2^23
-
 template <bool WIDE>
 __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk, float* v) {
   if constexpr (WIDE) {
-    // The values are d * float(code) + min (Q4_1), d * float(code - 8) (Q4_0) and
-    // d * float(int8 code) (Q8_0), the codes' floats made by byte_magic: exact, so the same bits.
     if (q == KS_QTYPE_Q4_1) {
       const uint32_t* w = reinterpret_cast<const uint32_t*>(blk);
       const uint32_t w0 = w[0];
       const float d = h2f_bits(uint16_t(w0 & 0xFFFFu)), mn = h2f_bits(uint16_t(w0 >> 16));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t word = w[1 + i], lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
+        const uint32_t word = w[1 + i];
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          v[4 * i + k] = d * (byte_magic(lo, k) - kMagic) + mn;
-          v[4 * i + k + 16] = d * (byte_magic(hi, k) - kMagic) + mn;
+          const uint32_t c = (word >> (8 * k)) & 0xFFu;
+          v[4 * i + k] = d * float(c & 0x0Fu) + mn;
+          v[4 * i + k + 16] = d * float(c >> 4) + mn;
         }
       }
       return;
@@ -286,18 +276,19 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
     if (q == KS_QTYPE_Q8_0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const uint32_t hw = uint32_t(h[1 + i]) ^ 0x8080u;  // int8 code + 128 in each byte
-        v[2 * i] = d * (byte_magic(hw, 0) - (kMagic + 128.f));
-        v[2 * i + 1] = d * (byte_magic(hw, 1) - (kMagic + 128.f));
+        const uint16_t hw = h[1 + i];
+        v[2 * i] = d * float(int8_t(hw & 0xFFu));
+        v[2 * i + 1] = d * float(int8_t(hw >> 8));
       }
     } else {  // Q4_0
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const uint32_t hw = h[1 + i], lo = hw & 0x0F0Fu, hi = (hw >> 4) & 0x0F0Fu;
+        const uint16_t hw = h[1 + i];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-          v[2 * i + k] = d * (byte_magic(lo, k) - (kMagic + 8.f));
-          v[2 * i + k + 16] = d * (byte_magic(hi, k) - (kMagic + 8.f));
+          const int c = (hw >> (8 * k)) & 0xFF;
+          v[2 * i + k] = d * float((c & 0x0F) - 8);
+          v[2 * i + k + 16] = d * float((c >> 4) - 8);
         }
       }
     }
@@ -463,83 +454,40 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
         inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + p.eps);  // norm_kernel's expression
       }
     }
-    if constexpr (MQ == 1) {
-      // One row: the row's 32 values of a block (after the prologue) are made once and serve
-      // all the warp's columns (for c outer, as below, every column re-read and re-made them),
-      // and the columns' dot products are independent chains. Each column's sums are the ones
-      // below, in the same order: the same bits.
-      const int64_t ncols = min(int64_t(nc), N - col0);  // <= 0: the residual_out writer only
-      float acc[kMaxColsPerWarp] = {};
+    for (int c = 0; c < nc; ++c) {
+      const int64_t n = col0 + c;
+      if (n >= N) break;
+      const uint8_t* wr = wcta + (n - n0) * p.row_bytes;
+      float acc[MQ] = {};
       for (int64_t b = lane; b < nblocks; b += 32) {
-        const int64_t base = m0 * xs + b * 32;
-        float h[32];
-#pragma unroll
-        for (int cc = 0; cc < 32 / XV; ++cc) {
-          const auto xv = load_vec<T, XV>(x + base + cc * XV);
-          Vec<T, XV> av, wv, uv;
-          if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + cc * XV);
-          if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + b * 32 + cc * XV);
-          if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + cc * XV);
-#pragma unroll
-          for (int j = 0; j < XV; ++j) {
-            float hv = xv.f(j);
-            if constexpr (P != Pro::None) hv = prologue<T, P>(hv, av.f(j), wv.f(j), uv.f(j), inv[0]);
-            h[cc * XV + j] = hv;
-          }
-        }
-#pragma unroll
-        for (int c = 0; c < kMaxColsPerWarp; ++c) {
-          if (c >= ncols) break;
-          float v[32];
-          decode_q_block<WIDE>(p.q, wcta + (col0 + c - n0) * p.row_bytes + b * bbytes, v);
-          float s = 0.f;
-#pragma unroll
-          for (int e = 0; e < 32; ++e) s += v[e] * h[e];
-          acc[c] += s;
-        }
-      }
-#pragma unroll
-      for (int c = 0; c < kMaxColsPerWarp; ++c) {
-        if (c >= ncols) break;
-        const float s = warp_sum(acc[c]);
-        if (lane == 0) out[m0 * N + col0 + c] = Dt<T>::from_f(s);
-      }
-    } else {
-      for (int c = 0; c < nc; ++c) {
-        const int64_t n = col0 + c;
-        if (n >= N) break;
-        const uint8_t* wr = wcta + (n - n0) * p.row_bytes;
-        float acc[MQ] = {};
-        for (int64_t b = lane; b < nblocks; b += 32) {
-          float v[32];
-          decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
-#pragma unroll
-          for (int mm = 0; mm < MQ; ++mm) {
-            if (m0 + mm >= M) break;
-            const int64_t base = (m0 + mm) * xs + b * 32;
-            float s = 0.f;
-#pragma unroll
-            for (int cc = 0; cc < 32 / XV; ++cc) {
-              const auto xv = load_vec<T, XV>(x + base + cc * XV);
-              Vec<T, XV> av, wv, uv;
-              if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + cc * XV);
-              if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + b * 32 + cc * XV);
-              if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + cc * XV);
-#pragma unroll
-              for (int j = 0; j < XV; ++j) {
-                float h = xv.f(j);
-                if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
-                s += v[cc * XV + j] * h;
-              }
-            }
-            acc[mm] += s;
-          }
-        }
+        float v[32];
+        decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
 #pragma unroll
         for (int mm = 0; mm < MQ; ++mm) {
-          float s = warp_sum(acc[mm]);
-          if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
+          if (m0 + mm >= M) break;
+          const int64_t base = (m0 + mm) * xs + b * 32;
+          float s = 0.f;
+#pragma unroll
+          for (int cc = 0; cc < 32 / XV; ++cc) {
+            const auto xv = load_vec<T, XV>(x + base + cc * XV);
+            Vec<T, XV> av, wv, uv;
+            if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + cc * XV);
+            if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + b * 32 + cc * XV);
+            if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + cc * XV);
+#pragma unroll
+            for (int j = 0; j < XV; ++j) {
+              float h = xv.f(j);
+              if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
+              s += v[cc * XV + j] * h;
+            }
+          }
+          acc[mm] += s;
         }
+      }
+#pragma unroll
+      for (int mm = 0; mm < MQ; ++mm) {
+        float s = warp_sum(acc[mm]);
+        if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
       }
     }
   }
@@ -553,6 +501,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
 // squares: thread t over the 16-byte vectors t, t + 256, ..., the warp butterfly, then the 8
 // warps' sums in order: an order set by K and the pointers' alignment only, never by M.
 constexpr int kStageThreads = 256, kStageWarps = kStageThreads / 32;
+constexpr int kMaxColsPerWarp = 4;  // launch_qmm's cols_per_warp is 1, 2 or 4
 constexpr size_t kStageBytes = 48 * 1024;
 __host__ __device__ constexpr int64_t staged_floats(int64_t k) { return k / 32 * 36; }
 // Whether `rows` rows of K fit the staged kernel's 48 KB (4 rows: K <= 2720; 16 rows: K <= 672).
@@ -998,15 +947,6 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   int nc = 1;
   while (nc < 4 && p.N >= int64_t(kWarps) * 2 * nc * 2 * dp.sm_count && int64_t(kWarps) * 2 * nc * p.row_bytes <= 16384)
     nc *= 2;
-  // One row of x (M = 1) and long weight rows (more than 512 bytes, K > 819 in Q4_1): the
-  // per-warp kernel makes a block's 32 values of x once for all the warp's columns, so more
-  // columns per warp save x loads (and the prologue's work) per weight byte: 2 or 4 while the
-  // grid still gives every SM a CTA. KS_QMM_COLS=1|2|4 forces the count (comparisons; the
-  // same bits at every count).
-  if (p.M == 1 && nc == 1 && int64_t(kWarps) * 2 * 2 * p.row_bytes > 16384)
-    while (nc < 4 && p.N >= int64_t(kWarps) * 2 * nc * dp.sm_count) nc *= 2;
-  static const long long forced_nc = env_number("KS_QMM_COLS", 0);
-  if (forced_nc == 1 || forced_nc == 2 || forced_nc == 4) nc = int(forced_nc);
   p.cols_per_warp = nc;
   const int64_t cta_cols = int64_t(kWarps) * nc;
   const unsigned grid = unsigned(std::max<int64_t>(1, (p.N + cta_cols - 1) / cta_cols));
