@@ -168,6 +168,8 @@ std::string quant_matmul_staged_x_can_implement(const void*);
 void quant_matmul_staged_x_cuda(const void*, ks_stream_t);
 void quant_matmul_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_stream_can_implement(const void*);
+void quant_matmul_mma_cuda(const void*, ks_stream_t);
+std::string quant_matmul_mma_can_implement(const void*);
 void rope_kv_append_cuda(const void*, ks_stream_t);
 std::string rope_append_can_implement(const void*);
 void silu_quant_matmul_cuda(const void*, ks_stream_t);
@@ -248,6 +250,10 @@ std::string ci_quant_matmul_staged_x(const void* p) {
 std::string ci_quant_matmul_stream(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_stream_can_implement(p) : why;
+}
+std::string ci_quant_matmul_mma(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? quant_matmul_mma_can_implement(p) : why;
 }
 std::string qtype_reason(ks_qtype_t q) {
   return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0 ? ""
@@ -398,6 +404,13 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "M = 1: each warp streams whole weight rows into two shared-memory buffers with cp.async (the "
                "next row in flight while one is decoded), the same bits as cuda_warp_per_column; below it "
                "until measured", avail, ks::cuda::ci_quant_matmul_stream, ks::cuda::quant_matmul_stream_cuda});
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_blocks",
+               registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 2,
+               "bf16 / fp16 x, M <= 8, Q4_0 / Q4_1: each block's sums on the tensor cores (mma.sync m16n8k16, the "
+               "codes exact in bf16 / fp16, FP32 accumulation), then d * S + m * X per block; the same values up "
+               "to FP32 rounding, not the same bits as cuda_warp_per_column; lowest by priority, first where "
+               "sm_90.json's cells put it",
+               avail, ks::cuda::ci_quant_matmul_mma, ks::cuda::quant_matmul_mma_cuda});
   v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column; each warp computes its rows' (x + residual) norm itself, "
                "warp 0 of block 0 writes residual_out", avail, ks::cuda::ci_norm_quant_matmul,
