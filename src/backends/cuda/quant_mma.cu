@@ -38,6 +38,7 @@ namespace {
 constexpr int kMmaWarps = 8;   // a CTA's warps: the row's blocks split in 8 contiguous ranges
 constexpr int kMmaRows = 16;   // a CTA's weight rows (the MMA's M)
 constexpr int kMmaXRows = 8;   // rows of x one MMA carries (its N)
+constexpr int kMmaUnroll = 8;  // blocks whose loads a warp issues together
 
 struct MmaQmmParams {
   const void* x;     // [M, K], M <= 8
@@ -127,57 +128,67 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
   }
   const uint32_t ones[4] = {MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes};
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-  for (int64_t b = warp * per_warp; b < b_end; ++b) {
-    uint2 xl = {0u, 0u}, xh = {0u, 0u};
-    if (has_x) {
-      xl = *reinterpret_cast<const uint2*>(xr + b * 32 + 4 * t);
-      xh = *reinterpret_cast<const uint2*>(xr + b * 32 + 16 + 4 * t);
+  // kMmaUnroll blocks per step: all their loads are issued before the first is used (the bytes
+  // in flight that hide DRAM latency); a step's blocks past the warp's range load nothing.
+  for (int64_t b0 = warp * per_warp; b0 < b_end; b0 += kMmaUnroll) {
+    uint2 xl[kMmaUnroll], xh[kMmaUnroll];
+    uint32_t ha[kMmaUnroll], hb[kMmaUnroll], qa[kMmaUnroll], qb[kMmaUnroll];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      const int64_t b = b0 + u;
+      xl[u] = xh[u] = make_uint2(0u, 0u);
+      ha[u] = hb[u] = qa[u] = qb[u] = 0u;
+      if (b >= b_end) continue;
+      if (has_x) {
+        xl[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 4 * t);
+        xh[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 16 + 4 * t);
+      }
+      if constexpr (Q41) {  // 20-byte blocks: d, m (fp16), 16 code bytes; 4-byte aligned
+        const uint32_t* pa = reinterpret_cast<const uint32_t*>(wa + b * 20);
+        const uint32_t* pb = reinterpret_cast<const uint32_t*>(wb + b * 20);
+        ha[u] = pa[0];
+        hb[u] = pb[0];
+        qa[u] = pa[1 + t];
+        qb[u] = pb[1 + t];
+      } else {  // Q4_0: 18-byte blocks: d (fp16), 16 code bytes; 2-byte aligned
+        const uint16_t* pa = reinterpret_cast<const uint16_t*>(wa + b * 18);
+        const uint16_t* pb = reinterpret_cast<const uint16_t*>(wb + b * 18);
+        ha[u] = pa[0];
+        hb[u] = pb[0];
+        qa[u] = uint32_t(pa[1 + 2 * t]) | (uint32_t(pa[2 + 2 * t]) << 16);
+        qb[u] = uint32_t(pb[1 + 2 * t]) | (uint32_t(pb[2 + 2 * t]) << 16);
+      }
     }
-    uint32_t qa, qb;
-    float da, db, ma = 0.f, mb = 0.f;
-    if constexpr (Q41) {  // 20-byte blocks: d, m (fp16), 16 code bytes; 4-byte aligned
-      const uint32_t* pa = reinterpret_cast<const uint32_t*>(wa + b * 20);
-      const uint32_t* pb = reinterpret_cast<const uint32_t*>(wb + b * 20);
-      const uint32_t ha = pa[0], hb = pb[0];
-      qa = pa[1 + t];
-      qb = pb[1 + t];
-      da = half_bits_to_float(ha & 0xFFFFu);
-      ma = half_bits_to_float(ha >> 16);
-      db = half_bits_to_float(hb & 0xFFFFu);
-      mb = half_bits_to_float(hb >> 16);
-    } else {  // Q4_0: 18-byte blocks: d (fp16), 16 code bytes; 2-byte aligned
-      const uint16_t* pa = reinterpret_cast<const uint16_t*>(wa + b * 18);
-      const uint16_t* pb = reinterpret_cast<const uint16_t*>(wb + b * 18);
-      da = half_bits_to_float(pa[0]);
-      db = half_bits_to_float(pb[0]);
-      qa = uint32_t(pa[1 + 2 * t]) | (uint32_t(pa[2 + 2 * t]) << 16);
-      qb = uint32_t(pb[1 + 2 * t]) | (uint32_t(pb[2 + 2 * t]) << 16);
-    }
-    const uint32_t la = qa & 0x0F0F0F0Fu, lb = qb & 0x0F0F0F0Fu;
-    const uint32_t ua = (qa >> 4) & 0x0F0F0F0Fu, ub = (qb >> 4) & 0x0F0F0F0Fu;
-    // A: (row g, slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)
-    const uint32_t alo[4] = {sub_pair<T>(code_pair<T>(la, 0x4140u), off2), sub_pair<T>(code_pair<T>(lb, 0x4140u), off2),
-                             sub_pair<T>(code_pair<T>(la, 0x4342u), off2), sub_pair<T>(code_pair<T>(lb, 0x4342u), off2)};
-    const uint32_t ahi[4] = {sub_pair<T>(code_pair<T>(ua, 0x4140u), off2), sub_pair<T>(code_pair<T>(ub, 0x4140u), off2),
-                             sub_pair<T>(code_pair<T>(ua, 0x4342u), off2), sub_pair<T>(code_pair<T>(ub, 0x4342u), off2)};
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-    mma_16816<T>(s, alo, xl.x, xl.y);
-    mma_16816<T>(s, ahi, xh.x, xh.y);
-    // s: (row g, x row 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
-    if constexpr (Q41) {
-      float xs[4] = {0.f, 0.f, 0.f, 0.f};  // X of x rows 2t, 2t + 1 (in every row of D)
-      mma_16816<T>(xs, ones, xl.x, xl.y);
-      mma_16816<T>(xs, ones, xh.x, xh.y);
-      acc[0] += da * s[0] + ma * xs[0];
-      acc[1] += da * s[1] + ma * xs[1];
-      acc[2] += db * s[2] + mb * xs[0];
-      acc[3] += db * s[3] + mb * xs[1];
-    } else {
-      acc[0] += da * s[0];
-      acc[1] += da * s[1];
-      acc[2] += db * s[2];
-      acc[3] += db * s[3];
+#pragma unroll
+    for (int u = 0; u < kMmaUnroll; ++u) {
+      if (b0 + u >= b_end) break;
+      const float da = half_bits_to_float(ha[u] & 0xFFFFu), db = half_bits_to_float(hb[u] & 0xFFFFu);
+      const uint32_t la = qa[u] & 0x0F0F0F0Fu, lb = qb[u] & 0x0F0F0F0Fu;
+      const uint32_t ua = (qa[u] >> 4) & 0x0F0F0F0Fu, ub = (qb[u] >> 4) & 0x0F0F0F0Fu;
+      // A: (row g, slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)
+      const uint32_t alo[4] = {sub_pair<T>(code_pair<T>(la, 0x4140u), off2), sub_pair<T>(code_pair<T>(lb, 0x4140u), off2),
+                               sub_pair<T>(code_pair<T>(la, 0x4342u), off2), sub_pair<T>(code_pair<T>(lb, 0x4342u), off2)};
+      const uint32_t ahi[4] = {sub_pair<T>(code_pair<T>(ua, 0x4140u), off2), sub_pair<T>(code_pair<T>(ub, 0x4140u), off2),
+                               sub_pair<T>(code_pair<T>(ua, 0x4342u), off2), sub_pair<T>(code_pair<T>(ub, 0x4342u), off2)};
+      float s[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_16816<T>(s, alo, xl[u].x, xl[u].y);
+      mma_16816<T>(s, ahi, xh[u].x, xh[u].y);
+      // s: (row g, x row 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+      if constexpr (Q41) {
+        const float ma = half_bits_to_float(ha[u] >> 16), mb = half_bits_to_float(hb[u] >> 16);
+        float xs[4] = {0.f, 0.f, 0.f, 0.f};  // X of x rows 2t, 2t + 1 (in every row of D)
+        mma_16816<T>(xs, ones, xl[u].x, xl[u].y);
+        mma_16816<T>(xs, ones, xh[u].x, xh[u].y);
+        acc[0] += da * s[0] + ma * xs[0];
+        acc[1] += da * s[1] + ma * xs[1];
+        acc[2] += db * s[2] + mb * xs[0];
+        acc[3] += db * s[3] + mb * xs[1];
+      } else {
+        acc[0] += da * s[0];
+        acc[1] += da * s[1];
+        acc[2] += db * s[2];
+        acc[3] += db * s[3];
+      }
     }
   }
   part[warp][g][2 * t] = acc[0];
