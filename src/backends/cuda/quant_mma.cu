@@ -38,7 +38,6 @@ namespace {
 constexpr int kMmaWarps = 8;   // a CTA's warps: the row's blocks split in 8 contiguous ranges
 constexpr int kMmaRows = 16;   // a CTA's weight rows (the MMA's M)
 constexpr int kMmaXRows = 8;   // rows of x one MMA carries (its N)
-constexpr int kMmaUnroll = 8;  // blocks whose loads a warp issues together
 
 struct MmaQmmParams {
   const void* x;     // [M, K], M <= 8
@@ -105,7 +104,9 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t b) { return __half2float(__ushort_as_half(uint16_t(b))); }
 
-template <typename T, bool Q41>
+// U: the blocks whose loads a warp issues together (the launcher: 8 where a warp's range has more
+// than 4 blocks, else 4: fewer registers, more resident warps).
+template <typename T, bool Q41, int U>
 __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmParams p) {
   __shared__ float part[kMmaWarps][kMmaRows][kMmaXRows];  // each warp's sums (weight row, x row)
   pdl_begin();
@@ -128,13 +129,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
   }
   const uint32_t ones[4] = {MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes};
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  // kMmaUnroll blocks per step: all their loads are issued before the first is used (the bytes
+  // U blocks per step: all their loads are issued before the first is used (the bytes
   // in flight that hide DRAM latency); a step's blocks past the warp's range load nothing.
-  for (int64_t b0 = warp * per_warp; b0 < b_end; b0 += kMmaUnroll) {
-    uint2 xl[kMmaUnroll], xh[kMmaUnroll];
-    uint32_t ha[kMmaUnroll], hb[kMmaUnroll], qa[kMmaUnroll], qb[kMmaUnroll];
+  for (int64_t b0 = warp * per_warp; b0 < b_end; b0 += U) {
+    uint2 xl[U], xh[U];
+    uint32_t ha[U], hb[U], qa[U], qb[U];
 #pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       const int64_t b = b0 + u;
       xl[u] = xh[u] = make_uint2(0u, 0u);
       ha[u] = hb[u] = qa[u] = qb[u] = 0u;
@@ -160,7 +161,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
       }
     }
 #pragma unroll
-    for (int u = 0; u < kMmaUnroll; ++u) {
+    for (int u = 0; u < U; ++u) {
       if (b0 + u >= b_end) break;
       const float da = half_bits_to_float(ha[u] & 0xFFFFu), db = half_bits_to_float(hb[u] & 0xFFFFu);
       const uint32_t la = qa[u] & 0x0F0F0F0Fu, lb = qb[u] & 0x0F0F0F0Fu;
@@ -231,20 +232,23 @@ void quant_matmul_mma_cuda(const void* args, ks_stream_t stream) {
   const MmaQmmParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k, a.row_bytes};
   const unsigned grid = unsigned((a.n + kMmaRows - 1) / kMmaRows);
   const auto s = static_cast<cudaStream_t>(stream);
+  const int64_t per_warp = (a.k / 32 + kMmaWarps - 1) / kMmaWarps;
+  const int unroll = per_warp > 4 ? 8 : 4;
   auto go = [&](auto tag) {
     using T = decltype(tag);
+    auto launch = [&](auto kern) { launch_kernel("quant_matmul", kern, dim3(grid), dim3(32 * kMmaWarps), 0, s, 1, dp.pdl, p); };
     if (a.qtype == KS_QTYPE_Q4_1)
-      launch_kernel("quant_matmul", quant_mma_kernel<T, true>, dim3(grid), dim3(32 * kMmaWarps), 0, s, 1, dp.pdl, p);
+      unroll == 8 ? launch(quant_mma_kernel<T, true, 8>) : launch(quant_mma_kernel<T, true, 4>);
     else
-      launch_kernel("quant_matmul", quant_mma_kernel<T, false>, dim3(grid), dim3(32 * kMmaWarps), 0, s, 1, dp.pdl, p);
+      unroll == 8 ? launch(quant_mma_kernel<T, false, 8>) : launch(quant_mma_kernel<T, false, 4>);
   };
   if (a.x.dtype == detail::DType::F16)
     go(__half{});
   else
     go(__nv_bfloat16{});
   check_launch("quant_matmul");
-  record_launch("quant_matmul", "mma_blocks rows_per_cta=%lld warps_per_cta=%lld x_rows_per_mma=%lld",
-                {kMmaRows, kMmaWarps, kMmaXRows});
+  record_launch("quant_matmul", "mma_blocks rows_per_cta=%lld warps_per_cta=%lld x_rows_per_mma=%lld blocks_per_step=%lld",
+                {kMmaRows, kMmaWarps, kMmaXRows, unroll});
 }
 
 }  // namespace ks::cuda
