@@ -410,7 +410,8 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "codes exact in bf16 / fp16, FP32 accumulation), then d * S + m * X per block; the same values up "
                "to FP32 rounding, not the same bits as cuda_warp_per_column; lowest by priority, first where "
                "sm_90.json's cells put it",
-               avail, ks::cuda::ci_quant_matmul_mma, ks::cuda::quant_matmul_mma_cuda});
+               avail, ks::cuda::ci_quant_matmul_mma, ks::cuda::quant_matmul_mma_cuda,
+               /*batch_invariant=*/false});  // serves M <= 8 only: M = 9 runs elsewhere
   v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column; each warp computes its rows' (x + residual) norm itself, "
                "warp 0 of block 0 writes residual_out", avail, ks::cuda::ci_norm_quant_matmul,
