@@ -104,26 +104,11 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t b) { return __half2float(__ushort_as_half(uint16_t(b))); }
 
-// One 4-byte asynchronous copy global -> shared (sm_80+; plain load and store below).
-__device__ __forceinline__ void cp_async_word(uint32_t* smem, const uint8_t* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem) : "memory");
-#else
-  *smem = *reinterpret_cast<const uint32_t*>(gmem);
-#endif
-}
-// Q4_1 staging: a warp's step of U blocks for the CTA's 16 rows, row r's 5U words at r * stride
-// (stride 20 for U = 4, 44 for U = 8: the 8 row groups' words then fall in distinct banks).
-template <int U>
-constexpr int stage_stride() { return U * 5 + (U == 8 ? 4 : 0); }
-
 // U: the blocks whose loads a warp issues together (the launcher: 8 where a warp's range has more
 // than 4 blocks, else 4: fewer registers, more resident warps).
 template <typename T, bool Q41, int U>
 __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmParams p) {
   __shared__ float part[kMmaWarps][kMmaRows][kMmaXRows];  // each warp's sums (weight row, x row)
-  __shared__ uint32_t stage[Q41 ? kMmaWarps * kMmaRows * stage_stride<U>() : 1];  // Q4_1: each warp's step
   pdl_begin();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t n0 = int64_t(blockIdx.x) * kMmaRows;
@@ -149,20 +134,6 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
   for (int64_t b0 = warp * per_warp; b0 < b_end; b0 += U) {
     uint2 xl[U], xh[U];
     uint32_t ha[U], hb[U], qa[U], qb[U];
-    uint32_t* sw = stage + (Q41 ? warp * kMmaRows * stage_stride<U>() : 0);
-    if constexpr (Q41) {
-      // The step's bytes of each row are contiguous: lanes copy consecutive words (128 bytes
-      // per instruction), where direct fragment loads touch 8 rows' 16-byte pieces per load.
-      const int words = int(min(int64_t(U), b_end - b0)) * 5;
-#pragma unroll 1
-      for (int r = 0; r < kMmaRows; ++r) {
-        const uint8_t* src = p.w + min(n0 + r, p.N - 1) * p.row_bytes + b0 * 20;
-#pragma unroll
-        for (int c = lane; c < U * 5; c += 32)
-          if (c < words) cp_async_word(sw + r * stage_stride<U>() + c, src + 4 * c);
-      }
-      cp_async_commit();
-    }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t b = b0 + u;
@@ -173,7 +144,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
         xl[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 4 * t);
         xh[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 16 + 4 * t);
       }
-      if constexpr (Q41) {  // 20-byte blocks: d, m (fp16), 16 code bytes; read below, from the stage
+      if constexpr (Q41) {  // 20-byte blocks: d, m (fp16), 16 code bytes; 4-byte aligned
+        const uint32_t* pa = reinterpret_cast<const uint32_t*>(wa + b * 20);
+        const uint32_t* pb = reinterpret_cast<const uint32_t*>(wb + b * 20);
+        ha[u] = pa[0];
+        hb[u] = pb[0];
+        qa[u] = pa[1 + t];
+        qb[u] = pb[1 + t];
       } else {  // Q4_0: 18-byte blocks: d (fp16), 16 code bytes; 2-byte aligned
         const uint16_t* pa = reinterpret_cast<const uint16_t*>(wa + b * 18);
         const uint16_t* pb = reinterpret_cast<const uint16_t*>(wb + b * 18);
@@ -181,19 +158,6 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
         hb[u] = pb[0];
         qa[u] = uint32_t(pa[1 + 2 * t]) | (uint32_t(pa[2 + 2 * t]) << 16);
         qb[u] = uint32_t(pb[1 + 2 * t]) | (uint32_t(pb[2 + 2 * t]) << 16);
-      }
-    }
-    if constexpr (Q41) {
-      cp_async_wait<0>();
-      __syncwarp();
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const uint32_t* ra = sw + g * stage_stride<U>() + 5 * u;
-        const uint32_t* rb = sw + (g + 8) * stage_stride<U>() + 5 * u;
-        ha[u] = ra[0];
-        hb[u] = rb[0];
-        qa[u] = ra[1 + t];
-        qb[u] = rb[1 + t];
       }
     }
 #pragma unroll
@@ -227,7 +191,6 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
         acc[3] += db * s[3];
       }
     }
-    if constexpr (Q41) __syncwarp();  // every lane has read the stage before the next step's copies
   }
   part[warp][g][2 * t] = acc[0];
   part[warp][g][2 * t + 1] = acc[1];
