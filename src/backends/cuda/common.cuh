@@ -39,6 +39,9 @@ struct Dt<__nv_bfloat16> {
   static __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
 };
 
+// The float value of fp16 bits (GGUF block scales are fp16 in little-endian bytes).
+__device__ __forceinline__ float h2f_bits(uint16_t b) { return __half2float(__ushort_as_half(b)); }
+
 // VEC elements of T moved as one access (16 bytes when VEC = 16 / sizeof(T)); read
 // only (results go through OutVec). 16-bit elements are kept packed in pairs, one
 // 32-bit word per pair, and unpacked where they are used: held as an array of

@@ -159,7 +159,6 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
 
 // ---- embedding --------------------------------------------------------------------
 // Decodes element j of a packed row (GGUF block formats, little endian).
-__device__ __forceinline__ float h2f_bits(uint16_t b) { return __half2float(__ushort_as_half(b)); }
 __device__ __forceinline__ uint16_t rd16(const uint8_t* p) { return uint16_t(p[0] | (uint16_t(p[1]) << 8)); }
 
 __device__ __forceinline__ float decode_elem(ks_qtype_t q, const uint8_t* row, int64_t j) {

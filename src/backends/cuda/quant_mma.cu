@@ -102,7 +102,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
 #endif
 }
 
-__device__ __forceinline__ float half_bits_to_float(uint32_t b) { return __half2float(__ushort_as_half(uint16_t(b))); }
 
 // U: the blocks whose loads a warp issues together (the launcher: 8 where a warp's range has more
 // than 4 blocks, else 4: fewer registers, more resident warps).
@@ -163,7 +162,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (b0 + u >= b_end) break;
-      const float da = half_bits_to_float(ha[u] & 0xFFFFu), db = half_bits_to_float(hb[u] & 0xFFFFu);
+      const float da = h2f_bits(uint16_t(ha[u])), db = h2f_bits(uint16_t(hb[u]));
       const uint32_t la = qa[u] & 0x0F0F0F0Fu, lb = qb[u] & 0x0F0F0F0Fu;
       const uint32_t ua = (qa[u] >> 4) & 0x0F0F0F0Fu, ub = (qb[u] >> 4) & 0x0F0F0F0Fu;
       // A: (row g, slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)
@@ -176,7 +175,7 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
       mma_16816<T>(s, ahi, xh[u].x, xh[u].y);
       // s: (row g, x row 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
       if constexpr (Q41) {
-        const float ma = half_bits_to_float(ha[u] >> 16), mb = half_bits_to_float(hb[u] >> 16);
+        const float ma = h2f_bits(uint16_t(ha[u] >> 16)), mb = h2f_bits(uint16_t(hb[u] >> 16));
         float xs[4] = {0.f, 0.f, 0.f, 0.f};  // X of x rows 2t, 2t + 1 (in every row of D)
         mma_16816<T>(xs, ones, xl[u].x, xl[u].y);
         mma_16816<T>(xs, ones, xh[u].x, xh[u].y);
