@@ -2,8 +2,8 @@
 # Where the time goes inside two kernels that miss the issue's targets, in one short GPU call:
 #  1. cuda_cluster_local_topk with KS_SAMPLE_TRACE=1: the SM cycles of each phase for row 0
 #     (bf16, the benchmark's sampling shapes), medians per (L, C) -> $OUT/sample_trace.txt
-#  2. quant_matmul's per-warp kernel (M = 1, bf16, the GEMV shapes 4096x4096 and 14336x4096)
-#     under Nsight Compute: speed of light, issue activity, warp stall reasons, occupancy
+#  2. quant_matmul's per-warp kernel and cuda_mma_blocks' kernel (M = 1, bf16, the GEMV shapes
+#     4096x4096, 14336x4096 and 49152x576) under Nsight Compute: speed of light, issue activity, warp stall reasons, occupancy
 #     -> $OUT/ncu_quant_matmul.txt
 # It builds first and runs the sampling GPU tests (the trace kernel is a separate
 # instantiation; the tests cover the production one).
@@ -31,15 +31,18 @@ for head, runs in groups.items():
     print(head, "(median of", len(runs), "launches; SM cycles):", ", ".join(f"{n} {m:.0f}" for n, m in zip(names, med)))
 ' | tee "$OUT/sample_trace.txt"
 
-# (the first launch of each shape is Q4_1's: the benchmark runs Q4_1, then Q8_0, then Q4_0)
-for shape in 4096x4096 14336x4096; do
-  echo "== quant_matmul_kernel, Q4_1 $shape (bf16, M = 1)"
-  # (--clock-control none: the clocks bench_ops runs at, so Duration compares with its times)
-  ncu --clock-control none --kernel-name regex:quant_matmul_kernel --launch-count 1 --section SpeedOfLight \
-    --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section InstructionStats \
-    --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-    $BUILD/bench_ops --ops quant_matmul --dtypes bf16 --shapes $shape --csv /tmp/ncu_bench.csv 2>&1
-  echo "ncu rc=$?"
+# (the first launch of each shape is Q4_1's: the benchmark runs Q4_1, then Q8_0, then Q4_0;
+# --variants also runs cuda_mma_blocks, whose kernel is quant_mma_kernel)
+for kern in quant_matmul_kernel quant_mma_kernel; do
+  for shape in 4096x4096 14336x4096 49152x576; do
+    echo "== $kern, Q4_1 $shape (bf16, M = 1)"
+    # (--clock-control none: the clocks bench_ops runs at, so Duration compares with its times)
+    ncu --clock-control none --kernel-name regex:$kern --launch-count 1 --section SpeedOfLight \
+      --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section InstructionStats \
+      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+      $BUILD/bench_ops --ops quant_matmul --variants --dtypes bf16 --shapes $shape --csv /tmp/ncu_bench.csv 2>&1
+    echo "ncu rc=$?"
+  done
 done > "$OUT/ncu_quant_matmul.txt"
 grep -E "^== |Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|Issued Warp|No Eligible|Achieved Occupancy|Stall|Registers Per" \
   "$OUT/ncu_quant_matmul.txt" | head -60
