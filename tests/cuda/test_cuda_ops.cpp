@@ -1104,8 +1104,10 @@ TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
 // cores): against an FP64 dot product of the decoded weights (gguf_blocks_fp64's independent
 // decode) and the CPU, at M 1..8 (the MMA's unused columns), N not a multiple of the CTA's 16
 // rows, K of one block, an odd block count (the warps' ranges unequal, some empty) and 4096;
-// the weights offset by 2 bytes (Q4_0's 2-byte words) and 4. Row 0 of M = 5 equals M = 1 byte
-// for byte (a row's sums do not depend on M). NaN and inf in x reach exactly their rows.
+// the weights offset by 2 bytes (Q4_0's 2-byte words) and 4. Each element within the factored
+// sums' bound: 128 u (sum over blocks of sum |x w| + 2 |m| sum |x|), then the output's half ulp.
+// The first and last rows of M equal one-row calls (the last through an offset view) byte for
+// byte (a row's sums do not depend on M). NaN and inf in x reach exactly their rows.
 TEST(Cuda, QuantMatmulMmaBlocksVariant) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -1117,79 +1119,103 @@ TEST(Cuda, QuantMatmulMmaBlocksVariant) {
           if (q == KS_QTYPE_Q4_1 && off == 2) continue;  // Q4_1's words need 4-byte alignment (declined; below)
           SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
                        " N=" + std::to_string(N) + " K=" + std::to_string(K) + " offset " + std::to_string(off));
-          Buf x(dt, {M, K}), ref(dt, {M, N}), got(dt, {M, N}), one(dt, {1, N});
+          Buf x(dt, {M, K}), ref(dt, {M, N}), got(dt, {M, N}), first(dt, {1, N}), last(dt, {1, N});
           kstest::fill_normal(x);
           Buf w = make_packed(q, N, K);
           ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
-          DBuf dx(dt, {M, K}), dw(DType::U8, w.shape, off), dout(dt, {M, N}), done(dt, {1, N});
+          DBuf dx(dt, {M, K}), dw(DType::U8, w.shape, off), dout(dt, {M, N}), dfirst(dt, {1, N}), dlast(dt, {1, N});
           dx.upload(x);
           dw.upload(w);
           dout.poison();
-          done.poison();
+          dfirst.poison();
+          dlast.poison();
           {
             kstest::ScopedVariant pin("quant_matmul", "cuda_mma_blocks");
             ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
             ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
             EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find("mma_blocks"), std::string::npos);
-            ks::quant_matmul(done.view(), dx.view().slice(0, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            ks::quant_matmul(dfirst.view(), dx.view().slice(0, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            ks::quant_matmul(dlast.view(), dx.view().slice(M - 1, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
           }
           CK(cudaDeviceSynchronize());
           dout.download(got);
-          done.download(one);
+          dfirst.download(first);
+          dlast.download(last);
+          // FP64 of the decoded weights, and each element's bound for the factored FP32 sums
           const std::vector<double> wd = decode_all(q, w, K);
-          std::vector<double> f64(size_t(M * N));
-          double worst = 0;
+          const int64_t nb = K / 32, bbytes = q == KS_QTYPE_Q4_1 ? 20 : 18;
+          const double half_ulp = dt == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+          int bad = 0;
           for (int64_t m = 0; m < M; ++m)
             for (int64_t n = 0; n < N; ++n) {
-              double acc = 0, mag = 0;
-              for (int64_t k = 0; k < K; ++k) {
-                acc += x.get(m * K + k) * wd[size_t(n * K + k)];
-                mag += std::abs(x.get(m * K + k) * wd[size_t(n * K + k)]);
+              double acc = 0, bound = 0;
+              for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t* blk = static_cast<const uint8_t*>(w.data()) + n * (nb * bbytes) + b * bbytes;
+                const double mn = q == KS_QTYPE_Q4_1 ? std::abs(f16_to_double(get16(blk + 2))) : 0.0;
+                double xw = 0, xa = 0;
+                for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+                  const double xv = x.get(m * K + k), wv = wd[size_t(n * K + k)];
+                  acc += xv * wv;
+                  xw += std::abs(xv * wv);
+                  xa += std::abs(xv);
+                }
+                bound += xw + 2 * mn * xa;
               }
-              f64[size_t(m * N + n)] = acc;
-              worst = std::max(worst, mag);
+              bound *= 128 * std::ldexp(1.0, -24);
+              const double g = got.get(m * N + n), lim = bound + half_ulp * (std::abs(acc) + bound) + 1e-7;
+              if (!(std::abs(g - acc) <= lim) && bad++ < 5)
+                ADD_FAILURE() << "row " << m << " column " << n << ": " << g << " vs FP64 " << acc << " (bound " << lim << ")";
             }
-          // FP32 sums of K products (|x| ~ 1): a few ulps of the largest sum of magnitudes, plus the
-          // output's rounding
-          EXPECT_TRUE(kstest::allclose(got.values(), f64, kstest::tol(dt), 64 * 6e-8 * worst));
+          EXPECT_EQ(bad, 0);
           EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
-          EXPECT_EQ(0, std::memcmp(one.data(), got.data(), one.nbytes())) << "M = 1 differs from row 0 of M = 5";
+          const size_t row = size_t(N) * ks::dtype_size(dt);
+          EXPECT_EQ(0, std::memcmp(first.data(), got.data(), row)) << "M = 1 differs from row 0 of M";
+          EXPECT_EQ(0, std::memcmp(last.data(), static_cast<const char*>(got.data()) + size_t(M - 1) * row, row))
+              << "an offset one-row view differs from the last row of M";
         }
   // Non-finite x: a NaN in row 1 and +inf in row 2 reach exactly those rows (every column: no
   // zero weight in a random block); row 0 stays finite.
-  for (DType dt : {DType::BF16, DType::F16}) {
-    const int64_t M = 3, N = 40, K = 256;
-    Buf x(dt, {M, K}), got(dt, {M, N});
-    kstest::fill_normal(x);
-    x.set(1 * K + 77, std::nan(""));
-    x.set(2 * K + 200, INFINITY);
-    Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
-    DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
-    dx.upload(x);
-    dw.upload(w);
-    dout.poison();
-    kstest::ScopedVariant pin("quant_matmul", "cuda_mma_blocks");
-    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-    ks::quant_matmul(dout.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
-    CK(cudaDeviceSynchronize());
-    dout.download(got);
-    for (int64_t n = 0; n < N; ++n) {
-      EXPECT_TRUE(std::isfinite(got.get(n))) << n;
-      EXPECT_TRUE(std::isnan(got.get(N + n))) << n;
-      EXPECT_FALSE(std::isfinite(got.get(2 * N + n))) << n;  // inf, or NaN where inf * w meets -inf
+  for (DType dt : {DType::BF16, DType::F16})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + ", non-finite x");
+      const int64_t M = 3, N = 40, K = 256;
+      Buf x(dt, {M, K}), got(dt, {M, N});
+      kstest::fill_normal(x);
+      x.set(1 * K + 77, std::nan(""));
+      x.set(2 * K + 200, INFINITY);
+      Buf w = make_packed(q, N, K);
+      DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
+      dx.upload(x);
+      dw.upload(w);
+      dout.poison();
+      kstest::ScopedVariant pin("quant_matmul", "cuda_mma_blocks");
+      ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+      ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      for (int64_t n = 0; n < N; ++n) {
+        EXPECT_TRUE(std::isfinite(got.get(n))) << n;
+        EXPECT_TRUE(std::isnan(got.get(N + n))) << n;
+        EXPECT_FALSE(std::isfinite(got.get(2 * N + n))) << n;  // inf, or NaN where inf * w meets -inf
+      }
     }
-  }
-  // What it declines, and says so: fp32, M = 9, Q8_0, Q4_1 weights at a 2-byte offset
+  // What it declines, and says so: fp32, M = 9, Q8_0, Q4_1 weights at a 2-byte offset, Q4_0
+  // weights at a 1-byte offset, x one element (2 bytes) past 8-byte alignment
   kstest::ScopedVariant pin("quant_matmul", "cuda_mma_blocks");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
   DBuf x32(DType::F32, {1, 64}), o32(DType::F32, {1, 3}), x9(DType::BF16, {9, 64}), o9(DType::BF16, {9, 3});
-  DBuf x1(DType::BF16, {1, 64}), o1(DType::BF16, {1, 3});
+  DBuf x1(DType::BF16, {1, 64}), o1(DType::BF16, {1, 3}), x1off(DType::BF16, {1, 64}, 2);
   DBuf w41(DType::U8, {3, 2 * 20}), w80(DType::U8, {3, 2 * 34}), w41off(DType::U8, {3, 2 * 20}, 2);
+  DBuf w40off(DType::U8, {3, 2 * 18}, 1);
   EXPECT_THROW(ks::quant_matmul(o32.view(), x32.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_THROW(ks::quant_matmul(o9.view(), x9.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_THROW(ks::quant_matmul(o1.view(), x1.view(), w80.view(), ks::QType::Q8_0, ks::Backend::Cuda), ks::Error);
   EXPECT_THROW(ks::quant_matmul(o1.view(), x1.view(), w41off.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_NE(std::string(ks_last_error()).find("aligned"), std::string::npos) << ks_last_error();
+  EXPECT_THROW(ks::quant_matmul(o1.view(), x1.view(), w40off.view(), ks::QType::Q4_0, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("aligned"), std::string::npos) << ks_last_error();
+  EXPECT_THROW(ks::quant_matmul(o1.view(), x1off.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("x not 8-byte aligned"), std::string::npos) << ks_last_error();
 }
 
 // The decode-step fusions on CUDA against the CPU (whose result is the unfused sequence's):
