@@ -273,15 +273,11 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
     const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
     const float d = h2f_bits(h[0]);
     if (q == KS_QTYPE_Q8_0) {
-      // d * float(int8 code), the code's float made without a conversion instruction (I2F.S8
-      // issues at a quarter of the FP32 rate on sm_90): one byte permute puts code + 128 (the
-      // byte with its top bit flipped) under the exponent of 2^23, and subtracting 2^23 + 128
-      // leaves the code exactly. The same value, so the same bits.
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const uint32_t hw = uint32_t(h[1 + i]) ^ 0x8080u;
-        v[2 * i] = d * (__uint_as_float(__byte_perm(hw, 0x4B000000u, 0x7440u)) - 8388736.f);
-        v[2 * i + 1] = d * (__uint_as_float(__byte_perm(hw, 0x4B000000u, 0x7441u)) - 8388736.f);
+        const uint16_t hw = h[1 + i];
+        v[2 * i] = d * float(int8_t(hw & 0xFFu));
+        v[2 * i + 1] = d * float(int8_t(hw >> 8));
       }
     } else {  // Q4_0
 #pragma unroll
