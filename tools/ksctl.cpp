@@ -284,7 +284,7 @@ int main(int argc, char** argv) {
   which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32")->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   int64_t w_rows = -1, w_cols = -1;
-  which->add_option("--rows", w_rows, "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys)")
+  which->add_option("--rows", w_rows, "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys-rows-cols)")
       ->check(CLI::NonNegativeNumber)
       ->default_str("");  // -1 means "not given": no default to show
   // --cols: a number, or NxK for a product (quant_matmul's key is N * K)

@@ -14,7 +14,7 @@ namespace ks::tune {
 // check: such a variant is never put first).
 struct Row {
   std::string backend, op, dtype, variant, shape, status, why;
-  int64_t rows = 0, cols = 0;  // the routing key (docs/routing.md#shape-keys)
+  int64_t rows = 0, cols = 0;  // the routing key (docs/routing.md#shape-keys-rows-cols)
   double us = -1;
   double spread = 0;  // (slowest - fastest) / median of the samples: > 0.25 suggests a busy machine
 };

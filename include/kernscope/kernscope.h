@@ -115,7 +115,7 @@ KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
 KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend,
                             const char** variant, const char** reason);
 /* The same for a call of a given shape: (rows, cols) as the routing table keys it
- * (docs/routing.md#shape-keys, e.g. paged_attention: num_tokens and the block table's
+ * (docs/routing.md#shape-keys-rows-cols, e.g. paged_attention: num_tokens and the block table's
  * capacity), so the shape-bounded cell that such a call uses decides. The variant's
  * can_implement (alignment, size limits) still applies per call. rows, cols >= 0. */
 KS_API ks_status_t ks_which_shape(const char* op, const char* dtype, ks_backend_t backend, int64_t rows,

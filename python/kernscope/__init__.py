@@ -86,8 +86,21 @@ def _device_code(device: _t.Any) -> int:
     return _DEVICES[base]
 
 
+def _shape_cols(cols: _t.Any) -> int:
+    """which's cols: an int, or "NxK" (also "N*K") for a product, as ``ksctl which --cols``."""
+    if isinstance(cols, str):
+        parts = cols.replace("X", "x").replace("*", "x").split("x")
+        if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+            raise ValueError(f"which: cols must be a non-negative integer or 'NxK'; got {cols!r}")
+        n = 1
+        for p in parts:
+            n *= int(p)
+        return n
+    return int(cols)
+
+
 def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Optional[int] = None,
-          cols: _t.Optional[int] = None) -> _t.Tuple[str, str]:
+          cols: _t.Union[int, str, None] = None) -> _t.Tuple[str, str]:
     """The variant the registry picks for ``op`` on ``device`` with activations of
     ``dtype``, and why: ``(variant, reason)``.
 
@@ -96,12 +109,13 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
         dtype: "fp16" | "bf16" | "fp32" (or a numpy/torch dtype).
         device: "cpu" | "cuda" | "auto" (or a torch.device / "cuda:0").
         rows, cols: both or neither: the choice for a call of that shape as the routing table
-            keys it (docs/routing.md#shape-keys, e.g. quant_matmul: m and n * k), so the cell such
-            a call uses decides (ks_which_shape). The variant's own limits (alignment,
-            sizes) still apply per call.
+            keys it (docs/routing.md#shape-keys-rows-cols, e.g. quant_matmul: m and n * k; cols
+            may be given as "NxK", e.g. "49152x576"), so the cell such a call uses decides
+            (ks_which_shape). The variant's own limits (alignment, sizes) still apply per call.
 
     Raises:
-        ValueError: an unknown op or device; only one of rows and cols; a negative one.
+        ValueError: an unknown op or device; only one of rows and cols; a negative one; cols
+            neither an integer nor "NxK".
         TypeError: an unsupported dtype.
         RuntimeError: the device's backend is not available (e.g. "cuda" without a GPU).
     """
@@ -111,7 +125,7 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
         raise ValueError("which: give both rows and cols, or neither")
     if rows is not None:
         return tuple(_C.which_shape(op, canonical_dtype(dtype, "which: dtype"), _device_code(device),  # type: ignore
-                                    int(rows), int(cols)))
+                                    int(rows), _shape_cols(cols)))
     return tuple(_C.which(op, canonical_dtype(dtype, "which: dtype"), _device_code(device)))  # type: ignore[return-value]
 
 

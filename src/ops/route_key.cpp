@@ -1,4 +1,4 @@
-// The (rows, cols) each op is routed by (docs/routing.md#shape-keys), and its tensors' device.
+// The (rows, cols) each op is routed by (docs/routing.md#shape-keys-rows-cols), and its tensors' device.
 #include <cstring>
 
 #include "ops/args.hpp"

@@ -55,7 +55,7 @@ struct Choice {
 Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args);
 
 // Best variant ignoring call-level checks (for ks_which / ksctl which).
-// shape (rows, cols; docs/routing.md#shape-keys) given: the cell matching it orders the
+// shape (rows, cols; docs/routing.md#shape-keys-rows-cols) given: the cell matching it orders the
 // variants, as for a call of that shape; otherwise only a cell covering every shape does.
 Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape = nullptr);
 

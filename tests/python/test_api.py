@@ -150,6 +150,14 @@ def test_which_for_a_shape_uses_that_shapes_cell(tmp_path):
         ks.which("quant_matmul", "fp32", "cpu", rows=2)
     with pytest.raises(ValueError, match="rows and cols must be >= 0"):
         ks.which("quant_matmul", "fp32", "cpu", rows=-1, cols=5)
+    # cols as "NxK" (quant_matmul's key is N * K), as `ksctl which --cols 576x576`
+    assert ks.which("quant_matmul", "fp32", "cpu", rows=1, cols="576x576") == \
+        ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=576 * 576)
+    assert ks.which("quant_matmul", "fp32", "cpu", rows=1, cols="576*576") == \
+        ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=331776)
+    for bad in ("576x", "x576", "576x576x2", "-5", "abc"):
+        with pytest.raises(ValueError, match="cols must be a non-negative integer or 'NxK'"):
+            ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=bad)
 
 
 def test_backend_available():
