@@ -86,7 +86,8 @@ size_t gqa_smem_bytes(int G, int64_t D) {
 
 // One output element from its merged state (sum of weights L, weighted sum a): no key at
 // all (all dropped, or len 0) gives 0; keys whose scores are all -inf give NaN.
-__device__ __forceinline__ float attention_output(float L, float a, int any, int64_t len) {
+// (used by the sm_90 cluster kernels only: unreferenced in the compute_80 PTX)
+[[maybe_unused]] __device__ __forceinline__ float attention_output(float L, float a, int any, int64_t len) {
   const float y = L == 0.f ? (any ? __int_as_float(0x7fffffff) : 0.f) : a / L;
   return len > 0 ? y : 0.f;
 }

@@ -72,8 +72,9 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
   __shared__ long long si[kArgmaxThreads / 32];
   __shared__ float cta_v;
   __shared__ long long cta_i;
-  __shared__ float part_v[2][kArgmaxMaxCluster];  // rank 0: every rank's best, by row parity
-  __shared__ long long part_i[2][kArgmaxMaxCluster];
+  // rank 0: every rank's best, by row parity (sm_90 clusters only: unused in the compute_80 PTX)
+  [[maybe_unused]] __shared__ float part_v[2][kArgmaxMaxCluster];
+  [[maybe_unused]] __shared__ long long part_i[2][kArgmaxMaxCluster];
   int C = 1, rank = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   cluster_arrive_relaxed();  // "this CTA has started": waited for before the first remote store
