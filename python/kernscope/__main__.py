@@ -16,15 +16,21 @@ def main() -> int:
     print(f"kernscope {ks.__version__}; CUDA backend: "
           f"{'available' if ks.backend_available('cuda') else 'not available'}")
     print("\nvariants (op, backend: name [dtypes])")
-    for r in ks.available():
-        print(f"  {r.op:<20} {r.backend:<6} {r.variant} [{','.join(r.dtypes)}]")
+    avail = ks.available()
+    w_op = max((len(r.op) for r in avail), default=0)
+    w_var = max((len(r.variant) for r in avail), default=0)
+    for r in avail:
+        print(f"  {r.op:<{w_op}} {r.backend:<6} {r.variant:<{w_var}} [{','.join(r.dtypes)}]")
     t = ks.routing_table()
     print(f"\nrouting table ({', '.join(t['files'])}; first matching cell wins, then priority order)")
-    for c in t["cells"]:
-        rows = f"{_bound(c['rows'][0])}..{_bound(c['rows'][1])}"
-        cols = f"{_bound(c['cols'][0])}..{_bound(c['cols'][1])}"
-        print(f"  {c['op']:<18} {c['backend']:<5} {c['arch']:<6} {c['dtype']:<5} rows {rows:<10} cols {cols:<10} "
-              f"{c['basis']:<9} {' > '.join(c['order'])}")
+    lines = [(c["op"], c["backend"], c["arch"], c["dtype"], f"{_bound(c['rows'][0])}..{_bound(c['rows'][1])}",
+              f"{_bound(c['cols'][0])}..{_bound(c['cols'][1])}", c["basis"], " > ".join(c["order"]))
+             for c in t["cells"]]
+    widths = [max((len(line[i]) for line in lines), default=0) for i in range(7)]
+    for line in lines:
+        op, backend, arch, dtype, rows, cols, basis, order = line
+        print(f"  {op:<{widths[0]}} {backend:<{widths[1]}} {arch:<{widths[2]}} {dtype:<{widths[3]}} "
+              f"rows {rows:<{widths[4]}} cols {cols:<{widths[5]}} {basis:<{widths[6]}} {order}")
     return 0
 
 

@@ -99,7 +99,14 @@ def test_python_m_kernscope_prints_variants_and_routing_without_a_gpu():
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr
     assert "cpu_reference" in r.stdout and "routing table (" in r.stdout, r.stdout
-    assert "gemm               cuda" in r.stdout and "cuda_cublaslt > cuda_tiled" in r.stdout, r.stdout
+    assert re.search(r"\n  gemm +cuda ", r.stdout) and "cuda_cublaslt > cuda_tiled" in r.stdout, r.stdout
+    # columns aligned for every op name, the longest included: the backend column starts at one
+    # offset on every variant line, and so does the "rows" column on every cell line
+    out = r.stdout.split("\n\n")
+    variants = [ln for ln in out[1].splitlines()[1:] if ln.strip()]
+    cells = [ln for ln in out[2].splitlines()[1:] if ln.strip()]
+    assert len({re.search(r" (cpu|cuda) ", ln).start() for ln in variants}) == 1, out[1]
+    assert len({ln.index(" rows ") for ln in cells}) == 1, out[2]
 
 
 def test_main_survives_a_closed_pipe():
