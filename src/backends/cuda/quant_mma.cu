@@ -47,20 +47,18 @@ struct MmaQmmParams {
 };
 
 // The packed constants of one element type: the high byte put above a code (a code n becomes
-// base + n), and a pair of ones.
+// base + n, base = the bits kHigh << 8), and a pair of ones.
 template <typename T>
 struct MmaType;
 template <>
 struct MmaType<__nv_bfloat16> {
   static constexpr uint32_t kHigh = 0x43u;         // bf16 0x43nn = 128 + nn (nn < 128)
   static constexpr uint32_t kOnes = 0x3F803F80u;   // (1, 1)
-  static constexpr float kBase = 128.f;
 };
 template <>
 struct MmaType<__half> {
   static constexpr uint32_t kHigh = 0x64u;         // fp16 0x64nn = 1024 + nn (nn < 256)
   static constexpr uint32_t kOnes = 0x3C003C00u;
-  static constexpr float kBase = 1024.f;
 };
 
 // (base + n0, base + n1) - (off, off) for a pair made by code_pair: exact (small integers).
@@ -118,14 +116,9 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
   const T* xr = static_cast<const T*>(p.x) + (has_x ? int64_t(g) * p.K : 0);
   const int64_t nblocks = p.K / 32, per_warp = (nblocks + kMmaWarps - 1) / kMmaWarps;
   const int64_t b_end = min(nblocks, (warp + 1) * per_warp);
-  const uint32_t off = (Q41 ? 0u : 8u) + uint32_t(MmaType<T>::kBase);  // what code_pair adds, to remove
-  uint32_t off2;
-  {
-    const T o = T(float(off));
-    uint16_t ob;
-    std::memcpy(&ob, &o, 2);
-    off2 = uint32_t(ob) | (uint32_t(ob) << 16);
-  }
+  // What to subtract from code_pair's values, in both halves: the base (Q4_1: codes 0..15), or
+  // base + 8 (Q4_0: codes - 8), i.e. what code_pair makes of a code 0 or 8
+  constexpr uint32_t off = (MmaType<T>::kHigh << 8) | (Q41 ? 0u : 8u), off2 = off | (off << 16);
   const uint32_t ones[4] = {MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes};
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // U blocks per step: all their loads are issued before the first is used (the bytes
