@@ -398,6 +398,25 @@ inline int co_resident_clusters(const void* kern, int c, int threads, size_t sme
   return n;
 }
 
+// make(dev), computed once per device under a lock and shared by every thread; each thread
+// also keeps its last device's result, so the launch path takes no lock. One cache per
+// (V, Make) pair of types, i.e. per call site (a lambda's type is its own). Nothing is cached
+// when make throws.
+template <typename V, typename Make>
+const V& once_per_device(int dev, Make&& make) {
+  thread_local int cached_dev = -1;
+  thread_local const V* cached = nullptr;
+  if (dev == cached_dev) return *cached;
+  static std::mutex mu;
+  static std::map<int, V> known;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = known.find(dev);
+  if (it == known.end()) it = known.emplace(dev, make(dev)).first;
+  cached = &it->second;
+  cached_dev = dev;
+  return *cached;
+}
+
 // The largest cluster size to launch Kern with on device dev: 16 when a cluster of 16 CTAs of
 // `threads` threads and `smem` bytes of dynamic shared memory can be resident (it needs 16
 // SMs of one GPC; a MIG slice may have fewer), else 8. Clusters of 16 are non-portable: they
@@ -406,24 +425,14 @@ inline int co_resident_clusters(const void* kern, int c, int threads, size_t sme
 // launch path. The caller holds a DeviceGuard for dev.
 template <auto Kern>
 int cluster16_or_8(int dev, int threads, size_t smem, const char* op) {
-  thread_local int cached_dev = -1, cached = 8;
-  if (dev == cached_dev) return cached;
-  static std::mutex mu;
-  static std::map<int, int> known;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = known.find(dev);
-  if (it == known.end()) {
+  return once_per_device<int>(dev, [&](int) {
     check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), op,
                "allow a non-portable cluster size");
     if (smem > 0)
       check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), op,
                  "set the dynamic shared memory size");
-    const int n = co_resident_clusters(reinterpret_cast<const void*>(Kern), 16, threads, smem);
-    it = known.emplace(dev, n > 0 ? 16 : 8).first;
-  }
-  cached_dev = dev;
-  cached = it->second;
-  return cached;
+    return co_resident_clusters(reinterpret_cast<const void*>(Kern), 16, threads, smem) > 0 ? 16 : 8;
+  });
 }
 
 // Last launch configuration per op (ks_last_launch_config, the benchmark's

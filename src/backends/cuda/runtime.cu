@@ -61,37 +61,26 @@ __global__ void arch_probe_kernel() {}  // compiled for the same targets as ever
 }  // namespace
 
 const DeviceProps& device_props(int device) {
-  // Per-thread cache of the last device asked for: no lock on the launch path.
-  thread_local int cached_device = -1;
-  thread_local DeviceProps cached;
-  if (device == cached_device) return cached;
-  static std::mutex mu;
-  static std::map<int, DeviceProps> cache;
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(device);
-  if (it == cache.end()) {
+  return once_per_device<DeviceProps>(device, [](int dev) {
     DeviceProps p;
-    check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, device), "cuda", "device attribute");
-    check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, device), "cuda", "device attribute");
-    check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, device), "cuda", "device attribute");
+    check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, dev), "cuda", "device attribute");
+    check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, dev), "cuda", "device attribute");
+    check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, dev), "cuda", "device attribute");
     {  // which code the device runs: the cubin for sm_90 (or newer), or a JIT of older PTX
       int prev = 0;
       check_cuda(cudaGetDevice(&prev), "cuda", "cudaGetDevice");
-      if (prev != device) check_cuda(cudaSetDevice(device), "cuda", "cudaSetDevice");
+      if (prev != dev) check_cuda(cudaSetDevice(dev), "cuda", "cudaSetDevice");
       cudaFuncAttributes fa{};
       const cudaError_t e = cudaFuncGetAttributes(&fa, arch_probe_kernel);
-      if (prev != device) cudaSetDevice(prev);
+      if (prev != dev) cudaSetDevice(prev);
       if (e != cudaSuccess) (void)cudaGetLastError();
       p.sm90_code = p.major >= 9 && e == cudaSuccess && fa.ptxVersion >= 90;
     }
     // KS_PDL=0 turns programmatic dependent launch off; without sm_90 code, kernels have no
     // griddepcontrol.wait: PDL would let them start early
     p.pdl = p.sm90_code && !env_is("KS_PDL", "0");
-    it = cache.emplace(device, p).first;
-  }
-  cached = it->second;
-  cached_device = device;
-  return cached;
+    return p;
+  });
 }
 
 namespace {
