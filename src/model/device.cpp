@@ -31,30 +31,18 @@ cudaStream_t cs(ks_stream_t s) { return static_cast<cudaStream_t>(s); }
 
 bool cuda_runtime_built() { return true; }
 
-DeviceArray::DeviceArray(size_t bytes) : n_(bytes) { check(cudaMalloc(&p_, bytes ? bytes : 16), "cudaMalloc"); }
-DeviceArray::~DeviceArray() {
-  if (p_) cudaFree(p_);
+CudaBytes::CudaBytes(size_t bytes, Kind kind) : n_(bytes), kind_(kind) {
+  if (kind == Kind::Device)
+    check(cudaMalloc(&p_, bytes ? bytes : 16), "cudaMalloc");
+  else
+    check(cudaMallocHost(&p_, bytes ? bytes : 16), "cudaMallocHost");
 }
-DeviceArray& DeviceArray::operator=(DeviceArray&& o) noexcept {
-  if (this != &o) {
-    if (p_) cudaFree(p_);
-    p_ = o.p_, n_ = o.n_;
-    o.p_ = nullptr, o.n_ = 0;
-  }
-  return *this;
-}
-
-PinnedArray::PinnedArray(size_t bytes) : n_(bytes) { check(cudaMallocHost(&p_, bytes ? bytes : 16), "cudaMallocHost"); }
-PinnedArray::~PinnedArray() {
-  if (p_) cudaFreeHost(p_);
-}
-PinnedArray& PinnedArray::operator=(PinnedArray&& o) noexcept {
-  if (this != &o) {
-    if (p_) cudaFreeHost(p_);
-    p_ = o.p_, n_ = o.n_;
-    o.p_ = nullptr, o.n_ = 0;
-  }
-  return *this;
+void CudaBytes::release() noexcept {
+  if (!p_) return;
+  if (kind_ == Kind::Device)
+    cudaFree(p_);
+  else
+    cudaFreeHost(p_);
 }
 
 DeviceStream::DeviceStream() {
@@ -114,20 +102,8 @@ namespace {
 }
 }  // namespace
 bool cuda_runtime_built() { return false; }
-DeviceArray::DeviceArray(size_t) { unavailable(); }
-DeviceArray::~DeviceArray() = default;
-DeviceArray& DeviceArray::operator=(DeviceArray&& o) noexcept {
-  p_ = o.p_, n_ = o.n_;
-  o.p_ = nullptr, o.n_ = 0;
-  return *this;
-}
-PinnedArray::PinnedArray(size_t) { unavailable(); }
-PinnedArray::~PinnedArray() = default;
-PinnedArray& PinnedArray::operator=(PinnedArray&& o) noexcept {
-  p_ = o.p_, n_ = o.n_;
-  o.p_ = nullptr, o.n_ = 0;
-  return *this;
-}
+CudaBytes::CudaBytes(size_t, Kind) { unavailable(); }
+void CudaBytes::release() noexcept {}  // nothing is ever allocated here
 DeviceStream::DeviceStream() { unavailable(); }
 DeviceStream::~DeviceStream() = default;
 void DeviceStream::to_device(void*, const void*, size_t) { unavailable(); }
@@ -138,8 +114,17 @@ void DeviceStream::replay() { unavailable(); }
 void DeviceStream::drop_graph() {}
 #endif
 
+CudaBytes& CudaBytes::operator=(CudaBytes&& o) noexcept {
+  if (this != &o) {
+    release();
+    p_ = o.p_, n_ = o.n_, kind_ = o.kind_;
+    o.p_ = nullptr, o.n_ = 0;
+  }
+  return *this;
+}
+
 ks::TensorView DeviceArray::view(ks::DType dtype, const std::vector<int64_t>& shape, size_t offset) const {
-  return ks::TensorView(static_cast<char*>(p_) + offset, dtype, shape, DLDevice{kDLCUDA, 0});
+  return ks::TensorView(static_cast<char*>(data()) + offset, dtype, shape, DLDevice{kDLCUDA, 0});
 }
 
 }  // namespace ks::model

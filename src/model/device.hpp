@@ -13,40 +13,40 @@ namespace ks::model {
 
 bool cuda_runtime_built();
 
-class DeviceArray {  // cudaMalloc'd bytes on the current device; move-only
+// Bytes owned through the CUDA runtime, freed the way they were allocated; move-only. The two
+// kinds below differ only in the allocation.
+class CudaBytes {
  public:
-  DeviceArray() = default;
-  explicit DeviceArray(size_t bytes);
-  ~DeviceArray();
-  DeviceArray(DeviceArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  DeviceArray& operator=(DeviceArray&& o) noexcept;
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
+  enum class Kind { Device, Pinned };  // cudaMalloc'd on the current device | cudaMallocHost (page-locked host)
+  CudaBytes() = default;
+  CudaBytes(size_t bytes, Kind kind);
+  ~CudaBytes() { release(); }
+  CudaBytes(CudaBytes&& o) noexcept : p_(o.p_), n_(o.n_), kind_(o.kind_) { o.p_ = nullptr, o.n_ = 0; }
+  CudaBytes& operator=(CudaBytes&& o) noexcept;
+  CudaBytes(const CudaBytes&) = delete;
+  CudaBytes& operator=(const CudaBytes&) = delete;
   void* data() const { return p_; }
   size_t bytes() const { return n_; }
-  // A view of these bytes, from byte `offset` on, as dtype/shape on CUDA device 0.
-  ks::TensorView view(ks::DType dtype, const std::vector<int64_t>& shape, size_t offset = 0) const;
 
  private:
+  void release() noexcept;
   void* p_ = nullptr;
   size_t n_ = 0;
+  Kind kind_ = Kind::Device;
 };
 
-class PinnedArray {  // page-locked host bytes (cudaMallocHost): async copies read them at run time; move-only
+class DeviceArray : public CudaBytes {  // cudaMalloc'd bytes on the current device
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t bytes) : CudaBytes(bytes, Kind::Device) {}
+  // A view of these bytes, from byte `offset` on, as dtype/shape on CUDA device 0.
+  ks::TensorView view(ks::DType dtype, const std::vector<int64_t>& shape, size_t offset = 0) const;
+};
+
+class PinnedArray : public CudaBytes {  // page-locked host bytes: async copies read them at run time
  public:
   PinnedArray() = default;
-  explicit PinnedArray(size_t bytes);
-  ~PinnedArray();
-  PinnedArray(PinnedArray&& o) noexcept : p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
-  PinnedArray& operator=(PinnedArray&& o) noexcept;
-  PinnedArray(const PinnedArray&) = delete;
-  PinnedArray& operator=(const PinnedArray&) = delete;
-  void* data() const { return p_; }
-  size_t bytes() const { return n_; }
-
- private:
-  void* p_ = nullptr;
-  size_t n_ = 0;
+  explicit PinnedArray(size_t bytes) : CudaBytes(bytes, Kind::Pinned) {}
 };
 
 class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
