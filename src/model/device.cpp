@@ -55,12 +55,19 @@ DeviceStream::~DeviceStream() {
   if (s_) cudaStreamDestroy(cs(s_));
 }
 void DeviceStream::to_device(void* dst, const void* src, size_t bytes) {
+  copy_unsynced_ = true;  // (also when the call fails: the next wait_for_copies() syncs)
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, cs(s_)), "copy to the device");
 }
 void DeviceStream::to_host(void* dst, const void* src, size_t bytes) {
   check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, cs(s_)), "copy to the host");
 }
-void DeviceStream::sync() { check(cudaStreamSynchronize(cs(s_)), "stream synchronize"); }
+void DeviceStream::sync() {
+  check(cudaStreamSynchronize(cs(s_)), "stream synchronize");
+  copy_unsynced_ = false;
+}
+void DeviceStream::wait_for_copies() {
+  if (copy_unsynced_) sync();
+}
 void DeviceStream::capture(const std::function<void()>& fn) {
   drop_graph();
   check(cudaStreamBeginCapture(cs(s_), cudaStreamCaptureModeThreadLocal), "begin graph capture");
@@ -109,6 +116,7 @@ DeviceStream::~DeviceStream() = default;
 void DeviceStream::to_device(void*, const void*, size_t) { unavailable(); }
 void DeviceStream::to_host(void*, const void*, size_t) { unavailable(); }
 void DeviceStream::sync() { unavailable(); }
+void DeviceStream::wait_for_copies() {}  // no copy is ever queued here
 void DeviceStream::capture(const std::function<void()>&) { unavailable(); }
 void DeviceStream::replay() { unavailable(); }
 void DeviceStream::drop_graph() {}

@@ -61,6 +61,9 @@ class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
   void to_device(void* dst, const void* src, size_t bytes);
   void to_host(void* dst, const void* src, size_t bytes);    // async; call sync() before reading dst
   void sync();
+  // sync() only if a to_device copy was queued since the last sync() that returned (its source
+  // may still be read): free when every step ends in sync(), a wait after one that threw
+  void wait_for_copies();
   // Captures fn (launches on this stream only) into a graph; replay() launches it.
   void capture(const std::function<void()>& fn);
   bool captured() const { return exec_ != nullptr; }
@@ -71,6 +74,7 @@ class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
   ks_stream_t s_ = nullptr;
   void* graph_ = nullptr;
   void* exec_ = nullptr;
+  bool copy_unsynced_ = false;  // a to_device copy queued since the last completed sync()
 };
 
 }  // namespace ks::model

@@ -283,7 +283,9 @@ void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int
   // CUDA the pinned block goes over in one copy of just those bytes and the kernels read the
   // device twin; on the CPU they read the host block itself.
   const StepLayout L = step_layout(n);
-  if (on_device_) stream_->sync();  // an earlier step's copy may still read the pinned block (after an error)
+  // an earlier step's copy may still read the pinned block (only after a step that threw: every
+  // step ends in a sync)
+  if (on_device_) stream_->wait_for_copies();
   char* h = on_device_ ? static_cast<char*>(step_host_.data()) : reinterpret_cast<char*>(step_cpu_.data());
   auto view = [&](ks::DType dt, size_t off) {
     return on_device_ ? step_dev_.view(dt, {n}, off) : ks::TensorView(h + off, dt, {n});
