@@ -47,27 +47,30 @@ constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, k
 constexpr int64_t kGqaRingBytes = int64_t(kGqaStages) * kGqaUnroll * 2 * kGqaThreads * 16;
 constexpr int64_t kGqaSmemLimit = 200 * 1024;
 
-// Shared memory: the cp.async ring (kGqaRingBytes), then (floats unless noted) the CTA's
-// merged state m[G], l[G], acc[G][D] and its any-key flag (read by the other CTAs of the
-// cluster), then each warp's state wm[W][G], wl[W][G], wacc[W][G][D].
+// The per-(token, kv head) softmax states in shared memory, at `base` (after cuda_gqa_cluster's
+// cp.async ring; over cuda_mma_cluster's ring once its key loop is done), floats unless noted:
+// the CTA's merged state m[G], l[G], acc[G][D] and its any-key flag (read by the other CTAs of
+// the cluster), then each of the W warps' states wm[W][G], wl[W][G], wacc[W][G][D].
 struct GqaSmem {
   float *m, *l, *acc, *wm, *wl, *wacc;
   int* any;
-  __device__ GqaSmem(unsigned char* base, int G, int D) {
-    float* f = reinterpret_cast<float*>(base + kGqaRingBytes);
+  __device__ GqaSmem(unsigned char* base, int W, int G, int D) {
+    float* f = reinterpret_cast<float*>(base);
     m = f;
     l = m + G;
     acc = l + G;
     wm = acc + G * D;
-    wl = wm + kGqaWarps * G;
-    wacc = wl + kGqaWarps * G;
-    any = reinterpret_cast<int*>(wacc + kGqaWarps * G * D);
+    wl = wm + W * G;
+    wacc = wl + W * G;
+    any = reinterpret_cast<int*>(wacc + W * G * D);
   }
 };
 
-size_t gqa_smem_bytes(int G, int64_t D) {
-  return size_t(kGqaRingBytes) + size_t(G * (2 + D) * (1 + kGqaWarps)) * sizeof(float) + sizeof(int);
+// The bytes of GqaSmem's states for W warps, G heads of D elements.
+constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
+  return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
+size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
 
 // 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; results below 2^-126 flush to
 // 0, weights that small change no FP32 sum they join); 2^-inf = 0, NaN stays NaN.
@@ -92,6 +95,81 @@ size_t gqa_smem_bytes(int G, int64_t D) {
   return len > 0 ? y : 0.f;
 }
 
+// The end of a (token, kv head) unit, shared by both cluster kernels: every warp has stored its
+// state (wm, wl, wacc of GqaSmem at raw + states_off; W warps, G heads of D elements) and the
+// CTA's threads (NT) merge them, weighting each by merge_factor. A unit whose keys one CTA took
+// (Ce == 1) writes its output here; otherwise the Ce CTAs that took keys exchange their states
+// through distributed shared memory, and rank r writes the output elements r, r + C, ... of
+// the unit's G x D: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). any_local: this
+// thread saw a mapped key; len: the unit's context length (0: a zero row).
+template <typename T, int NT>
+__device__ void finish_unit(cg::cluster_group& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
+                            int any_local, int Ce, int64_t len, T* out_t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  GqaSmem sm(raw + states_off, W, G, D);
+  const int any_cta = __syncthreads_or(any_local);
+  // the warps into the CTA's state
+  for (int i = threadIdx.x; i < G * D; i += NT) {
+    const int g = i / D;
+    float M = -INFINITY;
+    for (int w = 0; w < W; ++w) M = fmaxf(M, sm.wm[w * G + g]);
+    float L = 0.f, a = 0.f;
+    for (int w = 0; w < W; ++w) {
+      const float mw = sm.wm[w * G + g];
+      const float f = merge_factor(mw, M);
+      L += sm.wl[w * G + g] * f;
+      a += sm.wacc[w * G * D + i] * f;
+    }
+    if (Ce == 1) {  // the CTA's state is the unit's: its output, with no cluster exchange (the merge's
+      // values; only a zero's sign may differ: the merge's fma(a, 1, +0) makes -0 +0)
+      out_t[i] = Dt<T>::from_f(attention_output(L, a, any_cta, len));
+    } else {
+      sm.acc[i] = a;
+      if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
+    }
+  }
+  // Ce is the same in every CTA of the cluster (the unit's length), so all of them skip the
+  // cluster barriers together; the other ranks returned before their key loops.
+  if (Ce == 1) return;
+  if (threadIdx.x == 0) *sm.any = any_cta;
+  cluster.sync();  // every CTA's partial state is complete and visible to the cluster
+  // (all loads of the Ce states issued before any is used)
+  constexpr int kMaxC = 16;
+  for (int i = rank * NT + threadIdx.x; i < G * D; i += C * NT) {
+    const int g = i / D;
+    float mc[kMaxC];
+    int any = 0;
+#pragma unroll
+    for (int c = 0; c < kMaxC; ++c) {
+      mc[c] = -INFINITY;
+      if (c < Ce) {
+        GqaSmem r(cluster.map_shared_rank(raw, c) + states_off, W, G, D);
+        mc[c] = r.m[g];
+        any |= *r.any;
+      }
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
+    float L = 0.f, a = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int c = 0; c < kMaxC; ++c) {
+        if (c < Ce) {
+          GqaSmem r(cluster.map_shared_rank(raw, c) + states_off, W, G, D);
+          const float f = merge_factor(mc[c], M);
+          L += r.l[g] * f;
+          a += r.acc[i] * f;
+        }
+      }
+    }
+    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
+  }
+  cluster.sync();  // no CTA leaves while another may still read its shared memory
+#endif
+}
+
 template <typename T, int LPK, int GM>
 __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -106,7 +184,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int G = p.group;
   const int D = int(p.head_dim);
-  GqaSmem sm(gqa_raw, G, D);
+  GqaSmem sm(gqa_raw + kGqaRingBytes, kGqaWarps, G, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int sub = lane % LPK, stream = warp * SPW + lane / LPK;
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
@@ -262,67 +340,8 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
         for (int e = 0; e < E; ++e) sm.wacc[(warp * G + g) * D + sub * E + e] = acc[g][e];
     }
   }
-  const int any_cta = __syncthreads_or(any_local);
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  // the warps into the CTA's state
-  for (int i = threadIdx.x; i < G * D; i += kGqaThreads) {
-    const int g = i / D;
-    float M = -INFINITY;
-    for (int w = 0; w < kGqaWarps; ++w) M = fmaxf(M, sm.wm[w * G + g]);
-    float L = 0.f, a = 0.f;
-    for (int w = 0; w < kGqaWarps; ++w) {
-      const float mw = sm.wm[w * G + g];
-      const float f = merge_factor(mw, M);
-      L += sm.wl[w * G + g] * f;
-      a += sm.wacc[w * G * D + i] * f;
-    }
-    if (Ce == 1) {  // the CTA's state is the unit's: its output, with no cluster exchange (the merge's
-      // values; only a zero's sign may differ: the merge's fma(a, 1, +0) makes -0 +0)
-      out_t[i] = Dt<T>::from_f(attention_output(L, a, any_cta, len));
-    } else {
-      sm.acc[i] = a;
-      if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
-    }
-  }
-  // Ce is the same in every CTA of the cluster (the unit's length), so all of them skip the
-  // cluster barriers together; the other ranks returned before the key loop.
-  if (Ce == 1) return;
-  if (threadIdx.x == 0) *sm.any = any_cta;
-  cluster.sync();  // every CTA's partial state is complete and visible to the cluster
-  // merge: rank r writes the output elements r, r + C, ... of the unit's G x D outputs, from
-  // the states of the Ce ranks that had keys (all their loads issued before any is used)
-  constexpr int kMaxC = 16;
-  for (int i = rank * kGqaThreads + threadIdx.x; i < G * D; i += C * kGqaThreads) {
-    const int g = i / D;
-    float mc[kMaxC];
-    int any = 0;
-#pragma unroll
-    for (int c = 0; c < kMaxC; ++c) {
-      mc[c] = -INFINITY;
-      if (c < Ce) {
-        GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-        mc[c] = r.m[g];
-        any |= *r.any;
-      }
-    }
-    float M = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
-    float L = 0.f, a = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int c = 0; c < kMaxC; ++c) {
-        if (c < Ce) {
-          GqaSmem r(cluster.map_shared_rank(gqa_raw, c), G, D);
-          const float f = merge_factor(mc[c], M);
-          L += r.l[g] * f;
-          a += r.acc[i] * f;
-        }
-      }
-    }
-    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
-  }
-  cluster.sync();  // no CTA leaves while another may still read its shared memory
+  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t);
 #endif
 }
 
@@ -425,6 +444,345 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   check_launch("paged_attention");
   record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld grid=%lld",
                 {C, G, LPK, grid});
+}
+
+}  // namespace ks::cuda
+
+// ---- paged_attention, variant cuda_mma_cluster (bf16 / fp16) ----------------------------
+// The work unit and the cluster split of cuda_gqa_cluster (a cluster of C CTAs per (token, kv
+// head), the first Ce of them taking keys, merged by finish_unit), with the dot products on
+// the tensor cores (mma.sync m16n8k16, FP32 accumulation) and each warp streaming its own keys:
+//  - a CTA's 4 warps take its range's tiles of 16 keys in turn (warp w: tiles w, w + 4, ...);
+//    each warp copies its tiles' K and V rows with cp.async into its own ring of kStages
+//    stages (rows padded by 16 bytes, so ldmatrix's 8 row addresses hit distinct banks) and
+//    waits only for its own copies (cp.async.wait_group, then __syncwarp): no CTA barrier in
+//    the key loop;
+//  - S = Q K^T: A = the G query rows of the kv head (rows G..15 zero) in registers, B = the
+//    tile's K rows by ldmatrix; s = scale * S in FP32 (the contract's order); unmapped keys
+//    and keys past the range get weight 0 (score -inf), as in cuda_gqa_cluster;
+//  - the online softmax in FP32 per row (the 4 lanes of a quad hold a row: max by two
+//    shuffles), each e^(s - max) as ex2.approx of (s - max) log2 e, as cuda_gqa_cluster;
+//  - O += P V: each FP32 weight p is carried as three bf16 (fp16) numbers hi + mid + lo
+//    (hi = round(p), mid = round(p - hi), lo = round(p - hi - mid); each difference exact), so
+//    the three products with V on the tensor cores add up p v to within 2^-24 |p v| (bf16: the
+//    exponent range of FP32; fp16: weights under 2^-14 keep 24 bits less their
+//    subnormal loss, at most 2^-25 absolute, as FP32 underflow would) - the FP32 weights of
+//    the contract, not bf16-rounded ones.
+// Products of bf16 / fp16 inputs are exact; the tensor cores' FP32 sums may round differently
+// from a sequential FP32 sum (the contract fixes no order).
+// can_implement: bf16 / fp16, head_dim a multiple of 8 up to 128 (padded to 32, 64 or 128
+// with zeros), at most 16 query heads per kv head, 16-byte aligned tensors, compute capability 9.0.
+namespace ks::cuda {
+namespace {
+
+constexpr int kMcWarps = 4, kMcThreads = 32 * kMcWarps, kMcKeys = 16, kMcMaxGroup = 16;
+
+template <int DP>  // head_dim padded: 32, 64 or 128
+struct McShape {
+  static constexpr int kRowBytes = DP * 2 + 16;                     // one K or V row, padded
+  static constexpr int kStages = DP >= 128 ? 3 : 4;                 // per warp
+  static constexpr int kStageBytes = 2 * kMcKeys * kRowBytes;       // 16 K rows, then 16 V rows
+  static constexpr int kRingBytes = kMcWarps * kStages * kStageBytes;
+};
+
+// The shared memory of one CTA: the warps' rings, over which the states of finish_unit are laid
+// once every warp has left its key loop.
+template <int DP>
+constexpr size_t mc_smem_bytes(int G, int64_t D) {
+  return std::max(size_t(McShape<DP>::kRingBytes), gqa_state_bytes(kMcWarps, G, D));
+}
+
+template <typename T>
+struct McPair;  // two floats as a packed pair of T (low half: the first), and back
+template <>
+struct McPair<__nv_bfloat16> {
+  static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    ra = __low2float(v);
+    rb = __high2float(v);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+template <>
+struct McPair<__half> {
+  static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
+    const __half2 v = __floats2half2_rn(a, b);
+    ra = __low2float(v);
+    rb = __high2float(v);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+};
+
+// (a, b) as hi + mid + lo in three packed pairs of T (see the header)
+template <typename T>
+__device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
+  float ha, hb, ma, mb, la, lb;
+  hi = McPair<T>::pack(a, b, ha, hb);
+  const float ra = a - ha, rb = b - hb;  // exact
+  mid = McPair<T>::pack(ra, rb, ma, mb);
+  lo = McPair<T>::pack(ra - ma, rb - mb, la, lb);
+}
+
+template <typename T, int DP>
+__global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const AttnParams p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  using Sh = McShape<DP>;
+  constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
+  constexpr int RP = 32 / CH;      // rows one copy pass of the warp covers
+  constexpr int NK = DP / 16;      // k-steps of Q K^T
+  constexpr int NJ = DP / 16;      // pairs of 8-column tiles of P V
+  constexpr int S = Sh::kStages;
+  extern __shared__ __align__(16) unsigned char mc_raw[];
+  pdl_begin();
+  cg::cluster_group cluster = cg::this_cluster();
+  const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
+  const int G = p.group;
+  const int D = int(p.head_dim);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t unit = blockIdx.x / C;  // (token, kv head)
+  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
+  int64_t len = p.context_lens[t];
+  if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
+  len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX / 2 (can_implement)
+  // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
+  const int64_t keys_per_cta = max(int64_t(2 * kMcWarps * kMcKeys), int64_t(p.min_keys_per_cta));
+  const int Ce =
+      p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys_per_cta - 1) / keys_per_cta))) : C;
+  if (Ce == 1 && rank > 0) return;
+  // this CTA's keys [j_begin, j_end): whole tiles except the last range's end
+  const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
+  const int j_begin = int(min(len, int64_t(rank) * per));
+  const int j_end = rank < Ce ? int(min(len, int64_t(j_begin) + per)) : j_begin;
+  const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
+  const int mine = ntiles > warp ? (ntiles - warp + kMcWarps - 1) / kMcWarps : 0;  // this warp's tiles
+
+  // A fragments of Q (rows: the kv head's query heads; columns past D and rows past G zero)
+  const int qr = lane >> 2, qc = (lane & 3) * 2;
+  uint32_t qa[NK][4];
+  {
+    const T* qb = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
+    auto pair = [&](int row, int col) -> uint32_t {
+      return row < G && col < D ? *reinterpret_cast<const uint32_t*>(qb + int64_t(row) * D + col) : 0u;
+    };
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) {
+      qa[ks][0] = pair(qr, ks * 16 + qc);
+      qa[ks][1] = pair(qr + 8, ks * 16 + qc);
+      qa[ks][2] = pair(qr, ks * 16 + qc + 8);
+      qa[ks][3] = pair(qr + 8, ks * 16 + qc + 8);
+    }
+  }
+  const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
+  const int bs = int(p.block_size);
+  const uint32_t bs_mul = p.bs_mul;
+  const int bs_shift = p.bs_shift;
+  const T* kc = static_cast<const T*>(p.k_cache) + kvh * D;
+  const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
+  const int64_t row_stride = p.num_kv_heads * D;
+  unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
+  // copies tile i of this warp into stage i % S; returns its mask of mapped keys (bit = key)
+  auto issue = [&](int i) -> unsigned {
+    const int j0 = j_begin + (warp + i * kMcWarps) * kMcKeys;
+    const int pos = j0 + (lane & 15);  // lanes 0..15 look up keys 0..15 (16..31 the same)
+    bool ok = false;
+    long long slot = 0;
+    if (pos < j_end) {
+      const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
+      const int32_t blk = bt[b];
+      ok = blk >= 0 && blk < p.num_blocks;
+      slot = ok ? (long long)blk * bs + (pos - b * bs) : 0;
+    }
+    const unsigned valid = __ballot_sync(0xffffffffu, ok) & 0xffffu;
+    unsigned char* st = ring + (i % S) * Sh::kStageBytes;
+    const int ch = lane % CH;
+#pragma unroll
+    for (int k = 0; k < kMcKeys / RP; ++k) {
+      const int row = lane / CH + k * RP;
+      const long long sl = __shfl_sync(0xffffffffu, slot, row);
+      const bool fill = (valid >> row & 1u) && ch * 8 < D;
+      cp_async16(st + row * Sh::kRowBytes + ch * 16, kc + sl * row_stride + ch * 8, fill);
+      cp_async16(st + (kMcKeys + row) * Sh::kRowBytes + ch * 16, vc + sl * row_stride + ch * 8, fill);
+    }
+    cp_async_commit();
+    return valid;
+  };
+  uint64_t masks = 0;  // stage s's mask in bits 16 s ..
+#pragma unroll
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < mine) masks |= uint64_t(issue(i)) << (16 * i);
+    else cp_async_commit();  // empty groups keep the wait count uniform
+  }
+  constexpr float kLog2e = 1.4426950408889634f;
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows qr and qr + 8
+  float acc[2 * NJ][4];
+#pragma unroll
+  for (int n = 0; n < 2 * NJ; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
+  int any_local = 0;
+  // ldmatrix row addresses: K (keys on B's columns) and V (keys on B's rows, transposed)
+  const int krow = (lane & 7) + ((lane >> 4) & 1) * 8, kchunk = (lane >> 3) & 1;
+  const int vrow = (lane & 7) + ((lane >> 3) & 1) * 8, vchunk = lane >> 4;
+  for (int i = 0; i < mine; ++i) {
+    const int nx = i + S - 1;
+    if (nx < mine) {
+      masks &= ~(uint64_t(0xffffu) << (16 * (nx % S)));
+      masks |= uint64_t(issue(nx)) << (16 * (nx % S));
+    } else {
+      cp_async_commit();
+    }
+    cp_async_wait<S - 1>();
+    __syncwarp();  // every lane's copies of tile i have landed
+    const unsigned valid = unsigned(masks >> (16 * (i % S))) & 0xffffu;
+    any_local |= valid != 0u;
+    const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
+    const unsigned char* vt = kt + kMcKeys * Sh::kRowBytes;
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0..7, 8..15
+#pragma unroll
+    for (int ks = 0; ks < NK; ++ks) {
+      uint32_t b[4];
+      ldmatrix_x4<false>(b, kt + krow * Sh::kRowBytes + (2 * ks + kchunk) * 16);
+      mma_16816<T>(s[0], qa[ks], b[0], b[1]);
+      mma_16816<T>(s[1], qa[ks], b[2], b[3]);
+    }
+    // s[n][e]: row qr (e < 2) or qr + 8, key n * 8 + qc + (e & 1)
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[n][e] = (valid >> (n * 8 + qc + (e & 1)) & 1u) ? s[n][e] * p.scale : -INFINITY;  // unmapped: weight 0
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));  // NaN ignored here
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float nm = fmaxf(m[h], mx);
+      const float base = nm == -INFINITY ? 0.f : nm;  // nothing finite yet: no -inf - -inf
+      const float corr = fast_exp2((m[h] - base) * kLog2e);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+          s[n][e] = fast_exp2((s[n][e] - base) * kLog2e);  // -inf: 0; NaN stays NaN, as exp
+          sum += s[n][e];
+        }
+      l[h] = l[h] * corr + sum;
+      m[h] = nm;
+#pragma unroll
+      for (int n = 0; n < 2 * NJ; ++n) acc[n][2 * h] *= corr, acc[n][2 * h + 1] *= corr;
+    }
+    // P's A fragments (rows qr, qr + 8; keys qc.., 8 + qc..), three pieces each
+    uint32_t pa[3][4];
+    split3<T>(s[0][0], s[0][1], pa[0][0], pa[1][0], pa[2][0]);
+    split3<T>(s[0][2], s[0][3], pa[0][1], pa[1][1], pa[2][1]);
+    split3<T>(s[1][0], s[1][1], pa[0][2], pa[1][2], pa[2][2]);
+    split3<T>(s[1][2], s[1][3], pa[0][3], pa[1][3], pa[2][3]);
+#pragma unroll
+    for (int j = 0; j < NJ; ++j) {
+      uint32_t b[4];
+      ldmatrix_x4<true>(b, vt + vrow * Sh::kRowBytes + (2 * j + vchunk) * 16);
+#pragma unroll
+      for (int piece = 0; piece < 3; ++piece) {
+        mma_16816<T>(acc[2 * j], pa[piece], b[0], b[1]);
+        mma_16816<T>(acc[2 * j + 1], pa[piece], b[2], b[3]);
+      }
+    }
+    __syncwarp();  // the stage is read before the next iteration's copies overwrite it
+  }
+  cp_async_wait<0>();
+  // a row's sum over its quad
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  __syncthreads();  // every warp is done with the rings: the states go over them
+  GqaSmem sm(mc_raw, kMcWarps, G, D);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int g = qr + 8 * h;
+    if (g >= G) continue;
+    if ((lane & 3) == 0) sm.wm[warp * G + g] = m[h], sm.wl[warp * G + g] = l[h];
+#pragma unroll
+    for (int n = 0; n < 2 * NJ; ++n) {
+      const int d = n * 8 + qc;
+      if (d < D) {  // D is a multiple of 8: both columns or neither
+        sm.wacc[(warp * G + g) * D + d] = acc[n][2 * h];
+        sm.wacc[(warp * G + g) * D + d + 1] = acc[n][2 * h + 1];
+      }
+    }
+  }
+  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
+  finish_unit<T, kMcThreads>(cluster, mc_raw, 0, kMcWarps, G, D, any_local, Ce, len, out_t);
+#endif
+}
+
+// The fewest of 1, 2, 4, 8, 16 CTAs per unit that put a CTA on every SM, at most one per 256
+// keys of the block table's capacity.
+int choose_mma_cluster(const ops::PagedAttentionArgs& a, int sm_count, int max_cluster) {
+  const int64_t units = a.num_tokens * a.num_kv_heads;
+  const int64_t capacity = a.max_blocks_per_seq * a.block_size;
+  int c = 1;
+  while (2 * c <= max_cluster && units * c < int64_t(sm_count) && capacity >= int64_t(2 * c) * 256) c *= 2;
+  return c;
+}
+
+int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
+
+}  // namespace
+
+std::string paged_attention_mma_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+  if (a.q.dtype != detail::DType::BF16 && a.q.dtype != detail::DType::F16) return "bf16 and fp16 only (tensor cores)";
+  if (a.num_heads / a.num_kv_heads > kMcMaxGroup) return "more than 16 query heads per kv head";
+  if (a.head_dim % 8 != 0 || a.head_dim > 128) return "head_dim must be a multiple of 8 and at most 128";
+  for (const detail::View* t : {&a.q, &a.out, &a.k_cache, &a.v_cache})
+    if (!aligned16(t->data)) return "q, out, k_cache and v_cache must be 16-byte aligned";
+  if (a.max_blocks_per_seq * a.block_size > int64_t(INT32_MAX / 2))
+    return "max_blocks_per_seq * block_size exceeds 2^30 key positions (32-bit key indices)";
+  if (a.num_tokens * a.num_kv_heads * 16 > int64_t(INT32_MAX))
+    return "num_tokens * num_kv_heads * 16 exceeds the grid's 2^31 - 1 CTAs";
+  return "";
+}
+
+void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+  const int dev = a.q.device.device_id;
+  DeviceGuard g(dev, "paged_attention");
+  const DeviceProps& dp = device_props(dev);
+  const int G = int(a.num_heads / a.num_kv_heads);
+  AttnParams p = attn_params(a);
+  static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
+  p.live_split = live_split ? 1 : 0;
+  static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
+  p.min_keys_per_cta = min_keys;
+  const int DP = padded_head_dim(a.head_dim);
+  const auto s = static_cast<cudaStream_t>(stream);
+  int C = 1;
+  int64_t grid = 0;
+  auto go = [&](auto tag, auto dpad) {
+    using T = decltype(tag);
+    constexpr int kDP = decltype(dpad)::value;
+    constexpr auto kern = paged_attention_mma_kernel<T, kDP>;
+    // the most shared memory any call of this instantiation needs (16 heads), set once
+    const int max_c = cluster16_or_8<kern>(dev, kMcThreads, mc_smem_bytes<kDP>(kMcMaxGroup, kDP), "paged_attention");
+    C = choose_mma_cluster(a, dp.sm_count, max_c);
+    grid = a.num_tokens * a.num_kv_heads * C;
+    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kMcThreads), mc_smem_bytes<kDP>(G, a.head_dim),
+                  s, C, dp.pdl, p);
+  };
+  auto by_dim = [&](auto tag) {
+    switch (DP) {
+      case 32: go(tag, std::integral_constant<int, 32>{}); break;
+      case 64: go(tag, std::integral_constant<int, 64>{}); break;
+      default: go(tag, std::integral_constant<int, 128>{}); break;
+    }
+  };
+  if (a.q.dtype == detail::DType::BF16) by_dim(__nv_bfloat16{});
+  else by_dim(__half{});
+  check_launch("paged_attention");
+  record_launch("paged_attention", "variant=cuda_mma_cluster cluster=%lld group=%lld head_dim_padded=%lld grid=%lld",
+                {C, G, DP, grid});
 }
 
 }  // namespace ks::cuda

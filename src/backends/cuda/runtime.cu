@@ -146,6 +146,8 @@ std::string paged_attention_can_implement(const void*);
 std::string paged_attention_gqa_can_implement(const void*);
 bool paged_attention_gqa_supported(int device);
 void paged_attention_gqa_cuda(const void*, ks_stream_t);
+std::string paged_attention_mma_can_implement(const void*);
+void paged_attention_mma_cuda(const void*, ks_stream_t);
 std::string varlen_attention_can_implement(const void*);
 void varlen_attention_cuda(const void*, ks_stream_t);
 void norm_quant_matmul_cuda(const void*, ks_stream_t);
@@ -307,6 +309,13 @@ std::string ci_attention_gqa(const void* p) {
   if (!paged_attention_gqa_supported(a.q.device.device_id)) return "thread-block clusters need compute capability 9.0";
   return paged_attention_gqa_can_implement(p);
 }
+std::string ci_attention_mma(const void* p) {
+  auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
+  std::string why = ci_attention(p);
+  if (!why.empty()) return why;
+  if (!paged_attention_gqa_supported(a.q.device.device_id)) return "thread-block clusters need compute capability 9.0";
+  return paged_attention_mma_can_implement(p);
+}
 std::string ci_varlen(const void* p) {
   auto& a = *static_cast<const ops::VarlenAttentionArgs*>(p);
   const std::string why = align_reason({&a.out, &a.q, &a.k, &a.v, &a.cu_q, &a.cu_k});
@@ -425,6 +434,12 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
                "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",
                avail, ks::cuda::ci_attention_gqa, ks::cuda::paged_attention_gqa_cuda, /*batch_invariant=*/false});
+  v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_mma_cluster",
+               registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 5,
+               "cuda_gqa_cluster's cluster split (bf16/fp16, head_dim <= 128, <= 16 query heads per kv head) "
+               "with Q K^T and P V on the tensor cores (FP32 weights carried as three bf16/fp16 pieces) and each "
+               "warp streaming its own 16-key tiles through a cp.async ring; first where sm_90.json's cells put it",
+               avail, ks::cuda::ci_attention_mma, ks::cuda::paged_attention_mma_cuda, /*batch_invariant=*/false});
   v.push_back({"varlen_attention", KS_BACKEND_CUDA, "cuda_cta_per_row_head", kFloatDTypes, 10,
                "a CTA per (query row, head): key tiles of 64, online FP32 softmax", avail, ks::cuda::ci_varlen,
                ks::cuda::varlen_attention_cuda});
