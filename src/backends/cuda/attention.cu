@@ -475,21 +475,21 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 namespace ks::cuda {
 namespace {
 
-constexpr int kMcWarps = 4, kMcThreads = 32 * kMcWarps, kMcKeys = 16, kMcMaxGroup = 16;
+constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 
-template <int DP>  // head_dim padded: 32, 64 or 128
+template <int DP, int NW>  // head_dim padded: 32, 64 or 128; NW warps per CTA (4 or 8)
 struct McShape {
   static constexpr int kRowBytes = DP * 2 + 16;                     // one K or V row, padded
   static constexpr int kStages = DP >= 128 ? 3 : 4;                 // per warp
   static constexpr int kStageBytes = 2 * kMcKeys * kRowBytes;       // 16 K rows, then 16 V rows
-  static constexpr int kRingBytes = kMcWarps * kStages * kStageBytes;
+  static constexpr int kRingBytes = NW * kStages * kStageBytes;
 };
 
 // The shared memory of one CTA: the warps' rings, over which the states of finish_unit are laid
 // once every warp has left its key loop.
-template <int DP>
+template <int DP, int NW>
 constexpr size_t mc_smem_bytes(int G, int64_t D) {
-  return std::max(size_t(McShape<DP>::kRingBytes), gqa_state_bytes(kMcWarps, G, D));
+  return std::max(size_t(McShape<DP, NW>::kRingBytes), gqa_state_bytes(NW, G, D));
 }
 
 template <typename T>
@@ -523,10 +523,10 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
   lo = McPair<T>::pack(ra - ma, rb - mb, la, lb);
 }
 
-template <typename T, int DP>
-__global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const AttnParams p) {
+template <typename T, int DP, int NW>
+__global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Sh = McShape<DP>;
+  using Sh = McShape<DP, NW>;
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
   constexpr int RP = 32 / CH;      // rows one copy pass of the warp covers
   constexpr int NK = DP / 16;      // k-steps of Q K^T
@@ -546,7 +546,7 @@ __global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const A
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
   len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX / 2 (can_implement)
   // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
-  const int64_t keys_per_cta = max(int64_t(2 * kMcWarps * kMcKeys), int64_t(p.min_keys_per_cta));
+  const int64_t keys_per_cta = max(int64_t(2 * NW * kMcKeys), int64_t(p.min_keys_per_cta));
   const int Ce =
       p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys_per_cta - 1) / keys_per_cta))) : C;
   if (Ce == 1 && rank > 0) return;
@@ -555,7 +555,7 @@ __global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const A
   const int j_begin = int(min(len, int64_t(rank) * per));
   const int j_end = rank < Ce ? int(min(len, int64_t(j_begin) + per)) : j_begin;
   const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
-  const int mine = ntiles > warp ? (ntiles - warp + kMcWarps - 1) / kMcWarps : 0;  // this warp's tiles
+  const int mine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
 
   // A fragments of Q (rows: the kv head's query heads; columns past D and rows past G zero)
   const int qr = lane >> 2, qc = (lane & 3) * 2;
@@ -581,25 +581,25 @@ __global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const A
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
   const int64_t row_stride = p.num_kv_heads * D;
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
-  // copies tile i of this warp into stage i % S; returns its mask of mapped keys (bit = key)
-  auto issue = [&](int i) -> unsigned {
-    const int j0 = j_begin + (warp + i * kMcWarps) * kMcKeys;
-    const int pos = j0 + (lane & 15);  // lanes 0..15 look up keys 0..15 (16..31 the same)
-    bool ok = false;
-    long long slot = 0;
-    if (pos < j_end) {
-      const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
-      const int32_t blk = bt[b];
-      ok = blk >= 0 && blk < p.num_blocks;
-      slot = ok ? (long long)blk * bs + (pos - b * bs) : 0;
-    }
-    const unsigned valid = __ballot_sync(0xffffffffu, ok) & 0xffffu;
-    unsigned char* st = ring + (i % S) * Sh::kStageBytes;
+  // The cache slot of key (lane & 15) of this warp's tile i, or -1 for a key past the range or
+  // unmapped. Looked up one tile ahead of its copies, so the block-table load is not waited for
+  // on the way to the copies.
+  auto lookup = [&](int i) -> long long {
+    const int pos = j_begin + (warp + i * NW) * kMcKeys + (lane & 15);
+    if (pos >= j_end) return -1;
+    const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
+    const int32_t blk = bt[b];
+    return blk >= 0 && blk < p.num_blocks ? (long long)blk * bs + (pos - b * bs) : -1;
+  };
+  // copies the tile whose slots lookup gave into stage `stage`; returns its mask of mapped keys
+  auto issue = [&](int stage, long long slot) -> unsigned {
+    const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
+    unsigned char* st = ring + stage * Sh::kStageBytes;
     const int ch = lane % CH;
 #pragma unroll
     for (int k = 0; k < kMcKeys / RP; ++k) {
       const int row = lane / CH + k * RP;
-      const long long sl = __shfl_sync(0xffffffffu, slot, row);
+      const long long sl = max(__shfl_sync(0xffffffffu, slot, row), 0ll);
       const bool fill = (valid >> row & 1u) && ch * 8 < D;
       cp_async16(st + row * Sh::kRowBytes + ch * 16, kc + sl * row_stride + ch * 8, fill);
       cp_async16(st + (kMcKeys + row) * Sh::kRowBytes + ch * 16, vc + sl * row_stride + ch * 8, fill);
@@ -610,9 +610,10 @@ __global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const A
   uint64_t masks = 0;  // stage s's mask in bits 16 s ..
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) masks |= uint64_t(issue(i)) << (16 * i);
+    if (i < mine) masks |= uint64_t(issue(i, lookup(i))) << (16 * i);
     else cp_async_commit();  // empty groups keep the wait count uniform
   }
+  long long next_slot = S - 1 < mine ? lookup(S - 1) : -1;  // tile S - 1's, ahead of its copies
   constexpr float kLog2e = 1.4426950408889634f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows qr and qr + 8
   float acc[2 * NJ][4];
@@ -626,7 +627,8 @@ __global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const A
     const int nx = i + S - 1;
     if (nx < mine) {
       masks &= ~(uint64_t(0xffffu) << (16 * (nx % S)));
-      masks |= uint64_t(issue(nx)) << (16 * (nx % S));
+      masks |= uint64_t(issue(nx % S, next_slot)) << (16 * (nx % S));
+      if (nx + 1 < mine) next_slot = lookup(nx + 1);
     } else {
       cp_async_commit();
     }
@@ -697,7 +699,7 @@ __global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const A
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
   }
   __syncthreads();  // every warp is done with the rings: the states go over them
-  GqaSmem sm(mc_raw, kMcWarps, G, D);
+  GqaSmem sm(mc_raw, NW, G, D);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int g = qr + 8 * h;
@@ -713,7 +715,7 @@ __global__ void __launch_bounds__(kMcThreads) paged_attention_mma_kernel(const A
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  finish_unit<T, kMcThreads>(cluster, mc_raw, 0, kMcWarps, G, D, any_local, Ce, len, out_t);
+  finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t);
 #endif
 }
 
@@ -760,29 +762,42 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;
   int64_t grid = 0;
-  auto go = [&](auto tag, auto dpad) {
+  int NW = 4;
+  auto go = [&](auto tag, auto dpad, auto warps) {
     using T = decltype(tag);
-    constexpr int kDP = decltype(dpad)::value;
-    constexpr auto kern = paged_attention_mma_kernel<T, kDP>;
+    constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
+    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW>;
     // the most shared memory any call of this instantiation needs (16 heads), set once
-    const int max_c = cluster16_or_8<kern>(dev, kMcThreads, mc_smem_bytes<kDP>(kMcMaxGroup, kDP), "paged_attention");
+    const int max_c =
+        cluster16_or_8<kern>(dev, 32 * kNW, mc_smem_bytes<kDP, kNW>(kMcMaxGroup, kDP), "paged_attention");
     C = choose_mma_cluster(a, dp.sm_count, max_c);
     grid = a.num_tokens * a.num_kv_heads * C;
-    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kMcThreads), mc_smem_bytes<kDP>(G, a.head_dim),
-                  s, C, dp.pdl, p);
+    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(32 * kNW),
+                  mc_smem_bytes<kDP, kNW>(G, a.head_dim), s, C, dp.pdl, p);
+  };
+  // 8 warps per CTA where even clusters of 16 leave SMs without a CTA (few units, e.g. batch
+  // 1): twice the keys in flight per SM; else 4 (two CTAs per SM at head_dim 128)
+  // (KS_ATTN_MMA_WARPS=4 or 8 forces one, for comparisons)
+  static const long long force_warps = env_number("KS_ATTN_MMA_WARPS", 0);
+  NW = a.num_tokens * a.num_kv_heads * 16 < int64_t(dp.sm_count) * 2 ? 8 : 4;
+  if (force_warps == 4 || force_warps == 8) NW = int(force_warps);
+  auto by_warps = [&](auto tag, auto dpad) {
+    if (NW == 8) go(tag, dpad, std::integral_constant<int, 8>{});
+    else go(tag, dpad, std::integral_constant<int, 4>{});
   };
   auto by_dim = [&](auto tag) {
     switch (DP) {
-      case 32: go(tag, std::integral_constant<int, 32>{}); break;
-      case 64: go(tag, std::integral_constant<int, 64>{}); break;
-      default: go(tag, std::integral_constant<int, 128>{}); break;
+      case 32: by_warps(tag, std::integral_constant<int, 32>{}); break;
+      case 64: by_warps(tag, std::integral_constant<int, 64>{}); break;
+      default: by_warps(tag, std::integral_constant<int, 128>{}); break;
     }
   };
   if (a.q.dtype == detail::DType::BF16) by_dim(__nv_bfloat16{});
   else by_dim(__half{});
   check_launch("paged_attention");
-  record_launch("paged_attention", "variant=cuda_mma_cluster cluster=%lld group=%lld head_dim_padded=%lld grid=%lld",
-                {C, G, DP, grid});
+  record_launch("paged_attention",
+                "variant=cuda_mma_cluster cluster=%lld group=%lld head_dim_padded=%lld warps=%lld grid=%lld",
+                {C, G, DP, NW, grid});
 }
 
 }  // namespace ks::cuda
