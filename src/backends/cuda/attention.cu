@@ -28,6 +28,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdlib>
 #include <string>
@@ -762,18 +763,40 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;
   int64_t grid = 0;
-  int NW = 4;
+  int NW = 4, resident = 0;
   auto go = [&](auto tag, auto dpad, auto warps) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
     constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW>;
-    // the most shared memory any call of this instantiation needs (16 heads), set once
-    const int max_c =
-        cluster16_or_8<kern>(dev, 32 * kNW, mc_smem_bytes<kDP, kNW>(kMcMaxGroup, kDP), "paged_attention");
+    constexpr int kThreads = 32 * kNW;
+    // the most shared memory any call of this instantiation needs (16 heads), set once; with 8
+    // warps (few units) every launch asks for more than half an SM's shared memory, so that the
+    // CTAs of a cluster land on as many SMs (two CTAs of a cluster of 16 on one SM left half the
+    // H200's SMs without one at batch 1)
+    constexpr size_t kMost = mc_smem_bytes<kDP, kNW>(kMcMaxGroup, kDP);
+    constexpr size_t kSpread = std::max(kMost, size_t(116 * 1024));
+    const size_t smem = kNW == 8 ? kSpread : mc_smem_bytes<kDP, kNW>(G, a.head_dim);
+    const int max_c = cluster16_or_8<kern>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
     C = choose_mma_cluster(a, dp.sm_count, max_c);
+    if (kNW == 8) {
+      // clusters of 16, 12 and 8 CTAs of one SM each that can be resident at once (a cluster's
+      // CTAs share a GPC): the largest size of which every unit gets a cluster at once
+      const auto& fit = once_per_device<std::array<int, 3>>(dev, [&](int) {
+        return std::array<int, 3>{co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kThreads, kSpread),
+                                  co_resident_clusters(reinterpret_cast<const void*>(kern), 12, kThreads, kSpread),
+                                  co_resident_clusters(reinterpret_cast<const void*>(kern), 8, kThreads, kSpread)};
+      });
+      const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
+      const int sizes[3] = {16, 12, 8};
+      for (int k = 0; k < 3; ++k)
+        if (sizes[k] <= max_c && units <= fit[size_t(k)] && capacity >= int64_t(sizes[k]) * 256) {
+          C = sizes[k];
+          resident = fit[size_t(k)];
+          break;
+        }
+    }
     grid = a.num_tokens * a.num_kv_heads * C;
-    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(32 * kNW),
-                  mc_smem_bytes<kDP, kNW>(G, a.head_dim), s, C, dp.pdl, p);
+    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
   };
   // 8 warps per CTA where even clusters of 16 leave SMs without a CTA (few units, e.g. batch
   // 1): twice the keys in flight per SM; else 4 (two CTAs per SM at head_dim 128)
@@ -796,8 +819,9 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   else by_dim(__half{});
   check_launch("paged_attention");
   record_launch("paged_attention",
-                "variant=cuda_mma_cluster cluster=%lld group=%lld head_dim_padded=%lld warps=%lld grid=%lld",
-                {C, G, DP, NW, grid});
+                "variant=cuda_mma_cluster cluster=%lld group=%lld head_dim_padded=%lld warps=%lld grid=%lld "
+                "resident_clusters=%lld",
+                {C, G, DP, NW, grid, resident});
 }
 
 }  // namespace ks::cuda
