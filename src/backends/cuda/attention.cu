@@ -529,7 +529,6 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Sh = McShape<DP, NW>;
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
-  constexpr int RP = 32 / CH;      // rows one copy pass of the warp covers
   constexpr int NK = DP / 16;      // k-steps of Q K^T
   constexpr int NJ = DP / 16;      // pairs of 8-column tiles of P V
   constexpr int S = Sh::kStages;
@@ -582,31 +581,44 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
   const int64_t row_stride = p.num_kv_heads * D;
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
-  // The cache slot of key (lane & 15) of this warp's tile i, or -1 for a key past the range or
+  // Lanes 2r and 2r + 1 copy key r of a tile: its K and V rows in 32-byte pieces (lane 2r + h
+  // the 16-byte chunks 2c + h), so each copy instruction reads 16 whole sectors, a lane needs
+  // only its own key's slot (no shuffles), and its chunks are fixed offsets from one address.
+  // The shared-memory writes of one instruction fall on 8 distinct 16-byte bank groups, 4 each
+  // (the fewest wavefronts for 512 bytes).
+  const int my_row = lane >> 1, my_half = lane & 1;
+  // The cache slot of key my_row of this warp's tile i, or -1 for a key past the range or
   // unmapped. Looked up one tile ahead of its copies, so the block-table load is not waited for
   // on the way to the copies.
   auto lookup = [&](int i) -> long long {
-    const int pos = j_begin + (warp + i * NW) * kMcKeys + (lane & 15);
+    const int pos = j_begin + (warp + i * NW) * kMcKeys + my_row;
     if (pos >= j_end) return -1;
     const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
     const int32_t blk = bt[b];
     return blk >= 0 && blk < p.num_blocks ? (long long)blk * bs + (pos - b * bs) : -1;
   };
   // copies the tile whose slots lookup gave into stage `stage`; returns its mask of mapped keys
+  // (bit r: key r)
   auto issue = [&](int stage, long long slot) -> unsigned {
-    const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
-    unsigned char* st = ring + stage * Sh::kStageBytes;
-    const int ch = lane % CH;
+    // the even lanes' votes, one bit per key
+    unsigned v = __ballot_sync(0xffffffffu, slot >= 0) & 0x55555555u;
+    v = (v | v >> 1) & 0x33333333u;
+    v = (v | v >> 2) & 0x0f0f0f0fu;
+    v = (v | v >> 4) & 0x00ff00ffu;
+    v = (v | v >> 8) & 0x0000ffffu;
+    unsigned char* kd = ring + stage * Sh::kStageBytes + my_row * Sh::kRowBytes + my_half * 16;
+    unsigned char* vd = kd + kMcKeys * Sh::kRowBytes;
+    const long long sl = slot < 0 ? 0 : slot;
+    const T* ks = kc + sl * row_stride + my_half * 8;
+    const T* vs = vc + sl * row_stride + my_half * 8;
 #pragma unroll
-    for (int k = 0; k < kMcKeys / RP; ++k) {
-      const int row = lane / CH + k * RP;
-      const long long sl = max(__shfl_sync(0xffffffffu, slot, row), 0ll);
-      const bool fill = (valid >> row & 1u) && ch * 8 < D;
-      cp_async16(st + row * Sh::kRowBytes + ch * 16, kc + sl * row_stride + ch * 8, fill);
-      cp_async16(st + (kMcKeys + row) * Sh::kRowBytes + ch * 16, vc + sl * row_stride + ch * 8, fill);
+    for (int c = 0; c < CH / 2; ++c) {
+      const bool fill = slot >= 0 && (2 * c + my_half) * 8 < D;
+      cp_async16(kd + c * 32, ks + c * 16, fill);
+      cp_async16(vd + c * 32, vs + c * 16, fill);
     }
     cp_async_commit();
-    return valid;
+    return v;
   };
   uint64_t masks = 0;  // stage s's mask in bits 16 s ..
 #pragma unroll
@@ -671,8 +683,11 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
         }
       l[h] = l[h] * corr + sum;
       m[h] = nm;
+      // (once the maximum has settled, no lane's moves: the warp skips the rescale, which would
+      // multiply by exactly 1)
+      if (__any_sync(0xffffffffu, corr != 1.f))
 #pragma unroll
-      for (int n = 0; n < 2 * NJ; ++n) acc[n][2 * h] *= corr, acc[n][2 * h + 1] *= corr;
+        for (int n = 0; n < 2 * NJ; ++n) acc[n][2 * h] *= corr, acc[n][2 * h + 1] *= corr;
     }
     // P's A fragments (rows qr, qr + 8; keys qc.., 8 + qc..), three pieces each
     uint32_t pa[3][4];
