@@ -71,7 +71,7 @@ struct GqaSmem {
 constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
-size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
+[[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
 
 // 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; results below 2^-126 flush to
 // 0, weights that small change no FP32 sum they join); 2^-inf = 0, NaN stays NaN.
@@ -103,8 +103,9 @@ size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_sta
 // through distributed shared memory, and rank r writes the output elements r, r + C, ... of
 // the unit's G x D: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). any_local: this
 // thread saw a mapped key; len: the unit's context length (0: a zero row).
-template <typename T, int NT>
-__device__ void finish_unit(cg::cluster_group& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
+// (Cluster: cg::cluster_group, a type the compute_80 pass does not have)
+template <typename T, int NT, typename Cluster>
+__device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
                             int any_local, int Ce, int64_t len, T* out_t) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
@@ -497,7 +498,7 @@ template <typename T>
 struct McPair;  // two floats as a packed pair of T (low half: the first), and back
 template <>
 struct McPair<__nv_bfloat16> {
-  static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
+  [[maybe_unused]] static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
     ra = __low2float(v);
     rb = __high2float(v);
@@ -506,7 +507,7 @@ struct McPair<__nv_bfloat16> {
 };
 template <>
 struct McPair<__half> {
-  static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
+  [[maybe_unused]] static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
     const __half2 v = __floats2half2_rn(a, b);
     ra = __low2float(v);
     rb = __high2float(v);
