@@ -494,35 +494,30 @@ constexpr size_t mc_smem_bytes(int G, int64_t D) {
   return std::max(size_t(McShape<DP, NW>::kRingBytes), gqa_state_bytes(NW, G, D));
 }
 
+// a and b as a packed pair of T (low half: a), and the pair's values back in ra, rb
 template <typename T>
-struct McPair;  // two floats as a packed pair of T (low half: the first), and back
-template <>
-struct McPair<__nv_bfloat16> {
-  [[maybe_unused]] static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
+__device__ __forceinline__ uint32_t mc_pack(float a, float b, float& ra, float& rb) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
     ra = __low2float(v);
     rb = __high2float(v);
     return *reinterpret_cast<const uint32_t*>(&v);
-  }
-};
-template <>
-struct McPair<__half> {
-  [[maybe_unused]] static __device__ __forceinline__ uint32_t pack(float a, float b, float& ra, float& rb) {
+  } else {
     const __half2 v = __floats2half2_rn(a, b);
     ra = __low2float(v);
     rb = __high2float(v);
     return *reinterpret_cast<const uint32_t*>(&v);
   }
-};
+}
 
 // (a, b) as hi + mid + lo in three packed pairs of T (see the header)
 template <typename T>
 __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
   float ha, hb, ma, mb, la, lb;
-  hi = McPair<T>::pack(a, b, ha, hb);
+  hi = mc_pack<T>(a, b, ha, hb);
   const float ra = a - ha, rb = b - hb;  // exact
-  mid = McPair<T>::pack(ra, rb, ma, mb);
-  lo = McPair<T>::pack(ra - ma, rb - mb, la, lb);
+  mid = mc_pack<T>(ra, rb, ma, mb);
+  lo = mc_pack<T>(ra - ma, rb - mb, la, lb);
 }
 
 template <typename T, int DP, int NW>
