@@ -15,7 +15,8 @@
 // (--variants: the model-path ops with several CUDA variants are also timed under each
 //  variant, pinned: rows with impl "variant:<name>"; bench/auto_vs_best.py compares them)
 // (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run;
-//  --shapes 512x4096,64x128256 keeps only those shapes, as printed, e.g. for a profiler run)
+//  --shapes 512x4096,64x128256 keeps only those shapes, as printed, e.g. for a profiler run; decode attention
+//  shapes too, e.g. "b1 h32/8 d128 T32768")
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors)
 #include <cuda_runtime.h>
@@ -312,6 +313,13 @@ int main(int argc, char** argv) {
     // ids) of a block table sized for `capacity` tokens; bytes = the live K and V read once, as
     // the anchor counts them
     auto attention = [&](int64_t b, int64_t hq, int64_t hkv, int64_t d, int64_t T, int64_t capacity, DType dt) {
+      // (--shapes also names attention shapes as printed, e.g. "b1 h32/8 d128 T32768", for a profiler run)
+      char shape[96];
+      std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld d%lld T%lld", (long long)b, (long long)hq, (long long)hkv,
+                    (long long)d, (long long)T);
+      std::string sh = shape;
+      if (capacity != T) sh += " of " + std::to_string(capacity);
+      if (!shapes.empty() && !has(shapes, sh)) return;
       const int64_t bs = 16, blocks_per_seq = capacity / bs, blocks = b * blocks_per_seq, es = int64_t(ks::dtype_size(dt));
       const size_t kv_bytes = size_t(blocks * bs * hkv * d * es);
       const size_t bytes = size_t(2 * b * T * hkv * d * es);
@@ -336,11 +344,6 @@ int main(int argc, char** argv) {
                             ks::TensorView(), dv(dlens.p, DType::I32, {b}), scale, ks::Backend::Cuda, st);
       };
       const double us = graph_time(k, call, s);
-      char shape[96];
-      std::snprintf(shape, sizeof shape, "b%lld h%lld/%lld d%lld T%lld", (long long)b, (long long)hq, (long long)hkv,
-                    (long long)d, (long long)T);
-      std::string sh = shape;
-      if (capacity != T) sh += " of " + std::to_string(capacity);
       record("decode_attention", sh, dt, us, bytes, "paged_attention");
       also_variants("paged_attention", "decode_attention", sh, dt, bytes, k, call);
     };

@@ -647,14 +647,22 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     any_local |= valid != 0u;
     const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
     const unsigned char* vt = kt + kMcKeys * Sh::kRowBytes;
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0..7, 8..15
+    // keys 0..7, 8..15; even and odd k-steps in separate accumulators (two chains of NK / 2
+    // dependent MMAs instead of one of NK), added at the end
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, so[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) {
       uint32_t b[4];
       ldmatrix_x4<false>(b, kt + krow * Sh::kRowBytes + (2 * ks + kchunk) * 16);
-      mma_16816<T>(s[0], qa[ks], b[0], b[1]);
-      mma_16816<T>(s[1], qa[ks], b[2], b[3]);
+      float (&s0)[4] = ks % 2 ? so[0] : s[0];
+      float (&s1)[4] = ks % 2 ? so[1] : s[1];
+      mma_16816<T>(s0, qa[ks], b[0], b[1]);
+      mma_16816<T>(s1, qa[ks], b[2], b[3]);
     }
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] += so[n][e];
     // s[n][e]: row qr (e < 2) or qr + 8, key n * 8 + qc + (e & 1)
 #pragma unroll
     for (int n = 0; n < 2; ++n)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Decode attention in one short GPU call: build for sm_90a, the paged/varlen attention GPU tests,
+# bench_ops' decode attention under every CUDA variant (bf16) -> $OUT/attention_variants.csv and
+# a plot against torch SDPA (bench/plot_attention.py, SDPA rows from docs/perf/h200_model.csv),
+# racecheck of cuda_mma_cluster's small tests, and Nsight Compute on cuda_mma_cluster at batch 1,
+# 32/8 heads of 128, 32K keys (speed of light, warp stalls, occupancy) -> $OUT/ncu_attention_mma.txt.
+# Usage (device): KS_COMMIT=sha scripts/gpu_attention_check.sh   (carry .dlpack and .deps)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER='*Attention*' KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
+  grep -E "FAILED|PASSED|Failure|error|FP64 value" | head -20
+BUILD=${KS_GPU_BUILD:-build-gpu}
+[ -x $BUILD/bench_ops ] || { echo "gpu_attention_check: the build failed (see $OUT/logs.txt)"; exit 1; }
+$BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_attention --dtypes bf16 2>&1 |
+  grep -E "variant=cuda_(mma|gqa)" | grep -v " of " | cut -c1-140
+python3 bench/plot_attention.py --variants "$OUT/attention_variants.csv" --peers docs/perf/h200_model.csv \
+  --out "$OUT/h200_attention_mma.png" && echo "plot written"
+timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops \
+  --gtest_filter='*NonFiniteScoresAsOnCpu/cuda_mma_cluster:*DeviceIndicesOutOfRange/cuda_mma_cluster' --gtest_brief=1 2>&1 |
+  grep -E "RACECHECK SUMMARY|FAILED|PASSED" | head -5
+echo "racecheck rc=${PIPESTATUS[0]}"
+ncu --clock-control none --kernel-name regex:paged_attention_mma --launch-count 1 --section SpeedOfLight \
+  --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+  --section MemoryWorkloadAnalysis $BUILD/bench_ops --ops paged_attention --variants --dtypes bf16 \
+  --shapes "b1 h32/8 d128 T32768" --csv /tmp/ncu_attn.csv > "$OUT/ncu_attention_mma.txt" 2>&1
+echo "ncu rc=$?"
+grep -E "Duration|Memory Throughput|DRAM Throughput|Issue Slots|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers" \
+  "$OUT/ncu_attention_mma.txt" | head -30
