@@ -798,21 +798,25 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     const int max_c = cluster16_or_8<kern>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
     C = choose_mma_cluster(a, dp.sm_count, max_c);
     if (kNW == 8) {
-      // clusters of 16, 12 and 8 CTAs of one SM each that can be resident at once (a cluster's
-      // CTAs share a GPC): the largest size of which every unit gets a cluster at once
-      const auto& fit = once_per_device<std::array<int, 3>>(dev, [&](int) {
-        return std::array<int, 3>{co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kThreads, kSpread),
-                                  co_resident_clusters(reinterpret_cast<const void*>(kern), 12, kThreads, kSpread),
-                                  co_resident_clusters(reinterpret_cast<const void*>(kern), 8, kThreads, kSpread)};
+      // clusters of 16, 15, ..., 8 CTAs of one SM each that can be resident at once (a cluster's
+      // CTAs share a GPC, whose sizes differ): the largest size of which every unit gets a
+      // cluster at once (on this H200: 7 of 16 and 15 of 8, so 8 units take clusters of 8 or
+      // more, up to the smallest GPC's SM count)
+      const auto& fit = once_per_device<std::array<int, 9>>(dev, [&](int) {
+        std::array<int, 9> f{};
+        for (int k = 0; k < 9; ++k)
+          f[size_t(k)] = co_resident_clusters(reinterpret_cast<const void*>(kern), 16 - k, kThreads, kSpread);
+        return f;
       });
       const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
-      const int sizes[3] = {16, 12, 8};
-      for (int k = 0; k < 3; ++k)
-        if (sizes[k] <= max_c && units <= fit[size_t(k)] && capacity >= int64_t(sizes[k]) * 256) {
-          C = sizes[k];
+      for (int k = 0; k < 9; ++k) {
+        const int c = 16 - k;
+        if (c <= max_c && units <= fit[size_t(k)] && capacity >= int64_t(c) * 256) {
+          C = c;
           resident = fit[size_t(k)];
           break;
         }
+      }
     }
     grid = a.num_tokens * a.num_kv_heads * C;
     launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
