@@ -1,8 +1,9 @@
 """Decode attention on the H200: kernscope's CUDA variants and torch SDPA as KV-read bandwidth.
 
-Reads a bench_ops --variants CSV (the variant rows, e.g. docs/perf/h200_attention_mma_575f9b9.csv)
-and a report CSV with the torch_sdpa rows of the same shapes (docs/perf/h200_model.csv), and
-writes a grouped bar chart of GB/s per shape (PNG). Usage:
+Reads a bench_ops --variants CSV (its variant rows, e.g. docs/perf/h200_attention_mma_575f9b9.csv)
+and a report CSV (docs/perf/h200_model.csv: its torch_sdpa rows and its kernscope rows, the
+automatic choice), and writes a grouped bar chart of GB/s per shape (PNG); each bar is labelled
+with its commit. Usage:
   python3 bench/plot_attention.py --variants A.csv --peers B.csv --out docs/perf/h200_attention_mma.png
 """
 import argparse
@@ -18,7 +19,7 @@ def main():
     rows = {}
     shapes = []
     for path, keep in ((a.variants, lambda r: r["impl"].startswith("variant:")),
-                       (a.peers, lambda r: r["impl"] == "torch_sdpa")):
+                       (a.peers, lambda r: r["impl"] in ("torch_sdpa", "kernscope"))):
         with open(path) as f:
             for r in csv.DictReader(f):
                 if r["op"] != "decode_attention" or r["dtype"] != "bf16" or " of " in r["shape"] or not keep(r):
@@ -26,6 +27,9 @@ def main():
                 impl = r["impl"].replace("variant:", "")
                 if impl == "cuda_cta_per_head":
                     continue
+                if impl == "kernscope":
+                    impl = "kernscope (automatic)"
+                impl += " @ " + r["commit"]
                 rows[(r["shape"], impl)] = float(r["gbs"])
                 if r["shape"] not in shapes:
                     shapes.append(r["shape"])

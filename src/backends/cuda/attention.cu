@@ -525,6 +525,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Sh = McShape<DP, NW>;
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
+  constexpr int RP = 32 / CH;      // rows one copy pass of the warp covers
   constexpr int NK = DP / 16;      // k-steps of Q K^T
   constexpr int NJ = DP / 16;      // pairs of 8-column tiles of P V
   constexpr int S = Sh::kStages;
@@ -577,44 +578,31 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
   const int64_t row_stride = p.num_kv_heads * D;
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
-  // Lanes 2r and 2r + 1 copy key r of a tile: its K and V rows in 32-byte pieces (lane 2r + h
-  // the 16-byte chunks 2c + h), so each copy instruction reads 16 whole sectors, a lane needs
-  // only its own key's slot (no shuffles), and its chunks are fixed offsets from one address.
-  // The shared-memory writes of one instruction fall on 8 distinct 16-byte bank groups, 4 each
-  // (the fewest wavefronts for 512 bytes).
-  const int my_row = lane >> 1, my_half = lane & 1;
-  // The cache slot of key my_row of this warp's tile i, or -1 for a key past the range or
+  // The cache slot of key (lane & 15) of this warp's tile i, or -1 for a key past the range or
   // unmapped. Looked up one tile ahead of its copies, so the block-table load is not waited for
   // on the way to the copies.
   auto lookup = [&](int i) -> long long {
-    const int pos = j_begin + (warp + i * NW) * kMcKeys + my_row;
+    const int pos = j_begin + (warp + i * NW) * kMcKeys + (lane & 15);
     if (pos >= j_end) return -1;
     const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
     const int32_t blk = bt[b];
     return blk >= 0 && blk < p.num_blocks ? (long long)blk * bs + (pos - b * bs) : -1;
   };
   // copies the tile whose slots lookup gave into stage `stage`; returns its mask of mapped keys
-  // (bit r: key r)
   auto issue = [&](int stage, long long slot) -> unsigned {
-    // the even lanes' votes, one bit per key
-    unsigned v = __ballot_sync(0xffffffffu, slot >= 0) & 0x55555555u;
-    v = (v | v >> 1) & 0x33333333u;
-    v = (v | v >> 2) & 0x0f0f0f0fu;
-    v = (v | v >> 4) & 0x00ff00ffu;
-    v = (v | v >> 8) & 0x0000ffffu;
-    unsigned char* kd = ring + stage * Sh::kStageBytes + my_row * Sh::kRowBytes + my_half * 16;
-    unsigned char* vd = kd + kMcKeys * Sh::kRowBytes;
-    const long long sl = slot < 0 ? 0 : slot;
-    const T* ks = kc + sl * row_stride + my_half * 8;
-    const T* vs = vc + sl * row_stride + my_half * 8;
+    const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
+    unsigned char* st = ring + stage * Sh::kStageBytes;
+    const int ch = lane % CH;
 #pragma unroll
-    for (int c = 0; c < CH / 2; ++c) {
-      const bool fill = slot >= 0 && (2 * c + my_half) * 8 < D;
-      cp_async16(kd + c * 32, ks + c * 16, fill);
-      cp_async16(vd + c * 32, vs + c * 16, fill);
+    for (int k = 0; k < kMcKeys / RP; ++k) {
+      const int row = lane / CH + k * RP;
+      const long long sl = max(__shfl_sync(0xffffffffu, slot, row), 0ll);
+      const bool fill = (valid >> row & 1u) && ch * 8 < D;
+      cp_async16(st + row * Sh::kRowBytes + ch * 16, kc + sl * row_stride + ch * 8, fill);
+      cp_async16(st + (kMcKeys + row) * Sh::kRowBytes + ch * 16, vc + sl * row_stride + ch * 8, fill);
     }
     cp_async_commit();
-    return v;
+    return valid;
   };
   uint64_t masks = 0;  // stage s's mask in bits 16 s ..
 #pragma unroll
@@ -647,22 +635,14 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     any_local |= valid != 0u;
     const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
     const unsigned char* vt = kt + kMcKeys * Sh::kRowBytes;
-    // keys 0..7, 8..15; even and odd k-steps in separate accumulators (two chains of NK / 2
-    // dependent MMAs instead of one of NK), added at the end
-    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}}, so[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+    float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // keys 0..7, 8..15
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) {
       uint32_t b[4];
       ldmatrix_x4<false>(b, kt + krow * Sh::kRowBytes + (2 * ks + kchunk) * 16);
-      float (&s0)[4] = ks % 2 ? so[0] : s[0];
-      float (&s1)[4] = ks % 2 ? so[1] : s[1];
-      mma_16816<T>(s0, qa[ks], b[0], b[1]);
-      mma_16816<T>(s1, qa[ks], b[2], b[3]);
+      mma_16816<T>(s[0], qa[ks], b[0], b[1]);
+      mma_16816<T>(s[1], qa[ks], b[2], b[3]);
     }
-#pragma unroll
-    for (int n = 0; n < 2; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] += so[n][e];
     // s[n][e]: row qr (e < 2) or qr + 8, key n * 8 + qc + (e & 1)
 #pragma unroll
     for (int n = 0; n < 2; ++n)
@@ -687,11 +667,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
         }
       l[h] = l[h] * corr + sum;
       m[h] = nm;
-      // (once the maximum has settled, no lane's moves: the warp skips the rescale, which would
-      // multiply by exactly 1)
-      if (__any_sync(0xffffffffu, corr != 1.f))
 #pragma unroll
-        for (int n = 0; n < 2 * NJ; ++n) acc[n][2 * h] *= corr, acc[n][2 * h + 1] *= corr;
+      for (int n = 0; n < 2 * NJ; ++n) acc[n][2 * h] *= corr, acc[n][2 * h + 1] *= corr;
     }
     // P's A fragments (rows qr, qr + 8; keys qc.., 8 + qc..), three pieces each
     uint32_t pa[3][4];
@@ -798,25 +775,21 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     const int max_c = cluster16_or_8<kern>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
     C = choose_mma_cluster(a, dp.sm_count, max_c);
     if (kNW == 8) {
-      // clusters of 16, 15, ..., 8 CTAs of one SM each that can be resident at once (a cluster's
-      // CTAs share a GPC, whose sizes differ): the largest size of which every unit gets a
-      // cluster at once (on this H200: 7 of 16 and 15 of 8, so 8 units take clusters of 8 or
-      // more, up to the smallest GPC's SM count)
-      const auto& fit = once_per_device<std::array<int, 9>>(dev, [&](int) {
-        std::array<int, 9> f{};
-        for (int k = 0; k < 9; ++k)
-          f[size_t(k)] = co_resident_clusters(reinterpret_cast<const void*>(kern), 16 - k, kThreads, kSpread);
-        return f;
+      // clusters of 16, 12 and 8 CTAs of one SM each that can be resident at once (a cluster's
+      // CTAs share a GPC): the largest size of which every unit gets a cluster at once
+      const auto& fit = once_per_device<std::array<int, 3>>(dev, [&](int) {
+        return std::array<int, 3>{co_resident_clusters(reinterpret_cast<const void*>(kern), 16, kThreads, kSpread),
+                                  co_resident_clusters(reinterpret_cast<const void*>(kern), 12, kThreads, kSpread),
+                                  co_resident_clusters(reinterpret_cast<const void*>(kern), 8, kThreads, kSpread)};
       });
       const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
-      for (int k = 0; k < 9; ++k) {
-        const int c = 16 - k;
-        if (c <= max_c && units <= fit[size_t(k)] && capacity >= int64_t(c) * 256) {
-          C = c;
+      const int sizes[3] = {16, 12, 8};
+      for (int k = 0; k < 3; ++k)
+        if (sizes[k] <= max_c && units <= fit[size_t(k)] && capacity >= int64_t(sizes[k]) * 256) {
+          C = sizes[k];
           resident = fit[size_t(k)];
           break;
         }
-      }
     }
     grid = a.num_tokens * a.num_kv_heads * C;
     launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
