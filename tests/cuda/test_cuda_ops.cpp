@@ -1999,8 +1999,8 @@ TEST_P(CudaAttention, ShortContextsInALargeTableAloneAndBatched) {
 }
 
 // cuda_mma_cluster beyond the shared tests: 16 query heads per kv head (rows 0..15 of its
-// MMA tiles, which cuda_gqa_cluster declines) at head_dim 128 and 96 (zero-padded to 128)
-// against the CPU; then the precision of its weights against an FP64 reference computed here:
+// MMA tiles, which cuda_gqa_cluster declines) at head_dim 128 and 96 (zero-padded to 128),
+// head_dim 8, and 16 (token, kv head) units over a long table, against the CPU; then the precision of its weights against an FP64 reference computed here:
 // two keys per query, so each output is (p0 v0 + p1 v1) / (p0 + p1) with no averaging of
 // rounding errors over many keys. With the FP32 weights of the contract, carried as three
 // bf16 / fp16 pieces, the output rounds to the FP64 value's nearest T in practically every
@@ -2037,6 +2037,40 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
       const std::string cfg = ks_last_launch_config("paged_attention");
       EXPECT_TRUE(cfg.find("variant=cuda_mma_cluster") != std::string::npos && cfg.find("group=16") != std::string::npos)
           << cfg;
+      dout.download(got);
+      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                          ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+    }
+    // head_dim 8 (three of the padded row's four 16-byte chunks zero-filled), and 16 units (2
+    // tokens x 8 kv heads: 8 warps per CTA, more units than clusters of 16 that fit at once on
+    // the H200, so the launcher's fallback cluster size) over 5000 keys of a 5120-key table
+    for (auto [T, H, KVH, D, cap] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
+             {3, 4, 2, 8, 512}, {2, 32, 8, 128, 5120}}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(T) + " KVH=" + std::to_string(KVH) +
+                   " D=" + std::to_string(D));
+      const int64_t bs = 16, maxb = cap / bs, blocks = T * maxb;
+      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {T, maxb});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      for (int64_t i = 0; i < T * maxb; ++i) bt.set(i, double((i * 13 + 5) % blocks));
+      Buf q(dt, {T, H, D}), cl(DType::I32, {T}), ref(dt, q.shape), got(dt, q.shape);
+      kstest::fill_normal(q);
+      for (int64_t t = 0; t < T; ++t) cl.set(t, double(t == 0 ? cap - 120 : cap / 2 + 1));
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, {T}),
+          dout(dt, q.shape);
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      dq.upload(q);
+      dcl.upload(cl);
+      dout.poison();
+      const double scale = 1.0 / std::sqrt(double(D));
+      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+                          ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      std::printf("cuda_mma_cluster %s T=%lld KVH=%lld D=%lld: %s\n", ks::dtype_name(dt), (long long)T, (long long)KVH,
+                  (long long)D, ks_last_launch_config("paged_attention"));
       dout.download(got);
       ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
                           ks::Backend::Cpu);

@@ -466,10 +466,10 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 //    shuffles), each e^(s - max) as ex2.approx of (s - max) log2 e, as cuda_gqa_cluster;
 //  - O += P V: each FP32 weight p is carried as three bf16 (fp16) numbers hi + mid + lo
 //    (hi = round(p), mid = round(p - hi), lo = round(p - hi - mid); each difference exact), so
-//    the three products with V on the tensor cores add up p v to within 2^-24 |p v| (bf16: the
-//    exponent range of FP32; fp16: weights under 2^-14 keep 24 bits less their
-//    subnormal loss, at most 2^-25 absolute, as FP32 underflow would) - the FP32 weights of
-//    the contract, not bf16-rounded ones.
+//    hi + mid + lo is p to within 2^-24 |p| (bf16: the exponent range of FP32; fp16: weights
+//    under 2^-14 lose their pieces' subnormal bits, at most 2^-25 absolute) and each piece's
+//    product with V is exact - the FP32 weights of the contract, not bf16-rounded ones. (The
+//    tensor cores' FP32 accumulation of those products need not round like IEEE additions.)
 // Products of bf16 / fp16 inputs are exact; the tensor cores' FP32 sums may round differently
 // from a sequential FP32 sum (the contract fixes no order).
 // can_implement: bf16 / fp16, head_dim a multiple of 8 up to 128 (padded to 32, 64 or 128
