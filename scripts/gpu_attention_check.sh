@@ -9,13 +9,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER='*Attention*' KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
-  grep -E "FAILED|PASSED|Failure|error|FP64 value" | head -20
-BUILD=${KS_GPU_BUILD:-build-gpu}
-# the CSV's commit and driver columns (bench_ops reads them from the environment)
-export KS_COMMIT=${KS_COMMIT:-unknown}
-export KS_DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
-[ -x $BUILD/bench_ops ] || { echo "gpu_attention_check: the build failed (see $OUT/logs.txt)"; exit 1; }
+source scripts/gpu_env.sh
+ks_gpu_build_and_test '*Attention*' 'FP64 value' ||
+  { echo "gpu_attention_check: the build failed (see $OUT/logs.txt)"; exit 1; }
 $BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_attention --dtypes bf16 2>&1 |
   grep -E "variant=cuda_(mma|gqa)" | grep -v " of " | cut -c1-140
 python3 bench/plot_attention.py --variants "$OUT/attention_variants.csv" --peers docs/perf/h200_model.csv \

@@ -16,3 +16,15 @@ ks_gpu_build() {
         -DKS_DLPACK_INCLUDE_DIR=$PWD/.dlpack/usr/include -DCMAKE_PREFIX_PATH=$PWD/.deps/usr >> "$log" 2>&1 &&
   cmake --build $BUILD -j 16 "${targets[@]}" >> "$log" 2>&1
 }
+# For the short profiling scripts (gpu_profile_ops.sh, gpu_attention_check.sh): build through
+# gpu_check.sh and run the GPU tests matching the gtest filter $1 (no CPU suites, no ks_check
+# sweep), printing the verdict lines and those matching the extra pattern $2; exports KS_COMMIT and
+# KS_DRIVER for the bench_ops runs that follow (their CSV columns). Fails when the build left no
+# bench_ops.
+ks_gpu_build_and_test() {
+  KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER="$1" KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
+    grep -E "FAILED|PASSED|Failure|error${2:+|$2}" | head -20
+  export KS_COMMIT=${KS_COMMIT:-unknown}
+  export KS_DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
+  [ -x $BUILD/bench_ops ]
+}

@@ -12,10 +12,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER='CudaSample.*' KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
-  grep -E "FAILED|PASSED|Failure|error" | head -20
-BUILD=${KS_GPU_BUILD:-build-gpu}
-[ -x $BUILD/bench_ops ] || { echo "gpu_profile_ops: the build failed (see $OUT/logs.txt)"; exit 1; }
+source scripts/gpu_env.sh
+ks_gpu_build_and_test 'CudaSample.*' || { echo "gpu_profile_ops: the build failed (see $OUT/logs.txt)"; exit 1; }
 
 KS_SAMPLE_TRACE=1 $BUILD/bench_ops --ops sample --dtypes bf16 --csv /tmp/sample_trace.csv 2>&1 | grep "sample trace" |
   python3 -c '

@@ -2000,8 +2000,8 @@ TEST_P(CudaAttention, ShortContextsInALargeTableAloneAndBatched) {
 
 // cuda_mma_cluster beyond the shared tests: 16 query heads per kv head (rows 0..15 of its
 // MMA tiles, which cuda_gqa_cluster declines) at head_dim 128 and 96 (zero-padded to 128),
-// head_dim 8, and 16 (token, kv head) units over a long table, against the CPU; then the precision of its weights against an FP64 reference computed here:
-// two keys per query, so each output is (p0 v0 + p1 v1) / (p0 + p1) with no averaging of
+// head_dim 8, and 16 (token, kv head) units over a long table, against the CPU; then the
+// precision of its weights against an FP64 reference computed here: two keys per query, so each output is (p0 v0 + p1 v1) / (p0 + p1) with no averaging of
 // rounding errors over many keys. With the FP32 weights of the contract, carried as three
 // bf16 / fp16 pieces, the output rounds to the FP64 value's nearest T in practically every
 // case; weights rounded once to T (one piece) get about 89% right in a simulation of this
@@ -2010,81 +2010,50 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
   NEED_GPU();
   kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  // (tokens, heads, kv heads, head_dim, block-table capacity, context lengths): 16 heads per kv
+  // head at head_dim 128 and 96; head_dim 8 (three of the padded row's four 16-byte chunks
+  // zero-filled); 16 units (2 tokens x 8 kv heads: 8 warps per CTA, more units than clusters of
+  // 16 that fit at once on the H200, so the launcher's fallback cluster size) over 5000 keys
+  struct Shape {
+    int64_t T, H, KVH, D, cap;
+    std::vector<int64_t> lens;
+  };
+  const std::vector<Shape> shapes = {{3, 32, 2, 128, 3200, {1, 700, 3181}},
+                                     {3, 32, 2, 96, 3200, {1, 700, 3181}},
+                                     {3, 4, 2, 8, 512, {392, 257, 257}},
+                                     {2, 32, 8, 128, 5120, {5000, 2561}}};
   for (DType dt : {DType::BF16, DType::F16}) {
-    for (int64_t D : {int64_t(128), int64_t(96)}) {
-      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " G=16 D=" + std::to_string(D));
-      const int64_t H = 32, KVH = 2, bs = 16, maxb = 200, seqs = 3, blocks = seqs * maxb;
-      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {seqs, maxb});
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(sh.T) + " H=" + std::to_string(sh.H) +
+                   " KVH=" + std::to_string(sh.KVH) + " D=" + std::to_string(sh.D));
+      const int64_t bs = 16, maxb = sh.cap / bs, blocks = sh.T * maxb;
+      Buf kc(dt, {blocks, bs, sh.KVH, sh.D}), vc(dt, {blocks, bs, sh.KVH, sh.D}), bt(DType::I32, {sh.T, maxb});
       kstest::fill_normal(kc);
       kstest::fill_normal(vc);
-      for (int64_t i = 0; i < seqs * maxb; ++i) bt.set(i, double((i * 37 + 11) % blocks));
-      Buf q(dt, {seqs, H, D}), cl(DType::I32, {seqs}), ref(dt, q.shape), got(dt, q.shape);
+      for (int64_t i = 0; i < sh.T * maxb; ++i) bt.set(i, double((i * 37 + 11) % blocks));
+      Buf q(dt, {sh.T, sh.H, sh.D}), ref(dt, q.shape), got(dt, q.shape);
       kstest::fill_normal(q);
-      const int64_t lens[3] = {1, 700, 3181};
-      for (int64_t t = 0; t < seqs; ++t) cl.set(t, double(lens[t]));
-      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, {seqs}),
-          dout(dt, q.shape);
-      dkc.upload(kc);
-      dvc.upload(vc);
-      dbt.upload(bt);
-      dq.upload(q);
-      dcl.upload(cl);
-      dout.poison();
-      const double scale = 1.0 / std::sqrt(double(D));
-      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
-                          ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      const std::string cfg = ks_last_launch_config("paged_attention");
-      EXPECT_TRUE(cfg.find("variant=cuda_mma_cluster") != std::string::npos && cfg.find("group=16") != std::string::npos)
-          << cfg;
-      dout.download(got);
-      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
-                          ks::Backend::Cpu);
-      EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
-    }
-    // head_dim 8 (three of the padded row's four 16-byte chunks zero-filled), and 16 units (2
-    // tokens x 8 kv heads: 8 warps per CTA, more units than clusters of 16 that fit at once on
-    // the H200, so the launcher's fallback cluster size) over 5000 keys of a 5120-key table
-    for (auto [T, H, KVH, D, cap] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>>{
-             {3, 4, 2, 8, 512}, {2, 32, 8, 128, 5120}}) {
-      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(T) + " KVH=" + std::to_string(KVH) +
-                   " D=" + std::to_string(D));
-      const int64_t bs = 16, maxb = cap / bs, blocks = T * maxb;
-      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {T, maxb});
-      kstest::fill_normal(kc);
-      kstest::fill_normal(vc);
-      for (int64_t i = 0; i < T * maxb; ++i) bt.set(i, double((i * 13 + 5) % blocks));
-      Buf q(dt, {T, H, D}), cl(DType::I32, {T}), ref(dt, q.shape), got(dt, q.shape);
-      kstest::fill_normal(q);
-      for (int64_t t = 0; t < T; ++t) cl.set(t, double(t == 0 ? cap - 120 : cap / 2 + 1));
-      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, {T}),
-          dout(dt, q.shape);
-      dkc.upload(kc);
-      dvc.upload(vc);
-      dbt.upload(bt);
-      dq.upload(q);
-      dcl.upload(cl);
-      dout.poison();
-      const double scale = 1.0 / std::sqrt(double(D));
-      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
-                          ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      std::printf("cuda_mma_cluster %s T=%lld KVH=%lld D=%lld: %s\n", ks::dtype_name(dt), (long long)T, (long long)KVH,
-                  (long long)D, ks_last_launch_config("paged_attention"));
-      dout.download(got);
-      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
-                          ks::Backend::Cpu);
+      std::vector<int64_t> sids(size_t(sh.T));
+      for (int64_t t = 0; t < sh.T; ++t) sids[size_t(t)] = t;
+      ASSERT_NO_FATAL_FAILURE(paged_device_vs_cpu(dt, q, kc, vc, bt, bt, sids, sh.lens, sids, sh.lens,
+                                                  1.0 / std::sqrt(double(sh.D)), got, ref));
+      const std::string cfg = ks_last_launch_config("paged_attention");  // the device call's
+      std::printf("cuda_mma_cluster %s: %s\n", ks::dtype_name(dt), cfg.c_str());
+      if (sh.H / sh.KVH == 16)
+        EXPECT_TRUE(cfg.find("variant=cuda_mma_cluster") != std::string::npos && cfg.find("group=16") != std::string::npos)
+            << cfg;
       EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
     }
     // two keys per query; 2048 queries (sequences) of 4 heads, one per kv head
     SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " two keys per query");
     const int64_t T = 2048, H = 4, KVH = 4, D = 64, bs = 16;
-    Buf kc(dt, {T, bs, KVH, D}), vc(dt, {T, bs, KVH, D}), bt(DType::I32, {T, 1}), q(dt, {T, H, D}), cl(DType::I32, {T}),
-        got(dt, {T, H, D}), want(dt, {T, H, D});
+    Buf kc(dt, {T, bs, KVH, D}), vc(dt, {T, bs, KVH, D}), bt(DType::I32, {T, 1}), q(dt, {T, H, D}),
+        got(dt, {T, H, D}), cpu(dt, {T, H, D}), want(dt, {T, H, D});
     kstest::fill_normal(kc);
     kstest::fill_uniform(vc, -1.0, 1.0);
     kstest::fill_normal(q, 2.8);  // scores of about N(0, 2.8^2) at scale 1/8: the smaller weight spans 1 to ~e^-12
-    for (int64_t t = 0; t < T; ++t) bt.set(t, double(t)), cl.set(t, 2.0);
+    std::vector<int64_t> sids(static_cast<size_t>(T)), lens(static_cast<size_t>(T), 2);
+    for (int64_t t = 0; t < T; ++t) bt.set(t, double(t)), sids[size_t(t)] = t;
     const double scale = 0.125;
     std::vector<double> exact(size_t(T * H * D));
     for (int64_t t = 0; t < T; ++t)
@@ -2103,18 +2072,7 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
           want.set(i, exact[size_t(i)]);  // rounded to nearest T
         }
       }
-    DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, {T}),
-        dout(dt, q.shape);
-    dkc.upload(kc);
-    dvc.upload(vc);
-    dbt.upload(bt);
-    dq.upload(q);
-    dcl.upload(cl);
-    dout.poison();
-    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
-                        ks::Backend::Cuda);
-    CK(cudaDeviceSynchronize());
-    dout.download(got);
+    ASSERT_NO_FATAL_FAILURE(paged_device_vs_cpu(dt, q, kc, vc, bt, bt, sids, lens, sids, lens, scale, got, cpu));
     const double ulp = dt == DType::BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
     int64_t same = 0;
     for (int64_t i = 0; i < T * H * D; ++i) {

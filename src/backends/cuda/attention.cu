@@ -172,6 +172,15 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
 #endif
 }
 
+// Ce, the CTAs of a unit's cluster of C that take keys: the first ceil(len / keys) of them (at
+// least one; keys: keys_per_cta or KS_ATTN_MIN_KEYS, whichever is larger), or all C with
+// KS_ATTN_LIVE_SPLIT=0. It depends on the unit's length and C only, so every CTA of the cluster
+// computes the same value.
+__device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len, int64_t keys_per_cta) {
+  const int64_t keys = max(keys_per_cta, int64_t(p.min_keys_per_cta));
+  return p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys - 1) / keys))) : C;
+}
+
 template <typename T, int LPK, int GM>
 __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -201,9 +210,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   // at launch from the block table's capacity (a graph replays it at every length); a short
   // live context then goes to a few CTAs, and the cluster merge reads only their states.
   // Ce depends on this unit's length alone, not on the batch, when C >= ceil(len / (NS U)).
-  const int64_t keys_per_cta = max(int64_t(NS * U), int64_t(p.min_keys_per_cta));
-  const int Ce =
-      p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys_per_cta - 1) / keys_per_cta))) : C;
+  const int Ce = live_ctas(p, C, len, NS * U);
   if (Ce == 1 && rank > 0) return;  // rank 0 alone: no cluster exchange (below)
   // this CTA's keys: [j_begin, j_end) (empty for rank >= Ce)
   const int per = int((len + Ce - 1) / Ce);
@@ -347,12 +354,39 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
 #endif
 }
 
-int choose_cluster(const ops::PagedAttentionArgs& a, int sm_count, int max_cluster) {
+// The fewest of 1, 2, 4, ..., max_cluster CTAs per (token, kv head) unit that give min_ctas CTAs
+// in all, at most one per keys_per_cta keys of the block table's capacity.
+int choose_cluster(const ops::PagedAttentionArgs& a, int max_cluster, int64_t min_ctas, int64_t keys_per_cta) {
   const int64_t units = a.num_tokens * a.num_kv_heads;
   const int64_t capacity = a.max_blocks_per_seq * a.block_size;
   int c = 1;
-  while (2 * c <= max_cluster && units * c < 2 * int64_t(sm_count) && capacity >= int64_t(2 * c) * 128) c *= 2;
+  while (2 * c <= max_cluster && units * c < min_ctas && capacity >= 2 * c * keys_per_cta) c *= 2;
   return c;
+}
+
+// The kernel parameters of both cluster variants, with the environment switches
+// KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys) and KS_ATTN_MIN_KEYS=N (at least N
+// keys per CTA), for experiments; read once.
+AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
+  AttnParams p = attn_params(a);
+  static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
+  static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
+  p.live_split = live_split ? 1 : 0;
+  p.min_keys_per_cta = min_keys;
+  return p;
+}
+
+// What both cluster variants require beyond their own shapes: 16-byte aligned q, out and caches,
+// 32-bit key positions, and a grid of units * 16 CTAs at most within 2^31 - 1; "" when met.
+std::string cluster_attention_limits(const ops::PagedAttentionArgs& a) {
+  for (const detail::View* t : {&a.q, &a.out, &a.k_cache, &a.v_cache})
+    if (!aligned16(t->data)) return "q, out, k_cache and v_cache must be 16-byte aligned";
+  if (a.max_blocks_per_seq * a.block_size > int64_t(INT32_MAX / 2))
+    return "max_blocks_per_seq * block_size exceeds 2^30 key positions (32-bit key indices)";
+  // one CTA per (token, kv head) at least, on grid.x (at most 2^31 - 1 CTAs)
+  if (a.num_tokens * a.num_kv_heads * 16 > int64_t(INT32_MAX))
+    return "num_tokens * num_kv_heads * 16 exceeds the grid's 2^31 - 1 CTAs";
+  return "";
 }
 
 // The largest cluster size for this instantiation on dev, 16 or 8 (cluster16_or_8: per kernel
@@ -376,16 +410,9 @@ std::string paged_attention_gqa_can_implement(const void* args) {
   if (a.head_dim % E != 0 || a.head_dim > 32 * E)
     return "head_dim must be a multiple of " + std::to_string(E) + " and at most " + std::to_string(32 * E) +
            " (16-byte rows of K and V per lane group)";
-  for (const detail::View* t : {&a.q, &a.out, &a.k_cache, &a.v_cache})
-    if (!aligned16(t->data))
-      return "q, out, k_cache and v_cache must be 16-byte aligned";
+  if (const std::string why = cluster_attention_limits(a); !why.empty()) return why;
   if (int64_t(gqa_smem_bytes(int(G), a.head_dim)) > kGqaSmemLimit)
     return "the query heads of a kv head times head_dim exceed 200 KB of shared memory";
-  if (a.max_blocks_per_seq * a.block_size > int64_t(INT32_MAX / 2))
-    return "max_blocks_per_seq * block_size exceeds 2^30 key positions (32-bit key indices)";
-  // one CTA per (token, kv head) at least, on grid.x (at most 2^31 - 1 CTAs)
-  if (a.num_tokens * a.num_kv_heads * 16 > int64_t(INT32_MAX))
-    return "num_tokens * num_kv_heads * 16 exceeds the grid's 2^31 - 1 CTAs";
   return "";
 }
 
@@ -400,12 +427,7 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(dev, "paged_attention");
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
-  AttnParams p = attn_params(a);
-  static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
-  p.live_split = live_split ? 1 : 0;
-  // KS_ATTN_MIN_KEYS=N: at least N keys per CTA (experiments)
-  static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
-  p.min_keys_per_cta = min_keys;
+  const AttnParams p = cluster_attn_params(a);
   const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   const int E = elems_per_lane(a.q.dtype);
@@ -421,7 +443,8 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   auto go = [&](auto tag, auto lpk, auto gm) {
     using T = decltype(tag);
     constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value;
-    C = choose_cluster(a, dp.sm_count, max_cluster_for<T, kL, kG>(dev));
+    // two CTAs per SM, at least 128 keys each
+    C = choose_cluster(a, max_cluster_for<T, kL, kG>(dev), 2 * int64_t(dp.sm_count), 128);
     grid = a.num_tokens * a.num_kv_heads * C;
     launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads),
                   smem, s, C, dp.pdl, p);
@@ -543,9 +566,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
   len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX / 2 (can_implement)
   // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
-  const int64_t keys_per_cta = max(int64_t(2 * NW * kMcKeys), int64_t(p.min_keys_per_cta));
-  const int Ce =
-      p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys_per_cta - 1) / keys_per_cta))) : C;
+  const int Ce = live_ctas(p, C, len, 2 * NW * kMcKeys);
   if (Ce == 1 && rank > 0) return;
   // this CTA's keys [j_begin, j_end): whole tiles except the last range's end
   const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
@@ -716,16 +737,6 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #endif
 }
 
-// The fewest of 1, 2, 4, 8, 16 CTAs per unit that put a CTA on every SM, at most one per 256
-// keys of the block table's capacity.
-int choose_mma_cluster(const ops::PagedAttentionArgs& a, int sm_count, int max_cluster) {
-  const int64_t units = a.num_tokens * a.num_kv_heads;
-  const int64_t capacity = a.max_blocks_per_seq * a.block_size;
-  int c = 1;
-  while (2 * c <= max_cluster && units * c < int64_t(sm_count) && capacity >= int64_t(2 * c) * 256) c *= 2;
-  return c;
-}
-
 int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
 
 }  // namespace
@@ -735,13 +746,7 @@ std::string paged_attention_mma_can_implement(const void* args) {
   if (a.q.dtype != detail::DType::BF16 && a.q.dtype != detail::DType::F16) return "bf16 and fp16 only (tensor cores)";
   if (a.num_heads / a.num_kv_heads > kMcMaxGroup) return "more than 16 query heads per kv head";
   if (a.head_dim % 8 != 0 || a.head_dim > 128) return "head_dim must be a multiple of 8 and at most 128";
-  for (const detail::View* t : {&a.q, &a.out, &a.k_cache, &a.v_cache})
-    if (!aligned16(t->data)) return "q, out, k_cache and v_cache must be 16-byte aligned";
-  if (a.max_blocks_per_seq * a.block_size > int64_t(INT32_MAX / 2))
-    return "max_blocks_per_seq * block_size exceeds 2^30 key positions (32-bit key indices)";
-  if (a.num_tokens * a.num_kv_heads * 16 > int64_t(INT32_MAX))
-    return "num_tokens * num_kv_heads * 16 exceeds the grid's 2^31 - 1 CTAs";
-  return "";
+  return cluster_attention_limits(a);
 }
 
 void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
@@ -750,11 +755,7 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(dev, "paged_attention");
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
-  AttnParams p = attn_params(a);
-  static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
-  p.live_split = live_split ? 1 : 0;
-  static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
-  p.min_keys_per_cta = min_keys;
+  const AttnParams p = cluster_attn_params(a);
   const int DP = padded_head_dim(a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;
@@ -773,7 +774,7 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     constexpr size_t kSpread = std::max(kMost, size_t(116 * 1024));
     const size_t smem = kNW == 8 ? kSpread : mc_smem_bytes<kDP, kNW>(G, a.head_dim);
     const int max_c = cluster16_or_8<kern>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
-    C = choose_mma_cluster(a, dp.sm_count, max_c);
+    C = choose_cluster(a, max_c, dp.sm_count, 256);  // a CTA on every SM, at least 256 keys each
     if (kNW == 8) {
       // clusters of 16, 12 and 8 CTAs of one SM each that can be resident at once (a cluster's
       // CTAs share a GPC): the largest size of which every unit gets a cluster at once

@@ -1,4 +1,4 @@
-// Kernel parameters of both paged_attention variants (attention.cu, model_ops.cu),
+// Kernel parameters of the CUDA paged_attention variants (attention.cu, model_ops.cu),
 // built once from the validated arguments.
 #pragma once
 

@@ -302,20 +302,17 @@ std::string ci_sample_local(const void* p) {
   const std::string why = ci_sample(p);
   return why.empty() ? sample_local_can_implement(p) : why;
 }
-std::string ci_attention_gqa(const void* p) {
+// The cluster variants (cuda_gqa_cluster, cuda_mma_cluster): ci_attention's checks, sm_90 code
+// on the device, then the variant's own (can_implement).
+std::string ci_attention_cluster(const void* p, std::string (*can_implement)(const void*)) {
   auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
   std::string why = ci_attention(p);
   if (!why.empty()) return why;
   if (!paged_attention_gqa_supported(a.q.device.device_id)) return "thread-block clusters need compute capability 9.0";
-  return paged_attention_gqa_can_implement(p);
+  return can_implement(p);
 }
-std::string ci_attention_mma(const void* p) {
-  auto& a = *static_cast<const ops::PagedAttentionArgs*>(p);
-  std::string why = ci_attention(p);
-  if (!why.empty()) return why;
-  if (!paged_attention_gqa_supported(a.q.device.device_id)) return "thread-block clusters need compute capability 9.0";
-  return paged_attention_mma_can_implement(p);
-}
+std::string ci_attention_gqa(const void* p) { return ci_attention_cluster(p, paged_attention_gqa_can_implement); }
+std::string ci_attention_mma(const void* p) { return ci_attention_cluster(p, paged_attention_mma_can_implement); }
 std::string ci_varlen(const void* p) {
   auto& a = *static_cast<const ops::VarlenAttentionArgs*>(p);
   const std::string why = align_reason({&a.out, &a.q, &a.k, &a.v, &a.cu_q, &a.cu_k});
