@@ -387,19 +387,20 @@ int main(int argc, char** argv) {
   if (has(ops, "quant_matmul"))
     for (auto [qt, qname, bb] : std::vector<std::tuple<ks::QType, const char*, int64_t>>{
              {ks::QType::Q4_1, "q4_1", 20}, {ks::QType::Q8_0, "q8_0", 34}, {ks::QType::Q4_0, "q4_0", 18}})
-      for (auto [n, h] : std::vector<std::pair<int64_t, int64_t>>{
-               {576, 576}, {1536, 576}, {4096, 4096}, {14336, 4096}, {49152, 576}}) {
-        // decode GEMV (M = 1, bf16 x): bytes = the packed weight bytes + x + out; 49152 x 576 is
-        // the shape of SmolLM2's output head
+      for (auto [n, h, xdt] : std::vector<std::tuple<int64_t, int64_t, DType>>{
+               {576, 576, bf}, {1536, 576, bf}, {4096, 4096, bf}, {14336, 4096, bf}, {49152, 576, bf},
+               {49152, 576, DType::F32}}) {
+        // decode GEMV (M = 1, bf16 x; fp32 x at 49152 x 576, as the model runs it): bytes = the
+        // packed weight bytes + x + out; 49152 x 576 is the shape of SmolLM2's output head
         if (!want_shape(n, h)) continue;
-        const int64_t row_bytes = h / 32 * bb;
-        const size_t bytes = size_t(n * row_bytes + 2 * h + 2 * n);
+        const int64_t row_bytes = h / 32 * bb, es = int64_t(ks::dtype_size(xdt));
+        const size_t bytes = size_t(n * row_bytes + es * h + es * n);
         const int k = nsets(bytes);
         std::vector<std::unique_ptr<Dev>> x, w, o;
         std::vector<uint8_t> host(static_cast<size_t>(n * row_bytes));
         for (int i = 0; i < k; ++i) {
-          x.emplace_back(new Dev(2 * h)); w.emplace_back(new Dev(n * row_bytes)); o.emplace_back(new Dev(2 * n));
-          fill_random(x.back()->p, h, bf, rng);
+          x.emplace_back(new Dev(es * h)); w.emplace_back(new Dev(n * row_bytes)); o.emplace_back(new Dev(es * n));
+          fill_random(x.back()->p, h, xdt, rng);
           // random codes with small finite fp16 scales (bytes 0x00..0x3f in each scale's high byte)
           for (auto& c : host) c = uint8_t(rng());
           for (int64_t r = 0; r < n; ++r)
@@ -411,13 +412,13 @@ int main(int argc, char** argv) {
           CK(cudaMemcpy(w.back()->p, host.data(), host.size(), cudaMemcpyHostToDevice));
         }
         const auto call = [&](int i, cudaStream_t st) {
-          ks::quant_matmul(dv(o[i]->p, bf, {1, n}), dv(x[i]->p, bf, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}), qt,
+          ks::quant_matmul(dv(o[i]->p, xdt, {1, n}), dv(x[i]->p, xdt, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}), qt,
                            ks::Backend::Cuda, st);
         };
         const double us = graph_time(k, call, s);
         const std::string op = std::string("quant_gemv_") + qname, shape = std::to_string(n) + "x" + std::to_string(h);
-        record(op, shape, bf, us, bytes, "quant_matmul");
-        also_variants("quant_matmul", op, shape, bf, bytes, k, call);
+        record(op, shape, xdt, us, bytes, "quant_matmul");
+        also_variants("quant_matmul", op, shape, xdt, bytes, k, call);
       }
   // The model's decode fusions (SmolLM2-135M, one token, FP32 activations, Q4_1 weights): each
   // fused call next to the sequence it replaces, both as graph replays (impl "fused" / "unfused").
@@ -498,6 +499,37 @@ int main(int argc, char** argv) {
       ks::kv_cache_append(dv(kc->p, f32, cache), dv(vc->p, f32, cache), qkv3(NH * D, KVH), qkv3((NH + KVH) * D, KVH),
                           dv(slot->p, DType::I64, {1}), ks::Backend::Cuda, st);
     }, size_t(QKV * 4 * 2));
+    // the final norm + output head (Q8_0, 49152 x 576, tied to the embedding): the fused call
+    // against the norm and quant_matmul's own routing (the model's KS_MODEL_SPLIT_HEAD=1); three
+    // copies of the 28 MB head rotate past L2
+    {
+      const int64_t V = 49152, rb8 = H / 32 * 34;
+      std::vector<uint8_t> host(size_t(V * rb8));
+      std::vector<std::unique_ptr<Dev>> heads;
+      for (int i = 0; i < 3; ++i) {
+        for (auto& c : host) c = uint8_t(rng());
+        for (int64_t b = 0; b < V * H / 32; ++b) host[size_t(b * 34 + 1)] &= 0x1f;  // small finite scales
+        heads.emplace_back(new Dev(host.size()));
+        CK(cudaMemcpy(heads.back()->p, host.data(), host.size(), cudaMemcpyHostToDevice));
+      }
+      Dev logits(size_t(V) * 4);
+      for (int which = 0; which < 2; ++which) {
+        const double us = graph_time(3, [&](int i, cudaStream_t st) {
+          const auto wv = dv(heads[size_t(i)]->p, DType::U8, {V, rb8});
+          if (which == 0) {
+            ks::fused_add_rms_norm_quant_matmul(dv(logits.p, f32, {1, V}), dv(r2->p, f32, {1, H}), dv(x->p, f32, {1, H}),
+                                                dv(r->p, f32, {1, H}), dv(nw->p, f32, {H}), 1e-5, wv, ks::QType::Q8_0,
+                                                ks::Backend::Cuda, st);
+          } else {
+            ks::fused_add_rms_norm(dv(x->p, f32, {1, H}), dv(r->p, f32, {1, H}), dv(nw->p, f32, {H}), 1e-5,
+                                   ks::Backend::Cuda, st);
+            ks::quant_matmul(dv(logits.p, f32, {1, V}), dv(x->p, f32, {1, H}), wv, ks::QType::Q8_0, ks::Backend::Cuda, st);
+          }
+        }, s);
+        record("norm_head", "smollm2_b1", f32, us, host.size(), nullptr);
+        rows.back().impl = which ? "unfused" : "fused";
+      }
+    }
     // the norm + q/k/v matmul + RoPE + append in one kernel, against the two fused calls
     time_pair("norm_qkv_rope_append", [&](cudaStream_t st) {
       ks::fused_add_rms_norm_quant_matmul_rope_kv_append(

@@ -1100,104 +1100,136 @@ TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
   EXPECT_THROW(ks::quant_matmul(dout.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
 }
 
+namespace {
+// One call of a pinned tensor-core quant_matmul variant (cuda_mma_blocks, cuda_mma_stream) against
+// an FP64 dot product of the decoded weights (gguf_blocks_fp64's independent decode) and the CPU.
+// Each element within the factored sums' bound: 128 u (sum over blocks of sum |x w| + 2 |m| sum |x|
+// (Q4_1), + 30 |d| sum |x| (Q8_0: the nibble split), then the output's half ulp. The first and last
+// rows of M equal one-row calls (the last through an offset view) byte for byte (a row's sums do
+// not depend on M). `w_offset`: the weights' byte offset in their allocation; `random_codes`:
+// every Q8_0 code byte drawn uniformly (-128..127, not only the encoder's -127..127).
+void check_mma_variant(const char* variant, DType dt, ks_qtype_t q, int64_t M, int64_t N, int64_t K, size_t w_offset,
+                       bool random_codes = false) {
+  using namespace kstest::gguf;
+  SCOPED_TRACE(std::string(variant) + " " + ks::dtype_name(dt) + " qtype " + std::to_string(int(q)) + " M=" +
+               std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) + " weight offset " +
+               std::to_string(w_offset));
+  Buf x(dt, {M, K}), ref(dt, {M, N}), got(dt, {M, N}), first(dt, {1, N}), last(dt, {1, N});
+  kstest::fill_normal(x);
+  Buf w = make_packed(q, N, K);
+  const int64_t nb = K / 32, bbytes = q == KS_QTYPE_Q4_1 ? 20 : q == KS_QTYPE_Q4_0 ? 18 : 34;
+  if (random_codes && q == KS_QTYPE_Q8_0) {
+    std::mt19937 gen(unsigned(N * 7 + K));
+    for (int64_t r = 0; r < N; ++r)
+      for (int64_t b = 0; b < nb; ++b)
+        for (int j = 0; j < 32; ++j) static_cast<uint8_t*>(w.data())[r * nb * 34 + b * 34 + 2 + j] = uint8_t(gen());
+  }
+  ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+  DBuf dx(dt, {M, K}), dw(DType::U8, w.shape, w_offset), dout(dt, {M, N}), dfirst(dt, {1, N}), dlast(dt, {1, N});
+  dx.upload(x);
+  dw.upload(w);
+  dout.poison();
+  dfirst.poison();
+  dlast.poison();
+  {
+    kstest::ScopedVariant pin("quant_matmul", variant);
+    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+    ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+    const std::string tag = std::string(variant).substr(5);  // "mma_blocks", "mma_stream"
+    EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find(tag), std::string::npos)
+        << ks_last_launch_config("quant_matmul");
+    ks::quant_matmul(dfirst.view(), dx.view().slice(0, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+    ks::quant_matmul(dlast.view(), dx.view().slice(M - 1, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+  }
+  CK(cudaDeviceSynchronize());
+  dout.download(got);
+  dfirst.download(first);
+  dlast.download(last);
+  // FP64 of the decoded weights, and each element's bound for the factored FP32 sums
+  const std::vector<double> wd = decode_all(q, w, K);
+  const double half_ulp = dt == DType::BF16 ? std::ldexp(1.0, -8) : dt == DType::F16 ? std::ldexp(1.0, -11)
+                                                                                      : std::ldexp(1.0, -24);
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0, bound = 0;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = static_cast<const uint8_t*>(w.data()) + n * (nb * bbytes) + b * bbytes;
+        const double mn = q == KS_QTYPE_Q4_1 ? std::abs(f16_to_double(get16(blk + 2))) : 0.0;
+        const double d8 = q == KS_QTYPE_Q8_0 ? std::abs(f16_to_double(get16(blk))) : 0.0;
+        double xw = 0, xa = 0;
+        for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
+          const double xv = x.get(m * K + k), wv = wd[size_t(n * K + k)];
+          acc += xv * wv;
+          xw += std::abs(xv * wv);
+          xa += std::abs(xv);
+        }
+        bound += xw + 2 * mn * xa + 30 * d8 * xa;
+      }
+      bound *= 128 * std::ldexp(1.0, -24);
+      // (+ 1e-7 for 16-bit outputs: fp16's subnormal spacing near 0)
+      const double g = got.get(m * N + n), lim = bound + half_ulp * (std::abs(acc) + bound) + (dt == DType::F32 ? 1e-30 : 1e-7);
+      if (!(std::abs(g - acc) <= lim) && bad++ < 5)
+        ADD_FAILURE() << "row " << m << " column " << n << ": " << g << " vs FP64 " << acc << " (bound " << lim << ")";
+    }
+  EXPECT_EQ(bad, 0);
+  EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
+  const size_t row = size_t(N) * ks::dtype_size(dt);
+  EXPECT_EQ(0, std::memcmp(first.data(), got.data(), row)) << "M = 1 differs from row 0 of M";
+  EXPECT_EQ(0, std::memcmp(last.data(), static_cast<const char*>(got.data()) + size_t(M - 1) * row, row))
+      << "an offset one-row view differs from the last row of M";
+}
+
+// Non-finite x through a pinned tensor-core variant: a NaN in row 1 and +inf in row 2 (fp32:
+// M = 2, one call each) reach exactly those rows (every column: no zero weight in a random
+// block); row 0 stays finite.
+void check_mma_variant_nonfinite(const char* variant, DType dt, ks_qtype_t q) {
+  using namespace kstest::gguf;
+  SCOPED_TRACE(std::string(variant) + " " + ks::dtype_name(dt) + " qtype " + std::to_string(int(q)) + ", non-finite x");
+  const int64_t N = 40, K = 256;
+  const bool two = dt == DType::F32;  // fp32 x: at most 2 rows
+  for (int pass = 0; pass < (two ? 2 : 1); ++pass) {
+    const int64_t M = two ? 2 : 3;
+    Buf x(dt, {M, K}), got(dt, {M, N});
+    kstest::fill_normal(x);
+    if (!two || pass == 0) x.set(1 * K + 77, std::nan(""));
+    if (!two) x.set(2 * K + 200, INFINITY);
+    if (two && pass == 1) x.set(1 * K + 200, INFINITY);
+    Buf w = make_packed(q, N, K);
+    DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
+    dx.upload(x);
+    dw.upload(w);
+    dout.poison();
+    kstest::ScopedVariant pin("quant_matmul", variant);
+    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+    ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    dout.download(got);
+    for (int64_t n = 0; n < N; ++n) {
+      EXPECT_TRUE(std::isfinite(got.get(n))) << n;
+      if (!two || pass == 0) EXPECT_TRUE(std::isnan(got.get(N + n))) << n;
+      if (!two) EXPECT_FALSE(std::isfinite(got.get(2 * N + n))) << n;  // inf, or NaN where inf * w meets -inf
+      if (two && pass == 1) EXPECT_FALSE(std::isfinite(got.get(N + n))) << n;
+    }
+  }
+}
+}  // namespace
+
 // quant_matmul's cuda_mma_blocks (bf16 / fp16 x, M <= 8, Q4_0 / Q4_1; block sums on the tensor
-// cores): against an FP64 dot product of the decoded weights (gguf_blocks_fp64's independent
-// decode) and the CPU, at M 1..8 (the MMA's unused columns), N not a multiple of the CTA's 16
-// rows, K of one block, an odd block count (the warps' ranges unequal, some empty) and 4096;
-// the weights offset by 2 bytes (Q4_0's 2-byte words) and 4. Each element within the factored
-// sums' bound: 128 u (sum over blocks of sum |x w| + 2 |m| sum |x|), then the output's half ulp.
-// The first and last rows of M equal one-row calls (the last through an offset view) byte for
-// byte (a row's sums do not depend on M). NaN and inf in x reach exactly their rows.
+// cores), by check_mma_variant: M 1..8 (the MMA's unused columns), N not a multiple of the CTA's 16
+// rows, K of one block, an odd block count (the warps' ranges unequal, some empty) and 4096; the
+// weights offset by 2 bytes (Q4_0's 2-byte words) and 4. NaN and inf in x reach exactly their rows.
 TEST(Cuda, QuantMatmulMmaBlocksVariant) {
   NEED_GPU();
-  using namespace kstest::gguf;
   for (DType dt : {DType::BF16, DType::F16})
-    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1}) {
       for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
                {1, 1, 32}, {1, 37, 416}, {3, 16, 64}, {8, 50, 576}, {5, 4096 + 9, 4096}, {1, 600, 4096}, {7, 33, 1536}})
         for (size_t off : {size_t(0), size_t(2), size_t(4)}) {
           if (q == KS_QTYPE_Q4_1 && off == 2) continue;  // Q4_1's words need 4-byte alignment (declined; below)
-          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
-                       " N=" + std::to_string(N) + " K=" + std::to_string(K) + " offset " + std::to_string(off));
-          Buf x(dt, {M, K}), ref(dt, {M, N}), got(dt, {M, N}), first(dt, {1, N}), last(dt, {1, N});
-          kstest::fill_normal(x);
-          Buf w = make_packed(q, N, K);
-          ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
-          DBuf dx(dt, {M, K}), dw(DType::U8, w.shape, off), dout(dt, {M, N}), dfirst(dt, {1, N}), dlast(dt, {1, N});
-          dx.upload(x);
-          dw.upload(w);
-          dout.poison();
-          dfirst.poison();
-          dlast.poison();
-          {
-            kstest::ScopedVariant pin("quant_matmul", "cuda_mma_blocks");
-            ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-            ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-            EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find("mma_blocks"), std::string::npos);
-            ks::quant_matmul(dfirst.view(), dx.view().slice(0, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-            ks::quant_matmul(dlast.view(), dx.view().slice(M - 1, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-          }
-          CK(cudaDeviceSynchronize());
-          dout.download(got);
-          dfirst.download(first);
-          dlast.download(last);
-          // FP64 of the decoded weights, and each element's bound for the factored FP32 sums
-          const std::vector<double> wd = decode_all(q, w, K);
-          const int64_t nb = K / 32, bbytes = q == KS_QTYPE_Q4_1 ? 20 : 18;
-          const double half_ulp = dt == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
-          int bad = 0;
-          for (int64_t m = 0; m < M; ++m)
-            for (int64_t n = 0; n < N; ++n) {
-              double acc = 0, bound = 0;
-              for (int64_t b = 0; b < nb; ++b) {
-                const uint8_t* blk = static_cast<const uint8_t*>(w.data()) + n * (nb * bbytes) + b * bbytes;
-                const double mn = q == KS_QTYPE_Q4_1 ? std::abs(f16_to_double(get16(blk + 2))) : 0.0;
-                double xw = 0, xa = 0;
-                for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
-                  const double xv = x.get(m * K + k), wv = wd[size_t(n * K + k)];
-                  acc += xv * wv;
-                  xw += std::abs(xv * wv);
-                  xa += std::abs(xv);
-                }
-                bound += xw + 2 * mn * xa;
-              }
-              bound *= 128 * std::ldexp(1.0, -24);
-              const double g = got.get(m * N + n), lim = bound + half_ulp * (std::abs(acc) + bound) + 1e-7;
-              if (!(std::abs(g - acc) <= lim) && bad++ < 5)
-                ADD_FAILURE() << "row " << m << " column " << n << ": " << g << " vs FP64 " << acc << " (bound " << lim << ")";
-            }
-          EXPECT_EQ(bad, 0);
-          EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
-          const size_t row = size_t(N) * ks::dtype_size(dt);
-          EXPECT_EQ(0, std::memcmp(first.data(), got.data(), row)) << "M = 1 differs from row 0 of M";
-          EXPECT_EQ(0, std::memcmp(last.data(), static_cast<const char*>(got.data()) + size_t(M - 1) * row, row))
-              << "an offset one-row view differs from the last row of M";
+          check_mma_variant("cuda_mma_blocks", dt, q, M, N, K, off);
         }
-  // Non-finite x: a NaN in row 1 and +inf in row 2 reach exactly those rows (every column: no
-  // zero weight in a random block); row 0 stays finite.
-  for (DType dt : {DType::BF16, DType::F16})
-    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1}) {
-      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + ", non-finite x");
-      const int64_t M = 3, N = 40, K = 256;
-      Buf x(dt, {M, K}), got(dt, {M, N});
-      kstest::fill_normal(x);
-      x.set(1 * K + 77, std::nan(""));
-      x.set(2 * K + 200, INFINITY);
-      Buf w = make_packed(q, N, K);
-      DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
-      dx.upload(x);
-      dw.upload(w);
-      dout.poison();
-      kstest::ScopedVariant pin("quant_matmul", "cuda_mma_blocks");
-      ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-      ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      dout.download(got);
-      for (int64_t n = 0; n < N; ++n) {
-        EXPECT_TRUE(std::isfinite(got.get(n))) << n;
-        EXPECT_TRUE(std::isnan(got.get(N + n))) << n;
-        EXPECT_FALSE(std::isfinite(got.get(2 * N + n))) << n;  // inf, or NaN where inf * w meets -inf
-      }
+      check_mma_variant_nonfinite("cuda_mma_blocks", dt, q);
     }
   // What it declines, and says so: fp32, M = 9, Q8_0, Q4_1 weights at a 2-byte offset, Q4_0
   // weights at a 1-byte offset, x one element (2 bytes) past 8-byte alignment
@@ -1216,6 +1248,38 @@ TEST(Cuda, QuantMatmulMmaBlocksVariant) {
   EXPECT_NE(std::string(ks_last_error()).find("aligned"), std::string::npos) << ks_last_error();
   EXPECT_THROW(ks::quant_matmul(o1.view(), x1off.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_NE(std::string(ks_last_error()).find("x not 8-byte aligned"), std::string::npos) << ks_last_error();
+}
+
+// quant_matmul's cuda_mma_stream (bf16 / fp16 x at M <= 8, fp32 x at M <= 2 as three bf16 pieces;
+// Q4_0 / Q4_1 / Q8_0; persistent CTAs streaming the rows through a cp.async ring), by
+// check_mma_variant: the cuda_mma_blocks shapes, plus groups of 2 and 4 tiles per stage with a
+// partial last tile (N = 8200 and 16400 at K = 576), rows in many chunks with a partial last one
+// (K = 14336; K = 4192: 131 blocks), several groups per CTA, weights 16 bytes into their
+// allocation, Q8_0 with every code byte drawn (including -128). NaN and inf in x reach exactly
+// their rows. fp32 x runs at most 2 rows.
+TEST(Cuda, QuantMatmulMmaStreamVariant) {
+  NEED_GPU();
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {1, 1, 32}, {1, 37, 416}, {3, 16, 64}, {8, 50, 576}, {5, 4096 + 9, 4096}, {1, 600, 4096},
+               {7, 33, 1536}, {1, 16400, 576}, {2, 8200, 576}, {1, 300, 14336}, {2, 70, 4192}})
+        for (size_t off : {size_t(0), size_t(16)})
+          check_mma_variant("cuda_mma_stream", dt, q, dt == DType::F32 ? std::min<int64_t>(M, 2) : M, N, K, off,
+                            /*random_codes=*/true);
+      check_mma_variant_nonfinite("cuda_mma_stream", dt, q);
+    }
+  // What it declines, and says so: fp32 x of 3 rows, bf16 of 9, weights 4 bytes past 16-byte
+  // alignment; it takes x at any element offset (its pairs are staged by element loads)
+  kstest::ScopedVariant pin("quant_matmul", "cuda_mma_stream");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  DBuf x3(DType::F32, {3, 64}), o3(DType::F32, {3, 3}), x9(DType::BF16, {9, 64}), o9(DType::BF16, {9, 3});
+  DBuf x1(DType::BF16, {1, 64}), o1(DType::BF16, {1, 3}), w41(DType::U8, {3, 2 * 20}), w41off(DType::U8, {3, 2 * 20}, 4);
+  EXPECT_THROW(ks::quant_matmul(o3.view(), x3.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("three"), std::string::npos) << ks_last_error();
+  EXPECT_THROW(ks::quant_matmul(o9.view(), x9.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_THROW(ks::quant_matmul(o1.view(), x1.view(), w41off.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("16-byte aligned"), std::string::npos) << ks_last_error();
 }
 
 // The decode-step fusions on CUDA against the CPU (whose result is the unfused sequence's):

@@ -80,7 +80,61 @@ __device__ __forceinline__ uint32_t code_pair(uint32_t w, uint32_t sel) {
   return __byte_perm(w, MmaType<T>::kHigh, sel);
 }
 
+// A Q4 block's words for lane t: h its first word (Q4_1, 20-byte blocks, 4-byte aligned: d | m <<
+// 16; Q4_0, 18-byte blocks, 2-byte aligned: d in the low half), q its code bytes 4t..4t+3.
+template <bool Q41>
+__device__ __forceinline__ void q4_words(const uint8_t* blk, int t, uint32_t& h, uint32_t& q) {
+  if constexpr (Q41) {
+    const uint32_t* p = reinterpret_cast<const uint32_t*>(blk);
+    h = p[0];
+    q = p[1 + t];
+  } else {
+    const uint16_t* p = reinterpret_cast<const uint16_t*>(blk);
+    h = p[0];
+    q = uint32_t(p[1 + 2 * t]) | (uint32_t(p[2 + 2 * t]) << 16);
+  }
+}
 
+// One Q4 block of 16 weight rows (the lane's rows g and g + 8) against up to 8 rows of x (B's
+// columns): acc += d S + m X (Q4_1; Q4_0: d S). ha / hb: the rows' first word (Q4_1: d | m << 16;
+// Q4_0: d in the low half); qa / qb: their code bytes 4t..4t+3; xl / xh: B's pairs of weights
+// 4t..4t+3 and 16 + 4t.. of the block (column g). acc: (row g, column 2t), (g, 2t + 1), (g + 8,
+// 2t), (g + 8, 2t + 1).
+template <typename T, bool Q41>
+__device__ __forceinline__ void mma_q4_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t qa, uint32_t qb,
+                                             uint2 xl, uint2 xh) {
+  // What to subtract from code_pair's values, in both halves: the base (Q4_1: codes 0..15), or
+  // base + 8 (Q4_0: codes - 8), i.e. what code_pair makes of a code 0 or 8
+  constexpr uint32_t off = (MmaType<T>::kHigh << 8) | (Q41 ? 0u : 8u), off2 = off | (off << 16);
+  const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
+  const uint32_t la = qa & 0x0F0F0F0Fu, lb = qb & 0x0F0F0F0Fu;
+  const uint32_t ua = (qa >> 4) & 0x0F0F0F0Fu, ub = (qb >> 4) & 0x0F0F0F0Fu;
+  // A: (row g, slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)
+  const uint32_t alo[4] = {sub_pair<T>(code_pair<T>(la, 0x4140u), off2), sub_pair<T>(code_pair<T>(lb, 0x4140u), off2),
+                           sub_pair<T>(code_pair<T>(la, 0x4342u), off2), sub_pair<T>(code_pair<T>(lb, 0x4342u), off2)};
+  const uint32_t ahi[4] = {sub_pair<T>(code_pair<T>(ua, 0x4140u), off2), sub_pair<T>(code_pair<T>(ub, 0x4140u), off2),
+                           sub_pair<T>(code_pair<T>(ua, 0x4342u), off2), sub_pair<T>(code_pair<T>(ub, 0x4342u), off2)};
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+  mma_16816<T>(s, alo, xl.x, xl.y);
+  mma_16816<T>(s, ahi, xh.x, xh.y);
+  // s: (row g, x row 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
+  if constexpr (Q41) {
+    const uint32_t ones[4] = {MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes};
+    const float ma = h2f_bits(uint16_t(ha >> 16)), mb = h2f_bits(uint16_t(hb >> 16));
+    float xs[4] = {0.f, 0.f, 0.f, 0.f};  // X of x rows 2t, 2t + 1 (in every row of D)
+    mma_16816<T>(xs, ones, xl.x, xl.y);
+    mma_16816<T>(xs, ones, xh.x, xh.y);
+    acc[0] += da * s[0] + ma * xs[0];
+    acc[1] += da * s[1] + ma * xs[1];
+    acc[2] += db * s[2] + mb * xs[0];
+    acc[3] += db * s[3] + mb * xs[1];
+  } else {
+    acc[0] += da * s[0];
+    acc[1] += da * s[1];
+    acc[2] += db * s[2];
+    acc[3] += db * s[3];
+  }
+}
 
 // U: the blocks whose loads a warp issues together (the launcher: 8 where a warp's range has more
 // than 4 blocks, else 4: fewer registers, more resident warps).
@@ -97,10 +151,6 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
   const T* xr = static_cast<const T*>(p.x) + (has_x ? int64_t(g) * p.K : 0);
   const int64_t nblocks = p.K / 32, per_warp = (nblocks + kMmaWarps - 1) / kMmaWarps;
   const int64_t b_end = min(nblocks, (warp + 1) * per_warp);
-  // What to subtract from code_pair's values, in both halves: the base (Q4_1: codes 0..15), or
-  // base + 8 (Q4_0: codes - 8), i.e. what code_pair makes of a code 0 or 8
-  constexpr uint32_t off = (MmaType<T>::kHigh << 8) | (Q41 ? 0u : 8u), off2 = off | (off << 16);
-  const uint32_t ones[4] = {MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes};
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   // U blocks per step: all their loads are issued before the first is used (the bytes
   // in flight that hide DRAM latency); a step's blocks past the warp's range load nothing.
@@ -117,52 +167,13 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
         xl[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 4 * t);
         xh[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 16 + 4 * t);
       }
-      if constexpr (Q41) {  // 20-byte blocks: d, m (fp16), 16 code bytes; 4-byte aligned
-        const uint32_t* pa = reinterpret_cast<const uint32_t*>(wa + b * 20);
-        const uint32_t* pb = reinterpret_cast<const uint32_t*>(wb + b * 20);
-        ha[u] = pa[0];
-        hb[u] = pb[0];
-        qa[u] = pa[1 + t];
-        qb[u] = pb[1 + t];
-      } else {  // Q4_0: 18-byte blocks: d (fp16), 16 code bytes; 2-byte aligned
-        const uint16_t* pa = reinterpret_cast<const uint16_t*>(wa + b * 18);
-        const uint16_t* pb = reinterpret_cast<const uint16_t*>(wb + b * 18);
-        ha[u] = pa[0];
-        hb[u] = pb[0];
-        qa[u] = uint32_t(pa[1 + 2 * t]) | (uint32_t(pa[2 + 2 * t]) << 16);
-        qb[u] = uint32_t(pb[1 + 2 * t]) | (uint32_t(pb[2 + 2 * t]) << 16);
-      }
+      q4_words<Q41>(wa + b * (Q41 ? 20 : 18), t, ha[u], qa[u]);
+      q4_words<Q41>(wb + b * (Q41 ? 20 : 18), t, hb[u], qb[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       if (b0 + u >= b_end) break;
-      const float da = h2f_bits(uint16_t(ha[u])), db = h2f_bits(uint16_t(hb[u]));
-      const uint32_t la = qa[u] & 0x0F0F0F0Fu, lb = qb[u] & 0x0F0F0F0Fu;
-      const uint32_t ua = (qa[u] >> 4) & 0x0F0F0F0Fu, ub = (qb[u] >> 4) & 0x0F0F0F0Fu;
-      // A: (row g, slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)
-      const uint32_t alo[4] = {sub_pair<T>(code_pair<T>(la, 0x4140u), off2), sub_pair<T>(code_pair<T>(lb, 0x4140u), off2),
-                               sub_pair<T>(code_pair<T>(la, 0x4342u), off2), sub_pair<T>(code_pair<T>(lb, 0x4342u), off2)};
-      const uint32_t ahi[4] = {sub_pair<T>(code_pair<T>(ua, 0x4140u), off2), sub_pair<T>(code_pair<T>(ub, 0x4140u), off2),
-                               sub_pair<T>(code_pair<T>(ua, 0x4342u), off2), sub_pair<T>(code_pair<T>(ub, 0x4342u), off2)};
-      float s[4] = {0.f, 0.f, 0.f, 0.f};
-      mma_16816<T>(s, alo, xl[u].x, xl[u].y);
-      mma_16816<T>(s, ahi, xh[u].x, xh[u].y);
-      // s: (row g, x row 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
-      if constexpr (Q41) {
-        const float ma = h2f_bits(uint16_t(ha[u] >> 16)), mb = h2f_bits(uint16_t(hb[u] >> 16));
-        float xs[4] = {0.f, 0.f, 0.f, 0.f};  // X of x rows 2t, 2t + 1 (in every row of D)
-        mma_16816<T>(xs, ones, xl[u].x, xl[u].y);
-        mma_16816<T>(xs, ones, xh[u].x, xh[u].y);
-        acc[0] += da * s[0] + ma * xs[0];
-        acc[1] += da * s[1] + ma * xs[1];
-        acc[2] += db * s[2] + mb * xs[0];
-        acc[3] += db * s[3] + mb * xs[1];
-      } else {
-        acc[0] += da * s[0];
-        acc[1] += da * s[1];
-        acc[2] += db * s[2];
-        acc[3] += db * s[3];
-      }
+      mma_q4_block<T, Q41>(acc, ha[u], hb[u], qa[u], qb[u], xl[u], xh[u]);
     }
   }
   part[warp][g][2 * t] = acc[0];
@@ -180,6 +191,225 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
       static_cast<T*>(p.out)[int64_t(j) * p.N + n] = Dt<T>::from_f(sum);
     }
   }
+}
+
+// ---- variant cuda_mma_stream -----------------------------------------------------------------
+// The same block sums on the tensor cores, fed by a stream: a persistent CTA per SM (at most)
+// owns a contiguous range of groups of tps tiles of 16 weight rows, and copies each group's rows
+// chunk by chunk (kc blocks of every row) into a ring of kStreamStages shared-memory stages with
+// 16-byte cp.async copies (each row's chunk as the 16-byte pieces that cover it, so every copy
+// is aligned; the copy of the weights' last piece stops at their end). The first three stages
+// are issued before the dependency wait: no kernel writes weights, so under PDL their DRAM
+// latency overlaps the previous kernel, and with at most one CTA per SM the kernel lets the next
+// one launch at once (pdl_begin), so a sequence of these calls keeps the DRAM busy.
+// Rows sit `pitch` bytes apart in a stage (16 mod 128): the 8 row groups of a warp's fragment
+// loads fall in 8 distinct 4-bank groups when the rows are 16-byte aligned.
+// x enters as B's fragments, staged in shared memory once per chunk: bf16 / fp16 x as they are
+// (B's column m = row m of x, M <= 8); fp32 x as three bf16 pieces per row (columns 3m, 3m + 1,
+// 3m + 2; M <= 2): x = x1 + x2 + x3 with x1 = rz(x), x2 = rz(x - x1), x3 = x - x1 - x2, all exact
+// for a finite normal x (each piece holds the next 8 significant bits of the 24), so the codes'
+// products stay exact and only the FP32 sums round; a non-finite x is all in its first piece.
+// Q8_0 codes c (signed bytes) enter as two exact nibble codes, c = 16 (h - 8) + l with
+// l = c & 15 and h = (c ^ 0x80) >> 4: S = 16 S_h + S_l from four MMAs.
+// Warp w of the CTA takes tile w % tps of a group and the chunk's blocks w / tps, + 8 / tps, ...;
+// at a group's last chunk the warps' sums meet in shared memory and are added in warp order (and
+// pieces in order). The order depends on the shape (K, N, block format) only, not on M, the
+// grid or the device.
+constexpr int kStreamStages = 4;
+constexpr int kStreamThreads = 256;
+constexpr int64_t kStreamStageBytes = 24 * 1024;  // a stage's weight bytes (about)
+constexpr int kQ40 = 0, kQ41 = 1, kQ80 = 2;
+__host__ __device__ constexpr int stream_block_bytes(int q) { return q == kQ40 ? 18 : q == kQ41 ? 20 : 34; }
+
+// The MMA's element type: x's own (bf16, fp16), bf16 for fp32 x (its pieces).
+template <typename T>
+using MmaElem = std::conditional_t<std::is_same_v<T, float>, __nv_bfloat16, T>;
+
+struct MmaStreamParams {
+  const void* x;     // [M, K]
+  const uint8_t* w;  // [N, row_bytes], 16-byte aligned
+  void* out;         // [M, N]
+  int64_t M, N, K, row_bytes;
+  int64_t groups;    // groups of tps tiles of 16 rows
+  int kc;            // blocks per chunk
+  int nchunks;       // chunks per row
+  int tps;           // tiles per group (1, 2 or 4)
+  int pitch;         // bytes between a stage's rows
+  int ppr;           // 16-byte pieces copied per row and chunk
+  int xcols;         // B's columns in use: M, or 3 M for fp32 x
+};
+
+template <typename T>
+__device__ __forceinline__ uint32_t bits16(T v) {
+  uint16_t u;
+  std::memcpy(&u, &v, 2);
+  return u;
+}
+// Elements k, k + 1 of B's column c as a pair: bf16 / fp16 x: row c's values; fp32 x: piece c % 3
+// of row c / 3 (rz to bf16 of what the earlier pieces left; a non-finite value leaves nothing).
+template <typename T>
+__device__ __forceinline__ uint32_t x_pair(const T* x, int64_t K, int c, int64_t k) {
+  if constexpr (std::is_same_v<T, float>) {
+    const float* r = x + int64_t(c / 3) * K + k;
+    float v0 = r[0], v1 = r[1];
+    uint32_t bits = 0;
+    for (int piece = 0; piece <= c % 3; ++piece) {
+      const __nv_bfloat16 h0 = __float2bfloat16_rz(v0), h1 = __float2bfloat16_rz(v1);
+      bits = bits16(h0) | (bits16(h1) << 16);
+      const float f0 = __bfloat162float(h0), f1 = __bfloat162float(h1);
+      v0 = isfinite(f0) ? v0 - f0 : 0.f;
+      v1 = isfinite(f1) ? v1 - f1 : 0.f;
+    }
+    return bits;
+  } else {
+    const T* r = x + int64_t(c) * K + k;
+    return bits16(r[0]) | (bits16(r[1]) << 16);
+  }
+}
+
+// One Q8_0 block (34 bytes: d, 32 signed code bytes; 2-byte aligned) of rows g and g + 8:
+// acc += d S. a0 / b0: code bytes 4t..4t+3 of rows g / g + 8 (weights 4t..), a1 / b1: bytes
+// 16 + 4t.. (weights 16 + 4t..), with B's pairs xl / xh of the same weights.
+template <typename T>
+__device__ __forceinline__ void mma_q8_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t a0, uint32_t a1,
+                                             uint32_t b0, uint32_t b1, uint2 xl, uint2 xh) {
+  constexpr uint32_t lo = MmaType<T>::kHigh << 8, lo2 = lo | (lo << 16), hi = lo | 8u, hi2 = hi | (hi << 16);
+  const uint32_t n[8] = {a0 & 0x0F0F0F0Fu, b0 & 0x0F0F0F0Fu, a1 & 0x0F0F0F0Fu, b1 & 0x0F0F0F0Fu,
+                         ((a0 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu, ((b0 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu,
+                         ((a1 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu, ((b1 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu};
+  float sl[4] = {0.f, 0.f, 0.f, 0.f}, sh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // (low, weights 4t..), (low, 16 + 4t..), (high, 4t..), (high, 16 + 4t..)
+    const uint32_t ra = n[2 * i], rb = n[2 * i + 1], off2 = i < 2 ? lo2 : hi2;
+    const uint32_t a[4] = {sub_pair<T>(code_pair<T>(ra, 0x4140u), off2), sub_pair<T>(code_pair<T>(rb, 0x4140u), off2),
+                           sub_pair<T>(code_pair<T>(ra, 0x4342u), off2), sub_pair<T>(code_pair<T>(rb, 0x4342u), off2)};
+    const uint2 xv = (i & 1) ? xh : xl;
+    mma_16816<T>(i < 2 ? sl : sh, a, xv.x, xv.y);
+  }
+  const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
+  acc[0] += da * (16.f * sh[0] + sl[0]);
+  acc[1] += da * (16.f * sh[1] + sl[1]);
+  acc[2] += db * (16.f * sh[2] + sl[2]);
+  acc[3] += db * (16.f * sh[3] + sl[3]);
+}
+
+// A Q8_0 block's words for lane t: h = d, c0 / c1 = code bytes 4t.. and 16 + 4t...
+__device__ __forceinline__ void q8_words(const uint8_t* blk, int t, uint32_t& h, uint32_t& c0, uint32_t& c1) {
+  const uint16_t* p = reinterpret_cast<const uint16_t*>(blk);
+  h = p[0];
+  c0 = uint32_t(p[1 + 2 * t]) | (uint32_t(p[2 + 2 * t]) << 16);
+  c1 = uint32_t(p[9 + 2 * t]) | (uint32_t(p[10 + 2 * t]) << 16);
+}
+
+template <typename T, int Q>
+__global__ void __launch_bounds__(kStreamThreads, 2) quant_mma_stream_kernel(const MmaStreamParams p) {
+  using TM = MmaElem<T>;
+  constexpr int BB = stream_block_bytes(Q), U = 4;
+  extern __shared__ __align__(16) unsigned char qms[];  // [stage][16 tps rows][pitch], then B's pairs
+  __shared__ float part[8][16][8];                        // each warp's sums (tile row, B column)
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t N = p.N, RB = p.row_bytes, nb = p.K / 32, wbytes = N * RB;
+  const int rows_ps = 16 * p.tps;
+  const int64_t stage_bytes = int64_t(rows_ps) * p.pitch;
+  uint32_t* xs = reinterpret_cast<uint32_t*>(qms + kStreamStages * stage_bytes);  // [block][column][16 pairs]
+  const int64_t gbeg = int64_t(blockIdx.x) * p.groups / gridDim.x;
+  const int64_t gend = (int64_t(blockIdx.x) + 1) * p.groups / gridDim.x;
+  const int64_t items = (gend - gbeg) * p.nchunks;  // (group, chunk), chunks innermost
+  auto issue = [&](int64_t i) {
+    if (i < items) {
+      const int64_t n0 = (gbeg + i / p.nchunks) * rows_ps, b0 = (i % p.nchunks) * int64_t(p.kc);
+      const int rows = int(min(int64_t(rows_ps), N - n0));
+      unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
+      for (int k = threadIdx.x; k < rows * p.ppr; k += kStreamThreads) {
+        const int r = k / p.ppr, j = k - r * p.ppr;
+        const int64_t a = (((n0 + r) * RB + b0 * BB) & ~int64_t(15)) + 16 * int64_t(j), left = wbytes - a;
+        cp_async_bytes(st + int64_t(r) * p.pitch + 16 * j, left > 0 ? p.w + a : p.w,
+                       left >= 16 ? 16 : left > 0 ? int(left) : 0);
+      }
+    }
+    cp_async_commit();
+  };
+  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
+  pdl_begin();  // x is the previous kernel's output: read from here on
+  const int tl = warp % p.tps, wsub = warp / p.tps, nsub = 8 / p.tps;
+  const bool has_x = g < p.xcols;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+  int64_t staged_chunk = -1;
+  for (int64_t i = 0; i < items; ++i) {
+    cp_async_wait<kStreamStages - 2>();  // item i's copies (this thread's) have landed
+    __syncthreads();                      // everyone's; and item i - 1 is done with its stage
+    issue(i + kStreamStages - 1);
+    const int64_t grp = gbeg + i / p.nchunks, ch = i % p.nchunks, b0 = ch * p.kc;
+    const int kcur = int(min(int64_t(p.kc), nb - b0));
+    if (ch != staged_chunk) {  // B's pairs of the chunk's blocks
+      const int per_block = p.xcols * 16;
+      for (int e = threadIdx.x; e < kcur * per_block; e += kStreamThreads) {
+        const int bl = e / per_block, c = (e - bl * per_block) >> 4, pr = e & 15;
+        xs[e] = x_pair<T>(static_cast<const T*>(p.x), p.K, c, (b0 + bl) * 32 + 2 * pr);
+      }
+      staged_chunk = ch;
+      __syncthreads();
+    }
+    const unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
+    const int64_t nt = grp * rows_ps + tl * 16;  // this warp's tile's first row
+    if (nt < N) {
+      const int64_t sa = (nt + g) * RB + b0 * BB, sb = sa + 8 * RB;  // the rows' chunk starts (weight offsets)
+      const unsigned char* wa = st + (tl * 16 + g) * p.pitch + (sa & 15);
+      const unsigned char* wb = st + (tl * 16 + g + 8) * p.pitch + (sb & 15);
+      for (int bl0 = wsub; bl0 < kcur; bl0 += U * nsub) {
+        uint2 xl[U], xh[U];
+        uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int bl = bl0 + u * nsub;
+          xl[u] = xh[u] = make_uint2(0u, 0u);
+          ha[u] = hb[u] = qa[u] = qb[u] = qa1[u] = qb1[u] = 0u;
+          if (bl >= kcur) continue;
+          if (has_x) {
+            const uint32_t* xp = xs + (bl * p.xcols + g) * 16;
+            xl[u] = *reinterpret_cast<const uint2*>(xp + 2 * t);
+            xh[u] = *reinterpret_cast<const uint2*>(xp + 8 + 2 * t);
+          }
+          if constexpr (Q == kQ80) {
+            q8_words(wa + bl * BB, t, ha[u], qa[u], qa1[u]);
+            q8_words(wb + bl * BB, t, hb[u], qb[u], qb1[u]);
+          } else {
+            q4_words<Q == kQ41>(wa + bl * BB, t, ha[u], qa[u]);
+            q4_words<Q == kQ41>(wb + bl * BB, t, hb[u], qb[u]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (bl0 + u * nsub >= kcur) break;
+          if constexpr (Q == kQ80)
+            mma_q8_block<TM>(acc, ha[u], hb[u], qa[u], qa1[u], qb[u], qb1[u], xl[u], xh[u]);
+          else
+            mma_q4_block<TM, Q == kQ41>(acc, ha[u], hb[u], qa[u], qb[u], xl[u], xh[u]);
+        }
+      }
+    }
+    if (ch == p.nchunks - 1) {  // the group's last chunk: its sums, warps (then pieces) in order
+      part[warp][g][2 * t] = acc[0];
+      part[warp][g][2 * t + 1] = acc[1];
+      part[warp][g + 8][2 * t] = acc[2];
+      part[warp][g + 8][2 * t + 1] = acc[3];
+      acc[0] = acc[1] = acc[2] = acc[3] = 0.f;
+      __syncthreads();
+      constexpr int pieces = std::is_same_v<T, float> ? 3 : 1;
+      const int M = int(p.M);
+      for (int e = threadIdx.x; e < rows_ps * M; e += kStreamThreads) {
+        const int r = e / M, m = e - r * M;
+        const int64_t n = grp * rows_ps + r;
+        if (n >= N) continue;
+        float sum = 0.f;
+        for (int s = 0; s < nsub; ++s)
+#pragma unroll
+          for (int c = 0; c < pieces; ++c) sum += part[r / 16 + s * p.tps][r % 16][m * pieces + c];
+        static_cast<T*>(p.out)[int64_t(m) * N + n] = Dt<T>::from_f(sum);
+      }
+    }
+  }
+  cp_async_wait<0>();
 }
 
 }  // namespace
@@ -222,6 +452,122 @@ void quant_matmul_mma_cuda(const void* args, ks_stream_t stream) {
   check_launch("quant_matmul");
   record_launch("quant_matmul", "mma_blocks rows_per_cta=%lld warps_per_cta=%lld x_rows_per_mma=%lld blocks_per_step=%lld",
                 {kMmaRows, kMmaWarps, kMmaXRows, unroll});
+}
+
+namespace {
+// cuda_mma_stream's plan for an N x K matrix of bb-byte blocks with xcols columns of B: a stage
+// of about kStreamStageBytes (whole rows of 1, 2 or 4 tiles where 16 rows fit, keeping at least
+// one group per SM; else chunks of a multiple of 8 blocks), the pitch, and the grid (a CTA per
+// group up to one per SM). Depends on the shape and the SM count only (the grid: not the sums).
+struct StreamPlan {
+  int kc = 0, nchunks = 1, tps = 1, pitch = 16, ppr = 1;
+  int64_t groups = 0;
+  size_t smem = 0;
+  unsigned grid = 0;
+};
+StreamPlan stream_plan(int64_t N, int64_t K, int bb, int xcols, int sm_count) {
+  StreamPlan s;
+  const int64_t nb = K / 32, tile = 16 * nb * bb, ntiles = (N + 15) / 16;
+  if (tile <= kStreamStageBytes) {
+    s.kc = int(nb);
+    while (s.tps < 4 && 2 * s.tps * tile <= kStreamStageBytes && 2 * int64_t(s.tps) * sm_count <= ntiles) s.tps *= 2;
+  } else {
+    const int64_t kmax = std::max<int64_t>(8, kStreamStageBytes / (16 * bb) / 8 * 8);
+    const int64_t chunks = (nb + kmax - 1) / kmax;
+    s.kc = int(((nb + chunks - 1) / chunks + 7) / 8 * 8);
+    s.nchunks = int((nb + s.kc - 1) / s.kc);
+  }
+  s.ppr = int((int64_t(s.kc) * bb + 30) / 16);
+  s.pitch = (16 * s.ppr + 111) / 128 * 128 + 16;  // the smallest multiple of 16 >= the pieces that is 16 mod 128
+  s.groups = (ntiles + s.tps - 1) / s.tps;
+  s.grid = unsigned(std::min<int64_t>(s.groups, sm_count));
+  s.smem = size_t(kStreamStages) * 16 * size_t(s.tps) * size_t(s.pitch) + size_t(s.kc) * size_t(xcols) * 64;
+  return s;
+}
+int stream_qtype(ks_qtype_t q) { return q == KS_QTYPE_Q4_0 ? kQ40 : q == KS_QTYPE_Q4_1 ? kQ41 : kQ80; }
+int stream_xcols(const ops::QuantMatmulArgs& a) { return int(a.x.dtype == detail::DType::F32 ? 3 * a.m : a.m); }
+// The dynamic shared memory one CTA of quant_mma_stream_kernel<T, Q> may take on device dev (its
+// limit raised to that once per kernel and device).
+template <typename T, int Q>
+int stream_smem_limit(int dev) {
+  return once_per_device<int>(dev, [](int d) {
+    int optin = 0;
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), "quant_matmul",
+               "read the shared memory limit");
+    cudaFuncAttributes fa{};
+    check_cuda(cudaFuncGetAttributes(&fa, quant_mma_stream_kernel<T, Q>), "quant_matmul", "read the kernel's attributes");
+    const int limit = optin - int(fa.sharedSizeBytes);  // less the kernel's static shared memory
+    check_cuda(cudaFuncSetAttribute(quant_mma_stream_kernel<T, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
+               "quant_matmul", "set the dynamic shared memory size");
+    return limit;
+  });
+}
+// f(T{}, std::integral_constant<int, Q>{}) for x's dtype and the block format.
+template <typename F>
+void with_stream_kernel(detail::DType dt, ks_qtype_t q, F&& f) {
+  auto by_q = [&](auto tag) {
+    const int sq = stream_qtype(q);
+    if (sq == kQ40)
+      f(tag, std::integral_constant<int, kQ40>{});
+    else if (sq == kQ41)
+      f(tag, std::integral_constant<int, kQ41>{});
+    else
+      f(tag, std::integral_constant<int, kQ80>{});
+  };
+  if (dt == detail::DType::F32)
+    by_q(float{});
+  else if (dt == detail::DType::F16)
+    by_q(__half{});
+  else
+    by_q(__nv_bfloat16{});
+}
+}  // namespace
+
+std::string quant_matmul_mma_stream_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.qtype != KS_QTYPE_Q4_0 && a.qtype != KS_QTYPE_Q4_1 && a.qtype != KS_QTYPE_Q8_0)
+    return "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
+  if (a.m > kMmaXRows) return "M > 8: one MMA's 8 columns carry the rows of x (decode sizes)";
+  if (a.x.dtype == detail::DType::F32 && a.m > 2)
+    return "fp32 x with M > 2: each row takes three of the MMA's 8 columns (its bf16 pieces)";
+  if (reinterpret_cast<uintptr_t>(a.weight.data) % 16 != 0) return "weight not 16-byte aligned (16-byte cp.async copies)";
+  const int dev = a.x.device.device_id;
+  const DeviceProps& dp = device_props(dev);
+  if (dp.major < 8) return "needs sm_80 or newer (mma.sync, cp.async)";
+  const StreamPlan plan = stream_plan(a.n, a.k, int(a.row_bytes / std::max<int64_t>(1, a.k / 32)), stream_xcols(a), dp.sm_count);
+  int limit = 0;
+  with_stream_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    limit = stream_smem_limit<decltype(tag), decltype(q)::value>(dev);
+  });
+  if (plan.smem > size_t(limit)) return "its stages do not fit the device's shared memory";
+  return "";
+}
+
+void quant_matmul_mma_stream_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const int dev = a.x.device.device_id;
+  DeviceGuard guard(dev, "quant_matmul");
+  const DeviceProps& dp = device_props(dev);
+  if (a.m == 0 || a.n == 0) return;  // nothing to write
+  const int bb = int(stream_block_bytes(stream_qtype(a.qtype)));
+  const StreamPlan plan = stream_plan(a.n, a.k, bb, stream_xcols(a), dp.sm_count);
+  const MmaStreamParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
+                          a.row_bytes, plan.groups, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.ppr,
+                          stream_xcols(a)};
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_stream_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    using T = decltype(tag);
+    constexpr int Q = decltype(q)::value;
+    if (plan.smem > size_t(stream_smem_limit<T, Q>(dev)))
+      detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_stream: its stages do not fit shared memory");
+    launch_kernel("quant_matmul", quant_mma_stream_kernel<T, Q>, dim3(plan.grid), dim3(kStreamThreads), plan.smem, s, 1,
+                  dp.pdl, p);
+  });
+  check_launch("quant_matmul");
+  record_launch("quant_matmul",
+                "mma_stream stages=%lld blocks_per_chunk=%lld chunks=%lld tiles_per_group=%lld pitch=%lld grid=%lld "
+                "smem=%lld",
+                {kStreamStages, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.grid, int64_t(plan.smem)});
 }
 
 }  // namespace ks::cuda

@@ -161,6 +161,8 @@ void quant_matmul_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_stream_can_implement(const void*);
 void quant_matmul_mma_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_can_implement(const void*);
+void quant_matmul_mma_stream_cuda(const void*, ks_stream_t);
+std::string quant_matmul_mma_stream_can_implement(const void*);
 void rope_kv_append_cuda(const void*, ks_stream_t);
 std::string rope_append_can_implement(const void*);
 void silu_quant_matmul_cuda(const void*, ks_stream_t);
@@ -245,6 +247,10 @@ std::string ci_quant_matmul_stream(const void* p) {
 std::string ci_quant_matmul_mma(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_mma_can_implement(p) : why;
+}
+std::string ci_quant_matmul_mma_stream(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? quant_matmul_mma_stream_can_implement(p) : why;
 }
 std::string qtype_reason(ks_qtype_t q) {
   return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0 ? ""
@@ -407,6 +413,14 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "sm_90.json's cells put it",
                avail, ks::cuda::ci_quant_matmul_mma, ks::cuda::quant_matmul_mma_cuda,
                /*batch_invariant=*/false});  // serves M <= 8 only: M = 9 runs elsewhere
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_stream", kFloatDTypes, 1,
+               "M <= 8 (fp32 x: M <= 2), Q4_0 / Q4_1 / Q8_0, weights 16-byte aligned: cuda_mma_blocks' block "
+               "sums (fp32 x as three exact bf16 pieces, Q8_0 codes as two nibbles) fed by persistent CTAs (one "
+               "per SM at most) that stream the rows through a 4-stage cp.async ring, the first stages before "
+               "the dependency wait; the same values up to FP32 rounding; lowest by priority, first where "
+               "sm_90.json's cells put it",
+               avail, ks::cuda::ci_quant_matmul_mma_stream, ks::cuda::quant_matmul_mma_stream_cuda,
+               /*batch_invariant=*/false});  // serves M <= 8 only
   v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column; each warp computes its rows' (x + residual) norm itself, "
                "warp 0 of block 0 writes residual_out", avail, ks::cuda::ci_norm_quant_matmul,
