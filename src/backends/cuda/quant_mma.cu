@@ -100,9 +100,11 @@ __device__ __forceinline__ void q4_words(const uint8_t* blk, int t, uint32_t& h,
 // Q4_0: d in the low half); qa / qb: their code bytes 4t..4t+3; xl / xh: B's pairs of weights
 // 4t..4t+3 and 16 + 4t.. of the block (column g). acc: (row g, column 2t), (g, 2t + 1), (g + 8,
 // 2t), (g + 8, 2t + 1).
-template <typename T, bool Q41>
+// PRE_X: X of columns 2t, 2t + 1 given (xs0, xs1: the caller's FP32 sums of B's columns), not
+// summed by two more MMAs with an all-ones A.
+template <typename T, bool Q41, bool PRE_X = false>
 __device__ __forceinline__ void mma_q4_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t qa, uint32_t qb,
-                                             uint2 xl, uint2 xh) {
+                                             uint2 xl, uint2 xh, float xs0 = 0.f, float xs1 = 0.f) {
   // What to subtract from code_pair's values, in both halves: the base (Q4_1: codes 0..15), or
   // base + 8 (Q4_0: codes - 8), i.e. what code_pair makes of a code 0 or 8
   constexpr uint32_t off = (MmaType<T>::kHigh << 8) | (Q41 ? 0u : 8u), off2 = off | (off << 16);
@@ -119,11 +121,14 @@ __device__ __forceinline__ void mma_q4_block(float (&acc)[4], uint32_t ha, uint3
   mma_16816<T>(s, ahi, xh.x, xh.y);
   // s: (row g, x row 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1)
   if constexpr (Q41) {
-    const uint32_t ones[4] = {MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes};
     const float ma = h2f_bits(uint16_t(ha >> 16)), mb = h2f_bits(uint16_t(hb >> 16));
-    float xs[4] = {0.f, 0.f, 0.f, 0.f};  // X of x rows 2t, 2t + 1 (in every row of D)
-    mma_16816<T>(xs, ones, xl.x, xl.y);
-    mma_16816<T>(xs, ones, xh.x, xh.y);
+    float xs[4] = {xs0, xs1, 0.f, 0.f};  // X of x rows 2t, 2t + 1 (in every row of D)
+    if constexpr (!PRE_X) {
+      const uint32_t ones[4] = {MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes, MmaType<T>::kOnes};
+      xs[0] = xs[1] = 0.f;
+      mma_16816<T>(xs, ones, xl.x, xl.y);
+      mma_16816<T>(xs, ones, xh.x, xh.y);
+    }
     acc[0] += da * s[0] + ma * xs[0];
     acc[1] += da * s[1] + ma * xs[1];
     acc[2] += db * s[2] + mb * xs[0];
@@ -211,13 +216,14 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
 // products stay exact and only the FP32 sums round; a non-finite x is all in its first piece.
 // Q8_0 codes c (signed bytes) enter as two exact nibble codes, c = 16 (h - 8) + l with
 // l = c & 15 and h = (c ^ 0x80) >> 4: S = 16 S_h + S_l from four MMAs.
-// Warp w of the CTA takes tile w % tps of a group and the chunk's blocks w / tps, + 8 / tps, ...;
+// Warp w of the CTA's 16 takes tile w % tps of a group and the chunk's blocks w / tps, + 16 / tps, ...;
 // at a group's last chunk the warps' sums meet in shared memory and are added in warp order (and
 // pieces in order). The order depends on the shape (K, N, block format) only, not on M, the
 // grid or the device.
 constexpr int kStreamStages = 4;
-constexpr int kStreamThreads = 256;
-constexpr int64_t kStreamStageBytes = 24 * 1024;  // a stage's weight bytes (about)
+constexpr int kStreamWarps = 16;
+constexpr int kStreamThreads = 32 * kStreamWarps;
+constexpr int64_t kStreamStageBytes = 40 * 1024;  // a stage's weight bytes (about)
 constexpr int kQ40 = 0, kQ41 = 1, kQ80 = 2;
 __host__ __device__ constexpr int stream_block_bytes(int q) { return q == kQ40 ? 18 : q == kQ41 ? 20 : 34; }
 
@@ -245,22 +251,27 @@ __device__ __forceinline__ uint32_t bits16(T v) {
   std::memcpy(&u, &v, 2);
   return u;
 }
-// Elements k, k + 1 of B's column c as a pair: bf16 / fp16 x: row c's values; fp32 x: piece c % 3
-// of row c / 3 (rz to bf16 of what the earlier pieces left; a non-finite value leaves nothing).
+// Element k of B's column c as a float: bf16 / fp16 x: row c's value; fp32 x: piece c % 3 of row
+// c / 3 (rz to bf16 of what the earlier pieces left; a non-finite value leaves nothing), exact in
+// bf16.
+template <typename T>
+__device__ __forceinline__ float x_value(const T* x, int64_t K, int c, int64_t k) {
+  if constexpr (std::is_same_v<T, float>) {
+    float v = x[int64_t(c / 3) * K + k], h = 0.f;
+    for (int piece = 0; piece <= c % 3; ++piece) {
+      h = __bfloat162float(__float2bfloat16_rz(v));
+      v = isfinite(h) ? v - h : 0.f;
+    }
+    return h;
+  } else {
+    return Dt<T>::to_f(x[int64_t(c) * K + k]);
+  }
+}
+// Elements k, k + 1 of B's column c as a pair of MmaElem<T> (exact).
 template <typename T>
 __device__ __forceinline__ uint32_t x_pair(const T* x, int64_t K, int c, int64_t k) {
   if constexpr (std::is_same_v<T, float>) {
-    const float* r = x + int64_t(c / 3) * K + k;
-    float v0 = r[0], v1 = r[1];
-    uint32_t bits = 0;
-    for (int piece = 0; piece <= c % 3; ++piece) {
-      const __nv_bfloat16 h0 = __float2bfloat16_rz(v0), h1 = __float2bfloat16_rz(v1);
-      bits = bits16(h0) | (bits16(h1) << 16);
-      const float f0 = __bfloat162float(h0), f1 = __bfloat162float(h1);
-      v0 = isfinite(f0) ? v0 - f0 : 0.f;
-      v1 = isfinite(f1) ? v1 - f1 : 0.f;
-    }
-    return bits;
+    return bits16(__float2bfloat16_rz(x_value(x, K, c, k))) | (bits16(__float2bfloat16_rz(x_value(x, K, c, k + 1))) << 16);
   } else {
     const T* r = x + int64_t(c) * K + k;
     return bits16(r[0]) | (bits16(r[1]) << 16);
@@ -302,37 +313,46 @@ __device__ __forceinline__ void q8_words(const uint8_t* blk, int t, uint32_t& h,
 }
 
 template <typename T, int Q>
-__global__ void __launch_bounds__(kStreamThreads, 2) quant_mma_stream_kernel(const MmaStreamParams p) {
+__global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(const MmaStreamParams p) {
   using TM = MmaElem<T>;
   constexpr int BB = stream_block_bytes(Q), U = 4;
   extern __shared__ __align__(16) unsigned char qms[];  // [stage][16 tps rows][pitch], then B's pairs
-  __shared__ float part[8][16][8];                        // each warp's sums (tile row, B column)
+  __shared__ float part[kStreamWarps][16][8];             // each warp's sums (tile row, B column)
+  __shared__ __align__(16) uint32_t xzero[16];            // B's pairs of the columns past xcols
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
   const int64_t N = p.N, RB = p.row_bytes, nb = p.K / 32, wbytes = N * RB;
   const int rows_ps = 16 * p.tps;
   const int64_t stage_bytes = int64_t(rows_ps) * p.pitch;
   uint32_t* xs = reinterpret_cast<uint32_t*>(qms + kStreamStages * stage_bytes);  // [block][column][16 pairs]
+  float* xsum = reinterpret_cast<float*>(xs + p.kc * p.xcols * 16);                // Q4_1: [block][8] X sums
   const int64_t gbeg = int64_t(blockIdx.x) * p.groups / gridDim.x;
   const int64_t gend = (int64_t(blockIdx.x) + 1) * p.groups / gridDim.x;
   const int64_t items = (gend - gbeg) * p.nchunks;  // (group, chunk), chunks innermost
+  // Item i's copies: warp w takes rows w, w + 16, ... of the group; its lanes the row chunk's
+  // 16-byte pieces (contiguous bytes). One commit group per item (empty past the last).
   auto issue = [&](int64_t i) {
     if (i < items) {
       const int64_t n0 = (gbeg + i / p.nchunks) * rows_ps, b0 = (i % p.nchunks) * int64_t(p.kc);
       const int rows = int(min(int64_t(rows_ps), N - n0));
       unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
-      for (int k = threadIdx.x; k < rows * p.ppr; k += kStreamThreads) {
-        const int r = k / p.ppr, j = k - r * p.ppr;
-        const int64_t a = (((n0 + r) * RB + b0 * BB) & ~int64_t(15)) + 16 * int64_t(j), left = wbytes - a;
-        cp_async_bytes(st + int64_t(r) * p.pitch + 16 * j, left > 0 ? p.w + a : p.w,
-                       left >= 16 ? 16 : left > 0 ? int(left) : 0);
+      for (int r = warp; r < rows; r += kStreamWarps) {
+        const int64_t a0 = ((n0 + r) * RB + b0 * BB) & ~int64_t(15);
+        unsigned char* d = st + int64_t(r) * p.pitch;
+        for (int j = lane; j < p.ppr; j += 32) {
+          const int64_t a = a0 + 16 * int64_t(j), left = wbytes - a;
+          cp_async_bytes(d + 16 * j, left > 0 ? p.w + a : p.w, left >= 16 ? 16 : left > 0 ? int(left) : 0);
+        }
       }
     }
     cp_async_commit();
   };
   for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
+  if (threadIdx.x < 16) xzero[threadIdx.x] = 0u;
   pdl_begin();  // x is the previous kernel's output: read from here on
-  const int tl = warp % p.tps, wsub = warp / p.tps, nsub = 8 / p.tps;
+  const int tl = warp % p.tps, wsub = warp / p.tps, nsub = kStreamWarps / p.tps;
+  // this lane's B column: its pairs at xcol + block * xstride (the zeros, stride 0, past xcols)
   const bool has_x = g < p.xcols;
+  const int xstride = has_x ? p.xcols * 16 : 0;
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   int64_t staged_chunk = -1;
   for (int64_t i = 0; i < items; ++i) {
@@ -341,12 +361,18 @@ __global__ void __launch_bounds__(kStreamThreads, 2) quant_mma_stream_kernel(con
     issue(i + kStreamStages - 1);
     const int64_t grp = gbeg + i / p.nchunks, ch = i % p.nchunks, b0 = ch * p.kc;
     const int kcur = int(min(int64_t(p.kc), nb - b0));
-    if (ch != staged_chunk) {  // B's pairs of the chunk's blocks
-      const int per_block = p.xcols * 16;
-      for (int e = threadIdx.x; e < kcur * per_block; e += kStreamThreads) {
-        const int bl = e / per_block, c = (e - bl * per_block) >> 4, pr = e & 15;
-        xs[e] = x_pair<T>(static_cast<const T*>(p.x), p.K, c, (b0 + bl) * 32 + 2 * pr);
-      }
+    if (ch != staged_chunk) {  // B's pairs of the chunk's blocks, column by column (coalesced reads of x)
+      for (int c = 0; c < p.xcols; ++c)
+        for (int e = threadIdx.x; e < kcur * 16; e += kStreamThreads)
+          xs[((e >> 4) * p.xcols + c) * 16 + (e & 15)] = x_pair<T>(static_cast<const T*>(p.x), p.K, c, b0 * 32 + 2 * e);
+      if constexpr (Q == kQ41)  // X of each block and column (FP32, in order; 0 past xcols)
+        for (int e = threadIdx.x; e < kcur * 8; e += kStreamThreads) {
+          const int c = e & 7;
+          float sum = 0.f;
+          if (c < p.xcols)
+            for (int k = 0; k < 32; ++k) sum += x_value<T>(static_cast<const T*>(p.x), p.K, c, (b0 + (e >> 3)) * 32 + k);
+          xsum[e] = sum;
+        }
       staged_chunk = ch;
       __syncthreads();
     }
@@ -356,36 +382,41 @@ __global__ void __launch_bounds__(kStreamThreads, 2) quant_mma_stream_kernel(con
       const int64_t sa = (nt + g) * RB + b0 * BB, sb = sa + 8 * RB;  // the rows' chunk starts (weight offsets)
       const unsigned char* wa = st + (tl * 16 + g) * p.pitch + (sa & 15);
       const unsigned char* wb = st + (tl * 16 + g + 8) * p.pitch + (sb & 15);
-      for (int bl0 = wsub; bl0 < kcur; bl0 += U * nsub) {
-        uint2 xl[U], xh[U];
-        uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int bl = bl0 + u * nsub;
-          xl[u] = xh[u] = make_uint2(0u, 0u);
-          ha[u] = hb[u] = qa[u] = qb[u] = qa1[u] = qb1[u] = 0u;
-          if (bl >= kcur) continue;
-          if (has_x) {
-            const uint32_t* xp = xs + (bl * p.xcols + g) * 16;
-            xl[u] = *reinterpret_cast<const uint2*>(xp + 2 * t);
-            xh[u] = *reinterpret_cast<const uint2*>(xp + 8 + 2 * t);
-          }
-          if constexpr (Q == kQ80) {
-            q8_words(wa + bl * BB, t, ha[u], qa[u], qa1[u]);
-            q8_words(wb + bl * BB, t, hb[u], qb[u], qb1[u]);
-          } else {
-            q4_words<Q == kQ41>(wa + bl * BB, t, ha[u], qa[u]);
-            q4_words<Q == kQ41>(wb + bl * BB, t, hb[u], qb[u]);
-          }
+      const uint32_t* xcol = has_x ? xs + g * 16 : xzero;
+      uint2 xl[U], xh[U];
+      float2 xx[U];
+      uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
+      auto load = [&](int u, int bl) {
+        const uint32_t* xp = xcol + bl * xstride;
+        if constexpr (Q == kQ41) xx[u] = *reinterpret_cast<const float2*>(xsum + bl * 8 + 2 * t);
+        xl[u] = *reinterpret_cast<const uint2*>(xp + 2 * t);
+        xh[u] = *reinterpret_cast<const uint2*>(xp + 8 + 2 * t);
+        if constexpr (Q == kQ80) {
+          q8_words(wa + bl * BB, t, ha[u], qa[u], qa1[u]);
+          q8_words(wb + bl * BB, t, hb[u], qb[u], qb1[u]);
+        } else {
+          q4_words<Q == kQ41>(wa + bl * BB, t, ha[u], qa[u]);
+          q4_words<Q == kQ41>(wb + bl * BB, t, hb[u], qb[u]);
         }
+      };
+      auto block = [&](int u) {
+        if constexpr (Q == kQ80)
+          mma_q8_block<TM>(acc, ha[u], hb[u], qa[u], qa1[u], qb[u], qb1[u], xl[u], xh[u]);
+        else if constexpr (Q == kQ41)
+          mma_q4_block<TM, true, true>(acc, ha[u], hb[u], qa[u], qb[u], xl[u], xh[u], xx[u].x, xx[u].y);
+        else
+          mma_q4_block<TM, false>(acc, ha[u], hb[u], qa[u], qb[u], xl[u], xh[u]);
+      };
+      int bl0 = wsub;
+      for (; bl0 + (U - 1) * nsub < kcur; bl0 += U * nsub) {  // U whole blocks: every load, then every MMA
 #pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (bl0 + u * nsub >= kcur) break;
-          if constexpr (Q == kQ80)
-            mma_q8_block<TM>(acc, ha[u], hb[u], qa[u], qa1[u], qb[u], qb1[u], xl[u], xh[u]);
-          else
-            mma_q4_block<TM, Q == kQ41>(acc, ha[u], hb[u], qa[u], qb[u], xl[u], xh[u]);
-        }
+        for (int u = 0; u < U; ++u) load(u, bl0 + u * nsub);
+#pragma unroll
+        for (int u = 0; u < U; ++u) block(u);
+      }
+      for (; bl0 < kcur; bl0 += nsub) {  // the rest, one by one
+        load(0, bl0);
+        block(0);
       }
     }
     if (ch == p.nchunks - 1) {  // the group's last chunk: its sums, warps (then pieces) in order
@@ -411,7 +442,6 @@ __global__ void __launch_bounds__(kStreamThreads, 2) quant_mma_stream_kernel(con
   }
   cp_async_wait<0>();
 }
-
 }  // namespace
 
 std::string quant_matmul_mma_can_implement(const void* args) {
@@ -457,7 +487,7 @@ void quant_matmul_mma_cuda(const void* args, ks_stream_t stream) {
 namespace {
 // cuda_mma_stream's plan for an N x K matrix of bb-byte blocks with xcols columns of B: a stage
 // of about kStreamStageBytes (whole rows of 1, 2 or 4 tiles where 16 rows fit, keeping at least
-// one group per SM; else chunks of a multiple of 8 blocks), the pitch, and the grid (a CTA per
+// one group per SM; else chunks of a multiple of 16 blocks), the pitch, and the grid (a CTA per
 // group up to one per SM). Depends on the shape and the SM count only (the grid: not the sums).
 struct StreamPlan {
   int kc = 0, nchunks = 1, tps = 1, pitch = 16, ppr = 1;
@@ -472,16 +502,17 @@ StreamPlan stream_plan(int64_t N, int64_t K, int bb, int xcols, int sm_count) {
     s.kc = int(nb);
     while (s.tps < 4 && 2 * s.tps * tile <= kStreamStageBytes && 2 * int64_t(s.tps) * sm_count <= ntiles) s.tps *= 2;
   } else {
-    const int64_t kmax = std::max<int64_t>(8, kStreamStageBytes / (16 * bb) / 8 * 8);
+    const int64_t kmax = std::max<int64_t>(16, kStreamStageBytes / (16 * bb) / 16 * 16);
     const int64_t chunks = (nb + kmax - 1) / kmax;
-    s.kc = int(((nb + chunks - 1) / chunks + 7) / 8 * 8);
+    s.kc = int(((nb + chunks - 1) / chunks + 15) / 16 * 16);
     s.nchunks = int((nb + s.kc - 1) / s.kc);
   }
   s.ppr = int((int64_t(s.kc) * bb + 30) / 16);
   s.pitch = (16 * s.ppr + 111) / 128 * 128 + 16;  // the smallest multiple of 16 >= the pieces that is 16 mod 128
   s.groups = (ntiles + s.tps - 1) / s.tps;
   s.grid = unsigned(std::min<int64_t>(s.groups, sm_count));
-  s.smem = size_t(kStreamStages) * 16 * size_t(s.tps) * size_t(s.pitch) + size_t(s.kc) * size_t(xcols) * 64;
+  s.smem = size_t(kStreamStages) * 16 * size_t(s.tps) * size_t(s.pitch) + size_t(s.kc) * size_t(xcols) * 64 +
+           size_t(s.kc) * 8 * sizeof(float);  // the stages, B's pairs, X sums
   return s;
 }
 int stream_qtype(ks_qtype_t q) { return q == KS_QTYPE_Q4_0 ? kQ40 : q == KS_QTYPE_Q4_1 ? kQ41 : kQ80; }
