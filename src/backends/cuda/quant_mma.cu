@@ -267,17 +267,6 @@ __device__ __forceinline__ float x_value(const T* x, int64_t K, int c, int64_t k
     return Dt<T>::to_f(x[int64_t(c) * K + k]);
   }
 }
-// Elements k, k + 1 of B's column c as a pair of MmaElem<T> (exact).
-template <typename T>
-__device__ __forceinline__ uint32_t x_pair(const T* x, int64_t K, int c, int64_t k) {
-  if constexpr (std::is_same_v<T, float>) {
-    return bits16(__float2bfloat16_rz(x_value(x, K, c, k))) | (bits16(__float2bfloat16_rz(x_value(x, K, c, k + 1))) << 16);
-  } else {
-    const T* r = x + int64_t(c) * K + k;
-    return bits16(r[0]) | (bits16(r[1]) << 16);
-  }
-}
-
 // One Q8_0 block (34 bytes: d, 32 signed code bytes; 2-byte aligned) of rows g and g + 8:
 // acc += d S. a0 / b0: code bytes 4t..4t+3 of rows g / g + 8 (weights 4t..), a1 / b1: bytes
 // 16 + 4t.. (weights 16 + 4t..), with B's pairs xl / xh of the same weights.
@@ -361,18 +350,38 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
     issue(i + kStreamStages - 1);
     const int64_t grp = gbeg + i / p.nchunks, ch = i % p.nchunks, b0 = ch * p.kc;
     const int kcur = int(min(int64_t(p.kc), nb - b0));
-    if (ch != staged_chunk) {  // B's pairs of the chunk's blocks, column by column (coalesced reads of x)
+    if (ch != staged_chunk) {
+      // B's pairs of the chunk's blocks, column by column: a thread takes 8 consecutive values
+      // (4 threads of a warp per block: coalesced reads of x); Q4_1: its 8 values' FP32 sum, then
+      // the 4 threads' sums by two butterfly steps, is the block's X (0 past xcols).
+      const T* xg = static_cast<const T*>(p.x);
+      const int n8 = kcur * 4, iters = (n8 + kStreamThreads - 1) / kStreamThreads;  // warp-uniform trip count
       for (int c = 0; c < p.xcols; ++c)
-        for (int e = threadIdx.x; e < kcur * 16; e += kStreamThreads)
-          xs[((e >> 4) * p.xcols + c) * 16 + (e & 15)] = x_pair<T>(static_cast<const T*>(p.x), p.K, c, b0 * 32 + 2 * e);
-      if constexpr (Q == kQ41)  // X of each block and column (FP32, in order; 0 past xcols)
-        for (int e = threadIdx.x; e < kcur * 8; e += kStreamThreads) {
-          const int c = e & 7;
+        for (int it = 0; it < iters; ++it) {
+          const int e = it * kStreamThreads + int(threadIdx.x);
           float sum = 0.f;
-          if (c < p.xcols)
-            for (int k = 0; k < 32; ++k) sum += x_value<T>(static_cast<const T*>(p.x), p.K, c, (b0 + (e >> 3)) * 32 + k);
-          xsum[e] = sum;
+          if (e < n8) {
+            const int64_t k = b0 * 32 + 8 * int64_t(e);
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = x_value<T>(xg, p.K, c, k + j);
+            uint32_t* dst = xs + ((e >> 2) * p.xcols + c) * 16 + (e & 3) * 4;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              dst[j] = bits16(Dt<TM>::from_f(v[2 * j])) | (bits16(Dt<TM>::from_f(v[2 * j + 1])) << 16);
+              sum += v[2 * j];
+              sum += v[2 * j + 1];
+            }
+          }
+          if constexpr (Q == kQ41) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (e < n8 && (e & 3) == 0) xsum[(e >> 2) * 8 + c] = sum;
+          }
         }
+      if constexpr (Q == kQ41)
+        for (int e = threadIdx.x; e < kcur * 8; e += kStreamThreads)
+          if ((e & 7) >= p.xcols) xsum[e] = 0.f;
       staged_chunk = ch;
       __syncthreads();
     }
