@@ -16,14 +16,6 @@ $BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_atte
   grep -E "variant=cuda_(mma|gqa)" | grep -v " of " | cut -c1-140
 python3 bench/plot_attention.py --variants "$OUT/attention_variants.csv" --peers docs/perf/h200_model.csv \
   --out "$OUT/h200_attention_mma.png" && echo "plot written"
-ncu --clock-control none --kernel-name regex:paged_attention_mma --launch-count 1 --section SpeedOfLight \
-  --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
-  --section MemoryWorkloadAnalysis $BUILD/bench_ops --ops paged_attention --variants --dtypes bf16 \
-  --shapes "b1 h32/8 d128 T32768" --csv /tmp/ncu_attn.csv > "$OUT/ncu_attention_mma.txt" 2>&1
-echo "ncu rc=$?"
-grep -E "Duration|Memory Throughput|DRAM Throughput|Issue Slots|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers" \
-  "$OUT/ncu_attention_mma.txt" | head -30
-timeout 60 compute-sanitizer --tool racecheck --error-exitcode 9 $BUILD/tests/test_cuda_ops \
-  --gtest_filter='*NonFiniteScoresAsOnCpu/cuda_mma_cluster:*DeviceIndicesOutOfRange/cuda_mma_cluster' --gtest_brief=1 2>&1 |
-  grep -E "RACECHECK SUMMARY|FAILED|PASSED" | head -5
-echo "racecheck rc=${PIPESTATUS[0]}"
+ks_ncu_bench paged_attention_mma "$OUT/ncu_attention_mma.txt" --ops paged_attention --variants --dtypes bf16 \
+  --shapes "b1 h32/8 d128 T32768"
+ks_sanitize_tests racecheck '*NonFiniteScoresAsOnCpu/cuda_mma_cluster:*DeviceIndicesOutOfRange/cuda_mma_cluster'

@@ -28,3 +28,23 @@ ks_gpu_build_and_test() {
   export KS_DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
   [ -x $BUILD/bench_ops ]
 }
+
+# Nsight Compute on the first launch of the kernels matching regex $1 inside bench_ops run with
+# the arguments after $2 (speed of light, scheduler, warp states, occupancy, launch, memory),
+# the report to $2, then its headline lines. For the short profiling scripts.
+ks_ncu_bench() {
+  local kernel=$1 report=$2; shift 2
+  ncu --clock-control none --kernel-name regex:$kernel --launch-count 1 --section SpeedOfLight \
+    --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+    --section MemoryWorkloadAnalysis $BUILD/bench_ops "$@" --csv /tmp/ncu_bench.csv > "$report" 2>&1
+  echo "ncu rc=$?"
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Issue Slots|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers|Eligible" \
+    "$report" | head -30
+}
+# compute-sanitizer's tool $1 over test_cuda_ops' tests matching the gtest filter $2 (60 s at most
+# by default; $3 overrides), its summary and verdict lines.
+ks_sanitize_tests() {
+  timeout ${3:-60} compute-sanitizer --tool $1 --error-exitcode 9 $BUILD/tests/test_cuda_ops --gtest_filter="$2" \
+    --gtest_brief=1 2>&1 | grep -E "SUMMARY|FAILED|PASSED|Invalid" | head -8
+  echo "$1 rc=${PIPESTATUS[0]}"
+}

@@ -14,14 +14,5 @@ ks_gpu_build_and_test '*QuantMatmul*:*Quant*:*Fused*' 'FP64' ||
   { echo "gpu_quant_check: the build failed (see $OUT/logs.txt)"; exit 1; }
 $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,decode_fusions --dtypes bf16,fp32 2>&1 |
   grep -E "quant_gemv|norm_head|silu_down|norm_qkv " | cut -c1-150
-ncu --clock-control none --kernel-name regex:quant_mma_stream --launch-count 1 --section SpeedOfLight \
-  --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
-  --section MemoryWorkloadAnalysis $BUILD/bench_ops --ops quant_matmul --variants --dtypes bf16 \
-  --shapes "4096x4096" --csv /tmp/ncu_q.csv > "$OUT/ncu_quant_stream.txt" 2>&1
-echo "ncu rc=$?"
-grep -E "Duration|Memory Throughput|DRAM Throughput|Issue Slots|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers" \
-  "$OUT/ncu_quant_stream.txt" | head -30
-timeout 120 compute-sanitizer --tool memcheck --error-exitcode 9 $BUILD/tests/test_cuda_ops \
-  --gtest_filter='*QuantMatmulMmaStreamVariant*' --gtest_brief=1 2>&1 |
-  grep -E "ERROR SUMMARY|FAILED|PASSED|Invalid" | head -8
-echo "memcheck rc=${PIPESTATUS[0]}"
+ks_ncu_bench quant_mma_stream "$OUT/ncu_quant_stream.txt" --ops quant_matmul --variants --dtypes bf16 --shapes 4096x4096
+ks_sanitize_tests memcheck '*QuantMatmulMmaStreamVariant*' 120
