@@ -253,6 +253,12 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
+// Bytes of one GGUF block of 32 weights (Q4_0 18, Q4_1 20, Q8_0 34: the formats with a CUDA
+// variant; quant_matmul's kernels in model_ops.cu and quant_mma.cu).
+__host__ __device__ constexpr int64_t q_block_bytes(ks_qtype_t q) {
+  return q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
+}
+
 // ---- asynchronous copies to shared memory (cp.async, sm_80+) ------------------
 // Copies the first n (0..16) bytes at gmem to smem as one 16-byte copy, zero-filling the
 // rest; nothing past gmem + n is read. Both addresses 16-byte aligned. Without sm_80 code

@@ -244,11 +244,6 @@ __global__ void __launch_bounds__(256) dequantize_kernel(T* __restrict__ out, co
 // same for either MQ (its own sums, in the same order), so results do not depend on M.
 constexpr int kMqMany = 4;
 
-// Bytes of one block of 32 weights (Q4_0 18, Q4_1 20, Q8_0 34: the formats with a CUDA variant).
-__host__ __device__ constexpr int64_t q_block_bytes(ks_qtype_t q) {
-  return q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
-}
-
 // One block of 32 weights decoded in FP32. WIDE: the block is read as 32-bit words (Q4_1,
 // 20-byte blocks, 4-byte aligned) or 16-bit halves (Q4_0, Q8_0: 18 and 34 bytes, 2-byte
 // aligned) instead of byte by byte: the same values, 4-2x fewer load instructions.

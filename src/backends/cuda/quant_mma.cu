@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(32 * kMmaWarps) quant_mma_kernel(const MmaQmmP
         xl[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 4 * t);
         xh[u] = *reinterpret_cast<const uint2*>(xr + b * 32 + 16 + 4 * t);
       }
-      q4_words<Q41>(wa + b * (Q41 ? 20 : 18), t, ha[u], qa[u]);
-      q4_words<Q41>(wb + b * (Q41 ? 20 : 18), t, hb[u], qb[u]);
+      q4_words<Q41>(wa + b * q_block_bytes(Q41 ? KS_QTYPE_Q4_1 : KS_QTYPE_Q4_0), t, ha[u], qa[u]);
+      q4_words<Q41>(wb + b * q_block_bytes(Q41 ? KS_QTYPE_Q4_1 : KS_QTYPE_Q4_0), t, hb[u], qb[u]);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -224,8 +224,6 @@ constexpr int kStreamStages = 4;
 constexpr int kStreamWarps = 16;
 constexpr int kStreamThreads = 32 * kStreamWarps;
 constexpr int64_t kStreamStageBytes = 40 * 1024;  // a stage's weight bytes (about)
-constexpr int kQ40 = 0, kQ41 = 1, kQ80 = 2;
-__host__ __device__ constexpr int stream_block_bytes(int q) { return q == kQ40 ? 18 : q == kQ41 ? 20 : 34; }
 
 // The MMA's element type: x's own (bf16, fp16), bf16 for fp32 x (its pieces).
 template <typename T>
@@ -301,10 +299,10 @@ __device__ __forceinline__ void q8_words(const uint8_t* blk, int t, uint32_t& h,
   c1 = uint32_t(p[9 + 2 * t]) | (uint32_t(p[10 + 2 * t]) << 16);
 }
 
-template <typename T, int Q>
+template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(const MmaStreamParams p) {
   using TM = MmaElem<T>;
-  constexpr int BB = stream_block_bytes(Q), U = 4;
+  constexpr int BB = int(q_block_bytes(Q)), U = 4;
   extern __shared__ __align__(16) unsigned char qms[];  // [stage][16 tps rows][pitch], then B's pairs
   __shared__ float part[kStreamWarps][16][8];             // each warp's sums (tile row, B column)
   __shared__ __align__(16) uint32_t xzero[16];            // B's pairs of the columns past xcols
@@ -373,13 +371,13 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
               sum += v[2 * j + 1];
             }
           }
-          if constexpr (Q == kQ41) {
+          if constexpr (Q == KS_QTYPE_Q4_1) {
             sum += __shfl_xor_sync(0xffffffffu, sum, 1);
             sum += __shfl_xor_sync(0xffffffffu, sum, 2);
             if (e < n8 && (e & 3) == 0) xsum[(e >> 2) * 8 + c] = sum;
           }
         }
-      if constexpr (Q == kQ41)
+      if constexpr (Q == KS_QTYPE_Q4_1)
         for (int e = threadIdx.x; e < kcur * 8; e += kStreamThreads)
           if ((e & 7) >= p.xcols) xsum[e] = 0.f;
       staged_chunk = ch;
@@ -397,21 +395,21 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
       uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
       auto load = [&](int u, int bl) {
         const uint32_t* xp = xcol + bl * xstride;
-        if constexpr (Q == kQ41) xx[u] = *reinterpret_cast<const float2*>(xsum + bl * 8 + 2 * t);
+        if constexpr (Q == KS_QTYPE_Q4_1) xx[u] = *reinterpret_cast<const float2*>(xsum + bl * 8 + 2 * t);
         xl[u] = *reinterpret_cast<const uint2*>(xp + 2 * t);
         xh[u] = *reinterpret_cast<const uint2*>(xp + 8 + 2 * t);
-        if constexpr (Q == kQ80) {
+        if constexpr (Q == KS_QTYPE_Q8_0) {
           q8_words(wa + bl * BB, t, ha[u], qa[u], qa1[u]);
           q8_words(wb + bl * BB, t, hb[u], qb[u], qb1[u]);
         } else {
-          q4_words<Q == kQ41>(wa + bl * BB, t, ha[u], qa[u]);
-          q4_words<Q == kQ41>(wb + bl * BB, t, hb[u], qb[u]);
+          q4_words<Q == KS_QTYPE_Q4_1>(wa + bl * BB, t, ha[u], qa[u]);
+          q4_words<Q == KS_QTYPE_Q4_1>(wb + bl * BB, t, hb[u], qb[u]);
         }
       };
       auto block = [&](int u) {
-        if constexpr (Q == kQ80)
+        if constexpr (Q == KS_QTYPE_Q8_0)
           mma_q8_block<TM>(acc, ha[u], hb[u], qa[u], qa1[u], qb[u], qb1[u], xl[u], xh[u]);
-        else if constexpr (Q == kQ41)
+        else if constexpr (Q == KS_QTYPE_Q4_1)
           mma_q4_block<TM, true, true>(acc, ha[u], hb[u], qa[u], qb[u], xl[u], xh[u], xx[u].x, xx[u].y);
         else
           mma_q4_block<TM, false>(acc, ha[u], hb[u], qa[u], qb[u], xl[u], xh[u]);
@@ -524,11 +522,15 @@ StreamPlan stream_plan(int64_t N, int64_t K, int bb, int xcols, int sm_count) {
            size_t(s.kc) * 8 * sizeof(float);  // the stages, B's pairs, X sums
   return s;
 }
-int stream_qtype(ks_qtype_t q) { return q == KS_QTYPE_Q4_0 ? kQ40 : q == KS_QTYPE_Q4_1 ? kQ41 : kQ80; }
+// B's columns in use by call a (M, or 3 M for fp32 x), and the call's plan: one derivation for
+// can_implement and the launcher.
 int stream_xcols(const ops::QuantMatmulArgs& a) { return int(a.x.dtype == detail::DType::F32 ? 3 * a.m : a.m); }
+StreamPlan stream_plan(const ops::QuantMatmulArgs& a, int sm_count) {
+  return stream_plan(a.n, a.k, int(q_block_bytes(a.qtype)), stream_xcols(a), sm_count);
+}
 // The dynamic shared memory one CTA of quant_mma_stream_kernel<T, Q> may take on device dev (its
 // limit raised to that once per kernel and device).
-template <typename T, int Q>
+template <typename T, ks_qtype_t Q>
 int stream_smem_limit(int dev) {
   return once_per_device<int>(dev, [](int d) {
     int optin = 0;
@@ -542,17 +544,16 @@ int stream_smem_limit(int dev) {
     return limit;
   });
 }
-// f(T{}, std::integral_constant<int, Q>{}) for x's dtype and the block format.
+// f(T{}, std::integral_constant<ks_qtype_t, Q>{}) for x's dtype and the block format.
 template <typename F>
 void with_stream_kernel(detail::DType dt, ks_qtype_t q, F&& f) {
   auto by_q = [&](auto tag) {
-    const int sq = stream_qtype(q);
-    if (sq == kQ40)
-      f(tag, std::integral_constant<int, kQ40>{});
-    else if (sq == kQ41)
-      f(tag, std::integral_constant<int, kQ41>{});
+    if (q == KS_QTYPE_Q4_0)
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_0>{});
+    else if (q == KS_QTYPE_Q4_1)
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_1>{});
     else
-      f(tag, std::integral_constant<int, kQ80>{});
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q8_0>{});
   };
   if (dt == detail::DType::F32)
     by_q(float{});
@@ -574,7 +575,7 @@ std::string quant_matmul_mma_stream_can_implement(const void* args) {
   const int dev = a.x.device.device_id;
   const DeviceProps& dp = device_props(dev);
   if (dp.major < 8) return "needs sm_80 or newer (mma.sync, cp.async)";
-  const StreamPlan plan = stream_plan(a.n, a.k, int(a.row_bytes / std::max<int64_t>(1, a.k / 32)), stream_xcols(a), dp.sm_count);
+  const StreamPlan plan = stream_plan(a, dp.sm_count);
   int limit = 0;
   with_stream_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     limit = stream_smem_limit<decltype(tag), decltype(q)::value>(dev);
@@ -589,15 +590,14 @@ void quant_matmul_mma_stream_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard guard(dev, "quant_matmul");
   const DeviceProps& dp = device_props(dev);
   if (a.m == 0 || a.n == 0) return;  // nothing to write
-  const int bb = int(stream_block_bytes(stream_qtype(a.qtype)));
-  const StreamPlan plan = stream_plan(a.n, a.k, bb, stream_xcols(a), dp.sm_count);
+  const StreamPlan plan = stream_plan(a, dp.sm_count);
   const MmaStreamParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
                           a.row_bytes, plan.groups, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.ppr,
                           stream_xcols(a)};
   const auto s = static_cast<cudaStream_t>(stream);
   with_stream_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
-    constexpr int Q = decltype(q)::value;
+    constexpr ks_qtype_t Q = decltype(q)::value;
     if (plan.smem > size_t(stream_smem_limit<T, Q>(dev)))
       detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_stream: its stages do not fit shared memory");
     launch_kernel("quant_matmul", quant_mma_stream_kernel<T, Q>, dim3(plan.grid), dim3(kStreamThreads), plan.smem, s, 1,
