@@ -10,7 +10,7 @@
 Shapes and byte counts follow ../shared/anchors/anchors2_h200.py, so the rows join
 kernscope's (bench_ops --ops rotary_embedding,paged_attention,sample,argmax).
 
-usage: peers_model.py --csv peers_model.csv
+usage: peers_model.py --csv peers_model.csv [--ops decode_attention,argmax]
 """
 import argparse
 import csv
@@ -68,10 +68,14 @@ def cases():
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--csv", default="peers_model.csv")
+    ap.add_argument("--ops", default="", help="comma list of the ops above to time (default: all)")
     a = ap.parse_args()
+    only = set(filter(None, a.ops.split(",")))
     gpu = torch.cuda.get_device_name()
     rows = []
     for op, shape, nbytes, make, impls in cases():
+        if only and op not in only:
+            continue
         try:
             sets = [make() for _ in range(nsets(nbytes))]
         except torch.OutOfMemoryError:

@@ -1857,10 +1857,13 @@ TEST_P(CudaAttention, DeviceIndicesOutOfRange) {
 }
 
 // The cluster size cuda_gqa_cluster recorded for its last launch ("... cluster=C ..."), 0 if none.
+// The CTAs that share a (token, kv head) unit in the last paged_attention launch: the cluster
+// size, times cuda_mma_cluster's splits (clusters of one merged through a workspace)
 int64_t last_attention_cluster() {
   const std::string cfg = ks_last_launch_config("paged_attention");
-  const size_t at = cfg.find("cluster=");
-  return at == std::string::npos ? 0 : std::stoll(cfg.substr(at + 8));
+  const size_t at = cfg.find("cluster="), sp = cfg.find("splits=");
+  const int64_t c = at == std::string::npos ? 0 : std::stoll(cfg.substr(at + 8));
+  return sp == std::string::npos ? c : c * std::stoll(cfg.substr(sp + 7));
 }
 
 // The cluster path of cuda_gqa_cluster (the other tests' block tables hold at most 256 keys,
@@ -2148,6 +2151,96 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
     std::printf("cuda_mma_cluster %s: %.4f of the outputs are the FP64 value rounded to nearest\n", ks::dtype_name(dt), frac);
     EXPECT_GE(frac, 0.99);
   }
+}
+
+// cuda_mma_cluster's split beyond a cluster: few (token, kv head) units over a long table (batch
+// 1) give each unit S CTAs of one SM each, whose states meet in a cudaMallocAsync workspace and
+// attention_combine_kernel. Against the CPU at lengths that leave the last CTA a partial tile,
+// one CTA's worth (no combine: the CTA writes the row itself) and 0; 16 heads per kv head
+// (unpacked pieces) and 3 and 4 (packed); then the same call captured in a CUDA graph (the
+// workspace's allocation and release become graph nodes) and replayed with new lengths
+// written into the device tensor between replays: every replay equals the eager call's bits.
+TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  struct Shape {
+    int64_t H, KVH, D, cap;
+  };
+  const std::vector<Shape> shapes = {{32, 8, 128, 16384}, {9, 3, 64, 8192}, {16, 1, 128, 8192}, {8, 2, 40, 8192}};
+  std::mt19937 gen(5);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(sh.H) + " KVH=" + std::to_string(sh.KVH) +
+                   " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap));
+      const int64_t bs = 16, maxb = sh.cap / bs, blocks = maxb + 7;
+      Buf kc(dt, {blocks, bs, sh.KVH, sh.D}), vc(dt, {blocks, bs, sh.KVH, sh.D}), bt(DType::I32, {1, maxb});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(gen() % blocks));
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, {1, sh.H, sh.D}),
+          dcl(DType::I32, {1}), dout(dt, {1, sh.H, sh.D});
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      Buf q(dt, {1, sh.H, sh.D});
+      kstest::fill_normal(q);
+      dq.upload(q);
+      const double scale = 1.0 / std::sqrt(double(sh.D));
+      const std::vector<int64_t> lens = {sh.cap, sh.cap - 1, sh.cap / 2 + 17, 300, 255, 1, 0};
+      std::vector<Buf> eager;
+      for (int64_t len : lens) {
+        SCOPED_TRACE("length " + std::to_string(len));
+        Buf cl(DType::I32, {1}), ref(dt, q.shape), got(dt, q.shape);
+        cl.set(0, double(len));
+        dcl.upload(cl);
+        dout.poison();
+        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
+                            scale, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        const std::string cfg = ks_last_launch_config("paged_attention");
+        if (len == sh.cap) std::printf("split %s H=%lld KVH=%lld: %s\n", ks::dtype_name(dt), (long long)sh.H, (long long)sh.KVH, cfg.c_str());
+        // 1 to 8 units over a long table: more CTAs per unit than the cluster that fits (8 or 16)
+        EXPECT_NE(cfg.find("cluster=1 "), std::string::npos) << cfg;
+        EXPECT_GE(last_attention_cluster(), 16) << cfg;
+        EXPECT_NE(cfg.find(sh.H / sh.KVH <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
+        dout.download(got);
+        ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                            ks::Backend::Cpu);
+        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+        if (len == 0)
+          for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(i), 0.0) << "context 0";
+        eager.push_back(got);
+      }
+      // the same calls replayed from one graph captured at the first length
+      cudaStream_t st;
+      CK(cudaStreamCreate(&st));
+      Buf cl0(DType::I32, {1});
+      cl0.set(0, double(lens[0]));
+      dcl.upload(cl0);
+      CK(cudaDeviceSynchronize());
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+                          ks::Backend::Cuda, st);
+      CK(cudaStreamEndCapture(st, &graph));
+      CK(cudaGraphInstantiate(&exec, graph, 0));
+      for (size_t k = 0; k < lens.size(); ++k) {
+        Buf cl(DType::I32, {1}), got(dt, q.shape);
+        cl.set(0, double(lens[k]));
+        dcl.upload(cl);
+        dout.poison();
+        CK(cudaDeviceSynchronize());
+        CK(cudaGraphLaunch(exec, st));
+        CK(cudaStreamSynchronize(st));
+        dout.download(got);
+        EXPECT_EQ(std::memcmp(got.data(), eager[k].data(), got.nbytes()), 0) << "graph replay at length " << lens[k];
+      }
+      CK(cudaGraphExecDestroy(exec));
+      CK(cudaGraphDestroy(graph));
+      CK(cudaStreamDestroy(st));
+    }
 }
 
 // varlen_attention on CUDA against the CPU reference: packed prefill, chunked prefill

@@ -104,9 +104,11 @@ constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
 // the unit's G x D: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). any_local: this
 // thread saw a mapped key; len: the unit's context length (0: a zero row).
 // (Cluster: cg::cluster_group, a type the compute_80 pass does not have)
+// ws_state (cuda_mma_cluster's split, clusters of one CTA): with Ce > 1 the CTA's state goes
+// there (split_state layout) for attention_combine_kernel instead of to the cluster.
 template <typename T, int NT, typename Cluster>
 __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
-                            int any_local, int Ce, int64_t len, T* out_t) {
+                            int any_local, int Ce, int64_t len, T* out_t, float* ws_state) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   GqaSmem sm(raw + states_off, W, G, D);
@@ -126,6 +128,9 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
     if (Ce == 1) {  // the CTA's state is the unit's: its output, with no cluster exchange (the merge's
       // values; only a zero's sign may differ: the merge's fma(a, 1, +0) makes -0 +0)
       out_t[i] = Dt<T>::from_f(attention_output(L, a, any_cta, len));
+    } else if (ws_state) {
+      ws_state[2 * G + i] = a;
+      if (i % D == 0) ws_state[g] = M, ws_state[G + g] = L;
     } else {
       sm.acc[i] = a;
       if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
@@ -134,6 +139,10 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
   // Ce is the same in every CTA of the cluster (the unit's length), so all of them skip the
   // cluster barriers together; the other ranks returned before their key loops.
   if (Ce == 1) return;
+  if (ws_state) {
+    if (threadIdx.x == 0) ws_state[G * (D + 2)] = any_cta ? 1.f : 0.f;
+    return;
+  }
   if (threadIdx.x == 0) *sm.any = any_cta;
   cluster.sync();  // every CTA's partial state is complete and visible to the cluster
   // (all loads of the Ce states issued before any is used)
@@ -180,6 +189,11 @@ __device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len
   const int64_t keys = max(keys_per_cta, int64_t(p.min_keys_per_cta));
   return p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys - 1) / keys))) : C;
 }
+
+// One split's softmax state in cuda_mma_cluster's workspace: m[G], l[G], acc[G][D] (not yet
+// divided by l), then the any-key flag (1.f / 0.f); split_state_floats(G, D) floats each, the
+// states of unit u at (u * splits + split) * that.
+__host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
 
 template <typename T, int LPK, int GM>
 __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
@@ -350,7 +364,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t);
+  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr);
 #endif
 }
 
@@ -501,6 +515,8 @@ namespace ks::cuda {
 namespace {
 
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
+// how far (natural-log units) a score may pass the exponentials' base before the base moves
+constexpr float kMcSlack = 8.f;
 
 template <int DP, int NW>  // head_dim padded: 32, 64 or 128; NW warps per CTA (4 or 8)
 struct McShape {
@@ -543,10 +559,17 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
   lo = mc_pack<T>(ra - ma, rb - mb, la, lb);
 }
 
-template <typename T, int DP, int NW>
+// PK (packed pieces, G <= 4): P's three pieces share one MMA. The A operand of P V has 16 rows
+// and G <= 4 of them hold a head, so rows g, g + 8 and g + 4 carry head g's hi, mid and lo
+// pieces; one m16n8k16 per 8 columns of V instead of three, and the pieces' sums are added
+// once at the end ((hi + mid) + lo in FP32). Lanes 16..31 (rows 4..7 of S are zero) take
+// rows 0..3's scores by a shuffle, so every replica's softmax is the same instructions on the
+// same values (bit for bit); only row qr's softmax runs (row qr + 8 is the same head's mid).
+template <typename T, int DP, int NW, bool PK>
 __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Sh = McShape<DP, NW>;
+  constexpr int NH = PK ? 1 : 2;  // softmax rows per lane: qr (and qr + 8 unpacked)
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
   constexpr int RP = 32 / CH;      // rows one copy pass of the warp covers
   constexpr int NK = DP / 16;      // k-steps of Q K^T
@@ -559,19 +582,23 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const int G = p.group;
   const int D = int(p.head_dim);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int64_t unit = blockIdx.x / C;  // (token, kv head)
+  // A unit's keys go to `parts` CTAs: the C of its cluster, or (split, C = 1) its p.splits CTAs
+  const int parts = p.splits > 1 ? p.splits : C;
+  const int64_t unit = blockIdx.x / parts;  // (token, kv head)
+  const int part = p.splits > 1 ? int(blockIdx.x % parts) : rank;
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
   const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
   int64_t len = p.context_lens[t];
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
   len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX / 2 (can_implement)
-  // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
-  const int Ce = live_ctas(p, C, len, 2 * NW * kMcKeys);
-  if (Ce == 1 && rank > 0) return;
+  // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS); a split CTA
+  // without keys has no cluster to wait for, and the combine reads only the first Ce states
+  const int Ce = live_ctas(p, parts, len, 2 * NW * kMcKeys);
+  if ((Ce == 1 || p.splits > 1) && part >= Ce) return;
   // this CTA's keys [j_begin, j_end): whole tiles except the last range's end
   const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
-  const int j_begin = int(min(len, int64_t(rank) * per));
-  const int j_end = rank < Ce ? int(min(len, int64_t(j_begin) + per)) : j_begin;
+  const int j_begin = int(min(len, int64_t(part) * per));
+  const int j_end = part < Ce ? int(min(len, int64_t(j_begin) + per)) : j_begin;
   const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
   const int mine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
 
@@ -665,19 +692,40 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       mma_16816<T>(s[1], qa[ks], b[2], b[3]);
     }
     // s[n][e]: row qr (e < 2) or qr + 8, key n * 8 + qc + (e & 1)
+    if constexpr (PK) {  // lanes 16..31: rows 0..3's scores (lanes 0..15 read their own)
+#pragma unroll
+      for (int n = 0; n < 2; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) s[n][e] = __shfl_sync(0xffffffffu, s[n][e], lane & 15);
+    }
 #pragma unroll
     for (int n = 0; n < 2; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
+      for (int e = 0; e < 2 * NH; ++e)
         s[n][e] = (valid >> (n * 8 + qc + (e & 1)) & 1u) ? s[n][e] * p.scale : -INFINITY;  // unmapped: weight 0
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < NH; ++h) {
       float mx = fmaxf(fmaxf(s[0][2 * h], s[0][2 * h + 1]), fmaxf(s[1][2 * h], s[1][2 * h + 1]));  // NaN ignored here
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float nm = fmaxf(m[h], mx);
-      const float base = nm == -INFINITY ? 0.f : nm;  // nothing finite yet: no -inf - -inf
-      const float corr = fast_exp2((m[h] - base) * kLog2e);
+      // The exponentials' base m moves only when a score passes it by more than kMcSlack, so
+      // most tiles skip the accumulators' rescale (a warp-uniform vote): weights stay below
+      // e^kMcSlack, and the states' merges take m as the base it is, not as the maximum.
+      if (__any_sync(0xffffffffu, mx > m[h] + kMcSlack)) {
+        const float nm = fmaxf(m[h], mx);
+        // m = -inf (nothing finite yet): 0, acc and l are 0; nm = -inf too: 1, no -inf - -inf
+        const float corr = nm == -INFINITY ? 1.f : fast_exp2((m[h] - nm) * kLog2e);
+        l[h] *= corr;
+        m[h] = nm;
+        if constexpr (PK) {  // both halves of the accumulators are head qr's (or its replica's)
+#pragma unroll
+          for (int n = 0; n < 2 * NJ; ++n) acc[n][0] *= corr, acc[n][1] *= corr, acc[n][2] *= corr, acc[n][3] *= corr;
+        } else {
+#pragma unroll
+          for (int n = 0; n < 2 * NJ; ++n) acc[n][2 * h] *= corr, acc[n][2 * h + 1] *= corr;
+        }
+      }
+      const float base = m[h] == -INFINITY ? 0.f : m[h];  // nothing finite yet: exp2(-inf) = 0
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < 2; ++n)
@@ -686,25 +734,42 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
           s[n][e] = fast_exp2((s[n][e] - base) * kLog2e);  // -inf: 0; NaN stays NaN, as exp
           sum += s[n][e];
         }
-      l[h] = l[h] * corr + sum;
-      m[h] = nm;
-#pragma unroll
-      for (int n = 0; n < 2 * NJ; ++n) acc[n][2 * h] *= corr, acc[n][2 * h + 1] *= corr;
+      l[h] += sum;
     }
-    // P's A fragments (rows qr, qr + 8; keys qc.., 8 + qc..), three pieces each
-    uint32_t pa[3][4];
-    split3<T>(s[0][0], s[0][1], pa[0][0], pa[1][0], pa[2][0]);
-    split3<T>(s[0][2], s[0][3], pa[0][1], pa[1][1], pa[2][1]);
-    split3<T>(s[1][0], s[1][1], pa[0][2], pa[1][2], pa[2][2]);
-    split3<T>(s[1][2], s[1][3], pa[0][3], pa[1][3], pa[2][3]);
+    if constexpr (PK) {
+      // rows qr < 4: hi (A regs 0, 2) and mid (rows qr + 8: regs 1, 3); rows 4..7: lo of head
+      // qr - 4 (regs 0, 2), rows 12..15 zero
+      uint32_t hi0, mid0, lo0, hi1, mid1, lo1, pa[4];
+      split3<T>(s[0][0], s[0][1], hi0, mid0, lo0);
+      split3<T>(s[1][0], s[1][1], hi1, mid1, lo1);
+      const bool upper = lane >= 16;
+      pa[0] = upper ? lo0 : hi0;
+      pa[1] = upper ? 0u : mid0;
+      pa[2] = upper ? lo1 : hi1;
+      pa[3] = upper ? 0u : mid1;
 #pragma unroll
-    for (int j = 0; j < NJ; ++j) {
-      uint32_t b[4];
-      ldmatrix_x4<true>(b, vt + vrow * Sh::kRowBytes + (2 * j + vchunk) * 16);
+      for (int j = 0; j < NJ; ++j) {
+        uint32_t b[4];
+        ldmatrix_x4<true>(b, vt + vrow * Sh::kRowBytes + (2 * j + vchunk) * 16);
+        mma_16816<T>(acc[2 * j], pa, b[0], b[1]);
+        mma_16816<T>(acc[2 * j + 1], pa, b[2], b[3]);
+      }
+    } else {
+      // P's A fragments (rows qr, qr + 8; keys qc.., 8 + qc..), three pieces each
+      uint32_t pa[3][4];
+      split3<T>(s[0][0], s[0][1], pa[0][0], pa[1][0], pa[2][0]);
+      split3<T>(s[0][2], s[0][3], pa[0][1], pa[1][1], pa[2][1]);
+      split3<T>(s[1][0], s[1][1], pa[0][2], pa[1][2], pa[2][2]);
+      split3<T>(s[1][2], s[1][3], pa[0][3], pa[1][3], pa[2][3]);
 #pragma unroll
-      for (int piece = 0; piece < 3; ++piece) {
-        mma_16816<T>(acc[2 * j], pa[piece], b[0], b[1]);
-        mma_16816<T>(acc[2 * j + 1], pa[piece], b[2], b[3]);
+      for (int j = 0; j < NJ; ++j) {
+        uint32_t b[4];
+        ldmatrix_x4<true>(b, vt + vrow * Sh::kRowBytes + (2 * j + vchunk) * 16);
+#pragma unroll
+        for (int piece = 0; piece < 3; ++piece) {
+          mma_16816<T>(acc[2 * j], pa[piece], b[0], b[1]);
+          mma_16816<T>(acc[2 * j + 1], pa[piece], b[2], b[3]);
+        }
       }
     }
     __syncwarp();  // the stage is read before the next iteration's copies overwrite it
@@ -712,14 +777,23 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   cp_async_wait<0>();
   // a row's sum over its quad
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < NH; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  if constexpr (PK) {  // head qr's sums: (hi + mid) + lo (lane + 16's rows qr + 4)
+#pragma unroll
+    for (int n = 0; n < 2 * NJ; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float lo = __shfl_xor_sync(0xffffffffu, acc[n][e], 16);
+        acc[n][e] = (acc[n][e] + acc[n][e + 2]) + lo;
+      }
   }
   __syncthreads();  // every warp is done with the rings: the states go over them
   GqaSmem sm(mc_raw, NW, G, D);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
+  for (int h = 0; h < NH; ++h) {
     const int g = qr + 8 * h;
     if (g >= G) continue;
     if ((lane & 3) == 0) sm.wm[warp * G + g] = m[h], sm.wl[warp * G + g] = l[h];
@@ -733,8 +807,46 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t);
+  float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
+  finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
 #endif
+}
+
+// The end of cuda_mma_cluster's split: a CTA per (token, kv head) unit merges the states the
+// first Ce of the unit's p.splits CTAs left in p.ws, in split order, with the cluster merge's
+// formula (finish_unit): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). A unit whose
+// keys one CTA took (Ce == 1) was written by that CTA and is skipped. keys_per_cta: the
+// attention kernel's (live_ctas), so both count the same Ce.
+template <typename T>
+__global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams p, int keys_per_cta) {
+  pdl_begin();
+  const int64_t unit = blockIdx.x;
+  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
+  int64_t len = p.context_lens[t];
+  if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
+  len = min(len, p.max_blocks_per_seq * p.block_size);
+  const int Ce = live_ctas(p, p.splits, len, keys_per_cta);
+  if (Ce == 1) return;
+  const int G = p.group, D = int(p.head_dim);
+  const int64_t sf = split_state_floats(G, D);
+  const float* st = p.ws + unit * p.splits * sf;
+  int any = 0;
+  for (int c = 0; c < Ce; ++c) any |= st[c * sf + int64_t(G) * (D + 2)] != 0.f;
+  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
+  for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+    const int g = i / D;
+    float M = -INFINITY;
+    for (int c = 0; c < Ce; ++c) M = fmaxf(M, st[c * sf + g]);
+    float L = 0.f, a = 0.f;
+    if (M != -INFINITY)
+      for (int c = 0; c < Ce; ++c) {
+        const float f = merge_factor(st[c * sf + g], M);
+        L += st[c * sf + G + g] * f;
+        a += st[c * sf + 2 * G + i] * f;
+      }
+    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
+  }
 }
 
 int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
@@ -755,16 +867,22 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(dev, "paged_attention");
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
-  const AttnParams p = cluster_attn_params(a);
+  AttnParams p = cluster_attn_params(a);
   const int DP = padded_head_dim(a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;
-  int64_t grid = 0;
+  int64_t grid = 0, splits = 1;
   int NW = 4, resident = 0;
-  auto go = [&](auto tag, auto dpad, auto warps) {
+  // KS_ATTN_SPLIT=0: no split beyond a cluster (for comparisons)
+  static const bool split_on = !env_is("KS_ATTN_SPLIT", "0");
+  const bool pools = once_per_device<bool>(dev, [](int d) {
+    int v = 0;
+    return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
+  });
+  auto go = [&](auto tag, auto dpad, auto warps, auto packed) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
-    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW>;
+    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value>;
     constexpr int kThreads = 32 * kNW;
     // the most shared memory any call of this instantiation needs (16 heads), set once; with 8
     // warps (few units) every launch asks for more than half an SM's shared memory, so that the
@@ -791,9 +909,37 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
           resident = fit[size_t(k)];
           break;
         }
+      // Split beyond a cluster: a cluster holds at most 16 CTAs (7 such clusters fit on the
+      // H200 at one CTA per SM), so with 8 units only 64 SMs read keys. Each unit's keys then
+      // go to S CTAs of one SM each (S units <= SMs: one wave), at least 256 keys each, when
+      // that is more than C; their states meet in a stream-ordered workspace
+      // (cudaMallocAsync / cudaFreeAsync: graph-capturable, private to this call) and
+      // attention_combine_kernel writes the output.
+      const int64_t S = std::min<int64_t>(dp.sm_count / std::max<int64_t>(units, 1), capacity / 256);
+      if (split_on && pools && S > C) {
+        splits = S;
+        C = 1;
+        resident = 0;
+      }
     }
-    grid = a.num_tokens * a.num_kv_heads * C;
-    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+    grid = a.num_tokens * a.num_kv_heads * C * splits;
+    float* ws = nullptr;
+    const size_t ws_bytes = size_t(a.num_tokens * a.num_kv_heads * splits * split_state_floats(G, a.head_dim)) * sizeof(float);
+    if (splits > 1) {
+      check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), ws_bytes, s), "paged_attention", "cudaMallocAsync (split workspace)");
+      p.splits = int(splits);
+      p.ws = ws;
+    }
+    try {
+      launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+      if (splits > 1)
+        launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
+                      dim3(256), 0, s, 1, dp.pdl, p, 2 * kNW * kMcKeys);
+    } catch (...) {
+      if (ws) (void)cudaFreeAsync(ws, s);  // the launch error is the one reported
+      throw;
+    }
+    if (ws) check_cuda(cudaFreeAsync(ws, s), "paged_attention", "cudaFreeAsync (split workspace)");
   };
   // 8 warps per CTA where even clusters of 16 leave SMs without a CTA (few units, e.g. batch
   // 1): twice the keys in flight per SM; else 4 (two CTAs per SM at head_dim 128)
@@ -801,9 +947,15 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   static const long long force_warps = env_number("KS_ATTN_MMA_WARPS", 0);
   NW = a.num_tokens * a.num_kv_heads * 16 < int64_t(dp.sm_count) * 2 ? 8 : 4;
   if (force_warps == 4 || force_warps == 8) NW = int(force_warps);
+  // P's three pieces in one MMA where at most 4 query heads share a kv head
+  const bool packed = G <= 4;
+  auto by_pack = [&](auto tag, auto dpad, auto warps) {
+    if (packed) go(tag, dpad, warps, std::true_type{});
+    else go(tag, dpad, warps, std::false_type{});
+  };
   auto by_warps = [&](auto tag, auto dpad) {
-    if (NW == 8) go(tag, dpad, std::integral_constant<int, 8>{});
-    else go(tag, dpad, std::integral_constant<int, 4>{});
+    if (NW == 8) by_pack(tag, dpad, std::integral_constant<int, 8>{});
+    else by_pack(tag, dpad, std::integral_constant<int, 4>{});
   };
   auto by_dim = [&](auto tag) {
     switch (DP) {
@@ -816,9 +968,9 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   else by_dim(__half{});
   check_launch("paged_attention");
   record_launch("paged_attention",
-                "variant=cuda_mma_cluster cluster=%lld group=%lld head_dim_padded=%lld warps=%lld grid=%lld "
-                "resident_clusters=%lld",
-                {C, G, DP, NW, grid, resident});
+                "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
+                "packed=%lld grid=%lld resident_clusters=%lld",
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident});
 }
 
 }  // namespace ks::cuda

@@ -27,6 +27,10 @@ struct AttnParams {
   // (the default); 0 = all C (KS_ATTN_LIVE_SPLIT=0, for comparisons)
   int live_split;
   int min_keys_per_cta;  // 0: one step of keys (KS_ATTN_MIN_KEYS)
+  // cuda_mma_cluster's split beyond a cluster (few units): `splits` CTAs per unit (clusters of
+  // one), each leaving its softmax state in `ws` for attention_combine_kernel; 1: no split
+  int splits;
+  float* ws;
 };
 
 // The round-up reciprocal of d (1 <= d < 2^31) for 31-bit numerators: with e = mul * d -
@@ -60,7 +64,9 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     0,
                     0,
                     1,
-                    0};
+                    0,
+                    1,
+                    nullptr};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }
