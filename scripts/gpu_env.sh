@@ -31,10 +31,11 @@ ks_gpu_build_and_test() {
 
 # Nsight Compute on the first launch of the kernels matching regex $1 inside bench_ops run with
 # the arguments after $2 (speed of light, scheduler, warp states, occupancy, launch, memory),
-# the report to $2, then its headline lines. For the short profiling scripts.
+# the report to $2, then its headline lines. For the short profiling scripts. KS_NCU_LAUNCHES=n
+# profiles the first n matching launches (default 1).
 ks_ncu_bench() {
   local kernel=$1 report=$2; shift 2
-  ncu --clock-control none --kernel-name regex:$kernel --launch-count 1 --section SpeedOfLight \
+  ncu --clock-control none --kernel-name regex:$kernel --launch-count "${KS_NCU_LAUNCHES:-1}" --section SpeedOfLight \
     --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
     --section MemoryWorkloadAnalysis $BUILD/bench_ops "$@" --csv /tmp/ncu_bench.csv > "$report" 2>&1
   echo "ncu rc=$?"

@@ -68,7 +68,7 @@ struct GqaSmem {
 };
 
 // The bytes of GqaSmem's states for W warps, G heads of D elements.
-constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
+__host__ __device__ constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
 [[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
@@ -527,10 +527,15 @@ struct McShape {
 };
 
 // The shared memory of one CTA: the warps' rings, over which the states of finish_unit are laid
-// once every warp has left its key loop.
+// once every warp has left its key loop, then (bulk copies) the warps' stage barriers.
+template <int DP, int NW>
+__host__ __device__ constexpr size_t mc_bar_offset(int G, int64_t D) {
+  const size_t ring = size_t(McShape<DP, NW>::kRingBytes), states = gqa_state_bytes(NW, G, D);
+  return ((ring > states ? ring : states) + 7) / 8 * 8;
+}
 template <int DP, int NW>
 constexpr size_t mc_smem_bytes(int G, int64_t D) {
-  return std::max(size_t(McShape<DP, NW>::kRingBytes), gqa_state_bytes(NW, G, D));
+  return mc_bar_offset<DP, NW>(G, D) + size_t(NW * McShape<DP, NW>::kStages) * sizeof(uint64_t);
 }
 
 // a and b as a packed pair of T (low half: a), and the pair's values back in ra, rb
@@ -565,7 +570,12 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
 // once at the end ((hi + mid) + lo in FP32). Lanes 16..31 (rows 4..7 of S are zero) take
 // rows 0..3's scores by a shuffle, so every replica's softmax is the same instructions on the
 // same values (bit for bit); only row qr's softmax runs (row qr + 8 is the same head's mid).
-template <typename T, int DP, int NW, bool PK>
+// TM (bulk copies): each K or V row of a tile comes by one cp.async.bulk (the TMA unit) issued
+// by the lane that owns the row (lanes 0..15: K rows, 16..31: V rows), completing on the
+// stage's mbarrier, instead of the warp's 16-byte cp.async pieces; a V row of an unmapped or
+// out-of-range key is zeroed by its lane instead (its weight is 0, and 0 x NaN would not be),
+// and the padding columns past head_dim are zeroed once.
+template <typename T, int DP, int NW, bool PK, bool TM>
 __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Sh = McShape<DP, NW>;
@@ -626,6 +636,19 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
   const int64_t row_stride = p.num_kv_heads * D;
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
+  uint64_t* bars = reinterpret_cast<uint64_t*>(mc_raw + mc_bar_offset<DP, NW>(G, D)) + warp * S;
+  uint32_t phases = 0;  // TM: the parity stage s waits for next, in bit s
+  if constexpr (TM) {
+    if (lane == 0)
+#pragma unroll
+      for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
+    if (D < DP)  // the padding columns, which no copy writes
+      for (int r = lane; r < S * 2 * kMcKeys; r += 32)
+        for (int c = D * 2; c < DP * 2; c += 16) *reinterpret_cast<uint4*>(ring + r * Sh::kRowBytes + c) = uint4{0, 0, 0, 0};
+    fence_proxy_async_smem();
+    mbar_init_fence();
+    __syncwarp();
+  }
   // The cache slot of key (lane & 15) of this warp's tile i, or -1 for a key past the range or
   // unmapped. Looked up one tile ahead of its copies, so the block-table load is not waited for
   // on the way to the copies.
@@ -640,6 +663,20 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   auto issue = [&](int stage, long long slot) -> unsigned {
     const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
     unsigned char* st = ring + stage * Sh::kStageBytes;
+    if constexpr (TM) {
+      const unsigned row_bytes = unsigned(D) * 2;
+      // (a copy may land before the expectation: the count may go negative, the phase still
+      // waits for lane 0's arrival)
+      if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(__popc(valid)) * 2u * row_bytes);
+      unsigned char* dst = st + ((lane >> 4) * kMcKeys + (lane & 15)) * Sh::kRowBytes;
+      if (slot >= 0) {
+        bulk_copy_g2s(dst, (lane < 16 ? kc : vc) + slot * row_stride, row_bytes, bars + stage);
+      } else if (lane >= 16) {
+        for (unsigned c = 0; c < row_bytes; c += 16) *reinterpret_cast<uint4*>(dst + c) = uint4{0, 0, 0, 0};
+        fence_proxy_async_smem();  // before a later bulk copy into this row
+      }
+      return valid;
+    }
     const int ch = lane % CH;
 #pragma unroll
     for (int k = 0; k < kMcKeys / RP; ++k) {
@@ -656,7 +693,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
     if (i < mine) masks |= uint64_t(issue(i, lookup(i))) << (16 * i);
-    else cp_async_commit();  // empty groups keep the wait count uniform
+    else if constexpr (!TM) cp_async_commit();  // empty groups keep the wait count uniform
   }
   long long next_slot = S - 1 < mine ? lookup(S - 1) : -1;  // tile S - 1's, ahead of its copies
   constexpr float kLog2e = 1.4426950408889634f;
@@ -674,11 +711,16 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       masks &= ~(uint64_t(0xffffu) << (16 * (nx % S)));
       masks |= uint64_t(issue(nx % S, next_slot)) << (16 * (nx % S));
       if (nx + 1 < mine) next_slot = lookup(nx + 1);
-    } else {
+    } else if constexpr (!TM) {
       cp_async_commit();
     }
-    cp_async_wait<S - 1>();
-    __syncwarp();  // every lane's copies of tile i have landed
+    if constexpr (TM) {
+      mbar_wait(bars + i % S, (phases >> (i % S)) & 1u);
+      phases ^= 1u << (i % S);
+    } else {
+      cp_async_wait<S - 1>();
+    }
+    __syncwarp();  // every lane's copies of tile i have landed (and zeroed rows are visible)
     const unsigned valid = unsigned(masks >> (16 * (i % S))) & 0xffffu;
     any_local |= valid != 0u;
     const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
@@ -774,7 +816,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     }
     __syncwarp();  // the stage is read before the next iteration's copies overwrite it
   }
-  cp_async_wait<0>();
+  if constexpr (!TM) cp_async_wait<0>();  // (bulk copies: every issued tile was waited for)
   // a row's sum over its quad
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
@@ -879,10 +921,10 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
   });
-  auto go = [&](auto tag, auto dpad, auto warps, auto packed) {
+  auto go = [&](auto tag, auto dpad, auto warps, auto packed, auto bulk) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
-    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value>;
+    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, decltype(bulk)::value>;
     constexpr int kThreads = 32 * kNW;
     // the most shared memory any call of this instantiation needs (16 heads), set once; with 8
     // warps (few units) every launch asks for more than half an SM's shared memory, so that the
@@ -949,9 +991,15 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   if (force_warps == 4 || force_warps == 8) NW = int(force_warps);
   // P's three pieces in one MMA where at most 4 query heads share a kv head
   const bool packed = G <= 4;
+  // K and V rows by bulk copies (KS_ATTN_TMA=0: the warp's 16-byte cp.async pieces, for comparisons)
+  static const bool tma = !env_is("KS_ATTN_TMA", "0");
+  auto by_copy = [&](auto tag, auto dpad, auto warps, auto pk) {
+    if (tma) go(tag, dpad, warps, pk, std::true_type{});
+    else go(tag, dpad, warps, pk, std::false_type{});
+  };
   auto by_pack = [&](auto tag, auto dpad, auto warps) {
-    if (packed) go(tag, dpad, warps, std::true_type{});
-    else go(tag, dpad, warps, std::false_type{});
+    if (packed) by_copy(tag, dpad, warps, std::true_type{});
+    else by_copy(tag, dpad, warps, std::false_type{});
   };
   auto by_warps = [&](auto tag, auto dpad) {
     if (NW == 8) by_pack(tag, dpad, std::integral_constant<int, 8>{});
@@ -969,8 +1017,8 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   check_launch("paged_attention");
   record_launch("paged_attention",
                 "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                "packed=%lld grid=%lld resident_clusters=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident});
+                "packed=%lld bulk_copies=%lld grid=%lld resident_clusters=%lld",
+                {C, splits, G, DP, NW, packed ? 1 : 0, tma ? 1 : 0, grid, resident});
 }
 
 }  // namespace ks::cuda
