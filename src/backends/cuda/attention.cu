@@ -68,7 +68,7 @@ struct GqaSmem {
 };
 
 // The bytes of GqaSmem's states for W warps, G heads of D elements.
-__host__ __device__ constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
+constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
 [[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
@@ -527,15 +527,10 @@ struct McShape {
 };
 
 // The shared memory of one CTA: the warps' rings, over which the states of finish_unit are laid
-// once every warp has left its key loop, then (bulk copies) the warps' stage barriers.
-template <int DP, int NW>
-__host__ __device__ constexpr size_t mc_bar_offset(int G, int64_t D) {
-  const size_t ring = size_t(McShape<DP, NW>::kRingBytes), states = gqa_state_bytes(NW, G, D);
-  return ((ring > states ? ring : states) + 7) / 8 * 8;
-}
+// once every warp has left its key loop.
 template <int DP, int NW>
 constexpr size_t mc_smem_bytes(int G, int64_t D) {
-  return mc_bar_offset<DP, NW>(G, D) + size_t(NW * McShape<DP, NW>::kStages) * sizeof(uint64_t);
+  return std::max(size_t(McShape<DP, NW>::kRingBytes), gqa_state_bytes(NW, G, D));
 }
 
 // a and b as a packed pair of T (low half: a), and the pair's values back in ra, rb
@@ -570,12 +565,7 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
 // once at the end ((hi + mid) + lo in FP32). Lanes 16..31 (rows 4..7 of S are zero) take
 // rows 0..3's scores by a shuffle, so every replica's softmax is the same instructions on the
 // same values (bit for bit); only row qr's softmax runs (row qr + 8 is the same head's mid).
-// TM (bulk copies): each K or V row of a tile comes by one cp.async.bulk (the TMA unit) issued
-// by the lane that owns the row (lanes 0..15: K rows, 16..31: V rows), completing on the
-// stage's mbarrier, instead of the warp's 16-byte cp.async pieces; a V row of an unmapped or
-// out-of-range key is zeroed by its lane instead (its weight is 0, and 0 x NaN would not be),
-// and the padding columns past head_dim are zeroed once.
-template <typename T, int DP, int NW, bool PK, bool TM>
+template <typename T, int DP, int NW, bool PK>
 __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Sh = McShape<DP, NW>;
@@ -603,7 +593,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX / 2 (can_implement)
   // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS); a split CTA
   // without keys has no cluster to wait for, and the combine reads only the first Ce states
-  const int Ce = live_ctas(p, parts, len, 2 * NW * kMcKeys);
+  const int Ce = live_ctas(p, parts, len, p.splits > 1 ? p.split_keys : 2 * NW * kMcKeys);
   if ((Ce == 1 || p.splits > 1) && part >= Ce) return;
   // this CTA's keys [j_begin, j_end): whole tiles except the last range's end
   const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
@@ -636,19 +626,6 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
   const int64_t row_stride = p.num_kv_heads * D;
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
-  uint64_t* bars = reinterpret_cast<uint64_t*>(mc_raw + mc_bar_offset<DP, NW>(G, D)) + warp * S;
-  uint32_t phases = 0;  // TM: the parity stage s waits for next, in bit s
-  if constexpr (TM) {
-    if (lane == 0)
-#pragma unroll
-      for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
-    if (D < DP)  // the padding columns, which no copy writes
-      for (int r = lane; r < S * 2 * kMcKeys; r += 32)
-        for (int c = D * 2; c < DP * 2; c += 16) *reinterpret_cast<uint4*>(ring + r * Sh::kRowBytes + c) = uint4{0, 0, 0, 0};
-    fence_proxy_async_smem();
-    mbar_init_fence();
-    __syncwarp();
-  }
   // The cache slot of key (lane & 15) of this warp's tile i, or -1 for a key past the range or
   // unmapped. Looked up one tile ahead of its copies, so the block-table load is not waited for
   // on the way to the copies.
@@ -663,20 +640,6 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   auto issue = [&](int stage, long long slot) -> unsigned {
     const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
     unsigned char* st = ring + stage * Sh::kStageBytes;
-    if constexpr (TM) {
-      const unsigned row_bytes = unsigned(D) * 2;
-      // (a copy may land before the expectation: the count may go negative, the phase still
-      // waits for lane 0's arrival)
-      if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(__popc(valid)) * 2u * row_bytes);
-      unsigned char* dst = st + ((lane >> 4) * kMcKeys + (lane & 15)) * Sh::kRowBytes;
-      if (slot >= 0) {
-        bulk_copy_g2s(dst, (lane < 16 ? kc : vc) + slot * row_stride, row_bytes, bars + stage);
-      } else if (lane >= 16) {
-        for (unsigned c = 0; c < row_bytes; c += 16) *reinterpret_cast<uint4*>(dst + c) = uint4{0, 0, 0, 0};
-        fence_proxy_async_smem();  // before a later bulk copy into this row
-      }
-      return valid;
-    }
     const int ch = lane % CH;
 #pragma unroll
     for (int k = 0; k < kMcKeys / RP; ++k) {
@@ -693,7 +656,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
     if (i < mine) masks |= uint64_t(issue(i, lookup(i))) << (16 * i);
-    else if constexpr (!TM) cp_async_commit();  // empty groups keep the wait count uniform
+    else cp_async_commit();  // empty groups keep the wait count uniform
   }
   long long next_slot = S - 1 < mine ? lookup(S - 1) : -1;  // tile S - 1's, ahead of its copies
   constexpr float kLog2e = 1.4426950408889634f;
@@ -711,16 +674,11 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       masks &= ~(uint64_t(0xffffu) << (16 * (nx % S)));
       masks |= uint64_t(issue(nx % S, next_slot)) << (16 * (nx % S));
       if (nx + 1 < mine) next_slot = lookup(nx + 1);
-    } else if constexpr (!TM) {
+    } else {
       cp_async_commit();
     }
-    if constexpr (TM) {
-      mbar_wait(bars + i % S, (phases >> (i % S)) & 1u);
-      phases ^= 1u << (i % S);
-    } else {
-      cp_async_wait<S - 1>();
-    }
-    __syncwarp();  // every lane's copies of tile i have landed (and zeroed rows are visible)
+    cp_async_wait<S - 1>();
+    __syncwarp();  // every lane's copies of tile i have landed
     const unsigned valid = unsigned(masks >> (16 * (i % S))) & 0xffffu;
     any_local |= valid != 0u;
     const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
@@ -816,7 +774,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     }
     __syncwarp();  // the stage is read before the next iteration's copies overwrite it
   }
-  if constexpr (!TM) cp_async_wait<0>();  // (bulk copies: every issued tile was waited for)
+  cp_async_wait<0>();
   // a row's sum over its quad
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
@@ -856,11 +814,18 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 
 // The end of cuda_mma_cluster's split: a CTA per (token, kv head) unit merges the states the
 // first Ce of the unit's p.splits CTAs left in p.ws, in split order, with the cluster merge's
-// formula (finish_unit): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M). A unit whose
-// keys one CTA took (Ce == 1) was written by that CTA and is skipped. keys_per_cta: the
-// attention kernel's (live_ctas), so both count the same Ce.
+// formula (finish_unit): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) (L = a = 0 when
+// every m_s is -inf). A unit whose keys one CTA took (Ce == 1) was written by that CTA and is
+// skipped (both kernels count Ce by live_ctas with p.split_keys).
+// The loads of each step are independent (the states sit in L2, just written): first every
+// split's m and l into shared memory, then per head its M, the factors and L, then each
+// output element's Ce accumulators, loaded 8 at a time before they are summed in order.
+// Dynamic shared memory: 2 * splits * G floats.
 template <typename T>
-__global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams p, int keys_per_cta) {
+__global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams p) {
+  extern __shared__ float comb[];  // f[Ce][G] (m, then the factors), l[Ce][G]
+  __shared__ float head_l[kMcMaxGroup];
+  __shared__ int head_empty[kMcMaxGroup];
   pdl_begin();
   const int64_t unit = blockIdx.x;
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
@@ -868,26 +833,48 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams
   int64_t len = p.context_lens[t];
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
   len = min(len, p.max_blocks_per_seq * p.block_size);
-  const int Ce = live_ctas(p, p.splits, len, keys_per_cta);
+  const int Ce = live_ctas(p, p.splits, len, p.split_keys);
   if (Ce == 1) return;
   const int G = p.group, D = int(p.head_dim);
   const int64_t sf = split_state_floats(G, D);
   const float* st = p.ws + unit * p.splits * sf;
-  int any = 0;
-  for (int c = 0; c < Ce; ++c) any |= st[c * sf + int64_t(G) * (D + 2)] != 0.f;
+  float *fm = comb, *fl = comb + Ce * G;
+  int any_local = 0;
+  for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
+    const int c = k / G, g = k % G;
+    fm[k] = st[c * sf + g];
+    fl[k] = st[c * sf + G + g];
+  }
+  for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= st[c * sf + int64_t(G) * (D + 2)] != 0.f;
+  const int any = __syncthreads_or(any_local);
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float M = -INFINITY;
+    for (int c = 0; c < Ce; ++c) M = fmaxf(M, fm[c * G + g]);
+    float L = 0.f;
+    for (int c = 0; c < Ce; ++c) {
+      const float f = M == -INFINITY ? 0.f : merge_factor(fm[c * G + g], M);
+      fm[c * G + g] = f;
+      L += fl[c * G + g] * f;
+    }
+    head_l[g] = L;
+    head_empty[g] = M == -INFINITY;
+  }
+  __syncthreads();
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int g = i / D;
-    float M = -INFINITY;
-    for (int c = 0; c < Ce; ++c) M = fmaxf(M, st[c * sf + g]);
-    float L = 0.f, a = 0.f;
-    if (M != -INFINITY)
-      for (int c = 0; c < Ce; ++c) {
-        const float f = merge_factor(st[c * sf + g], M);
-        L += st[c * sf + G + g] * f;
-        a += st[c * sf + 2 * G + i] * f;
+    float a = 0.f;
+    if (!head_empty[g])
+      for (int c0 = 0; c0 < Ce; c0 += 8) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = c0 + j < Ce ? st[(c0 + j) * sf + 2 * G + i] : 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+          if (c0 + j < Ce) a += v[j] * fm[(c0 + j) * G + g];
       }
-    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
+    out_t[i] = Dt<T>::from_f(attention_output(head_empty[g] ? 0.f : head_l[g], a, any, len));
   }
 }
 
@@ -917,14 +904,17 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   int NW = 4, resident = 0;
   // KS_ATTN_SPLIT=0: no split beyond a cluster (for comparisons)
   static const bool split_on = !env_is("KS_ATTN_SPLIT", "0");
+  // the fewest keys per split CTA: 256 (two tiles per warp), or KS_ATTN_SPLIT_KEYS=N (a
+  // multiple of 16, for experiments)
+  static const int split_keys = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_KEYS", 256), 16, 1 << 20) / 16 * 16);
   const bool pools = once_per_device<bool>(dev, [](int d) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
   });
-  auto go = [&](auto tag, auto dpad, auto warps, auto packed, auto bulk) {
+  auto go = [&](auto tag, auto dpad, auto warps, auto packed) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
-    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, decltype(bulk)::value>;
+    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value>;
     constexpr int kThreads = 32 * kNW;
     // the most shared memory any call of this instantiation needs (16 heads), set once; with 8
     // warps (few units) every launch asks for more than half an SM's shared memory, so that the
@@ -953,12 +943,13 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
         }
       // Split beyond a cluster: a cluster holds at most 16 CTAs (7 such clusters fit on the
       // H200 at one CTA per SM), so with 8 units only 64 SMs read keys. Each unit's keys then
-      // go to S CTAs of one SM each (S units <= SMs: one wave), at least 256 keys each, when
+      // go to S CTAs of one SM each (S units <= SMs: one wave), at least split_keys each, when
       // that is more than C; their states meet in a stream-ordered workspace
       // (cudaMallocAsync / cudaFreeAsync: graph-capturable, private to this call) and
       // attention_combine_kernel writes the output.
-      const int64_t S = std::min<int64_t>(dp.sm_count / std::max<int64_t>(units, 1), capacity / 256);
+      const int64_t S = std::min<int64_t>(dp.sm_count / std::max<int64_t>(units, 1), capacity / split_keys);
       if (split_on && pools && S > C) {
+        p.split_keys = split_keys;
         splits = S;
         C = 1;
         resident = 0;
@@ -976,7 +967,7 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
       if (splits > 1)
         launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
-                      dim3(256), 0, s, 1, dp.pdl, p, 2 * kNW * kMcKeys);
+                      dim3(256), size_t(2 * splits * G) * sizeof(float), s, 1, dp.pdl, p);
     } catch (...) {
       if (ws) (void)cudaFreeAsync(ws, s);  // the launch error is the one reported
       throw;
@@ -991,15 +982,9 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   if (force_warps == 4 || force_warps == 8) NW = int(force_warps);
   // P's three pieces in one MMA where at most 4 query heads share a kv head
   const bool packed = G <= 4;
-  // K and V rows by bulk copies (KS_ATTN_TMA=0: the warp's 16-byte cp.async pieces, for comparisons)
-  static const bool tma = !env_is("KS_ATTN_TMA", "0");
-  auto by_copy = [&](auto tag, auto dpad, auto warps, auto pk) {
-    if (tma) go(tag, dpad, warps, pk, std::true_type{});
-    else go(tag, dpad, warps, pk, std::false_type{});
-  };
   auto by_pack = [&](auto tag, auto dpad, auto warps) {
-    if (packed) by_copy(tag, dpad, warps, std::true_type{});
-    else by_copy(tag, dpad, warps, std::false_type{});
+    if (packed) go(tag, dpad, warps, std::true_type{});
+    else go(tag, dpad, warps, std::false_type{});
   };
   auto by_warps = [&](auto tag, auto dpad) {
     if (NW == 8) by_pack(tag, dpad, std::integral_constant<int, 8>{});
@@ -1017,8 +1002,8 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   check_launch("paged_attention");
   record_launch("paged_attention",
                 "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                "packed=%lld bulk_copies=%lld grid=%lld resident_clusters=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, tma ? 1 : 0, grid, resident});
+                "packed=%lld grid=%lld resident_clusters=%lld",
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident});
 }
 
 }  // namespace ks::cuda

@@ -30,6 +30,7 @@ struct AttnParams {
   // cuda_mma_cluster's split beyond a cluster (few units): `splits` CTAs per unit (clusters of
   // one), each leaving its softmax state in `ws` for attention_combine_kernel; 1: no split
   int splits;
+  int split_keys;  // the fewest keys a split CTA takes (live_ctas), 256 (KS_ATTN_SPLIT_KEYS)
   float* ws;
 };
 
@@ -66,6 +67,7 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     1,
                     0,
                     1,
+                    256,
                     nullptr};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;

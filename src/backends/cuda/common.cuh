@@ -290,53 +290,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// ---- bulk copies (TMA, cp.async.bulk) completing on an mbarrier (sm_90) ---------------
-// A shared-memory barrier of one arrival per phase: the issuing thread arrives and declares
-// the bytes the phase's bulk copies will bring (expect_tx); the phase completes when all of
-// them have landed. Waiters spin on the phase's parity. (Bodies exist for sm_90 only; the
-// kernels that use them run only there.)
-__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(unsigned(__cvta_generic_to_shared(bar))), "r"(count)
-               : "memory");
-#endif
-}
-// Makes initialized barriers visible to the async proxy (the bulk copies' completions).
-__device__ __forceinline__ void mbar_init_fence() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
-               ::"r"(unsigned(__cvta_generic_to_shared(bar))), "r"(bytes) : "memory");
-#endif
-}
-// Spins until the barrier's phase of this parity has completed.
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "{\n .reg .pred done;\n wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      " @!done bra wait_%=;\n}" ::"r"(unsigned(__cvta_generic_to_shared(bar))), "r"(parity) : "memory");
-#endif
-}
-// bytes (a multiple of 16; both addresses 16-byte aligned) from global to this CTA's shared
-// memory by the TMA unit, counted against bar's expected bytes.
-__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(unsigned(__cvta_generic_to_shared(smem))), "l"(gmem), "r"(bytes),
-               "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
-#endif
-}
-// Orders this thread's earlier generic shared-memory writes before its later bulk copies.
-__device__ __forceinline__ void fence_proxy_async_smem() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
-}
-
 // ---- tensor cores (mma.sync, sm_80+) -----------------------------------------
 // D += A B on the tensor cores, m16n8k16, FP32 accumulation (a: 4 registers of A's pairs, b0 b1:
 // B's pairs, d: this lane's 4 accumulators).
