@@ -2159,7 +2159,9 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
 // one CTA's worth (no combine: the CTA writes the row itself) and 0; 16 heads per kv head
 // (unpacked pieces) and 3 and 4 (packed); then the same call captured in a CUDA graph (the
 // workspace's allocation and release become graph nodes) and replayed with new lengths
-// written into the device tensor between replays: every replay equals the eager call's bits.
+// written into the device tensor between replays: every replay equals the eager call's bits;
+// last, NaN K rows in split 0's first block make every output NaN. (The split is taken where a
+// cluster CTA would read >= 256 KB of K and V: the table capacities here are chosen for that.)
 TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
   NEED_GPU();
   kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
@@ -2167,7 +2169,7 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
   struct Shape {
     int64_t H, KVH, D, cap;
   };
-  const std::vector<Shape> shapes = {{32, 8, 128, 16384}, {9, 3, 64, 8192}, {16, 1, 128, 8192}, {8, 2, 40, 8192}};
+  const std::vector<Shape> shapes = {{32, 8, 128, 16384}, {9, 3, 64, 32768}, {16, 1, 128, 8192}, {8, 2, 40, 32768}};
   std::mt19937 gen(5);
   for (DType dt : {DType::BF16, DType::F16})
     for (const Shape& sh : shapes) {
@@ -2240,6 +2242,24 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
       CK(cudaGraphExecDestroy(exec));
       CK(cudaGraphDestroy(graph));
       CK(cudaStreamDestroy(st));
+      // NaN K rows in the first key block (split 0's range): every output NaN, as on the CPU
+      // (the combine must not let the other splits' finite states hide it)
+      const int64_t row = bs * sh.KVH * sh.D;
+      const int64_t b0 = int64_t(bt.get(0));
+      for (int64_t i = 0; i < row; ++i) kc.set(b0 * row + i, std::nan(""));
+      dkc.upload(kc);
+      Buf cl(DType::I32, {1}), ref(dt, q.shape), got(dt, q.shape);
+      cl.set(0, double(sh.cap));
+      dcl.upload(cl);
+      dout.poison();
+      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+                          ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                          ks::Backend::Cpu);
+      for (int64_t i = 0; i < sh.H * sh.D; ++i)
+        ASSERT_TRUE(std::isnan(got.get(i)) && std::isnan(ref.get(i))) << "NaN keys in split 0: element " << i;
     }
 }
 

@@ -515,6 +515,8 @@ namespace ks::cuda {
 namespace {
 
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
+// the split beyond a cluster pays off where a cluster CTA would read at least this much K and V
+constexpr int64_t kSplitMinBytes = 256 * 1024;
 // how far (natural-log units) a score may pass the exponentials' base before the base moves
 constexpr float kMcSlack = 8.f;
 
@@ -626,17 +628,26 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
   const int64_t row_stride = p.num_kv_heads * D;
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
-  // The cache slot of key (lane & 15) of this warp's tile i, or -1 for a key past the range or
-  // unmapped. Looked up one tile ahead of its copies, so the block-table load is not waited for
-  // on the way to the copies.
-  auto lookup = [&](int i) -> long long {
+  // Key (lane & 15) of this warp's tile i: its block-table entry (-1 past the range) and its
+  // offset in the block. The entry is only loaded here, a tile before its copies are issued;
+  // slot_of, at the issue, reads it, so the load's latency hides behind a tile of work (when
+  // the entry was checked here, every tile waited for it: ncu at 05fa748 put half of the warps'
+  // stalls on global loads).
+  auto fetch = [&](int i, int32_t& blk, int& off) {
     const int pos = j_begin + (warp + i * NW) * kMcKeys + (lane & 15);
-    if (pos >= j_end) return -1;
-    const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
-    const int32_t blk = bt[b];
-    return blk >= 0 && blk < p.num_blocks ? (long long)blk * bs + (pos - b * bs) : -1;
+    blk = -1;
+    off = 0;
+    if (pos < j_end) {
+      const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
+      blk = bt[b];
+      off = pos - b * bs;
+    }
   };
-  // copies the tile whose slots lookup gave into stage `stage`; returns its mask of mapped keys
+  // the cache slot of a fetched key, or -1 for a key past the range or unmapped
+  auto slot_of = [&](int32_t blk, int off) -> long long {
+    return blk >= 0 && blk < p.num_blocks ? (long long)blk * bs + off : -1;
+  };
+  // copies the tile of these slots into stage `stage`; returns its mask of mapped keys
   auto issue = [&](int stage, long long slot) -> unsigned {
     const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
     unsigned char* st = ring + stage * Sh::kStageBytes;
@@ -653,12 +664,21 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     return valid;
   };
   uint64_t masks = 0;  // stage s's mask in bits 16 s ..
+  int32_t pre_blk[S];
+  int pre_off[S];
+#pragma unroll
+  for (int i = 0; i < S; ++i) {  // the first S tiles' entries, all loads in flight at once
+    pre_blk[i] = -1;
+    pre_off[i] = 0;
+    if (i < mine) fetch(i, pre_blk[i], pre_off[i]);
+  }
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) masks |= uint64_t(issue(i, lookup(i))) << (16 * i);
+    if (i < mine) masks |= uint64_t(issue(i, slot_of(pre_blk[i], pre_off[i]))) << (16 * i);
     else cp_async_commit();  // empty groups keep the wait count uniform
   }
-  long long next_slot = S - 1 < mine ? lookup(S - 1) : -1;  // tile S - 1's, ahead of its copies
+  int32_t next_blk = pre_blk[S - 1];  // tile S - 1's, ahead of its copies
+  int next_off = pre_off[S - 1];
   constexpr float kLog2e = 1.4426950408889634f;
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows qr and qr + 8
   float acc[2 * NJ][4];
@@ -672,8 +692,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     const int nx = i + S - 1;
     if (nx < mine) {
       masks &= ~(uint64_t(0xffffu) << (16 * (nx % S)));
-      masks |= uint64_t(issue(nx % S, next_slot)) << (16 * (nx % S));
-      if (nx + 1 < mine) next_slot = lookup(nx + 1);
+      masks |= uint64_t(issue(nx % S, slot_of(next_blk, next_off))) << (16 * (nx % S));
+      if (nx + 1 < mine) fetch(nx + 1, next_blk, next_off);
     } else {
       cp_async_commit();
     }
@@ -947,8 +967,13 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       // that is more than C; their states meet in a stream-ordered workspace
       // (cudaMallocAsync / cudaFreeAsync: graph-capturable, private to this call) and
       // attention_combine_kernel writes the output.
+      // Only where the cluster would leave each CTA at least kSplitMinBytes of K and V (by the
+      // capacity, as C): below, the workspace and the combine cost more than the extra SMs
+      // save (05fa748, 9/3 heads of 64, 8192 keys: 12.95 us split 32 ways against 11.38 on
+      // clusters of 16, 128 KB each; 32/8 heads of 128: 21.07 against 21.43, 512 KB each).
       const int64_t S = std::min<int64_t>(dp.sm_count / std::max<int64_t>(units, 1), capacity / split_keys);
-      if (split_on && pools && S > C) {
+      const int64_t cta_bytes = capacity / C * 2 * a.head_dim * int64_t(sizeof(T));
+      if (split_on && pools && S > C && cta_bytes >= kSplitMinBytes) {
         p.split_keys = split_keys;
         splits = S;
         C = 1;
