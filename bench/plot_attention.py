@@ -1,10 +1,11 @@
 """Decode attention on the H200: kernscope's CUDA variants and torch SDPA as KV-read bandwidth.
 
 Reads a bench_ops --variants CSV (its variant rows, e.g. docs/perf/h200_attention_mma_575f9b9.csv)
-and a report CSV (docs/perf/h200_model.csv: its torch_sdpa rows and its kernscope rows, the
-automatic choice), and writes a grouped bar chart of GB/s per shape (PNG); each bar is labelled
+and one or more report CSVs (e.g. docs/perf/h200_model.csv: their torch_sdpa rows and their
+kernscope rows: the automatic choice, and runs under a switch such as "kernscope
+KS_ATTN_SPLIT=0"), and writes a grouped bar chart of GB/s per shape (PNG); each bar is labelled
 with its commit. Usage:
-  python3 bench/plot_attention.py --variants A.csv --peers B.csv --out docs/perf/h200_attention_mma.png
+  python3 bench/plot_attention.py --variants A.csv --peers B.csv [C.csv ...] --out docs/perf/h200_attention_mma.png
 """
 import argparse
 import csv
@@ -13,13 +14,14 @@ import csv
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--variants", required=True)
-    ap.add_argument("--peers", required=True)
+    ap.add_argument("--peers", required=True, nargs="+")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     rows = {}
     shapes = []
-    for path, keep in ((a.variants, lambda r: r["impl"].startswith("variant:")),
-                       (a.peers, lambda r: r["impl"] in ("torch_sdpa", "kernscope"))):
+    sources = [(a.variants, lambda r: r["impl"].startswith("variant:"))]
+    sources += [(p, lambda r: r["impl"] == "torch_sdpa" or r["impl"].startswith("kernscope")) for p in a.peers]
+    for path, keep in sources:
         with open(path) as f:
             for r in csv.DictReader(f):
                 if r["op"] != "decode_attention" or r["dtype"] != "bf16" or " of " in r["shape"] or not keep(r):

@@ -624,9 +624,12 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const int bs = int(p.block_size);
   const uint32_t bs_mul = p.bs_mul;
   const int bs_shift = p.bs_shift;
-  const T* kc = static_cast<const T*>(p.k_cache) + kvh * D;
-  const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
-  const int64_t row_stride = p.num_kv_heads * D;
+  // this lane's 16-byte chunk of every row it copies (chunk ch; ch * 8 < D or zero-filled)
+  const int ch = lane % CH;
+  const bool ch_in = ch * 8 < D;
+  const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + ch * 8;
+  const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + ch * 8;
+  const uint32_t row_stride = uint32_t(p.num_kv_heads * D);  // < 2^31 (can_implement)
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
   // Key (lane & 15) of this warp's tile i: its block-table entry (-1 past the range) and its
   // offset in the block. The entry is only loaded here, a tile before its copies are issued;
@@ -643,22 +646,22 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       off = pos - b * bs;
     }
   };
-  // the cache slot of a fetched key, or -1 for a key past the range or unmapped
-  auto slot_of = [&](int32_t blk, int off) -> long long {
-    return blk >= 0 && blk < p.num_blocks ? (long long)blk * bs + off : -1;
+  // the cache slot of a fetched key, or -1 for a key past the range or unmapped (32-bit: the
+  // cache holds fewer than 2^31 slots, can_implement)
+  auto slot_of = [&](int32_t blk, int off) -> int {
+    return blk >= 0 && blk < p.num_blocks ? blk * bs + off : -1;
   };
   // copies the tile of these slots into stage `stage`; returns its mask of mapped keys
-  auto issue = [&](int stage, long long slot) -> unsigned {
+  auto issue = [&](int stage, int slot) -> unsigned {
     const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
     unsigned char* st = ring + stage * Sh::kStageBytes;
-    const int ch = lane % CH;
 #pragma unroll
     for (int k = 0; k < kMcKeys / RP; ++k) {
       const int row = lane / CH + k * RP;
-      const long long sl = max(__shfl_sync(0xffffffffu, slot, row), 0ll);
-      const bool fill = (valid >> row & 1u) && ch * 8 < D;
-      cp_async16(st + row * Sh::kRowBytes + ch * 16, kc + sl * row_stride + ch * 8, fill);
-      cp_async16(st + (kMcKeys + row) * Sh::kRowBytes + ch * 16, vc + sl * row_stride + ch * 8, fill);
+      const uint64_t off = uint64_t(uint32_t(max(__shfl_sync(0xffffffffu, slot, row), 0))) * row_stride;
+      const bool fill = (valid >> row & 1u) && ch_in;
+      cp_async16(st + row * Sh::kRowBytes + ch * 16, kc + off, fill);
+      cp_async16(st + (kMcKeys + row) * Sh::kRowBytes + ch * 16, vc + off, fill);
     }
     cp_async_commit();
     return valid;
@@ -907,6 +910,8 @@ std::string paged_attention_mma_can_implement(const void* args) {
   if (a.q.dtype != detail::DType::BF16 && a.q.dtype != detail::DType::F16) return "bf16 and fp16 only (tensor cores)";
   if (a.num_heads / a.num_kv_heads > kMcMaxGroup) return "more than 16 query heads per kv head";
   if (a.head_dim % 8 != 0 || a.head_dim > 128) return "head_dim must be a multiple of 8 and at most 128";
+  if (a.num_blocks * a.block_size > int64_t(INT32_MAX) || a.num_kv_heads * a.head_dim > int64_t(INT32_MAX))
+    return "num_blocks * block_size or num_kv_heads * head_dim exceeds 2^31 - 1 (32-bit slots and row strides)";
   return cluster_attention_limits(a);
 }
 
