@@ -1731,6 +1731,19 @@ TEST_P(CudaAttention, DecodeAndPrefill) {
   }
 }
 
+// paged_attention without seq_ids on the device tensors (out poisoned first), downloaded into
+// got, and the CPU reference on the host copies into ref.
+void paged_cuda_and_cpu(DBuf& dout, DBuf& dq, DBuf& dkc, DBuf& dvc, DBuf& dbt, DBuf& dcl, Buf& q, Buf& kc, Buf& vc,
+                        Buf& bt, Buf& cl, double scale, Buf& got, Buf& ref) {
+  dout.poison();
+  ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+                      ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  dout.download(got);
+  ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                      ks::Backend::Cpu);
+}
+
 // paged_attention on CUDA with non-finite scores, as the CPU (two-pass softmax): a NaN in
 // q, or a first key tile (128 keys) whose K rows are all NaN, gives a NaN row (the online
 // softmax gave such keys weight 0 when the tile's maximum was -inf, hiding the NaN);
@@ -1769,14 +1782,8 @@ TEST_P(CudaAttention, NonFiniteScoresAsOnCpu) {
     dbt.upload(bt);
     dq.upload(q);
     dcl.upload(cl);
-    dout.poison();
     const double scale = 1.0 / std::sqrt(double(D));
-    ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
-                        ks::Backend::Cuda);
-    CK(cudaDeviceSynchronize());
-    dout.download(got);
-    ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
-                        ks::Backend::Cpu);
+    ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
     for (int64_t d = 0; d < D; ++d) {
       EXPECT_TRUE(std::isnan(ref.get(1 * D + d)) && std::isnan(got.get(1 * D + d))) << "token 0 head 1 (NaN q)";
       EXPECT_TRUE(std::isnan(ref.get((1 * H + 2) * D + d)) && std::isnan(got.get((1 * H + 2) * D + d)))
@@ -2196,19 +2203,13 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
         Buf cl(DType::I32, {1}), ref(dt, q.shape), got(dt, q.shape);
         cl.set(0, double(len));
         dcl.upload(cl);
-        dout.poison();
-        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
-                            scale, ks::Backend::Cuda);
-        CK(cudaDeviceSynchronize());
-        const std::string cfg = ks_last_launch_config("paged_attention");
+        ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
+        const std::string cfg = ks_last_launch_config("paged_attention");  // the device call's
         if (len == sh.cap) std::printf("split %s H=%lld KVH=%lld: %s\n", ks::dtype_name(dt), (long long)sh.H, (long long)sh.KVH, cfg.c_str());
         // 1 to 8 units over a long table: more CTAs per unit than the cluster that fits (8 or 16)
         EXPECT_NE(cfg.find("cluster=1 "), std::string::npos) << cfg;
         EXPECT_GE(last_attention_cluster(), 16) << cfg;
         EXPECT_NE(cfg.find(sh.H / sh.KVH <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
-        dout.download(got);
-        ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
-                            ks::Backend::Cpu);
         EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
         if (len == 0)
           for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(i), 0.0) << "context 0";
@@ -2251,13 +2252,7 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
       Buf cl(DType::I32, {1}), ref(dt, q.shape), got(dt, q.shape);
       cl.set(0, double(sh.cap));
       dcl.upload(cl);
-      dout.poison();
-      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
-                          ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      dout.download(got);
-      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
-                          ks::Backend::Cpu);
+      ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
       for (int64_t i = 0; i < sh.H * sh.D; ++i)
         ASSERT_TRUE(std::isnan(got.get(i)) && std::isnan(ref.get(i))) << "NaN keys in split 0: element " << i;
     }
