@@ -2118,54 +2118,99 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
             << cfg;
       EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
     }
-    // two keys per query; 2048 queries (sequences) of 4 heads, one per kv head
-    SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " two keys per query");
-    const int64_t T = 2048, H = 4, KVH = 4, D = 64, bs = 16;
-    Buf kc(dt, {T, bs, KVH, D}), vc(dt, {T, bs, KVH, D}), bt(DType::I32, {T, 1}), q(dt, {T, H, D}),
-        got(dt, {T, H, D}), cpu(dt, {T, H, D}), want(dt, {T, H, D});
-    kstest::fill_normal(kc);
-    kstest::fill_uniform(vc, -1.0, 1.0);
-    kstest::fill_normal(q, 2.8);  // scores of about N(0, 2.8^2) at scale 1/8: the smaller weight spans 1 to ~e^-12
-    std::vector<int64_t> sids(static_cast<size_t>(T)), lens(static_cast<size_t>(T), 2);
-    for (int64_t t = 0; t < T; ++t) bt.set(t, double(t)), sids[size_t(t)] = t;
-    const double scale = 0.125;
-    std::vector<double> exact(size_t(T * H * D));
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        double sc[2];
-        for (int64_t j = 0; j < 2; ++j) {
-          double dot = 0;
-          for (int64_t d = 0; d < D; ++d) dot += q.get((t * H + h) * D + d) * kc.get(((t * bs + j) * KVH + h) * D + d);
-          sc[j] = scale * dot;
+    // two keys per query; 2048 queries (sequences); 1, 4 and 16 query heads per kv head (packed
+    // pieces at 1 and 4, all rows of the packed MMA; three MMAs at 16)
+    for (auto [H, KVH] : std::vector<std::pair<int64_t, int64_t>>{{4, 4}, {16, 4}, {32, 2}}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " two keys per query, H=" + std::to_string(H) +
+                   " KVH=" + std::to_string(KVH));
+      const int64_t T = 2048, D = 64, bs = 16, G = H / KVH;
+      Buf kc(dt, {T, bs, KVH, D}), vc(dt, {T, bs, KVH, D}), bt(DType::I32, {T, 1}), q(dt, {T, H, D}),
+          got(dt, {T, H, D}), cpu(dt, {T, H, D}), want(dt, {T, H, D});
+      kstest::fill_normal(kc);
+      kstest::fill_uniform(vc, -1.0, 1.0);
+      kstest::fill_normal(q, 2.8);  // scores of about N(0, 2.8^2) at scale 1/8: the smaller weight spans 1 to ~e^-12
+      std::vector<int64_t> sids(static_cast<size_t>(T)), lens(static_cast<size_t>(T), 2);
+      for (int64_t t = 0; t < T; ++t) bt.set(t, double(t)), sids[size_t(t)] = t;
+      const double scale = 0.125;
+      std::vector<double> exact(size_t(T * H * D));
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t g = h / G;
+          double sc[2];
+          for (int64_t j = 0; j < 2; ++j) {
+            double dot = 0;
+            for (int64_t d = 0; d < D; ++d) dot += q.get((t * H + h) * D + d) * kc.get(((t * bs + j) * KVH + g) * D + d);
+            sc[j] = scale * dot;
+          }
+          const double mx = std::max(sc[0], sc[1]), p0 = std::exp(sc[0] - mx), p1 = std::exp(sc[1] - mx);
+          for (int64_t d = 0; d < D; ++d) {
+            const double v0 = vc.get(((t * bs + 0) * KVH + g) * D + d), v1 = vc.get(((t * bs + 1) * KVH + g) * D + d);
+            const int64_t i = (t * H + h) * D + d;
+            exact[size_t(i)] = (p0 * v0 + p1 * v1) / (p0 + p1);
+            want.set(i, exact[size_t(i)]);  // rounded to nearest T
+          }
         }
-        const double mx = std::max(sc[0], sc[1]), p0 = std::exp(sc[0] - mx), p1 = std::exp(sc[1] - mx);
-        for (int64_t d = 0; d < D; ++d) {
-          const double v0 = vc.get(((t * bs + 0) * KVH + h) * D + d), v1 = vc.get(((t * bs + 1) * KVH + h) * D + d);
-          const int64_t i = (t * H + h) * D + d;
-          exact[size_t(i)] = (p0 * v0 + p1 * v1) / (p0 + p1);
-          want.set(i, exact[size_t(i)]);  // rounded to nearest T
-        }
+      ASSERT_NO_FATAL_FAILURE(paged_device_vs_cpu(dt, q, kc, vc, bt, bt, sids, lens, sids, lens, scale, got, cpu));
+      const std::string cfg = ks_last_launch_config("paged_attention");
+      EXPECT_NE(cfg.find(G <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
+      const double ulp = dt == DType::BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
+      int64_t same = 0;
+      for (int64_t i = 0; i < T * H * D; ++i) {
+        const double e = exact[size_t(i)], gv = got.get(i);
+        same += gv == want.get(i);
+        ASSERT_LE(std::fabs(gv - e), ulp * std::fabs(e) + 1e-6) << "element " << i << " (one ulp of " << e << ")";
       }
-    ASSERT_NO_FATAL_FAILURE(paged_device_vs_cpu(dt, q, kc, vc, bt, bt, sids, lens, sids, lens, scale, got, cpu));
-    const double ulp = dt == DType::BF16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -10);
-    int64_t same = 0;
-    for (int64_t i = 0; i < T * H * D; ++i) {
-      const double e = exact[size_t(i)], g = got.get(i);
-      same += g == want.get(i);
-      ASSERT_LE(std::fabs(g - e), ulp * std::fabs(e) + 1e-6) << "element " << i << " (one ulp of " << e << ")";
+      const double frac = double(same) / double(T * H * D);
+      std::printf("cuda_mma_cluster %s G=%lld: %.4f of the outputs are the FP64 value rounded to nearest\n",
+                  ks::dtype_name(dt), (long long)G, frac);
+      EXPECT_GE(frac, 0.99);
     }
-    const double frac = double(same) / double(T * H * D);
-    std::printf("cuda_mma_cluster %s: %.4f of the outputs are the FP64 value rounded to nearest\n", ks::dtype_name(dt), frac);
-    EXPECT_GE(frac, 0.99);
   }
 }
 
+// cuda_mma_cluster moves its exponentials' base only when a score passes it by more than 8, and
+// then rescales what the warp has accumulated. Scores here climb a staircase: 2048 keys per
+// step, each step 9 above the one before, the rise 24 keys before the step's end (inside a
+// 16-key tile, and inside any CTA range of 256 keys), so a warp meets it with keys of the lower
+// step already accumulated; an accumulator left unscaled would weigh those e^9 times too much.
+// Every score is exact in bf16 and fp16 (multiples of 9 up to 72). Against the CPU, 4 (packed)
+// and 16 (three MMAs) heads per kv head.
+TEST(CudaAttentionMma, LazyBaseRescalesAccumulatedKeys) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  for (DType dt : {DType::BF16, DType::F16})
+    for (auto [H, KVH] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {16, 1}}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(H));
+      const int64_t D = 64, bs = 16, len = 16384, maxb = len / bs, rise = 24;  // rise: keys before a step's end
+      Buf kc(dt, {maxb, bs, KVH, D}), vc(dt, {maxb, bs, KVH, D}), bt(DType::I32, {1, maxb}), q(dt, {1, H, D}),
+          cl(DType::I32, {1}), got(dt, q.shape), ref(dt, q.shape);
+      kstest::fill_normal(kc, 0.05);
+      kstest::fill_uniform(vc, -1.0, 1.0);
+      for (int64_t i = 0; i < H * D; ++i) q.set(i, i % D == 0 ? 8.0 : 0.0);  // score = scale * 8 * K[0]
+      // K[0] of key j = its score: 9 * (its step), one step more for the last `rise` keys of each
+      const double scale = 1.0 / 8.0;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t st = j / 2048 + (j % 2048 >= 2048 - rise ? 1 : 0);
+        kc.set(j * KVH * D, 9.0 * double(st) / (scale * 8.0));
+      }
+      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(i));
+      cl.set(0, double(len));
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, {1}),
+          dout(dt, q.shape);
+      dkc.upload(kc), dvc.upload(vc), dbt.upload(bt), dq.upload(q), dcl.upload(cl);
+      ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
+      std::printf("lazy base %s H=%lld: %s\n", ks::dtype_name(dt), (long long)H, ks_last_launch_config("paged_attention"));
+      EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+    }
+}
+
 // cuda_mma_cluster's split beyond a cluster: few (token, kv head) units over a long table (batch
-// 1) give each unit S CTAs of one SM each, whose states meet in a cudaMallocAsync workspace and
-// attention_combine_kernel. Against the CPU at lengths that leave the last CTA a partial tile,
+// 1) give each unit S CTAs of one SM each, whose states meet in a workspace (stream-ordered
+// eagerly, owned by the graph under capture) and attention_combine_kernel. Against the CPU at lengths that leave the last CTA a partial tile,
 // one CTA's worth (no combine: the CTA writes the row itself) and 0; 16 heads per kv head
-// (unpacked pieces) and 3 and 4 (packed); then the same call captured in a CUDA graph (the
-// workspace's allocation and release become graph nodes) and replayed with new lengths
+// (unpacked pieces) and 3 and 4 (packed); then the same call captured in a CUDA graph (under
+// global capture mode), cloned, both instantiated and replayed in turn with new lengths
 // written into the device tensor between replays: every replay equals the eager call's bits;
 // last, NaN K rows in split 0's first block make every output NaN. (The split is taken where a
 // cluster CTA would read >= 256 KB of K and V: the table capacities here are chosen for that.)
@@ -2229,19 +2274,27 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
                           ks::Backend::Cuda, st);
       CK(cudaStreamEndCapture(st, &graph));
       CK(cudaGraphInstantiate(&exec, graph, 0));
+      // the graph holds no memory nodes: it can be cloned and instantiated again
+      cudaGraph_t clone;
+      cudaGraphExec_t exec2;
+      CK(cudaGraphClone(&clone, graph));
+      CK(cudaGraphInstantiate(&exec2, clone, 0));
       for (size_t k = 0; k < lens.size(); ++k) {
         Buf cl(DType::I32, {1}), got(dt, q.shape);
         cl.set(0, double(lens[k]));
         dcl.upload(cl);
         dout.poison();
         CK(cudaDeviceSynchronize());
-        CK(cudaGraphLaunch(exec, st));
+        CK(cudaGraphLaunch(k % 2 ? exec2 : exec, st));
         CK(cudaStreamSynchronize(st));
         dout.download(got);
-        EXPECT_EQ(std::memcmp(got.data(), eager[k].data(), got.nbytes()), 0) << "graph replay at length " << lens[k];
+        EXPECT_EQ(std::memcmp(got.data(), eager[k].data(), got.nbytes()), 0)
+            << "graph replay at length " << lens[k] << (k % 2 ? " (the clone)" : "");
       }
+      CK(cudaGraphExecDestroy(exec2));
+      CK(cudaGraphDestroy(clone));
       CK(cudaGraphExecDestroy(exec));
-      CK(cudaGraphDestroy(graph));
+      CK(cudaGraphDestroy(graph));  // its workspace is freed by a later call
       CK(cudaStreamDestroy(st));
       // NaN K rows in the first key block (split 0's range): every output NaN, as on the CPU
       // (the combine must not let the other splits' finite states hide it)

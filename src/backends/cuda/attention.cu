@@ -31,7 +31,10 @@
 #include <array>
 #include <climits>
 #include <cstdlib>
+#include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backends/cuda/attention_params.cuh"
 #include "backends/cuda/common.cuh"
@@ -908,6 +911,85 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams
 
 int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
 
+// ---- the split's workspace ------------------------------------------------------------
+// Outside stream capture: stream-ordered, cudaMallocAsync on the caller's stream and
+// cudaFreeAsync after the combine. Under capture: a buffer owned by the graph being captured
+// (a CUDA user object, released with the graph and its executables once their launches are
+// done), so the graph gets no memory nodes: those would forbid cloning it, instantiating it
+// more than once and nesting it as a child graph, and would sit between the kernels, where
+// programmatic dependent launch cannot overlap them. Each graph owns its own buffer and launches
+// of one executable are serialized, so no two kernels share a workspace at once. A user
+// object's destructor may not call CUDA: it queues the buffer, and a later call outside capture
+// frees it with cudaFreeAsync on a side stream.
+std::mutex ws_mu;
+std::vector<std::pair<int, void*>> ws_released;  // (device, buffer) of destroyed graphs
+
+void release_graph_workspace(void* owner) {
+  auto* w = static_cast<std::pair<int, void*>*>(owner);
+  {
+    std::lock_guard<std::mutex> lock(ws_mu);
+    ws_released.push_back(*w);
+  }
+  delete w;
+}
+
+// A non-blocking stream per device for the graph workspaces' allocation and release.
+cudaStream_t workspace_stream(int dev) {
+  return once_per_device<cudaStream_t>(dev, [](int) {
+    cudaStream_t st = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), "paged_attention", "cudaStreamCreateWithFlags");
+    return st;
+  });
+}
+
+// bytes of workspace for one call on stream s of device dev (the caller holds a DeviceGuard);
+// *stream_ordered: the caller frees it with cudaFreeAsync on s after its last kernel.
+float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_ordered) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  cudaGraph_t graph = nullptr;
+  check_cuda(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph), "paged_attention", "cudaStreamGetCaptureInfo");
+  void* p = nullptr;
+  if (status != cudaStreamCaptureStatusActive) {
+    std::vector<void*> done;
+    {
+      std::lock_guard<std::mutex> lock(ws_mu);
+      for (size_t i = 0; i < ws_released.size();)
+        if (ws_released[i].first == dev) {
+          done.push_back(ws_released[i].second);
+          ws_released[i] = ws_released.back();
+          ws_released.pop_back();
+        } else {
+          ++i;
+        }
+    }
+    for (void* d : done) check_cuda(cudaFreeAsync(d, workspace_stream(dev)), "paged_attention", "cudaFreeAsync (graph workspace)");
+    check_cuda(cudaMallocAsync(&p, bytes, s), "paged_attention", "cudaMallocAsync (split workspace)");
+    *stream_ordered = true;
+    return static_cast<float*>(p);
+  }
+  // under capture: allocate on the side stream (relaxed mode lets this thread wait for it)
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "paged_attention", "cudaThreadExchangeStreamCaptureMode");
+  const cudaStream_t side = workspace_stream(dev);
+  cudaError_t e = cudaMallocAsync(&p, bytes, side);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(side);
+  (void)cudaThreadExchangeStreamCaptureMode(&mode);  // the caller's mode back
+  check_cuda(e, "paged_attention", "cudaMallocAsync (graph workspace)");
+  auto* owner = new std::pair<int, void*>(dev, p);
+  cudaUserObject_t obj = nullptr;
+  e = cudaUserObjectCreate(&obj, owner, release_graph_workspace, 1, cudaUserObjectNoDestructorSync);
+  if (e != cudaSuccess) {
+    delete owner;
+    (void)cudaFreeAsync(p, side);
+    check_cuda(e, "paged_attention", "cudaUserObjectCreate");
+  }
+  // the graph takes the only reference: the buffer lives as long as the graph and its executables
+  check_cuda(cudaGraphRetainUserObject(graph, obj, 1, cudaGraphUserObjectMove), "paged_attention",
+             "cudaGraphRetainUserObject");
+  *stream_ordered = false;
+  return static_cast<float*>(p);
+}
+
 }  // namespace
 
 std::string paged_attention_mma_can_implement(const void* args) {
@@ -992,9 +1074,10 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     float* ws = nullptr;
+    bool stream_ordered = false;  // ws is freed here after the combine (else a graph owns it)
     const size_t ws_bytes = size_t(a.num_tokens * a.num_kv_heads * splits * split_state_floats(G, a.head_dim)) * sizeof(float);
     if (splits > 1) {
-      check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&ws), ws_bytes, s), "paged_attention", "cudaMallocAsync (split workspace)");
+      ws = split_workspace(dev, s, ws_bytes, &stream_ordered);
       p.splits = int(splits);
       p.ws = ws;
     }
@@ -1004,10 +1087,10 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
         launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
                       dim3(256), size_t(2 * splits * G) * sizeof(float), s, 1, dp.pdl, p);
     } catch (...) {
-      if (ws) (void)cudaFreeAsync(ws, s);  // the launch error is the one reported
+      if (stream_ordered) (void)cudaFreeAsync(ws, s);  // the launch error is the one reported
       throw;
     }
-    if (ws) check_cuda(cudaFreeAsync(ws, s), "paged_attention", "cudaFreeAsync (split workspace)");
+    if (stream_ordered) check_cuda(cudaFreeAsync(ws, s), "paged_attention", "cudaFreeAsync (split workspace)");
   };
   // 8 warps per CTA where even clusters of 16 leave SMs without a CTA (few units, e.g. batch
   // 1): twice the keys in flight per SM; else 4 (two CTAs per SM at head_dim 128)
