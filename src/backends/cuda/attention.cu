@@ -921,14 +921,23 @@ int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
 // of one executable are serialized, so no two kernels share a workspace at once. A user
 // object's destructor may not call CUDA: it queues the buffer, and a later call outside capture
 // frees it with cudaFreeAsync on a side stream.
-std::mutex ws_mu;
-std::vector<std::pair<int, void*>> ws_released;  // (device, buffer) of destroyed graphs
+// (device, buffer) of destroyed graphs, under a lock; never destroyed, since a graph may be
+// destroyed (and its destructor run) after this file's static objects at exit
+struct ReleasedWorkspaces {
+  std::mutex mu;
+  std::vector<std::pair<int, void*>> list;
+};
+ReleasedWorkspaces& released_workspaces() {
+  static auto* r = new ReleasedWorkspaces;
+  return *r;
+}
 
 void release_graph_workspace(void* owner) {
   auto* w = static_cast<std::pair<int, void*>*>(owner);
+  ReleasedWorkspaces& r = released_workspaces();
   {
-    std::lock_guard<std::mutex> lock(ws_mu);
-    ws_released.push_back(*w);
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.list.push_back(*w);
   }
   delete w;
 }
@@ -952,12 +961,13 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
   if (status != cudaStreamCaptureStatusActive) {
     std::vector<void*> done;
     {
-      std::lock_guard<std::mutex> lock(ws_mu);
-      for (size_t i = 0; i < ws_released.size();)
-        if (ws_released[i].first == dev) {
-          done.push_back(ws_released[i].second);
-          ws_released[i] = ws_released.back();
-          ws_released.pop_back();
+      ReleasedWorkspaces& r = released_workspaces();
+      std::lock_guard<std::mutex> lock(r.mu);
+      for (size_t i = 0; i < r.list.size();)
+        if (r.list[i].first == dev) {
+          done.push_back(r.list[i].second);
+          r.list[i] = r.list.back();
+          r.list.pop_back();
         } else {
           ++i;
         }
