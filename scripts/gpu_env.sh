@@ -31,16 +31,20 @@ ks_gpu_build_and_test() {
 
 # Nsight Compute on the first launch of the kernels matching regex $1 inside bench_ops run with
 # the arguments after $2 (speed of light, scheduler, warp states, occupancy, launch, memory),
-# the report to $2, then its headline lines. For the short profiling scripts. KS_NCU_LAUNCHES=n
-# profiles the first n matching launches (default 1).
+# the report to $2 (appended to, when KS_NCU_APPEND=1), then its headline lines. For the short
+# profiling scripts. KS_NCU_LAUNCHES=n profiles the first n matching launches (default 1);
+# KS_NCU_SECTIONS adds sections (e.g. "ComputeWorkloadAnalysis InstructionStats").
 ks_ncu_bench() {
-  local kernel=$1 report=$2; shift 2
+  local kernel=$1 report=$2 extra=() sec; shift 2
+  for sec in ${KS_NCU_SECTIONS:-}; do extra+=(--section "$sec"); done
+  # (--clock-control none: the clocks bench_ops runs at, so Duration compares with its times)
   ncu --clock-control none --kernel-name regex:$kernel --launch-count "${KS_NCU_LAUNCHES:-1}" --section SpeedOfLight \
     --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
-    --section MemoryWorkloadAnalysis $BUILD/bench_ops "$@" --csv /tmp/ncu_bench.csv > "$report" 2>&1
+    --section MemoryWorkloadAnalysis "${extra[@]}" $BUILD/bench_ops "$@" --csv /tmp/ncu_bench.csv > /tmp/ncu_report.txt 2>&1
   echo "ncu rc=$?"
+  if [ "${KS_NCU_APPEND:-0}" = 1 ]; then cat /tmp/ncu_report.txt >> "$report"; else cp /tmp/ncu_report.txt "$report"; fi
   grep -E "Duration|Memory Throughput|DRAM Throughput|Issue Slots|Warp Cycles Per Issued|Stall|Achieved Occupancy|Registers|Eligible" \
-    "$report" | head -30
+    /tmp/ncu_report.txt | head -30
 }
 # compute-sanitizer's tool $1 over test_cuda_ops' tests matching the gtest filter $2 (60 s at most
 # by default; $3 overrides), its summary and verdict lines.

@@ -31,16 +31,11 @@ for head, runs in groups.items():
 
 # (the first launch of each shape is Q4_1's: the benchmark runs Q4_1, then Q8_0, then Q4_0;
 # --variants also runs cuda_mma_blocks, whose kernel is quant_mma_kernel)
+: > "$OUT/ncu_quant_matmul.txt"
 for kern in quant_matmul_kernel quant_mma_kernel; do
   for shape in 4096x4096 14336x4096 49152x576; do
-    echo "== $kern, Q4_1 $shape (bf16, M = 1)"
-    # (--clock-control none: the clocks bench_ops runs at, so Duration compares with its times)
-    ncu --clock-control none --kernel-name regex:$kern --launch-count 1 --section SpeedOfLight \
-      --section ComputeWorkloadAnalysis --section SchedulerStats --section WarpStateStats --section InstructionStats \
-      --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
-      $BUILD/bench_ops --ops quant_matmul --variants --dtypes bf16 --shapes $shape --csv /tmp/ncu_bench.csv 2>&1
-    echo "ncu rc=$?"
+    echo "== $kern, Q4_1 $shape (bf16, M = 1)" | tee -a "$OUT/ncu_quant_matmul.txt"
+    KS_NCU_APPEND=1 KS_NCU_SECTIONS="ComputeWorkloadAnalysis InstructionStats" ks_ncu_bench $kern \
+      "$OUT/ncu_quant_matmul.txt" --ops quant_matmul --variants --dtypes bf16 --shapes $shape
   done
-done > "$OUT/ncu_quant_matmul.txt"
-grep -E "^== |Duration|DRAM Throughput|Memory Throughput|Issue Slots Busy|Executed Ipc Active|Issued Warp|No Eligible|Achieved Occupancy|Stall|Registers Per" \
-  "$OUT/ncu_quant_matmul.txt" | head -60
+done
