@@ -952,7 +952,8 @@ cudaStream_t workspace_stream(int dev) {
 }
 
 // bytes of workspace for one call on stream s of device dev (the caller holds a DeviceGuard);
-// *stream_ordered: the caller frees it with cudaFreeAsync on s after its last kernel.
+// *stream_ordered: the caller frees it with cudaFreeAsync on s after its last kernel. nullptr
+// when the memory is not there (the caller then keeps to the cluster); other errors throw.
 float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_ordered) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaGraph_t graph = nullptr;
@@ -973,7 +974,12 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
         }
     }
     for (void* d : done) check_cuda(cudaFreeAsync(d, workspace_stream(dev)), "paged_attention", "cudaFreeAsync (graph workspace)");
-    check_cuda(cudaMallocAsync(&p, bytes, s), "paged_attention", "cudaMallocAsync (split workspace)");
+    const cudaError_t e = cudaMallocAsync(&p, bytes, s);
+    if (e == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // an answer here: the caller takes the cluster path
+      return nullptr;
+    }
+    check_cuda(e, "paged_attention", "cudaMallocAsync (split workspace)");
     *stream_ordered = true;
     return static_cast<float*>(p);
   }
@@ -984,6 +990,10 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
   cudaError_t e = cudaMallocAsync(&p, bytes, side);
   if (e == cudaSuccess) e = cudaStreamSynchronize(side);
   (void)cudaThreadExchangeStreamCaptureMode(&mode);  // the caller's mode back
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
   check_cuda(e, "paged_attention", "cudaMallocAsync (graph workspace)");
   auto* owner = new std::pair<int, void*>(dev, p);
   cudaUserObject_t obj = nullptr;
@@ -1038,6 +1048,8 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
     constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value>;
     constexpr int kThreads = 32 * kNW;
+    float* ws = nullptr;          // the split's workspace
+    bool stream_ordered = false;  // ws is freed here after the combine (else a graph owns it)
     // the most shared memory any call of this instantiation needs (16 heads), set once; with 8
     // warps (few units) every launch asks for more than half an SM's shared memory, so that the
     // CTAs of a cluster land on as many SMs (two CTAs of a cluster of 16 on one SM left half the
@@ -1066,9 +1078,8 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       // Split beyond a cluster: a cluster holds at most 16 CTAs (7 such clusters fit on the
       // H200 at one CTA per SM), so with 8 units only 64 SMs read keys. Each unit's keys then
       // go to S CTAs of one SM each (S units <= SMs: one wave), at least split_keys each, when
-      // that is more than C; their states meet in a stream-ordered workspace
-      // (cudaMallocAsync / cudaFreeAsync: graph-capturable, private to this call) and
-      // attention_combine_kernel writes the output.
+      // that is more than C; their states meet in a workspace private to this call
+      // (split_workspace) and attention_combine_kernel writes the output.
       // Only where the cluster would leave each CTA at least kSplitMinBytes of K and V (by the
       // capacity, as C): below, the workspace and the combine cost more than the extra SMs
       // save (05fa748, 9/3 heads of 64, 8192 keys: 12.95 us split 32 ways against 11.38 on
@@ -1076,21 +1087,20 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       const int64_t S = std::min<int64_t>(dp.sm_count / std::max<int64_t>(units, 1), capacity / split_keys);
       const int64_t cta_bytes = capacity / C * 2 * a.head_dim * int64_t(sizeof(T));
       if (split_on && pools && S > C && cta_bytes >= kSplitMinBytes) {
-        p.split_keys = split_keys;
-        splits = S;
-        C = 1;
-        resident = 0;
+        // without memory for the workspace, the cluster as chosen above
+        const size_t ws_bytes = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
+        if (float* w = split_workspace(dev, s, ws_bytes, &stream_ordered)) {
+          ws = w;
+          p.split_keys = split_keys;
+          p.splits = int(S);
+          p.ws = ws;
+          splits = S;
+          C = 1;
+          resident = 0;
+        }
       }
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
-    float* ws = nullptr;
-    bool stream_ordered = false;  // ws is freed here after the combine (else a graph owns it)
-    const size_t ws_bytes = size_t(a.num_tokens * a.num_kv_heads * splits * split_state_floats(G, a.head_dim)) * sizeof(float);
-    if (splits > 1) {
-      ws = split_workspace(dev, s, ws_bytes, &stream_ordered);
-      p.splits = int(splits);
-      p.ws = ws;
-    }
     try {
       launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
       if (splits > 1)
