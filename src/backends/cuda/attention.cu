@@ -526,7 +526,8 @@ constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 // the split beyond a cluster pays off where a cluster CTA would read at least this much K and V
 constexpr int64_t kSplitMinBytes = 256 * 1024;
 // how far (natural-log units) a score may pass the exponentials' base before the base moves
-constexpr float kMcSlack = 8.f;
+// (device code of sm_90 only: unreferenced in the compute_80 pass)
+[[maybe_unused]] constexpr float kMcSlack = 8.f;
 
 template <int DP, int NW>  // head_dim padded: 32, 64 or 128; NW warps per CTA (4 or 8)
 struct McShape {
