@@ -66,8 +66,9 @@ int cmd_ops() {
 }
 
 // The routing table: one line per cell, first match wins. --check: every variant a cell names
-// exists for its op and backend (exit 1 otherwise).
-int cmd_table(bool as_json, bool check_names) {
+// exists for its op and backend (exit 1 otherwise); op: only that op's cells (text; "" = all);
+// why: each cell's reason and source after its order.
+int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool why) {
   const std::string text = ks::routing_table();
   if (as_json) {
     std::printf("%s\n", text.c_str());
@@ -85,7 +86,7 @@ int cmd_table(bool as_json, bool check_names) {
     for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
     std::printf("routing table (%s; first matching cell wins; then the remaining variants by priority)\n", files.c_str());
     std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
-                "order  (why / source)");
+                why ? "order  (why / source)" : "order  (--why: each cell's reason and source)");
   }
   for (const auto& c : j["cells"]) {
     std::string order;
@@ -101,15 +102,15 @@ int cmd_table(bool as_json, bool check_names) {
       }
       order += (order.empty() ? "" : " > ") + name;
     }
-    if (as_json) continue;
+    if (as_json || (!op_filter.empty() && c["op"].get<std::string>() != op_filter)) continue;
     const std::string rows = bound(c["rows"][0]) + ".." + bound(c["rows"][1]);
     const std::string cols = bound(c["cols"][0]) + ".." + bound(c["cols"][1]);
     std::string note = c["why"].get<std::string>();
     if (!c["source"].get<std::string>().empty()) note += "; " + c["source"].get<std::string>();
-    std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s  (%s)\n", c["op"].get<std::string>().c_str(),
+    std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s%s%s%s\n", c["op"].get<std::string>().c_str(),
                 c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(),
                 c["dtype"].get<std::string>().c_str(), rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
-                order.c_str(), note.c_str());
+                order.c_str(), why ? "  (" : "", why ? note.c_str() : "", why ? ")" : "");
   }
   if (!as_json) std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
   if (check_names && !backends.count("cuda"))
@@ -303,9 +304,12 @@ int main(int argc, char** argv) {
           "NxK, e.g. 576x576)");
 
   auto* table = app.add_subcommand("table", "The routing table: which variant goes first per op, GPU arch, dtype and shape");
-  bool t_json = false, t_check = false;
-  table->add_flag("--json", t_json, "print the table as JSON (ks_routing_table)");
+  bool t_json = false, t_check = false, t_why = false;
+  std::string t_op;
+  table->add_flag("--json", t_json, "print the table as JSON (ks_routing_table; every cell)");
   table->add_flag("--check", t_check, "exit 1 when a cell names a variant that does not exist");
+  table->add_option("--op", t_op, "only this op's cells");
+  table->add_flag("--why", t_why, "each cell's reason and measurement source after its order");
 
   auto* check = app.add_subcommand("check", "Every op x backend x variant x dtype x shape against FP64 references");
   std::string c_backend = "all", c_op;
@@ -384,7 +388,7 @@ int main(int argc, char** argv) {
   try {
     if (*ops) return cmd_ops();
     if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols);
-    if (*table) return cmd_table(t_json, t_check);
+    if (*table) return cmd_table(t_json, t_check, t_op, t_why);
     if (*check) return run_check(c_backend, c_op, c_verbose);
     if (*tune) return u_from_csv.empty() ? run_tune(u_backend, u_op, u_reps, u_dir, u_quiet)
                                          : run_tune_from_csv(u_from_csv, u_dir, u_commit);
