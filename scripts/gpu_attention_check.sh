@@ -2,7 +2,8 @@
 # Decode attention in one short GPU call: build for sm_90a, the paged/varlen attention GPU tests,
 # bench_ops' decode attention under every CUDA variant (bf16) -> $OUT/attention_variants.csv and
 # a plot against torch SDPA (bench/plot_attention.py, SDPA rows from docs/perf/h200_model.csv),
-# the automatic choice with KS_ATTN_SPLIT=0 -> $OUT/attention_nosplit.csv, torch SDPA timed in the
+# the automatic choice with KS_ATTN_SPLIT=0 -> $OUT/attention_nosplit.csv, the layout experiment
+# (KS_BENCH_ATTN=layout) -> $OUT/attention_layout.csv, torch SDPA timed in the
 # same call -> $OUT/peers_attention.csv,
 # racecheck of cuda_mma_cluster's small tests, and Nsight Compute on cuda_mma_cluster at batch 1,
 # 32/8 heads of 128, 32K keys (speed of light, warp stalls, occupancy; with the split's combine
@@ -20,6 +21,9 @@ $BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_atte
 # the split beyond a cluster off (KS_ATTN_SPLIT=0), and torch SDPA, in the same call
 KS_ATTN_SPLIT=0 $BUILD/bench_ops --csv "$OUT/attention_nosplit.csv" --ops paged_attention --dtypes bf16 2>&1 |
   grep -E "variant=cuda_(mma|gqa)" | grep -v " of " | cut -c1-140
+# the cache layout: one kv head's rows at a 2 KB stride (32/8 heads) or back to back (4/1), same bytes
+KS_BENCH_ATTN=layout $BUILD/bench_ops --csv "$OUT/attention_layout.csv" --ops paged_attention --dtypes bf16 2>&1 |
+  grep -E "variant=cuda_mma" | cut -c1-140
 PYTHONUNBUFFERED=1 python3 bench/peers_model.py --ops decode_attention --csv "$OUT/peers_attention.csv" 2>&1 | tail -12
 python3 bench/plot_attention.py --variants "$OUT/attention_variants.csv" --peers docs/perf/h200_model.csv \
   --out "$OUT/h200_attention_mma.png" && echo "plot written"
