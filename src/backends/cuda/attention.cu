@@ -514,8 +514,8 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 // from a sequential FP32 sum (the contract fixes no order).
 // With G <= 4 the three pieces share one MMA (PK, at the kernel); the softmax base moves only
 // when a score passes it by kMcSlack. Few units over long contexts: each unit's keys are split
-// beyond one cluster over `splits` CTAs whose states meet in a stream-ordered workspace and
-// attention_combine_kernel (the launcher).
+// beyond one cluster over `splits` CTAs whose states meet in a workspace private to the call
+// (split_workspace) and attention_combine_kernel (the launcher).
 // can_implement: bf16 / fp16, head_dim a multiple of 8 up to 128 (padded to 32, 64 or 128
 // with zeros), at most 16 query heads per kv head, 16-byte aligned tensors, fewer than 2^31
 // cache slots, compute capability 9.0.
