@@ -32,12 +32,23 @@ const Presence& presence() {
     const cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
       (void)cudaGetLastError();  // clear the sticky "no device" error
-      // no GPU or no driver: the runtime says "driver version is insufficient" (libcuda is
-      // missing or a stub), which reads like a version problem; say what it usually means
-      const bool no_driver = e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice;
-      r.why = std::string("built with the CUDA backend, but the CUDA runtime finds no usable device") +
-              (no_driver ? ": no NVIDIA GPU or driver on this machine" : "") + " (" + cudaGetErrorName(e) + ": " +
-              cudaGetErrorString(e) + ")";
+      // No driver at all also reads "driver version is insufficient" (libcuda is missing or a
+      // stub); cudaDriverGetVersion tells the cases apart (0: no driver installed).
+      int driver = 0, runtime = 0;
+      (void)cudaDriverGetVersion(&driver);
+      (void)cudaRuntimeGetVersion(&runtime);
+      (void)cudaGetLastError();
+      auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+      std::string what;
+      if (e == cudaErrorInsufficientDriver && driver == 0)
+        what = ": no NVIDIA driver on this machine";
+      else if (e == cudaErrorInsufficientDriver)
+        what = ": the NVIDIA driver supports CUDA " + version(driver) + ", older than this build's CUDA runtime " +
+               version(runtime) + " (update the driver)";
+      else if (e == cudaErrorNoDevice)
+        what = ": no NVIDIA GPU on this machine";
+      r.why = std::string("built with the CUDA backend, but the CUDA runtime finds no usable device") + what + " (" +
+              cudaGetErrorName(e) + ")";
     } else if (n == 0) {
       r.why = "built with the CUDA backend, but the CUDA runtime reports 0 devices";
     } else {
