@@ -154,3 +154,22 @@ TEST(SoftmaxClusterChoice, CandidatesRespectTheLimits) {
   // a row too wide for any register candidate and for staging
   EXPECT_EQ(ks::cuda::choose_cluster(4, int64_t(1) << 20, 0, 2, all, no_report).cluster, 0);
 }
+
+// cuda_mma_cluster's split beyond a cluster at the bench shapes of the H200 (132 SMs, bf16),
+// with the cluster sizes its launcher chose there (docs/perf/h200_attention*.csv): split where
+// it was measured faster, not at 9/3 heads x 8192 keys (slower split) or at 1024 keys.
+TEST(AttentionSplitRule, ReproducesTheMeasuredChoices) {
+  using ks::cuda::attention_splits;
+  const int64_t kMin = 256 * 1024, kKeys = 256;
+  //                        units capacity SMs  C  head_dim bytes
+  EXPECT_EQ(attention_splits(8, 32768, 132, 8, 128, 2, kKeys, kMin), 16);   // b1 32/8 T32768
+  EXPECT_EQ(attention_splits(8, 8192, 132, 8, 128, 2, kKeys, kMin), 16);    // b1 32/8 T8192 (512 KB)
+  EXPECT_EQ(attention_splits(3, 32768, 132, 16, 64, 2, kKeys, kMin), 44);   // b1 9/3 T32768
+  EXPECT_EQ(attention_splits(3, 8192, 132, 16, 64, 2, kKeys, kMin), 1);     // b1 9/3 T8192 (128 KB)
+  EXPECT_EQ(attention_splits(8, 1024, 132, 4, 128, 2, kKeys, kMin), 1);     // b1 32/8 T1024
+  EXPECT_EQ(attention_splits(1, 262144, 132, 16, 128, 2, kKeys, kMin), 132); // the layout experiment
+  EXPECT_EQ(attention_splits(16, 32768, 132, 8, 128, 2, kKeys, kMin), 1);   // 16 units: 8 per unit, no more than C
+  EXPECT_EQ(attention_splits(14, 20480, 132, 8, 40, 2, kKeys, kMin), 9);    // NonFiniteAndDroppedKeysAcrossClusters
+  EXPECT_EQ(attention_splits(1, 4096, 132, 16, 128, 2, kKeys, kMin), 1);    // capacity / 256 = 16, not above C
+  EXPECT_EQ(attention_splits(0, 32768, 132, 8, 128, 2, kKeys, kMin), 1);    // no unit
+}

@@ -1082,12 +1082,10 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       // that is more than C; their states meet in a workspace private to this call
       // (split_workspace) and attention_combine_kernel writes the output.
       // Only where the cluster would leave each CTA at least kSplitMinBytes of K and V (by the
-      // capacity, as C): below, the workspace and the combine cost more than the extra SMs
-      // save (05fa748, 9/3 heads of 64, 8192 keys: 12.95 us split 32 ways against 11.38 on
-      // clusters of 16, 128 KB each; 32/8 heads of 128: 21.07 against 21.43, 512 KB each).
-      const int64_t S = std::min<int64_t>(dp.sm_count / std::max<int64_t>(units, 1), capacity / split_keys);
-      const int64_t cta_bytes = capacity / C * 2 * a.head_dim * int64_t(sizeof(T));
-      if (split_on && pools && S > C && cta_bytes >= kSplitMinBytes) {
+      // capacity, as C): the rule, attention_splits, is in launch_rules.hpp (unit-tested on the CPU)
+      const int64_t S = attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,
+                                         kSplitMinBytes);
+      if (split_on && pools && S > 1) {
         // without memory for the workspace, the cluster as chosen above
         const size_t ws_bytes = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
         if (float* w = split_workspace(dev, s, ws_bytes, &stream_ordered)) {

@@ -2,6 +2,7 @@
 // GPU or nvcc against the configurations measured on the H200).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 namespace ks::cuda {
@@ -101,6 +102,21 @@ ClusterChoice choose_cluster(int64_t rows, int64_t hv, int forced_c, int smem_mo
   }
   if (best.cluster) best.slice = (hv + best.cluster - 1) / best.cluster;
   return best;
+}
+
+// paged_attention, cuda_mma_cluster with few (token, kv head) units (8 warps per CTA): the CTAs
+// each unit's keys are split over beyond one cluster. S = min(SMs / units, capacity /
+// split_keys) CTAs of one SM each (one wave), taken when S exceeds the cluster size C and a
+// cluster CTA would read at least min_cta_bytes of K and V (capacity / C keys of head_dim
+// elements, K and V); else 1 (no split: the cluster of C). Measured on the H200 (docs/cuda.md):
+// below 256 KB per cluster CTA the workspace and the combine kernel cost more than the SMs
+// gained (9/3 heads of 64, 8192 keys: 12.95 us split 32 ways against 11.38 on clusters of 16).
+inline int64_t attention_splits(int64_t units, int64_t capacity, int sm_count, int C, int64_t head_dim,
+                                int64_t elem_bytes, int64_t split_keys, int64_t min_cta_bytes) {
+  if (units <= 0 || C <= 0 || split_keys <= 0) return 1;
+  const int64_t S = std::min(int64_t(sm_count) / units, capacity / split_keys);
+  const int64_t cta_bytes = capacity / C * 2 * head_dim * elem_bytes;
+  return S > C && cta_bytes >= min_cta_bytes ? S : 1;
 }
 
 }  // namespace ks::cuda
