@@ -218,10 +218,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
   const int64_t unit = blockIdx.x / C;  // (token, kv head)
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
-  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
-  int64_t len = p.context_lens[t];
-  if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
-  len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX (can_implement)
+  const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX (can_implement)
   // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each (or
   // KS_ATTN_MIN_KEYS). C was sized
   // at launch from the block table's capacity (a graph replays it at every length); a short
@@ -598,10 +595,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const int64_t unit = blockIdx.x / parts;  // (token, kv head)
   const int part = p.splits > 1 ? int(blockIdx.x % parts) : rank;
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
-  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
-  int64_t len = p.context_lens[t];
-  if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
-  len = min(len, p.max_blocks_per_seq * p.block_size);  // <= INT32_MAX / 2 (can_implement)
+  const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX / 2 (can_implement)
   // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS); a split CTA
   // without keys has no cluster to wait for, and the combine reads only the first Ce states
   const int Ce = live_ctas(p, parts, len, p.splits > 1 ? p.split_keys : 2 * NW * kMcKeys);
@@ -861,10 +855,7 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams
   pdl_begin();
   const int64_t unit = blockIdx.x;
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
-  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
-  int64_t len = p.context_lens[t];
-  if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
-  len = min(len, p.max_blocks_per_seq * p.block_size);
+  const int64_t len = token_context(p, t).len;
   const int Ce = live_ctas(p, p.splits, len, p.split_keys);
   if (Ce == 1) return;
   const int G = p.group, D = int(p.head_dim);

@@ -34,6 +34,22 @@ struct AttnParams {
   float* ws;
 };
 
+#if defined(__CUDACC__)
+// Token t's sequence (seq_ids[t], or t without seq_ids) and its live context length, by the
+// contract's rules for device index tensors: a seq id outside [0, num_seqs) or a negative length
+// gives 0 keys (a zero row), and a length past the block table's capacity is clamped to it.
+// Shared by every CUDA paged_attention kernel and cuda_mma_cluster's combine kernel.
+struct TokenContext {
+  int64_t seq, len;
+};
+__device__ __forceinline__ TokenContext token_context(const AttnParams& p, int64_t t) {
+  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
+  int64_t len = p.context_lens[t];
+  if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
+  return {seq, min(len, p.max_blocks_per_seq * p.block_size)};
+}
+#endif
+
 // The round-up reciprocal of d (1 <= d < 2^31) for 31-bit numerators: with e = mul * d -
 // 2^shift < d <= 2^l, n * e < 2^(31 + l) = 2^shift, so floor(n * mul / 2^shift) = floor(n / d).
 inline void div_magic(int64_t d, uint32_t* mul, int* shift) {

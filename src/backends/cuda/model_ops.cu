@@ -759,10 +759,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     const int64_t t = th / p.num_heads, h = th % p.num_heads, kvh = h / group;
     const T* q = static_cast<const T*>(p.q) + (t * p.num_heads + h) * D;
     T* out = static_cast<T*>(p.out) + (t * p.num_heads + h) * D;
-    const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
-    int64_t len = p.context_lens[t];
-    if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
-    len = min(len, p.max_blocks_per_seq * p.block_size);
+    const auto [seq, len] = token_context(p, t);
     __syncthreads();  // the previous row's q / acc are no longer read
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       qv[d] = ld_f(q, d);
