@@ -351,16 +351,17 @@ int main(int argc, char** argv) {
     // cache layout: 32/8 heads of 128 at 32K keys (each key's row of one kv head is 256 bytes
     // at a 2 KB stride) against 4/1 heads at 256K keys (the same bytes and heads per kv head,
     // rows back to back), both at batch 1
-    const char* only = std::getenv("KS_BENCH_ATTN");
-    if (only && std::string(only) == "layout") {
+    const char* only_env = std::getenv("KS_BENCH_ATTN");
+    const std::string only = only_env ? only_env : "";
+    if (only == "layout") {
       attention(1, 32, 8, 128, 32768, 32768, bf);
       attention(1, 4, 1, 128, 262144, 262144, bf);
-    } else if (!(only && std::string(only) == "model"))
+    } else if (only != "model")
       for (auto [b, hq, hkv, d] : std::vector<std::tuple<int64_t, int64_t, int64_t, int64_t>>{{1, 9, 3, 64}, {1, 32, 8, 128}, {32, 32, 8, 128}})
         for (int64_t T : {int64_t(1024), int64_t(8192), int64_t(32768)}) attention(b, hq, hkv, d, T, T, bf);
     // SmolLM2's decode step in the model: FP32, short live contexts in a cache of 2048 tokens
     // (ksctl generate's default --context) and of 656 (bench-model's after a 512-token prompt)
-    if (!(only && std::string(only) == "layout")) {
+    if (only != "layout") {
       for (int64_t T : {int64_t(64), int64_t(192), int64_t(576)}) attention(1, 9, 3, 64, T, 2048, DType::F32);
       for (int64_t T : {int64_t(128), int64_t(576)}) attention(1, 9, 3, 64, T, 656, DType::F32);
     }
