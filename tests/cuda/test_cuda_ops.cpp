@@ -1048,56 +1048,82 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
   }
 }
 
-// quant_matmul's cuda_row_stream (M = 1: each warp streams weight rows through two shared-memory
-// buffers) gives the same bytes as cuda_warp_per_column, and is close to the CPU: every block
-// format, rows of one block to 4096 elements, more columns than the grid has warps (each warp
-// takes several rows, both buffers in turn), weights aligned and offset by 1 and 2 bytes (head
-// bytes by plain loads; byte-wise and 16-bit decode). M = 2 is refused by its can_implement.
-TEST(Cuda, QuantMatmulRowStreamVariantEqualsTheDefault) {
+// The one-row streaming variants give the same bytes as cuda_warp_per_column, and are close to
+// the CPU: every block format, rows of one block to 20480 elements (more blocks than
+// cuda_bulk_stream has threads), more columns than the grid has warps. cuda_row_stream (each
+// warp streams rows through two shared-memory buffers): weights aligned and offset by 1 and 2
+// bytes (head bytes by plain loads; byte-wise and 16-bit decode). cuda_bulk_stream (a CTA per SM
+// streams its rows through a ring of bulk-copied stages): weights at 0 and 16 bytes in (it
+// declines others), matrices whose byte size is not a multiple of 16 (the tail by plain loads),
+// more stages than ring slots (14336 x 4096), one row per CTA (N = 7). M = 2 is refused by both.
+TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
   NEED_GPU();
   using namespace kstest::gguf;
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t many = 4 * 4 * int64_t(sms) * 3 + 5;  // 3 or 4 rows per warp at 4 CTAs of 4 warps per SM
-  for (DType dt : kstest::float_dtypes())
-    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
-      for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{{7, 32}, {576, 576}, {many, 576}, {300, 4096}})
-        for (size_t off : {size_t(0), size_t(1), size_t(2)}) {
-          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " N=" + std::to_string(N) +
-                       " K=" + std::to_string(K) + " offset " + std::to_string(off));
-          Buf x(dt, {1, K}), ref(dt, {1, N}), a(dt, {1, N}), b(dt, {1, N});
-          kstest::fill_normal(x);
-          Buf w = make_packed(q, N, K);
-          ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
-          DBuf dx(dt, {1, K}), dw(DType::U8, w.shape, off), da(dt, {1, N}), db(dt, {1, N});
-          dx.upload(x);
-          dw.upload(w);
-          da.poison();
-          db.poison();
-          for (auto [variant, out] : {std::pair{"cuda_row_stream", &da}, {"cuda_warp_per_column", &db}}) {
-            {
-              kstest::ScopedVariant pin("quant_matmul", variant);
-              ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-              ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-            }
-            if (out == &da && N == many) {  // the grid leaves several rows to each warp (both buffers used)
+  const std::vector<std::pair<int64_t, int64_t>> shapes{{7, 32},     {576, 576}, {many, 576}, {300, 4096},
+                                                        {14336, 4096}, {33, 14336}, {5, 20480}};
+  for (const char* variant : {"cuda_row_stream", "cuda_bulk_stream"}) {
+    const bool bulk = std::string(variant) == "cuda_bulk_stream";
+    for (DType dt : kstest::float_dtypes())
+      for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+        for (auto [N, K] : shapes)
+          for (size_t off : bulk ? std::vector<size_t>{0, 16} : std::vector<size_t>{0, 1, 2}) {
+            if (!bulk && K > 4096) continue;  // rows over 5.9 KB: cuda_row_stream declines them
+            if (N * K > 4096 * 4096 && (dt != DType::BF16 || off != 0)) continue;  // the big shape once per format
+            SCOPED_TRACE(std::string(variant) + " " + ks::dtype_name(dt) + " qtype " + std::to_string(int(q)) +
+                         " N=" + std::to_string(N) + " K=" + std::to_string(K) + " offset " + std::to_string(off));
+            Buf x(dt, {1, K}), ref(dt, {1, N}), a(dt, {1, N}), b(dt, {1, N});
+            kstest::fill_normal(x);
+            Buf w = make_packed(q, N, K);
+            ks::quant_matmul(ref.view(), x.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+            DBuf dx(dt, {1, K}), dw(DType::U8, w.shape, off), da(dt, {1, N}), db(dt, {1, N});
+            dx.upload(x);
+            dw.upload(w);
+            da.poison();
+            db.poison();
+            for (auto [v, out] : {std::pair{variant, &da}, {"cuda_warp_per_column", &db}}) {
+              {
+                kstest::ScopedVariant pin("quant_matmul", v);
+                ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+                ks::quant_matmul(out->view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+              }
               const std::string cfg = ks_last_launch_config("quant_matmul");
-              const size_t at = cfg.find("grid=");
-              ASSERT_NE(at, std::string::npos) << cfg;
-              EXPECT_GE(N, 3 * 4 * std::stoll(cfg.substr(at + 5))) << cfg;
+              if (out == &da && !bulk && N == many) {  // the grid leaves several rows to each warp (both buffers used)
+                const size_t at = cfg.find("grid=");
+                ASSERT_NE(at, std::string::npos) << cfg;
+                EXPECT_GE(N, 3 * 4 * std::stoll(cfg.substr(at + 5))) << cfg;
+              }
+              if (out == &da && bulk && N == 14336) {  // more stages per CTA than ring slots: the ring wraps
+                const size_t rs = cfg.find("rows_per_stage="), sl = cfg.find("slots="), gr = cfg.find("grid=");
+                ASSERT_TRUE(rs != std::string::npos && sl != std::string::npos && gr != std::string::npos) << cfg;
+                const int64_t rows_cta = (N + std::stoll(cfg.substr(gr + 5)) - 1) / std::stoll(cfg.substr(gr + 5));
+                EXPECT_GT((rows_cta - 1) / std::stoll(cfg.substr(rs + 15)), std::stoll(cfg.substr(sl + 6))) << cfg;
+              }
             }
+            CK(cudaDeviceSynchronize());
+            da.download(a);
+            db.download(b);
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+            EXPECT_TRUE(close_to_cpu(a, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
           }
-          CK(cudaDeviceSynchronize());
-          da.download(a);
-          db.download(b);
-          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
-          EXPECT_TRUE(close_to_cpu(a, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K)));
-        }
-  // M = 2: the pinned variant cannot run the call, and says so
-  DBuf dx(DType::F32, {2, 64}), dw(DType::U8, {3, 2 * 20}), dout(DType::F32, {2, 3});
-  kstest::ScopedVariant pin("quant_matmul", "cuda_row_stream");
+    // M = 2: the pinned variant cannot run the call, and says so
+    DBuf dx(DType::F32, {2, 64}), dw(DType::U8, {3, 2 * 20}), dout(DType::F32, {2, 3});
+    kstest::ScopedVariant pin("quant_matmul", variant);
+    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+    EXPECT_THROW(ks::quant_matmul(dout.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  }
+  // cuda_bulk_stream declines weights that are not 16-byte aligned, naming why
+  DBuf dx(DType::BF16, {1, 64}), dw(DType::U8, {3, 2 * 20}, 4), dout(DType::BF16, {1, 3});
+  kstest::ScopedVariant pin("quant_matmul", "cuda_bulk_stream");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  EXPECT_THROW(ks::quant_matmul(dout.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  try {
+    ks::quant_matmul(dout.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    ADD_FAILURE() << "a 4-byte offset weight ran through cuda_bulk_stream";
+  } catch (const ks::Error&) {
+    EXPECT_NE(std::string(ks_last_error()).find("16-byte"), std::string::npos) << ks_last_error();
+  }
 }
 
 namespace {

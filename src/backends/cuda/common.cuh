@@ -290,6 +290,66 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
+// ---- bulk copies (TMA, cp.async.bulk) completing on an mbarrier (sm_90) ---------------
+// A shared-memory barrier whose phase completes when `count` arrivals and, where an arrival
+// declared bytes (expect_tx), every byte of the bulk copies counted against it have landed.
+// Waiters spin on the phase's parity. The bodies exist for sm_90 only: the kernels that use
+// them are declined on other devices (their can_implement asks for sm_90 code).
+__device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(unsigned(__cvta_generic_to_shared(bar))), "r"(count)
+               : "memory");
+#endif
+}
+// Makes initialized barriers visible to the async proxy (the bulk copies' completions).
+__device__ __forceinline__ void mbar_init_fence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// One arrival that also declares `bytes` more to come by bulk copies (release semantics).
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint64_t* bar, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
+               ::"r"(unsigned(__cvta_generic_to_shared(bar))), "r"(bytes) : "memory");
+#endif
+}
+// One plain arrival (release semantics: this thread's earlier accesses happen before the phase).
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .b64 st;\n mbarrier.arrive.shared::cta.b64 st, [%0];\n}"
+               ::"r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
+#endif
+}
+// Spins until the barrier's phase of this parity has completed (acquire semantics).
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, unsigned parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n wait_%=:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      " @!done bra wait_%=;\n}" ::"r"(unsigned(__cvta_generic_to_shared(bar))), "r"(parity) : "memory");
+#endif
+}
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global to this CTA's shared
+// memory by the TMA unit, counted against bar's expected bytes.
+__device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsigned bytes, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(unsigned(__cvta_generic_to_shared(smem))), "l"(gmem), "r"(bytes),
+               "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
+#endif
+}
+// Orders this thread's earlier generic shared-memory writes before its later bulk copies.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+}
+// Barrier `id` (1..15; 0 is __syncthreads') over the first `threads` threads of the CTA (a
+// multiple of 32): a subset of warps synchronizes without the others.
+__device__ __forceinline__ void named_barrier(unsigned id, unsigned threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- tensor cores (mma.sync, sm_80+) -----------------------------------------
 // D += A B on the tensor cores, m16n8k16, FP32 accumulation (a: 4 registers of A's pairs, b0 b1:
 // B's pairs, d: this lane's 4 accumulators).

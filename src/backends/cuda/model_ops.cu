@@ -244,9 +244,23 @@ __global__ void __launch_bounds__(256) dequantize_kernel(T* __restrict__ out, co
 // same for either MQ (its own sums, in the same order), so results do not depend on M.
 constexpr int kMqMany = 4;
 
+// Byte k of w (a small integer code) minus `bias`, as a float: the byte is put under the
+// exponent of 2^23 by one byte permute (the float 2^23 + byte) and 2^23 + bias is subtracted.
+// Both are exact, so this is float(byte) - bias bit for bit, without the integer-to-float
+// conversion instruction (I2F.S8 runs at a quarter of the FP32 rate on sm_90).
+// (The selector is an immediate of the permute: as a C++ argument the compiler kept it in a
+// register and re-made it with a move before nearly every permute.)
+template <int K>
+__device__ __forceinline__ float byte_float(uint32_t w, float bias) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(0x4B000000u), "n"(0x7540 + K));
+  return __uint_as_float(r) - (8388608.f + bias);
+}
+
 // One block of 32 weights decoded in FP32. WIDE: the block is read as 32-bit words (Q4_1,
 // 20-byte blocks, 4-byte aligned) or 16-bit halves (Q4_0, Q8_0: 18 and 34 bytes, 2-byte
-// aligned) instead of byte by byte: the same values, 4-2x fewer load instructions.
+// aligned) instead of byte by byte, and its codes become floats by byte_float: the same
+// values, 4-2x fewer load instructions and no conversion instructions.
 template <bool WIDE>
 __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk, float* v) {
   if constexpr (WIDE) {
@@ -256,13 +270,15 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
       const float d = h2f_bits(uint16_t(w0 & 0xFFFFu)), mn = h2f_bits(uint16_t(w0 >> 16));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t word = w[1 + i];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const uint32_t c = (word >> (8 * k)) & 0xFFu;
-          v[4 * i + k] = d * float(c & 0x0Fu) + mn;
-          v[4 * i + k + 16] = d * float(c >> 4) + mn;
-        }
+        const uint32_t word = w[1 + i], lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
+        v[4 * i] = d * byte_float<0>(lo, 0.f) + mn;
+        v[4 * i + 1] = d * byte_float<1>(lo, 0.f) + mn;
+        v[4 * i + 2] = d * byte_float<2>(lo, 0.f) + mn;
+        v[4 * i + 3] = d * byte_float<3>(lo, 0.f) + mn;
+        v[4 * i + 16] = d * byte_float<0>(hi, 0.f) + mn;
+        v[4 * i + 17] = d * byte_float<1>(hi, 0.f) + mn;
+        v[4 * i + 18] = d * byte_float<2>(hi, 0.f) + mn;
+        v[4 * i + 19] = d * byte_float<3>(hi, 0.f) + mn;
       }
       return;
     }
@@ -271,20 +287,18 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
     if (q == KS_QTYPE_Q8_0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        const uint16_t hw = h[1 + i];
-        v[2 * i] = d * float(int8_t(hw & 0xFFu));
-        v[2 * i + 1] = d * float(int8_t(hw >> 8));
+        const uint32_t u = uint32_t(h[1 + i]) ^ 0x8080u;  // code + 128 in each byte
+        v[2 * i] = d * byte_float<0>(u, 128.f);
+        v[2 * i + 1] = d * byte_float<1>(u, 128.f);
       }
     } else {  // Q4_0
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        const uint16_t hw = h[1 + i];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const int c = (hw >> (8 * k)) & 0xFF;
-          v[2 * i + k] = d * float((c & 0x0F) - 8);
-          v[2 * i + k + 16] = d * float((c >> 4) - 8);
-        }
+        const uint32_t hw = h[1 + i], lo = hw & 0x0F0Fu, hi = (hw >> 4) & 0x0F0Fu;
+        v[2 * i] = d * byte_float<0>(lo, 8.f);
+        v[2 * i + 1] = d * byte_float<1>(lo, 8.f);
+        v[2 * i + 16] = d * byte_float<0>(hi, 8.f);
+        v[2 * i + 17] = d * byte_float<1>(hi, 8.f);
       }
     }
   } else {
@@ -736,6 +750,117 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
   cp_async_wait<0>();
 }
 
+// ---- variant cuda_bulk_stream (M = 1, sm_90) ----------------------------------------------
+// Decode GEMV at the DRAM rate: one persistent CTA per SM owns a contiguous range of output
+// columns, i.e. a contiguous range of weight bytes, and streams it through a ring of `slots`
+// shared-memory stages of whole rows. One thread of an extra producer warp moves each stage
+// with a single bulk copy (cp.async.bulk, the TMA unit) completing on the stage's "full"
+// mbarrier, so copying costs no instructions of the computing warps and a CTA keeps
+// slots x ~32 KB in flight; the producer never waits for the previous kernel (weights are
+// read-only inputs, as for every quant_matmul kernel's staging), only for a stage's "empty"
+// barrier before refilling it. The 16 consumer warps stage x once as floats (blocks of 32
+// stored 36 floats apart, so the lanes' 16-byte reads of different blocks fall in distinct
+// banks), then take the stage's (row, block) items in turn over all 512 threads: every lane
+// is busy even when a row has fewer than 32 blocks (SmolLM2: 18). Each item is a block's dot
+// product exactly as cuda_warp_per_column computes it (decode_q_block, then the 32 products
+// in order from 0), stored in shared memory; then a warp per row adds lane l's blocks
+// l, l + 32, ... in order and sums the lanes by the same butterfly: the same bits as
+// cuda_warp_per_column (tested), so the two may be routed by shape. A stage's byte range is
+// widened to 16-byte boundaries (the rows keep their address modulo 16, so the word loads
+// stay aligned); the matrix's last bytes past its last 16-byte boundary come by plain loads.
+constexpr int kBulkWarps = 16;                       // consumer warps
+constexpr int kBulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp
+constexpr int kBulkMaxSlots = 8;
+
+struct BulkParams {
+  const void* x;     // [1, K]
+  const uint8_t* w;  // [N, row_bytes], 16-byte aligned
+  void* out;         // [1, N]
+  int64_t N, K, row_bytes;
+  int rows_per_stage, slot_bytes, slots;
+};
+
+template <typename T, ks_qtype_t Q>
+__global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const BulkParams p) {
+  extern __shared__ __align__(128) unsigned char bulk_sm[];  // [slots][slot_bytes], x [nb][36], sums [2][rps * nb]
+  __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t N = p.N, RB = p.row_bytes;
+  const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots;
+  const int64_t r0 = int64_t(blockIdx.x) * N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * N / gridDim.x;
+  const int nst = int((r1 - r0 + rps - 1) / rps);  // this CTA's stages
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], 1);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (warp == kBulkWarps) {  // the producer
+    if (lane == 0) {
+      const int64_t end16 = (N * RB) & ~int64_t(15);  // bulk copies stop at the last 16-byte boundary
+      for (int i = 0; i < nst; ++i) {
+        const int s = i % S;
+        if (i >= S) mbar_wait(&empty[s], unsigned(i / S - 1) & 1u);  // stage i - S has been consumed
+        const int64_t a = r0 + int64_t(i) * rps, e = min(r1, a + rps);
+        const int64_t g0 = (a * RB) & ~int64_t(15), g1 = min((e * RB + 15) & ~int64_t(15), end16);
+        unsigned char* dst = bulk_sm + int64_t(s) * p.slot_bytes;
+        for (int64_t b = max(g0, g1); b < e * RB; ++b) dst[b - g0] = p.w[b];  // the matrix's tail
+        fence_proxy_async_smem();
+        mbar_arrive_expect_tx(&full[s], unsigned(max(g1 - g0, int64_t(0))));
+        if (g1 > g0) bulk_copy_g2s(dst, p.w + g0, unsigned(g1 - g0), &full[s]);
+      }
+    }
+    return;
+  }
+  constexpr int NT = 32 * kBulkWarps;
+  constexpr int BB = int(q_block_bytes(Q));
+  float* xs = reinterpret_cast<float*>(bulk_sm + int64_t(S) * p.slot_bytes);
+  float* sums = xs + nb * 36;
+  pdl_begin();  // x is the previous kernel's output
+  const int tid = threadIdx.x;
+  const T* xg = static_cast<const T*>(p.x);
+  for (int k = tid; k < nb * 32; k += NT) xs[(k >> 5) * 36 + (k & 31)] = Dt<T>::to_f(xg[k]);
+  named_barrier(1, NT);
+  T* out = static_cast<T*>(p.out);
+  const int step_r = NT / nb, step_b = NT % nb;  // the item stride as (rows, blocks)
+  for (int i = 0; i < nst; ++i) {
+    const int s = i % S;
+    const int64_t a = r0 + int64_t(i) * rps;
+    const int rows = int(min(r1 - a, int64_t(rps)));
+    const unsigned char* src = bulk_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
+    float* sp = sums + (i & 1) * rps * nb;
+    mbar_wait(&full[s], unsigned(i / S) & 1u);
+    for (int r = tid / nb, b = tid % nb; r < rows;) {
+      float v[32];
+      decode_q_block<true>(Q, src + int64_t(r) * RB + b * BB, v);
+      const float4* xb = reinterpret_cast<const float4*>(xs + b * 36);
+      float sum = 0.f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const float4 h = xb[c];
+        sum += v[4 * c] * h.x;
+        sum += v[4 * c + 1] * h.y;
+        sum += v[4 * c + 2] * h.z;
+        sum += v[4 * c + 3] * h.w;
+      }
+      sp[r * nb + b] = sum;
+      r += step_r;
+      b += step_b;
+      if (b >= nb) b -= nb, ++r;
+    }
+    named_barrier(1, NT);  // the stage's blocks are summed: its slot may be refilled
+    if (tid == 0) mbar_arrive(&empty[s]);
+    for (int r = warp; r < rows; r += kBulkWarps) {
+      float acc = 0.f;
+      for (int b = lane; b < nb; b += 32) acc += sp[r * nb + b];
+      const float sum = warp_sum(acc);
+      if (lane == 0) out[a + r] = Dt<T>::from_f(sum);
+    }
+  }
+}
+
 // ---- paged_attention ----------------------------------------------------------------
 // A CTA per (query token, head): keys in tiles of kTile; a warp per key computes its
 // score (lanes over head_dim, FP32), the tile's scores go through an online softmax
@@ -1097,6 +1222,101 @@ void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
   check_launch("quant_matmul");
   record_launch("quant_matmul", "row_stream warps_per_cta=%lld grid=%lld wide_loads=%lld buffer_bytes=%lld",
                 {kStreamWarps, grid, wide ? 1 : 0, stream_buffer_bytes(p.row_bytes)});
+}
+
+// Variant cuda_bulk_stream (M = 1, sm_90): see quant_gemv_bulk_kernel. The plan depends on
+// the shape, the SM count and the shared memory limit only (none of them changes a value).
+// KS_QMM_BULK_STAGE_KB (default 32) sets the bytes of one stage for experiments.
+namespace {
+struct BulkPlan {
+  int rps = 0, slot_bytes = 0, slots = 0;
+  unsigned grid = 0;
+  size_t smem = 0;
+};
+BulkPlan bulk_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t limit) {
+  static const int64_t target = [] {
+    const long long kb = env_number("KS_QMM_BULK_STAGE_KB", 0);
+    return int64_t(kb > 0 ? kb : 32) * 1024;
+  }();
+  BulkPlan b;
+  if (N <= 0 || K < 32 || RB <= 0) return b;
+  const int64_t nb = K / 32, grid = std::min<int64_t>(N, sm_count), rows_cta = (N + grid - 1) / grid;
+  const int64_t rps = std::clamp<int64_t>(target / RB, 1, rows_cta);
+  const int64_t slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
+  const int64_t fixed = nb * 36 * 4 + 2 * rps * nb * 4;  // x as floats, two stages' block sums
+  const int64_t stages = (rows_cta + rps - 1) / rps;
+  const int64_t slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});
+  if (slots < 1) return b;
+  b.rps = int(rps);
+  b.slot_bytes = int(slot);
+  b.slots = int(slots);
+  b.grid = unsigned(grid);
+  b.smem = size_t(slots * slot + fixed);
+  return b;
+}
+// f(T{}, std::integral_constant<ks_qtype_t, Q>{}) for x's dtype and the block format.
+template <typename F>
+void with_bulk_kernel(detail::DType dt, ks_qtype_t q, F&& f) {
+  with_float_type(dt, [&](auto tag) {
+    if (q == KS_QTYPE_Q4_0)
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_0>{});
+    else if (q == KS_QTYPE_Q4_1)
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_1>{});
+    else
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q8_0>{});
+  });
+}
+// The dynamic shared memory a CTA of quant_gemv_bulk_kernel<T, Q> may take on device dev (its
+// limit raised to that once per kernel and device).
+template <typename T, ks_qtype_t Q>
+int64_t bulk_smem_limit(int dev) {
+  return once_per_device<int64_t>(dev, [](int d) {
+    int optin = 0;
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), "quant_matmul",
+               "read the shared memory limit");
+    cudaFuncAttributes fa{};
+    check_cuda(cudaFuncGetAttributes(&fa, quant_gemv_bulk_kernel<T, Q>), "quant_matmul", "read the kernel's attributes");
+    const int limit = optin - int(fa.sharedSizeBytes);
+    check_cuda(cudaFuncSetAttribute(quant_gemv_bulk_kernel<T, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
+               "quant_matmul", "set the dynamic shared memory size");
+    return int64_t(limit);
+  });
+}
+BulkPlan bulk_plan(const ops::QuantMatmulArgs& a) {
+  const int dev = a.x.device.device_id;
+  int64_t limit = 0;
+  with_bulk_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) { limit = bulk_smem_limit<decltype(tag), decltype(q)::value>(dev); });
+  return bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit);
+}
+}  // namespace
+
+std::string quant_matmul_bulk_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.m != 1) return "M > 1: the bulk stream serves one row of x (decode)";
+  if (!device_props(a.x.device.device_id).sm90_code) return "needs sm_90 code (bulk copies and mbarriers)";
+  if (!aligned16(a.weight.data)) return "weight not 16-byte aligned (bulk copies)";
+  if (a.k < 32) return "K = 0: nothing to stream";
+  if (a.n > 0 && bulk_plan(a).slots < 1) return "x and one stage of rows do not fit the device's shared memory";
+  return "";
+}
+
+void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const int dev = a.x.device.device_id;
+  DeviceGuard g(dev, "quant_matmul");
+  if (a.n == 0) return;  // nothing to write
+  const BulkPlan plan = bulk_plan(a);
+  if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
+  const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
+                     plan.rps, plan.slot_bytes, plan.slots};
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_bulk_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
+                  dim3(kBulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
+  });
+  check_launch("quant_matmul");
+  record_launch("quant_matmul", "bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld",
+                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem});
 }
 
 namespace {

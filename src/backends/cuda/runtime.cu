@@ -170,6 +170,8 @@ std::string quant_matmul_staged_x_can_implement(const void*);
 void quant_matmul_staged_x_cuda(const void*, ks_stream_t);
 void quant_matmul_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_stream_can_implement(const void*);
+void quant_matmul_bulk_cuda(const void*, ks_stream_t);
+std::string quant_matmul_bulk_can_implement(const void*);
 void quant_matmul_mma_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_can_implement(const void*);
 void quant_matmul_mma_stream_cuda(const void*, ks_stream_t);
@@ -254,6 +256,10 @@ std::string ci_quant_matmul_staged_x(const void* p) {
 std::string ci_quant_matmul_stream(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_stream_can_implement(p) : why;
+}
+std::string ci_quant_matmul_bulk(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? quant_matmul_bulk_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma(const void* p) {
   const std::string why = ci_quant_matmul(p);
@@ -416,6 +422,11 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "M = 1: each warp streams whole weight rows into two shared-memory buffers with cp.async (the "
                "next row in flight while one is decoded), the same bits as cuda_warp_per_column; below it "
                "until measured", avail, ks::cuda::ci_quant_matmul_stream, ks::cuda::quant_matmul_stream_cuda});
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_bulk_stream", kFloatDTypes, 3,
+               "M = 1, sm_90: a CTA per SM streams its contiguous range of weight rows through a ring of ~32 KB "
+               "shared-memory stages, each one bulk copy (TMA) on an mbarrier, while 16 warps sum the stage's "
+               "blocks; the same bits as cuda_warp_per_column; below it until measured",
+               avail, ks::cuda::ci_quant_matmul_bulk, ks::cuda::quant_matmul_bulk_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_blocks",
                registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 2,
                "bf16 / fp16 x, M <= 8, Q4_0 / Q4_1: each block's sums on the tensor cores (mma.sync m16n8k16, the "
