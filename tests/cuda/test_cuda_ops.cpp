@@ -1099,7 +1099,8 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
                 const size_t rs = cfg.find("rows_per_stage="), sl = cfg.find("slots="), gr = cfg.find("grid=");
                 ASSERT_TRUE(rs != std::string::npos && sl != std::string::npos && gr != std::string::npos) << cfg;
                 const int64_t rows_cta = (N + std::stoll(cfg.substr(gr + 5)) - 1) / std::stoll(cfg.substr(gr + 5));
-                EXPECT_GT((rows_cta - 1) / std::stoll(cfg.substr(rs + 15)), std::stoll(cfg.substr(sl + 6))) << cfg;
+                const int64_t rps = std::stoll(cfg.substr(rs + 15));
+                EXPECT_GT((rows_cta + rps - 1) / rps, std::stoll(cfg.substr(sl + 6))) << cfg;
               }
             }
             CK(cudaDeviceSynchronize());

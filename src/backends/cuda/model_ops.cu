@@ -753,23 +753,25 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
 // ---- variant cuda_bulk_stream (M = 1, sm_90) ----------------------------------------------
 // Decode GEMV at the DRAM rate: one persistent CTA per SM owns a contiguous range of output
 // columns, i.e. a contiguous range of weight bytes, and streams it through a ring of `slots`
-// shared-memory stages of whole rows. One thread of an extra producer warp moves each stage
-// with a single bulk copy (cp.async.bulk, the TMA unit) completing on the stage's "full"
-// mbarrier, so copying costs no instructions of the computing warps and a CTA keeps
-// slots x ~32 KB in flight; the producer never waits for the previous kernel (weights are
-// read-only inputs, as for every quant_matmul kernel's staging), only for a stage's "empty"
-// barrier before refilling it. The 16 consumer warps stage x once as floats (blocks of 32
-// stored 36 floats apart, so the lanes' 16-byte reads of different blocks fall in distinct
-// banks), then take the stage's (row, block) items in turn over all 512 threads: every lane
-// is busy even when a row has fewer than 32 blocks (SmolLM2: 18). Each item is a block's dot
-// product exactly as cuda_warp_per_column computes it (decode_q_block, then the 32 products
-// in order from 0), stored in shared memory; then a warp per row adds lane l's blocks
-// l, l + 32, ... in order and sums the lanes by the same butterfly: the same bits as
-// cuda_warp_per_column (tested), so the two may be routed by shape. A stage's byte range is
-// widened to 16-byte boundaries (the rows keep their address modulo 16, so the word loads
-// stay aligned); the matrix's last bytes past its last 16-byte boundary come by plain loads.
-constexpr int kBulkWarps = 16;                       // consumer warps
-constexpr int kBulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp
+// shared-memory stages of whole rows. One thread of a producer warp moves each stage with a
+// single bulk copy (cp.async.bulk, the TMA unit) completing on the stage's "full" mbarrier, so
+// copying costs the computing warps no instructions and a CTA keeps up to slots x 64 KB in
+// flight; the producer never waits for the previous kernel (weights are read-only inputs, as
+// for every quant_matmul kernel's staging), only for a stage's "empty" barrier (every consumer
+// thread arrives once per stage) before refilling its slot. The 31 consumer warps stage x once
+// as floats (blocks of 32 stored 36 floats apart, so the lanes' 16-byte reads of different
+// blocks fall in distinct banks) and then work independently: a stage's rows form groups of
+// `group` rows (the fewest whose blocks keep at least 90% of a warp's lanes busy: SmolLM2's
+// 18-block rows go 5 to a group), warp w takes groups w, w + 31, ..., its lanes the group's
+// (row, block) items in turn. Each item is a block's dot product exactly as cuda_warp_per_column
+// computes it (decode_q_block, then the 32 products in order from 0), kept in the warp's
+// shared-memory row of sums; then for each row lane l adds blocks l, l + 32, ... in order and
+// the lanes are summed by the same butterfly: the same bits as cuda_warp_per_column (tested),
+// so the two may be routed by shape. A stage's byte range is widened to 16-byte boundaries (the
+// rows keep their address modulo 16, so the word loads stay aligned); the matrix's last bytes
+// past its last 16-byte boundary come by plain loads.
+constexpr int kBulkWarps = 31;                       // consumer warps
+constexpr int kBulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp: 1024
 constexpr int kBulkMaxSlots = 8;
 
 struct BulkParams {
@@ -777,22 +779,23 @@ struct BulkParams {
   const uint8_t* w;  // [N, row_bytes], 16-byte aligned
   void* out;         // [1, N]
   int64_t N, K, row_bytes;
-  int rows_per_stage, slot_bytes, slots;
+  int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group
 };
 
 template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const BulkParams p) {
-  extern __shared__ __align__(128) unsigned char bulk_sm[];  // [slots][slot_bytes], x [nb][36], sums [2][rps * nb]
+  extern __shared__ __align__(128) unsigned char bulk_sm[];  // [slots][slot_bytes], x [nb][36], sums [warp][group * nb]
   __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
+  constexpr int NT = 32 * kBulkWarps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = p.N, RB = p.row_bytes;
-  const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots;
+  const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots, G = p.group;
   const int64_t r0 = int64_t(blockIdx.x) * N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * N / gridDim.x;
   const int nst = int((r1 - r0 + rps - 1) / rps);  // this CTA's stages
   if (threadIdx.x == 0) {
     for (int s = 0; s < S; ++s) {
       mbar_init(&full[s], 1);
-      mbar_init(&empty[s], 1);
+      mbar_init(&empty[s], NT);
     }
     mbar_init_fence();
   }
@@ -814,50 +817,52 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
     }
     return;
   }
-  constexpr int NT = 32 * kBulkWarps;
   constexpr int BB = int(q_block_bytes(Q));
   float* xs = reinterpret_cast<float*>(bulk_sm + int64_t(S) * p.slot_bytes);
-  float* sums = xs + nb * 36;
+  float* sums = xs + nb * 36 + warp * G * nb;  // this warp's
   pdl_begin();  // x is the previous kernel's output
-  const int tid = threadIdx.x;
   const T* xg = static_cast<const T*>(p.x);
-  for (int k = tid; k < nb * 32; k += NT) xs[(k >> 5) * 36 + (k & 31)] = Dt<T>::to_f(xg[k]);
+  for (int k = threadIdx.x; k < nb * 32; k += NT) xs[(k >> 5) * 36 + (k & 31)] = Dt<T>::to_f(xg[k]);
   named_barrier(1, NT);
   T* out = static_cast<T*>(p.out);
-  const int step_r = NT / nb, step_b = NT % nb;  // the item stride as (rows, blocks)
+  const int step_r = 32 / nb, step_b = 32 % nb;  // a lane's item stride as (rows, blocks)
   for (int i = 0; i < nst; ++i) {
     const int s = i % S;
     const int64_t a = r0 + int64_t(i) * rps;
     const int rows = int(min(r1 - a, int64_t(rps)));
     const unsigned char* src = bulk_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
-    float* sp = sums + (i & 1) * rps * nb;
     mbar_wait(&full[s], unsigned(i / S) & 1u);
-    for (int r = tid / nb, b = tid % nb; r < rows;) {
-      float v[32];
-      decode_q_block<true>(Q, src + int64_t(r) * RB + b * BB, v);
-      const float4* xb = reinterpret_cast<const float4*>(xs + b * 36);
-      float sum = 0.f;
+    for (int g0 = warp * G; g0 < rows; g0 += kBulkWarps * G) {
+      const int grows = min(G, rows - g0);
+      const unsigned char* gsrc = src + int64_t(g0) * RB;
+      for (int r = lane / nb, b = lane % nb; r < grows;) {
+        float v[32];
+        decode_q_block<true>(Q, gsrc + int64_t(r) * RB + b * BB, v);
+        const float4* xb = reinterpret_cast<const float4*>(xs + b * 36);
+        float sum = 0.f;
 #pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const float4 h = xb[c];
-        sum += v[4 * c] * h.x;
-        sum += v[4 * c + 1] * h.y;
-        sum += v[4 * c + 2] * h.z;
-        sum += v[4 * c + 3] * h.w;
+        for (int c = 0; c < 8; ++c) {
+          const float4 h = xb[c];
+          sum += v[4 * c] * h.x;
+          sum += v[4 * c + 1] * h.y;
+          sum += v[4 * c + 2] * h.z;
+          sum += v[4 * c + 3] * h.w;
+        }
+        sums[r * nb + b] = sum;
+        r += step_r;
+        b += step_b;
+        if (b >= nb) b -= nb, ++r;
       }
-      sp[r * nb + b] = sum;
-      r += step_r;
-      b += step_b;
-      if (b >= nb) b -= nb, ++r;
+      __syncwarp();
+      for (int r = 0; r < grows; ++r) {
+        float acc = 0.f;
+        for (int b = lane; b < nb; b += 32) acc += sums[r * nb + b];
+        const float sum = warp_sum(acc);
+        if (lane == 0) out[a + g0 + r] = Dt<T>::from_f(sum);
+      }
+      __syncwarp();  // the sums are read before the next group writes them
     }
-    named_barrier(1, NT);  // the stage's blocks are summed: its slot may be refilled
-    if (tid == 0) mbar_arrive(&empty[s]);
-    for (int r = warp; r < rows; r += kBulkWarps) {
-      float acc = 0.f;
-      for (int b = lane; b < nb; b += 32) acc += sp[r * nb + b];
-      const float sum = warp_sum(acc);
-      if (lane == 0) out[a + r] = Dt<T>::from_f(sum);
-    }
+    mbar_arrive(&empty[s]);  // this thread is done with the slot
   }
 }
 
@@ -1226,30 +1231,45 @@ void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
 
 // Variant cuda_bulk_stream (M = 1, sm_90): see quant_gemv_bulk_kernel. The plan depends on
 // the shape, the SM count and the shared memory limit only (none of them changes a value).
-// KS_QMM_BULK_STAGE_KB (default 32) sets the bytes of one stage for experiments.
+// KS_QMM_BULK_STAGE_KB (default 64) sets the bytes of one stage for experiments.
 namespace {
 struct BulkPlan {
-  int rps = 0, slot_bytes = 0, slots = 0;
+  int rps = 0, slot_bytes = 0, slots = 0, group = 0;
   unsigned grid = 0;
   size_t smem = 0;
 };
 BulkPlan bulk_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t limit) {
   static const int64_t target = [] {
     const long long kb = env_number("KS_QMM_BULK_STAGE_KB", 0);
-    return int64_t(kb > 0 ? kb : 32) * 1024;
+    return int64_t(kb > 0 ? kb : 64) * 1024;
   }();
   BulkPlan b;
   if (N <= 0 || K < 32 || RB <= 0) return b;
   const int64_t nb = K / 32, grid = std::min<int64_t>(N, sm_count), rows_cta = (N + grid - 1) / grid;
-  const int64_t rps = std::clamp<int64_t>(target / RB, 1, rows_cta);
-  const int64_t slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
-  const int64_t fixed = nb * 36 * 4 + 2 * rps * nb * 4;  // x as floats, two stages' block sums
-  const int64_t stages = (rows_cta + rps - 1) / rps;
-  const int64_t slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});
+  // a warp's group of rows: the fewest keeping >= 90% of its lanes busy over the group's blocks
+  int64_t group = 1;
+  double best = 0;
+  for (int64_t g = 1; g <= 32; ++g) {
+    const double use = double(g * nb) / double(32 * ((g * nb + 31) / 32));
+    if (use > best + 1e-9) best = use, group = g;
+    if (use >= 0.9) break;
+  }
+  group = std::min(group, rows_cta);
+  const int64_t fixed = nb * 36 * 4 + int64_t(kBulkWarps) * group * nb * 4;  // x as floats, the warps' sums
+  // rows per stage: about `target` bytes of whole groups, fewer where two slots would not fit
+  int64_t rps = std::min(std::max<int64_t>(target / RB / group, 1) * group, (rows_cta + group - 1) / group * group);
+  int64_t slot = 0, slots = 0;
+  for (;; rps -= group) {
+    slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
+    const int64_t stages = (rows_cta + rps - 1) / rps;
+    slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});
+    if (slots >= std::min<int64_t>(2, stages) || rps <= group) break;
+  }
   if (slots < 1) return b;
   b.rps = int(rps);
   b.slot_bytes = int(slot);
   b.slots = int(slots);
+  b.group = int(group);
   b.grid = unsigned(grid);
   b.smem = size_t(slots * slot + fixed);
   return b;
@@ -1308,15 +1328,15 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   const BulkPlan plan = bulk_plan(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                     plan.rps, plan.slot_bytes, plan.slots};
+                     plan.rps, plan.slot_bytes, plan.slots, plan.group};
   const auto s = static_cast<cudaStream_t>(stream);
   with_bulk_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
                   dim3(kBulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul");
-  record_launch("quant_matmul", "bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld",
-                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem});
+  record_launch("quant_matmul", "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld",
+                {plan.rps, plan.group, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem});
 }
 
 namespace {
