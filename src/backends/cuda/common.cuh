@@ -344,8 +344,8 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
-// Barrier `id` (1..15; 0 is __syncthreads') over the first `threads` threads of the CTA (a
-// multiple of 32): a subset of warps synchronizes without the others.
+// Barrier `id` (1..15; 0 is __syncthreads'), complete when `threads` threads (a multiple of 32,
+// whole warps) have arrived at it: a subset of warps synchronizes without the others.
 __device__ __forceinline__ void named_barrier(unsigned id, unsigned threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
@@ -526,11 +526,12 @@ const V& once_per_device(int dev, Make&& make) {
 // `threads` threads and `smem` bytes of dynamic shared memory can be resident (it needs 16
 // SMs of one GPC; a MIG slice may have fewer), else 8. Clusters of 16 are non-portable: they
 // are allowed for Kern here first, and Kern's dynamic shared memory limit is raised to smem
-// when smem > 0. Asked once per (kernel, device); a per-thread cache keeps the lock off the
-// launch path. The caller holds a DeviceGuard for dev.
+// when smem > 0 (function attributes are per device: dev is made current for them). Asked once
+// per (kernel, device); a per-thread cache keeps the lock off the launch path.
 template <auto Kern>
 int cluster16_or_8(int dev, int threads, size_t smem, const char* op) {
   return once_per_device<int>(dev, [&](int) {
+    DeviceGuard guard(dev, op);
     check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), op,
                "allow a non-portable cluster size");
     if (smem > 0)

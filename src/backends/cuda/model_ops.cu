@@ -751,27 +751,30 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
 }
 
 // ---- variant cuda_bulk_stream (M = 1, sm_90) ----------------------------------------------
-// Decode GEMV at the DRAM rate: one persistent CTA per SM owns a contiguous range of output
-// columns, i.e. a contiguous range of weight bytes, and streams it through a ring of `slots`
-// shared-memory stages of whole rows. One thread of a producer warp moves each stage with a
+// Decode GEMV from a stream: one persistent CTA per SM owns a contiguous range of output columns,
+// i.e. a contiguous range of weight bytes, and streams it through a ring of `slots` shared-memory
+// stages of whole rows (about 64 KB each). One thread of a producer warp moves each stage with a
 // single bulk copy (cp.async.bulk, the TMA unit) completing on the stage's "full" mbarrier, so
-// copying costs the computing warps no instructions and a CTA keeps up to slots x 64 KB in
-// flight; the producer never waits for the previous kernel (weights are read-only inputs, as
-// for every quant_matmul kernel's staging), only for a stage's "empty" barrier (every consumer
-// thread arrives once per stage) before refilling its slot. The 31 consumer warps stage x once
-// as floats (blocks of 32 stored 36 floats apart, so the lanes' 16-byte reads of different
-// blocks fall in distinct banks) and then work independently: a stage's rows form groups of
-// `group` rows (the fewest whose blocks keep at least 90% of a warp's lanes busy: SmolLM2's
-// 18-block rows go 5 to a group), warp w takes groups w, w + 31, ..., its lanes the group's
-// (row, block) items in turn. Each item is a block's dot product exactly as cuda_warp_per_column
-// computes it (decode_q_block, then the 32 products in order from 0), kept in the warp's
-// shared-memory row of sums; then for each row lane l adds blocks l, l + 32, ... in order and
-// the lanes are summed by the same butterfly: the same bits as cuda_warp_per_column (tested),
-// so the two may be routed by shape. A stage's byte range is widened to 16-byte boundaries (the
-// rows keep their address modulo 16, so the word loads stay aligned); the matrix's last bytes
-// past its last 16-byte boundary come by plain loads.
-constexpr int kBulkWarps = 31;                       // consumer warps
-constexpr int kBulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp: 1024
+// copying costs the computing warps no instructions; the producer never waits for the previous
+// kernel (weights are read-only inputs, as for every quant_matmul kernel's staging), only for a
+// stage's "empty" barrier (every consumer thread arrives once per stage) before refilling its
+// slot. The 16 consumer warps stage x once as floats (blocks of 32 stored 36 floats apart, so
+// lanes reading different blocks hit distinct banks) and then never wait for each other. Every
+// block's dot product is cuda_warp_per_column's (decode_q_block, then the 32 products in order
+// from 0: one dependent FMA chain), and every row's sum adds lane l's blocks l, l + 32, ... in
+// order and then sums the lanes by the same butterfly: the same bits as cuda_warp_per_column
+// (tested), so the two may be routed by shape. Since a block is one dependent chain, a lane works
+// on two blocks at a time (two chains in flight):
+//  - rows of >= 32 blocks: a warp takes two rows, lane l their blocks l, l + 32, ... (x's block
+//    read once for both);
+//  - shorter rows (SmolLM2: 18 blocks): a warp takes a group of `group` rows (the fewest keeping
+//    90% of its lanes busy), its lanes the group's (row, block) items two at a time, each block's
+//    sum kept in the warp's row of sums in shared memory, then a row at a time in the order above.
+// A stage's byte range is widened to 16-byte boundaries (the rows keep their address modulo 16,
+// so the word loads stay aligned); the matrix's last bytes past its last 16-byte boundary come by
+// plain loads.
+constexpr int kBulkWarps = 16;                       // consumer warps
+constexpr int kBulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp
 constexpr int kBulkMaxSlots = 8;
 
 struct BulkParams {
@@ -779,7 +782,7 @@ struct BulkParams {
   const uint8_t* w;  // [N, row_bytes], 16-byte aligned
   void* out;         // [1, N]
   int64_t N, K, row_bytes;
-  int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group
+  int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -819,48 +822,88 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
   }
   constexpr int BB = int(q_block_bytes(Q));
   float* xs = reinterpret_cast<float*>(bulk_sm + int64_t(S) * p.slot_bytes);
-  float* sums = xs + nb * 36 + warp * G * nb;  // this warp's
+  float* sums = xs + nb * 36 + warp * G * nb;  // this warp's (short rows)
   pdl_begin();  // x is the previous kernel's output
   const T* xg = static_cast<const T*>(p.x);
   for (int k = threadIdx.x; k < nb * 32; k += NT) xs[(k >> 5) * 36 + (k & 31)] = Dt<T>::to_f(xg[k]);
   named_barrier(1, NT);
   T* out = static_cast<T*>(p.out);
-  const int step_r = 32 / nb, step_b = 32 % nb;  // a lane's item stride as (rows, blocks)
+  // One block's dot product, cuda_warp_per_column's expression and order.
+  auto block_dot = [&](const unsigned char* blk, const float4* xb) {
+    float v[32];
+    decode_q_block<true>(Q, blk, v);
+    float sum = 0.f;
+#pragma unroll
+    for (int c = 0; c < 8; ++c) {
+      const float4 h = xb[c];
+      sum += v[4 * c] * h.x;
+      sum += v[4 * c + 1] * h.y;
+      sum += v[4 * c + 2] * h.z;
+      sum += v[4 * c + 3] * h.w;
+    }
+    return sum;
+  };
+  const int step_r = 64 / nb, step_b = 64 % nb;  // (short rows) a lane's item pair stride as (rows, blocks)
+  // The CTA's units of work (row pairs or groups) are dealt to the warps in turn across stages, not
+  // from warp 0 again in every stage: the first unit of a stage after `before` units goes to warp
+  // before mod NW, so warp w's first is (w - before) mod NW.
+  auto rotated = [](int w, int before) { return ((w - before) % kBulkWarps + kBulkWarps) % kBulkWarps; };
   for (int i = 0; i < nst; ++i) {
     const int s = i % S;
     const int64_t a = r0 + int64_t(i) * rps;
     const int rows = int(min(r1 - a, int64_t(rps)));
     const unsigned char* src = bulk_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
     mbar_wait(&full[s], unsigned(i / S) & 1u);
-    for (int g0 = warp * G; g0 < rows; g0 += kBulkWarps * G) {
-      const int grows = min(G, rows - g0);
-      const unsigned char* gsrc = src + int64_t(g0) * RB;
-      for (int r = lane / nb, b = lane % nb; r < grows;) {
-        float v[32];
-        decode_q_block<true>(Q, gsrc + int64_t(r) * RB + b * BB, v);
-        const float4* xb = reinterpret_cast<const float4*>(xs + b * 36);
-        float sum = 0.f;
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const float4 h = xb[c];
-          sum += v[4 * c] * h.x;
-          sum += v[4 * c + 1] * h.y;
-          sum += v[4 * c + 2] * h.z;
-          sum += v[4 * c + 3] * h.w;
+    if (nb >= 32) {
+      // Long rows: a warp takes row pairs (t, t + 1), t even, NW pairs apart; lane l blocks l, l + 32, ...
+      // of both rows (x's block read once for the two), the pair's chains independent; then a
+      // butterfly per row - cuda_warp_per_column's order. A lone last row is paired with itself.
+      for (int t = 2 * rotated(warp, i * ((rps + 1) / 2)); t < rows; t += 2 * kBulkWarps) {
+        const unsigned char* ra = src + int64_t(t) * RB;
+        const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
+        float acc0 = 0.f, acc1 = 0.f;
+        for (int b = lane; b < nb; b += 32) {
+          const float4* xb = reinterpret_cast<const float4*>(xs + b * 36);
+          acc0 += block_dot(ra + b * BB, xb);
+          acc1 += block_dot(rb + b * BB, xb);
         }
-        sums[r * nb + b] = sum;
-        r += step_r;
-        b += step_b;
-        if (b >= nb) b -= nb, ++r;
+        const float s0 = warp_sum(acc0), s1 = warp_sum(acc1);
+        if (lane == 0) {
+          out[a + t] = Dt<T>::from_f(s0);
+          if (t + 1 < rows) out[a + t + 1] = Dt<T>::from_f(s1);
+        }
       }
-      __syncwarp();
-      for (int r = 0; r < grows; ++r) {
-        float acc = 0.f;
-        for (int b = lane; b < nb; b += 32) acc += sums[r * nb + b];
-        const float sum = warp_sum(acc);
-        if (lane == 0) out[a + g0 + r] = Dt<T>::from_f(sum);
+    } else {
+      // Short rows: a stage's rows form groups of G (at least 90% of the lanes busy); a warp takes
+      // groups NW apart, its lanes the group's (row, block) items two at a time (j and
+      // j + 32: independent chains; a missing second item repeats the first, unstored), each
+      // block's sum kept in the warp's row of sums; then lane l adds blocks l, l + 32, ... of
+      // each row in order and the butterfly sums the lanes.
+      for (int g0 = G * rotated(warp, i * (rps / G)); g0 < rows; g0 += kBulkWarps * G) {
+        const int grows = min(G, rows - g0);
+        const unsigned char* gsrc = src + int64_t(g0) * RB;
+        int ra = lane / nb, ba = lane % nb, rb = (lane + 32) / nb, bb = (lane + 32) % nb;
+        while (ra < grows) {
+          const bool two = rb < grows;
+          const int r2 = two ? rb : ra, b2 = two ? bb : ba;
+          const float sa = block_dot(gsrc + int64_t(ra) * RB + ba * BB, reinterpret_cast<const float4*>(xs + ba * 36));
+          const float sb = block_dot(gsrc + int64_t(r2) * RB + b2 * BB, reinterpret_cast<const float4*>(xs + b2 * 36));
+          sums[ra * nb + ba] = sa;
+          if (two) sums[rb * nb + bb] = sb;
+          ra += step_r, ba += step_b;
+          if (ba >= nb) ba -= nb, ++ra;
+          rb += step_r, bb += step_b;
+          if (bb >= nb) bb -= nb, ++rb;
+        }
+        __syncwarp();
+        for (int r = 0; r < grows; ++r) {
+          float acc = 0.f;
+          for (int b = lane; b < nb; b += 32) acc += sums[r * nb + b];
+          const float sum = warp_sum(acc);
+          if (lane == 0) out[a + g0 + r] = Dt<T>::from_f(sum);
+        }
+        __syncwarp();  // the sums are read before the next group writes them
       }
-      __syncwarp();  // the sums are read before the next group writes them
     }
     mbar_arrive(&empty[s]);  // this thread is done with the slot
   }
@@ -1254,8 +1297,8 @@ BulkPlan bulk_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t limit
     if (use > best + 1e-9) best = use, group = g;
     if (use >= 0.9) break;
   }
-  group = std::min(group, rows_cta);
-  const int64_t fixed = nb * 36 * 4 + int64_t(kBulkWarps) * group * nb * 4;  // x as floats, the warps' sums
+  group = nb >= 32 ? 1 : std::min(group, rows_cta);  // (long rows: a warp takes rows in pairs, no sums kept)
+  const int64_t fixed = nb * 36 * 4 + (nb < 32 ? int64_t(kBulkWarps) * group * nb * 4 : 0);  // x as floats, sums
   // rows per stage: about `target` bytes of whole groups, fewer where two slots would not fit
   int64_t rps = std::min(std::max<int64_t>(target / RB / group, 1) * group, (rows_cta + group - 1) / group * group);
   int64_t slot = 0, slots = 0;
@@ -1291,6 +1334,7 @@ void with_bulk_kernel(detail::DType dt, ks_qtype_t q, F&& f) {
 template <typename T, ks_qtype_t Q>
 int64_t bulk_smem_limit(int dev) {
   return once_per_device<int64_t>(dev, [](int d) {
+    DeviceGuard guard(d, "quant_matmul");  // (can_implement runs without one; the attribute is per device)
     int optin = 0;
     check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), "quant_matmul",
                "read the shared memory limit");

@@ -533,6 +533,7 @@ StreamPlan stream_plan(const ops::QuantMatmulArgs& a, int sm_count) {
 template <typename T, ks_qtype_t Q>
 int stream_smem_limit(int dev) {
   return once_per_device<int>(dev, [](int d) {
+    DeviceGuard guard(d, "quant_matmul");  // (can_implement runs without one; the attribute is per device)
     int optin = 0;
     check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), "quant_matmul",
                "read the shared memory limit");
