@@ -753,18 +753,18 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
 // ---- variant cuda_bulk_stream (M = 1, sm_90) ----------------------------------------------
 // Decode GEMV from a stream: one persistent CTA per SM owns a contiguous range of output columns,
 // i.e. a contiguous range of weight bytes, and streams it through a ring of `slots` shared-memory
-// stages of whole rows (about 64 KB each). One thread of a producer warp moves each stage with a
-// single bulk copy (cp.async.bulk, the TMA unit) completing on the stage's "full" mbarrier, so
-// copying costs the computing warps no instructions; the producer never waits for the previous
-// kernel (weights are read-only inputs, as for every quant_matmul kernel's staging), only for a
-// stage's "empty" barrier (every consumer thread arrives once per stage) before refilling its
-// slot. The 16 consumer warps stage x once as floats (blocks of 32 stored 36 floats apart, so
-// lanes reading different blocks hit distinct banks) and then never wait for each other. Every
-// block's dot product is cuda_warp_per_column's (decode_q_block, then the 32 products in order
-// from 0: one dependent FMA chain), and every row's sum adds lane l's blocks l, l + 32, ... in
-// order and then sums the lanes by the same butterfly: the same bits as cuda_warp_per_column
-// (tested), so the two may be routed by shape. Since a block is one dependent chain, a lane works
-// on two blocks at a time (two chains in flight):
+// stages of whole rows (up to about 128 KB each; fewer bytes where two would not fit). One thread
+// of a producer warp moves each stage with a single bulk copy (cp.async.bulk, the TMA unit)
+// completing on the stage's "full" mbarrier, so copying costs the computing warps no instructions;
+// the producer never waits for the previous kernel (weights are read-only inputs, as for every
+// quant_matmul kernel's staging), only for a stage's "empty" barrier (every consumer thread arrives
+// once per stage) before refilling its slot. The 16 consumer warps stage x once as floats (blocks
+// of 32 stored 36 floats apart, so lanes reading different blocks hit distinct banks) and then
+// never wait for each other. Every block's dot product is cuda_warp_per_column's (decode_q_block,
+// then the 32 products in order from 0: one dependent FMA chain), and every row's sum adds lane l's
+// blocks l, l + 32, ... in order and then sums the lanes by the same butterfly: the same bits as
+// cuda_warp_per_column (tested), so the two may be routed by shape. Since a block is one dependent
+// chain, a lane works on two blocks at a time (two chains in flight):
 //  - rows of >= 32 blocks: a warp takes two rows, lane l their blocks l, l + 32, ... (x's block
 //    read once for both);
 //  - shorter rows (SmolLM2: 18 blocks): a warp takes a group of `group` rows (the fewest keeping
@@ -1274,7 +1274,7 @@ void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
 
 // Variant cuda_bulk_stream (M = 1, sm_90): see quant_gemv_bulk_kernel. The plan depends on
 // the shape, the SM count and the shared memory limit only (none of them changes a value).
-// KS_QMM_BULK_STAGE_KB (default 64) sets the bytes of one stage for experiments.
+// KS_QMM_BULK_STAGE_KB (default 128) sets the bytes of one stage for experiments.
 namespace {
 struct BulkPlan {
   int rps = 0, slot_bytes = 0, slots = 0, group = 0;
@@ -1284,25 +1284,30 @@ struct BulkPlan {
 BulkPlan bulk_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t limit) {
   static const int64_t target = [] {
     const long long kb = env_number("KS_QMM_BULK_STAGE_KB", 0);
-    return int64_t(kb > 0 ? kb : 64) * 1024;
+    return int64_t(kb > 0 ? kb : 128) * 1024;
   }();
   BulkPlan b;
   if (N <= 0 || K < 32 || RB <= 0) return b;
   const int64_t nb = K / 32, grid = std::min<int64_t>(N, sm_count), rows_cta = (N + grid - 1) / grid;
-  // a warp's group of rows: the fewest keeping >= 90% of its lanes busy over the group's blocks
+  // Short rows: a warp's group of rows, the fewest whose blocks keep >= 90% of its lanes busy
+  // two items at a time (SmolLM2's 18 blocks: 7 rows, 126 items in 2 x 64 lane slots).
   int64_t group = 1;
   double best = 0;
   for (int64_t g = 1; g <= 32; ++g) {
-    const double use = double(g * nb) / double(32 * ((g * nb + 31) / 32));
+    const double use = double(g * nb) / double(64 * ((g * nb + 63) / 64));
     if (use > best + 1e-9) best = use, group = g;
     if (use >= 0.9) break;
   }
   group = nb >= 32 ? 1 : std::min(group, rows_cta);  // (long rows: a warp takes rows in pairs, no sums kept)
   const int64_t fixed = nb * 36 * 4 + (nb < 32 ? int64_t(kBulkWarps) * group * nb * 4 : 0);  // x as floats, sums
-  // rows per stage: about `target` bytes of whole groups, fewer where two slots would not fit
-  int64_t rps = std::min(std::max<int64_t>(target / RB / group, 1) * group, (rows_cta + group - 1) / group * group);
+  // Rows per stage: whole rounds of the warps' units (row pairs or groups; each warp then gets as
+  // many units per stage as the others) within about `target` bytes, one round if that is more;
+  // no more than the CTA's rows; fewer (whole groups) where two slots would not fit.
+  const int64_t unit = (nb >= 32 ? 2 : group) * kBulkWarps;
+  int64_t rps = std::max<int64_t>(target / RB / unit, 1) * unit;
+  rps = std::min(rps, (rows_cta + group - 1) / group * group);
   int64_t slot = 0, slots = 0;
-  for (;; rps -= group) {
+  for (;; rps -= rps > unit ? unit : group) {
     slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
     const int64_t stages = (rows_cta + rps - 1) / rps;
     slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});

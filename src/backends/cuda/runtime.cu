@@ -423,9 +423,10 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "next row in flight while one is decoded), the same bits as cuda_warp_per_column; below it "
                "until measured", avail, ks::cuda::ci_quant_matmul_stream, ks::cuda::quant_matmul_stream_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_bulk_stream", kFloatDTypes, 3,
-               "M = 1, sm_90: a CTA per SM streams its contiguous range of weight rows through a ring of ~64 KB "
+               "M = 1, sm_90: a CTA per SM streams its contiguous range of weight rows through a ring of <= 128 KB "
                "shared-memory stages, each one bulk copy (TMA) on an mbarrier, while 16 warps sum the stage's "
-               "blocks two at a time; the same bits as cuda_warp_per_column; below it until measured",
+               "blocks two at a time; the same bits as cuda_warp_per_column; below it by priority, first where "
+               "sm_90.json's cells put it",
                avail, ks::cuda::ci_quant_matmul_bulk, ks::cuda::quant_matmul_bulk_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_blocks",
                registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 2,
