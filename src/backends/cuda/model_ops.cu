@@ -259,9 +259,13 @@ __device__ __forceinline__ float byte_float(uint32_t w, float bias) {
 
 // One block of 32 weights decoded in FP32. WIDE: the block is read as 32-bit words (Q4_1,
 // 20-byte blocks, 4-byte aligned) or 16-bit halves (Q4_0, Q8_0: 18 and 34 bytes, 2-byte
-// aligned) instead of byte by byte, and its codes become floats by byte_float: the same
-// values, 4-2x fewer load instructions and no conversion instructions.
-template <bool WIDE>
+// aligned) instead of byte by byte: the same values, 4-2x fewer load instructions. PERM (with
+// WIDE): the codes become floats by byte_float instead of the conversion instructions - the
+// same values, a choice of speed only. Measured on the H200 (6aeca25 against e8565c2, the
+// per-warp kernel, every other variant within 1%): faster with bf16 x (up to 9%) and slower
+// with fp32 x (the 49152 x 576 head 3-8%, the model's fused norm + q/k/v and SiLU + down
+// 4-5%), so the per-warp and staged kernels take it for 16-bit x only; cuda_bulk_stream always.
+template <bool WIDE, bool PERM = true>
 __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk, float* v) {
   if constexpr (WIDE) {
     if (q == KS_QTYPE_Q4_1) {
@@ -271,6 +275,15 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const uint32_t word = w[1 + i], lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
+        if constexpr (!PERM) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const uint32_t c = (word >> (8 * k)) & 0xFFu;
+            v[4 * i + k] = d * float(c & 0x0Fu) + mn;
+            v[4 * i + k + 16] = d * float(c >> 4) + mn;
+          }
+          continue;
+        }
         v[4 * i] = d * byte_float<0>(lo, 0.f) + mn;
         v[4 * i + 1] = d * byte_float<1>(lo, 0.f) + mn;
         v[4 * i + 2] = d * byte_float<2>(lo, 0.f) + mn;
@@ -287,6 +300,12 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
     if (q == KS_QTYPE_Q8_0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
+        if constexpr (!PERM) {
+          const uint16_t hw = h[1 + i];
+          v[2 * i] = d * float(int8_t(hw & 0xFFu));
+          v[2 * i + 1] = d * float(int8_t(hw >> 8));
+          continue;
+        }
         const uint32_t u = uint32_t(h[1 + i]) ^ 0x8080u;  // code + 128 in each byte
         v[2 * i] = d * byte_float<0>(u, 128.f);
         v[2 * i + 1] = d * byte_float<1>(u, 128.f);
@@ -294,6 +313,16 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
     } else {  // Q4_0
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
+        if constexpr (!PERM) {
+          const uint16_t hw = h[1 + i];
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            const int c = (hw >> (8 * k)) & 0xFF;
+            v[2 * i + k] = d * float((c & 0x0F) - 8);
+            v[2 * i + k + 16] = d * float((c >> 4) - 8);
+          }
+          continue;
+        }
         const uint32_t hw = h[1 + i], lo = hw & 0x0F0Fu, hi = (hw >> 4) & 0x0F0Fu;
         v[2 * i] = d * byte_float<0>(lo, 8.f);
         v[2 * i + 1] = d * byte_float<1>(lo, 8.f);
@@ -470,7 +499,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
       float acc[MQ] = {};
       for (int64_t b = lane; b < nblocks; b += 32) {
         float v[32];
-        decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
+        decode_q_block<WIDE, sizeof(T) == 2>(p.q, wr + b * bbytes, v);
 #pragma unroll
         for (int mm = 0; mm < MQ; ++mm) {
           if (m0 + mm >= M) break;
@@ -648,7 +677,7 @@ __device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, con
       float acc[MQ] = {};
       for (int64_t b = lane; b < nblocks; b += 32) {
         float v[32];
-        decode_q_block<WIDE>(p.q, wr + b * bbytes, v);
+        decode_q_block<WIDE, sizeof(T) == 2>(p.q, wr + b * bbytes, v);
 #pragma unroll
         for (int mm = 0; mm < MQ; ++mm) {
           if (m0 + mm >= M) break;
@@ -732,7 +761,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
     float acc = 0.f;
     for (int64_t b = lane; b < nblocks; b += 32) {
       float v[32];
-      decode_q_block<WIDE>(p.q, cur + b * bbytes, v);
+      decode_q_block<WIDE, sizeof(T) == 2>(p.q, cur + b * bbytes, v);
       float s = 0.f;
 #pragma unroll
       for (int cc = 0; cc < 32 / XV; ++cc) {
@@ -787,7 +816,7 @@ struct BulkParams {
 
 template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const BulkParams p) {
-  extern __shared__ __align__(128) unsigned char bulk_sm[];  // [slots][slot_bytes], x [nb][36], sums [warp][group * nb]
+  extern __shared__ __align__(16) unsigned char bulk_sm[];  // [slots][slot_bytes], x [nb][36], sums [warp][group * nb]
   __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
   constexpr int NT = 32 * kBulkWarps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
