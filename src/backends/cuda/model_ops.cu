@@ -785,15 +785,16 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
 // stages of whole rows (up to about 128 KB each; fewer bytes where two would not fit). One thread
 // of a producer warp moves each stage with a single bulk copy (cp.async.bulk, the TMA unit)
 // completing on the stage's "full" mbarrier, so copying costs the computing warps no instructions;
-// the producer never waits for the previous kernel (weights are read-only inputs, as for every
-// quant_matmul kernel's staging), only for a stage's "empty" barrier (every consumer thread arrives
-// once per stage) before refilling its slot. The 16 consumer warps stage x once as floats (blocks
-// of 32 stored 36 floats apart, so lanes reading different blocks hit distinct banks) and then
-// never wait for each other. Every block's dot product is cuda_warp_per_column's (decode_q_block,
-// then the 32 products in order from 0: one dependent FMA chain), and every row's sum adds lane l's
-// blocks l, l + 32, ... in order and then sums the lanes by the same butterfly: the same bits as
-// cuda_warp_per_column (tested), so the two may be routed by shape. Since a block is one dependent
-// chain, a lane works on two blocks at a time (two chains in flight):
+// the producer does not wait for the previous kernel (weights are read-only inputs, as for every
+// quant_matmul kernel's staging; KS_QMM_WSTAGE=0: it does), only for a stage's "empty" barrier
+// (every consumer thread arrives once per stage) before refilling its slot. The 16 consumer warps
+// stage x once as floats (blocks of 32 stored 36 floats apart, so lanes reading different blocks
+// hit distinct banks) and then never wait for each other. Every block's dot product is
+// cuda_warp_per_column's (decode_q_block, then the 32 products in order from 0: one dependent FMA
+// chain), and every row's sum adds lane l's blocks l, l + 32, ... in order and then sums the lanes
+// by the same butterfly: the same bits as cuda_warp_per_column (tested), so the two may be routed
+// by shape. Since a block is one dependent chain, a lane works on two blocks at a time (two chains
+// in flight):
 //  - rows of >= 32 blocks: a warp takes two rows, lane l their blocks l, l + 32, ... (x's block
 //    read once for both);
 //  - shorter rows (SmolLM2: 18 blocks): a warp takes a group of `group` rows (the fewest keeping
@@ -812,6 +813,7 @@ struct BulkParams {
   void* out;         // [1, N]
   int64_t N, K, row_bytes;
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
+  bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -834,6 +836,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
   __syncthreads();
   if (warp == kBulkWarps) {  // the producer
     if (lane == 0) {
+      if (!p.early) pdl_begin();
       const int64_t end16 = (N * RB) & ~int64_t(15);  // bulk copies stop at the last 16-byte boundary
       for (int i = 0; i < nst; ++i) {
         const int s = i % S;
@@ -1406,7 +1409,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   const BulkPlan plan = bulk_plan(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                     plan.rps, plan.slot_bytes, plan.slots, plan.group};
+                     plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled()};
   const auto s = static_cast<cudaStream_t>(stream);
   with_bulk_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
