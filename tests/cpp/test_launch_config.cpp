@@ -173,3 +173,73 @@ TEST(AttentionSplitRule, ReproducesTheMeasuredChoices) {
   EXPECT_EQ(attention_splits(1, 4096, 132, 16, 128, 2, kKeys, kMin), 1);    // capacity / 256 = 16, not above C
   EXPECT_EQ(attention_splits(0, 32768, 132, 8, 128, 2, kKeys, kMin), 1);    // no unit
 }
+
+// quant_matmul's cuda_bulk_stream plan: the configurations its launcher recorded on the H200 at
+// f299a95 (docs/perf/h200_quant_bulk_f299a95.csv: 132 SMs, 227 KB of opt-in shared memory less
+// the kernel's 128 bytes of mbarriers, 128 KB stages), then invariants over hostile shapes: the
+// shared memory fits, every stage's widened byte range fits its slot, whole groups per stage,
+// at most one CTA per row, and a decline exactly when x and one group's slot cannot fit.
+TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
+  using ks::cuda::bulk_plan;
+  const int64_t kLimit = 232448 - 128, kTarget = 128 * 1024;
+  struct Want {
+    int64_t N, K, block_bytes;
+    int rps, group, slot_bytes, slots;
+    size_t smem;
+  };
+  for (const Want& w : std::vector<Want>{{14336, 4096, 18, 32, 1, 73744, 2, 165920},
+                                         {4096, 4096, 18, 32, 1, 73744, 1, 92176},
+                                         {49152, 576, 18, 336, 7, 108880, 2, 228416},
+                                         {576, 576, 18, 5, 5, 1648, 1, 10000},
+                                         {1536, 576, 20, 14, 7, 5056, 1, 15712},
+                                         {49152, 576, 20, 224, 7, 80656, 2, 171968},
+                                         {14336, 4096, 34, 24, 1, 104464, 2, 227360},
+                                         {4096, 4096, 34, 32, 1, 139280, 1, 157712},
+                                         {49152, 576, 34, 112, 7, 68560, 3, 216336}}) {
+    const auto p = bulk_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kLimit, kTarget);
+    SCOPED_TRACE(std::to_string(w.N) + "x" + std::to_string(w.K) + " block " + std::to_string(w.block_bytes));
+    EXPECT_EQ(p.rps, w.rps);
+    EXPECT_EQ(p.group, w.group);
+    EXPECT_EQ(p.slot_bytes, w.slot_bytes);
+    EXPECT_EQ(p.slots, w.slots);
+    EXPECT_EQ(p.smem, w.smem);
+    EXPECT_EQ(p.grid, 132u);
+  }
+  // x alone past the limit (65536 values: 295 KB as floats) declines; 28672 values of Q8_0 fit
+  EXPECT_EQ(bulk_plan(1, 65536, 2048 * 34, 132, kLimit, kTarget).slots, 0);
+  EXPECT_EQ(bulk_plan(300, 28672, 896 * 34, 132, kLimit, kTarget).slots, 1);
+  for (int64_t bb : {18, 20, 34})
+    for (int64_t K : {32, 64, 576, 1024, 1056, 2880, 4096, 11008, 14336, 20480, 24608, 28672, 65536})
+      for (int64_t N : {1, 7, 131, 133, 265, 576, 4096, 14336, 49152, 152064})
+        for (int sms : {1, 8, 132})
+          for (int64_t target : {int64_t(1024), kTarget, int64_t(1) << 20}) {
+            const int64_t RB = K / 32 * bb, nb = K / 32;
+            const auto p = bulk_plan(N, K, RB, sms, kLimit, target);
+            SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " block " + std::to_string(bb) +
+                         " sms=" + std::to_string(sms) + " target=" + std::to_string(target));
+            const int64_t x_bytes = nb * 36 * 4;
+            if (p.slots == 0) {  // declined: not even x, the sums and one group's slot fit
+              const int64_t g = nb >= 32 ? 1 : 32;  // (the largest group the rule may pick)
+              EXPECT_GT(x_bytes + (nb < 32 ? ks::cuda::kBulkWarps * g * nb * 4 : 0) + RB, kLimit - 32);
+              continue;
+            }
+            ASSERT_GE(p.group, 1);
+            ASSERT_LE(p.group, 32);
+            if (nb >= 32) EXPECT_EQ(p.group, 1);
+            EXPECT_EQ(p.rps % p.group, 0);
+            EXPECT_LE(p.smem, size_t(kLimit));
+            EXPECT_LE(p.slots, ks::cuda::kBulkMaxSlots);
+            EXPECT_EQ(p.grid, unsigned(std::min<int64_t>(N, sms)));
+            EXPECT_EQ(p.slot_bytes % 16, 0);
+            // every CTA's stages: at least one row each, and the widened range within the slot
+            for (int64_t c = 0; c < int64_t(p.grid); c += std::max<int64_t>(1, int64_t(p.grid) / 7)) {
+              const int64_t r0 = c * N / p.grid, r1 = (c + 1) * N / p.grid;
+              ASSERT_GE(r1 - r0, 1);
+              for (int64_t a = r0; a < r1; a += p.rps) {
+                const int64_t e = std::min(r1, a + p.rps);
+                const int64_t g0 = (a * RB) / 16 * 16, g1 = (e * RB + 15) / 16 * 16;
+                ASSERT_LE(g1 - g0, p.slot_bytes) << "rows " << a << ".." << e;
+              }
+            }
+          }
+}

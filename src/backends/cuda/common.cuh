@@ -416,6 +416,20 @@ void with_float_type(detail::DType dt, F&& f) {
   }
 }
 
+// f(T{}, std::integral_constant<ks_qtype_t, Q>{}) for x's float dtype and a GGUF block format
+// with a streaming quant_matmul kernel (Q4_0, Q4_1; any other: Q8_0).
+template <class F>
+void with_float_type_and_qtype(detail::DType dt, ks_qtype_t q, F&& f) {
+  with_float_type(dt, [&](auto tag) {
+    if (q == KS_QTYPE_Q4_0)
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_0>{});
+    else if (q == KS_QTYPE_Q4_1)
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_1>{});
+    else
+      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q8_0>{});
+  });
+}
+
 // Throws a KS_ERROR_CUDA failure naming the op when e != cudaSuccess.
 inline void check_cuda(cudaError_t e, const char* op, const char* what) {
   if (e != cudaSuccess)
@@ -538,6 +552,26 @@ int cluster16_or_8(int dev, int threads, size_t smem, const char* op) {
       check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), op,
                  "set the dynamic shared memory size");
     return co_resident_clusters(reinterpret_cast<const void*>(Kern), 16, threads, smem) > 0 ? 16 : 8;
+  });
+}
+
+// The dynamic shared memory one CTA of Kern may take on device dev: the device's opt-in limit
+// less Kern's static shared memory. Kern's limit is raised to that once per (kernel, device),
+// with dev made current (function attributes are per device; can_implement runs without a
+// DeviceGuard).
+template <auto Kern>
+int64_t opt_in_smem_limit(int dev, const char* op) {
+  return once_per_device<int64_t>(dev, [&](int d) {
+    DeviceGuard guard(d, op);
+    int optin = 0;
+    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), op,
+               "read the shared memory limit");
+    cudaFuncAttributes fa{};
+    check_cuda(cudaFuncGetAttributes(&fa, Kern), op, "read the kernel's attributes");
+    const int limit = optin - int(fa.sharedSizeBytes);
+    check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, limit), op,
+               "set the dynamic shared memory size");
+    return int64_t(limit);
   });
 }
 

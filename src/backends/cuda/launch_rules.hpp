@@ -119,4 +119,59 @@ inline int64_t attention_splits(int64_t units, int64_t capacity, int sm_count, i
   return S > C && cta_bytes >= min_cta_bytes ? S : 1;
 }
 
+
+// quant_matmul's cuda_bulk_stream (one row of x, model_ops.cu): the plan of an N x K matrix of
+// row_bytes-byte rows on sm_count SMs with `limit` bytes of dynamic shared memory per CTA and
+// stages of about `target` bytes. A CTA per SM (at most one per row) owns a contiguous range of
+// at most rows_cta rows and streams it through `slots` slots of `slot_bytes` (whole rows widened
+// to 16-byte boundaries: rows * row_bytes + up to 15 bytes on each side); x as floats (36 per
+// block of 32) and, for rows of fewer than 32 blocks, each consumer warp's row of `group` x
+// blocks sums share the CTA's memory. slots == 0: the call does not fit (the variant declines).
+constexpr int kBulkWarps = 16;    // consumer warps per CTA (one more warp issues the copies)
+constexpr int kBulkMaxSlots = 8;  // mbarrier pairs per CTA
+struct BulkPlan {
+  int rps = 0, slot_bytes = 0, slots = 0, group = 0;
+  unsigned grid = 0;
+  size_t smem = 0;
+};
+inline BulkPlan bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count, int64_t limit, int64_t target) {
+  BulkPlan b;
+  const int64_t RB = row_bytes;
+  if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || target <= 0) return b;
+  const int64_t nb = K / 32, grid = std::min<int64_t>(N, sm_count), rows_cta = (N + grid - 1) / grid;
+  // Short rows: a warp's group of rows, the fewest whose blocks keep >= 90% of its lanes busy
+  // two items at a time (SmolLM2's 18 blocks: 7 rows, 126 items in 2 x 64 lane slots).
+  int64_t group = 1;
+  double best = 0;
+  for (int64_t g = 1; g <= 32; ++g) {
+    const double use = double(g * nb) / double(64 * ((g * nb + 63) / 64));
+    if (use > best + 1e-9) best = use, group = g;
+    if (use >= 0.9) break;
+  }
+  group = nb >= 32 ? 1 : std::min(group, rows_cta);  // (long rows: a warp takes rows in pairs, no sums kept)
+  const int64_t fixed = nb * 36 * 4 + (nb < 32 ? int64_t(kBulkWarps) * group * nb * 4 : 0);  // x as floats, sums
+  // Rows per stage: whole rounds of the warps' units (row pairs or groups; each warp then gets as
+  // many units per stage as the others) within about `target` bytes, one round if that is more;
+  // no more than the CTA's rows; fewer (whole rounds, then whole groups) where two slots would
+  // not fit.
+  const int64_t unit = (nb >= 32 ? 2 : group) * kBulkWarps;
+  int64_t rps = std::max<int64_t>(target / RB / unit, 1) * unit;
+  rps = std::min(rps, (rows_cta + group - 1) / group * group);
+  int64_t slot = 0, slots = 0;
+  for (;; rps -= rps > unit ? unit : group) {
+    slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
+    const int64_t stages = (rows_cta + rps - 1) / rps;
+    slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});
+    if (slots >= std::min<int64_t>(2, stages) || rps <= group) break;
+  }
+  if (slots < 1) return b;
+  b.rps = int(rps);
+  b.slot_bytes = int(slot);
+  b.slots = int(slots);
+  b.group = int(group);
+  b.grid = unsigned(grid);
+  b.smem = size_t(slots * slot + fixed);
+  return b;
+}
+
 }  // namespace ks::cuda

@@ -803,9 +803,7 @@ __global__ void __launch_bounds__(32 * kStreamWarps) quant_gemv_stream_kernel(co
 // A stage's byte range is widened to 16-byte boundaries (the rows keep their address modulo 16,
 // so the word loads stay aligned); the matrix's last bytes past its last 16-byte boundary come by
 // plain loads.
-constexpr int kBulkWarps = 16;                       // consumer warps
-constexpr int kBulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp
-constexpr int kBulkMaxSlots = 8;
+constexpr int kBulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp (kBulkWarps: launch_rules.hpp)
 
 struct BulkParams {
   const void* x;     // [1, K]
@@ -1304,90 +1302,22 @@ void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
                 {kStreamWarps, grid, wide ? 1 : 0, stream_buffer_bytes(p.row_bytes)});
 }
 
-// Variant cuda_bulk_stream (M = 1, sm_90): see quant_gemv_bulk_kernel. The plan depends on
-// the shape, the SM count and the shared memory limit only (none of them changes a value).
-// KS_QMM_BULK_STAGE_KB (default 128) sets the bytes of one stage for experiments.
+// Variant cuda_bulk_stream (M = 1, sm_90): see quant_gemv_bulk_kernel. Its plan (bulk_plan,
+// launch_rules.hpp, unit-tested on the CPU) depends on the shape, the SM count and the shared
+// memory limit only (none of them changes a value). KS_QMM_BULK_STAGE_KB (default 128) sets
+// the bytes of one stage for experiments.
 namespace {
-struct BulkPlan {
-  int rps = 0, slot_bytes = 0, slots = 0, group = 0;
-  unsigned grid = 0;
-  size_t smem = 0;
-};
-BulkPlan bulk_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t limit) {
+BulkPlan bulk_plan_for(const ops::QuantMatmulArgs& a) {
+  const int dev = a.x.device.device_id;
+  int64_t limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    limit = opt_in_smem_limit<quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul");
+  });
   static const int64_t target = [] {
     const long long kb = env_number("KS_QMM_BULK_STAGE_KB", 0);
     return int64_t(kb > 0 ? kb : 128) * 1024;
   }();
-  BulkPlan b;
-  if (N <= 0 || K < 32 || RB <= 0) return b;
-  const int64_t nb = K / 32, grid = std::min<int64_t>(N, sm_count), rows_cta = (N + grid - 1) / grid;
-  // Short rows: a warp's group of rows, the fewest whose blocks keep >= 90% of its lanes busy
-  // two items at a time (SmolLM2's 18 blocks: 7 rows, 126 items in 2 x 64 lane slots).
-  int64_t group = 1;
-  double best = 0;
-  for (int64_t g = 1; g <= 32; ++g) {
-    const double use = double(g * nb) / double(64 * ((g * nb + 63) / 64));
-    if (use > best + 1e-9) best = use, group = g;
-    if (use >= 0.9) break;
-  }
-  group = nb >= 32 ? 1 : std::min(group, rows_cta);  // (long rows: a warp takes rows in pairs, no sums kept)
-  const int64_t fixed = nb * 36 * 4 + (nb < 32 ? int64_t(kBulkWarps) * group * nb * 4 : 0);  // x as floats, sums
-  // Rows per stage: whole rounds of the warps' units (row pairs or groups; each warp then gets as
-  // many units per stage as the others) within about `target` bytes, one round if that is more;
-  // no more than the CTA's rows; fewer (whole groups) where two slots would not fit.
-  const int64_t unit = (nb >= 32 ? 2 : group) * kBulkWarps;
-  int64_t rps = std::max<int64_t>(target / RB / unit, 1) * unit;
-  rps = std::min(rps, (rows_cta + group - 1) / group * group);
-  int64_t slot = 0, slots = 0;
-  for (;; rps -= rps > unit ? unit : group) {
-    slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
-    const int64_t stages = (rows_cta + rps - 1) / rps;
-    slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});
-    if (slots >= std::min<int64_t>(2, stages) || rps <= group) break;
-  }
-  if (slots < 1) return b;
-  b.rps = int(rps);
-  b.slot_bytes = int(slot);
-  b.slots = int(slots);
-  b.group = int(group);
-  b.grid = unsigned(grid);
-  b.smem = size_t(slots * slot + fixed);
-  return b;
-}
-// f(T{}, std::integral_constant<ks_qtype_t, Q>{}) for x's dtype and the block format.
-template <typename F>
-void with_bulk_kernel(detail::DType dt, ks_qtype_t q, F&& f) {
-  with_float_type(dt, [&](auto tag) {
-    if (q == KS_QTYPE_Q4_0)
-      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_0>{});
-    else if (q == KS_QTYPE_Q4_1)
-      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_1>{});
-    else
-      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q8_0>{});
-  });
-}
-// The dynamic shared memory a CTA of quant_gemv_bulk_kernel<T, Q> may take on device dev (its
-// limit raised to that once per kernel and device).
-template <typename T, ks_qtype_t Q>
-int64_t bulk_smem_limit(int dev) {
-  return once_per_device<int64_t>(dev, [](int d) {
-    DeviceGuard guard(d, "quant_matmul");  // (can_implement runs without one; the attribute is per device)
-    int optin = 0;
-    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), "quant_matmul",
-               "read the shared memory limit");
-    cudaFuncAttributes fa{};
-    check_cuda(cudaFuncGetAttributes(&fa, quant_gemv_bulk_kernel<T, Q>), "quant_matmul", "read the kernel's attributes");
-    const int limit = optin - int(fa.sharedSizeBytes);
-    check_cuda(cudaFuncSetAttribute(quant_gemv_bulk_kernel<T, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
-               "quant_matmul", "set the dynamic shared memory size");
-    return int64_t(limit);
-  });
-}
-BulkPlan bulk_plan(const ops::QuantMatmulArgs& a) {
-  const int dev = a.x.device.device_id;
-  int64_t limit = 0;
-  with_bulk_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) { limit = bulk_smem_limit<decltype(tag), decltype(q)::value>(dev); });
-  return bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit);
+  return bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, target);
 }
 }  // namespace
 
@@ -1397,7 +1327,7 @@ std::string quant_matmul_bulk_can_implement(const void* args) {
   if (!device_props(a.x.device.device_id).sm90_code) return "needs sm_90 code (bulk copies and mbarriers)";
   if (!aligned16(a.weight.data)) return "weight not 16-byte aligned (bulk copies)";
   if (a.k < 32) return "K = 0: nothing to stream";
-  if (a.n > 0 && bulk_plan(a).slots < 1) return "x and one stage of rows do not fit the device's shared memory";
+  if (a.n > 0 && bulk_plan_for(a).slots < 1) return "x and one stage of rows do not fit the device's shared memory";
   return "";
 }
 
@@ -1406,12 +1336,12 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   const int dev = a.x.device.device_id;
   DeviceGuard g(dev, "quant_matmul");
   if (a.n == 0) return;  // nothing to write
-  const BulkPlan plan = bulk_plan(a);
+  const BulkPlan plan = bulk_plan_for(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled()};
   const auto s = static_cast<cudaStream_t>(stream);
-  with_bulk_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
                   dim3(kBulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
   });

@@ -528,40 +528,10 @@ int stream_xcols(const ops::QuantMatmulArgs& a) { return int(a.x.dtype == detail
 StreamPlan stream_plan(const ops::QuantMatmulArgs& a, int sm_count) {
   return stream_plan(a.n, a.k, int(q_block_bytes(a.qtype)), stream_xcols(a), sm_count);
 }
-// The dynamic shared memory one CTA of quant_mma_stream_kernel<T, Q> may take on device dev (its
-// limit raised to that once per kernel and device).
+// The dynamic shared memory one CTA of quant_mma_stream_kernel<T, Q> may take on device dev.
 template <typename T, ks_qtype_t Q>
 int stream_smem_limit(int dev) {
-  return once_per_device<int>(dev, [](int d) {
-    DeviceGuard guard(d, "quant_matmul");  // (can_implement runs without one; the attribute is per device)
-    int optin = 0;
-    check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), "quant_matmul",
-               "read the shared memory limit");
-    cudaFuncAttributes fa{};
-    check_cuda(cudaFuncGetAttributes(&fa, quant_mma_stream_kernel<T, Q>), "quant_matmul", "read the kernel's attributes");
-    const int limit = optin - int(fa.sharedSizeBytes);  // less the kernel's static shared memory
-    check_cuda(cudaFuncSetAttribute(quant_mma_stream_kernel<T, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize, limit),
-               "quant_matmul", "set the dynamic shared memory size");
-    return limit;
-  });
-}
-// f(T{}, std::integral_constant<ks_qtype_t, Q>{}) for x's dtype and the block format.
-template <typename F>
-void with_stream_kernel(detail::DType dt, ks_qtype_t q, F&& f) {
-  auto by_q = [&](auto tag) {
-    if (q == KS_QTYPE_Q4_0)
-      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_0>{});
-    else if (q == KS_QTYPE_Q4_1)
-      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q4_1>{});
-    else
-      f(tag, std::integral_constant<ks_qtype_t, KS_QTYPE_Q8_0>{});
-  };
-  if (dt == detail::DType::F32)
-    by_q(float{});
-  else if (dt == detail::DType::F16)
-    by_q(__half{});
-  else
-    by_q(__nv_bfloat16{});
+  return int(opt_in_smem_limit<quant_mma_stream_kernel<T, Q>>(dev, "quant_matmul"));
 }
 }  // namespace
 
@@ -578,7 +548,7 @@ std::string quant_matmul_mma_stream_can_implement(const void* args) {
   if (dp.major < 8) return "needs sm_80 or newer (mma.sync, cp.async)";
   const StreamPlan plan = stream_plan(a, dp.sm_count);
   int limit = 0;
-  with_stream_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     limit = stream_smem_limit<decltype(tag), decltype(q)::value>(dev);
   });
   if (plan.smem > size_t(limit)) return "its stages do not fit the device's shared memory";
@@ -596,7 +566,7 @@ void quant_matmul_mma_stream_cuda(const void* args, ks_stream_t stream) {
                           a.row_bytes, plan.groups, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.ppr,
                           stream_xcols(a)};
   const auto s = static_cast<cudaStream_t>(stream);
-  with_stream_kernel(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
     constexpr ks_qtype_t Q = decltype(q)::value;
     if (plan.smem > size_t(stream_smem_limit<T, Q>(dev)))
