@@ -408,6 +408,21 @@ __device__ __forceinline__ float round_to(float v) {
   return Dt<T>::to_f(Dt<T>::from_f(v));
 }
 
+// A block's 32 decoded weights times its 32 staged x values (FP32, 16-byte aligned, as 8
+// float4), summed in order from 0: the per-warp kernel's order for one block.
+__device__ __forceinline__ float dot32(const float* v, const float4* x) {
+  float s = 0.f;
+#pragma unroll
+  for (int c = 0; c < 8; ++c) {
+    const float4 h = x[c];
+    s += v[4 * c] * h.x;
+    s += v[4 * c + 1] * h.y;
+    s += v[4 * c + 2] * h.z;
+    s += v[4 * c + 3] * h.w;
+  }
+  return s;
+}
+
 template <typename T, Pro P>
 __device__ __forceinline__ float silu_mul(float g, float u) {
   const float sig = sizeof(T) == 2 ? __fdividef(1.0f, 1.0f + __expf(-g)) : 1.0f / (1.0f + expf(-g));
@@ -681,17 +696,7 @@ __device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, con
 #pragma unroll
         for (int mm = 0; mm < MQ; ++mm) {
           if (m0 + mm >= M) break;
-          const float4* hb = reinterpret_cast<const float4*>(hs + mm * KS + b * 36);
-          float s = 0.f;
-#pragma unroll
-          for (int cc = 0; cc < 8; ++cc) {
-            const float4 h = hb[cc];
-            s += v[4 * cc] * h.x;
-            s += v[4 * cc + 1] * h.y;
-            s += v[4 * cc + 2] * h.z;
-            s += v[4 * cc + 3] * h.w;
-          }
-          acc[mm] += s;
+          acc[mm] += dot32(v, reinterpret_cast<const float4*>(hs + mm * KS + b * 36));
         }
       }
 #pragma unroll
@@ -862,16 +867,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
   auto block_dot = [&](const unsigned char* blk, const float4* xb) {
     float v[32];
     decode_q_block<true>(Q, blk, v);
-    float sum = 0.f;
-#pragma unroll
-    for (int c = 0; c < 8; ++c) {
-      const float4 h = xb[c];
-      sum += v[4 * c] * h.x;
-      sum += v[4 * c + 1] * h.y;
-      sum += v[4 * c + 2] * h.z;
-      sum += v[4 * c + 3] * h.w;
-    }
-    return sum;
+    return dot32(v, xb);
   };
   const int step_r = 64 / nb, step_b = 64 % nb;  // (short rows) a lane's item pair stride as (rows, blocks)
   // The CTA's units of work (row pairs or groups) are dealt to the warps in turn across stages, not
