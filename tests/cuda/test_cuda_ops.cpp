@@ -620,11 +620,13 @@ TEST(Cuda, KvCacheAppendSlotsAndSkips) {
 }
 
 // argmax on CUDA: equal to the CPU reference (first maximum, first NaN, all -inf -> 0),
-// with ties placed on purpose, over widths up to the vocabulary size.
+// with ties placed on purpose, over widths up to the vocabulary size: -0 ties +0; rows of
+// 1001 values start off a 16-byte boundary, so row 5's first value (read among the row's
+// unaligned head) ties a later one that a vector load reads.
 TEST(Cuda, ArgmaxTiesNanAndWideRows) {
   NEED_GPU();
   for (DType dt : kstest::float_dtypes())
-    for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(32000), int64_t(128256)}) {
+    for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(1001), int64_t(32000), int64_t(128256)}) {
       SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V));
       const int64_t R = 6;
       Buf x(dt, {R, V}), ref(DType::I64, {R}), got(DType::I64, {R});
@@ -632,6 +634,9 @@ TEST(Cuda, ArgmaxTiesNanAndWideRows) {
       if (V > 3) {
         x.set(0 * V + V / 2, 50.0), x.set(0 * V + V - 1, 50.0);           // tie: the first wins
         x.set(1 * V + V / 3, std::nan("")), x.set(1 * V + V - 2, std::nan(""));  // first NaN wins
+        for (int64_t i = 0; i < V; ++i) x.set(4 * V + i, -1.0 - double(i % 7));
+        x.set(4 * V + V / 4, -0.0), x.set(4 * V + V / 2, 0.0);            // -0 ties +0: the first wins
+        x.set(5 * V + 0, 60.0), x.set(5 * V + V - 3, 60.0);               // head element ties a later one
       }
       for (int64_t i = 0; i < V; ++i) x.set(2 * V + i, -INFINITY);        // all -inf: 0
       x.set(3 * V + V - 1, INFINITY);                                      // +inf at the end
@@ -643,6 +648,10 @@ TEST(Cuda, ArgmaxTiesNanAndWideRows) {
       dout.download(got);
       ks::argmax(ref.view(), x.view(), ks::Backend::Cpu);
       for (int64_t r = 0; r < R; ++r) EXPECT_EQ(got.get(r), ref.get(r)) << "row " << r;
+      if (V > 3) {
+        EXPECT_EQ(ref.get(4), double(V / 4));  // (the reference agrees with the contract)
+        EXPECT_EQ(ref.get(5), 0.0);
+      }
     }
 }
 

@@ -37,30 +37,48 @@ __device__ __forceinline__ int64_t ld_index(const void* p, bool is64, int64_t i)
 }
 
 // ---- argmax ---------------------------------------------------------------------
-// (value, index) with the contract's order: a NaN beats every number (the first NaN
-// wins), otherwise the larger value, ties to the smaller index.
+// The contract's order (a NaN beats every number and the first NaN wins; otherwise the larger
+// value, ties to the smaller index) as one unsigned key per value, compared with the index:
+// every NaN takes the largest key, -0 and +0 the same key (they tie), and the float order maps
+// to the unsigned order (sign bit set: the bits inverted; clear: the sign bit added). Key 0 is
+// below every value's (-inf's key is 0x007FFFFF): an empty share.
+__device__ __forceinline__ unsigned order_key(float v) {
+  const unsigned b = __float_as_uint(v + 0.f);  // -0 + 0 = +0 (round to nearest); NaN stays NaN
+  const unsigned k = b ^ (unsigned(int(b) >> 31) | 0x80000000u);
+  return v != v ? 0xFFFFFFFFu : k;
+}
 struct ArgBest {
-  float v;
+  unsigned k;
   int64_t i;
 };
 __device__ __forceinline__ ArgBest better(ArgBest a, ArgBest b) {
-  const bool an = a.v != a.v, bn = b.v != b.v;
-  if (an || bn) {
-    if (an && bn) return a.i <= b.i ? a : b;
-    return an ? a : b;
+  return a.k > b.k || (a.k == b.k && a.i <= b.i) ? a : b;
+}
+// The best of a warp's 32 candidates (every lane gets it). Indices below 2^31: the largest key
+// by one warp reduction, then the smallest index among the lanes holding it by another;
+// otherwise a butterfly of better().
+__device__ __forceinline__ ArgBest warp_best(ArgBest b, bool small_index) {
+  if (small_index) {
+    const unsigned k = __reduce_max_sync(0xffffffffu, b.k);
+    const unsigned i = __reduce_min_sync(0xffffffffu, b.k == k ? unsigned(b.i) : 0xFFFFFFFFu);
+    return ArgBest{k, int64_t(i)};
   }
-  if (a.v != b.v) return a.v > b.v ? a : b;
-  return a.i <= b.i ? a : b;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const ArgBest c{__shfl_xor_sync(0xffffffffu, b.k, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
+    b = better(b, c);
+  }
+  return b;
 }
 
 // A row is split over a cluster of C CTAs (C = 1 where clusters are not available). Each
 // CTA scans its share of the row's 16-byte vectors, four loads per thread in flight
-// before any comparison; the elements before the first 16-byte boundary and after the
-// last whole vector go to rank 0. Warp shuffles, then shared memory; then every CTA
-// stores its best into rank 0's shared memory (one slot per rank, two sets alternating by
-// row, so a CTA a row ahead cannot overwrite what rank 0 has yet to read) and one cluster
-// barrier later rank 0 reduces them from its own shared memory. The result does not depend
-// on C or on the order of the scan: better() is a total order on (value, index).
+// before any comparison, each value turned into its key; the elements before the first 16-byte
+// boundary and after the last whole vector go to rank 0. Warp reductions, then shared memory;
+// then every CTA stores its best into rank 0's shared memory (one slot per rank, two sets
+// alternating by row, so a CTA a row ahead cannot overwrite what rank 0 has yet to read) and
+// one cluster barrier later rank 0 reduces them from its own shared memory. The result does not
+// depend on C or on the order of the scan: (key, index) is a total order.
 constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxMaxCluster = 8;
 
 template <typename T>
@@ -68,12 +86,12 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
                                                                   int64_t rows, int64_t cols) {
   constexpr int VEC = 16 / int(sizeof(T));
   using V = Vec<T, VEC>;
-  __shared__ float sv[kArgmaxThreads / 32];
+  __shared__ unsigned sk[kArgmaxThreads / 32];
   __shared__ long long si[kArgmaxThreads / 32];
-  __shared__ float cta_v;
+  __shared__ unsigned cta_k;
   __shared__ long long cta_i;
   // rank 0: every rank's best, by row parity (sm_90 clusters only: unused in the compute_80 PTX)
-  [[maybe_unused]] __shared__ float part_v[2][kArgmaxMaxCluster];
+  [[maybe_unused]] __shared__ unsigned part_k[2][kArgmaxMaxCluster];
   [[maybe_unused]] __shared__ long long part_i[2][kArgmaxMaxCluster];
   int C = 1, rank = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -87,6 +105,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
   bool first = true;
 #endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const bool small_index = cols < (int64_t(1) << 31);  // every index and `cols` fit 31 bits
   for (int64_t r = blockIdx.x / C; r < rows; r += gridDim.x / C) {
     const T* row = x + r * cols;
     // elements [head, head + nvec * VEC) are whole aligned vectors
@@ -96,7 +115,7 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
     const int64_t per = (nvec + C - 1) / C;
     const int64_t v0 = min(nvec, int64_t(rank) * per), v1 = min(nvec, v0 + per);
     const V* vrow = reinterpret_cast<const V*>(row + head);
-    ArgBest b{-INFINITY, cols};  // an empty share loses to any element (index cols > every index)
+    ArgBest b{0u, cols};  // an empty share loses to any element
     for (int64_t v = v0 + threadIdx.x; v < v1; v += int64_t(kArgmaxUnroll) * kArgmaxThreads) {
       V buf[kArgmaxUnroll];
 #pragma unroll
@@ -104,51 +123,54 @@ __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restr
         const int64_t w = v + int64_t(u) * kArgmaxThreads;
         if (w < v1) buf[u] = load_vec<T, VEC>(reinterpret_cast<const T*>(vrow + w));
       }
+      // this thread's elements come in increasing index order: a strictly larger key wins, its
+      // place in the step kept as u * VEC + e and turned into an index once per step. (A branch
+      // per vector, as for the loads: as one predicated block the compiler interleaved each
+      // load with the previous vector's comparisons, one DRAM round trip after another.)
+      unsigned bk = 0u;
+      int bp = 0;
 #pragma unroll
       for (int u = 0; u < kArgmaxUnroll; ++u) {
-        const int64_t w = v + int64_t(u) * kArgmaxThreads;
-        if (w < v1)
+        if (v + int64_t(u) * kArgmaxThreads < v1)
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) b = better(b, ArgBest{buf[u].f(e), head + w * VEC + e});
+          for (int e = 0; e < VEC; ++e) {
+            const unsigned k = order_key(buf[u].f(e));
+            bp = k > bk ? u * VEC + e : bp;
+            bk = k > bk ? k : bk;
+          }
       }
+      if (bk > b.k) b = ArgBest{bk, head + (v + int64_t(bp / VEC) * kArgmaxThreads) * VEC + bp % VEC};
     }
-    if (rank == 0) {  // the unaligned head and the tail
+    if (rank == 0) {  // the unaligned head and the tail (the head's indices precede the vectors')
       const int64_t tail0 = head + nvec * VEC;
-      for (int64_t i = threadIdx.x; i < head; i += kArgmaxThreads) b = better(b, ArgBest{ld_f(row, i), i});
-      for (int64_t i = tail0 + threadIdx.x; i < cols; i += kArgmaxThreads) b = better(b, ArgBest{ld_f(row, i), i});
+      for (int64_t i = threadIdx.x; i < head; i += kArgmaxThreads) b = better(b, ArgBest{order_key(ld_f(row, i)), i});
+      for (int64_t i = tail0 + threadIdx.x; i < cols; i += kArgmaxThreads)
+        b = better(b, ArgBest{order_key(ld_f(row, i)), i});
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      ArgBest c{__shfl_xor_sync(0xffffffffu, b.v, o), __shfl_xor_sync(0xffffffffu, b.i, o)};
-      b = better(b, c);
-    }
+    b = warp_best(b, small_index);
     __syncthreads();  // the previous row's partials are read
-    if (lane == 0) sv[warp] = b.v, si[warp] = b.i;
+    if (lane == 0) sk[warp] = b.k, si[warp] = b.i;
     __syncthreads();
     if (warp == 0) {
-      ArgBest c = lane < kArgmaxThreads / 32 ? ArgBest{sv[lane], si[lane]} : ArgBest{-INFINITY, cols};
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) {
-        ArgBest d{__shfl_xor_sync(0xffffffffu, c.v, o), __shfl_xor_sync(0xffffffffu, c.i, o)};
-        c = better(c, d);
-      }
-      if (lane == 0) cta_v = c.v, cta_i = c.i;
+      ArgBest c = lane < kArgmaxThreads / 32 ? ArgBest{sk[lane], si[lane]} : ArgBest{0u, cols};
+      c = warp_best(c, small_index);
+      if (lane == 0) cta_k = c.k, cta_i = c.i;
     }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     if (first) cluster_wait();  // (the start: every CTA of the cluster runs)
     first = false;
     if (C > 1) {
       const int set = int((r / (gridDim.x / C)) & 1);  // this CTA's row count so far, mod 2
-      if (threadIdx.x == 0) {  // (warp 0's lane 0 wrote cta_v / cta_i)
-        *cluster.map_shared_rank(&part_v[set][rank], 0) = cta_v;
+      if (threadIdx.x == 0) {  // (warp 0's lane 0 wrote cta_k / cta_i)
+        *cluster.map_shared_rank(&part_k[set][rank], 0) = cta_k;
         *cluster.map_shared_rank(&part_i[set][rank], 0) = cta_i;
       }
       cluster_arrive();
       cluster_wait();  // every rank's best is in rank 0's shared memory
       if (rank == 0 && threadIdx.x == 0) {
-        ArgBest c{part_v[set][0], part_i[set][0]};
-        for (int k = 1; k < C; ++k) c = better(c, ArgBest{part_v[set][k], part_i[set][k]});
-        // all -inf: every element ties at -inf and index 0 wins; cols > 0 always here
+        ArgBest c{part_k[set][0], part_i[set][0]};
+        for (int k = 1; k < C; ++k) c = better(c, ArgBest{part_k[set][k], part_i[set][k]});
+        // all -inf: every element ties at -inf's key and index 0 wins; cols > 0 always here
         out[r] = c.i < cols ? c.i : 0;
       }
       continue;
