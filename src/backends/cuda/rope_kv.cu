@@ -216,8 +216,12 @@ void rotary_vec_cuda(const void* args, ks_stream_t stream) {
     const int64_t vec = 16 / detail::dtype_bytes(a.q.dtype), pairs = a.neox ? vec : vec / 2;
     const int64_t heads = p.heads + p.kv_heads;
     const int64_t items = a.num_tokens * ((heads + kRopeHeadChunk - 1) / kRopeHeadChunk) * (p.rotary_half / pairs);
-    const int64_t grid = std::max<int64_t>(1, std::min<int64_t>((items + kRopeThreads - 1) / kRopeThreads,
-                                                                int64_t(dp.sm_count) * 16));
+    // KS_ROPE_ITEMS_PER_THREAD=n (experiments): a grid of items / (n threads) CTAs, e.g. one wave
+    // instead of two at 4096 tokens; the same values whatever the grid.
+    static const int64_t per_thread = std::max<long long>(1, env_number("KS_ROPE_ITEMS_PER_THREAD", 1));
+    const int64_t grid = std::max<int64_t>(
+        1, std::min<int64_t>((items + kRopeThreads * per_thread - 1) / (kRopeThreads * per_thread),
+                             int64_t(dp.sm_count) * 16));
     const size_t smem = size_t(p.rotary_half) * sizeof(float);
     with_float_type(a.q.dtype, [&](auto tag) {
       using T = decltype(tag);
