@@ -655,6 +655,69 @@ TEST(Cuda, ArgmaxTiesNanAndWideRows) {
     }
 }
 
+// argmax on CUDA, more hostile rows (equal to the CPU reference, and to the contract where stated):
+// more rows than the grid has CTAs (each CTA loops over rows), NaN at index 0 and in a row's
+// unaligned head, negative NaN with a payload, an all-NaN row, +0 before -0, a subnormal against
+// 0 and against another subnormal (an ftz build would tie them), two maxima in one vector,
+// a tie across threads (vector 1 and vector 512), an all-equal row, -FLT_MAX among -inf, and
+// widths at the cluster thresholds (16384, 32768, 65536).
+TEST(Cuda, ArgmaxHostileRows) {
+  NEED_GPU();
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const double sub = std::ldexp(1.0, -130);  // fp32 subnormal (bf16 keeps it; fp16 flushes it to 0 on store)
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t V : {int64_t(3), int64_t(9), int64_t(4105), int64_t(16384), int64_t(32768), int64_t(65536)}) {
+      const int64_t R = V < 100 ? int64_t(8) * sms + 37 : 12;  // small rows: more rows than CTAs
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + " R=" + std::to_string(R));
+      Buf x(dt, {R, V}), ref(DType::I64, {R}), got(DType::I64, {R});
+      kstest::fill_normal(x);
+      auto row = [&](int64_t r, int64_t i, double v) { x.set((r % R) * V + (i % V), v); };
+      row(0, 0, std::nan(""));                                     // NaN at index 0
+      row(1, 1, std::nan("")), row(1, V - 1, INFINITY);            // NaN (in the head of a misaligned row) before +inf
+      {  // a negative NaN with a payload, after a positive one
+        const int64_t r = 2;
+        if (dt == DType::F32) {
+          const uint32_t bits = 0xFFC00123u;
+          float f;
+          std::memcpy(&f, &bits, 4);
+          row(r, V / 2, f);
+        } else {
+          row(r, V / 2, -std::nan(""));
+        }
+        row(r, V - 1, std::nan(""));
+      }
+      for (int64_t i = 0; i < V; ++i) row(3, i, std::nan(""));     // all NaN: 0
+      for (int64_t i = 0; i < V; ++i) row(4, i, -1.0);
+      row(4, V / 3, 0.0), row(4, V - 1, -0.0);                     // +0 before -0: the first
+      for (int64_t i = 0; i < V; ++i) row(5, i, -1.0);
+      if (dt != DType::F16) row(5, V / 2, sub), row(5, V / 3, 0.0), row(5, V - 2, sub / 2);  // a subnormal beats 0
+      for (int64_t i = 0; i < V; ++i) row(6, i, 0.25);             // all equal: 0
+      for (int64_t i = 0; i < V; ++i) row(7, i, -INFINITY);
+      row(7, V - 1, dt == DType::F16 ? -65504.0 : -3.0e38);        // the most negative finite-ish value among -inf
+      row(8, 2, 70.0), row(8, 5, 70.0);                            // two maxima in the first vector
+      if (V > 8 * 513) row(9, 8 * 512 + 1, 80.0), row(9, 8 + 1, 80.0);  // vector 512 and vector 1
+      DBuf dx(dt, {R, V}), dout(DType::I64, {R});
+      dx.upload(x);
+      dout.poison();
+      ks::argmax(dout.view(), dx.view(), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      ks::argmax(ref.view(), x.view(), ks::Backend::Cpu);
+      int bad = 0;
+      for (int64_t r = 0; r < R; ++r)
+        if (got.get(r) != ref.get(r) && bad++ < 5) ADD_FAILURE() << "row " << r << ": " << got.get(r) << " vs " << ref.get(r);
+      EXPECT_EQ(bad, 0);
+      EXPECT_EQ(ref.get(0), 0.0);
+      EXPECT_EQ(ref.get(3), 0.0);
+      EXPECT_EQ(ref.get(4), double(V / 3));
+      if (dt != DType::F16 && V > 3) EXPECT_EQ(ref.get(5), double(V / 2));
+      EXPECT_EQ(ref.get(6), 0.0);
+      EXPECT_EQ(ref.get(7), double(V - 1));
+      if (V > 5) EXPECT_EQ(ref.get(8), 2.0);
+    }
+}
+
 // embedding on CUDA: dense rows bit-exact; packed rows (Q4_0, Q4_1, Q8_0, F16, BF16, F32)
 // decoded as the CPU does; a device id out of range gives a NaN row (no host check).
 TEST(Cuda, EmbeddingDenseAndPackedRows) {
