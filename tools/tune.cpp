@@ -1,6 +1,7 @@
 // `ksctl tune`: measures every variant of the ops with a choice (tools/check.cpp's
 // ks::tune::measure, each result checked against FP64 first), then writes
-//  - <dir>/tune_<arch>.csv: one row per (backend, op, dtype, shape, variant);
+//  - <dir>/tune_<arch>.csv: one row per (backend, op, dtype, shape, variant), with the commit
+//    measured (KS_COMMIT; empty when unset);
 //  - <dir>/routing_<arch>.json: a routing table (schema kernscope-routing/1) with one
 //    "measured" cell per (op, backend, dtype, shape bucket), its variants fastest first.
 // arch: the GPU's sm_XY when CUDA was tuned (cuda cells), "cpu" for the CPU's file (whose
@@ -227,8 +228,8 @@ bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arc
       f = csv_split(line, &open);
     }
     const std::string at = "line " + std::to_string(first) + ": ";
-    if (open || f.size() != 12) {
-      *err = at + (open ? "a quoted field is not closed" : "expected 12 fields, found " + std::to_string(f.size()));
+    if (open || (f.size() != 12 && f.size() != 13)) {  // (13: the commit, written since 2026-11-30)
+      *err = at + (open ? "a quoted field is not closed" : "expected 12 or 13 fields, found " + std::to_string(f.size()));
       return false;
     }
     Row r;
@@ -362,7 +363,7 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
     const char* commit = std::getenv("KS_COMMIT");
     const std::string source = "tune_" + arch + ".csv @ " + (commit && *commit ? commit : "unknown commit");
     std::ofstream f(csv);
-    f << "backend,arch,op,dtype,shape,rows,cols,variant,status,us,spread,why\n";
+    f << "backend,arch,op,dtype,shape,rows,cols,variant,status,us,spread,why,commit\n";
     for (const Row& r : rows) {
       if (r.backend != be) continue;
       char us[32], spread[32];
@@ -370,7 +371,8 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
       std::snprintf(spread, sizeof spread, "%.3f", r.spread);
       f << r.backend << ',' << arch << ',' << r.op << ',' << r.dtype << ',' << csv_field(r.shape) << ',' << r.rows << ','
         << r.cols << ',' << r.variant << ',' << r.status << ',' << (r.status == "ok" ? us : "") << ','
-        << (r.status == "ok" ? spread : "") << ',' << csv_field(r.why) << "\n";
+        << (r.status == "ok" ? spread : "") << ',' << csv_field(r.why) << ','
+        << csv_field(commit && *commit ? commit : "") << "\n";
     }
     if (!f) {
       std::fprintf(stderr, "tune: cannot write %s\n", csv.c_str());
