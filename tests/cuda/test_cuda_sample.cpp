@@ -76,7 +76,10 @@ void expect_cuda_equals_cpu(Buf& x, const Dev& dx, int64_t rows, double seed, do
 
 TEST(CudaSample, IdsEqualTheCpuReferenceBitForBit) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
-  const std::vector<Cfg> cfgs = {{1.0, 0, 1.0}, {0.7, 50, 1.0}, {1.0, 0, 0.9}, {1.3, 40, 0.5}, {0.01, 1, 1.0}, {2.0, 3, 0.3}};
+  // ({1.0, 50, 0.9}: the benchmark's call; at temperature 1, 16-bit logits' keys share their low bits, so
+  // the top-k selection skips rounds)
+  const std::vector<Cfg> cfgs = {{1.0, 0, 1.0}, {0.7, 50, 1.0}, {1.0, 0, 0.9}, {1.3, 40, 0.5},
+                                 {0.01, 1, 1.0}, {2.0, 3, 0.3}, {1.0, 50, 0.9}};
   for (DType dt : kstest::float_dtypes())
     for (int64_t V : {int64_t(1), int64_t(7), int64_t(1000), int64_t(32000), int64_t(128256)})
       for (bool ties : {false, true}) {

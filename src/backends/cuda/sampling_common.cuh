@@ -57,6 +57,23 @@ __device__ __forceinline__ float block_max_f(float v, float* scratch) {
   return m;
 }
 
+// The OR and the AND of v over the block (sm_80+: warp reductions, then the W warps' pairs).
+template <int W>
+__device__ __forceinline__ void block_or_and(unsigned v_or, unsigned v_and, unsigned long long* scratch,
+                                             unsigned* out_or, unsigned* out_and) {
+  const unsigned o = __reduce_or_sync(0xffffffffu, v_or), a = __reduce_and_sync(0xffffffffu, v_and);
+  __syncthreads();  // the scratch's previous contents are consumed
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = (static_cast<unsigned long long>(o) << 32) | a;
+  __syncthreads();
+  unsigned ro = 0, ra = 0xffffffffu;
+  for (int w = 0; w < W; ++w) {
+    ro |= unsigned(scratch[w] >> 32);
+    ra &= unsigned(scratch[w]);
+  }
+  *out_or = ro;
+  *out_and = ra;
+}
+
 // Inclusive prefix sum over the block in thread order; *total gets the block's sum.
 template <int W>
 __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long v, unsigned long long* total,
