@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call for what the thirteenth session could not run (its device time was spent):
 # build for sm_90a and run every CUDA test (argmax's new scan, the sampling selection's skipped
-# rounds, cuda_bulk_stream's fp32 cases
-# against the per-warp kernel's conversion-instruction decode, the widened split-attention test),
+# rounds, cuda_bulk_stream's fp32 cases against the per-warp kernel's conversion-instruction
+# decode, the widened split-attention test),
 # then bench_ops: argmax and sampling (bf16), every quant_matmul variant (bf16, fp32 head) and the
 # decode fusions (the fp32 kernels back to 8c4582c's SASS), and RoPE at 1, 2 and 4 items per
 # thread (rows tagged [KS_ROPE_ITEMS_PER_THREAD=n]) -> $OUT/followup.csv. It also copies
