@@ -53,7 +53,7 @@ __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long 
 
 template <typename T>
 __device__ __forceinline__ float z_at(const T* row, int64_t i, float t) {
-  return Dt<T>::to_f(row[i]) / t;  // IEEE division (no fast-math): as the CPU
+  return scaled_logit(Dt<T>::to_f(row[i]), t);
 }
 
 // Radix selection, most significant digit first: among the elements for which
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_kernel(const SamplePara
     unsigned long long finite = 0;
     for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
       const float x = Dt<T>::to_f(row[i]);
-      const float z = x / t;
+      const float z = scaled_logit(x, t);
       bad |= (x != x) || z == INFINITY;  // NaN, +inf, or z overflowing to +inf
       if (z > -INFINITY) {
         ++finite;

@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(kThreads) sample_cluster_kernel(const SamplePa
     unsigned long long finite = 0;
     for (int64_t i = i0 + threadIdx.x; i < i1; i += kThreads) {
       const float x = Dt<T>::to_f(row[i]);
-      const float z = x / t;
+      const float z = scaled_logit(x, t);
       bad |= (x != x) || z == INFINITY;
       if (z > -INFINITY) {
         ++finite;

@@ -57,6 +57,11 @@ __device__ __forceinline__ float block_max_f(float v, float* scratch) {
   return m;
 }
 
+// z = x / t, the CPU's IEEE division (no fast-math), or x itself when t is 1: the same value
+// (x / 1 == x for every float, -0, infinities and subnormals included; a NaN x invalidates its row
+// whatever z is) without the division's instruction sequence, for every score of a row.
+__device__ __forceinline__ float scaled_logit(float x, float t) { return t == 1.0f ? x : x / t; }
+
 // The OR and the AND of v over the block (sm_80+: warp reductions, then the W warps' pairs).
 template <int W>
 __device__ __forceinline__ void block_or_and(unsigned v_or, unsigned v_and, unsigned long long* scratch,

@@ -28,7 +28,7 @@ struct SampleMembers {
 
 template <typename T>
 __device__ __forceinline__ float sample_z(const T *row, int64_t i, float t) {
-  return Dt<T>::to_f(row[i]) / t;  // IEEE division (no fast-math): as the CPU
+  return scaled_logit(Dt<T>::to_f(row[i]), t);
 }
 
 // Every thread of the CTA (W warps, 2 * 32 W >= kSampleMaxTopK) calls it with

@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     key[j] = 0;  // below every finite z's key (>= 0x00800000)
     if (q < n_loc) {
       const float x = Dt<T>::to_f(row[i0 + q]);
-      const float z = x / t;  // IEEE division (no fast-math): as the CPU
+      const float z = scaled_logit(x, t);  // x / t as the CPU divides
       bad |= (x != x) || z == INFINITY;
       if (z > -INFINITY) {
         ++finite;
