@@ -619,6 +619,25 @@ TEST(Cuda, KvCacheAppendSlotsAndSkips) {
       }
 }
 
+namespace {
+// argmax of x ([R, V] on the host) on CUDA (poisoned output) into got and on the CPU into ref; every
+// row's two ids are compared (the first 5 mismatches reported).
+void argmax_cuda_and_cpu(Buf& x, Buf& got, Buf& ref) {
+  const int64_t R = x.shape[0];
+  DBuf dx(x.dtype, x.shape), dout(DType::I64, {R});
+  dx.upload(x);
+  dout.poison();
+  ks::argmax(dout.view(), dx.view(), ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  dout.download(got);
+  ks::argmax(ref.view(), x.view(), ks::Backend::Cpu);
+  int bad = 0;
+  for (int64_t r = 0; r < R; ++r)
+    if (got.get(r) != ref.get(r) && bad++ < 5) ADD_FAILURE() << "row " << r << ": " << got.get(r) << " vs " << ref.get(r);
+  EXPECT_EQ(bad, 0);
+}
+}  // namespace
+
 // argmax on CUDA: equal to the CPU reference (first maximum, first NaN, all -inf -> 0),
 // with ties placed on purpose, over widths up to the vocabulary size: -0 ties +0; rows of
 // 1001 values start off a 16-byte boundary, so row 5's first value (read among the row's
@@ -640,14 +659,7 @@ TEST(Cuda, ArgmaxTiesNanAndWideRows) {
       }
       for (int64_t i = 0; i < V; ++i) x.set(2 * V + i, -INFINITY);        // all -inf: 0
       x.set(3 * V + V - 1, INFINITY);                                      // +inf at the end
-      DBuf dx(dt, {R, V}), dout(DType::I64, {R});
-      dx.upload(x);
-      dout.poison();
-      ks::argmax(dout.view(), dx.view(), ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      dout.download(got);
-      ks::argmax(ref.view(), x.view(), ks::Backend::Cpu);
-      for (int64_t r = 0; r < R; ++r) EXPECT_EQ(got.get(r), ref.get(r)) << "row " << r;
+      argmax_cuda_and_cpu(x, got, ref);
       if (V > 3) {
         EXPECT_EQ(ref.get(4), double(V / 4));  // (the reference agrees with the contract)
         EXPECT_EQ(ref.get(5), 0.0);
@@ -697,17 +709,7 @@ TEST(Cuda, ArgmaxHostileRows) {
       row(7, V - 1, dt == DType::F16 ? -65504.0 : -3.0e38);        // the most negative finite-ish value among -inf
       row(8, 2, 70.0), row(8, 5, 70.0);                            // two maxima in the first vector
       if (V > 8 * 513) row(9, 8 * 512 + 1, 80.0), row(9, 8 + 1, 80.0);  // vector 512 and vector 1
-      DBuf dx(dt, {R, V}), dout(DType::I64, {R});
-      dx.upload(x);
-      dout.poison();
-      ks::argmax(dout.view(), dx.view(), ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      dout.download(got);
-      ks::argmax(ref.view(), x.view(), ks::Backend::Cpu);
-      int bad = 0;
-      for (int64_t r = 0; r < R; ++r)
-        if (got.get(r) != ref.get(r) && bad++ < 5) ADD_FAILURE() << "row " << r << ": " << got.get(r) << " vs " << ref.get(r);
-      EXPECT_EQ(bad, 0);
+      argmax_cuda_and_cpu(x, got, ref);
       EXPECT_EQ(ref.get(0), 0.0);
       EXPECT_EQ(ref.get(3), 0.0);
       EXPECT_EQ(ref.get(4), double(V / 3));
