@@ -4,8 +4,9 @@
 # rounds, cuda_bulk_stream's fp32 cases against the per-warp kernel's conversion-instruction
 # decode, the widened split-attention test),
 # then bench_ops: argmax and sampling (bf16), every quant_matmul variant (bf16, fp32 head) and the
-# decode fusions (the fp32 kernels back to 8c4582c's SASS), and RoPE at 1, 2 and 4 items per
-# thread (rows tagged [KS_ROPE_ITEMS_PER_THREAD=n]) -> $OUT/followup.csv. It also copies
+# decode fusions (the fp32 kernels back to 8c4582c's SASS), RoPE at 1, 2 and 4 items per thread
+# (rows tagged [KS_ROPE_ITEMS_PER_THREAD=n]) and argmax at forced clusters of 1, 4 and 16 (its tests
+# once at 16) -> $OUT/followup.csv. It also copies
 # .mdl/part_aa to /tmp when carried, so a model call (scripts/gpu_model_check.sh) can follow warm.
 # Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa])
 set -uo pipefail
@@ -22,4 +23,11 @@ for n in 1 2 4; do
   grep "^[^,]*,[^,]*,[^,]*,[^,]*,rope_neox" /tmp/rope_$n.csv | grep ",kernscope," |
     sed "s/,kernscope,/,kernscope[KS_ROPE_ITEMS_PER_THREAD=$n],/" >> "$OUT/followup.csv"
 done
-grep -E "argmax|rope_neox" "$OUT/followup.csv" | cut -d, -f5,6,8,10,12 | head -20
+# argmax with forced clusters of 16 (and 1, 4): its tests, then the benchmark rows tagged [KS_ARGMAX_CLUSTER=c]
+KS_ARGMAX_CLUSTER=16 $BUILD/tests/test_cuda_ops --gtest_filter='*Argmax*' --gtest_brief=1 2>&1 | grep -E "PASSED|FAILED|Failure" | head -5
+for c in 1 4 16; do
+  KS_ARGMAX_CLUSTER=$c $BUILD/bench_ops --csv /tmp/argmax_$c.csv --ops argmax --dtypes bf16 > /dev/null 2>&1
+  grep ",argmax," /tmp/argmax_$c.csv | grep ",kernscope," |
+    sed "s/,kernscope,/,kernscope[KS_ARGMAX_CLUSTER=$c],/" >> "$OUT/followup.csv"
+done
+grep -E "argmax|rope_neox" "$OUT/followup.csv" | cut -d, -f5,6,8,10,12 | head -30

@@ -79,7 +79,7 @@ __device__ __forceinline__ ArgBest warp_best(ArgBest b, bool small_index) {
 // alternating by row, so a CTA a row ahead cannot overwrite what rank 0 has yet to read) and
 // one cluster barrier later rank 0 reduces them from its own shared memory. The result does not
 // depend on C or on the order of the scan: (key, index) is a total order.
-constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxMaxCluster = 8;
+constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxMaxCluster = 16;  // (16: KS_ARGMAX_CLUSTER only)
 
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restrict__ x, int64_t* __restrict__ out,
@@ -1066,16 +1066,25 @@ void argmax_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(a.x.device.device_id, "argmax");
   const DeviceProps& dp = device_props(a.x.device.device_id);
   // a cluster of up to 8 CTAs per row while the rows alone fill fewer than 2 CTAs per SM,
-  // each CTA keeping at least 8192 elements
+  // each CTA keeping at least 8192 elements.
+  // KS_ARGMAX_CLUSTER=1/2/4/8/16 (experiments) forces the cluster size; 16 (non-portable) only
+  // where a cluster of 16 can be resident, else 8. The result does not depend on it.
+  static const int forced = int(env_number("KS_ARGMAX_CLUSTER", 0));
   int C = 1;
-  if (dp.sm90_code)
-    while (C < kArgmaxMaxCluster && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192) C *= 2;
-  const int64_t clusters = std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 8 / C);
-  const unsigned grid = unsigned(clusters * C);
+  if (dp.sm90_code) {
+    if (forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16)
+      C = forced;
+    else
+      while (C < 8 && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192) C *= 2;
+  }
   const auto s = static_cast<cudaStream_t>(stream);
   int64_t* out = static_cast<int64_t*>(a.out.data);
+  unsigned grid = 0;
   with_float_type(a.x.dtype, [&](auto tag) {
     using T = decltype(tag);
+    if (C == 16) C = cluster16_or_8<argmax_kernel<T>>(a.x.device.device_id, kArgmaxThreads, 0, "argmax");
+    const int64_t clusters = std::min<int64_t>(a.rows, int64_t(dp.sm_count) * 8 / C);
+    grid = unsigned(clusters * C);
     launch_kernel("argmax", argmax_kernel<T>, dim3(grid), dim3(kArgmaxThreads), 0, s, C, dp.pdl,
                   static_cast<const T*>(a.x.data), out, a.rows, a.cols);
   });
