@@ -8,14 +8,16 @@
 # (rows tagged [KS_ROPE_ITEMS_PER_THREAD=n]) and argmax at forced clusters of 1, 4 and 16 (its tests
 # once at 16) -> $OUT/followup.csv. It also copies
 # .mdl/part_aa to /tmp when carried, so a model call (scripts/gpu_model_check.sh) can follow warm.
-# Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa])
+# Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa]);
+# KS_FOLLOWUP_FILTER=gtest-filter runs fewer tests, e.g. '*Argmax*:*Sample*:*Quant*:*Attention*'.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa
 source scripts/gpu_env.sh
-ks_gpu_build_and_test '*' 'FP64' || { echo "gpu_followup: the build failed (see $OUT/logs.txt)"; exit 1; }
+# (every CUDA test takes about 150 s after the build; KS_FOLLOWUP_FILTER narrows them to fit one call)
+ks_gpu_build_and_test "${KS_FOLLOWUP_FILTER:-*}" 'FP64' || { echo "gpu_followup: the build failed (see $OUT/logs.txt)"; exit 1; }
 $BUILD/bench_ops --csv "$OUT/followup.csv" --variants --ops argmax,sample,quant_matmul,decode_fusions --dtypes bf16,fp32 \
   2>&1 | grep -E "argmax|sampling|norm_head|silu_down|norm_qkv " | cut -c1-150
 for n in 1 2 4; do
