@@ -79,7 +79,9 @@ __device__ __forceinline__ ArgBest warp_best(ArgBest b, bool small_index) {
 // alternating by row, so a CTA a row ahead cannot overwrite what rank 0 has yet to read) and
 // one cluster barrier later rank 0 reduces them from its own shared memory. The result does not
 // depend on C or on the order of the scan: (key, index) is a total order.
-constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxMaxCluster = 16;  // (16: KS_ARGMAX_CLUSTER only)
+// kArgmaxAutoCluster: the largest cluster the launcher picks itself; up to kArgmaxMaxCluster
+// only when forced (KS_ARGMAX_CLUSTER).
+constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxAutoCluster = 8, kArgmaxMaxCluster = 16;
 
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restrict__ x, int64_t* __restrict__ out,
@@ -296,24 +298,25 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
       const float d = h2f_bits(uint16_t(w0 & 0xFFFFu)), mn = h2f_bits(uint16_t(w0 >> 16));
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const uint32_t word = w[1 + i], lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
-        if constexpr (!PERM) {
+        const uint32_t word = w[1 + i];
+        if constexpr (PERM) {
+          const uint32_t lo = word & 0x0F0F0F0Fu, hi = (word >> 4) & 0x0F0F0F0Fu;
+          v[4 * i] = d * byte_float<0>(lo, 0.f) + mn;
+          v[4 * i + 1] = d * byte_float<1>(lo, 0.f) + mn;
+          v[4 * i + 2] = d * byte_float<2>(lo, 0.f) + mn;
+          v[4 * i + 3] = d * byte_float<3>(lo, 0.f) + mn;
+          v[4 * i + 16] = d * byte_float<0>(hi, 0.f) + mn;
+          v[4 * i + 17] = d * byte_float<1>(hi, 0.f) + mn;
+          v[4 * i + 18] = d * byte_float<2>(hi, 0.f) + mn;
+          v[4 * i + 19] = d * byte_float<3>(hi, 0.f) + mn;
+        } else {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const uint32_t c = (word >> (8 * k)) & 0xFFu;
             v[4 * i + k] = d * float(c & 0x0Fu) + mn;
             v[4 * i + k + 16] = d * float(c >> 4) + mn;
           }
-          continue;
         }
-        v[4 * i] = d * byte_float<0>(lo, 0.f) + mn;
-        v[4 * i + 1] = d * byte_float<1>(lo, 0.f) + mn;
-        v[4 * i + 2] = d * byte_float<2>(lo, 0.f) + mn;
-        v[4 * i + 3] = d * byte_float<3>(lo, 0.f) + mn;
-        v[4 * i + 16] = d * byte_float<0>(hi, 0.f) + mn;
-        v[4 * i + 17] = d * byte_float<1>(hi, 0.f) + mn;
-        v[4 * i + 18] = d * byte_float<2>(hi, 0.f) + mn;
-        v[4 * i + 19] = d * byte_float<3>(hi, 0.f) + mn;
       }
       return;
     }
@@ -322,20 +325,26 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
     if (q == KS_QTYPE_Q8_0) {
 #pragma unroll
       for (int i = 0; i < 16; ++i) {
-        if constexpr (!PERM) {
+        if constexpr (PERM) {
+          const uint32_t u = uint32_t(h[1 + i]) ^ 0x8080u;  // code + 128 in each byte
+          v[2 * i] = d * byte_float<0>(u, 128.f);
+          v[2 * i + 1] = d * byte_float<1>(u, 128.f);
+        } else {
           const uint16_t hw = h[1 + i];
           v[2 * i] = d * float(int8_t(hw & 0xFFu));
           v[2 * i + 1] = d * float(int8_t(hw >> 8));
-          continue;
         }
-        const uint32_t u = uint32_t(h[1 + i]) ^ 0x8080u;  // code + 128 in each byte
-        v[2 * i] = d * byte_float<0>(u, 128.f);
-        v[2 * i + 1] = d * byte_float<1>(u, 128.f);
       }
     } else {  // Q4_0
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
-        if constexpr (!PERM) {
+        if constexpr (PERM) {
+          const uint32_t hw = h[1 + i], lo = hw & 0x0F0Fu, hi = (hw >> 4) & 0x0F0Fu;
+          v[2 * i] = d * byte_float<0>(lo, 8.f);
+          v[2 * i + 1] = d * byte_float<1>(lo, 8.f);
+          v[2 * i + 16] = d * byte_float<0>(hi, 8.f);
+          v[2 * i + 17] = d * byte_float<1>(hi, 8.f);
+        } else {
           const uint16_t hw = h[1 + i];
 #pragma unroll
           for (int k = 0; k < 2; ++k) {
@@ -343,13 +352,7 @@ __device__ __forceinline__ void decode_q_block(ks_qtype_t q, const uint8_t* blk,
             v[2 * i + k] = d * float((c & 0x0F) - 8);
             v[2 * i + k + 16] = d * float((c >> 4) - 8);
           }
-          continue;
         }
-        const uint32_t hw = h[1 + i], lo = hw & 0x0F0Fu, hi = (hw >> 4) & 0x0F0Fu;
-        v[2 * i] = d * byte_float<0>(lo, 8.f);
-        v[2 * i + 1] = d * byte_float<1>(lo, 8.f);
-        v[2 * i + 16] = d * byte_float<0>(hi, 8.f);
-        v[2 * i + 17] = d * byte_float<1>(hi, 8.f);
       }
     }
   } else {
@@ -1075,7 +1078,8 @@ void argmax_cuda(const void* args, ks_stream_t stream) {
     if (forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16)
       C = forced;
     else
-      while (C < 8 && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192) C *= 2;
+      while (C < kArgmaxAutoCluster && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192)
+        C *= 2;
   }
   const auto s = static_cast<cudaStream_t>(stream);
   int64_t* out = static_cast<int64_t*>(a.out.data);
