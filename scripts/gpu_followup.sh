@@ -21,15 +21,11 @@ ks_gpu_build_and_test "${KS_FOLLOWUP_FILTER:-*}" 'FP64' || { echo "gpu_followup:
 $BUILD/bench_ops --csv "$OUT/followup.csv" --variants --ops argmax,sample,quant_matmul,decode_fusions --dtypes bf16,fp32 \
   2>&1 | grep -E "argmax|sampling|norm_head|silu_down|norm_qkv " | cut -c1-150
 for n in 1 2 4; do
-  KS_ROPE_ITEMS_PER_THREAD=$n $BUILD/bench_ops --csv /tmp/rope_$n.csv --ops rotary_embedding --dtypes bf16 > /dev/null 2>&1
-  grep "^[^,]*,[^,]*,[^,]*,[^,]*,rope_neox" /tmp/rope_$n.csv | grep ",kernscope," |
-    sed "s/,kernscope,/,kernscope[KS_ROPE_ITEMS_PER_THREAD=$n],/" >> "$OUT/followup.csv"
+  ks_bench_tagged KS_ROPE_ITEMS_PER_THREAD=$n kernscope "$OUT/followup.csv" --ops rotary_embedding --dtypes bf16
 done
 # argmax with forced clusters of 16 (and 1, 4): its tests, then the benchmark rows tagged [KS_ARGMAX_CLUSTER=c]
 KS_ARGMAX_CLUSTER=16 $BUILD/tests/test_cuda_ops --gtest_filter='*Argmax*' --gtest_brief=1 2>&1 | grep -E "PASSED|FAILED|Failure" | head -5
 for c in 1 4 16; do
-  KS_ARGMAX_CLUSTER=$c $BUILD/bench_ops --csv /tmp/argmax_$c.csv --ops argmax --dtypes bf16 > /dev/null 2>&1
-  grep ",argmax," /tmp/argmax_$c.csv | grep ",kernscope," |
-    sed "s/,kernscope,/,kernscope[KS_ARGMAX_CLUSTER=$c],/" >> "$OUT/followup.csv"
+  ks_bench_tagged KS_ARGMAX_CLUSTER=$c kernscope "$OUT/followup.csv" --ops argmax --dtypes bf16
 done
 grep -E "argmax|rope_neox" "$OUT/followup.csv" | cut -d, -f5,6,8,10,12 | head -30

@@ -16,10 +16,8 @@ ks_gpu_build_and_test '*QuantMatmul*:*Quant*:*Fused*' 'FP64' ||
 $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,decode_fusions --dtypes bf16,fp32 2>&1 |
   grep -E "quant_gemv|norm_head|silu_down|norm_qkv " | cut -c1-150
 for kb in 32 128; do
-  KS_QMM_BULK_STAGE_KB=$kb $BUILD/bench_ops --csv /tmp/bulk_$kb.csv --variants --ops quant_matmul --dtypes bf16,fp32 \
-    --shapes 4096x4096,14336x4096,49152x576 > /dev/null 2>&1
-  grep "variant:cuda_bulk_stream" /tmp/bulk_$kb.csv | sed "s/variant:cuda_bulk_stream/variant:cuda_bulk_stream[KS_QMM_BULK_STAGE_KB=$kb]/" \
-    >> "$OUT/quant_variants.csv"
+  ks_bench_tagged KS_QMM_BULK_STAGE_KB=$kb variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants \
+    --ops quant_matmul --dtypes bf16,fp32 --shapes 4096x4096,14336x4096,49152x576
 done
 grep "cuda_bulk_stream\[" "$OUT/quant_variants.csv" | cut -d, -f5,6,8,10 | head -30
 rm -f "$OUT/ncu_quant_bulk.txt"
