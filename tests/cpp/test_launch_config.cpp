@@ -174,66 +174,6 @@ TEST(AttentionSplitRule, ReproducesTheMeasuredChoices) {
   EXPECT_EQ(attention_splits(0, 32768, 132, 8, 128, 2, kKeys, kMin), 1);    // no unit
 }
 
-// paged_attention's cuda_gqa_split plan: SmolLM2's decode step (fp32, 3 kv heads of 64, 9 query
-// heads) in ksctl generate's 2048-key table and bench-model's 656-key one, a batch that leaves
-// one CTA per unit, no workspace; then invariants over hostile shapes: the splits cover the
-// capacity, at most one chunk of keys per split beyond the first, the chunk a multiple of 16 in
-// [16, 256], K rows an odd number of 16-byte pieces, the areas in order and 16-byte aligned,
-// and the shared memory within the H200's 227 KB.
-TEST(GqaSplitPlan, SmolLM2ShapesAndInvariants) {
-  using ks::cuda::gqa_split_plan;
-  auto p = gqa_split_plan(3, 2048, 132, 256, 64, 4, 3, 4, 64);
-  EXPECT_EQ(p.chunk, 256);
-  EXPECT_EQ(p.krow, 272);  // 17 pieces
-  EXPECT_EQ(p.splits, 8);
-  EXPECT_EQ(p.range, 256);
-  p = gqa_split_plan(3, 656, 132, 256, 64, 4, 3, 4, 64);
-  EXPECT_EQ(p.splits, 3);
-  EXPECT_EQ(p.range, 219);
-  EXPECT_EQ(gqa_split_plan(96, 2048, 132, 256, 64, 4, 3, 4, 64).splits, 1);  // 32 tokens: a unit per SM
-  EXPECT_EQ(gqa_split_plan(3, 2048, 132, 256, 64, 4, 3, 4, 1).splits, 1);    // no workspace
-  EXPECT_EQ(gqa_split_plan(3, 2048, 132, 256, 64, 4, 3, 4, 1).range, 2048);
-  EXPECT_EQ(gqa_split_plan(1, 1 << 20, 132, 512, 256, 16, 16, 8, 64).splits, 64);
-  for (int64_t row_bytes : {16, 48, 80, 128, 256, 272, 512})
-    for (int gm : {1, 2, 4, 8, 16})
-      for (int64_t units : {0, 1, 3, 8, 131, 132, 4096})
-        for (int64_t cap : {0, 1, 15, 16, 255, 256, 257, 656, 2048, 32768, 1 << 20})
-          for (int64_t most : {1, 64}) {
-            const int G = gm, elems = row_bytes % 32 == 0 ? 8 : 4;
-            const int64_t D = row_bytes / (elems == 8 ? 2 : 4);
-            const auto g = gqa_split_plan(units, cap, 132, row_bytes, D, gm, G, elems, most);
-            SCOPED_TRACE("row " + std::to_string(row_bytes) + " gm " + std::to_string(gm) + " units " +
-                         std::to_string(units) + " cap " + std::to_string(cap) + " most " + std::to_string(most));
-            ASSERT_GE(g.splits, 1);
-            ASSERT_LE(g.splits, most);
-            ASSERT_GE(g.splits * g.range, cap);
-            ASSERT_GE(g.range, 1);
-            if (g.splits > 1) {
-              ASSERT_LE(g.splits, std::max<int64_t>(1, 132 / std::max<int64_t>(units, 1)));
-              ASSERT_LE(g.splits, (cap + g.chunk - 1) / g.chunk);
-            }
-            ASSERT_EQ(g.chunk % 16, 0);
-            ASSERT_GE(g.chunk, 16);
-            ASSERT_LE(g.chunk, 256);
-            ASSERT_EQ(g.krow % 16, 0);
-            ASSERT_EQ((g.krow / 16) % 2, 1);
-            ASSERT_GE(g.krow, row_bytes);
-            const int offs[] = {g.v_off, g.q_off, g.s_off, g.slot_off, g.red_off, g.comb_off, g.misc_off};
-            ASSERT_GE(g.v_off, g.chunk * g.krow);
-            for (int i = 0; i < 7; ++i) {
-              ASSERT_EQ(offs[i] % 16, 0);
-              if (i > 0) ASSERT_GE(offs[i], offs[i - 1]);
-            }
-            ASSERT_GE(g.q_off, g.v_off + g.chunk * row_bytes);
-            ASSERT_GE(g.s_off, g.q_off + gm * D * 4);
-            ASSERT_GE(g.slot_off, g.s_off + gm * g.chunk * 4);
-            ASSERT_GE(g.red_off, g.slot_off + g.chunk * 8);
-            ASSERT_GE(g.comb_off, g.red_off + 256 * 2 * elems * 4);
-            ASSERT_GE(g.misc_off, g.comb_off + (g.splits > 1 ? 2 * g.splits * G * 4 : 0));
-            ASSERT_LE(g.smem, size_t(232448 - 1024));
-          }
-}
-
 // quant_matmul's cuda_bulk_stream plan: the configurations its launcher recorded on the H200 at
 // f299a95 (docs/perf/h200_quant_bulk_f299a95.csv: 132 SMs, 227 KB of opt-in shared memory less
 // the kernel's 128 bytes of mbarriers, 128 KB stages), then invariants over hostile shapes: the

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <random>
 #include <vector>
 
@@ -1759,8 +1758,7 @@ TEST(Cuda, FusedNormQkvRopeAppendReadsPositionsWrittenJustBefore) {
 
 // The paged_attention tests run under every CUDA variant (pinned per test):
 // cuda_gqa_cluster (sm_90: K/V read once per kv head, keys split over a cluster),
-// cuda_mma_cluster (the same split, tensor cores; bf16 and fp16), cuda_gqa_split (splits of a
-// unit's keys over CTAs merged through a workspace by the last one) and cuda_cta_per_head.
+// cuda_mma_cluster (the same split, tensor cores; bf16 and fp16) and cuda_cta_per_head.
 class CudaAttention : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override {
@@ -1770,12 +1768,11 @@ class CudaAttention : public ::testing::TestWithParam<const char*> {
   void TearDown() override { ks_force_variant("paged_attention", nullptr); }
   // cuda_mma_cluster takes bf16 and fp16 only (tensor cores); the other variants every dtype
   bool takes(DType dt) const { return !(std::string(GetParam()) == "cuda_mma_cluster" && dt == DType::F32); }
-  // the variants that split a unit's keys over several CTAs (a cluster, or cuda_gqa_split's splits)
+  // the variants that split a unit's keys over a thread-block cluster
   bool clustered() const { return std::string(GetParam()) != "cuda_cta_per_head"; }
 };
 INSTANTIATE_TEST_SUITE_P(Variants, CudaAttention,
-                         ::testing::Values("cuda_gqa_cluster", "cuda_mma_cluster", "cuda_gqa_split",
-                                           "cuda_cta_per_head"),
+                         ::testing::Values("cuda_gqa_cluster", "cuda_mma_cluster", "cuda_cta_per_head"),
                          [](const ::testing::TestParamInfo<const char*>& i) { return std::string(i.param); });
 
 // paged_attention on CUDA against the CPU backend: decode (one query per sequence, GQA,
@@ -2321,27 +2318,28 @@ TEST(CudaAttentionMma, LazyBaseRescalesAccumulatedKeys) {
     }
 }
 
-// A split of each unit's keys over several CTAs whose states meet in a workspace (stream-ordered
-// eagerly, owned by the graph under capture), pinned to `variant`: few (token, kv head) units
-// (batch 1) over the shapes' tables. Against the CPU at lengths that leave the last CTA a
-// partial tile, one CTA's worth (no merge: the CTA writes the row itself) and 0; then the same
-// call captured in a CUDA graph (under global capture mode), cloned, both instantiated and
-// replayed in turn with new lengths written into the device tensor between replays: every
-// replay equals the eager call's bits (cuda_gqa_split: its tickets are back at zero after each
-// launch, or a replay would merge too early or never); last, NaN K rows in split 0's first block
-// make every output NaN. check(cfg, shape) checks the launch configuration at the full length.
-struct SplitShape {
-  int64_t H, KVH, D, cap;
-};
-void split_eager_and_graph(const char* variant, const std::vector<DType>& dtypes, const std::vector<SplitShape>& shapes,
-                           const std::function<void(const std::string&, const SplitShape&)>& check) {
-  kstest::ScopedVariant pin("paged_attention", variant);
+// cuda_mma_cluster's split beyond a cluster: few (token, kv head) units over a long table (batch
+// 1) give each unit S CTAs of one SM each, whose states meet in a workspace (stream-ordered
+// eagerly, owned by the graph under capture) and attention_combine_kernel. Against the CPU at lengths that leave the last CTA a partial tile,
+// one CTA's worth (no combine: the CTA writes the row itself) and 0; 16 heads per kv head
+// (unpacked pieces) and 3 and 4 (packed); then the same call captured in a CUDA graph (under
+// global capture mode), cloned, both instantiated and replayed in turn with new lengths
+// written into the device tensor between replays: every replay equals the eager call's bits;
+// last, NaN K rows in split 0's first block make every output NaN. (The split is taken where a
+// cluster CTA would read >= 256 KB of K and V: the table capacities here are chosen for that.)
+TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  struct Shape {
+    int64_t H, KVH, D, cap;
+  };
+  const std::vector<Shape> shapes = {{32, 8, 128, 16384}, {9, 3, 64, 32768}, {16, 1, 128, 8192}, {8, 2, 40, 32768}};
   std::mt19937 gen(5);
-  for (DType dt : dtypes)
-    for (const SplitShape& sh : shapes) {
-      SCOPED_TRACE(std::string(variant) + " " + ks::dtype_name(dt) + " H=" + std::to_string(sh.H) + " KVH=" +
-                   std::to_string(sh.KVH) + " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap));
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(sh.H) + " KVH=" + std::to_string(sh.KVH) +
+                   " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap));
       const int64_t bs = 16, maxb = sh.cap / bs, blocks = maxb + 7;
       Buf kc(dt, {blocks, bs, sh.KVH, sh.D}), vc(dt, {blocks, bs, sh.KVH, sh.D}), bt(DType::I32, {1, maxb});
       kstest::fill_normal(kc);
@@ -2365,11 +2363,11 @@ void split_eager_and_graph(const char* variant, const std::vector<DType>& dtypes
         dcl.upload(cl);
         ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
         const std::string cfg = ks_last_launch_config("paged_attention");  // the device call's
-        if (len == sh.cap) {
-          std::printf("split %s %s H=%lld KVH=%lld cap=%lld: %s\n", variant, ks::dtype_name(dt), (long long)sh.H,
-                      (long long)sh.KVH, (long long)sh.cap, cfg.c_str());
-          check(cfg, sh);
-        }
+        if (len == sh.cap) std::printf("split %s H=%lld KVH=%lld: %s\n", ks::dtype_name(dt), (long long)sh.H, (long long)sh.KVH, cfg.c_str());
+        // 1 to 8 units over a long table: more CTAs per unit than the cluster that fits (8 or 16)
+        EXPECT_NE(cfg.find("cluster=1 "), std::string::npos) << cfg;
+        EXPECT_GE(last_attention_cluster(), 16) << cfg;
+        EXPECT_NE(cfg.find(sh.H / sh.KVH <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
         EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
         if (len == 0)
           for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(i), 0.0) << "context 0";
@@ -2394,26 +2392,25 @@ void split_eager_and_graph(const char* variant, const std::vector<DType>& dtypes
       cudaGraphExec_t exec2;
       CK(cudaGraphClone(&clone, graph));
       CK(cudaGraphInstantiate(&exec2, clone, 0));
-      for (int round = 0; round < 2; ++round)  // twice: the workspace's second use by each executable
-        for (size_t k = 0; k < lens.size(); ++k) {
-          Buf cl(DType::I32, {1}), got(dt, q.shape);
-          cl.set(0, double(lens[k]));
-          dcl.upload(cl);
-          dout.poison();
-          CK(cudaDeviceSynchronize());
-          CK(cudaGraphLaunch((k + round) % 2 ? exec2 : exec, st));
-          CK(cudaStreamSynchronize(st));
-          dout.download(got);
-          EXPECT_EQ(std::memcmp(got.data(), eager[k].data(), got.nbytes()), 0)
-              << "graph replay at length " << lens[k] << ((k + round) % 2 ? " (the clone)" : "") << ", round " << round;
-        }
+      for (size_t k = 0; k < lens.size(); ++k) {
+        Buf cl(DType::I32, {1}), got(dt, q.shape);
+        cl.set(0, double(lens[k]));
+        dcl.upload(cl);
+        dout.poison();
+        CK(cudaDeviceSynchronize());
+        CK(cudaGraphLaunch(k % 2 ? exec2 : exec, st));
+        CK(cudaStreamSynchronize(st));
+        dout.download(got);
+        EXPECT_EQ(std::memcmp(got.data(), eager[k].data(), got.nbytes()), 0)
+            << "graph replay at length " << lens[k] << (k % 2 ? " (the clone)" : "");
+      }
       CK(cudaGraphExecDestroy(exec2));
       CK(cudaGraphDestroy(clone));
       CK(cudaGraphExecDestroy(exec));
       CK(cudaGraphDestroy(graph));  // its workspace is freed by a later call
       CK(cudaStreamDestroy(st));
       // NaN K rows in the first key block (split 0's range): every output NaN, as on the CPU
-      // (the merge must not let the other splits' finite states hide it)
+      // (the combine must not let the other splits' finite states hide it)
       const int64_t row = bs * sh.KVH * sh.D;
       const int64_t b0 = int64_t(bt.get(0));
       for (int64_t i = 0; i < row; ++i) kc.set(b0 * row + i, std::nan(""));
@@ -2425,36 +2422,6 @@ void split_eager_and_graph(const char* variant, const std::vector<DType>& dtypes
       for (int64_t i = 0; i < sh.H * sh.D; ++i)
         ASSERT_TRUE(std::isnan(got.get(i)) && std::isnan(ref.get(i))) << "NaN keys in split 0: element " << i;
     }
-}
-
-// cuda_mma_cluster's split beyond a cluster: each unit's keys over S CTAs of one SM each (clusters
-// of one), merged by attention_combine_kernel; 16 heads per kv head (unpacked pieces) and 3 and 4
-// (packed). (The split is taken where a cluster CTA would read >= 256 KB of K and V: the table
-// capacities here are chosen for that.)
-TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
-  NEED_GPU();
-  split_eager_and_graph("cuda_mma_cluster", {DType::BF16, DType::F16},
-                        {{32, 8, 128, 16384}, {9, 3, 64, 32768}, {16, 1, 128, 8192}, {8, 2, 40, 32768}},
-                        [](const std::string& cfg, const SplitShape& sh) {
-                          // 1 to 8 units over a long table: more CTAs per unit than the cluster that fits (8 or 16)
-                          EXPECT_NE(cfg.find("cluster=1 "), std::string::npos) << cfg;
-                          EXPECT_GE(last_attention_cluster(), 16) << cfg;
-                          EXPECT_NE(cfg.find(sh.H / sh.KVH <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
-                        });
-}
-
-// cuda_gqa_split at every dtype: SmolLM2's decode shape (9 / 3 heads of 64) in ksctl generate's
-// and bench-model's tables (8 and 3 splits on the H200, lengths one to three splits long), 16
-// heads per kv head at head_dim 128 (fp32: 512-byte rows, the largest it takes), head_dim 40
-// over 32768 keys (several chunks per split).
-TEST(CudaAttentionSplit, TicketMergeEagerAndInAGraph) {
-  NEED_GPU();
-  split_eager_and_graph("cuda_gqa_split", {DType::F32, DType::BF16, DType::F16},
-                        {{9, 3, 64, 2048}, {9, 3, 64, 656}, {16, 1, 128, 8192}, {8, 2, 40, 32768}},
-                        [](const std::string& cfg, const SplitShape&) {
-                          EXPECT_NE(cfg.find("variant=cuda_gqa_split"), std::string::npos) << cfg;
-                          EXPECT_GE(last_attention_cluster(), 3) << cfg;  // cluster=1 x splits
-                        });
 }
 
 // varlen_attention on CUDA against the CPU reference: packed prefill, chunked prefill

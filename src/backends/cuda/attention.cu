@@ -838,28 +838,37 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #endif
 }
 
-// Merges the first Ce split states of one (token, kv head) unit (st: its states, in split order,
-// split_state_floats(G, D) floats apart) into the unit's output row out_t (G x D, the unit's len
-// keys), in split order, with the cluster merge's formula (finish_unit): out = sum_s acc_s
-// e^(m_s - M) / sum_s l_s e^(m_s - M) (L = a = 0 when every m_s is -inf). Every thread of the CTA
-// calls it. The loads of each step are independent: first every split's m and l into shared
-// memory, then per head its M, the factors and L, then each output element's Ce accumulators,
-// loaded 8 at a time before they are summed in order. They bypass L1 (ld.global.cg): in
-// cuda_gqa_split the merging CTA reads states that other CTAs of the same grid wrote.
-// comb: 2 * Ce * G floats of shared memory; head_l, head_empty: G each. Used by
-// attention_combine_kernel (cuda_mma_cluster's split) and by cuda_gqa_split's last CTA.
+// The end of cuda_mma_cluster's split: a CTA per (token, kv head) unit merges the states the
+// first Ce of the unit's p.splits CTAs left in p.ws, in split order, with the cluster merge's
+// formula (finish_unit): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) (L = a = 0 when
+// every m_s is -inf). A unit whose keys one CTA took (Ce == 1) was written by that CTA and is
+// skipped (both kernels count Ce by live_ctas with p.split_keys).
+// The loads of each step are independent (the states sit in L2, just written): first every
+// split's m and l into shared memory, then per head its M, the factors and L, then each
+// output element's Ce accumulators, loaded 8 at a time before they are summed in order.
+// Dynamic shared memory: 2 * splits * G floats.
 template <typename T>
-__device__ void combine_split_states(const float* st, int Ce, int G, int D, int64_t len, T* out_t, float* comb,
-                                     float* head_l, int* head_empty) {
+__global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams p) {
+  extern __shared__ float comb[];  // f[Ce][G] (m, then the factors), l[Ce][G]
+  __shared__ float head_l[kMcMaxGroup];
+  __shared__ int head_empty[kMcMaxGroup];
+  pdl_begin();
+  const int64_t unit = blockIdx.x;
+  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  const int64_t len = token_context(p, t).len;
+  const int Ce = live_ctas(p, p.splits, len, p.split_keys);
+  if (Ce == 1) return;
+  const int G = p.group, D = int(p.head_dim);
   const int64_t sf = split_state_floats(G, D);
+  const float* st = p.ws + unit * p.splits * sf;
   float *fm = comb, *fl = comb + Ce * G;
   int any_local = 0;
   for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
     const int c = k / G, g = k % G;
-    fm[k] = __ldcg(st + c * sf + g);
-    fl[k] = __ldcg(st + c * sf + G + g);
+    fm[k] = st[c * sf + g];
+    fl[k] = st[c * sf + G + g];
   }
-  for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= __ldcg(st + c * sf + int64_t(G) * (D + 2)) != 0.f;
+  for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= st[c * sf + int64_t(G) * (D + 2)] != 0.f;
   const int any = __syncthreads_or(any_local);
   if (threadIdx.x < G) {
     const int g = threadIdx.x;
@@ -875,6 +884,7 @@ __device__ void combine_split_states(const float* st, int Ce, int G, int D, int6
     head_empty[g] = M == -INFINITY;
   }
   __syncthreads();
+  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int g = i / D;
     float a = 0.f;
@@ -882,34 +892,13 @@ __device__ void combine_split_states(const float* st, int Ce, int G, int D, int6
       for (int c0 = 0; c0 < Ce; c0 += 8) {
         float v[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = c0 + j < Ce ? __ldcg(st + (c0 + j) * sf + 2 * G + i) : 0.f;
+        for (int j = 0; j < 8; ++j) v[j] = c0 + j < Ce ? st[(c0 + j) * sf + 2 * G + i] : 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           if (c0 + j < Ce) a += v[j] * fm[(c0 + j) * G + g];
       }
     out_t[i] = Dt<T>::from_f(attention_output(head_empty[g] ? 0.f : head_l[g], a, any, len));
   }
-}
-
-// The end of cuda_mma_cluster's split: a CTA per (token, kv head) unit merges the states the
-// first Ce of the unit's p.splits CTAs left in p.ws (combine_split_states). A unit whose keys
-// one CTA took (Ce == 1) was written by that CTA and is skipped (both kernels count Ce by
-// live_ctas with p.split_keys). Dynamic shared memory: 2 * splits * G floats.
-template <typename T>
-__global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams p) {
-  extern __shared__ float comb[];  // f[Ce][G] (m, then the factors), l[Ce][G]
-  __shared__ float head_l[kMcMaxGroup];
-  __shared__ int head_empty[kMcMaxGroup];
-  pdl_begin();
-  const int64_t unit = blockIdx.x;
-  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
-  const int64_t len = token_context(p, t).len;
-  const int Ce = live_ctas(p, p.splits, len, p.split_keys);
-  if (Ce == 1) return;
-  const int G = p.group, D = int(p.head_dim);
-  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  combine_split_states<T>(p.ws + unit * p.splits * split_state_floats(G, D), Ce, G, D, len, out_t, comb, head_l,
-                          head_empty);
 }
 
 int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
@@ -954,11 +943,10 @@ cudaStream_t workspace_stream(int dev) {
   });
 }
 
-// bytes of workspace for one call on stream s of device dev (the caller holds a DeviceGuard),
-// its first zero_bytes set to zero (in stream order eagerly; before returning under capture);
+// bytes of workspace for one call on stream s of device dev (the caller holds a DeviceGuard);
 // *stream_ordered: the caller frees it with cudaFreeAsync on s after its last kernel. nullptr
-// when the memory is not there (the caller then takes its path without one); other errors throw.
-float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_ordered, size_t zero_bytes = 0) {
+// when the memory is not there (the caller then keeps to the cluster); other errors throw.
+float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_ordered) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaGraph_t graph = nullptr;
   check_cuda(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph), "paged_attention", "cudaStreamGetCaptureInfo");
@@ -984,13 +972,6 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
       return nullptr;
     }
     check_cuda(e, "paged_attention", "cudaMallocAsync (split workspace)");
-    if (zero_bytes > 0) {
-      const cudaError_t z = cudaMemsetAsync(p, 0, zero_bytes, s);
-      if (z != cudaSuccess) {
-        (void)cudaFreeAsync(p, s);
-        check_cuda(z, "paged_attention", "cudaMemsetAsync (split workspace tickets)");
-      }
-    }
     *stream_ordered = true;
     return static_cast<float*>(p);
   }
@@ -999,7 +980,6 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
   check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "paged_attention", "cudaThreadExchangeStreamCaptureMode");
   const cudaStream_t side = workspace_stream(dev);
   cudaError_t e = cudaMallocAsync(&p, bytes, side);
-  if (e == cudaSuccess && zero_bytes > 0) e = cudaMemsetAsync(p, 0, zero_bytes, side);
   if (e == cudaSuccess) e = cudaStreamSynchronize(side);
   (void)cudaThreadExchangeStreamCaptureMode(&mode);  // the caller's mode back
   if (e == cudaErrorMemoryAllocation) {
@@ -1022,305 +1002,7 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
   return static_cast<float*>(p);
 }
 
-
-// ---- paged_attention, variant cuda_gqa_split -------------------------------------------
-// A CTA per (token, kv head) unit and split of the unit's keys, no cluster: made for decode
-// steps whose contexts are short next to the block table (a graph captured for the capacity,
-// replayed at every length), where a cluster's merge and a ring's serial steps cost more than
-// the keys. The unit's capacity is split over p.splits CTAs of p.split_keys keys (the plan:
-// gqa_split_plan in launch_rules.hpp); only the first Ce = ceil(len / split_keys) take keys
-// (live_ctas), the others return at once. A CTA's range is read in chunks of p.sp_chunk keys:
-//  1. each key's cache slot from the block table (thread per key; an unmapped block drops the
-//     key), then every 16-byte piece of the chunk's K rows, then of its V rows, as cp.async
-//     copies all in flight at once (two commit groups: the scores start when K has landed);
-//  2. a thread per key: its G scores from K's row and q (FP32, staged in shared memory, read
-//     as broadcasts), times scale; a dropped key scores -inf;
-//  3. a warp per head: the chunk's max, the running max and base, p = e^(s - base) by the
-//     SFU's ex2.approx of (s - base) log2 e (as cuda_gqa_cluster), their sum, and the factor
-//     e^(m_old - base) that rescales what the earlier chunks accumulated;
-//  4. P V: a thread per (head, 16-byte piece of V's row) and group of keys (the groups, j = kg,
-//     kg + KG, ..., summed in order at the end).
-// A unit that one CTA took (Ce == 1) writes its row; otherwise each CTA leaves its state (m, l,
-// acc) in the call's workspace, takes a ticket, and the CTA that takes the unit's last merges
-// the Ce states in split order (combine_split_states: the same bits whichever CTA finishes
-// last) and sets the ticket back to 0 for the next call or graph replay.
-template <typename T, int GM>
-__global__ void __launch_bounds__(kGqaSplitThreads) paged_attention_split_kernel(const AttnParams p) {
-  constexpr int NT = kGqaSplitThreads, NW = NT / 32;
-  constexpr int E = 16 / int(sizeof(T));  // elements per 16-byte piece
-  using V = Vec<T, E>;
-  extern __shared__ __align__(16) unsigned char sp_raw[];
-  pdl_begin();
-  const int S = p.splits;
-  const int64_t unit = blockIdx.x / S;
-  const int split = int(blockIdx.x % S);
-  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
-  const auto [seq, len] = token_context(p, t);
-  const int64_t R = p.split_keys;
-  const int Ce = live_ctas(p, S, len, R);
-  if (split >= Ce) return;
-  const int G = p.group, D = int(p.head_dim), P = D * int(sizeof(T)) / 16, chunk = p.sp_chunk, krow = p.sp_krow;
-  unsigned char* ktile = sp_raw;
-  unsigned char* vtile = sp_raw + p.sp_v;
-  float* sq = reinterpret_cast<float*>(sp_raw + p.sp_q);     // [GM][D], rows past G zero
-  float* ss = reinterpret_cast<float*>(sp_raw + p.sp_s);     // [GM][chunk]: scores, then weights
-  int64_t* sslot = reinterpret_cast<int64_t*>(sp_raw + p.sp_slot);  // [chunk], -1: dropped
-  float* sred = reinterpret_cast<float*>(sp_raw + p.sp_red);   // P V partials
-  float* misc = reinterpret_cast<float*>(sp_raw + p.sp_misc);
-  float *m_run = misc, *l_run = misc + kGqaSplitMaxGroup, *corr = misc + 2 * kGqaSplitMaxGroup,
-        *head_l = misc + 3 * kGqaSplitMaxGroup;
-  int* head_empty = reinterpret_cast<int*>(misc + 4 * kGqaSplitMaxGroup);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // q's G rows as floats (16-byte pieces), zero rows up to GM
-  {
-    const T* qb = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
-    for (int i = threadIdx.x; i < GM * P; i += NT) {
-      const int g = i / P, c = i - g * P;
-      V v{};
-      if (g < G) v = load_vec<T, E>(qb + int64_t(g) * D + c * E);
-#pragma unroll
-      for (int e = 0; e < E; ++e) sq[g * D + c * E + e] = v.f(e);
-    }
-  }
-  if (threadIdx.x < kGqaSplitMaxGroup) m_run[threadIdx.x] = -INFINITY, l_run[threadIdx.x] = 0.f;
-  const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
-  const int64_t bs = p.block_size, row_stride = p.num_kv_heads * D;
-  const T* kc = static_cast<const T*>(p.k_cache) + kvh * D;
-  const T* vc = static_cast<const T*>(p.v_cache) + kvh * D;
-  const int64_t j_begin = int64_t(split) * R, j_end = min(len, j_begin + R);
-  const int nslots = G * P, KG = max(1, NT / nslots);
-  constexpr float kLog2e = 1.4426950408889634f;
-  float acc[2][E];  // this thread's P V sums: pieces lin = threadIdx.x + k * NT < KG * nslots
-#pragma unroll
-  for (int k = 0; k < 2; ++k)
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[k][e] = 0.f;
-  int any_local = 0;
-  for (int64_t c0 = j_begin; c0 < j_end; c0 += chunk) {
-    const int n = int(min(int64_t(chunk), j_end - c0));
-    for (int j = threadIdx.x; j < n; j += NT) {
-      const int64_t pos = c0 + j, b = bt[pos / bs];
-      const bool ok = b >= 0 && b < p.num_blocks;
-      sslot[j] = ok ? b * bs + (pos - pos / bs * bs) : int64_t(-1);
-      any_local |= ok;
-    }
-    __syncthreads();  // the slots are in; (later chunks) the previous chunk's tiles are consumed
-    for (int i = threadIdx.x; i < n * P; i += NT) {
-      const int j = i / P, c = i - j * P;
-      const int64_t sl = sslot[j];
-      cp_async16(ktile + j * krow + c * 16, kc + max(sl, int64_t(0)) * row_stride + c * E, sl >= 0);
-    }
-    cp_async_commit();
-    for (int i = threadIdx.x; i < n * P; i += NT) {
-      const int j = i / P, c = i - j * P;
-      const int64_t sl = sslot[j];
-      cp_async16(vtile + i * 16, vc + max(sl, int64_t(0)) * row_stride + c * E, sl >= 0);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();  // this thread's K pieces
-    __syncthreads();     // everyone's
-    for (int j = threadIdx.x; j < n; j += NT) {
-      float d[GM];
-#pragma unroll
-      for (int g = 0; g < GM; ++g) d[g] = 0.f;
-      const unsigned char* kr = ktile + j * krow;
-      for (int c = 0; c < P; ++c) {
-        const V kv = *reinterpret_cast<const V*>(kr + c * 16);
-#pragma unroll
-        for (int g = 0; g < GM; ++g)
-#pragma unroll
-          for (int e = 0; e < E; ++e) d[g] = fmaf(sq[g * D + c * E + e], kv.f(e), d[g]);
-      }
-      const bool ok = sslot[j] >= 0;
-#pragma unroll
-      for (int g = 0; g < GM; ++g)
-        if (g < G) ss[g * chunk + j] = ok ? d[g] * p.scale : -INFINITY;
-    }
-    __syncthreads();
-    for (int g = warp; g < G; g += NW) {
-      float mx = -INFINITY;
-      for (int j = lane; j < n; j += 32) mx = fmaxf(mx, ss[g * chunk + j]);  // NaN ignored here, kept below
-      mx = warp_max(mx);
-      const float m_old = m_run[g], nm = fmaxf(m_old, mx);
-      // nothing seen yet (every score -inf): subtract 0, so e^(-inf - 0) = 0 and no -inf - -inf
-      const float base = nm == -INFINITY ? 0.f : nm;
-      float sum = 0.f;
-      for (int j = lane; j < n; j += 32) {
-        const float w = fast_exp2((ss[g * chunk + j] - base) * kLog2e);  // -inf: 0; NaN: NaN
-        ss[g * chunk + j] = w;
-        sum += w;
-      }
-      sum = warp_sum(sum);
-      if (lane == 0) {
-        const float f = fast_exp2((m_old - base) * kLog2e);  // m_old = -inf: 0
-        corr[g] = f;
-        l_run[g] = l_run[g] * f + sum;
-        m_run[g] = nm;
-      }
-    }
-    cp_async_wait<0>();  // this thread's V pieces
-    __syncthreads();     // everyone's; the weights and factors
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int lin = int(threadIdx.x) + k * NT;
-      if (lin < KG * nslots) {
-        const int kg = lin / nslots, o = lin - kg * nslots, g = o / P, c = o - g * P;
-        const float f = corr[g];
-#pragma unroll
-        for (int e = 0; e < E; ++e) acc[k][e] *= f;
-        const float* w = ss + g * chunk;
-        const unsigned char* vp = vtile + c * 16;
-#pragma unroll 4
-        for (int j = kg; j < n; j += KG) {
-          const float pj = w[j];
-          const V vv = *reinterpret_cast<const V*>(vp + j * P * 16);
-#pragma unroll
-          for (int e = 0; e < E; ++e) acc[k][e] = fmaf(pj, vv.f(e), acc[k][e]);
-        }
-      }
-    }
-    __syncthreads();  // the tiles, slots and weights are free for the next chunk
-  }
-  // the key groups' sums, in group order
-#pragma unroll
-  for (int k = 0; k < 2; ++k) {
-    const int lin = int(threadIdx.x) + k * NT;
-    if (lin < KG * nslots)
-#pragma unroll
-      for (int e = 0; e < E; ++e) sred[lin * E + e] = acc[k][e];
-  }
-  const int any_cta = __syncthreads_or(any_local);
-  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  const int64_t sf = split_state_floats(G, D);
-  float* st = Ce > 1 ? p.ws + (unit * S + split) * sf : nullptr;
-  for (int i = threadIdx.x; i < G * D; i += NT) {
-    const int g = i / D, d = i - g * D, o = g * P + d / E, e = d % E;
-    float a = 0.f;
-    for (int kg = 0; kg < KG; ++kg) a += sred[(kg * nslots + o) * E + e];
-    if (Ce == 1) {
-      out_t[i] = Dt<T>::from_f(attention_output(l_run[g], a, any_cta, len));
-    } else {
-      st[2 * G + i] = a;
-      if (d == 0) st[g] = m_run[g], st[G + g] = l_run[g];
-    }
-  }
-  if (Ce == 1) return;
-  if (threadIdx.x == 0) st[int64_t(G) * (D + 2)] = any_cta ? 1.f : 0.f;
-  // every thread's state stores, then the ticket (the CUDA threadFenceReduction pattern)
-  __threadfence();
-  __syncthreads();
-  __shared__ int last;
-  if (threadIdx.x == 0) last = atomicAdd(p.tickets + unit, 1u) == unsigned(Ce - 1);
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  combine_split_states<T>(p.ws + unit * S * sf, Ce, G, D, len, out_t, reinterpret_cast<float*>(sp_raw + p.sp_comb),
-                          head_l, head_empty);
-  if (threadIdx.x == 0) p.tickets[unit] = 0u;  // for the next call or replay
-}
-
 }  // namespace
-
-// cuda_gqa_split's instantiation for G query heads per kv head: 1, 2, 4, 8 or 16 head slots
-int split_group_slots(int G) { return G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : G <= 8 ? 8 : 16; }
-
-std::string paged_attention_split_can_implement(const void* args) {
-  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
-  const int64_t row_bytes = a.head_dim * int64_t(detail::dtype_bytes(a.q.dtype));
-  if (a.num_heads / a.num_kv_heads > kGqaSplitMaxGroup) return "more than 16 query heads per kv head";
-  if (row_bytes % 16 != 0 || row_bytes > 512) return "head_dim * element size must be a multiple of 16 bytes and at most 512";
-  for (const detail::View* t : {&a.q, &a.out, &a.k_cache, &a.v_cache})
-    if (!aligned16(t->data)) return "q, out, k_cache and v_cache must be 16-byte aligned";
-  if (a.num_tokens * a.num_kv_heads * kGqaSplitMaxSplits > int64_t(INT32_MAX))
-    return "num_tokens * num_kv_heads * 64 exceeds the grid's 2^31 - 1 CTAs";
-  // the most shared memory a call of this shape can ask (with the most splits)
-  const int dev = a.q.device.device_id;
-  const int G = int(a.num_heads / a.num_kv_heads);
-  const GqaSplitPlan most = gqa_split_plan(a.num_tokens * a.num_kv_heads, a.max_blocks_per_seq * a.block_size,
-                                           device_props(dev).sm_count, row_bytes, a.head_dim, split_group_slots(G), G,
-                                           int(16 / detail::dtype_bytes(a.q.dtype)), kGqaSplitMaxSplits);
-  const int optin = once_per_device<int>(dev, [](int d) {
-    int v = 0;
-    check_cuda(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), "paged_attention",
-               "read the shared memory limit");
-    return v;
-  });
-  if (int64_t(most.smem) + 64 > optin)
-    return "needs " + std::to_string(most.smem) + " bytes of shared memory per CTA; the device allows " +
-           std::to_string(optin);
-  return "";
-}
-
-void paged_attention_split_cuda(const void* args, ks_stream_t stream) {
-  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
-  const int dev = a.q.device.device_id;
-  DeviceGuard g(dev, "paged_attention");
-  const DeviceProps& dp = device_props(dev);
-  const int G = int(a.num_heads / a.num_kv_heads);
-  const int GM = split_group_slots(G);
-  const auto s = static_cast<cudaStream_t>(stream);
-  const int64_t esz = int64_t(detail::dtype_bytes(a.q.dtype)), row_bytes = a.head_dim * esz;
-  const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
-  const bool pools = once_per_device<bool>(dev, [](int d) {
-    int v = 0;
-    return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
-  });
-  AttnParams p = attn_params(a);
-  const int elems = int(16 / esz);
-  GqaSplitPlan plan = gqa_split_plan(units, capacity, dp.sm_count, row_bytes, a.head_dim, GM, G, elems,
-                                     pools ? kGqaSplitMaxSplits : 1);
-  float* ws = nullptr;
-  bool stream_ordered = false;  // ws is freed here after the kernel (else a graph owns it)
-  if (plan.splits > 1) {
-    // the tickets (a counter per unit, zeroed), then the states
-    const size_t tick_bytes = size_t((units * 4 + 15) / 16 * 16);
-    const size_t bytes = tick_bytes + size_t(units * plan.splits * split_state_floats(G, a.head_dim)) * sizeof(float);
-    if (float* w = split_workspace(dev, s, bytes, &stream_ordered, tick_bytes)) {
-      ws = w;
-      p.tickets = reinterpret_cast<unsigned*>(w);
-      p.ws = reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(w) + tick_bytes);
-    } else {  // no memory for it: one CTA per unit takes every key
-      plan = gqa_split_plan(units, capacity, dp.sm_count, row_bytes, a.head_dim, GM, G, elems, 1);
-    }
-  }
-  p.splits = int(plan.splits);
-  p.split_keys = int(plan.range);
-  p.sp_chunk = plan.chunk;
-  p.sp_krow = plan.krow;
-  p.sp_v = plan.v_off;
-  p.sp_q = plan.q_off;
-  p.sp_s = plan.s_off;
-  p.sp_slot = plan.slot_off;
-  p.sp_red = plan.red_off;
-  p.sp_comb = plan.comb_off;
-  p.sp_misc = plan.misc_off;
-  const int64_t grid = units * plan.splits;
-  auto go = [&](auto tag, auto gm) {
-    using T = decltype(tag);
-    constexpr auto kern = paged_attention_split_kernel<T, decltype(gm)::value>;
-    (void)opt_in_smem_limit<kern>(dev, "paged_attention");  // can_implement checked plan.smem against it
-    launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kGqaSplitThreads), plan.smem, s, 1, dp.pdl, p);
-  };
-  auto by_group = [&](auto tag) {
-    switch (GM) {
-      case 1: go(tag, std::integral_constant<int, 1>{}); break;
-      case 2: go(tag, std::integral_constant<int, 2>{}); break;
-      case 4: go(tag, std::integral_constant<int, 4>{}); break;
-      case 8: go(tag, std::integral_constant<int, 8>{}); break;
-      default: go(tag, std::integral_constant<int, 16>{}); break;
-    }
-  };
-  try {
-    with_float_type(a.q.dtype, by_group);
-  } catch (...) {
-    if (stream_ordered) (void)cudaFreeAsync(ws, s);  // the launch error is the one reported
-    throw;
-  }
-  if (stream_ordered) check_cuda(cudaFreeAsync(ws, s), "paged_attention", "cudaFreeAsync (split workspace)");
-  check_launch("paged_attention");
-  record_launch("paged_attention", "variant=cuda_gqa_split cluster=1 splits=%lld group=%lld chunk=%lld keys_per_split=%lld grid=%lld smem=%lld",
-                {plan.splits, G, plan.chunk, plan.range, grid, (long long)plan.smem});
-}
 
 std::string paged_attention_mma_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);

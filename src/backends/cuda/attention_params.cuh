@@ -32,10 +32,6 @@ struct AttnParams {
   int splits;
   int split_keys;  // the fewest keys a split CTA takes (live_ctas), 256 (KS_ATTN_SPLIT_KEYS)
   float* ws;
-  // cuda_gqa_split: a ticket per (token, kv head) unit in the workspace (zero between calls: the
-  // CTA that merges a unit's states sets it back), and the byte offsets of its shared memory
-  unsigned* tickets;
-  int sp_chunk, sp_krow, sp_v, sp_q, sp_s, sp_slot, sp_red, sp_comb, sp_misc;
 };
 
 #if defined(__CUDACC__)
@@ -88,9 +84,7 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     0,
                     1,
                     256,
-                    nullptr,
-                    nullptr,
-                    0, 0, 0, 0, 0, 0, 0, 0, 0};
+                    nullptr};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }

@@ -120,55 +120,6 @@ inline int64_t attention_splits(int64_t units, int64_t capacity, int sm_count, i
 }
 
 
-// paged_attention's cuda_gqa_split (attention.cu): a CTA per (token, kv head) unit and split of
-// its keys, no cluster. A CTA stages its keys chunk by chunk in shared memory, every copy of a
-// chunk in flight at once (K rows `krow` bytes apart: an odd number of 16-byte pieces, so the 8
-// threads of a 16-byte load phase, one key each, hit 8 distinct bank groups; V rows packed).
-// chunk: the most keys whose K and V fit kGqaSplitTileBytes, a multiple of 16, at most 256.
-// splits: the block table's capacity over CTAs of `range` keys, at most one per chunk, at most
-// max_splits (1 without a workspace) and at most one wave (sm_count / units CTAs per unit).
-// The byte offsets of the other areas follow the tiles, each 16-byte aligned: q (gm heads of
-// head_dim floats), the chunk's scores (gm x chunk floats), its cache slots (int64), the P V
-// partial sums (threads x 2 pieces x elems floats), the merge's scratch (2 x splits x group
-// floats) and five 16-float arrays of per-head state.
-constexpr int kGqaSplitThreads = 256, kGqaSplitMaxGroup = 16, kGqaSplitMaxChunk = 256, kGqaSplitMaxSplits = 64;
-constexpr int64_t kGqaSplitTileBytes = 136 * 1024;
-struct GqaSplitPlan {
-  int chunk = 0, krow = 0;
-  int64_t splits = 1, range = 0;
-  int v_off = 0, q_off = 0, s_off = 0, slot_off = 0, red_off = 0, comb_off = 0, misc_off = 0;
-  size_t smem = 0;
-};
-inline GqaSplitPlan gqa_split_plan(int64_t units, int64_t capacity, int sm_count, int64_t row_bytes, int64_t head_dim,
-                                   int gm, int group, int elems, int64_t max_splits) {
-  GqaSplitPlan g;
-  const int64_t pieces = row_bytes / 16;
-  g.krow = int((pieces % 2 == 0 ? pieces + 1 : pieces) * 16);
-  g.chunk = int(std::min<int64_t>(kGqaSplitMaxChunk, kGqaSplitTileBytes / (g.krow + row_bytes) / 16 * 16));
-  g.chunk = std::max(g.chunk, 16);
-  const int64_t per_unit = units > 0 ? std::max<int64_t>(1, int64_t(sm_count) / units) : 1;
-  const int64_t chunks = std::max<int64_t>(1, (capacity + g.chunk - 1) / g.chunk);
-  g.splits = std::max<int64_t>(1, std::min({chunks, per_unit, std::max<int64_t>(1, max_splits)}));
-  g.range = std::max<int64_t>(1, (capacity + g.splits - 1) / g.splits);
-  auto up16 = [](int64_t v) { return int((v + 15) / 16 * 16); };
-  int64_t at = int64_t(g.chunk) * g.krow;
-  g.v_off = up16(at);
-  at = g.v_off + int64_t(g.chunk) * row_bytes;
-  g.q_off = up16(at);
-  at = g.q_off + int64_t(gm) * head_dim * 4;
-  g.s_off = up16(at);
-  at = g.s_off + int64_t(gm) * g.chunk * 4;
-  g.slot_off = up16(at);
-  at = g.slot_off + int64_t(g.chunk) * 8;
-  g.red_off = up16(at);
-  at = g.red_off + int64_t(kGqaSplitThreads) * 2 * elems * 4;
-  g.comb_off = up16(at);
-  at = g.comb_off + (g.splits > 1 ? 2 * g.splits * group * 4 : 0);
-  g.misc_off = up16(at);
-  g.smem = size_t(g.misc_off + 5 * kGqaSplitMaxGroup * 4 + 16);
-  return g;
-}
-
 // quant_matmul's cuda_bulk_stream (one row of x, model_ops.cu): the plan of an N x K matrix of
 // row_bytes-byte rows on sm_count SMs with `limit` bytes of dynamic shared memory per CTA and
 // stages of about `target` bytes. A CTA per SM (at most one per row) owns a contiguous range of

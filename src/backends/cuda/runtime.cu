@@ -159,8 +159,6 @@ bool paged_attention_gqa_supported(int device);
 void paged_attention_gqa_cuda(const void*, ks_stream_t);
 std::string paged_attention_mma_can_implement(const void*);
 void paged_attention_mma_cuda(const void*, ks_stream_t);
-std::string paged_attention_split_can_implement(const void*);
-void paged_attention_split_cuda(const void*, ks_stream_t);
 std::string varlen_attention_can_implement(const void*);
 void varlen_attention_cuda(const void*, ks_stream_t);
 void norm_quant_matmul_cuda(const void*, ks_stream_t);
@@ -338,10 +336,6 @@ std::string ci_attention_cluster(const void* p, std::string (*can_implement)(con
 }
 std::string ci_attention_gqa(const void* p) { return ci_attention_cluster(p, paged_attention_gqa_can_implement); }
 std::string ci_attention_mma(const void* p) { return ci_attention_cluster(p, paged_attention_mma_can_implement); }
-std::string ci_attention_split(const void* p) {
-  const std::string why = ci_attention(p);
-  return why.empty() ? paged_attention_split_can_implement(p) : why;
-}
 std::string ci_varlen(const void* p) {
   auto& a = *static_cast<const ops::VarlenAttentionArgs*>(p);
   const std::string why = align_reason({&a.out, &a.q, &a.k, &a.v, &a.cu_q, &a.cu_k});
@@ -480,13 +474,6 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "with Q K^T and P V on the tensor cores (FP32 weights carried as three bf16/fp16 pieces) and each "
                "warp streaming its own 16-key tiles through a cp.async ring; first where sm_90.json's cells put it",
                avail, ks::cuda::ci_attention_mma, ks::cuda::paged_attention_mma_cuda, /*batch_invariant=*/false});
-  v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_gqa_split", kFloatDTypes, 8,
-               "a CTA per (token, kv head) and split of its keys, no cluster: each chunk of up to 256 keys staged "
-               "in shared memory with every cp.async copy in flight at once, a thread per key for the scores, "
-               "splits merged by the CTA that finishes a unit last (a ticket in a workspace); for short live "
-               "contexts in a larger block table (decode steps replayed from a graph); first where sm_90.json's "
-               "cells put it",
-               avail, ks::cuda::ci_attention_split, ks::cuda::paged_attention_split_cuda, /*batch_invariant=*/false});
   v.push_back({"varlen_attention", KS_BACKEND_CUDA, "cuda_cta_per_row_head", kFloatDTypes, 10,
                "a CTA per (query row, head): key tiles of 64, online FP32 softmax", avail, ks::cuda::ci_varlen,
                ks::cuda::varlen_attention_cuda});
