@@ -3,9 +3,11 @@
 # then the stages in KS_ATTN_STAGES (comma list; default bench,sanitize,ncu_split):
 #   bench      bench_ops' decode attention under every CUDA variant (bf16 anchors and SmolLM2's
 #              fp32 decode shapes) -> $OUT/attention_variants.csv
-#   sanitize   memcheck of cuda_gqa_split's tests, racecheck of its and cuda_mma_cluster's small ones
-#   ncu_split  Nsight Compute on cuda_gqa_split at SmolLM2's shape (192 of 2048 keys)
-#              -> $OUT/ncu_attention_split.txt
+#   unroll4    the same under KS_ATTN_GQA_UNROLL=4 (cuda_gqa_cluster's 4 keys per stream and step
+#              instead of 8), its cuda_gqa_cluster rows appended tagged
+#   sanitize   memcheck and racecheck of cuda_gqa_cluster's small tests
+#   ncu_gqa    Nsight Compute on cuda_gqa_cluster at SmolLM2's shape (192 of 2048 keys, fp32)
+#              -> $OUT/ncu_attention_gqa.txt
 #   nosplit    the automatic choice with KS_ATTN_SPLIT=0 -> $OUT/attention_nosplit.csv
 #   layout     the cache-layout experiment (KS_BENCH_ATTN=layout) -> $OUT/attention_layout.csv
 #   peers      torch SDPA in the same call -> $OUT/peers_attention.csv, and the plot against it
@@ -16,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-STAGES=${KS_ATTN_STAGES:-bench,sanitize,ncu_split}
+STAGES=${KS_ATTN_STAGES:-bench,unroll4,sanitize,ncu_gqa}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa  # for a model call that follows warm
 source scripts/gpu_env.sh
@@ -26,12 +28,17 @@ if has bench; then
   $BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_attention --dtypes bf16,fp32 2>&1 |
     grep -E "variant=cuda_(mma|gqa)" | cut -c1-150
 fi
-if has sanitize; then
-  ks_sanitize_tests memcheck '*CudaAttentionSplit*:*/cuda_gqa_split' 240
-  ks_sanitize_tests racecheck '*NonFiniteScoresAsOnCpu/cuda_gqa_split:*DeviceIndicesOutOfRange/cuda_gqa_split' 120
+if has unroll4; then
+  ks_bench_tagged KS_ATTN_GQA_UNROLL=4 variant:cuda_gqa_cluster "$OUT/attention_variants.csv" --variants \
+    --ops paged_attention --dtypes bf16,fp32
+  grep -F "[KS_ATTN_GQA_UNROLL=4]" "$OUT/attention_variants.csv" | cut -d, -f6,10 | head -20
 fi
-if has ncu_split; then
-  ks_ncu_bench paged_attention_split "$OUT/ncu_attention_split.txt" --ops paged_attention --dtypes fp32 \
+if has sanitize; then
+  ks_sanitize_tests memcheck '*DecodeAndPrefill/cuda_gqa_cluster:*NonFiniteScoresAsOnCpu/cuda_gqa_cluster' 120
+  ks_sanitize_tests racecheck '*NonFiniteScoresAsOnCpu/cuda_gqa_cluster:*DeviceIndicesOutOfRange/cuda_gqa_cluster' 120
+fi
+if has ncu_gqa; then
+  ks_ncu_bench paged_attention_gqa "$OUT/ncu_attention_gqa.txt" --ops paged_attention --dtypes fp32 \
     --shapes "b1 h9/3 d64 T192 of 2048"
 fi
 if has nosplit; then
