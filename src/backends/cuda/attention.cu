@@ -45,11 +45,10 @@ namespace cg = cooperative_groups;
 namespace ks::cuda {
 namespace {
 
-constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaMaxGroup = 8, kGqaStages = 2;
+constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8, kGqaStages = 2;
 // the cp.async ring: [stage][key u][K | V][thread] 16-byte pieces (conflict-free: a thread's
 // pieces are consecutive across threads)
-// pieces, U keys per stream and step
-constexpr int64_t gqa_ring_bytes(int U) { return int64_t(kGqaStages) * U * 2 * kGqaThreads * 16; }
+constexpr int64_t kGqaRingBytes = int64_t(kGqaStages) * kGqaUnroll * 2 * kGqaThreads * 16;
 constexpr int64_t kGqaSmemLimit = 200 * 1024;
 
 // The per-(token, kv head) softmax states in shared memory, at `base` (after cuda_gqa_cluster's
@@ -75,16 +74,7 @@ struct GqaSmem {
 constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
-[[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D, int U) { return size_t(gqa_ring_bytes(U)) + gqa_state_bytes(kGqaWarps, G, D); }
-// Keys per stream and step of cuda_gqa_cluster: 8 where at most 4 query heads share a kv head
-// (a step of 128 keys at head_dim 64 in fp32: SmolLM2's decode contexts of up to 128 keys in one
-// CTA and one step, up to 256 in two CTAs), else 4 (the registers of 8 heads' states);
-// KS_ATTN_GQA_UNROLL=4 forces 4, for comparisons. Not the batch: a row's bits depend on its own
-// length only (the live split).
-int gqa_unroll(int G) {
-  static const bool force4 = env_is("KS_ATTN_GQA_UNROLL", "4");
-  return G <= 4 && !force4 ? 8 : 4;
-}
+[[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
 
 // 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; results below 2^-126 flush to
 // 0, weights that small change no FP32 sum they join); 2^-inf = 0, NaN stays NaN.
@@ -208,12 +198,13 @@ __device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len
 // states of unit u at (u * splits + split) * that.
 __host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
 
-template <typename T, int LPK, int GM, int U>
-__global__ void __launch_bounds__(kGqaThreads, GM <= 4 && U <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
+template <typename T, int LPK, int GM>
+__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int E = 16 / int(sizeof(T));  // elements per lane: one 16-byte load
   constexpr int SPW = 32 / LPK;            // key streams per warp
   constexpr int NS = kGqaWarps * SPW;      // key streams per CTA
+  constexpr int U = kGqaUnroll;
   using V = Vec<T, E>;
   extern __shared__ __align__(16) unsigned char gqa_raw[];
   pdl_begin();
@@ -221,7 +212,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 && U <= 4 ? 2 : 1) paged_
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int G = p.group;
   const int D = int(p.head_dim);
-  GqaSmem sm(gqa_raw + gqa_ring_bytes(U), kGqaWarps, G, D);
+  GqaSmem sm(gqa_raw + kGqaRingBytes, kGqaWarps, G, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int sub = lane % LPK, stream = warp * SPW + lane / LPK;
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
@@ -373,7 +364,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 && U <= 4 ? 2 : 1) paged_
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  finish_unit<T, kGqaThreads>(cluster, gqa_raw, gqa_ring_bytes(U), kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr);
+  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr);
 #endif
 }
 
@@ -415,11 +406,11 @@ std::string cluster_attention_limits(const ops::PagedAttentionArgs& a) {
 // The largest cluster size for this instantiation on dev, 16 or 8 (cluster16_or_8: per kernel
 // and device, since each device loads its own copy of the module), asked with 256 threads and
 // the instantiation's largest shared memory.
-template <typename T, int LPK, int GM, int U>
+template <typename T, int LPK, int GM>
 int max_cluster_for(int dev) {
   // the most this instantiation can need: GM heads of LPK * E elements
-  const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))), U);
-  return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM, U>>(dev, kGqaThreads, most, "paged_attention");
+  const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))));
+  return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
 }
 
 int elems_per_lane(detail::DType dt) { return dt == detail::DType::F32 ? 4 : 8; }
@@ -434,7 +425,7 @@ std::string paged_attention_gqa_can_implement(const void* args) {
     return "head_dim must be a multiple of " + std::to_string(E) + " and at most " + std::to_string(32 * E) +
            " (16-byte rows of K and V per lane group)";
   if (const std::string why = cluster_attention_limits(a); !why.empty()) return why;
-  if (int64_t(gqa_smem_bytes(int(G), a.head_dim, gqa_unroll(int(G)))) > kGqaSmemLimit)
+  if (int64_t(gqa_smem_bytes(int(G), a.head_dim)) > kGqaSmemLimit)
     return "the query heads of a kv head times head_dim exceed 200 KB of shared memory";
   return "";
 }
@@ -451,8 +442,7 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
   const AttnParams p = cluster_attn_params(a);
-  const int U = gqa_unroll(G);
-  const size_t smem = gqa_smem_bytes(G, a.head_dim, U);
+  const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   const int E = elems_per_lane(a.q.dtype);
   const int lanes = int((a.head_dim + E - 1) / E);
@@ -464,20 +454,14 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   // once_flag gave them one flag between them (and one for all devices): only the first
   // dtype launched got the non-portable attribute, and a cluster of 16 of another dtype
   // (or on another device) failed to launch. The attribute is set per kernel and device.
-  auto launch = [&](auto tag, auto lpk, auto gm, auto unroll) {
-    using T = decltype(tag);
-    constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value, kU = decltype(unroll)::value;
-    // two CTAs per SM, at least 128 keys each
-    C = choose_cluster(a, max_cluster_for<T, kL, kG, kU>(dev), 2 * int64_t(dp.sm_count), 128);
-    grid = a.num_tokens * a.num_kv_heads * C;
-    launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG, kU>, dim3(unsigned(grid)),
-                  dim3(kGqaThreads), smem, s, C, dp.pdl, p);
-  };
   auto go = [&](auto tag, auto lpk, auto gm) {
-    if constexpr (decltype(gm)::value <= 4) {
-      if (U == 8) return launch(tag, lpk, gm, std::integral_constant<int, 8>{});
-    }
-    launch(tag, lpk, gm, std::integral_constant<int, 4>{});
+    using T = decltype(tag);
+    constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value;
+    // two CTAs per SM, at least 128 keys each
+    C = choose_cluster(a, max_cluster_for<T, kL, kG>(dev), 2 * int64_t(dp.sm_count), 128);
+    grid = a.num_tokens * a.num_kv_heads * C;
+    launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads),
+                  smem, s, C, dp.pdl, p);
   };
   auto by_group = [&](auto tag, auto lpk) {
     switch (GM) {
@@ -497,9 +481,8 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   };
   with_float_type(a.q.dtype, by_lanes);
   check_launch("paged_attention");
-  record_launch("paged_attention",
-                "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld keys_per_stream_step=%lld grid=%lld",
-                {C, G, LPK, U, grid});
+  record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld grid=%lld",
+                {C, G, LPK, grid});
 }
 
 }  // namespace ks::cuda
