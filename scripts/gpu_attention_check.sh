@@ -3,8 +3,6 @@
 # then the stages in KS_ATTN_STAGES (comma list; default bench,sanitize,ncu_split):
 #   bench      bench_ops' decode attention under every CUDA variant (bf16 anchors and SmolLM2's
 #              fp32 decode shapes) -> $OUT/attention_variants.csv
-#   threads256 SmolLM2's shapes under KS_ATTN_GQA_THREADS=256 (cuda_gqa_cluster's CTAs of 256 threads
-#              instead of 512), its cuda_gqa_cluster rows appended tagged
 #   sanitize   memcheck and racecheck of cuda_gqa_cluster's small tests
 #   ncu_gqa    Nsight Compute on cuda_gqa_cluster at SmolLM2's shape (192 of 2048 keys, fp32)
 #              -> $OUT/ncu_attention_gqa.txt
@@ -18,7 +16,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
-STAGES=${KS_ATTN_STAGES:-bench,threads256,sanitize,ncu_gqa}
+STAGES=${KS_ATTN_STAGES:-bench,sanitize,ncu_gqa}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa  # for a model call that follows warm
 source scripts/gpu_env.sh
@@ -27,11 +25,6 @@ ks_gpu_build_and_test '*Attention*' 'FP64 value|split cuda_gqa' ||
 if has bench; then
   $BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_attention --dtypes bf16,fp32 2>&1 |
     grep -E "variant=cuda_(mma|gqa)" | cut -c1-150
-fi
-if has threads256; then
-  KS_BENCH_ATTN=model ks_bench_tagged KS_ATTN_GQA_THREADS=256 variant:cuda_gqa_cluster "$OUT/attention_variants.csv" \
-    --variants --ops paged_attention --dtypes fp32
-  grep -F "[KS_ATTN_GQA_THREADS=256]" "$OUT/attention_variants.csv" | cut -d, -f6,10 | head -20
 fi
 if has sanitize; then
   ks_sanitize_tests memcheck '*DecodeAndPrefill/cuda_gqa_cluster:*NonFiniteScoresAsOnCpu/cuda_gqa_cluster' 120

@@ -45,11 +45,10 @@ namespace cg = cooperative_groups;
 namespace ks::cuda {
 namespace {
 
-constexpr int kGqaUnroll = 4, kGqaMaxGroup = 8, kGqaStages = 2;
+constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8, kGqaStages = 2;
 // the cp.async ring: [stage][key u][K | V][thread] 16-byte pieces (conflict-free: a thread's
 // pieces are consecutive across threads)
-// pieces, for CTAs of NT threads
-constexpr int64_t gqa_ring_bytes(int NT) { return int64_t(kGqaStages) * kGqaUnroll * 2 * NT * 16; }
+constexpr int64_t kGqaRingBytes = int64_t(kGqaStages) * kGqaUnroll * 2 * kGqaThreads * 16;
 constexpr int64_t kGqaSmemLimit = 200 * 1024;
 
 // The per-(token, kv head) softmax states in shared memory, at `base` (after cuda_gqa_cluster's
@@ -75,19 +74,7 @@ struct GqaSmem {
 constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
-[[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D, int NT) {
-  return size_t(gqa_ring_bytes(NT)) + gqa_state_bytes(NT / 32, G, D);
-}
-// Threads per CTA of cuda_gqa_cluster: 512 where at most 4 query heads share a kv head (16 warps:
-// a step of 128 keys at head_dim 64 in fp32, SmolLM2's decode contexts of up to 128 keys in one
-// CTA without a cluster exchange; each thread's keys per step as with 256), else 256 (8 heads'
-// states need more than the 128 registers a 512-thread CTA leaves); KS_ATTN_GQA_THREADS=256
-// forces 256, for comparisons. It depends on the heads, not the batch: a short context's row
-// stays the same alone and batched (the live split).
-int gqa_threads(int G) {
-  static const bool force256 = env_is("KS_ATTN_GQA_THREADS", "256");
-  return G <= 4 && !force256 ? 512 : 256;
-}
+[[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
 
 // 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; results below 2^-126 flush to
 // 0, weights that small change no FP32 sum they join); 2^-inf = 0, NaN stays NaN.
@@ -211,13 +198,12 @@ __device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len
 // states of unit u at (u * splits + split) * that.
 __host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
 
-template <typename T, int LPK, int GM, int NT>
-__global__ void __launch_bounds__(NT, GM <= 4 && NT <= 256 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
-  constexpr int kWarps = NT / 32;
+template <typename T, int LPK, int GM>
+__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int E = 16 / int(sizeof(T));  // elements per lane: one 16-byte load
   constexpr int SPW = 32 / LPK;            // key streams per warp
-  constexpr int NS = kWarps * SPW;         // key streams per CTA
+  constexpr int NS = kGqaWarps * SPW;      // key streams per CTA
   constexpr int U = kGqaUnroll;
   using V = Vec<T, E>;
   extern __shared__ __align__(16) unsigned char gqa_raw[];
@@ -226,7 +212,7 @@ __global__ void __launch_bounds__(NT, GM <= 4 && NT <= 256 ? 2 : 1) paged_attent
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int G = p.group;
   const int D = int(p.head_dim);
-  GqaSmem sm(gqa_raw + gqa_ring_bytes(NT), kWarps, G, D);
+  GqaSmem sm(gqa_raw + kGqaRingBytes, kGqaWarps, G, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int sub = lane % LPK, stream = warp * SPW + lane / LPK;
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
@@ -270,7 +256,7 @@ __global__ void __launch_bounds__(NT, GM <= 4 && NT <= 256 ? 2 : 1) paged_attent
   const int64_t row_stride = p.num_kv_heads * D;
   int any_local = 0;
   uint4* ring = reinterpret_cast<uint4*>(gqa_raw);  // [stage][u][K|V][thread]
-  auto piece = [&](int stage, int k, int kv) { return ring + ((stage * U + k) * 2 + kv) * NT + threadIdx.x; };
+  auto piece = [&](int stage, int k, int kv) { return ring + ((stage * U + k) * 2 + kv) * kGqaThreads + threadIdx.x; };
   // the block-table entries of step `j0` (keys past j_end: -1)
   auto fetch_blocks = [&](int j0, int32_t (&blk)[U]) {
 #pragma unroll
@@ -378,7 +364,7 @@ __global__ void __launch_bounds__(NT, GM <= 4 && NT <= 256 ? 2 : 1) paged_attent
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  finish_unit<T, NT>(cluster, gqa_raw, gqa_ring_bytes(NT), kWarps, G, D, any_local, Ce, len, out_t, nullptr);
+  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr);
 #endif
 }
 
@@ -420,11 +406,11 @@ std::string cluster_attention_limits(const ops::PagedAttentionArgs& a) {
 // The largest cluster size for this instantiation on dev, 16 or 8 (cluster16_or_8: per kernel
 // and device, since each device loads its own copy of the module), asked with 256 threads and
 // the instantiation's largest shared memory.
-template <typename T, int LPK, int GM, int NT>
+template <typename T, int LPK, int GM>
 int max_cluster_for(int dev) {
   // the most this instantiation can need: GM heads of LPK * E elements
-  const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))), NT);
-  return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM, NT>>(dev, NT, most, "paged_attention");
+  const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))));
+  return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
 }
 
 int elems_per_lane(detail::DType dt) { return dt == detail::DType::F32 ? 4 : 8; }
@@ -439,7 +425,7 @@ std::string paged_attention_gqa_can_implement(const void* args) {
     return "head_dim must be a multiple of " + std::to_string(E) + " and at most " + std::to_string(32 * E) +
            " (16-byte rows of K and V per lane group)";
   if (const std::string why = cluster_attention_limits(a); !why.empty()) return why;
-  if (int64_t(gqa_smem_bytes(int(G), a.head_dim, gqa_threads(int(G)))) > kGqaSmemLimit)
+  if (int64_t(gqa_smem_bytes(int(G), a.head_dim)) > kGqaSmemLimit)
     return "the query heads of a kv head times head_dim exceed 200 KB of shared memory";
   return "";
 }
@@ -456,8 +442,7 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
   const AttnParams p = cluster_attn_params(a);
-  const int NT = gqa_threads(G);
-  const size_t smem = gqa_smem_bytes(G, a.head_dim, NT);
+  const size_t smem = gqa_smem_bytes(G, a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   const int E = elems_per_lane(a.q.dtype);
   const int lanes = int((a.head_dim + E - 1) / E);
@@ -469,20 +454,14 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   // once_flag gave them one flag between them (and one for all devices): only the first
   // dtype launched got the non-portable attribute, and a cluster of 16 of another dtype
   // (or on another device) failed to launch. The attribute is set per kernel and device.
-  auto launch = [&](auto tag, auto lpk, auto gm, auto threads) {
-    using T = decltype(tag);
-    constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value, kNT = decltype(threads)::value;
-    // 512 threads per SM (two CTAs of 256 or one of 512), at least 128 keys per CTA
-    C = choose_cluster(a, max_cluster_for<T, kL, kG, kNT>(dev), int64_t(dp.sm_count) * 512 / kNT, 128);
-    grid = a.num_tokens * a.num_kv_heads * C;
-    launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG, kNT>, dim3(unsigned(grid)), dim3(kNT),
-                  smem, s, C, dp.pdl, p);
-  };
   auto go = [&](auto tag, auto lpk, auto gm) {
-    if constexpr (decltype(gm)::value <= 4) {
-      if (NT == 512) return launch(tag, lpk, gm, std::integral_constant<int, 512>{});
-    }
-    launch(tag, lpk, gm, std::integral_constant<int, 256>{});
+    using T = decltype(tag);
+    constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value;
+    // two CTAs per SM, at least 128 keys each
+    C = choose_cluster(a, max_cluster_for<T, kL, kG>(dev), 2 * int64_t(dp.sm_count), 128);
+    grid = a.num_tokens * a.num_kv_heads * C;
+    launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads),
+                  smem, s, C, dp.pdl, p);
   };
   auto by_group = [&](auto tag, auto lpk) {
     switch (GM) {
@@ -502,8 +481,8 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   };
   with_float_type(a.q.dtype, by_lanes);
   check_launch("paged_attention");
-  record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld threads=%lld grid=%lld",
-                {C, G, LPK, NT, grid});
+  record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld grid=%lld",
+                {C, G, LPK, grid});
 }
 
 }  // namespace ks::cuda
