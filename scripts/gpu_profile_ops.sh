@@ -15,19 +15,8 @@ mkdir -p "$OUT"
 source scripts/gpu_env.sh
 ks_gpu_build_and_test 'CudaSample.*' || { echo "gpu_profile_ops: the build failed (see $OUT/logs.txt)"; exit 1; }
 
-KS_SAMPLE_TRACE=1 $BUILD/bench_ops --ops sample --dtypes bf16 --csv /tmp/sample_trace.csv 2>&1 | grep "sample trace" |
-  python3 -c '
-import re, statistics, sys
-groups = {}
-for line in sys.stdin:
-    head, _, rest = line.partition("(")
-    fields = re.findall(r"([a-z+]+) (-?\d+)", rest.split(":", 1)[1])
-    groups.setdefault(head.strip(), []).append(fields)
-for head, runs in groups.items():
-    names = [n for n, _ in runs[0]]
-    med = [statistics.median(int(r[i][1]) for r in runs) for i in range(len(names))]
-    print(head, "(median of", len(runs), "launches; SM cycles):", ", ".join(f"{n} {m:.0f}" for n, m in zip(names, med)))
-' | tee "$OUT/sample_trace.txt"
+KS_SAMPLE_TRACE=1 $BUILD/bench_ops --ops sample --dtypes bf16 --csv /tmp/sample_trace.csv 2>&1 |
+  python3 bench/sample_trace_summary.py | tee "$OUT/sample_trace.txt"
 
 # (the first launch of each shape is Q4_1's: the benchmark runs Q4_1, then Q8_0, then Q4_0;
 # --variants also runs cuda_mma_blocks, whose kernel is quant_mma_kernel)

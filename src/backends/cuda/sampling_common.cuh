@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/common.cuh"
 #include "ops/args.hpp"
 
 namespace ks::cuda {
@@ -19,7 +20,16 @@ struct SampleParams {
   int64_t top_k;
   double top_p;
   int64_t rows, vocab;
+  // sample_finish_row: one warp finishes a row of at most 64 members (1, the default), or the whole
+  // CTA (0: KS_SAMPLE_FINISH_WARP=0, for comparisons); the same ids either way
+  int finish_warp;
 };
+
+// KS_SAMPLE_FINISH_WARP=0 (read once): every row's last step by the whole CTA, for comparisons
+inline bool sample_finish_warp() {
+  static const bool on = !env_is("KS_SAMPLE_FINISH_WARP", "0");
+  return on;
+}
 
 inline SampleParams sample_params(const ops::SampleArgs& a) {
   return SampleParams{a.logits.data,
@@ -30,7 +40,8 @@ inline SampleParams sample_params(const ops::SampleArgs& a) {
                       a.top_k,
                       a.top_p,
                       a.rows,
-                      a.vocab};
+                      a.vocab,
+                      sample_finish_warp() ? 1 : 0};
 }
 
 template <int W>

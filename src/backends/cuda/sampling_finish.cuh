@@ -31,6 +31,76 @@ __device__ __forceinline__ float sample_z(const T *row, int64_t i, float t) {
   return scaled_logit(Dt<T>::to_f(row[i]), t);
 }
 
+// Warp-wide sums and inclusive scans of exact 64-bit integers (the order of the additions does
+// not change them).
+__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ unsigned long long warp_inclusive_scan_u64(unsigned long long v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
+// sample_finish_row's steps by one warp, for n <= 64 members (lane l holds members l and l + 32),
+// with no CTA barrier: the same integers, so the same id. Top-p: member e's mass at or before it
+// in the (w desc, index asc) order is c_e = sum of w_j over the members j with w_j > w_e, or
+// w_j == w_e and j <= e; the shortest prefix reaching the target keeps exactly the members whose
+// mass before them, c_e - w_e, is below it. The draw: the first kept member (index order) whose
+// running weight exceeds c, found by a ballot over the inclusive scan. Called by the 32 threads
+// of one warp; m.w must not be read by other warps meanwhile.
+template <typename T>
+__device__ void sample_finish_row_warp(const SampleParams &p, int64_t r, const T *row, float zmax, int n,
+                                       SampleMembers &m) {
+  namespace smp = ks::sampling;
+  const int lane = threadIdx.x & 31, e0 = lane, e1 = lane + 32;
+  const float t = p.temperature;
+  unsigned long long w0 = 0, w1 = 0;
+  if (e0 < n) w0 = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(sample_z(row, m.idx[e0], t) - zmax)));
+  if (e1 < n) w1 = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(sample_z(row, m.idx[e1], t) - zmax)));
+  if (e0 < n) m.w[e0] = w0;
+  if (e1 < n) m.w[e1] = w1;
+  __syncwarp();
+  const unsigned long long W_sum = warp_sum_u64(w0 + w1);
+  bool k0 = e0 < n, k1 = e1 < n;
+  unsigned long long total = W_sum;
+  if (p.top_p < 1.0) {
+    long long target = static_cast<long long>(ceil(p.top_p * double(W_sum)));
+    target = min(max(target, 1ll), static_cast<long long>(W_sum));
+    const unsigned long long tgt = static_cast<unsigned long long>(target);
+    unsigned long long c0 = 0, c1 = 0;
+    for (int j = 0; j < n; ++j) {
+      const unsigned long long wj = m.w[j];
+      c0 += (wj > w0 || (wj == w0 && j <= e0)) ? wj : 0ull;
+      c1 += (wj > w1 || (wj == w1 && j <= e1)) ? wj : 0ull;
+    }
+    k0 = k0 && c0 - w0 < tgt;
+    k1 = k1 && c1 - w1 < tgt;
+    total = warp_sum_u64((k0 ? w0 : 0ull) + (k1 ? w1 : 0ull));
+  }
+  const unsigned long long c =
+      smp::scale_draw(smp::row_draw(uint64_t(p.seed_offset[0]), uint64_t(p.seed_offset[1]), uint64_t(r)), total);
+  const unsigned long long a0 = k0 ? w0 : 0ull, a1 = k1 ? w1 : 0ull;
+  const unsigned long long s0 = warp_inclusive_scan_u64(a0);
+  const unsigned long long s1 = __shfl_sync(0xffffffffu, s0, 31) + warp_inclusive_scan_u64(a1);
+  const unsigned b0 = __ballot_sync(0xffffffffu, a0 > 0 && s0 > c), b1 = __ballot_sync(0xffffffffu, a1 > 0 && s1 > c);
+  int chosen = b0 ? __ffs(int(b0)) - 1 : b1 ? 32 + __ffs(int(b1)) - 1 : -1;
+  if (chosen < 0) {  // not reached (c < total); the CPU's default: the largest kept id
+    const unsigned kb0 = __ballot_sync(0xffffffffu, k0), kb1 = __ballot_sync(0xffffffffu, k1);
+    chosen = kb1 ? 63 - __clz(int(kb1)) : kb0 ? 31 - __clz(int(kb0)) : -1;
+  }
+  if (lane == 0) {
+    p.out[r] = chosen >= 0 ? m.idx[chosen] : 0;
+    if (p.valid) p.valid[r] = 1;
+  }
+}
+
 // Every thread of the CTA (W warps, 2 * 32 W >= kSampleMaxTopK) calls it with
 // the same arguments; m.idx[0 .. n) holds row r's n members (1 <= n <=
 // kSampleMaxTopK) in index order, zmax the row's largest z. Writes out[r] and
@@ -41,6 +111,11 @@ __device__ void sample_finish_row(const SampleParams &p, int64_t r, const T *row
                                   unsigned long long *warp_u64, unsigned long long *decided) {
   static_assert(2 * 32 * W >= kSampleMaxTopK, "two members per thread in the scans");
   namespace smp = ks::sampling;
+  if (n <= 64 && p.finish_warp) {  // warp 0 alone, without the CTA's barriers (the same id)
+    if (threadIdx.x < 32) sample_finish_row_warp(p, r, row, zmax, n, m);
+    __syncthreads();
+    return;
+  }
   const float t = p.temperature;
   const int threads = 32 * W;
   unsigned long long W_sum = 0;
