@@ -174,6 +174,27 @@ TEST(AttentionSplitRule, ReproducesTheMeasuredChoices) {
   EXPECT_EQ(attention_splits(0, 32768, 132, 8, 128, 2, kKeys, kMin), 1);    // no unit
 }
 
+// argmax's cluster per row: the sizes measured fastest at adba7d4 on the H200 (132 SMs; every
+// size forced in one call), SmolLM2's 49152-entry vocabulary unchanged from the earlier rule (4),
+// and limits: never past max_cluster, one CTA for short rows, a power of two.
+TEST(ArgmaxClusterRule, ReproducesTheMeasuredChoices) {
+  using ks::cuda::argmax_cluster;
+  EXPECT_EQ(argmax_cluster(1, 128256, 132, 16), 16);
+  EXPECT_EQ(argmax_cluster(64, 128256, 132, 16), 4);
+  EXPECT_EQ(argmax_cluster(256, 151936, 132, 16), 1);
+  EXPECT_EQ(argmax_cluster(1, 49152, 132, 16), 4);
+  EXPECT_EQ(argmax_cluster(1, 128256, 132, 8), 8);
+  EXPECT_EQ(argmax_cluster(1, 15999, 132, 16), 1);
+  EXPECT_EQ(argmax_cluster(1, 16000, 132, 16), 2);
+  for (int64_t rows : {1, 2, 7, 66, 132, 133, 1000})
+    for (int64_t cols : {1, 8000, 65536, 128256, 1 << 22}) {
+      const int C = argmax_cluster(rows, cols, 132, 16);
+      EXPECT_TRUE(C == 1 || C == 2 || C == 4 || C == 8 || C == 16);
+      EXPECT_LE(rows * C, std::max<int64_t>(264, rows));
+      if (C > 1) EXPECT_GE(cols, int64_t(C) * 8000);
+    }
+}
+
 // quant_matmul's cuda_bulk_stream plan: the configurations its launcher recorded on the H200 at
 // f299a95 (docs/perf/h200_quant_bulk_f299a95.csv: 132 SMs, 227 KB of opt-in shared memory less
 // the kernel's 128 bytes of mbarriers, 128 KB stages), then invariants over hostile shapes: the

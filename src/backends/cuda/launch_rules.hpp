@@ -120,6 +120,18 @@ inline int64_t attention_splits(int64_t units, int64_t capacity, int sm_count, i
 }
 
 
+// argmax's cluster per row (model_ops.cu, sm_90): doubled while the rows at twice the cluster
+// still fit two CTAs per SM and each CTA keeps at least 8000 elements, up to max_cluster (16; the
+// launcher falls back to 8 where a cluster of 16 cannot be resident). The H200 at adba7d4, every
+// size forced in one call (docs/perf/h200_followup_adba7d4.csv, bf16): 1 x 128256 C = 16 3.67 us
+// (8: 3.94, 4: 4.96, 1: 11.02); 64 x 128256 C = 4 13.11 (1: 14.34, 8: 14.75, 16: 22.14);
+// 256 x 151936 C = 1 27.60 (2: 30.82, 4: 39.61, 16: 76.19).
+inline int argmax_cluster(int64_t rows, int64_t cols, int sm_count, int max_cluster) {
+  int C = 1;
+  while (2 * C <= max_cluster && rows * 2 * C <= 2 * int64_t(sm_count) && cols >= int64_t(2 * C) * 8000) C *= 2;
+  return C;
+}
+
 // quant_matmul's cuda_bulk_stream (one row of x, model_ops.cu): the plan of an N x K matrix of
 // row_bytes-byte rows on sm_count SMs with `limit` bytes of dynamic shared memory per CTA and
 // stages of about `target` bytes. A CTA per SM (at most one per row) owns a contiguous range of

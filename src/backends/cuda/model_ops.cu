@@ -79,9 +79,8 @@ __device__ __forceinline__ ArgBest warp_best(ArgBest b, bool small_index) {
 // alternating by row, so a CTA a row ahead cannot overwrite what rank 0 has yet to read) and
 // one cluster barrier later rank 0 reduces them from its own shared memory. The result does not
 // depend on C or on the order of the scan: (key, index) is a total order.
-// kArgmaxAutoCluster: the largest cluster the launcher picks itself; up to kArgmaxMaxCluster
-// only when forced (KS_ARGMAX_CLUSTER).
-constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxAutoCluster = 8, kArgmaxMaxCluster = 16;
+// kArgmaxMaxCluster: the largest cluster (argmax_cluster in launch_rules.hpp picks it)
+constexpr int kArgmaxThreads = 512, kArgmaxUnroll = 4, kArgmaxMaxCluster = 16;
 
 template <typename T>
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const T* __restrict__ x, int64_t* __restrict__ out,
@@ -1068,18 +1067,17 @@ void argmax_cuda(const void* args, ks_stream_t stream) {
   const auto& a = *static_cast<const ops::ArgmaxArgs*>(args);
   DeviceGuard g(a.x.device.device_id, "argmax");
   const DeviceProps& dp = device_props(a.x.device.device_id);
-  // a cluster of up to 8 CTAs per row while the rows alone fill fewer than 2 CTAs per SM,
-  // each CTA keeping at least 8192 elements.
-  // KS_ARGMAX_CLUSTER=1/2/4/8/16 (experiments) forces the cluster size; 16 (non-portable) only
-  // where a cluster of 16 can be resident, else 8. The result does not depend on it.
+  // a cluster of up to 16 CTAs per row (argmax_cluster, launch_rules.hpp: the sizes measured
+  // fastest on the H200); 16 (non-portable) only where a cluster of 16 can be resident, else 8.
+  // KS_ARGMAX_CLUSTER=1/2/4/8/16 (experiments) forces the cluster size. The result does not
+  // depend on it.
   static const int forced = int(env_number("KS_ARGMAX_CLUSTER", 0));
   int C = 1;
   if (dp.sm90_code) {
     if (forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16)
       C = forced;
     else
-      while (C < kArgmaxAutoCluster && a.rows * C < 2 * int64_t(dp.sm_count) && a.cols >= int64_t(2 * C) * 8192)
-        C *= 2;
+      C = argmax_cluster(a.rows, a.cols, dp.sm_count, kArgmaxMaxCluster);
   }
   const auto s = static_cast<cudaStream_t>(stream);
   int64_t* out = static_cast<int64_t*>(a.out.data);

@@ -374,7 +374,7 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "a CTA per token: cos/sin once in shared memory, every head of q and k; strided views", avail,
                ks::cuda::ci_rotary, ks::cuda::rotary_cuda});
   v.push_back({"argmax", KS_BACKEND_CUDA, "cuda_cluster_per_row", kFloatDTypes, 10,
-               "a row per cluster of up to 8 CTAs (sm_90; one CTA elsewhere), 16-byte loads, (value, index) "
+               "a row per cluster of up to 16 CTAs (sm_90; one CTA elsewhere), 16-byte loads, (value, index) "
                "reduction: first NaN, then first maximum", avail, ks::cuda::ci_argmax,
                ks::cuda::argmax_cuda});
   v.push_back({"gemm", KS_BACKEND_CUDA, "cuda_cublaslt", kFloatDTypes, 10,
