@@ -307,15 +307,21 @@ void kv_cache_append_cuda(const void* args, ks_stream_t stream) {
 }
 
 // ---- rotary_embedding_kv_append ---------------------------------------------------
-// A CTA per token (grid-stride): thread t takes the (head, pair) items t, t + 512, ... of q
-// and k, with its own sincosf of the angle (rope_kernel's angle and rope_rotate, the inverse
-// frequencies from the host table); a rotated k pair is stored to k and to its cache
-// row. Then the CTA copies v and k's features past rotary_dim into the cache rows: every cache
-// element is written by the thread that read its source, so no barrier is needed after the
-// inverse frequencies are staged. A slot outside [0, num_slots) is skipped (as kv_append_kernel).
-// 512 threads: a one-token step of a small model (SmolLM2: 12 heads x 32 pairs) is one pass,
-// so the step's latency is one chain of loads, not three. 32-bit index arithmetic (the item
-// counts are checked to fit by can_implement).
+// A CTA per token (grid-stride), in passes of 512: in a pass thread t takes the (head, pair)
+// item b + t of q and k, with its own sincosf of the angle (rope_kernel's angle and
+// rope_rotate, the inverse frequencies from the host table; a rotated k pair is stored to k
+// and to its cache row), and the element b + t of the token's v row and of k's features past
+// rotary_dim, copied to the cache rows. Every load of a pass (the pair, the v and k-tail
+// elements, the position, the slot) is issued before any of them is used: written as a rotation loop
+// and then a copy loop, the pair waited for the position's load and the sincosf (whose slow path
+// is a call the compiler does not move loads across), and the copy for the rotation's stores, so
+// a one-token step was three memory round trips in a row instead of one. v is read whatever the
+// slot (validation keeps v off q, k and the caches); only the cache stores depend on it. Every
+// cache element is written by the thread that read its source, so no barrier is needed after
+// the inverse frequencies are staged. A slot outside [0, num_slots) is skipped (as
+// kv_append_kernel). 512 threads: a one-token step of a small model (SmolLM2: 12 heads x 32
+// pairs, v rows of 192) is one pass. 32-bit index arithmetic (the item counts are checked to fit
+// by can_implement).
 constexpr int kRopeAppendThreads = 512;
 template <typename T, bool NEOX>
 __global__ void __launch_bounds__(kRopeAppendThreads) rope_append_kernel(const RopeParams p, const RopeTable table,
@@ -329,37 +335,48 @@ __global__ void __launch_bounds__(kRopeAppendThreads) rope_append_kernel(const R
   const int items = int((p.heads + p.kv_heads) * half), kv_row32 = int(p.kv_heads * head_dim);
   const int64_t D = head_dim;
   for (int64_t tok = blockIdx.x; tok < p.tokens; tok += gridDim.x) {
-    const int64_t pi = p.pos64 ? static_cast<const int64_t*>(p.pos)[tok] : static_cast<const int32_t*>(p.pos)[tok];
-    const float pos = float(pi);
-    int64_t slot = -1;
-    if (tok < kv.tokens)
-      slot = kv.slots64 ? static_cast<const int64_t*>(kv.slots)[tok] : static_cast<const int32_t*>(kv.slots)[tok];
-    T* kc = slot >= 0 && slot < kv.num_slots ? reinterpret_cast<T*>(kv.k_cache + slot * kv.row_bytes) : nullptr;
-    T* vc = kc ? reinterpret_cast<T*>(kv.v_cache + slot * kv.row_bytes) : nullptr;
-    for (int it = threadIdx.x; it < items; it += blockDim.x) {
-      const int h = it / half32, i = it - h * half32;
-      float sn, c;
-      sincosf(pos * rope_sh[i], &sn, &c);
+    const bool has_kv = tok < kv.tokens;
+    const T* vs = reinterpret_cast<const T*>(kv.v) + tok * int64_t(kv_row32);
+    const T* ks = static_cast<const T*>(p.k) + tok * p.k_ts;
+    const int work = max(items, has_kv ? kv_row32 : 0);
+    for (int b = 0; b < work; b += blockDim.x) {
+      const int it = b + int(threadIdx.x);
+      // the loads
+      const bool rot = it < items, copy = has_kv && it < kv_row32;
+      const int h = rot ? it / half32 : 0, i = it - h * half32;
       const int i0 = NEOX ? i : 2 * i, i1 = NEOX ? i + half32 : 2 * i + 1;
       T* base = h < p.heads ? static_cast<T*>(p.q) + tok * p.q_ts + h * p.q_hs
                             : static_cast<T*>(p.k) + tok * p.k_ts + (h - p.heads) * p.k_hs;
-      float f0, f1;
-      rope_rotate(Dt<T>::to_f(base[i0]), Dt<T>::to_f(base[i1]), c, sn, f0, f1);
-      const T r0 = Dt<T>::from_f(f0), r1 = Dt<T>::from_f(f1);
-      base[i0] = r0;
-      base[i1] = r1;
-      if (h >= p.heads && kc) {
-        kc[(h - p.heads) * D + i0] = r0;
-        kc[(h - p.heads) * D + i1] = r1;
+      T x0{}, x1{}, vv{}, kt{};
+      if (rot) x0 = base[i0], x1 = base[i1];
+      const int hh = copy ? it / D32 : 0, d = it - hh * D32;
+      const bool tail = copy && d >= 2 * half32;
+      if (copy) vv = vs[it];
+      if (tail) kt = ks[hh * p.k_hs + d];
+      // the position and the slot after them in the pass (read at the token's start, the
+      // compiler used them at once - the cache row's address - and the loads above waited)
+      const int64_t pi = p.pos64 ? static_cast<const int64_t*>(p.pos)[tok] : static_cast<const int32_t*>(p.pos)[tok];
+      int64_t slot = -1;
+      if (has_kv)
+        slot = kv.slots64 ? static_cast<const int64_t*>(kv.slots)[tok] : static_cast<const int32_t*>(kv.slots)[tok];
+      // then the angle, the rotation and the stores
+      T* kc = slot >= 0 && slot < kv.num_slots ? reinterpret_cast<T*>(kv.k_cache + slot * kv.row_bytes) : nullptr;
+      if (rot) {
+        float sn, c;
+        sincosf(float(pi) * rope_sh[i], &sn, &c);
+        float f0, f1;
+        rope_rotate(Dt<T>::to_f(x0), Dt<T>::to_f(x1), c, sn, f0, f1);
+        const T r0 = Dt<T>::from_f(f0), r1 = Dt<T>::from_f(f1);
+        base[i0] = r0;
+        base[i1] = r1;
+        if (h >= p.heads && kc) {
+          kc[(h - p.heads) * D + i0] = r0;
+          kc[(h - p.heads) * D + i1] = r1;
+        }
       }
-    }
-    if (kc) {
-      const T* vs = reinterpret_cast<const T*>(kv.v) + tok * int64_t(kv_row32);
-      const T* ks = static_cast<const T*>(p.k) + tok * p.k_ts;
-      for (int e = threadIdx.x; e < kv_row32; e += blockDim.x) {
-        const int hh = e / D32, d = e - hh * D32;
-        vc[e] = vs[e];
-        if (d >= 2 * half) kc[e] = ks[hh * p.k_hs + d];
+      if (copy && kc) {
+        reinterpret_cast<T*>(kv.v_cache + slot * kv.row_bytes)[it] = vv;
+        if (tail) kc[it] = kt;
       }
     }
   }
