@@ -12,14 +12,11 @@
 #   ncu_mma    Nsight Compute on cuda_mma_cluster at batch 1, 32/8 heads of 128, 32K keys (with the
 #              split's combine kernel) and at batch 32, 8K keys -> $OUT/ncu_attention_mma*.txt
 # Usage (device): KS_COMMIT=sha scripts/gpu_attention_check.sh   (carry .dlpack and .deps)
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 STAGES=${KS_ATTN_STAGES:-bench,sanitize,ncu_gqa}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa  # for a model call that follows warm
-source scripts/gpu_env.sh
 ks_gpu_build_and_test '*Attention*' 'FP64 value|split cuda_gqa' ||
   { echo "gpu_attention_check: the build failed (see $OUT/logs.txt)"; exit 1; }
 if has bench; then

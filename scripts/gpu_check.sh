@@ -19,10 +19,8 @@
 # Needs: .dlpack/ (the libdlpack-dev header) and .deps/ (nlohmann-json for the routing tables),
 # both carried (scripts/prepare_gpu_carry.sh), and optionally .whl/ (liger-kernel) — see
 # docs/perf/README.md.
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 STAGES=${KS_STAGES:-build,test,sanitize,bench,peers,report,model}
 PEER_DTYPES=${PEER_DTYPES:-bf16,fp16,fp32}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
@@ -34,7 +32,6 @@ LOG="$OUT/logs.txt"   # every stage's log, one file (the device returns at most 
                       # h200.csv/md/png (every peer row is in h200.csv), h200_model.csv/md)
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv | tee -a "$LOG"
 
-source scripts/gpu_env.sh
 if has build; then
   ks_gpu_build "$LOG" || { tail -40 "$LOG"; exit 1; }
   grep -E "warning|error" "$LOG" | grep -v "^--" | head -20

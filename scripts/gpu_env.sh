@@ -1,5 +1,9 @@
-# Sourced by scripts/gpu_check.sh and scripts/gpu_model_check.sh on the GPU machine: one build
-# directory (build-gpu, sm_90a, tools on) serves both, so a warm machine builds once.
+# Sourced by every GPU script right after `cd "$(dirname "$0")/.."` (the repository root): strict
+# mode (set -uo pipefail), OUT (default ./gpu_out) created, and the build helpers below. One build
+# directory (build-gpu, sm_90a, tools on) serves every script, so a warm machine builds once.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
 # .deps carries development files only; point the PCRE2 link name at the image's runtime library.
 BUILD=${KS_GPU_BUILD:-build-gpu}
 DEPLIB=$PWD/.deps/usr/lib/x86_64-linux-gnu

@@ -8,12 +8,9 @@
 # warm (the rope change runs once per layer of the model's decode step).
 # Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa]);
 # KS_FOLLOWUP_FILTER=gtest-filter runs fewer tests, e.g. '*Argmax*:*Sample*:*Rotary*:*Rope*'.
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa
-source scripts/gpu_env.sh
 # (every CUDA test takes about 150 s after the build; KS_FOLLOWUP_FILTER narrows them to fit one call)
 ks_gpu_build_and_test "${KS_FOLLOWUP_FILTER:-*}" 'FP64' || { echo "gpu_followup: the build failed (see $OUT/logs.txt)"; exit 1; }
 for c in 16 4 1; do

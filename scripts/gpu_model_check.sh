@@ -21,10 +21,8 @@
 #                    baselines (the report then compares with none); KS_MODEL_AB=0: skip the batch-1
 #                    comparison runs (KS_MODEL_FUSE=0, KS_QMM_WSTAGE=0, KS_MODEL_SPLIT_HEAD=1 with and
 #                    without cuda_row_stream for the head)
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 STAGES=${KS_MODEL_STAGES:-build,test,generate,bench,swap}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 LOG="$OUT/model_logs.txt"
@@ -36,7 +34,6 @@ if [ ! -f "$MODEL" ]; then
   cat $A .mdl/part_ab > "$MODEL"
 fi
 [ "$(stat -c %s "$MODEL")" = 98362432 ] || { echo "gpu_model_check: the joined model has the wrong size"; exit 2; }
-source scripts/gpu_env.sh
 if has build; then
   ks_gpu_build "$LOG" ksctl test_model test_cuda_ops || { tail -40 "$LOG"; exit 1; }
 fi

@@ -7,11 +7,8 @@
 #   bf16 and fp16, decode fused_add). KS_SOFTMAX_CLUSTER sweeps are run when SWEEP_CLUSTER=1;
 #   the softmax candidates (co-resident clusters per configuration) are printed by
 #   KS_DEBUG_CONFIG=1.
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-BUILD=build-gpu
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 export PATH=/usr/local/cuda/bin:$PATH
 if [ ! -x $BUILD/bench_ops ]; then
   cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real \

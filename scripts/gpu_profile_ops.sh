@@ -8,11 +8,8 @@
 # It builds first and runs the sampling GPU tests (the trace kernel is a separate
 # instantiation; the tests cover the production one).
 # Usage (device): KS_COMMIT=sha scripts/gpu_profile_ops.sh   (carry .dlpack and .deps)
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-source scripts/gpu_env.sh
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test 'CudaSample.*' || { echo "gpu_profile_ops: the build failed (see $OUT/logs.txt)"; exit 1; }
 
 KS_SAMPLE_TRACE=1 $BUILD/bench_ops --ops sample --dtypes bf16 --csv /tmp/sample_trace.csv 2>&1 |

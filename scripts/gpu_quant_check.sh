@@ -6,11 +6,8 @@
 # the streaming variants' test, and Nsight Compute on cuda_bulk_stream at 4096 x 4096 and
 # 14336 x 4096 Q4_1 (speed of light, warp stalls, memory) -> $OUT/ncu_quant_bulk.txt.
 # Usage (device): KS_COMMIT=sha scripts/gpu_quant_check.sh   (carry .dlpack and .deps)
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-source scripts/gpu_env.sh
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test '*QuantMatmul*:*Quant*:*Fused*' 'FP64' ||
   { echo "gpu_quant_check: the build failed (see $OUT/logs.txt)"; exit 1; }
 $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,decode_fusions --dtypes bf16,fp32 2>&1 |

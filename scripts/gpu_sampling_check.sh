@@ -6,11 +6,8 @@
 # appended tagged, and cuda_cluster_local_topk's phase cycles (KS_SAMPLE_TRACE=1) ->
 # $OUT/sample_trace.txt.
 # Usage (device): KS_COMMIT=sha scripts/gpu_sampling_check.sh   (carry .dlpack and .deps)
-set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
-source scripts/gpu_env.sh
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test 'CudaSample.*:*Argmax*' || { echo "gpu_sampling_check: the build failed (see $OUT/logs.txt)"; exit 1; }
 echo "KS_SAMPLE_FINISH_WARP=0:"
 KS_SAMPLE_FINISH_WARP=0 $BUILD/tests/test_cuda_ops --gtest_filter='CudaSample.*' --gtest_brief=1 2>&1 |
