@@ -58,6 +58,8 @@ if has bench; then
   #   rope_fused   KS_MODEL_FUSE_ROPE=1: RoPE + the cache append in the q/k/v matmul (5 kernels per layer)
   #   no_live_split  KS_ATTN_LIVE_SPLIT=0: decode attention splits the keys over every CTA of
   #                the cluster sized for the cache's capacity, not over ceil(len / step) of them
+  #   step_timing  KS_MODEL_STEP_TIMING=1: each decode step timed on the GPU (CUDA events), printed
+  #                beside the time per token from the decode rate (the rest is the host's turn)
   #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
   #   split_head_stream  the same with quant_matmul's cuda_row_stream first at the head's shape
   #                (bench/routing_head_row_stream.json chained before the checked-in tables)
@@ -83,6 +85,7 @@ if has bench; then
     rm -f "$OUT/model_cuda_ab.csv"
     ab unfused KS_MODEL_FUSE=0
     ab no_wstage KS_QMM_WSTAGE=0
+    ab step_timing KS_MODEL_STEP_TIMING=1
     ab no_live_split KS_ATTN_LIVE_SPLIT=0
     ab rope_fused KS_MODEL_FUSE_ROPE=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then

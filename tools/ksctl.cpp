@@ -221,18 +221,24 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
   for (int64_t n : prompt_lens) {
     std::vector<int32_t> prompt;
     while (int64_t(prompt.size()) < n) prompt.push_back(base[prompt.size() % base.size()]);
-    std::vector<double> pf, dc;
+    std::vector<double> pf, dc, gpu_us;  // gpu_us: KS_MODEL_STEP_TIMING's step times
     for (int r = 0; r < repeats + 1; ++r) {  // first run is a warm-up
       ks::model::GenerateOptions opt;
       opt.max_tokens = decode_tokens;
       opt.stop_at_eos = false;
+      (void)m.model.take_step_times_us();
       auto st = ks::model::generate(m.model, m.tok, prompt, opt, [](int32_t) {});
       if (r == 0) continue;
       pf.push_back(st.prefill_tokens_per_second());
       dc.push_back(st.decode_tokens_per_second());
+      for (float us : m.model.take_step_times_us()) gpu_us.push_back(us);
     }
     std::printf("%-8s %8lld %8lld %14.1f\n", "prefill", (long long)n, (long long)n, median(pf));
     std::printf("%-8s %8lld %8lld %14.1f\n", "decode", (long long)n, (long long)decode_tokens, median(dc));
+    if (!gpu_us.empty())  // the step on the GPU against its wall time: the rest is the host's turn
+      std::printf("  step timing (KS_MODEL_STEP_TIMING): %.1f us on the GPU per decode step (median of %zu), "
+                  "%.1f us per token from the decode rate\n",
+                  median(gpu_us), gpu_us.size(), 1e6 / median(dc));
     if (out) {
       std::fprintf(out, "prefill,%lld,%lld,%d,%.2f,%d,1\n", (long long)n, (long long)n, omp_get_max_threads(), median(pf),
                    repeats);

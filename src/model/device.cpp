@@ -1,5 +1,6 @@
 #include "model/device.hpp"
 
+#include <cstdlib>
 #include <string>
 
 #if defined(KS_MODEL_CUDA)
@@ -52,6 +53,8 @@ DeviceStream::DeviceStream() {
 }
 DeviceStream::~DeviceStream() {
   drop_graph();
+  for (void* e : ev_)
+    if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   if (s_) cudaStreamDestroy(cs(s_));
 }
 void DeviceStream::to_device(void* dst, const void* src, size_t bytes) {
@@ -64,6 +67,18 @@ void DeviceStream::to_host(void* dst, const void* src, size_t bytes) {
 void DeviceStream::sync() {
   check(cudaStreamSynchronize(cs(s_)), "stream synchronize");
   copy_unsynced_ = false;
+  if (timed_) {
+    timed_ = false;
+    float ms = 0.f;
+    check(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ev_[0]), static_cast<cudaEvent_t>(ev_[1])),
+          "read the step's timing events");
+    replay_us_.push_back(ms * 1000.f);
+  }
+}
+std::vector<float> DeviceStream::take_replay_us() {
+  std::vector<float> out;
+  out.swap(replay_us_);
+  return out;
 }
 void DeviceStream::wait_for_copies() {
   if (copy_unsynced_) sync();
@@ -91,10 +106,27 @@ void DeviceStream::capture(const std::function<void()>& fn) {
 // Each replay is an NVTX range "ks_decode_step", so a profiler can take the decode steps'
 // kernels alone (ncu --nvtx --nvtx-include "ks_decode_step/": scripts/gpu_model_check.sh).
 void DeviceStream::replay() {
+  static const bool timing = [] {
+    const char* e = std::getenv("KS_MODEL_STEP_TIMING");
+    return e && std::string(e) == "1";
+  }();
+  if (timing) {
+    for (void*& e : ev_)
+      if (!e) {
+        cudaEvent_t ev = nullptr;
+        check(cudaEventCreate(&ev), "create a timing event");
+        e = ev;
+      }
+    check(cudaEventRecord(static_cast<cudaEvent_t>(ev_[0]), cs(s_)), "record the step's start");
+  }
   KS_NVTX_RANGE_PUSH("ks_decode_step");
   const cudaError_t r = cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cs(s_));
   KS_NVTX_RANGE_POP();
   check(r, "graph launch");
+  if (timing) {
+    check(cudaEventRecord(static_cast<cudaEvent_t>(ev_[1]), cs(s_)), "record the step's end");
+    timed_ = true;
+  }
 }
 void DeviceStream::drop_graph() {
   if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
@@ -120,6 +152,7 @@ void DeviceStream::wait_for_copies() {}  // no copy is ever queued here
 void DeviceStream::capture(const std::function<void()>&) { unavailable(); }
 void DeviceStream::replay() { unavailable(); }
 void DeviceStream::drop_graph() {}
+std::vector<float> DeviceStream::take_replay_us() { return {}; }
 #endif
 
 CudaBytes& CudaBytes::operator=(CudaBytes&& o) noexcept {

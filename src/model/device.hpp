@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <functional>
+#include <vector>
 
 namespace ks::model {
 
@@ -69,12 +70,19 @@ class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
   bool captured() const { return exec_ != nullptr; }
   void replay();
   void drop_graph();
+  // KS_MODEL_STEP_TIMING=1 (diagnostics): each replay is timed on the GPU by two CUDA events
+  // (the graph's first kernel to its last), read at the next sync(); take_replay_us() returns
+  // the times collected so far, in microseconds, and clears them. Empty when the switch is off.
+  std::vector<float> take_replay_us();
 
  private:
   ks_stream_t s_ = nullptr;
   void* graph_ = nullptr;
   void* exec_ = nullptr;
   bool copy_unsynced_ = false;  // a to_device copy queued since the last completed sync()
+  void* ev_[2] = {nullptr, nullptr};  // KS_MODEL_STEP_TIMING: around the last replay
+  bool timed_ = false;                // a timed replay not yet read
+  std::vector<float> replay_us_;
 };
 
 }  // namespace ks::model

@@ -91,6 +91,9 @@ class LlamaModel {
   // held (CUDA), the matmuls go through ks::gemm: the same products, summed in cuBLASLt's
   // order. On CUDA the step is one CUDA graph per b.
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
+  // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
+  // in microseconds (DeviceStream::take_replay_us); empty otherwise
+  std::vector<float> take_step_times_us() { return stream_ ? stream_->take_replay_us() : std::vector<float>{}; }
 
  private:
   // A buffer on the model's device: host memory (CPU) or device memory (CUDA).
