@@ -58,6 +58,8 @@ if has bench; then
   #   rope_fused   KS_MODEL_FUSE_ROPE=1: RoPE + the cache append in the q/k/v matmul (5 kernels per layer)
   #   no_live_split  KS_ATTN_LIVE_SPLIT=0: decode attention splits the keys over every CTA of
   #                the cluster sized for the cache's capacity, not over ceil(len / step) of them
+  #   pull_merge   KS_ATTN_PUSH_MERGE=0: decode attention's cluster merge by remote reads between two
+  #                barriers, not pushed to rank 0 before one
   #   step_timing  KS_MODEL_STEP_TIMING=1: each decode step timed on the GPU (CUDA events), printed
   #                beside the time per token from the decode rate (the rest is the host's turn)
   #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
@@ -86,6 +88,7 @@ if has bench; then
     ab unfused KS_MODEL_FUSE=0
     ab no_wstage KS_QMM_WSTAGE=0
     ab step_timing KS_MODEL_STEP_TIMING=1
+    ab pull_merge KS_ATTN_PUSH_MERGE=0
     ab no_live_split KS_ATTN_LIVE_SPLIT=0
     ab rope_fused KS_MODEL_FUSE_ROPE=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then

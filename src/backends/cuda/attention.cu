@@ -70,11 +70,22 @@ struct GqaSmem {
   }
 };
 
+// One split's softmax state in cuda_mma_cluster's workspace (and in finish_unit_push's area): m[G], l[G], acc[G][D] (not yet
+// divided by l), then the any-key flag (1.f / 0.f); split_state_floats(G, D) floats each, the
+// states of unit u at (u * splits + split) * that.
+__host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
+
 // The bytes of GqaSmem's states for W warps, G heads of D elements.
 constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
 [[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
+// finish_unit_push's area in rank 0 (every CTA's dynamic shared memory has it: one size per
+// launch): C states of split_state_floats(G, D) floats, after gqa_smem_bytes rounded up to 16
+constexpr size_t gqa_push_offset(size_t base) { return (base + 15) / 16 * 16; }
+[[maybe_unused]] size_t gqa_push_bytes(int C, int G, int64_t D) {
+  return size_t(16) + size_t(C) * size_t(split_state_floats(G, D)) * sizeof(float);
+}
 
 // 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; results below 2^-126 flush to
 // 0, weights that small change no FP32 sum they join); 2^-inf = 0, NaN stays NaN.
@@ -184,6 +195,76 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
 #endif
 }
 
+// finish_unit's cluster merge for Ce > 1 with one cluster barrier instead of two (cuda_gqa_cluster,
+// AttnParams::push_off > 0): every CTA merges its warps' states as finish_unit does, the first Ce
+// push theirs (split_state_floats(G, D) floats: m, l, acc, any) into rank 0's shared memory at
+// raw + push_off, slot = rank; one barrier (release / acquire), then rank 0 alone merges the Ce
+// states in rank order - finish_unit's formula and order, so the same bits - and writes the
+// output; the other CTAs leave, as nothing reads their shared memory. The kernel made a relaxed
+// arrive at its start (every CTA of the cluster, after computing the same Ce > 1); the wait
+// here, before the first remote store, completes it ("rank 0 has started").
+template <typename T, int NT, typename Cluster>
+__device__ void finish_unit_push(Cluster& cluster, unsigned char* raw, size_t states_off, int push_off, int W, int G,
+                                 int D, int any_local, int Ce, int64_t len, T* out_t) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const int rank = int(cluster.block_rank());
+  GqaSmem sm(raw + states_off, W, G, D);
+  const int any_cta = __syncthreads_or(any_local);
+  const int64_t sf = split_state_floats(G, D);
+  cluster_wait();  // every CTA of the cluster has started
+  float* dst = rank < Ce ? cluster.map_shared_rank(reinterpret_cast<float*>(raw + push_off), 0) + rank * sf : nullptr;
+  if (dst) {
+    for (int i = threadIdx.x; i < G * D; i += NT) {
+      const int g = i / D;
+      float M = -INFINITY;
+      for (int w = 0; w < W; ++w) M = fmaxf(M, sm.wm[w * G + g]);
+      float L = 0.f, a = 0.f;
+      for (int w = 0; w < W; ++w) {
+        const float f = merge_factor(sm.wm[w * G + g], M);
+        L += sm.wl[w * G + g] * f;
+        a += sm.wacc[w * G * D + i] * f;
+      }
+      dst[2 * G + i] = a;
+      if (i % D == 0) dst[g] = M, dst[G + g] = L;
+    }
+    if (threadIdx.x == 0) dst[int64_t(G) * (D + 2)] = any_cta ? 1.f : 0.f;
+  }
+  cluster_arrive();  // release: the pushed states
+  cluster_wait();    // acquire: rank 0 sees all of them
+  if (rank != 0) return;
+  const float* st = reinterpret_cast<const float*>(raw + push_off);
+  constexpr int kMaxC = 16;
+  for (int i = threadIdx.x; i < G * D; i += NT) {
+    const int g = i / D;
+    float mc[kMaxC];
+    int any = 0;
+#pragma unroll
+    for (int c = 0; c < kMaxC; ++c) {
+      mc[c] = -INFINITY;
+      if (c < Ce) {
+        mc[c] = st[c * sf + g];
+        any |= st[c * sf + int64_t(G) * (D + 2)] != 0.f;
+      }
+    }
+    float M = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
+    float L = 0.f, a = 0.f;
+    if (M != -INFINITY) {
+#pragma unroll
+      for (int c = 0; c < kMaxC; ++c) {
+        if (c < Ce) {
+          const float f = merge_factor(mc[c], M);
+          L += st[c * sf + G + g] * f;
+          a += st[c * sf + 2 * G + i] * f;
+        }
+      }
+    }
+    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
+  }
+#endif
+}
+
 // Ce, the CTAs of a unit's cluster of C that take keys: the first ceil(len / keys) of them (at
 // least one; keys: keys_per_cta or KS_ATTN_MIN_KEYS, whichever is larger), or all C with
 // KS_ATTN_LIVE_SPLIT=0. It depends on the unit's length and C only, so every CTA of the cluster
@@ -193,10 +274,6 @@ __device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len
   return p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys - 1) / keys))) : C;
 }
 
-// One split's softmax state in cuda_mma_cluster's workspace: m[G], l[G], acc[G][D] (not yet
-// divided by l), then the any-key flag (1.f / 0.f); split_state_floats(G, D) floats each, the
-// states of unit u at (u * splits + split) * that.
-__host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
 
 template <typename T, int LPK, int GM>
 __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
@@ -226,6 +303,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   // Ce depends on this unit's length alone, not on the batch, when C >= ceil(len / (NS U)).
   const int Ce = live_ctas(p, C, len, NS * U);
   if (Ce == 1 && rank > 0) return;  // rank 0 alone: no cluster exchange (below)
+  if (Ce > 1 && p.push_off > 0) cluster_arrive_relaxed();  // "started": finish_unit_push waits for it
   // this CTA's keys: [j_begin, j_end) (empty for rank >= Ce)
   const int per = int((len + Ce - 1) / Ce);
   const int j_begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
@@ -364,7 +442,11 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr);
+  if (Ce > 1 && p.push_off > 0)
+    finish_unit_push<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, p.push_off, kGqaWarps, G, D, any_local, Ce, len,
+                                     out_t);
+  else
+    finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr);
 #endif
 }
 
@@ -408,12 +490,23 @@ std::string cluster_attention_limits(const ops::PagedAttentionArgs& a) {
 // the instantiation's largest shared memory.
 template <typename T, int LPK, int GM>
 int max_cluster_for(int dev) {
-  // the most this instantiation can need: GM heads of LPK * E elements
-  const size_t most = gqa_smem_bytes(GM, int64_t(LPK) * (16 / int64_t(sizeof(T))));
+  // the most this instantiation can need: GM heads of LPK * E elements, and the pushed states of
+  // a cluster of 16 (gqa_push_bytes)
+  // (at most kGqaSmemLimit: the launcher pushes only where the whole fits in it)
+  const int64_t D = int64_t(LPK) * (16 / int64_t(sizeof(T)));
+  const size_t base = gqa_smem_bytes(GM, D);
+  const size_t most = std::max(base, std::min(gqa_push_offset(base) + gqa_push_bytes(16, GM, D), size_t(kGqaSmemLimit)));
   return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
 }
 
 int elems_per_lane(detail::DType dt) { return dt == detail::DType::F32 ? 4 : 8; }
+
+// KS_ATTN_PUSH_MERGE=0 (read once; for comparisons): cuda_gqa_cluster's cluster merge through two
+// barriers and remote reads, as before finish_unit_push
+bool gqa_push_merge() {
+  static const bool on = !env_is("KS_ATTN_PUSH_MERGE", "0");
+  return on;
+}
 
 }  // namespace
 
@@ -441,8 +534,9 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard g(dev, "paged_attention");
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
-  const AttnParams p = cluster_attn_params(a);
-  const size_t smem = gqa_smem_bytes(G, a.head_dim);
+  AttnParams p = cluster_attn_params(a);
+  const size_t base_smem = gqa_smem_bytes(G, a.head_dim);
+  size_t smem = base_smem;
   const auto s = static_cast<cudaStream_t>(stream);
   const int E = elems_per_lane(a.q.dtype);
   const int lanes = int((a.head_dim + E - 1) / E);
@@ -460,6 +554,12 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
     // two CTAs per SM, at least 128 keys each
     C = choose_cluster(a, max_cluster_for<T, kL, kG>(dev), 2 * int64_t(dp.sm_count), 128);
     grid = a.num_tokens * a.num_kv_heads * C;
+    // the pushed states' area, when a cluster merges (finish_unit_push) and it fits
+    if (C > 1 && gqa_push_merge() &&
+        int64_t(gqa_push_offset(base_smem) + gqa_push_bytes(C, G, a.head_dim)) <= kGqaSmemLimit) {
+      p.push_off = int(gqa_push_offset(base_smem));
+      smem = size_t(p.push_off) + gqa_push_bytes(C, G, a.head_dim);
+    }
     launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads),
                   smem, s, C, dp.pdl, p);
   };
@@ -481,8 +581,9 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
   };
   with_float_type(a.q.dtype, by_lanes);
   check_launch("paged_attention");
-  record_launch("paged_attention", "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld grid=%lld",
-                {C, G, LPK, grid});
+  record_launch("paged_attention",
+                "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld push_merge=%lld grid=%lld",
+                {C, G, LPK, p.push_off > 0 ? 1 : 0, grid});
 }
 
 }  // namespace ks::cuda
