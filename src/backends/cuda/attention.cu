@@ -485,6 +485,13 @@ std::string cluster_attention_limits(const ops::PagedAttentionArgs& a) {
   return "";
 }
 
+// KS_ATTN_PUSH_MERGE=0 (read once; for comparisons): cuda_gqa_cluster's cluster merge through two
+// barriers and remote reads, as before finish_unit_push
+bool gqa_push_merge() {
+  static const bool on = !env_is("KS_ATTN_PUSH_MERGE", "0");
+  return on;
+}
+
 // The largest cluster size for this instantiation on dev, 16 or 8 (cluster16_or_8: per kernel
 // and device, since each device loads its own copy of the module), asked with 256 threads and
 // the instantiation's largest shared memory.
@@ -495,18 +502,17 @@ int max_cluster_for(int dev) {
   // (at most kGqaSmemLimit: the launcher pushes only where the whole fits in it)
   const int64_t D = int64_t(LPK) * (16 / int64_t(sizeof(T)));
   const size_t base = gqa_smem_bytes(GM, D);
-  const size_t most = std::max(base, std::min(gqa_push_offset(base) + gqa_push_bytes(16, GM, D), size_t(kGqaSmemLimit)));
+  // (KS_ATTN_PUSH_MERGE=0: without the pushed states, as before finish_unit_push, so the cluster
+  // sizes chosen are the old ones too)
+  const size_t most =
+      gqa_push_merge()
+          ? std::max(base, std::min(gqa_push_offset(base) + gqa_push_bytes(16, GM, D), size_t(kGqaSmemLimit)))
+          : base;
   return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
 }
 
 int elems_per_lane(detail::DType dt) { return dt == detail::DType::F32 ? 4 : 8; }
 
-// KS_ATTN_PUSH_MERGE=0 (read once; for comparisons): cuda_gqa_cluster's cluster merge through two
-// barriers and remote reads, as before finish_unit_push
-bool gqa_push_merge() {
-  static const bool on = !env_is("KS_ATTN_PUSH_MERGE", "0");
-  return on;
-}
 
 }  // namespace
 
