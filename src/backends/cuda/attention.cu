@@ -70,8 +70,8 @@ struct GqaSmem {
   }
 };
 
-// One split's softmax state in cuda_mma_cluster's workspace (and in finish_unit_push's area): m[G], l[G], acc[G][D] (not yet
-// divided by l), then the any-key flag (1.f / 0.f); split_state_floats(G, D) floats each, the
+// One split's softmax state in cuda_mma_cluster's workspace and in finish_unit's pushed area:
+// m[G], l[G], acc[G][D] (not yet divided by l), then the any-key flag (1.f / 0.f); split_state_floats(G, D) floats each, the
 // states of unit u at (u * splits + split) * that.
 __host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
 
@@ -80,7 +80,7 @@ constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
 [[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
-// finish_unit_push's area in rank 0 (every CTA's dynamic shared memory has it: one size per
+// finish_unit's pushed area in rank 0 (every CTA's dynamic shared memory has it: one size per
 // launch): C states of split_state_floats(G, D) floats, after gqa_smem_bytes rounded up to 16
 constexpr size_t gqa_push_offset(size_t base) { return (base + 15) / 16 * 16; }
 [[maybe_unused]] size_t gqa_push_bytes(int C, int G, int64_t D) {
@@ -120,13 +120,26 @@ constexpr size_t gqa_push_offset(size_t base) { return (base + 15) / 16 * 16; }
 // (Cluster: cg::cluster_group, a type the compute_80 pass does not have)
 // ws_state (cuda_mma_cluster's split, clusters of one CTA): with Ce > 1 the CTA's state goes
 // there (split_state layout) for attention_combine_kernel instead of to the cluster.
+// push_off > 0 (cuda_gqa_cluster, AttnParams::push_off; Ce > 1): the exchange takes one cluster
+// barrier instead of two. The first Ce CTAs store their states (split_state layout, slot = rank)
+// into rank 0's shared memory at raw + push_off, one barrier (release / acquire), then rank 0
+// alone reads them locally and writes every output element with the same formula in the same
+// order, so the same bits; the other CTAs leave, as nothing reads their memory. The kernel made a
+// relaxed arrive at its start (every CTA of the cluster, having computed the same Ce > 1); the
+// wait here, before the first remote store, completes it ("rank 0 has started").
 template <typename T, int NT, typename Cluster>
 __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
-                            int any_local, int Ce, int64_t len, T* out_t, float* ws_state) {
+                            int any_local, int Ce, int64_t len, T* out_t, float* ws_state, int push_off = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   GqaSmem sm(raw + states_off, W, G, D);
   const int any_cta = __syncthreads_or(any_local);
+  const int64_t sf = split_state_floats(G, D);
+  const bool push = Ce > 1 && push_off > 0;
+  if (push) {
+    cluster_wait();  // every CTA of the cluster has started
+    ws_state = rank < Ce ? cluster.map_shared_rank(reinterpret_cast<float*>(raw + push_off), 0) + rank * sf : nullptr;
+  }
   // the warps into the CTA's state
   for (int i = threadIdx.x; i < G * D; i += NT) {
     const int g = i / D;
@@ -145,7 +158,7 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
     } else if (ws_state) {
       ws_state[2 * G + i] = a;
       if (i % D == 0) ws_state[g] = M, ws_state[G + g] = L;
-    } else {
+    } else if (!push) {
       sm.acc[i] = a;
       if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
     }
@@ -153,15 +166,24 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
   // Ce is the same in every CTA of the cluster (the unit's length), so all of them skip the
   // cluster barriers together; the other ranks returned before their key loops.
   if (Ce == 1) return;
-  if (ws_state) {
-    if (threadIdx.x == 0) ws_state[G * (D + 2)] = any_cta ? 1.f : 0.f;
+  if (ws_state && threadIdx.x == 0) ws_state[G * (D + 2)] = any_cta ? 1.f : 0.f;
+  if (push) {
+    cluster_arrive();  // release: the pushed states
+    cluster_wait();    // acquire: rank 0 sees all of them
+    if (rank != 0) return;
+  } else if (ws_state) {
     return;
+  } else {
+    if (threadIdx.x == 0) *sm.any = any_cta;
+    cluster.sync();  // every CTA's partial state is complete and visible to the cluster
   }
-  if (threadIdx.x == 0) *sm.any = any_cta;
-  cluster.sync();  // every CTA's partial state is complete and visible to the cluster
-  // (all loads of the Ce states issued before any is used)
+  // state c's parts: rank 0's pushed slot c, or rank c's GqaSmem read through distributed
+  // shared memory (all loads of the Ce states issued before any is used)
+  const float* pushed = reinterpret_cast<const float*>(raw + push_off);
+  auto remote = [&](int c) { return GqaSmem(cluster.map_shared_rank(raw, c) + states_off, W, G, D); };
   constexpr int kMaxC = 16;
-  for (int i = rank * NT + threadIdx.x; i < G * D; i += C * NT) {
+  const int first = push ? 0 : rank * NT, stride = push ? NT : C * NT;
+  for (int i = first + int(threadIdx.x); i < G * D; i += stride) {
     const int g = i / D;
     float mc[kMaxC];
     int any = 0;
@@ -169,81 +191,8 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
     for (int c = 0; c < kMaxC; ++c) {
       mc[c] = -INFINITY;
       if (c < Ce) {
-        GqaSmem r(cluster.map_shared_rank(raw, c) + states_off, W, G, D);
-        mc[c] = r.m[g];
-        any |= *r.any;
-      }
-    }
-    float M = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
-    float L = 0.f, a = 0.f;
-    if (M != -INFINITY) {
-#pragma unroll
-      for (int c = 0; c < kMaxC; ++c) {
-        if (c < Ce) {
-          GqaSmem r(cluster.map_shared_rank(raw, c) + states_off, W, G, D);
-          const float f = merge_factor(mc[c], M);
-          L += r.l[g] * f;
-          a += r.acc[i] * f;
-        }
-      }
-    }
-    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
-  }
-  cluster.sync();  // no CTA leaves while another may still read its shared memory
-#endif
-}
-
-// finish_unit's cluster merge for Ce > 1 with one cluster barrier instead of two (cuda_gqa_cluster,
-// AttnParams::push_off > 0): every CTA merges its warps' states as finish_unit does, the first Ce
-// push theirs (split_state_floats(G, D) floats: m, l, acc, any) into rank 0's shared memory at
-// raw + push_off, slot = rank; one barrier (release / acquire), then rank 0 alone merges the Ce
-// states in rank order - finish_unit's formula and order, so the same bits - and writes the
-// output; the other CTAs leave, as nothing reads their shared memory. The kernel made a relaxed
-// arrive at its start (every CTA of the cluster, after computing the same Ce > 1); the wait
-// here, before the first remote store, completes it ("rank 0 has started").
-template <typename T, int NT, typename Cluster>
-__device__ void finish_unit_push(Cluster& cluster, unsigned char* raw, size_t states_off, int push_off, int W, int G,
-                                 int D, int any_local, int Ce, int64_t len, T* out_t) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const int rank = int(cluster.block_rank());
-  GqaSmem sm(raw + states_off, W, G, D);
-  const int any_cta = __syncthreads_or(any_local);
-  const int64_t sf = split_state_floats(G, D);
-  cluster_wait();  // every CTA of the cluster has started
-  float* dst = rank < Ce ? cluster.map_shared_rank(reinterpret_cast<float*>(raw + push_off), 0) + rank * sf : nullptr;
-  if (dst) {
-    for (int i = threadIdx.x; i < G * D; i += NT) {
-      const int g = i / D;
-      float M = -INFINITY;
-      for (int w = 0; w < W; ++w) M = fmaxf(M, sm.wm[w * G + g]);
-      float L = 0.f, a = 0.f;
-      for (int w = 0; w < W; ++w) {
-        const float f = merge_factor(sm.wm[w * G + g], M);
-        L += sm.wl[w * G + g] * f;
-        a += sm.wacc[w * G * D + i] * f;
-      }
-      dst[2 * G + i] = a;
-      if (i % D == 0) dst[g] = M, dst[G + g] = L;
-    }
-    if (threadIdx.x == 0) dst[int64_t(G) * (D + 2)] = any_cta ? 1.f : 0.f;
-  }
-  cluster_arrive();  // release: the pushed states
-  cluster_wait();    // acquire: rank 0 sees all of them
-  if (rank != 0) return;
-  const float* st = reinterpret_cast<const float*>(raw + push_off);
-  constexpr int kMaxC = 16;
-  for (int i = threadIdx.x; i < G * D; i += NT) {
-    const int g = i / D;
-    float mc[kMaxC];
-    int any = 0;
-#pragma unroll
-    for (int c = 0; c < kMaxC; ++c) {
-      mc[c] = -INFINITY;
-      if (c < Ce) {
-        mc[c] = st[c * sf + g];
-        any |= st[c * sf + int64_t(G) * (D + 2)] != 0.f;
+        mc[c] = push ? pushed[c * sf + g] : remote(c).m[g];
+        any |= push ? pushed[c * sf + int64_t(G) * (D + 2)] != 0.f : *remote(c).any;
       }
     }
     float M = -INFINITY;
@@ -255,13 +204,14 @@ __device__ void finish_unit_push(Cluster& cluster, unsigned char* raw, size_t st
       for (int c = 0; c < kMaxC; ++c) {
         if (c < Ce) {
           const float f = merge_factor(mc[c], M);
-          L += st[c * sf + G + g] * f;
-          a += st[c * sf + 2 * G + i] * f;
+          L += (push ? pushed[c * sf + G + g] : remote(c).l[g]) * f;
+          a += (push ? pushed[c * sf + 2 * G + i] : remote(c).acc[i]) * f;
         }
       }
     }
     out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
   }
+  if (!push) cluster.sync();  // no CTA leaves while another may still read its shared memory
 #endif
 }
 
@@ -303,7 +253,7 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   // Ce depends on this unit's length alone, not on the batch, when C >= ceil(len / (NS U)).
   const int Ce = live_ctas(p, C, len, NS * U);
   if (Ce == 1 && rank > 0) return;  // rank 0 alone: no cluster exchange (below)
-  if (Ce > 1 && p.push_off > 0) cluster_arrive_relaxed();  // "started": finish_unit_push waits for it
+  if (Ce > 1 && p.push_off > 0) cluster_arrive_relaxed();  // "started": finish_unit waits for it
   // this CTA's keys: [j_begin, j_end) (empty for rank >= Ce)
   const int per = int((len + Ce - 1) / Ce);
   const int j_begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
@@ -442,11 +392,8 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  if (Ce > 1 && p.push_off > 0)
-    finish_unit_push<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, p.push_off, kGqaWarps, G, D, any_local, Ce, len,
-                                     out_t);
-  else
-    finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr);
+  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr,
+                              p.push_off);
 #endif
 }
 
@@ -486,7 +433,7 @@ std::string cluster_attention_limits(const ops::PagedAttentionArgs& a) {
 }
 
 // KS_ATTN_PUSH_MERGE=0 (read once; for comparisons): cuda_gqa_cluster's cluster merge through two
-// barriers and remote reads, as before finish_unit_push
+// barriers and remote reads, as before the pushed merge
 bool gqa_push_merge() {
   static const bool on = !env_is("KS_ATTN_PUSH_MERGE", "0");
   return on;
@@ -502,7 +449,7 @@ int max_cluster_for(int dev) {
   // (at most kGqaSmemLimit: the launcher pushes only where the whole fits in it)
   const int64_t D = int64_t(LPK) * (16 / int64_t(sizeof(T)));
   const size_t base = gqa_smem_bytes(GM, D);
-  // (KS_ATTN_PUSH_MERGE=0: without the pushed states, as before finish_unit_push, so the cluster
+  // (KS_ATTN_PUSH_MERGE=0: without the pushed states, as before the pushed merge, so the cluster
   // sizes chosen are the old ones too)
   const size_t most =
       gqa_push_merge()
@@ -560,7 +507,7 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
     // two CTAs per SM, at least 128 keys each
     C = choose_cluster(a, max_cluster_for<T, kL, kG>(dev), 2 * int64_t(dp.sm_count), 128);
     grid = a.num_tokens * a.num_kv_heads * C;
-    // the pushed states' area, when a cluster merges (finish_unit_push) and it fits
+    // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&
         int64_t(gqa_push_offset(base_smem) + gqa_push_bytes(C, G, a.head_dim)) <= kGqaSmemLimit) {
       p.push_off = int(gqa_push_offset(base_smem));
