@@ -44,10 +44,26 @@ inline SampleParams sample_params(const ops::SampleArgs& a) {
                       sample_finish_warp() ? 1 : 0};
 }
 
-template <int W>
-__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, unsigned long long* scratch) {
+// Warp-wide sums and inclusive scans of exact 64-bit integers (the order of the additions does
+// not change them); the block-wide forms below start with them.
+__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ unsigned long long warp_inclusive_scan_u64(unsigned long long v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long y = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += y;
+  }
+  return v;
+}
+
+template <int W>
+__device__ __forceinline__ unsigned long long block_sum_u64(unsigned long long v, unsigned long long* scratch) {
+  v = warp_sum_u64(v);
   __syncthreads();  // the scratch's previous contents are consumed
   if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
   __syncthreads();
@@ -95,11 +111,7 @@ template <int W>
 __device__ __forceinline__ unsigned long long block_scan_u64(unsigned long long v, unsigned long long* total,
                                                              unsigned long long* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long x = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += x;
-  }
+  v = warp_inclusive_scan_u64(v);
   __syncthreads();
   if (lane == 31) scratch[warp] = v;
   __syncthreads();

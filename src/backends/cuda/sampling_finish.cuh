@@ -31,23 +31,6 @@ __device__ __forceinline__ float sample_z(const T *row, int64_t i, float t) {
   return scaled_logit(Dt<T>::to_f(row[i]), t);
 }
 
-// Warp-wide sums and inclusive scans of exact 64-bit integers (the order of the additions does
-// not change them).
-__device__ __forceinline__ unsigned long long warp_sum_u64(unsigned long long v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ __forceinline__ unsigned long long warp_inclusive_scan_u64(unsigned long long v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long y = __shfl_up_sync(0xffffffffu, v, o);
-    if (lane >= o) v += y;
-  }
-  return v;
-}
-
 // sample_finish_row's steps by one warp, for n <= 64 members (lane l holds members l and l + 32),
 // with no CTA barrier: the same integers, so the same id. Top-p: member e's mass at or before it
 // in the (w desc, index asc) order is c_e = sum of w_j over the members j with w_j > w_e, or
