@@ -52,7 +52,7 @@ DeviceStream::DeviceStream() {
   s_ = s;
 }
 DeviceStream::~DeviceStream() {
-  drop_graph();
+  graph_.reset();
   for (void* e : ev_)
     if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   if (s_) cudaStreamDestroy(cs(s_));
@@ -83,8 +83,7 @@ std::vector<float> DeviceStream::take_replay_us() {
 void DeviceStream::wait_for_copies() {
   if (copy_unsynced_) sync();
 }
-void DeviceStream::capture(const std::function<void()>& fn) {
-  drop_graph();
+DeviceGraph DeviceStream::capture_graph(const std::function<void()>& fn) {
   check(cudaStreamBeginCapture(cs(s_), cudaStreamCaptureModeThreadLocal), "begin graph capture");
   try {
     fn();
@@ -100,8 +99,33 @@ void DeviceStream::capture(const std::function<void()>& fn) {
   const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
   if (r != cudaSuccess) cudaGraphDestroy(g);
   check(r, "instantiate the graph");
-  graph_ = g;
-  exec_ = e;
+  DeviceGraph out;
+  out.graph_ = g;
+  out.exec_ = e;
+  return out;
+}
+void DeviceStream::launch(const DeviceGraph& g) {
+  check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec_), cs(s_)), "graph launch");
+}
+void DeviceStream::record(DeviceEvent& e) {
+  if (!e.e_) {
+    cudaEvent_t ev = nullptr;
+    check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "create an event");
+    e.e_ = ev;
+  }
+  check(cudaEventRecord(static_cast<cudaEvent_t>(e.e_), cs(s_)), "record an event");
+}
+void DeviceEvent::wait() {
+  if (e_) check(cudaEventSynchronize(static_cast<cudaEvent_t>(e_)), "wait for an event");
+}
+void DeviceEvent::reset() noexcept {
+  if (e_) cudaEventDestroy(static_cast<cudaEvent_t>(e_));
+  e_ = nullptr;
+}
+void DeviceGraph::reset() noexcept {
+  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+  exec_ = graph_ = nullptr;
 }
 // Each replay is an NVTX range "ks_decode_step", so a profiler can take the decode steps'
 // kernels alone (ncu --nvtx --nvtx-include "ks_decode_step/": scripts/gpu_model_check.sh).
@@ -120,18 +144,13 @@ void DeviceStream::replay() {
     check(cudaEventRecord(static_cast<cudaEvent_t>(ev_[0]), cs(s_)), "record the step's start");
   }
   KS_NVTX_RANGE_PUSH("ks_decode_step");
-  const cudaError_t r = cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), cs(s_));
+  const cudaError_t r = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_.exec_), cs(s_));
   KS_NVTX_RANGE_POP();
   check(r, "graph launch");
   if (timing) {
     check(cudaEventRecord(static_cast<cudaEvent_t>(ev_[1]), cs(s_)), "record the step's end");
     timed_ = true;
   }
-}
-void DeviceStream::drop_graph() {
-  if (exec_) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
-  if (graph_) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
-  exec_ = graph_ = nullptr;
 }
 #else
 namespace {
@@ -149,11 +168,32 @@ void DeviceStream::to_device(void*, const void*, size_t) { unavailable(); }
 void DeviceStream::to_host(void*, const void*, size_t) { unavailable(); }
 void DeviceStream::sync() { unavailable(); }
 void DeviceStream::wait_for_copies() {}  // no copy is ever queued here
-void DeviceStream::capture(const std::function<void()>&) { unavailable(); }
+DeviceGraph DeviceStream::capture_graph(const std::function<void()>&) { unavailable(); }
+void DeviceStream::launch(const DeviceGraph&) { unavailable(); }
+void DeviceStream::record(DeviceEvent&) { unavailable(); }
 void DeviceStream::replay() { unavailable(); }
-void DeviceStream::drop_graph() {}
+void DeviceEvent::wait() {}            // nothing is ever recorded here
+void DeviceEvent::reset() noexcept {}  // nor created
+void DeviceGraph::reset() noexcept {}  // nor captured
 std::vector<float> DeviceStream::take_replay_us() { return {}; }
 #endif
+
+DeviceGraph& DeviceGraph::operator=(DeviceGraph&& o) noexcept {
+  if (this != &o) {
+    reset();
+    graph_ = o.graph_, exec_ = o.exec_;
+    o.graph_ = o.exec_ = nullptr;
+  }
+  return *this;
+}
+DeviceEvent& DeviceEvent::operator=(DeviceEvent&& o) noexcept {
+  if (this != &o) {
+    reset();
+    e_ = o.e_;
+    o.e_ = nullptr;
+  }
+  return *this;
+}
 
 CudaBytes& CudaBytes::operator=(CudaBytes&& o) noexcept {
   if (this != &o) {

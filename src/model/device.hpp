@@ -50,6 +50,42 @@ class PinnedArray : public CudaBytes {  // page-locked host bytes: async copies 
   explicit PinnedArray(size_t bytes) : CudaBytes(bytes, Kind::Pinned) {}
 };
 
+// A CUDA graph instantiated for launch (DeviceStream::capture_graph); move-only.
+class DeviceGraph {
+ public:
+  DeviceGraph() = default;
+  ~DeviceGraph() { reset(); }
+  DeviceGraph(DeviceGraph&& o) noexcept : graph_(o.graph_), exec_(o.exec_) { o.graph_ = o.exec_ = nullptr; }
+  DeviceGraph& operator=(DeviceGraph&& o) noexcept;
+  DeviceGraph(const DeviceGraph&) = delete;
+  DeviceGraph& operator=(const DeviceGraph&) = delete;
+  bool empty() const { return exec_ == nullptr; }
+  void reset() noexcept;  // destroys the graph (empty afterwards)
+
+ private:
+  friend class DeviceStream;
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
+};
+
+// A CUDA event without timing (the cheapest kind), for the host to wait on one point of a stream
+// while later work stays queued behind it; move-only.
+class DeviceEvent {
+ public:
+  DeviceEvent() = default;
+  ~DeviceEvent() { reset(); }
+  DeviceEvent(DeviceEvent&& o) noexcept : e_(o.e_) { o.e_ = nullptr; }
+  DeviceEvent& operator=(DeviceEvent&& o) noexcept;
+  DeviceEvent(const DeviceEvent&) = delete;
+  DeviceEvent& operator=(const DeviceEvent&) = delete;
+  void wait();  // blocks the host until the stream has reached the point last recorded
+
+ private:
+  friend class DeviceStream;
+  void reset() noexcept;
+  void* e_ = nullptr;
+};
+
 class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
  public:
   DeviceStream();
@@ -65,20 +101,24 @@ class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
   // sync() only if a to_device copy was queued since the last sync() that returned (its source
   // may still be read): free when every step ends in sync(), a wait after one that threw
   void wait_for_copies();
-  // Captures fn (launches on this stream only) into a graph; replay() launches it.
-  void capture(const std::function<void()>& fn);
-  bool captured() const { return exec_ != nullptr; }
+  // Captures fn (launches on this stream only) into a graph of its own; launch(g) queues it.
+  DeviceGraph capture_graph(const std::function<void()>& fn);
+  void launch(const DeviceGraph& g);
+  // Marks the current end of the stream in e (created on first use); e.wait() blocks until then.
+  void record(DeviceEvent& e);
+  // The stream's own graph: capture(fn) replaces it, replay() launches it.
+  void capture(const std::function<void()>& fn) { graph_ = capture_graph(fn); }
+  bool captured() const { return !graph_.empty(); }
   void replay();
-  void drop_graph();
-  // KS_MODEL_STEP_TIMING=1 (diagnostics): each replay is timed on the GPU by two CUDA events
+  void drop_graph() { graph_.reset(); }
+  // KS_MODEL_STEP_TIMING=1 (diagnostics): each replay() is timed on the GPU by two CUDA events
   // (the graph's first kernel to its last), read at the next sync(); take_replay_us() returns
   // the times collected so far, in microseconds, and clears them. Empty when the switch is off.
   std::vector<float> take_replay_us();
 
  private:
   ks_stream_t s_ = nullptr;
-  void* graph_ = nullptr;
-  void* exec_ = nullptr;
+  DeviceGraph graph_;
   bool copy_unsynced_ = false;  // a to_device copy queued since the last completed sync()
   void* ev_[2] = {nullptr, nullptr};  // KS_MODEL_STEP_TIMING: around the last replay
   bool timed_ = false;                // a timed replay not yet read

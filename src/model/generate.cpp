@@ -1,5 +1,6 @@
 #include "model/generate.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -52,26 +53,25 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
   const int64_t vocab = model.config().vocab_size;
   const EndTokens is_end(tok);
   std::mt19937_64 rng(opt.seed);
-  // Greedy decoding asks the model for the argmax directly (on CUDA: computed on the
-  // device, and one-token steps replay a CUDA graph); sampling reads the logits.
+  // Greedy decoding asks the model for the argmax directly: the prompt's through
+  // forward_argmax, every later one through decode_greedy (on CUDA: computed on the device,
+  // the GPU running ahead of the host in CUDA graphs of chained steps). Sampling reads the
+  // logits of each step.
   const bool greedy = !(opt.temperature > 0.0f);
   const float* logits = nullptr;
   int32_t greedy_next = 0;
-  auto step = [&](const int32_t* toks, int64_t n, int64_t at) {
-    if (greedy)
-      greedy_next = model.forward_argmax(toks, n, at);
-    else
-      logits = model.forward(toks, n, at);
-  };
   auto t0 = clock::now();
-  step(prompt.data(), int64_t(prompt.size()), 0);
+  if (greedy)
+    greedy_next = model.forward_argmax(prompt.data(), int64_t(prompt.size()), 0);
+  else
+    logits = model.forward(prompt.data(), int64_t(prompt.size()), 0);
   auto t1 = clock::now();
   st.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
-  int64_t pos = int64_t(prompt.size());
+  int64_t pos = int64_t(prompt.size());  // where the next step feeds the last id
   auto t_first = t1;
-  for (int64_t i = 0; i < opt.max_tokens; ++i) {
-    const int32_t next = greedy ? greedy_next : sample_token(logits, vocab, opt.temperature, rng);
-    if (i == 0) {
+  // Reports one generated id; false when generation ends with it (and why, in stop_reason).
+  auto emit = [&](int32_t next) {
+    if (st.generated_tokens == 0) {
       t_first = clock::now();
       st.first_token_seconds = std::chrono::duration<double>(t_first - t0).count();
     }
@@ -79,17 +79,32 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
     on_token(next);
     if (opt.stop_at_eos && is_end(next)) {
       st.stop_reason = "end of turn";
-      break;
+      return false;
     }
-    if (i + 1 == opt.max_tokens) {
+    if (st.generated_tokens == opt.max_tokens) {
       st.stop_reason = "max tokens";
-      break;
+      return false;
     }
     if (pos >= model.max_context()) {
       st.stop_reason = "context full";
-      break;
+      return false;
     }
-    step(&next, 1, pos++);
+    return true;
+  };
+  if (opt.max_tokens > 0) {
+    if (greedy) {
+      // as many steps as can end generation by max_tokens or the context; emit decides
+      if (emit(greedy_next))
+        model.decode_greedy(0, greedy_next, pos, std::min(opt.max_tokens - 1, model.max_context() - pos),
+                            [&](int32_t id) {
+                              ++pos;
+                              return emit(id);
+                            });
+    } else {
+      for (int32_t next = sample_token(logits, vocab, opt.temperature, rng); emit(next);
+           next = sample_token(logits, vocab, opt.temperature, rng))
+        logits = model.forward(&next, 1, pos++);
+    }
   }
   st.decode_seconds = std::chrono::duration<double>(clock::now() - t_first).count();
   return st;

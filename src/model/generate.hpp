@@ -49,7 +49,8 @@ struct EndTokens {
 int32_t sample_token(const float* logits, int64_t vocab, float temperature, std::mt19937_64& rng,
                      ks::Backend backend = ks::Backend::Cpu);
 
-// Runs prompt then decodes; on_token is called for each generated id as soon as it is chosen.
+// Runs prompt then decodes; on_token is called for each generated id in order, as soon as the
+// host has it (greedy on CUDA: in groups of up to KS_MODEL_DECODE_STEPS, LlamaModel::decode_greedy).
 GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
                        const GenerateOptions& opt, const std::function<void(int32_t)>& on_token);
 

@@ -130,6 +130,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
+  if (const char* e = std::getenv("KS_MODEL_DECODE_STEPS")) chain_steps_ = std::clamp<int64_t>(std::atoll(e), 0, 64);
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
@@ -239,6 +240,21 @@ StepLayout step_layout(int64_t cap) {
   const size_t s8 = up(size_t(cap) * 8), s4 = up(size_t(cap) * 4);
   return StepLayout{0, s8, s8 + s4, s8 + 2 * s4, s8 + 3 * s4, s8 + 4 * s4};
 }
+// decode_greedy's blocks for graphs of up to k chained steps. On the device (chain_dev_): the
+// ids (int64 [k]) from 0, then from `steps` each step's inputs in kChainStepBytes: the slot
+// (int64), then the position, sequence id and length (int32). On the host (chain_host_,
+// pinned): two sets of staged step inputs (in(p), the device layout's step part), two sets of
+// copied-out ids (out(p)) and the first id (int64).
+constexpr size_t kChainStepBytes = 32;
+struct ChainLayout {
+  size_t k;
+  size_t steps() const { return k * 8; }
+  size_t dev_bytes() const { return k * (8 + kChainStepBytes); }
+  size_t in(int p) const { return size_t(p) * k * kChainStepBytes; }
+  size_t out(int p) const { return 2 * k * kChainStepBytes + size_t(p) * k * 8; }
+  size_t first() const { return 2 * k * (kChainStepBytes + 8); }
+  size_t host_bytes() const { return first() + 8; }
+};
 }  // namespace
 
 void LlamaModel::ensure_capacity(int64_t n) {
@@ -249,6 +265,7 @@ void LlamaModel::ensure_capacity(int64_t n) {
     stream_->sync();
     stream_->drop_graph();  // it points into the buffers replaced below
     graph_rows_ = 0;
+    for (auto& g : chain_graph_) g.reset();  // (and so do these)
   }
   x_ = alloc(ks::DType::F32, {n, c.hidden_size});
   res_ = alloc(ks::DType::F32, {n, c.hidden_size});
@@ -505,6 +522,120 @@ void LlamaModel::decode_rows(const int32_t* tokens, const int64_t* seq, const in
   }
   const int64_t* got = on_device_ ? static_cast<const int64_t*>(next_host_.data()) : batch_ids_.data();
   for (int64_t i = 0; i < b; ++i) next_ids[i] = int32_t(got[i]);
+}
+
+// Step j of a graph of k chained steps (CUDA, one row): the layers on step j's inputs in
+// chain_dev_, embedding id j, and the argmax into id (j + 1) mod k, the next step's.
+void LlamaModel::chain_step(int64_t j, int64_t k) {
+  const ChainLayout L{size_t(chain_steps_)};
+  const size_t in = L.steps() + size_t(j) * kChainStepBytes;
+  ids_.view = chain_dev_.view(ks::DType::I64, {1}, size_t(j) * 8);
+  slots_.view = chain_dev_.view(ks::DType::I64, {1}, in);
+  pos_.view = chain_dev_.view(ks::DType::I32, {1}, in + 8);
+  seq_ids_.view = chain_dev_.view(ks::DType::I32, {1}, in + 12);
+  ctx_lens_.view = chain_dev_.view(ks::DType::I32, {1}, in + 16);
+  run_layers(1, true);
+  ks::argmax(chain_dev_.view(ks::DType::I64, {1}, size_t((j + 1) % k) * 8), logits_dev_.view.slice(0, 1),
+             ks::Backend::Cuda, stream());
+}
+
+int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
+                                  const std::function<bool(int32_t)>& on_token) {
+  check_seq("decode_greedy", seq, max_batch_);
+  if (count <= 0) return 0;
+  check_positions("decode_greedy", count, pos);
+  const int64_t K = on_device_ ? chain_steps_ : 0;
+  if (K == 0) {  // a step at a time
+    int32_t id = first;
+    for (int64_t i = 0; i < count; ++i) {
+      id = forward_argmax_seq(seq, &id, 1, pos + i);
+      if (!on_token(id)) return i + 1;
+    }
+    return count;
+  }
+  ensure_capacity(1);
+  const ChainLayout L{size_t(K)};
+  if (chain_dev_.bytes() < L.dev_bytes()) {
+    DeviceArray d(L.dev_bytes());
+    PinnedArray h(L.host_bytes());
+    for (auto& g : chain_graph_) g.reset();  // they read the old block
+    chain_dev_ = std::move(d);
+    chain_host_ = std::move(h);
+  }
+  char* host = static_cast<char*>(chain_host_.data());
+  char* dev = static_cast<char*>(chain_dev_.data());
+  stream_->wait_for_copies();  // (chain_host_'s last reader was a copy of a call that ended in a sync)
+  // step `at`'s inputs (position pos + at) into slot j of the staged set p
+  auto stage = [&](int p, int64_t j, int64_t at) {
+    char* b = host + L.in(p) + size_t(j) * kChainStepBytes;
+    const int64_t slot = seq * blocks_per_seq_ * block_size_ + pos + at;
+    const int32_t v[3] = {int32_t(pos + at), int32_t(seq), int32_t(pos + at + 1)};
+    std::memcpy(b, &slot, 8);
+    std::memcpy(b + 8, v, 12);
+  };
+  *reinterpret_cast<int64_t*>(host + L.first()) = first;
+  stream_->to_device(dev, host + L.first(), 8);
+  int64_t queued = 0, given = 0;  // steps queued, ids given to on_token
+  try {
+    if (chain_graph_[0].empty()) {
+      // the first step eagerly (every kernel loaded and configured outside a capture), then the graphs
+      stage(0, 0, 0);
+      stream_->to_device(dev + L.steps(), host + L.in(0), kChainStepBytes);
+      chain_step(0, 1);
+      stream_->to_host(host + L.out(0), dev, 8);
+      stream_->sync();
+      queued = 1;
+      chain_graph_[0] = stream_->capture_graph([&] {
+        for (int64_t j = 0; j < K; ++j) chain_step(j, K);
+      });
+      if (K > 1) chain_graph_[1] = stream_->capture_graph([&] { chain_step(0, 1); });
+      ++given;
+      if (!on_token(int32_t(*reinterpret_cast<const int64_t*>(host + L.out(0))))) return given;
+    }
+    // Graphs of K steps while K are left, then of one; two in flight: set p = parity of the graph.
+    struct Flight {
+      int64_t k;
+      int p;
+    };
+    Flight flight[2];
+    int nflight = 0, p_next = 0;
+    auto enqueue = [&] {
+      const int64_t k = count - queued >= K ? K : 1;
+      const int p = p_next;
+      for (int64_t j = 0; j < k; ++j) stage(p, j, queued + j);
+      stream_->to_device(dev + L.steps(), host + L.in(p), size_t(k) * kChainStepBytes);
+      stream_->launch(chain_graph_[k == K ? 0 : 1]);
+      stream_->to_host(host + L.out(p), dev, size_t(k) * 8);
+      stream_->record(chain_done_[p]);
+      flight[nflight++] = Flight{k, p};
+      p_next ^= 1;
+      queued += k;
+    };
+    while (nflight < 2 && queued < count) enqueue();
+    while (nflight > 0) {
+      const Flight f = flight[0];
+      flight[0] = flight[1];
+      --nflight;
+      chain_done_[f.p].wait();
+      const auto* ids = reinterpret_cast<const int64_t*>(host + L.out(f.p));
+      for (int64_t j = 0; j < f.k; ++j) {  // step j's id is id (j + 1) mod k
+        ++given;
+        if (!on_token(int32_t(ids[(j + 1) % f.k]))) {
+          stream_->sync();  // the steps already queued finish before anything else uses the buffers
+          return given;
+        }
+      }
+      if (queued < count) enqueue();
+    }
+  } catch (...) {
+    try {
+      stream_->sync();
+    } catch (...) {
+    }
+    throw;
+  }
+  stream_->sync();
+  return given;
 }
 
 }  // namespace ks::model

@@ -18,6 +18,7 @@
 #include <kernscope/kernscope.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -91,6 +92,24 @@ class LlamaModel {
   // held (CUDA), the matmuls go through ks::gemm: the same products, summed in cuBLASLt's
   // order. On CUDA the step is one CUDA graph per b.
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
+  // Greedy decode of sequence `seq` for up to `count` steps: step i (0 <= i < count) feeds the
+  // previous step's id (step 0: `first`) at position pos + i and yields the next greedy id,
+  // which goes to on_token; generation ends when on_token returns false or after `count` steps.
+  // Returns the ids given to on_token. The ids are forward_argmax_seq's, bit for bit (the same
+  // kernels on the same inputs); positions pos .. pos + count - 1 must fit the context
+  // (ks::InvalidArgument otherwise, before anything runs).
+  // On CUDA the GPU runs ahead of the host (KS_MODEL_DECODE_STEPS, default kDecodeSteps): the
+  // steps go in CUDA graphs of that many chained steps - each step's argmax writes the id the
+  // next step embeds, on the device, and the host stages every step's position, slot and length
+  // beforehand - and the next graph is queued before the host reads the previous one's ids, so
+  // the GPU does not wait for the host between steps. on_token then sees the ids in groups, and
+  // when it stops early up to 2 * KS_MODEL_DECODE_STEPS - 1 steps past the last reported id may
+  // already have run: they wrote K/V only at positions after it (in this sequence's own blocks),
+  // which a later step at those positions overwrites and no step before them reads; the call
+  // waits for them before returning. KS_MODEL_DECODE_STEPS=0: one forward_argmax_seq per step.
+  int64_t decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
+                        const std::function<bool(int32_t)>& on_token);
+  static constexpr int64_t kDecodeSteps = 4;
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
   // in microseconds (DeviceStream::take_replay_us); empty otherwise
   std::vector<float> take_step_times_us() { return stream_ ? stream_->take_replay_us() : std::vector<float>{}; }
@@ -164,6 +183,17 @@ class LlamaModel {
   DeviceArray step_dev_;
   PinnedArray step_host_, next_host_;
   std::vector<int64_t> step_cpu_;
+  // decode_greedy's chained steps (CUDA): chain_dev_ holds the ids (int64 [chain_steps_]; step j
+  // of a graph of k steps embeds id j and its argmax writes id (j + 1) mod k), then each step's
+  // inputs (ChainLayout); chain_host_ (pinned) holds two sets of staged inputs and of copied-out
+  // ids, one per graph in flight, and the first id. chain_graph_[0]: chain_steps_ steps, [1]:
+  // one (the last steps of a call); captured on first use, dropped with the buffers they read.
+  int64_t chain_steps_ = kDecodeSteps;
+  DeviceArray chain_dev_;
+  PinnedArray chain_host_;
+  DeviceGraph chain_graph_[2];
+  DeviceEvent chain_done_[2];
+  void chain_step(int64_t j, int64_t k);  // enqueues step j of a graph of k chained steps
   ks::Tensor logits_;            // the last token's logits on the host (decode_batch: every row's)
 };
 

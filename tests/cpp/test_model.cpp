@@ -357,6 +357,69 @@ TEST(Model, RejectsPositionsPastTheContext) {
   EXPECT_THROW(fx.model.forward(&tok, 0, 0), ks::InvalidArgument);
 }
 
+namespace {
+// decode_greedy against one forward_argmax per step on the same backend (the same kernels on the
+// same inputs: the ids bit for bit), at KS_MODEL_DECODE_STEPS = `steps` (read at construction; an
+// empty string: the default). Covers a count that ends in single steps after whole graphs,
+// stopping early and resuming at the stop (the steps already run past the stop wrote K/V at the
+// positions the resumed steps then overwrite), and the calls that must throw before anything runs.
+void expect_decode_greedy_equals_steps(ks::Backend be, const char* steps) {
+  SCOPED_TRACE(std::string(be == ks::Backend::Cuda ? "cuda" : "cpu") + ", KS_MODEL_DECODE_STEPS=" + steps);
+  const nlohmann::json ref = reference();
+  const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
+  const int64_t P = int64_t(prompt.size()), n = 11, ctx = P + 2 * n;
+  ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
+  std::vector<int32_t> want;
+  {
+    ks::model::LlamaModel m(file, ctx, be);
+    int32_t id = m.forward_argmax(prompt.data(), P, 0);
+    for (int64_t i = 0; i < n; ++i) want.push_back(id = m.forward_argmax(&id, 1, P + i));
+  }
+  if (*steps) setenv("KS_MODEL_DECODE_STEPS", steps, 1);
+  ks::model::LlamaModel m(file, ctx, be);
+  unsetenv("KS_MODEL_DECODE_STEPS");
+  const int32_t first = m.forward_argmax(prompt.data(), P, 0);
+  std::vector<int32_t> got;
+  auto take = [&](int32_t id) {
+    got.push_back(id);
+    return true;
+  };
+  EXPECT_EQ(m.decode_greedy(0, first, P, n, take), n);
+  EXPECT_EQ(got, want);
+  // twice more (graphs already captured on CUDA): stop after 5 ids, then resume from the 5th
+  for (int round = 0; round < 2; ++round) {
+    got.clear();
+    EXPECT_EQ(m.decode_greedy(0, first, P, n, [&](int32_t id) {
+      got.push_back(id);
+      return got.size() < 5;
+    }), 5);
+    ASSERT_EQ(got.size(), 5u);
+    EXPECT_EQ(m.decode_greedy(0, got.back(), P + 5, n - 5, take), n - 5);
+    EXPECT_EQ(got, want) << "round " << round;
+  }
+  // nothing runs for these (and the model is still usable after them)
+  int calls = 0;
+  auto count = [&](int32_t) { return ++calls > 0; };
+  EXPECT_EQ(m.decode_greedy(0, first, P, 0, count), 0);
+  EXPECT_THROW(m.decode_greedy(0, first, P, ctx - P + 1, count), ks::InvalidArgument);
+  EXPECT_THROW(m.decode_greedy(1, first, P, 1, count), ks::InvalidArgument);
+  EXPECT_THROW(m.decode_greedy(-1, first, P, 1, count), ks::InvalidArgument);
+  EXPECT_THROW(m.decode_greedy(0, first, -1, 1, count), ks::InvalidArgument);
+  EXPECT_EQ(calls, 0);
+  got.clear();
+  EXPECT_EQ(m.decode_greedy(0, first, P, n, take), n);
+  EXPECT_EQ(got, want) << "after the rejected calls";
+}
+}  // namespace
+
+TEST(Model, DecodeGreedyEqualsOneStepAtATime) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  expect_decode_greedy_equals_steps(ks::Backend::Cpu, "");
+  if (ks_backend_available(KS_BACKEND_CUDA)) {
+    for (const char* steps : {"", "1", "3", "0"}) expect_decode_greedy_equals_steps(ks::Backend::Cuda, steps);
+  }
+}
+
 TEST(Model, SamplingTemperatureZeroIsArgmaxAndSeeded) {
   std::vector<float> logits{0.5f, 3.0f, 3.0f, -1.0f};
   std::mt19937_64 rng(1);
