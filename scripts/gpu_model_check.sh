@@ -60,8 +60,12 @@ if has bench; then
   #                the cluster sized for the cache's capacity, not over ceil(len / step) of them
   #   pull_merge   KS_ATTN_PUSH_MERGE=0: decode attention's cluster merge by remote reads between two
   #                barriers, not pushed to rank 0 before one
-  #   step_timing  KS_MODEL_STEP_TIMING=1: each decode step timed on the GPU (CUDA events), printed
-  #                beside the time per token from the decode rate (the rest is the host's turn)
+  #   step_timing  KS_MODEL_STEP_TIMING=1 KS_MODEL_DECODE_STEPS=0: each decode step (one graph per
+  #                step, the host between steps) timed on the GPU (CUDA events), printed beside the
+  #                time per token from the decode rate (the rest is the host's turn)
+  #   steps0 / steps1 / steps8  KS_MODEL_DECODE_STEPS=0 / 1 / 8: greedy decode a step per call (the
+  #                host between steps) / the GPU running ahead by graphs of 1 / 8 chained steps
+  #                (the default: 4)
   #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
   #   split_head_stream  the same with quant_matmul's cuda_row_stream first at the head's shape
   #                (bench/routing_head_row_stream.json chained before the checked-in tables)
@@ -87,7 +91,8 @@ if has bench; then
     rm -f "$OUT/model_cuda_ab.csv"
     ab unfused KS_MODEL_FUSE=0
     ab no_wstage KS_QMM_WSTAGE=0
-    ab step_timing KS_MODEL_STEP_TIMING=1
+    ab step_timing KS_MODEL_STEP_TIMING=1 KS_MODEL_DECODE_STEPS=0
+    for n in 0 1 8; do ab steps$n KS_MODEL_DECODE_STEPS=$n; done
     ab pull_merge KS_ATTN_PUSH_MERGE=0
     ab no_live_split KS_ATTN_LIVE_SPLIT=0
     ab rope_fused KS_MODEL_FUSE_ROPE=1
