@@ -156,6 +156,7 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
   LoadedModel m(path, ctx, be);
+  if (!(temperature > 0.0f)) m.model.prepare_decode_greedy();  // (CUDA: the decode graphs)
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = chat ? ks::model::apply_chat_template({{"user", prompt}}) : prompt;
   const std::vector<int32_t> ids = m.tok.encode(text, /*parse_special=*/chat);

@@ -539,6 +539,40 @@ void LlamaModel::chain_step(int64_t j, int64_t k) {
              ks::Backend::Cuda, stream());
 }
 
+void LlamaModel::prepare_decode_greedy() {
+  const int64_t K = on_device_ ? chain_steps_ : 0;
+  if (K == 0) return;
+  ensure_capacity(1);
+  const ChainLayout L{size_t(K)};
+  if (chain_dev_.bytes() < L.dev_bytes()) {
+    DeviceArray d(L.dev_bytes());
+    PinnedArray h(L.host_bytes());
+    for (auto& g : chain_graph_) g.reset();  // they read the old block
+    chain_dev_ = std::move(d);
+    chain_host_ = std::move(h);
+  }
+  if (!chain_graph_[0].empty()) return;
+  // One step eagerly first (every kernel loaded and configured outside a capture): token 0 at
+  // the context's last position of sequence 0, whose K/V any step there writes before reading.
+  stream_->wait_for_copies();
+  char* host = static_cast<char*>(chain_host_.data());
+  char* dev = static_cast<char*>(chain_dev_.data());
+  const int64_t last = max_ctx_ - 1;
+  const int64_t slot = last;  // sequence 0's blocks come first
+  const int32_t v[3] = {int32_t(last), 0, 1};  // (attention reads position 0 only)
+  std::memset(host + L.first(), 0, 8);
+  std::memcpy(host + L.in(0), &slot, 8);
+  std::memcpy(host + L.in(0) + 8, v, 12);
+  stream_->to_device(dev, host + L.first(), 8);
+  stream_->to_device(dev + L.steps(), host + L.in(0), kChainStepBytes);
+  chain_step(0, 1);
+  stream_->sync();
+  chain_graph_[0] = stream_->capture_graph([&] {
+    for (int64_t j = 0; j < K; ++j) chain_step(j, K);
+  });
+  if (K > 1) chain_graph_[1] = stream_->capture_graph([&] { chain_step(0, 1); });
+}
+
 int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
                                   const std::function<bool(int32_t)>& on_token) {
   check_seq("decode_greedy", seq, max_batch_);
@@ -553,15 +587,8 @@ int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64
     }
     return count;
   }
-  ensure_capacity(1);
+  prepare_decode_greedy();
   const ChainLayout L{size_t(K)};
-  if (chain_dev_.bytes() < L.dev_bytes()) {
-    DeviceArray d(L.dev_bytes());
-    PinnedArray h(L.host_bytes());
-    for (auto& g : chain_graph_) g.reset();  // they read the old block
-    chain_dev_ = std::move(d);
-    chain_host_ = std::move(h);
-  }
   char* host = static_cast<char*>(chain_host_.data());
   char* dev = static_cast<char*>(chain_dev_.data());
   stream_->wait_for_copies();  // (chain_host_'s last reader was a copy of a call that ended in a sync)
@@ -577,21 +604,6 @@ int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64
   stream_->to_device(dev, host + L.first(), 8);
   int64_t queued = 0, given = 0;  // steps queued, ids given to on_token
   try {
-    if (chain_graph_[0].empty()) {
-      // the first step eagerly (every kernel loaded and configured outside a capture), then the graphs
-      stage(0, 0, 0);
-      stream_->to_device(dev + L.steps(), host + L.in(0), kChainStepBytes);
-      chain_step(0, 1);
-      stream_->to_host(host + L.out(0), dev, 8);
-      stream_->sync();
-      queued = 1;
-      chain_graph_[0] = stream_->capture_graph([&] {
-        for (int64_t j = 0; j < K; ++j) chain_step(j, K);
-      });
-      if (K > 1) chain_graph_[1] = stream_->capture_graph([&] { chain_step(0, 1); });
-      ++given;
-      if (!on_token(int32_t(*reinterpret_cast<const int64_t*>(host + L.out(0))))) return given;
-    }
     // Graphs of K steps while K are left, then of one; two in flight: set p = parity of the graph.
     struct Flight {
       int64_t k;

@@ -110,6 +110,11 @@ class LlamaModel {
   int64_t decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
                         const std::function<bool(int32_t)>& on_token);
   static constexpr int64_t kDecodeSteps = 4;
+  // Makes decode_greedy's CUDA graphs now, so that its first call does not (ksctl generate does
+  // this while loading): one step runs eagerly first, token 0 at the context's last position of
+  // sequence 0 (K/V that any step at that position overwrites before reading). A no-op on the
+  // CPU, with KS_MODEL_DECODE_STEPS=0, or when the graphs are held.
+  void prepare_decode_greedy();
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
   // in microseconds (DeviceStream::take_replay_us); empty otherwise
   std::vector<float> take_step_times_us() { return stream_ ? stream_->take_replay_us() : std::vector<float>{}; }
