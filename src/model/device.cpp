@@ -97,11 +97,12 @@ DeviceGraph DeviceStream::capture_graph(const std::function<void()>& fn) {
   check(cudaStreamEndCapture(cs(s_), &g), "end graph capture");
   cudaGraphExec_t e = nullptr;
   const cudaError_t r = cudaGraphInstantiate(&e, g, 0);
-  if (r != cudaSuccess) cudaGraphDestroy(g);
-  check(r, "instantiate the graph");
-  DeviceGraph out;
+  DeviceGraph out;  // (owns g and e from here, also when the upload throws)
   out.graph_ = g;
+  check(r, "instantiate the graph");
   out.exec_ = e;
+  // its first launch would otherwise upload it (milliseconds for a graph of many steps)
+  check(cudaGraphUpload(e, cs(s_)), "upload the graph");
   return out;
 }
 void DeviceStream::launch(const DeviceGraph& g) {
