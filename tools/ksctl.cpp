@@ -156,8 +156,6 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
   LoadedModel m(path, ctx, be);
-  if (!(temperature > 0.0f)) m.model.prepare_decode_greedy();  // (CUDA: the decode graphs)
-  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string text = chat ? ks::model::apply_chat_template({{"user", prompt}}) : prompt;
   const std::vector<int32_t> ids = m.tok.encode(text, /*parse_special=*/chat);
   if (int64_t(ids.size()) >= m.model.max_context())
@@ -165,6 +163,9 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                               "generate: the prompt has " + std::to_string(ids.size()) +
                                   " tokens; --context " + std::to_string(m.model.max_context()) +
                                   " must exceed it (raise --context)");
+  // CUDA, greedy: the decode graphs, with buffers for the prompt (counted in the load time)
+  if (!(temperature > 0.0f)) m.model.prepare_decode_greedy(int64_t(ids.size()));
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // a reply that reaches the context's end stops there, reported as "context full"
   ks::model::StreamDecoder dec(m.tok);
   ks::model::GenerateOptions opt;

@@ -539,10 +539,10 @@ void LlamaModel::chain_step(int64_t j, int64_t k) {
              ks::Backend::Cuda, stream());
 }
 
-void LlamaModel::prepare_decode_greedy() {
+void LlamaModel::prepare_decode_greedy(int64_t rows) {
   const int64_t K = on_device_ ? chain_steps_ : 0;
   if (K == 0) return;
-  ensure_capacity(1);
+  ensure_capacity(std::max<int64_t>(rows, 1));
   const ChainLayout L{size_t(K)};
   if (chain_dev_.bytes() < L.dev_bytes()) {
     DeviceArray d(L.dev_bytes());

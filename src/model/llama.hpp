@@ -111,10 +111,14 @@ class LlamaModel {
                         const std::function<bool(int32_t)>& on_token);
   static constexpr int64_t kDecodeSteps = 4;
   // Makes decode_greedy's CUDA graphs now, so that its first call does not (ksctl generate does
-  // this while loading): one step runs eagerly first, token 0 at the context's last position of
-  // sequence 0 (K/V that any step at that position overwrites before reading). A no-op on the
-  // CPU, with KS_MODEL_DECODE_STEPS=0, or when the graphs are held.
-  void prepare_decode_greedy();
+  // this before the prompt): one step runs eagerly first, token 0 at the context's last position
+  // of sequence 0 (K/V that any step at that position overwrites before reading). rows: the
+  // most rows a call will run before decoding (the prompt's tokens); the step buffers are sized
+  // for them first, because a call of more rows than they hold replaces them and with them the
+  // graphs, which the next decode_greedy then makes again. A no-op on the CPU, with
+  // KS_MODEL_DECODE_STEPS=0, or when the graphs are held.
+  void prepare_decode_greedy(int64_t rows = 1);
+  bool decode_greedy_prepared() const { return !chain_graph_[0].empty(); }
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
   // in microseconds (DeviceStream::take_replay_us); empty otherwise
   std::vector<float> take_step_times_us() { return stream_ ? stream_->take_replay_us() : std::vector<float>{}; }

@@ -378,9 +378,17 @@ void expect_decode_greedy_equals_steps(ks::Backend be, const char* steps) {
   if (*steps) setenv("KS_MODEL_DECODE_STEPS", steps, 1);
   ks::model::LlamaModel m(file, ctx, be);
   unsetenv("KS_MODEL_DECODE_STEPS");
-  // the graphs made before the prompt at 3 steps (ksctl generate's order), else by the first call
-  if (std::string(steps) == "3") m.prepare_decode_greedy();
+  // the graphs made before the prompt at 3 steps (ksctl generate's order: sized for the prompt,
+  // they outlive its prefill), else by the first call
+  const bool early = std::string(steps) == "3";
+  if (early) m.prepare_decode_greedy(P);
   const int32_t first = m.forward_argmax(prompt.data(), P, 0);
+  if (early) EXPECT_TRUE(m.decode_greedy_prepared()) << "the prefill replaced the prepared graphs";
+  EXPECT_EQ(m.decode_greedy_prepared(), early);
+  if (be == ks::Backend::Cpu || std::string(steps) == "0") {
+    m.prepare_decode_greedy(P);  // (nothing to make)
+    EXPECT_FALSE(m.decode_greedy_prepared());
+  }
   std::vector<int32_t> got;
   auto take = [&](int32_t id) {
     got.push_back(id);
