@@ -1,33 +1,34 @@
 #!/usr/bin/env bash
-# One GPU call for what the fourteenth session could not run (its device time was spent): build
-# for sm_90a and run every CUDA test (b16298f's rotary_embedding_kv_append with its loads issued
-# first; the argmax cluster rule argmax_cluster, whose tests also run with every call forced to
-# clusters of 16, 4 and 1; cuda_gqa_cluster's pushed cluster merge, whose tests also run with
-# KS_ATTN_PUSH_MERGE=0), then bench_ops: argmax and sampling (bf16, every variant), the decode
-# fusions (fp32: rope_kv_append against the two calls it replaces) and decode attention at
-# SmolLM2's shapes with and without the pushed merge -> $OUT/followup.csv. It also
-# copies .mdl/part_aa to /tmp when carried, so a model call (scripts/gpu_model_check.sh) can follow
-# warm (the rope change runs once per layer of the model's decode step).
-# Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa]);
-# KS_FOLLOWUP_FILTER=gtest-filter runs fewer tests, e.g. '*Argmax*:*Sample*:*Rotary*:*Rope*'.
+# One GPU call for the sixteenth session's first questions: build for sm_90a and run every CUDA
+# test, then ask where the SmolLM2 output head's time goes. The head (Q8_0, 49152 x 576, fp32 x)
+# is the largest kernel of a decode step: 28.2 us fused with the final norm and 24.3 us as norm +
+# cuda_bulk_stream at b24c014 (bench_ops decode_fusions: 1.07-1.24 TB/s, a quarter of the copy
+# rate), and cuda_bulk_stream takes about the same time at 49152 x 576 as at 14336 x 4096 (22 us
+# for Q8_0 at both, 18 us for Q4_1 at both: f299a95), though the second has twice the bytes.
+#  1. every CUDA test (KS_FOLLOWUP_FILTER narrows them);
+#  2. bench_ops quant_matmul --variants at those two shapes (bf16 and fp32 x) and decode_fusions
+#     (fp32: the fused and split head) -> $OUT/followup.csv;
+#  3. Nsight Compute on quant_gemv_bulk_kernel at both shapes (speed of light, memory, warp
+#     stalls, instruction mix) -> $OUT/ncu_head.txt.
+# It also copies .mdl/part_aa to /tmp when carried, so a model call (scripts/gpu_model_check.sh)
+# can follow warm.
+# Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa])
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa
-# (every CUDA test takes about 150 s after the build; KS_FOLLOWUP_FILTER narrows them to fit one call)
+# (every CUDA test takes about 150 s after the build)
 ks_gpu_build_and_test "${KS_FOLLOWUP_FILTER:-*}" 'FP64' || { echo "gpu_followup: the build failed (see $OUT/logs.txt)"; exit 1; }
-for c in 16 4 1; do
-  echo "argmax tests at KS_ARGMAX_CLUSTER=$c:"
-  KS_ARGMAX_CLUSTER=$c $BUILD/tests/test_cuda_ops --gtest_filter='*Argmax*' --gtest_brief=1 2>&1 | grep -E "PASSED|FAILED|Failure" | head -5
+$BUILD/bench_ops --csv "$OUT/followup.csv" --variants --ops quant_matmul --dtypes bf16,fp32 \
+  --shapes 49152x576,14336x4096 2>&1 | grep -E "^quant_gemv" | cut -c1-160
+$BUILD/bench_ops --csv /tmp/fusions.csv --ops decode_fusions --dtypes fp32 2>&1 | grep -E "norm_head" | cut -c1-120
+tail -n +2 /tmp/fusions.csv >> "$OUT/followup.csv"
+# (each bench_ops run launches Q4_1 first: the profiled launch is Q4_1's, which takes 18 us at both
+# shapes, as Q8_0 takes 22 at both)
+: > "$OUT/ncu_head.txt"
+for shape in 49152x576 14336x4096; do
+  for dt in fp32 bf16; do
+    echo "== quant_gemv_bulk_kernel, Q4_1 $shape ($dt x, M = 1)" | tee -a "$OUT/ncu_head.txt"
+    KS_NCU_APPEND=1 KS_NCU_SECTIONS="ComputeWorkloadAnalysis InstructionStats" \
+      ks_ncu_bench quant_gemv_bulk_kernel "$OUT/ncu_head.txt" --ops quant_matmul --variants --dtypes $dt --shapes $shape
+  done
 done
-echo "attention tests at KS_ATTN_PUSH_MERGE=0:"
-KS_ATTN_PUSH_MERGE=0 $BUILD/tests/test_cuda_ops --gtest_filter='*CudaAttention*' --gtest_brief=1 2>&1 |
-  grep -E "PASSED|FAILED|Failure" | head -5
-$BUILD/bench_ops --csv "$OUT/followup.csv" --variants --ops argmax,sample,decode_fusions --dtypes bf16,fp32 \
-  2>&1 | grep -E "^(argmax|sampling)|rope_kv_append|norm_qkv|silu_down" | cut -c1-150
-# decode attention at SmolLM2's shapes (fp32), the pushed cluster merge against the two-barrier one
-KS_BENCH_ATTN=model $BUILD/bench_ops --csv /tmp/attn_model.csv --ops paged_attention --dtypes fp32 > /dev/null 2>&1
-tail -n +2 /tmp/attn_model.csv >> "$OUT/followup.csv"
-export KS_BENCH_ATTN=model
-ks_bench_tagged KS_ATTN_PUSH_MERGE=0 kernscope "$OUT/followup.csv" --ops paged_attention --dtypes fp32
-unset KS_BENCH_ATTN
-grep -E "decode_attention" "$OUT/followup.csv" | cut -d, -f6,8,10

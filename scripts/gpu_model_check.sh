@@ -47,6 +47,15 @@ if has generate; then
     $BUILD/ksctl generate --model $MODEL --chat --prompt "What is the capital of France?" --max-tokens 48 \
       --device $dev 2>&1 | tee -a "$LOG" | tail -6
   done
+  # one-shot decode rates of a short and a longer reply (no warm-up run: the graphs are made while
+  # loading), the GPU running ahead in graphs of 4 chained steps against a step per call
+  for steps in 4 0; do
+    for p in "What is the capital of France?" "Write a haiku about the sea."; do
+      echo "== ksctl generate --device cuda, KS_MODEL_DECODE_STEPS=$steps: $p" | tee -a "$LOG"
+      KS_MODEL_DECODE_STEPS=$steps $BUILD/ksctl generate --model $MODEL --chat --prompt "$p" --max-tokens 64 \
+        --device cuda 2>&1 | tee -a "$LOG" | grep -E "^\[ksctl\] (model|generated)"
+    done
+  done
 fi
 if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
