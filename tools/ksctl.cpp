@@ -164,7 +164,7 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                                   " tokens; --context " + std::to_string(m.model.max_context()) +
                                   " must exceed it (raise --context)");
   // CUDA, greedy: the decode graphs, with buffers for the prompt (counted in the load time)
-  if (!(temperature > 0.0f)) m.model.prepare_decode_greedy(int64_t(ids.size()));
+  if (!(temperature > 0.0f) && max_tokens > 1) m.model.prepare_decode_greedy(int64_t(ids.size()));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // a reply that reaches the context's end stops there, reported as "context full"
   ks::model::StreamDecoder dec(m.tok);

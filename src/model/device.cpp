@@ -106,6 +106,7 @@ DeviceGraph DeviceStream::capture_graph(const std::function<void()>& fn) {
   return out;
 }
 void DeviceStream::launch(const DeviceGraph& g) {
+  if (g.empty()) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "model: launch of a graph that holds none");
   check(cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec_), cs(s_)), "graph launch");
 }
 void DeviceStream::record(DeviceEvent& e) {

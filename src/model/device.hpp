@@ -107,7 +107,10 @@ class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
   // Marks the current end of the stream in e (created on first use); e.wait() blocks until then.
   void record(DeviceEvent& e);
   // The stream's own graph: capture(fn) replaces it, replay() launches it.
-  void capture(const std::function<void()>& fn) { graph_ = capture_graph(fn); }
+  void capture(const std::function<void()>& fn) {
+    graph_.reset();  // (the old one first: its memory is free for the new one)
+    graph_ = capture_graph(fn);
+  }
   bool captured() const { return !graph_.empty(); }
   void replay();
   void drop_graph() { graph_.reset(); }

@@ -130,7 +130,15 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
-  if (const char* e = std::getenv("KS_MODEL_DECODE_STEPS")) chain_steps_ = std::clamp<int64_t>(std::atoll(e), 0, 64);
+  if (const char* e = std::getenv("KS_MODEL_DECODE_STEPS")) {
+    char* end = nullptr;
+    const long long v = std::strtoll(e, &end, 10);
+    if (end == e || *end != '\0' || v < 0 || v > kMaxDecodeSteps)
+      throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, std::string("LlamaModel: KS_MODEL_DECODE_STEPS='") + e +
+                                                               "' is not a whole number of steps in [0, " +
+                                                               std::to_string(kMaxDecodeSteps) + "]");
+    chain_steps_ = v;
+  }
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
@@ -551,7 +559,7 @@ void LlamaModel::prepare_decode_greedy(int64_t rows) {
     chain_dev_ = std::move(d);
     chain_host_ = std::move(h);
   }
-  if (!chain_graph_[0].empty()) return;
+  if (!chain_graph_[0].empty() && (K == 1 || !chain_graph_[1].empty())) return;
   // One step eagerly first (every kernel loaded and configured outside a capture): token 0 at
   // the context's last position of sequence 0, whose K/V any step there writes before reading.
   stream_->wait_for_copies();
@@ -567,10 +575,15 @@ void LlamaModel::prepare_decode_greedy(int64_t rows) {
   stream_->to_device(dev + L.steps(), host + L.in(0), kChainStepBytes);
   chain_step(0, 1);
   stream_->sync();
-  chain_graph_[0] = stream_->capture_graph([&] {
+  // both or neither (a failure leaves none held, and the next call tries again)
+  for (auto& g : chain_graph_) g.reset();
+  DeviceGraph steps = stream_->capture_graph([&] {
     for (int64_t j = 0; j < K; ++j) chain_step(j, K);
   });
-  if (K > 1) chain_graph_[1] = stream_->capture_graph([&] { chain_step(0, 1); });
+  DeviceGraph one;
+  if (K > 1) one = stream_->capture_graph([&] { chain_step(0, 1); });
+  chain_graph_[0] = std::move(steps);
+  chain_graph_[1] = std::move(one);
 }
 
 int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,

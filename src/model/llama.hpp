@@ -106,10 +106,13 @@ class LlamaModel {
   // when it stops early up to 2 * KS_MODEL_DECODE_STEPS - 1 steps past the last reported id may
   // already have run: they wrote K/V only at positions after it (in this sequence's own blocks),
   // which a later step at those positions overwrites and no step before them reads; the call
-  // waits for them before returning. KS_MODEL_DECODE_STEPS=0: one forward_argmax_seq per step.
+  // waits for them before returning. KS_MODEL_DECODE_STEPS=0: one forward_argmax_seq per step;
+  // a value that is not a whole number in [0, kMaxDecodeSteps] makes the constructor throw
+  // ks::InvalidArgument. on_token must not call into the model (steps are still queued on its
+  // buffers); if it throws, the queued steps finish and the exception propagates.
   int64_t decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
                         const std::function<bool(int32_t)>& on_token);
-  static constexpr int64_t kDecodeSteps = 4;
+  static constexpr int64_t kDecodeSteps = 4, kMaxDecodeSteps = 32;
   // Makes decode_greedy's CUDA graphs now, so that its first call does not (ksctl generate does
   // this before the prompt): one step runs eagerly first, token 0 at the context's last position
   // of sequence 0 (K/V that any step at that position overwrites before reading). rows: the

@@ -19,11 +19,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <stdexcept>
 
 #include "model/generate.hpp"
 #include "test_util.hpp"
@@ -366,17 +368,21 @@ namespace {
 void expect_decode_greedy_equals_steps(ks::Backend be, const char* steps) {
   SCOPED_TRACE(std::string(be == ks::Backend::Cuda ? "cuda" : "cpu") + ", KS_MODEL_DECODE_STEPS=" + steps);
   const nlohmann::json ref = reference();
-  const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>();
-  const int64_t P = int64_t(prompt.size()), n = 11, ctx = P + 2 * n;
+  const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>(),
+             prompt1 = ref["cases"][1]["prompt_ids"].get<std::vector<int32_t>>();  // (sequence 1's)
+  const int64_t P = int64_t(prompt.size()), P1 = int64_t(prompt1.size()), n = 11, ctx = std::max(P, P1) + 2 * n;
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
-  std::vector<int32_t> want;
-  {
+  auto steps_of = [&](const std::vector<int32_t>& p) {  // n ids, one forward_argmax per step
     ks::model::LlamaModel m(file, ctx, be);
-    int32_t id = m.forward_argmax(prompt.data(), P, 0);
-    for (int64_t i = 0; i < n; ++i) want.push_back(id = m.forward_argmax(&id, 1, P + i));
-  }
+    std::vector<int32_t> ids;
+    int32_t id = m.forward_argmax(p.data(), int64_t(p.size()), 0);
+    for (int64_t i = 0; i < n; ++i) ids.push_back(id = m.forward_argmax(&id, 1, int64_t(p.size()) + i));
+    return ids;
+  };
+  const std::vector<int32_t> want = steps_of(prompt), want1 = steps_of(prompt1);
+  ASSERT_NE(want, want1) << "the two prompts must give different ids";
   if (*steps) setenv("KS_MODEL_DECODE_STEPS", steps, 1);
-  ks::model::LlamaModel m(file, ctx, be);
+  ks::model::LlamaModel m(file, ctx, be, 2);
   unsetenv("KS_MODEL_DECODE_STEPS");
   // the graphs made before the prompt at 3 steps (ksctl generate's order: sized for the prompt,
   // they outlive its prefill), else by the first call
@@ -412,18 +418,49 @@ void expect_decode_greedy_equals_steps(ks::Backend be, const char* steps) {
   auto count = [&](int32_t) { return ++calls > 0; };
   EXPECT_EQ(m.decode_greedy(0, first, P, 0, count), 0);
   EXPECT_THROW(m.decode_greedy(0, first, P, ctx - P + 1, count), ks::InvalidArgument);
-  EXPECT_THROW(m.decode_greedy(1, first, P, 1, count), ks::InvalidArgument);
+  EXPECT_THROW(m.decode_greedy(2, first, P, 1, count), ks::InvalidArgument);
   EXPECT_THROW(m.decode_greedy(-1, first, P, 1, count), ks::InvalidArgument);
   EXPECT_THROW(m.decode_greedy(0, first, -1, 1, count), ks::InvalidArgument);
   EXPECT_EQ(calls, 0);
   got.clear();
   EXPECT_EQ(m.decode_greedy(0, first, P, n, take), n);
   EXPECT_EQ(got, want) << "after the rejected calls";
+  // fewer steps than a graph holds (single steps only), and on_token throwing after 2 ids: the
+  // exception comes out, and the next call still gives the same ids
+  got.clear();
+  EXPECT_EQ(m.decode_greedy(0, first, P, 3, take), 3);
+  EXPECT_EQ(got, std::vector<int32_t>(want.begin(), want.begin() + 3));
+  got.clear();
+  EXPECT_THROW(m.decode_greedy(0, first, P, n, [&](int32_t id) {
+    got.push_back(id);
+    if (got.size() == 2) throw std::runtime_error("stop here");
+    return true;
+  }), std::runtime_error);
+  got.clear();
+  EXPECT_EQ(m.decode_greedy(0, first, P, n, take), n);
+  EXPECT_EQ(got, want) << "after on_token threw";
+  // sequence 1 (its own cache blocks and slots) with another prompt: its own ids, and sequence
+  // 0's cache untouched by its steps
+  got.clear();
+  const int32_t first1 = m.forward_argmax_seq(1, prompt1.data(), P1, 0);
+  EXPECT_EQ(m.decode_greedy(1, first1, P1, n, take), n);
+  EXPECT_EQ(got, want1) << "sequence 1";
+  got.clear();
+  EXPECT_EQ(m.decode_greedy(0, first, P, n, take), n);
+  EXPECT_EQ(got, want) << "sequence 0 after sequence 1";
 }
 }  // namespace
 
 TEST(Model, DecodeGreedyEqualsOneStepAtATime) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  {  // a value of KS_MODEL_DECODE_STEPS that is not a whole number of steps in range
+    ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
+    for (const char* bad : {"x", "4x", "-1", "33", ""}) {
+      setenv("KS_MODEL_DECODE_STEPS", bad, 1);
+      EXPECT_THROW(ks::model::LlamaModel(file, 64, ks::Backend::Cpu), ks::InvalidArgument) << "'" << bad << "'";
+    }
+    unsetenv("KS_MODEL_DECODE_STEPS");
+  }
   expect_decode_greedy_equals_steps(ks::Backend::Cpu, "");
   if (ks_backend_available(KS_BACKEND_CUDA)) {
     for (const char* steps : {"", "1", "3", "0"}) expect_decode_greedy_equals_steps(ks::Backend::Cuda, steps);
