@@ -841,6 +841,7 @@ struct BulkParams {
   int64_t N, K, row_bytes;
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
+  bool thread_rows;  // rows < 32 blocks: a thread per row (KS_QMM_BULK_THREAD_ROWS=1) instead of warp groups
 };
 
 template <typename T, ks_qtype_t Q>
@@ -922,6 +923,34 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
           out[a + t] = Dt<T>::from_f(s0);
           if (t + 1 < rows) out[a + t + 1] = Dt<T>::from_f(s1);
         }
+      }
+    } else if (p.thread_rows) {
+      // Short rows, a thread per row (KS_QMM_BULK_THREAD_ROWS=1): consumer thread t takes the
+      // stage's rows t', t' + NT, ... (rotated like the warps' units: the stage's first row goes
+      // to thread (i * rps) mod NT); a row's words are RB bytes apart across the lanes, which for
+      // the formats' K / 32 * 34, 20 or 18 bytes per row puts them in distinct or paired banks,
+      // and every lane reads the same x block (a broadcast). The bits are the warps': block b's
+      // sum s_b is what lane b would hold (0 + s_b), and the butterfly is replayed as the tree it
+      // is for lane 0 - round o adds lane l + o into lane l for l < o - with the lanes past the
+      // row's blocks holding +0, which changes nothing (no partial sum is -0). Blocks 16..31 are
+      // folded into 0..15 as they are made (round 16), so 16 sums are live.
+      const int t0 = (threadIdx.x - int((int64_t(i) * rps) % NT) + NT) % NT;
+      for (int r = t0; r < rows; r += NT) {
+        const unsigned char* rw = src + int64_t(r) * RB;
+        float acc[16];
+#pragma unroll
+        for (int b = 0; b < 32; ++b) {
+          const float s = b < nb ? 0.f + block_dot(rw + b * BB, reinterpret_cast<const float4*>(xs + b * 36)) : 0.f;
+          if (b < 16)
+            acc[b] = s;
+          else
+            acc[b - 16] = acc[b - 16] + s;
+        }
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1)
+#pragma unroll
+          for (int l = 0; l < o; ++l) acc[l] = acc[l] + acc[l + o];
+        out[a + r] = Dt<T>::from_f(acc[0]);
       }
     } else {
       // Short rows: a stage's rows form groups of G (at least 90% of the lanes busy); a warp takes
@@ -1336,6 +1365,11 @@ void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
 // memory limit only (none of them changes a value). KS_QMM_BULK_STAGE_KB (default 128) sets
 // the bytes of one stage for experiments.
 namespace {
+// KS_QMM_BULK_THREAD_ROWS=1: rows of fewer than 32 blocks go a thread per row (the same bits).
+bool bulk_thread_rows_enabled() {
+  static const bool on = env_is("KS_QMM_BULK_THREAD_ROWS", "1");
+  return on;
+}
 BulkPlan bulk_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
   int64_t limit = 0;
@@ -1368,15 +1402,18 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   const BulkPlan plan = bulk_plan_for(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                     plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled()};
+                     plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
+                     bulk_thread_rows_enabled()};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
                   dim3(kBulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul");
-  record_launch("quant_matmul", "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld",
-                {plan.rps, plan.group, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem});
+  record_launch("quant_matmul",
+                "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld thread_rows=%lld",
+                {plan.rps, plan.group, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem,
+                 p.thread_rows && p.K / 32 < 32 ? 1 : 0});
 }
 
 namespace {
