@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <chrono>
 #include <cstdio>
@@ -69,6 +70,14 @@ int cmd_ops() {
 // exists for its op and backend (exit 1 otherwise); op: only that op's cells (text; "" = all);
 // why: each cell's reason and source after its order.
 int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool why) {
+  if (!op_filter.empty()) {
+    bool found = false;
+    for (const auto& v : ks::variants()) found = found || op_filter == v.op;
+    if (!found) {
+      std::fprintf(stderr, "table: --op '%s' is not an operator of this build (ksctl ops lists them)\n", op_filter.c_str());
+      return 2;
+    }
+  }
   const std::string text = ks::routing_table();
   if (as_json) {
     std::printf("%s\n", text.c_str());
@@ -361,15 +370,28 @@ int main(int argc, char** argv) {
   uint64_t g_seed = 0;
   gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
   gen->add_option("--prompt", g_prompt, "prompt text");
-  gen->add_option("--max-tokens", g_max, "tokens to generate at most")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+  gen->add_option("--max-tokens", g_max, "tokens to generate at most")
+      ->check(CLI::TypeValidator<int64_t>("INT"))
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   gen->add_option("--device", g_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   gen->add_flag("--chat", g_chat, "wrap the prompt in the model's chat template");
-  gen->add_option("--temperature", g_temp, "0 = greedy; > 0 samples from softmax(logits / T)")->check(CLI::Range(0.0f, 100.0f));
+  gen->add_option("--temperature", g_temp, "0 = greedy; > 0 samples from softmax(logits / T)")
+      ->check(CLI::Validator(
+          [](std::string& v) {  // (a NaN passes a range check: every comparison with it is false)
+            char* end = nullptr;
+            const float t = std::strtof(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && t >= 0.0f && t <= 100.0f
+                       ? std::string()
+                       : "'" + v + "' is not a number in [0, 100]";
+          },
+          "FLOAT in [0, 100]"));
   gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)");
   int g_threads = 0, b_threads = 0;
   gen->add_option("--threads", g_threads, "CPU threads (0 = all cores; 1 avoids stalls when other processes load the CPU)")
       ->check(CLI::Range(0, 1024));
-  gen->add_option("--context", g_ctx, "KV-cache capacity in tokens")->check(CLI::Range(int64_t(16), int64_t(1) << 20));
+  gen->add_option("--context", g_ctx, "KV-cache capacity in tokens")
+      ->check(CLI::TypeValidator<int64_t>("INT"))
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 20));
 
   auto* bench = app.add_subcommand("bench-model", "Prefill and decode tokens/s of a GGUF model (median of repeats)");
   std::string b_model, b_device = "auto", b_csv;
@@ -386,7 +408,8 @@ int main(int argc, char** argv) {
   bench->add_option("--context", b_context,
                     "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; generate's "
                     "default is 2048, which sizes decode attention's clusters differently)")
-      ->check(CLI::Range(int64_t(16), int64_t(1) << 20));
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 20))
+      ->default_str("the longest prompt + decode tokens + 1");
   std::vector<int64_t> b_batches{1};
   bench->add_option("--batch", b_batches, "also decode this many sequences at once (decode throughput), e.g. 8 32")
       ->check(CLI::Range(int64_t(1), int64_t(256)));
