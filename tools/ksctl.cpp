@@ -70,13 +70,10 @@ int cmd_ops() {
 // exists for its op and backend (exit 1 otherwise); op: only that op's cells (text; "" = all);
 // why: each cell's reason and source after its order.
 int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool why) {
-  if (!op_filter.empty()) {
-    bool found = false;
-    for (const auto& v : ks::variants()) found = found || op_filter == v.op;
-    if (!found) {
-      std::fprintf(stderr, "table: --op '%s' is not an operator of this build (ksctl ops lists them)\n", op_filter.c_str());
-      return 2;
-    }
+  if (!op_filter.empty() && !ks::tune::has_op(op_filter)) {
+    std::fprintf(stderr, "table: --op '%s' is not an operator of this build (ksctl ops lists them)\n",
+                 op_filter.c_str());
+    return 2;
   }
   const std::string text = ks::routing_table();
   if (as_json) {

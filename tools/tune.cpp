@@ -308,6 +308,12 @@ std::vector<std::string> backends_of(const std::vector<Row>& rows) {
 
 }  // namespace
 
+bool ks::tune::has_op(const std::string& op) {
+  for (const auto& v : ks::variants())
+    if (op == v.op) return true;
+  return false;
+}
+
 // `ksctl tune --from-csv FILE`: the routing table again from an earlier run's measurements
 // (after a change of the rule that turns them into cells; no timing, no device needed).
 int run_tune_from_csv(const std::string& csv_path, const std::string& dir, const std::string& commit) {
@@ -337,13 +343,9 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
     return 2;
   }
   if (!make_out_dir(dir)) return 2;
-  if (!op.empty()) {
-    bool known = false;
-    for (const auto& v : ks::variants()) known = known || op == v.op;
-    if (!known) {
-      std::fprintf(stderr, "tune: unknown op '%s' (the operators: ksctl ops)\n", op.c_str());
-      return 2;
-    }
+  if (!op.empty() && !ks::tune::has_op(op)) {
+    std::fprintf(stderr, "tune: unknown op '%s' (the operators: ksctl ops)\n", op.c_str());
+    return 2;
   }
   if (backend == "cuda" && !ks::backend_available(ks::Backend::Cuda)) {
     std::fprintf(stderr, "tune: --backend cuda, but the CUDA backend is not available here\n");

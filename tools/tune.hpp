@@ -27,4 +27,8 @@ std::vector<Row> measure(const std::string& backend, const std::string& op_filte
 // The ops tune covers and the shape grid of each, for --help and the docs.
 std::string grid_summary();
 
+// Whether op names an operator of this build (one with a registered variant: ks::variants()),
+// for the ksctl subcommands that take --op.
+bool has_op(const std::string& op);
+
 }  // namespace ks::tune
