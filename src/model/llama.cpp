@@ -254,6 +254,12 @@ StepLayout step_layout(int64_t cap) {
 // pinned): two sets of staged step inputs (in(p), the device layout's step part), two sets of
 // copied-out ids (out(p)) and the first id (int64).
 constexpr size_t kChainStepBytes = 32;
+// One step's inputs at b, in that layout.
+void put_chain_step(char* b, int64_t slot, int64_t pos, int64_t seq, int64_t len) {
+  const int32_t v[3] = {int32_t(pos), int32_t(seq), int32_t(len)};
+  std::memcpy(b, &slot, 8);
+  std::memcpy(b + 8, v, 12);
+}
 struct ChainLayout {
   size_t k;
   size_t steps() const { return k * 8; }
@@ -326,7 +332,7 @@ void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int
   auto* sq = reinterpret_cast<int32_t*>(h + L.seq);
   auto* lens = reinterpret_cast<int32_t*>(h + L.lens);
   for (int64_t i = 0; i < n; ++i) {
-    slots[i] = seq[i] * blocks_per_seq_ * block_size_ + pos[i];
+    slots[i] = slot_of(seq[i], pos[i]);
     ids[i] = tokens[i];
     p[i] = int32_t(pos[i]);
     sq[i] = int32_t(seq[i]);
@@ -566,11 +572,8 @@ void LlamaModel::prepare_decode_greedy(int64_t rows) {
   char* host = static_cast<char*>(chain_host_.data());
   char* dev = static_cast<char*>(chain_dev_.data());
   const int64_t last = max_ctx_ - 1;
-  const int64_t slot = last;  // sequence 0's blocks come first
-  const int32_t v[3] = {int32_t(last), 0, 1};  // (attention reads position 0 only)
   std::memset(host + L.first(), 0, 8);
-  std::memcpy(host + L.in(0), &slot, 8);
-  std::memcpy(host + L.in(0) + 8, v, 12);
+  put_chain_step(host + L.in(0), slot_of(0, last), last, 0, 1);  // (length 1: attention reads position 0 only)
   stream_->to_device(dev, host + L.first(), 8);
   stream_->to_device(dev + L.steps(), host + L.in(0), kChainStepBytes);
   chain_step(0, 1);
@@ -607,11 +610,7 @@ int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64
   stream_->wait_for_copies();  // (chain_host_'s last reader was a copy of a call that ended in a sync)
   // step `at`'s inputs (position pos + at) into slot j of the staged set p
   auto stage = [&](int p, int64_t j, int64_t at) {
-    char* b = host + L.in(p) + size_t(j) * kChainStepBytes;
-    const int64_t slot = seq * blocks_per_seq_ * block_size_ + pos + at;
-    const int32_t v[3] = {int32_t(pos + at), int32_t(seq), int32_t(pos + at + 1)};
-    std::memcpy(b, &slot, 8);
-    std::memcpy(b + 8, v, 12);
+    put_chain_step(host + L.in(p) + size_t(j) * kChainStepBytes, slot_of(seq, pos + at), pos + at, seq, pos + at + 1);
   };
   *reinterpret_cast<int64_t*>(host + L.first()) = first;
   stream_->to_device(dev, host + L.first(), 8);

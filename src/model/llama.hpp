@@ -149,6 +149,8 @@ class LlamaModel {
     Buffer k_cache, v_cache;  // [num_blocks, block_size, num_kv_heads, head_dim] fp32
   };
   void ensure_capacity(int64_t n);
+  // the KV-cache slot of sequence seq's position pos (its own blocks, in order)
+  int64_t slot_of(int64_t seq, int64_t pos) const { return seq * blocks_per_seq_ * block_size_ + pos; }
   void check_positions(const char* what, int64_t n, int64_t pos) const;  // throws ks::InvalidArgument
   // ids, positions, seq ids, lengths, slots: row i is token tokens[i] of sequence seq[i] at pos[i]
   void stage_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t n);
