@@ -121,6 +121,7 @@ class LlamaModel {
   // graphs, which the next decode_greedy then makes again. A no-op on the CPU, with
   // KS_MODEL_DECODE_STEPS=0, or when the graphs are held.
   void prepare_decode_greedy(int64_t rows = 1);
+  // Whether decode_greedy's graphs are held now (CUDA; they are made both or neither).
   bool decode_greedy_prepared() const { return !chain_graph_[0].empty(); }
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
   // in microseconds (DeviceStream::take_replay_us); empty otherwise
