@@ -7,6 +7,7 @@ package kernscope_test
 import (
 	"errors"
 	"math"
+	"math/rand"
 	"runtime"
 	"strings"
 	"testing"
@@ -667,4 +668,135 @@ func TestFusedAddRMSNormQuantMatmulRopeKVAppendRejectsZeroHeads(t *testing.T) {
 	untouched(t, resOut, 7)
 	sameBits(t, "k_cache", kc, kc0)
 	sameBits(t, "v_cache", vc, vc0)
+}
+
+// ---- rotary_embedding_kv_append_paged_attention ------------------------------------------------
+
+// ropeAttnCase: q [3, 6, 8], k and v [3, 2, 8] (GQA: 6 query heads, 2 kv heads), caches
+// [6 blocks, 2 slots, 2, 8], random (so untouched cache rows are compared too).
+type ropeAttnCase struct {
+	q, k, v, kc, vc []float32
+}
+
+func ropeAttnInputs(seed int64) ropeAttnCase {
+	r := rand.New(rand.NewSource(seed))
+	fill := func(n int) []float32 {
+		s := make([]float32, n)
+		for i := range s {
+			s[i] = float32(r.NormFloat64())
+		}
+		return s
+	}
+	return ropeAttnCase{fill(3 * 6 * 8), fill(3 * 2 * 8), fill(3 * 2 * 8), fill(6 * 2 * 2 * 8), fill(6 * 2 * 2 * 8)}
+}
+
+func (c ropeAttnCase) clone() ropeAttnCase {
+	cp := func(s []float32) []float32 { return append([]float32(nil), s...) }
+	return ropeAttnCase{cp(c.q), cp(c.k), cp(c.v), cp(c.kc), cp(c.vc)}
+}
+
+func TestRotaryEmbeddingKVAppendPagedAttentionEqualsTheTwoCalls(t *testing.T) {
+	const tok, h, kvh, d, rd, theta, scale = 3, 6, 2, 8, 4, 10000.0, 0.35
+	cases := []struct {
+		name                string
+		positions, slots    *ks.Tensor
+		blockTables, seqIDs *ks.Tensor
+		contextLens         *ks.Tensor
+		appended            []int // the slots written
+	}{
+		// a decode step: token t is the newest position (context_lens[t] - 1) of sequence t
+		{"decode, seq_ids nil", ks.I32([]int32{2, 0, 3}, 3), ks.I64([]int64{0, 2, 5}, 3),
+			ks.I32([]int32{4, 0, 1, 5, 3, 2}, 3, 2), nil, ks.I32([]int32{3, 1, 4}, 3), []int{0, 2, 5}},
+		// tokens 0 and 1 of sequence 1 (token 1 reads the slot token 0 appends), token 2 of sequence 0
+		{"prefill chunk, seq_ids given", ks.I64([]int64{1, 2, 0}, 3), ks.I32([]int32{11, 2, 6}, 3),
+			ks.I32([]int32{3, 2, 5, 1}, 2, 2), ks.I32([]int32{1, 1, 0}, 3), ks.I32([]int32{2, 3, 1}, 3),
+			[]int{11, 2, 6}},
+	}
+	for ci, c := range cases {
+		for _, neox := range []bool{true, false} {
+			in := ropeAttnInputs(int64(10 + ci))
+			a, b := in.clone(), in.clone()
+			out, out2 := filled(tok*h*d, float32(math.NaN())), filled(tok*h*d, float32(math.NaN()))
+			if err := ks.RotaryEmbeddingKVAppendPagedAttention(ks.F32(out, tok, h, d), ks.F32(a.q, tok, h, d),
+				ks.F32(a.k, tok, kvh, d), ks.F32(a.v, tok, kvh, d), c.positions, rd, theta, neox,
+				ks.F32(a.kc, 6, 2, kvh, d), ks.F32(a.vc, 6, 2, kvh, d), c.slots, c.blockTables, c.seqIDs,
+				c.contextLens, scale, ks.WithBackend(ks.BackendCPU)); err != nil {
+				t.Fatal(err)
+			}
+			// the two calls on copies of the inputs
+			if err := ks.RotaryEmbeddingKVAppend(ks.F32(b.q, tok, h, d), ks.F32(b.k, tok, kvh, d),
+				ks.F32(b.v, tok, kvh, d), c.positions, rd, theta, neox, ks.F32(b.kc, 6, 2, kvh, d),
+				ks.F32(b.vc, 6, 2, kvh, d), c.slots, ks.WithBackend(ks.BackendCPU)); err != nil {
+				t.Fatal(err)
+			}
+			if err := ks.PagedAttention(ks.F32(out2, tok, h, d), ks.F32(b.q, tok, h, d), ks.F32(b.kc, 6, 2, kvh, d),
+				ks.F32(b.vc, 6, 2, kvh, d), c.blockTables, c.seqIDs, c.contextLens, scale,
+				ks.WithBackend(ks.BackendCPU)); err != nil {
+				t.Fatal(err)
+			}
+			what := func(s string) string { return s + " (" + c.name + map[bool]string{true: ", neox)", false: ")"}[neox] }
+			sameBits(t, what("out"), out, out2)
+			sameBits(t, what("q"), a.q, b.q)
+			sameBits(t, what("k"), a.k, b.k)
+			sameBits(t, what("k_cache"), a.kc, b.kc)
+			sameBits(t, what("v_cache"), a.vc, b.vc)
+			// the call did something: every out value written, q rotated, features past rotary_dim kept,
+			// the slots hold the rotated k and v, the other cache rows untouched
+			for i, o := range out {
+				if math.IsNaN(float64(o)) {
+					t.Fatalf("%s[%d] not written", what("out"), i)
+				}
+			}
+			if a.q[0] == in.q[0] && a.q[1] == in.q[1] && a.q[2] == in.q[2] && a.q[3] == in.q[3] {
+				t.Errorf("%s: q of token 0 (position 2 or 1) was not rotated", what(""))
+			}
+			sameBits(t, what("q past rotary_dim"), a.q[rd:d], in.q[rd:d])
+			row := kvh * d
+			written := map[int]bool{}
+			for ti, slot := range c.appended {
+				written[slot] = true
+				sameBits(t, what("k_cache slot"), a.kc[slot*row:(slot+1)*row], a.k[ti*row:(ti+1)*row])
+				sameBits(t, what("v_cache slot"), a.vc[slot*row:(slot+1)*row], in.v[ti*row:(ti+1)*row])
+			}
+			for slot := 0; slot < 12; slot++ {
+				if !written[slot] {
+					sameBits(t, what("k_cache other slots"), a.kc[slot*row:(slot+1)*row], in.kc[slot*row:(slot+1)*row])
+				}
+			}
+		}
+	}
+}
+
+func TestRotaryEmbeddingKVAppendPagedAttentionRejectsBadContextAndOutOverK(t *testing.T) {
+	const tok, h, kvh, d = 3, 6, 2, 8
+	in := ropeAttnInputs(20)
+	a := in.clone()
+	buf := filled(tok*h*d, 7) // out; its first tok*kvh*d values are also k in the second call
+	pos, slots := ks.I32([]int32{2, 0, 3}, 3), ks.I64([]int64{0, 2, 5}, 3)
+	bt := ks.I32([]int32{4, 0, 1, 5, 3, 2}, 3, 2)
+	// context_lens[1] = 5 > max_blocks_per_seq * block_size = 4
+	err := ks.RotaryEmbeddingKVAppendPagedAttention(ks.F32(buf, tok, h, d), ks.F32(a.q, tok, h, d),
+		ks.F32(a.k, tok, kvh, d), ks.F32(a.v, tok, kvh, d), pos, 4, 10000, true, ks.F32(a.kc, 6, 2, kvh, d),
+		ks.F32(a.vc, 6, 2, kvh, d), slots, bt, nil, ks.I32([]int32{3, 5, 4}, 3), 0.35, ks.WithBackend(ks.BackendCPU))
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "rotary_embedding_kv_append_paged_attention",
+		"context_lens[1] = 5")
+	untouched(t, buf, 7)
+	// out overlapping k (the fused op's own rule)
+	kIn := append([]float32(nil), buf[:tok*kvh*d]...)
+	err = ks.RotaryEmbeddingKVAppendPagedAttention(ks.F32(buf, tok, h, d), ks.F32(a.q, tok, h, d),
+		ks.F32(buf[:tok*kvh*d], tok, kvh, d), ks.F32(a.v, tok, kvh, d), pos, 4, 10000, true,
+		ks.F32(a.kc, 6, 2, kvh, d), ks.F32(a.vc, 6, 2, kvh, d), slots, bt, nil, ks.I32([]int32{3, 1, 4}, 3), 0.35)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "rotary_embedding_kv_append_paged_attention",
+		"out and k overlap")
+	sameBits(t, "out / k", buf[:tok*kvh*d], kIn)
+	untouched(t, buf, 7)
+	// a nil k is named before the library is called
+	err = ks.RotaryEmbeddingKVAppendPagedAttention(ks.F32(buf, tok, h, d), ks.F32(a.q, tok, h, d), nil,
+		ks.F32(a.v, tok, kvh, d), pos, 4, 10000, true, ks.F32(a.kc, 6, 2, kvh, d), ks.F32(a.vc, 6, 2, kvh, d), slots,
+		bt, nil, ks.I32([]int32{3, 1, 4}, 3), 0.35)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "rotary_embedding_kv_append_paged_attention", "k")
+	sameBits(t, "q", a.q, in.q)
+	sameBits(t, "k", a.k, in.k)
+	sameBits(t, "k_cache", a.kc, in.kc)
+	sameBits(t, "v_cache", a.vc, in.vc)
 }

@@ -125,6 +125,17 @@ ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache
   return ks_paged_attention(&o, &qt, &kc, &vc, &bt, has_seq_ids ? &si : NULL, &cl, scale, BK, ST);
 }
 
+ks_status_t ksgo_rotary_embedding_kv_append_paged_attention(
+    ksgo_desc* d, void* out, void* q, void* k, void* v, void* positions, int64_t rotary_dim, double theta, int is_neox,
+    void* k_cache, void* v_cache, void* slot_mapping, void* block_tables, int has_seq_ids, void* seq_ids,
+    void* context_lens, double scale, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), qt = mk(&d[1], q), kt = mk(&d[2], k), vt = mk(&d[3], v), p = mk(&d[4], positions),
+           kc = mk(&d[5], k_cache), vc = mk(&d[6], v_cache), s = mk(&d[7], slot_mapping), bt = mk(&d[8], block_tables),
+           si = mk(&d[9], seq_ids), cl = mk(&d[10], context_lens);
+  return ks_rotary_embedding_kv_append_paged_attention(&o, &qt, &kt, &vt, &p, rotary_dim, theta, is_neox, &kc, &vc, &s,
+                                                       &bt, has_seq_ids ? &si : NULL, &cl, scale, BK, ST);
+}
+
 ks_status_t ksgo_argmax(ksgo_desc* d, void* out, void* x, int backend, uintptr_t stream) {
   DLTensor o = mk(&d[0], out), xt = mk(&d[1], x);
   return ks_argmax(&o, &xt, BK, ST);

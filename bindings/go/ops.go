@@ -298,6 +298,34 @@ func PagedAttention(out, q, kCache, vCache, blockTables, seqIDs, contextLens *Te
 	})
 }
 
+// RotaryEmbeddingKVAppendPagedAttention is the decode-step fusion of RotaryEmbeddingKVAppend(q, k,
+// v, positions, rotaryDim, theta, isNeox, kCache, vCache, slotMapping), then PagedAttention(out, q,
+// kCache, vCache, blockTables, seqIDs, contextLens, scale), in one kernel on CUDA where it can: q and
+// k rotated in place, the caches given the new rows, out [num_tokens, num_heads, head_dim] the
+// attention of the rotated q over the appended caches. seqIDs nil means sequence t for token t. Bit
+// for bit the two calls when no token reads a cache slot that another token of the call appends (a
+// decode step; the CPU is always the two calls). Errors (nothing written): every rule of the two ops
+// under this op's name, plus out overlapping q, k, v, positions, slotMapping or the caches
+// (ErrInvalidArgument); mismatched dtypes (ErrUnsupportedDtype).
+func RotaryEmbeddingKVAppendPagedAttention(out, q, k, v, positions *Tensor, rotaryDim int64, theta float64,
+	isNeox bool, kCache, vCache, slotMapping, blockTables, seqIDs, contextLens *Tensor, scale float64,
+	opts ...Option) error {
+	var d [11]C.ksgo_desc
+	args := []arg{{"out", out}, {"q", q}, {"k", k}, {"v", v}, {"positions", positions}, {"k_cache", kCache},
+		{"v_cache", vCache}, {"slot_mapping", slotMapping}, {"block_tables", blockTables}, {"seq_ids?", seqIDs},
+		{"context_lens", contextLens}}
+	if err := describeAll("rotary_embedding_kv_append_paged_attention", d[:], args...); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_rotary_embedding_kv_append_paged_attention(&d[0], out.data, q.data, k.data, v.data,
+			positions.data, C.int64_t(rotaryDim), C.double(theta), flag(isNeox), kCache.data, vCache.data,
+			slotMapping.data, blockTables.data, flag(seqIDs != nil), dataOf(seqIDs), contextLens.data,
+			C.double(scale), b, s)
+	})
+}
+
 // Argmax: out[r] (int64) = index of the maximum of x[r, :].
 func Argmax(out, x *Tensor, opts ...Option) error {
 	var d [2]C.ksgo_desc

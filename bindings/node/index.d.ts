@@ -169,6 +169,20 @@ export function fusedAddRmsNormQuantMatmulRopeKvAppend(out: TensorLike, residual
 export function pagedAttention(out: TensorLike, q: TensorLike, kCache: TensorLike, vCache: TensorLike,
                                blockTables: TensorLike, seqIds: TensorLike | null, contextLens: TensorLike,
                                scale: number, opts?: ExecOptions): void;
+/** Decode-step fusion: rotaryEmbeddingKvAppend(q, k, v, positions, rotaryDim, theta, isNeox, kCache, vCache,
+ *  slotMapping), then pagedAttention(out, q, kCache, vCache, blockTables, seqIds, contextLens, scale), in one
+ *  kernel on CUDA where it can: q and k rotated in place, the caches given the new rows, out [numTokens,
+ *  numHeads, headDim] the attention of the rotated q over the appended caches (k is required; seqIds null:
+ *  token t is sequence t). Bit for bit the two calls when no token reads a cache slot that another token of
+ *  the call appends (a decode step; the CPU is always the two calls). Throws KernscopeError (nothing written)
+ *  for every rule of the two ops under this op's name, plus out overlapping q, k, v, positions, slotMapping or
+ *  the caches (INVALID_ARGUMENT), and mismatched dtypes (UNSUPPORTED_DTYPE). */
+export function rotaryEmbeddingKvAppendPagedAttention(out: TensorLike, q: TensorLike, k: TensorLike, v: TensorLike,
+                                                      positions: TensorLike, rotaryDim: number, theta: number,
+                                                      isNeox: boolean, kCache: TensorLike, vCache: TensorLike,
+                                                      slotMapping: TensorLike, blockTables: TensorLike,
+                                                      seqIds: TensorLike | null, contextLens: TensorLike,
+                                                      scale: number, opts?: ExecOptions): void;
 export function argmax(out: TensorLike, x: TensorLike, opts?: ExecOptions): void;
 /** Attention over packed sequences (int32 offsets [numSeqs + 1]); causal: bottom-right aligned mask. */
 export function varlenAttention(out: TensorLike, q: TensorLike, k: TensorLike, v: TensorLike, cuSeqlensQ: TensorLike,

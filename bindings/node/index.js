@@ -255,6 +255,12 @@ module.exports = {
   pagedAttention: (out, q, kCache, vCache, blockTables, seqIds, contextLens, scale, opts) =>
     native.pagedAttention(T(out), T(q), T(kCache), T(vCache), T(blockTables), T(seqIds, false), T(contextLens), scale,
                           ...exec(opts)),
+  rotaryEmbeddingKvAppendPagedAttention: (out, q, k, v, positions, rotaryDim, theta, isNeox, kCache, vCache,
+                                          slotMapping, blockTables, seqIds, contextLens, scale, opts) =>
+    native.rotaryEmbeddingKvAppendPagedAttention(T(out), T(q), T(k), T(v), T(positions), rotaryDim, theta,
+                                                 Boolean(isNeox), T(kCache), T(vCache), T(slotMapping),
+                                                 T(blockTables), T(seqIds, false), T(contextLens), scale,
+                                                 ...exec(opts)),
   argmax: (out, x, opts) => native.argmax(T(out), T(x), ...exec(opts)),
   varlenAttention: (out, q, k, v, cuSeqlensQ, cuSeqlensK, scale, causal, opts) =>
     native.varlenAttention(T(out), T(q), T(k), T(v), T(cuSeqlensQ), T(cuSeqlensK), scale, Boolean(causal), ...exec(opts)),

@@ -327,6 +327,30 @@ KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DL
                                       const DLTensor* seq_ids, const DLTensor* context_lens,
                                       double scale, ks_backend_t backend, ks_stream_t stream);
 
+/* Decode-step fusion: ks_rotary_embedding_kv_append(q, k, v, positions, rotary_dim, theta,
+ * is_neox, k_cache, v_cache, slot_mapping), then ks_paged_attention(out, q, k_cache, v_cache,
+ * block_tables, seq_ids, context_lens, scale): one kernel on CUDA where it can, which rotates
+ * each token's q and new key in registers and reads that key from them instead of the cache.
+ *   out: [num_tokens, num_heads, head_dim]; q, k, v, positions, rotary_dim, theta, is_neox,
+ *   k_cache, v_cache, slot_mapping: as in ks_rotary_embedding_kv_append (on return q and k are
+ *   rotated and the caches hold the new rows, as after that call); block_tables, seq_ids,
+ *   context_lens, scale: as in ks_paged_attention.
+ * The result is bit for bit the two calls' when no token reads a cache slot that another token
+ * of the call appends (a decode step: each token is the newest position of its own sequence).
+ * Otherwise the CPU's result is still the two calls', and CUDA's fused kernel may read such a
+ * slot before or after it is written. Contract: docs/contracts.md#rotary_embedding_kv_append_paged_attention.
+ * Errors (nothing written): every error of the two functions, named under this one;
+ * KS_ERROR_INVALID_ARGUMENT for out overlapping q, k, v, positions, slot_mapping or the
+ * caches. CUDA runs the fused kernel where cuda_gqa_cluster serves the attention (head_dim a
+ * multiple of 16 bytes' elements and at most 32 of them, num_heads / num_kv_heads <= 8,
+ * 16-byte aligned rows, sm_90) with rotary_dim <= 1024 and q, k and v of one token each a
+ * row of heads, and the two calls otherwise. */
+KS_API ks_status_t ks_rotary_embedding_kv_append_paged_attention(
+    DLTensor* out, DLTensor* q, DLTensor* k, const DLTensor* v, const DLTensor* positions, int64_t rotary_dim,
+    double theta, int is_neox, DLTensor* k_cache, DLTensor* v_cache, const DLTensor* slot_mapping,
+    const DLTensor* block_tables, const DLTensor* seq_ids, const DLTensor* context_lens, double scale,
+    ks_backend_t backend, ks_stream_t stream);
+
 /* Attention over packed variable-length sequences (the varlen layout: no cache, no padding):
  * q [total_q, num_heads, head_dim], k and v [total_k, num_kv_heads, head_dim], out like q;
  * cu_seqlens_q / cu_seqlens_k int32 [num_seqs + 1], non-decreasing from 0 to total_q / total_k:

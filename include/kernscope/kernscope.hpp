@@ -319,6 +319,20 @@ inline void paged_attention(const TensorView& out, const TensorView& q, const Te
   check(ks_paged_attention(&o, &qq, &kc, &vc, &bt, has_seq ? &si : nullptr, &cl, scale, detail::be(backend),
                            stream));
 }
+// One decode step's RoPE, cache append and paged attention (seq_ids may be an empty TensorView,
+// as in paged_attention); ks_rotary_embedding_kv_append_paged_attention in kernscope.h.
+inline void rotary_embedding_kv_append_paged_attention(
+    const TensorView& out, const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& positions,
+    int64_t rotary_dim, double theta, bool is_neox, const TensorView& k_cache, const TensorView& v_cache,
+    const TensorView& slot_mapping, const TensorView& block_tables, const TensorView& seq_ids,
+    const TensorView& context_lens, double scale, Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), qq = q.dl(), kk = k.dl(), vv = v.dl(), p = positions.dl(), kc = k_cache.dl(),
+           vc = v_cache.dl(), sm = slot_mapping.dl(), bt = block_tables.dl(), si = seq_ids.dl(), cl = context_lens.dl();
+  const bool has_seq = seq_ids.ndim() > 0;
+  check(ks_rotary_embedding_kv_append_paged_attention(&o, &qq, &kk, &vv, &p, rotary_dim, theta, is_neox ? 1 : 0, &kc,
+                                                      &vc, &sm, &bt, has_seq ? &si : nullptr, &cl, scale,
+                                                      detail::be(backend), stream));
+}
 inline void argmax(const TensorView& out, const TensorView& x, Backend backend = Backend::Auto,
                    ks_stream_t stream = nullptr) {
   DLTensor o = out.dl(), a = x.dl();

@@ -12,9 +12,9 @@ Ops: rms_norm, fused_add_rms_norm, silu_and_mul, gemv, softmax, argmax, sample,
 embedding, dequantize, gemm, quant_matmul, fused_add_rms_norm_quant_matmul,
 silu_and_mul_quant_matmul, rotary_embedding, kv_cache_append,
 rotary_embedding_kv_append, fused_add_rms_norm_quant_matmul_rope_kv_append,
-paged_attention, varlen_attention. Each has a numerical contract in
-docs/contracts.md and the same ``backend`` keyword ("auto", "cpu", "cuda",
-"torch"); see kernscope._ops.
+paged_attention, rotary_embedding_kv_append_paged_attention, varlen_attention.
+Each has a numerical contract in docs/contracts.md and the same ``backend``
+keyword ("auto", "cpu", "cuda", "torch"); see kernscope._ops.
 
 With torch installed, the ops are also registered as torch.library custom ops
 (``torch.ops.kernscope.*``, with fake kernels), so ``torch.compile`` traces
@@ -62,6 +62,7 @@ from ._ops import (
     rms_norm,
     rotary_embedding,
     rotary_embedding_kv_append,
+    rotary_embedding_kv_append_paged_attention,
     silu_and_mul,
     silu_and_mul_quant_matmul,
     softmax,
@@ -298,6 +299,7 @@ __all__ = [
     "rotary_embedding_kv_append",
     "fused_add_rms_norm_quant_matmul_rope_kv_append",
     "paged_attention",
+    "rotary_embedding_kv_append_paged_attention",
     *_errors.__all__,
 ]
 

@@ -226,9 +226,10 @@ class Cupy(Framework):
 class Jax(Framework):
     """jax arrays are immutable: kernscope writes only into arrays it allocated
     itself, except for the in-place ops (fused_add_rms_norm, rotary_embedding,
-    kv_cache_append, rotary_embedding_kv_append, and the caches of
-    fused_add_rms_norm_quant_matmul_rope_kv_append), which mutate the buffers
-    they are given."""
+    kv_cache_append, rotary_embedding_kv_append, the caches of
+    fused_add_rms_norm_quant_matmul_rope_kv_append, and q, k and the caches of
+    rotary_embedding_kv_append_paged_attention), which mutate the buffers they
+    are given."""
 
     name = "jax"
 

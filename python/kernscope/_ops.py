@@ -1029,9 +1029,98 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     return out
 
 
+def rotary_embedding_kv_append_paged_attention(
+        q: T, k: Array, v: Array, positions: Array, k_cache: Array, v_cache: Array, slot_mapping: Array,
+        block_tables: Array, context_lens: Array, rotary_dim: Optional[int] = None, theta: float = 10000.0,
+        is_neox: bool = True, scale: Optional[float] = None, *, seq_ids: Optional[Array] = None,
+        backend: str = "auto", out: Optional[T] = None) -> T:
+    """Decode-step fusion: :func:`rotary_embedding_kv_append` (q and k rotated in place, the
+    rotated k and v appended to the caches), then :func:`paged_attention` of the rotated q over
+    the appended caches, in one kernel on CUDA where it can; returns the attention output.
+
+    Exactly::
+
+        rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta, is_neox)
+        out = paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_ids=seq_ids)
+
+    On return q and k are rotated and the caches hold the new rows, as after the first call, and
+    out holds the second call's result. Bit for bit the two calls' result when no token reads a
+    cache slot that another token of the call appends (a decode step: each token is the newest
+    position of its own sequence); otherwise the CPU still gives the two calls' result, and CUDA's
+    fused kernel may read such a slot before or after it is written. Note the argument order: the
+    tensors first (rotary_embedding_kv_append's, then paged_attention's block_tables and
+    context_lens), then rotary_dim, theta, is_neox and scale with their ops' defaults; seq_ids,
+    backend and out by keyword, as in paged_attention.
+
+    Args:
+        q: ``[num_tokens, num_heads, head_dim]``; fp16, bf16 or fp32. Rotated in place.
+        k: ``[num_tokens, num_kv_heads, head_dim]``, q's dtype; required. Rotated in place.
+        v: k's shape and dtype. Read only.
+        positions: int32/int64 ``[num_tokens]``, any value.
+        k_cache, v_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, q's dtype; written
+            (slot_mapping's rows), then read by the attention.
+        slot_mapping: int32/int64 ``[n]``, n <= num_tokens; a slot < -1 or >= num_blocks *
+            block_size raises ValueError before anything is written; slot -1 is skipped.
+        block_tables: int32 ``[num_seqs, max_blocks_per_seq]``.
+        context_lens: int32 ``[num_tokens]``: token t sees cache keys ``0 .. context_lens[t] - 1``
+            of its sequence (its own new key included when it is among them).
+        rotary_dim: even, 0 < rotary_dim <= head_dim (default: head_dim); later features pass
+            through (and are appended as they are).
+        theta: finite, > 1.
+        is_neox: True: pairs (i, i + rotary_dim/2) (HF rotate_half); False: (2i, 2i+1).
+        scale: the score scale (default ``1 / sqrt(head_dim)``).
+        seq_ids: int32 ``[num_tokens]`` (token t reads block_tables[seq_ids[t]]), or None: token t
+            is sequence t (num_seqs == num_tokens).
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional output of q's shape and dtype.
+
+    Every rule of the two ops applies, under this op's name, and one more, since one kernel
+    writes out while it reads the others: out overlaps none of q, k, v, positions,
+    slot_mapping, the caches, block_tables, seq_ids and context_lens.
+
+    Returns:
+        A new array of q's shape (q's dtype, framework and device), or ``out``.
+
+    Raises:
+        ValueError: k None; a shape, GQA head count, rotary_dim, theta, scale, slot, block id, seq
+            id, context length, layout or overlap error; an unknown backend.
+        TypeError: an unsupported or mismatched dtype.
+        RuntimeError: mixed devices, an unavailable backend, a CUDA error, or a torch tensor
+            requiring grad with backend "cpu"/"cuda".
+
+    After an error nothing has been written (q, k, the caches and out are unchanged).
+
+    Contract: docs/contracts.md#rotary_embedding_kv_append_paged_attention;
+    ks_rotary_embedding_kv_append_paged_attention in include/kernscope/kernscope.h.
+    """
+    if scale is None:
+        scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1))
+    if _compiling():
+        return _TL.rotary_embedding_kv_append_paged_attention(q, k, v, positions, k_cache, v_cache, slot_mapping,
+                                                              block_tables, context_lens, rotary_dim, theta, is_neox,
+                                                              float(scale), seq_ids, backend, out)
+    op = "rotary_embedding_kv_append_paged_attention"
+    code = _backend(op, backend)
+    fw = _fw(op, "q", q)
+    rd = _last(tuple(q.shape)) if rotary_dim is None else int(rotary_dim)
+    if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v", "k_cache", "v_cache"),
+                                    (q, k, v, k_cache, v_cache)):
+        return _ref().rotary_embedding_kv_append_paged_attention(
+            q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd, float(theta),
+            bool(is_neox), float(scale), out)
+    if code == _TORCH:
+        raise _not_torch(op, q)
+    if out is None:
+        out = fw.empty_like(q)
+    _native(_C.rotary_embedding_kv_append_paged_attention, fw, q,
+            (out, q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens), rd,
+            float(theta), bool(is_neox), float(scale), code)
+    return out
+
+
 OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
                         "varlen_attention",
                         "embedding", "dequantize", "gemm", "quant_matmul", "fused_add_rms_norm_quant_matmul",
                         "silu_and_mul_quant_matmul", "rotary_embedding", "kv_cache_append",
                         "rotary_embedding_kv_append", "fused_add_rms_norm_quant_matmul_rope_kv_append",
-                        "paged_attention")
+                        "paged_attention", "rotary_embedding_kv_append_paged_attention")

@@ -54,6 +54,12 @@ Schema (backend: "auto" | "cpu" | "cuda"):
                    bool causal, str backend) -> Tensor
   paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_tables, Tensor? seq_ids,
                   Tensor context_lens, float scale, str backend) -> Tensor
+  rotary_embedding_kv_append_paged_attention(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions,
+                                             Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping,
+                                             Tensor block_tables, Tensor? seq_ids, Tensor context_lens,
+                                             int rotary_dim, float theta, bool is_neox, float scale,
+                                             str backend) -> Tensor
+      (q, k and the caches mutated as by rotary_embedding_kv_append; out a new tensor)
 """
 
 from __future__ import annotations
@@ -295,6 +301,18 @@ def _paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: 
     return out
 
 
+@_op("rotary_embedding_kv_append_paged_attention(Tensor(a!) q, Tensor(b!) k, Tensor v, Tensor positions, Tensor(c!) k_cache, Tensor(d!) v_cache, Tensor slot_mapping, Tensor block_tables, Tensor? seq_ids, Tensor context_lens, int rotary_dim, float theta, bool is_neox, float scale, str backend) -> Tensor")
+def _rotary_embedding_kv_append_paged_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, k_cache: Tensor,
+                                                v_cache: Tensor, slot_mapping: Tensor, block_tables: Tensor,
+                                                seq_ids: Optional[Tensor], context_lens: Tensor, rotary_dim: int,
+                                                theta: float, is_neox: bool, scale: float, backend: str) -> Tensor:
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    _run(_C.rotary_embedding_kv_append_paged_attention,
+         (out, q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens), rotary_dim,
+         theta, is_neox, scale, _code("rotary_embedding_kv_append_paged_attention", backend))
+    return out
+
+
 # ---- fake (meta) kernels: output shapes only ----------------------------------------
 @_rms_norm.register_fake
 def _(x, weight, eps, backend):
@@ -393,6 +411,12 @@ def _(x, residual, norm_weight, weight, qtype, eps, num_heads, num_kv_heads, pos
 
 @_paged_attention.register_fake
 def _(q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale, backend):
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@_rotary_embedding_kv_append_paged_attention.register_fake
+def _(q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rotary_dim, theta,
+      is_neox, scale, backend):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
@@ -557,6 +581,21 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_
         return _fin(ref.paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale), out)
     return _fin(torch.ops.kernscope.paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens,
                                                     scale, backend), out)
+
+
+def rotary_embedding_kv_append_paged_attention(q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables,
+                                               context_lens, rotary_dim, theta, is_neox, scale, seq_ids, backend, out):
+    op = "rotary_embedding_kv_append_paged_attention"
+    rd = q.shape[-1] if rotary_dim is None else int(rotary_dim)
+    if _ref_or_op(op, backend, ("q", "k", "v", "k_cache", "v_cache"), (q, k, v, k_cache, v_cache)):
+        return ref.rotary_embedding_kv_append_paged_attention(q, k, v, positions, k_cache, v_cache, slot_mapping,
+                                                              block_tables, seq_ids, context_lens, rd, float(theta),
+                                                              bool(is_neox), float(scale), out)
+    if k is None:  # as the C ABI says, before the schema's required k sees None
+        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+    return _fin(torch.ops.kernscope.rotary_embedding_kv_append_paged_attention(
+        q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd, float(theta),
+        bool(is_neox), float(scale), backend), out)
 
 
 def install() -> None:

@@ -578,15 +578,11 @@ def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tenso
     _append(k_cache, v_cache, k, v, slots)
 
 
-def rotary_embedding_kv_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
-                               k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
-                               rotary_dim: int, theta: float = 10000.0, is_neox: bool = True) -> None:
-    """rotary_embedding(q, k) then kv_cache_append(k_cache, v_cache, k, v, slot_mapping), in place;
-    every check of both (and the fused op's own overlap rules) before anything is written.
-    Validation in the order of src/ops/model_ops.cpp, with its messages."""
-    op = "rotary_embedding_kv_append"
-    if k is None:
-        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+def _check_rope_kv_append(op: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor, rotary_dim: int,
+                          theta: float):
+    """rotary_embedding_kv_append's validation (src/ops/model_ops.cpp validate_rope_kv_append, k
+    given) under op's name; returns (rotary_dim as an int, the slots as int64)."""
     rd = _check_rotary(op, q, k, positions, rotary_dim, theta)
     slots = _check_kv_append(op, k_cache, v_cache, k, v, slot_mapping)
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -596,6 +592,19 @@ def rotary_embedding_kv_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     _no_overlap(op, "v", v, "k", k)
     _no_overlap(op, "slot_mapping", slot_mapping, "q", q)  # the rotation must not rewrite the slots
     _no_overlap(op, "slot_mapping", slot_mapping, "k", k)
+    return rd, slots
+
+
+def rotary_embedding_kv_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                               rotary_dim: int, theta: float = 10000.0, is_neox: bool = True) -> None:
+    """rotary_embedding(q, k) then kv_cache_append(k_cache, v_cache, k, v, slot_mapping), in place;
+    every check of both (and the fused op's own overlap rules) before anything is written.
+    Validation in the order of src/ops/model_ops.cpp, with its messages."""
+    op = "rotary_embedding_kv_append"
+    if k is None:
+        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+    rd, slots = _check_rope_kv_append(op, q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta)
     if q.shape[0] == 0 or q.shape[1] + k.shape[1] == 0:
         return
     _rotate(q, k, positions, rd, theta, is_neox)
@@ -708,9 +717,11 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return out.to(q.dtype)
 
 
-def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-                    seq_ids: Optional[torch.Tensor], context_lens: torch.Tensor, scale: float) -> torch.Tensor:
-    op = "paged_attention"
+def _check_paged(op: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                 seq_ids: Optional[torch.Tensor], context_lens: torch.Tensor, scale: float):
+    """paged_attention's validation (src/ops/model_ops.cpp validate_paged_attention, out aside)
+    under op's name, the visible block table entries too, before anything is written; returns
+    what _attend reads (None when no token sees a key): (slots, visible, context_lens as int64)."""
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
                     ("context_lens", context_lens)):
         _tensor(op, name, t)
@@ -760,11 +771,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if bad is not None:
         raise InvalidArgumentError(
             f"{op}: context_lens[{bad}] = {int(ctx[bad])} is outside [0, max_blocks_per_seq * block_size = {cap}]")
-    acc = _acc(q)
     # The longest context sets the gather width (data-dependent: not for torch.compile).
     length = int(ctx.max()) if n_tok else 0
     if n_tok == 0 or length == 0:
-        return torch.zeros_like(q)
+        return None
     j = torch.arange(length, device=q.device)
     blocks = block_tables.long()[seq][:, j // bsz]  # [T, L]
     visible = j[None, :] < ctx[:, None]  # [T, L]
@@ -775,6 +785,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         raise InvalidArgumentError(
             f"{op}: block_tables[{s_idx}, {b_idx}] = {int(block_tables[s_idx, b_idx])} is outside [0, {n_blocks})")
     slots = torch.where(visible, blocks * bsz + j % bsz, torch.zeros_like(blocks))
+    return slots, visible, ctx
+
+
+def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan, scale: float) -> torch.Tensor:
+    """The attention of q over the caches at _check_paged's slots: FP32 scores, softmax and
+    weighted sum, one rounding to q's dtype."""
+    if plan is None:
+        return torch.zeros_like(q)
+    slots, visible, ctx = plan
+    n_heads, hd, kvh = q.shape[1], q.shape[2], k_cache.shape[2]
+    acc = _acc(q)
     group = n_heads // kvh
     keys = k_cache.reshape(-1, kvh, hd)[slots].to(acc).repeat_interleave(group, dim=2)  # [T, L, H, D]
     vals = v_cache.reshape(-1, kvh, hd)[slots].to(acc).repeat_interleave(group, dim=2)
@@ -785,3 +806,43 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         p = torch.where((ctx > 0)[:, None, None], p, torch.zeros_like(p))
         out = torch.einsum("thl,tlhd->thd", p, vals)
     return out.to(q.dtype)
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+                    seq_ids: Optional[torch.Tensor], context_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    plan = _check_paged("paged_attention", q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale)
+    return _attend(q, k_cache, v_cache, plan, scale)
+
+
+def rotary_embedding_kv_append_paged_attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor, k_cache: torch.Tensor,
+        v_cache: torch.Tensor, slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+        seq_ids: Optional[torch.Tensor], context_lens: torch.Tensor, rotary_dim: int, theta: float = 10000.0,
+        is_neox: bool = True, scale: float = 1.0, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """rotary_embedding_kv_append(q, k, v, ...) in place, then paged_attention of the rotated q
+    over the appended caches: the output (out, written, or a new tensor). Every check of both
+    (and the fused op's own overlap rules) before anything is written, in the order of
+    src/ops/model_ops.cpp, with its messages."""
+    op = "rotary_embedding_kv_append_paged_attention"
+    if k is None:
+        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+    rd, slots = _check_rope_kv_append(op, q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta)
+    plan = _check_paged(op, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale)
+    if out is not None:
+        _tensor(op, "out", out)
+        _same_dtype(op, "out", out, "q", q)
+        _same_device(op, "out", out, "q", q)
+        _require_shape(op, "out", out, q.shape, "same as q")
+        for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("block_tables", block_tables),
+                        ("context_lens", context_lens), ("seq_ids", seq_ids), ("k", k), ("v", v),
+                        ("positions", positions), ("slot_mapping", slot_mapping)):
+            if t is not None:
+                _no_overlap(op, "out", out, name, t)
+    if q.shape[0] and q.shape[1] + k.shape[1]:
+        _rotate(q, k, positions, rd, theta, is_neox)
+        _append(k_cache, v_cache, k, v, slots)
+    y = _attend(q, k_cache, v_cache, plan, scale)
+    if out is None:
+        return y
+    out.copy_(y)
+    return out

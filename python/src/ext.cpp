@@ -161,7 +161,7 @@ const ExchangeAPI* exchange_api(PyObject* obj) {
 }
 
 // ---- one call's imported tensors -----------------------------------------------
-constexpr int kMaxTensors = 10;
+constexpr int kMaxTensors = 11;
 
 struct OpSpec {
   const char* op;
@@ -597,6 +597,22 @@ NB_MODULE(_C, m) {
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] {
       return ks_paged_attention(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, be, c.stream());
+    });
+  });
+  // rotary_embedding_kv_append's tensors (k required by the C ABI: None reaches it as NULL so that
+  // its own message names k), then paged_attention's (seq_ids may be None) and out.
+  m.def("rotary_embedding_kv_append_paged_attention",
+        [](nb::tuple t, int64_t rotary_dim, double theta, bool is_neox, double scale, KS_ARGS) {
+    static const OpSpec spec{"rotary_embedding_kv_append_paged_attention", 11,
+                             {"out", "q", "k", "v", "positions", "k_cache", "v_cache", "slot_mapping", "block_tables",
+                              "seq_ids", "context_lens"},
+                             0b1100111, 0b1000000100};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_rotary_embedding_kv_append_paged_attention(c[0], c[1], c[2], c[3], c[4], rotary_dim, theta,
+                                                           is_neox ? 1 : 0, c[5], c[6], c[7], c[8], c[9], c[10], scale,
+                                                           be, c.stream());
     });
   });
 #undef KS_ARGS

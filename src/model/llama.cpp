@@ -130,6 +130,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
+  if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) != "0";
   if (const char* e = std::getenv("KS_MODEL_DECODE_STEPS"); e && *e) {  // (set but empty: unset)
     char* end = nullptr;
     const long long v = std::strtoll(e, &end, 10);
@@ -365,6 +366,25 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
                        v3 = v.reshape({n, c.num_kv_heads, c.head_dim}),
                        attn3 = attn.reshape({n, c.num_heads, c.head_dim});
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  const ks::TensorView slots = slots_.view.reshape({n}), seq_ids = seq_ids_.view.reshape({n}),
+                       ctx_lens = ctx_lens_.view.reshape({n});
+  // layer l's attention of q3 over its cache, into attn3
+  auto attention = [&](const Layer& L) {
+    ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids, ctx_lens, scale, be, s);
+  };
+  // RoPE on q3 and k3, their append (k3, v3) to layer l's cache, then the attention: one call
+  // (fused; a decode step only: every row is the newest token of its own sequence) or two
+  auto rope_append_attention = [&](const Layer& L, bool fused) {
+    if (fused) {
+      ks::rotary_embedding_kv_append_paged_attention(attn3, q3, k3, v3, positions, c.rotary_dim, c.rope_theta,
+                                                     /*is_neox=*/false, L.k_cache.view, L.v_cache.view, slots,
+                                                     block_table_.view, seq_ids, ctx_lens, scale, be, s);
+    } else {
+      ks::rotary_embedding_kv_append(q3, k3, v3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
+                                     L.k_cache.view, L.v_cache.view, slots, be, s);
+      attention(L);
+    }
+  };
 
   ks::embedding(res, ids, tok_embd_.data, tok_embd_.qtype, be, s);
   // The last row's logits (a sequence's step), or every row's (decode_batch).
@@ -384,16 +404,16 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
         ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
             qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r, L.attn_norm.data, c.rms_eps, L.w_qkv.data,
             L.w_qkv.qtype, c.num_heads, c.num_kv_heads, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
-            L.k_cache.view, L.v_cache.view, slots_.view.reshape({n}), be, s);
+            L.k_cache.view, L.v_cache.view, slots, be, s);
       } else {
         ks::fused_add_rms_norm_quant_matmul(qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r,
                                             L.attn_norm.data, c.rms_eps, L.w_qkv.data, L.w_qkv.qtype, be, s);
-        ks::rotary_embedding_kv_append(q3, k3, v3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
-                                       L.k_cache.view, L.v_cache.view, slots_.view.reshape({n}), be, s);
       }
       if (l > 0) std::swap(r, r_next);  // (the RoPE step reads neither)
-      ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
-                          ctx_lens_.view.reshape({n}), scale, be, s);
+      if (fuse_rope_)
+        attention(L);
+      else
+        rope_append_attention(L, fuse_attn_);
       ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);
       ks::fused_add_rms_norm_quant_matmul(gu, r_next, x, r, L.ffn_norm.data, c.rms_eps, L.w_gate_up.data,
                                           L.w_gate_up.qtype, be, s);
@@ -425,11 +445,15 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
       matmul(k, h, L.wk, n, prefill);
       matmul(v, h, L.wv, n, prefill);
     }
-    // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing.
-    ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
-    ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots_.view.reshape({n}), be, s);
-    ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids_.view.reshape({n}),
-                        ctx_lens_.view.reshape({n}), scale, be, s);
+    // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing. A decode step (one token per
+    // sequence) may fuse the three; a prefill's tokens read each other's new keys, so not there.
+    if (!prefill && fuse_attn_ && fuse_decode_) {
+      rope_append_attention(L, /*fused=*/true);
+    } else {
+      ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
+      ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots, be, s);
+      attention(L);
+    }
     matmul(x, attn, L.wo, n, prefill);
     ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be, s);  // res += attn out; x = norm
     matmul(gu, x, L.w_gate_up, n, prefill);

@@ -108,6 +108,8 @@ struct NormQmmRopeAppendArgs {
 namespace ks::cpu {
 // The fusion's two steps through backend `be`'s registry choices (backends/cpu/fused_matmul.cpp).
 void norm_qmm_rope_append_composed(const void* args, ks_stream_t stream, ks_backend_t be);
+// rotary_embedding_kv_append_paged_attention's two steps likewise.
+void rope_append_attention_composed(const void* args, ks_stream_t stream, ks_backend_t be);
 }  // namespace ks::cpu
 namespace ks::ops {
 
@@ -120,6 +122,13 @@ struct PagedAttentionArgs {
   // Largest context_lens entry, found while validating host tensors (device tensors:
   // the bound max_blocks_per_seq * block_size). Sizes the CPU kernels' scratch.
   int64_t max_context_len = 0;
+};
+
+// rotary_embedding_kv_append_paged_attention: rkv's step, then attn's (attn.q is rkv.rope.q,
+// attn's caches rkv.kv's).
+struct RopeKvAppendAttentionArgs {
+  RopeKvAppendArgs rkv;
+  PagedAttentionArgs attn;
 };
 
 struct VarlenAttentionArgs {

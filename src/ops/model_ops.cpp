@@ -34,7 +34,7 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
     EmbeddingArgs a;
     a.ids = view_of(op, "ids", ids);
     a.table = view_of(op, "table", table);
-    a.out = view_of(op, "out", out);
+  a.out = view_of(op, "out", out);
     require_dtype(op, "ids", a.ids, {DType::I32, DType::I64});
     require_dtype(op, "out", a.out, {DType::F16, DType::BF16, DType::F32});
     require_same_device(op, "table", a.table, "out", a.out);
@@ -206,6 +206,30 @@ extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, 
   });
 }
 
+// rotary_embedding_kv_append's rules (also those of rotary_embedding_kv_append_paged_attention,
+// under its name).
+void validate_rope_kv_append(const char* op, RopeKvAppendArgs& a, DLTensor* q, DLTensor* k, const DLTensor* v,
+                           const DLTensor* positions, int64_t rotary_dim, double theta, int is_neox,
+                           DLTensor* k_cache, DLTensor* v_cache, const DLTensor* slot_mapping) {
+  if (!k) fail(KS_ERROR_INVALID_ARGUMENT, op, "k must not be NULL (its rotated rows go to k_cache)");
+  validate_rotary(op, a.rope, q, k, positions, rotary_dim, theta, is_neox);
+  validate_kv_append(op, a.kv, k_cache, v_cache, k, v, slot_mapping);
+  // One pass writes q, k and the caches while it reads v and positions: every pair that the
+  // two-call sequence would order must not share memory (kv_cache_append's checks cover the
+  // caches against k, v and slot_mapping; rotary_embedding's, q against k and positions).
+  const RowsView qr = rows_view_of(op, "q", q);
+  for (const char* c : {"k_cache", "v_cache"}) {
+    const View& cv = c[0] == 'k' ? a.kv.k_cache : a.kv.v_cache;
+    require_rows_disjoint(op, c, as_rows(cv), "q", qr);
+    require_rows_disjoint(op, c, as_rows(cv), "positions", as_rows(a.rope.positions));
+  }
+  require_rows_disjoint(op, "v", as_rows(a.kv.v), "q", qr);
+  require_no_overlap(op, "v", a.kv.v, "k", a.kv.k);
+  // slot_mapping is read after the rotation wrote q and k (validated values must stay so)
+  require_rows_disjoint(op, "slot_mapping", as_rows(a.kv.slot_mapping), "q", qr);
+  require_no_overlap(op, "slot_mapping", a.kv.slot_mapping, "k", a.kv.k);
+}
+
 extern "C" ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, const DLTensor* v,
                                                      const DLTensor* positions, int64_t rotary_dim, double theta,
                                                      int is_neox, DLTensor* k_cache, DLTensor* v_cache,
@@ -214,23 +238,7 @@ extern "C" ks_status_t ks_rotary_embedding_kv_append(DLTensor* q, DLTensor* k, c
   static const char* op = "rotary_embedding_kv_append";
   return guard(op, [&] {
     RopeKvAppendArgs a;
-    if (!k) fail(KS_ERROR_INVALID_ARGUMENT, op, "k must not be NULL (its rotated rows go to k_cache)");
-    validate_rotary(op, a.rope, q, k, positions, rotary_dim, theta, is_neox);
-    validate_kv_append(op, a.kv, k_cache, v_cache, k, v, slot_mapping);
-    // One pass writes q, k and the caches while it reads v and positions: every pair that the
-    // two-call sequence would order must not share memory (kv_cache_append's checks cover the
-    // caches against k, v and slot_mapping; rotary_embedding's, q against k and positions).
-    const RowsView qr = rows_view_of(op, "q", q);
-    for (const char* c : {"k_cache", "v_cache"}) {
-      const View& cv = c[0] == 'k' ? a.kv.k_cache : a.kv.v_cache;
-      require_rows_disjoint(op, c, as_rows(cv), "q", qr);
-      require_rows_disjoint(op, c, as_rows(cv), "positions", as_rows(a.rope.positions));
-    }
-    require_rows_disjoint(op, "v", as_rows(a.kv.v), "q", qr);
-    require_no_overlap(op, "v", a.kv.v, "k", a.kv.k);
-    // slot_mapping is read after the rotation wrote q and k (validated values must stay so)
-    require_rows_disjoint(op, "slot_mapping", as_rows(a.kv.slot_mapping), "q", qr);
-    require_no_overlap(op, "slot_mapping", a.kv.slot_mapping, "k", a.kv.k);
+    validate_rope_kv_append(op, a, q, k, v, positions, rotary_dim, theta, is_neox, k_cache, v_cache, slot_mapping);
     const ks_backend_t be = resolve_backend(op, backend, a.rope.q);
     if (a.rope.num_tokens == 0 || a.rope.num_heads + a.rope.num_kv_heads == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.rope.q.dtype, &a, stream);
@@ -312,6 +320,93 @@ extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
   });
 }
 
+// paged_attention's rules (also those of rotary_embedding_kv_append_paged_attention, under its
+// name): fills a, and for host context_lens checks every visible block table entry and finds
+// the longest context.
+void validate_paged_attention(const char* op, PagedAttentionArgs& a, const DLTensor* out, const DLTensor* q,
+                              const DLTensor* k_cache, const DLTensor* v_cache, const DLTensor* block_tables,
+                              const DLTensor* seq_ids, const DLTensor* context_lens, double scale) {
+  a.out = view_of(op, "out", out);
+  a.q = view_of(op, "q", q);
+  a.k_cache = view_of(op, "k_cache", k_cache);
+  a.v_cache = view_of(op, "v_cache", v_cache);
+  a.block_tables = view_of(op, "block_tables", block_tables);
+  a.has_seq_ids = seq_ids != nullptr;
+  if (a.has_seq_ids) a.seq_ids = view_of(op, "seq_ids", seq_ids);
+  a.context_lens = view_of(op, "context_lens", context_lens);
+  require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
+  require_same_dtype(op, "out", a.out, "q", a.q);
+  require_same_dtype(op, "k_cache", a.k_cache, "q", a.q);
+  require_same_dtype(op, "v_cache", a.v_cache, "q", a.q);
+  require_dtype(op, "block_tables", a.block_tables, {DType::I32});
+  require_dtype(op, "context_lens", a.context_lens, {DType::I32});
+  if (a.has_seq_ids) require_dtype(op, "seq_ids", a.seq_ids, {DType::I32});
+  for (auto [n, t] : {std::pair{"out", &a.out}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
+                      {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
+    require_same_device(op, n, *t, "q", a.q);
+  if (a.has_seq_ids) require_same_device(op, "seq_ids", a.seq_ids, "q", a.q);
+  require_ndim(op, "q", a.q, 3);
+  a.num_tokens = a.q.dim(0);
+  a.num_heads = a.q.dim(1);
+  a.head_dim = a.q.dim(2);
+  if (a.head_dim == 0 || a.num_heads == 0) fail(KS_ERROR_INVALID_ARGUMENT, op, "q must have num_heads > 0 and head_dim > 0");
+  require_shape(op, "out", a.out, a.q.shape, "same as q");
+  require_ndim(op, "k_cache", a.k_cache, 4);
+  a.num_kv_heads = a.k_cache.dim(2);
+  check_cache(op, "k_cache", a.k_cache, a.num_kv_heads, a.head_dim);
+  require_shape(op, "v_cache", a.v_cache, a.k_cache.shape, "same as k_cache");
+  if (a.num_kv_heads == 0 || a.num_heads % a.num_kv_heads != 0)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads (" + std::to_string(a.num_heads) +
+                                            ") must be a multiple of num_kv_heads (" +
+                                            std::to_string(a.num_kv_heads) + ")");
+  a.num_blocks = a.k_cache.dim(0);
+  a.block_size = a.k_cache.dim(1);
+  if (a.block_size == 0)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "k_cache's block_size (dim 1) must be > 0; got shape " + shape_str(a.k_cache.shape));
+  require_ndim(op, "block_tables", a.block_tables, 2);
+  a.num_seqs = a.block_tables.dim(0);
+  a.max_blocks_per_seq = a.block_tables.dim(1);
+  require_shape(op, "context_lens", a.context_lens, {a.num_tokens}, "one per query token");
+  if (a.has_seq_ids)
+    require_shape(op, "seq_ids", a.seq_ids, {a.num_tokens}, "one per query token");
+  else if (a.num_seqs != a.num_tokens)
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "without seq_ids, block_tables needs one row per query token (" +
+                                            std::to_string(a.num_tokens) + "); got " + shape_str(a.block_tables.shape));
+  if (!std::isfinite(scale) || !std::isfinite(float(scale)))
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite in fp32; got " + num_str(scale));
+  a.scale = float(scale);
+  for (auto [n, t] : {std::pair{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
+                      {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
+    require_no_overlap(op, "out", a.out, n, *t);
+  if (a.has_seq_ids) require_no_overlap(op, "out", a.out, "seq_ids", a.seq_ids);
+  a.max_context_len = a.max_blocks_per_seq * a.block_size;
+  if (on_host(a.context_lens)) {
+    a.max_context_len = 0;
+    auto cl = [&](int64_t i) { return load_index(a.context_lens.data, DType::I32, i); };
+    auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
+    const int64_t cap = a.max_blocks_per_seq * a.block_size;
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const int64_t s = a.has_seq_ids ? load_index(a.seq_ids.data, DType::I32, t) : t;
+      if (s < 0 || s >= a.num_seqs)
+        fail(KS_ERROR_INVALID_ARGUMENT, op, "seq_ids[" + std::to_string(t) + "] = " + std::to_string(s) +
+                                                " is outside [0, " + std::to_string(a.num_seqs) + ")");
+      if (cl(t) < 0 || cl(t) > cap)
+        fail(KS_ERROR_INVALID_ARGUMENT, op, "context_lens[" + std::to_string(t) + "] = " + std::to_string(cl(t)) +
+                                                " is outside [0, max_blocks_per_seq * block_size = " +
+                                                std::to_string(cap) + "]");
+      a.max_context_len = std::max(a.max_context_len, cl(t));
+      const int64_t nb = (cl(t) + a.block_size - 1) / a.block_size;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t blk = bt(s * a.max_blocks_per_seq + b);
+        if (blk < 0 || blk >= a.num_blocks)
+          fail(KS_ERROR_INVALID_ARGUMENT, op, "block_tables[" + std::to_string(s) + ", " + std::to_string(b) +
+                                                  "] = " + std::to_string(blk) + " is outside [0, " +
+                                                  std::to_string(a.num_blocks) + ")");
+      }
+    }
+  }
+}
+
 extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
                                           const DLTensor* v_cache, const DLTensor* block_tables,
                                           const DLTensor* seq_ids, const DLTensor* context_lens, double scale,
@@ -319,88 +414,33 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
   static const char* op = "paged_attention";
   return guard(op, [&] {
     PagedAttentionArgs a;
-    a.out = view_of(op, "out", out);
-    a.q = view_of(op, "q", q);
-    a.k_cache = view_of(op, "k_cache", k_cache);
-    a.v_cache = view_of(op, "v_cache", v_cache);
-    a.block_tables = view_of(op, "block_tables", block_tables);
-    a.has_seq_ids = seq_ids != nullptr;
-    if (a.has_seq_ids) a.seq_ids = view_of(op, "seq_ids", seq_ids);
-    a.context_lens = view_of(op, "context_lens", context_lens);
-    require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "out", a.out, "q", a.q);
-    require_same_dtype(op, "k_cache", a.k_cache, "q", a.q);
-    require_same_dtype(op, "v_cache", a.v_cache, "q", a.q);
-    require_dtype(op, "block_tables", a.block_tables, {DType::I32});
-    require_dtype(op, "context_lens", a.context_lens, {DType::I32});
-    if (a.has_seq_ids) require_dtype(op, "seq_ids", a.seq_ids, {DType::I32});
-    for (auto [n, t] : {std::pair{"out", &a.out}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
-                        {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
-      require_same_device(op, n, *t, "q", a.q);
-    if (a.has_seq_ids) require_same_device(op, "seq_ids", a.seq_ids, "q", a.q);
-    require_ndim(op, "q", a.q, 3);
-    a.num_tokens = a.q.dim(0);
-    a.num_heads = a.q.dim(1);
-    a.head_dim = a.q.dim(2);
-    if (a.head_dim == 0 || a.num_heads == 0) fail(KS_ERROR_INVALID_ARGUMENT, op, "q must have num_heads > 0 and head_dim > 0");
-    require_shape(op, "out", a.out, a.q.shape, "same as q");
-    require_ndim(op, "k_cache", a.k_cache, 4);
-    a.num_kv_heads = a.k_cache.dim(2);
-    check_cache(op, "k_cache", a.k_cache, a.num_kv_heads, a.head_dim);
-    require_shape(op, "v_cache", a.v_cache, a.k_cache.shape, "same as k_cache");
-    if (a.num_kv_heads == 0 || a.num_heads % a.num_kv_heads != 0)
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads (" + std::to_string(a.num_heads) +
-                                              ") must be a multiple of num_kv_heads (" +
-                                              std::to_string(a.num_kv_heads) + ")");
-    a.num_blocks = a.k_cache.dim(0);
-    a.block_size = a.k_cache.dim(1);
-    if (a.block_size == 0)
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "k_cache's block_size (dim 1) must be > 0; got shape " + shape_str(a.k_cache.shape));
-    require_ndim(op, "block_tables", a.block_tables, 2);
-    a.num_seqs = a.block_tables.dim(0);
-    a.max_blocks_per_seq = a.block_tables.dim(1);
-    require_shape(op, "context_lens", a.context_lens, {a.num_tokens}, "one per query token");
-    if (a.has_seq_ids)
-      require_shape(op, "seq_ids", a.seq_ids, {a.num_tokens}, "one per query token");
-    else if (a.num_seqs != a.num_tokens)
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "without seq_ids, block_tables needs one row per query token (" +
-                                              std::to_string(a.num_tokens) + "); got " + shape_str(a.block_tables.shape));
-    if (!std::isfinite(scale) || !std::isfinite(float(scale)))
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "scale must be finite in fp32; got " + num_str(scale));
-    a.scale = float(scale);
-    for (auto [n, t] : {std::pair{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
-                        {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
-      require_no_overlap(op, "out", a.out, n, *t);
-    if (a.has_seq_ids) require_no_overlap(op, "out", a.out, "seq_ids", a.seq_ids);
+    validate_paged_attention(op, a, out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale);
     const ks_backend_t be = resolve_backend(op, backend, a.q);
-    a.max_context_len = a.max_blocks_per_seq * a.block_size;
-    if (on_host(a.context_lens)) {
-      a.max_context_len = 0;
-      auto cl = [&](int64_t i) { return load_index(a.context_lens.data, DType::I32, i); };
-      auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
-      const int64_t cap = a.max_blocks_per_seq * a.block_size;
-      for (int64_t t = 0; t < a.num_tokens; ++t) {
-        const int64_t s = a.has_seq_ids ? load_index(a.seq_ids.data, DType::I32, t) : t;
-        if (s < 0 || s >= a.num_seqs)
-          fail(KS_ERROR_INVALID_ARGUMENT, op, "seq_ids[" + std::to_string(t) + "] = " + std::to_string(s) +
-                                                  " is outside [0, " + std::to_string(a.num_seqs) + ")");
-        if (cl(t) < 0 || cl(t) > cap)
-          fail(KS_ERROR_INVALID_ARGUMENT, op, "context_lens[" + std::to_string(t) + "] = " + std::to_string(cl(t)) +
-                                                  " is outside [0, max_blocks_per_seq * block_size = " +
-                                                  std::to_string(cap) + "]");
-        a.max_context_len = std::max(a.max_context_len, cl(t));
-        const int64_t nb = (cl(t) + a.block_size - 1) / a.block_size;
-        for (int64_t b = 0; b < nb; ++b) {
-          const int64_t blk = bt(s * a.max_blocks_per_seq + b);
-          if (blk < 0 || blk >= a.num_blocks)
-            fail(KS_ERROR_INVALID_ARGUMENT, op, "block_tables[" + std::to_string(s) + ", " + std::to_string(b) +
-                                                    "] = " + std::to_string(blk) + " is outside [0, " +
-                                                    std::to_string(a.num_blocks) + ")");
-        }
-      }
-    }
     if (a.num_tokens == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.q.dtype, &a, stream);
+  });
+}
+
+// rotary_embedding_kv_append, then paged_attention on the rotated q and the appended caches:
+// every rule of the two under this op's name, plus out apart from what the first step reads
+// and writes (the fused kernel writes out while it reads q, k, v, positions and slot_mapping).
+extern "C" ks_status_t ks_rotary_embedding_kv_append_paged_attention(
+    DLTensor* out, DLTensor* q, DLTensor* k, const DLTensor* v, const DLTensor* positions, int64_t rotary_dim,
+    double theta, int is_neox, DLTensor* k_cache, DLTensor* v_cache, const DLTensor* slot_mapping,
+    const DLTensor* block_tables, const DLTensor* seq_ids, const DLTensor* context_lens, double scale,
+    ks_backend_t backend, ks_stream_t stream) {
+  static const char* op = "rotary_embedding_kv_append_paged_attention";
+  return guard(op, [&] {
+    RopeKvAppendAttentionArgs a;
+    validate_rope_kv_append(op, a.rkv, q, k, v, positions, rotary_dim, theta, is_neox, k_cache, v_cache, slot_mapping);
+    validate_paged_attention(op, a.attn, out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale);
+    require_no_overlap(op, "out", a.attn.out, "k", a.rkv.kv.k);
+    require_no_overlap(op, "out", a.attn.out, "v", a.rkv.kv.v);
+    require_no_overlap(op, "out", a.attn.out, "positions", a.rkv.rope.positions);
+    require_no_overlap(op, "out", a.attn.out, "slot_mapping", a.rkv.kv.slot_mapping);
+    const ks_backend_t be = resolve_backend(op, backend, a.rkv.rope.q);
+    if (a.attn.num_tokens == 0) return KS_SUCCESS;
+    return ks::registry::dispatch(op, be, a.rkv.rope.q.dtype, &a, stream);
   });
 }
 
@@ -411,7 +451,7 @@ extern "C" ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, con
   static const char* op = "varlen_attention";
   return guard(op, [&] {
     VarlenAttentionArgs a;
-    a.out = view_of(op, "out", out);
+  a.out = view_of(op, "out", out);
     a.q = view_of(op, "q", q);
     a.k = view_of(op, "k", k);
     a.v = view_of(op, "v", v);

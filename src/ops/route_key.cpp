@@ -43,6 +43,10 @@ RouteKey route_key(const char* op, const void* args) {
     const auto& a = as<PagedAttentionArgs>(args);
     return key(a.num_tokens, a.max_blocks_per_seq * a.block_size, a.q);
   }
+  if (is("rotary_embedding_kv_append_paged_attention")) {
+    const auto& a = as<RopeKvAppendAttentionArgs>(args).attn;
+    return key(a.num_tokens, a.max_blocks_per_seq * a.block_size, a.q);
+  }
   if (is("varlen_attention")) { const auto& a = as<VarlenAttentionArgs>(args); return key(a.total_q, a.total_k, a.q); }
   return {};
 }

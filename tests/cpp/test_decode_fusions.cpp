@@ -1,5 +1,7 @@
 // The decode-step fusions. ks_rotary_embedding_kv_append: bit for bit ks_rotary_embedding then
 // ks_kv_cache_append (whose own tests compare with FP64), on every variant; its argument rules.
+// ks_rotary_embedding_kv_append_paged_attention: bit for bit ks_rotary_embedding_kv_append then
+// ks_paged_attention (FP64-tested in test_paged_attention.cpp); its argument rules.
 // ks_fused_add_rms_norm_quant_matmul and ks_silu_and_mul_quant_matmul
 // against an FP64 reference (an independent FP64 block decoder, norm and SiLU in FP64), and,
 // on the CPU, bit for bit against the unfused sequence (fused_add_rms_norm / rms_norm /
@@ -15,6 +17,7 @@
 
 #include "validation_harness.hpp"
 #include "gguf_blocks_fp64.hpp"
+#include "rope_attention_case.hpp"
 
 namespace {
 
@@ -702,6 +705,137 @@ TEST(FusedNormQkvRopeAppend, RejectsBadArgumentsAndWritesNothing) {
                                                              KVH, &pd, D, 10000.0, 0, &kcd, &vcd, &sd,
                                                              KS_BACKEND_AUTO, nullptr),
            INV, "k_cache", "k_cache overlapping residual", Snap{&f.out, &big, &f.vc});
+  }
+}
+
+// ---- rotary_embedding_kv_append_paged_attention ------------------------------------
+
+const char* kRopeAttn = "rotary_embedding_kv_append_paged_attention";
+
+ks_status_t run_rope_attn(Buf& out, kstest::RopeAttnInputs& in, const kstest::RopeAttnCase& c, bool seq_ids,
+                          ks_backend_t be = KS_BACKEND_AUTO) {
+  DLTensor o = out.dl(), q = in.q.dl(), k = in.k.dl(), v = in.v.dl(), p = in.pos.dl(), kc = in.k_cache.dl(),
+           vc = in.v_cache.dl(), sm = in.slots.dl(), bt = in.block_tables.dl(), si = in.seq_ids.dl(),
+           cl = in.context_lens.dl();
+  return ks_rotary_embedding_kv_append_paged_attention(&o, &q, &k, &v, &p, c.rotary_dim, 10000.0, c.neox, &kc, &vc, &sm,
+                                                       &bt, seq_ids ? &si : nullptr, &cl, in.scale, be, nullptr);
+}
+
+// The fused call on one copy of the inputs and the two calls on another: out, q, k and both
+// caches byte for byte, v, positions, slot_mapping and the table untouched.
+void rope_attn_case(DType dt, const kstest::RopeAttnCase& c) {
+  kstest::RopeAttnInputs in = kstest::make_rope_attn_inputs(dt, c), want = in;
+  Buf out(dt, {c.T, c.H, c.D}, c.offset_bytes), want_out = out;
+  out.poison();
+  want_out.poison();
+  Snap untouched{&in.v, &in.pos, &in.slots, &in.block_tables, &in.seq_ids, &in.context_lens};
+  KS_RUN_OR_SKIP(run_rope_attn(out, in, c, c.with_seq_ids));
+  {
+    DLTensor q = want.q.dl(), k = want.k.dl(), v = want.v.dl(), p = want.pos.dl(), kc = want.k_cache.dl(),
+             vc = want.v_cache.dl(), sm = want.slots.dl(), o = want_out.dl(), bt = want.block_tables.dl(),
+             si = want.seq_ids.dl(), cl = want.context_lens.dl();
+    ASSERT_EQ(ks_rotary_embedding_kv_append(&q, &k, &v, &p, c.rotary_dim, 10000.0, c.neox, &kc, &vc, &sm,
+                                            KS_BACKEND_CPU, nullptr),
+              KS_SUCCESS)
+        << ks_last_error();
+    ASSERT_EQ(ks_paged_attention(&o, &q, &kc, &vc, &bt, c.with_seq_ids ? &si : nullptr, &cl, want.scale,
+                                 KS_BACKEND_CPU, nullptr),
+              KS_SUCCESS)
+        << ks_last_error();
+  }
+  const std::string what = c.name(dt);
+  EXPECT_EQ(out.raw, want_out.raw) << "out, " << what;
+  EXPECT_EQ(in.q.raw, want.q.raw) << "q, " << what;
+  EXPECT_EQ(in.k.raw, want.k.raw) << "k, " << what;
+  EXPECT_EQ(in.k_cache.raw, want.k_cache.raw) << "k_cache, " << what;
+  EXPECT_EQ(in.v_cache.raw, want.v_cache.raw) << "v_cache, " << what;
+  EXPECT_TRUE(untouched.same()) << "inputs modified, " << what;
+  // the zero-length token's row is zeros; the full-context token's is not (it saw keys)
+  if (c.T > 2)
+    for (int64_t i = 0; i < c.H * c.D; ++i) ASSERT_EQ(out.get(2 * c.H * c.D + i), 0.0) << what;
+}
+
+TEST(RopeAppendAttention, EqualsRopeAppendThenAttentionEveryVariant) {
+  FOR_EACH_VARIANT(kRopeAttn) {
+    for (DType dt : kFloatTypes())
+      for (bool neox : {false, true}) {
+        rope_attn_case(dt, {1, 9, 3, 64, 64, 16, 4, neox, false});
+        rope_attn_case(dt, {6, 6, 2, 66, 32, 7, 3, neox, true, 2});  // rotary_dim < head_dim, odd sizes, misaligned
+        rope_attn_case(dt, {9, 8, 1, 128, 128, 16, 5, neox, true});
+      }
+  }
+}
+
+TEST(RopeAppendAttention, ZeroTokensWriteNothing) {
+  const kstest::RopeAttnCase c{0, 4, 2, 32, 32, 4, 2, false, false};
+  kstest::RopeAttnInputs in = kstest::make_rope_attn_inputs(DType::F32, c);
+  Buf out(DType::F32, {0, 4, 32});
+  Snap all{&in.k_cache, &in.v_cache, &in.q, &in.k};
+  ASSERT_EQ(run_rope_attn(out, in, c, false), KS_SUCCESS) << ks_last_error();
+  EXPECT_TRUE(all.same());
+}
+
+TEST(RopeAppendAttention, RejectsBadArgumentsAndWritesNothing) {
+  const ks_status_t INV = KS_ERROR_INVALID_ARGUMENT;
+  const kstest::RopeAttnCase c{4, 4, 2, 32, 32, 4, 3, false, true};
+  kstest::RopeAttnInputs in = kstest::make_rope_attn_inputs(DType::F32, c);
+  Buf out(DType::F32, {c.T, c.H, c.D});
+  out.poison();
+  const Snap all{&out, &in.q, &in.k, &in.k_cache, &in.v_cache};
+  auto expect = [&](ks_status_t got, ks_status_t want, const char* arg, const char* what) {
+    EXPECT_TRUE(fails_cleanly(got, want, kRopeAttn, arg, all)) << what;
+  };
+  DLTensor o = out.dl(), q = in.q.dl(), k = in.k.dl(), v = in.v.dl(), p = in.pos.dl(), kc = in.k_cache.dl(),
+           vc = in.v_cache.dl(), sm = in.slots.dl(), bt = in.block_tables.dl(), si = in.seq_ids.dl(),
+           cl = in.context_lens.dl();
+  auto call = [&](DLTensor* oo, DLTensor* qq, DLTensor* kk, DLTensor* vv, DLTensor* ss, DLTensor* bb, DLTensor* ll,
+                  int64_t rotary_dim, double scale) {
+    return ks_rotary_embedding_kv_append_paged_attention(oo, qq, kk, vv, &p, rotary_dim, 10000.0, 0, &kc, &vc, ss, bb,
+                                                         &si, ll, scale, KS_BACKEND_AUTO, nullptr);
+  };
+  expect(call(&o, &q, nullptr, &v, &sm, &bt, &cl, c.D, 0.5), INV, "k", "k NULL");
+  expect(call(&o, &q, &k, &v, &sm, &bt, &cl, c.D + 2, 0.5), INV, "rotary_dim", "rotary_dim past head_dim");
+  expect(call(&o, &q, &k, &v, &sm, &bt, &cl, c.D, std::nan("")), INV, "scale", "NaN scale");
+  {
+    Buf o2(DType::F32, {c.T, c.H, c.D + 1});
+    DLTensor o2d = o2.dl();
+    expect(call(&o2d, &q, &k, &v, &sm, &bt, &cl, c.D, 0.5), INV, "out", "out's shape");
+  }
+  {
+    Buf o2(DType::F16, {c.T, c.H, c.D});
+    DLTensor o2d = o2.dl();
+    expect(call(&o2d, &q, &k, &v, &sm, &bt, &cl, c.D, 0.5), KS_ERROR_UNSUPPORTED_DTYPE, "out", "out's dtype");
+  }
+  {
+    Buf l2(DType::I32, {c.T});
+    for (int64_t t = 0; t < c.T; ++t) set_i(l2, t, t == 1 ? 1000 : 1);  // past the table's capacity
+    DLTensor l2d = l2.dl();
+    expect(call(&o, &q, &k, &v, &sm, &bt, &l2d, c.D, 0.5), INV, "context_lens", "a length past the capacity");
+  }
+  {
+    Buf s2(DType::I64, {c.T});
+    for (int64_t t = 0; t < c.T; ++t) set_i(s2, t, t == 2 ? in.k_cache.shape[0] * c.block_size : -1);
+    DLTensor s2d = s2.dl();
+    expect(call(&o, &q, &k, &v, &s2d, &bt, &cl, c.D, 0.5), INV, "slot_mapping", "a slot past the cache");
+  }
+  {  // out over v: the fused kernel writes out while it reads v
+    Buf vbig(DType::F32, {c.T, c.H, c.D});
+    kstest::fill_normal(vbig);
+    DLTensor vo = vbig.dl(), vv = vbig.dl();
+    std::vector<int64_t> vs = {c.T, c.KVH, c.D};
+    vv.shape = vs.data();  // v: the first T KVH D elements of out's buffer
+    EXPECT_TRUE(fails_cleanly(call(&vo, &q, &k, &vv, &sm, &bt, &cl, c.D, 0.5), INV, kRopeAttn, "out",
+                              Snap{&vbig, &in.q, &in.k, &in.k_cache, &in.v_cache}));
+    EXPECT_NE(std::string(ks_last_error()).find("overlap"), std::string::npos) << ks_last_error();
+  }
+  {  // out over k
+    Buf kbig(DType::F32, {c.T, c.H, c.D});
+    kstest::fill_normal(kbig);
+    DLTensor ko = kbig.dl(), kk = kbig.dl();
+    std::vector<int64_t> ks = {c.T, c.KVH, c.D};
+    kk.shape = ks.data();
+    EXPECT_TRUE(fails_cleanly(call(&ko, &q, &kk, &v, &sm, &bt, &cl, c.D, 0.5), INV, kRopeAttn, "out",
+                              Snap{&kbig, &in.q, &in.k_cache, &in.v_cache}));
   }
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gguf_blocks_fp64.hpp"
+#include "rope_attention_case.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -1583,6 +1584,66 @@ TEST(Cuda, RotaryKvAppendEqualsRotaryThenAppend) {
           CK(cudaDeviceSynchronize());
           for (auto [got, want, name] : {std::tuple{&dq, &eq, "q"}, {&dk, &ek, "k"}, {&dkc, &ekc, "k_cache"},
                                          {&dvc, &evc, "v_cache"}}) {
+            Buf a(dt, got->shape), b(dt, want->shape);
+            got->download(a);
+            want->download(b);
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << name;
+          }
+        }
+}
+
+// rotary_embedding_kv_append_paged_attention on CUDA against the two calls it fuses
+// (rotary_embedding_kv_append, then paged_attention, both on CUDA), bit for bit: out, q and k
+// (rotated in place), both caches; under the automatic choice (the fused cuda_gqa_cluster
+// kernel where it serves: its launch config says rope=1) and pinned cuda_composed. Decode steps
+// of rope_attention_case.hpp (full, one-key and empty contexts, a skipped append, shuffled
+// sequences and blocks), with contexts long enough for clusters of 16 CTAs (several of them
+// taking keys, merged by the pushed states), the SmolLM2 shape (9 / 3 heads of 64), one and
+// eight query heads per kv head, NeoX pairs, rotary_dim < head_dim, and a misaligned view
+// (the fused kernel declines it: the composed calls run).
+TEST(Cuda, RopeAppendAttentionEqualsTheTwoCalls) {
+  NEED_GPU();
+  const char* op = "rotary_embedding_kv_append_paged_attention";
+  using kstest::RopeAttnCase;
+  for (DType dt : kstest::float_dtypes())
+    for (bool neox : {false, true})
+      for (RopeAttnCase c : {RopeAttnCase{1, 9, 3, 64, 64, 16, 128, neox, false},   // SmolLM2, 2048 keys
+                             RopeAttnCase{1, 9, 3, 64, 64, 16, 8, neox, false},     // 128 keys: one CTA
+                             RopeAttnCase{5, 9, 3, 64, 64, 16, 40, neox, true},     // a decode batch
+                             RopeAttnCase{3, 8, 1, 128, 96, 16, 260, neox, true},  // 8 heads per kv head, 4160 keys
+                             RopeAttnCase{4, 4, 4, 32, 32, 7, 9, neox, false},     // one head per kv head, odd block
+                             RopeAttnCase{2, 6, 2, 64, 64, 16, 4, neox, true, 4}})  // misaligned: composed
+        for (const char* pin : {"", "cuda_composed"}) {
+          SCOPED_TRACE(c.name(dt) + (*pin ? std::string(" pinned ") + pin : std::string(" auto")));
+          kstest::RopeAttnInputs in = kstest::make_rope_attn_inputs(dt, c);
+          const size_t off = c.offset_bytes;
+          DBuf dq(dt, in.q.shape, off), dk(dt, in.k.shape, off), dv(dt, in.v.shape, off), dpos(in.pos.dtype, in.pos.shape),
+              dsl(in.slots.dtype, in.slots.shape), dkc(dt, in.k_cache.shape, off), dvc(dt, in.v_cache.shape, off),
+              dbt(DType::I32, in.block_tables.shape), dsid(DType::I32, in.seq_ids.shape),
+              dcl(DType::I32, in.context_lens.shape), dout(dt, in.q.shape, off);
+          DBuf eq(dt, in.q.shape, off), ek(dt, in.k.shape, off), ekc(dt, in.k_cache.shape, off),
+              evc(dt, in.v_cache.shape, off), eout(dt, in.q.shape, off);
+          dq.upload(in.q), eq.upload(in.q), dk.upload(in.k), ek.upload(in.k), dv.upload(in.v);
+          dpos.upload(in.pos), dsl.upload(in.slots), dbt.upload(in.block_tables), dsid.upload(in.seq_ids);
+          dcl.upload(in.context_lens), dkc.upload(in.k_cache), ekc.upload(in.k_cache), dvc.upload(in.v_cache);
+          evc.upload(in.v_cache), dout.poison(), eout.poison();
+          const ks::TensorView sid = c.with_seq_ids ? dsid.view() : ks::TensorView();
+          if (*pin && ks_force_variant(op, pin) != KS_SUCCESS) FAIL() << ks_last_error();
+          ks::rotary_embedding_kv_append_paged_attention(dout.view(), dq.view(), dk.view(), dv.view(), dpos.view(),
+                                                         c.rotary_dim, 10000.0, neox, dkc.view(), dvc.view(),
+                                                         dsl.view(), dbt.view(), sid, dcl.view(), in.scale,
+                                                         ks::Backend::Cuda);
+          if (*pin) ks_force_variant(op, nullptr);
+          const std::string fused_config = ks_last_launch_config(op);
+          ks::rotary_embedding_kv_append(eq.view(), ek.view(), dv.view(), dpos.view(), c.rotary_dim, 10000.0, neox,
+                                         ekc.view(), evc.view(), dsl.view(), ks::Backend::Cuda);
+          ks::paged_attention(eout.view(), eq.view(), ekc.view(), evc.view(), dbt.view(), sid, dcl.view(), in.scale,
+                              ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          if (!*pin && off == 0)  // the fused kernel ran
+            EXPECT_NE(fused_config.find("rope=1"), std::string::npos) << fused_config;
+          for (auto [got, want, name] : {std::tuple{&dout, &eout, "out"}, {&dq, &eq, "q"}, {&dk, &ek, "k"},
+                                         {&dkc, &ekc, "k_cache"}, {&dvc, &evc, "v_cache"}}) {
             Buf a(dt, got->shape), b(dt, want->shape);
             got->download(a);
             want->download(b);

@@ -42,7 +42,7 @@ def test_available_rows():
     assert rows and all(isinstance(r, ks.Variant) for r in rows)
     # the decode-step fusions run the CPU's own unfused steps ("cpu_composed") instead of a reference
     composed = {"fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding_kv_append",
-                "fused_add_rms_norm_quant_matmul_rope_kv_append"}
+                "fused_add_rms_norm_quant_matmul_rope_kv_append", "rotary_embedding_kv_append_paged_attention"}
     for op in ks.OPS:
         cpu = [r for r in rows if r.op == op and r.backend == "cpu"]
         assert any(r.variant == ("cpu_composed" if op in composed else "cpu_reference") for r in cpu), op
@@ -56,7 +56,7 @@ def test_available_rows():
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "rotary_embedding_kv_append",
                                 "fused_add_rms_norm_quant_matmul_rope_kv_append", "paged_attention",
-                                "varlen_attention"])
+                                "rotary_embedding_kv_append_paged_attention", "varlen_attention"])
 @pytest.mark.parametrize("dt", DTYPES)
 def test_which_cpu(op, dt):
     variant, reason = ks.which(op, dtype=dt, device="cpu")
@@ -227,6 +227,10 @@ def _call_every_op(backend):
                                                       np.zeros((1, 1, 1, 8), np.float32),
                                                       np.zeros((1, 1), np.int32), np.array([1], np.int32),
                                                       backend=backend),
+        "rotary_embedding_kv_append_paged_attention": lambda: ks.rotary_embedding_kv_append_paged_attention(
+            np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32),
+            np.array([0]), np.zeros((1, 1, 1, 8), np.float32), np.zeros((1, 1, 1, 8), np.float32), np.array([0]),
+            np.zeros((1, 1), np.int32), np.array([1], np.int32), backend=backend),
     }
     assert set(calls) == set(ks.OPS)
     return calls
@@ -237,7 +241,7 @@ def _call_every_op(backend):
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "rotary_embedding_kv_append",
                                 "fused_add_rms_norm_quant_matmul_rope_kv_append", "paged_attention",
-                                "varlen_attention"])
+                                "rotary_embedding_kv_append_paged_attention", "varlen_attention"])
 def test_backend_names_every_op(op):
     _call_every_op("cpu")[op]()
     _call_every_op("auto")[op]()
@@ -336,6 +340,11 @@ def _thread_cases(rng):
         ks.rotary_embedding_kv_append(a, b, kv, pos, c, d, slots, 8, 10000.0, False)
         return a, b, c, d
 
+    def rope_append_attention():
+        a, b, c, d = q.copy(), k.copy(), kc.copy(), kc[::-1].copy()
+        out = ks.rotary_embedding_kv_append_paged_attention(a, b, kv, pos, c, d, slots, bt, ctx, 8, 10000.0, False)
+        return out, a, b, c, d
+
     def norm_rope_append():  # q4_0 weight [64, 64]: H 4 + 2 KVH 2 heads of D = 8, rotary_dim 8
         c, d = np.zeros((2, 4, 2, 8), np.float32), np.zeros((2, 4, 2, 8), np.float32)
         out, res = ks.fused_add_rms_norm_quant_matmul_rope_kv_append(qx[:1], qx[1:2], w, packed, "q4_0", 4, 2, pos[1:2],
@@ -395,6 +404,10 @@ def _thread_cases(rng):
                                                                    np.zeros((2, 4, 2, 8), np.float32),
                                                                    np.zeros((2, 4, 2, 8), np.float32), slots[3:]),
          ValueError, r"fused_add_rms_norm_quant_matmul_rope_kv_append: num_heads and num_kv_heads must be > 0; got 0"),
+        ("rotary_embedding_kv_append_paged_attention", rope_append_attention,
+         lambda: ks.rotary_embedding_kv_append_paged_attention(q.copy(), k.copy(), kv, pos, kc.copy(), kc.copy(), slots,
+                                                               bt, np.array([1, 13, 1, 1], np.int32)), ValueError,
+         r"rotary_embedding_kv_append_paged_attention: context_lens\[1\] = 13 is outside"),
         ("paged_attention", lambda: ks.paged_attention(q, kc, kc[::-1].copy(), bt, ctx),
          lambda: ks.paged_attention(q, kc, kc.copy(), bt, np.array([1, 13, 1, 1], np.int32)), ValueError,
          r"paged_attention: context_lens\[1\] = 13 is outside"),

@@ -819,6 +819,152 @@ def test_paged_attention_validation(rng):
         ks.paged_attention(q, kc, kc.copy(), bt.astype(np.int64), ctx)
 
 
+# ---- rotary_embedding_kv_append_paged_attention -----------------------------------------------
+def _rope_attn_two_calls(q, k, v, pos, kc, vc, slots, bt, ctx, rd, theta, neox, scale, seq_ids):
+    """rotary_embedding_kv_append, then paged_attention, on copies: the fused op's expected
+    (out, q, k, k_cache, v_cache)."""
+    q2, k2, kc2, vc2 = q.copy(), k.copy(), kc.copy(), vc.copy()
+    ks.rotary_embedding_kv_append(q2, k2, v, pos, kc2, vc2, slots, rd, theta, neox)
+    return ks.paged_attention(q2, kc2, vc2, bt, ctx, scale, seq_ids=seq_ids), q2, k2, kc2, vc2
+
+
+def _rope_attn_inputs(rng, dt, with_seq_ids):
+    """GQA (6 query heads, 2 kv heads), head_dim 32, caches of 8 blocks of 4 (random: untouched rows
+    are checked too). seq_ids None: a decode step, token t the newest position (context_lens[t] - 1)
+    of sequence t. seq_ids given: three tokens of sequence 1 (each later one reads the slots the
+    earlier ones append), one of sequence 0, and a padding token (slot -1, context 0: a zero row)."""
+    H, KVH, D, blocks, bs = 6, 2, 32, 8, 4
+    kc, vc = rand(rng, (blocks, bs, KVH, D), dt), rand(rng, (blocks, bs, KVH, D), dt)
+    if with_seq_ids:
+        bt = np.array([[6, 1, 4], [0, 7, 3]], np.int32)
+        seq_ids = np.array([1, 0, 1, 1, 0], np.int32)
+        ctx = np.array([6, 3, 7, 8, 0], np.int32)
+        pos = np.array([5, 2, 6, 7, 0], np.int64)
+    else:
+        bt = rng.permutation(blocks).reshape(4, 2).astype(np.int32)
+        seq_ids = None
+        ctx = np.array([1, 5, 8, 3], np.int32)
+        pos = (ctx - 1).astype(np.int32)
+    seq = np.arange(len(ctx)) if seq_ids is None else seq_ids
+    slots = np.array([bt[s, p // bs] * bs + p % bs if c > 0 else -1 for s, p, c in zip(seq, pos, ctx)],
+                     np.int32 if with_seq_ids else np.int64)
+    T = len(ctx)
+    q, k, v = rand(rng, (T, H, D), dt), rand(rng, (T, KVH, D), dt), rand(rng, (T, KVH, D), dt)
+    return q, k, v, pos, kc, vc, slots, bt, seq_ids, ctx
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("neox", [True, False])
+@pytest.mark.parametrize("with_seq_ids", [False, True])
+def test_rotary_embedding_kv_append_paged_attention_equals_the_two_calls(rng, dt, neox, with_seq_ids):
+    # bit for bit under every CPU variant of paged_attention (the second step): out, q, k and both
+    # caches, rotary_dim < head_dim
+    q0, k0, v, pos, kc0, vc0, slots, bt, seq_ids, ctx = _rope_attn_inputs(rng, dt, with_seq_ids)
+    rd, theta, scale = 16, 5e5, 0.3
+    v0 = v.copy()
+
+    def both():
+        q, k, kc, vc = q0.copy(), k0.copy(), kc0.copy(), vc0.copy()
+        out = np.full(q.shape, np.nan, NP[dt])  # poisoned: every element must be written
+        got = ks.rotary_embedding_kv_append_paged_attention(q, k, v, pos, kc, vc, slots, bt, ctx, rd, theta, neox,
+                                                            scale, seq_ids=seq_ids, out=out)
+        assert got is out
+        return (out, q, k, kc, vc), _rope_attn_two_calls(q0, k0, v, pos, kc0, vc0, slots, bt, ctx, rd, theta, neox,
+                                                         scale, seq_ids)
+
+    ran = []
+    for variant, (got, want) in each_variant("paged_attention", both):
+        ran.append(variant)
+        _assert_bits(got, want, [f"{n} ({variant})" for n in ("out", "q", "k", "k_cache", "v_cache")])
+    assert len(ran) == len(set(ran)) >= 1
+    assert np.array_equal(v.view(np.uint8), v0.view(np.uint8))  # v is read only
+    out, q, k, kc, vc = got
+    # the call did something: q and k rotated (features past rotary_dim passed through), the
+    # slots' rows written with the rotated k and with v, the other rows untouched, and out the
+    # attention of the rotated q over the appended caches (against FP64)
+    assert not np.array_equal(q[..., :rd], q0[..., :rd]) and not np.array_equal(k[..., :rd], k0[..., :rd])
+    assert np.array_equal(q[..., rd:].view(np.uint8), q0[..., rd:].view(np.uint8))
+    n_slots, row = kc.shape[0] * kc.shape[1], kc.shape[2:]
+    fk, fv, fk0 = kc.reshape(n_slots, *row), vc.reshape(n_slots, *row), kc0.reshape(n_slots, *row)
+    for t, slot in enumerate(slots):
+        if slot >= 0:
+            assert np.array_equal(fk[slot].view(np.uint8), k[t].view(np.uint8))
+            assert np.array_equal(fv[slot].view(np.uint8), v[t].view(np.uint8))
+    rest = [i for i in range(n_slots) if i not in set(int(x) for x in slots)]
+    assert np.array_equal(fk[rest].view(np.uint8), fk0[rest].view(np.uint8))
+    ref, extra = ref_paged_attention(q, kc, vc, bt, seq_ids, ctx, scale)
+    assert_close(out, ref, dt, extra=extra, what="out")
+    if with_seq_ids:
+        assert np.all(f64(out[-1]) == 0)  # context 0: a zero row
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_rotary_embedding_kv_append_paged_attention_defaults_and_empty_calls(rng, dt):
+    # out allocated (q's framework, shape and dtype); the defaults: rotary_dim = head_dim, theta 1e4,
+    # NeoX pairs, scale 1 / sqrt(head_dim), seq_ids None
+    q, k, v, pos, kc, vc, slots, bt, seq_ids, ctx = _rope_attn_inputs(rng, dt, False)
+    want = _rope_attn_two_calls(q, k, v, pos, kc, vc, slots, bt, ctx, 32, 1e4, True, 1 / math.sqrt(32), None)
+    out = ks.rotary_embedding_kv_append_paged_attention(q, k, v, pos, kc, vc, slots, bt, ctx)
+    assert isinstance(out, np.ndarray) and out.shape == q.shape and out.dtype == NP[dt]
+    _assert_bits((out, q, k, kc, vc), want, ("out", "q", "k", "k_cache", "v_cache"))
+    # no token: nothing written, an empty out
+    kc0 = kc.copy()
+    e = np.zeros((0, 6, 32), NP[dt]), np.zeros((0, 2, 32), NP[dt])
+    z = np.zeros(0, np.int32)
+    out = ks.rotary_embedding_kv_append_paged_attention(e[0], e[1], e[1].copy(), z, kc, vc, z, bt[:0], z)
+    assert out.shape == (0, 6, 32)
+    assert np.array_equal(kc.view(np.uint8), kc0.view(np.uint8))
+
+
+def test_rotary_embedding_kv_append_paged_attention_validation_writes_nothing(rng):
+    op = "rotary_embedding_kv_append_paged_attention"
+    q, k, v, pos, kc, vc, slots, bt, _, ctx = _rope_attn_inputs(rng, "fp32", False)
+    out = np.full(q.shape, 7.0, np.float32)
+    written = (out, q, k, kc, vc)
+    before = [a.copy() for a in written]
+
+    def bad(exc, pattern, **kw):
+        args = dict(q=q, k=k, v=v, positions=pos, k_cache=kc, v_cache=vc, slot_mapping=slots, block_tables=bt,
+                    context_lens=ctx, rotary_dim=16, out=out)
+        args.update(kw)
+        with pytest.raises(exc, match=pattern):
+            ks.rotary_embedding_kv_append_paged_attention(**args)
+        for name, a, b in zip(("out", "q", "k", "k_cache", "v_cache"), written, before):
+            assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} was written after an error"
+
+    # rotary_embedding_kv_append's rules, under this op's name
+    bad(ValueError, rf"{op}: k must not be NULL", k=None)
+    bad(ValueError, rf"{op}: rotary_dim must be even and in \(0, head_dim=32\]; got 7", rotary_dim=7)
+    bad(ValueError, rf"{op}: theta must be finite and > 1", theta=0.5)
+    bad(ValueError, rf"{op}: v and k overlap in memory", v=k)
+    bad(ValueError, rf"{op}: slot_mapping\[1\] = 32 is outside \[-1, 32\)", slot_mapping=np.array([0, 32, 1, 2]))
+    bad(TypeError, rf"{op}: k has dtype fp16 but q has fp32", k=k.astype(np.float16))
+    # paged_attention's rules, under this op's name
+    bad(ValueError, rf"{op}: context_lens\[2\] = 9 is outside \[0, max_blocks_per_seq \* block_size = 8\]",
+        context_lens=np.array([1, 5, 9, 3], np.int32))
+    bad(ValueError, rf"{op}: block_tables\[1, 1\] = 8 is outside \[0, 8\)",
+        block_tables=np.where(np.arange(8).reshape(4, 2) == 3, 8, bt).astype(np.int32))
+    bad(ValueError, rf"{op}: seq_ids\[0\] = 4 is outside \[0, 4\)", seq_ids=np.array([4, 0, 1, 2], np.int32))
+    bad(ValueError, rf"{op}: without seq_ids, block_tables needs one row per query token \(4\)",
+        block_tables=bt[:3].copy())
+    bad(ValueError, rf"{op}: scale must be finite", scale=float("inf"))
+    bad(ValueError, rf"{op}: num_heads \(6\) must be a multiple of num_kv_heads \(4\)",
+        k=rand(rng, (4, 4, 32), "fp32"), v=rand(rng, (4, 4, 32), "fp32"), k_cache=np.zeros((8, 4, 4, 32), np.float32),
+        v_cache=np.zeros((8, 4, 4, 32), np.float32))
+    bad(TypeError, rf"{op}: block_tables has dtype int64", block_tables=bt.astype(np.int64))
+    bad(ValueError, rf"{op}: out must have shape \(4, 6, 32\)", out=np.full((4, 6, 16), 7.0, np.float32))
+    bad(TypeError, rf"{op}: out has dtype fp16 but q has fp32", out=np.full(q.shape, 7.0, np.float16))
+    # the fused op's own rule: out apart from what the first step reads and writes
+    bad(ValueError, rf"{op}: out and k overlap in memory", out=out, k=out.reshape(-1)[:k.size].reshape(k.shape))
+    bad(ValueError, rf"{op}: out and v overlap in memory", v=out.reshape(-1)[-v.size:].reshape(v.shape))
+    bad(ValueError, rf"{op}: out and positions overlap in memory",
+        positions=out.reshape(-1)[:4].view(np.int32))
+    bad(ValueError, rf"{op}: unknown backend 'triton'", backend="triton")
+    bad(ValueError, rf"{op}: k_cache is read-only", k_cache=np.frombuffer(kc.tobytes(), np.float32).reshape(kc.shape))
+    with pytest.raises(TypeError, match=rf"{op}: context_lens must be a tensor, not None"):
+        ks.rotary_embedding_kv_append_paged_attention(q, k, v, pos, kc, vc, slots, bt, None)
+
+
 # ---- sample ------------------------------------------------------------------------------
 @pytest.mark.parametrize("dt", DTYPES)
 def test_sample_reproducible_valid_and_cutoffs(rng, dt):

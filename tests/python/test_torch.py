@@ -392,6 +392,88 @@ def test_fused_add_rms_norm_quant_matmul_rope_kv_append_torch_reference_validati
     _assert_errors_match_native([(exc, pattern, lambda b, kw=kw: call(b, **kw)) for exc, pattern, kw in cases])
 
 
+def _rope_attn_inputs(dt, seed=0, with_seq_ids=False):
+    # q [4, 6, 16], k and v [4, 2, 16] (GQA), positions, k_cache and v_cache [6, 4, 2, 16] (random: untouched
+    # rows are compared too), slot_mapping, block_tables, seq_ids, context_lens. seq_ids None: a decode step
+    # (token t is the newest position of sequence t); given: three tokens of sequence 0 and one of sequence 1
+    if with_seq_ids:
+        bt, seq, ctx = torch.tensor([[5, 0], [3, 1]], dtype=torch.int32), torch.tensor([0, 0, 1, 0], dtype=torch.int32), \
+            torch.tensor([5, 6, 2, 7], dtype=torch.int32)
+        slots = torch.tensor([0, 1, 13, 2])
+    else:
+        bt, seq, ctx = torch.tensor([[5, 0], [3, 1], [2, 4], [1, 3]], dtype=torch.int32), None, \
+            torch.tensor([5, 1, 8, 3], dtype=torch.int32)
+        slots = torch.tensor([0, 12, 19, 6])
+    return dict(q=trand((4, 6, 16), dt, seed=seed), k=trand((4, 2, 16), dt, seed=seed + 1),
+                v=trand((4, 2, 16), dt, seed=seed + 2), positions=(ctx - 1).to(torch.int64),
+                k_cache=trand((6, 4, 2, 16), dt, seed=seed + 3), v_cache=trand((6, 4, 2, 16), dt, seed=seed + 4),
+                slot_mapping=slots, block_tables=bt, seq_ids=seq, context_lens=ctx)
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_rotary_embedding_kv_append_paged_attention_native_and_torch_reference(dt):
+    # each implementation bit for bit its own rotary_embedding_kv_append then paged_attention (out, q,
+    # k and both caches); the two implementations within tolerance of each other
+    for with_seq_ids in (False, True):
+        for neox in (True, False):
+            got = {}
+            for backend in ("auto", "torch"):
+                a = _rope_attn_inputs(dt, with_seq_ids=with_seq_ids)
+                b = {n: (t.clone() if t is not None else None) for n, t in a.items()}
+                out = ks.rotary_embedding_kv_append_paged_attention(
+                    a["q"], a["k"], a["v"], a["positions"], a["k_cache"], a["v_cache"], a["slot_mapping"],
+                    a["block_tables"], a["context_lens"], 8, 5e5, neox, 0.3, seq_ids=a["seq_ids"], backend=backend)
+                assert isinstance(out, torch.Tensor) and out.dtype == TORCH[dt] and out.shape == (4, 6, 16)
+                ks.rotary_embedding_kv_append(b["q"], b["k"], b["v"], b["positions"], b["k_cache"], b["v_cache"],
+                                              b["slot_mapping"], 8, 5e5, neox, backend=backend)
+                out2 = ks.paged_attention(b["q"], b["k_cache"], b["v_cache"], b["block_tables"], b["context_lens"],
+                                          0.3, seq_ids=b["seq_ids"], backend=backend)
+                for name, x, y in (("out", out, out2), ("q", a["q"], b["q"]), ("k", a["k"], b["k"]),
+                                   ("k_cache", a["k_cache"], b["k_cache"]), ("v_cache", a["v_cache"], b["v_cache"])):
+                    assert torch.equal(x, y), f"{backend} {name} seq_ids={with_seq_ids} neox={neox}"
+                got[backend] = (out, a["q"], a["k"], a["k_cache"], a["v_cache"])
+            for name, x, y in zip(("out", "q", "k", "k_cache", "v_cache"), got["auto"], got["torch"]):
+                close(x, y, dt, f"native vs torch {name} seq_ids={with_seq_ids} neox={neox}")
+
+
+def test_rotary_embedding_kv_append_paged_attention_torch_reference_validation_matches_native():
+    op = "rotary_embedding_kv_append_paged_attention"
+    f = ks.rotary_embedding_kv_append_paged_attention
+
+    def call(backend, **kw):
+        args = _rope_attn_inputs("fp32", seed=40)
+        args.update(rotary_dim=8, out=torch.full((4, 6, 16), 7.0))
+        args.update({name: fn(args) for name, fn in kw.items()})
+        _call_writing_nothing_on_error(f, args, ("out", "q", "k", "k_cache", "v_cache"), backend)
+
+    cases = [
+        (ks.InvalidArgumentError, rf"{op}: k must not be NULL", dict(k=lambda a: None)),
+        (ks.InvalidArgumentError, rf"{op}: v and k overlap in memory", dict(v=lambda a: a["k"])),
+        (ks.InvalidArgumentError, rf"{op}: rotary_dim must be even and in \(0, head_dim=16\]; got 18",
+         dict(rotary_dim=lambda a: 18)),
+        (ks.InvalidArgumentError, rf"{op}: slot_mapping\[3\] = 24 is outside \[-1, 24\)",
+         dict(slot_mapping=lambda a: torch.tensor([0, 12, 19, 24]))),
+        (ks.InvalidArgumentError, rf"{op}: context_lens\[2\] = 9 is outside \[0, max_blocks_per_seq \* block_size = 8\]",
+         dict(context_lens=lambda a: torch.tensor([5, 1, 9, 3], dtype=torch.int32))),
+        (ks.InvalidArgumentError, rf"{op}: block_tables\[2, 1\] = 6 is outside \[0, 6\)",
+         dict(block_tables=lambda a: torch.tensor([[5, 0], [3, 1], [2, 6], [1, 3]], dtype=torch.int32))),
+        (ks.InvalidArgumentError, rf"{op}: seq_ids\[1\] = 4 is outside \[0, 4\)",
+         dict(seq_ids=lambda a: torch.tensor([0, 4, 2, 3], dtype=torch.int32))),
+        (ks.InvalidArgumentError, rf"{op}: num_heads \(6\) must be a multiple of num_kv_heads \(4\)",
+         dict(k=lambda a: trand((4, 4, 16), "fp32"), v=lambda a: trand((4, 4, 16), "fp32", seed=1),
+              k_cache=lambda a: torch.zeros(6, 4, 4, 16), v_cache=lambda a: torch.zeros(6, 4, 4, 16))),
+        (ks.UnsupportedDtypeError, rf"{op}: block_tables has dtype int64",
+         dict(block_tables=lambda a: a["block_tables"].long())),
+        (ks.InvalidArgumentError, rf"{op}: out must have shape \(4, 6, 16\)",
+         dict(out=lambda a: torch.full((4, 6, 8), 7.0))),
+        (ks.InvalidArgumentError, rf"{op}: out and v overlap in memory",
+         dict(v=lambda a: a["out"].view(-1)[:128].view(4, 2, 16))),
+        (ks.InvalidArgumentError, rf"{op}: out and positions overlap in memory",
+         dict(positions=lambda a: a["out"].view(-1)[:8].view(torch.int64)[:4])),
+    ]
+    _assert_errors_match_native([(exc, pattern, lambda b, kw=kw: call(b, **kw)) for exc, pattern, kw in cases])
+
+
 def test_offset_views_and_strides():
     base = trand((5, 33), "fp32", seed=20)
     w = trand((33,), "fp32", seed=21)
@@ -485,7 +567,8 @@ def test_custom_ops_registered():
                                   "rotary_embedding", "kv_cache_append", "rotary_embedding_kv_append",
                                   "fused_add_rms_norm_quant_matmul_rope_kv_append",
                                   "fused_add_rms_norm_quant_matmul_rope_kv_append_no_x", "paged_attention",
-                                  "varlen_attention"])
+                                  "rotary_embedding_kv_append_paged_attention",
+                                  "rotary_embedding_kv_append_paged_attention_seq_ids", "varlen_attention"])
 def test_opcheck(case):
     x, w = trand((3, 16), "fp32"), trand((16,), "fp32")
     rng = np.random.default_rng(0)
@@ -530,6 +613,19 @@ def test_opcheck(case):
         "paged_attention": (ops.paged_attention, (trand((2, 2, 4), "fp32"), trand((2, 2, 1, 4), "fp32"),
                                                   trand((2, 2, 1, 4), "fp32"), torch.tensor([[0, 1], [1, 0]], dtype=torch.int32),
                                                   None, torch.tensor([3, 1], dtype=torch.int32), 0.5, "auto")),
+        "rotary_embedding_kv_append_paged_attention": (
+            ops.rotary_embedding_kv_append_paged_attention,
+            (trand((2, 2, 8), "fp32"), trand((2, 1, 8), "fp32", seed=1), trand((2, 1, 8), "fp32", seed=2),
+             torch.tensor([1, 0]), trand((2, 2, 1, 8), "fp32", seed=3), trand((2, 2, 1, 8), "fp32", seed=4),
+             torch.tensor([1, 2]), torch.tensor([[0, 1], [1, 0]], dtype=torch.int32), None,
+             torch.tensor([2, 1], dtype=torch.int32), 4, 10000.0, False, 0.5, "auto")),
+        "rotary_embedding_kv_append_paged_attention_seq_ids": (
+            ops.rotary_embedding_kv_append_paged_attention,
+            (trand((2, 2, 8), "fp32"), trand((2, 1, 8), "fp32", seed=1), trand((2, 1, 8), "fp32", seed=2),
+             torch.tensor([2, 3], dtype=torch.int32), trand((2, 2, 1, 8), "fp32", seed=3),
+             trand((2, 2, 1, 8), "fp32", seed=4), torch.tensor([2, -1]), torch.tensor([[0, 1]], dtype=torch.int32),
+             torch.tensor([0, 0], dtype=torch.int32), torch.tensor([3, 4], dtype=torch.int32), 8, 10000.0, True, 0.5,
+             "cpu")),
         "varlen_attention": (ops.varlen_attention, (trand((5, 2, 4), "fp32"), trand((6, 1, 4), "fp32"),
                                                     trand((6, 1, 4), "fp32"), torch.tensor([0, 2, 5], dtype=torch.int32),
                                                     torch.tensor([0, 2, 6], dtype=torch.int32), 0.5, True, "auto")),
@@ -658,6 +754,27 @@ def test_compile_fused_add_rms_norm_quant_matmul_rope_kv_append_fullgraph(backen
         assert torch.equal(a, b)
     for a, b in zip(args, want_args):
         assert torch.equal(a, b)
+
+
+def test_compile_rotary_embedding_kv_append_paged_attention_fullgraph():
+    # out and the in-place effects on q, k and both caches inside the compiled graph, bit for bit the
+    # eager call's (the native op: the PyTorch reference reads context_lens on the host)
+    torch._dynamo.reset()
+
+    def f(q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens):
+        out = ks.rotary_embedding_kv_append_paged_attention(q, k, v, positions, k_cache, v_cache, slot_mapping,
+                                                            block_tables, context_lens, 8, 10000.0, False,
+                                                            seq_ids=seq_ids)
+        return out, q.sum() + k_cache.sum()
+
+    want_args, args = _rope_attn_inputs("fp32", seed=50, with_seq_ids=True), \
+        _rope_attn_inputs("fp32", seed=50, with_seq_ids=True)
+    want = f(**want_args)
+    got = torch.compile(f, fullgraph=True)(**args)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    for name in ("q", "k", "k_cache", "v_cache"):
+        assert torch.equal(args[name], want_args[name]), name
 
 
 def test_compile_autograd_routes_to_reference():

@@ -706,6 +706,36 @@ static napi_value js_paged_attention(napi_env env, napi_callback_info info) {
   return finish(env, ks_paged_attention(&out.t, &q.t, &kc.t, &vc.t, &bt.t, sip, &cl.t, scale, backend, stream));
 }
 
+/* k is required (as in rotary_embedding_kv_append); seq_ids may be null/undefined (NULL), as in
+ * paged_attention. */
+static napi_value js_rotary_embedding_kv_append_paged_attention(napi_env env, napi_callback_info info) {
+  static const char* op = "rotary_embedding_kv_append_paged_attention";
+  ARGS(17);
+  TENSOR(out, 0, op, "out");
+  TENSOR(q, 1, op, "q");
+  TENSOR(k, 2, op, "k");
+  TENSOR(v, 3, op, "v");
+  TENSOR(pos, 4, op, "positions");
+  INT(rotary_dim, 5, "rotary_embedding_kv_append_paged_attention: rotary_dim");
+  DOUBLE(theta, 6, "rotary_embedding_kv_append_paged_attention: theta");
+  bool neox = false;
+  if (napi_get_value_bool(env, argv[7], &neox) != napi_ok) {
+    napi_throw_type_error(env, NULL, "kernscope: rotary_embedding_kv_append_paged_attention: is_neox must be a boolean");
+    return NULL;
+  }
+  TENSOR(kc, 8, op, "k_cache");
+  TENSOR(vc, 9, op, "v_cache");
+  TENSOR(slots, 10, op, "slot_mapping");
+  TENSOR(bt, 11, op, "block_tables");
+  OPT_TENSOR(si, sip, 12, op, "seq_ids");
+  TENSOR(cl, 13, op, "context_lens");
+  DOUBLE(scale, 14, "rotary_embedding_kv_append_paged_attention: scale");
+  EXEC(15);
+  return finish(env, ks_rotary_embedding_kv_append_paged_attention(&out.t, &q.t, &k.t, &v.t, &pos.t, rotary_dim, theta,
+                                                                    neox ? 1 : 0, &kc.t, &vc.t, &slots.t, &bt.t, sip,
+                                                                    &cl.t, scale, backend, stream));
+}
+
 static napi_value js_argmax(napi_env env, napi_callback_info info) {
   ARGS(4);
   TENSOR(out, 0, "argmax", "out");
@@ -778,6 +808,8 @@ NAPI_MODULE_INIT() {
       {"fusedAddRmsNormQuantMatmulRopeKvAppend", NULL, js_fused_add_rms_norm_quant_matmul_rope_kv_append, NULL, NULL,
        NULL, napi_default, NULL},
       {"pagedAttention", NULL, js_paged_attention, NULL, NULL, NULL, napi_default, NULL},
+      {"rotaryEmbeddingKvAppendPagedAttention", NULL, js_rotary_embedding_kv_append_paged_attention, NULL, NULL, NULL,
+       napi_default, NULL},
       {"argmax", NULL, js_argmax, NULL, NULL, NULL, napi_default, NULL},
       {"sample", NULL, js_sample, NULL, NULL, NULL, napi_default, NULL},
       {"varlenAttention", NULL, js_varlen_attention, NULL, NULL, NULL, napi_default, NULL},

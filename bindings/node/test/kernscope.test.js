@@ -450,3 +450,92 @@ test('fused_add_rms_norm_quant_matmul_rope_kv_append: num_heads 0 is rejected, n
   assert.ok(out.every((v) => v === 7) && resOut.every((v) => v === 7));
   for (const name of ['kc', 'vc']) assert.deepEqual(bits(a[name]), bits(before[name]), name);
 });
+
+// ---- rotary_embedding_kv_append_paged_attention ---------------------------------------------------
+
+// n pseudo-random values in [-2, 2) from a fixed seed (a 32-bit LCG).
+function randomF32(n, seed) {
+  let s = (seed * 2654435761) >>> 0;
+  return f32(n).map(() => {
+    s = (Math.imul(s, 1664525) + 1013904223) >>> 0;
+    return (s / 2 ** 32) * 4 - 2;
+  });
+}
+
+// q [3, 6, 8], k and v [3, 2, 8] (GQA: 6 query heads, 2 kv heads), caches [6 blocks, 2 slots, 2, 8],
+// random (so untouched cache rows are compared too).
+function ropeAttnInputs(seed) {
+  return {
+    q: randomF32(3 * 6 * 8, seed), k: randomF32(3 * 2 * 8, seed + 1), v: randomF32(3 * 2 * 8, seed + 2),
+    kc: randomF32(6 * 2 * 2 * 8, seed + 3), vc: randomF32(6 * 2 * 2 * 8, seed + 4),
+  };
+}
+
+test('rotary_embedding_kv_append_paged_attention is bit for bit rotary_embedding_kv_append then paged_attention', () => {
+  const T = 3, H = 6, KVH = 2, D = 8, RD = 4, theta = 10000, scale = 0.35;
+  const cases = [
+    // a decode step: token t is the newest position (context_lens[t] - 1) of sequence t
+    { name: 'decode, seqIds null', pos: ks.i32(new Int32Array([2, 0, 3])), slots: [0, 2, 5],
+      bt: ks.i32(new Int32Array([4, 0, 1, 5, 3, 2]), [3, 2]), seq: null, ctx: ks.i32(new Int32Array([3, 1, 4])) },
+    // tokens 0 and 1 of sequence 1 (token 1 reads the slot token 0 appends), token 2 of sequence 0
+    { name: 'prefill chunk, seqIds given', pos: ks.i64(new BigInt64Array([1n, 2n, 0n])), slots: [11, 2, 6],
+      bt: ks.i32(new Int32Array([3, 2, 5, 1]), [2, 2]), seq: ks.i32(new Int32Array([1, 1, 0])),
+      ctx: ks.i32(new Int32Array([2, 3, 1])) },
+  ];
+  cases.forEach((c, ci) => {
+    for (const neox of [true, false]) {
+      const what = `(${c.name}, neox ${neox})`;
+      const a = ropeAttnInputs(10 + 5 * ci), b = ropeAttnInputs(10 + 5 * ci), orig = ropeAttnInputs(10 + 5 * ci);
+      a.out = f32(T * H * D).fill(NaN);
+      b.out = f32(T * H * D).fill(NaN);
+      const slots = ks.i64(BigInt64Array.from(c.slots, BigInt));
+      ks.rotaryEmbeddingKvAppendPagedAttention(ks.f32(a.out, [T, H, D]), ks.f32(a.q, [T, H, D]), ks.f32(a.k, [T, KVH, D]),
+                                               ks.f32(a.v, [T, KVH, D]), c.pos, RD, theta, neox,
+                                               ks.f32(a.kc, [6, 2, KVH, D]), ks.f32(a.vc, [6, 2, KVH, D]), slots, c.bt,
+                                               c.seq, c.ctx, scale, { backend: 'cpu' });
+      // the two calls on copies of the inputs
+      ks.rotaryEmbeddingKvAppend(ks.f32(b.q, [T, H, D]), ks.f32(b.k, [T, KVH, D]), ks.f32(b.v, [T, KVH, D]), c.pos, RD,
+                                 theta, neox, ks.f32(b.kc, [6, 2, KVH, D]), ks.f32(b.vc, [6, 2, KVH, D]), slots,
+                                 { backend: 'cpu' });
+      ks.pagedAttention(ks.f32(b.out, [T, H, D]), ks.f32(b.q, [T, H, D]), ks.f32(b.kc, [6, 2, KVH, D]),
+                        ks.f32(b.vc, [6, 2, KVH, D]), c.bt, c.seq, c.ctx, scale, { backend: 'cpu' });
+      for (const name of ['out', 'q', 'k', 'kc', 'vc']) assert.deepEqual(bits(a[name]), bits(b[name]), `${name} ${what}`);
+      // the call did something: every out value written, q rotated (features past rotary_dim kept), the
+      // slots hold the rotated k and v, the other cache rows untouched
+      assert.ok(a.out.every((v) => !Number.isNaN(v)), `out written ${what}`);
+      assert.notDeepEqual(bits(a.q.subarray(0, RD)), bits(orig.q.subarray(0, RD)), `q of token 0 rotated ${what}`);
+      assert.deepEqual(bits(a.q.subarray(RD, D)), bits(orig.q.subarray(RD, D)), `q past rotary_dim ${what}`);
+      const row = KVH * D;
+      for (let slot = 0; slot < 12; slot++) {
+        const t = c.slots.indexOf(slot);
+        const cached = (x) => bits(x.subarray(slot * row, (slot + 1) * row));
+        if (t >= 0) {
+          assert.deepEqual(cached(a.kc), bits(a.k.subarray(t * row, (t + 1) * row)), `k_cache[${slot}] ${what}`);
+          assert.deepEqual(cached(a.vc), bits(a.v.subarray(t * row, (t + 1) * row)), `v_cache[${slot}] ${what}`);
+        } else {
+          assert.deepEqual(cached(a.kc), cached(orig.kc), `k_cache[${slot}] kept ${what}`);
+        }
+      }
+    }
+  });
+});
+
+test('rotary_embedding_kv_append_paged_attention: out overlapping v is rejected, nothing written', () => {
+  const T = 3, H = 6, KVH = 2, D = 8;
+  const a = ropeAttnInputs(20), before = ropeAttnInputs(20);
+  const buf = f32(T * H * D).fill(7); // out; its first T * KVH * D values are also v
+  const args = (out, v, ctx) => [ks.f32(out, [T, H, D]), ks.f32(a.q, [T, H, D]), ks.f32(a.k, [T, KVH, D]),
+    ks.f32(v, [T, KVH, D]), ks.i32(new Int32Array([2, 0, 3])), 4, 10000, true, ks.f32(a.kc, [6, 2, KVH, D]),
+    ks.f32(a.vc, [6, 2, KVH, D]), ks.i64(new BigInt64Array([0n, 2n, 5n])),
+    ks.i32(new Int32Array([4, 0, 1, 5, 3, 2]), [3, 2]), null, ks.i32(new Int32Array(ctx)), 0.35, { backend: 'cpu' }];
+  expectError(() => ks.rotaryEmbeddingKvAppendPagedAttention(...args(buf, buf.subarray(0, T * KVH * D), [3, 1, 4])),
+              ks.Status.INVALID_ARGUMENT, 'rotary_embedding_kv_append_paged_attention', 'out and v overlap');
+  // context_lens[1] = 5 > max_blocks_per_seq * block_size = 4
+  expectError(() => ks.rotaryEmbeddingKvAppendPagedAttention(...args(buf, a.v, [3, 5, 4])),
+              ks.Status.INVALID_ARGUMENT, 'rotary_embedding_kv_append_paged_attention', 'context_lens[1] = 5');
+  assert.ok(buf.every((v) => v === 7));
+  for (const name of ['q', 'k', 'kc', 'vc']) assert.deepEqual(bits(a[name]), bits(before[name]), name);
+  const noK = args(buf, a.v, [3, 1, 4]);
+  noK[2] = null;
+  assert.throws(() => ks.rotaryEmbeddingKvAppendPagedAttention(...noK), TypeError);
+});

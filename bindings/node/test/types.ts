@@ -60,3 +60,13 @@ ks.fusedAddRmsNormQuantMatmulRopeKvAppend(ks.f32(new Float32Array(32), [1, 32]),
 // @ts-expect-error num_heads is a number
 ks.fusedAddRmsNormQuantMatmulRopeKvAppend(row, null, null, row, row, 1e-6, packed32, 'q8_0', '2', 1, kv, 8, 10000,
                                           true, cache, cache, kv);
+const q6 = ks.f32(new Float32Array(2 * 2 * 8), [2, 2, 8]);
+ks.rotaryEmbeddingKvAppendPagedAttention(ks.f32(new Float32Array(32), [2, 2, 8]), q6, kv, kv, ks.i32(new Int32Array(2)),
+                                         8, 10000, true, cache, cache, ks.i64(new BigInt64Array(2)),
+                                         ks.i32(new Int32Array(2), [2, 1]), null, ks.i32(new Int32Array(2)), 0.35,
+                                         { backend: 'cpu' });
+ks.rotaryEmbeddingKvAppendPagedAttention(q6, q6, kv, kv, ks.i64(new BigInt64Array(2)), 4, 10000, false, cache, cache,
+                                         ks.i32(new Int32Array(2)), ks.i32(new Int32Array(2), [1, 2]),
+                                         ks.i32(new Int32Array(2)), ks.i32(new Int32Array(2)), 0.5);
+// @ts-expect-error k is required
+ks.rotaryEmbeddingKvAppendPagedAttention(q6, q6, null, kv, kv, 8, 10000, true, cache, cache, kv, kv, null, kv, 0.5);

@@ -115,26 +115,48 @@ void rope_kv_append_cpu(const void* p, ks_stream_t stream) {
   if (kv) kv->run(&a.kv, stream);
 }
 
+// A composed op's steps, in order, with their variants chosen before any of them runs (one that
+// cannot run failed in `step` with nothing written); a failure while running is restated
+// under the composed op's name.
+struct Step {
+  const char* name;
+  const registry::Variant* variant;
+  const void* args;
+};
+void run_steps(const char* op, std::initializer_list<Step> steps, ks_stream_t stream) {
+  const char* running = "";
+  try {
+    for (const Step& s : steps) {
+      running = s.name;
+      s.variant->run(s.args, stream);
+    }
+  } catch (const detail::Failure& f) {
+    detail::fail(f.status, op, std::string("its ") + running + " step cannot run: " + f.message);
+  }
+}
+
 }  // namespace
 
 // fused_add_rms_norm_quant_matmul_rope_kv_append as its two steps on backend `be` (the CPU's
 // only variant, and CUDA's fallback): the norm + matmul into out, then RoPE and the append on
-// out's slices. Both steps' variants are chosen before either runs.
+// out's slices.
 void norm_qmm_rope_append_composed(const void* p, ks_stream_t stream, ks_backend_t be) {
   const auto& a = *static_cast<const NormQmmRopeAppendArgs*>(p);
   const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
   const registry::Variant* mm = step(op, "fused_add_rms_norm_quant_matmul", a.mm.residual.dtype, &a.mm, be);
   const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
-  // A composed step chooses its own steps' variants as it starts, before it writes: one that
-  // cannot run fails here with nothing written, restated under this op's name.
-  const char* running = "fused_add_rms_norm_quant_matmul";
-  try {
-    mm->run(&a.mm, stream);
-    running = "rotary_embedding_kv_append";
-    rope->run(&a.rkv, stream);
-  } catch (const detail::Failure& f) {
-    detail::fail(f.status, op, std::string("its ") + running + " step cannot run: " + f.message);
-  }
+  run_steps(op, {{"fused_add_rms_norm_quant_matmul", mm, &a.mm}, {"rotary_embedding_kv_append", rope, &a.rkv}},
+            stream);
+}
+
+// rotary_embedding_kv_append_paged_attention as its two steps on backend `be` (the CPU's only
+// variant, and CUDA's fallback): RoPE and the append, then the attention over the caches.
+void rope_append_attention_composed(const void* p, ks_stream_t stream, ks_backend_t be) {
+  const auto& a = *static_cast<const RopeKvAppendAttentionArgs*>(p);
+  const char* op = "rotary_embedding_kv_append_paged_attention";
+  const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
+  const registry::Variant* attn = step(op, "paged_attention", a.attn.q.dtype, &a.attn, be);
+  run_steps(op, {{"rotary_embedding_kv_append", rope, &a.rkv}, {"paged_attention", attn, &a.attn}}, stream);
 }
 
 void register_fused_matmul(std::vector<registry::Variant>& v) {
@@ -151,6 +173,9 @@ void register_fused_matmul(std::vector<registry::Variant>& v) {
                "the CPU's fused_add_rms_norm_quant_matmul into out, then its rotary_embedding_kv_append on out's "
                "q, k and v",
                nullptr, nullptr, [](const void* p, ks_stream_t s) { norm_qmm_rope_append_composed(p, s, KS_BACKEND_CPU); }});
+  v.push_back({"rotary_embedding_kv_append_paged_attention", KS_BACKEND_CPU, "cpu_composed", registry::kFloatDTypes, 0,
+               "the CPU's rotary_embedding_kv_append, then its paged_attention", nullptr, nullptr,
+               [](const void* p, ks_stream_t s) { rope_append_attention_composed(p, s, KS_BACKEND_CPU); }});
 }
 
 }  // namespace ks::cpu

@@ -38,6 +38,7 @@
 
 #include "backends/cuda/attention_params.cuh"
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/rope_common.cuh"
 #include "ops/args.hpp"
 
 namespace cg = cooperative_groups;
@@ -225,8 +226,53 @@ __device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len
 }
 
 
-template <typename T, int LPK, int GM>
-__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const AttnParams p) {
+// rotary_embedding_kv_append fused into cuda_gqa_cluster (rotary_embedding_kv_append_paged_attention):
+// the rotation's and the append's tensors beside AttnParams (whose q and caches are theirs).
+struct AttnRope {
+  void* q;        // [T, H, D] contiguous (AttnParams::q), rotated in place at the end
+  void* k;        // token t, kv head g at k + t k_ts + g k_hs (elements), rotated in place at the end
+  const void* v;  // [T, KVH, D] contiguous
+  void* k_cache;  // AttnParams' caches, written at slot_mapping[t]
+  void* v_cache;
+  const void* pos;
+  const void* slots;
+  int64_t k_ts, k_hs, num_slots;
+  int rotary_half;
+  bool neox, pos64, slots64;
+};
+
+// Feature d of one head row `row` after rotary_embedding at position pos (fp32(position)):
+// rope_rotate's r0 or r1 of d's pair at the angle fp32(pos * inv[i]) by sincosf
+// (rope_append_kernel's arithmetic, so the same bits before rounding to T), or the value itself
+// past rotary_dim. Interleaved pairs (2i, 2i + 1); NeoX pairs (i, i + rotary_dim / 2).
+template <typename T>
+__device__ __forceinline__ float rope_feature(const T* row, int d, float pos, int half, bool neox, const float* inv) {
+  if (d >= 2 * half) return Dt<T>::to_f(row[d]);
+  const int i = neox ? (d < half ? d : d - half) : d >> 1;
+  const int d0 = neox ? i : 2 * i, d1 = neox ? i + half : 2 * i + 1;
+  float sn, c;
+  sincosf(pos * inv[i], &sn, &c);
+  float r0, r1;
+  rope_rotate(Dt<T>::to_f(row[d0]), Dt<T>::to_f(row[d1]), c, sn, r0, r1);
+  return d == d0 ? r0 : r1;
+}
+// ... and as the composed call's next step reads it back: rounded to T
+template <typename T>
+__device__ __forceinline__ T rope_feature_t(const T* row, int d, float pos, int half, bool neox, const float* inv) {
+  return Dt<T>::from_f(rope_feature(row, d, pos, half, neox, inv));
+}
+
+// The body of cuda_gqa_cluster's kernel; ROPE (rope, inv given): the fused form, which differs
+// in three places. (1) Each lane rotates its pieces of q and of the token's new key itself
+// (rounded to T, as the composed call stores them) and holds the new key's and value's pieces;
+// rank 0's stream 0 writes them to the cache row of slot_mapping[t]. (2) A key whose cache slot
+// is slot_mapping[t] takes those pieces instead of a copy from the cache: after the composed
+// call's append that row holds exactly them, and no CTA waits for the write. (3) After the
+// cluster's last barrier (every CTA of the unit has read q and k) rank 0 rotates q's G heads
+// and k's head in place, reading them all before writing any. So the output is the two calls'
+// bit for bit when no token reads a slot that another token of the launch appends.
+template <typename T, int LPK, int GM, bool ROPE>
+__device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* rope, const float* inv) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int E = 16 / int(sizeof(T));  // elements per lane: one 16-byte load
   constexpr int SPW = 32 / LPK;            // key streams per warp
@@ -259,12 +305,47 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   const int j_begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
   const int j_end = int(min(len, int64_t(j_begin) + per));
   float q[GM][E], acc[GM][E], m[GM], l[GM];
+  // ROPE: the token's position, its append slot, and this lane's pieces of its new key and value
+  float pos = 0.f;
+  int64_t new_slot = -1;
+  uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
+  if constexpr (ROPE) {
+    pos = float(rope->pos64 ? static_cast<const int64_t*>(rope->pos)[t] : static_cast<const int32_t*>(rope->pos)[t]);
+    new_slot = rope->slots64 ? static_cast<const int64_t*>(rope->slots)[t] : static_cast<const int32_t*>(rope->slots)[t];
+    if (owns) {
+      const T* krow = static_cast<const T*>(rope->k) + t * rope->k_ts + kvh * rope->k_hs;
+      const T* vrow = static_cast<const T*>(rope->v) + (t * p.num_kv_heads + kvh) * D;
+      T kt[E], vt[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        kt[e] = rope_feature_t(krow, sub * E + e, pos, rope->rotary_half, rope->neox, inv);
+        vt[e] = vrow[sub * E + e];
+      }
+      memcpy(&k_new, kt, 16);
+      memcpy(&v_new, vt, 16);
+    }
+    if (rank == 0 && stream == 0 && owns && new_slot >= 0 && new_slot < rope->num_slots) {
+      const int64_t off = new_slot * p.num_kv_heads * D + kvh * D + sub * E;
+      *reinterpret_cast<uint4*>(static_cast<T*>(rope->k_cache) + off) = k_new;
+      *reinterpret_cast<uint4*>(static_cast<T*>(rope->v_cache) + off) = v_new;
+    }
+  }
   {
     const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       V v{};
-      if (g < G && owns) v = load_vec<T, E>(qbase + int64_t(g) * D);
+      if (g < G && owns) {
+        if constexpr (ROPE) {
+          T qt[E];
+#pragma unroll
+          for (int e = 0; e < E; ++e)
+            qt[e] = rope_feature_t(qbase + int64_t(g) * D - sub * E, sub * E + e, pos, rope->rotary_half, rope->neox, inv);
+          memcpy(&v, qt, 16);
+        } else {
+          v = load_vec<T, E>(qbase + int64_t(g) * D);
+        }
+      }
 #pragma unroll
       for (int e = 0; e < E; ++e) q[g][e] = v.f(e), acc[g][e] = 0.f;
       m[g] = -INFINITY;
@@ -302,8 +383,13 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
       const bool ok = pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks;
       const long long slot = ok ? (long long)blk[k] * bs + (pos - div_bs(pos) * bs) : 0;
       valid |= unsigned(ok) << k;
-      cp_async16(piece(stage, k, 0), kc + slot * row_stride, ok && owns);
-      cp_async16(piece(stage, k, 1), vc + slot * row_stride, ok && owns);
+      if (ROPE && ok && slot == new_slot) {  // the token's own new row: its pieces, not the cache's
+        *piece(stage, k, 0) = k_new;
+        *piece(stage, k, 1) = v_new;
+      } else {
+        cp_async16(piece(stage, k, 0), kc + slot * row_stride, ok && owns);
+        cp_async16(piece(stage, k, 1), vc + slot * row_stride, ok && owns);
+      }
     }
     cp_async_commit();
     return valid;
@@ -394,7 +480,36 @@ __global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr,
                               p.push_off);
+  if constexpr (ROPE) {
+    // q's G heads and k's head rotated in place by rank 0, after every CTA of the unit has read
+    // them (finish_unit's last cluster barrier; with Ce = 1 the other ranks read nothing): all
+    // values into the (idle) ring first, then the stores
+    if (rank != 0) return;
+    T* qh = static_cast<T*>(rope->q) + (t * p.num_heads + kvh * G) * D;
+    T* kh = static_cast<T*>(rope->k) + t * rope->k_ts + kvh * rope->k_hs;
+    T* vals = reinterpret_cast<T*>(gqa_raw);  // (G + 1) D <= 9 x 256 values, within the ring
+    const int items = (G + 1) * D;
+    for (int i = threadIdx.x; i < items; i += kGqaThreads) {
+      const T* row = i < G * D ? qh + (i / D) * D : kh;
+      vals[i] = rope_feature_t(row, i % D, pos, rope->rotary_half, rope->neox, inv);
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < items; i += kGqaThreads) (i < G * D ? qh[i] : kh[i - G * D]) = vals[i];
+  }
 #endif
+}
+
+template <typename T, int LPK, int GM>
+__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const __grid_constant__ AttnParams p) {
+  gqa_unit<T, LPK, GM, false>(p, nullptr, nullptr);
+}
+
+// rotary_embedding_kv_append_paged_attention's fused kernel (the table by value, read in place)
+template <typename T, int LPK, int GM>
+__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1)
+    paged_attention_gqa_rope_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ AttnRope rope,
+                                    const __grid_constant__ RopeTable tab) {
+  gqa_unit<T, LPK, GM, true>(p, &rope, tab.inv);
 }
 
 // The fewest of 1, 2, 4, ..., max_cluster CTAs per (token, kv head) unit that give min_ctas CTAs
@@ -442,7 +557,7 @@ bool gqa_push_merge() {
 // The largest cluster size for this instantiation on dev, 16 or 8 (cluster16_or_8: per kernel
 // and device, since each device loads its own copy of the module), asked with 256 threads and
 // the instantiation's largest shared memory.
-template <typename T, int LPK, int GM>
+template <typename T, int LPK, int GM, bool ROPE>
 int max_cluster_for(int dev) {
   // the most this instantiation can need: GM heads of LPK * E elements, and the pushed states of
   // a cluster of 16 (gqa_push_bytes)
@@ -455,7 +570,10 @@ int max_cluster_for(int dev) {
       gqa_push_merge()
           ? std::max(base, std::min(gqa_push_offset(base) + gqa_push_bytes(16, GM, D), size_t(kGqaSmemLimit)))
           : base;
-  return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
+  if constexpr (ROPE)
+    return cluster16_or_8<paged_attention_gqa_rope_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
+  else
+    return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
 }
 
 int elems_per_lane(detail::DType dt) { return dt == detail::DType::F32 ? 4 : 8; }
@@ -481,10 +599,13 @@ std::string paged_attention_gqa_can_implement(const void* args) {
 // run an empty kernel and leave the output unwritten (DeviceProps::sm90_code, cached).
 bool paged_attention_gqa_supported(int device) { return device_props(device).sm90_code; }
 
-void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
-  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+namespace {
+// cuda_gqa_cluster's launch; rope (and tab) given: the fused kernel of
+// rotary_embedding_kv_append_paged_attention (op: the name its errors carry)
+void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t stream, const AttnRope* rope,
+                const RopeTable* tab) {
   const int dev = a.q.device.device_id;
-  DeviceGuard g(dev, "paged_attention");
+  DeviceGuard g(dev, op);
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
   AttnParams p = cluster_attn_params(a);
@@ -505,7 +626,8 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
     using T = decltype(tag);
     constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value;
     // two CTAs per SM, at least 128 keys each
-    C = choose_cluster(a, max_cluster_for<T, kL, kG>(dev), 2 * int64_t(dp.sm_count), 128);
+    const int most = rope ? max_cluster_for<T, kL, kG, true>(dev) : max_cluster_for<T, kL, kG, false>(dev);
+    C = choose_cluster(a, most, 2 * int64_t(dp.sm_count), 128);
     grid = a.num_tokens * a.num_kv_heads * C;
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&
@@ -513,8 +635,12 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
       p.push_off = int(gqa_push_offset(base_smem));
       smem = size_t(p.push_off) + gqa_push_bytes(C, G, a.head_dim);
     }
-    launch_kernel("paged_attention", paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads),
-                  smem, s, C, dp.pdl, p);
+    if (rope)
+      launch_kernel(op, paged_attention_gqa_rope_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s,
+                    C, dp.pdl, p, *rope, *tab);
+    else
+      launch_kernel(op, paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s, C,
+                    dp.pdl, p);
   };
   auto by_group = [&](auto tag, auto lpk) {
     switch (GM) {
@@ -533,10 +659,47 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
     }
   };
   with_float_type(a.q.dtype, by_lanes);
-  check_launch("paged_attention");
-  record_launch("paged_attention",
-                "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld push_merge=%lld grid=%lld",
-                {C, G, LPK, p.push_off > 0 ? 1 : 0, grid});
+  check_launch(op);
+  record_launch(op, "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld push_merge=%lld grid=%lld rope=%lld",
+                {C, G, LPK, p.push_off > 0 ? 1 : 0, grid, rope ? 1 : 0});
+}
+}  // namespace
+
+void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
+  launch_gqa("paged_attention", *static_cast<const ops::PagedAttentionArgs*>(args), stream, nullptr, nullptr);
+}
+
+// rotary_embedding_kv_append_paged_attention, variant cuda_gqa_cluster: cuda_gqa_cluster's
+// conditions, plus the table's limit and a 16-byte aligned v.
+std::string rope_append_attention_gqa_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::RopeKvAppendAttentionArgs*>(args);
+  if (a.rkv.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
+  if (a.rkv.kv.num_tokens != a.attn.num_tokens) return "internal: the append's tokens are not the attention's";
+  if (!aligned16(a.rkv.kv.v.data)) return "v must be 16-byte aligned";
+  return paged_attention_gqa_can_implement(&a.attn);
+}
+
+void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::RopeKvAppendAttentionArgs*>(args);
+  const ops::RotaryArgs& r = a.rkv.rope;
+  const ops::KvCacheAppendArgs& kv = a.rkv.kv;
+  AttnRope rope{r.q.data,
+                r.k.data,
+                kv.v.data,
+                kv.k_cache.data,
+                kv.v_cache.data,
+                r.positions.data,
+                kv.slot_mapping.data,
+                r.k_token_stride,
+                r.k_head_stride,
+                kv.num_slots,
+                int(r.rotary_dim / 2),
+                r.neox,
+                r.positions.dtype == detail::DType::I64,
+                kv.slot_mapping.dtype == detail::DType::I64};
+  RopeTable tab{};
+  cpu::rope_inv_freq(r.rotary_dim, r.theta, tab.inv);
+  launch_gqa("rotary_embedding_kv_append_paged_attention", a.attn, stream, &rope, &tab);
 }
 
 }  // namespace ks::cuda

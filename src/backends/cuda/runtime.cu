@@ -155,6 +155,8 @@ void paged_attention_cuda(const void*, ks_stream_t);
 std::string quant_matmul_can_implement(const void*);
 std::string paged_attention_can_implement(const void*);
 std::string paged_attention_gqa_can_implement(const void*);
+std::string rope_append_attention_gqa_can_implement(const void*);
+void rope_append_attention_gqa_cuda(const void*, ks_stream_t);
 bool paged_attention_gqa_supported(int device);
 void paged_attention_gqa_cuda(const void*, ks_stream_t);
 std::string paged_attention_mma_can_implement(const void*);
@@ -336,6 +338,17 @@ std::string ci_attention_cluster(const void* p, std::string (*can_implement)(con
 }
 std::string ci_attention_gqa(const void* p) { return ci_attention_cluster(p, paged_attention_gqa_can_implement); }
 std::string ci_attention_mma(const void* p) { return ci_attention_cluster(p, paged_attention_mma_can_implement); }
+std::string ci_rope_append_attention_gqa(const void* p) {
+  auto& a = *static_cast<const ops::RopeKvAppendAttentionArgs*>(p);
+  std::string why = ci_rope_kv_append(&a.rkv);
+  if (why.empty()) why = ci_attention_gqa(&a.attn);
+  return why.empty() ? rope_append_attention_gqa_can_implement(p) : why;
+}
+std::string ci_rope_append_attention_composed(const void* p) {
+  auto& a = *static_cast<const ops::RopeKvAppendAttentionArgs*>(p);
+  std::string why = ci_rope_kv_append(&a.rkv);
+  return why.empty() ? ci_attention(&a.attn) : why;
+}
 std::string ci_varlen(const void* p) {
   auto& a = *static_cast<const ops::VarlenAttentionArgs*>(p);
   const std::string why = align_reason({&a.out, &a.q, &a.k, &a.v, &a.cu_q, &a.cu_k});
@@ -468,6 +481,17 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "a CTA cluster per (token, kv head): K/V read once for the query heads that share them, "
                "keys split over up to 16 CTAs merged in distributed shared memory (sm_90)",
                avail, ks::cuda::ci_attention_gqa, ks::cuda::paged_attention_gqa_cuda, /*batch_invariant=*/false});
+  v.push_back({"rotary_embedding_kv_append_paged_attention", KS_BACKEND_CUDA, "cuda_gqa_cluster", kFloatDTypes, 20,
+               "one kernel: cuda_gqa_cluster, each lane rotating its pieces of q and of the token's new key, which "
+               "it uses for the key at slot_mapping[t] instead of the cache's row; rank 0 writes the cache row and "
+               "rotates q and k in place after the cluster's last barrier (sm_90)",
+               avail, ks::cuda::ci_rope_append_attention_gqa, ks::cuda::rope_append_attention_gqa_cuda,
+               /*batch_invariant=*/false});
+  v.push_back({"rotary_embedding_kv_append_paged_attention", KS_BACKEND_CUDA, "cuda_composed", kFloatDTypes, 0,
+               "the two calls: CUDA's rotary_embedding_kv_append, then its paged_attention", avail,
+               ks::cuda::ci_rope_append_attention_composed,
+               [](const void* p, ks_stream_t s) { ks::cpu::rope_append_attention_composed(p, s, KS_BACKEND_CUDA); },
+               /*batch_invariant=*/false});
   v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_mma_cluster",
                registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 5,
                "cuda_gqa_cluster's cluster split (bf16/fp16, head_dim <= 128, <= 16 query heads per kv head) "

@@ -296,6 +296,27 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
+    /// `ks_rotary_embedding_kv_append`, then `ks_paged_attention` on the rotated `q` and the
+    /// appended caches; `k` must not be null, `seq_ids` may be (sequence t for token t).
+    pub fn ks_rotary_embedding_kv_append_paged_attention(
+        out: *mut DLTensor,
+        q: *mut DLTensor,
+        k: *mut DLTensor,
+        v: *const DLTensor,
+        positions: *const DLTensor,
+        rotary_dim: i64,
+        theta: f64,
+        is_neox: c_int,
+        k_cache: *mut DLTensor,
+        v_cache: *mut DLTensor,
+        slot_mapping: *const DLTensor,
+        block_tables: *const DLTensor,
+        seq_ids: *const DLTensor,
+        context_lens: *const DLTensor,
+        scale: f64,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     pub fn ks_argmax(out: *mut DLTensor, x: *const DLTensor, backend: ks_backend_t, stream: ks_stream_t)
         -> ks_status_t;
     pub fn ks_varlen_attention(

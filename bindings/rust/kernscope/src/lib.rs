@@ -564,6 +564,62 @@ impl Exec {
         })
     }
 
+    /// Decode-step fusion: [`Exec::rotary_embedding_kv_append`] of `q`, `k`, `v` into the
+    /// caches, then [`Exec::paged_attention`] of the rotated `q` over them into `out`, in one
+    /// kernel on CUDA where it can; `q`, `k` and the caches in place as after the first call,
+    /// `out` `[num_tokens, num_heads, head_dim]` as after the second (`seq_ids: None` means
+    /// sequence t for token t). Bit for bit the two calls when no token reads a cache slot that
+    /// another token of the call appends (a decode step; the CPU is always the two calls).
+    /// Errors (nothing written): every rule of the two ops under this op's name, plus `out`
+    /// overlapping `q`, `k`, `v`, `positions`, `slot_mapping` or the caches
+    /// (`Status::InvalidArgument`); mismatched dtypes (`Status::UnsupportedDtype`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rotary_embedding_kv_append_paged_attention(
+        &self,
+        out: &mut TensorMut,
+        q: &mut TensorMut,
+        k: &mut TensorMut,
+        v: &Tensor,
+        positions: &Tensor,
+        rotary_dim: i64,
+        theta: f64,
+        is_neox: bool,
+        k_cache: &mut TensorMut,
+        v_cache: &mut TensorMut,
+        slot_mapping: &Tensor,
+        block_tables: &Tensor,
+        seq_ids: Option<&Tensor>,
+        context_lens: &Tensor,
+        scale: f64,
+    ) -> Result<()> {
+        let (mut o, mut qt, mut kt, vt, p) = (out.raw(), q.raw(), k.raw(), v.raw(), positions.raw());
+        let (mut kc, mut vc, s) = (k_cache.raw(), v_cache.raw(), slot_mapping.raw());
+        let (bt, cl) = (block_tables.raw(), context_lens.raw());
+        let si = seq_ids.map(|s| s.raw());
+        let sp = si.as_ref().map_or(ptr::null(), |s| s as *const sys::DLTensor);
+        check(unsafe {
+            sys::ks_rotary_embedding_kv_append_paged_attention(
+                &mut o,
+                &mut qt,
+                &mut kt,
+                &vt,
+                &p,
+                rotary_dim,
+                theta,
+                is_neox as i32,
+                &mut kc,
+                &mut vc,
+                &s,
+                &bt,
+                sp,
+                &cl,
+                scale,
+                self.backend.raw(),
+                self.stream,
+            )
+        })
+    }
+
     /// `out[r]` (int64) = index of the maximum of `x[r, :]`.
     pub fn argmax(&self, out: &mut TensorMut, x: &Tensor) -> Result<()> {
         let (mut o, xt) = (out.raw(), x.raw());
@@ -778,6 +834,43 @@ pub fn paged_attention(
     scale: f64,
 ) -> Result<()> {
     Exec::default().paged_attention(out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale)
+}
+/// [`Exec::rotary_embedding_kv_append_paged_attention`] on the automatic backend.
+#[allow(clippy::too_many_arguments)]
+pub fn rotary_embedding_kv_append_paged_attention(
+    out: &mut TensorMut,
+    q: &mut TensorMut,
+    k: &mut TensorMut,
+    v: &Tensor,
+    positions: &Tensor,
+    rotary_dim: i64,
+    theta: f64,
+    is_neox: bool,
+    k_cache: &mut TensorMut,
+    v_cache: &mut TensorMut,
+    slot_mapping: &Tensor,
+    block_tables: &Tensor,
+    seq_ids: Option<&Tensor>,
+    context_lens: &Tensor,
+    scale: f64,
+) -> Result<()> {
+    Exec::default().rotary_embedding_kv_append_paged_attention(
+        out,
+        q,
+        k,
+        v,
+        positions,
+        rotary_dim,
+        theta,
+        is_neox,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        block_tables,
+        seq_ids,
+        context_lens,
+        scale,
+    )
 }
 /// [`Exec::varlen_attention`] on the automatic backend.
 #[allow(clippy::too_many_arguments)]

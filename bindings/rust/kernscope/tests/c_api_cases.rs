@@ -770,3 +770,168 @@ fn fused_add_rms_norm_quant_matmul_rope_kv_append_zero_heads_is_rejected() {
     assert!(out.iter().chain(&res_out).all(|&v| v == 7.0));
     assert_eq!((kc, vc), before);
 }
+
+// ---- rotary_embedding_kv_append_paged_attention ------------------------------------------------
+
+/// `n` pseudo-random values in [-2, 2) from a fixed seed (a 64-bit LCG's top bits).
+fn random_f32(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 4.0 - 2.0
+        })
+        .collect()
+}
+
+/// q [3, 6, 8], k and v [3, 2, 8] (GQA: 6 query heads, 2 kv heads), caches [6 blocks, 2 slots,
+/// 2, 8], random (so untouched cache rows are compared too). (q, k, v, k_cache, v_cache)
+type RopeAttnInputs = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>);
+
+fn rope_attn_inputs(seed: u64) -> RopeAttnInputs {
+    (
+        random_f32(3 * 6 * 8, seed),
+        random_f32(3 * 2 * 8, seed + 1),
+        random_f32(3 * 2 * 8, seed + 2),
+        random_f32(6 * 2 * 2 * 8, seed + 3),
+        random_f32(6 * 2 * 2 * 8, seed + 4),
+    )
+}
+
+#[test]
+fn rotary_embedding_kv_append_paged_attention_equals_the_two_calls() {
+    let (t, h, kvh, d, rd, theta, scale) = (3i64, 6i64, 2i64, 8i64, 4i64, 10000.0, 0.35);
+    let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    // (what, positions, slot_mapping, block_tables, seq_ids, context_lens)
+    let decode =
+        ("decode, seq_ids None", vec![2i64, 0, 3], vec![0i32, 2, 5], vec![4i32, 0, 1, 5, 3, 2], None, vec![3i32, 1, 4]);
+    // tokens 0 and 1 of sequence 1 (token 1 reads the slot token 0 appends), token 2 of sequence 0
+    let chunk = (
+        "prefill chunk, seq_ids given",
+        vec![1i64, 2, 0],
+        vec![11i32, 2, 6],
+        vec![3i32, 2, 5, 1],
+        Some(vec![1i32, 1, 0]),
+        vec![2i32, 3, 1],
+    );
+    for (ci, (what, pos, slots, bt, seq, ctx)) in [decode, chunk].into_iter().enumerate() {
+        let bt_rows = bt.len() as i64 / 2;
+        for neox in [true, false] {
+            let what = format!("({}, neox {})", what, neox);
+            let inputs = rope_attn_inputs(10 + ci as u64 * 5);
+            let (mut q, mut k, v, mut kc, mut vc) = inputs.clone();
+            let (mut q2, mut k2, _, mut kc2, mut vc2) = inputs.clone();
+            let (mut out, mut out2) = (vec![f32::NAN; (t * h * d) as usize], vec![f32::NAN; (t * h * d) as usize]);
+            let seq_t = seq.as_ref().map(|s| Tensor::i32(s, &[t]).unwrap());
+            cpu()
+                .rotary_embedding_kv_append_paged_attention(
+                    &mut TensorMut::f32(&mut out, &[t, h, d]).unwrap(),
+                    &mut TensorMut::f32(&mut q, &[t, h, d]).unwrap(),
+                    &mut TensorMut::f32(&mut k, &[t, kvh, d]).unwrap(),
+                    &Tensor::f32(&v, &[t, kvh, d]).unwrap(),
+                    &Tensor::i64(&pos, &[t]).unwrap(),
+                    rd, // rotary_dim < head_dim: features 4..8 pass through
+                    theta,
+                    neox,
+                    &mut TensorMut::f32(&mut kc, &[6, 2, kvh, d]).unwrap(),
+                    &mut TensorMut::f32(&mut vc, &[6, 2, kvh, d]).unwrap(),
+                    &Tensor::i32(&slots, &[t]).unwrap(),
+                    &Tensor::i32(&bt, &[bt_rows, 2]).unwrap(),
+                    seq_t.as_ref(),
+                    &Tensor::i32(&ctx, &[t]).unwrap(),
+                    scale,
+                )
+                .unwrap();
+
+            // the two calls on copies of the inputs
+            cpu()
+                .rotary_embedding_kv_append(
+                    &mut TensorMut::f32(&mut q2, &[t, h, d]).unwrap(),
+                    &mut TensorMut::f32(&mut k2, &[t, kvh, d]).unwrap(),
+                    &Tensor::f32(&v, &[t, kvh, d]).unwrap(),
+                    &Tensor::i64(&pos, &[t]).unwrap(),
+                    rd,
+                    theta,
+                    neox,
+                    &mut TensorMut::f32(&mut kc2, &[6, 2, kvh, d]).unwrap(),
+                    &mut TensorMut::f32(&mut vc2, &[6, 2, kvh, d]).unwrap(),
+                    &Tensor::i32(&slots, &[t]).unwrap(),
+                )
+                .unwrap();
+            cpu()
+                .paged_attention(
+                    &mut TensorMut::f32(&mut out2, &[t, h, d]).unwrap(),
+                    &Tensor::f32(&q2, &[t, h, d]).unwrap(),
+                    &Tensor::f32(&kc2, &[6, 2, kvh, d]).unwrap(),
+                    &Tensor::f32(&vc2, &[6, 2, kvh, d]).unwrap(),
+                    &Tensor::i32(&bt, &[bt_rows, 2]).unwrap(),
+                    seq_t.as_ref(),
+                    &Tensor::i32(&ctx, &[t]).unwrap(),
+                    scale,
+                )
+                .unwrap();
+            assert_eq!(bits(&out), bits(&out2), "out {}", what);
+            assert_eq!(bits(&q), bits(&q2), "q {}", what);
+            assert_eq!(bits(&k), bits(&k2), "k {}", what);
+            assert_eq!(bits(&kc), bits(&kc2), "k_cache {}", what);
+            assert_eq!(bits(&vc), bits(&vc2), "v_cache {}", what);
+            // the call did something: every out value written, q rotated (features past rotary_dim
+            // kept), the slots hold the rotated k and v, the other cache rows untouched
+            assert!(out.iter().all(|o| !o.is_nan()), "out not written {}", what);
+            assert_ne!(bits(&q[0..4]), bits(&inputs.0[0..4]), "q of token 0 not rotated {}", what);
+            assert_eq!(bits(&q[4..8]), bits(&inputs.0[4..8]), "q past rotary_dim {}", what);
+            let row = (kvh * d) as usize;
+            for slot in 0..12usize {
+                let r = slot * row..(slot + 1) * row;
+                match slots.iter().position(|&s| s as usize == slot) {
+                    Some(ti) => {
+                        assert_eq!(
+                            bits(&kc[r.clone()]),
+                            bits(&k[ti * row..(ti + 1) * row]),
+                            "k_cache[{}] {}",
+                            slot,
+                            what
+                        );
+                        assert_eq!(bits(&vc[r]), bits(&v[ti * row..(ti + 1) * row]), "v_cache[{}] {}", slot, what);
+                    }
+                    None => assert_eq!(bits(&kc[r.clone()]), bits(&inputs.3[r]), "k_cache[{}] kept {}", slot, what),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rotary_embedding_kv_append_paged_attention_bad_context_len_is_rejected() {
+    let (t, h, kvh, d) = (3i64, 6i64, 2i64, 8i64);
+    let (mut q, mut k, v, mut kc, mut vc) = rope_attn_inputs(20);
+    let mut out = vec![7.0f32; (t * h * d) as usize];
+    let before = (q.clone(), k.clone(), kc.clone(), vc.clone());
+    let e = kernscope::rotary_embedding_kv_append_paged_attention(
+        &mut TensorMut::f32(&mut out, &[t, h, d]).unwrap(),
+        &mut TensorMut::f32(&mut q, &[t, h, d]).unwrap(),
+        &mut TensorMut::f32(&mut k, &[t, kvh, d]).unwrap(),
+        &Tensor::f32(&v, &[t, kvh, d]).unwrap(),
+        &Tensor::i32(&[2, 0, 3], &[t]).unwrap(),
+        4,
+        10000.0,
+        true,
+        &mut TensorMut::f32(&mut kc, &[6, 2, kvh, d]).unwrap(),
+        &mut TensorMut::f32(&mut vc, &[6, 2, kvh, d]).unwrap(),
+        &Tensor::i64(&[0, 2, 5], &[t]).unwrap(),
+        &Tensor::i32(&[4, 0, 1, 5, 3, 2], &[3, 2]).unwrap(),
+        None,
+        &Tensor::i32(&[3, 5, 4], &[t]).unwrap(), // 5 > max_blocks_per_seq * block_size = 4
+        0.35,
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(
+        e.message().contains("rotary_embedding_kv_append_paged_attention")
+            && e.message().contains("context_lens[1] = 5"),
+        "{}",
+        e
+    );
+    assert!(out.iter().all(|&o| o == 7.0));
+    assert_eq!((q, k, kc, vc), before);
+}
