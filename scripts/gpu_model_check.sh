@@ -85,9 +85,9 @@ if has bench; then
   #   batch_qmm / batch_qmm_staged_x  batch 8, 16 and 32 through quant_matmul
   #                (KS_MODEL_BATCH_INVARIANT=1), with cuda_warp_per_column first
   #                (bench/routing_qmm_per_warp.json) / with cuda_staged_x first (only when named)
-  #   no_fuse_attn  KS_MODEL_FUSE_ATTN=0: decode steps run rotary_embedding_kv_append and
-  #                paged_attention as two kernels instead of rotary_embedding_kv_append_paged_attention's one
-  #   no_fuse_attn_batch  the same at batch 8, 16 and 32
+  #   fuse_attn    KS_MODEL_FUSE_ATTN=1: decode steps run rotary_embedding_kv_append_paged_attention's
+  #                one kernel instead of rotary_embedding_kv_append and paged_attention
+  #   fuse_attn_batch  the same at batch 8, 16 and 32
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
@@ -120,8 +120,8 @@ if has bench; then
       ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
       ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
     fi
-    ab no_fuse_attn KS_MODEL_FUSE_ATTN=0
-    AB_BATCH="8 16 32" ab no_fuse_attn_batch KS_MODEL_FUSE_ATTN=0
+    ab fuse_attn KS_MODEL_FUSE_ATTN=1
+    AB_BATCH="8 16 32" ab fuse_attn_batch KS_MODEL_FUSE_ATTN=1
     ab split_head KS_MODEL_SPLIT_HEAD=1
     ab split_head_thread_rows KS_MODEL_SPLIT_HEAD=1 KS_QMM_BULK_THREAD_ROWS=1
     ab split_head_stream KS_MODEL_SPLIT_HEAD=1 \

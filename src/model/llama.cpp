@@ -130,7 +130,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
-  if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) != "0";
+  if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_DECODE_STEPS"); e && *e) {  // (set but empty: unset)
     char* end = nullptr;
     const long long v = std::strtoll(e, &end, 10);

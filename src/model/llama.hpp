@@ -180,10 +180,12 @@ class LlamaModel {
   // KS_MODEL_FUSE_ROPE=1: the one-token step's q/k/v matmul also rotates and appends (5 kernels per
   // layer); off by default: measured slower in the model on the H200 at e1eaa5a (docs/perf/model.md)
   bool fuse_rope_ = false;
-  // KS_MODEL_FUSE_ATTN=0: decode steps (one token per sequence) run rotary_embedding_kv_append and
-  // paged_attention as two calls instead of ks::rotary_embedding_kv_append_paged_attention (the
-  // same bits; comparisons). Not with KS_MODEL_FUSE_ROPE=1, whose matmul already rotates.
-  bool fuse_attn_ = true;
+  // KS_MODEL_FUSE_ATTN=1: decode steps (one token per sequence) run
+  // ks::rotary_embedding_kv_append_paged_attention (one kernel on CUDA) instead of
+  // rotary_embedding_kv_append and paged_attention (the same bits). Off by default: measured
+  // slower on the H200 at 7ab7934 (batch 1: 1209 against 1645 tokens/s; docs/perf/model.md).
+  // Not with KS_MODEL_FUSE_ROPE=1, whose matmul already rotates.
+  bool fuse_attn_ = false;
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;
