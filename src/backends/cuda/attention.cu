@@ -238,29 +238,11 @@ struct AttnRope {
   const void* slots;
   int64_t k_ts, k_hs, num_slots;
   int rotary_half;
+  int keep_off;  // the byte offset in dynamic shared memory of the rotated q and k pieces kept for the end
   bool neox, pos64, slots64;
 };
-
-// Feature d of one head row `row` after rotary_embedding at position pos (fp32(position)):
-// rope_rotate's r0 or r1 of d's pair at the angle fp32(pos * inv[i]) by sincosf
-// (rope_append_kernel's arithmetic, so the same bits before rounding to T), or the value itself
-// past rotary_dim. Interleaved pairs (2i, 2i + 1); NeoX pairs (i, i + rotary_dim / 2).
-template <typename T>
-__device__ __forceinline__ float rope_feature(const T* row, int d, float pos, int half, bool neox, const float* inv) {
-  if (d >= 2 * half) return Dt<T>::to_f(row[d]);
-  const int i = neox ? (d < half ? d : d - half) : d >> 1;
-  const int d0 = neox ? i : 2 * i, d1 = neox ? i + half : 2 * i + 1;
-  float sn, c;
-  sincosf(pos * inv[i], &sn, &c);
-  float r0, r1;
-  rope_rotate(Dt<T>::to_f(row[d0]), Dt<T>::to_f(row[d1]), c, sn, r0, r1);
-  return d == d0 ? r0 : r1;
-}
-// ... and as the composed call's next step reads it back: rounded to T
-template <typename T>
-__device__ __forceinline__ T rope_feature_t(const T* row, int d, float pos, int half, bool neox, const float* inv) {
-  return Dt<T>::from_f(rope_feature(row, d, pos, half, neox, inv));
-}
+// The bytes of that area: q's G heads and k's head of D elements.
+constexpr size_t rope_keep_bytes(int G, int64_t D, size_t elem) { return size_t(G + 1) * size_t(D) * elem; }
 
 // The body of cuda_gqa_cluster's kernel; ROPE (rope, inv given): the fused form, which differs
 // in three places. (1) Each lane rotates its pieces of q and of the token's new key itself
@@ -268,8 +250,8 @@ __device__ __forceinline__ T rope_feature_t(const T* row, int d, float pos, int 
 // rank 0's stream 0 writes them to the cache row of slot_mapping[t]. (2) A key whose cache slot
 // is slot_mapping[t] takes those pieces instead of a copy from the cache: after the composed
 // call's append that row holds exactly them, and no CTA waits for the write. (3) After the
-// cluster's last barrier (every CTA of the unit has read q and k) rank 0 rotates q's G heads
-// and k's head in place, reading them all before writing any. So the output is the two calls'
+// cluster's last barrier (every CTA of the unit has read q and k) rank 0's stream 0 stores its
+// rotated pieces of q's G heads and of k in place. So the output is the two calls'
 // bit for bit when no token reads a slot that another token of the launch appends.
 template <typename T, int LPK, int GM, bool ROPE>
 __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* rope, const float* inv) {
@@ -310,42 +292,95 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   int64_t new_slot = -1;
   uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
   if constexpr (ROPE) {
-    pos = float(rope->pos64 ? static_cast<const int64_t*>(rope->pos)[t] : static_cast<const int32_t*>(rope->pos)[t]);
+    // Every load first (the position, the slot, the lane's pieces of q's heads, of k and of v,
+    // and for NeoX pairs their partners), then one sincosf per pair index of the lane (the q
+    // heads and k share the angles), then the rotations: a sincosf's slow path is a call that
+    // loads are not moved across, so loads issued between them would be round trips in a row.
+    const int64_t pi = rope->pos64 ? static_cast<const int64_t*>(rope->pos)[t] : static_cast<const int32_t*>(rope->pos)[t];
     new_slot = rope->slots64 ? static_cast<const int64_t*>(rope->slots)[t] : static_cast<const int32_t*>(rope->slots)[t];
+    const int half = rope->rotary_half, d0 = sub * E;
+    const bool neox = rope->neox;
+    const T* qrow = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
+    const T* krow = static_cast<const T*>(rope->k) + t * rope->k_ts + kvh * rope->k_hs;
+    // element e's pair partner (NeoX: d -+ half; interleaved: d ^ 1, within the lane's piece)
+    auto partner = [&](int d) { return neox ? (d < half ? d + half : d - half) : d ^ 1; };
+    float x[GM + 1][E], y[GM + 1][E];  // rows 0..G-1: q's heads, row GM: k; y: the partners
+    V vv{};
     if (owns) {
-      const T* krow = static_cast<const T*>(rope->k) + t * rope->k_ts + kvh * rope->k_hs;
-      const T* vrow = static_cast<const T*>(rope->v) + (t * p.num_kv_heads + kvh) * D;
-      T kt[E], vt[E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) {
-        kt[e] = rope_feature_t(krow, sub * E + e, pos, rope->rotary_half, rope->neox, inv);
-        vt[e] = vrow[sub * E + e];
+      for (int g = 0; g <= GM; ++g) {
+        if (g < GM && g >= G) continue;
+        const T* row = g < GM ? qrow + int64_t(g) * D : krow;
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const int d = d0 + e;
+          x[g][e] = Dt<T>::to_f(row[d]);
+          y[g][e] = neox && d < 2 * half ? Dt<T>::to_f(row[partner(d)]) : 0.f;
+        }
       }
+      vv = load_vec<T, E>(static_cast<const T*>(rope->v) + (t * p.num_kv_heads + kvh) * D + d0);
+    }
+    pos = float(pi);
+    float cs[E], sn[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = d0 + e, i = neox ? (d < half ? d : d - half) : d >> 1;
+      cs[e] = 1.f, sn[e] = 0.f;
+      if (!neox && (e & 1)) {
+        cs[e] = cs[e - 1], sn[e] = sn[e - 1];  // the pair's angle, made for its first element
+      } else if (owns && d < 2 * half) {
+        sincosf(pos * inv[i], &sn[e], &cs[e]);
+      }
+    }
+    // feature d of a row after the rotation, rounded to T (rope_rotate's r0 for the pair's
+    // first element, r1 for its second)
+    auto rotated = [&](int g, int e) {
+      const int d = d0 + e;
+      if (d >= 2 * half) return Dt<T>::from_f(x[g][e]);
+      const float p_ = neox ? y[g][e] : x[g][e ^ 1];
+      const bool first = neox ? d < half : (e & 1) == 0;
+      float r0, r1;
+      if (first)
+        rope_rotate(x[g][e], p_, cs[e], sn[e], r0, r1);
+      else
+        rope_rotate(p_, x[g][e], cs[e], sn[e], r0, r1);
+      return Dt<T>::from_f(first ? r0 : r1);
+    };
+    if (owns) {
+      T kt[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) kt[e] = rotated(GM, e);
       memcpy(&k_new, kt, 16);
-      memcpy(&v_new, vt, 16);
+      memcpy(&v_new, &vv, 16);
     }
     if (rank == 0 && stream == 0 && owns && new_slot >= 0 && new_slot < rope->num_slots) {
-      const int64_t off = new_slot * p.num_kv_heads * D + kvh * D + sub * E;
+      const int64_t off = new_slot * p.num_kv_heads * D + kvh * D + d0;
       *reinterpret_cast<uint4*>(static_cast<T*>(rope->k_cache) + off) = k_new;
       *reinterpret_cast<uint4*>(static_cast<T*>(rope->v_cache) + off) = v_new;
     }
-  }
-  {
+    // rank 0's stream 0 keeps its rotated pieces of q and k for the in-place stores at the end
+    T* keep = reinterpret_cast<T*>(gqa_raw + rope->keep_off);
+    const bool keeper = rank == 0 && stream == 0 && owns;
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      T qt[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        qt[e] = rotated(g, e);
+        q[g][e] = g < G && owns ? Dt<T>::to_f(qt[e]) : 0.f;
+        acc[g][e] = 0.f;
+      }
+      if (keeper && g < G) memcpy(keep + g * D + d0, qt, 16);
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+    }
+    if (keeper) memcpy(keep + G * D + d0, &k_new, 16);
+  } else {
     const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
       V v{};
-      if (g < G && owns) {
-        if constexpr (ROPE) {
-          T qt[E];
-#pragma unroll
-          for (int e = 0; e < E; ++e)
-            qt[e] = rope_feature_t(qbase + int64_t(g) * D - sub * E, sub * E + e, pos, rope->rotary_half, rope->neox, inv);
-          memcpy(&v, qt, 16);
-        } else {
-          v = load_vec<T, E>(qbase + int64_t(g) * D);
-        }
-      }
+      if (g < G && owns) v = load_vec<T, E>(qbase + int64_t(g) * D);
 #pragma unroll
       for (int e = 0; e < E; ++e) q[g][e] = v.f(e), acc[g][e] = 0.f;
       m[g] = -INFINITY;
@@ -481,20 +516,19 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr,
                               p.push_off);
   if constexpr (ROPE) {
-    // q's G heads and k's head rotated in place by rank 0, after every CTA of the unit has read
-    // them (finish_unit's last cluster barrier; with Ce = 1 the other ranks read nothing): all
-    // values into the (idle) ring first, then the stores
-    if (rank != 0) return;
-    T* qh = static_cast<T*>(rope->q) + (t * p.num_heads + kvh * G) * D;
-    T* kh = static_cast<T*>(rope->k) + t * rope->k_ts + kvh * rope->k_hs;
-    T* vals = reinterpret_cast<T*>(gqa_raw);  // (G + 1) D <= 9 x 256 values, within the ring
-    const int items = (G + 1) * D;
-    for (int i = threadIdx.x; i < items; i += kGqaThreads) {
-      const T* row = i < G * D ? qh + (i / D) * D : kh;
-      vals[i] = rope_feature_t(row, i % D, pos, rope->rotary_half, rope->neox, inv);
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < items; i += kGqaThreads) (i < G * D ? qh[i] : kh[i - G * D]) = vals[i];
+    // q's G heads and k's head rotated in place, after every CTA of the unit has read them
+    // (finish_unit's last cluster barrier; with Ce = 1 the other ranks read nothing): rank 0's
+    // stream 0 stores the pieces it kept (its own stores: no barrier)
+    if (rank != 0 || stream != 0 || !owns) return;
+    const T* keep = reinterpret_cast<const T*>(gqa_raw + rope->keep_off);
+    T* qh = static_cast<T*>(rope->q) + (t * p.num_heads + kvh * G) * D + sub * E;
+    for (int g = 0; g < G; ++g)
+      *reinterpret_cast<uint4*>(qh + int64_t(g) * D) = *reinterpret_cast<const uint4*>(keep + g * D + sub * E);
+    T kt[E];
+    memcpy(kt, keep + G * D + sub * E, 16);
+    T* kh = static_cast<T*>(rope->k) + t * rope->k_ts + kvh * rope->k_hs + sub * E;
+#pragma unroll
+    for (int e = 0; e < E; ++e) kh[e] = kt[e];
   }
 #endif
 }
@@ -570,8 +604,9 @@ int max_cluster_for(int dev) {
       gqa_push_merge()
           ? std::max(base, std::min(gqa_push_offset(base) + gqa_push_bytes(16, GM, D), size_t(kGqaSmemLimit)))
           : base;
-  if constexpr (ROPE)
-    return cluster16_or_8<paged_attention_gqa_rope_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
+  if constexpr (ROPE)  // (the kept pieces after it all)
+    return cluster16_or_8<paged_attention_gqa_rope_kernel<T, LPK, GM>>(
+        dev, kGqaThreads, gqa_push_offset(most) + rope_keep_bytes(GM, D, sizeof(T)), "paged_attention");
   else
     return cluster16_or_8<paged_attention_gqa_kernel<T, LPK, GM>>(dev, kGqaThreads, most, "paged_attention");
 }
@@ -635,10 +670,13 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
       p.push_off = int(gqa_push_offset(base_smem));
       smem = size_t(p.push_off) + gqa_push_bytes(C, G, a.head_dim);
     }
-    if (rope)
+    if (rope) {
+      AttnRope r = *rope;
+      r.keep_off = int(gqa_push_offset(smem));
+      smem = size_t(r.keep_off) + rope_keep_bytes(G, a.head_dim, sizeof(T));
       launch_kernel(op, paged_attention_gqa_rope_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s,
-                    C, dp.pdl, p, *rope, *tab);
-    else
+                    C, dp.pdl, p, r, *tab);
+    } else
       launch_kernel(op, paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s, C,
                     dp.pdl, p);
   };
@@ -676,6 +714,11 @@ std::string rope_append_attention_gqa_can_implement(const void* args) {
   if (a.rkv.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
   if (a.rkv.kv.num_tokens != a.attn.num_tokens) return "internal: the append's tokens are not the attention's";
   if (!aligned16(a.rkv.kv.v.data)) return "v must be 16-byte aligned";
+  const int G = int(a.attn.num_heads / a.attn.num_kv_heads);
+  if (G <= kGqaMaxGroup && int64_t(gqa_push_offset(gqa_smem_bytes(G, a.attn.head_dim)) +
+                                   rope_keep_bytes(G, a.attn.head_dim, detail::dtype_bytes(a.attn.q.dtype))) >
+                               kGqaSmemLimit)
+    return "the attention's shared memory and the kept q and k pieces exceed 200 KB";
   return paged_attention_gqa_can_implement(&a.attn);
 }
 
@@ -694,6 +737,7 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
                 r.k_head_stride,
                 kv.num_slots,
                 int(r.rotary_dim / 2),
+                0,
                 r.neox,
                 r.positions.dtype == detail::DType::I64,
                 kv.slot_mapping.dtype == detail::DType::I64};
