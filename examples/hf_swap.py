@@ -106,8 +106,12 @@ def main() -> int:
     ap.add_argument("--prompt", default="Explain in one paragraph why the sky is blue.")
     args = ap.parse_args()
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+    except ImportError as e:
+        print(f"hf_swap: {e}; this example needs: pip install torch transformers gguf accelerate", file=sys.stderr)
+        return 2
 
     import kernscope as ks
 

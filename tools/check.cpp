@@ -1001,7 +1001,15 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
     bool known = false;
     for (const auto& sw : sweeps()) known = known || sw.op == op_filter;
     if (!known) {
-      std::fprintf(stderr, "check: unknown operator '%s' (the operators: `ksctl ops`; usage: --help)\n", op_filter.c_str());
+      bool registered = false;
+      for (const auto& v : all) registered = registered || op_filter == v.op;
+      if (registered)  // (the two fused decode ops whose results are their two calls')
+        std::fprintf(stderr,
+                     "check: operator '%s' has no cases in the FP64 sweep; the test suite compares it bit for bit "
+                     "with the two calls it fuses (tests/cpp/test_decode_fusions.cpp, tests/cuda/test_cuda_ops.cpp)\n",
+                     op_filter.c_str());
+      else
+        std::fprintf(stderr, "check: unknown operator '%s' (the operators: `ksctl ops`; usage: --help)\n", op_filter.c_str());
       return 2;
     }
   }

@@ -18,7 +18,9 @@ int main(int argc, char** argv) {
           "  Runs every variant x dtype x shape x layout of the operators against an FP64 reference\n"
           "  (the `ksctl check` sweep, without ksctl's dependencies). BACKEND defaults to all; OP\n"
           "  limits the sweep to one operator (see `ksctl ops`); -v prints every case.\n"
-          "  Exit status: 0 when no case is incorrect.\n");
+          "  Exit status: 0 when no case is incorrect, 1 when one is, 2 for bad arguments (an unknown\n"
+          "  operator, or one without cases), 3 when cuda was asked for and the CUDA backend is not\n"
+          "  available (nothing was checked).\n");
       return 0;
     }
     if (a == "-v" || a == "--verbose") verbose = true;

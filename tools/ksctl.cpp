@@ -86,7 +86,7 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     backends.insert(v.backend);
   }
   auto bound = [](const nlohmann::json& x) { return x.is_null() ? std::string("any") : std::to_string(x.get<long long>()); };
-  int unknown = 0;
+  int unknown = 0, shown = 0;
   if (!as_json) {
     std::string files;
     for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
@@ -113,10 +113,21 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     const std::string cols = bound(c["cols"][0]) + ".." + bound(c["cols"][1]);
     std::string note = c["why"].get<std::string>();
     if (!c["source"].get<std::string>().empty()) note += "; " + c["source"].get<std::string>();
+    ++shown;
     std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s%s%s%s\n", c["op"].get<std::string>().c_str(),
                 c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(),
                 c["dtype"].get<std::string>().c_str(), rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
                 order.c_str(), why ? "  (" : "", why ? note.c_str() : "", why ? ")" : "");
+  }
+  if (!as_json && !op_filter.empty() && shown == 0) {  // no cell: the variants' priority order decides
+    for (const std::string be : {"cpu", "cuda"}) {
+      std::string order;  // (ks::variants() lists them best first, as `ksctl ops` shows)
+      for (const auto& v : ks::variants())
+        if (v.op == op_filter && v.backend == be) order += (order.empty() ? "" : " > ") + std::string(v.name);
+      if (order.empty()) continue;
+      std::printf("(no cells for %s on %s: the priority order, where each variant can run: %s)\n", op_filter.c_str(),
+                  be.c_str(), order.c_str());
+    }
   }
   if (!as_json) std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
   if (check_names && !backends.count("cuda"))

@@ -335,16 +335,19 @@ KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DL
  *   k_cache, v_cache, slot_mapping: as in ks_rotary_embedding_kv_append (on return q and k are
  *   rotated and the caches hold the new rows, as after that call); block_tables, seq_ids,
  *   context_lens, scale: as in ks_paged_attention.
- * The result is bit for bit the two calls' when no token reads a cache slot that another token
- * of the call appends (a decode step: each token is the newest position of its own sequence).
- * Otherwise the CPU's result is still the two calls', and CUDA's fused kernel may read such a
- * slot before or after it is written. Contract: docs/contracts.md#rotary_embedding_kv_append_paged_attention.
+ * The result is bit for bit the two calls' (on CUDA: with paged_attention's cuda_gqa_cluster;
+ * automatic routing may send 16-bit attention to cuda_mma_cluster) when no token reads a cache
+ * slot that another token of the call appends (a decode step: each token is the newest
+ * position of its own sequence). Otherwise the CPU's result is still the two calls', and
+ * CUDA's fused kernel may read such a slot before or after it is written.
+ * Contract: docs/contracts.md#rotary_embedding_kv_append_paged_attention.
  * Errors (nothing written): every error of the two functions, named under this one;
  * KS_ERROR_INVALID_ARGUMENT for out overlapping q, k, v, positions, slot_mapping or the
- * caches. CUDA runs the fused kernel where cuda_gqa_cluster serves the attention (head_dim a
- * multiple of 16 bytes' elements and at most 32 of them, num_heads / num_kv_heads <= 8,
- * 16-byte aligned rows, sm_90) with rotary_dim <= 1024 and q, k and v of one token each a
- * row of heads, and the two calls otherwise. */
+ * caches, and block_tables, seq_ids or context_lens overlapping q, k or the caches. CUDA runs
+ * the fused kernel where cuda_gqa_cluster serves the attention (head_dim a multiple of 16
+ * bytes' elements and at most 32 of them, num_heads / num_kv_heads <= 8, 16-byte aligned q,
+ * out and caches, sm_90), v is 16-byte aligned, slot_mapping has one entry per token and
+ * rotary_dim <= 1024, and the two calls otherwise. */
 KS_API ks_status_t ks_rotary_embedding_kv_append_paged_attention(
     DLTensor* out, DLTensor* q, DLTensor* k, const DLTensor* v, const DLTensor* positions, int64_t rotary_dim,
     double theta, int is_neox, DLTensor* k_cache, DLTensor* v_cache, const DLTensor* slot_mapping,

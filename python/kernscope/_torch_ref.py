@@ -838,6 +838,12 @@ def rotary_embedding_kv_append_paged_attention(
                         ("positions", positions), ("slot_mapping", slot_mapping)):
             if t is not None:
                 _no_overlap(op, "out", out, name, t)
+    # the attention's index tensors apart from what the first step writes
+    for wname, w in (("q", q), ("k", k), ("k_cache", k_cache), ("v_cache", v_cache)):
+        _no_overlap(op, "block_tables", block_tables, wname, w)
+        _no_overlap(op, "context_lens", context_lens, wname, w)
+        if seq_ids is not None:
+            _no_overlap(op, "seq_ids", seq_ids, wname, w)
     if q.shape[0] and q.shape[1] + k.shape[1]:
         _rotate(q, k, positions, rd, theta, is_neox)
         _append(k_cache, v_cache, k, v, slots)

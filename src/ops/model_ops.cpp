@@ -423,7 +423,8 @@ extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, cons
 
 // rotary_embedding_kv_append, then paged_attention on the rotated q and the appended caches:
 // every rule of the two under this op's name, plus out apart from what the first step reads
-// and writes (the fused kernel writes out while it reads q, k, v, positions and slot_mapping).
+// and writes (the fused kernel writes out while it reads q, k, v, positions and slot_mapping),
+// and block_tables, seq_ids and context_lens apart from what it writes (q, k, the caches).
 extern "C" ks_status_t ks_rotary_embedding_kv_append_paged_attention(
     DLTensor* out, DLTensor* q, DLTensor* k, const DLTensor* v, const DLTensor* positions, int64_t rotary_dim,
     double theta, int is_neox, DLTensor* k_cache, DLTensor* v_cache, const DLTensor* slot_mapping,
@@ -438,6 +439,14 @@ extern "C" ks_status_t ks_rotary_embedding_kv_append_paged_attention(
     require_no_overlap(op, "out", a.attn.out, "v", a.rkv.kv.v);
     require_no_overlap(op, "out", a.attn.out, "positions", a.rkv.rope.positions);
     require_no_overlap(op, "out", a.attn.out, "slot_mapping", a.rkv.kv.slot_mapping);
+    // the attention's index tensors are range-checked above (host values) and read after the
+    // first step wrote q, k and the caches (on CUDA while they are written): apart from them
+    for (auto [name, view] : {std::pair{"q", &a.attn.q}, {"k", &a.rkv.kv.k}, {"k_cache", &a.rkv.kv.k_cache},
+                              {"v_cache", &a.rkv.kv.v_cache}}) {
+      require_no_overlap(op, "block_tables", a.attn.block_tables, name, *view);
+      require_no_overlap(op, "context_lens", a.attn.context_lens, name, *view);
+      if (a.attn.has_seq_ids) require_no_overlap(op, "seq_ids", a.attn.seq_ids, name, *view);
+    }
     const ks_backend_t be = resolve_backend(op, backend, a.rkv.rope.q);
     if (a.attn.num_tokens == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.rkv.rope.q.dtype, &a, stream);

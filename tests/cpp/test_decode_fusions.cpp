@@ -839,4 +839,55 @@ TEST(RopeAppendAttention, RejectsBadArgumentsAndWritesNothing) {
   }
 }
 
+// The attention's index tensors (block_tables, seq_ids, context_lens) are validated on the host
+// before the first step writes q, k and the caches, and the second step (CPU) or the same kernel
+// (CUDA) then reads them unchecked: none of them may share memory with what the first step writes
+// (as slot_mapping may not share q or k in rotary_embedding_kv_append). Here each index tensor is
+// an int32 view into q's or k's features past rotary_dim, or into a cache block that no table names
+// and no slot appends to, holding the valid values, so the call cannot go out of bounds even when
+// accepted. (Inside rows the first step rewrites, the accepted call reads the rewritten values:
+// ASan reports a heap-buffer-overflow write into the attention's scratch, an out-of-bounds read of
+// the cache and a wild read of block_tables.)
+TEST(RopeAppendAttention, RejectsIndexTensorsInsideWhatTheFirstStepWrites) {
+  const kstest::RopeAttnCase c{4, 4, 2, 32, 16, 4, 3, false, true};
+  const int64_t rotary_dim = 16, S = c.T + 1;
+  for (const char* writer : {"q", "k", "k_cache", "v_cache"})
+    for (const char* index : {"block_tables", "seq_ids", "context_lens"}) {
+      kstest::RopeAttnInputs in = kstest::make_rope_attn_inputs(DType::F32, c);
+      Buf out(DType::F32, {c.T, c.H, c.D});
+      out.poison();
+      // where the index tensor goes: features [rotary_dim, D) of q's or k's first head, or the
+      // first cache block that the block table does not name
+      const std::string w = writer;
+      Buf& wb = w == "q" ? in.q : w == "k" ? in.k : w == "k_cache" ? in.k_cache : in.v_cache;
+      int64_t at = rotary_dim;  // in elements of wb
+      if (w == "k_cache" || w == "v_cache") {
+        std::vector<bool> named(size_t(in.k_cache.shape[0]), false);
+        for (int64_t i = 0; i < S * c.blocks_per_seq; ++i) named[size_t(in.block_tables.get(i))] = true;
+        int64_t spare = 0;
+        while (named[size_t(spare)]) ++spare;
+        at = spare * c.block_size * c.KVH * c.D;
+      }
+      const std::string ix = index;
+      Buf& ib = ix == "block_tables" ? in.block_tables : ix == "seq_ids" ? in.seq_ids : in.context_lens;
+      ASSERT_LE(ib.numel(), c.D - rotary_dim);
+      int32_t* dst = reinterpret_cast<int32_t*>(static_cast<float*>(wb.data()) + at);
+      for (int64_t i = 0; i < ib.numel(); ++i) dst[i] = int32_t(ib.get(i));
+      DLTensor iv = ib.dl();
+      iv.data = dst;
+      DLTensor o = out.dl(), q = in.q.dl(), k = in.k.dl(), v = in.v.dl(), p = in.pos.dl(), kc = in.k_cache.dl(),
+               vc = in.v_cache.dl(), sm = in.slots.dl(), bt = in.block_tables.dl(), si = in.seq_ids.dl(),
+               cl = in.context_lens.dl();
+      if (ix == "block_tables") bt = iv;
+      if (ix == "seq_ids") si = iv;
+      if (ix == "context_lens") cl = iv;
+      const Snap all{&out, &in.q, &in.k, &in.k_cache, &in.v_cache};
+      EXPECT_TRUE(fails_cleanly(ks_rotary_embedding_kv_append_paged_attention(
+                                    &o, &q, &k, &v, &p, rotary_dim, 10000.0, 0, &kc, &vc, &sm, &bt, &si, &cl,
+                                    in.scale, KS_BACKEND_CPU, nullptr),
+                                KS_ERROR_INVALID_ARGUMENT, kRopeAttn, index, all))
+          << index << " inside " << writer;
+    }
+}
+
 }  // namespace

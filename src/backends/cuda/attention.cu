@@ -287,25 +287,32 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   const int j_begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
   const int j_end = int(min(len, int64_t(j_begin) + per));
   float q[GM][E], acc[GM][E], m[GM], l[GM];
-  // ROPE: the token's position, its append slot, and this lane's pieces of its new key and value
+  // ROPE: the token's position, its append slot, and this lane's pieces of its new key and value.
+  // Every load comes first (the position, the slot, the lane's pieces of q's heads, of k and of
+  // v, and for NeoX pairs their partners), then the first step's block-table entries and K / V
+  // copies are issued, and only then the sincosf (one per pair index of the lane: q's heads and
+  // k share the angles) and the rotations (rope_rotate's), which the first step's arithmetic
+  // waits for anyway: a sincosf's slow path is a call that loads are not moved across, so loads
+  // after it would wait for it. A key of the first step at the token's own slot is marked
+  // pending and filled once the new key is made.
   float pos = 0.f;
   int64_t new_slot = -1;
   uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
+  bool rope_ready = !ROPE;  // k_new / v_new made
+  unsigned pending = 0;     // keys u of stage 0 at the token's slot, waiting for them
+  // rows 0..G-1: q's heads, row GM: k, as stored (a feature past rotary_dim keeps its bits, NaN
+  // payloads included, as in the two calls); y: the NeoX partners as floats
+  T x[ROPE ? GM + 1 : 1][E];
+  float y[ROPE ? GM + 1 : 1][E];
+  V vv{};
+  int64_t pi = 0;
   if constexpr (ROPE) {
-    // Every load first (the position, the slot, the lane's pieces of q's heads, of k and of v,
-    // and for NeoX pairs their partners), then one sincosf per pair index of the lane (the q
-    // heads and k share the angles), then the rotations: a sincosf's slow path is a call that
-    // loads are not moved across, so loads issued between them would be round trips in a row.
-    const int64_t pi = rope->pos64 ? static_cast<const int64_t*>(rope->pos)[t] : static_cast<const int32_t*>(rope->pos)[t];
+    pi = rope->pos64 ? static_cast<const int64_t*>(rope->pos)[t] : static_cast<const int32_t*>(rope->pos)[t];
     new_slot = rope->slots64 ? static_cast<const int64_t*>(rope->slots)[t] : static_cast<const int32_t*>(rope->slots)[t];
     const int half = rope->rotary_half, d0 = sub * E;
     const bool neox = rope->neox;
     const T* qrow = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
     const T* krow = static_cast<const T*>(rope->k) + t * rope->k_ts + kvh * rope->k_hs;
-    // element e's pair partner (NeoX: d -+ half; interleaved: d ^ 1, within the lane's piece)
-    auto partner = [&](int d) { return neox ? (d < half ? d + half : d - half) : d ^ 1; };
-    float x[GM + 1][E], y[GM + 1][E];  // rows 0..G-1: q's heads, row GM: k; y: the partners
-    V vv{};
     if (owns) {
 #pragma unroll
       for (int g = 0; g <= GM; ++g) {
@@ -314,67 +321,12 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
 #pragma unroll
         for (int e = 0; e < E; ++e) {
           const int d = d0 + e;
-          x[g][e] = Dt<T>::to_f(row[d]);
-          y[g][e] = neox && d < 2 * half ? Dt<T>::to_f(row[partner(d)]) : 0.f;
+          x[g][e] = row[d];
+          y[g][e] = neox && d < 2 * half ? Dt<T>::to_f(row[d < half ? d + half : d - half]) : 0.f;
         }
       }
       vv = load_vec<T, E>(static_cast<const T*>(rope->v) + (t * p.num_kv_heads + kvh) * D + d0);
     }
-    pos = float(pi);
-    float cs[E], sn[E];
-#pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int d = d0 + e, i = neox ? (d < half ? d : d - half) : d >> 1;
-      cs[e] = 1.f, sn[e] = 0.f;
-      if (!neox && (e & 1)) {
-        cs[e] = cs[e - 1], sn[e] = sn[e - 1];  // the pair's angle, made for its first element
-      } else if (owns && d < 2 * half) {
-        sincosf(pos * inv[i], &sn[e], &cs[e]);
-      }
-    }
-    // feature d of a row after the rotation, rounded to T (rope_rotate's r0 for the pair's
-    // first element, r1 for its second)
-    auto rotated = [&](int g, int e) {
-      const int d = d0 + e;
-      if (d >= 2 * half) return Dt<T>::from_f(x[g][e]);
-      const float p_ = neox ? y[g][e] : x[g][e ^ 1];
-      const bool first = neox ? d < half : (e & 1) == 0;
-      float r0, r1;
-      if (first)
-        rope_rotate(x[g][e], p_, cs[e], sn[e], r0, r1);
-      else
-        rope_rotate(p_, x[g][e], cs[e], sn[e], r0, r1);
-      return Dt<T>::from_f(first ? r0 : r1);
-    };
-    if (owns) {
-      T kt[E];
-#pragma unroll
-      for (int e = 0; e < E; ++e) kt[e] = rotated(GM, e);
-      memcpy(&k_new, kt, 16);
-      memcpy(&v_new, &vv, 16);
-    }
-    if (rank == 0 && stream == 0 && owns && new_slot >= 0 && new_slot < rope->num_slots) {
-      const int64_t off = new_slot * p.num_kv_heads * D + kvh * D + d0;
-      *reinterpret_cast<uint4*>(static_cast<T*>(rope->k_cache) + off) = k_new;
-      *reinterpret_cast<uint4*>(static_cast<T*>(rope->v_cache) + off) = v_new;
-    }
-    // rank 0's stream 0 keeps its rotated pieces of q and k for the in-place stores at the end
-    T* keep = reinterpret_cast<T*>(gqa_raw + rope->keep_off);
-    const bool keeper = rank == 0 && stream == 0 && owns;
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      T qt[E];
-#pragma unroll
-      for (int e = 0; e < E; ++e) {
-        qt[e] = rotated(g, e);
-        q[g][e] = g < G && owns ? Dt<T>::to_f(qt[e]) : 0.f;
-        acc[g][e] = 0.f;
-      }
-      if (keeper && g < G) memcpy(keep + g * D + d0, qt, 16);
-      m[g] = -INFINITY;
-      l[g] = 0.f;
-    }
-    if (keeper) memcpy(keep + G * D + d0, &k_new, 16);
   } else {
     const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
 #pragma unroll
@@ -419,8 +371,12 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
       const long long slot = ok ? (long long)blk[k] * bs + (pos - div_bs(pos) * bs) : 0;
       valid |= unsigned(ok) << k;
       if (ROPE && ok && slot == new_slot) {  // the token's own new row: its pieces, not the cache's
-        *piece(stage, k, 0) = k_new;
-        *piece(stage, k, 1) = v_new;
+        if (rope_ready) {
+          *piece(stage, k, 0) = k_new;
+          *piece(stage, k, 1) = v_new;
+        } else {
+          pending |= 1u << k;  // (stage 0: the first step's, filled once they are made)
+        }
       } else {
         cp_async16(piece(stage, k, 0), kc + slot * row_stride, ok && owns);
         cp_async16(piece(stage, k, 1), vc + slot * row_stride, ok && owns);
@@ -433,6 +389,72 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   fetch_blocks(j_begin, blk);
   unsigned valid_cur = j_begin < j_end ? issue(0, j_begin, blk) : 0u;
   fetch_blocks(j_begin + NS * U, blk);
+  if constexpr (ROPE) {
+    const int half = rope->rotary_half, d0 = sub * E;
+    const bool neox = rope->neox;
+    pos = float(pi);
+    float cs[E], sn[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = d0 + e, i = neox ? (d < half ? d : d - half) : d >> 1;
+      cs[e] = 1.f, sn[e] = 0.f;
+      if (!neox && (e & 1)) {
+        cs[e] = cs[e - 1], sn[e] = sn[e - 1];  // the pair's angle, made for its first element
+      } else if (owns && d < 2 * half) {
+        sincosf(pos * inv[i], &sn[e], &cs[e]);
+      }
+    }
+    // feature d0 + e of row g after the rotation, rounded to T (rope_rotate's r0 for the pair's
+    // first element, r1 for its second; unchanged past rotary_dim)
+    auto rotated = [&](int g, int e) {
+      const int d = d0 + e;
+      if (d >= 2 * half) return x[g][e];
+      const float self = Dt<T>::to_f(x[g][e]), other = neox ? y[g][e] : Dt<T>::to_f(x[g][e ^ 1]);
+      const bool first = neox ? d < half : (e & 1) == 0;
+      float r0, r1;
+      if (first)
+        rope_rotate(self, other, cs[e], sn[e], r0, r1);
+      else
+        rope_rotate(other, self, cs[e], sn[e], r0, r1);
+      return Dt<T>::from_f(first ? r0 : r1);
+    };
+    if (owns) {
+      T kt[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) kt[e] = rotated(GM, e);
+      memcpy(&k_new, kt, 16);
+      memcpy(&v_new, &vv, 16);
+    }
+    rope_ready = true;
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (pending >> u & 1u) {
+        *piece(0, u, 0) = k_new;
+        *piece(0, u, 1) = v_new;
+      }
+    if (rank == 0 && stream == 0 && owns && new_slot >= 0 && new_slot < rope->num_slots) {
+      const int64_t off = new_slot * p.num_kv_heads * D + kvh * D + d0;
+      *reinterpret_cast<uint4*>(static_cast<T*>(rope->k_cache) + off) = k_new;
+      *reinterpret_cast<uint4*>(static_cast<T*>(rope->v_cache) + off) = v_new;
+    }
+    // rank 0's stream 0 keeps its rotated pieces of q and k for the in-place stores at the end
+    T* keep = reinterpret_cast<T*>(gqa_raw + rope->keep_off);
+    const bool keeper = rank == 0 && stream == 0 && owns;
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      T qt[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) {
+        qt[e] = g < G && owns ? rotated(g, e) : Dt<T>::from_f(0.f);
+        q[g][e] = Dt<T>::to_f(qt[e]);
+        acc[g][e] = 0.f;
+      }
+      if (keeper && g < G) memcpy(keep + g * D + d0, qt, 16);
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+    }
+    if (keeper) memcpy(keep + G * D + d0, &k_new, 16);
+  }
   int stage = 0;
   for (int j0 = j_begin; j0 < j_end; j0 += NS * U, stage ^= 1) {
     // the next step's copies go out before this step's arithmetic
@@ -712,7 +734,7 @@ void paged_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 std::string rope_append_attention_gqa_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::RopeKvAppendAttentionArgs*>(args);
   if (a.rkv.rope.rotary_dim / 2 > kRopeParamHalf) return "rotary_dim > 1024 (the inverse frequencies travel as a parameter)";
-  if (a.rkv.kv.num_tokens != a.attn.num_tokens) return "internal: the append's tokens are not the attention's";
+  if (a.rkv.kv.num_tokens != a.attn.num_tokens) return "slot_mapping has fewer entries than q has tokens (the kernel appends a row per token)";
   if (!aligned16(a.rkv.kv.v.data)) return "v must be 16-byte aligned";
   const int G = int(a.attn.num_heads / a.attn.num_kv_heads);
   if (G <= kGqaMaxGroup && int64_t(gqa_push_offset(gqa_smem_bytes(G, a.attn.head_dim)) +
