@@ -11,7 +11,7 @@
 // run and every row carries its percentage.
 //
 // usage: bench_ops --csv out.csv [--dtypes bf16,fp16,fp32] [--ops rms_norm,...] [--impl NAME] [--variants]
-// (--ops decode_fusions: the model's three decode fusions next to the calls they replace)
+// (--ops decode_fusions: the model's decode fusions next to the calls they replace)
 // (--variants: the model-path ops with several CUDA variants are also timed under each
 //  variant, pinned: rows with impl "variant:<name>"; bench/auto_vs_best.py compares them)
 // (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run;
@@ -550,6 +550,44 @@ int main(int argc, char** argv) {
       norm_qkv(st);
       rope_kv_append(st);
     }, size_t(QKV * H / 32 * 20));
+    // RoPE + append + decode attention in one kernel (rotary_embedding_kv_append_paged_attention,
+    // the model's KS_MODEL_FUSE_ATTN=1) against the two calls, for one token with `len` live keys
+    // in a table of `blocks` blocks of 16 (2048 tokens: generate's default, clusters of 16; 656:
+    // bench-model's); identity block table, the token at position len - 1 and its own slot
+    for (const auto& [blocks, len] : std::vector<std::pair<int64_t, int32_t>>{{128, 192}, {128, 576}, {41, 576}}) {
+      const std::vector<int64_t> cs = {blocks, 16, KVH, D};
+      const auto akc = buf(blocks * 16 * KVH * D), avc = buf(blocks * 16 * KVH * D), attn = buf(NH * D);
+      std::vector<int32_t> table(static_cast<size_t>(blocks));
+      for (int64_t i = 0; i < blocks; ++i) table[size_t(i)] = int32_t(i);
+      Dev bt(table.size() * 4), cl(4), apos(4), aslot(8);
+      const int32_t p = len - 1;
+      const int64_t sl = len - 1;
+      CK(cudaMemcpy(bt.p, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(cl.p, &len, 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(apos.p, &p, 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(aslot.p, &sl, 8, cudaMemcpyHostToDevice));
+      const float scale = 0.125f;
+      const auto btv = dv(bt.p, DType::I32, {1, blocks}), clv = dv(cl.p, DType::I32, {1});
+      const std::string shape = "smollm2_b1_keys" + std::to_string(len) + "_of" + std::to_string(blocks * 16);
+      for (int which = 0; which < 2; ++which) {
+        const double us = graph_time(1, [&](int, cudaStream_t st) {
+          if (which == 0) {
+            ks::rotary_embedding_kv_append_paged_attention(
+                dv(attn->p, f32, {1, NH, D}), qkv3(0, NH), qkv3(NH * D, KVH), qkv3((NH + KVH) * D, KVH),
+                dv(apos.p, DType::I32, {1}), D, 10000.0, false, dv(akc->p, f32, cs), dv(avc->p, f32, cs),
+                dv(aslot.p, DType::I64, {1}), btv, ks::TensorView(), clv, scale, ks::Backend::Cuda, st);
+          } else {
+            ks::rotary_embedding_kv_append(qkv3(0, NH), qkv3(NH * D, KVH), qkv3((NH + KVH) * D, KVH),
+                                           dv(apos.p, DType::I32, {1}), D, 10000.0, false, dv(akc->p, f32, cs),
+                                           dv(avc->p, f32, cs), dv(aslot.p, DType::I64, {1}), ks::Backend::Cuda, st);
+            ks::paged_attention(dv(attn->p, f32, {1, NH, D}), qkv3(0, NH), dv(akc->p, f32, cs), dv(avc->p, f32, cs), btv,
+                                ks::TensorView(), clv, scale, ks::Backend::Cuda, st);
+          }
+        }, s);
+        record("rope_append_attention", shape, f32, us, size_t(len) * KVH * D * 4 * 2, nullptr);
+        rows.back().impl = which ? "unfused" : "fused";
+      }
+    }
   }
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return 1;
