@@ -718,6 +718,34 @@ int case_kv_append(Ctx& c, const std::vector<int64_t>& s) {
                  [&](std::string* why) { return close(kc, rk, nullptr, 0, why) && close(vc, rv, nullptr, 0, why); }, c);
 }
 
+// paged_attention in FP64 over the values qv(i) and the caches' kv(i) / vv(i), token t reading
+// row t of the block table bt ([T, MB], sequence t) and cl(t) keys.
+template <typename Q, typename KC, typename VC>
+std::vector<double> attention_ref(Q qv, KC kv, VC vv, const HBuf& bt, const HBuf& cl, int64_t T, int64_t Hq,
+                                  int64_t KVH, int64_t D, int64_t BS, int64_t MB, double scale) {
+  std::vector<double> ref(size_t(T * Hq * D));
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t g = h / (Hq / KVH), len = int64_t(cl.get(t));
+      std::vector<double> sc(static_cast<size_t>(len));
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t slot = int64_t(bt.get(t * MB + j / BS)) * BS + j % BS;
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += qv((t * Hq + h) * D + d) * kv((slot * KVH + g) * D + d);
+        sc[size_t(j)] = double(float(scale)) * dot;
+        mx = std::max(mx, sc[size_t(j)]);
+      }
+      double sum = 0;
+      for (auto& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t j = 0; j < len; ++j) {
+        const int64_t slot = int64_t(bt.get(t * MB + j / BS)) * BS + j % BS;
+        for (int64_t d = 0; d < D; ++d) ref[size_t((t * Hq + h) * D + d)] += sc[size_t(j)] / sum * vv((slot * KVH + g) * D + d);
+      }
+    }
+  return ref;
+}
+
 int case_attention(Ctx& c, const std::vector<int64_t>& s) {
   const int64_t T = s[0], Hq = s[1], KVH = s[2], D = s[3], BS = s[4], L = s[5];
   const int64_t MB = (L + BS - 1) / BS, NB = MB * T + 1;
@@ -730,26 +758,8 @@ int case_attention(Ctx& c, const std::vector<int64_t>& s) {
   for (int64_t i = 0; i < T * MB; ++i) bt.set(i, double(blocks[size_t(i)]));
   for (int64_t t = 0; t < T; ++t) cl.set(t, double(t == 0 ? L : 1 + (t * 13) % L));
   const double scale = 1 / std::sqrt(double(D));
-  std::vector<double> ref(size_t(o.numel()));
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < Hq; ++h) {
-      const int64_t g = h / (Hq / KVH), len = int64_t(cl.get(t));
-      std::vector<double> sc(static_cast<size_t>(len));
-      double mx = -INFINITY;
-      for (int64_t j = 0; j < len; ++j) {
-        const int64_t slot = int64_t(bt.get(t * MB + j / BS)) * BS + j % BS;
-        double dot = 0;
-        for (int64_t d = 0; d < D; ++d) dot += q.get((t * Hq + h) * D + d) * kc.get((slot * KVH + g) * D + d);
-        sc[size_t(j)] = double(float(scale)) * dot;
-        mx = std::max(mx, sc[size_t(j)]);
-      }
-      double sum = 0;
-      for (auto& x : sc) sum += (x = std::exp(x - mx));
-      for (int64_t j = 0; j < len; ++j) {
-        const int64_t slot = int64_t(bt.get(t * MB + j / BS)) * BS + j % BS;
-        for (int64_t d = 0; d < D; ++d) ref[size_t((t * Hq + h) * D + d)] += sc[size_t(j)] / sum * vc.get((slot * KVH + g) * D + d);
-      }
-    }
+  const std::vector<double> ref = attention_ref([&](int64_t i) { return q.get(i); }, [&](int64_t i) { return kc.get(i); },
+                                                [&](int64_t i) { return vc.get(i); }, bt, cl, T, Hq, KVH, D, BS, MB, scale);
   // Outputs are convex combinations of V rows (|v| ~ 1): S = max|v| ~ 4 per element, K = context length.
   std::vector<double> sa(size_t(o.numel()), 4.0);
   return outcome([&] {
@@ -757,6 +767,58 @@ int case_attention(Ctx& c, const std::vector<int64_t>& s) {
                                        scale, c.be, c.stream);
                  },
                  [&](std::string* why) { return close(o, ref, &sa, double(L), why); }, c);
+}
+
+// rotary_embedding_kv_append_paged_attention (T, Hq, KVH, D, RD, BS, L): a decode step, token t
+// the newest position (len - 1) of its own sequence (lengths as case_attention's), every fifth
+// token's append skipped (slot -1: its last key is the cache's old row). q, k and the caches
+// as case_rope_kv_append checks them; out against FP64 attention over q and k rotated in FP64
+// and rounded to the dtype (the op rounds them where the first call stores them).
+int case_rope_attention(Ctx& c, const std::vector<int64_t>& s, bool neox) {
+  const int64_t T = s[0], Hq = s[1], KVH = s[2], D = s[3], RD = s[4], BS = s[5], L = s[6];
+  const int64_t MB = (L + BS - 1) / BS, NB = MB * T + 1;
+  const double theta = 10000.0, scale = 1 / std::sqrt(double(D));
+  HBuf q(c.dt, {T, Hq, D}, c.off), k(c.dt, {T, KVH, D}, c.off), v(c.dt, {T, KVH, D}, c.off), o(c.dt, {T, Hq, D}, c.off),
+      kc(c.dt, {NB, BS, KVH, D}, c.off), vc(c.dt, {NB, BS, KVH, D}, c.off), bt(DType::I32, {T, MB}, c.off),
+      cl(DType::I32, {T}, c.off), pos(DType::I64, {T}, c.off), slots(DType::I64, {T}, c.off);
+  q.randn(); k.randn(); v.randn(); kc.randn(); vc.randn(); o.poison();
+  std::vector<int64_t> blocks(static_cast<size_t>(NB));
+  for (int64_t i = 0; i < NB; ++i) blocks[size_t(i)] = i;
+  std::shuffle(blocks.begin(), blocks.end(), g_rng);
+  for (int64_t i = 0; i < T * MB; ++i) bt.set(i, double(blocks[size_t(i)]));
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t len = t == 0 ? L : 1 + (t * 13) % L, p = len - 1;
+    cl.set(t, double(len));
+    pos.set(t, double(p));
+    slots.set(t, t % 5 == 4 ? -1.0 : double(int64_t(bt.get(t * MB + p / BS)) * BS + p % BS));
+  }
+  const auto rq = rope_ref(q, pos, T, Hq, D, RD, neox, theta), rk = rope_ref(k, pos, T, KVH, D, RD, neox, theta);
+  std::vector<double> rkc(size_t(kc.numel())), rvc(size_t(vc.numel()));
+  for (int64_t i = 0; i < kc.numel(); ++i) rkc[size_t(i)] = kc.get(i), rvc[size_t(i)] = vc.get(i);
+  const int64_t row = KVH * D;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t slot = int64_t(slots.get(t));
+    if (slot < 0) continue;
+    for (int64_t j = 0; j < row; ++j) rkc[size_t(slot * row + j)] = rk[size_t(t * row + j)], rvc[size_t(slot * row + j)] = v.get(t * row + j);
+  }
+  // the rotated values as the dtype stores them
+  HBuf tq(c.dt, {T, Hq, D}, 0), tkc(c.dt, {NB, BS, KVH, D}, 0);
+  for (int64_t i = 0; i < tq.numel(); ++i) tq.set(i, rq[size_t(i)]);
+  for (int64_t i = 0; i < tkc.numel(); ++i) tkc.set(i, rkc[size_t(i)]);
+  const std::vector<double> ref = attention_ref([&](int64_t i) { return tq.get(i); }, [&](int64_t i) { return tkc.get(i); },
+                                                [&](int64_t i) { return rvc[size_t(i)]; }, bt, cl, T, Hq, KVH, D, BS, MB, scale);
+  std::vector<double> sa(size_t(o.numel()), 4.0);  // (case_attention's bound)
+  return outcome(
+      [&] {
+        ks::rotary_embedding_kv_append_paged_attention(c.v(o), c.v(q), c.v(k), c.v(v), c.v(pos), RD, theta, neox, c.v(kc),
+                                                       c.v(vc), c.v(slots), c.v(bt), ks::TensorView(), c.v(cl), scale,
+                                                       c.be, c.stream);
+      },
+      [&](std::string* why) {
+        return close(q, rq, nullptr, 0, why) && close(k, rk, nullptr, 0, why) && close(kc, rkc, nullptr, 0, why) &&
+               close(vc, rvc, nullptr, 0, why) && close(o, ref, &sa, double(L), why);
+      },
+      c);
 }
 
 // Packed sequences: {num_seqs, Hq, KVH, D, max_len, causal}; sequence 1 is empty, odd
@@ -868,6 +930,10 @@ std::vector<OpSweep> sweeps() {
   add("paged_attention", {{1, 9, 3, 64, 16, 37}, {4, 8, 2, 64, 7, 50}, {3, 12, 3, 128, 16, 300}, {2, 4, 1, 32, 1, 9},
                           {5, 9, 3, 64, 16, 1}},
       case_attention);
+  add("rotary_embedding_kv_append_paged_attention", {{1, 9, 3, 64, 64, 16, 37}, {5, 8, 2, 64, 32, 7, 50}, {3, 12, 3, 128, 128, 16, 300}},
+      [](Ctx& c, const std::vector<int64_t>& s) { return case_rope_attention(c, s, false); }, "interleaved:");
+  add("rotary_embedding_kv_append_paged_attention", {{2, 4, 1, 32, 32, 1, 9}, {5, 9, 3, 64, 64, 16, 1}},
+      [](Ctx& c, const std::vector<int64_t>& s) { return case_rope_attention(c, s, true); }, "neox:");
   add("varlen_attention", {{1, 9, 3, 64, 37, 1}, {4, 8, 2, 64, 50, 1}, {3, 12, 3, 128, 300, 1}, {4, 4, 1, 32, 9, 0},
                            {5, 8, 8, 80, 70, 0}},
       case_varlen);
