@@ -56,6 +56,13 @@ if has generate; then
         --device cuda 2>&1 | tee -a "$LOG" | grep -E "^\[ksctl\] (model|generated)"
     done
   done
+  # the KV cache sized for the request (the default since 2026-11-30) against the old default of
+  # 2048 tokens, whose attention clusters are 16 CTAs
+  for c in 0 2048; do
+    echo "== ksctl generate --device cuda --context $c: Write a haiku about the sea." | tee -a "$LOG"
+    $BUILD/ksctl generate --model $MODEL --chat --prompt "Write a haiku about the sea." --max-tokens 64 --context $c \
+      --device cuda 2>&1 | tee -a "$LOG" | grep -E "^\[ksctl\] generated"
+  done
 fi
 if has bench; then
   $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 \
@@ -159,7 +166,7 @@ if has profile; then
   KS_DENSE_WEIGHTS_MB=0 ncu --metrics gpu__time_duration.sum --csv --print-units base --launch-skip ${KS_PROFILE_SKIP:-548} \
     --launch-count ${KS_PROFILE_COUNT:-185} \
     $BUILD/ksctl generate --model $MODEL --chat --prompt "What is the capital of France?" --max-tokens 6 --device cuda \
-    > "$OUT/decode_profile.csv" 2>> "$LOG"
+    --context 2048 > "$OUT/decode_profile.csv" 2>> "$LOG"
   fi
   python3 - "$OUT/decode_profile.csv" <<'PY' | tee -a "$LOG"
 import csv, sys, collections

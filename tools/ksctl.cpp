@@ -172,25 +172,32 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                  bool chat, float temperature, uint64_t seed, int64_t ctx) {
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
-  LoadedModel m(path, ctx, be);
+  const auto file = ks::model::GgufFile::open(path);
+  const ks::model::Tokenizer tok = ks::model::tokenizer_from_gguf(file);
   const std::string text = chat ? ks::model::apply_chat_template({{"user", prompt}}) : prompt;
-  const std::vector<int32_t> ids = m.tok.encode(text, /*parse_special=*/chat);
-  if (int64_t(ids.size()) >= m.model.max_context())
+  const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/chat);
+  // --context 0 (the default): the KV cache holds what this request can use, the prompt and
+  // max_tokens (at most the model's context length). Decode attention sizes its CTA clusters by
+  // the cache's capacity, so a smaller cache is also a faster step at batch 1 (docs/perf/model.md).
+  const int64_t capacity = ctx > 0 ? ctx : std::max<int64_t>(16, int64_t(ids.size()) + max_tokens + 1);
+  ks::model::LlamaModel model(file, capacity, be);
+  if (int64_t(ids.size()) >= model.max_context())
     throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
-                              "generate: the prompt has " + std::to_string(ids.size()) +
-                                  " tokens; --context " + std::to_string(m.model.max_context()) +
-                                  " must exceed it (raise --context)");
+                              "generate: the prompt has " + std::to_string(ids.size()) + " tokens; the context (" +
+                                  std::to_string(model.max_context()) +
+                                  (ctx > 0 ? " from --context" : ", the model's own length") +
+                                  ") must exceed it" + (ctx > 0 ? " (raise --context)" : ""));
   // CUDA, greedy: the decode graphs, with buffers for the prompt (counted in the load time)
-  if (!(temperature > 0.0f) && max_tokens > 1) m.model.prepare_decode_greedy(int64_t(ids.size()));
+  if (!(temperature > 0.0f) && max_tokens > 1) model.prepare_decode_greedy(int64_t(ids.size()));
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // a reply that reaches the context's end stops there, reported as "context full"
-  ks::model::StreamDecoder dec(m.tok);
+  ks::model::StreamDecoder dec(tok);
   ks::model::GenerateOptions opt;
   opt.max_tokens = max_tokens;
   opt.temperature = temperature;
   opt.seed = seed;
-  const ks::model::EndTokens is_end(m.tok);
-  auto st = ks::model::generate(m.model, m.tok, ids, opt, [&](int32_t id) {
+  const ks::model::EndTokens is_end(tok);
+  auto st = ks::model::generate(model, tok, ids, opt, [&](int32_t id) {
     if (is_end(id)) return;  // end-of-turn tokens are not printed
     std::fputs(dec.push(id).c_str(), stdout);
     std::fflush(stdout);
@@ -201,7 +208,7 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                "\n[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d thread%s, load %.2f s\n"
                "[ksctl] prompt %lld token%s: prefill %.1f tokens/s, time to first token %.1f ms\n"
                "[ksctl] generated %lld token%s: decode %.1f tokens/s (stopped: %s)\n",
-               path.c_str(), (long long)m.model.config().n_layers, (long long)m.model.config().hidden_size,
+               path.c_str(), (long long)model.config().n_layers, (long long)model.config().hidden_size,
                be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
                load_s, (long long)st.prompt_tokens, st.prompt_tokens == 1 ? "" : "s", st.prefill_tokens_per_second(),
                st.first_token_seconds * 1e3, (long long)st.generated_tokens, st.generated_tokens == 1 ? "" : "s",
@@ -372,7 +379,7 @@ int main(int argc, char** argv) {
 
   auto* gen = app.add_subcommand("generate", "Generate text with a Llama-family GGUF model using only kernscope ops");
   std::string g_model, g_prompt = "What is the capital of France?", g_device = "auto";
-  int64_t g_max = 128, g_ctx = 2048;
+  int64_t g_max = 128, g_ctx = 0;
   bool g_chat = false;
   float g_temp = 0.0f;
   uint64_t g_seed = 0;
@@ -397,9 +404,16 @@ int main(int argc, char** argv) {
   int g_threads = 0, b_threads = 0;
   gen->add_option("--threads", g_threads, "CPU threads (0 = all cores; 1 avoids stalls when other processes load the CPU)")
       ->check(CLI::Range(0, 1024));
-  gen->add_option("--context", g_ctx, "KV-cache capacity in tokens")
-      ->check(CLI::TypeValidator<int64_t>("INT"))
-      ->check(CLI::Range(int64_t(16), int64_t(1) << 20));
+  gen->add_option("--context", g_ctx, "KV-cache capacity in tokens (0: the prompt + --max-tokens)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const long long n = std::strtoll(v.c_str(), &end, 10);
+            return end != v.c_str() && *end == '\0' && (n == 0 || (n >= 16 && n <= (1LL << 20)))
+                       ? std::string()
+                       : "'" + v + "' is not 0 or a whole number in [16, 1048576]";
+          },
+          "0 or INT in [16, 1048576]"));
 
   auto* bench = app.add_subcommand("bench-model", "Prefill and decode tokens/s of a GGUF model (median of repeats)");
   std::string b_model, b_device = "auto", b_csv;
