@@ -8,15 +8,21 @@ MAX_TOKENS ?= 200
 export KS_CACHE ?= $(HOME)/.cache/kernscope
 MODEL     ?= $(KS_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
 
-.PHONY: all setup build model test test-bindings run bench clean
+.PHONY: all setup configure build build-ksctl model test test-bindings run bench clean
 all: build
 
 setup:
 	@scripts/setup.sh
 
-build: setup
+configure: setup
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+
+build: configure
 	cmake --build $(BUILD)
+
+# ksctl and the library only (what `make run` and `make bench` use; the tests are not built)
+build-ksctl: configure
+	cmake --build $(BUILD) --target ksctl
 
 # MODEL set to a file of your own: nothing is fetched (it must exist)
 model:
@@ -42,11 +48,11 @@ test-bindings: build
 # would expand $VAR before the assignment: an empty prompt), unexpanded and unquoted by make
 # or the shell (quotes, $ and backticks in PROMPT are passed as written). OpenMP threads wait
 # passively: spinning collapses throughput when other processes share the cores.
-run: build model
+run: build-ksctl model
 	KS_PROMPT='$(subst ','\'',$(value PROMPT))'; OMP_WAIT_POLICY=passive \
 	  $(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
 
-bench: build model
+bench: build-ksctl model
 	OMP_WAIT_POLICY=passive $(BUILD)/ksctl bench-model --model $(MODEL) --prompt-tokens 64 512 --decode-tokens 128 \
 	  --repeats 5 --csv docs/perf/cpu.csv
 
