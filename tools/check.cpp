@@ -718,6 +718,16 @@ int case_kv_append(Ctx& c, const std::vector<int64_t>& s) {
                  [&](std::string* why) { return close(kc, rk, nullptr, 0, why) && close(vc, rv, nullptr, 0, why); }, c);
 }
 
+// The attention cases' block table: every entry of bt a distinct block of NB, in random order;
+// and token t's context length: the whole capacity L for token 0, spread over [1, L] for the others.
+void shuffled_block_table(HBuf& bt, int64_t NB) {
+  std::vector<int64_t> blocks(static_cast<size_t>(NB));
+  for (int64_t i = 0; i < NB; ++i) blocks[size_t(i)] = i;
+  std::shuffle(blocks.begin(), blocks.end(), g_rng);
+  for (int64_t i = 0; i < bt.numel(); ++i) bt.set(i, double(blocks[size_t(i)]));
+}
+int64_t case_context_len(int64_t t, int64_t L) { return t == 0 ? L : 1 + (t * 13) % L; }
+
 // paged_attention in FP64 over the values qv(i) and the caches' kv(i) / vv(i), token t reading
 // row t of the block table bt ([T, MB], sequence t) and cl(t) keys.
 template <typename Q, typename KC, typename VC>
@@ -752,11 +762,8 @@ int case_attention(Ctx& c, const std::vector<int64_t>& s) {
   HBuf q(c.dt, {T, Hq, D}, c.off), o(c.dt, {T, Hq, D}, c.off), kc(c.dt, {NB, BS, KVH, D}, c.off),
       vc(c.dt, {NB, BS, KVH, D}, c.off), bt(DType::I32, {T, MB}, c.off), cl(DType::I32, {T}, c.off);
   q.randn(); kc.randn(); vc.randn(); o.poison();
-  std::vector<int64_t> blocks(static_cast<size_t>(NB));
-  for (int64_t i = 0; i < NB; ++i) blocks[size_t(i)] = i;
-  std::shuffle(blocks.begin(), blocks.end(), g_rng);
-  for (int64_t i = 0; i < T * MB; ++i) bt.set(i, double(blocks[size_t(i)]));
-  for (int64_t t = 0; t < T; ++t) cl.set(t, double(t == 0 ? L : 1 + (t * 13) % L));
+  shuffled_block_table(bt, NB);
+  for (int64_t t = 0; t < T; ++t) cl.set(t, double(case_context_len(t, L)));
   const double scale = 1 / std::sqrt(double(D));
   const std::vector<double> ref = attention_ref([&](int64_t i) { return q.get(i); }, [&](int64_t i) { return kc.get(i); },
                                                 [&](int64_t i) { return vc.get(i); }, bt, cl, T, Hq, KVH, D, BS, MB, scale);
@@ -782,12 +789,9 @@ int case_rope_attention(Ctx& c, const std::vector<int64_t>& s, bool neox) {
       kc(c.dt, {NB, BS, KVH, D}, c.off), vc(c.dt, {NB, BS, KVH, D}, c.off), bt(DType::I32, {T, MB}, c.off),
       cl(DType::I32, {T}, c.off), pos(DType::I64, {T}, c.off), slots(DType::I64, {T}, c.off);
   q.randn(); k.randn(); v.randn(); kc.randn(); vc.randn(); o.poison();
-  std::vector<int64_t> blocks(static_cast<size_t>(NB));
-  for (int64_t i = 0; i < NB; ++i) blocks[size_t(i)] = i;
-  std::shuffle(blocks.begin(), blocks.end(), g_rng);
-  for (int64_t i = 0; i < T * MB; ++i) bt.set(i, double(blocks[size_t(i)]));
+  shuffled_block_table(bt, NB);
   for (int64_t t = 0; t < T; ++t) {
-    const int64_t len = t == 0 ? L : 1 + (t * 13) % L, p = len - 1;
+    const int64_t len = case_context_len(t, L), p = len - 1;
     cl.set(t, double(len));
     pos.set(t, double(p));
     slots.set(t, t % 5 == 4 ? -1.0 : double(int64_t(bt.get(t * MB + p / BS)) * BS + p % BS));

@@ -1044,7 +1044,8 @@ def rotary_embedding_kv_append_paged_attention(
         out = paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_ids=seq_ids)
 
     On return q and k are rotated and the caches hold the new rows, as after the first call, and
-    out holds the second call's result. Bit for bit the two calls' result when no token reads a
+    out holds the second call's result. Bit for bit the two calls' result (on CUDA: with
+    paged_attention's cuda_gqa_cluster, which 16-bit automatic routing may not pick) when no token reads a
     cache slot that another token of the call appends (a decode step: each token is the newest
     position of its own sequence); otherwise the CPU still gives the two calls' result, and CUDA's
     fused kernel may read such a slot before or after it is written. Note the argument order: the
@@ -1074,9 +1075,11 @@ def rotary_embedding_kv_append_paged_attention(
         backend: "auto" | "cpu" | "cuda" | "torch".
         out: optional output of q's shape and dtype.
 
-    Every rule of the two ops applies, under this op's name, and one more, since one kernel
-    writes out while it reads the others: out overlaps none of q, k, v, positions,
-    slot_mapping, the caches, block_tables, seq_ids and context_lens.
+    Every rule of the two ops applies, under this op's name, and two more, since one kernel
+    writes out while it reads the others and the first step writes what the attention's indices
+    must not share: out overlaps none of q, k, v, positions, slot_mapping, the caches,
+    block_tables, seq_ids and context_lens; block_tables, seq_ids and context_lens overlap none
+    of q, k and the caches.
 
     Returns:
         A new array of q's shape (q's dtype, framework and device), or ``out``.

@@ -34,7 +34,7 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
     EmbeddingArgs a;
     a.ids = view_of(op, "ids", ids);
     a.table = view_of(op, "table", table);
-  a.out = view_of(op, "out", out);
+    a.out = view_of(op, "out", out);
     require_dtype(op, "ids", a.ids, {DType::I32, DType::I64});
     require_dtype(op, "out", a.out, {DType::F16, DType::BF16, DType::F32});
     require_same_device(op, "table", a.table, "out", a.out);
@@ -460,7 +460,7 @@ extern "C" ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, con
   static const char* op = "varlen_attention";
   return guard(op, [&] {
     VarlenAttentionArgs a;
-  a.out = view_of(op, "out", out);
+    a.out = view_of(op, "out", out);
     a.q = view_of(op, "q", q);
     a.k = view_of(op, "k", k);
     a.v = view_of(op, "v", v);

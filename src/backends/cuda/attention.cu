@@ -295,7 +295,6 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   // waits for anyway: a sincosf's slow path is a call that loads are not moved across, so loads
   // after it would wait for it. A key of the first step at the token's own slot is marked
   // pending and filled once the new key is made.
-  float pos = 0.f;
   int64_t new_slot = -1;
   uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
   bool rope_ready = !ROPE;  // k_new / v_new made
@@ -305,7 +304,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   T x[ROPE ? GM + 1 : 1][E];
   float y[ROPE ? GM + 1 : 1][E];
   V vv{};
-  int64_t pi = 0;
+  int64_t pi = 0;  // the token's position
   if constexpr (ROPE) {
     pi = rope->pos64 ? static_cast<const int64_t*>(rope->pos)[t] : static_cast<const int32_t*>(rope->pos)[t];
     new_slot = rope->slots64 ? static_cast<const int64_t*>(rope->slots)[t] : static_cast<const int32_t*>(rope->slots)[t];
@@ -392,7 +391,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   if constexpr (ROPE) {
     const int half = rope->rotary_half, d0 = sub * E;
     const bool neox = rope->neox;
-    pos = float(pi);
+    const float angle_pos = float(pi);  // fp32(position), as rope_append_kernel's
     float cs[E], sn[E];
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -401,7 +400,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
       if (!neox && (e & 1)) {
         cs[e] = cs[e - 1], sn[e] = sn[e - 1];  // the pair's angle, made for its first element
       } else if (owns && d < 2 * half) {
-        sincosf(pos * inv[i], &sn[e], &cs[e]);
+        sincosf(angle_pos * inv[i], &sn[e], &cs[e]);
       }
     }
     // feature d0 + e of row g after the rotation, rounded to T (rope_rotate's r0 for the pair's
