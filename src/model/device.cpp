@@ -52,7 +52,6 @@ DeviceStream::DeviceStream() {
   s_ = s;
 }
 DeviceStream::~DeviceStream() {
-  graph_.reset();
   for (void* e : ev_)
     if (e) cudaEventDestroy(static_cast<cudaEvent_t>(e));
   if (s_) cudaStreamDestroy(cs(s_));
@@ -131,7 +130,8 @@ void DeviceGraph::reset() noexcept {
 }
 // Each replay is an NVTX range "ks_decode_step", so a profiler can take the decode steps'
 // kernels alone (ncu --nvtx --nvtx-include "ks_decode_step/": scripts/gpu_model_check.sh).
-void DeviceStream::replay() {
+void DeviceStream::replay(const DeviceGraph& g) {
+  if (g.empty()) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "model: replay of a graph that holds none");
   static const bool timing = [] {
     const char* e = std::getenv("KS_MODEL_STEP_TIMING");
     return e && std::string(e) == "1";
@@ -146,7 +146,7 @@ void DeviceStream::replay() {
     check(cudaEventRecord(static_cast<cudaEvent_t>(ev_[0]), cs(s_)), "record the step's start");
   }
   KS_NVTX_RANGE_PUSH("ks_decode_step");
-  const cudaError_t r = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_.exec_), cs(s_));
+  const cudaError_t r = cudaGraphLaunch(static_cast<cudaGraphExec_t>(g.exec_), cs(s_));
   KS_NVTX_RANGE_POP();
   check(r, "graph launch");
   if (timing) {
@@ -173,7 +173,7 @@ void DeviceStream::wait_for_copies() {}  // no copy is ever queued here
 DeviceGraph DeviceStream::capture_graph(const std::function<void()>&) { unavailable(); }
 void DeviceStream::launch(const DeviceGraph&) { unavailable(); }
 void DeviceStream::record(DeviceEvent&) { unavailable(); }
-void DeviceStream::replay() { unavailable(); }
+void DeviceStream::replay(const DeviceGraph&) { unavailable(); }
 void DeviceEvent::wait() {}            // nothing is ever recorded here
 void DeviceEvent::reset() noexcept {}  // nor created
 void DeviceGraph::reset() noexcept {}  // nor captured

@@ -86,7 +86,7 @@ class DeviceEvent {
   void* e_ = nullptr;
 };
 
-class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
+class DeviceStream {  // a non-blocking stream, and the CUDA graphs captured on it
  public:
   DeviceStream();
   ~DeviceStream();
@@ -106,22 +106,15 @@ class DeviceStream {  // a non-blocking stream, and a CUDA graph captured on it
   void launch(const DeviceGraph& g);
   // Marks the current end of the stream in e (created on first use); e.wait() blocks until then.
   void record(DeviceEvent& e);
-  // The stream's own graph: capture(fn) replaces it, replay() launches it.
-  void capture(const std::function<void()>& fn) {
-    graph_.reset();  // (the old one first: its memory is free for the new one)
-    graph_ = capture_graph(fn);
-  }
-  bool captured() const { return !graph_.empty(); }
-  void replay();
-  void drop_graph() { graph_.reset(); }
-  // KS_MODEL_STEP_TIMING=1 (diagnostics): each replay() is timed on the GPU by two CUDA events
+  // launch(g) as a decode step: timed with KS_MODEL_STEP_TIMING=1 (below), an NVTX range.
+  void replay(const DeviceGraph& g);
+  // KS_MODEL_STEP_TIMING=1 (diagnostics): each replay(g) is timed on the GPU by two CUDA events
   // (the graph's first kernel to its last), read at the next sync(); take_replay_us() returns
   // the times collected so far, in microseconds, and clears them. Empty when the switch is off.
   std::vector<float> take_replay_us();
 
  private:
   ks_stream_t s_ = nullptr;
-  DeviceGraph graph_;
   bool copy_unsynced_ = false;  // a to_device copy queued since the last completed sync()
   void* ev_[2] = {nullptr, nullptr};  // KS_MODEL_STEP_TIMING: around the last replay
   bool timed_ = false;                // a timed replay not yet read

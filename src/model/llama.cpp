@@ -121,6 +121,27 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
   ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
 }
 
+namespace {
+// The environment variable `name` as a whole number in [0, most] (digits only; unset or empty:
+// fallback); anything else throws ks::InvalidArgument naming it and the unit.
+int64_t env_whole_number(const char* name, int64_t fallback, int64_t most, const char* unit) {
+  const char* e = std::getenv(name);
+  if (!e || !*e) return fallback;
+  int64_t v = 0;
+  bool ok = true;
+  for (const char* c = e; *c && ok; ++c) {
+    ok = *c >= '0' && *c <= '9';
+    v = ok ? v * 10 + (*c - '0') : v;
+    ok = ok && v <= most;
+  }
+  if (!ok)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, std::string("LlamaModel: ") + name + "='" + e +
+                                                             "' is not a whole number of " + unit + " in [0, " +
+                                                             std::to_string(most) + "]");
+  return v;
+}
+}  // namespace
+
 LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend, int64_t max_batch)
     : cfg_(LlamaConfig::from_gguf(f)), backend_(backend), max_batch_(max_batch) {
   if (max_context <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_context must be > 0");
@@ -131,18 +152,15 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
-  if (const char* e = std::getenv("KS_MODEL_DECODE_STEPS"); e && *e) {  // (set but empty: unset)
-    char* end = nullptr;
-    const long long v = std::strtoll(e, &end, 10);
-    if (end == e || *end != '\0' || v < 0 || v > kMaxDecodeSteps)
-      throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, std::string("LlamaModel: KS_MODEL_DECODE_STEPS='") + e +
-                                                               "' is not a whole number of steps in [0, " +
-                                                               std::to_string(kMaxDecodeSteps) + "]");
-    chain_steps_ = v;
-  }
+  chain_steps_ = env_whole_number("KS_MODEL_DECODE_STEPS", kDecodeSteps, kMaxDecodeSteps, "steps");
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
+  {  // the attention tables' capacities: bucket, 2 bucket, 4 bucket, ... then max_context
+    const int64_t bucket = env_whole_number("KS_MODEL_ATTN_BUCKET", kAttnBucket, int64_t(1) << 30, "tokens");
+    for (int64_t t = bucket; t > 0 && t < max_ctx_; t *= 2) table_tokens_.push_back(t);
+    table_tokens_.push_back(max_ctx_);
+  }
   // FP32 copies of the matrices for steps of many rows (CUDA): held when they fit the budget,
   // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
   bool hold_dense = false;
@@ -220,15 +238,19 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   out_norm_ = upload(out_norm_);
   lm_head_ = tied ? tok_embd_ : upload(lm_head_);
   if (hold_dense && dense_head) add_dense(lm_head_);  // (prefill computes one row's logits: quant_matmul)
-  std::vector<int32_t> table(static_cast<size_t>(num_blocks_));
-  for (int64_t b = 0; b < num_blocks_; ++b) table[size_t(b)] = int32_t(b);
-  block_table_ = alloc(ks::DType::I32, {max_batch_, blocks_per_seq_});  // sequence s: its own blocks
-  if (on_device_) {
-    stream_->to_device(block_table_.view.data(), table.data(), table.size() * 4);
-    stream_->sync();  // the staging vectors (owned_, table) outlive the copies from here on
-  } else {
-    std::memcpy(block_table_.view.data(), table.data(), table.size() * 4);
+  std::vector<std::vector<int32_t>> tables;  // (kept until the copies are done)
+  for (const int64_t tokens : table_tokens_) {
+    const int64_t w = (tokens + block_size_ - 1) / block_size_;
+    std::vector<int32_t>& table = tables.emplace_back(static_cast<size_t>(max_batch_ * w));
+    for (int64_t s = 0; s < max_batch_; ++s)  // sequence s: its own blocks
+      for (int64_t b = 0; b < w; ++b) table[size_t(s * w + b)] = int32_t(s * blocks_per_seq_ + b);
+    Buffer& t = tables_.emplace_back(alloc(ks::DType::I32, {max_batch_, w}));
+    if (on_device_)
+      stream_->to_device(t.view.data(), table.data(), table.size() * 4);
+    else
+      std::memcpy(t.view.data(), table.data(), table.size() * 4);
   }
+  if (on_device_) stream_->sync();  // the staging vectors (owned_, tables) outlive the copies from here on
   logits_ = ks::Tensor(ks::DType::F32, {max_batch_, c.vocab_size});
   if (on_device_) {
     logits_dev_ = alloc(ks::DType::F32, {max_batch_, c.vocab_size});
@@ -278,9 +300,7 @@ void LlamaModel::ensure_capacity(int64_t n) {
   const int64_t kv_dim = c.num_kv_heads * c.head_dim;
   if (stream_) {
     stream_->sync();
-    stream_->drop_graph();  // it points into the buffers replaced below
-    graph_rows_ = 0;
-    for (auto& g : chain_graph_) g.reset();  // (and so do these)
+    drop_graphs();  // they point into the buffers replaced below
   }
   x_ = alloc(ks::DType::F32, {n, c.hidden_size});
   res_ = alloc(ks::DType::F32, {n, c.hidden_size});
@@ -308,6 +328,23 @@ void LlamaModel::ensure_capacity(int64_t n) {
   cap_ = n;
 }
 
+int LlamaModel::table_for(int64_t len) const {
+  int t = 0;
+  while (size_t(t + 1) < table_tokens_.size() && table_tokens_[size_t(t)] < len) ++t;
+  return t;
+}
+
+void LlamaModel::drop_graphs() {
+  step_graphs_.clear();
+  chain_graphs_.clear();
+}
+
+bool LlamaModel::decode_greedy_prepared() const {
+  for (const auto& g : chain_graphs_)
+    if (!g[0].empty()) return true;
+  return false;
+}
+
 void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int64_t* pos, int64_t n) {
   // Per row: the token, its position, its sequence, the keys it sees (causal: 0..pos) and its
   // cache slot (the sequence's own blocks), laid out for n rows in the step block (the same
@@ -332,13 +369,16 @@ void LlamaModel::stage_rows(const int32_t* tokens, const int64_t* seq, const int
   auto* p = reinterpret_cast<int32_t*>(h + L.pos);
   auto* sq = reinterpret_cast<int32_t*>(h + L.seq);
   auto* lens = reinterpret_cast<int32_t*>(h + L.lens);
+  int64_t longest = 0;
   for (int64_t i = 0; i < n; ++i) {
     slots[i] = slot_of(seq[i], pos[i]);
     ids[i] = tokens[i];
     p[i] = int32_t(pos[i]);
     sq[i] = int32_t(seq[i]);
     lens[i] = int32_t(pos[i] + 1);
+    longest = std::max(longest, pos[i] + 1);
   }
+  table_ = table_for(longest);
   if (on_device_) stream_->to_device(step_dev_.data(), step_host_.data(), L.bytes);
 }
 
@@ -370,7 +410,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
                        ctx_lens = ctx_lens_.view.reshape({n});
   // layer l's attention of q3 over its cache, into attn3
   auto attention = [&](const Layer& L) {
-    ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, block_table_.view, seq_ids, ctx_lens, scale, be, s);
+    ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, tables_[size_t(table_)].view, seq_ids, ctx_lens, scale, be, s);
   };
   // RoPE on q3 and k3, their append (k3, v3) to layer l's cache, then the attention: one call
   // (fused; a decode step only: every row is the newest token of its own sequence) or two
@@ -378,7 +418,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     if (fused) {
       ks::rotary_embedding_kv_append_paged_attention(attn3, q3, k3, v3, positions, c.rotary_dim, c.rope_theta,
                                                      /*is_neox=*/false, L.k_cache.view, L.v_cache.view, slots,
-                                                     block_table_.view, seq_ids, ctx_lens, scale, be, s);
+                                                     tables_[size_t(table_)].view, seq_ids, ctx_lens, scale, be, s);
     } else {
       ks::rotary_embedding_kv_append(q3, k3, v3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
                                      L.k_cache.view, L.v_cache.view, slots, be, s);
@@ -548,12 +588,14 @@ void LlamaModel::decode_rows(const int32_t* tokens, const int64_t* seq, const in
       run_layers(b, true);
       ks::argmax(next_id_.view.slice(0, b), logits_dev_.view.slice(0, b), ks::Backend::Cuda, stream());
     };
-    if (stream_->captured() && graph_rows_ == b) {
-      stream_->replay();
+    const int t = table_;  // (stage_rows': the step's longest context)
+    auto held = std::find_if(step_graphs_.begin(), step_graphs_.end(),
+                             [&](const StepGraph& g) { return g.rows == b && g.table == t; });
+    if (held != step_graphs_.end()) {
+      stream_->replay(held->graph);
     } else {
       step();  // eager first: every kernel loaded and configured outside a capture
-      stream_->capture(step);
-      graph_rows_ = b;
+      step_graphs_.push_back(StepGraph{b, t, stream_->capture_graph(step)});
     }
     stream_->to_host(next_host_.data(), next_id_.view.data(), size_t(b) * 8);
     stream_->sync();
@@ -577,6 +619,19 @@ void LlamaModel::chain_step(int64_t j, int64_t k) {
              ks::Backend::Cuda, stream());
 }
 
+const DeviceGraph& LlamaModel::chain_graph(int t, int64_t k) {
+  const int64_t K = chain_steps_;
+  if (chain_graphs_.size() < tables_.size()) chain_graphs_.resize(tables_.size());
+  DeviceGraph& g = chain_graphs_[size_t(t)][k == K ? 0 : 1];
+  if (g.empty()) {  // (the kernels were loaded and configured by prepare_decode_greedy's eager step)
+    table_ = t;
+    g = stream_->capture_graph([&] {
+      for (int64_t j = 0; j < k; ++j) chain_step(j, k);
+    });
+  }
+  return g;
+}
+
 void LlamaModel::prepare_decode_greedy(int64_t rows) {
   const int64_t K = on_device_ ? chain_steps_ : 0;
   if (K == 0) return;
@@ -585,11 +640,15 @@ void LlamaModel::prepare_decode_greedy(int64_t rows) {
   if (chain_dev_.bytes() < L.dev_bytes()) {
     DeviceArray d(L.dev_bytes());
     PinnedArray h(L.host_bytes());
-    for (auto& g : chain_graph_) g.reset();  // they read the old block
+    chain_graphs_.clear();  // they read the old block
     chain_dev_ = std::move(d);
     chain_host_ = std::move(h);
   }
-  if (!chain_graph_[0].empty() && (K == 1 || !chain_graph_[1].empty())) return;
+  // the table of the first step after a prompt of `rows` tokens
+  const int t = table_for(std::min(rows + 1, max_ctx_));
+  if (size_t(t) < chain_graphs_.size() && !chain_graphs_[size_t(t)][0].empty() &&
+      (K == 1 || !chain_graphs_[size_t(t)][1].empty()))
+    return;
   // One step eagerly first (every kernel loaded and configured outside a capture): token 0 at
   // the context's last position of sequence 0, whose K/V any step there writes before reading.
   stream_->wait_for_copies();
@@ -600,17 +659,18 @@ void LlamaModel::prepare_decode_greedy(int64_t rows) {
   put_chain_step(host + L.in(0), slot_of(0, last), last, 0, 1);  // (length 1: attention reads position 0 only)
   stream_->to_device(dev, host + L.first(), 8);
   stream_->to_device(dev + L.steps(), host + L.in(0), kChainStepBytes);
+  table_ = t;
   chain_step(0, 1);
   stream_->sync();
-  // both or neither (a failure leaves none held, and the next call tries again)
-  for (auto& g : chain_graph_) g.reset();
-  DeviceGraph steps = stream_->capture_graph([&] {
-    for (int64_t j = 0; j < K; ++j) chain_step(j, K);
-  });
-  DeviceGraph one;
-  if (K > 1) one = stream_->capture_graph([&] { chain_step(0, 1); });
-  chain_graph_[0] = std::move(steps);
-  chain_graph_[1] = std::move(one);
+  // both or neither (a failure leaves none held for t, and the next call tries again)
+  try {
+    chain_graph(t, K);
+    if (K > 1) chain_graph(t, 1);
+  } catch (...) {
+    if (size_t(t) < chain_graphs_.size())
+      for (auto& g : chain_graphs_[size_t(t)]) g.reset();
+    throw;
+  }
 }
 
 int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
@@ -640,19 +700,24 @@ int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64
   stream_->to_device(dev, host + L.first(), 8);
   int64_t queued = 0, given = 0;  // steps queued, ids given to on_token
   try {
-    // Graphs of K steps while K are left, then of one; two in flight: set p = parity of the graph.
+    // Graphs of K steps while K are left (and share a table), else of one; two in flight: set
+    // p = parity of the graph.
     struct Flight {
       int64_t k;
       int p;
     };
     Flight flight[2];
     int nflight = 0, p_next = 0;
+    // A graph's steps share one attention table (a group that would reach into the next table
+    // goes a step at a time), so each step runs the kernels a step at a time would run.
     auto enqueue = [&] {
-      const int64_t k = count - queued >= K ? K : 1;
+      const int t = table_for(pos + queued + 1);
+      const int64_t k = count - queued >= K && table_for(pos + queued + K) == t ? K : 1;
+      const DeviceGraph& g = chain_graph(t, k);
       const int p = p_next;
       for (int64_t j = 0; j < k; ++j) stage(p, j, queued + j);
       stream_->to_device(dev + L.steps(), host + L.in(p), size_t(k) * kChainStepBytes);
-      stream_->launch(chain_graph_[k == K ? 0 : 1]);
+      stream_->launch(g);
       stream_->to_host(host + L.out(p), dev, size_t(k) * 8);
       stream_->record(chain_done_[p]);
       flight[nflight++] = Flight{k, p};

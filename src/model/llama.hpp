@@ -11,13 +11,15 @@
 //
 // With Backend::Cuda every weight, the KV cache and the activations live on the GPU
 // (device 0) and every op runs there on the model's own stream; the decode step of
-// forward_argmax (one token, greedy) is captured once in a CUDA graph and replayed,
-// with the token, position and context length copied in before each replay.
+// forward_argmax (one token, greedy) is captured in a CUDA graph per attention table (capacity
+// bucket, attention_capacity) and replayed, with the token, position and context length copied
+// in before each replay.
 #pragma once
 
 #include <kernscope/kernscope.hpp>
 
 #include <cstdint>
+#include <array>
 #include <functional>
 #include <memory>
 #include <string>
@@ -88,9 +90,11 @@ class LlamaModel {
   // position positions[i] (its cache must hold positions 0..positions[i]-1) and gets the
   // greedy next id in next_ids[i]. Below kDenseDecodeRows sequences (or with
   // KS_MODEL_BATCH_INVARIANT=1), a row's result equals that sequence's own one-token step bit
-  // for bit (every op is batch-invariant); from kDenseDecodeRows on, with the FP32 weight copies
+  // for bit (every op is batch-invariant) when the batch's longest context and the row's own
+  // fall in the same attention table (attention_capacity: the table sets the attention's split
+  // on CUDA); from kDenseDecodeRows on, with the FP32 weight copies
   // held (CUDA), the matmuls go through ks::gemm: the same products, summed in cuBLASLt's
-  // order. On CUDA the step is one CUDA graph per b.
+  // order. On CUDA the step is one CUDA graph per (b, attention table).
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
   // Greedy decode of sequence `seq` for up to `count` steps: step i (0 <= i < count) feeds the
   // previous step's id (step 0: `first`) at position pos + i and yields the next greedy id,
@@ -121,8 +125,13 @@ class LlamaModel {
   // graphs, which the next decode_greedy then makes again. A no-op on the CPU, with
   // KS_MODEL_DECODE_STEPS=0, or when the graphs are held.
   void prepare_decode_greedy(int64_t rows = 1);
-  // Whether decode_greedy's graphs are held now (CUDA; they are made both or neither).
-  bool decode_greedy_prepared() const { return !chain_graph_[0].empty(); }
+  // Whether decode_greedy's graphs are held now, for any capacity bucket (CUDA).
+  bool decode_greedy_prepared() const;
+  // The KV-cache capacity (tokens) of the block table a step whose longest context is `len`
+  // tokens runs attention with: the smallest bucket of at least len (KS_MODEL_ATTN_BUCKET tokens,
+  // default kAttnBucket, doubling up to max_context; KS_MODEL_ATTN_BUCKET=0: max_context always).
+  int64_t attention_capacity(int64_t len) const { return table_tokens_[size_t(table_for(len))]; }
+  static constexpr int64_t kAttnBucket = 256;
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
   // in microseconds (DeviceStream::take_replay_us); empty otherwise
   std::vector<float> take_step_times_us() { return stream_ ? stream_->take_replay_us() : std::vector<float>{}; }
@@ -192,12 +201,27 @@ class LlamaModel {
   std::vector<Layer> layers_;
   std::vector<std::vector<uint8_t>> owned_;  // merged gate|up matrices
   std::vector<DeviceArray> dev_weights_;     // device copies of the weights (CUDA)
-  Buffer block_table_;                       // int32 [1, num_blocks]
+  // Block tables by capacity bucket: tables_[i] is int32 [max_batch, ceil(table_tokens_[i] / 16)],
+  // sequence s's own first blocks. On CUDA the decode attention sizes its split (clusters) by the
+  // table's capacity, and a graph replays one size at every length, so a step takes the narrowest
+  // table its longest context fits (table_for) and each table gets its own graphs: a short context
+  // does not pay for the split a long one needs. The choice depends on the step's longest context
+  // only, so graph-replayed, chained and eager steps of one length run the same kernels.
+  std::vector<Buffer> tables_;
+  std::vector<int64_t> table_tokens_;
+  int table_ = 0;  // the table of the step being run or captured (stage_rows / the chain sets it)
+  int table_for(int64_t len) const;
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;
   Buffer x_, res_, res2_, h_, q_, k_, v_, qkv_, attn_, gu_, act_, ids_, pos_, seq_ids_, ctx_lens_, slots_, logits_dev_, next_id_;
   std::vector<int64_t> batch_ids_;                // decode_batch's argmax results (CPU)
-  int64_t graph_rows_ = 0;                        // rows of the captured decode graph (0: none)
+  // decode_rows' graphs (CUDA): one per (rows, table), captured after an eager first step
+  struct StepGraph {
+    int64_t rows;
+    int table;
+    DeviceGraph graph;
+  };
+  std::vector<StepGraph> step_graphs_;
   // A step's inputs (slots_, ids_, pos_, seq_ids_, ctx_lens_ are views set by stage_rows):
   // CUDA: written into the pinned step_host_, sent with one copy to step_dev_, which the
   // kernels read; next_host_: the argmax ids, pinned. CPU: step_cpu_ (int64 words), read in place.
@@ -207,14 +231,17 @@ class LlamaModel {
   // decode_greedy's chained steps (CUDA): chain_dev_ holds the ids (int64 [chain_steps_]; step j
   // of a graph of k steps embeds id j and its argmax writes id (j + 1) mod k), then each step's
   // inputs (ChainLayout); chain_host_ (pinned) holds two sets of staged inputs and of copied-out
-  // ids, one per graph in flight, and the first id. chain_graph_[0]: chain_steps_ steps, [1]:
-  // one (the last steps of a call); captured on first use, dropped with the buffers they read.
+  // ids, one per graph in flight, and the first id. chain_graphs_[t][0]: chain_steps_ steps on
+  // table t, [1]: one (the last steps of a call, and steps whose group would cross into the
+  // next table); captured on first use, dropped with the buffers they read.
   int64_t chain_steps_ = kDecodeSteps;
   DeviceArray chain_dev_;
   PinnedArray chain_host_;
-  DeviceGraph chain_graph_[2];
+  std::vector<std::array<DeviceGraph, 2>> chain_graphs_;
   DeviceEvent chain_done_[2];
-  void chain_step(int64_t j, int64_t k);  // enqueues step j of a graph of k chained steps
+  void chain_step(int64_t j, int64_t k);  // enqueues step j of a graph of k chained steps (on table_)
+  const DeviceGraph& chain_graph(int t, int64_t k);  // table t's graph of k chained steps (made if missing)
+  void drop_graphs();  // every decode graph (they read buffers about to be replaced)
   ks::Tensor logits_;            // the last token's logits on the host (decode_batch: every row's)
 };
 

@@ -365,8 +365,14 @@ namespace {
 // empty string: the default). Covers a count that ends in single steps after whole graphs,
 // stopping early and resuming at the stop (the steps already run past the stop wrote K/V at the
 // positions the resumed steps then overwrite), and the calls that must throw before anything runs.
-void expect_decode_greedy_equals_steps(ks::Backend be, const char* steps) {
-  SCOPED_TRACE(std::string(be == ks::Backend::Cuda ? "cuda" : "cpu") + ", KS_MODEL_DECODE_STEPS=" + steps);
+// bucket (KS_MODEL_ATTN_BUCKET, read at construction; "": the default): 16 tokens puts table
+// boundaries at 16, 32, 64 and 128 tokens, inside the steps decoded here, so graphs of chained
+// steps that would cross one go a step at a time.
+void expect_decode_greedy_equals_steps(ks::Backend be, const char* steps, const char* bucket = "") {
+  SCOPED_TRACE(std::string(be == ks::Backend::Cuda ? "cuda" : "cpu") + ", KS_MODEL_DECODE_STEPS=" + steps +
+               ", KS_MODEL_ATTN_BUCKET=" + bucket);
+  std::unique_ptr<kstest::ScopedEnv> bucket_env;
+  if (*bucket) bucket_env = std::make_unique<kstest::ScopedEnv>("KS_MODEL_ATTN_BUCKET", bucket);
   const nlohmann::json ref = reference();
   const auto prompt = ref["cases"][0]["prompt_ids"].get<std::vector<int32_t>>(),
              prompt1 = ref["cases"][1]["prompt_ids"].get<std::vector<int32_t>>();  // (sequence 1's)
@@ -462,9 +468,115 @@ TEST(Model, DecodeGreedyEqualsOneStepAtATime) {
     unsetenv("KS_MODEL_DECODE_STEPS");
   }
   expect_decode_greedy_equals_steps(ks::Backend::Cpu, "");
+  expect_decode_greedy_equals_steps(ks::Backend::Cpu, "", "16");
   if (ks_backend_available(KS_BACKEND_CUDA)) {
     for (const char* steps : {"", "1", "3", "0"}) expect_decode_greedy_equals_steps(ks::Backend::Cuda, steps);
+    for (const char* steps : {"", "3"}) expect_decode_greedy_equals_steps(ks::Backend::Cuda, steps, "16");
   }
+}
+
+// The attention tables' capacities (attention_capacity): the bucket, doubled while below the
+// context, then the context; KS_MODEL_ATTN_BUCKET=0 one table of the whole context.
+TEST(Model, AttentionTablesByCapacityBucket) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
+  using LM = ks::model::LlamaModel;
+  {
+    LM m(file, 2048, ks::Backend::Cpu);
+    static_assert(LM::kAttnBucket == 256, "the cases below assume 256-token buckets");
+    const std::pair<int64_t, int64_t> cases[] = {{1, 256}, {256, 256}, {257, 512}, {512, 512}, {513, 1024},
+                                                 {1025, 2048}, {2048, 2048}};
+    for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
+  }
+  {
+    LM m(file, 600, ks::Backend::Cpu);  // the last table is the context, not a power of two
+    EXPECT_EQ(m.attention_capacity(300), 512);
+    EXPECT_EQ(m.attention_capacity(513), 600);
+    EXPECT_EQ(m.attention_capacity(600), 600);
+  }
+  {
+    LM m(file, 200, ks::Backend::Cpu);  // a context below the bucket: one table
+    EXPECT_EQ(m.attention_capacity(1), 200);
+  }
+  {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "0");
+    LM m(file, 2048, ks::Backend::Cpu);
+    EXPECT_EQ(m.attention_capacity(1), 2048);
+  }
+  {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "100");
+    LM m(file, 2048, ks::Backend::Cpu);
+    const std::pair<int64_t, int64_t> cases[] = {{1, 100}, {101, 200}, {700, 800}, {1601, 2048}};
+    for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
+  }
+  for (const char* bad : {"x", "-1", "16k", " 16"}) {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", bad);
+    EXPECT_THROW(LM(file, 64, ks::Backend::Cpu), ks::InvalidArgument) << "'" << bad << "'";
+  }
+}
+
+// On CUDA the decode attention splits a context over more CTAs the wider its table (clusters sized
+// by the capacity), so the steps before and after a table boundary run different splits. Chained
+// graphs (default and 3 steps) give the ids of a step at a time across the 512-token boundary, and
+// a batch of two sequences on either side of it (the batch's table is its longest context's)
+// gives, for each, the ids of that sequence alone at the batch's table.
+TEST(Model, CudaDecodeAcrossAttentionTables) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
+  const nlohmann::json ref = reference();
+  std::vector<int32_t> prompt;
+  for (size_t i = 0; prompt.size() < 505; ++i)
+    for (int32_t id : ref["cases"][i % ref["cases"].size()]["prompt_ids"].get<std::vector<int32_t>>()) prompt.push_back(id);
+  prompt.resize(505);
+  const int64_t P = 505, n = 16, ctx = 1024;  // lengths 506..521: tables of 512 and 1024 tokens
+  ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
+  ks::model::LlamaModel alone(file, ctx, ks::Backend::Cuda);
+  ASSERT_EQ(alone.attention_capacity(P + 1), 512);
+  ASSERT_EQ(alone.attention_capacity(P + n), 1024);
+  std::vector<int32_t> want;
+  int32_t id = alone.forward_argmax(prompt.data(), P, 0);
+  const int32_t first = id;
+  for (int64_t i = 0; i < n; ++i) want.push_back(id = alone.forward_argmax(&id, 1, P + i));
+  for (const char* steps : {"", "3"}) {
+    SCOPED_TRACE(std::string("KS_MODEL_DECODE_STEPS=") + steps);
+    std::unique_ptr<kstest::ScopedEnv> e;
+    if (*steps) e = std::make_unique<kstest::ScopedEnv>("KS_MODEL_DECODE_STEPS", steps);
+    ks::model::LlamaModel m(file, ctx, ks::Backend::Cuda);
+    m.prepare_decode_greedy(P);
+    EXPECT_EQ(m.forward_argmax(prompt.data(), P, 0), first);
+    std::vector<int32_t> got;
+    EXPECT_EQ(m.decode_greedy(0, first, P, n, [&](int32_t i) {
+      got.push_back(i);
+      return true;
+    }), n);
+    EXPECT_EQ(got, want);
+  }
+  // sequence 0 at lengths 506.. (table 512 alone) beside sequence 1 at 1000.. (table 1024): the
+  // batch runs at 1024, and sequence 0's ids equal its own steps at 1024 (KS_MODEL_ATTN_BUCKET=1024)
+  std::vector<int32_t> want0;
+  {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "1024");
+    ks::model::LlamaModel wide(file, ctx, ks::Backend::Cuda);
+    ASSERT_EQ(wide.attention_capacity(P + 1), 1024);
+    int32_t t = wide.forward_argmax(prompt.data(), P, 0);
+    for (int64_t i = 0; i < 4; ++i) want0.push_back(t = wide.forward_argmax(&t, 1, P + i));
+  }
+  ks::model::LlamaModel batched(file, ctx, ks::Backend::Cuda, 2);
+  std::vector<int32_t> long_prompt;
+  for (size_t i = 0; long_prompt.size() < 999; ++i) long_prompt.push_back(prompt[i % prompt.size()]);
+  long_prompt.resize(999);
+  int32_t tokens[2] = {batched.forward_argmax_seq(0, prompt.data(), P, 0),
+                       batched.forward_argmax_seq(1, long_prompt.data(), 999, 0)};
+  int64_t positions[2] = {P, 999};
+  std::vector<int32_t> got0;
+  for (int64_t i = 0; i < 4; ++i) {
+    int32_t next[2];
+    batched.decode_batch(tokens, positions, 2, next);
+    got0.push_back(next[0]);
+    std::copy(next, next + 2, tokens);
+    ++positions[0], ++positions[1];
+  }
+  EXPECT_EQ(got0, want0);
 }
 
 TEST(Model, SamplingTemperatureZeroIsArgmaxAndSeeded) {
