@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# One GPU call for the seventeenth session's questions: build for sm_90a and run every CUDA
-# test, with two changes since the last GPU run (78d8de2):
-#  - quant_matmul's cuda_bulk_stream takes short rows a thread per row by default (add6a56): its
-#    tests run at the default and again with KS_QMM_BULK_THREAD_ROWS=0 (the warp groups, output
-#    in $OUT/warp_groups_tests.txt), then the quant_matmul variants at the short-row shapes
-#    (49152x576, 1536x576, 576x576) and 14336x4096, at the default and tagged
-#    [KS_QMM_BULK_THREAD_ROWS=0] -> $OUT/followup.csv;
-#  - the model's attention tables by capacity bucket (add6a56) are host code, tested by the model
-#    tests (scripts/gpu_model_check.sh, which needs the model: the next call, warm).
-# It also copies .mdl/part_aa to /tmp when carried, so that model call can follow warm.
+# One GPU call for the next session's first questions: build for sm_90a and run every CUDA test.
+# Since the last GPU run of the CUDA tests (5ff2190, 70 passed): quant_matmul's cuda_bulk_stream
+# takes short rows a thread per row only where a stage holds >= 64 rows (bulk_thread_rows; at
+# 5ff2190 the thread rows were 2x slower at 576x576 and 1536x576), and the stream-variant test gains
+# 20000x576 (thread rows) with a check of the launch's thread_rows. The quant_matmul tests run again
+# with KS_QMM_BULK_THREAD_ROWS=0 (warp groups; $OUT/warp_groups_tests.txt), then the quant_matmul
+# variants at the short-row shapes and 14336x4096, the bulk stream's rows tagged for both
+# -> $OUT/followup.csv. The model's attention tables (headroom 2 since the last model call) are
+# host code, tested by the model tests: scripts/gpu_model_check.sh, the next call, warm (it needs
+# the model: this script copies .mdl/part_aa to /tmp when carried).
 # Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa])
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers

@@ -95,9 +95,12 @@ if has bench; then
   #   fuse_attn    KS_MODEL_FUSE_ATTN=1: decode steps run rotary_embedding_kv_append_paged_attention's
   #                one kernel instead of rotary_embedding_kv_append and paged_attention
   #   fuse_attn_batch  the same at batch 8, 16 and 32
+  #   default_rerun  the default configuration again, next to the table A/B
   #   one_table / one_table_batch  KS_MODEL_ATTN_BUCKET=0: every step's attention on the whole
   #                context's block table (as before the capacity buckets), batch 1 / 8, 16, 32
-  #   bucket128 / bucket512  KS_MODEL_ATTN_BUCKET=128 / 512: the smallest table's tokens
+  #   headroom1    KS_MODEL_ATTN_HEADROOM=1: the narrowest table the context fits (one CTA up
+  #                to 256 live keys) instead of twice the context
+  #   one_table_2048 / buckets_2048  bench-model with --context 2048: one table / the default
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
@@ -130,9 +133,12 @@ if has bench; then
       ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
       ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
     fi
+    ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
     ab one_table KS_MODEL_ATTN_BUCKET=0
     AB_BATCH="8 16 32" ab one_table_batch KS_MODEL_ATTN_BUCKET=0
-    for n in 128 512; do ab bucket$n KS_MODEL_ATTN_BUCKET=$n; done
+    ab headroom1 KS_MODEL_ATTN_HEADROOM=1
+    KS_MODEL_CONTEXT=2048 ab one_table_2048 KS_MODEL_ATTN_BUCKET=0
+    KS_MODEL_CONTEXT=2048 ab buckets_2048 KS_MODEL_ATTN_BUCKET=256
     ab fuse_attn KS_MODEL_FUSE_ATTN=1
     AB_BATCH="8 16 32" ab fuse_attn_batch KS_MODEL_FUSE_ATTN=1
     ab split_head KS_MODEL_SPLIT_HEAD=1

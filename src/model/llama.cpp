@@ -158,6 +158,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   blocks_per_seq_ = (max_ctx_ + block_size_ - 1) / block_size_;
   {  // the attention tables' capacities: bucket, 2 bucket, 4 bucket, ... then max_context
     const int64_t bucket = env_whole_number("KS_MODEL_ATTN_BUCKET", kAttnBucket, int64_t(1) << 30, "tokens");
+    attn_headroom_ = std::max<int64_t>(1, env_whole_number("KS_MODEL_ATTN_HEADROOM", kAttnHeadroom, 64, "times"));
     for (int64_t t = bucket; t > 0 && t < max_ctx_; t *= 2) table_tokens_.push_back(t);
     table_tokens_.push_back(max_ctx_);
   }
@@ -329,8 +330,9 @@ void LlamaModel::ensure_capacity(int64_t n) {
 }
 
 int LlamaModel::table_for(int64_t len) const {
+  const int64_t want = std::min(len * attn_headroom_, max_ctx_);
   int t = 0;
-  while (size_t(t + 1) < table_tokens_.size() && table_tokens_[size_t(t)] < len) ++t;
+  while (size_t(t + 1) < table_tokens_.size() && table_tokens_[size_t(t)] < want) ++t;
   return t;
 }
 

@@ -128,10 +128,13 @@ class LlamaModel {
   // Whether decode_greedy's graphs are held now, for any capacity bucket (CUDA).
   bool decode_greedy_prepared() const;
   // The KV-cache capacity (tokens) of the block table a step whose longest context is `len`
-  // tokens runs attention with: the smallest bucket of at least len (KS_MODEL_ATTN_BUCKET tokens,
-  // default kAttnBucket, doubling up to max_context; KS_MODEL_ATTN_BUCKET=0: max_context always).
+  // tokens runs attention with: the tables hold KS_MODEL_ATTN_BUCKET tokens (default kAttnBucket),
+  // twice that, ... up to max_context (KS_MODEL_ATTN_BUCKET=0: max_context alone), and a step takes
+  // the narrowest of at least KS_MODEL_ATTN_HEADROOM (default kAttnHeadroom) times len, or the
+  // widest. On CUDA the decode attention splits a context over up to capacity / 256 CTAs, so a
+  // headroom of 2 gives about one CTA per 128 live keys: len <= 128 one CTA, no cluster.
   int64_t attention_capacity(int64_t len) const { return table_tokens_[size_t(table_for(len))]; }
-  static constexpr int64_t kAttnBucket = 256;
+  static constexpr int64_t kAttnBucket = 256, kAttnHeadroom = 2;
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
   // in microseconds (DeviceStream::take_replay_us); empty otherwise
   std::vector<float> take_step_times_us() { return stream_ ? stream_->take_replay_us() : std::vector<float>{}; }
@@ -210,6 +213,7 @@ class LlamaModel {
   std::vector<Buffer> tables_;
   std::vector<int64_t> table_tokens_;
   int table_ = 0;  // the table of the step being run or captured (stage_rows / the chain sets it)
+  int64_t attn_headroom_ = 1;  // KS_MODEL_ATTN_HEADROOM: a table of at least this many times the context
   int table_for(int64_t len) const;
   // Scratch, sized for the largest n seen.
   int64_t cap_ = 0;

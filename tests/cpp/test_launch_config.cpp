@@ -225,6 +225,8 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
     EXPECT_EQ(p.slots, w.slots);
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.grid, 132u);
+    // a thread per short row only where a stage holds >= 64 of them (49152 x 576: 112..336 rows)
+    EXPECT_EQ(ks::cuda::bulk_thread_rows(p, w.K), w.N == 49152) << "rows per stage " << p.rps;
   }
   // x alone past the limit (65536 values: 295 KB as floats) declines; 28672 values of Q8_0 fit
   EXPECT_EQ(bulk_plan(1, 65536, 2048 * 34, 132, kLimit, kTarget).slots, 0);

@@ -476,19 +476,28 @@ TEST(Model, DecodeGreedyEqualsOneStepAtATime) {
 }
 
 // The attention tables' capacities (attention_capacity): the bucket, doubled while below the
-// context, then the context; KS_MODEL_ATTN_BUCKET=0 one table of the whole context.
+// context, then the context; a step takes the narrowest of at least headroom times its context
+// (default 2), else the widest; KS_MODEL_ATTN_BUCKET=0 one table of the whole context.
 TEST(Model, AttentionTablesByCapacityBucket) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
   using LM = ks::model::LlamaModel;
+  static_assert(LM::kAttnBucket == 256 && LM::kAttnHeadroom == 2, "the cases below assume these defaults");
   {
     LM m(file, 2048, ks::Backend::Cpu);
-    static_assert(LM::kAttnBucket == 256, "the cases below assume 256-token buckets");
+    const std::pair<int64_t, int64_t> cases[] = {{1, 256}, {128, 256}, {129, 512}, {256, 512}, {257, 1024},
+                                                 {513, 2048}, {1025, 2048}, {2048, 2048}};
+    for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
+  }
+  {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_HEADROOM", "1");
+    LM m(file, 2048, ks::Backend::Cpu);
     const std::pair<int64_t, int64_t> cases[] = {{1, 256}, {256, 256}, {257, 512}, {512, 512}, {513, 1024},
                                                  {1025, 2048}, {2048, 2048}};
     for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
   }
   {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_HEADROOM", "1");
     LM m(file, 600, ks::Backend::Cpu);  // the last table is the context, not a power of two
     EXPECT_EQ(m.attention_capacity(300), 512);
     EXPECT_EQ(m.attention_capacity(513), 600);
@@ -504,25 +513,28 @@ TEST(Model, AttentionTablesByCapacityBucket) {
     EXPECT_EQ(m.attention_capacity(1), 2048);
   }
   {
-    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "100");
+    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "100"), h("KS_MODEL_ATTN_HEADROOM", "1");
     LM m(file, 2048, ks::Backend::Cpu);
     const std::pair<int64_t, int64_t> cases[] = {{1, 100}, {101, 200}, {700, 800}, {1601, 2048}};
     for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
   }
-  for (const char* bad : {"x", "-1", "16k", " 16"}) {
-    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", bad);
-    EXPECT_THROW(LM(file, 64, ks::Backend::Cpu), ks::InvalidArgument) << "'" << bad << "'";
-  }
+  for (const char* name : {"KS_MODEL_ATTN_BUCKET", "KS_MODEL_ATTN_HEADROOM"})
+    for (const char* bad : {"x", "-1", "16k", " 16", "99999999999999999999"}) {
+      kstest::ScopedEnv e(name, bad);
+      EXPECT_THROW(LM(file, 64, ks::Backend::Cpu), ks::InvalidArgument) << name << "='" << bad << "'";
+    }
 }
 
 // On CUDA the decode attention splits a context over more CTAs the wider its table (clusters sized
 // by the capacity), so the steps before and after a table boundary run different splits. Chained
 // graphs (default and 3 steps) give the ids of a step at a time across the 512-token boundary, and
 // a batch of two sequences on either side of it (the batch's table is its longest context's)
-// gives, for each, the ids of that sequence alone at the batch's table.
+// gives, for each, the ids of that sequence alone at the batch's table. (Headroom 1, so the
+// boundary falls at 512 live tokens; run on the H200 at 5ff2190, passed.)
 TEST(Model, CudaDecodeAcrossAttentionTables) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
+  kstest::ScopedEnv headroom("KS_MODEL_ATTN_HEADROOM", "1");
   const nlohmann::json ref = reference();
   std::vector<int32_t> prompt;
   for (size_t i = 0; prompt.size() < 505; ++i)

@@ -1130,17 +1130,19 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
 // bytes (head bytes by plain loads; byte-wise and 16-bit decode). cuda_bulk_stream (a CTA per SM
 // streams its rows through a ring of bulk-copied stages): weights at 0 and 16 bytes in (it
 // declines others), matrices whose byte size is not a multiple of 16 (the tail by plain loads),
-// more stages than ring slots (14336 x 4096), one row per CTA (N = 7). M = 2 is refused by both.
+// more stages than ring slots (14336 x 4096), one row per CTA (N = 7), short rows a thread per row
+// (20000 x 576: stages of >= 64 rows, bulk_thread_rows) and in warp groups (576 x 576, 6341 x 576).
+// M = 2 is refused by both.
 TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
   NEED_GPU();
   using namespace kstest::gguf;
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int64_t many = 4 * 4 * int64_t(sms) * 3 + 5;  // 3 or 4 rows per warp at 4 CTAs of 4 warps per SM
-  // (blocks per row: 1, 18, 18, 33 with one row, 32, 90, 128, 128, 448, 640)
+  // (blocks per row: 1, 18, 18, 33 with one row, 32, 90, 128, 128, 448, 640, 18)
   const std::vector<std::pair<int64_t, int64_t>> shapes{{7, 32},    {576, 576},  {many, 576},   {1, 1056},
                                                         {265, 1024}, {133, 2880}, {300, 4096},   {14336, 4096},
-                                                        {33, 14336}, {5, 20480}};
+                                                        {33, 14336}, {5, 20480},   {20000, 576}};
   for (const char* variant : {"cuda_row_stream", "cuda_bulk_stream"}) {
     const bool bulk = std::string(variant) == "cuda_bulk_stream";
     for (DType dt : kstest::float_dtypes())
@@ -1173,6 +1175,13 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
                 const size_t at = cfg.find("grid=");
                 ASSERT_NE(at, std::string::npos) << cfg;
                 EXPECT_GE(N, 3 * 4 * std::stoll(cfg.substr(at + 5))) << cfg;
+              }
+              if (out == &da && bulk && K == 576) {  // a thread per short row where stages hold >= 64 rows
+                const size_t tr = cfg.find("thread_rows=");
+                ASSERT_NE(tr, std::string::npos) << cfg;
+                const char* e = std::getenv("KS_QMM_BULK_THREAD_ROWS");  // (=0: warp groups always)
+                const bool groups = e && std::string(e) == "0";
+                EXPECT_EQ(cfg.substr(tr + 12, 1), N == 20000 && !groups ? "1" : "0") << cfg;
               }
               if (out == &da && bulk && N == 14336) {  // more stages per CTA than ring slots: the ring wraps
                 const size_t rs = cfg.find("rows_per_stage="), sl = cfg.find("slots="), gr = cfg.find("grid=");

@@ -841,7 +841,7 @@ struct BulkParams {
   int64_t N, K, row_bytes;
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
-  bool thread_rows;  // rows < 32 blocks: a thread per row (KS_QMM_BULK_THREAD_ROWS=0: warp groups instead)
+  bool thread_rows;  // rows < 32 blocks: a thread per row (bulk_thread_rows) instead of warp groups
 };
 
 template <typename T, ks_qtype_t Q>
@@ -925,8 +925,8 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
         }
       }
     } else if (p.thread_rows) {
-      // Short rows, a thread per row (the default; KS_QMM_BULK_THREAD_ROWS=0: the warp groups
-      // below; 1.16-1.6x faster at 49152 x 576 on the H200, 06b604a): consumer thread t takes the
+      // Short rows, a thread per row (where a stage holds >= kBulkThreadRowsMin rows; else, or
+      // with KS_QMM_BULK_THREAD_ROWS=0, the warp groups below): consumer thread t takes the
       // stage's rows t', t' + NT, ... (rotated like the warps' units: the stage's first row goes
       // to thread (i * rps) mod NT); a row's words are RB bytes apart across the lanes, which for
       // the formats' K / 32 * 34, 20 or 18 bytes per row puts them in distinct or paired banks,
@@ -1366,8 +1366,9 @@ void quant_matmul_stream_cuda(const void* args, ks_stream_t stream) {
 // memory limit only (none of them changes a value). KS_QMM_BULK_STAGE_KB (default 128) sets
 // the bytes of one stage for experiments.
 namespace {
-// Rows of fewer than 32 blocks go a thread per row; KS_QMM_BULK_THREAD_ROWS=0: in warp groups
-// (the same bits; for comparisons).
+// Rows of fewer than 32 blocks go a thread per row where stages hold enough of them
+// (bulk_thread_rows, launch_rules.hpp); KS_QMM_BULK_THREAD_ROWS=0: always in warp groups (the
+// same bits; for comparisons).
 bool bulk_thread_rows_enabled() {
   static const bool on = !env_is("KS_QMM_BULK_THREAD_ROWS", "0");
   return on;
@@ -1405,7 +1406,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
-                     bulk_thread_rows_enabled()};
+                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k)};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
@@ -1415,7 +1416,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   record_launch("quant_matmul",
                 "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld thread_rows=%lld",
                 {plan.rps, plan.group, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem,
-                 p.thread_rows && p.K / 32 < 32 ? 1 : 0});
+                 p.thread_rows ? 1 : 0});
 }
 
 namespace {
