@@ -101,6 +101,10 @@ if has bench; then
   #   headroom1    KS_MODEL_ATTN_HEADROOM=1: the narrowest table the context fits (one CTA up
   #                to 256 live keys) instead of twice the context
   #   one_table_2048 / buckets_2048  bench-model with --context 2048: one table / the default
+  #   ctx656 / ctx1000 / ctx1500 / ctx2048 / ctx4096  the default at these cache capacities (only when
+  #                named): with headroom 2 the 64-token runs take the same tables at every one of
+  #                them, so a spread here is the buffers' placement, not the kernels (is 3c95e82's
+  #                1707 with a 208-token cache against 1656 with 656 a placement effect?)
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
     ab() {  # ab NAME ENV...: one batch-1 bench-model run under the environment ENV...
@@ -130,6 +134,7 @@ if has bench; then
         KS_ROUTING_TABLE=bench/routing_qmm_per_warp.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
       AB_BATCH="8 16 32" ab batch_qmm_staged_x KS_MODEL_BATCH_INVARIANT=1 \
         KS_ROUTING_TABLE=bench/routing_staged_x.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
+      for c in 656 1000 1500 2048 4096; do KS_MODEL_CONTEXT=$c ab ctx$c; done
       ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
       ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
     fi
