@@ -83,7 +83,8 @@ if has bench; then
   #                host between steps) / the GPU running ahead by graphs of 1 / 8 chained steps
   #                (the default: 4)
   #   split_head   KS_MODEL_SPLIT_HEAD=1: the output head split off the last fusion
-  #   split_head_thread_rows  the same with cuda_bulk_stream's thread per row (KS_QMM_BULK_THREAD_ROWS=1)
+  #   split_head_warp_groups  the same with cuda_bulk_stream's warp groups for short rows
+  #                (KS_QMM_BULK_THREAD_ROWS=0; a thread per row is the default since add6a56)
   #   split_head_stream  the same with quant_matmul's cuda_row_stream first at the head's shape
   #                (bench/routing_head_row_stream.json chained before the checked-in tables)
   #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
@@ -147,7 +148,7 @@ if has bench; then
     ab fuse_attn KS_MODEL_FUSE_ATTN=1
     AB_BATCH="8 16 32" ab fuse_attn_batch KS_MODEL_FUSE_ATTN=1
     ab split_head KS_MODEL_SPLIT_HEAD=1
-    ab split_head_thread_rows KS_MODEL_SPLIT_HEAD=1 KS_QMM_BULK_THREAD_ROWS=1
+    ab split_head_warp_groups KS_MODEL_SPLIT_HEAD=1 KS_QMM_BULK_THREAD_ROWS=0
     ab split_head_stream KS_MODEL_SPLIT_HEAD=1 \
       KS_ROUTING_TABLE=bench/routing_head_row_stream.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
   fi

@@ -177,8 +177,8 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   const std::string text = chat ? ks::model::apply_chat_template({{"user", prompt}}) : prompt;
   const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/chat);
   // --context 0 (the default): the KV cache holds what this request can use, the prompt and
-  // max_tokens (at most the model's context length). Decode attention sizes its CTA clusters by
-  // the cache's capacity, so a smaller cache is also a faster step at batch 1 (docs/perf/model.md).
+  // max_tokens (at most the model's context length): no more memory than the reply needs (the
+  // attention's block table follows the live context either way: LlamaModel::attention_capacity).
   const int64_t capacity = ctx > 0 ? ctx : std::max<int64_t>(16, int64_t(ids.size()) + max_tokens + 1);
   ks::model::LlamaModel model(file, capacity, be);
   if (int64_t(ids.size()) >= model.max_context())
@@ -187,8 +187,9 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                                   std::to_string(model.max_context()) +
                                   (ctx > 0 ? " from --context" : ", the model's own length") +
                                   ") must exceed it" + (ctx > 0 ? " (raise --context)" : ""));
-  // CUDA, greedy: the decode graphs, with buffers for the prompt (counted in the load time)
-  if (!(temperature > 0.0f) && max_tokens > 1) model.prepare_decode_greedy(int64_t(ids.size()));
+  // CUDA, greedy: the decode graphs of every attention table the reply may reach, with buffers for
+  // the prompt (counted in the load time, not the decode rate)
+  if (!(temperature > 0.0f) && max_tokens > 1) model.prepare_decode_greedy(int64_t(ids.size()), max_tokens);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // a reply that reaches the context's end stops there, reported as "context full"
   ks::model::StreamDecoder dec(tok);
@@ -428,8 +429,8 @@ int main(int argc, char** argv) {
   bench->add_option("--csv", b_csv, "write results to this CSV");
   int64_t b_context = 0;
   bench->add_option("--context", b_context,
-                    "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; generate's "
-                    "default is 2048, which sizes decode attention's clusters differently)")
+                    "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; the decode "
+                    "attention's block table follows the live context, its widest is the whole cache)")
       ->check(CLI::Range(int64_t(16), int64_t(1) << 20))
       ->default_str("the longest prompt + decode tokens + 1");
   std::vector<int64_t> b_batches{1};

@@ -159,8 +159,13 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   {  // the attention tables' capacities: bucket, 2 bucket, 4 bucket, ... then max_context
     const int64_t bucket = env_whole_number("KS_MODEL_ATTN_BUCKET", kAttnBucket, int64_t(1) << 30, "tokens");
     attn_headroom_ = std::max<int64_t>(1, env_whole_number("KS_MODEL_ATTN_HEADROOM", kAttnHeadroom, 64, "times"));
-    for (int64_t t = bucket; t > 0 && t < max_ctx_; t *= 2) table_tokens_.push_back(t);
-    table_tokens_.push_back(max_ctx_);
+    // (whole blocks: the kernels see a table's width in blocks)
+    const int64_t whole = blocks_per_seq_ * block_size_;
+    for (int64_t t = bucket; t > 0 && t < max_ctx_; t *= 2) {
+      const int64_t r = (t + block_size_ - 1) / block_size_ * block_size_;
+      if (r < whole && (table_tokens_.empty() || r > table_tokens_.back())) table_tokens_.push_back(r);
+    }
+    table_tokens_.push_back(whole);
   }
   // FP32 copies of the matrices for steps of many rows (CUDA): held when they fit the budget,
   // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
@@ -330,7 +335,7 @@ void LlamaModel::ensure_capacity(int64_t n) {
 }
 
 int LlamaModel::table_for(int64_t len) const {
-  const int64_t want = std::min(len * attn_headroom_, max_ctx_);
+  const int64_t want = std::min(len * attn_headroom_, table_tokens_.back());
   int t = 0;
   while (size_t(t + 1) < table_tokens_.size() && table_tokens_[size_t(t)] < want) ++t;
   return t;
@@ -625,7 +630,10 @@ const DeviceGraph& LlamaModel::chain_graph(int t, int64_t k) {
   const int64_t K = chain_steps_;
   if (chain_graphs_.size() < tables_.size()) chain_graphs_.resize(tables_.size());
   DeviceGraph& g = chain_graphs_[size_t(t)][k == K ? 0 : 1];
-  if (g.empty()) {  // (the kernels were loaded and configured by prepare_decode_greedy's eager step)
+  if (g.empty()) {
+    // Captured without an eager step of its own: every table runs the same kernel functions (only
+    // the attention's cluster size and shared memory differ, host-side launch settings), and
+    // prepare_chains ran one eager step before any chained graph was made.
     table_ = t;
     g = stream_->capture_graph([&] {
       for (int64_t j = 0; j < k; ++j) chain_step(j, k);
@@ -634,10 +642,13 @@ const DeviceGraph& LlamaModel::chain_graph(int t, int64_t k) {
   return g;
 }
 
-void LlamaModel::prepare_decode_greedy(int64_t rows) {
-  const int64_t K = on_device_ ? chain_steps_ : 0;
-  if (K == 0) return;
-  ensure_capacity(std::max<int64_t>(rows, 1));
+bool LlamaModel::chains_held(int t) const {
+  return size_t(t) < chain_graphs_.size() && !chain_graphs_[size_t(t)][0].empty() &&
+         (chain_steps_ == 1 || !chain_graphs_[size_t(t)][1].empty());
+}
+
+void LlamaModel::prepare_chains(int t0, int t1) {
+  const int64_t K = chain_steps_;
   const ChainLayout L{size_t(K)};
   if (chain_dev_.bytes() < L.dev_bytes()) {
     DeviceArray d(L.dev_bytes());
@@ -646,11 +657,9 @@ void LlamaModel::prepare_decode_greedy(int64_t rows) {
     chain_dev_ = std::move(d);
     chain_host_ = std::move(h);
   }
-  // the table of the first step after a prompt of `rows` tokens
-  const int t = table_for(std::min(rows + 1, max_ctx_));
-  if (size_t(t) < chain_graphs_.size() && !chain_graphs_[size_t(t)][0].empty() &&
-      (K == 1 || !chain_graphs_[size_t(t)][1].empty()))
-    return;
+  bool missing = false;
+  for (int t = t0; t <= t1; ++t) missing = missing || !chains_held(t);
+  if (!missing) return;
   // One step eagerly first (every kernel loaded and configured outside a capture): token 0 at
   // the context's last position of sequence 0, whose K/V any step there writes before reading.
   stream_->wait_for_copies();
@@ -661,18 +670,28 @@ void LlamaModel::prepare_decode_greedy(int64_t rows) {
   put_chain_step(host + L.in(0), slot_of(0, last), last, 0, 1);  // (length 1: attention reads position 0 only)
   stream_->to_device(dev, host + L.first(), 8);
   stream_->to_device(dev + L.steps(), host + L.in(0), kChainStepBytes);
-  table_ = t;
+  table_ = t0;
   chain_step(0, 1);
   stream_->sync();
-  // both or neither (a failure leaves none held for t, and the next call tries again)
-  try {
-    chain_graph(t, K);
-    if (K > 1) chain_graph(t, 1);
-  } catch (...) {
-    if (size_t(t) < chain_graphs_.size())
-      for (auto& g : chain_graphs_[size_t(t)]) g.reset();
-    throw;
+  for (int t = t0; t <= t1; ++t) {
+    // both or neither (a failure leaves none held for t, and the next call tries again)
+    try {
+      chain_graph(t, K);
+      if (K > 1) chain_graph(t, 1);
+    } catch (...) {
+      if (size_t(t) < chain_graphs_.size())
+        for (auto& g : chain_graphs_[size_t(t)]) g.reset();
+      throw;
+    }
   }
+}
+
+void LlamaModel::prepare_decode_greedy(int64_t rows, int64_t steps) {
+  if (!on_device_ || chain_steps_ == 0) return;
+  ensure_capacity(std::max<int64_t>(rows, 1));
+  // the tables of the steps after a prompt of `rows` tokens: lengths rows + 1 .. rows + steps
+  const int64_t first = std::min(std::max<int64_t>(rows, 0) + 1, max_ctx_);
+  prepare_chains(table_for(first), table_for(std::min(first + std::max<int64_t>(steps, 1) - 1, max_ctx_)));
 }
 
 int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
@@ -689,7 +708,8 @@ int64_t LlamaModel::decode_greedy(int64_t seq, int32_t first, int64_t pos, int64
     }
     return count;
   }
-  prepare_decode_greedy();
+  ensure_capacity(1);
+  prepare_chains(table_for(pos + 1), table_for(pos + 1));  // (a later table's graphs: made when reached)
   const ChainLayout L{size_t(K)};
   char* host = static_cast<char*>(chain_host_.data());
   char* dev = static_cast<char*>(chain_dev_.data());

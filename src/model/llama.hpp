@@ -90,9 +90,11 @@ class LlamaModel {
   // position positions[i] (its cache must hold positions 0..positions[i]-1) and gets the
   // greedy next id in next_ids[i]. Below kDenseDecodeRows sequences (or with
   // KS_MODEL_BATCH_INVARIANT=1), a row's result equals that sequence's own one-token step bit
-  // for bit (every op is batch-invariant) when the batch's longest context and the row's own
-  // fall in the same attention table (attention_capacity: the table sets the attention's split
-  // on CUDA); from kDenseDecodeRows on, with the FP32 weight copies
+  // for bit when the attention splits the row's context alike in both: the batch's longest
+  // context picks the row's own table (attention_capacity), and the batch is small enough that the
+  // cluster size follows the table alone (on CUDA it shrinks once 3 b C >= 2 SMs: for SmolLM2 on
+  // the H200's 132 SMs, from 11 sequences on tables of 2048+ tokens); every other op is
+  // batch-invariant. From kDenseDecodeRows on, with the FP32 weight copies
   // held (CUDA), the matmuls go through ks::gemm: the same products, summed in cuBLASLt's
   // order. On CUDA the step is one CUDA graph per (b, attention table).
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
@@ -117,22 +119,28 @@ class LlamaModel {
   int64_t decode_greedy(int64_t seq, int32_t first, int64_t pos, int64_t count,
                         const std::function<bool(int32_t)>& on_token);
   static constexpr int64_t kDecodeSteps = 4, kMaxDecodeSteps = 32;
-  // Makes decode_greedy's CUDA graphs now, so that its first call does not (ksctl generate does
-  // this before the prompt): one step runs eagerly first, token 0 at the context's last position
-  // of sequence 0 (K/V that any step at that position overwrites before reading). rows: the
-  // most rows a call will run before decoding (the prompt's tokens); the step buffers are sized
-  // for them first, because a call of more rows than they hold replaces them and with them the
-  // graphs, which the next decode_greedy then makes again. A no-op on the CPU, with
-  // KS_MODEL_DECODE_STEPS=0, or when the graphs are held.
-  void prepare_decode_greedy(int64_t rows = 1);
+  // Makes decode_greedy's CUDA graphs now, so that its calls do not (ksctl generate does this
+  // before the prompt): the graphs of every attention table that steps 1..steps after a prompt
+  // of `rows` tokens use (lengths rows + 1 .. rows + steps); one step runs eagerly first, token 0
+  // at the context's last position of sequence 0 (K/V that any step at that position overwrites
+  // before reading). rows: the most rows a call will run before decoding (the prompt's tokens);
+  // the step buffers are sized for them first, because a call of more rows than they hold
+  // replaces them and with them the graphs, which decode_greedy then makes again (the first
+  // table's before its first step, a later table's when its steps are reached). A no-op on the
+  // CPU, with KS_MODEL_DECODE_STEPS=0, or when the graphs are held.
+  void prepare_decode_greedy(int64_t rows = 1, int64_t steps = 1);
   // Whether decode_greedy's graphs are held now, for any capacity bucket (CUDA).
   bool decode_greedy_prepared() const;
   // The KV-cache capacity (tokens) of the block table a step whose longest context is `len`
   // tokens runs attention with: the tables hold KS_MODEL_ATTN_BUCKET tokens (default kAttnBucket),
-  // twice that, ... up to max_context (KS_MODEL_ATTN_BUCKET=0: max_context alone), and a step takes
-  // the narrowest of at least KS_MODEL_ATTN_HEADROOM (default kAttnHeadroom) times len, or the
-  // widest. On CUDA the decode attention splits a context over up to capacity / 256 CTAs, so a
-  // headroom of 2 gives about one CTA per 128 live keys: len <= 128 one CTA, no cluster.
+  // twice that, ... and the whole cache (KS_MODEL_ATTN_BUCKET=0: the whole cache alone), each
+  // rounded up to whole blocks of 16; a step takes the narrowest of at least
+  // KS_MODEL_ATTN_HEADROOM (default kAttnHeadroom) times len, or the widest. On CUDA
+  // (cuda_gqa_cluster) a (token, kv head) unit's cluster holds up to capacity / 128 CTAs (at most
+  // 16; fewer when the batch alone fills the GPU), of which ceil(len / keys per step) take keys
+  // (64 keys for SmolLM2's fp32 heads of 64): a table of twice the context leaves that live split
+  // uncapped up to 1024 tokens at batch 1, while the narrowest table that fits (headroom 1)
+  // caps it (measured 2% slower), and a much wider one launches clusters that mostly idle.
   int64_t attention_capacity(int64_t len) const { return table_tokens_[size_t(table_for(len))]; }
   static constexpr int64_t kAttnBucket = 256, kAttnHeadroom = 2;
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
@@ -245,6 +253,8 @@ class LlamaModel {
   DeviceEvent chain_done_[2];
   void chain_step(int64_t j, int64_t k);  // enqueues step j of a graph of k chained steps (on table_)
   const DeviceGraph& chain_graph(int t, int64_t k);  // table t's graph of k chained steps (made if missing)
+  bool chains_held(int t) const;                      // table t's graphs of K and 1 steps are held
+  void prepare_chains(int t0, int t1);  // tables t0..t1's graphs where missing, after one eager step
   void drop_graphs();  // every decode graph (they read buffers about to be replaced)
   ks::Tensor logits_;            // the last token's logits on the host (decode_batch: every row's)
 };

@@ -498,14 +498,20 @@ TEST(Model, AttentionTablesByCapacityBucket) {
   }
   {
     kstest::ScopedEnv e("KS_MODEL_ATTN_HEADROOM", "1");
-    LM m(file, 600, ks::Backend::Cpu);  // the last table is the context, not a power of two
+    LM m(file, 600, ks::Backend::Cpu);  // the last table is the whole cache: 38 blocks, 608 tokens
     EXPECT_EQ(m.attention_capacity(300), 512);
-    EXPECT_EQ(m.attention_capacity(513), 600);
-    EXPECT_EQ(m.attention_capacity(600), 600);
+    EXPECT_EQ(m.attention_capacity(513), 608);
+    EXPECT_EQ(m.attention_capacity(600), 608);
   }
   {
-    LM m(file, 200, ks::Backend::Cpu);  // a context below the bucket: one table
-    EXPECT_EQ(m.attention_capacity(1), 200);
+    LM m(file, 200, ks::Backend::Cpu);  // a context below the bucket: one table (13 blocks)
+    EXPECT_EQ(m.attention_capacity(1), 208);
+  }
+  {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "1"), h("KS_MODEL_ATTN_HEADROOM", "1");
+    LM m(file, 100, ks::Backend::Cpu);  // tables of whole blocks: 16, 32, 64, then 112 (7 blocks)
+    const std::pair<int64_t, int64_t> cases[] = {{1, 16}, {3, 16}, {16, 16}, {17, 32}, {65, 112}, {100, 112}};
+    for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
   }
   {
     kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "0");
@@ -515,7 +521,7 @@ TEST(Model, AttentionTablesByCapacityBucket) {
   {
     kstest::ScopedEnv e("KS_MODEL_ATTN_BUCKET", "100"), h("KS_MODEL_ATTN_HEADROOM", "1");
     LM m(file, 2048, ks::Backend::Cpu);
-    const std::pair<int64_t, int64_t> cases[] = {{1, 100}, {101, 200}, {700, 800}, {1601, 2048}};
+    const std::pair<int64_t, int64_t> cases[] = {{1, 112}, {112, 112}, {113, 208}, {700, 800}, {1601, 2048}};
     for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
   }
   for (const char* name : {"KS_MODEL_ATTN_BUCKET", "KS_MODEL_ATTN_HEADROOM"})
@@ -554,7 +560,8 @@ TEST(Model, CudaDecodeAcrossAttentionTables) {
     std::unique_ptr<kstest::ScopedEnv> e;
     if (*steps) e = std::make_unique<kstest::ScopedEnv>("KS_MODEL_DECODE_STEPS", steps);
     ks::model::LlamaModel m(file, ctx, ks::Backend::Cuda);
-    m.prepare_decode_greedy(P);
+    // the first table's graphs only (the second's made when reached), or both tables' beforehand
+    m.prepare_decode_greedy(P, *steps ? n : 1);
     EXPECT_EQ(m.forward_argmax(prompt.data(), P, 0), first);
     std::vector<int32_t> got;
     EXPECT_EQ(m.decode_greedy(0, first, P, n, [&](int32_t i) {
