@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cuda/launch_rules.hpp"
 #include "gguf_blocks_fp64.hpp"
 #include "rope_attention_case.hpp"
 #include "test_util.hpp"
@@ -1131,8 +1132,9 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
 // streams its rows through a ring of bulk-copied stages): weights at 0 and 16 bytes in (it
 // declines others), matrices whose byte size is not a multiple of 16 (the tail by plain loads),
 // more stages than ring slots (14336 x 4096), one row per CTA (N = 7), short rows a thread per row
-// (20000 x 576: stages of >= 64 rows, bulk_thread_rows) and in warp groups (576 x 576, 6341 x 576).
-// M = 2 is refused by both.
+// or 2-4 lanes per row (20000 x 576 and the output head's 49152 x 576: stages of >= 64 rows,
+// bulk_thread_rows / bulk_threads_per_row; on the H200 Q4_0 / Q4_1 / Q8_0 take 2 / 2 / 4 lanes at
+// 20000 and 1 / 2 / 4 at 49152) and in warp groups (576 x 576, 6341 x 576). M = 2 is refused by both.
 TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -1142,7 +1144,8 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
   // (blocks per row: 1, 18, 18, 33 with one row, 32, 90, 128, 128, 448, 640, 18)
   const std::vector<std::pair<int64_t, int64_t>> shapes{{7, 32},    {576, 576},  {many, 576},   {1, 1056},
                                                         {265, 1024}, {133, 2880}, {300, 4096},   {14336, 4096},
-                                                        {33, 14336}, {5, 20480},   {20000, 576}};
+                                                        {33, 14336}, {5, 20480},   {20000, 576},
+                                                        {49152, 576}};
   for (const char* variant : {"cuda_row_stream", "cuda_bulk_stream"}) {
     const bool bulk = std::string(variant) == "cuda_bulk_stream";
     for (DType dt : kstest::float_dtypes())
@@ -1181,7 +1184,15 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
                 ASSERT_NE(tr, std::string::npos) << cfg;
                 const char* e = std::getenv("KS_QMM_BULK_THREAD_ROWS");  // (=0: warp groups always)
                 const bool groups = e && std::string(e) == "0";
-                EXPECT_EQ(cfg.substr(tr + 12, 1), N == 20000 && !groups ? "1" : "0") << cfg;
+                const bool rows_by_threads = N >= 20000 && !groups;
+                EXPECT_EQ(cfg.substr(tr + 12, 1), rows_by_threads ? "1" : "0") << cfg;
+                const size_t tp = cfg.find("threads_per_row="), rs = cfg.find("rows_per_stage=");
+                ASSERT_TRUE(tp != std::string::npos && rs != std::string::npos) << cfg;
+                ks::cuda::BulkPlan plan;  // the launched lanes per row follow the rule for its stages
+                plan.rps = std::stoi(cfg.substr(rs + 15));
+                const char* forced = std::getenv("KS_QMM_BULK_TPR");
+                const int want = !rows_by_threads ? 0 : forced ? std::atoi(forced) : ks::cuda::bulk_threads_per_row(plan, K);
+                EXPECT_EQ(std::stoi(cfg.substr(tp + 16)), want) << cfg;
               }
               if (out == &da && bulk && N == 14336) {  // more stages per CTA than ring slots: the ring wraps
                 const size_t rs = cfg.find("rows_per_stage="), sl = cfg.find("slots="), gr = cfg.find("grid=");

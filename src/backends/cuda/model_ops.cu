@@ -842,6 +842,7 @@ struct BulkParams {
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
   bool thread_rows;  // rows < 32 blocks: a thread per row (bulk_thread_rows) instead of warp groups
+  int tpr;           // (thread rows) adjacent lanes per row: 1, 2 or 4 (bulk_threads_per_row)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -926,32 +927,50 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
       }
     } else if (p.thread_rows) {
       // Short rows, a thread per row (where a stage holds >= kBulkThreadRowsMin rows; else, or
-      // with KS_QMM_BULK_THREAD_ROWS=0, the warp groups below): consumer thread t takes the
-      // stage's rows t', t' + NT, ... (rotated like the warps' units: the stage's first row goes
-      // to thread (i * rps) mod NT); a row's words are RB bytes apart across the lanes, which for
-      // the formats' K / 32 * 34, 20 or 18 bytes per row puts them in distinct or paired banks,
-      // and every lane reads the same x block (a broadcast). The bits are the warps': block b's
-      // sum s_b is what lane b would hold (0 + s_b), and the butterfly is replayed as the tree it
-      // is for lane 0 - round o adds lane l + o into lane l for l < o - with the lanes past the
-      // row's blocks holding +0, which changes nothing (no partial sum is -0). Blocks 16..31 are
-      // folded into 0..15 as they are made (round 16), so 16 sums are live.
-      const int t0 = (threadIdx.x - int((int64_t(i) * rps) % NT) + NT) % NT;
-      for (int r = t0; r < rows; r += NT) {
+      // with KS_QMM_BULK_THREAD_ROWS=0, the warp groups below), or p.tpr adjacent lanes per row:
+      // a row's words are RB bytes apart across the rows (for the formats' K / 32 * 34, 20 or
+      // 18 bytes per row: distinct or paired banks) and every lane of a row reads the same x
+      // block at a time (a broadcast). The bits are the warps': block b's sum s_b is what lane b
+      // would hold (0 + s_b), and the butterfly is replayed as the tree it is for lane 0 - round
+      // o adds lane l + o into lane l for l < o - with the lanes past the row's blocks holding
+      // +0, which changes nothing (no partial sum is -0). Blocks 16..31 are folded into 0..15 as
+      // they are made (round 16), so 16 sums are live. With tpr lanes per row, thread h of the
+      // row holds tree slots l in [W h, W h + W), W = 16 / tpr (blocks l and l + 16): the rounds
+      // o >= W add a partner thread's slots (a shuffle within the row's lanes), the others run
+      // in thread 0. The stage's rows go to the NT / tpr row slots rotated like the warps' units
+      // (the stage's first row to slot (i * rps) mod (NT / tpr)).
+      const int tpr = p.tpr, W = 16 / tpr, h = int(threadIdx.x) % tpr, slots = NT / tpr;
+      const int g0 = (int(threadIdx.x) / tpr - int((int64_t(i) * rps) % slots) + slots) % slots;
+      const unsigned rmask = (tpr == 1 ? 1u : (1u << tpr) - 1u) << (lane & ~(tpr - 1));
+      for (int r = g0; r < rows; r += slots) {
         const unsigned char* rw = src + int64_t(r) * RB;
         float acc[16];
 #pragma unroll
-        for (int b = 0; b < 32; ++b) {
-          const float s = b < nb ? 0.f + block_dot(rw + b * BB, reinterpret_cast<const float4*>(xs + b * 36)) : 0.f;
-          if (b < 16)
-            acc[b] = s;
-          else
-            acc[b - 16] = acc[b - 16] + s;
+        for (int j = 0; j < 16; ++j)
+          if (j < W) {
+            const int b = W * h + j, b2 = b + 16;
+            const float s = b < nb ? 0.f + block_dot(rw + b * BB, reinterpret_cast<const float4*>(xs + b * 36)) : 0.f;
+            const float s2 =
+                b2 < nb ? 0.f + block_dot(rw + b2 * BB, reinterpret_cast<const float4*>(xs + b2 * 36)) : 0.f;
+            acc[j] = s + s2;  // round 16: slot b's sum plus slot b + 16's
+          }
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) {
+          if (o >= W) {  // slots l < o of threads h < o / W take slot l + o from thread h + o / W
+            const int d = o / W;
+#pragma unroll
+            for (int j = 0; j < 16; ++j)
+              if (j < W) {
+                const float other = __shfl_down_sync(rmask, acc[j], d, tpr);
+                if (h < d) acc[j] = acc[j] + other;
+              }
+          } else {
+#pragma unroll
+            for (int l = 0; l < 8; ++l)
+              if (l < o) acc[l] = acc[l] + acc[l + o];
+          }
         }
-#pragma unroll
-        for (int o = 8; o > 0; o >>= 1)
-#pragma unroll
-          for (int l = 0; l < o; ++l) acc[l] = acc[l] + acc[l + o];
-        out[a + r] = Dt<T>::from_f(acc[0]);
+        if (h == 0) out[a + r] = Dt<T>::from_f(acc[0]);
       }
     } else {
       // Short rows: a stage's rows form groups of G (at least 90% of the lanes busy); a warp takes
@@ -1373,6 +1392,15 @@ bool bulk_thread_rows_enabled() {
   static const bool on = !env_is("KS_QMM_BULK_THREAD_ROWS", "0");
   return on;
 }
+// Lanes per short row: bulk_threads_per_row's choice, or KS_QMM_BULK_TPR=1, 2 or 4 (experiments;
+// the same bits either way).
+int bulk_tpr(const BulkPlan& plan, int64_t K) {
+  static const int forced = [] {
+    const long long v = env_number("KS_QMM_BULK_TPR", 0);
+    return v == 1 || v == 2 || v == 4 ? int(v) : 0;
+  }();
+  return forced ? forced : bulk_threads_per_row(plan, K);
+}
 BulkPlan bulk_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
   int64_t limit = 0;
@@ -1406,7 +1434,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
-                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k)};
+                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k), bulk_tpr(plan, a.k)};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
@@ -1414,9 +1442,10 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   });
   check_launch("quant_matmul");
   record_launch("quant_matmul",
-                "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld thread_rows=%lld",
+                "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld thread_rows=%lld "
+                "threads_per_row=%lld",
                 {plan.rps, plan.group, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem,
-                 p.thread_rows ? 1 : 0});
+                 p.thread_rows ? 1 : 0, p.thread_rows ? p.tpr : 0});
 }
 
 namespace {
