@@ -304,8 +304,24 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
 
 }  // namespace
 
+// --help's option column without the type repeated by each range check: CLI11 prints the type,
+// then every validator's description, and a range's description starts with the type again
+// ("INT:INT in [1 - 100]"); this keeps one ("INT in [1 - 100]").
+class Formatter : public CLI::Formatter {
+ public:
+  std::string make_option_opts(const CLI::Option* opt) const override {
+    std::string s = CLI::Formatter::make_option_opts(opt);
+    for (const std::string t : {"INT", "UINT", "FLOAT"})
+      for (size_t at; (at = s.find(" " + t + ":" + t + " ")) != std::string::npos ||
+                      (at = s.find(" " + t + ":" + t + ":")) != std::string::npos;)
+        s.erase(at + 1, t.size() + 1);
+    return s;
+  }
+};
+
 int main(int argc, char** argv) {
   CLI::App app{"ksctl: kernscope operators, kernel selection, checks and the SmolLM2 demo"};
+  app.formatter(std::make_shared<Formatter>());  // (before the subcommands, which copy it)
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();  // --help shows every default
   app.set_version_flag("--version", std::string("kernscope ") + ks::version());
