@@ -86,7 +86,34 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     backends.insert(v.backend);
   }
   auto bound = [](const nlohmann::json& x) { return x.is_null() ? std::string("any") : std::to_string(x.get<long long>()); };
-  int unknown = 0, shown = 0;
+  // A cell that an earlier one covers (same op and backend; its arch, dtype and row and column
+  // ranges, each "*" / unbounded or containing the later cell's) is never reached: first match wins.
+  const auto& cells = j["cells"];
+  auto covers = [](const nlohmann::json& e, const nlohmann::json& c) {
+    auto field = [&](const char* k) { return e[k] == "*" || e[k] == c[k]; };
+    auto range = [&](const char* k) {
+      const auto &el = e[k][0], &eh = e[k][1], &cl = c[k][0], &ch = c[k][1];
+      const bool lo = el.is_null() || (!cl.is_null() && el.get<long long>() <= cl.get<long long>());
+      const bool hi = eh.is_null() || (!ch.is_null() && eh.get<long long>() >= ch.get<long long>());
+      return lo && hi;
+    };
+    return e["op"] == c["op"] && e["backend"] == c["backend"] && field("arch") && field("dtype") && range("rows") &&
+           range("cols");
+  };
+  std::vector<int> shadowed_by(cells.size(), -1);
+  for (size_t i = 0; i < cells.size(); ++i)
+    for (size_t e = 0; e < i && shadowed_by[i] < 0; ++e)
+      if (covers(cells[e], cells[i])) shadowed_by[i] = int(e);
+  int unknown = 0, shown = 0, shadowed = 0;
+  for (size_t i = 0; i < cells.size(); ++i)
+    if (shadowed_by[i] >= 0) {
+      ++shadowed;
+      const auto &c = cells[i], &e = cells[size_t(shadowed_by[i])];
+      if (check_names)
+        std::fprintf(stderr, "ksctl table: %s cell %d (%s) is never reached: %s cell %d covers it\n",
+                     c["table"].get<std::string>().c_str(), c["index"].get<int>(), c["op"].get<std::string>().c_str(),
+                     e["table"].get<std::string>().c_str(), e["index"].get<int>());
+    }
   if (!as_json) {
     std::string files;
     for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
@@ -94,7 +121,8 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
                 why ? "order  (why / source)" : "order  (--why: each cell's reason and source)");
   }
-  for (const auto& c : j["cells"]) {
+  for (size_t ci = 0; ci < cells.size(); ++ci) {
+    const auto& c = cells[ci];
     std::string order;
     for (const auto& v : c["order"]) {
       const std::string name = v.get<std::string>();
@@ -118,6 +146,10 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
                 c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(),
                 c["dtype"].get<std::string>().c_str(), rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
                 order.c_str(), why ? "  (" : "", why ? note.c_str() : "", why ? ")" : "");
+    if (shadowed_by[ci] >= 0)
+      std::printf("%-18s   (never reached: the cell above at %s %d covers it)\n", "",
+                  cells[size_t(shadowed_by[ci])]["table"].get<std::string>().c_str(),
+                  cells[size_t(shadowed_by[ci])]["index"].get<int>());
   }
   if (!as_json && !op_filter.empty() && shown == 0) {  // no cell: the variants' priority order decides
     for (const std::string be : {"cpu", "cuda"}) {
@@ -132,7 +164,7 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
   if (!as_json) std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
   if (check_names && !backends.count("cuda"))
     std::fprintf(stderr, "ksctl table --check: the cuda cells' variant names are not checked (no CUDA backend in this build)\n");
-  return check_names && unknown ? 1 : 0;
+  return check_names && (unknown || shadowed) ? 1 : 0;
 }
 
 int cmd_which(const std::string& op, const std::string& dtype, const std::string& device, int64_t rows, int64_t cols) {
@@ -356,7 +388,9 @@ int main(int argc, char** argv) {
   bool t_json = false, t_check = false, t_why = false;
   std::string t_op;
   table->add_flag("--json", t_json, "print the table as JSON (ks_routing_table; every cell)");
-  table->add_flag("--check", t_check, "exit 1 when a cell names a variant that does not exist");
+  table->add_flag("--check", t_check,
+                  "exit 1 when a cell names a variant that does not exist, or is never reached (an earlier cell "
+                  "covers it)");
   table->add_option("--op", t_op, "only this op's cells");
   table->add_flag("--why", t_why, "each cell's reason and measurement source after its order");
 
