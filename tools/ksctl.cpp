@@ -237,15 +237,22 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   });
   std::fputs(dec.flush().c_str(), stdout);
   std::printf("\n");
+  // (the decode rate counts the tokens after the first, which the prefill makes: none with one)
+  char rate[64];
+  if (st.generated_tokens > 1)
+    std::snprintf(rate, sizeof rate, "decode %.1f tokens/s", st.decode_tokens_per_second());
+  else
+    std::snprintf(rate, sizeof rate, "no decode rate (the one token came from the prefill)");
+  const bool eot = std::string(st.stop_reason) == "end of turn";
   std::fprintf(stderr,
                "\n[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d thread%s, load %.2f s\n"
                "[ksctl] prompt %lld token%s: prefill %.1f tokens/s, time to first token %.1f ms\n"
-               "[ksctl] generated %lld token%s: decode %.1f tokens/s (stopped: %s)\n",
+               "[ksctl] generated %lld token%s%s: %s (stopped: %s)\n",
                path.c_str(), (long long)model.config().n_layers, (long long)model.config().hidden_size,
                be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
                load_s, (long long)st.prompt_tokens, st.prompt_tokens == 1 ? "" : "s", st.prefill_tokens_per_second(),
                st.first_token_seconds * 1e3, (long long)st.generated_tokens, st.generated_tokens == 1 ? "" : "s",
-               st.decode_tokens_per_second(), st.stop_reason);
+               eot ? " (the last ends the turn, not printed)" : "", rate, st.stop_reason);
   return 0;
 }
 
@@ -429,13 +436,16 @@ int main(int argc, char** argv) {
       ->needs(u_from_csv_opt);
 
   auto* gen = app.add_subcommand("generate", "Generate text with a Llama-family GGUF model using only kernscope ops");
-  std::string g_model, g_prompt = "What is the capital of France?", g_device = "auto";
+  // (an empty --prompt: the default, a question with --chat and the start of its answer without,
+  // since an instruct model given a bare question as raw text may end its turn at once)
+  std::string g_model, g_prompt, g_device = "auto";
   int64_t g_max = 128, g_ctx = 0;
   bool g_chat = false;
   float g_temp = 0.0f;
   uint64_t g_seed = 0;
   gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
-  gen->add_option("--prompt", g_prompt, "prompt text");
+  gen->add_option("--prompt", g_prompt, "prompt text")
+      ->default_str("with --chat: What is the capital of France? / without: The capital of France is");
   gen->add_option("--max-tokens", g_max, "tokens to generate at most")
       ->check(CLI::TypeValidator<int64_t>("INT"))
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
@@ -498,7 +508,10 @@ int main(int argc, char** argv) {
                                          : run_tune_from_csv(u_from_csv, u_dir, u_commit);
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
-    if (*gen) return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);
+    if (*gen) {
+      if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
+      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);
+    }
     if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches, b_context);
   } catch (const ks::Error& e) {
     std::fprintf(stderr, "ksctl: error: %s (%s)\n", e.what(), ks_status_name(e.status()));
