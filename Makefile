@@ -27,7 +27,8 @@ build-ksctl: configure
 # MODEL set to a file of your own: nothing is fetched (it must exist)
 model:
 	@if [ "$(MODEL)" = "$(KS_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then scripts/fetch_model.sh >/dev/null; \
-	  elif [ ! -f "$(MODEL)" ]; then echo "MODEL=$(MODEL): no such file" >&2; exit 1; fi
+	  elif [ ! -f "$(MODEL)" ]; then echo "MODEL=$(MODEL): no such file" >&2; exit 1; fi; \
+	  echo "model: $(MODEL)"
 
 # Tests run two at a time, each with OpenMP threads: passive waiting keeps them
 # from spinning against each other (speed is measured by `make bench`, not here).

@@ -1079,7 +1079,10 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
                      "with the two calls it fuses (tests/cpp/test_decode_fusions.cpp, tests/cuda/test_cuda_ops.cpp)\n",
                      op_filter.c_str());
       else
-        std::fprintf(stderr, "check: unknown operator '%s' (the operators: `ksctl ops`; usage: --help)\n", op_filter.c_str());
+        std::fprintf(stderr,
+                     "check: unknown operator '%s' (the operators: `ksctl ops`; the backends: cpu, cuda, all; usage: "
+                     "--help)\n",
+                     op_filter.c_str());
       return 2;
     }
   }

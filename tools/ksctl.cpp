@@ -172,6 +172,10 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
     std::fprintf(stderr, "which: give both --rows and --cols, or neither\n");
     return 2;
   }
+  if (!ks::tune::has_op(op)) {
+    std::fprintf(stderr, "which: '%s' is not an operator of this build (ksctl ops lists them)\n", op.c_str());
+    return 2;
+  }
   const auto w = rows >= 0 ? ks::which(op, dtype, parse_device(device), rows, cols) : ks::which(op, dtype, parse_device(device));
   const std::string dev =
       device != "auto" ? device : (ks::backend_available(ks::Backend::Cuda) ? "cuda (auto)" : "cpu (auto)");
@@ -461,7 +465,9 @@ int main(int argc, char** argv) {
                        : "'" + v + "' is not a number in [0, 100]";
           },
           "FLOAT in [0, 100]"));
-  gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)");
+  gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0"; }, ""));
   int g_threads = 0, b_threads = 0;
   gen->add_option("--threads", g_threads, "CPU threads (0 = all cores; 1 avoids stalls when other processes load the CPU)")
       ->check(CLI::Range(0, 1024));
