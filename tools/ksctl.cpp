@@ -280,6 +280,11 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
                                                              " is shorter than the longest prompt + decode tokens + 1 (" +
                                                              std::to_string(need) + ")");
   LoadedModel m(path, context > 0 ? context : need, be, max_batch);
+  std::printf("[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d thread%s, KV cache %lld tokens x %lld "
+              "sequences; batched rows count every sequence's tokens\n",
+              path.c_str(), (long long)m.model.config().n_layers, (long long)m.model.config().hidden_size,
+              be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
+              (long long)m.model.max_context(), (long long)max_batch);
   std::vector<int32_t> base = m.tok.encode(
       ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
