@@ -1190,8 +1190,9 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
                 ASSERT_TRUE(tp != std::string::npos && rs != std::string::npos) << cfg;
                 ks::cuda::BulkPlan plan;  // the launched lanes per row follow the rule for its stages
                 plan.rps = std::stoi(cfg.substr(rs + 15));
-                const char* forced = std::getenv("KS_QMM_BULK_TPR");
-                const int want = !rows_by_threads ? 0 : forced ? std::atoi(forced) : ks::cuda::bulk_threads_per_row(plan, K);
+                const char* f = std::getenv("KS_QMM_BULK_TPR");  // (honoured as 1, 2 or 4 only, as bulk_tpr)
+                const int forced = f && (std::string(f) == "1" || std::string(f) == "2" || std::string(f) == "4") ? std::atoi(f) : 0;
+                const int want = !rows_by_threads ? 0 : forced ? forced : ks::cuda::bulk_threads_per_row(plan, K);
                 EXPECT_EQ(std::stoi(cfg.substr(tp + 16)), want) << cfg;
               }
               if (out == &da && bulk && N == 14336) {  // more stages per CTA than ring slots: the ring wraps

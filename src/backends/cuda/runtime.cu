@@ -98,7 +98,7 @@ namespace {
 struct LaunchRecord {
   const char* op = nullptr;
   const char* fmt = nullptr;
-  long long v[8] = {};
+  long long v[12] = {};  // (record_launch refuses more: an internal error, not a garbled config)
 };
 constexpr int kRecords = 16;
 thread_local LaunchRecord g_records[kRecords];
@@ -112,16 +112,18 @@ void record_launch(const char* op, const char* fmt, std::initializer_list<long l
   LaunchRecord& r = g_records[slot];
   r.op = op;
   r.fmt = fmt;
+  if (values.size() > std::size(r.v))
+    detail::fail(KS_ERROR_INTERNAL, op, "record_launch: more than " + std::to_string(std::size(r.v)) + " values");
   int i = 0;
-  for (long long x : values)
-    if (i < 8) r.v[i++] = x;
+  for (long long x : values) r.v[i++] = x;
 }
 
 std::string last_config(const char* op) {
   for (const LaunchRecord& r : g_records)
     if (r.op != nullptr && std::strcmp(r.op, op) == 0) {
       char b[256];
-      std::snprintf(b, sizeof b, r.fmt, r.v[0], r.v[1], r.v[2], r.v[3], r.v[4], r.v[5], r.v[6], r.v[7]);
+      std::snprintf(b, sizeof b, r.fmt, r.v[0], r.v[1], r.v[2], r.v[3], r.v[4], r.v[5], r.v[6], r.v[7], r.v[8], r.v[9],
+                    r.v[10], r.v[11]);
       return b;
     }
   return std::string();
