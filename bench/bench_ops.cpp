@@ -19,6 +19,9 @@
 //  shapes too, e.g. "b1 h32/8 d128 T32768")
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors)
+#ifdef KS_HAVE_BUILD_COMMIT
+#include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
+#endif
 #include <cuda_runtime.h>
 #include "cuda_check.hpp"
 #include <kernscope/kernscope.hpp>
@@ -591,7 +594,10 @@ int main(int argc, char** argv) {
   }
   FILE* f = std::fopen(csv.c_str(), "w");
   if (!f) return 1;
-  const char* commit = std::getenv("KS_COMMIT");
+  const char* commit = std::getenv("KS_COMMIT");  // else the commit bench_ops was built from
+#ifdef KS_HAVE_BUILD_COMMIT
+  if (!commit || !*commit) commit = KS_BUILD_COMMIT;
+#endif
   const char* driver = std::getenv("KS_DRIVER");  // nvidia-smi's driver version, from gpu_check.sh
   const std::string drv_s = driver ? driver : std::to_string(drv);
   std::fprintf(f, "gpu,driver,cuda,commit,op,shape,dtype,impl,config,us,gbs,pct_copy,copy_gbs\n");

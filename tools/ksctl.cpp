@@ -6,6 +6,7 @@
 //   ksctl bench-model --model PATH  prefill / decode tokens per second (median of repeats)
 #include <kernscope/kernscope.hpp>
 
+#include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
 #include "tune.hpp"
 
 #include <CLI/CLI.hpp>
@@ -372,7 +373,7 @@ int main(int argc, char** argv) {
   app.formatter(std::make_shared<Formatter>());  // (before the subcommands, which copy it)
   app.require_subcommand(1);
   app.option_defaults()->always_capture_default();  // --help shows every default
-  app.set_version_flag("--version", std::string("kernscope ") + ks::version());
+  app.set_version_flag("--version", std::string("kernscope ") + ks::version() + " (commit " + KS_BUILD_COMMIT + ")");
 
   auto* ops = app.add_subcommand("ops", "Table of op x backend x dtypes (every registered variant)");
 

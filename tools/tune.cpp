@@ -1,7 +1,7 @@
 // `ksctl tune`: measures every variant of the ops with a choice (tools/check.cpp's
 // ks::tune::measure, each result checked against FP64 first), then writes
 //  - <dir>/tune_<arch>.csv: one row per (backend, op, dtype, shape, variant), with the commit
-//    measured (KS_COMMIT; empty when unset);
+//    measured (KS_COMMIT, else the commit ksctl was built from);
 //  - <dir>/routing_<arch>.json: a routing table (schema kernscope-routing/1) with one
 //    "measured" cell per (op, backend, dtype, shape bucket), its variants fastest first.
 // arch: the GPU's sm_XY when CUDA was tuned (cuda cells), "cpu" for the CPU's file (whose
@@ -10,6 +10,8 @@
 // and the last open; the same for cols: every shape goes to the nearest measured one on a log
 // scale (a perfect-square midpoint to the lower one).
 #include <kernscope/kernscope.hpp>
+
+#include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
 
 #include <algorithm>
 #include <cmath>
@@ -361,9 +363,10 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
   for (const std::string& be : backends_of(rows)) {
     const std::string arch = be == "cpu" ? "cpu" : cuda_arch();
     const std::string csv = dir + "/tune_" + arch + ".csv", json = dir + "/routing_" + arch + ".json";
-    // the table's "source": the CSV's name and the commit measured (gpu_check.sh exports KS_COMMIT)
+    // the table's "source": the CSV's name and the commit measured (KS_COMMIT, which gpu_check.sh
+    // exports, else the commit ksctl was built from)
     const char* commit = std::getenv("KS_COMMIT");
-    const std::string source = "tune_" + arch + ".csv @ " + (commit && *commit ? commit : "unknown commit");
+    const std::string source = "tune_" + arch + ".csv @ " + (commit && *commit ? commit : KS_BUILD_COMMIT);
     std::ofstream f(csv);
     f << "backend,arch,op,dtype,shape,rows,cols,variant,status,us,spread,why,commit\n";
     for (const Row& r : rows) {
@@ -374,7 +377,7 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
       f << r.backend << ',' << arch << ',' << r.op << ',' << r.dtype << ',' << csv_field(r.shape) << ',' << r.rows << ','
         << r.cols << ',' << r.variant << ',' << r.status << ',' << (r.status == "ok" ? us : "") << ','
         << (r.status == "ok" ? spread : "") << ',' << csv_field(r.why) << ','
-        << csv_field(commit && *commit ? commit : "") << "\n";
+        << csv_field(commit && *commit ? commit : KS_BUILD_COMMIT) << "\n";
     }
     if (!f) {
       std::fprintf(stderr, "tune: cannot write %s\n", csv.c_str());
