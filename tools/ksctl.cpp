@@ -186,6 +186,16 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
   return 0;
 }
 
+// "model PATH (L layers, hidden H), backend B, N threads": the first line of generate's report
+// and of bench-model's output
+std::string model_line(const std::string& path, const ks::model::LlamaModel& model, ks::Backend be) {
+  char b[512];
+  std::snprintf(b, sizeof b, "model %s (%lld layers, hidden %lld), backend %s, %d thread%s", path.c_str(),
+                (long long)model.config().n_layers, (long long)model.config().hidden_size,
+                be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s");
+  return b;
+}
+
 struct LoadedModel {
   ks::model::GgufFile file;
   ks::model::Tokenizer tok;
@@ -250,12 +260,10 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
     std::snprintf(rate, sizeof rate, "no decode rate (the one token came from the prefill)");
   const bool eot = std::string(st.stop_reason) == "end of turn";
   std::fprintf(stderr,
-               "\n[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d thread%s, load %.2f s\n"
+               "\n[ksctl] %s, load %.2f s\n"
                "[ksctl] prompt %lld token%s: prefill %.1f tokens/s, time to first token %.1f ms\n"
                "[ksctl] generated %lld token%s%s: %s (stopped: %s)\n",
-               path.c_str(), (long long)model.config().n_layers, (long long)model.config().hidden_size,
-               be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
-               load_s, (long long)st.prompt_tokens, st.prompt_tokens == 1 ? "" : "s", st.prefill_tokens_per_second(),
+               model_line(path, model, be).c_str(), load_s, (long long)st.prompt_tokens, st.prompt_tokens == 1 ? "" : "s", st.prefill_tokens_per_second(),
                st.first_token_seconds * 1e3, (long long)st.generated_tokens, st.generated_tokens == 1 ? "" : "s",
                eot ? " (the last ends the turn, not printed)" : "", rate, st.stop_reason);
   return 0;
@@ -281,11 +289,8 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
                                                              " is shorter than the longest prompt + decode tokens + 1 (" +
                                                              std::to_string(need) + ")");
   LoadedModel m(path, context > 0 ? context : need, be, max_batch);
-  std::printf("[ksctl] model %s (%lld layers, hidden %lld), backend %s, %d thread%s, KV cache %lld tokens x %lld "
-              "sequences; batched rows count every sequence's tokens\n",
-              path.c_str(), (long long)m.model.config().n_layers, (long long)m.model.config().hidden_size,
-              be == ks::Backend::Cpu ? "cpu" : "cuda", omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s",
-              (long long)m.model.max_context(), (long long)max_batch);
+  std::printf("[ksctl] %s, KV cache %lld tokens x %lld sequences; batched rows count every sequence's tokens\n",
+              model_line(path, m.model, be).c_str(), (long long)m.model.max_context(), (long long)max_batch);
   std::vector<int32_t> base = m.tok.encode(
       ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");

@@ -110,10 +110,10 @@ void record_launch(const char* op, const char* fmt, std::initializer_list<long l
     if (g_records[slot].op == nullptr || std::strcmp(g_records[slot].op, op) == 0) break;
   if (slot == kRecords) slot = 0;
   LaunchRecord& r = g_records[slot];
+  if (values.size() > std::size(r.v))  // (before the record changes: no format without its values)
+    detail::fail(KS_ERROR_INTERNAL, op, "record_launch: more than " + std::to_string(std::size(r.v)) + " values");
   r.op = op;
   r.fmt = fmt;
-  if (values.size() > std::size(r.v))
-    detail::fail(KS_ERROR_INTERNAL, op, "record_launch: more than " + std::to_string(std::size(r.v)) + " values");
   int i = 0;
   for (long long x : values) r.v[i++] = x;
 }
