@@ -841,8 +841,7 @@ struct BulkParams {
   int64_t N, K, row_bytes;
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
-  bool thread_rows;  // rows < 32 blocks: a thread per row (bulk_thread_rows) instead of warp groups
-  int tpr;           // (thread rows) adjacent lanes per row: 1, 2 or 4 (bulk_threads_per_row)
+  int tpr;  // rows < 32 blocks: 1, 2 or 4 adjacent lanes per row (bulk_thread_rows, bulk_threads_per_row); 0: warp groups
 };
 
 template <typename T, ks_qtype_t Q>
@@ -925,7 +924,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
           if (t + 1 < rows) out[a + t + 1] = Dt<T>::from_f(s1);
         }
       }
-    } else if (p.thread_rows) {
+    } else if (p.tpr > 0) {
       // Short rows, a thread per row (where a stage holds >= kBulkThreadRowsMin rows; else, or
       // with KS_QMM_BULK_THREAD_ROWS=0, the warp groups below), or p.tpr adjacent lanes per row:
       // a row's words are RB bytes apart across the rows (for the formats' K / 32 * 34, 20 or
@@ -1434,7 +1433,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
-                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k), bulk_tpr(plan, a.k)};
+                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr(plan, a.k) : 0};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
@@ -1445,7 +1444,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
                 "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld thread_rows=%lld "
                 "threads_per_row=%lld",
                 {plan.rps, plan.group, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem,
-                 p.thread_rows ? 1 : 0, p.thread_rows ? p.tpr : 0});
+                 p.tpr > 0 ? 1 : 0, p.tpr});
 }
 
 namespace {
