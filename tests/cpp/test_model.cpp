@@ -247,17 +247,25 @@ TEST(Model, CudaFusedDecodeStepsMatchUnfusedAndCpu) {
 // the CPU path's (quantized dot products) within the same tolerance, both with the FP32
 // copies held from load (the default budget) and dequantized per step into one scratch
 // buffer (KS_DENSE_WEIGHTS_MB=0).
+namespace {
+// The reference prompts' ids one after another, cyclically, until at least n (whole prompts)
+std::vector<int32_t> prompts_joined(const nlohmann::json& ref, size_t n) {
+  std::vector<int32_t> ids;
+  for (size_t i = 0; ids.size() < n; ++i)
+    for (int32_t id : ref["cases"][i % ref["cases"].size()]["prompt_ids"].get<std::vector<int32_t>>()) ids.push_back(id);
+  return ids;
+}
+}  // namespace
+
 TEST(Model, CudaLongPrefillMatchesCpu) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
   Fixture cpu;
   const nlohmann::json ref = reference();
-  std::vector<int32_t> prompt;
   // long enough for the per-step scratch path as well (KS_DENSE_WEIGHTS_MB=0: prefill of at
   // least kScratchDenseRows rows), not only for the held copies (kDenseRows)
   using LM = ks::model::LlamaModel;
-  for (size_t i = 0; prompt.size() < size_t(std::max(LM::kDenseRows, LM::kScratchDenseRows)) + 7; ++i)
-    for (int32_t id : ref["cases"][i % ref["cases"].size()]["prompt_ids"].get<std::vector<int32_t>>()) prompt.push_back(id);
+  const std::vector<int32_t> prompt = prompts_joined(ref, size_t(std::max(LM::kDenseRows, LM::kScratchDenseRows)) + 7);
   const float* lc = cpu.model.forward(prompt.data(), int64_t(prompt.size()), 0);
   const std::vector<float> want(lc, lc + cpu.model.config().vocab_size);
   for (const char* budget : {"1024", "0"}) {
@@ -542,9 +550,7 @@ TEST(Model, CudaDecodeAcrossAttentionTables) {
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
   kstest::ScopedEnv headroom("KS_MODEL_ATTN_HEADROOM", "1");
   const nlohmann::json ref = reference();
-  std::vector<int32_t> prompt;
-  for (size_t i = 0; prompt.size() < 505; ++i)
-    for (int32_t id : ref["cases"][i % ref["cases"].size()]["prompt_ids"].get<std::vector<int32_t>>()) prompt.push_back(id);
+  std::vector<int32_t> prompt = prompts_joined(ref, 505);
   prompt.resize(505);
   const int64_t P = 505, n = 16, ctx = 1024;  // lengths 506..521: tables of 512 and 1024 tokens
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
@@ -581,8 +587,7 @@ TEST(Model, CudaDecodeAcrossAttentionTables) {
     for (int64_t i = 0; i < 4; ++i) want0.push_back(t = wide.forward_argmax(&t, 1, P + i));
   }
   ks::model::LlamaModel batched(file, ctx, ks::Backend::Cuda, 2);
-  std::vector<int32_t> long_prompt;
-  for (size_t i = 0; long_prompt.size() < 999; ++i) long_prompt.push_back(prompt[i % prompt.size()]);
+  std::vector<int32_t> long_prompt = prompts_joined(ref, 999);
   long_prompt.resize(999);
   int32_t tokens[2] = {batched.forward_argmax_seq(0, prompt.data(), P, 0),
                        batched.forward_argmax_seq(1, long_prompt.data(), 999, 0)};
