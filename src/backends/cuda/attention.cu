@@ -225,6 +225,48 @@ __device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len
   return p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys - 1) / keys))) : C;
 }
 
+// A CTA's keys [begin, end) of its unit's range.
+struct KeyRange {
+  int begin, end;
+};
+// cuda_gqa_cluster's split: CTA `rank` of the Ce that take keys gets the rank-th of Ce equal
+// pieces of the unit's len keys (empty for rank >= Ce).
+__device__ __forceinline__ KeyRange gqa_keys(int64_t len, int Ce, int rank) {
+  const int per = int((len + Ce - 1) / Ce);
+  const int begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
+  return {begin, int(min(len, int64_t(begin) + per))};
+}
+
+// Warming L2 before the wait. Under programmatic dependent launch a kernel starts while its
+// predecessor runs, and what it does before griddepcontrol.wait overlaps that kernel. The K and
+// V rows a decode step's attention reads were written by earlier steps, so both cluster kernels
+// ask L2 for the first p.prefetch_keys keys of the CTA's range there: prefetch.global.L2 of each
+// 128-byte line of those keys' K and V rows of kv head kvh. It is a hint only - nothing it reads
+// reaches the kernel's arithmetic - so it may use a length and block-table entries that the
+// predecessor is still writing: the kernel reads them again after the wait, an entry outside
+// [0, num_blocks) is skipped (no address outside the caches), and the kernel's own loads get
+// from L2, the point of coherence, whatever the predecessor wrote.
+template <typename T>
+__device__ __forceinline__ void warm_keys_l2(const AttnParams& p, int64_t seq, int64_t kvh, KeyRange keys) {
+  const int n = min(keys.end - keys.begin, p.prefetch_keys);
+  if (n <= 0) return;
+  const int64_t D = p.head_dim;
+  const int row_bytes = int(D) * int(sizeof(T));
+  const int lines = (row_bytes + 127) / 128 + 1;  // the most lines a row may touch
+  const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
+  const int bs = int(p.block_size);
+  for (int i = int(threadIdx.x); i < n * 2 * lines; i += int(blockDim.x)) {
+    const int line = i % lines, kv = (i / lines) & 1, pos = keys.begin + i / (2 * lines);
+    const int b = int((uint64_t(uint32_t(pos)) * p.bs_mul) >> p.bs_shift);  // pos / block_size
+    const int32_t blk = bt[b];
+    if (blk < 0 || blk >= p.num_blocks) continue;
+    const int64_t elem = (int64_t(blk) * bs + (pos - b * bs)) * p.num_kv_heads * D + kvh * D;
+    const char* row = static_cast<const char*>(kv ? p.v_cache : p.k_cache) + elem * int64_t(sizeof(T));
+    const char* at = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(127)) + line * 128;
+    if (at < row + row_bytes) prefetch_l2(at);
+  }
+}
+
 
 // rotary_embedding_kv_append fused into cuda_gqa_cluster (rotary_embedding_kv_append_paged_attention):
 // the rotation's and the append's tensors beside AttnParams (whose q and caches are theirs).
@@ -262,7 +304,6 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   constexpr int U = kGqaUnroll;
   using V = Vec<T, E>;
   extern __shared__ __align__(16) unsigned char gqa_raw[];
-  pdl_begin();
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int G = p.group;
@@ -273,6 +314,11 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
   const int64_t unit = blockIdx.x / C;  // (token, kv head)
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
+    const TokenContext now = token_context(p, t);
+    warm_keys_l2<T>(p, now.seq, kvh, gqa_keys(now.len, live_ctas(p, C, now.len, NS * U), rank));
+  }
+  pdl_begin();
   const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX (can_implement)
   // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each (or
   // KS_ATTN_MIN_KEYS). C was sized
@@ -283,9 +329,8 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   if (Ce == 1 && rank > 0) return;  // rank 0 alone: no cluster exchange (below)
   if (Ce > 1 && p.push_off > 0) cluster_arrive_relaxed();  // "started": finish_unit waits for it
   // this CTA's keys: [j_begin, j_end) (empty for rank >= Ce)
-  const int per = int((len + Ce - 1) / Ce);
-  const int j_begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
-  const int j_end = int(min(len, int64_t(j_begin) + per));
+  const KeyRange mine_keys = gqa_keys(len, Ce, rank);
+  const int j_begin = mine_keys.begin, j_end = mine_keys.end;
   float q[GM][E], acc[GM][E], m[GM], l[GM];
   // ROPE: the token's position, its append slot, and this lane's pieces of its new key and value.
   // Every load comes first (the position, the slot, the lane's pieces of q's heads, of k and of
@@ -578,14 +623,17 @@ int choose_cluster(const ops::PagedAttentionArgs& a, int max_cluster, int64_t mi
 }
 
 // The kernel parameters of both cluster variants, with the environment switches
-// KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys) and KS_ATTN_MIN_KEYS=N (at least N
-// keys per CTA), for experiments; read once.
+// KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
+// keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA, default 128; 0: no
+// warming), for experiments; read once.
 AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   AttnParams p = attn_params(a);
   static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
   static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
+  static const int prefetch_keys = int(std::clamp<long long>(env_number("KS_ATTN_PREFETCH_KEYS", 128), 0, 1 << 20));
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
+  p.prefetch_keys = prefetch_keys;
   return p;
 }
 
@@ -681,9 +729,11 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
   auto go = [&](auto tag, auto lpk, auto gm) {
     using T = decltype(tag);
     constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value;
-    // two CTAs per SM, at least 128 keys each
+    // two CTAs per SM, a CTA per 128 keys of the table's capacity at most (KS_ATTN_CAPACITY_KEYS=N:
+    // per N keys, for experiments; the live split gives a CTA at least 64 keys of the live length)
+    static const int64_t capacity_keys = std::clamp<long long>(env_number("KS_ATTN_CAPACITY_KEYS", 128), 1, 1 << 20);
     const int most = rope ? max_cluster_for<T, kL, kG, true>(dev) : max_cluster_for<T, kL, kG, false>(dev);
-    C = choose_cluster(a, most, 2 * int64_t(dp.sm_count), 128);
+    C = choose_cluster(a, most, 2 * int64_t(dp.sm_count), capacity_keys);
     grid = a.num_tokens * a.num_kv_heads * C;
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&
@@ -802,6 +852,13 @@ namespace ks::cuda {
 namespace {
 
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
+// cuda_mma_cluster's split: part `part` of the Ce that take keys gets whole tiles of kMcKeys,
+// ceil(len / Ce) rounded up to a tile, the last part's range ending at len (empty past Ce).
+__device__ __forceinline__ KeyRange mma_keys(int64_t len, int Ce, int part) {
+  const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
+  const int begin = int(min(len, int64_t(part) * per));
+  return {begin, part < Ce ? int(min(len, int64_t(begin) + per)) : begin};
+}
 // the split beyond a cluster pays off where a cluster CTA would read at least this much K and V
 constexpr int64_t kSplitMinBytes = 256 * 1024;
 // how far (natural-log units) a score may pass the exponentials' base before the base moves
@@ -866,7 +923,6 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   constexpr int NJ = DP / 16;      // pairs of 8-column tiles of P V
   constexpr int S = Sh::kStages;
   extern __shared__ __align__(16) unsigned char mc_raw[];
-  pdl_begin();
   cg::cluster_group cluster = cg::this_cluster();
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int G = p.group;
@@ -877,15 +933,20 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const int64_t unit = blockIdx.x / parts;  // (token, kv head)
   const int part = p.splits > 1 ? int(blockIdx.x % parts) : rank;
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
+  const int64_t keys_per_cta = p.splits > 1 ? p.split_keys : 2 * NW * kMcKeys;
+  if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
+    const TokenContext now = token_context(p, t);
+    warm_keys_l2<T>(p, now.seq, kvh, mma_keys(now.len, live_ctas(p, parts, now.len, keys_per_cta), part));
+  }
+  pdl_begin();
   const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX / 2 (can_implement)
-  // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS); a split CTA
-  // without keys has no cluster to wait for, and the combine reads only the first Ce states
-  const int Ce = live_ctas(p, parts, len, p.splits > 1 ? p.split_keys : 2 * NW * kMcKeys);
+  // a split CTA without keys has no cluster to wait for, and the combine reads only the first
+  // Ce states
+  const int Ce = live_ctas(p, parts, len, keys_per_cta);
   if ((Ce == 1 || p.splits > 1) && part >= Ce) return;
-  // this CTA's keys [j_begin, j_end): whole tiles except the last range's end
-  const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
-  const int j_begin = int(min(len, int64_t(part) * per));
-  const int j_end = part < Ce ? int(min(len, int64_t(j_begin) + per)) : j_begin;
+  const KeyRange mine_keys = mma_keys(len, Ce, part);
+  const int j_begin = mine_keys.begin, j_end = mine_keys.end;
   const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
   const int mine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
 

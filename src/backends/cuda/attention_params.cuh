@@ -36,6 +36,9 @@ struct AttnParams {
   // distributed shared memory between two cluster barriers; else the byte offset, in rank 0's
   // dynamic shared memory, of the area into which every CTA pushes its state (one barrier)
   int push_off;
+  // cuda_gqa_cluster and cuda_mma_cluster: the first this many keys of a CTA's range are
+  // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none (KS_ATTN_PREFETCH_KEYS)
+  int prefetch_keys;
 };
 
 #if defined(__CUDACC__)

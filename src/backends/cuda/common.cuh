@@ -243,6 +243,12 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 }
 
+// A hint that the 128-byte line holding `addr` will be read soon: L2 fetches it from DRAM (a
+// no-op for the program's values; the address must lie in an allocation).
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(addr));
+}
+
 // ---- thread-block cluster barrier halves (sm_90) ---------------------------------
 // Every thread of every CTA of the cluster arrives, then waits; arrive and wait alternate.
 // release / acquire order the shared-memory accesses (local and distributed) around them;

@@ -192,28 +192,5 @@ inline BulkPlan bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count,
 // 7.2 against 3.6, where a few threads would walk whole rows while the other warps idle.
 constexpr int64_t kBulkThreadRowsMin = 64;
 inline bool bulk_thread_rows(const BulkPlan& b, int64_t K) { return K / 32 < 32 && b.rps >= kBulkThreadRowsMin; }
-// Threads per short row (1, 2 or 4; 1 where thread rows are off): a row's blocks are split over
-// `tpr` adjacent lanes, thread h taking the blocks b with b mod 16 in [16 h / tpr, 16 (h + 1) / tpr)
-// (the subtrees of lane 0's butterfly, joined by shuffles: the same bits). The fewest passes over a
-// stage times the most blocks one thread sums: e.g. SmolLM2's 18 blocks, 224 rows per stage (Q4_1)
-// 2 threads (1 pass of 10 blocks against 18 alone), 112 (Q8_0) 4 (1 pass of 6); ties keep fewer.
-inline int bulk_threads_per_row(const BulkPlan& b, int64_t K) {
-  if (!bulk_thread_rows(b, K)) return 1;
-  const int64_t nb = K / 32, nt = 32 * kBulkWarps;
-  int best = 1;
-  int64_t best_cost = -1;
-  for (int tpr : {1, 2, 4}) {
-    const int64_t w = 16 / tpr;
-    int64_t most = 0;
-    for (int h = 0; h < tpr; ++h) {
-      int64_t c = 0;
-      for (int64_t blk = 0; blk < nb; ++blk) c += (blk % 16) / w == h ? 1 : 0;
-      most = std::max(most, c);
-    }
-    const int64_t cost = (b.rps * tpr + nt - 1) / nt * most;
-    if (best_cost < 0 || cost < best_cost) best_cost = cost, best = tpr;
-  }
-  return best;
-}
 
 }  // namespace ks::cuda
