@@ -97,12 +97,11 @@ if has bench; then
   #                one kernel instead of rotary_embedding_kv_append and paged_attention
   #   fuse_attn_batch  the same at batch 8, 16 and 32
   #   default_rerun  the default configuration again, next to the table A/B
-  #   no_prefetch / prefetch512  KS_ATTN_PREFETCH_KEYS=0 / 512: decode attention warms L2 with no keys /
-  #                512 keys per CTA before griddepcontrol.wait (warm_keys_l2; default 128)
-  #   cap64 / cap64_headroom1  KS_ATTN_CAPACITY_KEYS=64: decode attention's cluster may have a CTA per
-  #                64 keys of the table's capacity instead of 128 (the whole-cache table of a 641-token
-  #                cache then splits a 512..640-token context over 8 CTAs instead of 4), with the
-  #                attention tables at headroom 2 / 1
+  #   prefetch128  KS_ATTN_PREFETCH_KEYS=128: decode attention warms L2 with 128 keys per CTA before
+  #                griddepcontrol.wait (warm_keys_l2; off by default since 87eb81b's A/B)
+  #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
+  #                table's capacity at most, the rule before 87eb81b's A/B (default 64: a 512..640-token
+  #                context on the 656-token table then takes 8 CTAs instead of 4)
   #   one_table / one_table_batch  KS_MODEL_ATTN_BUCKET=0: every step's attention on the whole
   #                context's block table (as before the capacity buckets), batch 1 / 8, 16, 32
   #   headroom1    KS_MODEL_ATTN_HEADROOM=1: the narrowest table the context fits (one CTA up
@@ -146,10 +145,8 @@ if has bench; then
       ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
     fi
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
-    ab no_prefetch KS_ATTN_PREFETCH_KEYS=0
-    ab prefetch512 KS_ATTN_PREFETCH_KEYS=512
-    ab cap64 KS_ATTN_CAPACITY_KEYS=64
-    ab cap64_headroom1 KS_ATTN_CAPACITY_KEYS=64 KS_MODEL_ATTN_HEADROOM=1
+    ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
+    ab cap128 KS_ATTN_CAPACITY_KEYS=128
     ab one_table KS_MODEL_ATTN_BUCKET=0
     AB_BATCH="8 16 32" ab one_table_batch KS_MODEL_ATTN_BUCKET=0
     ab headroom1 KS_MODEL_ATTN_HEADROOM=1

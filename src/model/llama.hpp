@@ -136,11 +136,13 @@ class LlamaModel {
   // twice that, ... and the whole cache (KS_MODEL_ATTN_BUCKET=0: the whole cache alone), each
   // rounded up to whole blocks of 16; a step takes the narrowest of at least
   // KS_MODEL_ATTN_HEADROOM (default kAttnHeadroom) times len, or the widest. On CUDA
-  // (cuda_gqa_cluster) a (token, kv head) unit's cluster holds up to capacity / 128 CTAs (at most
+  // (cuda_gqa_cluster) a (token, kv head) unit's cluster holds up to capacity / 64 CTAs (at most
   // 16; fewer when the batch alone fills the GPU), of which ceil(len / keys per step) take keys
-  // (64 keys for SmolLM2's fp32 heads of 64): a table of twice the context leaves that live split
-  // uncapped up to 1024 tokens at batch 1, while the narrowest table that fits (headroom 1)
-  // caps it (measured 2% slower), and a much wider one launches clusters that mostly idle.
+  // (64 keys for SmolLM2's fp32 heads of 64), so any table that fits leaves that live split
+  // uncapped, and a much wider one launches clusters that mostly idle. Headroom 2 dates from
+  // clusters of capacity / 128 CTAs (headroom 1 then capped the split: 2% slower); with / 64 the
+  // two measured the same (87eb81b, KS_ATTN_CAPACITY_KEYS=64: 1638 / 1519 tokens/s at headroom 2,
+  // 1640 / 1516 at 1, after 64 / 512-token prompts), and 2 stays.
   int64_t attention_capacity(int64_t len) const { return table_tokens_[size_t(table_for(len))]; }
   static constexpr int64_t kAttnBucket = 256, kAttnHeadroom = 2;
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,

@@ -1132,9 +1132,9 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
 // streams its rows through a ring of bulk-copied stages): weights at 0 and 16 bytes in (it
 // declines others), matrices whose byte size is not a multiple of 16 (the tail by plain loads),
 // more stages than ring slots (14336 x 4096), one row per CTA (N = 7), short rows a thread per row
-// (20000 x 576 and the output head's 49152 x 576: stages of >= 64 rows, bulk_thread_rows; 2 or 4
-// lanes per row with KS_QMM_BULK_TPR=2 or 4) and in warp groups (576 x 576, 6341 x 576). M = 2 is
-// refused by both.
+// (20000 x 576 and the output head's 49152 x 576: stages of >= 64 rows, bulk_thread_rows; Q4_0 and
+// Q8_0 2 lanes per row, Q4_1 one, bulk_lanes_per_row; KS_QMM_BULK_TPR=1, 2 or 4 forces them) and in
+// warp groups (576 x 576, 6341 x 576). M = 2 is refused by both.
 TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -1188,8 +1188,9 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
                 EXPECT_EQ(cfg.substr(tr + 12, 1), rows_by_threads ? "1" : "0") << cfg;
                 const size_t tp = cfg.find("threads_per_row=");
                 ASSERT_NE(tp, std::string::npos) << cfg;
-                const char* f = std::getenv("KS_QMM_BULK_TPR");  // (honoured as 2 or 4 only, as bulk_tpr)
-                const int lanes = f && (std::string(f) == "2" || std::string(f) == "4") ? std::atoi(f) : 1;
+                const char* f = std::getenv("KS_QMM_BULK_TPR");  // (honoured as 1, 2 or 4 only, as bulk_tpr)
+                const bool forced = f && (std::string(f) == "1" || std::string(f) == "2" || std::string(f) == "4");
+                const int lanes = forced ? std::atoi(f) : ks::cuda::bulk_lanes_per_row(q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34);
                 EXPECT_EQ(std::stoi(cfg.substr(tp + 16)), rows_by_threads ? lanes : 0) << cfg;
               }
               if (out == &da && bulk && N == 14336) {  // more stages per CTA than ring slots: the ring wraps

@@ -19,7 +19,7 @@
 // warp by shuffles, warps through shared memory, the C CTAs of the cluster through
 // distributed shared memory: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M).
 // No workspace in global memory, so nothing is allocated per call (graph-capturable).
-// C: the fewest of 1, 2, 4, 8, 16 that give two CTAs per SM, at most one per 128 keys of
+// C: the fewest of 1, 2, 4, 8, 16 that give two CTAs per SM, at most one per 64 keys of
 // the block table's capacity; 8 at most where a cluster of 16 cannot be resident. Of the C
 // CTAs only the first Ce = min(C, ceil(len / keys per step)) take keys (len: the unit's
 // live context length), so a graph captured for the capacity stays cheap at short lengths.
@@ -245,7 +245,11 @@ __device__ __forceinline__ KeyRange gqa_keys(int64_t len, int Ce, int rank) {
 // reaches the kernel's arithmetic - so it may use a length and block-table entries that the
 // predecessor is still writing: the kernel reads them again after the wait, an entry outside
 // [0, num_blocks) is skipped (no address outside the caches), and the kernel's own loads get
-// from L2, the point of coherence, whatever the predecessor wrote.
+// from L2, the point of coherence, whatever the predecessor wrote. Off by default: measured on the
+// H200 (87eb81b, 128 keys per CTA) it slowed SmolLM2's decode (1649 tokens/s against 1659 without
+// after a 64-token prompt, 1437 against 1491 after 512) and moved the bf16 anchors by -5% (b32
+// 32/8 heads T1024 40.3 us against 38.5) to +3% (b1 32/8 T8192 19.4 against 20.0);
+// KS_ATTN_PREFETCH_KEYS=N turns it on for experiments.
 template <typename T>
 __device__ __forceinline__ void warm_keys_l2(const AttnParams& p, int64_t seq, int64_t kvh, KeyRange keys) {
   const int n = min(keys.end - keys.begin, p.prefetch_keys);
@@ -624,13 +628,13 @@ int choose_cluster(const ops::PagedAttentionArgs& a, int max_cluster, int64_t mi
 
 // The kernel parameters of both cluster variants, with the environment switches
 // KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
-// keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA, default 128; 0: no
-// warming), for experiments; read once.
+// keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none), for
+// experiments; read once.
 AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   AttnParams p = attn_params(a);
   static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
   static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
-  static const int prefetch_keys = int(std::clamp<long long>(env_number("KS_ATTN_PREFETCH_KEYS", 128), 0, 1 << 20));
+  static const int prefetch_keys = int(std::clamp<long long>(env_number("KS_ATTN_PREFETCH_KEYS", 0), 0, 1 << 20));
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
   p.prefetch_keys = prefetch_keys;
@@ -729,9 +733,13 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
   auto go = [&](auto tag, auto lpk, auto gm) {
     using T = decltype(tag);
     constexpr int kL = decltype(lpk)::value, kG = decltype(gm)::value;
-    // two CTAs per SM, a CTA per 128 keys of the table's capacity at most (KS_ATTN_CAPACITY_KEYS=N:
-    // per N keys, for experiments; the live split gives a CTA at least 64 keys of the live length)
-    static const int64_t capacity_keys = std::clamp<long long>(env_number("KS_ATTN_CAPACITY_KEYS", 128), 1, 1 << 20);
+    // two CTAs per SM, a CTA per 64 keys of the table's capacity at most (KS_ATTN_CAPACITY_KEYS=N:
+    // per N keys, for experiments). The live split gives each CTA one step of keys (64 for fp32
+    // heads of 64), so a context filling its table can use every CTA of its cluster; with one per
+    // 128 keys (before 2026-12-01) the cluster capped it at half the table: on the H200 (87eb81b,
+    // SmolLM2, 641-token cache) decode after a 512-token prompt 1519 tokens/s against 1436, 576 of
+    // 656 keys 7.75 us against 8.65, shorter contexts unchanged.
+    static const int64_t capacity_keys = std::clamp<long long>(env_number("KS_ATTN_CAPACITY_KEYS", 64), 1, 1 << 20);
     const int most = rope ? max_cluster_for<T, kL, kG, true>(dev) : max_cluster_for<T, kL, kG, false>(dev);
     C = choose_cluster(a, most, 2 * int64_t(dp.sm_count), capacity_keys);
     grid = a.num_tokens * a.num_kv_heads * C;

@@ -37,7 +37,8 @@ struct AttnParams {
   // dynamic shared memory, of the area into which every CTA pushes its state (one barrier)
   int push_off;
   // cuda_gqa_cluster and cuda_mma_cluster: the first this many keys of a CTA's range are
-  // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none (KS_ATTN_PREFETCH_KEYS)
+  // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none, the default
+  // (KS_ATTN_PREFETCH_KEYS)
   int prefetch_keys;
 };
 

@@ -192,5 +192,11 @@ inline BulkPlan bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count,
 // 7.2 against 3.6, where a few threads would walk whole rows while the other warps idle.
 constexpr int64_t kBulkThreadRowsMin = 64;
 inline bool bulk_thread_rows(const BulkPlan& b, int64_t K) { return K / 32 < 32 && b.rps >= kBulkThreadRowsMin; }
+// Adjacent lanes per short row where bulk_thread_rows holds, by the weight format's block bytes
+// (18 Q4_0, 20 Q4_1, 34 Q8_0): a row's blocks split over 2 lanes (the subtrees of lane 0's
+// butterfly joined by a shuffle: the same bits) or walked by one. Measured on the H200 at
+// 49152 x 576, bf16 x (01d720c and 87eb81b, one machine): Q8_0 2 lanes 20.12 us, 1 lane 22.27-22.34,
+// 4 lanes 24.54; Q4_0 2 lanes 17.39, 1 lane 17.98; Q4_1 1 lane 12.58-12.63, 2 lanes 17.40.
+constexpr int bulk_lanes_per_row(int64_t block_bytes) { return block_bytes == 20 ? 1 : 2; }
 
 }  // namespace ks::cuda

@@ -841,7 +841,7 @@ struct BulkParams {
   int64_t N, K, row_bytes;
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
-  int tpr;  // rows < 32 blocks: 1 (or KS_QMM_BULK_TPR=2, 4) adjacent lanes per row (bulk_thread_rows, bulk_tpr); 0: warp groups
+  int tpr;  // rows < 32 blocks: 1, 2 or 4 adjacent lanes per row (bulk_thread_rows, bulk_tpr); 0: warp groups
 };
 
 template <typename T, ks_qtype_t Q>
@@ -1391,16 +1391,14 @@ bool bulk_thread_rows_enabled() {
   static const bool on = !env_is("KS_QMM_BULK_THREAD_ROWS", "0");
   return on;
 }
-// Lanes per short row: 1, or KS_QMM_BULK_TPR=2 or 4 (experiments; the same bits either way). A
-// row's blocks split over 2 or 4 adjacent lanes measured slower on the H200 than a lane per row
-// at every format (01d720c, 49152 x 576, bf16 x: Q4_1 at 2 lanes 17.40 us against 12.63, Q8_0 at
-// 4 lanes 24.54 against 22.34; h200_followup_01d720c.csv), so one lane is the default.
-int bulk_tpr() {
-  static const int lanes = [] {
-    const long long v = env_number("KS_QMM_BULK_TPR", 1);
-    return v == 2 || v == 4 ? int(v) : 1;
+// Lanes per short row: bulk_lanes_per_row's (launch_rules.hpp), or KS_QMM_BULK_TPR=1, 2 or 4
+// (experiments; the same bits either way).
+int bulk_tpr(ks_qtype_t qtype) {
+  static const int forced = [] {
+    const long long v = env_number("KS_QMM_BULK_TPR", 0);
+    return v == 1 || v == 2 || v == 4 ? int(v) : 0;
   }();
-  return lanes;
+  return forced ? forced : bulk_lanes_per_row(q_block_bytes(qtype));
 }
 BulkPlan bulk_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
@@ -1435,7 +1433,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
-                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr() : 0};
+                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr(a.qtype) : 0};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
