@@ -227,8 +227,16 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
     EXPECT_EQ(p.grid, 132u);
     // a thread per short row only where a stage holds >= 64 of them (49152 x 576: 112..336 rows)
     EXPECT_EQ(ks::cuda::bulk_thread_rows(p, w.K), w.N == 49152) << "rows per stage " << p.rps;
-    // lanes per short row by format, as measured at 49152 x 576: Q4_1 1, Q4_0 and Q8_0 2
-    EXPECT_EQ(ks::cuda::bulk_lanes_per_row(w.block_bytes), w.block_bytes == 20 ? 1 : 2);
+    // lanes per short row: what the kernel's split supports (1, 2 or 4 lanes: 16 tree slots
+    // divided evenly, the lanes of a row inside one warp and one row slot per lanes threads),
+    // and the choice measured at 49152 x 576 (Q4_1 1, Q4_0 and Q8_0 2)
+    for (int64_t bb : {int64_t(18), int64_t(20), int64_t(34)}) {
+      const int lanes = ks::cuda::bulk_lanes_per_row(bb);
+      EXPECT_TRUE(lanes == 1 || lanes == 2 || lanes == 4) << lanes;
+      EXPECT_EQ(16 % lanes, 0);
+      EXPECT_EQ((32 * ks::cuda::kBulkWarps) % lanes, 0);
+      EXPECT_EQ(lanes, bb == 20 ? 1 : 2) << "block bytes " << bb;
+    }
   }
   // x alone past the limit (65536 values: 295 KB as floats) declines; 28672 values of Q8_0 fit
   EXPECT_EQ(bulk_plan(1, 65536, 2048 * 34, 132, kLimit, kTarget).slots, 0);

@@ -1627,7 +1627,7 @@ TEST(Cuda, RopeAppendAttentionEqualsTheTwoCalls) {
   for (DType dt : kstest::float_dtypes())
     for (bool neox : {false, true})
       for (RopeAttnCase c : {RopeAttnCase{1, 9, 3, 64, 64, 16, 128, neox, false},   // SmolLM2, 2048 keys
-                             RopeAttnCase{1, 9, 3, 64, 64, 16, 8, neox, false},     // 128 keys: one CTA
+                             RopeAttnCase{1, 9, 3, 64, 64, 16, 8, neox, false},     // 128 keys: one or two CTAs
                              RopeAttnCase{5, 9, 3, 64, 64, 16, 40, neox, true},     // a decode batch
                              RopeAttnCase{3, 8, 1, 128, 96, 16, 260, neox, true},  // 8 heads per kv head, 4160 keys
                              RopeAttnCase{4, 4, 4, 32, 32, 7, 9, neox, false},     // one head per kv head, odd block
@@ -2068,7 +2068,7 @@ int64_t last_attention_cluster() {
 }
 
 // The cluster path of cuda_gqa_cluster (the other tests' block tables hold at most 256 keys,
-// which keeps C = 1): a table of 5120 keys lets a (token, kv head)'s keys be split over up to
+// which keeps C <= 4): a table of 5120 keys lets a (token, kv head)'s keys be split over up to
 // 16 CTAs merged through distributed shared memory; 3 to 100 tokens give clusters of 16, 8,
 // 4 and 2 on a 132-SM H200. Lengths not multiples of C * 64, smaller than C, 0 and the full
 // capacity; GQA groups of 3 and 8 (more query heads than the CTA's 4 warps); decode and

@@ -244,8 +244,9 @@ __device__ __forceinline__ KeyRange gqa_keys(int64_t len, int Ce, int rank) {
 // 128-byte line of those keys' K and V rows of kv head kvh. It is a hint only - nothing it reads
 // reaches the kernel's arithmetic - so it may use a length and block-table entries that the
 // predecessor is still writing: the kernel reads them again after the wait, an entry outside
-// [0, num_blocks) is skipped (no address outside the caches), and the kernel's own loads get
-// from L2, the point of coherence, whatever the predecessor wrote. Off by default: measured on the
+// [0, num_blocks) is skipped (no line outside the caches' pages; the first line of a row may start
+// before it), its own reads go through L2 alone (no L1 line the kernel's later loads could hit),
+// and the kernel's loads get from L2, the point of coherence, whatever the predecessor wrote. Off by default: measured on the
 // H200 (87eb81b, 128 keys per CTA) it slowed SmolLM2's decode (1649 tokens/s against 1659 without
 // after a 64-token prompt, 1437 against 1491 after 512) and moved the bf16 anchors by -5% (b32
 // 32/8 heads T1024 40.3 us against 38.5) to +3% (b1 32/8 T8192 19.4 against 20.0);
@@ -262,7 +263,7 @@ __device__ __forceinline__ void warm_keys_l2(const AttnParams& p, int64_t seq, i
   for (int i = int(threadIdx.x); i < n * 2 * lines; i += int(blockDim.x)) {
     const int line = i % lines, kv = (i / lines) & 1, pos = keys.begin + i / (2 * lines);
     const int b = int((uint64_t(uint32_t(pos)) * p.bs_mul) >> p.bs_shift);  // pos / block_size
-    const int32_t blk = bt[b];
+    const int32_t blk = __ldcg(bt + b);  // (through L2 alone: token_context's l2_only)
     if (blk < 0 || blk >= p.num_blocks) continue;
     const int64_t elem = (int64_t(blk) * bs + (pos - b * bs)) * p.num_kv_heads * D + kvh * D;
     const char* row = static_cast<const char*>(kv ? p.v_cache : p.k_cache) + elem * int64_t(sizeof(T));
@@ -319,7 +320,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   const int64_t unit = blockIdx.x / C;  // (token, kv head)
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
   if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
-    const TokenContext now = token_context(p, t);
+    const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, gqa_keys(now.len, live_ctas(p, C, now.len, NS * U), rank));
   }
   pdl_begin();
@@ -626,6 +627,13 @@ int choose_cluster(const ops::PagedAttentionArgs& a, int max_cluster, int64_t mi
   return c;
 }
 
+// cuda_gqa_cluster's keys of block-table capacity per cluster CTA at most: 64, or
+// KS_ATTN_CAPACITY_KEYS=N (experiments; read once). See launch_gqa.
+int64_t gqa_capacity_keys() {
+  static const int64_t keys = std::clamp<long long>(env_number("KS_ATTN_CAPACITY_KEYS", 64), 1, 1 << 20);
+  return keys;
+}
+
 // The kernel parameters of both cluster variants, with the environment switches
 // KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
 // keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none), for
@@ -739,9 +747,8 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
     // 128 keys (before 2026-12-01) the cluster capped it at half the table: on the H200 (87eb81b,
     // SmolLM2, 641-token cache) decode after a 512-token prompt 1519 tokens/s against 1436, 576 of
     // 656 keys 7.75 us against 8.65, shorter contexts unchanged.
-    static const int64_t capacity_keys = std::clamp<long long>(env_number("KS_ATTN_CAPACITY_KEYS", 64), 1, 1 << 20);
     const int most = rope ? max_cluster_for<T, kL, kG, true>(dev) : max_cluster_for<T, kL, kG, false>(dev);
-    C = choose_cluster(a, most, 2 * int64_t(dp.sm_count), capacity_keys);
+    C = choose_cluster(a, most, 2 * int64_t(dp.sm_count), gqa_capacity_keys());
     grid = a.num_tokens * a.num_kv_heads * C;
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&
@@ -944,7 +951,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
   const int64_t keys_per_cta = p.splits > 1 ? p.split_keys : 2 * NW * kMcKeys;
   if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
-    const TokenContext now = token_context(p, t);
+    const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, mma_keys(now.len, live_ctas(p, parts, now.len, keys_per_cta), part));
   }
   pdl_begin();

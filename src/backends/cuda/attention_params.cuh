@@ -50,9 +50,11 @@ struct AttnParams {
 struct TokenContext {
   int64_t seq, len;
 };
-__device__ __forceinline__ TokenContext token_context(const AttnParams& p, int64_t t) {
-  const int64_t seq = p.seq_ids ? int64_t(p.seq_ids[t]) : t;
-  int64_t len = p.context_lens[t];
+// l2_only: read through L2 alone (ld.global.cg), for reads before griddepcontrol.wait, so that no
+// L1 line they fill can serve the same words after the wait.
+__device__ __forceinline__ TokenContext token_context(const AttnParams& p, int64_t t, bool l2_only = false) {
+  const int64_t seq = p.seq_ids ? int64_t(l2_only ? __ldcg(p.seq_ids + t) : p.seq_ids[t]) : t;
+  int64_t len = l2_only ? __ldcg(p.context_lens + t) : p.context_lens[t];
   if (seq < 0 || seq >= p.num_seqs || len < 0) len = 0;
   return {seq, min(len, p.max_blocks_per_seq * p.block_size)};
 }

@@ -227,7 +227,8 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 // launch had no programmatic dependency). A kernel launched with the PDL
 // attribute reads nothing early - except quant_matmul's packed weights, which its
 // kernels stage before calling this (the contract makes weights read-only inputs
-// that the preceding kernel must not write) - so what it gains is its launch (CTA
+// that the preceding kernel must not write), and decode attention's L2 warming when
+// KS_ATTN_PREFETCH_KEYS turns it on (warm_keys_l2: hints only, through L2) - so what it gains is its launch (CTA
 // setup, argument fetch) overlapping the previous kernel's tail. Stream order is
 // kept for any predecessor, kernscope's or not. Grids of at most one CTA per SM
 // (decode sizes) then let the next kernel be scheduled at once; larger grids
