@@ -99,6 +99,10 @@ if has bench; then
   #   default_rerun  the default configuration again, next to the table A/B
   #   prefetch128  KS_ATTN_PREFETCH_KEYS=128: decode attention warms L2 with 128 keys per CTA before
   #                griddepcontrol.wait (warm_keys_l2; off by default since 87eb81b's A/B)
+  #   attn_nopdl / rope_fused_attn_nopdl  KS_PDL_OFF=paged_attention: decode attention launched
+  #                without PDL (its clusters wait for the previous kernel's end instead of being placed
+  #                early), alone and with the q/k/v + RoPE fusion, whose loss under PDL was put down to
+  #                that placement (docs/cuda.md); rope_nopdl: the RoPE + append kernel without PDL
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
   #                table's capacity at most, the rule before 87eb81b's A/B (default 64: a 512..640-token
   #                context on the 656-token table then takes 8 CTAs instead of 4)
@@ -147,6 +151,9 @@ if has bench; then
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
+    ab attn_nopdl KS_PDL_OFF=paged_attention
+    ab rope_fused_attn_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL_OFF=paged_attention
+    ab rope_nopdl KS_PDL_OFF=rotary_embedding_kv_append
     ab one_table KS_MODEL_ATTN_BUCKET=0
     AB_BATCH="8 16 32" ab one_table_batch KS_MODEL_ATTN_BUCKET=0
     ab headroom1 KS_MODEL_ATTN_HEADROOM=1

@@ -471,9 +471,14 @@ struct DeviceProps {
 };
 const DeviceProps& device_props(int device);
 
+// Whether KS_PDL_OFF (a comma list of op names, read once; experiments) names op: its kernels then
+// launch without the PDL attribute, so they start only when the previous kernel has finished (e.g.
+// KS_PDL_OFF=paged_attention: decode attention's clusters not placed early beside the RoPE kernel).
+bool pdl_off_for(const char* op);
+
 // Launches kern<<<grid, block, smem, s>>>(args...) through cudaLaunchKernelEx, as a
 // thread-block cluster of `cluster` CTAs when cluster > 1, with the PDL attribute
-// when pdl is set; a launch error throws KS_ERROR_CUDA naming op.
+// when pdl is set (and KS_PDL_OFF does not name op); a launch error throws KS_ERROR_CUDA naming op.
 template <typename... P, typename... A>
 void launch_kernel(const char* op, void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
                    int cluster, bool pdl, A&&... args) {
@@ -491,7 +496,7 @@ void launch_kernel(const char* op, void (*kern)(P...), dim3 grid, dim3 block, si
     attr[n].val.clusterDim.z = 1;
     ++n;
   }
-  if (pdl) {
+  if (pdl && !pdl_off_for(op)) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[n].val.programmaticStreamSerializationAllowed = 1;
     ++n;

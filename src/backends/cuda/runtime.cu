@@ -94,6 +94,27 @@ const DeviceProps& device_props(int device) {
   });
 }
 
+bool pdl_off_for(const char* op) {
+  static const std::vector<std::string> off = [] {
+    std::vector<std::string> v;
+    const char* e = std::getenv("KS_PDL_OFF");
+    std::string cur;
+    for (const char* c = e ? e : ""; ; ++c) {
+      if (*c == ',' || *c == '\0') {
+        if (!cur.empty()) v.push_back(cur);
+        cur.clear();
+        if (*c == '\0') break;
+      } else {
+        cur += *c;
+      }
+    }
+    return v;
+  }();
+  for (const std::string& name : off)
+    if (name == op) return true;
+  return false;
+}
+
 namespace {
 struct LaunchRecord {
   const char* op = nullptr;
