@@ -53,9 +53,12 @@ run: build-ksctl model
 	KS_PROMPT='$(subst ','\'',$(value PROMPT))'; OMP_WAIT_POLICY=passive \
 	  $(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
 
+# The CSV goes to $(BENCH_CSV): the build folder by default, so a run on another machine does not
+# overwrite the checked-in record (docs/perf/cpu.csv: `make bench BENCH_CSV=docs/perf/cpu.csv`).
+BENCH_CSV ?= $(BUILD)/bench_cpu.csv
 bench: build-ksctl model
 	OMP_WAIT_POLICY=passive $(BUILD)/ksctl bench-model --model $(MODEL) --prompt-tokens 64 512 --decode-tokens 128 \
-	  --repeats 5 --csv docs/perf/cpu.csv
+	  --repeats 5 --csv $(BENCH_CSV)
 
 clean:
 	rm -rf $(BUILD)
