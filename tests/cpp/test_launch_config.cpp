@@ -276,3 +276,20 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
             }
           }
 }
+
+// KS_PDL_OFF's list: exact names between commas, empty items skipped.
+TEST(PdlOffList, NamesExactOpsOnly) {
+  using ks::cuda::name_in_list;
+  EXPECT_TRUE(name_in_list("paged_attention", "paged_attention"));
+  EXPECT_TRUE(name_in_list("rotary_embedding_kv_append,paged_attention", "paged_attention"));
+  EXPECT_TRUE(name_in_list(",,paged_attention,", "paged_attention"));
+  EXPECT_TRUE(name_in_list("a,b,c", "b"));
+  EXPECT_FALSE(name_in_list("paged_attention", "paged"));
+  EXPECT_FALSE(name_in_list("paged", "paged_attention"));
+  EXPECT_FALSE(name_in_list("rotary_embedding_kv_append_paged_attention", "paged_attention"));
+  EXPECT_FALSE(name_in_list("paged_attention ", "paged_attention"));
+  EXPECT_FALSE(name_in_list("", "paged_attention"));
+  EXPECT_FALSE(name_in_list(",", "paged_attention"));
+  EXPECT_FALSE(name_in_list(nullptr, "paged_attention"));
+  EXPECT_FALSE(name_in_list("a,,b", ""));
+}

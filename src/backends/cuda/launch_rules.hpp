@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 namespace ks::cuda {
@@ -198,5 +199,20 @@ inline bool bulk_thread_rows(const BulkPlan& b, int64_t K) { return K / 32 < 32 
 // 49152 x 576, bf16 x (01d720c and 87eb81b, one machine): Q8_0 2 lanes 20.12 us, 1 lane 22.27-22.34,
 // 4 lanes 24.54; Q4_0 2 lanes 17.39, 1 lane 17.98; Q4_1 1 lane 12.58-12.63, 2 lanes 17.40.
 constexpr int bulk_lanes_per_row(int64_t block_bytes) { return block_bytes == 20 ? 1 : 2; }
+
+// Whether the comma-separated `list` (e.g. KS_PDL_OFF's value; empty items ignored, no spaces
+// trimmed) names `name` exactly.
+inline bool name_in_list(const char* list, const char* name) {
+  if (!list || !name || !*name) return false;
+  for (const char* item = list;;) {
+    const char* end = item;
+    while (*end && *end != ',') ++end;
+    size_t n = 0;
+    while (name[n] && item + n < end && item[n] == name[n]) ++n;
+    if (!name[n] && item + n == end) return true;
+    if (!*end) return false;
+    item = end + 1;
+  }
+}
 
 }  // namespace ks::cuda

@@ -95,24 +95,11 @@ const DeviceProps& device_props(int device) {
 }
 
 bool pdl_off_for(const char* op) {
-  static const std::vector<std::string> off = [] {
-    std::vector<std::string> v;
+  static const std::string off = [] {
     const char* e = std::getenv("KS_PDL_OFF");
-    std::string cur;
-    for (const char* c = e ? e : ""; ; ++c) {
-      if (*c == ',' || *c == '\0') {
-        if (!cur.empty()) v.push_back(cur);
-        cur.clear();
-        if (*c == '\0') break;
-      } else {
-        cur += *c;
-      }
-    }
-    return v;
+    return std::string(e ? e : "");
   }();
-  for (const std::string& name : off)
-    if (name == op) return true;
-  return false;
+  return !off.empty() && name_in_list(off.c_str(), op);
 }
 
 namespace {
