@@ -746,7 +746,8 @@ def _check_paged(op: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     _check_cache(op, "k_cache", k_cache, kvh, hd)
     _require_shape(op, "v_cache", v_cache, k_cache.shape, "same as k_cache")
     if kvh == 0 or n_heads % kvh:
-        raise InvalidArgumentError(f"{op}: num_heads ({n_heads}) must be a multiple of num_kv_heads ({kvh})")
+        raise InvalidArgumentError(f"{op}: num_heads ({n_heads}) must be a multiple of num_kv_heads ({kvh}) "
+                                   "(q's dim 1, k_cache's dim 2)")
     n_blocks, bsz = k_cache.shape[0], k_cache.shape[1]
     _ndim(op, "block_tables", block_tables, 2)
     n_seqs, max_blocks = block_tables.shape

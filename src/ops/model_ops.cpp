@@ -358,7 +358,7 @@ void validate_paged_attention(const char* op, PagedAttentionArgs& a, const DLTen
   if (a.num_kv_heads == 0 || a.num_heads % a.num_kv_heads != 0)
     fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads (" + std::to_string(a.num_heads) +
                                             ") must be a multiple of num_kv_heads (" +
-                                            std::to_string(a.num_kv_heads) + ")");
+                                            std::to_string(a.num_kv_heads) + ") (q's dim 1, k_cache's dim 2)");
   a.num_blocks = a.k_cache.dim(0);
   a.block_size = a.k_cache.dim(1);
   if (a.block_size == 0)
@@ -488,7 +488,8 @@ extern "C" ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, con
     require_shape(op, "v", a.v, a.k.shape, "same as k");
     if (a.num_kv_heads == 0 || a.num_heads % a.num_kv_heads != 0)
       fail(KS_ERROR_INVALID_ARGUMENT, op, "num_heads (" + std::to_string(a.num_heads) +
-                                              ") must be a multiple of num_kv_heads (" + std::to_string(a.num_kv_heads) + ")");
+                                              ") must be a multiple of num_kv_heads (" + std::to_string(a.num_kv_heads) +
+                                              ") (q's dim 1, k's dim 1)");
     require_ndim(op, "cu_seqlens_q", a.cu_q, 1);
     if (a.cu_q.dim(0) < 1) fail(KS_ERROR_INVALID_ARGUMENT, op, "cu_seqlens_q must have num_seqs + 1 >= 1 entries");
     a.num_seqs = a.cu_q.dim(0) - 1;
