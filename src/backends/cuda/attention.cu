@@ -262,7 +262,7 @@ __device__ __forceinline__ void warm_keys_l2(const AttnParams& p, int64_t seq, i
   const int bs = int(p.block_size);
   for (int i = int(threadIdx.x); i < n * 2 * lines; i += int(blockDim.x)) {
     const int line = i % lines, kv = (i / lines) & 1, pos = keys.begin + i / (2 * lines);
-    const int b = int((uint64_t(uint32_t(pos)) * p.bs_mul) >> p.bs_shift);  // pos / block_size
+    const int b = block_of(p.bs_mul, p.bs_shift, pos);
     const int32_t blk = __ldcg(bt + b);  // (through L2 alone: token_context's l2_only)
     if (blk < 0 || blk >= p.num_blocks) continue;
     const int64_t elem = (int64_t(blk) * bs + (pos - b * bs)) * p.num_kv_heads * D + kvh * D;
@@ -390,11 +390,10 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   }
   const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
   const int bs = int(p.block_size);
-  // pos / block_size without a division: (pos * bs_mul) >> bs_shift, exact for pos < 2^31
-  // (attn_params)
+  // pos / block_size without a division (block_of; exact for pos < 2^31)
   const uint32_t bs_mul = p.bs_mul;
   const int bs_shift = p.bs_shift;
-  auto div_bs = [&](int pos) { return int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift); };
+  auto div_bs = [&](int pos) { return block_of(bs_mul, bs_shift, pos); };
   constexpr float kLog2e = 1.4426950408889634f;
   const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + sub * E;
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + sub * E;
@@ -1002,7 +1001,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     blk = -1;
     off = 0;
     if (pos < j_end) {
-      const int b = int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);  // pos / block_size
+      const int b = block_of(bs_mul, bs_shift, pos);  // pos / block_size
       blk = bt[b];
       off = pos - b * bs;
     }

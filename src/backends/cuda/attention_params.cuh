@@ -50,6 +50,11 @@ struct AttnParams {
 struct TokenContext {
   int64_t seq, len;
 };
+// pos / block_size for 0 <= pos < 2^31 by AttnParams' round-up reciprocal (bs_mul, bs_shift),
+// without a division.
+__device__ __forceinline__ int block_of(uint32_t bs_mul, int bs_shift, int pos) {
+  return int((uint64_t(uint32_t(pos)) * bs_mul) >> bs_shift);
+}
 // l2_only: read through L2 alone (ld.global.cg), for reads before griddepcontrol.wait, so that no
 // L1 line they fill can serve the same words after the wait.
 __device__ __forceinline__ TokenContext token_context(const AttnParams& p, int64_t t, bool l2_only = false) {
