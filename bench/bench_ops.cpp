@@ -18,7 +18,8 @@
 //  --shapes 512x4096,64x128256 keeps only those shapes, as printed, e.g. for a profiler run; decode attention
 //  shapes too, e.g. "b1 h32/8 d128 T32768")
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
-//  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors)
+//  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors);
+//  --ops quant_matmul_rows: fp32 quant_matmul at 8..512 rows of SmolLM2's shapes against a dense FP32 gemm
 #ifdef KS_HAVE_BUILD_COMMIT
 #include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
 #endif
@@ -396,6 +397,20 @@ int main(int argc, char** argv) {
       also_variants(op, sampling ? "sampling_topk_topp" : "argmax", shape, bf, bytes, k, call);
     }
   }
+  // n packed rows of h weights at p (device): random codes with small finite fp16 scales (the
+  // high byte of d, and of Q4_1's m, masked to 0x1f)
+  auto fill_packed = [&](void* p, ks::QType qt, int64_t n, int64_t h, int64_t bb) {
+    const int64_t row_bytes = h / 32 * bb;
+    std::vector<uint8_t> host(static_cast<size_t>(n * row_bytes));
+    for (auto& c : host) c = uint8_t(rng());
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t blk = 0; blk < h / 32; ++blk) {
+        uint8_t* b = host.data() + r * row_bytes + blk * bb;
+        b[1] = uint8_t(b[1] & 0x1f);
+        if (qt == ks::QType::Q4_1) b[3] = uint8_t(b[3] & 0x1f);
+      }
+    CK(cudaMemcpy(p, host.data(), host.size(), cudaMemcpyHostToDevice));
+  };
   if (has(ops, "quant_matmul"))
     for (auto [qt, qname, bb] : std::vector<std::tuple<ks::QType, const char*, int64_t>>{
              {ks::QType::Q4_1, "q4_1", 20}, {ks::QType::Q8_0, "q8_0", 34}, {ks::QType::Q4_0, "q4_0", 18}})
@@ -409,19 +424,10 @@ int main(int argc, char** argv) {
         const size_t bytes = size_t(n * row_bytes + es * h + es * n);
         const int k = nsets(bytes);
         std::vector<std::unique_ptr<Dev>> x, w, o;
-        std::vector<uint8_t> host(static_cast<size_t>(n * row_bytes));
         for (int i = 0; i < k; ++i) {
           x.emplace_back(new Dev(es * h)); w.emplace_back(new Dev(n * row_bytes)); o.emplace_back(new Dev(es * n));
           fill_random(x.back()->p, h, xdt, rng);
-          // random codes with small finite fp16 scales (bytes 0x00..0x3f in each scale's high byte)
-          for (auto& c : host) c = uint8_t(rng());
-          for (int64_t r = 0; r < n; ++r)
-            for (int64_t blk = 0; blk < h / 32; ++blk) {
-              uint8_t* p = host.data() + r * row_bytes + blk * bb;
-              p[1] = uint8_t(p[1] & 0x1f);  // d: |d| < 2^-? small positive/negative halves
-              if (qt == ks::QType::Q4_1) p[3] = uint8_t(p[3] & 0x1f);
-            }
-          CK(cudaMemcpy(w.back()->p, host.data(), host.size(), cudaMemcpyHostToDevice));
+          fill_packed(w.back()->p, qt, n, h, bb);
         }
         const auto call = [&](int i, cudaStream_t st) {
           ks::quant_matmul(dv(o[i]->p, xdt, {1, n}), dv(x[i]->p, xdt, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}), qt,
@@ -432,6 +438,45 @@ int main(int argc, char** argv) {
         record(op, shape, xdt, us, bytes, "quant_matmul");
         also_variants("quant_matmul", op, shape, xdt, bytes, k, call);
       }
+  // Batched quant_matmul (M rows of fp32 x, as the model's batched decode and prefill run it; opt-in:
+  // --ops quant_matmul_rows): SmolLM2's matrices (q / o 576 x 576, gate|up 3072 x 576, down 576 x 1536,
+  // the Q8_0 head 49152 x 576) at M = 8, 16, 32, 64 and 512, the automatic choice and every variant
+  // (--variants), next to the FP32 dense path the model took from 16 rows until 2026-12-01 (impl
+  // "dense_fp32_gemm": ks::gemm on a dequantized copy, cuBLASLt). bytes = the packed weights + x + out.
+  if (has(ops, "quant_matmul_rows")) {
+    const DType f32 = DType::F32;
+    for (auto [qt, qname, bb, n, h] : std::vector<std::tuple<ks::QType, const char*, int64_t, int64_t, int64_t>>{
+             {ks::QType::Q4_1, "q4_1", 20, 576, 576}, {ks::QType::Q4_1, "q4_1", 20, 3072, 576},
+             {ks::QType::Q4_1, "q4_1", 20, 576, 1536}, {ks::QType::Q8_0, "q8_0", 34, 49152, 576}})
+      for (int64_t m : {8, 16, 32, 64, 512}) {
+        if (!want_shape(n, h)) continue;
+        const int64_t row_bytes = h / 32 * bb;
+        const size_t bytes = size_t(n * row_bytes + 4 * m * h + 4 * m * n);
+        const int k = nsets(bytes);
+        std::vector<std::unique_ptr<Dev>> x, w, o, dense;
+        for (int i = 0; i < k; ++i) {
+          x.emplace_back(new Dev(4 * m * h)); w.emplace_back(new Dev(n * row_bytes)); o.emplace_back(new Dev(4 * m * n));
+          dense.emplace_back(new Dev(4 * n * h));
+          fill_random(x.back()->p, m * h, f32, rng);
+          fill_packed(w.back()->p, qt, n, h, bb);
+          ks::dequantize(dv(dense.back()->p, f32, {n, h}), dv(w.back()->p, DType::U8, {n, row_bytes}), qt, ks::Backend::Cuda, s);
+        }
+        CK(cudaStreamSynchronize(s));
+        const std::string op = std::string("quant_matmul_rows_") + qname,
+                          shape = "M" + std::to_string(m) + " " + std::to_string(n) + "x" + std::to_string(h);
+        const auto call = [&](int i, cudaStream_t st) {
+          ks::quant_matmul(dv(o[i]->p, f32, {m, n}), dv(x[i]->p, f32, {m, h}), dv(w[i]->p, DType::U8, {n, row_bytes}), qt,
+                           ks::Backend::Cuda, st);
+        };
+        record(op, shape, f32, graph_time(k, call, s), bytes, "quant_matmul");
+        also_variants("quant_matmul", op, shape, f32, bytes, k, call);
+        const auto gemm = [&](int i, cudaStream_t st) {
+          ks::gemm(dv(o[i]->p, f32, {m, n}), dv(x[i]->p, f32, {m, h}), dv(dense[i]->p, f32, {n, h}), ks::Backend::Cuda, st);
+        };
+        record(op, shape, f32, graph_time(k, gemm, s), bytes, "gemm");
+        rows.back().impl = "dense_fp32_gemm";
+      }
+  }
   // The model's decode fusions (SmolLM2-135M, one token, FP32 activations, Q4_1 weights): each
   // fused call next to the sequence it replaces, both as graph replays (impl "fused" / "unfused").
   if (has(ops, "decode_fusions")) {

@@ -90,6 +90,9 @@ if has bench; then
   #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
   #                CTA at least N keys (only when named in KS_MODEL_AB_ONLY)
   #   nopdl / rope_fused_nopdl  KS_PDL=0 without / with KS_MODEL_FUSE_ROPE=1 (only when named)
+  #   dense_decode  KS_MODEL_DENSE_DECODE=1 at batch 8, 16 and 32: from 16 sequences the matmuls
+  #                through FP32 copies and cuBLASLt (the rule until 2026-12-01) instead of
+  #                quant_matmul's cuda_mma_rows
   #   batch_qmm / batch_qmm_staged_x  batch 8, 16 and 32 through quant_matmul
   #                (KS_MODEL_BATCH_INVARIANT=1), with cuda_warp_per_column first
   #                (bench/routing_qmm_per_warp.json) / with cuda_staged_x first (only when named)
@@ -148,6 +151,7 @@ if has bench; then
       ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
       ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
     fi
+    AB_BATCH="8 16 32" ab dense_decode KS_MODEL_DENSE_DECODE=1
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128

@@ -106,8 +106,22 @@ void LlamaModel::add_dense(Weight& w) {
 }
 
 void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill) {
-  if (dense_rows_ && w.dense.data() && (prefill ? n >= kDenseRows : !batch_invariant_ && n >= kDenseDecodeRows)) {
+  if (dense_rows_ && w.dense.data() &&
+      (prefill ? n >= kDenseRows : dense_decode_ && !batch_invariant_ && n >= kDenseDecodeRows)) {
     ks::gemm(out, x, w.dense, backend_, stream());
+    return;
+  }
+  if (batch_invariant_ && on_device_ && !prefill && n >= kDenseDecodeRows) {
+    // the routing's choice from 16 rows (cuda_mma_rows) sums in another order than the one-token
+    // step's kernels: pin the per-column variant that gives their bits (this thread, this call)
+    ks::force_variant("quant_matmul", "cuda_warp_per_column_m16");
+    try {
+      ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
+    } catch (...) {
+      ks::force_variant("quant_matmul");
+      throw;
+    }
+    ks::force_variant("quant_matmul");
     return;
   }
   if (dense_rows_ && !w.dense.data() && prefill && n >= kScratchDenseRows &&
@@ -149,6 +163,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   on_device_ = backend == ks::Backend::Cuda;
   if (const char* e = std::getenv("KS_MODEL_FUSE")) fuse_decode_ = std::string(e) != "0";
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
+  if (const char* e = std::getenv("KS_MODEL_DENSE_DECODE")) dense_decode_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
@@ -171,7 +186,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
   bool hold_dense = false;
   // an FP32 copy of the output head is of use only to decode_batch steps of >= kDenseDecodeRows rows
-  const bool dense_head = max_batch_ >= kDenseDecodeRows && !batch_invariant_;
+  const bool dense_head = dense_decode_ && max_batch_ >= kDenseDecodeRows && !batch_invariant_;
   if (on_device_ && max_ctx_ >= kDenseRows) {
     const auto& k = cfg_;
     const int64_t kvd = k.num_kv_heads * k.head_dim;

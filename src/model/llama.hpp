@@ -70,14 +70,17 @@ class LlamaModel {
 
   ks::Backend backend() const { return backend_; }
   // CUDA: prefill steps of at least this many rows multiply through FP32 weights with
-  // ks::gemm (cuBLASLt) instead of quant_matmul. The FP32 copies (the output head's included)
-  // are made once at load when they fit in KS_DENSE_WEIGHTS_MB (default 1024) MB; then every
-  // prefill step of at least kDenseRows rows uses them, and so does a decode_batch step of at
-  // least kDenseDecodeRows sequences (below that, quant_matmul with x's rows staged in shared
-  // memory was faster: 8 sequences 4368 vs 3598 tokens/s at a1bda96 on the H200). Without held
-  // copies, prefill steps of at least kScratchDenseRows rows dequantize each matrix into one
-  // scratch buffer just before its gemm, and decode steps use quant_matmul.
-  // KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul, so a batched row stays
+  // ks::gemm (cuBLASLt) instead of quant_matmul. The FP32 copies of the layers' matrices are
+  // made once at load when they fit in KS_DENSE_WEIGHTS_MB (default 1024) MB; then every
+  // prefill step of at least kDenseRows rows uses them. Without held copies, prefill steps of
+  // at least kScratchDenseRows rows dequantize each matrix into one scratch buffer just before
+  // its gemm. decode_batch steps multiply from the packed blocks (ks::quant_matmul, whose
+  // routing takes cuda_mma_rows from 16 rows on); KS_MODEL_DENSE_DECODE=1 brings back the
+  // earlier rule, steps of at least kDenseDecodeRows sequences through the FP32 copies (and an
+  // FP32 copy of the output head), for comparisons: cuBLASLt's FP32 kernels for 16 and 32 rows
+  // took 9-59 us per matrix on the H200 (ncu, 4a08218).
+  // KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul's per-column kernels
+  // (from kDenseDecodeRows rows pinned to cuda_warp_per_column_m16), so a batched row stays
   // bit-identical to that sequence's one-token step at any batch size.
   static constexpr int64_t kDenseRows = 8, kDenseDecodeRows = 16, kScratchDenseRows = 64;
   int64_t max_batch() const { return max_batch_; }
@@ -94,9 +97,10 @@ class LlamaModel {
   // context picks the row's own table (attention_capacity), and the batch is small enough that the
   // cluster size follows the table alone (on CUDA it shrinks once 3 b C >= 2 SMs: for SmolLM2 on
   // the H200's 132 SMs, from 11 sequences on tables of 2048+ tokens); every other op is
-  // batch-invariant. From kDenseDecodeRows on, with the FP32 weight copies
-  // held (CUDA), the matmuls go through ks::gemm: the same products, summed in cuBLASLt's
-  // order. On CUDA the step is one CUDA graph per (b, attention table).
+  // batch-invariant. From kDenseDecodeRows on (CUDA), quant_matmul's routing picks
+  // cuda_mma_rows, whose sums run in another order than the one-token kernels' (the same values
+  // up to FP32 rounding); with KS_MODEL_DENSE_DECODE=1 the matmuls go through ks::gemm on the
+  // FP32 copies instead (cuBLASLt's order). On CUDA the step is one CUDA graph per (b, attention table).
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);
   // Greedy decode of sequence `seq` for up to `count` steps: step i (0 <= i < count) feeds the
   // previous step's id (step 0: `first`) at position pos + i and yields the next greedy id,
@@ -162,7 +166,8 @@ class LlamaModel {
   // w's FP32 dequantized copy on the device (w.dense), made once
   void add_dense(Weight& w);
   // out[n, rows] = x[n, cols] @ W^T: ks::gemm on W.dense when held and n >= kDenseRows
-  // (decode steps: n >= kDenseDecodeRows, and not with KS_MODEL_BATCH_INVARIANT=1); for prefill steps of >= kScratchDenseRows
+  // (decode steps: only with KS_MODEL_DENSE_DECODE=1, n >= kDenseDecodeRows, and not with
+  // KS_MODEL_BATCH_INVARIANT=1); for prefill steps of >= kScratchDenseRows
   // rows without held copies, ks::gemm on W dequantized into the scratch; else quant_matmul on
   // the blocks (each weight element dequantized in FP32 every way; sums in FP32)
   void matmul(const ks::TensorView& out, const ks::TensorView& x, const Weight& w, int64_t n, bool prefill);
@@ -195,6 +200,7 @@ class LlamaModel {
   bool fuse_decode_ = true;
   bool dense_rows_ = false;    // CUDA steps of >= kDenseRows rows may go through ks::gemm
   bool batch_invariant_ = false;  // KS_MODEL_BATCH_INVARIANT=1: decode steps stay on quant_matmul
+  bool dense_decode_ = false;     // KS_MODEL_DENSE_DECODE=1: decode steps of >= kDenseDecodeRows via ks::gemm
   // KS_MODEL_SPLIT_HEAD=1: the fused one-token step ends with fused_add_rms_norm, then
   // quant_matmul for the output head (whose routing may pick another variant, e.g.
   // cuda_row_stream) instead of fused_add_rms_norm_quant_matmul (comparisons)

@@ -340,13 +340,18 @@ TEST(Model, BatchedDecodeEqualsEachSequenceAlone) {
   }
 }
 
-// From kDenseDecodeRows sequences on, CUDA decode steps multiply through the FP32 weight
-// copies (ks::gemm): the same products summed in another order. The greedy ids still match
-// each sequence decoded alone (one-token steps on quant_matmul) over 10 steps of 17 sequences.
+// From kDenseDecodeRows sequences on, CUDA decode steps multiply on quant_matmul's routed
+// cuda_mma_rows (sm_90: the block sums on the tensor cores), or with KS_MODEL_DENSE_DECODE=1
+// through the FP32 weight copies (ks::gemm): the same products summed in another order either
+// way. The greedy ids still match each sequence decoded alone (one-token steps) over 10 steps of
+// 17 sequences, on both paths.
 TEST(Model, CudaBatchedDecodeThroughGemmGivesTheSameIds) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
-  static_assert(ks::model::LlamaModel::kDenseDecodeRows <= 17, "17 sequences must reach the dense path");
+  static_assert(ks::model::LlamaModel::kDenseDecodeRows <= 17, "17 sequences must reach the batched path");
+  expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);
+  SCOPED_TRACE("KS_MODEL_DENSE_DECODE=1");
+  kstest::ScopedEnv dense("KS_MODEL_DENSE_DECODE", "1");
   expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);
 }
 

@@ -1411,6 +1411,59 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
   EXPECT_NE(std::string(ks_last_error()).find("16-byte aligned"), std::string::npos) << ks_last_error();
 }
 
+// quant_matmul's cuda_mma_rows (any M; bf16 / fp16 / fp32 x; Q4_0 / Q4_1 / Q8_0), by
+// check_mma_variant (every element against FP64 with the factored sums' bound, the CPU, and row 0
+// and row M - 1 bit for bit against one-row calls: batch-invariant): M = 1 (one group, 7 columns of
+// zeros), 2, 9 (a second group, mostly empty), 16, 17, 32, 33, 100 (3 or 4 groups per CTA, several
+// CTAs of rows) and 257 (many); N not a multiple of 16, N = 4105 (2 tiles per CTA), 8200 (4) and
+// 16400 (8: one warp per tile, K unsplit); K of one block, 13 blocks (the splits' shares unequal),
+// 48, and 131 (fp32: 17 chunks of 8 blocks); Q8_0 codes over all 256 byte values; weights at
+// 2- and 4-byte offsets where the format's words allow. NaN and inf in x reach exactly their rows.
+TEST(Cuda, QuantMatmulMmaRowsVariant) {
+  NEED_GPU();
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {1, 1, 32}, {2, 37, 416}, {9, 16, 64}, {16, 50, 576}, {17, 33, 1536}, {32, 576, 576}, {33, 200, 576},
+               {100, 70, 4192}, {257, 24, 256}, {12, 4105, 576}, {40, 8200, 64}, {3, 16400, 576}})
+        for (size_t off : {size_t(0), size_t(2), size_t(4)}) {
+          if (off == 2 && (q == KS_QTYPE_Q4_1 || N > 1000)) continue;  // Q4_1's words: 4-byte alignment
+          if (off == 4 && N > 1000) continue;
+          check_mma_variant("cuda_mma_rows", dt, q, M, N, K, off, /*random_codes=*/true);
+        }
+      check_mma_variant_nonfinite("cuda_mma_rows", dt, q);
+    }
+  // What it declines, and says so: fp32 x 4 bytes past 8-byte alignment, Q4_1 weights at a 2-byte
+  // offset, a format other than the three
+  kstest::ScopedVariant pin("quant_matmul", "cuda_mma_rows");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  DBuf xoff(DType::F32, {2, 64}, 4), o2(DType::F32, {2, 3}), w41(DType::U8, {3, 2 * 20}), w41off(DType::U8, {3, 2 * 20}, 2);
+  DBuf x2(DType::F32, {2, 64}), w8k(DType::U8, {3, 2 * 8 * 34});
+  EXPECT_THROW(ks::quant_matmul(o2.view(), xoff.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("8-byte"), std::string::npos) << ks_last_error();
+  EXPECT_THROW(ks::quant_matmul(o2.view(), x2.view(), w41off.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("aligned"), std::string::npos) << ks_last_error();
+}
+
+// The routing on sm_90 (sm_90.json): fp32 quant_matmul of 16 rows and more runs cuda_mma_rows,
+// 15 rows cuda_staged_x; elsewhere the registry's order, so this only checks Hopper.
+TEST(Cuda, QuantMatmulRowsRouting) {
+  NEED_GPU();
+  int major = 0;
+  CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  if (major != 9) GTEST_SKIP() << "sm_90.json's cells apply to Hopper only";
+  for (int64_t M : {int64_t(15), int64_t(16), int64_t(64)}) {
+    DBuf x(DType::F32, {M, 576}), w(DType::U8, {576, 18 * 20}), o(DType::F32, {M, 576});
+    x.poison();  // (values do not matter here: the launch record does)
+    w.poison();
+    ks::quant_matmul(o.view(), x.view(), w.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find(M >= 16 ? "mma_rows" : "staged_rows=1"),
+              std::string::npos)
+        << "M = " << M << ": " << ks_last_launch_config("quant_matmul");
+  }
+}
+
 // The decode-step fusions on CUDA against the CPU (whose result is the unfused sequence's):
 // fused_add_rms_norm_quant_matmul with and without x, aligned (vector loads) and offset by one
 // element (scalar loads), M = 1 (the one-row kernel) and M = 5 (a 4-row chunk and a partial

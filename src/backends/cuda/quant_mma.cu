@@ -102,20 +102,32 @@ __device__ __forceinline__ void q4_words(const uint8_t* blk, int t, uint32_t& h,
 // 2t), (g + 8, 2t + 1).
 // PRE_X: X of columns 2t, 2t + 1 given (xs0, xs1: the caller's FP32 sums of B's columns), not
 // summed by two more MMAs with an all-ones A.
-template <typename T, bool Q41, bool PRE_X = false>
-__device__ __forceinline__ void mma_q4_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t qa, uint32_t qb,
-                                             uint2 xl, uint2 xh, float xs0 = 0.f, float xs1 = 0.f) {
+// A's fragments of one Q4 block of 16 weight rows: the lane's code bytes qa (row g) and qb (row
+// g + 8) as exact bf16 / fp16 pairs, alo the block's weights 0..15, ahi 16..31 (each: (row g,
+// slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)).
+template <typename T, bool Q41>
+__device__ __forceinline__ void q4_a_frags(uint32_t qa, uint32_t qb, uint32_t (&alo)[4], uint32_t (&ahi)[4]) {
   // What to subtract from code_pair's values, in both halves: the base (Q4_1: codes 0..15), or
   // base + 8 (Q4_0: codes - 8), i.e. what code_pair makes of a code 0 or 8
   constexpr uint32_t off = (MmaType<T>::kHigh << 8) | (Q41 ? 0u : 8u), off2 = off | (off << 16);
-  const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
   const uint32_t la = qa & 0x0F0F0F0Fu, lb = qb & 0x0F0F0F0Fu;
   const uint32_t ua = (qa >> 4) & 0x0F0F0F0Fu, ub = (qb >> 4) & 0x0F0F0F0Fu;
-  // A: (row g, slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)
-  const uint32_t alo[4] = {sub_pair<T>(code_pair<T>(la, 0x4140u), off2), sub_pair<T>(code_pair<T>(lb, 0x4140u), off2),
-                           sub_pair<T>(code_pair<T>(la, 0x4342u), off2), sub_pair<T>(code_pair<T>(lb, 0x4342u), off2)};
-  const uint32_t ahi[4] = {sub_pair<T>(code_pair<T>(ua, 0x4140u), off2), sub_pair<T>(code_pair<T>(ub, 0x4140u), off2),
-                           sub_pair<T>(code_pair<T>(ua, 0x4342u), off2), sub_pair<T>(code_pair<T>(ub, 0x4342u), off2)};
+  alo[0] = sub_pair<T>(code_pair<T>(la, 0x4140u), off2);
+  alo[1] = sub_pair<T>(code_pair<T>(lb, 0x4140u), off2);
+  alo[2] = sub_pair<T>(code_pair<T>(la, 0x4342u), off2);
+  alo[3] = sub_pair<T>(code_pair<T>(lb, 0x4342u), off2);
+  ahi[0] = sub_pair<T>(code_pair<T>(ua, 0x4140u), off2);
+  ahi[1] = sub_pair<T>(code_pair<T>(ub, 0x4140u), off2);
+  ahi[2] = sub_pair<T>(code_pair<T>(ua, 0x4342u), off2);
+  ahi[3] = sub_pair<T>(code_pair<T>(ub, 0x4342u), off2);
+}
+
+template <typename T, bool Q41, bool PRE_X = false>
+__device__ __forceinline__ void mma_q4_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t qa, uint32_t qb,
+                                             uint2 xl, uint2 xh, float xs0 = 0.f, float xs1 = 0.f) {
+  const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
+  uint32_t alo[4], ahi[4];
+  q4_a_frags<T, Q41>(qa, qb, alo, ahi);
   float s[4] = {0.f, 0.f, 0.f, 0.f};
   mma_16816<T>(s, alo, xl.x, xl.y);
   mma_16816<T>(s, ahi, xh.x, xh.y);
@@ -268,21 +280,35 @@ __device__ __forceinline__ float x_value(const T* x, int64_t K, int c, int64_t k
 // One Q8_0 block (34 bytes: d, 32 signed code bytes; 2-byte aligned) of rows g and g + 8:
 // acc += d S. a0 / b0: code bytes 4t..4t+3 of rows g / g + 8 (weights 4t..), a1 / b1: bytes
 // 16 + 4t.. (weights 16 + 4t..), with B's pairs xl / xh of the same weights.
+// A's fragments of one Q8_0 block of 16 weight rows as exact nibble codes: a[0] the low nibbles
+// l of weights 0..15, a[1] of 16..31, a[2] / a[3] the high nibbles h - 8 of the same (c = 16 (h -
+// 8) + l). a0 / b0: code bytes 4t.. of rows g / g + 8, a1 / b1: bytes 16 + 4t...
 template <typename T>
-__device__ __forceinline__ void mma_q8_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t a0, uint32_t a1,
-                                             uint32_t b0, uint32_t b1, uint2 xl, uint2 xh) {
+__device__ __forceinline__ void q8_a_frags(uint32_t a0, uint32_t a1, uint32_t b0, uint32_t b1, uint32_t (&a)[4][4]) {
   constexpr uint32_t lo = MmaType<T>::kHigh << 8, lo2 = lo | (lo << 16), hi = lo | 8u, hi2 = hi | (hi << 16);
   const uint32_t n[8] = {a0 & 0x0F0F0F0Fu, b0 & 0x0F0F0F0Fu, a1 & 0x0F0F0F0Fu, b1 & 0x0F0F0F0Fu,
                          ((a0 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu, ((b0 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu,
                          ((a1 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu, ((b1 ^ 0x80808080u) >> 4) & 0x0F0F0F0Fu};
-  float sl[4] = {0.f, 0.f, 0.f, 0.f}, sh[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // (low, weights 4t..), (low, 16 + 4t..), (high, 4t..), (high, 16 + 4t..)
     const uint32_t ra = n[2 * i], rb = n[2 * i + 1], off2 = i < 2 ? lo2 : hi2;
-    const uint32_t a[4] = {sub_pair<T>(code_pair<T>(ra, 0x4140u), off2), sub_pair<T>(code_pair<T>(rb, 0x4140u), off2),
-                           sub_pair<T>(code_pair<T>(ra, 0x4342u), off2), sub_pair<T>(code_pair<T>(rb, 0x4342u), off2)};
+    a[i][0] = sub_pair<T>(code_pair<T>(ra, 0x4140u), off2);
+    a[i][1] = sub_pair<T>(code_pair<T>(rb, 0x4140u), off2);
+    a[i][2] = sub_pair<T>(code_pair<T>(ra, 0x4342u), off2);
+    a[i][3] = sub_pair<T>(code_pair<T>(rb, 0x4342u), off2);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void mma_q8_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t a0, uint32_t a1,
+                                             uint32_t b0, uint32_t b1, uint2 xl, uint2 xh) {
+  uint32_t a[4][4];
+  q8_a_frags<T>(a0, a1, b0, b1, a);
+  float sl[4] = {0.f, 0.f, 0.f, 0.f}, sh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
     const uint2 xv = (i & 1) ? xh : xl;
-    mma_16816<T>(i < 2 ? sl : sh, a, xv.x, xv.y);
+    mma_16816<T>(i < 2 ? sl : sh, a[i], xv.x, xv.y);
   }
   const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
   acc[0] += da * (16.f * sh[0] + sl[0]);
@@ -579,6 +605,289 @@ void quant_matmul_mma_stream_cuda(const void* args, ks_stream_t stream) {
                 "mma_stream stages=%lld blocks_per_chunk=%lld chunks=%lld tiles_per_group=%lld pitch=%lld grid=%lld "
                 "smem=%lld",
                 {kStreamStages, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.grid, int64_t(plan.smem)});
+}
+
+namespace {
+// ---- variant cuda_mma_rows -------------------------------------------------------------------
+// Many rows of x (batched decode, prefill) on the tensor cores: the factored block sums of
+// cuda_mma_blocks (d S + m X per block of 32, S on mma.sync m16n8k16) with B's 8 columns being 8
+// rows of x, any number of such row groups. fp32 x enters as cuda_mma_stream's three exact bf16
+// pieces, but the pieces are not separate columns: the three MMAs of a block chain into one
+// accumulator (S of the whole FP32 value, the products exact, the sum rounded in FP32), so a
+// column is one row of x whatever the dtype.
+// A CTA (8 warps) owns mt tiles of 16 weight rows (mt from N alone: 1, 2, 4 or 8, the largest that
+// leaves at least 128 CTAs of rows) and rg groups of 8 rows of x (rg from M and the grid: 1 to
+// 4). Its warps are mt tiles x ks = 8 / mt splits of K: warp (tile i, split j) sums blocks j, j +
+// ks, j + 2 ks, ... of its tile's rows in that order, for all rg groups from one decode of each
+// block's codes. x is staged per chunk of kc blocks (kc a multiple of 8, so a warp's blocks come
+// in the same order however K is chunked) as B's pairs in shared memory, [block][group][piece]
+// [half][column][8 pairs]: a fragment load is 256 contiguous bytes. Q4_1's X is the FP32 sum of
+// a block's 32 values of the row (a pair per thread, then a butterfly over 16 lanes). At the
+// end the ks warps of a tile meet in shared memory, added in split order. The order of every
+// sum depends on N, K and the block format only: a row's result is the same in any batch
+// (batch-invariant), and differs from the one-row variants' by FP32 rounding only.
+constexpr int kRowsWarps = 8;
+constexpr int kRowsThreads = 32 * kRowsWarps;
+constexpr int kRowsMaxGroups = 4;                  // rg's largest value (4 x 8 rows of x per CTA)
+constexpr int64_t kRowsStageBytes = 96 * 1024;    // a chunk's staged x (about): two CTAs per SM
+
+struct MmaRowsParams {
+  const void* x;     // [M, K]
+  const uint8_t* w;  // [N, row_bytes]
+  void* out;         // [M, N]
+  int64_t M, N, K, row_bytes;
+  int mt;  // weight tiles (16 rows) per CTA
+  int rg;  // groups of 8 rows of x per CTA
+  int kc;  // blocks per staged chunk (a multiple of 8)
+};
+
+// The bf16 pieces of an FP32 value (rz: each the next 8 of its 24 significant bits; a non-finite
+// value is all in the first) or a 16-bit value as it is: P pieces' 16-bit patterns.
+template <typename T, int P>
+__device__ __forceinline__ void x_pieces(float v, uint32_t (&bits)[P]) {
+  if constexpr (P == 3) {
+    const __nv_bfloat16 h1 = __float2bfloat16_rz(v);
+    const float r1 = isfinite(__bfloat162float(h1)) ? v - __bfloat162float(h1) : 0.f;
+    const __nv_bfloat16 h2 = __float2bfloat16_rz(r1);
+    const __nv_bfloat16 h3 = __float2bfloat16_rz(r1 - __bfloat162float(h2));
+    bits[0] = bits16(h1);
+    bits[1] = bits16(h2);
+    bits[2] = bits16(h3);
+  } else {
+    bits[0] = bits16(Dt<T>::from_f(v));  // v came from a T: exact
+  }
+}
+
+template <typename T, ks_qtype_t Q>
+__global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const MmaRowsParams p) {
+  using TM = MmaElem<T>;
+  constexpr int P = std::is_same_v<T, float> ? 3 : 1;  // pieces per value
+  constexpr int BB = int(q_block_bytes(Q)), U = 4;
+  constexpr bool Q41 = Q == KS_QTYPE_Q4_1;
+  extern __shared__ __align__(16) unsigned char qrs[];
+  const int rg = p.rg, kc = p.kc, ks = kRowsWarps / p.mt;
+  uint32_t* xs = reinterpret_cast<uint32_t*>(qrs);                 // [kc][rg][P][2][8][8] pairs
+  float* xsum = reinterpret_cast<float*>(xs + kc * rg * P * 128);  // [kc][rg][8] (Q4_1)
+  float* part = xsum + (Q41 ? kc * rg * 8 : 0);                    // [warp][16][rg * 8]
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t N = p.N, M = p.M, RB = p.row_bytes, nb = p.K / 32;
+  const int tile = warp / ks, split = warp % ks;
+  const int64_t n0 = (int64_t(blockIdx.x) * p.mt + tile) * 16;  // this warp's tile's first row
+  const bool live = n0 < N;
+  // the lane's rows g and g + 8; rows past N read the last row and are never written
+  const uint8_t* wa = p.w + min(n0 + g, N - 1) * RB;
+  const uint8_t* wb = p.w + min(n0 + g + 8, N - 1) * RB;
+  pdl_begin();
+  const int cols = rg * 8;  // the CTA's rows of x
+  for (int64_t y = blockIdx.y; y * cols < M; y += gridDim.y) {
+    const int64_t r0 = y * cols;
+    float acc[kRowsMaxGroups][4] = {};
+    for (int64_t c0 = 0; c0 < nb; c0 += kc) {
+      const int kcur = int(min(int64_t(kc), nb - c0));
+      __syncthreads();  // the previous chunk's (or row range's) readers are done
+      // B's pairs of rows r0.., blocks c0..: element e = (row j, pair q) with the pairs of a row
+      // contiguous (coalesced reads of x); 16 consecutive elements are one block of one row
+      const int per_row = kcur * 16, total = cols * per_row;
+      for (int e0 = 0; e0 < total; e0 += kRowsThreads) {  // warp-uniform trip count (the shuffles)
+        const int e = e0 + int(threadIdx.x);
+        const bool ok = e < total;
+        const int j = ok ? e / per_row : 0, q = ok ? e % per_row : 0;
+        const int bl = q >> 4, pr = q & 15;
+        const int64_t row = r0 + j;
+        float v0 = 0.f, v1 = 0.f;
+        if (ok && row < M) {
+          const int64_t k = (c0 + bl) * 32 + 2 * pr;
+          if constexpr (std::is_same_v<T, float>) {
+            const float2 v = *reinterpret_cast<const float2*>(static_cast<const float*>(p.x) + row * p.K + k);
+            v0 = v.x, v1 = v.y;
+          } else {
+            const T* xr = static_cast<const T*>(p.x) + row * p.K + k;
+            v0 = Dt<T>::to_f(xr[0]);
+            v1 = Dt<T>::to_f(xr[1]);
+          }
+        }
+        if (ok) {
+          uint32_t b0[P], b1[P];
+          x_pieces<T, P>(v0, b0);
+          x_pieces<T, P>(v1, b1);
+          uint32_t* dst = xs + (bl * rg + j / 8) * P * 128 + (pr >> 3) * 64 + (j % 8) * 8 + (pr & 7);
+#pragma unroll
+          for (int c = 0; c < P; ++c) dst[c * 128] = b0[c] | (b1[c] << 16);
+        }
+        if constexpr (Q41) {
+          float sum = v0 + v1;
+#pragma unroll
+          for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+          if (ok && pr == 0) xsum[(bl * rg + j / 8) * 8 + j % 8] = sum;
+        }
+      }
+      __syncthreads();
+      if (!live) continue;
+      // this warp's blocks of the chunk: split, split + ks, ... (U of them loaded together)
+      for (int bl0 = split; bl0 < kcur; bl0 += U * ks) {
+        uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int bl = bl0 + u * ks;
+          ha[u] = hb[u] = qa[u] = qb[u] = qa1[u] = qb1[u] = 0u;
+          if (bl >= kcur) continue;
+          const int64_t off = (c0 + bl) * BB;
+          if constexpr (Q == KS_QTYPE_Q8_0) {
+            q8_words(wa + off, t, ha[u], qa[u], qa1[u]);
+            q8_words(wb + off, t, hb[u], qb[u], qb1[u]);
+          } else {
+            q4_words<Q41>(wa + off, t, ha[u], qa[u]);
+            q4_words<Q41>(wb + off, t, hb[u], qb[u]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int bl = bl0 + u * ks;
+          if (bl >= kcur) break;
+          const float da = h2f_bits(uint16_t(ha[u])), db = h2f_bits(uint16_t(hb[u]));
+          const uint32_t* xb = xs + bl * rg * P * 128 + g * 8 + 2 * t;
+          if constexpr (Q == KS_QTYPE_Q8_0) {
+            uint32_t a[4][4];
+            q8_a_frags<TM>(qa[u], qa1[u], qb[u], qb1[u], a);
+#pragma unroll
+            for (int r = 0; r < kRowsMaxGroups; ++r) {
+              if (r >= rg) break;
+              float sl[4] = {0.f, 0.f, 0.f, 0.f}, sh[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+              for (int c = 0; c < P; ++c) {
+                const uint2 xl = *reinterpret_cast<const uint2*>(xb + (r * P + c) * 128);
+                const uint2 xh = *reinterpret_cast<const uint2*>(xb + (r * P + c) * 128 + 64);
+                mma_16816<TM>(sl, a[0], xl.x, xl.y);
+                mma_16816<TM>(sl, a[1], xh.x, xh.y);
+                mma_16816<TM>(sh, a[2], xl.x, xl.y);
+                mma_16816<TM>(sh, a[3], xh.x, xh.y);
+              }
+              acc[r][0] += da * (16.f * sh[0] + sl[0]);
+              acc[r][1] += da * (16.f * sh[1] + sl[1]);
+              acc[r][2] += db * (16.f * sh[2] + sl[2]);
+              acc[r][3] += db * (16.f * sh[3] + sl[3]);
+            }
+          } else {
+            uint32_t alo[4], ahi[4];
+            q4_a_frags<TM, Q41>(qa[u], qb[u], alo, ahi);
+            const float ma = Q41 ? h2f_bits(uint16_t(ha[u] >> 16)) : 0.f;
+            const float mb = Q41 ? h2f_bits(uint16_t(hb[u] >> 16)) : 0.f;
+#pragma unroll
+            for (int r = 0; r < kRowsMaxGroups; ++r) {
+              if (r >= rg) break;
+              float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+              for (int c = 0; c < P; ++c) {
+                const uint2 xl = *reinterpret_cast<const uint2*>(xb + (r * P + c) * 128);
+                const uint2 xh = *reinterpret_cast<const uint2*>(xb + (r * P + c) * 128 + 64);
+                mma_16816<TM>(s, alo, xl.x, xl.y);
+                mma_16816<TM>(s, ahi, xh.x, xh.y);
+              }
+              if constexpr (Q41) {
+                const float2 X = *reinterpret_cast<const float2*>(xsum + (bl * rg + r) * 8 + 2 * t);
+                acc[r][0] += da * s[0] + ma * X.x;
+                acc[r][1] += da * s[1] + ma * X.y;
+                acc[r][2] += db * s[2] + mb * X.x;
+                acc[r][3] += db * s[3] + mb * X.y;
+              } else {
+                acc[r][0] += da * s[0];
+                acc[r][1] += da * s[1];
+                acc[r][2] += db * s[2];
+                acc[r][3] += db * s[3];
+              }
+            }
+          }
+        }
+      }
+    }
+    // the tile's splits meet: (weight row, x row) sums added in split order
+#pragma unroll
+    for (int r = 0; r < kRowsMaxGroups; ++r) {
+      if (r >= rg) break;
+      float* pw = part + (warp * 16) * cols + r * 8 + 2 * t;
+      pw[g * cols] = acc[r][0];
+      pw[g * cols + 1] = acc[r][1];
+      pw[(g + 8) * cols] = acc[r][2];
+      pw[(g + 8) * cols + 1] = acc[r][3];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < p.mt * 16 * cols; e += kRowsThreads) {
+      const int rr = e / cols, j = e % cols, ti = rr / 16;
+      const int64_t n = (int64_t(blockIdx.x) * p.mt) * 16 + rr, m = r0 + j;
+      if (n >= N || m >= M) continue;
+      float sum = 0.f;
+      for (int sp = 0; sp < ks; ++sp) sum += part[((ti * ks + sp) * 16 + rr % 16) * cols + j];
+      static_cast<T*>(p.out)[m * N + n] = Dt<T>::from_f(sum);
+    }
+    __syncthreads();  // part is read before the next row range writes it (K = 0 stages nothing)
+  }
+}
+}  // namespace
+
+namespace {
+// cuda_mma_rows' plan: mt from N (at least 128 CTAs of rows where N allows; the sums' order
+// depends on it), rg from M and the SM count (the largest of 4, 3, 2, 1 that leaves two CTAs per SM,
+// else 1; in no sum's order), kc from the staged bytes per block (a multiple of 8, at most
+// the row's blocks rounded up to 8).
+struct RowsPlan {
+  int mt = 1, rg = 1, kc = 8;
+  size_t smem = 0;
+  dim3 grid;
+};
+RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_count) {
+  RowsPlan s;
+  const int64_t ntiles = (N + 15) / 16, groups = (M + 7) / 8, nb = K / 32;
+  while (s.mt < 8 && ntiles / (2 * s.mt) >= 128) s.mt *= 2;
+  const int64_t xctas = (ntiles + s.mt - 1) / s.mt;
+  s.rg = int(std::min<int64_t>(kRowsMaxGroups, groups));
+  while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < 2 * int64_t(sm_count)) --s.rg;
+  const int pieces = fp32 ? 3 : 1;
+  const int64_t per_block = int64_t(s.rg) * (pieces * 512 + (q41 ? 32 : 0));  // B's pairs, X sums
+  const int64_t whole = (nb + 7) / 8 * 8;
+  s.kc = int(std::max<int64_t>(8, std::min<int64_t>(whole, kRowsStageBytes / per_block / 8 * 8)));
+  s.smem = size_t(s.kc * per_block) + size_t(kRowsWarps) * 16 * size_t(s.rg) * 8 * sizeof(float);
+  s.grid = dim3(unsigned(xctas), unsigned(std::min<int64_t>((groups + s.rg - 1) / s.rg, 65535)));
+  return s;
+}
+RowsPlan rows_plan(const ops::QuantMatmulArgs& a, int sm_count) {
+  return rows_plan(a.m, a.n, a.k, a.x.dtype == detail::DType::F32, a.qtype == KS_QTYPE_Q4_1, sm_count);
+}
+}  // namespace
+
+std::string quant_matmul_mma_rows_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.qtype != KS_QTYPE_Q4_0 && a.qtype != KS_QTYPE_Q4_1 && a.qtype != KS_QTYPE_Q8_0)
+    return "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
+  if (a.n > int64_t(INT32_MAX) * 16) return "N too large for the grid";
+  if (a.x.dtype == detail::DType::F32 && reinterpret_cast<uintptr_t>(a.x.data) % 8 != 0)
+    return "fp32 x not 8-byte aligned (8-byte loads of value pairs)";
+  if (reinterpret_cast<uintptr_t>(a.weight.data) % (a.qtype == KS_QTYPE_Q4_1 ? 4 : 2) != 0)
+    return "weight not aligned to its block words (Q4_1: 4 bytes, Q4_0 / Q8_0: 2)";
+  if (device_props(a.x.device.device_id).major < 8) return "needs sm_80 or newer (bf16 / fp16 mma.sync)";
+  return "";
+}
+
+void quant_matmul_mma_rows_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const int dev = a.x.device.device_id;
+  DeviceGuard guard(dev, "quant_matmul");
+  const DeviceProps& dp = device_props(dev);
+  if (a.m == 0 || a.n == 0) return;  // nothing to write
+  const RowsPlan plan = rows_plan(a, dp.sm_count);
+  const MmaRowsParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
+                        a.row_bytes, plan.mt, plan.rg, plan.kc};
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    if (int64_t(plan.smem) > opt_in_smem_limit<quant_mma_rows_kernel<T, Q>>(dev, "quant_matmul"))
+      detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_rows: its staged x does not fit shared memory");
+    launch_kernel("quant_matmul", quant_mma_rows_kernel<T, Q>, plan.grid, dim3(kRowsThreads), plan.smem, s, 1, dp.pdl,
+                  p);
+  });
+  check_launch("quant_matmul");
+  record_launch("quant_matmul", "mma_rows tiles_per_cta=%lld x_groups_per_cta=%lld blocks_per_chunk=%lld grid=%lldx%lld smem=%lld",
+                {plan.mt, plan.rg, plan.kc, plan.grid.x, plan.grid.y, int64_t(plan.smem)});
 }
 
 }  // namespace ks::cuda

@@ -188,6 +188,8 @@ void quant_matmul_mma_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_can_implement(const void*);
 void quant_matmul_mma_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_stream_can_implement(const void*);
+void quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
+std::string quant_matmul_mma_rows_can_implement(const void*);
 void rope_kv_append_cuda(const void*, ks_stream_t);
 std::string rope_append_can_implement(const void*);
 void silu_quant_matmul_cuda(const void*, ks_stream_t);
@@ -280,6 +282,10 @@ std::string ci_quant_matmul_mma(const void* p) {
 std::string ci_quant_matmul_mma_stream(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_mma_stream_can_implement(p) : why;
+}
+std::string ci_quant_matmul_mma_rows(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? quant_matmul_mma_rows_can_implement(p) : why;
 }
 std::string qtype_reason(ks_qtype_t q) {
   return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0 ? ""
@@ -467,6 +473,13 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "sm_90.json's cells put it",
                avail, ks::cuda::ci_quant_matmul_mma_stream, ks::cuda::quant_matmul_mma_stream_cuda,
                /*batch_invariant=*/false});  // serves M <= 8 only
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_rows", kFloatDTypes, 1,
+               "any M (batched decode, prefill), Q4_0 / Q4_1 / Q8_0: cuda_mma_blocks' block sums with 8 rows of x "
+               "per MMA and up to 4 such groups per decoded block (fp32 x as three exact bf16 pieces chained into "
+               "one accumulator), x staged per CTA in shared memory, K split over a CTA's warps in an order set "
+               "by N and K only (batch-invariant); the same values up to FP32 rounding; lowest by priority, first "
+               "where sm_90.json's cells put it",
+               avail, ks::cuda::ci_quant_matmul_mma_rows, ks::cuda::quant_matmul_mma_rows_cuda});
   v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column; each warp computes its rows' (x + residual) norm itself, "
                "warp 0 of block 0 writes residual_out", avail, ks::cuda::ci_norm_quant_matmul,

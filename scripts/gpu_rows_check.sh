@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One GPU call for quant_matmul's cuda_mma_rows (2026-12-01): build for sm_90a, run the quant_matmul
+# and deterministic-mode GPU tests (the new variant's test and the routing of 16+ fp32 rows to it
+# among them), then bench_ops --ops quant_matmul_rows --variants: SmolLM2's matrices at 8..512 rows
+# of fp32 x, every variant, next to the dense FP32 gemm (cuBLASLt) the model used from 16 rows
+# -> $OUT/rows.csv, and a summary (the best variant per shape, and cuda_mma_rows against the dense
+# gemm and the automatic choice).
+# Usage (device): KS_COMMIT=sha scripts/gpu_rows_check.sh   (carry .dlpack, .deps[, .mdl/part_aa])
+# The model's batched A/B is scripts/gpu_model_check.sh's dense_decode, the next call (warm: this
+# script copies .mdl/part_aa to /tmp when carried).
+cd "$(dirname "$0")/.."
+source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
+[ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa
+ks_gpu_build_and_test "${KS_ROWS_FILTER:-*QuantMatmul*:*Deterministic*}" 'FP64' ||
+  { echo "gpu_rows_check: the build failed (see $OUT/logs.txt)"; exit 1; }
+$BUILD/bench_ops --csv "$OUT/rows.csv" --ops quant_matmul_rows --dtypes fp32 --variants > "$OUT/rows_bench.txt" 2>&1
+python3 - "$OUT/rows.csv" <<'PY'
+import csv, sys, collections
+rows = list(csv.DictReader(open(sys.argv[1])))
+by = collections.defaultdict(dict)
+for r in rows:
+    by[(r['op'], r['shape'])][r['impl']] = float(r['us'])
+print(f"{'op':22} {'shape':18} {'auto':>9} {'mma_rows':>9} {'dense':>9} {'best variant':>28}")
+for (op, shape), d in by.items():
+    var = {k: v for k, v in d.items() if k.startswith('variant:')}
+    best = min(var, key=var.get) if var else '-'
+    print(f"{op:22} {shape:18} {d.get('kernscope', float('nan')):9.2f} {d.get('variant:cuda_mma_rows', float('nan')):9.2f} "
+          f"{d.get('dense_fp32_gemm', float('nan')):9.2f} {best[8:]:>20} {var.get(best, float('nan')):7.2f}")
+PY
