@@ -11,8 +11,10 @@
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa
-ks_gpu_build_and_test "${KS_ROWS_FILTER:-*QuantMatmul*:*Deterministic*}" 'FP64' ||
-  { echo "gpu_rows_check: the build failed (see $OUT/logs.txt)"; exit 1; }
+if [ "${KS_ROWS_BENCH_ONLY:-0}" != 1 ]; then  # (=1: built and tested already, by gpu_rows_quick.sh)
+  ks_gpu_build_and_test "${KS_ROWS_FILTER:-*QuantMatmul*:*Deterministic*}" 'FP64' ||
+    { echo "gpu_rows_check: the build failed (see $OUT/logs.txt)"; exit 1; }
+fi
 $BUILD/bench_ops --csv "$OUT/rows.csv" --ops quant_matmul_rows --dtypes fp32 --variants > "$OUT/rows_bench.txt" 2>&1
 python3 - "$OUT/rows.csv" <<'PY'
 import csv, sys, collections

@@ -622,7 +622,7 @@ namespace {
 // block's codes. x is staged per chunk of kc blocks (kc a multiple of 8, so a warp's blocks come
 // in the same order however K is chunked) as B's pairs in shared memory, [block][group][piece]
 // [half][column][8 pairs]: a fragment load is 256 contiguous bytes. Q4_1's X is the FP32 sum of
-// a block's 32 values of the row (a pair per thread, then a butterfly over 16 lanes). At the
+// a block's 32 values of the row (8 per thread in order, then a butterfly over 4 lanes). At the
 // end the ks warps of a tile meet in shared memory, added in split order. The order of every
 // sum depends on N, K and the block format only: a row's result is the same in any batch
 // (batch-invariant), and differs from the one-row variants' by FP32 rounding only.
@@ -685,40 +685,66 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
     for (int64_t c0 = 0; c0 < nb; c0 += kc) {
       const int kcur = int(min(int64_t(kc), nb - c0));
       __syncthreads();  // the previous chunk's (or row range's) readers are done
-      // B's pairs of rows r0.., blocks c0..: element e = (row j, pair q) with the pairs of a row
-      // contiguous (coalesced reads of x); 16 consecutive elements are one block of one row
-      const int per_row = kcur * 16, total = cols * per_row;
-      for (int e0 = 0; e0 < total; e0 += kRowsThreads) {  // warp-uniform trip count (the shuffles)
-        const int e = e0 + int(threadIdx.x);
-        const bool ok = e < total;
-        const int j = ok ? e / per_row : 0, q = ok ? e % per_row : 0;
-        const int bl = q >> 4, pr = q & 15;
-        const int64_t row = r0 + j;
-        float v0 = 0.f, v1 = 0.f;
-        if (ok && row < M) {
-          const int64_t k = (c0 + bl) * 32 + 2 * pr;
-          if constexpr (std::is_same_v<T, float>) {
-            const float2 v = *reinterpret_cast<const float2*>(static_cast<const float*>(p.x) + row * p.K + k);
-            v0 = v.x, v1 = v.y;
-          } else {
-            const T* xr = static_cast<const T*>(p.x) + row * p.K + k;
-            v0 = Dt<T>::to_f(xr[0]);
-            v1 = Dt<T>::to_f(xr[1]);
+      // B's pairs of rows r0.., blocks c0..: element e = (row j, quarter q of a block) holds 8
+      // consecutive values (4 pairs); a row's elements are contiguous (coalesced reads of x) and
+      // 4 consecutive elements are one block of one row. SU elements per thread and round, all
+      // their loads issued before the first is used (one L2 latency per round, not per pair).
+      constexpr int SU = 4;
+      const int per_row = kcur * 4, total = cols * per_row;
+      for (int e0 = 0; e0 < total; e0 += SU * kRowsThreads) {  // warp-uniform trip count (the shuffles)
+        float v[SU][8];
+#pragma unroll
+        for (int u = 0; u < SU; ++u) {
+          const int e = e0 + u * kRowsThreads + int(threadIdx.x);
+          const int j = e / per_row, q = e % per_row;
+          const int64_t row = r0 + j;
+#pragma unroll
+          for (int i = 0; i < 8; ++i) v[u][i] = 0.f;
+          if (e < total && row < M) {
+            const int64_t k = (c0 + (q >> 2)) * 32 + (q & 3) * 8;
+            if constexpr (std::is_same_v<T, float>) {
+              const float2* xr = reinterpret_cast<const float2*>(static_cast<const float*>(p.x) + row * p.K + k);
+#pragma unroll
+              for (int i = 0; i < 4; ++i) {
+                const float2 f = xr[i];
+                v[u][2 * i] = f.x;
+                v[u][2 * i + 1] = f.y;
+              }
+            } else {
+              const T* xr = static_cast<const T*>(p.x) + row * p.K + k;
+#pragma unroll
+              for (int i = 0; i < 8; ++i) v[u][i] = Dt<T>::to_f(xr[i]);
+            }
           }
         }
-        if (ok) {
-          uint32_t b0[P], b1[P];
-          x_pieces<T, P>(v0, b0);
-          x_pieces<T, P>(v1, b1);
-          uint32_t* dst = xs + (bl * rg + j / 8) * P * 128 + (pr >> 3) * 64 + (j % 8) * 8 + (pr & 7);
 #pragma unroll
-          for (int c = 0; c < P; ++c) dst[c * 128] = b0[c] | (b1[c] << 16);
-        }
-        if constexpr (Q41) {
-          float sum = v0 + v1;
+        for (int u = 0; u < SU; ++u) {
+          const int e = e0 + u * kRowsThreads + int(threadIdx.x);
+          const bool ok = e < total;
+          const int j = ok ? e / per_row : 0, q = ok ? e % per_row : 0;
+          const int bl = q >> 2, qu = q & 3;  // pairs 4 qu .. 4 qu + 3 of the block: half qu / 2
+          if (ok) {
+            uint32_t pr[P][4];
 #pragma unroll
-          for (int o = 1; o < 16; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-          if (ok && pr == 0) xsum[(bl * rg + j / 8) * 8 + j % 8] = sum;
+            for (int i = 0; i < 4; ++i) {
+              uint32_t b0[P], b1[P];
+              x_pieces<T, P>(v[u][2 * i], b0);
+              x_pieces<T, P>(v[u][2 * i + 1], b1);
+#pragma unroll
+              for (int c = 0; c < P; ++c) pr[c][i] = b0[c] | (b1[c] << 16);
+            }
+            uint32_t* dst = xs + (bl * rg + j / 8) * P * 128 + (qu >> 1) * 64 + (j % 8) * 8 + (qu & 1) * 4;
+#pragma unroll
+            for (int c = 0; c < P; ++c) *reinterpret_cast<uint4*>(dst + c * 128) = make_uint4(pr[c][0], pr[c][1], pr[c][2], pr[c][3]);
+          }
+          if constexpr (Q41) {  // the block's X: 8 values in order, then the 4 quarters by a butterfly
+            float sum = 0.f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) sum += v[u][i];
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (ok && qu == 0) xsum[(bl * rg + j / 8) * 8 + j % 8] = sum;
+          }
         }
       }
       __syncthreads();
