@@ -111,18 +111,22 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
     ks::gemm(out, x, w.dense, backend_, stream());
     return;
   }
-  if (batch_invariant_ && on_device_ && !prefill && n >= kDenseDecodeRows) {
-    // the routing's choice from 16 rows (cuda_mma_rows) sums in another order than the one-token
-    // step's kernels: pin the per-column variant that gives their bits (this thread, this call)
-    ks::force_variant("quant_matmul", "cuda_warp_per_column_m16");
-    try {
-      ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
-    } catch (...) {
-      ks::force_variant("quant_matmul");
-      throw;
+  if (batch_invariant_ && on_device_ && !prefill && n >= kTensorCoreDecodeRows) {
+    // the routing's choice from 8 rows (sm_90: cuda_mma_rows) sums in another order than the
+    // one-token step's kernels: pin a per-column variant that gives their bits (this thread, this
+    // call): cuda_staged_x, or where it declines (K > 2720; it checks before launching anything)
+    // cuda_warp_per_column_m16
+    for (const char* v : {"cuda_staged_x", "cuda_warp_per_column_m16"}) {
+      ks::force_variant("quant_matmul", v);
+      try {
+        ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
+        ks::force_variant("quant_matmul");
+        return;
+      } catch (const ks::Error&) {
+        ks::force_variant("quant_matmul");
+        if (std::string(v) != "cuda_staged_x") throw;
+      }
     }
-    ks::force_variant("quant_matmul");
-    return;
   }
   if (dense_rows_ && !w.dense.data() && prefill && n >= kScratchDenseRows &&
       size_t(w.rows * w.cols) * sizeof(float) <= dense_scratch_.bytes()) {

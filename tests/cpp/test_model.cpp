@@ -326,11 +326,14 @@ void expect_batched_ids_equal_alone(ks::Backend be, int64_t B, int64_t steps) {
 }
 }  // namespace
 
-// Below LlamaModel::kDenseDecodeRows sequences every op of the step is batch-invariant: the
-// rows are bit-identical to one-token steps, so the ids are too (CPU, and CUDA with a graph per
-// b). On CUDA, 9 sequences also take the routed batched quant_matmul (x's rows staged).
+// Below LlamaModel::kTensorCoreDecodeRows sequences every op of the step is batch-invariant and
+// gives the one-token kernels' bits: the rows are bit-identical to one-token steps, so the ids
+// are too (CPU, and CUDA with a graph per b; 3 sequences take the routed cuda_staged_x). On
+// CUDA, 9 sequences take the routed cuda_mma_rows on sm_90 (the same values up to FP32 rounding:
+// the greedy ids still match over 10 steps) and stay on quant_matmul (below kDenseDecodeRows).
 TEST(Model, BatchedDecodeEqualsEachSequenceAlone) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  static_assert(ks::model::LlamaModel::kTensorCoreDecodeRows > 3, "3 sequences must take the per-column kernels");
   static_assert(ks::model::LlamaModel::kDenseDecodeRows > 9, "9 sequences must stay on quant_matmul");
   expect_batched_ids_equal_alone(ks::Backend::Cpu, 3, 10);
   if (ks_backend_available(KS_BACKEND_CUDA)) {
@@ -355,12 +358,14 @@ TEST(Model, CudaBatchedDecodeThroughGemmGivesTheSameIds) {
   expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);
 }
 
-// KS_MODEL_BATCH_INVARIANT=1 keeps decode steps of any batch size on quant_matmul (rows
-// bit-identical to one-token steps): 17 sequences give each one's ids.
+// KS_MODEL_BATCH_INVARIANT=1 keeps decode steps of any batch size on quant_matmul's per-column
+// kernels (rows bit-identical to one-token steps; cuda_staged_x pinned from 8 rows, where the
+// routing would take cuda_mma_rows): 9 and 17 sequences give each one's ids.
 TEST(Model, CudaBatchInvariantModeAtSeventeenSequences) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
   kstest::ScopedEnv invariant("KS_MODEL_BATCH_INVARIANT", "1");
+  expect_batched_ids_equal_alone(ks::Backend::Cuda, 9, 10);
   expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);
 }
 

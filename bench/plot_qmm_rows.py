@@ -1,0 +1,82 @@
+#!/usr/bin/env python3
+"""Batched quant_matmul (rows quant_matmul_rows_* of a bench_ops --ops quant_matmul_rows --variants
+CSV): a markdown table per matrix (µs per implementation at each row count M, cuda_mma_rows'
+speed over the dense FP32 gemm and over the best other variant) and a PNG of µs against M.
+
+Usage: bench/plot_qmm_rows.py CSV --md OUT.md --png OUT.png
+"""
+import argparse
+import csv
+from collections import OrderedDict
+
+IMPLS = ["mma_rows", "staged_x", "warp_per_column", "warp_per_column_m16", "dense_fp32_gemm"]
+
+
+def load(path):
+    table = OrderedDict()  # (format, matrix) -> {M: {impl: us}}
+    meta = {}
+    for r in csv.DictReader(open(path)):
+        if not r["op"].startswith("quant_matmul_rows_"):
+            continue
+        meta = {k: r[k] for k in ("gpu", "driver", "cuda", "commit", "copy_gbs")}
+        m, matrix = r["shape"].split(" ")
+        impl = r["impl"]
+        impl = impl[len("variant:cuda_"):] if impl.startswith("variant:") else ("auto" if impl == "kernscope" else impl)
+        table.setdefault((r["op"][len("quant_matmul_rows_"):], matrix), OrderedDict()).setdefault(int(m[1:]), {})[impl] = (
+            float(r["us"]), float(r["pct_copy"]))
+    return table, meta
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv")
+    ap.add_argument("--md", required=True)
+    ap.add_argument("--png", required=True)
+    a = ap.parse_args()
+    table, meta = load(a.csv)
+    lines = [f"# Batched quant_matmul on {meta.get('gpu')} (driver {meta.get('driver')}, CUDA runtime {meta.get('cuda')}, "
+             f"commit {meta.get('commit')})", "",
+             "fp32 x of M rows times SmolLM2's packed matrices (N×K), `bench_ops --ops quant_matmul_rows --variants`: "
+             "CUDA-graph replay, inputs rotated past L2, median, every implementation in the same run. "
+             "`dense_fp32_gemm` is ks::gemm (cuBLASLt, FP32 compute) on a dequantized FP32 copy of the matrix, the "
+             "path SmolLM2's batched decode took from 16 sequences before cuda_mma_rows. µs; **bold**: the fastest; "
+             f"% copy: cuda_mma_rows' packed weight + x + out bytes against the measured copy bandwidth "
+             f"({float(meta.get('copy_gbs', 0)):.0f} GB/s).", "",
+             "| format | N×K | M | " + " | ".join(IMPLS) + " | auto | mma_rows vs dense | mma_rows vs best other variant | mma_rows % copy |",
+             "|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|---|"]
+    for (fmt, matrix), by_m in table.items():
+        for m, v in by_m.items():
+            best = min(us for k, (us, _) in v.items() if k != "auto")
+            cells = [("—" if i not in v else (f"**{v[i][0]:.2f}**" if v[i][0] == best else f"{v[i][0]:.2f}")) for i in IMPLS]
+            mr = v.get("mma_rows", (float("nan"), 0))
+            others = [us for k, (us, _) in v.items() if k not in ("auto", "mma_rows", "dense_fp32_gemm")]
+            vs_dense = f"{v['dense_fp32_gemm'][0] / mr[0]:.2f}×" if "dense_fp32_gemm" in v else "—"
+            vs_other = f"{min(others) / mr[0]:.2f}×" if others else "—"
+            lines.append(f"| {fmt} | {matrix} | {m} | " + " | ".join(cells) +
+                         f" | {v.get('auto', (float('nan'), 0))[0]:.2f} | {vs_dense} | {vs_other} | {mr[1]:.1f}% |")
+    open(a.md, "w").write("\n".join(lines) + "\n")
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    keys = list(table.keys())
+    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.8), squeeze=False)
+    for ax, k in zip(axes[0], keys):
+        ms = list(table[k].keys())
+        for i in IMPLS:
+            pts = [(m, table[k][m][i][0]) for m in ms if i in table[k][m]]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=i)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("rows of x (M)")
+        ax.set_ylabel("µs")
+        ax.set_title(f"{k[0]} {k[1]}", fontsize=9)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Batched quant_matmul, fp32 x, {meta.get('gpu')}, commit {meta.get('commit')}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(a.png, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
