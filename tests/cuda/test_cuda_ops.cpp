@@ -1445,20 +1445,58 @@ TEST(Cuda, QuantMatmulMmaRowsVariant) {
   EXPECT_NE(std::string(ks_last_error()).find("aligned"), std::string::npos) << ks_last_error();
 }
 
-// The routing on sm_90 (sm_90.json): fp32 quant_matmul of 16 rows and more runs cuda_mma_rows,
-// 15 rows cuda_staged_x; elsewhere the registry's order, so this only checks Hopper.
+// cuda_mma_rows' plan switches (KS_QMM_ROWS_GROUPS, KS_QMM_ROWS_STAGE_KB, KS_QMM_ROWS_PREFETCH)
+// change how the work is laid out, never a sum's order: the same bits as the default plan, for
+// one group per CTA, stages of 8 blocks (K = 576 and 4192 in chunks) and the L2 prefetch.
+TEST(Cuda, QuantMatmulMmaRowsPlanSwitchesKeepTheBits) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : {DType::F32, DType::BF16})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0, KS_QTYPE_Q4_0})
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{32, 3072, 576}, {19, 600, 4192}}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
+                     " N=" + std::to_string(N) + " K=" + std::to_string(K));
+        Buf x(dt, {M, K}), a(dt, {M, N}), b(dt, {M, N});
+        kstest::fill_normal(x);
+        Buf w = make_packed(q, N, K);
+        DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
+        dx.upload(x);
+        dw.upload(w);
+        kstest::ScopedVariant pin("quant_matmul", "cuda_mma_rows");
+        ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+        dout.poison();
+        ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(a);
+        {
+          kstest::ScopedEnv groups("KS_QMM_ROWS_GROUPS", "1"), stage("KS_QMM_ROWS_STAGE_KB", "8"),
+              prefetch("KS_QMM_ROWS_PREFETCH", "1");
+          dout.poison();
+          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          const std::string cfg = ks_last_launch_config("quant_matmul");
+          EXPECT_NE(cfg.find("x_groups_per_cta=1 blocks_per_chunk=8"), std::string::npos) << cfg;
+          EXPECT_NE(cfg.find("prefetch=1"), std::string::npos) << cfg;
+          CK(cudaDeviceSynchronize());
+          dout.download(b);
+        }
+        EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+      }
+}
+
+// The routing on sm_90 (sm_90.json): fp32 quant_matmul of 8 rows and more runs cuda_mma_rows,
+// 7 rows cuda_staged_x; elsewhere the registry's order, so this only checks Hopper.
 TEST(Cuda, QuantMatmulRowsRouting) {
   NEED_GPU();
   int major = 0;
   CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major != 9) GTEST_SKIP() << "sm_90.json's cells apply to Hopper only";
-  for (int64_t M : {int64_t(15), int64_t(16), int64_t(64)}) {
+  for (int64_t M : {int64_t(7), int64_t(8), int64_t(64)}) {
     DBuf x(DType::F32, {M, 576}), w(DType::U8, {576, 18 * 20}), o(DType::F32, {M, 576});
     x.poison();  // (values do not matter here: the launch record does)
     w.poison();
     ks::quant_matmul(o.view(), x.view(), w.view(), ks::QType::Q4_1, ks::Backend::Cuda);
     CK(cudaDeviceSynchronize());
-    EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find(M >= 16 ? "mma_rows" : "staged_rows=1"),
+    EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find(M >= 8 ? "mma_rows" : "staged_rows=1"),
               std::string::npos)
         << "M = " << M << ": " << ks_last_launch_config("quant_matmul");
   }

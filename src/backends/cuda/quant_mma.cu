@@ -619,8 +619,8 @@ namespace {
 // leaves at least 128 CTAs of rows) and rg groups of 8 rows of x (rg from M and the grid: 1 to
 // 4). Its warps are mt tiles x ks = 8 / mt splits of K: warp (tile i, split j) sums blocks j, j +
 // ks, j + 2 ks, ... of its tile's rows in that order, for all rg groups from one decode of each
-// block's codes. x is staged per chunk of kc blocks (kc a multiple of 8, so a warp's blocks come
-// in the same order however K is chunked) as B's pairs in shared memory, [block][group][piece]
+// block's codes. x is staged per chunk of kc blocks (the whole row, or a multiple of 8 blocks, so
+// a warp's blocks come in the same order however K is chunked) as B's pairs in shared memory, [block][group][piece]
 // [half][column][8 pairs]: a fragment load is 256 contiguous bytes. Q4_1's X is the FP32 sum of
 // a block's 32 values of the row (8 per thread in order, then a butterfly over 4 lanes). At the
 // end the ks warps of a tile meet in shared memory, added in split order. The order of every
@@ -638,7 +638,8 @@ struct MmaRowsParams {
   int64_t M, N, K, row_bytes;
   int mt;  // weight tiles (16 rows) per CTA
   int rg;  // groups of 8 rows of x per CTA
-  int kc;  // blocks per staged chunk (a multiple of 8)
+  int kc;  // blocks per staged chunk (a multiple of 8, or every block of the row)
+  int prefetch;  // 1: L2 prefetch of the CTA's rows' first chunk before the dependency wait
 };
 
 // The bf16 pieces of an FP32 value (rz: each the next 8 of its 24 significant bits; a non-finite
@@ -677,6 +678,14 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
   // the lane's rows g and g + 8; rows past N read the last row and are never written
   const uint8_t* wa = p.w + min(n0 + g, N - 1) * RB;
   const uint8_t* wb = p.w + min(n0 + g + 8, N - 1) * RB;
+  if (p.prefetch) {  // weights are read-only inputs (the contract): hints for L2 before the wait
+    const int64_t row0 = int64_t(blockIdx.x) * p.mt * 16, rows = min(int64_t(p.mt) * 16, N - row0);
+    const int64_t lines = (min(int64_t(kc), nb) * BB + 127) / 128 + 1;  // the chunk's bytes may straddle a line
+    for (int64_t e = threadIdx.x; e < rows * lines; e += kRowsThreads) {
+      const int64_t r = e / lines, a = (row0 + r) * RB + (e % lines) * 128;
+      if (a < N * RB) prefetch_l2(p.w + a);
+    }
+  }
   pdl_begin();
   const int cols = rg * 8;  // the CTA's rows of x
   for (int64_t y = blockIdx.y; y * cols < M; y += gridDim.y) {
@@ -853,10 +862,13 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
 namespace {
 // cuda_mma_rows' plan: mt from N (at least 128 CTAs of rows where N allows; the sums' order
 // depends on it), rg from M and the SM count (the largest of 4, 3, 2, 1 that leaves two CTAs per SM,
-// else 1; in no sum's order), kc from the staged bytes per block (a multiple of 8, at most
-// the row's blocks rounded up to 8).
+// else 1; in no sum's order), kc from the staged bytes per block: the whole row when it fits
+// the stage budget, else a multiple of 8 blocks (either way a warp's blocks keep their order).
+// Experiments (unmeasured switches, read per call): KS_QMM_ROWS_GROUPS=1..4 sets rg (at most
+// the call's groups), KS_QMM_ROWS_STAGE_KB=N the stage budget (default 96), KS_QMM_ROWS_PREFETCH=1
+// the L2 prefetch of the CTA's first chunk of weights before the dependency wait.
 struct RowsPlan {
-  int mt = 1, rg = 1, kc = 8;
+  int mt = 1, rg = 1, kc = 8, prefetch = 0;
   size_t smem = 0;
   dim3 grid;
 };
@@ -867,10 +879,15 @@ RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_
   const int64_t xctas = (ntiles + s.mt - 1) / s.mt;
   s.rg = int(std::min<int64_t>(kRowsMaxGroups, groups));
   while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < 2 * int64_t(sm_count)) --s.rg;
+  if (const long long f = env_number("KS_QMM_ROWS_GROUPS", 0); f >= 1 && f <= kRowsMaxGroups)
+    s.rg = int(std::min<int64_t>(f, groups));
   const int pieces = fp32 ? 3 : 1;
   const int64_t per_block = int64_t(s.rg) * (pieces * 512 + (q41 ? 32 : 0));  // B's pairs, X sums
-  const int64_t whole = (nb + 7) / 8 * 8;
-  s.kc = int(std::max<int64_t>(8, std::min<int64_t>(whole, kRowsStageBytes / per_block / 8 * 8)));
+  const long long kb = env_number("KS_QMM_ROWS_STAGE_KB", kRowsStageBytes / 1024);
+  const int64_t budget = (kb >= 8 && kb <= 200 ? kb : kRowsStageBytes / 1024) * 1024;
+  s.kc = nb * per_block <= budget ? int(std::max<int64_t>(nb, 1))
+                                  : int(std::max<int64_t>(8, budget / per_block / 8 * 8));
+  s.prefetch = env_is("KS_QMM_ROWS_PREFETCH", "1") ? 1 : 0;
   s.smem = size_t(s.kc * per_block) + size_t(kRowsWarps) * 16 * size_t(s.rg) * 8 * sizeof(float);
   s.grid = dim3(unsigned(xctas), unsigned(std::min<int64_t>((groups + s.rg - 1) / s.rg, 65535)));
   return s;
@@ -901,7 +918,7 @@ void quant_matmul_mma_rows_cuda(const void* args, ks_stream_t stream) {
   if (a.m == 0 || a.n == 0) return;  // nothing to write
   const RowsPlan plan = rows_plan(a, dp.sm_count);
   const MmaRowsParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
-                        a.row_bytes, plan.mt, plan.rg, plan.kc};
+                        a.row_bytes, plan.mt, plan.rg, plan.kc, plan.prefetch};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
@@ -912,8 +929,10 @@ void quant_matmul_mma_rows_cuda(const void* args, ks_stream_t stream) {
                   p);
   });
   check_launch("quant_matmul");
-  record_launch("quant_matmul", "mma_rows tiles_per_cta=%lld x_groups_per_cta=%lld blocks_per_chunk=%lld grid=%lldx%lld smem=%lld",
-                {plan.mt, plan.rg, plan.kc, plan.grid.x, plan.grid.y, int64_t(plan.smem)});
+  record_launch("quant_matmul",
+                "mma_rows tiles_per_cta=%lld x_groups_per_cta=%lld blocks_per_chunk=%lld grid=%lldx%lld smem=%lld "
+                "prefetch=%lld",
+                {plan.mt, plan.rg, plan.kc, plan.grid.x, plan.grid.y, int64_t(plan.smem), plan.prefetch});
 }
 
 }  // namespace ks::cuda
