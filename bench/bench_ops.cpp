@@ -19,7 +19,7 @@
 //  shapes too, e.g. "b1 h32/8 d128 T32768")
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors);
-//  --ops quant_matmul_rows: fp32 quant_matmul at 8..512 rows of SmolLM2's shapes against a dense FP32 gemm
+//  --ops quant_matmul_rows: fp32 quant_matmul at 2..512 rows of SmolLM2's shapes against a dense FP32 gemm
 #ifdef KS_HAVE_BUILD_COMMIT
 #include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
 #endif
@@ -440,7 +440,7 @@ int main(int argc, char** argv) {
       }
   // Batched quant_matmul (M rows of fp32 x, as the model's batched decode and prefill run it; opt-in:
   // --ops quant_matmul_rows): SmolLM2's matrices (q / o 576 x 576, gate|up 3072 x 576, down 576 x 1536,
-  // the Q8_0 head 49152 x 576) at M = 8, 16, 32, 64 and 512, the automatic choice and every variant
+  // the Q8_0 head 49152 x 576) at M = 2, 4, 8, 16, 32, 64 and 512, the automatic choice and every variant
   // (--variants), next to the FP32 dense path the model took from 16 rows until 2026-12-01 (impl
   // "dense_fp32_gemm": ks::gemm on a dequantized copy, cuBLASLt). bytes = the packed weights + x + out.
   if (has(ops, "quant_matmul_rows")) {
@@ -448,7 +448,7 @@ int main(int argc, char** argv) {
     for (auto [qt, qname, bb, n, h] : std::vector<std::tuple<ks::QType, const char*, int64_t, int64_t, int64_t>>{
              {ks::QType::Q4_1, "q4_1", 20, 576, 576}, {ks::QType::Q4_1, "q4_1", 20, 3072, 576},
              {ks::QType::Q4_1, "q4_1", 20, 576, 1536}, {ks::QType::Q8_0, "q8_0", 34, 49152, 576}})
-      for (int64_t m : {8, 16, 32, 64, 512}) {
+      for (int64_t m : {2, 4, 8, 16, 32, 64, 512}) {
         if (!want_shape(n, h)) continue;
         const int64_t row_bytes = h / 32 * bb;
         const size_t bytes = size_t(n * row_bytes + 4 * m * h + 4 * m * n);

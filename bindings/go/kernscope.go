@@ -224,6 +224,21 @@ func ForceVariant(op, variant string) error {
 	return call(func() C.ks_status_t { return C.ks_force_variant(cop, cvar) })
 }
 
+// ForcedVariant is the variant pinned for op on the calling OS thread by ForceVariant, or ""
+// when none.
+func ForcedVariant(op string) (string, error) {
+	cop := C.CString(op)
+	defer C.free(unsafe.Pointer(cop))
+	var v *C.char
+	if err := call(func() C.ks_status_t { return C.ks_forced_variant(cop, &v) }); err != nil {
+		return "", err
+	}
+	if v == nil {
+		return "", nil
+	}
+	return C.GoString(v), nil
+}
+
 // LastLaunchConfig is the launch configuration of the calling OS thread's last CUDA launch of
 // op, as text; "" if none.
 func LastLaunchConfig(op string) string {

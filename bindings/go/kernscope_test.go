@@ -275,9 +275,17 @@ func TestUnknownVariantAndRegistry(t *testing.T) {
 	if err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.F32(ws, 5), 1e-6, ks.WithBackend(ks.BackendCPU)); err != nil {
 		t.Fatalf("after a failed pin: %v", err)
 	}
+	if v, err := ks.ForcedVariant("rms_norm"); err != nil || v != "" {
+		t.Fatalf("forced variant before a pin: %q %v", v, err)
+	}
 	if err := ks.ForceVariant("rms_norm", "cpu_reference"); err != nil {
 		t.Fatal(err)
 	}
+	if v, err := ks.ForcedVariant("rms_norm"); err != nil || v != "cpu_reference" {
+		t.Fatalf("forced variant after the pin: %q %v", v, err)
+	}
+	_, err = ks.ForcedVariant("no_such_op")
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "no_such_op")
 	if err := ks.RMSNorm(ks.F32(out, 2, 5), ks.F32(xs, 2, 5), ks.F32(ws, 5), 1e-6, ks.WithBackend(ks.BackendCPU)); err != nil {
 		t.Fatal(err)
 	}

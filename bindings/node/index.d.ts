@@ -110,6 +110,8 @@ export function which(op: string, dtype: 'fp16' | 'bf16' | 'fp32', backend?: Bac
 export function whichShape(op: string, dtype: 'fp16' | 'bf16' | 'fp32', rows: number, cols: number, backend?: BackendName | number): { variant: string; reason: string };
 /** Pins op to variant for this thread; variant null: automatic again; op null: clear all pins. */
 export function forceVariant(op: string | null, variant: string | null): void;
+/** The variant pinned for op on this thread by forceVariant, or null (ks_forced_variant). */
+export function forcedVariant(op: string): string | null;
 export function lastLaunchConfig(op: string): string;
 
 export function rmsNorm(out: TensorLike, x: TensorLike, weight: TensorLike, eps: number, opts?: ExecOptions): void;

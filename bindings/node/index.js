@@ -220,6 +220,7 @@ module.exports = {
   whichShape: (op, dtype, rows, cols, backend = 'auto') => native.whichShape(op, dtype, exec({ backend })[0], rows, cols),
   routingTable: () => JSON.parse(native.routingTable()),
   forceVariant: (op, variant) => native.forceVariant(op ?? null, variant ?? null),
+  forcedVariant: (op) => native.forcedVariant(op),
   lastLaunchConfig: (op) => native.lastLaunchConfig(op),
 
   rmsNorm: (out, x, weight, eps, opts) => native.rmsNorm(T(out), T(x), T(weight), eps, ...exec(opts)),

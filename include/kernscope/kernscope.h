@@ -139,6 +139,11 @@ KS_API ks_status_t ks_routing_table(const char** json);
  * variant, not only the selected one. Unknown op or variant names are
  * KS_ERROR_INVALID_ARGUMENT. */
 KS_API ks_status_t ks_force_variant(const char* op, const char* variant);
+/* The variant pinned for `op` on this thread by ks_force_variant, in *variant (a static string,
+ * valid for the process), or NULL when `op` is not pinned; e.g. to put a caller's pin back after
+ * pinning another variant for a while. Unknown or NULL op, or NULL variant:
+ * KS_ERROR_INVALID_ARGUMENT (and *variant is left as it was). */
+KS_API ks_status_t ks_forced_variant(const char* op, const char** variant);
 
 /* Deterministic (batch-invariant) mode, process-wide: when enabled, every op computes a
  * row's result in an order that depends only on that row's length (and pointer

@@ -378,6 +378,12 @@ inline Which which(const std::string& op, const std::string& dtype, Backend back
 inline void force_variant(const std::string& op, const std::string& variant = "") {
   check(ks_force_variant(op.c_str(), variant.empty() ? nullptr : variant.c_str()));
 }
+// The variant pinned for op on this thread ("" when none); see ks_forced_variant.
+inline std::string forced_variant(const std::string& op) {
+  const char* v = nullptr;
+  check(ks_forced_variant(op.c_str(), &v));
+  return v ? v : "";
+}
 // Deterministic (batch-invariant) mode, process-wide; see ks_set_deterministic.
 inline void set_deterministic(bool enabled) { check(ks_set_deterministic(enabled ? 1 : 0)); }
 inline bool deterministic() { return ks_deterministic() != 0; }

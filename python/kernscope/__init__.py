@@ -201,6 +201,12 @@ def force_variant(op: _t.Any = None, variant: _t.Any = None) -> None:
     _C.force_variant(op, variant)
 
 
+def forced_variant(op: str) -> _t.Optional[str]:
+    """The variant pinned for ``op`` on this thread by :func:`force_variant`, or None
+    (ks_forced_variant). Unknown op: InvalidArgumentError."""
+    return _C.forced_variant(op)
+
+
 def last_launch_config(op: str) -> str:
     """The launch configuration (block shape, vector width, cluster size, ...) of
     this thread's last CUDA launch of ``op``, as text; "" if none (always "" on
@@ -279,6 +285,7 @@ __all__ = [
     "set_deterministic",
     "deterministic",
     "force_variant",
+    "forced_variant",
     "last_launch_config",
     "rms_norm",
     "fused_add_rms_norm",

@@ -439,6 +439,12 @@ NB_MODULE(_C, m) {
     const ks_status_t st = ks_force_variant(op_c, var_c);
     if (st != KS_SUCCESS) raise_status(st);
   }, nb::arg("op").none(), nb::arg("variant").none());
+  m.def("forced_variant", [](const std::string& op) -> nb::object {
+    const char* v = nullptr;
+    const ks_status_t st = ks_forced_variant(op.c_str(), &v);
+    if (st != KS_SUCCESS) raise_status(st);
+    return v ? nb::object(nb::str(v)) : nb::none();
+  });
   m.def("last_launch_config", [](const std::string& op) {
     const char* s = ks_last_launch_config(op.c_str());
     return std::string(s ? s : "");

@@ -113,20 +113,22 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
   }
   if (batch_invariant_ && on_device_ && !prefill && n >= kTensorCoreDecodeRows) {
     // the routing's choice from 8 rows (sm_90: cuda_mma_rows) sums in another order than the
-    // one-token step's kernels: pin a per-column variant that gives their bits (this thread, this
-    // call): cuda_staged_x, or where it declines (K > 2720; it checks before launching anything)
-    // cuda_warp_per_column_m16
-    for (const char* v : {"cuda_staged_x", "cuda_warp_per_column_m16"}) {
-      ks::force_variant("quant_matmul", v);
-      try {
-        ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
-        ks::force_variant("quant_matmul");
-        return;
-      } catch (const ks::Error&) {
-        ks::force_variant("quant_matmul");
-        if (std::string(v) != "cuda_staged_x") throw;
-      }
+    // one-token step's kernels: pin a per-column variant that gives their bits for this call on
+    // this thread: cuda_staged_x, or where it declines (K > 2720: BackendUnavailable, raised
+    // before anything launches) cuda_warp_per_column_m16; then the caller's own pin, if any,
+    // is put back
+    struct Restore {
+      std::string pin = ks::forced_variant("quant_matmul");
+      ~Restore() { ks_force_variant("quant_matmul", pin.empty() ? nullptr : pin.c_str()); }
+    } restore;
+    ks::force_variant("quant_matmul", "cuda_staged_x");
+    try {
+      ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
+    } catch (const ks::BackendUnavailable&) {
+      ks::force_variant("quant_matmul", "cuda_warp_per_column_m16");
+      ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
     }
+    return;
   }
   if (dense_rows_ && !w.dense.data() && prefill && n >= kScratchDenseRows &&
       size_t(w.rows * w.cols) * sizeof(float) <= dense_scratch_.bytes()) {

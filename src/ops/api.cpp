@@ -153,6 +153,24 @@ extern "C" ks_status_t ks_force_variant(const char* op, const char* variant) {
   });
 }
 
+extern "C" ks_status_t ks_forced_variant(const char* op, const char** variant) {
+  return guard("forced_variant", [&] {
+    if (op == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "forced_variant", "op is NULL");
+    if (variant == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "forced_variant", "variant is NULL");
+    const char* pin = ks::registry::pinned_variant(op);
+    const char* found = nullptr;
+    bool known = false;
+    for (const auto& v : ks::registry::all()) {
+      if (std::string(v.op) != op) continue;
+      known = true;
+      if (pin && std::string(v.name) == pin) found = v.name;  // the registry's static name
+    }
+    if (!known) fail(KS_ERROR_INVALID_ARGUMENT, "forced_variant", std::string("unknown op '") + op + "'");
+    *variant = found;
+    return KS_SUCCESS;
+  });
+}
+
 extern "C" ks_status_t ks_set_deterministic(int enabled) {
   ks::registry::set_deterministic(enabled != 0);
   return KS_SUCCESS;

@@ -97,9 +97,18 @@ int main(void) {
   CHECK(strstr(ks_last_error(), "rows and cols") != NULL);
   CHECK(ks_which_shape(NULL, "fp32", KS_BACKEND_CPU, 1, 1, &variant, &reason) == KS_ERROR_INVALID_ARGUMENT);
   CHECK(ks_force_variant("rms_norm", "no_such_variant") == KS_ERROR_INVALID_ARGUMENT);
+  const char* pinned = "untouched";
+  CHECK(ks_forced_variant("rms_norm", &pinned) == KS_SUCCESS && pinned == NULL);
   CHECK(ks_force_variant("rms_norm", "cpu_reference") == KS_SUCCESS);
+  CHECK(ks_forced_variant("rms_norm", &pinned) == KS_SUCCESS && pinned != NULL && strcmp(pinned, "cpu_reference") == 0);
+  pinned = "untouched";
+  CHECK(ks_forced_variant("no_such_op", &pinned) == KS_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(ks_last_error(), "no_such_op") != NULL && strcmp(pinned, "untouched") == 0);
+  CHECK(ks_forced_variant(NULL, &pinned) == KS_ERROR_INVALID_ARGUMENT);
+  CHECK(ks_forced_variant("rms_norm", NULL) == KS_ERROR_INVALID_ARGUMENT);
   CHECK(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, NULL) == KS_SUCCESS);
   CHECK(ks_force_variant(NULL, NULL) == KS_SUCCESS);
+  CHECK(ks_forced_variant("rms_norm", &pinned) == KS_SUCCESS && pinned == NULL);
 
   int64_t bs = 0, bb = 0;
   CHECK(ks_qtype_info(KS_QTYPE_Q4_1, &bs, &bb) == KS_SUCCESS && bs == 32 && bb == 20);

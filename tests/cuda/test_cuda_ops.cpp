@@ -1413,12 +1413,15 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
 
 // quant_matmul's cuda_mma_rows (any M; bf16 / fp16 / fp32 x; Q4_0 / Q4_1 / Q8_0), by
 // check_mma_variant (every element against FP64 with the factored sums' bound, the CPU, and row 0
-// and row M - 1 bit for bit against one-row calls: batch-invariant): M = 1 (one group, 7 columns of
-// zeros), 2, 9 (a second group, mostly empty), 16, 17, 32, 33, 100 (3 or 4 groups per CTA, several
-// CTAs of rows) and 257 (many); N not a multiple of 16, N = 4105 (2 tiles per CTA), 8200 (4) and
-// 16400 (8: one warp per tile, K unsplit); K of one block, 13 blocks (the splits' shares unequal),
-// 48, and 131 (fp32: 17 chunks of 8 blocks); Q8_0 codes over all 256 byte values; weights at
-// 2- and 4-byte offsets where the format's words allow. NaN and inf in x reach exactly their rows.
+// and row M - 1 bit for bit against one-row calls, which always run one group per CTA:
+// batch-invariant): M = 1 (one group, 7 columns of zeros), 2, 9 (a second group, mostly empty),
+// 16, 17, 32, 33, 100 and 257 (several CTAs of rows); N not a multiple of 16, N = 4105 (2 tiles
+// per CTA), 8200 (4) and 16400 (8: one warp per tile, K unsplit); K of one block, 13 blocks (the
+// splits' shares unequal), 48, and 131 (fp32 on the H200: chunks of 56-64 blocks); Q8_0 codes over
+// all 256 byte values; weights at 2- and 4-byte offsets where the format's words allow. The
+// default plan gives most of these one group per CTA, so 33, 100 and 257 rows also run at 2, 3
+// and 4 groups per CTA (KS_QMM_ROWS_GROUPS), once with stages of 8 blocks and the grid's y capped
+// at 2 (each CTA loops over several row ranges). NaN and inf in x reach exactly their rows.
 TEST(Cuda, QuantMatmulMmaRowsVariant) {
   NEED_GPU();
   for (DType dt : {DType::BF16, DType::F16, DType::F32})
@@ -1431,6 +1434,26 @@ TEST(Cuda, QuantMatmulMmaRowsVariant) {
           if (off == 4 && N > 1000) continue;
           check_mma_variant("cuda_mma_rows", dt, q, M, N, K, off, /*random_codes=*/true);
         }
+      for (const char* groups : {"2", "3", "4"}) {
+        kstest::ScopedEnv g("KS_QMM_ROWS_GROUPS", groups);
+        for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{33, 200, 576}, {100, 70, 4192}, {257, 24, 256}}) {
+          check_mma_variant("cuda_mma_rows", dt, q, M, N, K, 0, /*random_codes=*/true);
+          // the M-row call ran that many groups per CTA (its launch record; values do not matter)
+          const int64_t bb = q == KS_QTYPE_Q4_1 ? 20 : q == KS_QTYPE_Q4_0 ? 18 : 34;
+          DBuf px(dt, {M, K}), pw(DType::U8, {N, K / 32 * bb}), po(dt, {M, N});
+          px.poison();
+          pw.poison();
+          kstest::ScopedVariant pin("quant_matmul", "cuda_mma_rows");
+          ks::quant_matmul(po.view(), px.view(), pw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          const std::string cfg = ks_last_launch_config("quant_matmul");
+          EXPECT_NE(cfg.find(std::string("x_groups_per_cta=") + groups + " "), std::string::npos) << cfg;
+        }
+      }
+      {
+        kstest::ScopedEnv g("KS_QMM_ROWS_GROUPS", "3"), st("KS_QMM_ROWS_STAGE_KB", "8"), y("KS_QMM_ROWS_MAX_GRID_Y", "2");
+        check_mma_variant("cuda_mma_rows", dt, q, 100, 70, 576, 0, /*random_codes=*/true);
+      }
       check_mma_variant_nonfinite("cuda_mma_rows", dt, q);
     }
   // What it declines, and says so: fp32 x 4 bytes past 8-byte alignment, Q4_1 weights at a 2-byte
@@ -1474,7 +1497,9 @@ TEST(Cuda, QuantMatmulMmaRowsPlanSwitchesKeepTheBits) {
           dout.poison();
           ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
           const std::string cfg = ks_last_launch_config("quant_matmul");
-          EXPECT_NE(cfg.find("x_groups_per_cta=1 blocks_per_chunk=8"), std::string::npos) << cfg;
+          // (8 KB stages: 8 blocks of fp32 x or bf16 with Q4_1's X sums, 16 of bf16 otherwise)
+          const int64_t kc = dt == DType::F32 || q == KS_QTYPE_Q4_1 ? 8 : 16;
+          EXPECT_NE(cfg.find("x_groups_per_cta=1 blocks_per_chunk=" + std::to_string(kc) + " "), std::string::npos) << cfg;
           EXPECT_NE(cfg.find("prefetch=1"), std::string::npos) << cfg;
           CK(cudaDeviceSynchronize());
           dout.download(b);

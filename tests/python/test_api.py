@@ -509,8 +509,13 @@ def test_invalid_backend_code_is_checked_with_the_gil():
 def test_force_variant():
     with pytest.raises(ValueError, match="has no variant 'nope'"):
         ks.force_variant("rms_norm", "nope")
+    assert ks.forced_variant("rms_norm") is None
     ks.force_variant("rms_norm", "cpu_reference")
+    assert ks.forced_variant("rms_norm") == "cpu_reference"
+    with pytest.raises(ValueError, match="unknown op 'nope'"):
+        ks.forced_variant("nope")
     ks.force_variant(None)  # clears every pin
+    assert ks.forced_variant("rms_norm") is None
 
 
 def test_jax_arrays_on_the_host(rng):

@@ -492,6 +492,22 @@ static napi_value js_force_variant(napi_env env, napi_callback_info info) {
   return finish(env, st);
 }
 
+static napi_value js_forced_variant(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  char* op = get_string(env, argv[0], "forcedVariant: op");
+  if (op == NULL) return NULL;
+  const char* v = NULL;
+  ks_status_t st = ks_forced_variant(op, &v);
+  free(op);
+  if (!finish(env, st)) return NULL;
+  if (v == NULL) {
+    napi_value n;
+    napi_get_null(env, &n);
+    return n;
+  }
+  return str(env, v);
+}
+
 static napi_value js_last_launch_config(napi_env env, napi_callback_info info) {
   ARGS(1);
   char* op = get_string(env, argv[0], "lastLaunchConfig: op");
@@ -789,6 +805,7 @@ NAPI_MODULE_INIT() {
       {"which", NULL, js_which, NULL, NULL, NULL, napi_default, NULL},
       {"routingTable", NULL, js_routing_table, NULL, NULL, NULL, napi_default, NULL},
       {"forceVariant", NULL, js_force_variant, NULL, NULL, NULL, napi_default, NULL},
+      {"forcedVariant", NULL, js_forced_variant, NULL, NULL, NULL, napi_default, NULL},
       {"whichShape", NULL, js_which_shape, NULL, NULL, NULL, napi_default, NULL},
       {"lastLaunchConfig", NULL, js_last_launch_config, NULL, NULL, NULL, napi_default, NULL},
       {"rmsNorm", NULL, js_rms_norm, NULL, NULL, NULL, napi_default, NULL},

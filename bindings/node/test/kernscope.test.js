@@ -167,7 +167,10 @@ test('unknown variant and the registry', () => {
               'no_such_variant');
   const out = f32(10).fill(7);
   ks.rmsNorm(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), ks.f32(f32(W)), 1e-6, { backend: 'cpu' });
+  assert.equal(ks.forcedVariant('rms_norm'), null);
   ks.forceVariant('rms_norm', 'cpu_reference');
+  assert.equal(ks.forcedVariant('rms_norm'), 'cpu_reference');
+  expectError(() => ks.forcedVariant('no_such_op'), ks.Status.INVALID_ARGUMENT, 'no_such_op');
   ks.rmsNorm(ks.f32(out, [2, 5]), ks.f32(f32(X), [2, 5]), ks.f32(f32(W)), 1e-6, { backend: 'cpu' });
   ks.forceVariant(null, null);
   assert.deepEqual(ks.qtypeInfo('q4_1'), { blockSize: 32, blockBytes: 20 });

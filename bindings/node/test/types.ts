@@ -19,6 +19,7 @@ ks.softmax(y, x);
 // @ts-expect-error Uint16Array needs a dtype; 'fp8' is not one
 ks.tensor(new Uint16Array(2), [2], { dtype: 'fp8' });
 ks.forceVariant('rms_norm', null);
+const pinned: string | null = ks.forcedVariant('rms_norm');
 const info: { blockSize: number; blockBytes: number } = ks.qtypeInfo('q4_1');
 const choice: { variant: string; reason: string } = ks.which('rms_norm', 'bf16', 'cpu');
 const firstOrder: string[] = ks.routingTable().cells[0].order;

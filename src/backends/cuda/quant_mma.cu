@@ -863,37 +863,64 @@ namespace {
 // cuda_mma_rows' plan: mt from N (at least 128 CTAs of rows where N allows; the sums' order
 // depends on it), rg from M and the SM count (the largest of 4, 3, 2, 1 that leaves two CTAs per SM,
 // else 1; in no sum's order), kc from the staged bytes per block: the whole row when it fits
-// the stage budget, else a multiple of 8 blocks (either way a warp's blocks keep their order).
+// the stage budget (96 KB, less where the device's shared memory is smaller), else a multiple of
+// 8 blocks (either way a warp's blocks keep their order).
 // Experiments (unmeasured switches, read per call): KS_QMM_ROWS_GROUPS=1..4 sets rg (at most
 // the call's groups), KS_QMM_ROWS_STAGE_KB=N the stage budget (default 96), KS_QMM_ROWS_PREFETCH=1
-// the L2 prefetch of the CTA's first chunk of weights before the dependency wait.
+// the L2 prefetch of the CTA's first chunk of weights before the dependency wait; for tests,
+// KS_QMM_ROWS_MAX_GRID_Y=n caps the grid's y (none of them changes a sum's order).
 struct RowsPlan {
   int mt = 1, rg = 1, kc = 8, prefetch = 0;
   size_t smem = 0;
   dim3 grid;
 };
-RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_count) {
+// smem_limit: the kernel's dynamic shared memory limit on the device (the stage budget shrinks to
+// fit it, then rg; smem = 0 when not even one group's 8 blocks fit).
+RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_count, int64_t smem_limit) {
   RowsPlan s;
   const int64_t ntiles = (N + 15) / 16, groups = (M + 7) / 8, nb = K / 32;
   while (s.mt < 8 && ntiles / (2 * s.mt) >= 128) s.mt *= 2;
   const int64_t xctas = (ntiles + s.mt - 1) / s.mt;
-  s.rg = int(std::min<int64_t>(kRowsMaxGroups, groups));
+  s.rg = int(std::clamp<int64_t>(groups, 1, kRowsMaxGroups));  // (M = 0: one group, nothing launched)
   while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < 2 * int64_t(sm_count)) --s.rg;
   if (const long long f = env_number("KS_QMM_ROWS_GROUPS", 0); f >= 1 && f <= kRowsMaxGroups)
-    s.rg = int(std::min<int64_t>(f, groups));
+    s.rg = int(std::clamp<int64_t>(groups, 1, f));
   const int pieces = fp32 ? 3 : 1;
-  const int64_t per_block = int64_t(s.rg) * (pieces * 512 + (q41 ? 32 : 0));  // B's pairs, X sums
   const long long kb = env_number("KS_QMM_ROWS_STAGE_KB", kRowsStageBytes / 1024);
-  const int64_t budget = (kb >= 8 && kb <= 200 ? kb : kRowsStageBytes / 1024) * 1024;
-  s.kc = nb * per_block <= budget ? int(std::max<int64_t>(nb, 1))
-                                  : int(std::max<int64_t>(8, budget / per_block / 8 * 8));
+  const int64_t wanted = (kb >= 8 && kb <= 200 ? kb : kRowsStageBytes / 1024) * 1024;
+  for (;; --s.rg) {
+    const int64_t per_block = int64_t(s.rg) * (pieces * 512 + (q41 ? 32 : 0));  // B's pairs, X sums
+    const int64_t part = int64_t(kRowsWarps) * 16 * s.rg * 8 * int64_t(sizeof(float));
+    const int64_t budget = std::min(wanted, smem_limit - part);
+    s.kc = nb * per_block <= budget ? int(std::max<int64_t>(nb, 1))
+                                    : int(std::max<int64_t>(8, budget / per_block / 8 * 8));
+    s.smem = size_t(s.kc * per_block + part);
+    if (int64_t(s.smem) <= smem_limit) break;
+    if (s.rg == 1) {
+      s.smem = 0;
+      break;
+    }
+  }
   s.prefetch = env_is("KS_QMM_ROWS_PREFETCH", "1") ? 1 : 0;
-  s.smem = size_t(s.kc * per_block) + size_t(kRowsWarps) * 16 * size_t(s.rg) * 8 * sizeof(float);
-  s.grid = dim3(unsigned(xctas), unsigned(std::min<int64_t>((groups + s.rg - 1) / s.rg, 65535)));
+  // (KS_QMM_ROWS_MAX_GRID_Y=n caps the grid's y below 65535: the tests' way to make CTAs loop
+  // over several row ranges without 65536 of them)
+  const long long ycap = env_number("KS_QMM_ROWS_MAX_GRID_Y", 65535);
+  s.grid = dim3(unsigned(xctas),
+                unsigned(std::min<int64_t>((groups + s.rg - 1) / s.rg, ycap >= 1 && ycap <= 65535 ? ycap : 65535)));
   return s;
 }
+// The dynamic shared memory one CTA of quant_mma_rows_kernel may take for call a's types.
+int64_t rows_smem_limit(const ops::QuantMatmulArgs& a) {
+  int64_t limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    limit = opt_in_smem_limit<quant_mma_rows_kernel<decltype(tag), decltype(q)::value>>(a.x.device.device_id,
+                                                                                        "quant_matmul");
+  });
+  return limit;
+}
 RowsPlan rows_plan(const ops::QuantMatmulArgs& a, int sm_count) {
-  return rows_plan(a.m, a.n, a.k, a.x.dtype == detail::DType::F32, a.qtype == KS_QTYPE_Q4_1, sm_count);
+  return rows_plan(a.m, a.n, a.k, a.x.dtype == detail::DType::F32, a.qtype == KS_QTYPE_Q4_1, sm_count,
+                   rows_smem_limit(a));
 }
 }  // namespace
 
@@ -906,7 +933,9 @@ std::string quant_matmul_mma_rows_can_implement(const void* args) {
     return "fp32 x not 8-byte aligned (8-byte loads of value pairs)";
   if (reinterpret_cast<uintptr_t>(a.weight.data) % (a.qtype == KS_QTYPE_Q4_1 ? 4 : 2) != 0)
     return "weight not aligned to its block words (Q4_1: 4 bytes, Q4_0 / Q8_0: 2)";
-  if (device_props(a.x.device.device_id).major < 8) return "needs sm_80 or newer (bf16 / fp16 mma.sync)";
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  if (dp.major < 8) return "needs sm_80 or newer (bf16 / fp16 mma.sync)";
+  if (rows_plan(a, dp.sm_count).smem == 0) return "8 blocks of one group of x do not fit the device's shared memory";
   return "";
 }
 
@@ -923,7 +952,7 @@ void quant_matmul_mma_rows_cuda(const void* args, ks_stream_t stream) {
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
     constexpr ks_qtype_t Q = decltype(q)::value;
-    if (int64_t(plan.smem) > opt_in_smem_limit<quant_mma_rows_kernel<T, Q>>(dev, "quant_matmul"))
+    if (plan.smem == 0 || int64_t(plan.smem) > opt_in_smem_limit<quant_mma_rows_kernel<T, Q>>(dev, "quant_matmul"))
       detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_rows: its staged x does not fit shared memory");
     launch_kernel("quant_matmul", quant_mma_rows_kernel<T, Q>, plan.grid, dim3(kRowsThreads), plan.smem, s, 1, dp.pdl,
                   p);

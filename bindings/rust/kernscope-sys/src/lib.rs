@@ -135,6 +135,7 @@ extern "C" {
         reason: *mut *const c_char,
     ) -> ks_status_t;
     pub fn ks_force_variant(op: *const c_char, variant: *const c_char) -> ks_status_t;
+    pub fn ks_forced_variant(op: *const c_char, variant: *mut *const c_char) -> ks_status_t;
     pub fn ks_routing_table(json: *mut *const c_char) -> ks_status_t;
     pub fn ks_last_launch_config(op: *const c_char) -> *const c_char;
 

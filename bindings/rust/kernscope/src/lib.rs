@@ -218,6 +218,14 @@ pub fn force_variant(op: Option<&str>, variant: Option<&str>) -> Result<()> {
     })
 }
 
+/// The variant pinned for `op` on this OS thread by [`force_variant`], or `None`.
+pub fn forced_variant(op: &str) -> Result<Option<String>> {
+    let cop = c_string("forced_variant: op", op)?;
+    let mut v: *const c_char = ptr::null();
+    check(unsafe { sys::ks_forced_variant(cop.as_ptr(), &mut v) })?;
+    Ok(if v.is_null() { None } else { Some(owned_str(v)) })
+}
+
 /// The launch configuration (block shape, vector width, cluster size, ...) of this OS thread's
 /// last CUDA launch of `op`, as text; "" if none (always "" without the CUDA backend).
 pub fn last_launch_config(op: &str) -> Result<String> {

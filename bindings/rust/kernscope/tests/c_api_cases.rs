@@ -224,7 +224,11 @@ fn unknown_variant_and_registry() {
         )
         .unwrap();
 
+    assert_eq!(kernscope::forced_variant("rms_norm").unwrap(), None);
     kernscope::force_variant(Some("rms_norm"), Some("cpu_reference")).unwrap();
+    assert_eq!(kernscope::forced_variant("rms_norm").unwrap().as_deref(), Some("cpu_reference"));
+    let e = kernscope::forced_variant("no_such_op").unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
     cpu()
         .rms_norm(
             &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
