@@ -514,9 +514,10 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
       matmul(v, h, L.wv, n, prefill);
     }
     // GGUF stores Q/K permuted for the interleaved (GPT-J) pairing. A decode step (one token per
-    // sequence) may fuse the three; a prefill's tokens read each other's new keys, so not there.
-    if (!prefill && fuse_attn_ && fuse_decode_) {
-      rope_append_attention(L, /*fused=*/true);
+    // sequence) runs RoPE and the append as one kernel, or (KS_MODEL_FUSE_ATTN=1) all three; a
+    // prefill's tokens read each other's new keys, so not there.
+    if (!prefill && fuse_decode_) {
+      rope_append_attention(L, /*fused=*/fuse_attn_);
     } else {
       ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
       ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots, be, s);

@@ -199,7 +199,10 @@ class LlamaModel {
   // one-token steps fuse each norm into the matmul after it, silu_and_mul into the down
   // projection and the kv append into RoPE (ks::fused_add_rms_norm_quant_matmul,
   // ks::silu_and_mul_quant_matmul, ks::rotary_embedding_kv_append): 6 kernels per layer
-  // instead of 10; KS_MODEL_FUSE=0 runs the unfused sequence instead (comparisons)
+  // instead of 10; decode_batch steps (several sequences, one token each) fuse the kv append
+  // into RoPE only (11 kernels per layer instead of 12: the batched matmuls take cuda_mma_rows,
+  // which the fused norm / SiLU forms do not have); KS_MODEL_FUSE=0 runs the unfused sequence
+  // instead (comparisons)
   bool fuse_decode_ = true;
   bool dense_rows_ = false;    // CUDA steps of >= kDenseRows rows may go through ks::gemm
   bool batch_invariant_ = false;  // KS_MODEL_BATCH_INVARIANT=1: decode steps stay on quant_matmul
