@@ -95,13 +95,6 @@ __device__ __forceinline__ void q4_words(const uint8_t* blk, int t, uint32_t& h,
   }
 }
 
-// One Q4 block of 16 weight rows (the lane's rows g and g + 8) against up to 8 rows of x (B's
-// columns): acc += d S + m X (Q4_1; Q4_0: d S). ha / hb: the rows' first word (Q4_1: d | m << 16;
-// Q4_0: d in the low half); qa / qb: their code bytes 4t..4t+3; xl / xh: B's pairs of weights
-// 4t..4t+3 and 16 + 4t.. of the block (column g). acc: (row g, column 2t), (g, 2t + 1), (g + 8,
-// 2t), (g + 8, 2t + 1).
-// PRE_X: X of columns 2t, 2t + 1 given (xs0, xs1: the caller's FP32 sums of B's columns), not
-// summed by two more MMAs with an all-ones A.
 // A's fragments of one Q4 block of 16 weight rows: the lane's code bytes qa (row g) and qb (row
 // g + 8) as exact bf16 / fp16 pairs, alo the block's weights 0..15, ahi 16..31 (each: (row g,
 // slots 2t..), (row g + 8, 2t..), (row g, 2t + 8..), (row g + 8, 2t + 8..)).
@@ -122,6 +115,13 @@ __device__ __forceinline__ void q4_a_frags(uint32_t qa, uint32_t qb, uint32_t (&
   ahi[3] = sub_pair<T>(code_pair<T>(ub, 0x4342u), off2);
 }
 
+// One Q4 block of 16 weight rows (the lane's rows g and g + 8) against up to 8 rows of x (B's
+// columns): acc += d S + m X (Q4_1; Q4_0: d S). ha / hb: the rows' first word (Q4_1: d | m << 16;
+// Q4_0: d in the low half); qa / qb: their code bytes 4t..4t+3; xl / xh: B's pairs of weights
+// 4t..4t+3 and 16 + 4t.. of the block (column g). acc: (row g, column 2t), (g, 2t + 1), (g + 8,
+// 2t), (g + 8, 2t + 1).
+// PRE_X: X of columns 2t, 2t + 1 given (xs0, xs1: the caller's FP32 sums of B's columns), not
+// summed by two more MMAs with an all-ones A.
 template <typename T, bool Q41, bool PRE_X = false>
 __device__ __forceinline__ void mma_q4_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t qa, uint32_t qb,
                                              uint2 xl, uint2 xh, float xs0 = 0.f, float xs1 = 0.f) {
@@ -261,25 +261,36 @@ __device__ __forceinline__ uint32_t bits16(T v) {
   std::memcpy(&u, &v, 2);
   return u;
 }
+// The bf16 pieces of an FP32 value (rz: each the next 8 of its 24 significant bits; a non-finite
+// value is all in the first) or a 16-bit value as it is: P pieces' 16-bit patterns.
+template <typename T, int P>
+__device__ __forceinline__ void x_pieces(float v, uint32_t (&bits)[P]) {
+  if constexpr (P == 3) {
+    const __nv_bfloat16 h1 = __float2bfloat16_rz(v);
+    const float r1 = isfinite(__bfloat162float(h1)) ? v - __bfloat162float(h1) : 0.f;
+    const __nv_bfloat16 h2 = __float2bfloat16_rz(r1);
+    const __nv_bfloat16 h3 = __float2bfloat16_rz(r1 - __bfloat162float(h2));
+    bits[0] = bits16(h1);
+    bits[1] = bits16(h2);
+    bits[2] = bits16(h3);
+  } else {
+    bits[0] = bits16(Dt<T>::from_f(v));  // v came from a T: exact
+  }
+}
+
 // Element k of B's column c as a float: bf16 / fp16 x: row c's value; fp32 x: piece c % 3 of row
-// c / 3 (rz to bf16 of what the earlier pieces left; a non-finite value leaves nothing), exact in
-// bf16.
+// c / 3 (x_pieces), exact in bf16.
 template <typename T>
 __device__ __forceinline__ float x_value(const T* x, int64_t K, int c, int64_t k) {
   if constexpr (std::is_same_v<T, float>) {
-    float v = x[int64_t(c / 3) * K + k], h = 0.f;
-    for (int piece = 0; piece <= c % 3; ++piece) {
-      h = __bfloat162float(__float2bfloat16_rz(v));
-      v = isfinite(h) ? v - h : 0.f;
-    }
-    return h;
+    uint32_t b[3];
+    x_pieces<T, 3>(x[int64_t(c / 3) * K + k], b);
+    const int piece = c % 3;
+    return __bfloat162float(__ushort_as_bfloat16(uint16_t(piece == 0 ? b[0] : piece == 1 ? b[1] : b[2])));
   } else {
     return Dt<T>::to_f(x[int64_t(c) * K + k]);
   }
 }
-// One Q8_0 block (34 bytes: d, 32 signed code bytes; 2-byte aligned) of rows g and g + 8:
-// acc += d S. a0 / b0: code bytes 4t..4t+3 of rows g / g + 8 (weights 4t..), a1 / b1: bytes
-// 16 + 4t.. (weights 16 + 4t..), with B's pairs xl / xh of the same weights.
 // A's fragments of one Q8_0 block of 16 weight rows as exact nibble codes: a[0] the low nibbles
 // l of weights 0..15, a[1] of 16..31, a[2] / a[3] the high nibbles h - 8 of the same (c = 16 (h -
 // 8) + l). a0 / b0: code bytes 4t.. of rows g / g + 8, a1 / b1: bytes 16 + 4t...
@@ -299,6 +310,9 @@ __device__ __forceinline__ void q8_a_frags(uint32_t a0, uint32_t a1, uint32_t b0
   }
 }
 
+// One Q8_0 block (34 bytes: d, 32 signed code bytes; 2-byte aligned) of rows g and g + 8:
+// acc += d S. a0 / b0: code bytes 4t..4t+3 of rows g / g + 8 (weights 4t..), a1 / b1: bytes
+// 16 + 4t.. (weights 16 + 4t..), with B's pairs xl / xh of the same weights.
 template <typename T>
 __device__ __forceinline__ void mma_q8_block(float (&acc)[4], uint32_t ha, uint32_t hb, uint32_t a0, uint32_t a1,
                                              uint32_t b0, uint32_t b1, uint2 xl, uint2 xh) {
@@ -641,23 +655,6 @@ struct MmaRowsParams {
   int kc;  // blocks per staged chunk (a multiple of 8, or every block of the row)
   int prefetch;  // 1: L2 prefetch of the CTA's rows' first chunk before the dependency wait
 };
-
-// The bf16 pieces of an FP32 value (rz: each the next 8 of its 24 significant bits; a non-finite
-// value is all in the first) or a 16-bit value as it is: P pieces' 16-bit patterns.
-template <typename T, int P>
-__device__ __forceinline__ void x_pieces(float v, uint32_t (&bits)[P]) {
-  if constexpr (P == 3) {
-    const __nv_bfloat16 h1 = __float2bfloat16_rz(v);
-    const float r1 = isfinite(__bfloat162float(h1)) ? v - __bfloat162float(h1) : 0.f;
-    const __nv_bfloat16 h2 = __float2bfloat16_rz(r1);
-    const __nv_bfloat16 h3 = __float2bfloat16_rz(r1 - __bfloat162float(h2));
-    bits[0] = bits16(h1);
-    bits[1] = bits16(h2);
-    bits[2] = bits16(h3);
-  } else {
-    bits[0] = bits16(Dt<T>::from_f(v));  // v came from a T: exact
-  }
-}
 
 template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const MmaRowsParams p) {
