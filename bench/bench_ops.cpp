@@ -20,6 +20,7 @@
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors);
 //  --ops quant_matmul_rows: fp32 quant_matmul at 2..512 rows of SmolLM2's shapes against a dense FP32 gemm
+//  (--shapes 3072x576 keeps a matrix, "M32 3072x576" one row count of it)
 #ifdef KS_HAVE_BUILD_COMMIT
 #include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
 #endif
@@ -449,7 +450,9 @@ int main(int argc, char** argv) {
              {ks::QType::Q4_1, "q4_1", 20, 576, 576}, {ks::QType::Q4_1, "q4_1", 20, 3072, 576},
              {ks::QType::Q4_1, "q4_1", 20, 576, 1536}, {ks::QType::Q8_0, "q8_0", 34, 49152, 576}})
       for (int64_t m : {2, 4, 8, 16, 32, 64, 512}) {
-        if (!want_shape(n, h)) continue;
+        // --shapes: the matrix ("3072x576": every M) or one row count of it ("M32 3072x576")
+        const std::string mshape = "M" + std::to_string(m) + " " + std::to_string(n) + "x" + std::to_string(h);
+        if (!want_shape(n, h) && !has(shapes, mshape)) continue;
         const int64_t row_bytes = h / 32 * bb;
         const size_t bytes = size_t(n * row_bytes + 4 * m * h + 4 * m * n);
         const int k = nsets(bytes);

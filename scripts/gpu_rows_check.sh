@@ -25,6 +25,11 @@ if [ "${KS_ROWS_AB:-1}" = 1 ]; then
     ks_bench_tagged "$setting" kernscope "$OUT/rows.csv" --ops quant_matmul_rows --dtypes fp32
   done
 fi
+# KS_ROWS_NCU=1: Nsight Compute over cuda_mma_rows at 32 rows of the 3072 x 576 matrix (its first
+# launch; the report in $OUT/rows_ncu.txt): where a CTA's time goes
+if [ "${KS_ROWS_NCU:-0}" = 1 ]; then
+  ks_ncu_bench quant_mma_rows "$OUT/rows_ncu.txt" --ops quant_matmul_rows --dtypes fp32 --shapes "M32 3072x576"
+fi
 python3 - "$OUT/rows.csv" <<'PY'
 import csv, sys, collections
 rows = list(csv.DictReader(open(sys.argv[1])))
