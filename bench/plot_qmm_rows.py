@@ -21,7 +21,10 @@ def load(path):
         meta = {k: r[k] for k in ("gpu", "driver", "cuda", "commit", "copy_gbs")}
         m, matrix = r["shape"].split(" ")
         impl = r["impl"]
-        impl = impl[len("variant:cuda_"):] if impl.startswith("variant:") else ("auto" if impl == "kernscope" else impl)
+        if impl.startswith("kernscope["):  # the automatic choice under a setting (gpu_rows_check.sh's A/B)
+            impl = "auto" + impl[len("kernscope"):]
+        else:
+            impl = impl[len("variant:cuda_"):] if impl.startswith("variant:") else ("auto" if impl == "kernscope" else impl)
         table.setdefault((r["op"][len("quant_matmul_rows_"):], matrix), OrderedDict()).setdefault(int(m[1:]), {})[impl] = (
             float(r["us"]), float(r["pct_copy"]))
     return table, meta
@@ -46,14 +49,25 @@ def main():
              "|---|---|---|" + "---|" * len(IMPLS) + "---|---|---|---|"]
     for (fmt, matrix), by_m in table.items():
         for m, v in by_m.items():
-            best = min(us for k, (us, _) in v.items() if k != "auto")
+            best = min(us for k, (us, _) in v.items() if not k.startswith("auto"))
             cells = [("—" if i not in v else (f"**{v[i][0]:.2f}**" if v[i][0] == best else f"{v[i][0]:.2f}")) for i in IMPLS]
             mr = v.get("mma_rows", (float("nan"), 0))
-            others = [us for k, (us, _) in v.items() if k not in ("auto", "mma_rows", "dense_fp32_gemm")]
+            others = [us for k, (us, _) in v.items() if not k.startswith("auto") and k not in ("mma_rows", "dense_fp32_gemm")]
             vs_dense = f"{v['dense_fp32_gemm'][0] / mr[0]:.2f}×" if "dense_fp32_gemm" in v else "—"
             vs_other = f"{min(others) / mr[0]:.2f}×" if others else "—"
             lines.append(f"| {fmt} | {matrix} | {m} | " + " | ".join(cells) +
                          f" | {v.get('auto', (float('nan'), 0))[0]:.2f} | {vs_dense} | {vs_other} | {mr[1]:.1f}% |")
+    settings = sorted({k for by_m in table.values() for v in by_m.values() for k in v if k.startswith("auto[")})
+    if settings:  # the automatic choice under each setting, against the automatic choice as built
+        lines += ["", "The automatic choice under each setting (gpu_rows_check.sh's A/B; same call), µs and the speed over "
+                  "the default (>1: faster):", "",
+                  "| format | N×K | M | auto | " + " | ".join(f"`{t[5:-1]}`" for t in settings) + " |",
+                  "|---|---|---|---|" + "---|" * len(settings)]
+        for (fmt, matrix), by_m in table.items():
+            for m, v in by_m.items():
+                base = v.get("auto", (float("nan"), 0))[0]
+                cells = [f"{v[t][0]:.2f} ({base / v[t][0]:.2f}×)" if t in v else "—" for t in settings]
+                lines.append(f"| {fmt} | {matrix} | {m} | {base:.2f} | " + " | ".join(cells) + " |")
     open(a.md, "w").write("\n".join(lines) + "\n")
 
     import matplotlib
