@@ -192,6 +192,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
   bool hold_dense = false;
   // an FP32 copy of the output head is of use only to decode_batch steps of >= kDenseDecodeRows rows
+  // under KS_MODEL_DENSE_DECODE=1
   const bool dense_head = dense_decode_ && max_batch_ >= kDenseDecodeRows && !batch_invariant_;
   if (on_device_ && max_ctx_ >= kDenseRows) {
     const auto& k = cfg_;

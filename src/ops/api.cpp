@@ -157,16 +157,7 @@ extern "C" ks_status_t ks_forced_variant(const char* op, const char** variant) {
   return guard("forced_variant", [&] {
     if (op == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "forced_variant", "op is NULL");
     if (variant == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "forced_variant", "variant is NULL");
-    const char* pin = ks::registry::pinned_variant(op);
-    const char* found = nullptr;
-    bool known = false;
-    for (const auto& v : ks::registry::all()) {
-      if (std::string(v.op) != op) continue;
-      known = true;
-      if (pin && std::string(v.name) == pin) found = v.name;  // the registry's static name
-    }
-    if (!known) fail(KS_ERROR_INVALID_ARGUMENT, "forced_variant", std::string("unknown op '") + op + "'");
-    *variant = found;
+    *variant = ks::registry::forced_variant(op);
     return KS_SUCCESS;
   });
 }

@@ -123,18 +123,28 @@ const char* pinned_variant(const char* op) {
   return it == g_forced.end() ? nullptr : it->second.c_str();
 }
 
+namespace {
+// op's variant named `name` (nullptr: none of that name, or name nullptr); fails naming `api`
+// when no variant has op.
+const Variant* variant_of(const char* op, const char* name, const char* api) {
+  bool op_known = false;
+  const Variant* found = nullptr;
+  for (const Variant& v : all()) {
+    if (std::strcmp(v.op, op) != 0) continue;
+    op_known = true;
+    if (name && std::strcmp(v.name, name) == 0) found = &v;
+  }
+  if (!op_known) detail::fail(KS_ERROR_INVALID_ARGUMENT, api, std::string("unknown op '") + op + "'");
+  return found;
+}
+}  // namespace
+
 void force_variant(const char* op, const char* variant) {
   if (op == nullptr) {
     g_forced.clear();
     return;
   }
-  bool op_known = false, found = variant == nullptr;
-  for (const Variant& v : all()) {
-    if (std::strcmp(v.op, op) != 0) continue;
-    op_known = true;
-    if (variant && std::string(v.name) == variant) found = true;
-  }
-  if (!op_known) detail::fail(KS_ERROR_INVALID_ARGUMENT, "force_variant", std::string("unknown op '") + op + "'");
+  const bool found = variant_of(op, variant, "force_variant") != nullptr || variant == nullptr;
   if (!found)
     detail::fail(KS_ERROR_INVALID_ARGUMENT, "force_variant",
                  std::string("op '") + op + "' has no variant '" + variant + "'");
@@ -142,6 +152,11 @@ void force_variant(const char* op, const char* variant) {
     g_forced[op] = variant;
   else
     g_forced.erase(op);
+}
+
+const char* forced_variant(const char* op) {
+  const Variant* v = variant_of(op, pinned_variant(op), "forced_variant");
+  return v ? v->name : nullptr;
 }
 
 const Cell* routed_cell(const char* op, ks_backend_t backend, detail::DType dtype, const void* args) {

@@ -70,6 +70,9 @@ ks_status_t dispatch(const char* op, ks_backend_t backend, detail::DType dtype, 
 
 // Thread-local pin (ks_force_variant); throws Failure for unknown names.
 void force_variant(const char* op, const char* variant);
+// The variant pinned for op on this thread as the registry's static name, or nullptr
+// (ks_forced_variant); throws Failure for an unknown op.
+const char* forced_variant(const char* op);
 
 // Registration hooks, one per backend (called once by all()).
 void register_cpu_variants(std::vector<Variant>& out);

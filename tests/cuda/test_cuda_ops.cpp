@@ -1457,11 +1457,11 @@ TEST(Cuda, QuantMatmulMmaRowsVariant) {
       check_mma_variant_nonfinite("cuda_mma_rows", dt, q);
     }
   // What it declines, and says so: fp32 x 4 bytes past 8-byte alignment, Q4_1 weights at a 2-byte
-  // offset, a format other than the three
+  // offset
   kstest::ScopedVariant pin("quant_matmul", "cuda_mma_rows");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
   DBuf xoff(DType::F32, {2, 64}, 4), o2(DType::F32, {2, 3}), w41(DType::U8, {3, 2 * 20}), w41off(DType::U8, {3, 2 * 20}, 2);
-  DBuf x2(DType::F32, {2, 64}), w8k(DType::U8, {3, 2 * 8 * 34});
+  DBuf x2(DType::F32, {2, 64});
   EXPECT_THROW(ks::quant_matmul(o2.view(), xoff.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_NE(std::string(ks_last_error()).find("8-byte"), std::string::npos) << ks_last_error();
   EXPECT_THROW(ks::quant_matmul(o2.view(), x2.view(), w41off.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);

@@ -115,6 +115,25 @@ __device__ __forceinline__ void q4_a_frags(uint32_t qa, uint32_t qb, uint32_t (&
   ahi[3] = sub_pair<T>(code_pair<T>(ub, 0x4342u), off2);
 }
 
+// acc += one Q4 block's factored sums (the contract's d S + m X): s the MMA's S of rows g, g + 8
+// by B's columns 2t, 2t + 1 (acc's order), da / db the rows' d; Q4_1 also ma / mb, the rows' m,
+// times X0 / X1, the columns' X.
+template <bool Q41>
+__device__ __forceinline__ void add_q4_sums(float (&acc)[4], const float (&s)[4], float da, float db, float ma = 0.f,
+                                            float mb = 0.f, float X0 = 0.f, float X1 = 0.f) {
+  if constexpr (Q41) {
+    acc[0] += da * s[0] + ma * X0;
+    acc[1] += da * s[1] + ma * X1;
+    acc[2] += db * s[2] + mb * X0;
+    acc[3] += db * s[3] + mb * X1;
+  } else {
+    acc[0] += da * s[0];
+    acc[1] += da * s[1];
+    acc[2] += db * s[2];
+    acc[3] += db * s[3];
+  }
+}
+
 // One Q4 block of 16 weight rows (the lane's rows g and g + 8) against up to 8 rows of x (B's
 // columns): acc += d S + m X (Q4_1; Q4_0: d S). ha / hb: the rows' first word (Q4_1: d | m << 16;
 // Q4_0: d in the low half); qa / qb: their code bytes 4t..4t+3; xl / xh: B's pairs of weights
@@ -141,15 +160,9 @@ __device__ __forceinline__ void mma_q4_block(float (&acc)[4], uint32_t ha, uint3
       mma_16816<T>(xs, ones, xl.x, xl.y);
       mma_16816<T>(xs, ones, xh.x, xh.y);
     }
-    acc[0] += da * s[0] + ma * xs[0];
-    acc[1] += da * s[1] + ma * xs[1];
-    acc[2] += db * s[2] + mb * xs[0];
-    acc[3] += db * s[3] + mb * xs[1];
+    add_q4_sums<true>(acc, s, da, db, ma, mb, xs[0], xs[1]);
   } else {
-    acc[0] += da * s[0];
-    acc[1] += da * s[1];
-    acc[2] += db * s[2];
-    acc[3] += db * s[3];
+    add_q4_sums<false>(acc, s, da, db);
   }
 }
 
@@ -310,6 +323,16 @@ __device__ __forceinline__ void q8_a_frags(uint32_t a0, uint32_t a1, uint32_t b0
   }
 }
 
+// acc += one Q8_0 block's d S with S = 16 S_h + S_l from the nibble MMAs (sl, sh; acc's order),
+// da / db the d of rows g / g + 8.
+__device__ __forceinline__ void add_q8_sums(float (&acc)[4], const float (&sl)[4], const float (&sh)[4], float da,
+                                            float db) {
+  acc[0] += da * (16.f * sh[0] + sl[0]);
+  acc[1] += da * (16.f * sh[1] + sl[1]);
+  acc[2] += db * (16.f * sh[2] + sl[2]);
+  acc[3] += db * (16.f * sh[3] + sl[3]);
+}
+
 // One Q8_0 block (34 bytes: d, 32 signed code bytes; 2-byte aligned) of rows g and g + 8:
 // acc += d S. a0 / b0: code bytes 4t..4t+3 of rows g / g + 8 (weights 4t..), a1 / b1: bytes
 // 16 + 4t.. (weights 16 + 4t..), with B's pairs xl / xh of the same weights.
@@ -324,11 +347,7 @@ __device__ __forceinline__ void mma_q8_block(float (&acc)[4], uint32_t ha, uint3
     const uint2 xv = (i & 1) ? xh : xl;
     mma_16816<T>(i < 2 ? sl : sh, a[i], xv.x, xv.y);
   }
-  const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
-  acc[0] += da * (16.f * sh[0] + sl[0]);
-  acc[1] += da * (16.f * sh[1] + sl[1]);
-  acc[2] += db * (16.f * sh[2] + sl[2]);
-  acc[3] += db * (16.f * sh[3] + sl[3]);
+  add_q8_sums(acc, sl, sh, h2f_bits(uint16_t(ha)), h2f_bits(uint16_t(hb)));
 }
 
 // A Q8_0 block's words for lane t: h = d, c0 / c1 = code bytes 4t.. and 16 + 4t...
@@ -575,10 +594,9 @@ int stream_smem_limit(int dev) {
 }
 }  // namespace
 
+// (the block format: quant_matmul_can_implement, which the registry's check runs first)
 std::string quant_matmul_mma_stream_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  if (a.qtype != KS_QTYPE_Q4_0 && a.qtype != KS_QTYPE_Q4_1 && a.qtype != KS_QTYPE_Q8_0)
-    return "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
   if (a.m > kMmaXRows) return "M > 8: one MMA's 8 columns carry the rows of x (decode sizes)";
   if (a.x.dtype == detail::DType::F32 && a.m > 2)
     return "fp32 x with M > 2: each row takes three of the MMA's 8 columns (its bf16 pieces)";
@@ -794,10 +812,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
                 mma_16816<TM>(sh, a[2], xl.x, xl.y);
                 mma_16816<TM>(sh, a[3], xh.x, xh.y);
               }
-              acc[r][0] += da * (16.f * sh[0] + sl[0]);
-              acc[r][1] += da * (16.f * sh[1] + sl[1]);
-              acc[r][2] += db * (16.f * sh[2] + sl[2]);
-              acc[r][3] += db * (16.f * sh[3] + sl[3]);
+              add_q8_sums(acc[r], sl, sh, da, db);
             }
           } else {
             uint32_t alo[4], ahi[4];
@@ -815,18 +830,9 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
                 mma_16816<TM>(s, alo, xl.x, xl.y);
                 mma_16816<TM>(s, ahi, xh.x, xh.y);
               }
-              if constexpr (Q41) {
-                const float2 X = *reinterpret_cast<const float2*>(xsum + (bl * rg + r) * 8 + 2 * t);
-                acc[r][0] += da * s[0] + ma * X.x;
-                acc[r][1] += da * s[1] + ma * X.y;
-                acc[r][2] += db * s[2] + mb * X.x;
-                acc[r][3] += db * s[3] + mb * X.y;
-              } else {
-                acc[r][0] += da * s[0];
-                acc[r][1] += da * s[1];
-                acc[r][2] += db * s[2];
-                acc[r][3] += db * s[3];
-              }
+              float2 X = make_float2(0.f, 0.f);  // (Q4_1's X of columns 2t, 2t + 1)
+              if constexpr (Q41) X = *reinterpret_cast<const float2*>(xsum + (bl * rg + r) * 8 + 2 * t);
+              add_q4_sums<Q41>(acc[r], s, da, db, ma, mb, X.x, X.y);
             }
           }
         }
@@ -921,10 +927,9 @@ RowsPlan rows_plan(const ops::QuantMatmulArgs& a, int sm_count) {
 }
 }  // namespace
 
+// (the block format: quant_matmul_can_implement, which the registry's check runs first)
 std::string quant_matmul_mma_rows_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  if (a.qtype != KS_QTYPE_Q4_0 && a.qtype != KS_QTYPE_Q4_1 && a.qtype != KS_QTYPE_Q8_0)
-    return "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
   if (a.n > int64_t(INT32_MAX) * 16) return "N too large for the grid";
   if (a.x.dtype == detail::DType::F32 && reinterpret_cast<uintptr_t>(a.x.data) % 8 != 0)
     return "fp32 x not 8-byte aligned (8-byte loads of value pairs)";
