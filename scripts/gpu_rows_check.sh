@@ -21,7 +21,8 @@ $BUILD/bench_ops --csv "$OUT/rows.csv" --ops quant_matmul_rows --dtypes fp32 --v
 # [VAR=value] (from 8 rows the routing takes cuda_mma_rows): the L2 prefetch of the first chunk of
 # weights before the dependency wait, 4 and 1 groups of 8 rows per CTA, 64 KB stages
 if [ "${KS_ROWS_AB:-1}" = 1 ]; then
-  for setting in KS_QMM_ROWS_PREFETCH=1 KS_QMM_ROWS_GROUPS=4 KS_QMM_ROWS_GROUPS=1 KS_QMM_ROWS_STAGE_KB=64; do
+  # (KS_ROWS_AB_SETTINGS="VAR=value ..." replaces the list)
+  for setting in ${KS_ROWS_AB_SETTINGS:-KS_QMM_ROWS_PREFETCH=1 KS_QMM_ROWS_GROUPS=4 KS_QMM_ROWS_GROUPS=1 KS_QMM_ROWS_STAGE_KB=64}; do
     ks_bench_tagged "$setting" kernscope "$OUT/rows.csv" --ops quant_matmul_rows --dtypes fp32
   done
 fi

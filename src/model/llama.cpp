@@ -112,8 +112,8 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
     return;
   }
   if (batch_invariant_ && on_device_ && !prefill && n >= kTensorCoreDecodeRows) {
-    // the routing's choice from 8 rows (sm_90: cuda_mma_rows) sums in another order than the
-    // one-token step's kernels: pin a per-column variant that gives their bits for this call on
+    // the routing's choice from 4 rows (sm_90: cuda_mma_rows, for the output head from 4 rows and
+    // every matrix from 8) sums in another order than the one-token step's kernels: pin a per-column variant that gives their bits for this call on
     // this thread: cuda_staged_x, or where it declines (K > 2720: BackendUnavailable, raised
     // before anything launches) cuda_warp_per_column_m16; then the caller's own pin, if any,
     // is put back

@@ -75,17 +75,17 @@ class LlamaModel {
   // prefill step of at least kDenseRows rows uses them. Without held copies, prefill steps of
   // at least kScratchDenseRows rows dequantize each matrix into one scratch buffer just before
   // its gemm. decode_batch steps multiply from the packed blocks (ks::quant_matmul, whose
-  // routing takes cuda_mma_rows from 8 rows on); KS_MODEL_DENSE_DECODE=1 brings back the
+  // routing takes cuda_mma_rows from 8 rows on, for the output head from 4); KS_MODEL_DENSE_DECODE=1 brings back the
   // earlier rule, steps of at least kDenseDecodeRows sequences through the FP32 copies (and an
   // FP32 copy of the output head), for comparisons: cuBLASLt's FP32 kernels for 16 and 32 rows
   // took 9-59 us per matrix on the H200 (ncu, 4a08218).
-  // From kTensorCoreDecodeRows rows quant_matmul's routing on sm_90 takes cuda_mma_rows (the
+  // From kTensorCoreDecodeRows rows quant_matmul's routing on sm_90 may take cuda_mma_rows (the
   // block sums on the tensor cores: the same values up to FP32 rounding, not the one-token
-  // kernels' bits). KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul's
+  // kernels' bits): for the output head's shape from 4 rows, for every matrix from 8. KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul's
   // per-column kernels (from kTensorCoreDecodeRows rows pinned: cuda_staged_x, or
   // cuda_warp_per_column_m16 where it declines), so a batched row stays bit-identical to that
   // sequence's one-token step at any batch size.
-  static constexpr int64_t kDenseRows = 8, kDenseDecodeRows = 16, kScratchDenseRows = 64, kTensorCoreDecodeRows = 8;
+  static constexpr int64_t kDenseRows = 8, kDenseDecodeRows = 16, kScratchDenseRows = 64, kTensorCoreDecodeRows = 4;
   int64_t max_batch() const { return max_batch_; }
 
   // forward / forward_argmax for sequence `seq` (0 <= seq < max_batch).
@@ -101,7 +101,7 @@ class LlamaModel {
   // cluster size follows the table alone (on CUDA it shrinks once 3 b C >= 2 SMs: for SmolLM2 on
   // the H200's 132 SMs, from 11 sequences on tables of 2048+ tokens); every other op is
   // batch-invariant. From kTensorCoreDecodeRows on (CUDA, sm_90), quant_matmul's routing picks
-  // cuda_mma_rows, whose sums run in another order than the one-token kernels' (the same values
+  // cuda_mma_rows (the output head from 4 sequences, every matrix from 8), whose sums run in another order than the one-token kernels' (the same values
   // up to FP32 rounding); with KS_MODEL_DENSE_DECODE=1 the matmuls of kDenseDecodeRows and more
   // go through ks::gemm on the FP32 copies instead (cuBLASLt's order). On CUDA the step is one CUDA graph per (b, attention table).
   void decode_batch(const int32_t* tokens, const int64_t* positions, int64_t b, int32_t* next_ids);

@@ -359,8 +359,8 @@ TEST(Model, CudaBatchedDecodeThroughGemmGivesTheSameIds) {
 }
 
 // KS_MODEL_BATCH_INVARIANT=1 keeps decode steps of any batch size on quant_matmul's per-column
-// kernels (rows bit-identical to one-token steps; cuda_staged_x pinned from 8 rows, where the
-// routing would take cuda_mma_rows): 9 and 17 sequences give each one's ids.
+// kernels (rows bit-identical to one-token steps; cuda_staged_x pinned from 4 rows, where the
+// routing would take cuda_mma_rows for the output head, and from 8 for every matrix): 9 and 17 sequences give each one's ids.
 TEST(Model, CudaBatchInvariantModeAtSeventeenSequences) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";

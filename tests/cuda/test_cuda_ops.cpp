@@ -829,39 +829,55 @@ TEST(Cuda, QuantMatmulBlockFormats) {
       }
 }
 
-// quant_matmul's result for a row does not depend on M: the one-row kernel (M = 1) and the
-// 4-row-chunk kernel (M = 9, the row at every position) give the same bytes, so batched
-// decode equals each sequence decoded alone.
+// quant_matmul's result for a row does not depend on M where the routing keeps one family of
+// sums: by default below 8 rows (M = 5: the per-column kernels, whose sums are the one-row
+// kernel's, so batched decode of up to 7 sequences equals each sequence alone), and in
+// deterministic mode at any M (M = 9 and 33: from 8 rows sm_90.json routes fp32 to
+// cuda_mma_rows, whose sums are batch-invariant on their own but not the one-row kernel's;
+// deterministic mode's first cell keeps cuda_staged_x). Every row of the batch against the same
+// row alone, bitwise.
 TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
   NEED_GPU();
   using namespace kstest::gguf;
-  for (DType dt : kstest::float_dtypes())
-    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
-      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)));
-      const int64_t M = 9, N = 130, K = 1536;
-      Buf x(dt, {M, K}), all(dt, {M, N}), one(dt, {1, N});
-      kstest::fill_normal(x);
-      Buf w = make_packed(q, N, K);
-      DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dall(dt, {M, N});
-      dx.upload(x);
-      dw.upload(w);
-      ks::quant_matmul(dall.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      dall.download(all);
-      const size_t row_bytes = size_t(N) * ks::dtype_size(dt);
-      for (int64_t r = 0; r < M; ++r) {
-        Buf xr(dt, {1, K});
-        std::memcpy(xr.data(), static_cast<const char*>(x.data()) + size_t(r * K) * ks::dtype_size(dt), xr.nbytes());
-        DBuf dxr(dt, {1, K}), done(dt, {1, N});
-        dxr.upload(xr);
-        done.poison();
-        ks::quant_matmul(done.view(), dxr.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+  struct Mode {
+    int64_t m;
+    bool deterministic;
+  };
+  for (const Mode mode : {Mode{5, false}, Mode{9, true}, Mode{33, true}})
+    for (DType dt : kstest::float_dtypes())
+      for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M " +
+                     std::to_string(mode.m) + (mode.deterministic ? " deterministic" : " default"));
+        struct ModeGuard {  // (restored however the case ends)
+          explicit ModeGuard(bool on) { ks_set_deterministic(on ? 1 : 0); }
+          ~ModeGuard() { ks_set_deterministic(0); }
+        } guard(mode.deterministic);
+        const int64_t M = mode.m, N = 130, K = 1536;
+        Buf x(dt, {M, K}), all(dt, {M, N}), one(dt, {1, N});
+        kstest::fill_normal(x);
+        Buf w = make_packed(q, N, K);
+        DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dall(dt, {M, N});
+        dx.upload(x);
+        dw.upload(w);
+        dall.poison();
+        ks::quant_matmul(dall.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
         CK(cudaDeviceSynchronize());
-        done.download(one);
-        EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(all.data()) + size_t(r) * row_bytes, row_bytes))
-            << "row " << r;
+        dall.download(all);
+        const size_t row_bytes = size_t(N) * ks::dtype_size(dt);
+        for (int64_t r = 0; r < M; ++r) {
+          Buf xr(dt, {1, K});
+          std::memcpy(xr.data(), static_cast<const char*>(x.data()) + size_t(r * K) * ks::dtype_size(dt),
+                      xr.nbytes());
+          DBuf dxr(dt, {1, K}), done(dt, {1, N});
+          dxr.upload(xr);
+          done.poison();
+          ks::quant_matmul(done.view(), dxr.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          done.download(one);
+          EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(all.data()) + size_t(r) * row_bytes, row_bytes))
+              << "row " << r;
+        }
       }
-    }
 }
 
 // Wide matrices of short rows (an lm_head's shape): warps own 2 or 4 consecutive columns
@@ -1509,21 +1525,43 @@ TEST(Cuda, QuantMatmulMmaRowsPlanSwitchesKeepTheBits) {
 }
 
 // The routing on sm_90 (sm_90.json): fp32 quant_matmul of 8 rows and more runs cuda_mma_rows,
-// 7 rows cuda_staged_x; elsewhere the registry's order, so this only checks Hopper.
+// 7 rows cuda_staged_x; at an output head's N x K (49152 x 576, Q8_0) cuda_mma_rows from 4 rows,
+// cuda_staged_x at 3; and the plan's groups of x per CTA: 4 groups over 192 CTAs of 16 weight
+// rows (3072 x 576 at 32 rows: a CTA per SM is enough), 1 group where 36 CTAs of rows would
+// leave SMs idle (576 x 576), evened out (5 groups of 1536 x 576 in 96 CTAs of rows: 3 + 2, not
+// 4 + 1). Elsewhere the registry's order, so this only checks Hopper.
 TEST(Cuda, QuantMatmulRowsRouting) {
   NEED_GPU();
   int major = 0;
   CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
   if (major != 9) GTEST_SKIP() << "sm_90.json's cells apply to Hopper only";
-  for (int64_t M : {int64_t(7), int64_t(8), int64_t(64)}) {
-    DBuf x(DType::F32, {M, 576}), w(DType::U8, {576, 18 * 20}), o(DType::F32, {M, 576});
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  struct Case {
+    int64_t m, n;
+    ks::QType q;
+    std::string expect;
+  };
+  const std::vector<Case> cases{
+      {7, 576, ks::QType::Q4_1, "staged_rows=1"},
+      {8, 576, ks::QType::Q4_1, "mma_rows"},
+      {64, 576, ks::QType::Q4_1, "mma_rows"},
+      {3, 49152, ks::QType::Q8_0, "staged_rows=1"},
+      {4, 49152, ks::QType::Q8_0, "mma_rows"},
+      {32, 576, ks::QType::Q4_1, "x_groups_per_cta=1 "},
+      // (the two below hold on the H200's 132 SMs and on any device with 96 to 191)
+      {32, 3072, ks::QType::Q4_1, sms >= 96 && sms < 192 ? "x_groups_per_cta=4 " : "mma_rows"},
+      {40, 1536, ks::QType::Q4_1, sms >= 96 && sms < 192 ? "x_groups_per_cta=3 " : "mma_rows"},
+  };
+  for (const Case& c : cases) {
+    const int64_t block_bytes = c.q == ks::QType::Q8_0 ? 34 : 20;
+    DBuf x(DType::F32, {c.m, 576}), w(DType::U8, {c.n, 18 * block_bytes}), o(DType::F32, {c.m, c.n});
     x.poison();  // (values do not matter here: the launch record does)
     w.poison();
-    ks::quant_matmul(o.view(), x.view(), w.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    ks::quant_matmul(o.view(), x.view(), w.view(), c.q, ks::Backend::Cuda);
     CK(cudaDeviceSynchronize());
-    EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find(M >= 8 ? "mma_rows" : "staged_rows=1"),
-              std::string::npos)
-        << "M = " << M << ": " << ks_last_launch_config("quant_matmul");
+    EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find(c.expect), std::string::npos)
+        << "M = " << c.m << ", N = " << c.n << ": " << ks_last_launch_config("quant_matmul");
   }
 }
 

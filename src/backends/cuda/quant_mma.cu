@@ -701,13 +701,38 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
       if (a < N * RB) prefetch_l2(p.w + a);
     }
   }
-  pdl_begin();
+  // The words of U of this warp's blocks (split + u ks of the chunk at c0), in registers. A
+  // chunk's first U are loaded before its x is staged, so the two latencies overlap (and the
+  // first chunk's before the dependency wait: weights are read-only inputs, no kernel writes
+  // them); the others just before their MMAs.
+  uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
+  auto load_blocks = [&](int64_t c0, int kcur, int bl0) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int bl = bl0 + u * ks;
+      ha[u] = hb[u] = qa[u] = qb[u] = qa1[u] = qb1[u] = 0u;
+      if (bl >= kcur) continue;
+      const int64_t off = (c0 + bl) * BB;
+      if constexpr (Q == KS_QTYPE_Q8_0) {
+        q8_words(wa + off, t, ha[u], qa[u], qa1[u]);
+        q8_words(wb + off, t, hb[u], qb[u], qb1[u]);
+      } else {
+        q4_words<Q41>(wa + off, t, ha[u], qa[u]);
+        q4_words<Q41>(wb + off, t, hb[u], qb[u]);
+      }
+    }
+  };
   const int cols = rg * 8;  // the CTA's rows of x
+  if (live && int64_t(blockIdx.y) * cols < M) load_blocks(0, int(min(int64_t(kc), nb)), split);
+  pdl_begin();
+  bool loaded = true;  // (the loads above: the first row range's first chunk)
   for (int64_t y = blockIdx.y; y * cols < M; y += gridDim.y) {
     const int64_t r0 = y * cols;
     float acc[kRowsMaxGroups][4] = {};
     for (int64_t c0 = 0; c0 < nb; c0 += kc) {
       const int kcur = int(min(int64_t(kc), nb - c0));
+      if (live && !loaded) load_blocks(c0, kcur, split);
+      loaded = false;
       __syncthreads();  // the previous chunk's (or row range's) readers are done
       // B's pairs of rows r0.., blocks c0..: element e = (row j, quarter q of a block) holds 8
       // consecutive values (4 pairs); a row's elements are contiguous (coalesced reads of x) and
@@ -775,21 +800,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
       if (!live) continue;
       // this warp's blocks of the chunk: split, split + ks, ... (U of them loaded together)
       for (int bl0 = split; bl0 < kcur; bl0 += U * ks) {
-        uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int bl = bl0 + u * ks;
-          ha[u] = hb[u] = qa[u] = qb[u] = qa1[u] = qb1[u] = 0u;
-          if (bl >= kcur) continue;
-          const int64_t off = (c0 + bl) * BB;
-          if constexpr (Q == KS_QTYPE_Q8_0) {
-            q8_words(wa + off, t, ha[u], qa[u], qa1[u]);
-            q8_words(wb + off, t, hb[u], qb[u], qb1[u]);
-          } else {
-            q4_words<Q41>(wa + off, t, ha[u], qa[u]);
-            q4_words<Q41>(wb + off, t, hb[u], qb[u]);
-          }
-        }
+        if (bl0 != split) load_blocks(c0, kcur, bl0);  // (the chunk's first U: before the staging)
 #pragma unroll
         for (int u = 0; u < U; ++u) {
           const int bl = bl0 + u * ks;
@@ -864,8 +875,9 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
 
 namespace {
 // cuda_mma_rows' plan: mt from N (at least 128 CTAs of rows where N allows; the sums' order
-// depends on it), rg from M and the SM count (the largest of 4, 3, 2, 1 that leaves two CTAs per SM,
-// else 1; in no sum's order), kc from the staged bytes per block: the whole row when it fits
+// depends on it), rg from M and the SM count (the largest of 4, 3, 2, 1 that leaves a CTA per SM,
+// else 1, then evened out: the fewest groups per CTA for that many CTAs along y, so 4 groups go
+// 2 + 2, not 3 + 1; in no sum's order), kc from the staged bytes per block: the whole row when it fits
 // the stage budget (96 KB, less where the device's shared memory is smaller), else a multiple of
 // 8 blocks (either way a warp's blocks keep their order).
 // Experiments (unmeasured switches, read per call): KS_QMM_ROWS_GROUPS=1..4 sets rg (at most
@@ -885,7 +897,12 @@ RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_
   while (s.mt < 8 && ntiles / (2 * s.mt) >= 128) s.mt *= 2;
   const int64_t xctas = (ntiles + s.mt - 1) / s.mt;
   s.rg = int(std::clamp<int64_t>(groups, 1, kRowsMaxGroups));  // (M = 0: one group, nothing launched)
-  while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < 2 * int64_t(sm_count)) --s.rg;
+  // (a CTA per SM, not two: at 16 rows of 3072 x 576, 2 groups in 192 CTAs took 8.01 us and 1
+  // group in 384 9.73; at 32 rows, 3 + 1 groups in 384 CTAs 17.4 against 15.2 for 4 in 192 and
+  // 14.6 for 1 in 768; 37a61f2, H200)
+  while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < int64_t(sm_count)) --s.rg;
+  const int64_t ny = std::max<int64_t>(1, (groups + s.rg - 1) / s.rg);  // (M = 0: groups = 0)
+  s.rg = int(std::max<int64_t>(1, (groups + ny - 1) / ny));
   if (const long long f = env_number("KS_QMM_ROWS_GROUPS", 0); f >= 1 && f <= kRowsMaxGroups)
     s.rg = int(std::clamp<int64_t>(groups, 1, f));
   const int pieces = fp32 ? 3 : 1;
