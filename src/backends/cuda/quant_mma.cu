@@ -876,10 +876,11 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
 namespace {
 // cuda_mma_rows' plan: mt from N (at least 128 CTAs of rows where N allows; the sums' order
 // depends on it), rg from M and the SM count (the largest of 4, 3, 2, 1 that leaves a CTA per SM,
-// else 1, then evened out: the fewest groups per CTA for that many CTAs along y, so 4 groups go
-// 2 + 2, not 3 + 1; in no sum's order), kc from the staged bytes per block: the whole row when it fits
-// the stage budget (96 KB, less where the device's shared memory is smaller), else a multiple of
-// 8 blocks (either way a warp's blocks keep their order).
+// else 1; one fewer where K is split over the CTA's warps and that one fewer stages the whole
+// row while rg would need chunks; then evened out: the fewest groups per CTA for that many CTAs
+// along y, so 4 groups go 2 + 2, not 3 + 1; in no sum's order), kc from the staged bytes per
+// block: the whole row when it fits the stage budget (96 KB, less where the device's shared
+// memory is smaller), else a multiple of 8 blocks (either way a warp's blocks keep their order).
 // Experiments (unmeasured switches, read per call): KS_QMM_ROWS_GROUPS=1..4 sets rg (at most
 // the call's groups), KS_QMM_ROWS_STAGE_KB=N the stage budget (default 96), KS_QMM_ROWS_PREFETCH=1
 // the L2 prefetch of the CTA's first chunk of weights before the dependency wait; for tests,
@@ -901,20 +902,28 @@ RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_
   // group in 384 9.73; at 32 rows, 3 + 1 groups in 384 CTAs 17.4 against 15.2 for 4 in 192 and
   // 14.6 for 1 in 768; 37a61f2, H200)
   while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < int64_t(sm_count)) --s.rg;
+  const int pieces = fp32 ? 3 : 1;
+  const long long kb = env_number("KS_QMM_ROWS_STAGE_KB", kRowsStageBytes / 1024);
+  const int64_t wanted = (kb >= 8 && kb <= 200 ? kb : kRowsStageBytes / 1024) * 1024;
+  // a chunk's staged bytes per block, and the bytes of the splits' partial sums, at rg groups
+  auto per_block = [&](int rg) { return int64_t(rg) * (pieces * 512 + (q41 ? 32 : 0)); };  // B's pairs, X sums
+  auto part_bytes = [&](int rg) { return int64_t(kRowsWarps) * 16 * rg * 8 * int64_t(sizeof(float)); };
+  auto whole_row = [&](int rg) { return nb * per_block(rg) <= std::min(wanted, smem_limit - part_bytes(rg)); };
+  // (chunks of 8 blocks leave a split's warps idle in a short last chunk: at 512 rows of fp32 x,
+  // 3 groups per CTA staging the whole row of 18 blocks took 27.8 us for 576 x 576 and 147 for
+  // 3072 x 576 against 38.1 and 162 for 4 in chunks of 8, 8 and 2; at 64 rows of 576 x 1536, 1
+  // group (whole rows) 15.0 against 16.3 for 2 (chunks); a465d94, H200, KS_QMM_ROWS_GROUPS
+  // rows. With one tile per warp row (mt = 8: no split) the chunks cost no idle warps.)
+  if (s.mt < 8 && s.rg > 1 && !whole_row(s.rg) && whole_row(s.rg - 1)) --s.rg;
   const int64_t ny = std::max<int64_t>(1, (groups + s.rg - 1) / s.rg);  // (M = 0: groups = 0)
   s.rg = int(std::max<int64_t>(1, (groups + ny - 1) / ny));
   if (const long long f = env_number("KS_QMM_ROWS_GROUPS", 0); f >= 1 && f <= kRowsMaxGroups)
     s.rg = int(std::clamp<int64_t>(groups, 1, f));
-  const int pieces = fp32 ? 3 : 1;
-  const long long kb = env_number("KS_QMM_ROWS_STAGE_KB", kRowsStageBytes / 1024);
-  const int64_t wanted = (kb >= 8 && kb <= 200 ? kb : kRowsStageBytes / 1024) * 1024;
   for (;; --s.rg) {
-    const int64_t per_block = int64_t(s.rg) * (pieces * 512 + (q41 ? 32 : 0));  // B's pairs, X sums
-    const int64_t part = int64_t(kRowsWarps) * 16 * s.rg * 8 * int64_t(sizeof(float));
+    const int64_t pb = per_block(s.rg), part = part_bytes(s.rg);
     const int64_t budget = std::min(wanted, smem_limit - part);
-    s.kc = nb * per_block <= budget ? int(std::max<int64_t>(nb, 1))
-                                    : int(std::max<int64_t>(8, budget / per_block / 8 * 8));
-    s.smem = size_t(s.kc * per_block + part);
+    s.kc = nb * pb <= budget ? int(std::max<int64_t>(nb, 1)) : int(std::max<int64_t>(8, budget / pb / 8 * 8));
+    s.smem = size_t(s.kc * pb + part);
     if (int64_t(s.smem) <= smem_limit) break;
     if (s.rg == 1) {
       s.smem = 0;
