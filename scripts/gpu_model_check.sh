@@ -69,9 +69,12 @@ if has bench; then
     --batch 1 8 16 32 --csv "$OUT/model_cuda.csv" 2>&1 | tee -a "$LOG"
   # Batch-1 comparisons in the same call, one CSV (model_cuda_ab.csv, a leading `config` column;
   # the call returns at most 8 files):
-  #   unfused      KS_MODEL_FUSE=0: 10 kernels per layer instead of 6
+  #   unfused      KS_MODEL_FUSE=0: 10 kernels per layer instead of 5
   #   no_wstage    KS_QMM_WSTAGE=0: the matmuls' weight staging off (the same bits)
-  #   rope_fused   KS_MODEL_FUSE_ROPE=1: RoPE + the cache append in the q/k/v matmul (5 kernels per layer)
+  #   rope_apart   KS_MODEL_FUSE_ROPE=0: RoPE + the cache append as a kernel of their own (6 kernels
+  #                per layer; the default until 2026-12-01)
+  #   rope_early   KS_QMM_ROPE_EARLY_TRIGGER=1: the default 5-kernel step with the q/k/v + RoPE
+  #                kernel triggering the attention's launch early (as before 2026-12-01)
   #   no_live_split  KS_ATTN_LIVE_SPLIT=0: decode attention splits the keys over every CTA of
   #                the cluster sized for the cache's capacity, not over ceil(len / step) of them
   #   pull_merge   KS_ATTN_PUSH_MERGE=0: decode attention's cluster merge by remote reads between two
@@ -89,7 +92,7 @@ if has bench; then
   #                (bench/routing_head_row_stream.json chained before the checked-in tables)
   #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
   #                CTA at least N keys (only when named in KS_MODEL_AB_ONLY)
-  #   nopdl / rope_fused_nopdl  KS_PDL=0 without / with KS_MODEL_FUSE_ROPE=1 (only when named)
+  #   nopdl / rope_apart_nopdl  KS_PDL=0 with / without the q/k/v + RoPE fusion (only when named)
   #   dense_decode  KS_MODEL_DENSE_DECODE=1 at batch 8, 16 and 32: from 16 sequences the matmuls
   #                through FP32 copies and cuBLASLt (the rule until 2026-12-01) instead of
   #                quant_matmul's cuda_mma_rows
@@ -102,10 +105,12 @@ if has bench; then
   #   default_rerun  the default configuration again, next to the table A/B
   #   prefetch128  KS_ATTN_PREFETCH_KEYS=128: decode attention warms L2 with 128 keys per CTA before
   #                griddepcontrol.wait (warm_keys_l2; off by default since 87eb81b's A/B)
-  #   attn_nopdl / rope_fused_attn_nopdl  KS_PDL_OFF=paged_attention: decode attention launched
+  #   attn_nopdl / rope_apart_attn_nopdl  KS_PDL_OFF=paged_attention: decode attention launched
   #                without PDL (its clusters wait for the previous kernel's end instead of being placed
-  #                early), alone and with the q/k/v + RoPE fusion, whose loss under PDL was put down to
-  #                that placement (docs/cuda.md); rope_nopdl: the RoPE + append kernel without PDL
+  #                early), after the q/k/v + RoPE kernel (what the default's no-early-trigger stands
+  #                for: 1643-1651 tokens/s against 1631-1638 for the 6-kernel step in three calls) and
+  #                after the RoPE + append kernel (KS_MODEL_FUSE_ROPE=0); rope_nopdl: the RoPE +
+  #                append kernel without PDL (6-kernel step)
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
   #                table's capacity at most, the rule before 87eb81b's A/B (default 64: a 512..640-token
   #                context on the 656-token table then takes 8 CTAs instead of 4)
@@ -138,7 +143,8 @@ if has bench; then
     for n in 0 1 8; do ab steps$n KS_MODEL_DECODE_STEPS=$n; done
     ab pull_merge KS_ATTN_PUSH_MERGE=0
     ab no_live_split KS_ATTN_LIVE_SPLIT=0
-    ab rope_fused KS_MODEL_FUSE_ROPE=1
+    ab rope_apart KS_MODEL_FUSE_ROPE=0
+    ab rope_early KS_QMM_ROPE_EARLY_TRIGGER=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then
       for n in 128 256 512; do ab attn_min$n KS_ATTN_MIN_KEYS=$n; done
       # batched decode through quant_matmul at every batch size instead of the FP32 copies +
@@ -149,15 +155,15 @@ if has bench; then
         KS_ROUTING_TABLE=bench/routing_staged_x.json:src/registry/routing/sm_90.json:src/registry/routing/generic.json
       for c in 656 1000 1500 2048 4096; do KS_MODEL_CONTEXT=$c ab ctx$c; done
       ab nopdl KS_PDL=0                                  # is the fusion's loss a PDL placement effect?
-      ab rope_fused_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL=0
+      ab rope_apart_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL=0
     fi
     AB_BATCH="8 16 32" ab dense_decode KS_MODEL_DENSE_DECODE=1
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
     ab attn_nopdl KS_PDL_OFF=paged_attention
-    ab rope_fused_attn_nopdl KS_MODEL_FUSE_ROPE=1 KS_PDL_OFF=paged_attention
-    ab rope_nopdl KS_PDL_OFF=rotary_embedding_kv_append
+    ab rope_apart_attn_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL_OFF=paged_attention
+    ab rope_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL_OFF=rotary_embedding_kv_append
     ab one_table KS_MODEL_ATTN_BUCKET=0
     AB_BATCH="8 16 32" ab one_table_batch KS_MODEL_ATTN_BUCKET=0
     ab headroom1 KS_MODEL_ATTN_HEADROOM=1

@@ -171,8 +171,9 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_DENSE_DECODE")) dense_decode_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
-  if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
+  fuse_rope_ = on_device_ && !fuse_attn_;  // (KS_MODEL_FUSE_ATTN=1 rotates in the attention's kernel)
+  if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
   chain_steps_ = env_whole_number("KS_MODEL_DECODE_STEPS", kDecodeSteps, kMaxDecodeSteps, "steps");
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
@@ -460,9 +461,9 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   const int64_t first = all_rows ? 0 : n - 1, m = all_rows ? n : 1;
   const ks::TensorView logits = (on_device_ ? logits_dev_.view : logits_.view()).slice(0, m);
   if (fused_qkv && fuse_decode_) {
-    // One-token step, 6 kernels per layer: [norm -> qkv] [rope + kv append] [attention] [o proj]
-    // [add + norm -> gate|up] [silu_and_mul -> down]; KS_MODEL_FUSE_ROPE=1: 5, the RoPE and the
-    // append in the q/k/v matmul's epilogue (the same bits; slower in the model at e1eaa5a). The
+    // One-token step, 5 kernels per layer on CUDA: [norm -> qkv -> rope + kv append] [attention]
+    // [o proj] [add + norm -> gate|up] [silu_and_mul -> down]; 6 with KS_MODEL_FUSE_ROPE=0 (and
+    // on the CPU): [norm -> qkv] [rope + kv append] and the rest (the same bits). The
     // residual stream alternates between res and res2 (the fused op writes x + residual to a
     // second buffer).
     ks::TensorView r = res, r_next = rows(res2_, H);

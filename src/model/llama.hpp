@@ -211,14 +211,18 @@ class LlamaModel {
   // quant_matmul for the output head (whose routing may pick another variant, e.g.
   // cuda_row_stream) instead of fused_add_rms_norm_quant_matmul (comparisons)
   bool split_head_ = false;
-  // KS_MODEL_FUSE_ROPE=1: the one-token step's q/k/v matmul also rotates and appends (5 kernels per
-  // layer); off by default: measured slower in the model on the H200 at e1eaa5a (docs/perf/model.md)
+  // The one-token step's q/k/v matmul also rotates and appends (5 kernels per layer): on by
+  // default on CUDA since the kernel no longer lets the attention launch early (measured as
+  // KS_PDL_OFF=paged_attention: 1643-1651 tokens/s against 1631-1638 for the 6-kernel step in
+  // three H200 calls; docs/perf/model.md); off on the CPU (the same op composed there: nothing to
+  // gain). KS_MODEL_FUSE_ROPE=0 / 1 forces it either way.
   bool fuse_rope_ = false;
   // KS_MODEL_FUSE_ATTN=1: decode steps (one token per sequence) run
   // ks::rotary_embedding_kv_append_paged_attention (one kernel on CUDA) instead of
   // rotary_embedding_kv_append and paged_attention (the same bits). Off by default: measured
   // slower on the H200 at 7ab7934 (batch 1: 1209 against 1645 tokens/s; docs/perf/model.md).
-  // Not with KS_MODEL_FUSE_ROPE=1, whose matmul already rotates.
+  // It turns the default q/k/v + RoPE fusion off (whose matmul already rotates) unless
+  // KS_MODEL_FUSE_ROPE=1 is set, which then wins.
   bool fuse_attn_ = false;
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only

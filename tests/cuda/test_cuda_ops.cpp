@@ -1894,6 +1894,7 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
             if (one_kernel) {
               const std::string cfg = ks_last_launch_config(fused_op);
               EXPECT_NE(cfg.find("rope_epilogue=1"), std::string::npos) << cfg;
+              EXPECT_NE(cfg.find("rope_early_trigger=0"), std::string::npos) << cfg;  // (the default)
             } else {  // the composed variant ran: the one-kernel variant, pinned, refuses the call
               ASSERT_EQ(ks_force_variant(fused_op, "cuda_warp_per_column"), KS_SUCCESS) << ks_last_error();
               bool refused = false;
@@ -1925,6 +1926,24 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
               g->download(a);
               e->download(b);
               EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << name;
+            }
+            if (one_kernel && slot_case == 0) {  // the early trigger (KS_QMM_ROPE_EARLY_TRIGGER=1): the same bits
+              kstest::ScopedEnv early("KS_QMM_ROPE_EARLY_TRIGGER", "1");
+              for (DBuf* b : {&got, &got_ro, &got_kc, &got_vc}) b->poison();
+              ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
+                  got.view(), with_x ? got_ro.view() : none, with_x ? dx.view() : none, dres.view(), dnw.view(), 1e-5,
+                  dw.view(), qt, c.H, c.KVH, dpos.view(), c.rd, 10000.0, neox, got_kc.view(), got_vc.view(),
+                  dsl.view(), ks::Backend::Cuda);
+              CK(cudaDeviceSynchronize());
+              const std::string cfg = ks_last_launch_config(fused_op);
+              EXPECT_NE(cfg.find("rope_early_trigger=1"), std::string::npos) << cfg;
+              for (auto [g, e, name] : {std::tuple{&got, &want, "out"}, {&got_kc, &want_kc, "k_cache"},
+                                        {&got_vc, &want_vc, "v_cache"}, {&got_ro, &want_ro, "residual_out"}}) {
+                Buf a(dt, g->shape), b(dt, e->shape);
+                g->download(a);
+                e->download(b);
+                EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << name << " (early trigger)";
+              }
             }
             if (slot_case == 4) {  // nothing appended anywhere
               DBuf fresh(dt, cs);

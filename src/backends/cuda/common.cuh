@@ -234,13 +234,16 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 // (decode sizes) then let the next kernel be scheduled at once; larger grids
 // trigger it implicitly as their CTAs exit, so the next kernel's CTAs do not take
 // SM slots early and land unevenly (measured: early triggers slowed mid-size
-// gemv and silu_and_mul by up to 20% on the H200).
-__device__ __forceinline__ void pdl_begin() {
+// gemv and silu_and_mul by up to 20% on the H200). early_trigger = false keeps a grid of
+// any size from triggering (the next kernel starts as this one's CTAs exit): the q/k/v +
+// RoPE epilogue kernel, whose dependent in a decode step is the cluster attention (below).
+__device__ __forceinline__ void pdl_begin(bool early_trigger = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   unsigned nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  if (gridDim.x * gridDim.y * gridDim.z <= nsm) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (early_trigger && gridDim.x * gridDim.y * gridDim.z <= nsm)
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 

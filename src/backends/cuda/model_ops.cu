@@ -597,6 +597,12 @@ struct RopeEpi {
   int64_t num_slots, kv_tokens;
   int heads, kv_heads, head_dim, rotary_half;
   bool pos64, slots64;
+  // whether the kernel lets its dependent launch early (pdl_begin); off unless
+  // KS_QMM_ROPE_EARLY_TRIGGER=1: in a decode step the dependent is the cluster attention, whose
+  // clusters placed early land on the few SMs this ~120-CTA grid leaves free (SmolLM2 on the
+  // H200, batch 1: attention launched without PDL after this kernel, 1643-1651 tokens/s against
+  // 1631-1638 for the 6-kernel step, in three calls: 4a08218, 37a61f2, a465d94)
+  bool early_trigger;
 };
 struct NoRope {};
 struct WithRope {
@@ -664,7 +670,10 @@ __device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, con
     unsigned char* wdst = reinterpret_cast<unsigned char*>(hs + min(M, int64_t(MQ)) * KS);
     wcta = stage_weight_rows(wdst, p.w, p.row_bytes, n0, min(cta_cols, N - n0), threadIdx.x, blockDim.x);
   }
-  pdl_begin();
+  if constexpr (ROPE)
+    pdl_begin(epi.e.early_trigger);
+  else
+    pdl_begin();
   const int64_t nblocks = K / 32, bbytes = q_block_bytes(p.q);
   const T* x = static_cast<const T*>(p.x);
   const T* xa = static_cast<const T*>(p.add);
@@ -1290,8 +1299,9 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   check_launch(op);
   record_launch(op,
                 "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld staged_rows=%lld cols_per_warp=%lld "
-                "staged_weights=%lld rope_epilogue=%lld",
-                {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0, nc, sw ? 1 : 0, rope ? 1 : 0});
+                "staged_weights=%lld rope_epilogue=%lld rope_early_trigger=%lld",
+                {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0, nc, sw ? 1 : 0, rope ? 1 : 0,
+                 rope && rope->early_trigger ? 1 : 0});
 }
 }  // namespace
 
@@ -1514,7 +1524,8 @@ void norm_qmm_rope_cuda(const void* args, ks_stream_t stream) {
                   int(r.head_dim),
                   int(r.rotary_dim / 2),
                   r.positions.dtype == detail::DType::I64,
-                  kv.slot_mapping.dtype == detail::DType::I64};
+                  kv.slot_mapping.dtype == detail::DType::I64,
+                  env_is("KS_QMM_ROPE_EARLY_TRIGGER", "1")};
   launch_norm_qmm(op, a.mm, stream, &e, &tab);
 }
 
