@@ -113,10 +113,11 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
   }
   if (batch_invariant_ && on_device_ && !prefill && n >= kTensorCoreDecodeRows) {
     // the routing's choice from 4 rows (sm_90: cuda_mma_rows, for the output head from 4 rows and
-    // every matrix from 8) sums in another order than the one-token step's kernels: pin a per-column variant that gives their bits for this call on
-    // this thread: cuda_staged_x, or where it declines (K > 2720: BackendUnavailable, raised
-    // before anything launches) cuda_warp_per_column_m16; then the caller's own pin, if any,
-    // is put back
+    // every matrix from 8) sums in another order than the one-token step's kernels: pin a
+    // per-column variant that gives their bits for this call on this thread: cuda_staged_x, or
+    // where it declines (K > 2720: BackendUnavailable, raised before anything launches)
+    // cuda_warp_per_column_m16 from 8 rows (it declines fewer), else cuda_warp_per_column; then
+    // the caller's own pin, if any, is put back
     struct Restore {
       std::string pin = ks::forced_variant("quant_matmul");
       ~Restore() { ks_force_variant("quant_matmul", pin.empty() ? nullptr : pin.c_str()); }
@@ -125,7 +126,7 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
     try {
       ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
     } catch (const ks::BackendUnavailable&) {
-      ks::force_variant("quant_matmul", "cuda_warp_per_column_m16");
+      ks::force_variant("quant_matmul", n >= 8 ? "cuda_warp_per_column_m16" : "cuda_warp_per_column");
       ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
     }
     return;

@@ -293,3 +293,100 @@ TEST(PdlOffList, NamesExactOpsOnly) {
   EXPECT_FALSE(name_in_list(nullptr, "paged_attention"));
   EXPECT_FALSE(name_in_list("a,,b", ""));
 }
+
+// cuda_mma_rows' plan (launch_rules.hpp rows_plan) on the H200 (132 SMs, 227 KB of opt-in shared
+// memory per CTA), fp32 x, SmolLM2's matrices: the launch records of bench_ops at a465d94
+// (docs/perf/h200_qmm_rows_a465d94.csv) where the rule has not changed since, and where it has
+// (2d7c6fb: one group fewer where that stages the whole row instead of chunks), the plans that
+// a465d94 measured under KS_QMM_ROWS_GROUPS (27.8 against 38.1 us at 512 rows of 576 x 576, 147
+// against 162 at 512 rows of 3072 x 576, 14.5 against 15.3 at 32 rows, 24.3 against 28.4 at 64,
+// 15.0 against 16.3 at 64 rows of 576 x 1536).
+TEST(MmaRowsPlan, ReproducesTheMeasuredPlans) {
+  using ks::cuda::rows_plan;
+  const int64_t kLimit = 232448;
+  struct Want {
+    int64_t M, N, K;
+    bool q41;
+    int mt, rg, kc;
+    size_t smem;
+    int64_t gx, gy;
+  };
+  for (const Want& w : std::vector<Want>{
+           // unchanged since a465d94's records
+           {2, 576, 576, true, 1, 1, 18, 32320, 36, 1},
+           {16, 576, 576, true, 1, 1, 18, 32320, 36, 2},
+           {32, 576, 576, true, 1, 1, 18, 32320, 36, 4},
+           {64, 576, 576, true, 1, 2, 18, 64640, 36, 4},
+           {8, 3072, 576, true, 1, 1, 18, 32320, 192, 1},
+           {16, 3072, 576, true, 1, 2, 18, 64640, 192, 1},
+           {32, 576, 1536, true, 1, 1, 48, 79360, 36, 4},
+           {512, 576, 1536, true, 1, 4, 8, 66560, 36, 16},
+           {16, 49152, 576, false, 8, 2, 18, 63488, 384, 1},
+           {32, 49152, 576, false, 8, 4, 16, 114688, 384, 1},
+           {512, 49152, 576, false, 8, 4, 16, 114688, 384, 16},
+           // changed by 2d7c6fb: the whole row staged with one group fewer, then evened out
+           {512, 576, 576, true, 1, 3, 18, 96960, 36, 22},
+           {32, 3072, 576, true, 1, 2, 18, 64640, 192, 2},
+           {64, 3072, 576, true, 1, 3, 18, 96960, 192, 3},
+           {512, 3072, 576, true, 1, 3, 18, 96960, 192, 22},
+           {64, 576, 1536, true, 1, 1, 48, 79360, 36, 8},
+       }) {
+    SCOPED_TRACE("M=" + std::to_string(w.M) + " " + std::to_string(w.N) + "x" + std::to_string(w.K));
+    const auto p = rows_plan(w.M, w.N, w.K, /*fp32=*/true, w.q41, 132, kLimit);
+    EXPECT_EQ(p.mt, w.mt);
+    EXPECT_EQ(p.rg, w.rg);
+    EXPECT_EQ(p.kc, w.kc);
+    EXPECT_EQ(p.smem, w.smem);
+    EXPECT_EQ(p.grid_x, w.gx);
+    EXPECT_EQ(p.grid_y, w.gy);
+  }
+}
+
+// The plan's invariants over many shapes, devices and switches: kc is the whole row or a
+// multiple of 8 blocks (a warp's blocks keep their order however K is chunked: the sums' order
+// depends on N, K and the format only), the shared memory fits the limit (or the plan declines
+// with smem = 0, and only where not even one group's 8 blocks fit), every row range of x is
+// covered, mt depends on N alone, and the switches act as documented.
+TEST(MmaRowsPlan, KeepsItsInvariantsAndSwitches) {
+  using ks::cuda::rows_plan;
+  for (int64_t limit : {int64_t(232448), int64_t(101376), int64_t(49152), int64_t(20000), int64_t(10000)})
+    for (int sms : {16, 84, 132, 170})
+      for (bool fp32 : {true, false})
+        for (bool q41 : {true, false})
+          for (int64_t M : {0, 1, 7, 8, 9, 31, 33, 64, 100, 512, 4097})
+            for (int64_t N : {16, 576, 960, 3072, 49152})
+              for (int64_t K : {0, 32, 576, 1536, 4096, 14336}) {
+                SCOPED_TRACE("limit " + std::to_string(limit) + " sms " + std::to_string(sms) + " M=" +
+                             std::to_string(M) + " N=" + std::to_string(N) + " K=" + std::to_string(K) +
+                             (fp32 ? " fp32" : " 16-bit") + (q41 ? " q4_1" : ""));
+                const auto p = rows_plan(M, N, K, fp32, q41, sms, limit);
+                const int64_t nb = K / 32, groups = (M + 7) / 8;
+                EXPECT_EQ(p.mt, rows_plan(1, N, 32, false, false, 1, 232448).mt);  // N alone
+                EXPECT_TRUE(p.mt == 1 || p.mt == 2 || p.mt == 4 || p.mt == 8);
+                EXPECT_GE(p.rg, 1);
+                EXPECT_LE(p.rg, ks::cuda::kRowsMaxGroups);
+                EXPECT_EQ(p.grid_x, ((N + 15) / 16 + p.mt - 1) / p.mt);
+                EXPECT_EQ(p.grid_y, (groups + p.rg - 1) / p.rg);
+                EXPECT_GE(p.grid_y * p.rg * 8, M);  // every row covered
+                const int64_t pieces = fp32 ? 3 : 1, per_block = p.rg * (pieces * 512 + (q41 ? 32 : 0));
+                const int64_t part = int64_t(ks::cuda::kRowsWarps) * 16 * p.rg * 8 * 4;
+                if (p.smem == 0) {  // declined: one group's 8 blocks do not fit
+                  EXPECT_GT(std::min<int64_t>(std::max<int64_t>(nb, 1), 8) * (pieces * 512 + (q41 ? 32 : 0)) +
+                                ks::cuda::kRowsWarps * 16 * 8 * 4,
+                            limit);
+                  continue;
+                }
+                EXPECT_LE(int64_t(p.smem), limit);
+                EXPECT_EQ(int64_t(p.smem), p.kc * per_block + part);
+                EXPECT_TRUE(p.kc == std::max<int64_t>(nb, 1) || p.kc % 8 == 0) << p.kc;
+                if (p.kc != std::max<int64_t>(nb, 1)) EXPECT_LT(p.kc, nb);
+              }
+  // the switches: forced groups (at most the call's), the stage budget
+  EXPECT_EQ(rows_plan(512, 576, 576, true, true, 132, 232448, 4).rg, 4);
+  EXPECT_EQ(rows_plan(512, 576, 576, true, true, 132, 232448, 4).kc, 8);  // 4 groups: chunks of 8
+  EXPECT_EQ(rows_plan(512, 576, 576, true, true, 132, 232448, 3).grid_y, 22);  // 3 forced: not evened out
+  EXPECT_EQ(rows_plan(8, 576, 576, true, true, 132, 232448, 4).rg, 1);  // one group in the call
+  EXPECT_EQ(rows_plan(32, 3072, 576, true, true, 132, 232448, 0, 64).rg, 4);  // 3 groups do not fit 64 KB whole
+  EXPECT_EQ(rows_plan(32, 3072, 576, true, true, 132, 232448, 0, 64).kc, 8);
+  EXPECT_EQ(rows_plan(32, 3072, 576, true, true, 132, 232448, 0, 7).kc, 18);  // out of range: the default 96 KB
+}

@@ -413,6 +413,14 @@ inline long long env_number(const char* name, long long fallback) {
   const char* e = std::getenv(name);
   return e ? std::strtoll(e, nullptr, 10) : fallback;
 }
+// Whether quant_matmul's kernels may read their weights before the dependency wait (weight
+// staging, cuda_mma_rows' first blocks, cuda_bulk_stream's producer): KS_QMM_WSTAGE=0 turns
+// that off (the same bits; for comparisons, and the contract's way to let the immediately
+// preceding kernel write the weights: docs/contracts.md). Read once.
+inline bool qmm_stage_weights_enabled() {
+  static const bool on = !env_is("KS_QMM_WSTAGE", "0");
+  return on;
+}
 
 // Calls f with a value of the element type of dt (float, __half, or __nv_bfloat16 for
 // bf16): the one place a launcher turns the validated float dtype into a kernel template

@@ -133,6 +133,69 @@ inline int argmax_cluster(int64_t rows, int64_t cols, int sm_count, int max_clus
   return C;
 }
 
+// quant_matmul's cuda_mma_rows (quant_mma.cu): the plan of M rows of x times an N x K matrix.
+// mt weight tiles of 16 rows per CTA from N alone (1, 2, 4 or 8: at least 128 CTAs of rows
+// where N allows; the sums' order depends on it: a CTA's 8 warps are mt tiles x 8 / mt splits of
+// K). rg groups of 8 rows of x per CTA (in no sum's order): the largest of 4, 3, 2, 1 that leaves
+// a CTA per SM, else 1; one fewer where K is split over the warps (mt < 8) and one fewer stages
+// the whole row while rg would need chunks; then evened out: the fewest groups per CTA for that
+// many CTAs along y (4 groups go 2 + 2, not 3 + 1). kc blocks per staged chunk: the whole row
+// where it fits the stage budget (stage_kb, default 96 KB, and the device's limit), else a
+// multiple of 8 (either way a warp's blocks keep their order). smem_limit: the kernel's dynamic
+// shared memory limit on the device; the budget shrinks to fit it, then rg; smem = 0 when not
+// even one group's 8 blocks fit (the variant declines). forced_groups 1..4 (experiments) sets rg
+// (at most the call's groups; 0: the rule); stage_kb outside 8..200 means the default.
+// Measured on the H200 (fp32 x, SmolLM2's matrices):
+// - a CTA per SM, not two: at 16 rows of 3072 x 576, 2 groups in 192 CTAs took 8.01 us and 1
+//   group in 384 9.73; at 32 rows 3 + 1 groups in 384 CTAs 17.4 against 15.2 for 4 in 192 and
+//   14.6 for 1 in 768 (37a61f2);
+// - chunks of 8 blocks leave a split's warps idle in a short last chunk: at 512 rows, 3 groups
+//   staging the whole row of 18 blocks took 27.8 us for 576 x 576 and 147 for 3072 x 576 against
+//   38.1 and 162 for 4 in chunks of 8, 8 and 2; at 64 rows of 576 x 1536, 1 group (whole rows)
+//   15.0 against 16.3 for 2 (chunks) (a465d94, KS_QMM_ROWS_GROUPS rows); with mt = 8 (no split)
+//   the chunks cost no idle warps.
+constexpr int kRowsWarps = 8;
+constexpr int kRowsMaxGroups = 4;
+constexpr int64_t kRowsStageKb = 96;  // a chunk's staged x (about): two CTAs per SM
+struct RowsPlan {
+  int mt = 1, rg = 1, kc = 8;
+  size_t smem = 0;
+  int64_t grid_x = 0, grid_y = 0;  // CTAs of weight rows, of x rows (before any cap on y)
+};
+inline RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_count, int64_t smem_limit,
+                          int forced_groups = 0, int64_t stage_kb = 0) {
+  RowsPlan s;
+  const int64_t ntiles = (N + 15) / 16, groups = (M + 7) / 8, nb = K / 32;
+  while (s.mt < 8 && ntiles / (2 * s.mt) >= 128) s.mt *= 2;
+  const int64_t xctas = (ntiles + s.mt - 1) / s.mt;
+  s.rg = int(std::clamp<int64_t>(groups, 1, kRowsMaxGroups));  // (M = 0: one group, nothing launched)
+  while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < int64_t(sm_count)) --s.rg;
+  const int pieces = fp32 ? 3 : 1;
+  const int64_t wanted = (stage_kb >= 8 && stage_kb <= 200 ? stage_kb : kRowsStageKb) * 1024;
+  // a chunk's staged bytes per block (B's pairs, Q4_1's X sums) and the splits' partial sums, at rg groups
+  auto per_block = [&](int rg) { return int64_t(rg) * (pieces * 512 + (q41 ? 32 : 0)); };
+  auto part_bytes = [&](int rg) { return int64_t(kRowsWarps) * 16 * rg * 8 * int64_t(sizeof(float)); };
+  auto whole_row = [&](int rg) { return nb * per_block(rg) <= std::min(wanted, smem_limit - part_bytes(rg)); };
+  if (s.mt < 8 && s.rg > 1 && !whole_row(s.rg) && whole_row(s.rg - 1)) --s.rg;
+  const int64_t ny = std::max<int64_t>(1, (groups + s.rg - 1) / s.rg);  // (M = 0: groups = 0)
+  s.rg = int(std::max<int64_t>(1, (groups + ny - 1) / ny));
+  if (forced_groups >= 1 && forced_groups <= kRowsMaxGroups) s.rg = int(std::clamp<int64_t>(groups, 1, forced_groups));
+  for (;; --s.rg) {
+    const int64_t pb = per_block(s.rg), part = part_bytes(s.rg);
+    const int64_t budget = std::min(wanted, smem_limit - part);
+    s.kc = nb * pb <= budget ? int(std::max<int64_t>(nb, 1)) : int(std::max<int64_t>(8, budget / pb / 8 * 8));
+    s.smem = size_t(s.kc * pb + part);
+    if (int64_t(s.smem) <= smem_limit) break;
+    if (s.rg == 1) {
+      s.smem = 0;
+      break;
+    }
+  }
+  s.grid_x = xctas;
+  s.grid_y = (groups + s.rg - 1) / s.rg;
+  return s;
+}
+
 // quant_matmul's cuda_bulk_stream (one row of x, model_ops.cu): the plan of an N x K matrix of
 // row_bytes-byte rows on sm_count SMs with `limit` bytes of dynamic shared memory per CTA and
 // stages of about `target` bytes. A CTA per SM (at most one per row) owns a contiguous range of

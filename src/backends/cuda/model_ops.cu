@@ -1194,11 +1194,7 @@ namespace {
 // rows through (16-byte alignment for the vector path).
 // MQ_MANY: the rows one decoded weight block serves when M > 1 (4; the cuda_warp_per_column_m16
 // variant: 16, Pro::None only). A row's arithmetic does not depend on it.
-// KS_QMM_WSTAGE=0 turns weight staging off (the same bits; for comparisons).
-bool qmm_stage_weights_enabled() {
-  static const bool on = !env_is("KS_QMM_WSTAGE", "0");
-  return on;
-}
+// (KS_QMM_WSTAGE=0 turns weight staging off: qmm_stage_weights_enabled, common.cuh)
 
 // Word loads of the blocks (Q4_1: 4-byte aligned weights; Q4_0 / Q8_0: 2-byte) and 16-byte
 // loads of every row pointer the kernel reads.

@@ -266,6 +266,7 @@ struct MmaStreamParams {
   int pitch;         // bytes between a stage's rows
   int ppr;           // 16-byte pieces copied per row and chunk
   int xcols;         // B's columns in use: M, or 3 M for fp32 x
+  int early;         // 1: the first stages' copies issued before the dependency wait (KS_QMM_WSTAGE=0: 0)
 };
 
 template <typename T>
@@ -392,9 +393,12 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
     }
     cp_async_commit();
   };
-  for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
+  if (p.early)
+    for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
   if (threadIdx.x < 16) xzero[threadIdx.x] = 0u;
   pdl_begin();  // x is the previous kernel's output: read from here on
+  if (!p.early)
+    for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
   const int tl = warp % p.tps, wsub = warp / p.tps, nsub = kStreamWarps / p.tps;
   // this lane's B column: its pairs at xcol + block * xstride (the zeros, stride 0, past xcols)
   const bool has_x = g < p.xcols;
@@ -622,7 +626,7 @@ void quant_matmul_mma_stream_cuda(const void* args, ks_stream_t stream) {
   const StreamPlan plan = stream_plan(a, dp.sm_count);
   const MmaStreamParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
                           a.row_bytes, plan.groups, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.ppr,
-                          stream_xcols(a)};
+                          stream_xcols(a), qmm_stage_weights_enabled() ? 1 : 0};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
@@ -658,10 +662,8 @@ namespace {
 // end the ks warps of a tile meet in shared memory, added in split order. The order of every
 // sum depends on N, K and the block format only: a row's result is the same in any batch
 // (batch-invariant), and differs from the one-row variants' by FP32 rounding only.
-constexpr int kRowsWarps = 8;
+// (kRowsWarps, kRowsMaxGroups and the plan: launch_rules.hpp)
 constexpr int kRowsThreads = 32 * kRowsWarps;
-constexpr int kRowsMaxGroups = 4;                  // rg's largest value (4 x 8 rows of x per CTA)
-constexpr int64_t kRowsStageBytes = 96 * 1024;    // a chunk's staged x (about): two CTAs per SM
 
 struct MmaRowsParams {
   const void* x;     // [M, K]
@@ -672,6 +674,7 @@ struct MmaRowsParams {
   int rg;  // groups of 8 rows of x per CTA
   int kc;  // blocks per staged chunk (a multiple of 8, or every block of the row)
   int prefetch;  // 1: L2 prefetch of the CTA's rows' first chunk before the dependency wait
+  int early;     // 1: the first chunk's first blocks loaded before the dependency wait (KS_QMM_WSTAGE=0: 0)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -693,7 +696,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
   // the lane's rows g and g + 8; rows past N read the last row and are never written
   const uint8_t* wa = p.w + min(n0 + g, N - 1) * RB;
   const uint8_t* wb = p.w + min(n0 + g + 8, N - 1) * RB;
-  if (p.prefetch) {  // weights are read-only inputs (the contract): hints for L2 before the wait
+  if (p.prefetch && p.early) {  // weights are read-only inputs (the contract): hints for L2 before the wait
     const int64_t row0 = int64_t(blockIdx.x) * p.mt * 16, rows = min(int64_t(p.mt) * 16, N - row0);
     const int64_t lines = (min(int64_t(kc), nb) * BB + 127) / 128 + 1;  // the chunk's bytes may straddle a line
     for (int64_t e = threadIdx.x; e < rows * lines; e += kRowsThreads) {
@@ -704,7 +707,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
   // The words of U of this warp's blocks (split + u ks of the chunk at c0), in registers. A
   // chunk's first U are loaded before its x is staged, so the two latencies overlap (and the
   // first chunk's before the dependency wait: weights are read-only inputs, no kernel writes
-  // them); the others just before their MMAs.
+  // them; after it with KS_QMM_WSTAGE=0); the others just before their MMAs.
   uint32_t ha[U], hb[U], qa[U], qb[U], qa1[U], qb1[U];
   auto load_blocks = [&](int64_t c0, int kcur, int bl0) {
 #pragma unroll
@@ -723,8 +726,9 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
     }
   };
   const int cols = rg * 8;  // the CTA's rows of x
-  if (live && int64_t(blockIdx.y) * cols < M) load_blocks(0, int(min(int64_t(kc), nb)), split);
+  if (p.early && live && int64_t(blockIdx.y) * cols < M) load_blocks(0, int(min(int64_t(kc), nb)), split);
   pdl_begin();
+  if (!p.early && live && int64_t(blockIdx.y) * cols < M) load_blocks(0, int(min(int64_t(kc), nb)), split);
   bool loaded = true;  // (the loads above: the first row range's first chunk)
   for (int64_t y = blockIdx.y; y * cols < M; y += gridDim.y) {
     const int64_t r0 = y * cols;
@@ -874,69 +878,26 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
 }  // namespace
 
 namespace {
-// cuda_mma_rows' plan: mt from N (at least 128 CTAs of rows where N allows; the sums' order
-// depends on it), rg from M and the SM count (the largest of 4, 3, 2, 1 that leaves a CTA per SM,
-// else 1; one fewer where K is split over the CTA's warps and that one fewer stages the whole
-// row while rg would need chunks; then evened out: the fewest groups per CTA for that many CTAs
-// along y, so 4 groups go 2 + 2, not 3 + 1; in no sum's order), kc from the staged bytes per
-// block: the whole row when it fits the stage budget (96 KB, less where the device's shared
-// memory is smaller), else a multiple of 8 blocks (either way a warp's blocks keep their order).
-// Experiments (unmeasured switches, read per call): KS_QMM_ROWS_GROUPS=1..4 sets rg (at most
-// the call's groups), KS_QMM_ROWS_STAGE_KB=N the stage budget (default 96), KS_QMM_ROWS_PREFETCH=1
-// the L2 prefetch of the CTA's first chunk of weights before the dependency wait; for tests,
-// KS_QMM_ROWS_MAX_GRID_Y=n caps the grid's y (none of them changes a sum's order).
-struct RowsPlan {
-  int mt = 1, rg = 1, kc = 8, prefetch = 0;
-  size_t smem = 0;
+// cuda_mma_rows' plan: rows_plan in launch_rules.hpp (unit-tested on the CPU), with the
+// experiments' switches read per call here: KS_QMM_ROWS_GROUPS=1..4 sets rg (at most the call's
+// groups), KS_QMM_ROWS_STAGE_KB=N the stage budget (default 96), KS_QMM_ROWS_PREFETCH=1 the L2
+// prefetch of the CTA's first chunk of weights before the dependency wait; for tests,
+// KS_QMM_ROWS_MAX_GRID_Y=n caps the grid's y (the tests' way to make CTAs loop over several row
+// ranges without 65536 of them). None of them changes a sum's order.
+struct RowsLaunch {
+  RowsPlan plan;
+  int prefetch = 0;
   dim3 grid;
 };
-// smem_limit: the kernel's dynamic shared memory limit on the device (the stage budget shrinks to
-// fit it, then rg; smem = 0 when not even one group's 8 blocks fit).
-RowsPlan rows_plan(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_count, int64_t smem_limit) {
-  RowsPlan s;
-  const int64_t ntiles = (N + 15) / 16, groups = (M + 7) / 8, nb = K / 32;
-  while (s.mt < 8 && ntiles / (2 * s.mt) >= 128) s.mt *= 2;
-  const int64_t xctas = (ntiles + s.mt - 1) / s.mt;
-  s.rg = int(std::clamp<int64_t>(groups, 1, kRowsMaxGroups));  // (M = 0: one group, nothing launched)
-  // (a CTA per SM, not two: at 16 rows of 3072 x 576, 2 groups in 192 CTAs took 8.01 us and 1
-  // group in 384 9.73; at 32 rows, 3 + 1 groups in 384 CTAs 17.4 against 15.2 for 4 in 192 and
-  // 14.6 for 1 in 768; 37a61f2, H200)
-  while (s.rg > 1 && xctas * ((groups + s.rg - 1) / s.rg) < int64_t(sm_count)) --s.rg;
-  const int pieces = fp32 ? 3 : 1;
-  const long long kb = env_number("KS_QMM_ROWS_STAGE_KB", kRowsStageBytes / 1024);
-  const int64_t wanted = (kb >= 8 && kb <= 200 ? kb : kRowsStageBytes / 1024) * 1024;
-  // a chunk's staged bytes per block, and the bytes of the splits' partial sums, at rg groups
-  auto per_block = [&](int rg) { return int64_t(rg) * (pieces * 512 + (q41 ? 32 : 0)); };  // B's pairs, X sums
-  auto part_bytes = [&](int rg) { return int64_t(kRowsWarps) * 16 * rg * 8 * int64_t(sizeof(float)); };
-  auto whole_row = [&](int rg) { return nb * per_block(rg) <= std::min(wanted, smem_limit - part_bytes(rg)); };
-  // (chunks of 8 blocks leave a split's warps idle in a short last chunk: at 512 rows of fp32 x,
-  // 3 groups per CTA staging the whole row of 18 blocks took 27.8 us for 576 x 576 and 147 for
-  // 3072 x 576 against 38.1 and 162 for 4 in chunks of 8, 8 and 2; at 64 rows of 576 x 1536, 1
-  // group (whole rows) 15.0 against 16.3 for 2 (chunks); a465d94, H200, KS_QMM_ROWS_GROUPS
-  // rows. With one tile per warp row (mt = 8: no split) the chunks cost no idle warps.)
-  if (s.mt < 8 && s.rg > 1 && !whole_row(s.rg) && whole_row(s.rg - 1)) --s.rg;
-  const int64_t ny = std::max<int64_t>(1, (groups + s.rg - 1) / s.rg);  // (M = 0: groups = 0)
-  s.rg = int(std::max<int64_t>(1, (groups + ny - 1) / ny));
-  if (const long long f = env_number("KS_QMM_ROWS_GROUPS", 0); f >= 1 && f <= kRowsMaxGroups)
-    s.rg = int(std::clamp<int64_t>(groups, 1, f));
-  for (;; --s.rg) {
-    const int64_t pb = per_block(s.rg), part = part_bytes(s.rg);
-    const int64_t budget = std::min(wanted, smem_limit - part);
-    s.kc = nb * pb <= budget ? int(std::max<int64_t>(nb, 1)) : int(std::max<int64_t>(8, budget / pb / 8 * 8));
-    s.smem = size_t(s.kc * pb + part);
-    if (int64_t(s.smem) <= smem_limit) break;
-    if (s.rg == 1) {
-      s.smem = 0;
-      break;
-    }
-  }
-  s.prefetch = env_is("KS_QMM_ROWS_PREFETCH", "1") ? 1 : 0;
-  // (KS_QMM_ROWS_MAX_GRID_Y=n caps the grid's y below 65535: the tests' way to make CTAs loop
-  // over several row ranges without 65536 of them)
+RowsLaunch rows_launch(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int sm_count, int64_t smem_limit) {
+  RowsLaunch l;
+  l.plan = rows_plan(M, N, K, fp32, q41, sm_count, smem_limit, int(env_number("KS_QMM_ROWS_GROUPS", 0)),
+                     env_number("KS_QMM_ROWS_STAGE_KB", 0));
+  l.prefetch = env_is("KS_QMM_ROWS_PREFETCH", "1") ? 1 : 0;
   const long long ycap = env_number("KS_QMM_ROWS_MAX_GRID_Y", 65535);
-  s.grid = dim3(unsigned(xctas),
-                unsigned(std::min<int64_t>((groups + s.rg - 1) / s.rg, ycap >= 1 && ycap <= 65535 ? ycap : 65535)));
-  return s;
+  l.grid = dim3(unsigned(l.plan.grid_x),
+                unsigned(std::min<int64_t>(l.plan.grid_y, ycap >= 1 && ycap <= 65535 ? ycap : 65535)));
+  return l;
 }
 // The dynamic shared memory one CTA of quant_mma_rows_kernel may take for call a's types.
 int64_t rows_smem_limit(const ops::QuantMatmulArgs& a) {
@@ -947,9 +908,9 @@ int64_t rows_smem_limit(const ops::QuantMatmulArgs& a) {
   });
   return limit;
 }
-RowsPlan rows_plan(const ops::QuantMatmulArgs& a, int sm_count) {
-  return rows_plan(a.m, a.n, a.k, a.x.dtype == detail::DType::F32, a.qtype == KS_QTYPE_Q4_1, sm_count,
-                   rows_smem_limit(a));
+RowsLaunch rows_launch(const ops::QuantMatmulArgs& a, int sm_count) {
+  return rows_launch(a.m, a.n, a.k, a.x.dtype == detail::DType::F32, a.qtype == KS_QTYPE_Q4_1, sm_count,
+                     rows_smem_limit(a));
 }
 }  // namespace
 
@@ -963,7 +924,7 @@ std::string quant_matmul_mma_rows_can_implement(const void* args) {
     return "weight not aligned to its block words (Q4_1: 4 bytes, Q4_0 / Q8_0: 2)";
   const DeviceProps& dp = device_props(a.x.device.device_id);
   if (dp.major < 8) return "needs sm_80 or newer (bf16 / fp16 mma.sync)";
-  if (rows_plan(a, dp.sm_count).smem == 0) return "8 blocks of one group of x do not fit the device's shared memory";
+  if (rows_launch(a, dp.sm_count).plan.smem == 0) return "8 blocks of one group of x do not fit the device's shared memory";
   return "";
 }
 
@@ -973,23 +934,23 @@ void quant_matmul_mma_rows_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard guard(dev, "quant_matmul");
   const DeviceProps& dp = device_props(dev);
   if (a.m == 0 || a.n == 0) return;  // nothing to write
-  const RowsPlan plan = rows_plan(a, dp.sm_count);
+  const RowsLaunch l = rows_launch(a, dp.sm_count);
+  const RowsPlan& plan = l.plan;
   const MmaRowsParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
-                        a.row_bytes, plan.mt, plan.rg, plan.kc, plan.prefetch};
+                        a.row_bytes, plan.mt, plan.rg, plan.kc, l.prefetch, qmm_stage_weights_enabled() ? 1 : 0};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
     constexpr ks_qtype_t Q = decltype(q)::value;
     if (plan.smem == 0 || int64_t(plan.smem) > opt_in_smem_limit<quant_mma_rows_kernel<T, Q>>(dev, "quant_matmul"))
       detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_rows: its staged x does not fit shared memory");
-    launch_kernel("quant_matmul", quant_mma_rows_kernel<T, Q>, plan.grid, dim3(kRowsThreads), plan.smem, s, 1, dp.pdl,
-                  p);
+    launch_kernel("quant_matmul", quant_mma_rows_kernel<T, Q>, l.grid, dim3(kRowsThreads), plan.smem, s, 1, dp.pdl, p);
   });
   check_launch("quant_matmul");
   record_launch("quant_matmul",
                 "mma_rows tiles_per_cta=%lld x_groups_per_cta=%lld blocks_per_chunk=%lld grid=%lldx%lld smem=%lld "
                 "prefetch=%lld",
-                {plan.mt, plan.rg, plan.kc, plan.grid.x, plan.grid.y, int64_t(plan.smem), plan.prefetch});
+                {plan.mt, plan.rg, plan.kc, l.grid.x, l.grid.y, int64_t(plan.smem), l.prefetch});
 }
 
 }  // namespace ks::cuda
