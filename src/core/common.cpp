@@ -78,7 +78,9 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
     std::ostringstream o;
     o << arg << " has unsupported dtype ";
     if (kind && t->dtype.lanes == 1) o << kind << (code == 6 ? "" : std::to_string(bits)) << " ";
-    o << "(code " << code << ", bits " << bits << ", lanes " << t->dtype.lanes << ")";
+    o << "(code " << code << ", bits " << bits << ", lanes " << t->dtype.lanes
+      << "); kernscope takes float16, bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, "
+         "each where the op's argument is one";
     fail(KS_ERROR_UNSUPPORTED_DTYPE, op, o.str());
   }
   // The device type is read as the integer the caller stored: a value outside
