@@ -18,10 +18,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "model/generate.hpp"
 
@@ -30,6 +33,49 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
 int run_tune_from_csv(const std::string& csv, const std::string& dir, const std::string& commit);  // tools/tune.cpp
 
 namespace {
+
+// The cores other processes keep busy right now: /proc/stat's aggregate line read twice, 50 ms
+// apart (busy: every time but idle and iowait), as a fraction of the time, times the cores.
+// KS_BUSY_CORES=x stands in for the measurement (tests); -1 where neither is available.
+double other_busy_cores() {
+  if (const char* e = std::getenv("KS_BUSY_CORES")) return std::atof(e);
+  auto sample = [](unsigned long long& busy, unsigned long long& total) {
+    std::ifstream f("/proc/stat");
+    std::string cpu;
+    if (!(f >> cpu) || cpu != "cpu") return false;
+    unsigned long long v[8] = {};  // user nice system idle iowait irq softirq steal
+    int n = 0;
+    while (n < 8 && (f >> v[n])) ++n;
+    if (n < 5) return false;
+    total = 0;
+    for (int i = 0; i < n; ++i) total += v[i];
+    busy = total - v[3] - v[4];
+    return true;
+  };
+  unsigned long long b0 = 0, t0 = 0, b1 = 0, t1 = 0;
+  if (!sample(b0, t0)) return -1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (!sample(b1, t1) || t1 <= t0) return -1;
+  return double(b1 - b0) / double(t1 - t0) * double(omp_get_num_procs());
+}
+
+// generate's CPU threads when neither --threads, OMP_NUM_THREADS nor OMP_WAIT_POLICY chooses:
+// OpenMP's threads spin while they wait, so on cores other processes keep busy each of a token's
+// ~300 parallel regions can wait for a time slice (decode fell from ~170 to 1-50 tokens/s on 2
+// cores; docs/perf/cpu.md); one thread fewer per core busy elsewhere (at least 1) avoids it.
+void choose_cpu_threads() {
+  if (std::getenv("OMP_NUM_THREADS") || std::getenv("OMP_WAIT_POLICY")) return;
+  const double busy = other_busy_cores();
+  const int all = omp_get_max_threads();
+  if (busy < 0.5 || all <= 1) return;
+  const int t = std::max(1, all - int(std::lround(busy)));
+  if (t == all) return;
+  omp_set_num_threads(t);
+  std::fprintf(stderr,
+               "[ksctl] other processes keep about %.1f of %d cores busy: %d CPU thread%s instead of %d (--threads N "
+               "or OMP_WAIT_POLICY=passive to choose)\n",
+               busy, omp_get_num_procs(), t, t == 1 ? "" : "s", all);
+}
 
 ks::Backend parse_device(const std::string& d) {
   if (d == "cpu") return ks::Backend::Cpu;
@@ -480,7 +526,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Validator(
           [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0"; }, ""));
   int g_threads = 0, b_threads = 0;
-  gen->add_option("--threads", g_threads, "CPU threads (0 = all cores; 1 avoids stalls when other processes load the CPU)")
+  gen->add_option("--threads", g_threads,
+                  "CPU threads (0 = all cores, one fewer per core other processes keep busy at the start; 1 avoids "
+                  "stalls when other processes load the CPU)")
       ->check(CLI::Range(0, 1024));
   gen->add_option("--context", g_ctx, "KV-cache capacity in tokens (0: the prompt + --max-tokens)")
       ->check(CLI::Validator(
@@ -524,6 +572,9 @@ int main(int argc, char** argv) {
     if (*tune) return u_from_csv.empty() ? run_tune(u_backend, u_op, u_reps, u_dir, u_quiet)
                                          : run_tune_from_csv(u_from_csv, u_dir, u_commit);
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
+    if (*gen && g_threads == 0 &&
+        (g_device == "cpu" || (g_device == "auto" && !ks::backend_available(ks::Backend::Cuda))))
+      choose_cpu_threads();
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) {
       if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
