@@ -4,7 +4,9 @@
 // Host-only: runs in every build, with or without CUDA.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
+#include <random>
 #include <map>
 #include <sstream>
 #include <string>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "backends/cuda/launch_rules.hpp"
+#include "backends/cuda/mma_x_staging.hpp"
 
 namespace {
 
@@ -389,4 +392,67 @@ TEST(MmaRowsPlan, KeepsItsInvariantsAndSwitches) {
   EXPECT_EQ(rows_plan(32, 3072, 576, true, true, 132, 232448, 0, 64).rg, 4);  // 3 groups do not fit 64 KB whole
   EXPECT_EQ(rows_plan(32, 3072, 576, true, true, 132, 232448, 0, 64).kc, 8);
   EXPECT_EQ(rows_plan(32, 3072, 576, true, true, 132, 232448, 0, 7).kc, 18);  // out of range: the default 96 KB
+}
+
+// The three bf16 pieces of fp32 x (mma_x_staging.hpp, cuda_mma_rows' staging): each piece's
+// pattern is the upper half of an FP32 value (the lower half zero); piece 0 is v rounded toward
+// zero to bf16, piece 1 the remainder rounded toward zero, piece 2 the rest, and the three add up
+// to v exactly for every finite v of magnitude 2^-110 or more (FP64 sum), below it to within
+// 2^-133 (bf16's smallest subnormal: the bits under it are dropped, toward zero); a non-finite v is
+// all in piece 0 (a NaN as the canonical 0x7FFF); over edge values and 2,000,000 random bit patterns.
+TEST(Bf16Pieces, ExactSplitOfEveryFloat) {
+  using ks::cuda::bf16_piece_words;
+  using ks::cuda::f32_bits;
+  using ks::cuda::f32_of_bits;
+  auto check = [](uint32_t bits) {
+    const float v = f32_of_bits(bits);
+    uint32_t w[3];
+    bf16_piece_words(v, w);
+    for (uint32_t x : w) ASSERT_EQ(x & 0xffffu, 0u) << std::hex << bits;
+    if (std::isnan(v)) {
+      ASSERT_EQ(w[0], 0x7fff0000u) << std::hex << bits;
+      ASSERT_EQ(w[1] | w[2], 0u) << std::hex << bits;
+      return;
+    }
+    if (std::isinf(v)) {
+      ASSERT_EQ(w[0], bits) << std::hex << bits;
+      ASSERT_EQ(w[1] | w[2], 0u) << std::hex << bits;
+      return;
+    }
+    ASSERT_EQ(w[0], bits & 0xffff0000u) << std::hex << bits;  // rz: the upper half
+    const double p0 = f32_of_bits(w[0]), p1 = f32_of_bits(w[1]), p2 = f32_of_bits(w[2]);
+    const double sum = p0 + p1 + p2;  // (exact: each term has at most 8 significant bits)
+    if (std::fabs(v) >= std::ldexp(1.0, -110)) {
+      ASSERT_EQ(sum, double(v)) << std::hex << bits;
+    } else {
+      ASSERT_LT(std::fabs(double(v) - sum), std::ldexp(1.0, -133)) << std::hex << bits;
+      ASSERT_LE(std::fabs(sum), std::fabs(double(v))) << std::hex << bits;  // toward zero
+    }
+    const float r1 = v - f32_of_bits(w[0]);  // (exact)
+    ASSERT_EQ(w[1], f32_bits(r1) & 0xffff0000u) << std::hex << bits;
+    ASSERT_EQ(w[2], f32_bits(r1 - f32_of_bits(w[1])) & 0xffff0000u) << std::hex << bits;
+  };
+  for (uint32_t b : {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00800000u, 0x7f7fffffu, 0xff7fffffu,
+                     0x3f800000u, 0x3f800001u, 0x3fffffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
+                     0xffffffffu, 0x7fff0001u, 0x0000ffffu, 0x3effff00u})
+    check(b);
+  std::mt19937 rng(12345);
+  for (int i = 0; i < 2000000; ++i) check(uint32_t(rng()));
+}
+
+// div_by_magic(n, div_magic(d)) == n / d for every n < 2^16 at every width from 2 to 255 and every
+// multiple of 4 up to 4096 (cuda_mma_rows' staging divides by 4 kc).
+TEST(Bf16Pieces, SmallDivisionByMagic) {
+  using ks::cuda::div_by_magic;
+  using ks::cuda::div_magic;
+  auto check = [](uint32_t d) {
+    const uint32_t m = div_magic(d);
+    for (uint32_t n = 0; n < 65536u; ++n)
+      if (div_by_magic(n, m) != n / d) {
+        ADD_FAILURE() << n << " / " << d;
+        return;
+      }
+  };
+  for (uint32_t d = 2; d < 256; ++d) check(d);
+  for (uint32_t d = 256; d <= 4096; d += 4) check(d);
 }

@@ -30,6 +30,7 @@
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/mma_x_staging.hpp"
 #include "ops/args.hpp"
 
 namespace ks::cuda {
@@ -275,18 +276,17 @@ __device__ __forceinline__ uint32_t bits16(T v) {
   std::memcpy(&u, &v, 2);
   return u;
 }
-// The bf16 pieces of an FP32 value (rz: each the next 8 of its 24 significant bits; a non-finite
-// value is all in the first) or a 16-bit value as it is: P pieces' 16-bit patterns.
+// The bf16 pieces of an FP32 value (bf16_piece_words, mma_x_staging.hpp: rz, each the next 8 of
+// its 24 significant bits; a non-finite value is all in the first) or a 16-bit value as it is: P
+// pieces' 16-bit patterns.
 template <typename T, int P>
 __device__ __forceinline__ void x_pieces(float v, uint32_t (&bits)[P]) {
   if constexpr (P == 3) {
-    const __nv_bfloat16 h1 = __float2bfloat16_rz(v);
-    const float r1 = isfinite(__bfloat162float(h1)) ? v - __bfloat162float(h1) : 0.f;
-    const __nv_bfloat16 h2 = __float2bfloat16_rz(r1);
-    const __nv_bfloat16 h3 = __float2bfloat16_rz(r1 - __bfloat162float(h2));
-    bits[0] = bits16(h1);
-    bits[1] = bits16(h2);
-    bits[2] = bits16(h3);
+    uint32_t w[3];
+    bf16_piece_words(v, w);
+    bits[0] = w[0] >> 16;
+    bits[1] = w[1] >> 16;
+    bits[2] = w[2] >> 16;
   } else {
     bits[0] = bits16(Dt<T>::from_f(v));  // v came from a T: exact
   }
@@ -744,12 +744,13 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
       // their loads issued before the first is used (one L2 latency per round, not per pair).
       constexpr int SU = 4;
       const int per_row = kcur * 4, total = cols * per_row;
+      const uint32_t magic = div_magic(uint32_t(per_row));  // (e < 2^16: see div_magic)
       for (int e0 = 0; e0 < total; e0 += SU * kRowsThreads) {  // warp-uniform trip count (the shuffles)
         float v[SU][8];
 #pragma unroll
         for (int u = 0; u < SU; ++u) {
           const int e = e0 + u * kRowsThreads + int(threadIdx.x);
-          const int j = e / per_row, q = e % per_row;
+          const int j = int(div_by_magic(uint32_t(e), magic)), q = e - j * per_row;
           const int64_t row = r0 + j;
 #pragma unroll
           for (int i = 0; i < 8; ++i) v[u][i] = 0.f;
@@ -774,17 +775,25 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
         for (int u = 0; u < SU; ++u) {
           const int e = e0 + u * kRowsThreads + int(threadIdx.x);
           const bool ok = e < total;
-          const int j = ok ? e / per_row : 0, q = ok ? e % per_row : 0;
+          const int j = ok ? int(div_by_magic(uint32_t(e), magic)) : 0, q = ok ? e - j * per_row : 0;
           const int bl = q >> 2, qu = q & 3;  // pairs 4 qu .. 4 qu + 3 of the block: half qu / 2
           if (ok) {
             uint32_t pr[P][4];
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
-              uint32_t b0[P], b1[P];
-              x_pieces<T, P>(v[u][2 * i], b0);
-              x_pieces<T, P>(v[u][2 * i + 1], b1);
+              if constexpr (P == 3) {  // the pieces' upper halves, paired by one byte permute
+                uint32_t w0[3], w1[3];
+                bf16_piece_words(v[u][2 * i], w0);
+                bf16_piece_words(v[u][2 * i + 1], w1);
 #pragma unroll
-              for (int c = 0; c < P; ++c) pr[c][i] = b0[c] | (b1[c] << 16);
+                for (int c = 0; c < 3; ++c) pr[c][i] = __byte_perm(w0[c], w1[c], 0x7632);
+              } else {
+                uint32_t b0[P], b1[P];
+                x_pieces<T, P>(v[u][2 * i], b0);
+                x_pieces<T, P>(v[u][2 * i + 1], b1);
+#pragma unroll
+                for (int c = 0; c < P; ++c) pr[c][i] = b0[c] | (b1[c] << 16);
+              }
             }
             uint32_t* dst = xs + (bl * rg + j / 8) * P * 128 + (qu >> 1) * 64 + (j % 8) * 8 + (qu & 1) * 4;
 #pragma unroll
