@@ -402,10 +402,10 @@ TEST(MmaRowsPlan, KeepsItsInvariantsAndSwitches) {
 // all in piece 0 (a NaN as the canonical 0x7FFF); over edge values and 2,000,000 random bit patterns.
 TEST(Bf16Pieces, ExactSplitOfEveryFloat) {
   using ks::cuda::bf16_piece_words;
-  using ks::cuda::f32_bits;
-  using ks::cuda::f32_of_bits;
+  using ks::bits_to_f32;
+  using ks::f32_to_bits;
   auto check = [](uint32_t bits) {
-    const float v = f32_of_bits(bits);
+    const float v = bits_to_f32(bits);
     uint32_t w[3];
     bf16_piece_words(v, w);
     for (uint32_t x : w) ASSERT_EQ(x & 0xffffu, 0u) << std::hex << bits;
@@ -420,7 +420,7 @@ TEST(Bf16Pieces, ExactSplitOfEveryFloat) {
       return;
     }
     ASSERT_EQ(w[0], bits & 0xffff0000u) << std::hex << bits;  // rz: the upper half
-    const double p0 = f32_of_bits(w[0]), p1 = f32_of_bits(w[1]), p2 = f32_of_bits(w[2]);
+    const double p0 = bits_to_f32(w[0]), p1 = bits_to_f32(w[1]), p2 = bits_to_f32(w[2]);
     const double sum = p0 + p1 + p2;  // (exact: each term has at most 8 significant bits)
     if (std::fabs(v) >= std::ldexp(1.0, -110)) {
       ASSERT_EQ(sum, double(v)) << std::hex << bits;
@@ -428,9 +428,9 @@ TEST(Bf16Pieces, ExactSplitOfEveryFloat) {
       ASSERT_LT(std::fabs(double(v) - sum), std::ldexp(1.0, -133)) << std::hex << bits;
       ASSERT_LE(std::fabs(sum), std::fabs(double(v))) << std::hex << bits;  // toward zero
     }
-    const float r1 = v - f32_of_bits(w[0]);  // (exact)
-    ASSERT_EQ(w[1], f32_bits(r1) & 0xffff0000u) << std::hex << bits;
-    ASSERT_EQ(w[2], f32_bits(r1 - f32_of_bits(w[1])) & 0xffff0000u) << std::hex << bits;
+    const float r1 = v - bits_to_f32(w[0]);  // (exact)
+    ASSERT_EQ(w[1], f32_to_bits(r1) & 0xffff0000u) << std::hex << bits;
+    ASSERT_EQ(w[2], f32_to_bits(r1 - bits_to_f32(w[1])) & 0xffff0000u) << std::hex << bits;
   };
   for (uint32_t b : {0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00800000u, 0x7f7fffffu, 0xff7fffffu,
                      0x3f800000u, 0x3f800001u, 0x3fffffffu, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u,
