@@ -151,7 +151,7 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
   for (size_t i = 0; i < cells.size(); ++i)
     for (size_t e = 0; e < i && shadowed_by[i] < 0; ++e)
       if (covers(cells[e], cells[i])) shadowed_by[i] = int(e);
-  int unknown = 0, shown = 0, shadowed = 0;
+  int unknown = 0, shadowed = 0;
   for (size_t i = 0; i < cells.size(); ++i)
     if (shadowed_by[i] >= 0) {
       ++shadowed;
@@ -168,6 +168,7 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
                 why ? "order  (why / source)" : "order  (--why: each cell's reason and source)");
   }
+  std::set<std::string> shown_backends;  // (backends with a listed cell of op_filter)
   for (size_t ci = 0; ci < cells.size(); ++ci) {
     const auto& c = cells[ci];
     std::string order;
@@ -188,7 +189,7 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     const std::string cols = bound(c["cols"][0]) + ".." + bound(c["cols"][1]);
     std::string note = c["why"].get<std::string>();
     if (!c["source"].get<std::string>().empty()) note += "; " + c["source"].get<std::string>();
-    ++shown;
+    shown_backends.insert(c["backend"].get<std::string>());
     std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s%s%s%s\n", c["op"].get<std::string>().c_str(),
                 c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(),
                 c["dtype"].get<std::string>().c_str(), rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
@@ -198,8 +199,9 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
                   cells[size_t(shadowed_by[ci])]["table"].get<std::string>().c_str(),
                   cells[size_t(shadowed_by[ci])]["index"].get<int>());
   }
-  if (!as_json && !op_filter.empty() && shown == 0) {  // no cell: the variants' priority order decides
+  if (!as_json && !op_filter.empty()) {  // a backend without a cell: the variants' priority order decides
     for (const std::string be : {"cpu", "cuda"}) {
+      if (shown_backends.count(be)) continue;
       std::string order;  // (ks::variants() lists them best first, as `ksctl ops` shows)
       for (const auto& v : ks::variants())
         if (v.op == op_filter && v.backend == be) order += (order.empty() ? "" : " > ") + std::string(v.name);
