@@ -13,6 +13,8 @@
 #include <nlohmann/json.hpp>
 #include <omp.h>
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -34,46 +36,64 @@ int run_tune_from_csv(const std::string& csv, const std::string& dir, const std:
 
 namespace {
 
-// The cores other processes keep busy right now: /proc/stat's aggregate line read twice, 50 ms
-// apart (busy: every time but idle and iowait), as a fraction of the time, times the cores.
-// KS_BUSY_CORES=x stands in for the measurement (tests); -1 where neither is available.
+// The cores other processes keep busy right now among the CPUs this process may run on
+// (sched_getaffinity: a container's or taskset's CPUs, not the host's): their /proc/stat `cpuN`
+// lines read twice, 100 ms apart (busy: every time but idle and iowait; the counters tick every
+// 10 ms, so 100 ms keeps the error near 0.2 cores on 2 CPUs), as a fraction of their time, times
+// their count. KS_BUSY_CORES=x stands in for the measurement (tests); -1 where neither is
+// available.
 double other_busy_cores() {
   if (const char* e = std::getenv("KS_BUSY_CORES")) return std::atof(e);
-  auto sample = [](unsigned long long& busy, unsigned long long& total) {
+  cpu_set_t mine;
+  CPU_ZERO(&mine);
+  if (sched_getaffinity(0, sizeof(mine), &mine) != 0) return -1;
+  auto sample = [&](unsigned long long& busy, unsigned long long& total, int& cpus) {
     std::ifstream f("/proc/stat");
-    std::string cpu;
-    if (!(f >> cpu) || cpu != "cpu") return false;
-    unsigned long long v[8] = {};  // user nice system idle iowait irq softirq steal
-    int n = 0;
-    while (n < 8 && (f >> v[n])) ++n;
-    if (n < 5) return false;
-    total = 0;
-    for (int i = 0; i < n; ++i) total += v[i];
-    busy = total - v[3] - v[4];
-    return true;
+    busy = total = 0;
+    cpus = 0;
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.compare(0, 3, "cpu") != 0) break;  // (the cpu lines come first)
+      int id = -1;
+      if (std::sscanf(line.c_str(), "cpu%d", &id) != 1 || id < 0 || id >= CPU_SETSIZE || !CPU_ISSET(id, &mine))
+        continue;  // the aggregate line, or a CPU this process may not use
+      unsigned long long v[8] = {};  // user nice system idle iowait irq softirq steal
+      const int n = std::sscanf(line.c_str(), "%*s %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2],
+                                &v[3], &v[4], &v[5], &v[6], &v[7]);
+      if (n < 5) return false;
+      unsigned long long t = 0;
+      for (int k = 0; k < n; ++k) t += v[k];
+      total += t;
+      busy += t - v[3] - v[4];
+      ++cpus;
+    }
+    return cpus > 0;
   };
   unsigned long long b0 = 0, t0 = 0, b1 = 0, t1 = 0;
-  if (!sample(b0, t0)) return -1;
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  if (!sample(b1, t1) || t1 <= t0) return -1;
-  return double(b1 - b0) / double(t1 - t0) * double(omp_get_num_procs());
+  int c0 = 0, c1 = 0;
+  if (!sample(b0, t0, c0)) return -1;
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (!sample(b1, t1, c1) || c1 != c0 || t1 <= t0 || b1 < b0) return -1;
+  return double(b1 - b0) / double(t1 - t0) * double(c0);
 }
 
-// generate's CPU threads when neither --threads, OMP_NUM_THREADS nor OMP_WAIT_POLICY chooses:
-// OpenMP's threads spin while they wait, so on cores other processes keep busy each of a token's
-// ~300 parallel regions can wait for a time slice (decode fell from ~170 to 1-50 tokens/s on 2
-// cores; docs/perf/cpu.md); one thread fewer per core busy elsewhere (at least 1) avoids it.
+// generate's CPU threads when neither --threads nor OpenMP's own settings (OMP_NUM_THREADS,
+// OMP_WAIT_POLICY, GOMP_SPINCOUNT) choose: OpenMP's threads spin while they wait, so on cores
+// other processes keep busy each of a token's ~300 parallel regions can wait for a time slice
+// (decode fell from ~170 to 1-50 tokens/s on 2 cores; docs/perf/cpu.md); one thread fewer per core
+// busy elsewhere (at least 1) avoids it. Under 0.75 busy cores nothing changes (the sample's noise).
 void choose_cpu_threads() {
-  if (std::getenv("OMP_NUM_THREADS") || std::getenv("OMP_WAIT_POLICY")) return;
-  const double busy = other_busy_cores();
+  for (const char* v : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
+    if (const char* e = std::getenv(v); e && *e) return;
   const int all = omp_get_max_threads();
-  if (busy < 0.5 || all <= 1) return;
+  const double busy = std::min(other_busy_cores(), double(all));
+  if (busy < 0.75 || all <= 1) return;
   const int t = std::max(1, all - int(std::lround(busy)));
   if (t == all) return;
   omp_set_num_threads(t);
   std::fprintf(stderr,
-               "[ksctl] other processes keep about %.1f of %d cores busy: %d CPU thread%s instead of %d (--threads N "
-               "or OMP_WAIT_POLICY=passive to choose)\n",
+               "[ksctl] other processes keep about %.1f of this process's %d CPUs busy: %d CPU thread%s instead of %d "
+               "(--threads N or OMP_WAIT_POLICY=passive to choose)\n",
                busy, omp_get_num_procs(), t, t == 1 ? "" : "s", all);
 }
 
