@@ -848,9 +848,10 @@ TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
       for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
         SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M " +
                      std::to_string(mode.m) + (mode.deterministic ? " deterministic" : " default"));
-        struct ModeGuard {  // (restored however the case ends)
+        struct ModeGuard {  // (the caller's mode restored however the case ends)
+          int before = ks_deterministic();
           explicit ModeGuard(bool on) { ks_set_deterministic(on ? 1 : 0); }
-          ~ModeGuard() { ks_set_deterministic(0); }
+          ~ModeGuard() { ks_set_deterministic(before); }
         } guard(mode.deterministic);
         const int64_t M = mode.m, N = 130, K = 1536;
         Buf x(dt, {M, K}), all(dt, {M, N}), one(dt, {1, N});
