@@ -93,6 +93,8 @@ if has bench; then
   #   attn_min128 / attn_min256 / attn_min512  KS_ATTN_MIN_KEYS=N: decode attention gives each
   #                CTA at least N keys (only when named in KS_MODEL_AB_ONLY)
   #   nopdl / rope_apart_nopdl  KS_PDL=0 with / without the q/k/v + RoPE fusion (only when named)
+  #   batch_silu_fuse  KS_MODEL_BATCH_SILU_FUSE=1 at batch 8, 16 and 32: SiLU and the down projection
+  #                as one kernel (silu_and_mul_quant_matmul's cuda_mma_rows, pinned)
   #   dense_decode  KS_MODEL_DENSE_DECODE=1 at batch 8, 16 and 32: from 16 sequences the matmuls
   #                through FP32 copies and cuBLASLt (the rule until 2026-12-01) instead of
   #                quant_matmul's cuda_mma_rows
@@ -158,6 +160,7 @@ if has bench; then
       ab rope_apart_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL=0
     fi
     AB_BATCH="8 16 32" ab dense_decode KS_MODEL_DENSE_DECODE=1
+    AB_BATCH="8 16 32" ab batch_silu_fuse KS_MODEL_BATCH_SILU_FUSE=1
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128

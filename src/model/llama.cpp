@@ -172,6 +172,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_BATCH_INVARIANT")) batch_invariant_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_DENSE_DECODE")) dense_decode_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
+  if (const char* e = std::getenv("KS_MODEL_BATCH_SILU_FUSE")) batch_silu_fuse_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
   fuse_rope_ = on_device_ && !fuse_attn_;  // (KS_MODEL_FUSE_ATTN=1 rotates in the attention's kernel)
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
@@ -529,8 +530,20 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     matmul(x, attn, L.wo, n, prefill);
     ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be, s);  // res += attn out; x = norm
     matmul(gu, x, L.w_gate_up, n, prefill);
-    ks::silu_and_mul(act, gu, be, s);
-    matmul(x, act, L.w_down, n, prefill);
+    if (batch_silu_fuse_ && on_device_ && !prefill && n >= 8 && !batch_invariant_ && !dense_decode_) {
+      // (KS_MODEL_BATCH_SILU_FUSE=1, experiments) one kernel: silu_and_mul_quant_matmul's
+      // cuda_mma_rows, pinned for this call (no routing cell yet); the same bits as silu_and_mul
+      // then quant_matmul's cuda_mma_rows, which the routing takes from 8 rows
+      struct Restore {
+        std::string pin = ks::forced_variant("silu_and_mul_quant_matmul");
+        ~Restore() { ks_force_variant("silu_and_mul_quant_matmul", pin.empty() ? nullptr : pin.c_str()); }
+      } restore;
+      ks::force_variant("silu_and_mul_quant_matmul", "cuda_mma_rows");
+      ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
+    } else {
+      ks::silu_and_mul(act, gu, be, s);
+      matmul(x, act, L.w_down, n, prefill);
+    }
   }
   const ks::TensorView x_out = x.slice(first, m), res_out = res.slice(first, m);
   ks::fused_add_rms_norm(x_out, res_out, out_norm_.data, c.rms_eps, be, s);

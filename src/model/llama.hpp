@@ -211,6 +211,11 @@ class LlamaModel {
   // quant_matmul for the output head (whose routing may pick another variant, e.g.
   // cuda_row_stream) instead of fused_add_rms_norm_quant_matmul (comparisons)
   bool split_head_ = false;
+  // KS_MODEL_BATCH_SILU_FUSE=1 (experiments; not yet measured): decode_batch steps of 8 or more
+  // sequences on CUDA run SiLU and the down projection as one kernel, silu_and_mul_quant_matmul's
+  // cuda_mma_rows (the same bits as the two calls there); not with KS_MODEL_BATCH_INVARIANT=1 or
+  // KS_MODEL_DENSE_DECODE=1
+  bool batch_silu_fuse_ = false;
   // The one-token step's q/k/v matmul also rotates and appends (5 kernels per layer): on by
   // default on CUDA since the kernel no longer lets the attention launch early (measured as
   // KS_PDL_OFF=paged_attention: 1643-1651 tokens/s against 1631-1638 for the 6-kernel step in

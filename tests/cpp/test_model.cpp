@@ -349,12 +349,18 @@ TEST(Model, BatchedDecodeEqualsEachSequenceAlone) {
 // cuda_mma_rows (sm_90: the block sums on the tensor cores), or with KS_MODEL_DENSE_DECODE=1
 // through the FP32 weight copies (ks::gemm): the same products summed in another order either
 // way. The greedy ids still match each sequence decoded alone (one-token steps) over 10 steps of
-// 17 sequences, on both paths.
+// 17 sequences, on both paths, and with SiLU fused into the down projection's cuda_mma_rows
+// (KS_MODEL_BATCH_SILU_FUSE=1: the same bits as the default path's two calls).
 TEST(Model, CudaBatchedDecodeThroughGemmGivesTheSameIds) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   if (!ks_backend_available(KS_BACKEND_CUDA)) GTEST_SKIP() << "no CUDA device";
   static_assert(ks::model::LlamaModel::kDenseDecodeRows <= 17, "17 sequences must reach the batched path");
   expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);
+  {
+    SCOPED_TRACE("KS_MODEL_BATCH_SILU_FUSE=1");
+    kstest::ScopedEnv fuse("KS_MODEL_BATCH_SILU_FUSE", "1");
+    expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);
+  }
   SCOPED_TRACE("KS_MODEL_DENSE_DECODE=1");
   kstest::ScopedEnv dense("KS_MODEL_DENSE_DECODE", "1");
   expect_batched_ids_equal_alone(ks::Backend::Cuda, 17, 10);

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -1714,6 +1716,72 @@ TEST(Cuda, SiluQuantMatmulEqualsTheTwoCudaSteps) {
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
           ks::silu_and_mul_quant_matmul(cpu.view(), gu.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
           EXPECT_TRUE(close_to_cpu(a, cpu, 16 * std::sqrt(double(K)) * 6e-8 * double(K) * 4)) << "vs the CPU";
+        }
+}
+
+// silu_and_mul_quant_matmul's variant cuda_mma_rows (pinned) is bit for bit silu_and_mul then
+// quant_matmul's cuda_mma_rows (pinned) on its output: the same values staged, the same sums;
+// rows of 1 to 64 (partial groups, several groups per CTA, a capped grid whose CTAs loop over
+// row ranges, chunks of 8 blocks), 3 dtypes x 3 formats, weights offset by 16 bytes, non-finite
+// gate values; and within the CPU's bound (the per-column kernels' order is not this one's).
+TEST(Cuda, SiluQuantMatmulMmaRowsVariant) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  struct C {
+    int64_t M, N, K;
+    const char* cap_y;     // KS_QMM_ROWS_MAX_GRID_Y, or nullptr
+    const char* stage_kb;  // KS_QMM_ROWS_STAGE_KB, or nullptr (8: chunks of 8 blocks)
+  };
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (const C c : {C{1, 576, 1536, nullptr, nullptr}, C{9, 130, 64, nullptr, nullptr},
+                        C{33, 576, 1536, nullptr, nullptr}, C{64, 37, 576, "2", nullptr},
+                        C{17, 96, 1536, nullptr, "8"}})
+        for (size_t woff : {size_t(0), size_t(16)}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" +
+                       std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
+                       " weight offset " + std::to_string(woff));
+          std::optional<kstest::ScopedEnv> cap, stage;
+          if (c.cap_y) cap.emplace("KS_QMM_ROWS_MAX_GRID_Y", c.cap_y);
+          if (c.stage_kb) stage.emplace("KS_QMM_ROWS_STAGE_KB", c.stage_kb);
+          const int64_t M = c.M, N = c.N, K = c.K;
+          Buf gu(dt, {M, 2 * K}), a(dt, {M, N}), b(dt, {M, N}), cpu(dt, {M, N});
+          kstest::fill_normal(gu, 2.0);
+          if (M > 2) {  // a non-finite gate (its row's outputs go non-finite alike) and a huge one
+            gu.set(2 * (2 * K) + 5, std::numeric_limits<double>::infinity());
+            gu.set(1 * (2 * K) + 7, 60.0);
+          }
+          Buf w = make_packed(q, N, K);
+          DBuf dgu(dt, {M, 2 * K}), dw(DType::U8, w.shape, woff), dh(dt, {M, K}), da(dt, {M, N}), db(dt, {M, N});
+          dgu.upload(gu);
+          dw.upload(w);
+          da.poison();
+          db.poison();
+          {
+            kstest::ScopedVariant pin("silu_and_mul_quant_matmul", "cuda_mma_rows");
+            ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+            ks::silu_and_mul_quant_matmul(da.view(), dgu.view(), dw.view(), static_cast<ks::QType>(q),
+                                          ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            const std::string cfg = ks_last_launch_config("silu_and_mul_quant_matmul");
+            EXPECT_NE(cfg.find("mma_rows "), std::string::npos) << cfg;
+            EXPECT_NE(cfg.find("silu=1"), std::string::npos) << cfg;
+          }
+          ks::silu_and_mul(dh.view(), dgu.view(), ks::Backend::Cuda);
+          {
+            kstest::ScopedVariant pin("quant_matmul", "cuda_mma_rows");
+            ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+            ks::quant_matmul(db.view(), dh.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            EXPECT_NE(std::string(ks_last_launch_config("quant_matmul")).find("silu=0"), std::string::npos);
+          }
+          da.download(a);
+          db.download(b);
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes()));
+          if (M <= 2) {  // (finite rows only: the CPU check's bound)
+            ks::silu_and_mul_quant_matmul(cpu.view(), gu.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+            EXPECT_TRUE(close_to_cpu(a, cpu, 16 * std::sqrt(double(K)) * 6e-8 * double(K) * 4)) << "vs the CPU";
+          }
         }
 }
 

@@ -422,6 +422,21 @@ inline bool qmm_stage_weights_enabled() {
   return on;
 }
 
+// silu(g) * u in FP32, as silu_and_mul computes it before rounding to T (16-bit T: the hardware
+// exp2 and fast divide, relative error ~1e-7, far below the output's rounding; fp32: expf and
+// IEEE division). The one expression of silu_and_mul, its fused matmul forms and cuda_mma_rows'
+// SiLU prologue, so they agree bit for bit.
+template <typename T>
+__device__ __forceinline__ float silu_times(float g, float u) {
+  const float sig = sizeof(T) == 2 ? __fdividef(1.0f, 1.0f + __expf(-g)) : 1.0f / (1.0f + expf(-g));
+  return g * sig * u;
+}
+// v rounded to T's precision (as a T store would), as a float.
+template <typename T>
+__device__ __forceinline__ float round_to(float v) {
+  return Dt<T>::to_f(Dt<T>::from_f(v));
+}
+
 // Calls f with a value of the element type of dt (float, __half, or __nv_bfloat16 for
 // bf16): the one place a launcher turns the validated float dtype into a kernel template
 // argument (`using T = decltype(tag);` in f).

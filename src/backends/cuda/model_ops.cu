@@ -427,10 +427,6 @@ __host__ __device__ constexpr int64_t staged_weight_bytes(int64_t rows, int64_t 
   return rows * row_bytes + 16;
 }
 
-template <typename T>
-__device__ __forceinline__ float round_to(float v) {
-  return Dt<T>::to_f(Dt<T>::from_f(v));
-}
 
 // A block's 32 decoded weights times its 32 staged x values (FP32, 16-byte aligned, as 8
 // float4), summed in order from 0: the per-warp kernel's order for one block.
@@ -447,11 +443,6 @@ __device__ __forceinline__ float dot32(const float* v, const float4* x) {
   return s;
 }
 
-template <typename T, Pro P>
-__device__ __forceinline__ float silu_mul(float g, float u) {
-  const float sig = sizeof(T) == 2 ? __fdividef(1.0f, 1.0f + __expf(-g)) : 1.0f / (1.0f + expf(-g));
-  return round_to<T>(g * sig * u);  // silu_and_mul_kernel's expression
-}
 
 // This thread's share of a row's sum of squares (Norm: of residual r; AddNorm: of s = x + r),
 // vectors first, first + step, ... of XV elements; `write` stores round(s) to residual_out as
@@ -485,7 +476,7 @@ __device__ __forceinline__ float prologue(float xv, float a, float w, float u, f
   float h = xv;
   if constexpr (P == Pro::AddNorm) h += a;
   if constexpr (P == Pro::Norm || P == Pro::AddNorm) h = round_to<T>(h * inv * w);
-  if constexpr (P == Pro::Silu) h = silu_mul<T, P>(h, u);
+  if constexpr (P == Pro::Silu) h = round_to<T>(silu_times<T>(h, u));  // silu_and_mul's value
   return h;
 }
 

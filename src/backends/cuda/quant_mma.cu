@@ -666,10 +666,11 @@ namespace {
 constexpr int kRowsThreads = 32 * kRowsWarps;
 
 struct MmaRowsParams {
-  const void* x;     // [M, K]
+  const void* x;     // [M, K] (SILU: gate_up [M, 2K], gate then up)
   const uint8_t* w;  // [N, row_bytes]
   void* out;         // [M, N]
   int64_t M, N, K, row_bytes;
+  int64_t x_stride;  // elements between rows of x: K (SILU: 2K)
   int mt;  // weight tiles (16 rows) per CTA
   int rg;  // groups of 8 rows of x per CTA
   int kc;  // blocks per staged chunk (a multiple of 8, or every block of the row)
@@ -677,7 +678,10 @@ struct MmaRowsParams {
   int early;     // 1: the first chunk's first blocks loaded before the dependency wait (KS_QMM_WSTAGE=0: 0)
 };
 
-template <typename T, ks_qtype_t Q>
+// SILU: the rows of x are silu(gate) * up of a gate_up row, each value rounded to T as
+// silu_and_mul stores it (silu_and_mul_quant_matmul's variant cuda_mma_rows: the same bits as
+// silu_and_mul, then this kernel on its output).
+template <typename T, ks_qtype_t Q, bool SILU = false>
 __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const MmaRowsParams p) {
   using TM = MmaElem<T>;
   constexpr int P = std::is_same_v<T, float> ? 3 : 1;  // pieces per value
@@ -742,11 +746,11 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
       // consecutive values (4 pairs); a row's elements are contiguous (coalesced reads of x) and
       // 4 consecutive elements are one block of one row. SU elements per thread and round, all
       // their loads issued before the first is used (one L2 latency per round, not per pair).
-      constexpr int SU = 4;
+      constexpr int SU = SILU ? 2 : 4;  // (SILU: the up values too; 4 spilled registers)
       const int per_row = kcur * 4, total = cols * per_row;
       const uint32_t magic = div_magic(uint32_t(per_row));  // (e < 2^16: see div_magic)
       for (int e0 = 0; e0 < total; e0 += SU * kRowsThreads) {  // warp-uniform trip count (the shuffles)
-        float v[SU][8];
+        float v[SU][8], up[SILU ? SU : 1][8];
 #pragma unroll
         for (int u = 0; u < SU; ++u) {
           const int e = e0 + u * kRowsThreads + int(threadIdx.x);
@@ -754,25 +758,41 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
           const int64_t row = r0 + j;
 #pragma unroll
           for (int i = 0; i < 8; ++i) v[u][i] = 0.f;
+          if constexpr (SILU) {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) up[u][i] = 0.f;
+          }
           if (e < total && row < M) {
             const int64_t k = (c0 + (q >> 2)) * 32 + (q & 3) * 8;
             if constexpr (std::is_same_v<T, float>) {
-              const float2* xr = reinterpret_cast<const float2*>(static_cast<const float*>(p.x) + row * p.K + k);
+              const float2* xr = reinterpret_cast<const float2*>(static_cast<const float*>(p.x) + row * p.x_stride + k);
 #pragma unroll
               for (int i = 0; i < 4; ++i) {
                 const float2 f = xr[i];
                 v[u][2 * i] = f.x;
                 v[u][2 * i + 1] = f.y;
+                if constexpr (SILU) {  // (up: K values after the gate)
+                  const float2 g = reinterpret_cast<const float2*>(reinterpret_cast<const float*>(xr) + p.K)[i];
+                  up[u][2 * i] = g.x;
+                  up[u][2 * i + 1] = g.y;
+                }
               }
             } else {
-              const T* xr = static_cast<const T*>(p.x) + row * p.K + k;
+              const T* xr = static_cast<const T*>(p.x) + row * p.x_stride + k;
 #pragma unroll
-              for (int i = 0; i < 8; ++i) v[u][i] = Dt<T>::to_f(xr[i]);
+              for (int i = 0; i < 8; ++i) {
+                v[u][i] = Dt<T>::to_f(xr[i]);
+                if constexpr (SILU) up[u][i] = Dt<T>::to_f(xr[p.K + i]);
+              }
             }
           }
         }
 #pragma unroll
         for (int u = 0; u < SU; ++u) {
+          if constexpr (SILU) {  // silu_and_mul's values (0 where nothing was loaded: silu(0) * 0)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) v[u][i] = round_to<T>(silu_times<T>(v[u][i], up[u][i]));
+          }
           const int e = e0 + u * kRowsThreads + int(threadIdx.x);
           const bool ok = e < total;
           const int j = ok ? int(div_by_magic(uint32_t(e), magic)) : 0, q = ok ? e - j * per_row : 0;
@@ -908,58 +928,86 @@ RowsLaunch rows_launch(int64_t M, int64_t N, int64_t K, bool fp32, bool q41, int
                 unsigned(std::min<int64_t>(l.plan.grid_y, ycap >= 1 && ycap <= 65535 ? ycap : 65535)));
   return l;
 }
-// The dynamic shared memory one CTA of quant_mma_rows_kernel may take for call a's types.
-int64_t rows_smem_limit(const ops::QuantMatmulArgs& a) {
-  int64_t limit = 0;
-  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    limit = opt_in_smem_limit<quant_mma_rows_kernel<decltype(tag), decltype(q)::value>>(a.x.device.device_id,
-                                                                                        "quant_matmul");
-  });
-  return limit;
+// One call of the kernel: quant_matmul's, or silu_and_mul_quant_matmul's (silu: x is gate_up).
+struct RowsCall {
+  const char* op;
+  detail::View out, x, weight;
+  ks_qtype_t qtype;
+  int64_t m, n, k, row_bytes;
+  bool silu;
+};
+RowsCall rows_call(const ops::QuantMatmulArgs& a) {
+  return {"quant_matmul", a.out, a.x, a.weight, a.qtype, a.m, a.n, a.k, a.row_bytes, false};
 }
-RowsLaunch rows_launch(const ops::QuantMatmulArgs& a, int sm_count) {
-  return rows_launch(a.m, a.n, a.k, a.x.dtype == detail::DType::F32, a.qtype == KS_QTYPE_Q4_1, sm_count,
-                     rows_smem_limit(a));
+RowsCall rows_call(const ops::SiluQuantMatmulArgs& a) {
+  return {"silu_and_mul_quant_matmul", a.out, a.gate_up, a.weight, a.qtype, a.m, a.n, a.k, a.row_bytes, true};
+}
+// f(k) with the kernel instantiation of call c's types as a constant (decltype(k)::value).
+template <typename F>
+void with_rows_kernel(const RowsCall& c, F&& f) {
+  with_float_type_and_qtype(c.x.dtype, c.qtype, [&](auto tag, auto q) {
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    if (c.silu)
+      f(std::integral_constant<decltype(&quant_mma_rows_kernel<T, Q, true>), &quant_mma_rows_kernel<T, Q, true>>{});
+    else
+      f(std::integral_constant<decltype(&quant_mma_rows_kernel<T, Q, false>), &quant_mma_rows_kernel<T, Q, false>>{});
+  });
+}
+RowsLaunch rows_launch(const RowsCall& c, int sm_count) {
+  int64_t limit = 0;  // the dynamic shared memory one CTA of the kernel may take
+  with_rows_kernel(c, [&](auto k) { limit = opt_in_smem_limit<decltype(k)::value>(c.x.device.device_id, c.op); });
+  return rows_launch(c.m, c.n, c.k, c.x.dtype == detail::DType::F32, c.qtype == KS_QTYPE_Q4_1, sm_count, limit);
+}
+// (the block format: the op's own can_implement, which the registry's check runs first)
+std::string mma_rows_can_implement(const RowsCall& c) {
+  if (c.n > int64_t(INT32_MAX) * 16) return "N too large for the grid";
+  if (c.x.dtype == detail::DType::F32 && reinterpret_cast<uintptr_t>(c.x.data) % 8 != 0)
+    return std::string(c.silu ? "fp32 gate_up" : "fp32 x") + " not 8-byte aligned (8-byte loads of value pairs)";
+  if (reinterpret_cast<uintptr_t>(c.weight.data) % (c.qtype == KS_QTYPE_Q4_1 ? 4 : 2) != 0)
+    return "weight not aligned to its block words (Q4_1: 4 bytes, Q4_0 / Q8_0: 2)";
+  const DeviceProps& dp = device_props(c.x.device.device_id);
+  if (dp.major < 8) return "needs sm_80 or newer (bf16 / fp16 mma.sync)";
+  if (rows_launch(c, dp.sm_count).plan.smem == 0) return "8 blocks of one group of x do not fit the device's shared memory";
+  return "";
+}
+void mma_rows_run(const RowsCall& c, ks_stream_t stream) {
+  const int dev = c.x.device.device_id;
+  DeviceGuard guard(dev, c.op);
+  const DeviceProps& dp = device_props(dev);
+  if (c.m == 0 || c.n == 0) return;  // nothing to write
+  const RowsLaunch l = rows_launch(c, dp.sm_count);
+  const RowsPlan& plan = l.plan;
+  const MmaRowsParams p{c.x.data, static_cast<const uint8_t*>(c.weight.data), c.out.data, c.m, c.n, c.k,
+                        c.row_bytes, c.silu ? 2 * c.k : c.k, plan.mt, plan.rg, plan.kc, l.prefetch,
+                        qmm_stage_weights_enabled() ? 1 : 0};
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_rows_kernel(c, [&](auto k) {
+    constexpr auto kern = decltype(k)::value;
+    if (plan.smem == 0 || int64_t(plan.smem) > opt_in_smem_limit<kern>(dev, c.op))
+      detail::fail(KS_ERROR_INTERNAL, c.op, "cuda_mma_rows: its staged x does not fit shared memory");
+    launch_kernel(c.op, kern, l.grid, dim3(kRowsThreads), plan.smem, s, 1, dp.pdl, p);
+  });
+  check_launch(c.op);
+  record_launch(c.op,
+                "mma_rows tiles_per_cta=%lld x_groups_per_cta=%lld blocks_per_chunk=%lld grid=%lldx%lld smem=%lld "
+                "prefetch=%lld silu=%lld",
+                {plan.mt, plan.rg, plan.kc, l.grid.x, l.grid.y, int64_t(plan.smem), l.prefetch, c.silu ? 1 : 0});
 }
 }  // namespace
 
-// (the block format: quant_matmul_can_implement, which the registry's check runs first)
 std::string quant_matmul_mma_rows_can_implement(const void* args) {
-  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  if (a.n > int64_t(INT32_MAX) * 16) return "N too large for the grid";
-  if (a.x.dtype == detail::DType::F32 && reinterpret_cast<uintptr_t>(a.x.data) % 8 != 0)
-    return "fp32 x not 8-byte aligned (8-byte loads of value pairs)";
-  if (reinterpret_cast<uintptr_t>(a.weight.data) % (a.qtype == KS_QTYPE_Q4_1 ? 4 : 2) != 0)
-    return "weight not aligned to its block words (Q4_1: 4 bytes, Q4_0 / Q8_0: 2)";
-  const DeviceProps& dp = device_props(a.x.device.device_id);
-  if (dp.major < 8) return "needs sm_80 or newer (bf16 / fp16 mma.sync)";
-  if (rows_launch(a, dp.sm_count).plan.smem == 0) return "8 blocks of one group of x do not fit the device's shared memory";
-  return "";
+  return mma_rows_can_implement(rows_call(*static_cast<const ops::QuantMatmulArgs*>(args)));
 }
-
 void quant_matmul_mma_rows_cuda(const void* args, ks_stream_t stream) {
-  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  const int dev = a.x.device.device_id;
-  DeviceGuard guard(dev, "quant_matmul");
-  const DeviceProps& dp = device_props(dev);
-  if (a.m == 0 || a.n == 0) return;  // nothing to write
-  const RowsLaunch l = rows_launch(a, dp.sm_count);
-  const RowsPlan& plan = l.plan;
-  const MmaRowsParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
-                        a.row_bytes, plan.mt, plan.rg, plan.kc, l.prefetch, qmm_stage_weights_enabled() ? 1 : 0};
-  const auto s = static_cast<cudaStream_t>(stream);
-  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    using T = decltype(tag);
-    constexpr ks_qtype_t Q = decltype(q)::value;
-    if (plan.smem == 0 || int64_t(plan.smem) > opt_in_smem_limit<quant_mma_rows_kernel<T, Q>>(dev, "quant_matmul"))
-      detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_rows: its staged x does not fit shared memory");
-    launch_kernel("quant_matmul", quant_mma_rows_kernel<T, Q>, l.grid, dim3(kRowsThreads), plan.smem, s, 1, dp.pdl, p);
-  });
-  check_launch("quant_matmul");
-  record_launch("quant_matmul",
-                "mma_rows tiles_per_cta=%lld x_groups_per_cta=%lld blocks_per_chunk=%lld grid=%lldx%lld smem=%lld "
-                "prefetch=%lld",
-                {plan.mt, plan.rg, plan.kc, l.grid.x, l.grid.y, int64_t(plan.smem), l.prefetch});
+  mma_rows_run(rows_call(*static_cast<const ops::QuantMatmulArgs*>(args)), stream);
+}
+// silu_and_mul_quant_matmul's variant cuda_mma_rows: silu_and_mul's values staged as the rows of x
+std::string silu_quant_matmul_mma_rows_can_implement(const void* args) {
+  return mma_rows_can_implement(rows_call(*static_cast<const ops::SiluQuantMatmulArgs*>(args)));
+}
+void silu_quant_matmul_mma_rows_cuda(const void* args, ks_stream_t stream) {
+  mma_rows_run(rows_call(*static_cast<const ops::SiluQuantMatmulArgs*>(args)), stream);
 }
 
 }  // namespace ks::cuda

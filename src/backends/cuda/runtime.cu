@@ -190,6 +190,8 @@ void quant_matmul_mma_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_stream_can_implement(const void*);
 void quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_rows_can_implement(const void*);
+void silu_quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
+std::string silu_quant_matmul_mma_rows_can_implement(const void*);
 void rope_kv_append_cuda(const void*, ks_stream_t);
 std::string rope_append_can_implement(const void*);
 void silu_quant_matmul_cuda(const void*, ks_stream_t);
@@ -301,6 +303,10 @@ std::string ci_silu_quant_matmul(const void* p) {
   auto& a = *static_cast<const ops::SiluQuantMatmulArgs*>(p);
   const std::string why = align_reason({&a.gate_up, &a.out, &a.weight});
   return why.empty() ? qtype_reason(a.qtype) : why;
+}
+std::string ci_silu_quant_matmul_mma_rows(const void* p) {
+  const std::string why = ci_silu_quant_matmul(p);
+  return why.empty() ? silu_quant_matmul_mma_rows_can_implement(p) : why;
 }
 std::string ci_rope_kv_append(const void* p) {
   auto& a = *static_cast<const ops::RopeKvAppendArgs*>(p);
@@ -487,6 +493,11 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"silu_and_mul_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column, silu(gate) * up computed as the row is read", avail,
                ks::cuda::ci_silu_quant_matmul, ks::cuda::silu_quant_matmul_cuda});
+  v.push_back({"silu_and_mul_quant_matmul", KS_BACKEND_CUDA, "cuda_mma_rows", kFloatDTypes, 1,
+               "any M: silu_and_mul's values (rounded as it stores them) staged as the rows of x of quant_matmul's "
+               "cuda_mma_rows, so the bits are silu_and_mul then that variant's; batch-invariant. Lowest by "
+               "priority and in no routing cell yet (not measured): pinned by tests and benchmarks",
+               avail, ks::cuda::ci_silu_quant_matmul_mma_rows, ks::cuda::silu_quant_matmul_mma_rows_cuda});
   v.push_back({"rotary_embedding_kv_append", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
                "a CTA per token: each (head, pair) rotated by its own thread, rotated k pairs stored to k and the "
                "cache row, then v and k's unrotated features copied", avail, ks::cuda::ci_rope_kv_append,

@@ -42,11 +42,7 @@ __global__ void __launch_bounds__(256) silu_and_mul_kernel(const T* __restrict__
         OutVec<T, VEC> r;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
-          const float a = gv[k].f(j), b = uv[k].f(j);
-          // 16-bit outputs: the hardware exp2 and fast divide (relative error ~1e-7,
-          // far below the output's rounding); fp32 keeps expf and IEEE division.
-          const float sig = sizeof(T) == 2 ? __fdividef(1.0f, 1.0f + __expf(-a)) : 1.0f / (1.0f + expf(-a));
-          r.set(j, a * sig * b);
+          r.set(j, silu_times<T>(gv[k].f(j), uv[k].f(j)));  // (common.cuh)
         }
         store_vec<T, VEC>(o + i * VEC, r);
       }
