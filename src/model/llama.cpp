@@ -9,6 +9,20 @@
 namespace ks::model {
 
 namespace {
+// Pins op to variant on this thread for the scope (ks::force_variant), then puts the caller's own
+// pin, if any, back.
+struct ScopedPin {
+  ScopedPin(const char* op, const char* variant) : op_(op), before_(ks::forced_variant(op)) {
+    ks::force_variant(op, variant);
+  }
+  ~ScopedPin() { ks_force_variant(op_, before_.empty() ? nullptr : before_.c_str()); }
+  ScopedPin(const ScopedPin&) = delete;
+  ScopedPin& operator=(const ScopedPin&) = delete;
+
+ private:
+  const char* op_;
+  std::string before_;
+};
 
 ks::QType qtype_from_ggml(uint32_t t, const std::string& name) {
   switch (t) {
@@ -118,11 +132,7 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
     // where it declines (K > 2720: BackendUnavailable, raised before anything launches)
     // cuda_warp_per_column_m16 from 8 rows (it declines fewer), else cuda_warp_per_column; then
     // the caller's own pin, if any, is put back
-    struct Restore {
-      std::string pin = ks::forced_variant("quant_matmul");
-      ~Restore() { ks_force_variant("quant_matmul", pin.empty() ? nullptr : pin.c_str()); }
-    } restore;
-    ks::force_variant("quant_matmul", "cuda_staged_x");
+    ScopedPin pin("quant_matmul", "cuda_staged_x");
     try {
       ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
     } catch (const ks::BackendUnavailable&) {
@@ -534,11 +544,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
       // (KS_MODEL_BATCH_SILU_FUSE=1, experiments) one kernel: silu_and_mul_quant_matmul's
       // cuda_mma_rows, pinned for this call (no routing cell yet); the same bits as silu_and_mul
       // then quant_matmul's cuda_mma_rows, which the routing takes from 8 rows
-      struct Restore {
-        std::string pin = ks::forced_variant("silu_and_mul_quant_matmul");
-        ~Restore() { ks_force_variant("silu_and_mul_quant_matmul", pin.empty() ? nullptr : pin.c_str()); }
-      } restore;
-      ks::force_variant("silu_and_mul_quant_matmul", "cuda_mma_rows");
+      ScopedPin pin("silu_and_mul_quant_matmul", "cuda_mma_rows");
       ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
     } else {
       ks::silu_and_mul(act, gu, be, s);
