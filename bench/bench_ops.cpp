@@ -20,6 +20,7 @@
 //  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors);
 //  --ops quant_matmul_rows: fp32 quant_matmul at 2..512 rows of SmolLM2's shapes against a dense FP32 gemm
+//    (and at the down projection's shape, silu_and_mul_quant_matmul's cuda_mma_rows against the two calls)
 //  (--shapes 3072x576 keeps a matrix, "M32 3072x576" one row count of it)
 #ifdef KS_HAVE_BUILD_COMMIT
 #include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
@@ -478,6 +479,32 @@ int main(int argc, char** argv) {
         };
         record(op, shape, f32, graph_time(k, gemm, s), bytes, "gemm");
         rows.back().impl = "dense_fp32_gemm";
+        if (n == 576 && h == 1536) {  // the down projection with SiLU: one kernel against the model's two calls
+          std::vector<std::unique_ptr<Dev>> gu, act;
+          for (int i = 0; i < k; ++i) {
+            gu.emplace_back(new Dev(4 * m * 2 * h));
+            act.emplace_back(new Dev(4 * m * h));
+            fill_random(gu.back()->p, m * 2 * h, f32, rng);
+          }
+          const std::string sop = std::string("silu_down_rows_") + qname;
+          const size_t sbytes = bytes + size_t(4 * m * h);  // (gate_up is twice x)
+          const auto two = [&](int i, cudaStream_t st) {
+            ks::silu_and_mul(dv(act[i]->p, f32, {m, h}), dv(gu[i]->p, f32, {m, 2 * h}), ks::Backend::Cuda, st);
+            ks::quant_matmul(dv(o[i]->p, f32, {m, n}), dv(act[i]->p, f32, {m, h}),
+                             dv(w[i]->p, DType::U8, {n, row_bytes}), qt, ks::Backend::Cuda, st);
+          };
+          record(sop, shape, f32, graph_time(k, two, s), sbytes, "quant_matmul");
+          rows.back().impl = "silu_and_mul+quant_matmul";
+          if (ks_force_variant("silu_and_mul_quant_matmul", "cuda_mma_rows") == KS_SUCCESS) {
+            const auto one = [&](int i, cudaStream_t st) {
+              ks::silu_and_mul_quant_matmul(dv(o[i]->p, f32, {m, n}), dv(gu[i]->p, f32, {m, 2 * h}),
+                                            dv(w[i]->p, DType::U8, {n, row_bytes}), qt, ks::Backend::Cuda, st);
+            };
+            record(sop, shape, f32, graph_time(k, one, s), sbytes, "silu_and_mul_quant_matmul");
+            rows.back().impl = "fused:cuda_mma_rows";
+            ks_force_variant("silu_and_mul_quant_matmul", nullptr);
+          }
+        }
       }
   }
   // The model's decode fusions (SmolLM2-135M, one token, FP32 activations, Q4_1 weights): each

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Batched quant_matmul (rows quant_matmul_rows_* of a bench_ops --ops quant_matmul_rows --variants
 CSV): a markdown table per matrix (µs per implementation at each row count M, cuda_mma_rows'
-speed over the dense FP32 gemm and over the best other variant) and a PNG of µs against M.
+speed over the dense FP32 gemm and over the best other variant) and a PNG of µs against M; rows
+silu_down_rows_* (SiLU + the down projection: silu_and_mul_quant_matmul's cuda_mma_rows against
+the two calls) get a table of their own.
 
 Usage: bench/plot_qmm_rows.py CSV --md OUT.md --png OUT.png
 """
@@ -14,8 +16,13 @@ IMPLS = ["mma_rows", "staged_x", "warp_per_column", "warp_per_column_m16", "dens
 
 def load(path):
     table = OrderedDict()  # (format, matrix) -> {M: {impl: us}}
+    silu = OrderedDict()  # (format, matrix, M) -> {impl: us}
     meta = {}
     for r in csv.DictReader(open(path)):
+        if r["op"].startswith("silu_down_rows_"):
+            m, matrix = r["shape"].split(" ")
+            silu.setdefault((r["op"][len("silu_down_rows_"):], matrix, int(m[1:])), {})[r["impl"]] = float(r["us"])
+            continue
         if not r["op"].startswith("quant_matmul_rows_"):
             continue
         meta = {k: r[k] for k in ("gpu", "driver", "cuda", "commit", "copy_gbs")}
@@ -27,7 +34,7 @@ def load(path):
             impl = impl[len("variant:cuda_"):] if impl.startswith("variant:") else ("auto" if impl == "kernscope" else impl)
         table.setdefault((r["op"][len("quant_matmul_rows_"):], matrix), OrderedDict()).setdefault(int(m[1:]), {})[impl] = (
             float(r["us"]), float(r["pct_copy"]))
-    return table, meta
+    return table, meta, silu
 
 
 def main():
@@ -36,7 +43,7 @@ def main():
     ap.add_argument("--md", required=True)
     ap.add_argument("--png", required=True)
     a = ap.parse_args()
-    table, meta = load(a.csv)
+    table, meta, silu = load(a.csv)
     lines = [f"# Batched quant_matmul on {meta.get('gpu')} (driver {meta.get('driver')}, CUDA runtime {meta.get('cuda')}, "
              f"commit {meta.get('commit')})", "",
              "fp32 x of M rows times SmolLM2's packed matrices (N×K), `bench_ops --ops quant_matmul_rows --variants`: "
@@ -68,6 +75,16 @@ def main():
                 base = v.get("auto", (float("nan"), 0))[0]
                 cells = [f"{v[t][0]:.2f} ({base / v[t][0]:.2f}×)" if t in v else "—" for t in settings]
                 lines.append(f"| {fmt} | {matrix} | {m} | {base:.2f} | " + " | ".join(cells) + " |")
+    if silu:  # SiLU + down: one kernel against the model's two calls
+        lines += ["", "SiLU and the down projection (gate_up of M rows): `silu_and_mul_quant_matmul` pinned to "
+                  "`cuda_mma_rows` (one kernel) against `silu_and_mul` then the automatic `quant_matmul` (two), µs "
+                  "(same call):", "",
+                  "| format | N×K | M | two calls | one kernel | speed-up |", "|---|---|---|---|---|---|"]
+        for (fmt, matrix, m), v in silu.items():
+            two, one = v.get("silu_and_mul+quant_matmul"), v.get("fused:cuda_mma_rows")
+            ratio = f"{two / one:.2f}×" if two and one else "—"
+            lines.append(f"| {fmt} | {matrix} | {m} | {two if two else float('nan'):.2f} | "
+                         f"{one if one else float('nan'):.2f} | {ratio} |")
     open(a.md, "w").write("\n".join(lines) + "\n")
 
     import matplotlib
