@@ -500,8 +500,12 @@ int main(int argc, char** argv) {
               ks::silu_and_mul_quant_matmul(dv(o[i]->p, f32, {m, n}), dv(gu[i]->p, f32, {m, 2 * h}),
                                             dv(w[i]->p, DType::U8, {n, row_bytes}), qt, ks::Backend::Cuda, st);
             };
-            record(sop, shape, f32, graph_time(k, one, s), sbytes, "silu_and_mul_quant_matmul");
-            rows.back().impl = "fused:cuda_mma_rows";
+            try {
+              record(sop, shape, f32, graph_time(k, one, s), sbytes, "silu_and_mul_quant_matmul");
+              rows.back().impl = "fused:cuda_mma_rows";
+            } catch (const std::exception& e) {  // (declined: no row; the pin is cleared below)
+              std::fprintf(stderr, "silu_and_mul_quant_matmul / cuda_mma_rows at %s: %s\n", shape.c_str(), e.what());
+            }
             ks_force_variant("silu_and_mul_quant_matmul", nullptr);
           }
         }

@@ -544,8 +544,19 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
       // (KS_MODEL_BATCH_SILU_FUSE=1, experiments) one kernel: silu_and_mul_quant_matmul's
       // cuda_mma_rows, pinned for this call (no routing cell yet); the same bits as silu_and_mul
       // then quant_matmul's cuda_mma_rows, which the routing takes from 8 rows
-      ScopedPin pin("silu_and_mul_quant_matmul", "cuda_mma_rows");
-      ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
+      bool fused = true;
+      {
+        ScopedPin pin("silu_and_mul_quant_matmul", "cuda_mma_rows");
+        try {
+          ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
+        } catch (const ks::BackendUnavailable&) {  // (declined, e.g. below sm_80: nothing launched)
+          fused = false;
+        }
+      }
+      if (!fused) {
+        ks::silu_and_mul(act, gu, be, s);
+        matmul(x, act, L.w_down, n, prefill);
+      }
     } else {
       ks::silu_and_mul(act, gu, be, s);
       matmul(x, act, L.w_down, n, prefill);

@@ -1721,8 +1721,8 @@ TEST(Cuda, SiluQuantMatmulEqualsTheTwoCudaSteps) {
 
 // silu_and_mul_quant_matmul's variant cuda_mma_rows (pinned) is bit for bit silu_and_mul then
 // quant_matmul's cuda_mma_rows (pinned) on its output: the same values staged, the same sums;
-// rows of 1 to 64 (partial groups, several groups per CTA, a capped grid whose CTAs loop over
-// row ranges, chunks of 8 blocks), 3 dtypes x 3 formats, weights offset by 16 bytes, non-finite
+// rows of 1 to 64 (partial groups, 3 and 4 groups per CTA, a capped grid whose CTAs loop over
+// row ranges, chunks of 8 blocks with a short last one), 3 dtypes x 3 formats, weights offset by 16 bytes, non-finite
 // gate values; and within the CPU's bound (the per-column kernels' order is not this one's).
 TEST(Cuda, SiluQuantMatmulMmaRowsVariant) {
   NEED_GPU();
@@ -1731,12 +1731,15 @@ TEST(Cuda, SiluQuantMatmulMmaRowsVariant) {
     int64_t M, N, K;
     const char* cap_y;     // KS_QMM_ROWS_MAX_GRID_Y, or nullptr
     const char* stage_kb;  // KS_QMM_ROWS_STAGE_KB, or nullptr (8: chunks of 8 blocks)
+    const char* groups;    // KS_QMM_ROWS_GROUPS, or nullptr
   };
   for (DType dt : kstest::float_dtypes())
     for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
-      for (const C c : {C{1, 576, 1536, nullptr, nullptr}, C{9, 130, 64, nullptr, nullptr},
-                        C{33, 576, 1536, nullptr, nullptr}, C{64, 37, 576, "2", nullptr},
-                        C{17, 96, 1536, nullptr, "8"}})
+      for (const C c : {C{1, 576, 1536, nullptr, nullptr, nullptr}, C{9, 130, 64, nullptr, nullptr, nullptr},
+                        C{33, 576, 1536, nullptr, nullptr, nullptr}, C{64, 37, 576, "2", nullptr, nullptr},
+                        C{17, 96, 1536, nullptr, "8", nullptr},
+                        // several groups per CTA (the last partial), and chunks of 8, 8 and 2 blocks
+                        C{33, 576, 576, nullptr, nullptr, "4"}, C{17, 96, 576, nullptr, "8", "3"}})
         for (size_t woff : {size_t(0), size_t(16)}) {
           SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" +
                        std::to_string(c.M) + " N=" + std::to_string(c.N) + " K=" + std::to_string(c.K) +
@@ -1744,6 +1747,8 @@ TEST(Cuda, SiluQuantMatmulMmaRowsVariant) {
           std::optional<kstest::ScopedEnv> cap, stage;
           if (c.cap_y) cap.emplace("KS_QMM_ROWS_MAX_GRID_Y", c.cap_y);
           if (c.stage_kb) stage.emplace("KS_QMM_ROWS_STAGE_KB", c.stage_kb);
+          std::optional<kstest::ScopedEnv> groups;
+          if (c.groups) groups.emplace("KS_QMM_ROWS_GROUPS", c.groups);
           const int64_t M = c.M, N = c.N, K = c.K;
           Buf gu(dt, {M, 2 * K}), a(dt, {M, N}), b(dt, {M, N}), cpu(dt, {M, N});
           kstest::fill_normal(gu, 2.0);

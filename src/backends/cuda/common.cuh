@@ -429,7 +429,7 @@ inline bool qmm_stage_weights_enabled() {
 template <typename T>
 __device__ __forceinline__ float silu_times(float g, float u) {
   const float sig = sizeof(T) == 2 ? __fdividef(1.0f, 1.0f + __expf(-g)) : 1.0f / (1.0f + expf(-g));
-  return g * sig * u;
+  return __fmul_rn(__fmul_rn(g, sig), u);  // (rounded products: never contracted into a caller's add)
 }
 // v rounded to T's precision (as a T store would), as a float.
 template <typename T>

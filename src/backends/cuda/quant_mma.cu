@@ -746,7 +746,7 @@ __global__ void __launch_bounds__(kRowsThreads, 2) quant_mma_rows_kernel(const M
       // consecutive values (4 pairs); a row's elements are contiguous (coalesced reads of x) and
       // 4 consecutive elements are one block of one row. SU elements per thread and round, all
       // their loads issued before the first is used (one L2 latency per round, not per pair).
-      constexpr int SU = SILU ? 2 : 4;  // (SILU: the up values too; 4 spilled registers)
+      constexpr int SU = SILU ? 2 : 4;  // (SILU: the up values too; 4 in flight spilled registers)
       const int per_row = kcur * 4, total = cols * per_row;
       const uint32_t magic = div_magic(uint32_t(per_row));  // (e < 2^16: see div_magic)
       for (int e0 = 0; e0 < total; e0 += SU * kRowsThreads) {  // warp-uniform trip count (the shuffles)
