@@ -540,24 +540,21 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     matmul(x, attn, L.wo, n, prefill);
     ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be, s);  // res += attn out; x = norm
     matmul(gu, x, L.w_gate_up, n, prefill);
-    if (batch_silu_fuse_ && on_device_ && !prefill && n >= 8 && !batch_invariant_ && !dense_decode_) {
-      // (KS_MODEL_BATCH_SILU_FUSE=1, experiments) one kernel: silu_and_mul_quant_matmul's
-      // cuda_mma_rows, pinned for this call (no routing cell yet); the same bits as silu_and_mul
-      // then quant_matmul's cuda_mma_rows, which the routing takes from 8 rows
-      bool fused = true;
-      {
-        ScopedPin pin("silu_and_mul_quant_matmul", "cuda_mma_rows");
-        try {
-          ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
-        } catch (const ks::BackendUnavailable&) {  // (declined, e.g. below sm_80: nothing launched)
-          fused = false;
-        }
+    // (KS_MODEL_BATCH_SILU_FUSE=1, experiments) one kernel: silu_and_mul_quant_matmul's
+    // cuda_mma_rows, pinned for this call (no routing cell yet); the same bits as silu_and_mul
+    // then quant_matmul's cuda_mma_rows, which the routing takes from 8 rows. Where it declines
+    // (e.g. below sm_80: nothing launched), the two calls.
+    auto fused_silu_down = [&] {
+      if (!(batch_silu_fuse_ && on_device_ && !prefill && n >= 8 && !batch_invariant_ && !dense_decode_)) return false;
+      ScopedPin pin("silu_and_mul_quant_matmul", "cuda_mma_rows");
+      try {
+        ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
+        return true;
+      } catch (const ks::BackendUnavailable&) {
+        return false;
       }
-      if (!fused) {
-        ks::silu_and_mul(act, gu, be, s);
-        matmul(x, act, L.w_down, n, prefill);
-      }
-    } else {
+    };
+    if (!fused_silu_down()) {
       ks::silu_and_mul(act, gu, be, s);
       matmul(x, act, L.w_down, n, prefill);
     }

@@ -82,9 +82,9 @@ class LlamaModel {
   // From kTensorCoreDecodeRows rows quant_matmul's routing on sm_90 may take cuda_mma_rows (the
   // block sums on the tensor cores: the same values up to FP32 rounding, not the one-token
   // kernels' bits): for the output head's shape from 4 rows, for every matrix from 8. KS_MODEL_BATCH_INVARIANT=1 keeps every decode step on quant_matmul's
-  // per-column kernels (from kTensorCoreDecodeRows rows pinned: cuda_staged_x, or
-  // cuda_warp_per_column_m16 where it declines), so a batched row stays bit-identical to that
-  // sequence's one-token step at any batch size.
+  // per-column kernels (from kTensorCoreDecodeRows rows pinned: cuda_staged_x, or where it
+  // declines cuda_warp_per_column_m16 from 8 rows, cuda_warp_per_column below), so a batched row
+  // stays bit-identical to that sequence's one-token step at any batch size.
   static constexpr int64_t kDenseRows = 8, kDenseDecodeRows = 16, kScratchDenseRows = 64, kTensorCoreDecodeRows = 4;
   int64_t max_batch() const { return max_batch_; }
 

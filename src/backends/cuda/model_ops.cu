@@ -427,7 +427,6 @@ __host__ __device__ constexpr int64_t staged_weight_bytes(int64_t rows, int64_t 
   return rows * row_bytes + 16;
 }
 
-
 // A block's 32 decoded weights times its 32 staged x values (FP32, 16-byte aligned, as 8
 // float4), summed in order from 0: the per-warp kernel's order for one block.
 __device__ __forceinline__ float dot32(const float* v, const float4* x) {
@@ -442,7 +441,6 @@ __device__ __forceinline__ float dot32(const float* v, const float4* x) {
   }
   return s;
 }
-
 
 // This thread's share of a row's sum of squares (Norm: of residual r; AddNorm: of s = x + r),
 // vectors first, first + step, ... of XV elements; `write` stores round(s) to residual_out as
