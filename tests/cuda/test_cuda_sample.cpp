@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <string>
@@ -242,6 +243,50 @@ TEST(CudaSample, ClusterLocalTopkEdgesEqualTheCpuReference) {
     for (int64_t i = 0; i < rows * V; ++i) x.set(i, (i / V) % 3 ? nd(g) : std::round(nd(g)));
     run(x, rows, "64x128256");
   }
+}
+
+// cuda_cluster_local_topk's floor (top_k <= 64; the kernel's comment): rows built against it,
+// with the floor on and off (KS_SAMPLE_FLOOR=0), each at 8 offsets (a wrong member set shows in
+// some draw): ties of many equal scores exactly at the top_k cut, spread over every range (keys
+// equal to the floor in ranges that send them all and in ranges whose own selection cuts them);
+// the top scores crowded into one range (it has more keys above the floor than slots); fewer
+// finite scores than top_k (no floor); group maxima all equal (each group's max is the same
+// score); top_k 64 (the floor's largest) and 65 (none); fp32 at temperatures that keep the
+// keys' low bits. The launch's config says which path ran.
+TEST(CudaSample, ClusterLocalTopkFloorEqualsTheCpuReference) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  kstest::ScopedVariant pin("sample", "cuda_cluster_local_topk");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  std::mt19937_64 g(2026);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (DType dt : {DType::BF16, DType::F32})
+    for (int64_t V : {int64_t(128256), int64_t(9001)}) {
+      const int64_t rows = 6;
+      Buf x(dt, {rows, V});
+      for (int64_t i = 0; i < rows * V; ++i) x.set(i, nd(g));
+      for (int64_t i = 0; i < V; i += V / 97) x.set(0 * V + i, 4.0);          // 98 ties at 4 (k = 50 cuts them)
+      for (int64_t i = 0; i < 20; ++i) x.set(0 * V + (i * 7919) % V, 5.0);    // 20 above them
+      for (int64_t i = 0; i < 300; ++i) x.set(1 * V + V - 1 - i, 6.0 + 0.01 * double(i));  // all in the last range
+      for (int64_t i = 0; i < V; ++i)
+        if (i % 4001 != 5) x.set(2 * V + i, -INFINITY);                       // fewer finite scores than top_k
+      for (int64_t i = 0; i < V; ++i) x.set(3 * V + i, (i % 64) == 0 ? 3.0 : std::min(nd(g), 2.0));  // equal maxima
+      for (int64_t i = 0; i < V; ++i) x.set(4 * V + i, std::round(nd(g) * 4) / 4);  // heavy ties everywhere
+      Dev dx(x);
+      for (const char* floor_env : {"1", "0"}) {
+        kstest::ScopedEnv env("KS_SAMPLE_FLOOR", floor_env);
+        for (const Cfg& c : std::vector<Cfg>{{1.0, 50, 1.0}, {1.0, 64, 0.9}, {1.0, 65, 0.9}, {0.7, 1, 1.0},
+                                             {1.3, 17, 0.95}, {3.0, 50, 1.0}})
+          for (int off = 0; off < 8; ++off) {
+            SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + " KS_SAMPLE_FLOOR=" + floor_env +
+                         " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) +
+                         " offset=" + std::to_string(off));
+            ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 11.0, double(off), c));
+            const std::string cfg = ks_last_launch_config("sample");
+            const bool floor_on = std::string(floor_env) == "1" && c.k <= 64;
+            EXPECT_NE(cfg.find(floor_on ? "floor=1" : "floor=0"), std::string::npos) << cfg;
+          }
+      }
+    }
 }
 
 // One sampling call captured in a graph: replays with the same seed_offset give the same

@@ -20,6 +20,21 @@
 // Positions are numbered j * 512 + thread (j < L) in a range, and so in index order: the
 // order-dependent steps (the cut among equal keys, the members' slots) take the flags of
 // one j from a warp ballot, and one block-wide scan over the (j, warp) counts.
+//
+// The row's floor (top_k <= 64; KS_SAMPLE_FLOOR=0 turns it off): after step 1 the row is cut
+// into 256 groups of 2C adjacent threads (V / 256 scores each), each CTA publishes its 256 / C
+// group maxima in its own shared memory, and after a cluster barrier every CTA reads all 256
+// and takes the top_k-th largest, F. At least top_k scores (those maxima) have keys >= F, so
+// every member of the row's top-k has a key >= F, and few others do (a score >= F that is not
+// one of the top_k maxima must share a group with a larger one). Then step 2 is: each CTA
+// sends every key >= F (in index order) when they are at most its slot count (kcap), and its
+// own top-k (the radix selection, as without the floor) when there are more; rank 0 drops the
+// candidates below F and, when at most 512 remain, ranks each of them by counting the ones
+// before it in (key desc, index asc) order: the members are those ranked below top_k. The
+// same members as the selection (both are the first top_k of that order), so the same ids.
+// Without the floor a selection is a chain of CTA barriers (two to four radix rounds, each a
+// histogram, a scan and their barriers: 13,359 SM cycles of a 42,619-cycle row at
+// 1 x 128256, be28fdd), and rank 0's second selection another (8,265).
 #include <cooperative_groups.h>
 
 #include <climits>
@@ -44,6 +59,8 @@ namespace {
 
 namespace smp = ks::sampling;
 constexpr int kThreads = 512, kWarps = kThreads / 32, kBins = 256, kMaxC = 16, kMaxL = 64;
+// The row's floor: 256 group maxima per row; used for top_k up to 64 (a quarter of them)
+constexpr int kFloorGroups = 256, kFloorMaxK = 64;
 
 struct Smem {
   unsigned hist[kWarps][kBins];  // a digit histogram per warp (no atomics across warps)
@@ -53,6 +70,10 @@ struct Smem {
   float warp_f[kWarps];
   unsigned long long decided[3];
   unsigned sel[2];  // a selection round's digit and the count still needed within it
+  unsigned gmax[kFloorGroups];  // the floor: this CTA's 256 / C group maxima, read by every rank
+  unsigned floor_key;           // the row's floor F (0: none)
+  unsigned ckey[kThreads];      // rank 0: the candidates >= F, in index order, and their ids
+  int cidx[kThreads];
   // rank 0: what every rank publishes
   int part_bad[kMaxC];
   float part_zmax[kMaxC];
@@ -127,6 +148,29 @@ __device__ __forceinline__ unsigned ordered_rank(uint64_t flags, int j, const Sm
   return sh.pos_count[j * kWarps + (threadIdx.x >> 5)] + unsigned(__popc(b & lt));
 }
 
+// The k-th largest (1 <= k <= 256) of the 256 values v held 8 per lane by one warp, with
+// multiplicity: the largest c with at least k values >= c, bit by bit from the top. Bits that
+// every value shares are the result's too (it is one of the values), so only the bits where the
+// values differ take a step (two ballots' worth of counting per value and step).
+__device__ __forceinline__ unsigned warp_kth_largest(const unsigned (&v)[8], unsigned k) {
+  unsigned o = 0u, a = 0xffffffffu;
+#pragma unroll
+  for (int u = 0; u < 8; ++u) o |= v[u], a &= v[u];
+  o = __reduce_or_sync(0xffffffffu, o);
+  a = __reduce_and_sync(0xffffffffu, a);
+  unsigned res = a, open = o ^ a;
+  while (open) {
+    const unsigned bit = 1u << (31 - __clz(open));
+    open &= ~bit;
+    const unsigned c = res | bit;
+    unsigned cnt = 0;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) cnt += unsigned(__popc(__ballot_sync(0xffffffffu, v[u] >= c)));
+    if (cnt >= k) res = c;
+  }
+  return res;
+}
+
 // The top k of the CTA's nonzero keys (key[j] at position j * 512 +
 // threadIdx.x; count of them CTA-uniform): the k largest, equal keys going to
 // lower positions; all of them when count <= k. Returns the calling thread's
@@ -197,7 +241,7 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
 // barrier and a clock64() reading after each phase, and thread 0 of row 0's rank 0 prints
 // the SM cycles each phase took, once per launch (nothing when row 0 has no distribution).
 template <typename T, int L, bool Trace = false>
-__global__ void __launch_bounds__(kThreads) sample_local_kernel(const SampleParams p, int kcap) {
+__global__ void __launch_bounds__(kThreads) sample_local_kernel(const SampleParams p, int kcap, int use_floor) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ unsigned cand[];  // [C * kcap] keys, then [C * kcap] indices (rank 0's)
   __shared__ Smem sh;
@@ -256,16 +300,54 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   bad = __syncthreads_or(bad);
   zmax = block_max_f<kWarps>(zmax, sh.warp_f);
   finite = unsigned(block_sum_u64<kWarps>(finite, sh.warp_u64));
+  // The row's floor F: the top_k-th largest of the row's 256 group maxima (the file's comment)
+  unsigned F = 0;
+  if (use_floor) {  // (cluster-uniform: top_k and C)
+    const int G = 2 * C, per_rank = kFloorGroups / C;  // threads per group, groups per CTA
+    unsigned m = 0;
+#pragma unroll
+    for (int j = 0; j < L; ++j) m = max(m, key[j]);
+    for (int o = 1; o < G; o <<= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((int(threadIdx.x) & (G - 1)) == 0) sh.gmax[int(threadIdx.x) / G] = m;
+    cluster_wait();    // every CTA of the cluster has started
+    cluster_arrive();  // (release: the group maxima)
+    cluster_wait();
+    if (threadIdx.x < 32) {
+      unsigned v[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int gi = u * 32 + int(threadIdx.x);
+        v[u] = *cluster.map_shared_rank(&sh.gmax[gi % per_rank], gi / per_rank);
+      }
+      const unsigned f = warp_kth_largest(v, k);
+      if (threadIdx.x == 0) sh.floor_key = f;
+    }
+    __syncthreads();
+    F = sh.floor_key;
+  }
   mark(1);
-  // 2. this range's top-k, in index order
-  unsigned n_mem = 0;
-  const uint64_t mem = bad ? 0 : select_top<L>(key, finite, k, sh, &n_mem);
+  // 2. this range's members, in index order: with the floor, every key >= F where they fit the
+  // slots, else (and without the floor) the range's top-k
+  unsigned n_mem = 0, placed;
+  uint64_t mem = 0;
+  bool ordered = false;  // ordered_prefix already ran on mem
+  if (!bad && use_floor) {
+#pragma unroll
+    for (int j = 0; j < L; ++j)
+      if (key[j] && key[j] >= F) mem |= 1ull << j;
+    ordered_prefix<L>(mem, sh, &placed);
+    if (placed <= unsigned(kcap)) {
+      n_mem = placed;
+      ordered = true;
+    }
+  }
+  if (!bad && !ordered) mem = select_top<L>(key, finite, k, sh, &n_mem);
+  if (bad) mem = 0;
   mark(2);
-  unsigned placed;
-  ordered_prefix<L>(mem, sh, &placed);
+  if (!ordered) ordered_prefix<L>(mem, sh, &placed);
   mark(3);
   // 3. into rank 0's shared memory
-  cluster_wait();  // every CTA of the cluster has started
+  if (!use_floor) cluster_wait();  // every CTA of the cluster has started (the floor waited)
   unsigned *r0_key = cluster.map_shared_rank(cand, 0);
   int *r0_idx = reinterpret_cast<int *>(r0_key + C * kcap);
   const int base = rank * kcap;
@@ -313,7 +395,8 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     key[j] = 0;
     if (g < C * kcap) {
       const int c = g / kcap;
-      if (g - c * kcap < int(sh.part_n[c])) key[j] = cand[g], ++n_cand;
+      // (below the floor: a range's own top-k can reach under it; never a row member)
+      if (g - c * kcap < int(sh.part_n[c]) && cand[g] >= F) key[j] = cand[g], ++n_cand;
     }
   }
   n_cand = unsigned(block_sum_u64<kWarps>(n_cand, sh.warp_u64));
@@ -321,13 +404,44 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   // (a row with at most top_k finite scores: every range sent all of its own,
   // all members)
   unsigned n = 0;
-  const uint64_t top = select_top<L>(key, n_cand, k, sh, &n);
-  mark(6);
-  ordered_prefix<L>(top, sh, &placed);
+  if (use_floor && n_cand > k && n_cand <= unsigned(kThreads)) {
+    // The candidates in index order into ckey / cidx, then candidate i's rank: those before it
+    // in (key desc, index asc) order. Members: rank < top_k, placed by a scan in index order.
+    uint64_t nz = 0;
 #pragma unroll
-  for (int j = 0; j < L; ++j) {
-    const unsigned slot = ordered_rank(top, j, sh);
-    if ((top >> j) & 1) sh.fin.idx[slot] = idx[j * kThreads + int(threadIdx.x)];
+    for (int j = 0; j < L; ++j)
+      if (key[j]) nz |= 1ull << j;
+    ordered_prefix<L>(nz, sh, &placed);
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const unsigned slot = ordered_rank(nz, j, sh);
+      if ((nz >> j) & 1) sh.ckey[slot] = key[j], sh.cidx[slot] = idx[j * kThreads + int(threadIdx.x)];
+    }
+    __syncthreads();
+    const int i = int(threadIdx.x);
+    unsigned before = 0;
+    if (i < int(n_cand)) {
+      const unsigned me = sh.ckey[i];
+      for (int h = 0; h < int(n_cand); ++h) {
+        const unsigned o = sh.ckey[h];
+        before += (o > me || (o == me && h < i)) ? 1u : 0u;
+      }
+    }
+    mark(6);
+    const bool member = i < int(n_cand) && before < k;
+    unsigned long long n_all;
+    const unsigned long long slot = block_scan_u64<kWarps>(member ? 1ull : 0ull, &n_all, sh.warp_u64);
+    if (member) sh.fin.idx[slot - 1] = sh.cidx[i];
+    n = k;
+  } else {
+    const uint64_t top = select_top<L>(key, n_cand, k, sh, &n);
+    mark(6);
+    ordered_prefix<L>(top, sh, &placed);
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      const unsigned slot = ordered_rank(top, j, sh);
+      if ((top >> j) & 1) sh.fin.idx[slot] = idx[j * kThreads + int(threadIdx.x)];
+    }
   }
   __syncthreads();
   mark(7);
@@ -335,9 +449,9 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   mark(8);
   if constexpr (Trace)
     if (blockIdx.x == 0 && threadIdx.x == 0)
-      printf("sample trace L=%d C=%d (SM cycles, row 0 rank 0): load %lld select %lld order %lld "
+      printf("sample trace L=%d C=%d floor=%d (SM cycles, row 0 rank 0): load+floor %lld select %lld order %lld "
              "write+barrier %lld candidates %lld select %lld order %lld finish %lld total %lld\n",
-             L, C, tr[1] - tr[0], tr[2] - tr[1], tr[3] - tr[2], tr[4] - tr[3], tr[5] - tr[4], tr[6] - tr[5],
+             L, C, use_floor, tr[1] - tr[0], tr[2] - tr[1], tr[3] - tr[2], tr[4] - tr[3], tr[5] - tr[4], tr[6] - tr[5],
              tr[7] - tr[6], tr[8] - tr[7], tr[8] - tr[0]);
 #endif
 }
@@ -432,6 +546,7 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
   const SampleParams p = sample_params(a);
   const auto s = static_cast<cudaStream_t>(stream);
   const bool trace = env_is("KS_SAMPLE_TRACE", "1");
+  const int use_floor = a.top_k <= kFloorMaxK && !env_is("KS_SAMPLE_FLOOR", "0") ? 1 : 0;
   auto go = [&](auto tag, auto lt) {
     using T = decltype(tag);
     constexpr int L = decltype(lt)::value;
@@ -439,7 +554,7 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
       constexpr bool Trace = decltype(traced)::value;
       prepare<T, L, Trace>(dev);
       launch_kernel("sample", sample_local_kernel<T, L, Trace>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads),
-                    pl.smem, s, pl.C, dp.pdl, p, pl.kcap);
+                    pl.smem, s, pl.C, dp.pdl, p, pl.kcap, use_floor);
     };
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
       if (trace) return launch(std::true_type{});
@@ -462,8 +577,8 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
     }
   });
   check_launch("sample");
-  record_launch("sample", "cluster_local_topk threads=%lld cluster=%lld L=%lld grid=%lld",
-                {kThreads, pl.C, pl.L, a.rows * pl.C});
+  record_launch("sample", "cluster_local_topk threads=%lld cluster=%lld L=%lld grid=%lld floor=%lld",
+                {kThreads, pl.C, pl.L, a.rows * pl.C, use_floor});
 }
 
 }  // namespace ks::cuda
