@@ -72,7 +72,7 @@ struct Smem {
   unsigned sel[2];  // a selection round's digit and the count still needed within it
   unsigned gmax[kFloorGroups];  // the floor: this CTA's 256 / C group maxima, read by every rank
   unsigned floor_key;           // the row's floor F (0: none)
-  unsigned ckey[kThreads];      // rank 0: the candidates >= F, in index order, and their ids
+  alignas(16) unsigned ckey[kThreads];  // rank 0: the candidates >= F, in index order, and their ids
   int cidx[kThreads];
   // rank 0: what every rank publishes
   int part_bad[kMaxC];
@@ -388,52 +388,72 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     return;
   }
   const int *idx = reinterpret_cast<const int *>(cand + C * kcap);
-  unsigned n_cand = 0;
-#pragma unroll
-  for (int j = 0; j < L; ++j) {
-    const int g = j * kThreads + int(threadIdx.x);
-    key[j] = 0;
-    if (g < C * kcap) {
-      const int c = g / kcap;
-      // (below the floor: a range's own top-k can reach under it; never a row member)
-      if (g - c * kcap < int(sh.part_n[c]) && cand[g] >= F) key[j] = cand[g], ++n_cand;
+  const int slots = C * kcap;
+  unsigned n = 0;
+  bool counted = false;
+  if (use_floor) {
+    // The candidates >= F (a range's own top-k can reach under the floor: never a row member),
+    // in index order into ckey / cidx (the first 512 of them), 512 slots at a time.
+    unsigned n_cand = 0;
+    for (int g0 = 0; g0 < slots; g0 += kThreads) {
+      const int g = g0 + int(threadIdx.x);
+      unsigned kk = 0;
+      if (g < slots) {
+        const int c = g / kcap;
+        if (g - c * kcap < int(sh.part_n[c])) kk = cand[g];
+      }
+      const bool keep = kk != 0 && kk >= F;
+      unsigned long long in_chunk;
+      const unsigned at = n_cand + unsigned(block_scan_u64<kWarps>(keep ? 1ull : 0ull, &in_chunk, sh.warp_u64)) - 1u;
+      if (keep && at < unsigned(kThreads)) sh.ckey[at] = kk, sh.cidx[at] = idx[g];
+      n_cand += unsigned(in_chunk);
+    }
+    mark(5);
+    if (n_cand > k && n_cand <= unsigned(kThreads)) {
+      // Candidate i's rank: the candidates before it in (key desc, index asc) order, four keys
+      // per shared-memory load (the tail padded with 0, below every candidate's key). Members:
+      // rank < top_k, placed by a scan in index order.
+      const int n4 = (int(n_cand) + 3) / 4;
+      if (int(threadIdx.x) >= int(n_cand) && int(threadIdx.x) < 4 * n4) sh.ckey[threadIdx.x] = 0u;
+      __syncthreads();
+      const int i = int(threadIdx.x);
+      unsigned before = 0;
+      if (i < int(n_cand)) {
+        const unsigned me = sh.ckey[i];
+        const uint4 *ck4 = reinterpret_cast<const uint4 *>(sh.ckey);
+#pragma unroll 4
+        for (int h4 = 0; h4 < n4; ++h4) {
+          const uint4 o = ck4[h4];
+          const int h = 4 * h4;
+          before += unsigned(o.x > me || (o.x == me && h < i)) + unsigned(o.y > me || (o.y == me && h + 1 < i)) +
+                    unsigned(o.z > me || (o.z == me && h + 2 < i)) + unsigned(o.w > me || (o.w == me && h + 3 < i));
+        }
+      }
+      mark(6);
+      const bool member = i < int(n_cand) && before < k;
+      unsigned long long n_all;
+      const unsigned long long slot = block_scan_u64<kWarps>(member ? 1ull : 0ull, &n_all, sh.warp_u64);
+      if (member) sh.fin.idx[slot - 1] = sh.cidx[i];
+      n = k;
+      counted = true;
     }
   }
-  n_cand = unsigned(block_sum_u64<kWarps>(n_cand, sh.warp_u64));
-  mark(5);
-  // (a row with at most top_k finite scores: every range sent all of its own,
-  // all members)
-  unsigned n = 0;
-  if (use_floor && n_cand > k && n_cand <= unsigned(kThreads)) {
-    // The candidates in index order into ckey / cidx, then candidate i's rank: those before it
-    // in (key desc, index asc) order. Members: rank < top_k, placed by a scan in index order.
-    uint64_t nz = 0;
-#pragma unroll
-    for (int j = 0; j < L; ++j)
-      if (key[j]) nz |= 1ull << j;
-    ordered_prefix<L>(nz, sh, &placed);
+  if (!counted) {
+    // rank 0's top-k by the radix selection over its registers (position j * 512 + thread =
+    // rank * kcap + slot: index order)
+    unsigned n_cand = 0;
 #pragma unroll
     for (int j = 0; j < L; ++j) {
-      const unsigned slot = ordered_rank(nz, j, sh);
-      if ((nz >> j) & 1) sh.ckey[slot] = key[j], sh.cidx[slot] = idx[j * kThreads + int(threadIdx.x)];
-    }
-    __syncthreads();
-    const int i = int(threadIdx.x);
-    unsigned before = 0;
-    if (i < int(n_cand)) {
-      const unsigned me = sh.ckey[i];
-      for (int h = 0; h < int(n_cand); ++h) {
-        const unsigned o = sh.ckey[h];
-        before += (o > me || (o == me && h < i)) ? 1u : 0u;
+      const int g = j * kThreads + int(threadIdx.x);
+      key[j] = 0;
+      if (g < slots) {
+        const int c = g / kcap;
+        if (g - c * kcap < int(sh.part_n[c]) && cand[g] >= F) key[j] = cand[g], ++n_cand;
       }
     }
-    mark(6);
-    const bool member = i < int(n_cand) && before < k;
-    unsigned long long n_all;
-    const unsigned long long slot = block_scan_u64<kWarps>(member ? 1ull : 0ull, &n_all, sh.warp_u64);
-    if (member) sh.fin.idx[slot - 1] = sh.cidx[i];
-    n = k;
-  } else {
+    n_cand = unsigned(block_sum_u64<kWarps>(n_cand, sh.warp_u64));
+    if (!use_floor) mark(5);
+    // (a row with at most top_k finite scores: every range sent all of its own, all members)
     const uint64_t top = select_top<L>(key, n_cand, k, sh, &n);
     mark(6);
     ordered_prefix<L>(top, sh, &placed);
