@@ -509,7 +509,8 @@ struct Plan {
 
 // The cluster size C and scores per thread L for a call: C at least what makes
 // a range fit 512 x 64 scores; then doubled up to max_c while the rows' CTAs
-// fit one per SM and each range keeps >= 2048 scores (KS_SAMPLE_CLUSTER=C: that
+// fit one per SM and each range keeps >= 2048 scores, and while ranges need 64
+// per thread and the rows' CTAs stay within 4 per SM (KS_SAMPLE_CLUSTER=C: that
 // power of two instead, if a range fits it; for experiments). L: the fewest
 // that hold a range and rank 0's C x kcap candidates.
 Plan plan_for(const ops::SampleArgs &a, int sm_count, int max_c) {
@@ -523,6 +524,11 @@ Plan plan_for(const ops::SampleArgs &a, int sm_count, int max_c) {
     return pl;
   }
   while (2 * C <= max_c && a.rows * 2 * C <= int64_t(sm_count) && V / (2 * C) >= 2048) C *= 2;
+  // 64 scores per thread only where 32 would take more than 4 CTAs per SM: at 64 x 128256
+  // (bf16, top-k 50, top-p 0.9; 1483d8d) C = 8, L = 32 took 67.7 us against 85.2 at C = 4,
+  // L = 64 (and 94.8 at C = 16); at 256 x 151936 C = 16, L = 32 took 550 against 481 at C = 8.
+  while (2 * C <= max_c && (V + C - 1) / C > int64_t(kThreads) * 32 && a.rows * 2 * C <= 4 * int64_t(sm_count))
+    C *= 2;
   const long long forced = env_number("KS_SAMPLE_CLUSTER", 0);
   if ((forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16) && forced <= max_c &&
       fits(int(forced)))
