@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,16 +56,16 @@ struct Cfg {
   double p;   // top_p (1: off)
 };
 
-// ks_sample of x (rows x V, on the host and mirrored in dx) on CUDA and on the CPU with the
+// ks_sample of x (rows x V, on the host and mirrored in gx) on CUDA and on the CPU with the
 // same seed_offset: ids and validity flags equal row by row. Device outputs are poisoned.
-void expect_cuda_equals_cpu(Buf& x, const Dev& dx, int64_t rows, double seed, double offset, const Cfg& c) {
+void expect_cuda_equals_cpu(Buf& x, const ks::TensorView& gx, int64_t rows, double seed, double offset, const Cfg& c) {
   Buf so(DType::I64, {2}), out(DType::I64, {rows}), valid(DType::U8, {rows});
   so.set(0, seed), so.set(1, offset);
   Buf gout = out, gvalid = valid;
   Dev dso(so), dout(out), dvalid(valid);
   CK(cudaMemset(dout.p, 0xFF, dout.n));
   CK(cudaMemset(dvalid.p, 0xFF, dvalid.n));
-  ks::sample(dview(dout, out), dview(dvalid, valid), dview(dx, x), dview(dso, so), c.t, c.k, c.p, ks::Backend::Cuda);
+  ks::sample(dview(dout, out), dview(dvalid, valid), gx, dview(dso, so), c.t, c.k, c.p, ks::Backend::Cuda);
   CK(cudaDeviceSynchronize());
   dout.get(gout);
   dvalid.get(gvalid);
@@ -92,7 +93,7 @@ TEST(CudaSample, IdsEqualTheCpuReferenceBitForBit) {
             SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + (ties ? " ties" : "") +
                          " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) +
                          " offset=" + std::to_string(off));
-            ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 2024.0, double(off), c));
+            ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dview(dx, x), rows, 2024.0, double(off), c));
           }
       }
 }
@@ -123,7 +124,7 @@ TEST(CudaSample, ManyRowsAndEdgeCasesEqualTheCpuReference) {
     for (const Cfg& c : cfgs) {
       SCOPED_TRACE("V=" + std::to_string(V) + " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) +
                    " p=" + std::to_string(c.p));
-      ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 31.0, 4.0, c));
+      ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dview(dx, x), rows, 31.0, 4.0, c));
     }
   }
 }
@@ -150,7 +151,7 @@ void expect_topk_variant_equals_cpu(const char* variant) {
           SCOPED_TRACE(std::string(variant) + " " + ks::dtype_name(dt) + " V=" + std::to_string(V) +
                        (ties ? " ties" : "") + " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) +
                        " p=" + std::to_string(c.p));
-          ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 77.0, 3.0, c));
+          ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dview(dx, x), rows, 77.0, 3.0, c));
         }
       }
   int sms = 0;
@@ -163,7 +164,7 @@ void expect_topk_variant_equals_cpu(const char* variant) {
   for (const Cfg& c : cfgs) {
     if (c.k >= V) continue;
     SCOPED_TRACE(std::string(variant) + " many rows: k=" + std::to_string(c.k) + " p=" + std::to_string(c.p));
-    ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 5.0, 6.0, c));
+    ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dview(dx, x), rows, 5.0, 6.0, c));
   }
   // a call it refuses (top_k = 0) fails while pinned, naming the reason
   Buf so(DType::I64, {2}), out(DType::I64, {rows});
@@ -203,7 +204,7 @@ TEST(CudaSample, ClusterLocalTopkEdgesEqualTheCpuReference) {
     for (const Cfg& c : cfgs) {
       if (c.k >= x.shape[1]) continue;
       SCOPED_TRACE(what + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) + " T=" + std::to_string(c.t));
-      ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 123.0, 9.0, c));
+      ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dview(dx, x), rows, 123.0, 9.0, c));
     }
   };
   {  // 16 x 32768 scores: 64 per thread; rows: random, all equal, the winners in the last range
@@ -280,13 +281,52 @@ TEST(CudaSample, ClusterLocalTopkFloorEqualsTheCpuReference) {
             SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + " KS_SAMPLE_FLOOR=" + floor_env +
                          " T=" + std::to_string(c.t) + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) +
                          " offset=" + std::to_string(off));
-            ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dx, rows, 11.0, double(off), c));
+            ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, dview(dx, x), rows, 11.0, double(off), c));
             const std::string cfg = ks_last_launch_config("sample");
             const bool floor_on = std::string(floor_env) == "1" && c.k <= 64;
             EXPECT_NE(cfg.find(floor_on ? "floor=1" : "floor=0"), std::string::npos) << cfg;
           }
       }
     }
+}
+
+// KS_SAMPLE_VEC=1: cuda_cluster_local_topk's runs of 16-byte loads (the Positions comment in
+// sampling_local.cu: a thread's scores in runs of 8 (16-bit) or 4 (fp32) consecutive ones, every
+// order-dependent step counting in (run, warp, lane, score) order). Every dtype; vocabs whose
+// rows and ranges start 16-byte aligned and ones that do not (odd V: some rows on scalar loads,
+// runs cut by a range's end); the whole tensor one element past an aligned start (no row
+// aligned); clusters as planned and forced to 2; the floor's top_k (1, 50, 64), 65 and 1024
+// (rank 0's radix selection over the runs); ties; the launch config says vec=1.
+TEST(CudaSample, ClusterLocalTopkVectorRunsEqualTheCpuReference) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  kstest::ScopedVariant pin("sample", "cuda_cluster_local_topk");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  kstest::ScopedEnv vec("KS_SAMPLE_VEC", "1");
+  const std::vector<Cfg> cfgs = {{1.0, 50, 0.9}, {0.8, 64, 1.0}, {1.0, 65, 0.9}, {1.3, 1, 1.0}, {1.0, 1024, 0.95}};
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t V : {int64_t(40), int64_t(1000), int64_t(9001), int64_t(32000), int64_t(128256)})
+      for (bool shifted : {false, true})
+        for (const char* cl : {"", "2"}) {
+          const int64_t rows = 5;
+          Buf x = make_logits(dt, rows, V, uint64_t(V) * 3 + (shifted ? 1 : 0), V % 2 == 0);
+          const size_t esz = ks::dtype_size(dt), lead = shifted ? esz : 0;
+          Buf big(dt, {rows * V + 1});
+          std::memcpy(static_cast<char*>(big.data()) + lead, x.data(), x.nbytes());
+          Dev dbig(big);
+          const ks::TensorView gx(static_cast<char*>(dbig.p) + lead, dt, x.shape, DLDevice{kDLCUDA, 0});
+          kstest::ScopedEnv force("KS_SAMPLE_CLUSTER", cl);  // ("": the plan's size)
+          for (const Cfg& c : cfgs) {
+            if (c.k >= V) continue;
+            for (int off = 0; off < 2; ++off) {
+              SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V) + (shifted ? " shifted" : "") +
+                           " KS_SAMPLE_CLUSTER=" + cl + " k=" + std::to_string(c.k) + " p=" + std::to_string(c.p) +
+                           " T=" + std::to_string(c.t) + " offset=" + std::to_string(off));
+              ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, gx, rows, 41.0, double(off), c));
+              const std::string cfg = ks_last_launch_config("sample");
+              EXPECT_NE(cfg.find("vec=1"), std::string::npos) << cfg;
+            }
+          }
+        }
 }
 
 // One sampling call captured in a graph: replays with the same seed_offset give the same

@@ -105,47 +105,87 @@ __device__ void select_digit(Smem &sh, unsigned need) {
   __syncthreads();
 }
 
-// For the flags of the calling thread's positions j * 512 + threadIdx.x (bit j
-// of flags, j < L), the number of set flags at lower positions of the CTA, for
-// each j, via ordered_rank after this call. Uses sh.pos_count; every thread
-// calls it.
-template <int L>
+// Positions. A thread's L scores are L / E runs of E consecutive scores (E = 1: the layout
+// before 2026-12-01; E = 16 bytes / sizeof(T) with KS_SAMPLE_VEC=1, so a run is one 16-byte
+// load): key j of thread t is at position ((j / E) * 512 + t) * E + j % E of its range. So
+// positions run in (run v, warp, lane, e) order, and every order-dependent step (the cut among
+// equal keys, the members' slots) counts in that order.
+template <int E>
+__device__ __forceinline__ int position(int j) {
+  return ((j / E) * kThreads + int(threadIdx.x)) * E + j % E;
+}
+// The E flags of run v (bits v * E .. v * E + E - 1 of flags).
+template <int E>
+__device__ __forceinline__ unsigned run_bits(uint64_t flags, int v) {
+  return unsigned(flags >> (v * E)) & unsigned((1ull << E) - 1ull);
+}
+
+// For the flags of the calling thread's positions (bit j for key j, j < L), the number of set
+// flags at lower positions of the CTA, for each run v and warp, into sh.pos_count (read by
+// for_each_ranked); *total: the CTA's set flags. Every thread calls it.
+template <int L, int E>
 __device__ void ordered_prefix(uint64_t flags, Smem &sh, unsigned *total) {
+  constexpr int NV = L / E;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // pos_count's previous contents are consumed
 #pragma unroll
-  for (int j = 0; j < L; ++j) {
-    const unsigned b = __ballot_sync(0xffffffffu, (flags >> j) & 1);
-    if (lane == 0) sh.pos_count[j * kWarps + warp] = unsigned(__popc(b));
+  for (int v = 0; v < NV; ++v) {
+    unsigned c;
+    if constexpr (E == 1)
+      c = unsigned(__popc(__ballot_sync(0xffffffffu, run_bits<E>(flags, v))));
+    else
+      c = __reduce_add_sync(0xffffffffu, unsigned(__popc(run_bits<E>(flags, v))));
+    if (lane == 0) sh.pos_count[v * kWarps + warp] = c;
   }
   __syncthreads();
-  // exclusive prefix over the L * kWarps counts in (j, warp) order: E per
-  // thread
-  constexpr int E = (L * kWarps + kThreads - 1) / kThreads;
-  unsigned v[E], s = 0;
+  // exclusive prefix over the NV * kWarps counts in (v, warp) order: P per thread
+  constexpr int P = (NV * kWarps + kThreads - 1) / kThreads;
+  unsigned cnt[P], s = 0;
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const int q = int(threadIdx.x) * E + e;
-    v[e] = q < L * kWarps ? sh.pos_count[q] : 0;
-    s += v[e];
+  for (int e = 0; e < P; ++e) {
+    const int q = int(threadIdx.x) * P + e;
+    cnt[e] = q < NV * kWarps ? sh.pos_count[q] : 0;
+    s += cnt[e];
   }
   unsigned long long all;
   unsigned run = unsigned(block_scan_u64<kWarps>(s, &all, sh.warp_u64)) - s;
 #pragma unroll
-  for (int e = 0; e < E; ++e) {
-    const int q = int(threadIdx.x) * E + e;
-    if (q < L * kWarps) sh.pos_count[q] = run;
-    run += v[e];
+  for (int e = 0; e < P; ++e) {
+    const int q = int(threadIdx.x) * P + e;
+    if (q < NV * kWarps) sh.pos_count[q] = run;
+    run += cnt[e];
   }
   *total = unsigned(all);
   __syncthreads();
 }
-// after ordered_prefix: the number of set flags before position j * 512 +
-// threadIdx.x
-__device__ __forceinline__ unsigned ordered_rank(uint64_t flags, int j, const Smem &sh) {
-  const unsigned b = __ballot_sync(0xffffffffu, (flags >> j) & 1);
-  const unsigned lt = (1u << (threadIdx.x & 31)) - 1u;
-  return sh.pos_count[j * kWarps + (threadIdx.x >> 5)] + unsigned(__popc(b & lt));
+// After ordered_prefix on the same flags: f(j, slot) for each set flag j of the calling thread,
+// slot = the number of set flags at lower positions of the CTA. Every thread of the CTA calls it
+// (warp ballots or scans; f runs under the flag's condition).
+template <int L, int E, typename F>
+__device__ __forceinline__ void for_each_ranked(uint64_t flags, const Smem &sh, F &&f) {
+  constexpr int NV = L / E;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int v = 0; v < NV; ++v) {
+    const unsigned bits = run_bits<E>(flags, v);
+    unsigned before;  // set flags of run v in this warp's lower lanes
+    if constexpr (E == 1) {
+      before = unsigned(__popc(__ballot_sync(0xffffffffu, bits) & ((1u << lane) - 1u)));
+    } else {
+      const unsigned c = unsigned(__popc(bits));
+      unsigned inc = c;
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const unsigned y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += y;
+      }
+      before = inc - c;
+    }
+    unsigned slot = sh.pos_count[v * kWarps + (threadIdx.x >> 5)] + before;
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if ((bits >> e) & 1u) f(v * E + e, slot++);
+  }
 }
 
 // The k-th largest (1 <= k <= 256) of the 256 values v held 8 per lane by one warp, with
@@ -171,11 +211,10 @@ __device__ __forceinline__ unsigned warp_kth_largest(const unsigned (&v)[8], uns
   return res;
 }
 
-// The top k of the CTA's nonzero keys (key[j] at position j * 512 +
-// threadIdx.x; count of them CTA-uniform): the k largest, equal keys going to
+// The top k of the CTA's nonzero keys (key[j] at position<E>(j); count of them CTA-uniform): the k largest, equal keys going to
 // lower positions; all of them when count <= k. Returns the calling thread's
 // member flags (bit j); *members: their number.
-template <int L>
+template <int L, int E>
 __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigned k, Smem &sh, unsigned *members) {
   uint64_t flags = 0;
   if (count <= k) {
@@ -225,12 +264,10 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
     if (key[j] == prefix) eq |= 1ull << j;
   }
   unsigned eq_total;
-  ordered_prefix<L>(eq, sh, &eq_total);
-#pragma unroll
-  for (int j = 0; j < L; ++j) {
-    const unsigned rank = ordered_rank(eq, j, sh);  // (a full-warp ballot: outside any condition)
-    if (((eq >> j) & 1) && rank < need) flags |= 1ull << j;
-  }
+  ordered_prefix<L, E>(eq, sh, &eq_total);
+  for_each_ranked<L, E>(eq, sh, [&](int j, unsigned rank) {
+    if (rank < need) flags |= 1ull << j;
+  });
   *members = k;
   return flags;
 }
@@ -240,9 +277,11 @@ __device__ uint64_t select_top(const unsigned (&key)[L], unsigned count, unsigne
 // Trace (KS_SAMPLE_TRACE=1, bf16 calls only; for locating the time, not for production): a
 // barrier and a clock64() reading after each phase, and thread 0 of row 0's rank 0 prints
 // the SM cycles each phase took, once per launch (nothing when row 0 has no distribution).
-template <typename T, int L, bool Trace = false>
+template <typename T, int L, bool Trace = false, bool Vec = false>
 __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SampleParams p, int kcap, int use_floor) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  constexpr int E = Vec ? int(16 / sizeof(T)) : 1;  // scores per run (the Positions comment)
+  static_assert(L % E == 0, "whole runs");
   extern __shared__ unsigned cand[];  // [C * kcap] keys, then [C * kcap] indices (rank 0's)
   __shared__ Smem sh;
   cluster_arrive_relaxed();  // "this CTA has started"; waited for before the first remote write
@@ -268,7 +307,10 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   // is a call, which the compiler does not move loads across), so a thread's L scores took L
   // memory round trips (at 69d45c2's 1x128256, 9003 of 52908 cycles; at 64x128256, L = 64,
   // 55356 of 158545). The same values.
-  constexpr int kLoadBatch = L < 16 ? L : 16;
+  // With runs of E > 1, a batch is 4 runs of 16-byte loads (where the range's start is 16-byte
+  // aligned and the run lies inside the range; else the run's scores one by one).
+  constexpr int kLoadBatch = E == 1 ? (L < 16 ? L : 16) : (L < 4 * E ? L : 4 * E);
+  const bool vec_ok = E > 1 && (reinterpret_cast<uintptr_t>(row + i0) & 15u) == 0;
   unsigned key[L];
   int bad = 0;
   unsigned finite = 0;
@@ -276,14 +318,28 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
 #pragma unroll
   for (int j0 = 0; j0 < L; j0 += kLoadBatch) {
     T raw[kLoadBatch];
+    if constexpr (E == 1) {
 #pragma unroll
-    for (int u = 0; u < kLoadBatch; ++u) {
-      const int q = (j0 + u) * kThreads + int(threadIdx.x);
-      raw[u] = q < n_loc ? row[i0 + q] : Dt<T>::from_f(0.f);
+      for (int u = 0; u < kLoadBatch; ++u) {
+        const int q = position<E>(j0 + u);
+        raw[u] = q < n_loc ? row[i0 + q] : Dt<T>::from_f(0.f);
+      }
+    } else {
+#pragma unroll
+      for (int w = 0; w < kLoadBatch / E; ++w) {
+        const int q = position<E>(j0 + w * E);  // the run's first position
+        if (vec_ok && q + E <= n_loc) {
+          const uint4 v4 = *reinterpret_cast<const uint4 *>(row + i0 + q);
+          memcpy(&raw[w * E], &v4, sizeof(v4));
+        } else {
+#pragma unroll
+          for (int e = 0; e < E; ++e) raw[w * E + e] = q + e < n_loc ? row[i0 + q + e] : Dt<T>::from_f(0.f);
+        }
+      }
     }
 #pragma unroll
     for (int u = 0; u < kLoadBatch; ++u) {
-      const int j = j0 + u, q = j * kThreads + int(threadIdx.x);
+      const int j = j0 + u, q = position<E>(j);
       key[j] = 0;  // below every finite z's key (>= 0x00800000)
       if (q < n_loc) {
         const float x = Dt<T>::to_f(raw[u]);
@@ -335,30 +391,26 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
 #pragma unroll
     for (int j = 0; j < L; ++j)
       if (key[j] && key[j] >= F) mem |= 1ull << j;
-    ordered_prefix<L>(mem, sh, &placed);
+    ordered_prefix<L, E>(mem, sh, &placed);
     if (placed <= unsigned(kcap)) {
       n_mem = placed;
       ordered = true;
     }
   }
-  if (!bad && !ordered) mem = select_top<L>(key, finite, k, sh, &n_mem);
+  if (!bad && !ordered) mem = select_top<L, E>(key, finite, k, sh, &n_mem);
   if (bad) mem = 0;
   mark(2);
-  if (!ordered) ordered_prefix<L>(mem, sh, &placed);
+  if (!ordered) ordered_prefix<L, E>(mem, sh, &placed);
   mark(3);
   // 3. into rank 0's shared memory
   if (!use_floor) cluster_wait();  // every CTA of the cluster has started (the floor waited)
   unsigned *r0_key = cluster.map_shared_rank(cand, 0);
   int *r0_idx = reinterpret_cast<int *>(r0_key + C * kcap);
   const int base = rank * kcap;
-#pragma unroll
-  for (int j = 0; j < L; ++j) {
-    const unsigned slot = ordered_rank(mem, j, sh);
-    if ((mem >> j) & 1) {
-      r0_key[base + int(slot)] = key[j];
-      r0_idx[base + int(slot)] = int(i0 + j * kThreads + int(threadIdx.x));
-    }
-  }
+  for_each_ranked<L, E>(mem, sh, [&](int j, unsigned slot) {
+    r0_key[base + int(slot)] = key[j];
+    r0_idx[base + int(slot)] = int(i0 + position<E>(j));
+  });
   if (threadIdx.x == 0) {
     Smem *r0 = cluster.map_shared_rank(&sh, 0);
     r0->part_bad[rank] = bad;
@@ -439,12 +491,12 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     }
   }
   if (!counted) {
-    // rank 0's top-k by the radix selection over its registers (position j * 512 + thread =
+    // rank 0's top-k by the radix selection over its registers (key j at position<E>(j) =
     // rank * kcap + slot: index order)
     unsigned n_cand = 0;
 #pragma unroll
     for (int j = 0; j < L; ++j) {
-      const int g = j * kThreads + int(threadIdx.x);
+      const int g = position<E>(j);
       key[j] = 0;
       if (g < slots) {
         const int c = g / kcap;
@@ -454,14 +506,10 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     n_cand = unsigned(block_sum_u64<kWarps>(n_cand, sh.warp_u64));
     if (!use_floor) mark(5);
     // (a row with at most top_k finite scores: every range sent all of its own, all members)
-    const uint64_t top = select_top<L>(key, n_cand, k, sh, &n);
+    const uint64_t top = select_top<L, E>(key, n_cand, k, sh, &n);
     mark(6);
-    ordered_prefix<L>(top, sh, &placed);
-#pragma unroll
-    for (int j = 0; j < L; ++j) {
-      const unsigned slot = ordered_rank(top, j, sh);
-      if ((top >> j) & 1) sh.fin.idx[slot] = idx[j * kThreads + int(threadIdx.x)];
-    }
+    ordered_prefix<L, E>(top, sh, &placed);
+    for_each_ranked<L, E>(top, sh, [&](int j, unsigned slot) { sh.fin.idx[slot] = idx[position<E>(j)]; });
   }
   __syncthreads();
   mark(7);
@@ -469,9 +517,9 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   mark(8);
   if constexpr (Trace)
     if (blockIdx.x == 0 && threadIdx.x == 0)
-      printf("sample trace L=%d C=%d floor=%d (SM cycles, row 0 rank 0): load+floor %lld select %lld order %lld "
+      printf("sample trace L=%d C=%d floor=%d vec=%d (SM cycles, row 0 rank 0): load+floor %lld select %lld order %lld "
              "write+barrier %lld candidates %lld select %lld order %lld finish %lld total %lld\n",
-             L, C, use_floor, tr[1] - tr[0], tr[2] - tr[1], tr[3] - tr[2], tr[4] - tr[3], tr[5] - tr[4], tr[6] - tr[5],
+             L, C, use_floor, int(Vec), tr[1] - tr[0], tr[2] - tr[1], tr[3] - tr[2], tr[4] - tr[3], tr[5] - tr[4], tr[6] - tr[5],
              tr[7] - tr[6], tr[8] - tr[7], tr[8] - tr[0]);
 #endif
 }
@@ -481,13 +529,13 @@ constexpr size_t kSmemLimit = size_t(kMaxC) * kSampleMaxTopK * 8;  // the larges
 
 // Once per device and instantiation: clusters of 16 (non-portable) allowed, and
 // the dynamic shared memory limit raised to the largest candidate area.
-template <typename T, int L, bool Trace = false>
+template <typename T, int L, bool Trace, bool Vec>
 void prepare(int dev) {
   static std::mutex mu;
   static std::set<int> done;
   std::lock_guard<std::mutex> lock(mu);
   if (done.count(dev)) return;
-  auto kern = sample_local_kernel<T, L, Trace>;
+  auto kern = sample_local_kernel<T, L, Trace, Vec>;
   check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeNonPortableClusterSizeAllowed, 1), "sample",
              "allow a non-portable cluster size");
   check_cuda(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSmemLimit)), "sample",
@@ -573,18 +621,24 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   const bool trace = env_is("KS_SAMPLE_TRACE", "1");
   const int use_floor = a.top_k <= kFloorMaxK && !env_is("KS_SAMPLE_FLOOR", "0") ? 1 : 0;
+  const bool vec = env_is("KS_SAMPLE_VEC", "1");
   auto go = [&](auto tag, auto lt) {
     using T = decltype(tag);
     constexpr int L = decltype(lt)::value;
-    auto launch = [&](auto traced) {  // the kernel, or its traced instantiation (bf16 only)
-      constexpr bool Trace = decltype(traced)::value;
-      prepare<T, L, Trace>(dev);
-      launch_kernel("sample", sample_local_kernel<T, L, Trace>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads),
+    // the kernel, or its traced instantiation (bf16 only), with runs of 1 or of 16 bytes
+    auto launch = [&](auto traced, auto vectored) {
+      constexpr bool Trace = decltype(traced)::value, Vec = decltype(vectored)::value;
+      prepare<T, L, Trace, Vec>(dev);
+      launch_kernel("sample", sample_local_kernel<T, L, Trace, Vec>, dim3(unsigned(a.rows * pl.C)), dim3(kThreads),
                     pl.smem, s, pl.C, dp.pdl, p, pl.kcap, use_floor);
     };
+    auto launch_vec = [&](auto traced) {
+      if (vec) return launch(traced, std::true_type{});
+      launch(traced, std::false_type{});
+    };
     if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      if (trace) return launch(std::true_type{});
-    launch(std::false_type{});
+      if (trace) return launch_vec(std::true_type{});
+    launch_vec(std::false_type{});
   };
   with_float_type(a.logits.dtype, [&](auto tag) {
     switch (pl.L) {
@@ -603,8 +657,8 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
     }
   });
   check_launch("sample");
-  record_launch("sample", "cluster_local_topk threads=%lld cluster=%lld L=%lld grid=%lld floor=%lld",
-                {kThreads, pl.C, pl.L, a.rows * pl.C, use_floor});
+  record_launch("sample", "cluster_local_topk threads=%lld cluster=%lld L=%lld grid=%lld floor=%lld vec=%lld",
+                {kThreads, pl.C, pl.L, a.rows * pl.C, use_floor, vec ? 1 : 0});
 }
 
 }  // namespace ks::cuda
