@@ -308,7 +308,8 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   // memory round trips (at 69d45c2's 1x128256, 9003 of 52908 cycles; at 64x128256, L = 64,
   // 55356 of 158545). The same values.
   // With runs of E > 1, a batch is 4 runs of 16-byte loads (where the range's start is 16-byte
-  // aligned and the run lies inside the range; else the run's scores one by one).
+  // aligned and the run lies inside the range; else the run's scores one by one, -inf past the
+  // range's end: z = -inf / t = -inf, so no key, not finite, not bad, and no branch per score).
   constexpr int kLoadBatch = E == 1 ? (L < 16 ? L : 16) : (L < 4 * E ? L : 4 * E);
   const bool vec_ok = E > 1 && (reinterpret_cast<uintptr_t>(row + i0) & 15u) == 0;
   unsigned key[L];
@@ -333,7 +334,7 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
           memcpy(&raw[w * E], &v4, sizeof(v4));
         } else {
 #pragma unroll
-          for (int e = 0; e < E; ++e) raw[w * E + e] = q + e < n_loc ? row[i0 + q + e] : Dt<T>::from_f(0.f);
+          for (int e = 0; e < E; ++e) raw[w * E + e] = q + e < n_loc ? row[i0 + q + e] : Dt<T>::from_f(-INFINITY);
         }
       }
     }
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     for (int u = 0; u < kLoadBatch; ++u) {
       const int j = j0 + u, q = position<E>(j);
       key[j] = 0;  // below every finite z's key (>= 0x00800000)
-      if (q < n_loc) {
+      if (E > 1 || q < n_loc) {
         const float x = Dt<T>::to_f(raw[u]);
         const float z = scaled_logit(x, t);  // x / t as the CPU divides
         bad |= (x != x) || z == INFINITY;
