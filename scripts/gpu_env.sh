@@ -33,12 +33,13 @@ ks_gpu_build_and_test() {
   [ -x $BUILD/bench_ops ]
 }
 
-# bench_ops run with one environment setting $1 (VAR=value): its rows whose impl column is $2
-# are appended to the CSV $3 with the impl tagged $2[VAR=value]; the other arguments go to
-# bench_ops (e.g. --ops, --dtypes, --shapes). For A/B rows beside a script's untagged run.
+# bench_ops run with one environment setting $1 (VAR=value, or several joined by "+":
+# A=1+B=2): its rows whose impl column is $2 are appended to the CSV $3 with the impl tagged
+# $2[$1]; the other arguments go to bench_ops (e.g. --ops, --dtypes, --shapes). For A/B rows
+# beside a script's untagged run.
 ks_bench_tagged() {
   local setting=$1 impl=$2 csv=$3; shift 3
-  env "$setting" $BUILD/bench_ops --csv /tmp/ks_tagged.csv "$@" > /dev/null 2>&1
+  env ${setting//+/ } $BUILD/bench_ops --csv /tmp/ks_tagged.csv "$@" > /dev/null 2>&1
   grep -F ",$impl," /tmp/ks_tagged.csv | sed "s/,$impl,/,$impl[$setting],/" >> "$csv"
 }
 

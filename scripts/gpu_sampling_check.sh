@@ -6,8 +6,10 @@
 # 16-byte loads), bench_ops' sample and argmax under every CUDA variant (bf16) -> $OUT/sampling.csv
 # with the default's rows under those settings appended tagged, and cuda_cluster_local_topk's
 # phase cycles (KS_SAMPLE_TRACE=1: default, runs of 16 bytes, no floor) -> $OUT/sample_trace.txt.
-# KS_SAMPLING_TEST_SETTINGS / KS_SAMPLING_BENCH_SETTINGS (VAR=value words) replace the settings
-# the tests are repeated under and the tagged benchmark rows are taken under.
+# KS_SAMPLING_TEST_SETTINGS / KS_SAMPLING_BENCH_SETTINGS (VAR=value words; a bench word may join
+# several with "+") replace the settings the tests are repeated under and the tagged benchmark
+# rows are taken under (default bench settings: the runs of 16 bytes alone and with clusters of
+# 4 and 16, clusters of 4 without them, no floor).
 # Usage (device): KS_COMMIT=sha scripts/gpu_sampling_check.sh   (carry .dlpack and .deps)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
@@ -19,7 +21,7 @@ for setting in ${KS_SAMPLING_TEST_SETTINGS:-KS_SAMPLE_VEC=1 KS_SAMPLE_FLOOR=0 KS
 done
 $BUILD/bench_ops --csv "$OUT/sampling.csv" --variants --ops sample,argmax --dtypes bf16 2>&1 |
   grep -E "^(sampling|argmax)" | cut -c1-150
-for setting in ${KS_SAMPLING_BENCH_SETTINGS:-KS_SAMPLE_VEC=1 KS_SAMPLE_FLOOR=0 KS_SAMPLE_FINISH_WARP=0}; do
+for setting in ${KS_SAMPLING_BENCH_SETTINGS:-KS_SAMPLE_VEC=1 KS_SAMPLE_VEC=1+KS_SAMPLE_CLUSTER=4 KS_SAMPLE_VEC=1+KS_SAMPLE_CLUSTER=16 KS_SAMPLE_CLUSTER=4 KS_SAMPLE_FLOOR=0}; do
   ks_bench_tagged $setting kernscope "$OUT/sampling.csv" --ops sample --dtypes bf16
   grep -F "[$setting]" "$OUT/sampling.csv" | cut -d, -f6,8,10
 done
