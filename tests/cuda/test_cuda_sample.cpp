@@ -295,8 +295,9 @@ TEST(CudaSample, ClusterLocalTopkFloorEqualsTheCpuReference) {
 // order-dependent step counting in (run, warp, lane, score) order). Every dtype; vocabs whose
 // rows and ranges start 16-byte aligned and ones that do not (odd V: some rows on scalar loads,
 // runs cut by a range's end); the whole tensor one element past an aligned start (no row
-// aligned); clusters as planned and forced to 2; the floor's top_k (1, 50, 64), 65 and 1024
-// (rank 0's radix selection over the runs); ties; the launch config says vec=1.
+// aligned: every run on scalar loads); clusters as planned and forced to 16 (short and empty
+// ranges at small vocabs); the floor's top_k (1, 50, 64), 65 and 1024 (rank 0's radix selection
+// over the runs); ties; the launch config says vec=1 and the forced cluster size.
 TEST(CudaSample, ClusterLocalTopkVectorRunsEqualTheCpuReference) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
   kstest::ScopedVariant pin("sample", "cuda_cluster_local_topk");
@@ -306,7 +307,7 @@ TEST(CudaSample, ClusterLocalTopkVectorRunsEqualTheCpuReference) {
   for (DType dt : kstest::float_dtypes())
     for (int64_t V : {int64_t(40), int64_t(1000), int64_t(9001), int64_t(32000), int64_t(128256)})
       for (bool shifted : {false, true})
-        for (const char* cl : {"", "2"}) {
+        for (const char* cl : {"", "16"}) {
           const int64_t rows = 5;
           Buf x = make_logits(dt, rows, V, uint64_t(V) * 3 + (shifted ? 1 : 0), V % 2 == 0);
           const size_t esz = ks::dtype_size(dt), lead = shifted ? esz : 0;
@@ -324,6 +325,7 @@ TEST(CudaSample, ClusterLocalTopkVectorRunsEqualTheCpuReference) {
               ASSERT_NO_FATAL_FAILURE(expect_cuda_equals_cpu(x, gx, rows, 41.0, double(off), c));
               const std::string cfg = ks_last_launch_config("sample");
               EXPECT_NE(cfg.find("vec=1"), std::string::npos) << cfg;
+              if (*cl) EXPECT_NE(cfg.find(std::string("cluster=") + cl + " "), std::string::npos) << cfg;
             }
           }
         }

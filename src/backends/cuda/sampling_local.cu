@@ -17,9 +17,10 @@
 //  4. rank 0: the row's top-k of the (at most C top_k) candidates by the same selection,
 //     then sample_finish_row (sampling_finish.cuh): weights, top-p and the draw, the CPU
 //     reference's steps.
-// Positions are numbered j * 512 + thread (j < L) in a range, and so in index order: the
-// order-dependent steps (the cut among equal keys, the members' slots) take the flags of
-// one j from a warp ballot, and one block-wide scan over the (j, warp) counts.
+// Positions (the Positions comment below: j * 512 + thread by default) number a range's
+// scores in index order: the order-dependent steps (the cut among equal keys, the members'
+// slots) count a run's flags within a warp, then one block-wide scan over the (run, warp)
+// counts.
 //
 // The row's floor (top_k <= 64; KS_SAMPLE_FLOOR=0 turns it off): after step 1 the row is cut
 // into 256 groups of 2C adjacent threads (V / 256 scores each), each CTA publishes its 256 / C
@@ -423,8 +424,8 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   cluster_wait();  // every rank's candidates are in rank 0; the other ranks are done
   if (rank != 0) return;
   mark(4);
-  // 4. rank 0: the row's top-k of the candidates (position j * 512 + thread =
-  // rank * kcap + slot: index order), then the last step
+  // 4. rank 0: the row's top-k of the candidates (slot rank * kcap + s: index order), then the
+  // last step
   int bad_all = 0;
   float zmax_all = -INFINITY;
   unsigned long long finite_all = 0;
@@ -445,8 +446,9 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   unsigned n = 0;
   bool counted = false;
   if (use_floor) {
-    // The candidates >= F (a range's own top-k can reach under the floor: never a row member),
-    // in index order into ckey / cidx (the first 512 of them), 512 slots at a time.
+    // The candidates >= F in index order into ckey / cidx (the first 512 of them), 512 slots at
+    // a time. (Every candidate is >= F today: a range sends its own top-k only when more than
+    // kcap = top_k of its keys are >= F. The test keeps the count right without that argument.)
     unsigned n_cand = 0;
     for (int g0 = 0; g0 < slots; g0 += kThreads) {
       const int g = g0 + int(threadIdx.x);
