@@ -85,4 +85,10 @@ KS_HD uint32_t order_key(float f) {
   return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The float whose order_key is key (for keys order_key gives): f itself, except that -0 comes
+// back as +0 (order_key does not tell them apart). A NaN's key gives a NaN.
+KS_HD float from_order_key(uint32_t key) {
+  return ks::bits_to_f32((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
+
 }  // namespace ks::sampling

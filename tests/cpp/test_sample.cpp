@@ -80,6 +80,32 @@ TEST(Sample, ExpWithinTwoUlp) {
   EXPECT_LE(worst, 2.0);
 }
 
+// from_order_key inverts order_key (the CUDA top-k kernels' last step reads members' z from their
+// keys): every float but -0 (its key is +0's) and NaN (a NaN) comes back bit for bit; keys keep
+// the order. Random bit patterns plus the edges.
+TEST(Sample, OrderKeyRoundTripsAndKeepsTheOrder) {
+  namespace smp = ks::sampling;
+  std::mt19937_64 g(17);
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x00000001u, 0x80000001u, 0x007fffffu, 0x807fffffu,
+                                0x00800000u, 0x80800000u, 0x3f800000u, 0xbf800000u, 0x7f7fffffu, 0xff7fffffu,
+                                0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00000u};
+  for (int i = 0; i < 1000000; ++i) bits.push_back(uint32_t(g()));
+  float prev = 0.0f;
+  for (size_t i = 0; i < bits.size(); ++i) {
+    const float f = ks::bits_to_f32(bits[i]);
+    const float back = smp::from_order_key(smp::order_key(f));
+    if (f != f) {
+      EXPECT_TRUE(back != back) << std::hex << bits[i];
+      continue;
+    }
+    const uint32_t want = bits[i] == 0x80000000u ? 0u : bits[i];
+    ASSERT_EQ(ks::f32_to_bits(back), want) << std::hex << bits[i];
+    if (i > 0 && prev == prev)  // the order: keys compare as the floats do (-0 == +0)
+      ASSERT_EQ(smp::order_key(prev) < smp::order_key(f), prev < f) << prev << " vs " << f;
+    prev = f;
+  }
+}
+
 TEST(Sample, TopKOneIsArgmaxWithTiesToTheLowerIndex) {
   for (DType dt : kFloatTypes()) {
     Buf x = rows_of(dt, {{0.5, 3.0, -1.0, 3.0, 2.0}, {-INFINITY, -INFINITY, 1.0, -INFINITY, 1.0}});

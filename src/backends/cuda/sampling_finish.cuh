@@ -31,22 +31,31 @@ __device__ __forceinline__ float sample_z(const T *row, int64_t i, float t) {
   return scaled_logit(Dt<T>::to_f(row[i]), t);
 }
 
+// Member e's z: from the row (keys_in_w false), or from its order key, which the caller left in
+// m.w[e] (keys_in_w true: no second read of the logits). The same weight either way: the key
+// gives z back exactly except -0 as +0, and exp(+0 - zmax) == exp(-0 - zmax) (both 1 where
+// zmax is a zero, sample_exp(x >= 0) = 1).
+template <typename T>
+__device__ __forceinline__ float member_z(const T *row, const SampleMembers &m, int e, float t, bool keys_in_w) {
+  return keys_in_w ? ks::sampling::from_order_key(unsigned(m.w[e])) : sample_z(row, m.idx[e], t);
+}
+
 // sample_finish_row's steps by one warp, for n <= 64 members (lane l holds members l and l + 32),
 // with no CTA barrier: the same integers, so the same id. Top-p: member e's mass at or before it
 // in the (w desc, index asc) order is c_e = sum of w_j over the members j with w_j > w_e, or
 // w_j == w_e and j <= e; the shortest prefix reaching the target keeps exactly the members whose
 // mass before them, c_e - w_e, is below it. The draw: the first kept member (index order) whose
 // running weight exceeds c, found by a ballot over the inclusive scan. Called by the 32 threads
-// of one warp; m.w must not be read by other warps meanwhile.
+// of one warp; m.w must not be read by other warps meanwhile. keys_in_w: member_z.
 template <typename T>
 __device__ void sample_finish_row_warp(const SampleParams &p, int64_t r, const T *row, float zmax, int n,
-                                       SampleMembers &m) {
+                                       SampleMembers &m, bool keys_in_w) {
   namespace smp = ks::sampling;
   const int lane = threadIdx.x & 31, e0 = lane, e1 = lane + 32;
   const float t = p.temperature;
   unsigned long long w0 = 0, w1 = 0;
-  if (e0 < n) w0 = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(sample_z(row, m.idx[e0], t) - zmax)));
-  if (e1 < n) w1 = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(sample_z(row, m.idx[e1], t) - zmax)));
+  if (e0 < n) w0 = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(member_z(row, m, e0, t, keys_in_w) - zmax)));
+  if (e1 < n) w1 = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(member_z(row, m, e1, t, keys_in_w) - zmax)));
   if (e0 < n) m.w[e0] = w0;
   if (e1 < n) m.w[e1] = w1;
   __syncwarp();
@@ -58,7 +67,8 @@ __device__ void sample_finish_row_warp(const SampleParams &p, int64_t r, const T
     target = min(max(target, 1ll), static_cast<long long>(W_sum));
     const unsigned long long tgt = static_cast<unsigned long long>(target);
     unsigned long long c0 = 0, c1 = 0;
-    for (int j = 0; j < n; ++j) {
+#pragma unroll 4
+    for (int j = 0; j < n; ++j) {  // (exact integer sums: any order gives the same)
       const unsigned long long wj = m.w[j];
       c0 += (wj > w0 || (wj == w0 && j <= e0)) ? wj : 0ull;
       c1 += (wj > w1 || (wj == w1 && j <= e1)) ? wj : 0ull;
@@ -87,15 +97,16 @@ __device__ void sample_finish_row_warp(const SampleParams &p, int64_t r, const T
 // Every thread of the CTA (W warps, 2 * 32 W >= kSampleMaxTopK) calls it with
 // the same arguments; m.idx[0 .. n) holds row r's n members (1 <= n <=
 // kSampleMaxTopK) in index order, zmax the row's largest z. Writes out[r] and
-// valid[r]. warp_u64: W scratch slots; decided: 3 slots. Ends with a barrier:
-// shared memory may be reused after it.
+// valid[r]. warp_u64: W scratch slots; decided: 3 slots. keys_in_w: m.w[e] holds member e's
+// order key instead of the row being read again (member_z). Ends with a barrier: shared memory
+// may be reused after it.
 template <int W, typename T>
 __device__ void sample_finish_row(const SampleParams &p, int64_t r, const T *row, float zmax, int n, SampleMembers &m,
-                                  unsigned long long *warp_u64, unsigned long long *decided) {
+                                  unsigned long long *warp_u64, unsigned long long *decided, bool keys_in_w = false) {
   static_assert(2 * 32 * W >= kSampleMaxTopK, "two members per thread in the scans");
   namespace smp = ks::sampling;
   if (n <= 64 && p.finish_warp) {  // warp 0 alone, without the CTA's barriers (the same id)
-    if (threadIdx.x < 32) sample_finish_row_warp(p, r, row, zmax, n, m);
+    if (threadIdx.x < 32) sample_finish_row_warp(p, r, row, zmax, n, m, keys_in_w);
     __syncthreads();
     return;
   }
@@ -103,7 +114,7 @@ __device__ void sample_finish_row(const SampleParams &p, int64_t r, const T *row
   const int threads = 32 * W;
   unsigned long long W_sum = 0;
   for (int e = threadIdx.x; e < n; e += threads) {
-    const float z = sample_z(row, m.idx[e], t);
+    const float z = member_z(row, m, e, t, keys_in_w);
     const unsigned long long w = static_cast<unsigned long long>(smp::to_weight(smp::sample_exp(z - zmax)));
     m.w[e] = w;
     m.kept[e] = 1;

@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
       const bool member = i < int(n_cand) && before < k;
       unsigned long long n_all;
       const unsigned long long slot = block_scan_u64<kWarps>(member ? 1ull : 0ull, &n_all, sh.warp_u64);
-      if (member) sh.fin.idx[slot - 1] = sh.cidx[i];
+      if (member) sh.fin.idx[slot - 1] = sh.cidx[i], sh.fin.w[slot - 1] = sh.ckey[i];
       n = k;
       counted = true;
     }
@@ -512,11 +512,15 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
     const uint64_t top = select_top<L, E>(key, n_cand, k, sh, &n);
     mark(6);
     ordered_prefix<L, E>(top, sh, &placed);
-    for_each_ranked<L, E>(top, sh, [&](int j, unsigned slot) { sh.fin.idx[slot] = idx[position<E>(j)]; });
+    for_each_ranked<L, E>(top, sh, [&](int j, unsigned slot) {
+      sh.fin.idx[slot] = idx[position<E>(j)];
+      sh.fin.w[slot] = key[j];
+    });
   }
   __syncthreads();
   mark(7);
-  sample_finish_row<kWarps>(p, r, row, zmax_all, int(n), sh.fin, sh.warp_u64, sh.decided);
+  // (the members' keys in sh.fin.w: the last step does not read the logits again)
+  sample_finish_row<kWarps>(p, r, row, zmax_all, int(n), sh.fin, sh.warp_u64, sh.decided, true);
   mark(8);
   if constexpr (Trace)
     if (blockIdx.x == 0 && threadIdx.x == 0)
