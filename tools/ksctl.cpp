@@ -82,19 +82,23 @@ double other_busy_cores() {
 // other processes keep busy each of a token's ~300 parallel regions can wait for a time slice
 // (decode fell from ~170 to 1-50 tokens/s on 2 cores; docs/perf/cpu.md); one thread fewer per core
 // busy elsewhere (at least 1) avoids it. Under 0.75 busy cores nothing changes (the sample's noise).
-void choose_cpu_threads() {
+// Returns the line that says so (empty when nothing changed), which generate prints once the
+// model has loaded (so a bad model's error is not preceded by it).
+std::string choose_cpu_threads() {
   for (const char* v : {"OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT"})
-    if (const char* e = std::getenv(v); e && *e) return;
+    if (const char* e = std::getenv(v); e && *e) return "";
   const int all = omp_get_max_threads();
   const double busy = std::min(other_busy_cores(), double(all));
-  if (busy < 0.75 || all <= 1) return;
+  if (busy < 0.75 || all <= 1) return "";
   const int t = std::max(1, all - int(std::lround(busy)));
-  if (t == all) return;
+  if (t == all) return "";
   omp_set_num_threads(t);
-  std::fprintf(stderr,
-               "[ksctl] other processes keep about %.1f of this process's %d CPUs busy: %d CPU thread%s instead of %d "
-               "(--threads N or OMP_WAIT_POLICY=passive to choose)\n",
-               busy, omp_get_num_procs(), t, t == 1 ? "" : "s", all);
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "[ksctl] other processes keep about %.1f of this process's %d CPUs busy: %d CPU thread%s instead of %d "
+                "(--threads N or OMP_WAIT_POLICY=passive to choose)\n",
+                busy, omp_get_num_procs(), t, t == 1 ? "" : "s", all);
+  return line;
 }
 
 ks::Backend parse_device(const std::string& d) {
@@ -284,7 +288,7 @@ ks::Backend model_backend(const std::string& device) {
 }
 
 int cmd_generate(const std::string& path, const std::string& prompt, int64_t max_tokens, const std::string& device,
-                 bool chat, float temperature, uint64_t seed, int64_t ctx) {
+                 bool chat, float temperature, uint64_t seed, int64_t ctx, const std::string& threads_note) {
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
   const auto file = ks::model::GgufFile::open(path);
@@ -296,6 +300,7 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   // attention's block table follows the live context either way: LlamaModel::attention_capacity).
   const int64_t capacity = ctx > 0 ? ctx : std::max<int64_t>(16, int64_t(ids.size()) + max_tokens + 1);
   ks::model::LlamaModel model(file, capacity, be);
+  std::fputs(threads_note.c_str(), stderr);
   if (int64_t(ids.size()) >= model.max_context())
     throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
                               "generate: the prompt has " + std::to_string(ids.size()) + " tokens; the context (" +
@@ -455,21 +460,25 @@ int main(int argc, char** argv) {
   which->add_option("op", w_op, "operator name, e.g. rms_norm")->required();
   which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32")->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  int64_t w_rows = -1, w_cols = -1;
-  which->add_option("--rows", w_rows, "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys-rows-cols)")
-      ->check(CLI::NonNegativeNumber)
-      ->default_str("");  // -1 means "not given": no default to show
+  int64_t w_rows = -1, w_cols = -1;  // -1: not given
+  // a shape key: decimal digits only, at most 12 (so a product of two stays in int64)
+  auto shape_number = [](const char* opt, const std::string& v, const std::string& part) {
+    if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 12)
+      throw CLI::ValidationError(opt, "'" + v + "' is not a non-negative integer" +
+                                          (std::string(opt) == "--cols" ? " or NxK" : "") + " (at most 12 digits)");
+    return std::stoll(part);
+  };
+  which->add_option_function<std::string>(
+      "--rows", [&w_rows, shape_number](const std::string& v) { w_rows = shape_number("--rows", v, v); },
+      "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys-rows-cols)");
   // --cols: a number, or NxK for a product (quant_matmul's key is N * K)
   which->add_option_function<std::string>(
           "--cols",
-          [&w_cols](const std::string& v) {
+          [&w_cols, shape_number](const std::string& v) {
             const size_t x = v.find_first_of("xX*");
-            auto number = [&v](const std::string& part) {
-              if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 12)
-                throw CLI::ValidationError("--cols", "'" + v + "' is not a non-negative integer or NxK");
-              return std::stoll(part);
-            };
-            w_cols = x == std::string::npos ? number(v) : number(v.substr(0, x)) * number(v.substr(x + 1));
+            w_cols = x == std::string::npos ? shape_number("--cols", v, v)
+                                            : shape_number("--cols", v, v.substr(0, x)) *
+                                                  shape_number("--cols", v, v.substr(x + 1));
           },
           "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K, given as the product or as "
           "NxK, e.g. 576x576)");
@@ -527,8 +536,11 @@ int main(int argc, char** argv) {
   float g_temp = 0.0f;
   uint64_t g_seed = 0;
   gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
-  gen->add_option("--prompt", g_prompt, "prompt text")
-      ->default_str("with --chat: What is the capital of France? / without: The capital of France is");
+  gen->add_option("--prompt", g_prompt, "prompt text (not empty; left out: the default)")
+      ->default_str("with --chat: What is the capital of France? / without: The capital of France is")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("must not be empty (leave --prompt out for the default prompt)") : ""; },
+          ""));
   gen->add_option("--max-tokens", g_max, "tokens to generate at most")
       ->check(CLI::TypeValidator<int64_t>("INT"))
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
@@ -594,13 +606,14 @@ int main(int argc, char** argv) {
     if (*tune) return u_from_csv.empty() ? run_tune(u_backend, u_op, u_reps, u_dir, u_quiet)
                                          : run_tune_from_csv(u_from_csv, u_dir, u_commit);
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
+    std::string threads_note;
     if (*gen && g_threads == 0 &&
         (g_device == "cpu" || (g_device == "auto" && !ks::backend_available(ks::Backend::Cuda))))
-      choose_cpu_threads();
+      threads_note = choose_cpu_threads();
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) {
       if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
-      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx);
+      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx, threads_note);
     }
     if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches, b_context);
   } catch (const ks::Error& e) {
