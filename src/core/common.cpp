@@ -70,16 +70,19 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
   View v;
   v.dtype = dtype_of(t);
   if (v.dtype == DType::Other) {
-    // a readable name for the usual DLPack types (float64, int8, bool, ...), then the raw fields
+    // a readable name for the usual DLPack types (float64, int8, bool, ...); the raw fields only
+    // for the others (a user should not need DLPack's codes to read the message)
     const int code = int(t->dtype.code), bits = int(t->dtype.bits);
     const char* kind = code == kDLFloat ? "float" : code == kDLInt ? "int" : code == kDLUInt ? "uint"
                      : code == kDLBfloat ? "bfloat" : code == kDLComplex ? "complex" : code == 6 /* kDLBool */ ? "bool"
                      : nullptr;
     std::ostringstream o;
     o << arg << " has unsupported dtype ";
-    if (kind && t->dtype.lanes == 1) o << kind << (code == 6 ? "" : std::to_string(bits)) << " ";
-    o << "(code " << code << ", bits " << bits << ", lanes " << t->dtype.lanes
-      << "); kernscope takes float16, bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, "
+    if (kind && t->dtype.lanes == 1)
+      o << kind << (code == 6 ? "" : std::to_string(bits));
+    else
+      o << "(DLPack code " << code << ", bits " << bits << ", lanes " << t->dtype.lanes << ")";
+    o << "; kernscope takes float16, bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, "
          "each where the op's argument is one";
     fail(KS_ERROR_UNSUPPORTED_DTYPE, op, o.str());
   }
