@@ -446,23 +446,21 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   unsigned n = 0;
   bool counted = false;
   if (use_floor) {
-    // The candidates >= F in index order into ckey / cidx (the first 512 of them), 512 slots at
-    // a time. (Every candidate is >= F today: a range sends its own top-k only when more than
-    // kcap = top_k of its keys are >= F. The test keeps the count right without that argument.)
+    // Every candidate is >= F (a range sends its own top-k only when more than kcap = top_k of
+    // its keys are >= F; where kcap < top_k, kcap is the range's length and nothing overflows),
+    // so candidate s of rank c is the (n_0 + .. + n_{c-1} + s)-th in index order: straight into
+    // ckey / cidx, no scan. (Only when they fit: at most 512.)
     unsigned n_cand = 0;
-    for (int g0 = 0; g0 < slots; g0 += kThreads) {
-      const int g = g0 + int(threadIdx.x);
-      unsigned kk = 0;
-      if (g < slots) {
-        const int c = g / kcap;
-        if (g - c * kcap < int(sh.part_n[c])) kk = cand[g];
+    for (int c = 0; c < C; ++c) n_cand += sh.part_n[c];
+    if (n_cand > k && n_cand <= unsigned(kThreads))
+      for (int g = int(threadIdx.x); g < slots; g += kThreads) {
+        const int c = g / kcap, sl = g - c * kcap;
+        if (sl < int(sh.part_n[c])) {
+          unsigned at = unsigned(sl);
+          for (int c2 = 0; c2 < c; ++c2) at += sh.part_n[c2];
+          sh.ckey[at] = cand[g], sh.cidx[at] = idx[g];
+        }
       }
-      const bool keep = kk != 0 && kk >= F;
-      unsigned long long in_chunk;
-      const unsigned at = n_cand + unsigned(block_scan_u64<kWarps>(keep ? 1ull : 0ull, &in_chunk, sh.warp_u64)) - 1u;
-      if (keep && at < unsigned(kThreads)) sh.ckey[at] = kk, sh.cidx[at] = idx[g];
-      n_cand += unsigned(in_chunk);
-    }
     mark(5);
     if (n_cand > k && n_cand <= unsigned(kThreads)) {
       // Candidate i's rank: the candidates before it in (key desc, index asc) order, four keys
