@@ -39,6 +39,10 @@ for r in rows:
     by[(r['op'], r['shape'])][r['impl']] = float(r['us'])
 print(f"{'op':22} {'shape':18} {'auto':>9} {'mma_rows':>9} {'dense':>9} {'best variant':>28}")
 for (op, shape), d in by.items():
+    if op.startswith('silu_down_rows_'):  # SiLU + down: the two calls against the fused kernel
+        print(f"{op:22} {shape:18} two calls {d.get('silu_and_mul+quant_matmul', float('nan')):.2f}  "
+              f"fused {d.get('fused:cuda_mma_rows', float('nan')):.2f}")
+        continue
     var = {k: v for k, v in d.items() if k.startswith('variant:')}
     best = min(var, key=var.get) if var else '-'
     print(f"{op:22} {shape:18} {d.get('kernscope', float('nan')):9.2f} {d.get('variant:cuda_mma_rows', float('nan')):9.2f} "
