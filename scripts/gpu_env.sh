@@ -6,6 +6,10 @@ OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 # .deps carries development files only; point the PCRE2 link name at the image's runtime library.
 BUILD=${KS_GPU_BUILD:-build-gpu}
+if [ "${KS_PREBUILT:-0}" = 1 ]; then  # binaries built elsewhere (scripts/make_prebuilt.sh), carried
+  BUILD=$PWD/build-prebuilt
+  export LD_LIBRARY_PATH=$BUILD:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+fi
 DEPLIB=$PWD/.deps/usr/lib/x86_64-linux-gnu
 for f in /usr/lib/x86_64-linux-gnu/libpcre2-8.so.0 /lib/x86_64-linux-gnu/libpcre2-8.so.0; do
   [ -e "$f" ] && ln -sf "$f" "$DEPLIB/libpcre2-8.so" && break
@@ -25,9 +29,17 @@ ks_gpu_build() {
 # sweep), printing the verdict lines and those matching the extra pattern $2; exports KS_COMMIT and
 # KS_DRIVER for the bench_ops runs that follow (their CSV columns). Fails when the build left no
 # bench_ops.
+# KS_PREBUILT=1 (with build-prebuilt/ carried, from scripts/make_prebuilt.sh): no build; the
+# carried test_cuda_ops runs the filter (its output in $OUT/logs.txt) and $BUILD is build-prebuilt.
 ks_gpu_build_and_test() {
-  KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER="$1" KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
-    grep -E "FAILED|PASSED|Failure|error${2:+|$2}" | head -20
+  if [ "${KS_PREBUILT:-0}" = 1 ]; then
+    echo "build-prebuilt at $(tr '\n' ' ' < $BUILD/COMMIT)" | tee -a "$OUT/logs.txt"
+    $BUILD/tests/test_cuda_ops --gtest_filter="$1" 2>&1 | tee -a "$OUT/logs.txt" |
+      grep -E "FAILED|PASSED|Failure|error${2:+|$2}" | head -20
+  else
+    KS_CPU_SUITES=0 KS_CHECK_SWEEP=0 KS_GTEST_FILTER="$1" KS_STAGES=build,test scripts/gpu_check.sh 2>&1 |
+      grep -E "FAILED|PASSED|Failure|error${2:+|$2}" | head -20
+  fi
   export KS_COMMIT=${KS_COMMIT:-unknown}
   export KS_DRIVER=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -1)
   [ -x $BUILD/bench_ops ]

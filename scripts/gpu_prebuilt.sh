@@ -9,8 +9,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
 P=$PWD/build-prebuilt
-[ -x "$P/test_cuda_ops" ] || { echo "gpu_prebuilt: no build-prebuilt/ (carry it; scripts/make_prebuilt.sh)"; exit 1; }
-export PATH=$P:$PATH LD_LIBRARY_PATH=$P:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
+[ -x "$P/tests/test_cuda_ops" ] || { echo "gpu_prebuilt: no build-prebuilt/ (carry it; scripts/make_prebuilt.sh)"; exit 1; }
+export PATH=$P:$P/tests:$PATH LD_LIBRARY_PATH=$P:/usr/local/cuda/lib64:/usr/local/cuda/lib:${LD_LIBRARY_PATH:-}
 export OUT
 echo "build-prebuilt at $(cat "$P/COMMIT" | tr '\n' ' ')"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

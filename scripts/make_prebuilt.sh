@@ -2,7 +2,8 @@
 # Build the GPU test and benchmark binaries here (no GPU needed: nvcc only) for sm_90a and copy
 # them into build-prebuilt/ (git-ignored: /build*/), so a GPU call can carry them (about 20 MB,
 # under the 64 MiB carry limit) and run them at once instead of spending ~200 s of device time on
-# a fresh machine's build. The device runs them through scripts/gpu_prebuilt.sh.
+# a fresh machine's build. The device runs them through scripts/gpu_prebuilt.sh, or any GPU script
+# that uses ks_gpu_build_and_test and $BUILD/bench_ops under KS_PREBUILT=1 (scripts/gpu_env.sh).
 #   scripts/make_prebuilt.sh [local build dir]   (default /tmp/ks-prebuilt; needs .dlpack from
 #   scripts/prepare_gpu_carry.sh; reuses the dir's earlier objects)
 # The binaries load libkernscope.so.0 from build-prebuilt/ (LD_LIBRARY_PATH) and libcudart.so.13
@@ -15,9 +16,10 @@ B=${1:-/tmp/ks-prebuilt}
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKS_BUILD_TOOLS=ON \
   -DKS_DLPACK_INCLUDE_DIR="$PWD/.dlpack/usr/include" > /dev/null  # (CMakeLists.txt uses ccache when present)
 cmake --build "$B" --target test_cuda_ops bench_ops
-rm -rf build-prebuilt && mkdir -p build-prebuilt
+rm -rf build-prebuilt && mkdir -p build-prebuilt/tests  # (a build directory's layout: $BUILD/...)
 cp -L "$B/libkernscope.so.0" build-prebuilt/
-cp "$B/tests/test_cuda_ops" "$B/bench_ops" build-prebuilt/
+cp "$B/tests/test_cuda_ops" build-prebuilt/tests/
+cp "$B/bench_ops" build-prebuilt/
 git rev-parse --short HEAD > build-prebuilt/COMMIT
 git diff --quiet HEAD -- src include tests bench || echo "(uncommitted changes)" >> build-prebuilt/COMMIT
 du -sh build-prebuilt
