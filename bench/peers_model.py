@@ -4,8 +4,9 @@
 
   decode_attention    torch scaled_dot_product_attention (GQA) on a contiguous [b, h, T, d] cache
   rope_neox           the rotate-half formula in eager PyTorch (torch_ref) and torch.compile
-  sampling_topk_topp  softmax, sort, cumsum, mask, multinomial (top-k 50, top-p 0.9)
-  argmax              torch.argmax
+  sampling_topk_topp  softmax, sort, cumsum, mask, multinomial (top-k 50, top-p 0.9), eager
+                      (torch_sort) and torch.compile (compile; a failure is reported, not fatal)
+  argmax              torch.argmax, eager and torch.compile
 
 Shapes and byte counts follow ../shared/anchors/anchors2_h200.py, so the rows join
 kernscope's (bench_ops --ops rotary_embedding,paged_attention,sample,argmax).
@@ -60,9 +61,13 @@ def cases():
         yield ("rope_neox", f"{n}x(32+8)x128", 2 * n * 40 * 128 * 2 + n * 8,
                lambda n=n: (r(n, 32, 128), r(n, 8, 128), r(n, 64), r(n, 64)),
                [("torch_ref", rope_rotate_half), ("compile", c_rope)])
+    c_topk = torch.compile(topk_topp, dynamic=False)
+    argmax = lambda x: x.argmax(-1)  # noqa: E731
+    c_argmax = torch.compile(argmax, dynamic=False)
     for (b, V) in [(1, 128256), (64, 128256), (256, 151936)]:
-        yield ("sampling_topk_topp", f"{b}x{V}", b * V * 2, lambda b=b, V=V: (r(b, V),), [("torch_sort", topk_topp)])
-        yield ("argmax", f"{b}x{V}", b * V * 2, lambda b=b, V=V: (r(b, V),), [("torch", lambda x: x.argmax(-1))])
+        yield ("sampling_topk_topp", f"{b}x{V}", b * V * 2, lambda b=b, V=V: (r(b, V),),
+               [("torch_sort", topk_topp), ("compile", c_topk)])
+        yield ("argmax", f"{b}x{V}", b * V * 2, lambda b=b, V=V: (r(b, V),), [("torch", argmax), ("compile", c_argmax)])
 
 
 def main():

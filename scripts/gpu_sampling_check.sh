@@ -5,7 +5,8 @@
 # (every row's last step by the whole CTA instead of one warp) and with KS_SAMPLE_VEC=1 (runs of
 # 16-byte loads), bench_ops' sample and argmax under every CUDA variant (bf16) -> $OUT/sampling.csv
 # with the default's rows under those settings appended tagged, and cuda_cluster_local_topk's
-# phase cycles (KS_SAMPLE_TRACE=1: default, runs of 16 bytes, no floor) -> $OUT/sample_trace.txt.
+# phase cycles (KS_SAMPLE_TRACE=1: default, runs of 16 bytes, no floor) -> $OUT/sample_trace.txt,
+# and the PyTorch peers of the same shapes -> $OUT/peers_sampling.csv.
 # KS_SAMPLING_TEST_SETTINGS / KS_SAMPLING_BENCH_SETTINGS (VAR=value words; a bench word may join
 # several with "+") replace the settings the tests are repeated under and the tagged benchmark
 # rows are taken under (default bench settings: the runs of 16 bytes alone and with clusters of
@@ -25,6 +26,11 @@ for setting in ${KS_SAMPLING_BENCH_SETTINGS:-KS_SAMPLE_VEC=1 KS_SAMPLE_VEC=1+KS_
   ks_bench_tagged $setting kernscope "$OUT/sampling.csv" --ops sample --dtypes bf16
   grep -F "[$setting]" "$OUT/sampling.csv" | cut -d, -f6,8,10
 done
+# the PyTorch peers in the same call (sort path and argmax, eager and torch.compile; KS_PEERS=0 skips)
+if [ "${KS_PEERS:-1}" = 1 ]; then
+  PYTHONUNBUFFERED=1 python3 bench/peers_model.py --ops sampling_topk_topp,argmax --csv "$OUT/peers_sampling.csv" 2>&1 |
+    grep -E "^(sampling|argmax)|FAILED" | cut -c1-120
+fi
 for setting in KS_SAMPLE_FLOOR=1 KS_SAMPLE_VEC=1 KS_SAMPLE_FLOOR=0; do
   echo "== $setting" | tee -a "$OUT/sample_trace.txt"
   env $setting KS_SAMPLE_TRACE=1 $BUILD/bench_ops --ops sample --dtypes bf16 --csv /tmp/sample_trace.csv 2>&1 |
