@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Decode attention in one short GPU call: build for sm_90a, the paged/varlen attention GPU tests,
-# then the stages in KS_ATTN_STAGES (comma list; default bench,sanitize,ncu_split):
+# then the stages in KS_ATTN_STAGES (comma list; default bench,lastcomb,sanitize,ncu_gqa):
 #   bench      bench_ops' decode attention under every CUDA variant (bf16 anchors and SmolLM2's
 #              fp32 decode shapes) -> $OUT/attention_variants.csv
 #   sanitize   memcheck and racecheck of cuda_gqa_cluster's small tests
 #   ncu_gqa    Nsight Compute on cuda_gqa_cluster at SmolLM2's shape (192 of 2048 keys, fp32)
 #              -> $OUT/ncu_attention_gqa.txt
 #   nosplit    the automatic choice with KS_ATTN_SPLIT=0 -> $OUT/attention_nosplit.csv
+#   lastcomb   the automatic choice with KS_ATTN_LAST_COMBINE=1 (the unit's last split CTA merges,
+#              no combine kernel), appended to attention_variants.csv as kernscope[...] rows
 #   layout     the cache-layout experiment (KS_BENCH_ATTN=layout) -> $OUT/attention_layout.csv
 #   peers      torch SDPA in the same call -> $OUT/peers_attention.csv, and the plot against it
 #   ncu_mma    Nsight Compute on cuda_mma_cluster at batch 1, 32/8 heads of 128, 32K keys (with the
@@ -14,7 +16,7 @@
 # Usage (device): KS_COMMIT=sha scripts/gpu_attention_check.sh   (carry .dlpack and .deps)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
-STAGES=${KS_ATTN_STAGES:-bench,sanitize,ncu_gqa}
+STAGES=${KS_ATTN_STAGES:-bench,lastcomb,sanitize,ncu_gqa}
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa  # for a model call that follows warm
 ks_gpu_build_and_test '*Attention*' 'FP64 value|split cuda_gqa' ||
@@ -34,6 +36,10 @@ fi
 if has nosplit; then
   KS_ATTN_SPLIT=0 $BUILD/bench_ops --csv "$OUT/attention_nosplit.csv" --ops paged_attention --dtypes bf16 2>&1 |
     grep -E "variant=cuda_(mma|gqa)" | grep -v " of " | cut -c1-140
+fi
+if has lastcomb; then
+  ks_bench_tagged KS_ATTN_LAST_COMBINE=1 kernscope "$OUT/attention_variants.csv" --ops paged_attention --dtypes bf16
+  grep -F "[KS_ATTN_LAST_COMBINE=1]" "$OUT/attention_variants.csv" | cut -d, -f6,8,10
 fi
 if has layout; then
   # one kv head's rows at a 2 KB stride (32/8 heads) or back to back (4/1), same bytes

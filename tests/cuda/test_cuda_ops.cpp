@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <limits>
+#include <map>
 #include <random>
 #include <vector>
 
@@ -2660,6 +2661,10 @@ TEST(CudaAttentionMma, LazyBaseRescalesAccumulatedKeys) {
 // written into the device tensor between replays: every replay equals the eager call's bits;
 // last, NaN K rows in split 0's first block make every output NaN. (The split is taken where a
 // cluster CTA would read >= 256 KB of K and V: the table capacities here are chosen for that.)
+// All of it twice: with attention_combine_kernel, and with KS_ATTN_LAST_COMBINE=1 (each unit's
+// last split CTA merges, through a counter per unit that it sets back to 0: a counter left
+// nonzero would leave a replay's rows unwritten), whose eager rows must equal the first pass's
+// bit for bit (the same merge code and order).
 TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
   NEED_GPU();
   kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
@@ -2668,11 +2673,15 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
     int64_t H, KVH, D, cap;
   };
   const std::vector<Shape> shapes = {{32, 8, 128, 16384}, {9, 3, 64, 32768}, {16, 1, 128, 8192}, {8, 2, 40, 32768}};
-  std::mt19937 gen(5);
+  std::map<std::string, std::vector<Buf>> combine_kernel_rows;  // (dtype, shape) -> the first pass's eager rows
+  for (const char* lc : {"0", "1"})
   for (DType dt : {DType::BF16, DType::F16})
     for (const Shape& sh : shapes) {
-      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(sh.H) + " KVH=" + std::to_string(sh.KVH) +
-                   " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap));
+      kstest::ScopedEnv last_combine("KS_ATTN_LAST_COMBINE", lc);
+      std::mt19937 gen(5);  // (the same inputs in both passes)
+      const std::string key = std::string(ks::dtype_name(dt)) + " H=" + std::to_string(sh.H) + " KVH=" +
+                              std::to_string(sh.KVH) + " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap);
+      SCOPED_TRACE(key + " KS_ATTN_LAST_COMBINE=" + lc);
       const int64_t bs = 16, maxb = sh.cap / bs, blocks = maxb + 7;
       Buf kc(dt, {blocks, bs, sh.KVH, sh.D}), vc(dt, {blocks, bs, sh.KVH, sh.D}), bt(DType::I32, {1, maxb});
       kstest::fill_normal(kc);
@@ -2701,11 +2710,17 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
         EXPECT_NE(cfg.find("cluster=1 "), std::string::npos) << cfg;
         EXPECT_GE(last_attention_cluster(), 16) << cfg;
         EXPECT_NE(cfg.find(sh.H / sh.KVH <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
+        if (len == sh.cap) EXPECT_NE(cfg.find(std::string("last_combine=") + lc), std::string::npos) << cfg;
         EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+        if (*lc == '1') {
+          const Buf& first = combine_kernel_rows[key][eager.size()];
+          EXPECT_EQ(std::memcmp(got.data(), first.data(), got.nbytes()), 0) << "the last CTA's merge, length " << len;
+        }
         if (len == 0)
           for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(i), 0.0) << "context 0";
         eager.push_back(got);
       }
+      if (*lc == '0') combine_kernel_rows[key] = eager;
       // the same calls replayed from one graph captured at the first length
       cudaStream_t st;
       CK(cudaStreamCreate(&st));

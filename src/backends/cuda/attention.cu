@@ -111,6 +111,11 @@ constexpr size_t gqa_push_offset(size_t base) { return (base + 15) / 16 * 16; }
   return len > 0 ? y : 0.f;
 }
 
+// cuda_mma_cluster's split: the merge of a unit's split states (attention_combine_kernel, or the
+// unit's last split CTA under KS_ATTN_LAST_COMBINE=1); defined below.
+template <typename T, bool kL2>
+__device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb);
+
 // The end of a (token, kv head) unit, shared by both cluster kernels: every warp has stored its
 // state (wm, wl, wacc of GqaSmem at raw + states_off; W warps, G heads of D elements) and the
 // CTA's threads (NT) merge them, weighting each by merge_factor. A unit whose keys one CTA took
@@ -1192,6 +1197,24 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
   finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
+  if (ws_state && p.ws_count && Ce > 1) {
+    // KS_ATTN_LAST_COMBINE: the unit's last split CTA to get here merges the Ce states (the
+    // combine kernel's code and order, so the same bits). Each thread's state stores are made
+    // visible to the device before the CTA's arrival is counted; the last CTA reads the others'
+    // through L2 after seeing the count, and sets the counter back to 0 for the next call.
+    __shared__ int last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      last = atomicAdd(&p.ws_count[unit], 1u) == unsigned(Ce - 1);
+      if (last) __threadfence();
+    }
+    __syncthreads();
+    if (last) {
+      combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
+      if (threadIdx.x == 0) p.ws_count[unit] = 0u;
+    }
+  }
 #endif
 }
 
@@ -1204,13 +1227,14 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // split's m and l into shared memory, then per head its M, the factors and L, then each
 // output element's Ce accumulators, loaded 8 at a time before they are summed in order.
 // Dynamic shared memory: 2 * splits * G floats.
-template <typename T>
-__global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams p) {
-  extern __shared__ float comb[];  // f[Ce][G] (m, then the factors), l[Ce][G]
+// Unit `unit`'s merge by the CTA that calls it (any block size >= G; every thread calls it):
+// comb holds 2 * splits * G floats. kL2: the states are read through L2 only (ld.global.cg),
+// for the last split CTA of KS_ATTN_LAST_COMBINE, whose L1 never held them but which reads
+// what other CTAs wrote during this kernel.
+template <typename T, bool kL2>
+__device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
   __shared__ float head_l[kMcMaxGroup];
   __shared__ int head_empty[kMcMaxGroup];
-  pdl_begin();
-  const int64_t unit = blockIdx.x;
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
   const int64_t len = token_context(p, t).len;
   const int Ce = live_ctas(p, p.splits, len, p.split_keys);
@@ -1218,14 +1242,15 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams
   const int G = p.group, D = int(p.head_dim);
   const int64_t sf = split_state_floats(G, D);
   const float* st = p.ws + unit * p.splits * sf;
+  auto ld = [&](int64_t i) { return kL2 ? __ldcg(st + i) : st[i]; };
   float *fm = comb, *fl = comb + Ce * G;
   int any_local = 0;
   for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
     const int c = k / G, g = k % G;
-    fm[k] = st[c * sf + g];
-    fl[k] = st[c * sf + G + g];
+    fm[k] = ld(c * sf + g);
+    fl[k] = ld(c * sf + G + g);
   }
-  for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= st[c * sf + int64_t(G) * (D + 2)] != 0.f;
+  for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= ld(c * sf + int64_t(G) * (D + 2)) != 0.f;
   const int any = __syncthreads_or(any_local);
   if (threadIdx.x < G) {
     const int g = threadIdx.x;
@@ -1249,13 +1274,20 @@ __global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams
       for (int c0 = 0; c0 < Ce; c0 += 8) {
         float v[8];
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = c0 + j < Ce ? st[(c0 + j) * sf + 2 * G + i] : 0.f;
+        for (int j = 0; j < 8; ++j) v[j] = c0 + j < Ce ? ld((c0 + j) * sf + 2 * G + i) : 0.f;
 #pragma unroll
         for (int j = 0; j < 8; ++j)
           if (c0 + j < Ce) a += v[j] * fm[(c0 + j) * G + g];
       }
     out_t[i] = Dt<T>::from_f(attention_output(head_empty[g] ? 0.f : head_l[g], a, any, len));
   }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(256) attention_combine_kernel(const AttnParams p) {
+  extern __shared__ float comb[];  // f[Ce][G] (m, then the factors), l[Ce][G]
+  pdl_begin();
+  combine_unit<T, false>(p, blockIdx.x, comb);
 }
 
 int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
@@ -1300,10 +1332,11 @@ cudaStream_t workspace_stream(int dev) {
   });
 }
 
-// bytes of workspace for one call on stream s of device dev (the caller holds a DeviceGuard);
+// bytes of workspace for one call on stream s of device dev (the caller holds a DeviceGuard),
+// its bytes from zero_from on set to 0 (before the call's kernels: on s, or at capture time);
 // *stream_ordered: the caller frees it with cudaFreeAsync on s after its last kernel. nullptr
 // when the memory is not there (the caller then keeps to the cluster); other errors throw.
-float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_ordered) {
+float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, bool* stream_ordered) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
   cudaGraph_t graph = nullptr;
   check_cuda(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph), "paged_attention", "cudaStreamGetCaptureInfo");
@@ -1329,6 +1362,9 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
       return nullptr;
     }
     check_cuda(e, "paged_attention", "cudaMallocAsync (split workspace)");
+    if (zero_from < bytes)
+      check_cuda(cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, s), "paged_attention",
+                 "cudaMemsetAsync (split counters)");
     *stream_ordered = true;
     return static_cast<float*>(p);
   }
@@ -1337,6 +1373,7 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, bool* stream_order
   check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "paged_attention", "cudaThreadExchangeStreamCaptureMode");
   const cudaStream_t side = workspace_stream(dev);
   cudaError_t e = cudaMallocAsync(&p, bytes, side);
+  if (e == cudaSuccess && zero_from < bytes) e = cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, side);
   if (e == cudaSuccess) e = cudaStreamSynchronize(side);
   (void)cudaThreadExchangeStreamCaptureMode(&mode);  // the caller's mode back
   if (e == cudaErrorMemoryAllocation) {
@@ -1385,6 +1422,8 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   int NW = 4, resident = 0;
   // KS_ATTN_SPLIT=0: no split beyond a cluster (for comparisons)
   static const bool split_on = !env_is("KS_ATTN_SPLIT", "0");
+  // KS_ATTN_LAST_COMBINE=1: each unit's last split CTA merges the states (no combine kernel)
+  const bool last_combine = env_is("KS_ATTN_LAST_COMBINE", "1");
   // the fewest keys per split CTA: 256 (two tiles per warp), or KS_ATTN_SPLIT_KEYS=N (a
   // multiple of 16, for experiments)
   static const int split_keys = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_KEYS", 256), 16, 1 << 20) / 16 * 16);
@@ -1434,13 +1473,16 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       const int64_t S = attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,
                                          kSplitMinBytes);
       if (split_on && pools && S > 1) {
-        // without memory for the workspace, the cluster as chosen above
-        const size_t ws_bytes = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
-        if (float* w = split_workspace(dev, s, ws_bytes, &stream_ordered)) {
+        // without memory for the workspace, the cluster as chosen above; with the last CTA's
+        // merge, a zeroed counter per unit after the states
+        const size_t states = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
+        const size_t ws_bytes = last_combine ? states + size_t(units) * sizeof(unsigned) : states;
+        if (float* w = split_workspace(dev, s, ws_bytes, states, &stream_ordered)) {
           ws = w;
           p.split_keys = split_keys;
           p.splits = int(S);
           p.ws = ws;
+          if (last_combine) p.ws_count = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(w) + states);
           splits = S;
           C = 1;
           resident = 0;
@@ -1450,7 +1492,7 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     try {
       launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
-      if (splits > 1)
+      if (splits > 1 && !p.ws_count)
         launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
                       dim3(256), size_t(2 * splits * G) * sizeof(float), s, 1, dp.pdl, p);
     } catch (...) {
@@ -1487,8 +1529,8 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   check_launch("paged_attention");
   record_launch("paged_attention",
                 "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                "packed=%lld grid=%lld resident_clusters=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident});
+                "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, last_combine && splits > 1 ? 1 : 0});
 }
 
 }  // namespace ks::cuda

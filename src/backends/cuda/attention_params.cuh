@@ -32,6 +32,10 @@ struct AttnParams {
   int splits;
   int split_keys;  // the fewest keys a split CTA takes (live_ctas), 256 (KS_ATTN_SPLIT_KEYS)
   float* ws;
+  // with the split: nullptr, attention_combine_kernel merges the states; else a counter per unit
+  // (zero between calls) by which the unit's last split CTA to finish finds itself and merges
+  // them (KS_ATTN_LAST_COMBINE=1: no combine kernel)
+  unsigned* ws_count;
   // cuda_gqa_cluster's cluster merge: 0 = each CTA's state read by the others through
   // distributed shared memory between two cluster barriers; else the byte offset, in rank 0's
   // dynamic shared memory, of the area into which every CTA pushes its state (one barrier)
@@ -99,6 +103,7 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     0,
                     1,
                     256,
+                    nullptr,
                     nullptr,
                     0};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
