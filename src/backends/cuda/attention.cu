@@ -931,7 +931,10 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
 // once at the end ((hi + mid) + lo in FP32). Lanes 16..31 (rows 4..7 of S are zero) take
 // rows 0..3's scores by a shuffle, so every replica's softmax is the same instructions on the
 // same values (bit for bit); only row qr's softmax runs (row qr + 8 is the same head's mid).
-template <typename T, int DP, int NW, bool PK>
+// LC: the instantiation for KS_ATTN_LAST_COMBINE (p.ws_count set; the merge below the key loop,
+// which inlined into every instantiation raised the key loop's registers, e.g. 96-105 -> 116-127
+// at head_dim 32).
+template <typename T, int DP, int NW, bool PK, bool LC = false>
 __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   using Sh = McShape<DP, NW>;
@@ -1197,6 +1200,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
   finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
+  if constexpr (LC)
   if (ws_state && p.ws_count && Ce > 1) {
     // KS_ATTN_LAST_COMBINE: the unit's last split CTA to get here merges the Ce states (the
     // combine kernel's code and order, so the same bits). Each thread's state stores are made
@@ -1435,6 +1439,7 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
     constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value>;
+    constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, true>;
     constexpr int kThreads = 32 * kNW;
     float* ws = nullptr;          // the split's workspace
     bool stream_ordered = false;  // ws is freed here after the combine (else a graph owns it)
@@ -1491,7 +1496,12 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     try {
-      launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+      if (p.ws_count) {  // (its attributes as kern's: only the split, clusters of one, takes it)
+        cluster16_or_8<kern_lc>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
+        launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+      } else {
+        launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+      }
       if (splits > 1 && !p.ws_count)
         launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
                       dim3(256), size_t(2 * splits * G) * sizeof(float), s, 1, dp.pdl, p);

@@ -616,7 +616,7 @@ int64_t opt_in_smem_limit(int dev, const char* op) {
 // Last launch configuration per op (ks_last_launch_config, the benchmark's
 // `config` column). Recording is cheap (a few integers into a thread-local slot,
 // no formatting or allocation on the launch path); the text is made on request.
-// fmt takes up to 8 `%lld` conversions, filled from values in order.
+// fmt takes up to 12 `%lld` conversions, filled from values in order.
 void record_launch(const char* op, const char* fmt, std::initializer_list<long long> values);
 std::string last_config(const char* op);
 
