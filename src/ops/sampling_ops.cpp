@@ -29,6 +29,11 @@ extern "C" ks_status_t ks_sample(DLTensor* out, DLTensor* valid, const DLTensor*
     if (a.has_valid) require_same_device(op, "valid", a.valid, "logits", a.logits);
     require_ndim(op, "logits", a.logits, 2);
     require_nonempty_last(op, "logits", a.logits);
+    // the fixed-point weights (each at most 2^40) add up exactly in int64 only over fewer than 2^23 ids
+    if (a.logits.dim(1) >= (int64_t(1) << 23))
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "logits' last dimension (the vocab) must be below 2^23 = 8388608, where the fixed-point weights (at "
+           "most 2^40 each) still sum exactly in 64 bits; got " + std::to_string(a.logits.dim(1)));
     require_shape(op, "out", a.out, {a.logits.dim(0)}, "one id per row of logits");
     if (a.has_valid) require_shape(op, "valid", a.valid, {a.logits.dim(0)}, "one flag per row of logits");
     require_shape(op, "seed_offset", a.seed_offset, {2}, "{seed, offset}");

@@ -256,6 +256,24 @@ TEST(Sample, ValidationNamesTheArgumentAndWritesNothing) {
   vbad.t.dtype = DLDataType{kDLUInt, 8, 1};
   EXPECT_TRUE(fails_cleanly(ks_sample(&o, vbad.p(), &l, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr),
                             KS_ERROR_INVALID_ARGUMENT, kOp, "valid", s));
+  // a vocab of 2^23: 2^23 weights of 2^40 (equal logits) would sum to 2^63, past int64 (an id out
+  // of range at top_p < 1 before this check, a wrong draw at top_p 1); 2^23 - 1 ids still run
+  {
+    Buf xw(DType::BF16, {1, int64_t(1) << 23}), ow(DType::I64, {1}), vw(DType::U8, {1});
+    for (int64_t i = 0; i < xw.shape[1]; ++i) xw.set(i, 0.0);
+    ow.poison();
+    vw.poison();
+    Snap sw{&xw, &ow, &vw, &so};
+    DLTensor lw = xw.dl(), o1 = ow.dl(), v1 = vw.dl();
+    EXPECT_TRUE(fails_cleanly(ks_sample(&o1, &v1, &lw, &sd, 1.0, 0, 0.5, KS_BACKEND_AUTO, nullptr),
+                              KS_ERROR_INVALID_ARGUMENT, kOp, "vocab", sw));
+    lw.shape[1] = (int64_t(1) << 23) - 1;  // (the Buf's shape storage; the row is one id shorter)
+    ASSERT_EQ(ks_sample(&o1, &v1, &lw, &sd, 1.0, 0, 0.5, KS_BACKEND_CPU, nullptr), KS_SUCCESS) << ks_last_error();
+    EXPECT_EQ(vw.get(0), 1.0);
+    EXPECT_GE(ow.get(0), 0.0);
+    EXPECT_LT(ow.get(0), double((int64_t(1) << 23) - 1) / 2 + 1);  // top_p 0.5 of equal weights: the lower half
+    xw.shape[1] = int64_t(1) << 23;
+  }
   // valid is optional; zero rows are a no-op
   EXPECT_EQ(ks_sample(&o, nullptr, &l, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
   Buf x0(DType::F32, {0, 16}), out0(DType::I64, {0});
