@@ -10,7 +10,6 @@
 #include <cstring>
 #include <optional>
 #include <limits>
-#include <map>
 #include <random>
 #include <vector>
 
@@ -2673,15 +2672,11 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
     int64_t H, KVH, D, cap;
   };
   const std::vector<Shape> shapes = {{32, 8, 128, 16384}, {9, 3, 64, 32768}, {16, 1, 128, 8192}, {8, 2, 40, 32768}};
-  std::map<std::string, std::vector<Buf>> combine_kernel_rows;  // (dtype, shape) -> the first pass's eager rows
-  for (const char* lc : {"0", "1"})
+  std::mt19937 gen(5);
   for (DType dt : {DType::BF16, DType::F16})
     for (const Shape& sh : shapes) {
-      kstest::ScopedEnv last_combine("KS_ATTN_LAST_COMBINE", lc);
-      std::mt19937 gen(5);  // (the same inputs in both passes)
-      const std::string key = std::string(ks::dtype_name(dt)) + " H=" + std::to_string(sh.H) + " KVH=" +
-                              std::to_string(sh.KVH) + " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap);
-      SCOPED_TRACE(key + " KS_ATTN_LAST_COMBINE=" + lc);
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(sh.H) + " KVH=" + std::to_string(sh.KVH) +
+                   " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap));
       const int64_t bs = 16, maxb = sh.cap / bs, blocks = maxb + 7;
       Buf kc(dt, {blocks, bs, sh.KVH, sh.D}), vc(dt, {blocks, bs, sh.KVH, sh.D}), bt(DType::I32, {1, maxb});
       kstest::fill_normal(kc);
@@ -2697,66 +2692,70 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
       dq.upload(q);
       const double scale = 1.0 / std::sqrt(double(sh.D));
       const std::vector<int64_t> lens = {sh.cap, sh.cap - 1, sh.cap / 2 + 17, 300, 255, 1, 0};
-      std::vector<Buf> eager;
-      for (int64_t len : lens) {
-        SCOPED_TRACE("length " + std::to_string(len));
-        Buf cl(DType::I32, {1}), ref(dt, q.shape), got(dt, q.shape);
-        cl.set(0, double(len));
-        dcl.upload(cl);
-        ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
-        const std::string cfg = ks_last_launch_config("paged_attention");  // the device call's
-        if (len == sh.cap) std::printf("split %s H=%lld KVH=%lld: %s\n", ks::dtype_name(dt), (long long)sh.H, (long long)sh.KVH, cfg.c_str());
-        // 1 to 8 units over a long table: more CTAs per unit than the cluster that fits (8 or 16)
-        EXPECT_NE(cfg.find("cluster=1 "), std::string::npos) << cfg;
-        EXPECT_GE(last_attention_cluster(), 16) << cfg;
-        EXPECT_NE(cfg.find(sh.H / sh.KVH <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
-        if (len == sh.cap) EXPECT_NE(cfg.find(std::string("last_combine=") + lc), std::string::npos) << cfg;
-        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
-        if (*lc == '1') {
-          const Buf& first = combine_kernel_rows[key][eager.size()];
-          EXPECT_EQ(std::memcmp(got.data(), first.data(), got.nbytes()), 0) << "the last CTA's merge, length " << len;
+      std::vector<Buf> first_pass;  // the combine kernel's eager rows
+      for (const char* lc : {"0", "1"}) {  // (the same inputs in both passes)
+        kstest::ScopedEnv last_combine("KS_ATTN_LAST_COMBINE", lc);
+        SCOPED_TRACE(std::string("KS_ATTN_LAST_COMBINE=") + lc);
+        std::vector<Buf> eager;
+        for (int64_t len : lens) {
+          SCOPED_TRACE("length " + std::to_string(len));
+          Buf cl(DType::I32, {1}), ref(dt, q.shape), got(dt, q.shape);
+          cl.set(0, double(len));
+          dcl.upload(cl);
+          ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
+          const std::string cfg = ks_last_launch_config("paged_attention");  // the device call's
+          if (len == sh.cap) std::printf("split %s H=%lld KVH=%lld: %s\n", ks::dtype_name(dt), (long long)sh.H, (long long)sh.KVH, cfg.c_str());
+          // 1 to 8 units over a long table: more CTAs per unit than the cluster that fits (8 or 16)
+          EXPECT_NE(cfg.find("cluster=1 "), std::string::npos) << cfg;
+          EXPECT_GE(last_attention_cluster(), 16) << cfg;
+          EXPECT_NE(cfg.find(sh.H / sh.KVH <= 4 ? "packed=1" : "packed=0"), std::string::npos) << cfg;
+          if (len == sh.cap) EXPECT_NE(cfg.find(std::string("last_combine=") + lc), std::string::npos) << cfg;
+          EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+          if (*lc == '1')
+            EXPECT_EQ(std::memcmp(got.data(), first_pass[eager.size()].data(), got.nbytes()), 0)
+                << "the last CTA's merge, length " << len;
+          if (len == 0)
+            for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(i), 0.0) << "context 0";
+          eager.push_back(got);
         }
-        if (len == 0)
-          for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(i), 0.0) << "context 0";
-        eager.push_back(got);
-      }
-      if (*lc == '0') combine_kernel_rows[key] = eager;
-      // the same calls replayed from one graph captured at the first length
-      cudaStream_t st;
-      CK(cudaStreamCreate(&st));
-      Buf cl0(DType::I32, {1});
-      cl0.set(0, double(lens[0]));
-      dcl.upload(cl0);
-      CK(cudaDeviceSynchronize());
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
-                          ks::Backend::Cuda, st);
-      CK(cudaStreamEndCapture(st, &graph));
-      CK(cudaGraphInstantiate(&exec, graph, 0));
-      // the graph holds no memory nodes: it can be cloned and instantiated again
-      cudaGraph_t clone;
-      cudaGraphExec_t exec2;
-      CK(cudaGraphClone(&clone, graph));
-      CK(cudaGraphInstantiate(&exec2, clone, 0));
-      for (size_t k = 0; k < lens.size(); ++k) {
-        Buf cl(DType::I32, {1}), got(dt, q.shape);
-        cl.set(0, double(lens[k]));
-        dcl.upload(cl);
-        dout.poison();
+        if (*lc == '0') first_pass = eager;
+        // the same calls replayed from one graph captured at the first length
+        cudaStream_t st;
+        CK(cudaStreamCreate(&st));
+        Buf cl0(DType::I32, {1});
+        cl0.set(0, double(lens[0]));
+        dcl.upload(cl0);
         CK(cudaDeviceSynchronize());
-        CK(cudaGraphLaunch(k % 2 ? exec2 : exec, st));
-        CK(cudaStreamSynchronize(st));
-        dout.download(got);
-        EXPECT_EQ(std::memcmp(got.data(), eager[k].data(), got.nbytes()), 0)
-            << "graph replay at length " << lens[k] << (k % 2 ? " (the clone)" : "");
-      }
-      CK(cudaGraphExecDestroy(exec2));
-      CK(cudaGraphDestroy(clone));
-      CK(cudaGraphExecDestroy(exec));
-      CK(cudaGraphDestroy(graph));  // its workspace is freed by a later call
-      CK(cudaStreamDestroy(st));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+                            ks::Backend::Cuda, st);
+        CK(cudaStreamEndCapture(st, &graph));
+        CK(cudaGraphInstantiate(&exec, graph, 0));
+        // the graph holds no memory nodes: it can be cloned and instantiated again
+        cudaGraph_t clone;
+        cudaGraphExec_t exec2;
+        CK(cudaGraphClone(&clone, graph));
+        CK(cudaGraphInstantiate(&exec2, clone, 0));
+        for (size_t k = 0; k < lens.size(); ++k) {
+          Buf cl(DType::I32, {1}), got(dt, q.shape);
+          cl.set(0, double(lens[k]));
+          dcl.upload(cl);
+          dout.poison();
+          CK(cudaDeviceSynchronize());
+          CK(cudaGraphLaunch(k % 2 ? exec2 : exec, st));
+          CK(cudaStreamSynchronize(st));
+          dout.download(got);
+          EXPECT_EQ(std::memcmp(got.data(), eager[k].data(), got.nbytes()), 0)
+              << "graph replay at length " << lens[k] << (k % 2 ? " (the clone)" : "");
+        }
+        CK(cudaGraphExecDestroy(exec2));
+        CK(cudaGraphDestroy(clone));
+        CK(cudaGraphExecDestroy(exec));
+        CK(cudaGraphDestroy(graph));  // its workspace is freed by a later call
+        CK(cudaStreamDestroy(st));
+      }  // both passes
       // NaN K rows in the first key block (split 0's range): every output NaN, as on the CPU
       // (the combine must not let the other splits' finite states hide it)
       const int64_t row = bs * sh.KVH * sh.D;

@@ -1205,19 +1205,17 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     // KS_ATTN_LAST_COMBINE: the unit's last split CTA to get here merges the Ce states (the
     // combine kernel's code and order, so the same bits). Each thread's state stores are made
     // visible to the device before the CTA's arrival is counted; the last CTA reads the others'
-    // through L2 after seeing the count, and sets the counter back to 0 for the next call.
+    // through L2 after seeing the count. atomicInc wraps the count back to 0 at the last
+    // arrival, so it is 0 again for the next call or replay.
     __shared__ int last;
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) {
-      last = atomicAdd(&p.ws_count[unit], 1u) == unsigned(Ce - 1);
+      last = atomicInc(&p.ws_count[unit], unsigned(Ce - 1)) == unsigned(Ce - 1);
       if (last) __threadfence();
     }
     __syncthreads();
-    if (last) {
-      combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
-      if (threadIdx.x == 0) p.ws_count[unit] = 0u;
-    }
+    if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
   }
 #endif
 }
@@ -1302,8 +1300,10 @@ int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
 // (a CUDA user object, released with the graph and its executables once their launches are
 // done), so the graph gets no memory nodes: those would forbid cloning it, instantiating it
 // more than once and nesting it as a child graph, and would sit between the kernels, where
-// programmatic dependent launch cannot overlap them. Each graph owns its own buffer and launches
-// of one executable are serialized, so no two kernels share a workspace at once. A user
+// programmatic dependent launch cannot overlap them. Each captured call owns its own buffer and
+// launches of one executable are serialized; but a clone or a second instantiation of the graph
+// shares the buffer (the kernels' parameters carry its address), so such executables must not run
+// at the same time (their split states would mix; with KS_ATTN_LAST_COMBINE, their counters too). A user
 // object's destructor may not call CUDA: it queues the buffer, and a later call outside capture
 // frees it with cudaFreeAsync on a side stream.
 // (device, buffer) of destroyed graphs, under a lock; never destroyed, since a graph may be
@@ -1366,9 +1366,11 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
       return nullptr;
     }
     check_cuda(e, "paged_attention", "cudaMallocAsync (split workspace)");
-    if (zero_from < bytes)
-      check_cuda(cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, s), "paged_attention",
-                 "cudaMemsetAsync (split counters)");
+    if (zero_from < bytes) {
+      const cudaError_t z = cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, s);
+      if (z != cudaSuccess) (void)cudaFreeAsync(p, s);  // (the memset's error is the one reported)
+      check_cuda(z, "paged_attention", "cudaMemsetAsync (split counters)");
+    }
     *stream_ordered = true;
     return static_cast<float*>(p);
   }
@@ -1377,7 +1379,14 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
   check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "paged_attention", "cudaThreadExchangeStreamCaptureMode");
   const cudaStream_t side = workspace_stream(dev);
   cudaError_t e = cudaMallocAsync(&p, bytes, side);
-  if (e == cudaSuccess && zero_from < bytes) e = cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, side);
+  if (e == cudaSuccess && zero_from < bytes) {
+    const cudaError_t z = cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, side);
+    if (z != cudaSuccess) {
+      (void)cudaFreeAsync(p, side);
+      (void)cudaThreadExchangeStreamCaptureMode(&mode);
+      check_cuda(z, "paged_attention", "cudaMemsetAsync (graph workspace counters)");
+    }
+  }
   if (e == cudaSuccess) e = cudaStreamSynchronize(side);
   (void)cudaThreadExchangeStreamCaptureMode(&mode);  // the caller's mode back
   if (e == cudaErrorMemoryAllocation) {
@@ -1439,7 +1448,6 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
     constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value>;
-    constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, true>;
     constexpr int kThreads = 32 * kNW;
     float* ws = nullptr;          // the split's workspace
     bool stream_ordered = false;  // ws is freed here after the combine (else a graph owns it)
@@ -1496,12 +1504,15 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     try {
-      if (p.ws_count) {  // (its attributes as kern's: only the split, clusters of one, takes it)
-        cluster16_or_8<kern_lc>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
-        launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
-      } else {
-        launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
-      }
+      bool launched = false;
+      if constexpr (kNW == 8)  // (the split, the only user of ws_count, is taken with 8 warps only)
+        if (p.ws_count) {
+          constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, true>;
+          cluster16_or_8<kern_lc>(dev, kThreads, kSpread, "paged_attention");  // (its attributes, as kern's)
+          launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+          launched = true;
+        }
+      if (!launched) launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
       if (splits > 1 && !p.ws_count)
         launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
                       dim3(256), size_t(2 * splits * G) * sizeof(float), s, 1, dp.pdl, p);
