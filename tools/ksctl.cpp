@@ -240,9 +240,19 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
   return check_names && (unknown || shadowed) ? 1 : 0;
 }
 
-int cmd_which(const std::string& op, const std::string& dtype, const std::string& device, int64_t rows, int64_t cols) {
+int cmd_which(const std::string& op, const std::string& dtype, const std::string& device, int64_t rows, int64_t cols,
+              bool cols_product) {
   if ((rows < 0) != (cols < 0)) {
     std::fprintf(stderr, "which: give both --rows and --cols, or neither\n");
+    return 2;
+  }
+  // NxK means n * k, the quant_matmul ops' cols key (docs/routing.md#shape-keys-rows-cols)
+  if (cols_product && op != "quant_matmul" && op != "fused_add_rms_norm_quant_matmul" &&
+      op != "silu_and_mul_quant_matmul") {
+    std::fprintf(stderr,
+                 "which: --cols NxK (a product) is the quant_matmul ops' key; %s's cols is one number "
+                 "(docs/routing.md#shape-keys-rows-cols)\n",
+                 op.c_str());
     return 2;
   }
   if (!ks::tune::has_op(op)) {
@@ -461,6 +471,7 @@ int main(int argc, char** argv) {
   which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32")->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   int64_t w_rows = -1, w_cols = -1;  // -1: not given
+  bool w_cols_product = false;        // --cols given as NxK
   // a shape key: decimal digits only, at most 12 (so a product of two stays in int64)
   auto shape_number = [](const char* opt, const std::string& v, const std::string& part) {
     if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 12)
@@ -474,8 +485,9 @@ int main(int argc, char** argv) {
   // --cols: a number, or NxK for a product (quant_matmul's key is N * K)
   which->add_option_function<std::string>(
           "--cols",
-          [&w_cols, shape_number](const std::string& v) {
+          [&w_cols, &w_cols_product, shape_number](const std::string& v) {
             const size_t x = v.find_first_of("xX*");
+            w_cols_product = x != std::string::npos;
             w_cols = x == std::string::npos ? shape_number("--cols", v, v)
                                             : shape_number("--cols", v, v.substr(0, x)) *
                                                   shape_number("--cols", v, v.substr(x + 1));
@@ -600,7 +612,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     if (*ops) return cmd_ops();
-    if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols);
+    if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols, w_cols_product);
     if (*table) return cmd_table(t_json, t_check, t_op, t_why);
     if (*check) return run_check(c_backend, c_op, c_verbose);
     if (*tune) return u_from_csv.empty() ? run_tune(u_backend, u_op, u_reps, u_dir, u_quiet)
