@@ -1200,22 +1200,23 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
   finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
-  if constexpr (LC)
-  if (ws_state && p.ws_count && Ce > 1) {
-    // KS_ATTN_LAST_COMBINE: the unit's last split CTA to get here merges the Ce states (the
-    // combine kernel's code and order, so the same bits). Each thread's state stores are made
-    // visible to the device before the CTA's arrival is counted; the last CTA reads the others'
-    // through L2 after seeing the count. atomicInc wraps the count back to 0 at the last
-    // arrival, so it is 0 again for the next call or replay.
-    __shared__ int last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicInc(&p.ws_count[unit], unsigned(Ce - 1)) == unsigned(Ce - 1);
-      if (last) __threadfence();
+  if constexpr (LC) {
+    if (ws_state && Ce > 1) {
+      // KS_ATTN_LAST_COMBINE (p.ws_count set): the unit's last split CTA to get here merges the
+      // Ce states (the combine kernel's code and order, so the same bits). Each thread's state
+      // stores are made visible to the device before the CTA's arrival is counted; the last CTA
+      // reads the others' through L2 after seeing the count. atomicInc wraps the count back to
+      // 0 at the last arrival, so it is 0 again for the next call or replay.
+      __shared__ int last;
+      __threadfence();
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        last = atomicInc(&p.ws_count[unit], unsigned(Ce - 1)) == unsigned(Ce - 1);
+        if (last) __threadfence();
+      }
+      __syncthreads();
+      if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
     }
-    __syncthreads();
-    if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
   }
 #endif
 }
@@ -1345,6 +1346,13 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
   cudaGraph_t graph = nullptr;
   check_cuda(cudaStreamGetCaptureInfo(s, &status, nullptr, &graph), "paged_attention", "cudaStreamGetCaptureInfo");
   void* p = nullptr;
+  // the bytes from zero_from on set to 0 on stream z; on failure the buffer is freed there
+  auto zero_tail = [&](cudaStream_t z) {
+    const cudaError_t e = zero_from < bytes ? cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, z)
+                                            : cudaSuccess;
+    if (e != cudaSuccess) (void)cudaFreeAsync(p, z);  // (the memset's error is the one reported)
+    return e;
+  };
   if (status != cudaStreamCaptureStatusActive) {
     std::vector<void*> done;
     {
@@ -1366,11 +1374,7 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
       return nullptr;
     }
     check_cuda(e, "paged_attention", "cudaMallocAsync (split workspace)");
-    if (zero_from < bytes) {
-      const cudaError_t z = cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, s);
-      if (z != cudaSuccess) (void)cudaFreeAsync(p, s);  // (the memset's error is the one reported)
-      check_cuda(z, "paged_attention", "cudaMemsetAsync (split counters)");
-    }
+    check_cuda(zero_tail(s), "paged_attention", "cudaMemsetAsync (split counters)");
     *stream_ordered = true;
     return static_cast<float*>(p);
   }
@@ -1379,11 +1383,10 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
   check_cuda(cudaThreadExchangeStreamCaptureMode(&mode), "paged_attention", "cudaThreadExchangeStreamCaptureMode");
   const cudaStream_t side = workspace_stream(dev);
   cudaError_t e = cudaMallocAsync(&p, bytes, side);
-  if (e == cudaSuccess && zero_from < bytes) {
-    const cudaError_t z = cudaMemsetAsync(static_cast<char*>(p) + zero_from, 0, bytes - zero_from, side);
+  if (e == cudaSuccess) {
+    const cudaError_t z = zero_tail(side);
     if (z != cudaSuccess) {
-      (void)cudaFreeAsync(p, side);
-      (void)cudaThreadExchangeStreamCaptureMode(&mode);
+      (void)cudaThreadExchangeStreamCaptureMode(&mode);  // the caller's mode back
       check_cuda(z, "paged_attention", "cudaMemsetAsync (graph workspace counters)");
     }
   }
@@ -1551,7 +1554,7 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   record_launch("paged_attention",
                 "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
                 "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, last_combine && splits > 1 ? 1 : 0});
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0});
 }
 
 }  // namespace ks::cuda

@@ -29,9 +29,10 @@
 // every member of the row's top-k has a key >= F, and few others do (a score >= F that is not
 // one of the top_k maxima must share a group with a larger one). Then step 2 is: each CTA
 // sends every key >= F (in index order) when they are at most its slot count (kcap), and its
-// own top-k (the radix selection, as without the floor) when there are more; rank 0 drops the
-// candidates below F and, when at most 512 remain, ranks each of them by counting the ones
-// before it in (key desc, index asc) order: the members are those ranked below top_k. The
+// own top-k (the radix selection, as without the floor) when there are more, all of which are
+// >= F too; rank 0 places the candidates by the ranks' counts and, when at most 512 came, ranks
+// each of them by counting the ones before it in (key desc, index asc) order: the members are
+// those ranked below top_k. The
 // same members as the selection (both are the first top_k of that order), so the same ids.
 // Without the floor a selection is a chain of CTA barriers (two to four radix rounds, each a
 // histogram, a scan and their barriers: 13,359 SM cycles of a 42,619-cycle row at
@@ -444,68 +445,64 @@ __global__ void __launch_bounds__(kThreads) sample_local_kernel(const SamplePara
   const int *idx = reinterpret_cast<const int *>(cand + C * kcap);
   const int slots = C * kcap;
   unsigned n = 0;
-  bool counted = false;
-  if (use_floor) {
-    // Every candidate is >= F (a range sends its own top-k only when more than kcap = top_k of
-    // its keys are >= F; where kcap < top_k, kcap is the range's length and nothing overflows),
-    // so candidate s of rank c is the (n_0 + .. + n_{c-1} + s)-th in index order: straight into
-    // ckey / cidx, no scan. (Only when they fit: at most 512.)
-    unsigned n_cand = 0;
+  // With the floor every candidate is >= F (a range sends its own top-k only when more than
+  // kcap = top_k of its keys are >= F; where kcap < top_k, kcap is the range's length and
+  // nothing overflows), so candidate s of rank c is the (n_0 + .. + n_{c-1} + s)-th in index
+  // order. Where more than top_k and at most 512 of them came, they go straight into ckey /
+  // cidx (no scan) and are ranked by counting; else rank 0's radix selection below.
+  unsigned n_cand = 0;  // (with the floor) the candidates every rank sent
+  if (use_floor)
     for (int c = 0; c < C; ++c) n_cand += sh.part_n[c];
-    if (n_cand > k && n_cand <= unsigned(kThreads))
-      for (int g = int(threadIdx.x); g < slots; g += kThreads) {
-        const int c = g / kcap, sl = g - c * kcap;
-        if (sl < int(sh.part_n[c])) {
-          unsigned at = unsigned(sl);
-          for (int c2 = 0; c2 < c; ++c2) at += sh.part_n[c2];
-          sh.ckey[at] = cand[g], sh.cidx[at] = idx[g];
-        }
+  if (use_floor && n_cand > k && n_cand <= unsigned(kThreads)) {
+    for (int g = int(threadIdx.x); g < slots; g += kThreads) {
+      const int c = g / kcap, sl = g - c * kcap;
+      if (sl < int(sh.part_n[c])) {
+        unsigned at = unsigned(sl);
+        for (int c2 = 0; c2 < c; ++c2) at += sh.part_n[c2];
+        sh.ckey[at] = cand[g], sh.cidx[at] = idx[g];
       }
-    mark(5);
-    if (n_cand > k && n_cand <= unsigned(kThreads)) {
-      // Candidate i's rank: the candidates before it in (key desc, index asc) order, four keys
-      // per shared-memory load (the tail padded with 0, below every candidate's key). Members:
-      // rank < top_k, placed by a scan in index order.
-      const int n4 = (int(n_cand) + 3) / 4;
-      if (int(threadIdx.x) >= int(n_cand) && int(threadIdx.x) < 4 * n4) sh.ckey[threadIdx.x] = 0u;
-      __syncthreads();
-      const int i = int(threadIdx.x);
-      unsigned before = 0;
-      if (i < int(n_cand)) {
-        const unsigned me = sh.ckey[i];
-        const uint4 *ck4 = reinterpret_cast<const uint4 *>(sh.ckey);
-#pragma unroll 4
-        for (int h4 = 0; h4 < n4; ++h4) {
-          const uint4 o = ck4[h4];
-          const int h = 4 * h4;
-          before += unsigned(o.x > me || (o.x == me && h < i)) + unsigned(o.y > me || (o.y == me && h + 1 < i)) +
-                    unsigned(o.z > me || (o.z == me && h + 2 < i)) + unsigned(o.w > me || (o.w == me && h + 3 < i));
-        }
-      }
-      mark(6);
-      const bool member = i < int(n_cand) && before < k;
-      unsigned long long n_all;
-      const unsigned long long slot = block_scan_u64<kWarps>(member ? 1ull : 0ull, &n_all, sh.warp_u64);
-      if (member) sh.fin.idx[slot - 1] = sh.cidx[i], sh.fin.w[slot - 1] = sh.ckey[i];
-      n = k;
-      counted = true;
     }
-  }
-  if (!counted) {
+    mark(5);
+    // Candidate i's rank: the candidates before it in (key desc, index asc) order, four keys
+    // per shared-memory load (the tail padded with 0, below every candidate's key). Members:
+    // rank < top_k, placed by a scan in index order.
+    const int n4 = (int(n_cand) + 3) / 4;
+    if (int(threadIdx.x) >= int(n_cand) && int(threadIdx.x) < 4 * n4) sh.ckey[threadIdx.x] = 0u;
+    __syncthreads();
+    const int i = int(threadIdx.x);
+    unsigned before = 0;
+    if (i < int(n_cand)) {
+      const unsigned me = sh.ckey[i];
+      const uint4 *ck4 = reinterpret_cast<const uint4 *>(sh.ckey);
+#pragma unroll 4
+      for (int h4 = 0; h4 < n4; ++h4) {
+        const uint4 o = ck4[h4];
+        const int h = 4 * h4;
+        before += unsigned(o.x > me || (o.x == me && h < i)) + unsigned(o.y > me || (o.y == me && h + 1 < i)) +
+                  unsigned(o.z > me || (o.z == me && h + 2 < i)) + unsigned(o.w > me || (o.w == me && h + 3 < i));
+      }
+    }
+    mark(6);
+    const bool member = i < int(n_cand) && before < k;
+    unsigned long long n_all;
+    const unsigned long long slot = block_scan_u64<kWarps>(member ? 1ull : 0ull, &n_all, sh.warp_u64);
+    if (member) sh.fin.idx[slot - 1] = sh.cidx[i], sh.fin.w[slot - 1] = sh.ckey[i];
+    n = k;
+  } else {
     // rank 0's top-k by the radix selection over its registers (key j at position<E>(j) =
     // rank * kcap + slot: index order)
-    unsigned n_cand = 0;
+    unsigned n_reg = 0;
 #pragma unroll
     for (int j = 0; j < L; ++j) {
       const int g = position<E>(j);
       key[j] = 0;
       if (g < slots) {
         const int c = g / kcap;
-        if (g - c * kcap < int(sh.part_n[c]) && cand[g] >= F) key[j] = cand[g], ++n_cand;
+        if (g - c * kcap < int(sh.part_n[c]) && cand[g] >= F) key[j] = cand[g], ++n_reg;
       }
     }
-    n_cand = unsigned(block_sum_u64<kWarps>(n_cand, sh.warp_u64));
-    if (!use_floor) mark(5);
+    n_cand = unsigned(block_sum_u64<kWarps>(n_reg, sh.warp_u64));
+    mark(5);
     // (a row with at most top_k finite scores: every range sent all of its own, all members)
     const uint64_t top = select_top<L, E>(key, n_cand, k, sh, &n);
     mark(6);
