@@ -108,8 +108,8 @@ __device__ void select_digit(Smem &sh, unsigned need) {
 }
 
 // Positions. A thread's L scores are L / E runs of E consecutive scores (E = 1: the layout
-// before 2026-12-01; E = 16 bytes / sizeof(T) with KS_SAMPLE_VEC=1, so a run is one 16-byte
-// load): key j of thread t is at position ((j / E) * 512 + t) * E + j % E of its range. So
+// before 2026-12-01, now KS_SAMPLE_VEC=0; E = 16 bytes / sizeof(T) by default, so a run is one
+// 16-byte load): key j of thread t is at position ((j / E) * 512 + t) * E + j % E of its range. So
 // positions run in (run v, warp, lane, e) order, and every order-dependent step (the cut among
 // equal keys, the members' slots) counts in that order.
 template <int E>
@@ -551,6 +551,9 @@ int max_cluster(int dev) {
   return cluster16_or_8<sample_local_kernel<float, kMaxL>>(dev, kThreads, kSmemLimit, "sample");
 }
 
+// Runs of 16 bytes (the Positions comment), unless KS_SAMPLE_VEC=0 (scalar loads, for comparisons).
+bool vec_runs() { return !env_is("KS_SAMPLE_VEC", "0"); }
+
 struct Plan {
   int C = 1, L = 0, kcap = 0;
   size_t smem = 0;
@@ -559,11 +562,11 @@ struct Plan {
 
 // The cluster size C and scores per thread L for a call: C at least what makes
 // a range fit 512 x 64 scores; then doubled up to max_c while the rows' CTAs
-// fit one per SM and each range keeps >= 2048 scores, and while ranges need 64
-// per thread and the rows' CTAs stay within 4 per SM (KS_SAMPLE_CLUSTER=C: that
+// fit one per SM and each range keeps >= 2048 scores, and (scalar loads only)
+// while ranges need 64 per thread and the rows' CTAs stay within 4 per SM (KS_SAMPLE_CLUSTER=C: that
 // power of two instead, if a range fits it; for experiments). L: the fewest
 // that hold a range and rank 0's C x kcap candidates.
-Plan plan_for(const ops::SampleArgs &a, int sm_count, int max_c) {
+Plan plan_for(const ops::SampleArgs &a, int sm_count, int max_c, bool vec) {
   Plan pl;
   const int64_t V = a.vocab, most = int64_t(kThreads) * kMaxL;
   auto fits = [&](int c) { return (V + c - 1) / c <= most; };
@@ -574,11 +577,15 @@ Plan plan_for(const ops::SampleArgs &a, int sm_count, int max_c) {
     return pl;
   }
   while (2 * C <= max_c && a.rows * 2 * C <= int64_t(sm_count) && V / (2 * C) >= 2048) C *= 2;
-  // 64 scores per thread only where 32 would take more than 4 CTAs per SM: at 64 x 128256
-  // (bf16, top-k 50, top-p 0.9; 1483d8d) C = 8, L = 32 took 67.7 us against 85.2 at C = 4,
-  // L = 64 (and 94.8 at C = 16); at 256 x 151936 C = 16, L = 32 took 550 against 481 at C = 8.
-  while (2 * C <= max_c && (V + C - 1) / C > int64_t(kThreads) * 32 && a.rows * 2 * C <= 4 * int64_t(sm_count))
-    C *= 2;
+  // Scalar loads (KS_SAMPLE_VEC=0) only: 64 scores per thread only where 32 would take more than
+  // 4 CTAs per SM. At 64 x 128256 (bf16, top-k 50, top-p 0.9; 1483d8d) C = 8, L = 32 took 67.7 us
+  // against 85.2 at C = 4, L = 64 (and 94.8 at C = 16); at 256 x 151936 C = 16, L = 32 took 550
+  // against 481 at C = 8. With runs of 16 bytes (the default; 1a2d0da) 64 scores per thread load
+  // as 8 runs and the fewest CTAs win: 64 x 128256 at C = 4 (L = 64) 38.5 us against 49.6 at C = 8
+  // (L = 32) and 52.9 at C = 16; 256 x 151936 at C = 8 (L = 64) 243 against 395 at C = 16.
+  if (!vec)
+    while (2 * C <= max_c && (V + C - 1) / C > int64_t(kThreads) * 32 && a.rows * 2 * C <= 4 * int64_t(sm_count))
+      C *= 2;
   const long long forced = env_number("KS_SAMPLE_CLUSTER", 0);
   if ((forced == 1 || forced == 2 || forced == 4 || forced == 8 || forced == 16) && forced <= max_c &&
       fits(int(forced)))
@@ -607,8 +614,8 @@ std::string sample_local_can_implement(const void *args) {
   const int dev = a.logits.device.device_id;
   const DeviceProps &dp = device_props(dev);
   if (!dp.sm90_code) return "thread-block clusters need compute capability 9.0";
-  if (a.vocab <= int64_t(kThreads) * kMaxL * 8) return plan_for(a, dp.sm_count, 8).why;  // (no device query)
-  return plan_for(a, dp.sm_count, max_cluster(dev)).why;
+  if (a.vocab <= int64_t(kThreads) * kMaxL * 8) return plan_for(a, dp.sm_count, 8, vec_runs()).why;  // (no device query)
+  return plan_for(a, dp.sm_count, max_cluster(dev), vec_runs()).why;
 }
 
 void sample_local_cuda(const void *args, ks_stream_t stream) {
@@ -616,14 +623,14 @@ void sample_local_cuda(const void *args, ks_stream_t stream) {
   const int dev = a.logits.device.device_id;
   DeviceGuard g(dev, "sample");
   const DeviceProps &dp = device_props(dev);
-  const Plan pl = plan_for(a, dp.sm_count, max_cluster(dev));
+  const bool vec = vec_runs();
+  const Plan pl = plan_for(a, dp.sm_count, max_cluster(dev), vec);
   if (!pl.why.empty()) detail::fail(KS_ERROR_INTERNAL, "sample",
                                     pl.why);  // (can_implement refused it)
   const SampleParams p = sample_params(a);
   const auto s = static_cast<cudaStream_t>(stream);
   const bool trace = env_is("KS_SAMPLE_TRACE", "1");
   const int use_floor = a.top_k <= kFloorMaxK && !env_is("KS_SAMPLE_FLOOR", "0") ? 1 : 0;
-  const bool vec = env_is("KS_SAMPLE_VEC", "1");
   auto go = [&](auto tag, auto lt) {
     using T = decltype(tag);
     constexpr int L = decltype(lt)::value;
