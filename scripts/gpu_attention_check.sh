@@ -11,6 +11,10 @@
 #              no combine kernel), appended to attention_variants.csv as kernscope[...] rows
 #   layout     the cache-layout experiment (KS_BENCH_ATTN=layout) -> $OUT/attention_layout.csv
 #   peers      torch SDPA in the same call -> $OUT/peers_attention.csv, and the plot against it
+#   ncu_b1     Nsight Compute on cuda_mma_cluster (and the split's combine kernel) at b1 9/3 heads of
+#              64 (32K and 1K keys) and 32/8 of 128 (8K keys) -> $OUT/ncu_attention_b1.txt
+#   ncu_sdpa   Nsight Compute on torch SDPA's kernels at the same shapes (bench/sdpa_probe.py) ->
+#              $OUT/ncu_sdpa.txt
 #   ncu_mma    Nsight Compute on cuda_mma_cluster at batch 1, 32/8 heads of 128, 32K keys (with the
 #              split's combine kernel) and at batch 32, 8K keys -> $OUT/ncu_attention_mma*.txt
 # Usage (device): KS_COMMIT=sha scripts/gpu_attention_check.sh   (carry .dlpack and .deps)
@@ -50,6 +54,19 @@ if has peers; then
   PYTHONUNBUFFERED=1 python3 bench/peers_model.py --ops decode_attention --csv "$OUT/peers_attention.csv" 2>&1 | tail -12
   python3 bench/plot_attention.py --variants "$OUT/attention_variants.csv" --peers docs/perf/h200_model.csv \
     --out "$OUT/h200_attention_mma.png" && echo "plot written"
+fi
+if has ncu_b1; then  # the batch-1 shapes furthest from SDPA, the split's combine kernel with them
+  for shape in "b1 h9/3 d64 T32768" "b1 h32/8 d128 T8192" "b1 h9/3 d64 T1024"; do
+    KS_NCU_APPEND=1 KS_NCU_LAUNCHES=2 ks_ncu_bench 'paged_attention_mma|attention_combine' "$OUT/ncu_attention_b1.txt" \
+      --ops paged_attention --dtypes bf16 --shapes "$shape"
+  done
+fi
+if has ncu_sdpa; then  # which kernels torch SDPA runs at those shapes: names, grids, durations, DRAM
+  ncu --clock-control none --launch-skip 0 --launch-count 12 --section SpeedOfLight --section LaunchStats \
+    --section Occupancy python3 bench/sdpa_probe.py "b1 h9/3 d64 T32768" "b1 h32/8 d128 T8192" "b1 h9/3 d64 T1024" \
+    > "$OUT/ncu_sdpa.txt" 2>&1
+  grep -E "^  [a-zA-Z_].*\(|Duration|DRAM Throughput|Grid Size|Block Size|Registers Per|Shared Memory Config|Achieved Occ" \
+    "$OUT/ncu_sdpa.txt" | head -90
 fi
 if has ncu_mma; then
   KS_NCU_LAUNCHES=2 ks_ncu_bench 'paged_attention_mma|attention_combine' "$OUT/ncu_attention_mma.txt" --ops paged_attention \
