@@ -1226,9 +1226,13 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // formula (finish_unit): out = sum_s acc_s e^(m_s - M) / sum_s l_s e^(m_s - M) (L = a = 0 when
 // every m_s is -inf). A unit whose keys one CTA took (Ce == 1) was written by that CTA and is
 // skipped (both kernels count Ce by live_ctas with p.split_keys).
-// The loads of each step are independent (the states sit in L2, just written): first every
-// split's m and l into shared memory, then per head its M, the factors and L, then each
-// output element's Ce accumulators, loaded 8 at a time before they are summed in order.
+// Latency, not work, sets its time (a few hundred floats per unit, read from L2): so the first
+// batch of each thread's first output accumulators is loaded before anything else (they do not
+// depend on the factors), every split's m and l go into shared memory, each head's M is a max
+// (order-free) by one thread, the Ce x G factors are made in parallel, each head's L is summed
+// by one thread in split order, and each output element sums its Ce accumulators in split
+// order, kB at a time, the next batch loaded while one is summed. The sums and their order
+// are those of the serial form before 2026-12-01 (same bits).
 // Dynamic shared memory: 2 * splits * G floats.
 // Unit `unit`'s merge by the CTA that calls it (any block size >= G; every thread calls it):
 // comb holds 2 * splits * G floats. kL2: the states are read through L2 only (ld.global.cg),
@@ -1236,7 +1240,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // what other CTAs wrote during this kernel.
 template <typename T, bool kL2>
 __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
-  __shared__ float head_l[kMcMaxGroup];
+  constexpr int kB = 16;  // accumulators per batch and output element (two batches in flight)
+  __shared__ float head_m[kMcMaxGroup], head_l[kMcMaxGroup];
   __shared__ int head_empty[kMcMaxGroup];
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
   const int64_t len = token_context(p, t).len;
@@ -1246,6 +1251,12 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
   const int64_t sf = split_state_floats(G, D);
   const float* st = p.ws + unit * p.splits * sf;
   auto ld = [&](int64_t i) { return kL2 ? __ldcg(st + i) : st[i]; };
+  // split c's accumulator of output element i, 0 past Ce
+  auto acc = [&](int c, int i) { return c < Ce ? ld(c * sf + 2 * G + i) : 0.f; };
+  float v[kB];  // the batch being summed
+  if (int(threadIdx.x) < G * D)
+#pragma unroll
+    for (int j = 0; j < kB; ++j) v[j] = acc(j, int(threadIdx.x));
   float *fm = comb, *fl = comb + Ce * G;
   int any_local = 0;
   for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
@@ -1259,30 +1270,40 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
     const int g = threadIdx.x;
     float M = -INFINITY;
     for (int c = 0; c < Ce; ++c) M = fmaxf(M, fm[c * G + g]);
-    float L = 0.f;
-    for (int c = 0; c < Ce; ++c) {
-      const float f = M == -INFINITY ? 0.f : merge_factor(fm[c * G + g], M);
-      fm[c * G + g] = f;
-      L += fl[c * G + g] * f;
-    }
-    head_l[g] = L;
+    head_m[g] = M;
     head_empty[g] = M == -INFINITY;
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
+    const float M = head_m[k % G];
+    fm[k] = M == -INFINITY ? 0.f : merge_factor(fm[k], M);
+  }
+  __syncthreads();
+  if (threadIdx.x < G) {
+    const int g = threadIdx.x;
+    float L = 0.f;
+    for (int c = 0; c < Ce; ++c) L += fl[c * G + g] * fm[c * G + g];
+    head_l[g] = L;
   }
   __syncthreads();
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int g = i / D;
+    if (i != int(threadIdx.x))  // (the first element's first batch is loaded)
+#pragma unroll
+      for (int j = 0; j < kB; ++j) v[j] = acc(j, i);
     float a = 0.f;
-    if (!head_empty[g])
-      for (int c0 = 0; c0 < Ce; c0 += 8) {
-        float v[8];
+    for (int c0 = 0; c0 < Ce; c0 += kB) {
+      float w[kB];  // the next batch, in flight while this one is summed
 #pragma unroll
-        for (int j = 0; j < 8; ++j) v[j] = c0 + j < Ce ? ld((c0 + j) * sf + 2 * G + i) : 0.f;
+      for (int j = 0; j < kB; ++j) w[j] = c0 + kB < Ce ? acc(c0 + kB + j, i) : 0.f;
 #pragma unroll
-        for (int j = 0; j < 8; ++j)
-          if (c0 + j < Ce) a += v[j] * fm[(c0 + j) * G + g];
-      }
-    out_t[i] = Dt<T>::from_f(attention_output(head_empty[g] ? 0.f : head_l[g], a, any, len));
+      for (int j = 0; j < kB; ++j)
+        if (c0 + j < Ce) a += v[j] * fm[(c0 + j) * G + g];
+#pragma unroll
+      for (int j = 0; j < kB; ++j) v[j] = w[j];
+    }
+    out_t[i] = Dt<T>::from_f(attention_output(head_empty[g] ? 0.f : head_l[g], head_empty[g] ? 0.f : a, any, len));
   }
 }
 
