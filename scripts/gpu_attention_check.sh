@@ -7,8 +7,9 @@
 #   ncu_gqa    Nsight Compute on cuda_gqa_cluster at SmolLM2's shape (192 of 2048 keys, fp32)
 #              -> $OUT/ncu_attention_gqa.txt
 #   nosplit    the automatic choice with KS_ATTN_SPLIT=0 -> $OUT/attention_nosplit.csv
-#   lastcomb   the automatic choice with KS_ATTN_LAST_COMBINE=1 (the unit's last split CTA merges,
-#              no combine kernel), appended to attention_variants.csv as kernscope[...] rows
+#   lastcomb   the automatic choice with KS_ATTN_LAST_COMBINE=0 (the split's combine kernel instead
+#              of the default, where the unit's last split CTA merges), appended to
+#              attention_variants.csv as kernscope[...] rows
 #   layout     the cache-layout experiment (KS_BENCH_ATTN=layout) -> $OUT/attention_layout.csv
 #   peers      torch SDPA in the same call -> $OUT/peers_attention.csv, and the plot against it
 #   ncu_b1     Nsight Compute on cuda_mma_cluster (and the split's combine kernel) at b1 9/3 heads of
@@ -42,8 +43,8 @@ if has nosplit; then
     grep -E "variant=cuda_(mma|gqa)" | grep -v " of " | cut -c1-140
 fi
 if has lastcomb; then
-  ks_bench_tagged KS_ATTN_LAST_COMBINE=1 kernscope "$OUT/attention_variants.csv" --ops paged_attention --dtypes bf16
-  grep -F "[KS_ATTN_LAST_COMBINE=1]" "$OUT/attention_variants.csv" | cut -d, -f6,8,10
+  ks_bench_tagged KS_ATTN_LAST_COMBINE=0 kernscope "$OUT/attention_variants.csv" --ops paged_attention --dtypes bf16
+  grep -F "[KS_ATTN_LAST_COMBINE=0]" "$OUT/attention_variants.csv" | cut -d, -f6,8,10
 fi
 if has layout; then
   # one kv head's rows at a 2 KB stride (32/8 heads) or back to back (4/1), same bytes

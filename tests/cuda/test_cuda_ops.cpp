@@ -2660,8 +2660,8 @@ TEST(CudaAttentionMma, LazyBaseRescalesAccumulatedKeys) {
 // written into the device tensor between replays: every replay equals the eager call's bits;
 // last, NaN K rows in split 0's first block make every output NaN. (The split is taken where a
 // cluster CTA would read >= 256 KB of K and V: the table capacities here are chosen for that.)
-// All of it twice: with attention_combine_kernel, and with KS_ATTN_LAST_COMBINE=1 (each unit's
-// last split CTA merges, through a counter per unit that it sets back to 0: a counter left
+// All of it twice: with attention_combine_kernel (KS_ATTN_LAST_COMBINE=0), and with the default
+// (KS_ATTN_LAST_COMBINE=1: each unit's last split CTA merges, through a counter per unit that it sets back to 0: a counter left
 // nonzero would leave a replay's rows unwritten), whose eager rows must equal the first pass's
 // bit for bit (the same merge code and order).
 TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {

@@ -111,8 +111,8 @@ constexpr size_t gqa_push_offset(size_t base) { return (base + 15) / 16 * 16; }
   return len > 0 ? y : 0.f;
 }
 
-// cuda_mma_cluster's split: the merge of a unit's split states (attention_combine_kernel, or the
-// unit's last split CTA under KS_ATTN_LAST_COMBINE=1); defined below.
+// cuda_mma_cluster's split: the merge of a unit's split states (the unit's last split CTA, or
+// attention_combine_kernel under KS_ATTN_LAST_COMBINE=0); defined below.
 template <typename T, bool kL2>
 __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb);
 
@@ -863,7 +863,8 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 // With G <= 4 the three pieces share one MMA (PK, at the kernel); the softmax base moves only
 // when a score passes it by kMcSlack. Few units over long contexts: each unit's keys are split
 // beyond one cluster over `splits` CTAs whose states meet in a workspace private to the call
-// (split_workspace) and attention_combine_kernel (the launcher).
+// (split_workspace), merged by the unit's last split CTA to finish (or, under
+// KS_ATTN_LAST_COMBINE=0, by attention_combine_kernel; the same code and bits).
 // can_implement: bf16 / fp16, head_dim a multiple of 8 up to 128 (padded to 32, 64 or 128
 // with zeros), at most 16 query heads per kv head, 16-byte aligned tensors, fewer than 2^31
 // cache slots, compute capability 9.0.
@@ -931,7 +932,7 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
 // once at the end ((hi + mid) + lo in FP32). Lanes 16..31 (rows 4..7 of S are zero) take
 // rows 0..3's scores by a shuffle, so every replica's softmax is the same instructions on the
 // same values (bit for bit); only row qr's softmax runs (row qr + 8 is the same head's mid).
-// LC: the instantiation for KS_ATTN_LAST_COMBINE (p.ws_count set; the merge below the key loop,
+// LC: the instantiation for the split's last-CTA merge (p.ws_count set, the default; the merge below the key loop,
 // which inlined into every instantiation raised the key loop's registers, e.g. 96-105 -> 116-127
 // at head_dim 32).
 template <typename T, int DP, int NW, bool PK, bool LC = false>
@@ -1202,7 +1203,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
   if constexpr (LC) {
     if (ws_state && Ce > 1) {
-      // KS_ATTN_LAST_COMBINE (p.ws_count set): the unit's last split CTA to get here merges the
+      // The default (p.ws_count set; not under KS_ATTN_LAST_COMBINE=0): the unit's last split CTA to get here merges the
       // Ce states (the combine kernel's code and order, so the same bits). Each thread's state
       // stores are made visible to the device before the CTA's arrival is counted; the last CTA
       // reads the others' through L2 after seeing the count. atomicInc wraps the count back to
@@ -1236,7 +1237,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // Dynamic shared memory: 2 * splits * G floats.
 // Unit `unit`'s merge by the CTA that calls it (any block size >= G; every thread calls it):
 // comb holds 2 * splits * G floats. kL2: the states are read through L2 only (ld.global.cg),
-// for the last split CTA of KS_ATTN_LAST_COMBINE, whose L1 never held them but which reads
+// for the unit's last split CTA (the default merge), whose L1 never held them but which reads
 // what other CTAs wrote during this kernel.
 template <typename T, bool kL2>
 __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
@@ -1325,7 +1326,7 @@ int padded_head_dim(int64_t d) { return d <= 32 ? 32 : d <= 64 ? 64 : 128; }
 // programmatic dependent launch cannot overlap them. Each captured call owns its own buffer and
 // launches of one executable are serialized; but a clone or a second instantiation of the graph
 // shares the buffer (the kernels' parameters carry its address), so such executables must not run
-// at the same time (their split states would mix; with KS_ATTN_LAST_COMBINE, their counters too). A user
+// at the same time (their split states would mix, and their counters). A user
 // object's destructor may not call CUDA: it queues the buffer, and a later call outside capture
 // frees it with cudaFreeAsync on a side stream.
 // (device, buffer) of destroyed graphs, under a lock; never destroyed, since a graph may be
@@ -1459,8 +1460,11 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   int NW = 4, resident = 0;
   // KS_ATTN_SPLIT=0: no split beyond a cluster (for comparisons)
   static const bool split_on = !env_is("KS_ATTN_SPLIT", "0");
-  // KS_ATTN_LAST_COMBINE=1: each unit's last split CTA merges the states (no combine kernel)
-  const bool last_combine = env_is("KS_ATTN_LAST_COMBINE", "1");
+  // each unit's last split CTA merges the states (no combine kernel), unless
+  // KS_ATTN_LAST_COMBINE=0 (attention_combine_kernel, for comparisons). At ea63df9 (after the
+  // merge's latency chain was shortened): b1 9/3 heads of 64, 32K keys 16.99 us against 17.9 with
+  // the combine kernel; 32/8 of 128, 8K 18.6 against 20.0, 32K 44.1 against 45.2.
+  const bool last_combine = !env_is("KS_ATTN_LAST_COMBINE", "0");
   // the fewest keys per split CTA: 256 (two tiles per warp), or KS_ATTN_SPLIT_KEYS=N (a
   // multiple of 16, for experiments)
   static const int split_keys = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_KEYS", 256), 16, 1 << 20) / 16 * 16);
@@ -1504,7 +1508,7 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       // H200 at one CTA per SM), so with 8 units only 64 SMs read keys. Each unit's keys then
       // go to S CTAs of one SM each (S units <= SMs: one wave), at least split_keys each, when
       // that is more than C; their states meet in a workspace private to this call
-      // (split_workspace) and attention_combine_kernel writes the output.
+      // (split_workspace) and the unit's last split CTA (or attention_combine_kernel) writes the output.
       // Only where the cluster would leave each CTA at least kSplitMinBytes of K and V (by the
       // capacity, as C): the rule, attention_splits, is in launch_rules.hpp (unit-tested on the CPU)
       const int64_t S = attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,

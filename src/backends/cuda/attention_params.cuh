@@ -34,7 +34,7 @@ struct AttnParams {
   float* ws;
   // with the split: nullptr, attention_combine_kernel merges the states; else a counter per unit
   // (zero between calls) by which the unit's last split CTA to finish finds itself and merges
-  // them (KS_ATTN_LAST_COMBINE=1: no combine kernel)
+  // them (the default: no combine kernel; KS_ATTN_LAST_COMBINE=0 launches it)
   unsigned* ws_count;
   // cuda_gqa_cluster's cluster merge: 0 = each CTA's state read by the others through
   // distributed shared memory between two cluster barriers; else the byte offset, in rank 0's
