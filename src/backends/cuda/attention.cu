@@ -329,6 +329,21 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     warm_keys_l2<T>(p, now.seq, kvh, gqa_keys(now.len, live_ctas(p, C, now.len, NS * U), rank));
   }
   pdl_begin();
+  float q[GM][E], acc[GM][E], m[GM], l[GM];
+  if constexpr (!ROPE) {
+    // q's pieces first: they do not depend on the context length, so their loads overlap
+    // token_context's instead of following it (one round trip less before the first keys)
+    const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
+#pragma unroll
+    for (int g = 0; g < GM; ++g) {
+      V v{};
+      if (g < G && owns) v = load_vec<T, E>(qbase + int64_t(g) * D);
+#pragma unroll
+      for (int e = 0; e < E; ++e) q[g][e] = v.f(e), acc[g][e] = 0.f;
+      m[g] = -INFINITY;
+      l[g] = 0.f;
+    }
+  }
   const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX (can_implement)
   // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each (or
   // KS_ATTN_MIN_KEYS). C was sized
@@ -341,7 +356,6 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   // this CTA's keys: [j_begin, j_end) (empty for rank >= Ce)
   const KeyRange mine_keys = gqa_keys(len, Ce, rank);
   const int j_begin = mine_keys.begin, j_end = mine_keys.end;
-  float q[GM][E], acc[GM][E], m[GM], l[GM];
   // ROPE: the token's position, its append slot, and this lane's pieces of its new key and value.
   // Every load comes first (the position, the slot, the lane's pieces of q's heads, of k and of
   // v, and for NeoX pairs their partners), then the first step's block-table entries and K / V
@@ -380,17 +394,6 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
         }
       }
       vv = load_vec<T, E>(static_cast<const T*>(rope->v) + (t * p.num_kv_heads + kvh) * D + d0);
-    }
-  } else {
-    const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
-#pragma unroll
-    for (int g = 0; g < GM; ++g) {
-      V v{};
-      if (g < G && owns) v = load_vec<T, E>(qbase + int64_t(g) * D);
-#pragma unroll
-      for (int e = 0; e < E; ++e) q[g][e] = v.f(e), acc[g][e] = 0.f;
-      m[g] = -INFINITY;
-      l[g] = 0.f;
     }
   }
   const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
@@ -963,17 +966,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     warm_keys_l2<T>(p, now.seq, kvh, mma_keys(now.len, live_ctas(p, parts, now.len, keys_per_cta), part));
   }
   pdl_begin();
-  const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX / 2 (can_implement)
-  // a split CTA without keys has no cluster to wait for, and the combine reads only the first
-  // Ce states
-  const int Ce = live_ctas(p, parts, len, keys_per_cta);
-  if ((Ce == 1 || p.splits > 1) && part >= Ce) return;
-  const KeyRange mine_keys = mma_keys(len, Ce, part);
-  const int j_begin = mine_keys.begin, j_end = mine_keys.end;
-  const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
-  const int mine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
-
-  // A fragments of Q (rows: the kv head's query heads; columns past D and rows past G zero)
+  // A fragments of Q (rows: the kv head's query heads; columns past D and rows past G zero),
+  // loaded first: they do not depend on the context length, so their loads overlap
+  // token_context's instead of following it
   const int qr = lane >> 2, qc = (lane & 3) * 2;
   uint32_t qa[NK][4];
   {
@@ -989,6 +984,16 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       qa[ks][3] = pair(qr + 8, ks * 16 + qc + 8);
     }
   }
+  const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX / 2 (can_implement)
+  // a split CTA without keys has no cluster to wait for, and the combine reads only the first
+  // Ce states
+  const int Ce = live_ctas(p, parts, len, keys_per_cta);
+  if ((Ce == 1 || p.splits > 1) && part >= Ce) return;
+  const KeyRange mine_keys = mma_keys(len, Ce, part);
+  const int j_begin = mine_keys.begin, j_end = mine_keys.end;
+  const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
+  const int mine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
+
   const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
   const int bs = int(p.block_size);
   const uint32_t bs_mul = p.bs_mul;
