@@ -5,7 +5,10 @@
 # `ksctl bench-model` on CUDA and the CPU, the PyTorch baselines (bench/model_peers.py) and
 # docs/perf/model.md's table (bench/model_report.py); writes logs and CSVs under $OUT.
 #
-# Needs what scripts/prepare_gpu_carry.sh made: .dlpack and .deps carried by this call,
+# KS_PREBUILT=1 (build-prebuilt/ carried, from scripts/make_prebuilt.sh): no build; the carried
+# ksctl and test_model run (the swap stage still builds the Python package, so leave it out).
+# Needs what scripts/prepare_gpu_carry.sh made: .dlpack and .deps carried by this call (not
+# under KS_PREBUILT=1: there, build-prebuilt, .whl and .mdl/part_ab),
 # and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
 # call that copies it to /tmp/ks_part_aa (e.g. the gpu_check.sh call), then .mdl/part_ab in the
 # next while the machine is warm; this script joins them.
@@ -34,7 +37,10 @@ if [ ! -f "$MODEL" ]; then
   cat $A .mdl/part_ab > "$MODEL"
 fi
 [ "$(stat -c %s "$MODEL")" = 98362432 ] || { echo "gpu_model_check: the joined model has the wrong size"; exit 2; }
-if has build; then
+if has build && [ "${KS_PREBUILT:-0}" = 1 ]; then  # carried binaries (scripts/make_prebuilt.sh)
+  echo "build-prebuilt at $(tr '\n' ' ' < $BUILD/COMMIT)" | tee -a "$LOG"
+  [ -x $BUILD/ksctl ] && [ -x $BUILD/tests/test_model ] || { echo "gpu_model_check: build-prebuilt lacks ksctl / test_model"; exit 1; }
+elif has build; then
   ks_gpu_build "$LOG" ksctl test_model test_cuda_ops || { tail -40 "$LOG"; exit 1; }
 fi
 if has test; then

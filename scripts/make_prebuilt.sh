@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Build the GPU test and benchmark binaries here (no GPU needed: nvcc only) for sm_90a and copy
-# them into build-prebuilt/ (git-ignored: /build*/), so a GPU call can carry them (about 20 MB,
-# under the 64 MiB carry limit) and run them at once instead of spending ~200 s of device time on
-# a fresh machine's build. The device runs them through scripts/gpu_prebuilt.sh, or any GPU script
+# Build the GPU test and benchmark binaries, ksctl and the model tests here (no GPU needed: nvcc
+# only) for sm_90a and copy them into build-prebuilt/ (git-ignored: /build*/), so a GPU call can
+# carry them (about 23 MB, under the 64 MiB carry limit, also beside the model's second part) and
+# run them at once instead of spending ~200 s of device time on a fresh machine's build.
+# scripts/gpu_model_check.sh under KS_PREBUILT=1 skips its build stage and runs the carried ksctl
+# and test_model. The device runs them through scripts/gpu_prebuilt.sh, or any GPU script
 # that uses ks_gpu_build_and_test and $BUILD/bench_ops under KS_PREBUILT=1 (scripts/gpu_env.sh).
 #   scripts/make_prebuilt.sh [local build dir]   (default /tmp/ks-prebuilt; needs .dlpack from
 #   scripts/prepare_gpu_carry.sh; reuses the dir's earlier objects)
@@ -15,10 +17,11 @@ B=${1:-/tmp/ks-prebuilt}
 [ -d .dlpack/usr/include ] || { echo "make_prebuilt: no .dlpack (run scripts/prepare_gpu_carry.sh)"; exit 1; }
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKS_BUILD_TOOLS=ON \
   -DKS_DLPACK_INCLUDE_DIR="$PWD/.dlpack/usr/include" > /dev/null  # (CMakeLists.txt uses ccache when present)
-cmake --build "$B" --target test_cuda_ops bench_ops
+cmake --build "$B" --target test_cuda_ops bench_ops ksctl test_model
 rm -rf build-prebuilt && mkdir -p build-prebuilt/tests  # (a build directory's layout: $BUILD/...)
 cp -L "$B/libkernscope.so.0" build-prebuilt/
-cp "$B/tests/test_cuda_ops" build-prebuilt/tests/
+cp "$B/tests/test_cuda_ops" "$B/tests/test_model" build-prebuilt/tests/
+cp "$B/ksctl" build-prebuilt/
 cp "$B/bench_ops" build-prebuilt/
 git rev-parse --short HEAD > build-prebuilt/COMMIT
 git diff --quiet HEAD -- src include tests bench || echo "(uncommitted changes)" >> build-prebuilt/COMMIT
