@@ -344,28 +344,35 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
     std::fprintf(stderr, "tune: --reps must be >= 1\n");
     return 2;
   }
-  std::error_code ec;
-  const bool dir_existed = std::filesystem::exists(dir, ec);
-  if (!make_out_dir(dir)) return 2;  // (before measuring: a path that cannot be made fails at once)
-  // an --out-dir this run created is removed again when the run writes nothing into it
-  auto drop_new_dir = [&] {
-    if (!dir_existed) std::filesystem::remove(dir, ec);  // (only an empty directory)
-  };
   if (!op.empty() && !ks::tune::has_op(op)) {
-    drop_new_dir();
     std::fprintf(stderr, "tune: unknown op '%s' (the operators: ksctl ops)\n", op.c_str());
     return 2;
   }
   if (backend == "cuda" && !ks::backend_available(ks::Backend::Cuda)) {
     std::fprintf(stderr, "tune: --backend cuda, but the CUDA backend is not available here\n");
-    drop_new_dir();
     return 3;
   }
+  // The directories of --out-dir's path that this run creates (from the deepest), removed again
+  // when it writes nothing into them; a path whose existence cannot be told counts as existing.
+  std::vector<std::filesystem::path> created;
+  for (std::filesystem::path d = std::filesystem::absolute(dir).lexically_normal(); !d.empty() && d != d.parent_path();
+       d = d.parent_path()) {
+    std::error_code ec;
+    const bool there = std::filesystem::exists(d, ec);
+    if (there || ec) break;
+    created.push_back(d);
+  }
+  if (!make_out_dir(dir)) return 2;  // (before measuring: a path that cannot be made fails at once)
+  auto drop_new_dirs = [&] {
+    std::error_code ec;
+    for (const auto& d : created)
+      if (!std::filesystem::remove(d, ec)) break;  // (only an empty directory is removed)
+  };
   const std::vector<Row> rows = ks::tune::measure(backend, op, reps, quiet ? ks::tune::Progress() : progress_bar);
   if (rows.empty()) {  // not an error: every op here has one variant
     std::printf("tune: nothing to tune (no op%s with more than one variant on the backends present)\n",
                 op.empty() ? "" : (" " + op).c_str());
-    drop_new_dir();
+    drop_new_dirs();
     return 0;
   }
   int status = 0;
