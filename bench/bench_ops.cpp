@@ -17,7 +17,7 @@
 // (--impl names the rows, default "kernscope"; e.g. kernscope_nopdl for a KS_PDL=0 run;
 //  --shapes 512x4096,64x128256 keeps only those shapes, as printed, e.g. for a profiler run; decode attention
 //  shapes too, e.g. "b1 h32/8 d128 T32768")
-//  model-path ops, bf16 only and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
+//  model-path ops, bf16 only (sample and argmax: every dtype of --dtypes) and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors);
 //  --ops quant_matmul_rows: fp32 quant_matmul at 2..512 rows of SmolLM2's shapes against a dense FP32 gemm
 //    (and at the down projection's shape, silu_and_mul_quant_matmul's cuda_mma_rows against the two calls)
@@ -372,15 +372,18 @@ int main(int argc, char** argv) {
       for (int64_t T : {int64_t(128), int64_t(576)}) attention(1, 9, 3, 64, T, 656, DType::F32);
     }
   }
+  // (sample and argmax take every dtype of --dtypes: the anchors' bf16, and fp16 / fp32 logits)
   for (const char* op : {"sample", "argmax"}) {
     if (!has(ops, op)) continue;
+    for (DType lt : {DType::BF16, DType::F16, DType::F32}) {
+    if (!has(dtypes, ks::dtype_name(lt))) continue;
     for (auto [b, V] : std::vector<std::pair<int64_t, int64_t>>{{1, 128256}, {64, 128256}, {256, 151936}}) {
-      const size_t bytes = size_t(b * V * 2);
+      const size_t bytes = size_t(b * V) * ks::dtype_size(lt);
       const int k = nsets(bytes);
       std::vector<std::unique_ptr<Dev>> x;
       for (int i = 0; i < k; ++i) {
         x.emplace_back(new Dev(bytes));
-        fill_random(x.back()->p, b * V, bf, rng);
+        fill_random(x.back()->p, b * V, lt, rng);
       }
       Dev out(b * 8), so(16);
       const int64_t seed_offset[2] = {1234, 0};
@@ -388,15 +391,16 @@ int main(int argc, char** argv) {
       const bool sampling = std::strcmp(op, "sample") == 0;
       const std::function<void(int, cudaStream_t)> call = [&](int i, cudaStream_t st) {
         if (sampling)  // top-k 50, top-p 0.9, as the anchor's torch path
-          ks::sample(dv(out.p, DType::I64, {b}), ks::TensorView(), dv(x[i]->p, bf, {b, V}), dv(so.p, DType::I64, {2}),
+          ks::sample(dv(out.p, DType::I64, {b}), ks::TensorView(), dv(x[i]->p, lt, {b, V}), dv(so.p, DType::I64, {2}),
                      1.0, 50, 0.9, ks::Backend::Cuda, st);
         else
-          ks::argmax(dv(out.p, DType::I64, {b}), dv(x[i]->p, bf, {b, V}), ks::Backend::Cuda, st);
+          ks::argmax(dv(out.p, DType::I64, {b}), dv(x[i]->p, lt, {b, V}), ks::Backend::Cuda, st);
       };
       const double us = graph_time(k, call, s);
       const std::string shape = std::to_string(b) + "x" + std::to_string(V);
-      record(sampling ? "sampling_topk_topp" : "argmax", shape, bf, us, bytes, op);
-      also_variants(op, sampling ? "sampling_topk_topp" : "argmax", shape, bf, bytes, k, call);
+      record(sampling ? "sampling_topk_topp" : "argmax", shape, lt, us, bytes, op);
+      also_variants(op, sampling ? "sampling_topk_topp" : "argmax", shape, lt, bytes, k, call);
+    }
     }
   }
   // n packed rows of h weights at p (device): random codes with small finite fp16 scales (the

@@ -6,7 +6,8 @@
 # loads instead of runs of 16 bytes), bench_ops' sample and argmax under every CUDA variant (bf16) -> $OUT/sampling.csv
 # with the default's rows under those settings appended tagged, and cuda_cluster_local_topk's
 # phase cycles (KS_SAMPLE_TRACE=1: default, scalar loads, no floor) -> $OUT/sample_trace.txt,
-# and the PyTorch peers of the same shapes -> $OUT/peers_sampling.csv.
+# and the PyTorch peers of the same shapes -> $OUT/peers_sampling.csv; fp16 and fp32 logits, with
+# and without KS_SAMPLE_VEC=0 -> $OUT/sampling_dtypes.csv.
 # KS_SAMPLING_TEST_SETTINGS / KS_SAMPLING_BENCH_SETTINGS (VAR=value words; a bench word may join
 # several with "+") replace the settings the tests are repeated under and the tagged benchmark
 # rows are taken under (default bench settings: scalar loads alone and with clusters of 8,
@@ -22,6 +23,10 @@ for setting in ${KS_SAMPLING_TEST_SETTINGS:-KS_SAMPLE_VEC=0 KS_SAMPLE_FLOOR=0 KS
 done
 $BUILD/bench_ops --csv "$OUT/sampling.csv" --variants --ops sample,argmax --dtypes bf16 2>&1 |
   grep -E "^(sampling|argmax)" | cut -c1-150
+# fp16 and fp32 logits (the runs of 16 bytes hold 8 and 4 scores), and with scalar loads
+$BUILD/bench_ops --csv "$OUT/sampling_dtypes.csv" --ops sample,argmax --dtypes fp16,fp32 > /dev/null 2>&1
+ks_bench_tagged KS_SAMPLE_VEC=0 kernscope "$OUT/sampling_dtypes.csv" --ops sample --dtypes fp16,fp32
+grep -E ",(fp16|fp32),kernscope" "$OUT/sampling_dtypes.csv" | cut -d, -f5,6,7,8,10
 for setting in ${KS_SAMPLING_BENCH_SETTINGS:-KS_SAMPLE_VEC=0 KS_SAMPLE_CLUSTER=8 KS_SAMPLE_CLUSTER=16 KS_SAMPLE_VEC=0+KS_SAMPLE_CLUSTER=8 KS_SAMPLE_FLOOR=0}; do
   ks_bench_tagged $setting kernscope "$OUT/sampling.csv" --ops sample --dtypes bf16
   grep -F "[$setting]" "$OUT/sampling.csv" | cut -d, -f6,8,10

@@ -290,7 +290,9 @@ TEST(CudaSample, ClusterLocalTopkFloorEqualsTheCpuReference) {
     }
 }
 
-// KS_SAMPLE_VEC=1: cuda_cluster_local_topk's runs of 16-byte loads (the Positions comment in
+// KS_SAMPLE_VEC=1 (the default since 353c83e, set here so the test keeps it whatever the default;
+// the other sampling tests run both ways under gpu_sampling_check.sh's KS_SAMPLE_VEC=0 pass):
+// cuda_cluster_local_topk's runs of 16-byte loads (the Positions comment in
 // sampling_local.cu: a thread's scores in runs of 8 (16-bit) or 4 (fp32) consecutive ones, every
 // order-dependent step counting in (run, warp, lane, score) order). Every dtype; vocabs whose
 // rows and ranges start 16-byte aligned and ones that do not (odd V: some rows on scalar loads,
