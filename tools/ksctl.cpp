@@ -298,7 +298,8 @@ ks::Backend model_backend(const std::string& device) {
 }
 
 int cmd_generate(const std::string& path, const std::string& prompt, int64_t max_tokens, const std::string& device,
-                 bool chat, float temperature, uint64_t seed, int64_t ctx, const std::string& threads_note) {
+                 bool chat, float temperature, int64_t top_k, double top_p, uint64_t seed, int64_t ctx,
+                 const std::string& threads_note) {
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
   const auto file = ks::model::GgufFile::open(path);
@@ -326,6 +327,8 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   ks::model::GenerateOptions opt;
   opt.max_tokens = max_tokens;
   opt.temperature = temperature;
+  opt.top_k = top_k;
+  opt.top_p = top_p;
   opt.seed = seed;
   const ks::model::EndTokens is_end(tok);
   auto st = ks::model::generate(model, tok, ids, opt, [&](int32_t id) {
@@ -545,7 +548,8 @@ int main(int argc, char** argv) {
   std::string g_model, g_prompt, g_device = "auto";
   int64_t g_max = 128, g_ctx = 0;
   bool g_chat = false;
-  float g_temp = 0.0f;
+  float g_temp = 0.0f, g_top_p = 1.0f;
+  int64_t g_top_k = 0;
   uint64_t g_seed = 0;
   gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
   gen->add_option("--prompt", g_prompt, "prompt text (not empty; left out: the default)")
@@ -558,7 +562,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   gen->add_option("--device", g_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   gen->add_flag("--chat", g_chat, "wrap the prompt in the model's chat template");
-  gen->add_option("--temperature", g_temp, "0 = greedy; > 0 samples from softmax(logits / T)")
+  gen->add_option("--temperature", g_temp,
+                  "0 = greedy; > 0 samples from softmax(logits / T), after --top-k and --top-p (kernscope's sample op)")
       ->check(CLI::Validator(
           [](std::string& v) {  // (a NaN passes a range check: every comparison with it is false)
             char* end = nullptr;
@@ -568,6 +573,18 @@ int main(int argc, char** argv) {
                        : "'" + v + "' is not a number in [0, 100]";
           },
           "FLOAT in [0, 100]"));
+  gen->add_option("--top-k", g_top_k, "with --temperature > 0: sample among the top_k largest logits (0: all)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
+  gen->add_option("--top-p", g_top_p,
+                  "with --temperature > 0: sample from the smallest set of tokens whose probability reaches top_p (1: all)")
+      ->check(CLI::Validator(
+          [](std::string& v) {
+            char* end = nullptr;
+            const float p = std::strtof(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && p > 0.0f && p <= 1.0f ? std::string()
+                                                                              : "'" + v + "' is not a number in (0, 1]";
+          },
+          "FLOAT in (0, 1]"));
   gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)")
       ->check(CLI::Validator(
           [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0"; }, ""));
@@ -625,7 +642,7 @@ int main(int argc, char** argv) {
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) {
       if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
-      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_seed, g_ctx, threads_note);
+      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_top_k, g_top_p, g_seed, g_ctx, threads_note);
     }
     if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches, b_context);
   } catch (const ks::Error& e) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 namespace ks::model {
 
@@ -23,25 +24,23 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   return Tokenizer(std::move(tokens), std::move(types), std::move(merges), bos, eos, pre);
 }
 
-int32_t sample_token(const float* logits, int64_t vocab, float temperature, std::mt19937_64& rng, ks::Backend be) {
-  if (!(temperature > 0.0f)) {  // greedy; temperature 0 never divides
-    int64_t idx = 0;
-    ks::argmax(ks::TensorView(&idx, ks::DType::I64, {1}), ks::TensorView(const_cast<float*>(logits), ks::DType::F32, {1, vocab}), be);
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& sp, uint64_t step, ks::Backend be) {
+  const ks::TensorView x(const_cast<float*>(logits), ks::DType::F32, {1, vocab});
+  int64_t idx = 0;
+  if (!(sp.temperature > 0.0f)) {  // greedy; temperature 0 never divides
+    ks::argmax(ks::TensorView(&idx, ks::DType::I64, {1}), x, be);
     return int32_t(idx);
   }
-  std::vector<float> scaled(static_cast<size_t>(vocab)), probs(static_cast<size_t>(vocab));
-  for (int64_t i = 0; i < vocab; ++i) scaled[i] = logits[i] / temperature;
-  ks::softmax(ks::TensorView(probs.data(), ks::DType::F32, {1, vocab}),
-              ks::TensorView(scaled.data(), ks::DType::F32, {1, vocab}), be);
-  const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng);
-  double acc = 0;
-  for (int64_t i = 0; i < vocab; ++i) {
-    acc += probs[i];
-    if (u < acc) return int32_t(i);
-  }
-  for (int64_t i = vocab - 1; i >= 0; --i)  // rounding left u above the total: last non-zero
-    if (probs[i] > 0) return int32_t(i);
-  return 0;
+  int64_t seed_offset[2];
+  std::memcpy(&seed_offset[0], &sp.seed, sizeof(int64_t));  // (the seed's bits)
+  seed_offset[1] = int64_t(step);
+  uint8_t valid = 0;
+  ks::sample(ks::TensorView(&idx, ks::DType::I64, {1}), ks::TensorView(&valid, ks::DType::U8, {1}), x,
+             ks::TensorView(seed_offset, ks::DType::I64, {2}), sp.temperature, sp.top_k, sp.top_p, be);
+  if (!valid)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "generate: the logits of step " + std::to_string(step) +
+                                                             " hold NaN or +inf or are all -inf; nothing to sample");
+  return int32_t(idx);
 }
 
 GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vector<int32_t>& prompt,
@@ -52,7 +51,6 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
   if (prompt.empty()) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "generate: the prompt has no tokens");
   const int64_t vocab = model.config().vocab_size;
   const EndTokens is_end(tok);
-  std::mt19937_64 rng(opt.seed);
   // Greedy decoding asks the model for the argmax directly: the prompt's through
   // forward_argmax, every later one through decode_greedy (on CUDA: computed on the device,
   // the GPU running ahead of the host in CUDA graphs of chained steps). Sampling reads the
@@ -101,8 +99,9 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
                               return emit(id);
                             });
     } else {
-      for (int32_t next = sample_token(logits, vocab, opt.temperature, rng); emit(next);
-           next = sample_token(logits, vocab, opt.temperature, rng))
+      const SamplingParams sp{opt.temperature, opt.top_k, opt.top_p, opt.seed};
+      uint64_t step = 0;  // generated token i draws with offset i
+      for (int32_t next = sample_token(logits, vocab, sp, step++); emit(next); next = sample_token(logits, vocab, sp, step++))
         logits = model.forward(&next, 1, pos++);
     }
   }

@@ -1,5 +1,6 @@
 // Text generation on top of LlamaModel: tokenizer loading, prefill + decode,
-// greedy or temperature sampling through kernscope's argmax / softmax ops.
+// greedy decoding (kernscope's argmax) or sampling (kernscope's sample op: temperature, top-k,
+// top-p, Philox draws keyed by the seed and counted by the step).
 #pragma once
 
 #include <cstdint>
@@ -17,10 +18,20 @@ namespace ks::model {
 // Builds the byte-level BPE tokenizer from the GGUF's tokenizer.ggml.* metadata.
 Tokenizer tokenizer_from_gguf(const GgufFile& f);
 
+// How the next id is chosen from a step's logits.
+struct SamplingParams {
+  float temperature = 0.0f;  // 0: greedy argmax (lowest index wins ties); > 0: ks::sample
+  int64_t top_k = 0;         // 0 (or >= vocab): off
+  double top_p = 1.0;        // in (0, 1]; 1: off
+  uint64_t seed = 0;         // the draws' Philox key (its bits as int64)
+};
+
 struct GenerateOptions {
   int64_t max_tokens = 128;
   float temperature = 0.0f;  // 0: greedy argmax (lowest index wins ties)
-  uint64_t seed = 0;
+  int64_t top_k = 0;         // with temperature > 0: keep the top_k largest logits (0: all)
+  double top_p = 1.0;        // with temperature > 0: the smallest set of mass >= top_p (1: all)
+  uint64_t seed = 0;         // with temperature > 0: the draw of generated token i is Philox(seed, i)
   bool stop_at_eos = true;   // stop after an end-of-sequence / end-of-turn token
 };
 
@@ -44,9 +55,12 @@ struct EndTokens {
   bool operator()(int32_t id) const { return id == eos || id == end_of_text; }
 };
 
-// Picks the next token from logits[vocab] (kernscope argmax, or softmax(logits / T)
-// then an inverse-CDF draw from rng).
-int32_t sample_token(const float* logits, int64_t vocab, float temperature, std::mt19937_64& rng,
+// Picks the next token from host logits[vocab]: temperature 0: kernscope's argmax (the lowest
+// index among equal maxima); else kernscope's sample op on the CPU with (temperature, top_k,
+// top_p) and seed_offset {seed, step} (docs/contracts.md#sample: the same id for the same
+// (seed, step) on every run and backend). A row that sample reports invalid (NaN, +inf, only
+// -inf) throws ks::InvalidArgument naming the step.
+int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& sp, uint64_t step,
                      ks::Backend backend = ks::Backend::Cpu);
 
 // Runs prompt then decodes; on_token is called for each generated id in order, as soon as the

@@ -79,6 +79,23 @@ LlamaConfig LlamaConfig::from_gguf(const GgufFile& f) {
     throw GgufError("llama.attention.head_count must divide llama.embedding_length");
   c.head_dim = c.hidden_size / c.num_heads;
   c.rotary_dim = int64_t(f.get_uint("llama.rope.dimension_count", uint64_t(c.head_dim)));
+  // What this loader does not implement is refused by name, not run with wrong results: RoPE
+  // scaling (linear, YaRN, Llama 3.1's frequency factors in rope_freqs.weight) and mixtures of
+  // experts (Mixtral-style files also say 'llama').
+  if (f.find("llama.rope.scaling.type")) {
+    const std::string t = f.get_string("llama.rope.scaling.type");
+    if (t != "none")
+      throw GgufError("llama.rope.scaling.type is '" + t + "'; RoPE scaling is not implemented (unscaled RoPE only)");
+  }
+  if (f.find("llama.rope.scaling.factor") && f.get_float("llama.rope.scaling.factor") != 1.0 &&
+      f.get_float("llama.rope.scaling.factor") != 0.0)
+    throw GgufError("llama.rope.scaling.factor is " + std::to_string(f.get_float("llama.rope.scaling.factor")) +
+                    "; RoPE scaling is not implemented (unscaled RoPE only)");
+  if (f.tensor("rope_freqs.weight"))
+    throw GgufError("the file has rope_freqs.weight (RoPE frequency factors, e.g. Llama 3.1's); not implemented");
+  if (f.get_uint("llama.expert_count", 0) > 0)
+    throw GgufError("llama.expert_count is " + std::to_string(f.get_uint("llama.expert_count", 0)) +
+                    "; mixtures of experts are not implemented");
   const GgufTensorInfo& emb = f.require_tensor("token_embd.weight");
   if (emb.ne.size() != 2 || emb.ne[0] != c.hidden_size) throw GgufError("token_embd.weight has the wrong shape");
   c.vocab_size = emb.ne[1];

@@ -6,6 +6,7 @@
 // headers, and require a GgufError with a useful message, never a crash.
 // Run under -fsanitize=address,undefined to catch out-of-bounds reads.
 #include "model/gguf.hpp"
+#include "model/llama.hpp"
 
 #include <gtest/gtest.h>
 
@@ -956,6 +957,44 @@ TEST(Gguf, OpenErrorsNameThePath) {
     EXPECT_NE(msg.find("w.bf16"), std::string::npos) << msg;
   }
   std::remove(trunc.c_str());
+}
+
+// LlamaConfig::from_gguf: a small llama header loads; what the loader does not implement (RoPE
+// scaling by type or factor, RoPE frequency factors, mixtures of experts) is refused with the
+// key or tensor named, rather than run with wrong results; an unscaled type ('none', factor 1)
+// still loads.
+TEST(Gguf, LlamaConfigRefusesWhatItDoesNotImplement) {
+  auto base = [](const char* arch = "llama") {
+    Builder b;
+    b.kv_str("general.architecture", arch);
+    b.kv_u32("llama.block_count", 2).kv_u32("llama.embedding_length", 64).kv_u32("llama.feed_forward_length", 128);
+    b.kv_u32("llama.attention.head_count", 4).kv_u32("llama.attention.head_count_kv", 2);
+    b.tensor("token_embd.weight", {64, 10}, 0);
+    return b;
+  };
+  auto config = [](Builder b) { return ks::model::LlamaConfig::from_gguf(GgufFile::from_bytes(b.build())); };
+  const ks::model::LlamaConfig c = config(base());
+  EXPECT_EQ(c.head_dim, 16);
+  EXPECT_EQ(c.vocab_size, 10);
+  EXPECT_EQ(c.rotary_dim, 16);
+  auto refused = [&](Builder b, const std::string& named) {
+    try {
+      config(std::move(b));
+      ADD_FAILURE() << "loaded; expected a refusal naming " << named;
+    } catch (const GgufError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  refused(base().kv_str("llama.rope.scaling.type", "yarn"), "llama.rope.scaling.type");
+  refused(base().kv_str("llama.rope.scaling.type", "linear"), "'linear'");
+  refused(base().kv("llama.rope.scaling.factor", [](W& w) { w.type(GgufType::FLOAT32).f32(8.f); }),
+          "llama.rope.scaling.factor");
+  refused(base().tensor("rope_freqs.weight", {8}, 0), "rope_freqs.weight");
+  refused(base().kv_u32("llama.expert_count", 8), "llama.expert_count");
+  refused(base("qwen2"), "only 'llama' is supported");
+  EXPECT_NO_THROW(config(base().kv_str("llama.rope.scaling.type", "none")));
+  EXPECT_NO_THROW(config(base().kv("llama.rope.scaling.factor", [](W& w) { w.type(GgufType::FLOAT32).f32(1.f); })));
+  EXPECT_NO_THROW(config(base().kv_u32("llama.expert_count", 0)));
 }
 
 // The real model, when available (KS_MODEL_PATH).

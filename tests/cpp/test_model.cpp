@@ -621,20 +621,44 @@ TEST(Model, CudaDecodeAcrossAttentionTables) {
   EXPECT_EQ(got0, want0);
 }
 
+// generate's sampler: temperature 0 is the argmax (lowest index among ties); otherwise kernscope's
+// sample op keyed by (seed, step): the same (seed, step) gives the same id, the draws over many
+// steps follow softmax(logits / T), top_k = 1 and a small top_p keep the largest logit only, a
+// top_k of 2 never draws the two smallest, and a row of NaN is refused naming the step.
 TEST(Model, SamplingTemperatureZeroIsArgmaxAndSeeded) {
+  using ks::model::SamplingParams;
+  using ks::model::sample_token;
   std::vector<float> logits{0.5f, 3.0f, 3.0f, -1.0f};
-  std::mt19937_64 rng(1);
-  EXPECT_EQ(ks::model::sample_token(logits.data(), 4, 0.0f, rng), 1);  // tie: lowest index
-  std::mt19937_64 r1(42), r2(42);
-  for (int i = 0; i < 20; ++i)
-    EXPECT_EQ(ks::model::sample_token(logits.data(), 4, 0.8f, r1), ks::model::sample_token(logits.data(), 4, 0.8f, r2));
+  EXPECT_EQ(sample_token(logits.data(), 4, SamplingParams{0.0f, 0, 1.0, 1}, 0), 1);  // tie: lowest index
+  const SamplingParams warm{0.8f, 0, 1.0, 42};
+  for (uint64_t step = 0; step < 20; ++step)
+    EXPECT_EQ(sample_token(logits.data(), 4, warm, step), sample_token(logits.data(), 4, warm, step));
   // Draws follow softmax(logits / T): id 3 (p ~ 0.003 at T=1) is rare, ids 1/2 common.
-  std::mt19937_64 r3(7);
-  int counts[4] = {};
-  for (int i = 0; i < 4000; ++i) ++counts[ks::model::sample_token(logits.data(), 4, 1.0f, r3)];
+  int counts[4] = {}, other_seed_differs = 0;
+  const SamplingParams t1{1.0f, 0, 1.0, 7}, t1b{1.0f, 0, 1.0, 8};
+  for (uint64_t step = 0; step < 4000; ++step) {
+    const int32_t id = sample_token(logits.data(), 4, t1, step);
+    ++counts[id];
+    other_seed_differs += id != sample_token(logits.data(), 4, t1b, step);
+  }
   EXPECT_GT(counts[1], 1500);
   EXPECT_GT(counts[2], 1500);
   EXPECT_LT(counts[3], 60);
+  EXPECT_GT(other_seed_differs, 1000);  // (two ids near 1/2 each: about half the steps differ)
+  std::vector<float> spread{0.1f, 2.0f, 1.0f, 1.5f, -3.0f};
+  for (uint64_t step = 0; step < 200; ++step) {
+    EXPECT_EQ(sample_token(spread.data(), 5, SamplingParams{1.0f, 1, 1.0, 3}, step), 1);
+    EXPECT_EQ(sample_token(spread.data(), 5, SamplingParams{1.0f, 0, 0.05, 3}, step), 1);
+    const int32_t id = sample_token(spread.data(), 5, SamplingParams{2.0f, 2, 1.0, 3}, step);
+    EXPECT_TRUE(id == 1 || id == 3) << id;
+  }
+  std::vector<float> bad{0.f, std::nanf(""), 1.f};
+  try {
+    sample_token(bad.data(), 3, SamplingParams{1.0f, 0, 1.0, 3}, 17);
+    ADD_FAILURE() << "a NaN row was sampled";
+  } catch (const ks::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("step 17"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
