@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -79,8 +80,16 @@ std::string csv_field(const std::string& v) {
   return q + "\"";
 }
 
+// On a terminal: one line redrawn in place; into a file or pipe (a log): a line every tenth of
+// the work and the last, without carriage returns.
 void progress_bar(size_t done, size_t total, const std::string& what) {
   if (total == 0) return;
+  static const bool tty = isatty(fileno(stderr)) != 0;
+  if (!tty) {
+    if (done == total || (done * 10 / total) != ((done - (done > 0)) * 10 / total))
+      std::fprintf(stderr, "tune: %zu/%zu %s\n", done, total, what.c_str());
+    return;
+  }
   const int width = 30;
   const int filled = total ? int(double(done) / double(total) * width) : width;
   std::fprintf(stderr, "\r[%s%s] %zu/%zu %-70.70s", std::string(size_t(filled), '#').c_str(),
