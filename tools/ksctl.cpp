@@ -375,7 +375,8 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
                                                              " is shorter than the longest prompt + decode tokens + 1 (" +
                                                              std::to_string(need) + ")");
   LoadedModel m(path, context > 0 ? context : need, be, max_batch);
-  std::printf("[ksctl] %s, KV cache %lld tokens x %lld sequences; batched rows count every sequence's tokens\n",
+  std::printf("[ksctl] %s, KV cache %lld tokens x %lld sequences; batched rows count every sequence's tokens "
+              "(tokens and tokens/s)\n",
               model_line(path, m.model, be).c_str(), (long long)m.model.max_context(), (long long)max_batch);
   std::vector<int32_t> base = m.tok.encode(
       ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
@@ -431,8 +432,9 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (r > 0) rates.push_back(double(b * decode_tokens) / secs);
       }
-      std::printf("%-8s %8lld %8lld %14.1f   (batch %lld)\n", "decode", (long long)n, (long long)decode_tokens,
-                  median(rates), (long long)b);
+      // (tokens: every sequence's, as the rate; the CSV's tokens column stays the steps per sequence)
+      std::printf("%-8s %8lld %8lld %14.1f   (batch %lld: %lld steps of %lld sequences)\n", "decode", (long long)n,
+                  (long long)(b * decode_tokens), median(rates), (long long)b, (long long)decode_tokens, (long long)b);
       if (out)
         std::fprintf(out, "decode,%lld,%lld,%d,%.2f,%d,%lld\n", (long long)n, (long long)decode_tokens,
                      omp_get_max_threads(), median(rates), repeats, (long long)b);
