@@ -298,13 +298,16 @@ ks::Backend model_backend(const std::string& device) {
 }
 
 int cmd_generate(const std::string& path, const std::string& prompt, int64_t max_tokens, const std::string& device,
-                 bool chat, float temperature, int64_t top_k, double top_p, uint64_t seed, int64_t ctx,
-                 const std::string& threads_note) {
+                 bool chat, const std::string& system, float temperature, int64_t top_k, double top_p, uint64_t seed,
+                 int64_t ctx, const std::string& threads_note) {
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
   const auto file = ks::model::GgufFile::open(path);
   const ks::model::Tokenizer tok = ks::model::tokenizer_from_gguf(file);
-  const std::string text = chat ? ks::model::apply_chat_template({{"user", prompt}}) : prompt;
+  std::vector<ks::model::ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});  // (else the template's default)
+  messages.push_back({"user", prompt});
+  const std::string text = chat ? ks::model::apply_chat_template(messages) : prompt;
   const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/chat);
   // --context 0 (the default): the KV cache holds what this request can use, the prompt and
   // max_tokens (at most the model's context length): no more memory than the reply needs (the
@@ -550,6 +553,7 @@ int main(int argc, char** argv) {
   std::string g_model, g_prompt, g_device = "auto";
   int64_t g_max = 128, g_ctx = 0;
   bool g_chat = false;
+  std::string g_system;
   float g_temp = 0.0f, g_top_p = 1.0f;
   int64_t g_top_k = 0;
   uint64_t g_seed = 0;
@@ -563,7 +567,12 @@ int main(int argc, char** argv) {
       ->check(CLI::TypeValidator<int64_t>("INT"))
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
   gen->add_option("--device", g_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  gen->add_flag("--chat", g_chat, "wrap the prompt in the model's chat template");
+  CLI::Option* chat_flag = gen->add_flag(
+      "--chat", g_chat,
+      "wrap the prompt in ChatML (SmolLM2's template; its default system prompt unless --system)");
+  gen->add_option("--system", g_system, "with --chat: the system prompt instead of the template's default")
+      ->needs(chat_flag)
+      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("must not be empty") : ""; }, ""));
   gen->add_option("--temperature", g_temp,
                   "0 = greedy; > 0 samples from softmax(logits / T), after --top-k and --top-p (kernscope's sample op)")
       ->check(CLI::Validator(
@@ -644,7 +653,8 @@ int main(int argc, char** argv) {
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) {
       if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
-      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_temp, g_top_k, g_top_p, g_seed, g_ctx, threads_note);
+      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_system, g_temp, g_top_k, g_top_p, g_seed, g_ctx,
+                          threads_note);
     }
     if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches, b_context);
   } catch (const ks::Error& e) {
