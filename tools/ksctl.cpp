@@ -476,7 +476,11 @@ int main(int argc, char** argv) {
   auto* which = app.add_subcommand("which", "Show the variant chosen for an op, dtype and device, and why");
   std::string w_op, w_dtype = "fp32", w_device = "cpu";
   which->add_option("op", w_op, "operator name, e.g. rms_norm")->required();
-  which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32")->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+  which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32 (or torch's names: float16, bfloat16, float32)")
+      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"float16", "fp16"}, {"half", "fp16"},
+                                                                       {"bfloat16", "bf16"}, {"float32", "fp32"},
+                                                                       {"float", "fp32"}}))
+      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   int64_t w_rows = -1, w_cols = -1;  // -1: not given
   bool w_cols_product = false;        // --cols given as NxK
