@@ -26,6 +26,7 @@
 #include <iostream>
 #include <map>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "model/generate.hpp"
@@ -297,9 +298,34 @@ ks::Backend model_backend(const std::string& device) {
   return be;
 }
 
+// An option's value: a float in [lo, hi] ((lo, hi] with lo_open); a NaN is refused (it would pass
+// a range check: every comparison with it is false).
+CLI::Validator float_in(float lo, bool lo_open, float hi) {
+  auto fmt = [](float f) {
+    std::ostringstream o;
+    o << f;
+    return o.str();
+  };
+  const std::string range = (lo_open ? "(" : "[") + fmt(lo) + ", " + fmt(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& v) {
+        char* end = nullptr;
+        const float f = std::strtof(v.c_str(), &end);
+        const bool ok = end != v.c_str() && *end == '\0' && (lo_open ? f > lo : f >= lo) && f <= hi;
+        return ok ? std::string() : "'" + v + "' is not a number in " + range;
+      },
+      "FLOAT in " + range);
+}
+
+// An option's value: not empty (hint: what to do instead, in the message).
+CLI::Validator not_empty(const std::string& hint = "") {
+  const std::string msg = "must not be empty" + (hint.empty() ? std::string() : " (" + hint + ")");
+  return CLI::Validator([msg](std::string& v) { return v.empty() ? msg : std::string(); }, "");
+}
+
 int cmd_generate(const std::string& path, const std::string& prompt, int64_t max_tokens, const std::string& device,
-                 bool chat, const std::string& system, float temperature, int64_t top_k, double top_p, uint64_t seed,
-                 int64_t ctx, const std::string& threads_note) {
+                 bool chat, const std::string& system, const ks::model::SamplingParams& sampling, int64_t ctx,
+                 const std::string& threads_note) {
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
   const auto file = ks::model::GgufFile::open(path);
@@ -323,16 +349,13 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                                   ") must exceed it" + (ctx > 0 ? " (raise --context)" : ""));
   // CUDA, greedy: the decode graphs of every attention table the reply may reach, with buffers for
   // the prompt (counted in the load time, not the decode rate)
-  if (!(temperature > 0.0f) && max_tokens > 1) model.prepare_decode_greedy(int64_t(ids.size()), max_tokens);
+  if (!(sampling.temperature > 0.0f) && max_tokens > 1) model.prepare_decode_greedy(int64_t(ids.size()), max_tokens);
   const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // a reply that reaches the context's end stops there, reported as "context full"
   ks::model::StreamDecoder dec(tok);
   ks::model::GenerateOptions opt;
   opt.max_tokens = max_tokens;
-  opt.temperature = temperature;
-  opt.top_k = top_k;
-  opt.top_p = top_p;
-  opt.seed = seed;
+  opt.sampling = sampling;
   const ks::model::EndTokens is_end(tok);
   auto st = ks::model::generate(model, tok, ids, opt, [&](int32_t id) {
     if (is_end(id)) return;  // end-of-turn tokens are not printed
@@ -564,9 +587,7 @@ int main(int argc, char** argv) {
   gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
   gen->add_option("--prompt", g_prompt, "prompt text (not empty; left out: the default)")
       ->default_str("with --chat: What is the capital of France? / without: The capital of France is")
-      ->check(CLI::Validator(
-          [](std::string& v) { return v.empty() ? std::string("must not be empty (leave --prompt out for the default prompt)") : ""; },
-          ""));
+      ->check(not_empty("leave --prompt out for the default prompt"));
   gen->add_option("--max-tokens", g_max, "tokens to generate at most")
       ->check(CLI::TypeValidator<int64_t>("INT"))
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
@@ -576,30 +597,15 @@ int main(int argc, char** argv) {
       "wrap the prompt in ChatML (SmolLM2's template; its default system prompt unless --system)");
   gen->add_option("--system", g_system, "with --chat: the system prompt instead of the template's default")
       ->needs(chat_flag)
-      ->check(CLI::Validator([](std::string& v) { return v.empty() ? std::string("must not be empty") : ""; }, ""));
+      ->check(not_empty());
   gen->add_option("--temperature", g_temp,
                   "0 = greedy; > 0 samples from softmax(logits / T), after --top-k and --top-p (kernscope's sample op)")
-      ->check(CLI::Validator(
-          [](std::string& v) {  // (a NaN passes a range check: every comparison with it is false)
-            char* end = nullptr;
-            const float t = std::strtof(v.c_str(), &end);
-            return end != v.c_str() && *end == '\0' && t >= 0.0f && t <= 100.0f
-                       ? std::string()
-                       : "'" + v + "' is not a number in [0, 100]";
-          },
-          "FLOAT in [0, 100]"));
+      ->check(float_in(0.0f, /*lo_open=*/false, 100.0f));
   gen->add_option("--top-k", g_top_k, "with --temperature > 0: sample among the top_k largest logits (0: all)")
       ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
   gen->add_option("--top-p", g_top_p,
                   "with --temperature > 0: sample from the smallest set of tokens whose probability reaches top_p (1: all)")
-      ->check(CLI::Validator(
-          [](std::string& v) {
-            char* end = nullptr;
-            const float p = std::strtof(v.c_str(), &end);
-            return end != v.c_str() && *end == '\0' && p > 0.0f && p <= 1.0f ? std::string()
-                                                                              : "'" + v + "' is not a number in (0, 1]";
-          },
-          "FLOAT in (0, 1]"));
+      ->check(float_in(0.0f, /*lo_open=*/true, 1.0f));
   gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)")
       ->check(CLI::Validator(
           [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0"; }, ""));
@@ -657,8 +663,8 @@ int main(int argc, char** argv) {
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) {
       if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
-      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_system, g_temp, g_top_k, g_top_p, g_seed, g_ctx,
-                          threads_note);
+      return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_system,
+                          ks::model::SamplingParams{g_temp, g_top_k, g_top_p, g_seed}, g_ctx, threads_note);
     }
     if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches, b_context);
   } catch (const ks::Error& e) {

@@ -55,7 +55,7 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
   // forward_argmax, every later one through decode_greedy (on CUDA: computed on the device,
   // the GPU running ahead of the host in CUDA graphs of chained steps). Sampling reads the
   // logits of each step.
-  const bool greedy = !(opt.temperature > 0.0f);
+  const bool greedy = !(opt.sampling.temperature > 0.0f);
   const float* logits = nullptr;
   int32_t greedy_next = 0;
   auto t0 = clock::now();
@@ -99,7 +99,7 @@ GenerateStats generate(LlamaModel& model, const Tokenizer& tok, const std::vecto
                               return emit(id);
                             });
     } else {
-      const SamplingParams sp{opt.temperature, opt.top_k, opt.top_p, opt.seed};
+      const SamplingParams& sp = opt.sampling;
       uint64_t step = 0;  // generated token i draws with offset i
       for (int32_t next = sample_token(logits, vocab, sp, step++); emit(next); next = sample_token(logits, vocab, sp, step++))
         logits = model.forward(&next, 1, pos++);

@@ -28,11 +28,8 @@ struct SamplingParams {
 
 struct GenerateOptions {
   int64_t max_tokens = 128;
-  float temperature = 0.0f;  // 0: greedy argmax (lowest index wins ties)
-  int64_t top_k = 0;         // with temperature > 0: keep the top_k largest logits (0: all)
-  double top_p = 1.0;        // with temperature > 0: the smallest set of mass >= top_p (1: all)
-  uint64_t seed = 0;         // with temperature > 0: the draw of generated token i is Philox(seed, i)
-  bool stop_at_eos = true;   // stop after an end-of-sequence / end-of-turn token
+  SamplingParams sampling;  // greedy by default; with temperature > 0 generated token i draws Philox(seed, i)
+  bool stop_at_eos = true;  // stop after an end-of-sequence / end-of-turn token
 };
 
 struct GenerateStats {

@@ -87,15 +87,13 @@ LlamaConfig LlamaConfig::from_gguf(const GgufFile& f) {
     if (t != "none")
       throw GgufError("llama.rope.scaling.type is '" + t + "'; RoPE scaling is not implemented (unscaled RoPE only)");
   }
-  if (f.find("llama.rope.scaling.factor") && f.get_float("llama.rope.scaling.factor") != 1.0 &&
-      f.get_float("llama.rope.scaling.factor") != 0.0)
-    throw GgufError("llama.rope.scaling.factor is " + std::to_string(f.get_float("llama.rope.scaling.factor")) +
+  if (const double factor = f.get_float("llama.rope.scaling.factor", 1.0); factor != 1.0 && factor != 0.0)
+    throw GgufError("llama.rope.scaling.factor is " + std::to_string(factor) +
                     "; RoPE scaling is not implemented (unscaled RoPE only)");
   if (f.tensor("rope_freqs.weight"))
     throw GgufError("the file has rope_freqs.weight (RoPE frequency factors, e.g. Llama 3.1's); not implemented");
-  if (f.get_uint("llama.expert_count", 0) > 0)
-    throw GgufError("llama.expert_count is " + std::to_string(f.get_uint("llama.expert_count", 0)) +
-                    "; mixtures of experts are not implemented");
+  if (const uint64_t experts = f.get_uint("llama.expert_count", 0); experts > 0)
+    throw GgufError("llama.expert_count is " + std::to_string(experts) + "; mixtures of experts are not implemented");
   const GgufTensorInfo& emb = f.require_tensor("token_embd.weight");
   if (emb.ne.size() != 2 || emb.ne[0] != c.hidden_size) throw GgufError("token_embd.weight has the wrong shape");
   c.vocab_size = emb.ne[1];
