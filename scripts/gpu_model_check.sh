@@ -18,6 +18,9 @@
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
 #                    (transformers with kernscope's RMSNorm, SwiGLU and RoPE vs the stock model;
 #                    the gguf and accelerate wheels travel in .whl)
+#                    ablate: batch-1 decode rates with each part of the one-token step left out
+#                    (KS_MODEL_ABLATE=head, attention, ...: wrong outputs, timing only) beside the
+#                    default -> model_ablate.csv; the drop per part is its cost inside the graph
 #   KS_MODEL_CONTEXT=N  bench: the CUDA bench-model runs (and A/B runs) with --context N (e.g. 2048,
 #                    generate's default; decode attention sizes its clusters by the capacity)
 #   KS_MODEL_CPU=0   bench: skip the CPU path's benchmark; KS_MODEL_PEERS=0: skip the PyTorch
@@ -68,6 +71,17 @@ if has generate; then
     echo "== ksctl generate --device cuda --context $c: Write a haiku about the sea." | tee -a "$LOG"
     $BUILD/ksctl generate --model $MODEL --chat --prompt "Write a haiku about the sea." --max-tokens 64 --context $c \
       --device cuda 2>&1 | tee -a "$LOG" | grep -E "^\[ksctl\] generated"
+  done
+fi
+if has ablate; then
+  rm -f "$OUT/model_ablate.csv"
+  for part in none head attention qkv oproj gateup down attention,oproj,gateup,down,qkv; do
+    rm -f /tmp/abl.csv
+    abl=(); [ "$part" = none ] || abl=(KS_MODEL_ABLATE=$part)
+    env "${abl[@]}" $BUILD/ksctl bench-model --model $MODEL --device cuda \
+      --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 --batch 1 --csv /tmp/abl.csv 2>&1 | grep decode | sed "s/^/ablate $part: /"
+    [ -f "$OUT/model_ablate.csv" ] || echo "ablated,$(head -1 /tmp/abl.csv)" > "$OUT/model_ablate.csv"
+    tail -n +2 /tmp/abl.csv | sed "s/^/\"$part\",/" >> "$OUT/model_ablate.csv"
   done
 fi
 if has bench; then

@@ -1,6 +1,7 @@
 #include "model/llama.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
@@ -188,6 +189,10 @@ int64_t env_whole_number(const char* name, int64_t fallback, int64_t most, const
 }
 }  // namespace
 
+bool LlamaModel::ablated(const char* part) const {
+  return !ablate_.empty() && ablate_.find(std::string(",") + part + ",") != std::string::npos;
+}
+
 LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend, int64_t max_batch)
     : cfg_(LlamaConfig::from_gguf(f)), backend_(backend), max_batch_(max_batch) {
   if (max_context <= 0) throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "LlamaModel: max_context must be > 0");
@@ -199,6 +204,19 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_BATCH_SILU_FUSE")) batch_silu_fuse_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
+  if (const char* e = std::getenv("KS_MODEL_ABLATE")) {
+    ablate_ = std::string(",") + e + ",";
+    const std::string known = ",qkv,attention,oproj,gateup,down,head,";
+    for (size_t i = 1; i < ablate_.size();) {
+      const size_t j = ablate_.find(',', i);
+      const std::string part = ablate_.substr(i, j - i);
+      if (!part.empty() && known.find("," + part + ",") == std::string::npos)
+        throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
+                                  "LlamaModel: KS_MODEL_ABLATE names '" + part + "'; known: qkv, attention, oproj, gateup, down, head");
+      i = j + 1;
+    }
+    std::fprintf(stderr, "[model] KS_MODEL_ABLATE=%s: the one-token step leaves these kernels out (timing only; the outputs are wrong)\n", e);
+  }
   fuse_rope_ = on_device_ && !fuse_attn_;  // (KS_MODEL_FUSE_ATTN=1 rotates in the attention's kernel)
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
   chain_steps_ = env_whole_number("KS_MODEL_DECODE_STEPS", kDecodeSteps, kMaxDecodeSteps, "steps");
@@ -497,7 +515,8 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     const ks::TensorView none;
     for (int64_t l = 0; l < c.n_layers; ++l) {
       Layer& L = layers_[size_t(l)];
-      if (fuse_rope_) {  // [norm -> qkv -> rope + kv append]
+      if (ablated("qkv")) {
+      } else if (fuse_rope_) {  // [norm -> qkv -> rope + kv append]
         ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
             qkv_.view, l == 0 ? none : r_next, l == 0 ? none : x, r, L.attn_norm.data, c.rms_eps, L.w_qkv.data,
             L.w_qkv.qtype, c.num_heads, c.num_kv_heads, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
@@ -507,17 +526,21 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
                                             L.attn_norm.data, c.rms_eps, L.w_qkv.data, L.w_qkv.qtype, be, s);
       }
       if (l > 0) std::swap(r, r_next);  // (the RoPE step reads neither)
-      if (fuse_rope_)
+      if (ablated("attention")) {
+      } else if (fuse_rope_) {
         attention(L);
-      else
+      } else {
         rope_append_attention(L, fuse_attn_);
-      ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);
-      ks::fused_add_rms_norm_quant_matmul(gu, r_next, x, r, L.ffn_norm.data, c.rms_eps, L.w_gate_up.data,
-                                          L.w_gate_up.qtype, be, s);
+      }
+      if (!ablated("oproj")) ks::quant_matmul(x, attn, L.wo.data, L.wo.qtype, be, s);
+      if (!ablated("gateup"))
+        ks::fused_add_rms_norm_quant_matmul(gu, r_next, x, r, L.ffn_norm.data, c.rms_eps, L.w_gate_up.data,
+                                            L.w_gate_up.qtype, be, s);
       std::swap(r, r_next);
-      ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
+      if (!ablated("down")) ks::silu_and_mul_quant_matmul(x, gu, L.w_down.data, L.w_down.qtype, be, s);
     }
-    if (split_head_) {  // the final norm, then the output head through quant_matmul's own routing
+    if (ablated("head")) {
+    } else if (split_head_) {  // the final norm, then the output head through quant_matmul's own routing
       const ks::TensorView x_out = x.slice(first, m), res_out = r.slice(first, m);
       ks::fused_add_rms_norm(x_out, res_out, out_norm_.data, c.rms_eps, be, s);
       ks::quant_matmul(logits, x_out, lm_head_.data, lm_head_.qtype, be, s);

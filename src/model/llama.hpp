@@ -229,6 +229,13 @@ class LlamaModel {
   // It turns the default q/k/v + RoPE fusion off (whose matmul already rotates) unless
   // KS_MODEL_FUSE_ROPE=1 is set, which then wins.
   bool fuse_attn_ = false;
+  // KS_MODEL_ABLATE=part,part (timing experiments only: the outputs are WRONG): the fused
+  // one-token step leaves out the named kernels (qkv: norm + q/k/v (+ RoPE + append), attention,
+  // oproj, gateup: add + norm + gate|up, down: SiLU + down, head: the final norm + output head),
+  // so a decode rate with and without one part gives that part's cost inside the step's graph
+  // (PDL overlap included), which the kernels' times alone do not
+  std::string ablate_;
+  bool ablated(const char* part) const;
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;
