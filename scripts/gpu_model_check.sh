@@ -124,10 +124,7 @@ if has bench; then
   #   fuse_attn    KS_MODEL_FUSE_ATTN=1: decode steps run rotary_embedding_kv_append_paged_attention's
   #                one kernel instead of rotary_embedding_kv_append and paged_attention
   #   fuse_attn_batch  the same at batch 8, 16 and 32
-  #   early_kv / early_kv_batch  KS_ATTN_EARLY_KV=1 at batch 1 / 8, 16, 32: decode attention reads the
-#                length, the block table and its first step's K / V rows before griddepcontrol.wait
-#                (the append kernel before it writes q and the last key only)
-#   default_rerun  the default configuration again, next to the table A/B
+  #   default_rerun  the default configuration again, next to the table A/B
   #   prefetch128  KS_ATTN_PREFETCH_KEYS=128: decode attention warms L2 with 128 keys per CTA before
   #                griddepcontrol.wait (warm_keys_l2; off by default since 87eb81b's A/B)
   #   attn_nopdl / rope_apart_attn_nopdl  KS_PDL_OFF=paged_attention: decode attention launched
@@ -185,8 +182,6 @@ if has bench; then
     AB_BATCH="8 16 32" ab dense_decode KS_MODEL_DENSE_DECODE=1
     AB_BATCH="8 16 32" ab batch_silu_fuse KS_MODEL_BATCH_SILU_FUSE=1
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
-    ab early_kv KS_ATTN_EARLY_KV=1  # decode attention's length, table and first K / V copies before the wait
-    AB_BATCH="8 16 32" ab early_kv_batch KS_ATTN_EARLY_KV=1
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
     ab attn_nopdl KS_PDL_OFF=paged_attention
