@@ -124,7 +124,10 @@ if has bench; then
   #   fuse_attn    KS_MODEL_FUSE_ATTN=1: decode steps run rotary_embedding_kv_append_paged_attention's
   #                one kernel instead of rotary_embedding_kv_append and paged_attention
   #   fuse_attn_batch  the same at batch 8, 16 and 32
-  #   default_rerun  the default configuration again, next to the table A/B
+  #   wstage3 / wstage3_batch  KS_QMM_WSTAGE_CTAS=3 at batch 1 / 8, 16, 32: the matmul kernels stage
+#                their weights before the wait in grids of up to 3 CTAs per SM (default 2), which
+#                takes in the one-token step's gate|up matmul (3072 rows: 384 CTAs)
+#   default_rerun  the default configuration again, next to the table A/B
   #   prefetch128  KS_ATTN_PREFETCH_KEYS=128: decode attention warms L2 with 128 keys per CTA before
   #                griddepcontrol.wait (warm_keys_l2; off by default since 87eb81b's A/B)
   #   attn_nopdl / rope_apart_attn_nopdl  KS_PDL_OFF=paged_attention: decode attention launched
@@ -182,6 +185,8 @@ if has bench; then
     AB_BATCH="8 16 32" ab dense_decode KS_MODEL_DENSE_DECODE=1
     AB_BATCH="8 16 32" ab batch_silu_fuse KS_MODEL_BATCH_SILU_FUSE=1
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
+    ab wstage3 KS_QMM_WSTAGE_CTAS=3  # weight staging for grids of up to 3 CTAs per SM (the gate|up matmul's 384)
+    AB_BATCH="8 16 32" ab wstage3_batch KS_QMM_WSTAGE_CTAS=3
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
     ab attn_nopdl KS_PDL_OFF=paged_attention

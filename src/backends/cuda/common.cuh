@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
@@ -420,6 +421,12 @@ inline long long env_number(const char* name, long long fallback) {
 inline bool qmm_stage_weights_enabled() {
   static const bool on = !env_is("KS_QMM_WSTAGE", "0");
   return on;
+}
+// The most CTAs per SM of a grid whose matmul kernels stage their weights (KS_QMM_WSTAGE_CTAS=n,
+// experiments; default 2).
+inline int qmm_stage_weights_ctas_per_sm() {
+  static const int n = int(std::clamp<long long>(env_number("KS_QMM_WSTAGE_CTAS", 2), 1, 32));
+  return n;
 }
 
 // silu(g) * u in FP32, as silu_and_mul computes it before rounding to T (16-bit T: the hardware

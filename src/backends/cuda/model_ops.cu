@@ -1236,7 +1236,7 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   // without an opt-in).
   const size_t w_smem = size_t(staged_weight_bytes(cta_cols, p.row_bytes));
   const size_t static_smem = kStageWarps * sizeof(float) * (rope ? 1 + kMaxColsPerWarp : 1);  // red[] (, colv)
-  const bool sw = qmm_stage_weights_enabled() && nc == 1 && int64_t(grid) <= 2 * int64_t(dp.sm_count) &&
+  const bool sw = qmm_stage_weights_enabled() && nc == 1 && int64_t(grid) <= qmm_stage_weights_ctas_per_sm() * int64_t(dp.sm_count) &&
                   row_smem + w_smem + static_smem <= kStageBytes;
   const size_t smem = row_smem + (sw ? w_smem : 0);
   const auto s = static_cast<cudaStream_t>(stream);
