@@ -124,9 +124,14 @@ if has bench; then
   #   fuse_attn    KS_MODEL_FUSE_ATTN=1: decode steps run rotary_embedding_kv_append_paged_attention's
   #                one kernel instead of rotary_embedding_kv_append and paged_attention
   #   fuse_attn_batch  the same at batch 8, 16 and 32
-  #   wstage3 / wstage3_batch  KS_QMM_WSTAGE_CTAS=3 at batch 1 / 8, 16, 32: the matmul kernels stage
-#                their weights before the wait in grids of up to 3 CTAs per SM (default 2), which
-#                takes in the one-token step's gate|up matmul (3072 rows: 384 CTAs)
+  #   early_kv / early_kv_trigger  KS_ATTN_EARLY_KV=1: decode attention reads the length, the block
+#                table and its first step's K / V rows before griddepcontrol.wait (the q/k/v + RoPE
+#                kernel before it writes q and the last key only); alone (then the attention still
+#                launches after that kernel ends: it does not trigger early) and with
+#                KS_QMM_ROPE_EARLY_TRIGGER=1 (the attention's CTAs start while it runs)
+#   wstage2      KS_QMM_WSTAGE_CTAS=2: the matmul kernels stage their weights before the wait in
+#                grids of up to 2 CTAs per SM, the rule before 0736325 (default 3, which takes in
+#                the one-token step's gate|up matmul: 3072 rows, 384 CTAs)
 #   default_rerun  the default configuration again, next to the table A/B
   #   prefetch128  KS_ATTN_PREFETCH_KEYS=128: decode attention warms L2 with 128 keys per CTA before
   #                griddepcontrol.wait (warm_keys_l2; off by default since 87eb81b's A/B)
@@ -136,7 +141,9 @@ if has bench; then
   #                for: 1643-1651 tokens/s against 1631-1638 for the 6-kernel step in three calls) and
   #                after the RoPE + append kernel (KS_MODEL_FUSE_ROPE=0); rope_nopdl: the RoPE +
   #                append kernel without PDL (6-kernel step)
-  #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
+  #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
+#                table's capacity (fewer CTAs, each more keys; 1024: no cluster up to 1024 keys)
+#   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
   #                table's capacity at most, the rule before 87eb81b's A/B (default 64: a 512..640-token
   #                context on the 656-token table then takes 8 CTAs instead of 4)
   #   one_table / one_table_batch  KS_MODEL_ATTN_BUCKET=0: every step's attention on the whole
@@ -185,10 +192,13 @@ if has bench; then
     AB_BATCH="8 16 32" ab dense_decode KS_MODEL_DENSE_DECODE=1
     AB_BATCH="8 16 32" ab batch_silu_fuse KS_MODEL_BATCH_SILU_FUSE=1
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
-    ab wstage3 KS_QMM_WSTAGE_CTAS=3  # weight staging for grids of up to 3 CTAs per SM (the gate|up matmul's 384)
-    AB_BATCH="8 16 32" ab wstage3_batch KS_QMM_WSTAGE_CTAS=3
+    ab early_kv KS_ATTN_EARLY_KV=1  # decode attention's length, table and first K / V copies before the wait
+    ab early_kv_trigger KS_ATTN_EARLY_KV=1 KS_QMM_ROPE_EARLY_TRIGGER=1  # ... and launched early enough to use it
+    ab wstage2 KS_QMM_WSTAGE_CTAS=2  # weight staging for grids of up to 2 CTAs per SM (the default until 0736325)
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
+    ab cap256 KS_ATTN_CAPACITY_KEYS=256
+    ab cap1024 KS_ATTN_CAPACITY_KEYS=1024
     ab attn_nopdl KS_PDL_OFF=paged_attention
     ab rope_apart_attn_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL_OFF=paged_attention
     ab rope_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL_OFF=rotary_embedding_kv_append

@@ -423,9 +423,10 @@ inline bool qmm_stage_weights_enabled() {
   return on;
 }
 // The most CTAs per SM of a grid whose matmul kernels stage their weights (KS_QMM_WSTAGE_CTAS=n,
-// experiments; default 2).
+// experiments; default 3, which takes in SmolLM2's gate|up matmul of 3072 rows, 384 CTAs of 8 rows
+// on 132 SMs: +2.8% batch-1 decode on the H200 at 0736325, docs/perf/model.md; 2 until then).
 inline int qmm_stage_weights_ctas_per_sm() {
-  static const int n = int(std::clamp<long long>(env_number("KS_QMM_WSTAGE_CTAS", 2), 1, 32));
+  static const int n = int(std::clamp<long long>(env_number("KS_QMM_WSTAGE_CTAS", 3), 1, 32));
   return n;
 }
 

@@ -1225,10 +1225,13 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   // can_implement asks for 4 rows' room; its sums are the per-warp kernel's, in the same order.)
   const bool staged = (P != Pro::None || STAGE_X) && staged_rows_fit(kMqMany, p.K);
   const size_t row_smem = staged ? size_t(std::min<int64_t>(p.M, mq)) * size_t(staged_floats(p.K)) * sizeof(float) : 0;
-  // Weight staging changes no arithmetic, so it may depend on anything: grids of at most 2 CTAs
-  // per SM (decode-sized matrices, where hiding the weights' latency behind the previous kernel
-  // is the gain; measured on the H200 at 488a101: 576 x 576 1.43 vs 1.55 us, SiLU + down
-  // 2.42 vs 2.85), and where the CTA's rows fit next to the staged x rows in the default 48 KB.
+  // Weight staging changes no arithmetic, so it may depend on anything: grids of at most 3 CTAs
+  // per SM (qmm_stage_weights_ctas_per_sm; decode-sized matrices, where hiding the weights'
+  // latency behind the previous kernel is the gain; measured on the H200 at 488a101: 576 x 576
+  // 1.43 vs 1.55 us, SiLU + down 2.42 vs 2.85; from 2 to 3 CTAs per SM at 0736325, which stages
+  // SmolLM2's gate|up (384 CTAs, all resident at once: 64 registers, under 48 KB each): batch-1
+  // decode 1737 against 1688 tokens/s, the kernel alone 3.09 against 3.14 us), and where the
+  // CTA's rows fit next to the staged x rows in the default 48 KB.
   // Larger grids run in waves, where a CTA's load-then-compute phases cost more than they hide
   // (4096 x 4096 Q4_1: 9.45 staged vs 8.50 us).
   // One column per warp only (2-4 columns per warp come with grids larger than that anyway).
