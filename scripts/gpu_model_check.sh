@@ -124,12 +124,7 @@ if has bench; then
   #   fuse_attn    KS_MODEL_FUSE_ATTN=1: decode steps run rotary_embedding_kv_append_paged_attention's
   #                one kernel instead of rotary_embedding_kv_append and paged_attention
   #   fuse_attn_batch  the same at batch 8, 16 and 32
-  #   early_kv / early_kv_trigger  KS_ATTN_EARLY_KV=1: decode attention reads the length, the block
-#                table and its first step's K / V rows before griddepcontrol.wait (the q/k/v + RoPE
-#                kernel before it writes q and the last key only); alone (then the attention still
-#                launches after that kernel ends: it does not trigger early) and with
-#                KS_QMM_ROPE_EARLY_TRIGGER=1 (the attention's CTAs start while it runs)
-#   wstage2      KS_QMM_WSTAGE_CTAS=2: the matmul kernels stage their weights before the wait in
+  #   wstage2      KS_QMM_WSTAGE_CTAS=2: the matmul kernels stage their weights before the wait in
 #                grids of up to 2 CTAs per SM, the rule before 0736325 (default 3, which takes in
 #                the one-token step's gate|up matmul: 3072 rows, 384 CTAs)
 #   default_rerun  the default configuration again, next to the table A/B
@@ -141,7 +136,10 @@ if has bench; then
   #                for: 1643-1651 tokens/s against 1631-1638 for the 6-kernel step in three calls) and
   #                after the RoPE + append kernel (KS_MODEL_FUSE_ROPE=0); rope_nopdl: the RoPE +
   #                append kernel without PDL (6-kernel step)
-  #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
+  #   one_cta0     KS_ATTN_ONE_CTA_KEYS=0: decode attention's clusters by the table's capacity alone,
+#                also for tables of <= 512 keys at <= 8 units (which run one CTA per unit since
+#                the twenty-third session)
+#   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
 #                table's capacity (fewer CTAs, each more keys; 1024: no cluster up to 1024 keys)
 #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
   #                table's capacity at most, the rule before 87eb81b's A/B (default 64: a 512..640-token
@@ -192,12 +190,11 @@ if has bench; then
     AB_BATCH="8 16 32" ab dense_decode KS_MODEL_DENSE_DECODE=1
     AB_BATCH="8 16 32" ab batch_silu_fuse KS_MODEL_BATCH_SILU_FUSE=1
     ab default_rerun  # (the default again beside the table A/B: the main run comes first and may run cooler)
-    ab early_kv KS_ATTN_EARLY_KV=1  # decode attention's length, table and first K / V copies before the wait
-    ab early_kv_trigger KS_ATTN_EARLY_KV=1 KS_QMM_ROPE_EARLY_TRIGGER=1  # ... and launched early enough to use it
     ab wstage2 KS_QMM_WSTAGE_CTAS=2  # weight staging for grids of up to 2 CTAs per SM (the default until 0736325)
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
     ab cap256 KS_ATTN_CAPACITY_KEYS=256
+    ab one_cta0 KS_ATTN_ONE_CTA_KEYS=0  # the capacity rule alone (clusters for tables of <= 512 keys too)
     ab cap1024 KS_ATTN_CAPACITY_KEYS=1024
     ab attn_nopdl KS_PDL_OFF=paged_attention
     ab rope_apart_attn_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL_OFF=paged_attention

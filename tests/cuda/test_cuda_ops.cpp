@@ -2448,6 +2448,50 @@ TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
   }
 }
 
+// cuda_gqa_cluster's small-table rule: a block table of at most 512 keys (KS_ATTN_ONE_CTA_KEYS)
+// and at most 8 (token, kv head) units run one CTA per unit, no cluster, whatever the live
+// length (SmolLM2's decode: 3 units in tables of 256 and 512 keys); a table of 528 keys keeps the
+// capacity rule (a cluster of several CTAs). Both against the CPU, SmolLM2's heads (9 / 3 of 64),
+// one token per call, lengths from 1 key to the whole table (up to 8 steps of 64 keys in a CTA).
+TEST(Cuda, AttentionSmallTablesRunOneCtaPerUnit) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_gqa_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  const int64_t H = 9, KVH = 3, D = 64, bs = 16;
+  std::mt19937 gen(23);
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t maxb : {int64_t(16), int64_t(32), int64_t(33)}) {
+      const int64_t cap = maxb * bs, blocks = maxb + 5;
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " table of " + std::to_string(cap) + " keys");
+      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {1, maxb});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(gen() % blocks));
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, {1, H, D}), dcl(DType::I32, {1}),
+          dout(dt, {1, H, D});
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      Buf q(dt, {1, H, D});
+      kstest::fill_normal(q);
+      dq.upload(q);
+      const double scale = 1.0 / std::sqrt(double(D));
+      for (int64_t len : {int64_t(1), int64_t(64), int64_t(65), int64_t(192), cap / 2 + 3, cap - 1, cap}) {
+        SCOPED_TRACE("length " + std::to_string(len));
+        Buf cl(DType::I32, {1}), ref(dt, q.shape), got(dt, q.shape);
+        cl.set(0, double(len));
+        dcl.upload(cl);
+        ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
+        const int64_t C = last_attention_cluster();
+        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << "cluster=" << C;
+        if (cap <= 512)
+          EXPECT_EQ(C, 1) << ks_last_launch_config("paged_attention");
+        else
+          EXPECT_GT(C, 1) << ks_last_launch_config("paged_attention");
+      }
+    }
+}
+
 // A short live context in a block table sized for many more keys (the model's decode step:
 // a cluster sized at capture for the capacity, replayed at every length): only the first
 // ceil(len / keys per step) CTAs take keys, so a token's row depends on its own length only.

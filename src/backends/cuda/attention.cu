@@ -324,19 +324,15 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
   const int64_t unit = blockIdx.x / C;  // (token, kv head)
   const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
-  // early (p.early_kv, the caller's promise: the kernel just before this one in the stream writes
-  // q and each token's last key row, nothing else this kernel reads): the length, the block
-  // table and the first step's K / V copies go out before the wait, the last key's row after it
-  const bool early = !ROPE && p.early_kv != 0;
-  if (p.prefetch_keys > 0 && !early) {  // before the wait: warm_keys_l2
+  if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
     const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, gqa_keys(now.len, live_ctas(p, C, now.len, NS * U), rank));
   }
+  pdl_begin();
   float q[GM][E], acc[GM][E], m[GM], l[GM];
-  // q's pieces: without early, first after the wait (they do not depend on the context length,
-  // so their loads overlap token_context's instead of following it: one round trip less before
-  // the first keys)
-  auto load_q = [&]() {
+  if constexpr (!ROPE) {
+    // q's pieces first: they do not depend on the context length, so their loads overlap
+    // token_context's instead of following it (one round trip less before the first keys)
     const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
@@ -347,13 +343,8 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
       m[g] = -INFINITY;
       l[g] = 0.f;
     }
-  };
-  if (!early) {
-    pdl_begin();
-    if constexpr (!ROPE) load_q();
   }
-  // len <= INT32_MAX (can_implement); before the wait through L2 alone (token_context's l2_only)
-  const auto [seq, len] = token_context(p, t, early);
+  const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX (can_implement)
   // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each (or
   // KS_ATTN_MIN_KEYS). C was sized
   // at launch from the block table's capacity (a graph replays it at every length); a short
@@ -376,10 +367,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   int64_t new_slot = -1;
   uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
   bool rope_ready = !ROPE;  // k_new / v_new made
-  unsigned pending = 0;     // keys u of stage 0 at the token's slot (early: the last key), waiting for them
-  bool before_wait = early;
-  const int last_pos = int(len) - 1;
-  long long pend_slot = 0;  // early: the last key's slot (at most one key of a thread)
+  unsigned pending = 0;     // keys u of stage 0 at the token's slot, waiting for them
   // rows 0..G-1: q's heads, row GM: k, as stored (a feature past rotary_dim keeps its bits, NaN
   // payloads included, as in the two calls); y: the NeoX partners as floats
   T x[ROPE ? GM + 1 : 1][E];
@@ -438,10 +426,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
       const bool ok = pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks;
       const long long slot = ok ? (long long)blk[k] * bs + (pos - div_bs(pos) * bs) : 0;
       valid |= unsigned(ok) << k;
-      if (before_wait && ok && pos == last_pos) {  // early: the last key's row comes after the wait
-        pending |= 1u << k;
-        pend_slot = slot;
-      } else if (ROPE && ok && slot == new_slot) {  // the token's own new row: its pieces, not the cache's
+      if (ROPE && ok && slot == new_slot) {  // the token's own new row: its pieces, not the cache's
         if (rope_ready) {
           *piece(stage, k, 0) = k_new;
           *piece(stage, k, 1) = v_new;
@@ -460,25 +445,6 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   fetch_blocks(j_begin, blk);
   unsigned valid_cur = j_begin < j_end ? issue(0, j_begin, blk) : 0u;
   fetch_blocks(j_begin + NS * U, blk);
-  if (early) {
-    pdl_begin();
-    before_wait = false;
-    load_q();
-    if (pending != 0u) {  // the last key's K / V row, written by the kernel before: through L2
-#pragma unroll
-      for (int k = 0; k < U; ++k)
-        if (pending >> k & 1u) {
-          uint4 kz = make_uint4(0, 0, 0, 0), vz = make_uint4(0, 0, 0, 0);
-          if (owns) {
-            kz = __ldcg(reinterpret_cast<const uint4*>(kc + pend_slot * row_stride));
-            vz = __ldcg(reinterpret_cast<const uint4*>(vc + pend_slot * row_stride));
-          }
-          *piece(0, k, 0) = kz;
-          *piece(0, k, 1) = vz;
-        }
-      pending = 0u;
-    }
-  }
   if constexpr (ROPE) {
     const int half = rope->rotary_half, d0 = sub * E;
     const bool neox = rope->neox;
@@ -675,6 +641,20 @@ int64_t gqa_capacity_keys() {
   return keys;
 }
 
+// cuda_gqa_cluster runs one CTA per (token, kv head) unit, no cluster, for block tables of at most
+// this many keys when the call has at most kGqaOneCtaUnits units: 512, or KS_ATTN_ONE_CTA_KEYS=N
+// (experiments; 0: the capacity rule alone, as before 2026-12-01's twenty-third session). Why: in
+// SmolLM2's decode step (3 units, tables of 256 and 512 keys for 64-192 live keys) one CTA doing
+// up to 3 steps of 64 keys beat the cluster that split them (H200, 6c20047, same call: 1768
+// tokens/s with KS_ATTN_CAPACITY_KEYS=1024, which gives those tables one CTA, against 1679; that
+// setting also gave the 656-key table of 512-640 live keys one CTA: 1207 against 1540, hence the
+// 512-key bound); only measured at 3 units, hence the unit bound.
+constexpr int64_t kGqaOneCtaUnits = 8;
+int64_t gqa_one_cta_keys() {
+  static const int64_t keys = std::clamp<long long>(env_number("KS_ATTN_ONE_CTA_KEYS", 512), 0, 1 << 20);
+  return keys;
+}
+
 // The kernel parameters of both cluster variants, with the environment switches
 // KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
 // keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none), for
@@ -684,8 +664,6 @@ AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
   static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
   static const int prefetch_keys = int(std::clamp<long long>(env_number("KS_ATTN_PREFETCH_KEYS", 0), 0, 1 << 20));
-  static const bool early_env = env_is("KS_ATTN_EARLY_KV", "1");
-  p.early_kv = early_env ? 1 : 0;
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
   p.prefetch_keys = prefetch_keys;
@@ -791,7 +769,9 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
     // SmolLM2, 641-token cache) decode after a 512-token prompt 1519 tokens/s against 1436, 576 of
     // 656 keys 7.75 us against 8.65, shorter contexts unchanged.
     const int most = rope ? max_cluster_for<T, kL, kG, true>(dev) : max_cluster_for<T, kL, kG, false>(dev);
-    C = choose_cluster(a, most, 2 * int64_t(dp.sm_count), gqa_capacity_keys());
+    const bool one_cta = a.max_blocks_per_seq * a.block_size <= gqa_one_cta_keys() &&
+                         a.num_tokens * a.num_kv_heads <= kGqaOneCtaUnits;
+    C = one_cta ? 1 : choose_cluster(a, most, 2 * int64_t(dp.sm_count), gqa_capacity_keys());
     grid = a.num_tokens * a.num_kv_heads * C;
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&

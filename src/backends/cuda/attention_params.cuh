@@ -44,12 +44,6 @@ struct AttnParams {
   // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none, the default
   // (KS_ATTN_PREFETCH_KEYS)
   int prefetch_keys;
-  // cuda_gqa_cluster (not its RoPE form): 1 when the caller promises that the kernel just before
-  // this one in the stream writes q and each token's last key row (a decode step's append) and
-  // nothing else the attention reads (lengths, seq ids, block tables, the other cache rows): the
-  // length, the block table and the first step's K / V copies then go out before
-  // griddepcontrol.wait, and the last key's row after it (KS_ATTN_EARLY_KV=1, experiments)
-  int early_kv;
 };
 
 #if defined(__CUDACC__)
