@@ -26,6 +26,11 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa  # for a model call that follows warm
 ks_gpu_build_and_test '*Attention*' 'FP64 value|split cuda_gqa' ||
   { echo "gpu_attention_check: the build failed (see $OUT/logs.txt)"; exit 1; }
+# the attention tests again with the small-table rule on (one CTA per unit for tables of <= 512 keys;
+# Cuda.AttentionSmallTablesOneCtaRule then expects it)
+echo "KS_ATTN_ONE_CTA_KEYS=512:"
+KS_ATTN_ONE_CTA_KEYS=512 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' --gtest_brief=1 2>&1 |
+  grep -E "PASSED|FAILED|Failure" | head -8
 if has bench; then
   $BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_attention --dtypes bf16,fp32 2>&1 |
     grep -E "variant=cuda_(mma|gqa)" | cut -c1-150

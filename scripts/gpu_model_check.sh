@@ -12,7 +12,8 @@
 # and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
 # call that copies it to /tmp/ks_part_aa (e.g. the gpu_check.sh call), then .mdl/part_ab in the
 # next while the machine is warm; this script joins them.
-#   KS_MODEL_STAGES  comma list of build,test,generate,bench,swap,profile (default: all but profile)
+#   KS_MODEL_STAGES  comma list of build,test,generate,ablate,bench,swap,profile (default: all but
+#                    profile and ablate)
 #                    profile: ncu's duration of each kernel of one decode step (decode_profile.csv;
 #                    KS_PROFILE_BATCH=32: of one 32-sequence step)
 #                    swap: the Python package built here and examples/hf_swap.py --device cuda
@@ -78,8 +79,10 @@ if has ablate; then
   for part in none head attention qkv oproj gateup down attention,oproj,gateup,down,qkv; do
     rm -f /tmp/abl.csv
     abl=(); [ "$part" = none ] || abl=(KS_MODEL_ABLATE=$part)
-    env "${abl[@]}" $BUILD/ksctl bench-model --model $MODEL --device cuda \
-      --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 --batch 1 --csv /tmp/abl.csv 2>&1 | grep decode | sed "s/^/ablate $part: /"
+    env "${abl[@]}" $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} \
+      --prompt-tokens 64 512 --decode-tokens 128 --repeats 5 --batch 1 --csv /tmp/abl.csv 2>&1 | tee -a "$LOG" |
+      grep decode | sed "s/^/ablate $part: /"
+    if [ "${PIPESTATUS[0]}" != 0 ] || [ ! -s /tmp/abl.csv ]; then echo "ablate $part: bench-model failed; no rows"; continue; fi
     [ -f "$OUT/model_ablate.csv" ] || echo "ablated,$(head -1 /tmp/abl.csv)" > "$OUT/model_ablate.csv"
     tail -n +2 /tmp/abl.csv | sed "s/^/\"$part\",/" >> "$OUT/model_ablate.csv"
   done
@@ -125,9 +128,9 @@ if has bench; then
   #                one kernel instead of rotary_embedding_kv_append and paged_attention
   #   fuse_attn_batch  the same at batch 8, 16 and 32
   #   wstage2      KS_QMM_WSTAGE_CTAS=2: the matmul kernels stage their weights before the wait in
-#                grids of up to 2 CTAs per SM, the rule before 0736325 (default 3, which takes in
-#                the one-token step's gate|up matmul: 3072 rows, 384 CTAs)
-#   default_rerun  the default configuration again, next to the table A/B
+  #                grids of up to 2 CTAs per SM, the rule before 0736325 (default 3, which takes in
+  #                the one-token step's gate|up matmul: 3072 rows, 384 CTAs)
+  #   default_rerun  the default configuration again, next to the table A/B
   #   prefetch128  KS_ATTN_PREFETCH_KEYS=128: decode attention warms L2 with 128 keys per CTA before
   #                griddepcontrol.wait (warm_keys_l2; off by default since 87eb81b's A/B)
   #   attn_nopdl / rope_apart_attn_nopdl  KS_PDL_OFF=paged_attention: decode attention launched
@@ -136,12 +139,14 @@ if has bench; then
   #                for: 1643-1651 tokens/s against 1631-1638 for the 6-kernel step in three calls) and
   #                after the RoPE + append kernel (KS_MODEL_FUSE_ROPE=0); rope_nopdl: the RoPE +
   #                append kernel without PDL (6-kernel step)
-  #   one_cta0     KS_ATTN_ONE_CTA_KEYS=0: decode attention's clusters by the table's capacity alone,
-#                also for tables of <= 512 keys at <= 8 units (which run one CTA per unit since
-#                the twenty-third session)
-#   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
-#                table's capacity (fewer CTAs, each more keys; 1024: no cluster up to 1024 keys)
-#   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
+  #   one_cta256 / one_cta512 / one_cta512_batch  KS_ATTN_ONE_CTA_KEYS=256 / 512 (batch 1 / 8, 16, 32):
+  #                decode attention runs one CTA per (token, kv head), no cluster, for tables of at
+  #                most that many keys; one_cta512_ctx400 / ctx400: the same and the default with a
+  #                400-token cache and prompts of 64 and 240 tokens (the whole-cache table then holds
+  #                up to 368 live keys)
+  #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
+  #                table's capacity (fewer CTAs, each more keys; 1024: no cluster below 2048 keys)
+  #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
   #                table's capacity at most, the rule before 87eb81b's A/B (default 64: a 512..640-token
   #                context on the 656-token table then takes 8 CTAs instead of 4)
   #   one_table / one_table_batch  KS_MODEL_ATTN_BUCKET=0: every step's attention on the whole
@@ -159,7 +164,7 @@ if has bench; then
       local name=$1; shift
       [ -n "${KS_MODEL_AB_ONLY:-}" ] && [[ ",$KS_MODEL_AB_ONLY," != *",$name,"* ]] && return 0
       rm -f /tmp/ab_$name.csv  # (a warm machine keeps /tmp: no rows from an earlier call)
-      env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens 64 512 --decode-tokens 128 \
+      env "$@" $BUILD/ksctl bench-model --model $MODEL --device cuda ${KS_MODEL_CONTEXT:+--context $KS_MODEL_CONTEXT} --prompt-tokens ${AB_PROMPTS:-64 512} --decode-tokens 128 \
         --repeats 5 --batch ${AB_BATCH:-1} --csv /tmp/ab_$name.csv 2>&1 | tee -a "$LOG" | grep decode | sed "s/^/$name: /"
       local rc=${PIPESTATUS[0]}
       if [ "$rc" != 0 ] || [ ! -s /tmp/ab_$name.csv ]; then echo "$name: bench-model failed (rc=$rc); no rows"; return 0; fi
@@ -194,7 +199,11 @@ if has bench; then
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
     ab cap256 KS_ATTN_CAPACITY_KEYS=256
-    ab one_cta0 KS_ATTN_ONE_CTA_KEYS=0  # the capacity rule alone (clusters for tables of <= 512 keys too)
+    ab one_cta256 KS_ATTN_ONE_CTA_KEYS=256  # one CTA per unit for tables of <= 256 keys
+    ab one_cta512 KS_ATTN_ONE_CTA_KEYS=512  # ... <= 512 keys (the configuration measured at 1768 as cap1024)
+    AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512
+    KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab one_cta512_ctx400 KS_ATTN_ONE_CTA_KEYS=512  # a whole-cache table of 400 keys
+    KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab ctx400  # ... and its default
     ab cap1024 KS_ATTN_CAPACITY_KEYS=1024
     ab attn_nopdl KS_PDL_OFF=paged_attention
     ab rope_apart_attn_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL_OFF=paged_attention

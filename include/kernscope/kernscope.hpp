@@ -123,15 +123,34 @@ class TensorView {
   }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
   DLDevice device() const { return device_; }
-  // Rows [start, start + count) of the first dimension.
+  // Rows [start, start + count) of the first dimension. Throws InvalidArgument when the view has
+  // no dimensions or the range is not within [0, size(0)].
   TensorView slice(int64_t start, int64_t count) const {
+    if (ndim_ < 1) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::slice: the view has no dimensions");
+    if (start < 0 || count < 0 || start > shape_[0] || count > shape_[0] - start)
+      throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
+                            "TensorView::slice: rows [" + std::to_string(start) + ", " + std::to_string(start) + " + " +
+                                std::to_string(count) + ") are not within the first dimension's " +
+                                std::to_string(shape_[0]));
     TensorView v = *this;
     const int64_t row = ndim_ ? numel() / (shape_[0] ? shape_[0] : 1) : 1;
     v.data_ = static_cast<char*>(data_) + size_t(start * row) * dtype_size(dtype_);
     v.shape_[0] = count;
     return v;
   }
+  // The same elements under another shape (row-major). Throws InvalidArgument when a size is
+  // negative or the element count differs (as torch.reshape; no -1 inference).
   TensorView reshape(std::initializer_list<int64_t> shape) const {
+    int64_t n = 1;
+    std::string dims;
+    for (int64_t d : shape) {
+      if (d < 0) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::reshape: a negative size (" + std::to_string(d) + ")");
+      n *= d;
+      dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+    }
+    if (n != numel())
+      throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::reshape: shape (" + dims + ") has " + std::to_string(n) +
+                                                           " elements; the view has " + std::to_string(numel()));
     return TensorView(data_, dtype_, std::vector<int64_t>(shape), device_);
   }
   // A DLTensor pointing at this view's shape storage (valid while *this lives).

@@ -21,6 +21,37 @@ using kstest::checks::make_dl;
 // ids with 16 dims: out would need 17 (ids' shape + hidden), past the 16-dim limit.
 // The expected shape used to drop the 17th dim, so an out shaped like ids was
 // accepted and written 4x past its end.
+// A fresh user's trial: the C++ header's TensorView::reshape accepted a shape of another element
+// count (a 576-float weight reshaped to 1000, then read past its end by rms_norm) and slice any
+// row range. Both now throw InvalidArgument naming the call, and the valid forms keep working.
+TEST(HostileRegressions, TensorViewReshapeAndSliceCheckTheirSizes) {
+  std::vector<float> w(576, 1.0f), x(8 * 576, 0.5f);
+  const ks::TensorView W(w.data(), DType::F32, {576}), X(x.data(), DType::F32, {8, 576});
+  try {
+    (void)W.reshape({1000});
+    FAIL() << "reshape to 1000 elements accepted";
+  } catch (const ks::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("TensorView::reshape: shape (1000) has 1000 elements; the view has 576"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)W.reshape({575}), ks::InvalidArgument);
+  EXPECT_THROW((void)W.reshape({-1, -576}), ks::InvalidArgument);  // product 576, negative sizes
+  EXPECT_THROW((void)X.slice(7, 2), ks::InvalidArgument);
+  EXPECT_THROW((void)X.slice(-1, 1), ks::InvalidArgument);
+  EXPECT_THROW((void)X.slice(9, 0), ks::InvalidArgument);
+  EXPECT_THROW((void)X.slice(0, -1), ks::InvalidArgument);
+  EXPECT_THROW((void)ks::TensorView().slice(0, 0), ks::InvalidArgument);
+  const ks::TensorView r = X.reshape({2, 4, 576}), s = X.slice(2, 6), e = X.slice(8, 0);
+  EXPECT_EQ(r.numel(), 8 * 576);
+  EXPECT_EQ(r.size(1), 4);
+  EXPECT_EQ(s.size(0), 6);
+  EXPECT_EQ(s.data_as<float>(), x.data() + 2 * 576);
+  EXPECT_EQ(e.numel(), 0);
+  EXPECT_EQ(W.reshape({1, 576}).ndim(), 2);
+  EXPECT_EQ(ks::TensorView(w.data(), DType::F32, {0}).reshape({0, 5}).numel(), 0);
+}
+
 TEST(HostileRegressions, EmbeddingIdsWithSixteenDimsAreRejected) {
   std::vector<int64_t> ishape(16, 1), tshape{4, 4};
   ishape.back() = 4;

@@ -641,17 +641,17 @@ int64_t gqa_capacity_keys() {
   return keys;
 }
 
-// cuda_gqa_cluster runs one CTA per (token, kv head) unit, no cluster, for block tables of at most
-// this many keys when the call has at most kGqaOneCtaUnits units: 512, or KS_ATTN_ONE_CTA_KEYS=N
-// (experiments; 0: the capacity rule alone, as before 2026-12-01's twenty-third session). Why: in
-// SmolLM2's decode step (3 units, tables of 256 and 512 keys for 64-192 live keys) one CTA doing
-// up to 3 steps of 64 keys beat the cluster that split them (H200, 6c20047, same call: 1768
-// tokens/s with KS_ATTN_CAPACITY_KEYS=1024, which gives those tables one CTA, against 1679; that
-// setting also gave the 656-key table of 512-640 live keys one CTA: 1207 against 1540, hence the
-// 512-key bound); only measured at 3 units, hence the unit bound.
-constexpr int64_t kGqaOneCtaUnits = 8;
+// KS_ATTN_ONE_CTA_KEYS=N (experiments; default 0, off): cuda_gqa_cluster runs one CTA per (token,
+// kv head) unit, no cluster, for block tables of at most N keys (by the capacity alone, as the
+// cluster rule, so a row's split does not depend on the batch). Why: in SmolLM2's batch-1 decode
+// (tables of 256 and 512 keys for 64-192 live keys) one CTA doing up to 3 steps of 64 keys beat
+// the cluster that split them (H200, 6c20047, same call: 1768 tokens/s with
+// KS_ATTN_CAPACITY_KEYS=1024, which gives those tables one CTA, against 1679), while 512-640 live
+// keys in one CTA lost (1207 against 1540). Off by default until measured as such: the model's
+// last table (the whole cache) may hold a live context up to its capacity, which a bound of 512
+// would give one CTA at 257-512 live keys (ksctl generate sizes the cache for the request).
 int64_t gqa_one_cta_keys() {
-  static const int64_t keys = std::clamp<long long>(env_number("KS_ATTN_ONE_CTA_KEYS", 512), 0, 1 << 20);
+  static const int64_t keys = std::clamp<long long>(env_number("KS_ATTN_ONE_CTA_KEYS", 0), 0, 1 << 20);
   return keys;
 }
 
@@ -769,8 +769,7 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
     // SmolLM2, 641-token cache) decode after a 512-token prompt 1519 tokens/s against 1436, 576 of
     // 656 keys 7.75 us against 8.65, shorter contexts unchanged.
     const int most = rope ? max_cluster_for<T, kL, kG, true>(dev) : max_cluster_for<T, kL, kG, false>(dev);
-    const bool one_cta = a.max_blocks_per_seq * a.block_size <= gqa_one_cta_keys() &&
-                         a.num_tokens * a.num_kv_heads <= kGqaOneCtaUnits;
+    const bool one_cta = a.max_blocks_per_seq * a.block_size <= gqa_one_cta_keys();
     C = one_cta ? 1 : choose_cluster(a, most, 2 * int64_t(dp.sm_count), gqa_capacity_keys());
     grid = a.num_tokens * a.num_kv_heads * C;
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits

@@ -423,8 +423,9 @@ inline bool qmm_stage_weights_enabled() {
   return on;
 }
 // The most CTAs per SM of a grid whose matmul kernels stage their weights (KS_QMM_WSTAGE_CTAS=n,
-// experiments; default 3, which takes in SmolLM2's gate|up matmul of 3072 rows, 384 CTAs of 8 rows
-// on 132 SMs: +2.8% batch-1 decode on the H200 at 0736325, docs/perf/model.md; 2 until then).
+// experiments, n in 1..32; default 3, which takes in SmolLM2's gate|up matmul of 3072 rows, 384
+// CTAs of 8 rows on 132 SMs: +2.9% batch-1 decode on the H200 at 0736325, docs/perf/model.md; 2
+// until then). launch_qmm also keeps it to the CTAs whose shared memory fits an SM at once.
 inline int qmm_stage_weights_ctas_per_sm() {
   static const int n = int(std::clamp<long long>(env_number("KS_QMM_WSTAGE_CTAS", 3), 1, 32));
   return n;
@@ -498,6 +499,7 @@ class DeviceGuard {
 
 struct DeviceProps {
   int sm_count = 0, major = 0, minor = 0;
+  int smem_per_sm = 0;  // shared memory per SM in bytes (cudaDevAttrMaxSharedMemoryPerMultiprocessor)
   // The kernels run sm_90 code on this device (not a JIT of the compute_80 PTX, where every
   // `__CUDA_ARCH__ >= 900` section - clusters, griddepcontrol - is compiled out).
   bool sm90_code = false;

@@ -77,6 +77,8 @@ const DeviceProps& device_props(int device) {
     check_cuda(cudaDeviceGetAttribute(&p.sm_count, cudaDevAttrMultiProcessorCount, dev), "cuda", "device attribute");
     check_cuda(cudaDeviceGetAttribute(&p.major, cudaDevAttrComputeCapabilityMajor, dev), "cuda", "device attribute");
     check_cuda(cudaDeviceGetAttribute(&p.minor, cudaDevAttrComputeCapabilityMinor, dev), "cuda", "device attribute");
+    check_cuda(cudaDeviceGetAttribute(&p.smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev), "cuda",
+               "device attribute");
     {  // which code the device runs: the cubin for sm_90 (or newer), or a JIT of older PTX
       int prev = 0;
       check_cuda(cudaGetDevice(&prev), "cuda", "cudaGetDevice");
