@@ -635,7 +635,9 @@ int main(int argc, char** argv) {
   bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->check(CLI::Range(int64_t(2), int64_t(4096)));
   bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
   bench->add_option("--device", b_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  bench->add_option("--csv", b_csv, "write results to this CSV");
+  bench->add_option("--csv", b_csv,
+                    "write results to this CSV: phase, prompt_tokens, tokens (a batched row's decode steps per "
+                    "sequence), threads, median_tokens_per_s (every sequence's tokens), repeats, batch");
   int64_t b_context = 0;
   bench->add_option("--context", b_context,
                     "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; the decode "
@@ -662,6 +664,9 @@ int main(int argc, char** argv) {
       threads_note = choose_cpu_threads();
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) {
+      if (g_temp == 0.0f && (gen->count("--top-k") + gen->count("--top-p") + gen->count("--seed")) > 0)
+        std::fprintf(stderr, "[ksctl] note: --top-k, --top-p and --seed act only with --temperature > 0; "
+                             "this run is greedy\n");
       if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
       return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_system,
                           ks::model::SamplingParams{g_temp, g_top_k, g_top_p, g_seed}, g_ctx, threads_note);
