@@ -207,15 +207,20 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_ABLATE")) {
     ablate_ = std::string(",") + e + ",";
     const std::string known = ",qkv,attention,oproj,gateup,down,head,";
+    int named = 0;  // (empty items, as in "head,," or "", name nothing)
     for (size_t i = 1; i < ablate_.size();) {
       const size_t j = ablate_.find(',', i);
       const std::string part = ablate_.substr(i, j - i);
       if (!part.empty() && known.find("," + part + ",") == std::string::npos)
         throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
                                   "LlamaModel: KS_MODEL_ABLATE names '" + part + "'; known: qkv, attention, oproj, gateup, down, head");
+      named += part.empty() ? 0 : 1;
       i = j + 1;
     }
-    std::fprintf(stderr, "[model] KS_MODEL_ABLATE=%s: the one-token step leaves these kernels out (timing only; the outputs are wrong)\n", e);
+    if (named == 0)
+      ablate_.clear();
+    else
+      std::fprintf(stderr, "[model] KS_MODEL_ABLATE=%s: the one-token step leaves these kernels out (timing only; the outputs are wrong)\n", e);
   }
   fuse_rope_ = on_device_ && !fuse_attn_;  // (KS_MODEL_FUSE_ATTN=1 rotates in the attention's kernel)
   if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
@@ -462,8 +467,18 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   const auto be = backend_;
   const ks_stream_t s = stream();
   const int64_t H = c.hidden_size, kv_dim = c.num_kv_heads * c.head_dim;
-  auto rows = [n](const Buffer& t, int64_t cols) { return t.view.reshape({n, cols}); };
-  const ks::TensorView ids = ids_.view.reshape({n}), positions = pos_.view.reshape({n});
+  // The step's first elements of a buffer sized for the most rows (TensorView::reshape keeps the
+  // element count; these take a prefix).
+  auto prefix = [](const ks::TensorView& v, std::initializer_list<int64_t> shape) {
+    int64_t need = 1;
+    for (int64_t d : shape) need *= d;
+    if (need > v.numel())
+      throw ks::InternalError(KS_ERROR_INTERNAL, "LlamaModel: a step's " + std::to_string(need) +
+                                                       " elements exceed its buffer's " + std::to_string(v.numel()));
+    return ks::TensorView(v.data(), v.dtype(), std::vector<int64_t>(shape), v.device());
+  };
+  auto rows = [&](const Buffer& t, int64_t cols) { return prefix(t.view, {n, cols}); };
+  const ks::TensorView ids = prefix(ids_.view, {n}), positions = prefix(pos_.view, {n});
   // h holds the normalized input of the current sub-block and x the sub-block's
   // output; they trade buffers each layer so no copy is needed.
   ks::TensorView x = rows(x_, H), h = rows(h_, H);
@@ -481,8 +496,8 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
                        v3 = v.reshape({n, c.num_kv_heads, c.head_dim}),
                        attn3 = attn.reshape({n, c.num_heads, c.head_dim});
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
-  const ks::TensorView slots = slots_.view.reshape({n}), seq_ids = seq_ids_.view.reshape({n}),
-                       ctx_lens = ctx_lens_.view.reshape({n});
+  const ks::TensorView slots = prefix(slots_.view, {n}), seq_ids = prefix(seq_ids_.view, {n}),
+                       ctx_lens = prefix(ctx_lens_.view, {n});
   // layer l's attention of q3 over its cache, into attn3
   auto attention = [&](const Layer& L) {
     ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, tables_[size_t(table_)].view, seq_ids, ctx_lens, scale, be, s);

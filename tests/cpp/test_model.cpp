@@ -195,6 +195,46 @@ TEST(Model, CudaGreedyIdsAndLogitsMatchTransformersAndCpu) {
               worst_cpu);
 }
 
+// KS_MODEL_ABLATE (timing experiments): an unknown or misspelt part stops the model from loading,
+// naming it (no silently unablated timing run); an empty list ablates nothing (the same logits
+// as without it); "head" leaves the output head out of the one-token step, so its logits stay
+// what the buffer held (here the prefill's) instead of the step's.
+TEST(Model, AblationSwitchIsCheckedAndLeavesPartsOut) {
+  if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
+  for (const char* bad : {"bogus", "head, attention", "Head"}) {
+    kstest::ScopedEnv e("KS_MODEL_ABLATE", bad);
+    try {
+      Fixture fx;
+      ADD_FAILURE() << "KS_MODEL_ABLATE=" << bad << " accepted";
+    } catch (const ks::InvalidArgument& err) {
+      EXPECT_NE(std::string(err.what()).find("KS_MODEL_ABLATE names"), std::string::npos) << err.what();
+    }
+  }
+  const std::vector<int32_t> ids = {1, 2, 3, 4};
+  Fixture plain;
+  std::unique_ptr<Fixture> empty, head;
+  {
+    kstest::ScopedEnv e("KS_MODEL_ABLATE", ",,");
+    empty = std::make_unique<Fixture>();
+  }
+  {
+    kstest::ScopedEnv e("KS_MODEL_ABLATE", "head");
+    head = std::make_unique<Fixture>();
+  }
+  const int64_t V = plain.model.config().vocab_size;
+  (void)plain.model.forward(ids.data(), 3, 0);
+  (void)empty->model.forward(ids.data(), 3, 0);
+  const float* lh_prefill = head->model.forward(ids.data(), 3, 0);  // prefill: not the one-token step
+  const std::vector<float> before(lh_prefill, lh_prefill + V);
+  const float* lp = plain.model.forward(&ids[3], 1, 3);
+  const std::vector<float> p(lp, lp + V);
+  const float* le = empty->model.forward(&ids[3], 1, 3);
+  EXPECT_EQ(std::memcmp(le, p.data(), size_t(V) * sizeof(float)), 0) << "an empty list changed the logits";
+  const float* lh = head->model.forward(&ids[3], 1, 3);
+  EXPECT_EQ(std::memcmp(lh, before.data(), size_t(V) * sizeof(float)), 0) << "the head ran in the one-token step";
+  EXPECT_NE(std::memcmp(lh, p.data(), size_t(V) * sizeof(float)), 0);
+}
+
 // One-token steps run the fused decode (ks::fused_add_rms_norm_quant_matmul,
 // ks::silu_and_mul_quant_matmul and ks::rotary_embedding_kv_append: 6 kernels per layer);
 // KS_MODEL_FUSE=0 runs the unfused sequence. Fed the same tokens one at a time, both CUDA paths' logits agree with each other
