@@ -1074,6 +1074,25 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
           db.download(big);
           SCOPED_TRACE("quant_matmul M=" + std::to_string(M));
           same_columns(small, big, M);
+          // a grid of exactly 3 CTAs per SM (24 x SMs columns of one per warp): staged since
+          // 6c20047 (2 per SM before; SmolLM2's gate|up, 384 CTAs, is such a grid), the same bits
+          const int64_t NM = 24 * int64_t(sms);
+          Buf mid(dt, {M, NM});
+          DBuf dm(dt, {M, NM});
+          dm.poison();
+          {  // (pinned: the routing tables may send this N x K to another variant)
+            kstest::ScopedVariant pin("quant_matmul", "cuda_warp_per_column");
+            ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+            ks::quant_matmul(dm.view(), dx.view(), dw.view().slice(0, NM), qt, ks::Backend::Cuda);
+            expect_staged("quant_matmul", true);
+          }
+          CK(cudaDeviceSynchronize());
+          dm.download(mid);
+          for (int64_t m = 0; m < M; ++m)
+            EXPECT_EQ(0, std::memcmp(static_cast<const char*>(small.data()) + size_t(m * NS) * ks::dtype_size(dt),
+                                     static_cast<const char*>(mid.data()) + size_t(m * NM) * ks::dtype_size(dt),
+                                     size_t(NS) * ks::dtype_size(dt)))
+                << "3 CTAs per SM, row " << m;
         }
         const int64_t M = 3;
         Buf x(dt, {M, K}), res(dt, {M, K}), nw(dt, {K}), gu(dt, {M, 2 * K}), small(dt, {M, NS}), big(dt, {M, NB}),
