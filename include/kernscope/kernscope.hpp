@@ -142,15 +142,16 @@ class TensorView {
   // negative or the element count differs (as torch.reshape; no -1 inference).
   TensorView reshape(std::initializer_list<int64_t> shape) const {
     int64_t n = 1;
-    std::string dims;
     for (int64_t d : shape) {
       if (d < 0) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::reshape: a negative size (" + std::to_string(d) + ")");
       n *= d;
-      dims += (dims.empty() ? "" : ", ") + std::to_string(d);
     }
-    if (n != numel())
+    if (n != numel()) {  // (the message is built only here: reshape runs on every model step)
+      std::string dims;
+      for (int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
       throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::reshape: shape (" + dims + ") has " + std::to_string(n) +
                                                            " elements; the view has " + std::to_string(numel()));
+    }
     return TensorView(data_, dtype_, std::vector<int64_t>(shape), device_);
   }
   // A DLTensor pointing at this view's shape storage (valid while *this lives).

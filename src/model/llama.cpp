@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <iterator>
+#include <string_view>
 #include <stdexcept>
 
 namespace ks::model {
@@ -187,10 +189,19 @@ int64_t env_whole_number(const char* name, int64_t fallback, int64_t most, const
                                                              std::to_string(most) + "]");
   return v;
 }
+
+// KS_MODEL_ABLATE's parts, bit i of LlamaModel::ablate_ for part i
+constexpr const char* kAblateParts[] = {"qkv", "attention", "oproj", "gateup", "down", "head"};
+int ablate_index(std::string_view part) {
+  for (int i = 0; i < int(std::size(kAblateParts)); ++i)
+    if (part == kAblateParts[i]) return i;
+  return -1;
+}
 }  // namespace
 
 bool LlamaModel::ablated(const char* part) const {
-  return !ablate_.empty() && ablate_.find(std::string(",") + part + ",") != std::string::npos;
+  const int i = ablate_index(part);
+  return i >= 0 && ((ablate_ >> i) & 1u);
 }
 
 LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backend, int64_t max_batch)
@@ -204,22 +215,19 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_BATCH_SILU_FUSE")) batch_silu_fuse_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
-  if (const char* e = std::getenv("KS_MODEL_ABLATE")) {
-    ablate_ = std::string(",") + e + ",";
-    const std::string known = ",qkv,attention,oproj,gateup,down,head,";
-    int named = 0;  // (empty items, as in "head,," or "", name nothing)
-    for (size_t i = 1; i < ablate_.size();) {
-      const size_t j = ablate_.find(',', i);
-      const std::string part = ablate_.substr(i, j - i);
-      if (!part.empty() && known.find("," + part + ",") == std::string::npos)
+  if (const char* e = std::getenv("KS_MODEL_ABLATE")) {  // parsed once into ablate_'s bits
+    const std::string list = e;
+    for (size_t i = 0; i <= list.size();) {  // (empty items, as in "head,," or "", name nothing)
+      const size_t j = std::min(list.find(',', i), list.size());
+      const std::string part = list.substr(i, j - i);
+      const int bit = ablate_index(part);
+      if (!part.empty() && bit < 0)
         throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
                                   "LlamaModel: KS_MODEL_ABLATE names '" + part + "'; known: qkv, attention, oproj, gateup, down, head");
-      named += part.empty() ? 0 : 1;
+      if (bit >= 0) ablate_ |= 1u << bit;
       i = j + 1;
     }
-    if (named == 0)
-      ablate_.clear();
-    else
+    if (ablate_ != 0)
       std::fprintf(stderr, "[model] KS_MODEL_ABLATE=%s: the one-token step leaves these kernels out (timing only; the outputs are wrong)\n", e);
   }
   fuse_rope_ = on_device_ && !fuse_attn_;  // (KS_MODEL_FUSE_ATTN=1 rotates in the attention's kernel)
@@ -467,37 +475,27 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
   const auto be = backend_;
   const ks_stream_t s = stream();
   const int64_t H = c.hidden_size, kv_dim = c.num_kv_heads * c.head_dim;
-  // The step's first elements of a buffer sized for the most rows (TensorView::reshape keeps the
-  // element count; these take a prefix).
-  auto prefix = [](const ks::TensorView& v, std::initializer_list<int64_t> shape) {
-    int64_t need = 1;
-    for (int64_t d : shape) need *= d;
-    if (need > v.numel())
-      throw ks::InternalError(KS_ERROR_INTERNAL, "LlamaModel: a step's " + std::to_string(need) +
-                                                       " elements exceed its buffer's " + std::to_string(v.numel()));
-    return ks::TensorView(v.data(), v.dtype(), std::vector<int64_t>(shape), v.device());
-  };
-  auto rows = [&](const Buffer& t, int64_t cols) { return prefix(t.view, {n, cols}); };
-  const ks::TensorView ids = prefix(ids_.view, {n}), positions = prefix(pos_.view, {n});
+  // The step's first n rows of a buffer sized for the most rows (ensure_capacity: [rows, cols]) or
+  // of a step input (TensorView::slice checks n against the rows there)
+  auto rows = [n](const Buffer& t) { return t.view.slice(0, n); };
+  const ks::TensorView ids = rows(ids_), positions = rows(pos_);
   // h holds the normalized input of the current sub-block and x the sub-block's
   // output; they trade buffers each layer so no copy is needed.
-  ks::TensorView x = rows(x_, H), h = rows(h_, H);
+  ks::TensorView x = rows(x_), h = rows(h_);
   // One-token steps take q, k and v from one matmul: consecutive slices of a qkv row.
   const bool fused_qkv = n == 1 && qkv_fused_;
   auto part = [&](int64_t col, int64_t cols) {
     return ks::TensorView(static_cast<float*>(qkv_.view.data()) + col, ks::DType::F32, {1, cols},
                           qkv_.view.device());
   };
-  const ks::TensorView res = rows(res_, H), attn = rows(attn_, H), gu = rows(gu_, 2 * c.intermediate_size),
-                       act = rows(act_, c.intermediate_size);
-  const ks::TensorView q = fused_qkv ? part(0, H) : rows(q_, H), k = fused_qkv ? part(H, kv_dim) : rows(k_, kv_dim),
-                       v = fused_qkv ? part(H + kv_dim, kv_dim) : rows(v_, kv_dim);
+  const ks::TensorView res = rows(res_), attn = rows(attn_), gu = rows(gu_), act = rows(act_);
+  const ks::TensorView q = fused_qkv ? part(0, H) : rows(q_), k = fused_qkv ? part(H, kv_dim) : rows(k_),
+                       v = fused_qkv ? part(H + kv_dim, kv_dim) : rows(v_);
   const ks::TensorView q3 = q.reshape({n, c.num_heads, c.head_dim}), k3 = k.reshape({n, c.num_kv_heads, c.head_dim}),
                        v3 = v.reshape({n, c.num_kv_heads, c.head_dim}),
                        attn3 = attn.reshape({n, c.num_heads, c.head_dim});
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
-  const ks::TensorView slots = prefix(slots_.view, {n}), seq_ids = prefix(seq_ids_.view, {n}),
-                       ctx_lens = prefix(ctx_lens_.view, {n});
+  const ks::TensorView slots = rows(slots_), seq_ids = rows(seq_ids_), ctx_lens = rows(ctx_lens_);
   // layer l's attention of q3 over its cache, into attn3
   auto attention = [&](const Layer& L) {
     ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, tables_[size_t(table_)].view, seq_ids, ctx_lens, scale, be, s);
@@ -526,7 +524,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     // on the CPU): [norm -> qkv] [rope + kv append] and the rest (the same bits). The
     // residual stream alternates between res and res2 (the fused op writes x + residual to a
     // second buffer).
-    ks::TensorView r = res, r_next = rows(res2_, H);
+    ks::TensorView r = res, r_next = rows(res2_);
     const ks::TensorView none;
     for (int64_t l = 0; l < c.n_layers; ++l) {
       Layer& L = layers_[size_t(l)];

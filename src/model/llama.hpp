@@ -234,8 +234,8 @@ class LlamaModel {
   // oproj, gateup: add + norm + gate|up, down: SiLU + down, head: the final norm + output head),
   // so a decode rate with and without one part gives that part's cost inside the step's graph
   // (PDL overlap included), which the kernels' times alone do not
-  std::string ablate_;
-  bool ablated(const char* part) const;
+  unsigned ablate_ = 0;  // bit i: part i of kAblateParts (llama.cpp) left out
+  bool ablated(const char* part) const;  // part: one of those names
   DeviceArray dense_scratch_;  // fp32, the largest matrix (when the copies are not held)
   std::unique_ptr<DeviceStream> stream_;  // CUDA only
   Weight tok_embd_, out_norm_, lm_head_;
