@@ -1050,13 +1050,14 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
         DBuf dw(DType::U8, w.shape, off);
         dw.upload(w);
         const ks::TensorView wbig = dw.view(), wsmall = dw.view().slice(0, NS);
-        // columns [0, NS) of out_big [M, NB] against out_small [M, NS], row by row
-        auto same_columns = [&](const Buf& small, const Buf& big, int64_t M) {
+        // columns [0, NS) of out_big [M, N] (N = NB unless given) against out_small [M, NS], row by row
+        auto same_columns = [&](const Buf& small, const Buf& big, int64_t M, int64_t N = 0) {
           const size_t es = ks::dtype_size(dt);
+          if (N == 0) N = NB;
           for (int64_t m = 0; m < M; ++m)
             EXPECT_EQ(0, std::memcmp(static_cast<const char*>(small.data()) + size_t(m * NS) * es,
-                                     static_cast<const char*>(big.data()) + size_t(m * NB) * es, size_t(NS) * es))
-                << "row " << m;
+                                     static_cast<const char*>(big.data()) + size_t(m * N) * es, size_t(NS) * es))
+                << "row " << m << " of " << N << " columns";
         };
         for (int64_t M : {int64_t(1), int64_t(5)}) {
           Buf x(dt, {M, K}), small(dt, {M, NS}), big(dt, {M, NB});
@@ -1088,11 +1089,7 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
           }
           CK(cudaDeviceSynchronize());
           dm.download(mid);
-          for (int64_t m = 0; m < M; ++m)
-            EXPECT_EQ(0, std::memcmp(static_cast<const char*>(small.data()) + size_t(m * NS) * ks::dtype_size(dt),
-                                     static_cast<const char*>(mid.data()) + size_t(m * NM) * ks::dtype_size(dt),
-                                     size_t(NS) * ks::dtype_size(dt)))
-                << "3 CTAs per SM, row " << m;
+          same_columns(small, mid, M, NM);
         }
         const int64_t M = 3;
         Buf x(dt, {M, K}), res(dt, {M, K}), nw(dt, {K}), gu(dt, {M, 2 * K}), small(dt, {M, NS}), big(dt, {M, NB}),
