@@ -326,7 +326,10 @@ int main(int argc, char** argv) {
       std::string sh = shape;
       if (capacity != T) sh += " of " + std::to_string(capacity);
       if (!shapes.empty() && !has(shapes, sh)) return;
-      const int64_t bs = 16, blocks_per_seq = capacity / bs, blocks = b * blocks_per_seq, es = int64_t(ks::dtype_size(dt));
+      // 16-token blocks, or KS_BENCH_ATTN_BS=n (a divisor of every capacity below; experiments)
+      static const int64_t block = std::max<int64_t>(1, std::getenv("KS_BENCH_ATTN_BS") ? std::atoll(std::getenv("KS_BENCH_ATTN_BS")) : 16);
+      const int64_t bs = capacity % block == 0 ? block : 16, blocks_per_seq = capacity / bs, blocks = b * blocks_per_seq,
+                    es = int64_t(ks::dtype_size(dt));
       const size_t kv_bytes = size_t(blocks * bs * hkv * d * es);
       const size_t bytes = size_t(2 * b * T * hkv * d * es);
       const int k = nsets(bytes);
@@ -353,7 +356,8 @@ int main(int argc, char** argv) {
       record("decode_attention", sh, dt, us, bytes, "paged_attention");
       also_variants("paged_attention", "decode_attention", sh, dt, bytes, k, call);
     };
-    // KS_BENCH_ATTN=model: only the model's shapes (below); =layout: only an experiment on the
+    // KS_BENCH_ATTN=model: only the model's shapes (below); =anchors: only the anchors' bf16
+    // shapes; =layout: only an experiment on the
     // cache layout: 32/8 heads of 128 at 32K keys (each key's row of one kv head is 256 bytes
     // at a 2 KB stride) against 4/1 heads at 256K keys (the same bytes and heads per kv head,
     // rows back to back), both at batch 1
@@ -367,7 +371,7 @@ int main(int argc, char** argv) {
         for (int64_t T : {int64_t(1024), int64_t(8192), int64_t(32768)}) attention(b, hq, hkv, d, T, T, bf);
     // SmolLM2's decode step in the model: FP32, short live contexts in a cache of 2048 tokens
     // (ksctl generate's default --context) and of 656 (bench-model's after a 512-token prompt)
-    if (only != "layout") {
+    if (only != "layout" && only != "anchors") {
       for (int64_t T : {int64_t(64), int64_t(192), int64_t(576)}) attention(1, 9, 3, 64, T, 2048, DType::F32);
       for (int64_t T : {int64_t(128), int64_t(576)}) attention(1, 9, 3, 64, T, 656, DType::F32);
     }

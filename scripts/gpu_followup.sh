@@ -1,37 +1,36 @@
 #!/usr/bin/env bash
-# One GPU call for the next session's first questions: build for sm_90a, run every CUDA test with
-# the defaults set after the last GPU call, and benchmark them against the old settings.
-# Since 87eb81b (its attention and quant_matmul tests passed, the attention tests also with the L2
-# warming off):
-#  - decode attention (cuda_gqa_cluster) sizes clusters at a CTA per 64 keys of the table's
-#    capacity (was 128) and warm_keys_l2 is off by default (KS_ATTN_PREFETCH_KEYS=0): rows tagged
-#    [KS_ATTN_CAPACITY_KEYS=128] and [KS_ATTN_PREFETCH_KEYS=128] -> $OUT/followup.csv;
-#  - cuda_bulk_stream's lanes per short row by format (bulk_lanes_per_row: Q4_1 1, Q4_0 / Q8_0 2):
-#    the stream test as built and at KS_QMM_BULK_TPR=1 and 4 ($OUT/tpr1_tests.txt, tpr4_tests.txt); quant_matmul at
-#    49152x576 tagged [KS_QMM_BULK_TPR=1] -> $OUT/followup.csv.
-# Usage (device): KS_COMMIT=sha scripts/gpu_followup.sh   (carry .dlpack, .deps[, .mdl/part_aa])
-# The model's A/B runs are scripts/gpu_model_check.sh, the next call, warm (it needs the model:
-# this script copies .mdl/part_aa to /tmp when carried).
+# One GPU call for the session's open questions (carried binaries: KS_PREBUILT=1, or a build):
+#  - every CUDA test (test_cuda_ops in full, ~250 s) -> $OUT/cuda_tests.txt, its verdict lines;
+#  - the attention tests again with KS_ATTN_ONE_CTA_KEYS=512 -> $OUT/one_cta_tests.txt;
+#  - decode attention (bf16 anchors) as built, with the caches read head-major
+#    (KS_ATTN_HND_EXPERIMENT=1: [num_blocks, num_kv_heads, block_size, head_dim]; timing only),
+#    and both at 64-token blocks (KS_BENCH_ATTN_BS=64); torch SDPA in the same call
+#    -> $OUT/followup.csv, $OUT/peers_attention.csv.
+# KS_FOLLOWUP_TESTS=0 skips the two test runs.
+# Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
-[ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa
-filter=${KS_FOLLOWUP_FILTER:-'*'}
-ks_gpu_build_and_test "$filter" 'FP64' || { echo "gpu_followup: the build failed (see $OUT/logs.txt)"; exit 1; }
-for n in 1 4; do
-  KS_QMM_BULK_TPR=$n $BUILD/tests/test_cuda_ops --gtest_filter='*QuantMatmulStream*' > "$OUT/tpr${n}_tests.txt" 2>&1
-  echo "stream-variant test at KS_QMM_BULK_TPR=$n: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/tpr${n}_tests.txt" | tr '\n' ' ')"
-done
-$BUILD/bench_ops --csv "$OUT/followup.csv" --ops paged_attention --dtypes bf16,fp32 > /dev/null 2>&1
-$BUILD/bench_ops --csv /tmp/ks_qmm.csv --ops quant_matmul --dtypes bf16,fp32 --variants --shapes 49152x576 > /dev/null 2>&1
-tail -n +2 /tmp/ks_qmm.csv >> "$OUT/followup.csv"
-ks_bench_tagged KS_ATTN_CAPACITY_KEYS=128 kernscope "$OUT/followup.csv" --ops paged_attention --dtypes bf16,fp32
-ks_bench_tagged KS_ATTN_PREFETCH_KEYS=128 kernscope "$OUT/followup.csv" --ops paged_attention --dtypes bf16,fp32
-ks_bench_tagged KS_QMM_BULK_TPR=1 variant:cuda_bulk_stream "$OUT/followup.csv" --ops quant_matmul --dtypes bf16,fp32 \
-  --variants --shapes 49152x576
-python3 - "$OUT/followup.csv" <<'PY'
+ks_gpu_build_and_test 'Cuda.Attention*' 'FP64' || { echo "gpu_followup: no bench_ops (see $OUT/logs.txt)"; exit 1; }
+if [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
+  KS_ATTN_ONE_CTA_KEYS=512 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
+  echo "attention tests at KS_ATTN_ONE_CTA_KEYS=512: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
+  timeout 330 $BUILD/tests/test_cuda_ops > "$OUT/cuda_tests.txt" 2>&1
+  echo "test_cuda_ops (rc $?): $(grep -E '^\[  (PASSED|FAILED)|FAILED  \]' "$OUT/cuda_tests.txt" | tr '\n' ' ' | head -c 2000)"
+fi
+shapes=${KS_FOLLOWUP_SHAPES:-}
+args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"})
+KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/followup.csv" "${args[@]}" > /dev/null 2>&1
+KS_BENCH_ATTN=anchors ks_bench_tagged KS_ATTN_HND_EXPERIMENT=1 kernscope "$OUT/followup.csv" "${args[@]}"
+KS_BENCH_ATTN=anchors ks_bench_tagged KS_BENCH_ATTN_BS=64 kernscope "$OUT/followup.csv" "${args[@]}"
+KS_BENCH_ATTN=anchors ks_bench_tagged KS_BENCH_ATTN_BS=64+KS_ATTN_HND_EXPERIMENT=1 kernscope "$OUT/followup.csv" "${args[@]}"
+PYTHONUNBUFFERED=1 python3 bench/peers_model.py --ops decode_attention --csv "$OUT/peers_attention.csv" > /dev/null 2>&1
+python3 - "$OUT/followup.csv" "$OUT/peers_attention.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
+peer = {r['shape']: float(r['us']) for r in csv.DictReader(open(sys.argv[2])) if r['op'] == 'decode_attention'}
 for r in rows:
-    if r['op'] == 'decode_attention' or 'bulk_stream' in r['impl']:
-        print(f"{r['op']:18} {r['shape']:26} {r['dtype']:5} {r['impl']:42} {float(r['us']):9.3f}")
+    if r['op'] == 'decode_attention':
+        p = peer.get(r['shape'])
+        print(f"{r['shape']:26} {r['impl']:52} {float(r['us']):9.3f} us  {float(r['gbs']):7.0f} GB/s"
+              + (f"  SDPA {p:8.3f} ratio {p / float(r['us']):.3f}" if p else ""))
 PY
