@@ -141,11 +141,11 @@ if has bench; then
   #                append kernel without PDL (6-kernel step)
   #   one_cta256 / one_cta512 / one_cta512_batch / one_cta1024  KS_ATTN_ONE_CTA_KEYS=256 / 512 / 1024
   #                (batch 1 / 8, 16, 32): decode attention runs one CTA per (token, kv head), no
-  #                cluster, for tables of at most that many keys (with the 4-stage ring);
+  #                cluster, for tables of at most that many keys (default 256 since 2026-12-01);
   #                one_cta512_ctx400 / ctx400: the same and the default with a 400-token cache and
   #                prompts of 64 and 240 tokens (the whole-cache table then holds up to 368 live
-  #                keys); one_cta512_s2 / one_cta512_s2_ctx400: one CTA with the 2-stage ring
-  #                (KS_ATTN_ONE_CTA_STAGES=2)
+  #                keys); old_rule / old_rule_batch / old_rule_ctx400: the rules before 2026-12-01
+  #                (no one-CTA tables, the model's headroom 2); one_cta_off / headroom2: one of them
   #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
   #                table's capacity (fewer CTAs, each more keys; 1024: no cluster below 2048 keys)
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
@@ -203,9 +203,12 @@ if has bench; then
     ab cap256 KS_ATTN_CAPACITY_KEYS=256
     ab one_cta256 KS_ATTN_ONE_CTA_KEYS=256  # one CTA per unit for tables of <= 256 keys
     ab one_cta512 KS_ATTN_ONE_CTA_KEYS=512  # ... <= 512 keys (the configuration measured at 1768 as cap1024)
-    ab one_cta512_s2 KS_ATTN_ONE_CTA_KEYS=512 KS_ATTN_ONE_CTA_STAGES=2  # ... with the 2-stage ring (before 2026-12-01)
     ab one_cta1024 KS_ATTN_ONE_CTA_KEYS=1024  # ... <= 1024 keys: the 512-token prompt's 641-key table too
-    KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab one_cta512_s2_ctx400 KS_ATTN_ONE_CTA_KEYS=512 KS_ATTN_ONE_CTA_STAGES=2
+    ab old_rule KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2  # clusters at every table, headroom 2 (before 2026-12-01)
+    AB_BATCH="8 16 32" ab old_rule_batch KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
+    ab one_cta_off KS_ATTN_ONE_CTA_KEYS=0
+    ab headroom2 KS_MODEL_ATTN_HEADROOM=2
+    KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab old_rule_ctx400 KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab one_cta512_ctx400 KS_ATTN_ONE_CTA_KEYS=512  # a whole-cache table of 400 keys
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab ctx400  # ... and its default

@@ -149,9 +149,12 @@ class LlamaModel {
   // uncapped, and a much wider one launches clusters that mostly idle. Headroom 2 dates from
   // clusters of capacity / 128 CTAs (headroom 1 then capped the split: 2% slower); with / 64 the
   // two measured the same (87eb81b, KS_ATTN_CAPACITY_KEYS=64: 1638 / 1519 tokens/s at headroom 2,
-  // 1640 / 1516 at 1, after 64 / 512-token prompts), and 2 stays.
+  // 1640 / 1516 at 1, after 64 / 512-token prompts). Headroom 1 since 2026-12-01: decode attention
+  // runs one CTA per unit, no cluster, for tables of at most 256 keys (gqa_one_cta_keys), which
+  // beats the cluster up to about 200 live keys; headroom 1 gives contexts up to 256 the 256-key
+  // table (headroom 2 only up to 128).
   int64_t attention_capacity(int64_t len) const { return table_tokens_[size_t(table_for(len))]; }
-  static constexpr int64_t kAttnBucket = 256, kAttnHeadroom = 2;
+  static constexpr int64_t kAttnBucket = 256, kAttnHeadroom = 1;
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,
   // in microseconds (DeviceStream::take_replay_us); empty otherwise
   std::vector<float> take_step_times_us() { return stream_ ? stream_->take_replay_us() : std::vector<float>{}; }

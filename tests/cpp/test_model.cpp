@@ -548,15 +548,15 @@ TEST(Model, AttentionTablesByCapacityBucket) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());
   using LM = ks::model::LlamaModel;
-  static_assert(LM::kAttnBucket == 256 && LM::kAttnHeadroom == 2, "the cases below assume these defaults");
+  static_assert(LM::kAttnBucket == 256 && LM::kAttnHeadroom == 1, "the cases below assume these defaults");
   {
+    kstest::ScopedEnv e("KS_MODEL_ATTN_HEADROOM", "2");
     LM m(file, 2048, ks::Backend::Cpu);
     const std::pair<int64_t, int64_t> cases[] = {{1, 256}, {128, 256}, {129, 512}, {256, 512}, {257, 1024},
                                                  {513, 2048}, {1025, 2048}, {2048, 2048}};
     for (auto [len, cap] : cases) EXPECT_EQ(m.attention_capacity(len), cap) << "len " << len;
   }
   {
-    kstest::ScopedEnv e("KS_MODEL_ATTN_HEADROOM", "1");
     LM m(file, 2048, ks::Backend::Cpu);
     const std::pair<int64_t, int64_t> cases[] = {{1, 256}, {256, 256}, {257, 512}, {512, 512}, {513, 1024},
                                                  {1025, 2048}, {2048, 2048}};

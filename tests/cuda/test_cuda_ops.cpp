@@ -2464,8 +2464,8 @@ TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
   }
 }
 
-// cuda_gqa_cluster's small-table rule (KS_ATTN_ONE_CTA_KEYS=N, off by default): block tables of
-// at most N keys run one CTA per (token, kv head) unit, no cluster, whatever the live length;
+// cuda_gqa_cluster's small-table rule (KS_ATTN_ONE_CTA_KEYS=N, default 256; 0: off): block tables
+// of at most N keys run one CTA per (token, kv head) unit, no cluster, whatever the live length;
 // other tables (and every table when it is off) take the capacity rule, a cluster of several CTAs
 // for 256, 512 and 528 keys and SmolLM2's 3 units. Both against the CPU, SmolLM2's heads (9 / 3 of
 // 64), one token per call, lengths from 1 key to the whole table (up to 9 steps of 64 keys in one
@@ -2476,7 +2476,7 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
   const int64_t H = 9, KVH = 3, D = 64, bs = 16;
   const char* env = std::getenv("KS_ATTN_ONE_CTA_KEYS");
-  const int64_t one_cta_keys = env ? std::atoll(env) : 0;
+  const int64_t one_cta_keys = env ? std::atoll(env) : 256;
   std::mt19937 gen(23);
   for (DType dt : kstest::float_dtypes())
     for (int64_t maxb : {int64_t(16), int64_t(32), int64_t(33)}) {

@@ -46,13 +46,10 @@ namespace cg = cooperative_groups;
 namespace ks::cuda {
 namespace {
 
-constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8;
-// The cp.async ring's stages: 2 (a step of keys in flight while one is computed), or 4 for a unit
-// that one CTA takes alone (KS_ATTN_ONE_CTA_KEYS: three steps in flight; see gqa_one_cta_keys)
-constexpr int kGqaStages = 2, kGqaOneCtaStages = 4;
-// the cp.async ring of S stages: [stage][key u][K | V][thread] 16-byte pieces (conflict-free: a
-// thread's pieces are consecutive across threads)
-constexpr int64_t gqa_ring_bytes(int S) { return int64_t(S) * kGqaUnroll * 2 * kGqaThreads * 16; }
+constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8, kGqaStages = 2;
+// the cp.async ring: [stage][key u][K | V][thread] 16-byte pieces (conflict-free: a thread's
+// pieces are consecutive across threads)
+constexpr int64_t kGqaRingBytes = int64_t(kGqaStages) * kGqaUnroll * 2 * kGqaThreads * 16;
 constexpr int64_t kGqaSmemLimit = 200 * 1024;
 
 // The per-(token, kv head) softmax states in shared memory, at `base` (after cuda_gqa_cluster's
@@ -83,9 +80,7 @@ __host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) {
 constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
   return size_t(G * (2 + D) * (1 + W)) * sizeof(float) + sizeof(int);
 }
-[[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D, int S = kGqaStages) {
-  return size_t(gqa_ring_bytes(S)) + gqa_state_bytes(kGqaWarps, G, D);
-}
+[[maybe_unused]] size_t gqa_smem_bytes(int G, int64_t D) { return size_t(kGqaRingBytes) + gqa_state_bytes(kGqaWarps, G, D); }
 // finish_unit's pushed area in rank 0 (every CTA's dynamic shared memory has it: one size per
 // launch): C states of split_state_floats(G, D) floats, after gqa_smem_bytes rounded up to 16
 constexpr size_t gqa_push_offset(size_t base) { return (base + 15) / 16 * 16; }
@@ -310,7 +305,7 @@ constexpr size_t rope_keep_bytes(int G, int64_t D, size_t elem) { return size_t(
 // cluster's last barrier (every CTA of the unit has read q and k) rank 0's stream 0 stores its
 // rotated pieces of q's G heads and of k in place. So the output is the two calls'
 // bit for bit when no token reads a slot that another token of the launch appends.
-template <typename T, int LPK, int GM, bool ROPE, int S>
+template <typename T, int LPK, int GM, bool ROPE>
 __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* rope, const float* inv) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   constexpr int E = 16 / int(sizeof(T));  // elements per lane: one 16-byte load
@@ -323,8 +318,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   const int G = p.group;
   const int D = int(p.head_dim);
-  constexpr int64_t kRing = gqa_ring_bytes(S);
-  GqaSmem sm(gqa_raw + kRing, kGqaWarps, G, D);
+  GqaSmem sm(gqa_raw + kGqaRingBytes, kGqaWarps, G, D);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int sub = lane % LPK, stream = warp * SPW + lane / LPK;
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
@@ -373,7 +367,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   int64_t new_slot = -1;
   uint4 k_new = make_uint4(0, 0, 0, 0), v_new = make_uint4(0, 0, 0, 0);
   bool rope_ready = !ROPE;  // k_new / v_new made
-  unsigned pending = 0;     // bit s U + u: key u of stage s at the token's slot, waiting for them
+  unsigned pending = 0;     // keys u of stage 0 at the token's slot, waiting for them
   // rows 0..G-1: q's heads, row GM: k, as stored (a feature past rotary_dim keeps its bits, NaN
   // payloads included, as in the two calls); y: the NeoX partners as floats
   T x[ROPE ? GM + 1 : 1][E];
@@ -438,7 +432,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
           *piece(stage, k, 0) = k_new;
           *piece(stage, k, 1) = v_new;
         } else {
-          pending |= 1u << (stage * U + k);  // (the first S - 1 steps': filled once they are made)
+          pending |= 1u << k;  // (stage 0: the first step's, filled once they are made)
         }
       } else {
         cp_async16(piece(stage, k, 0), kc + at, ok && owns);
@@ -448,22 +442,10 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     cp_async_commit();
     return valid;
   };
-  // The first S - 1 steps' copies go out now (a step past the range: an empty group, which keeps
-  // the wait count uniform); blk then holds step S - 1's entries. valids: step s's mask of mapped
-  // keys in bits [s' U, s' U + U) of its stage s' = s mod S.
-  constexpr int STEP = NS * U;
-  constexpr unsigned kStepMask = (1u << U) - 1u;
-  static_assert(S * U <= 32, "the stages' masks share 32 bits");
   int32_t blk[U];
   fetch_blocks(j_begin, blk);
-  unsigned valids = 0;
-#pragma unroll
-  for (int st = 0; st < S - 1; ++st) {
-    const int j = j_begin + st * STEP;
-    if (j < j_end) valids |= issue(st, j, blk) << (st * U);
-    else cp_async_commit();
-    fetch_blocks(j + STEP, blk);
-  }
+  unsigned valid_cur = j_begin < j_end ? issue(0, j_begin, blk) : 0u;
+  fetch_blocks(j_begin + NS * U, blk);
   if constexpr (ROPE) {
     const int half = rope->rotary_half, d0 = sub * E;
     const bool neox = rope->neox;
@@ -502,10 +484,10 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     }
     rope_ready = true;
 #pragma unroll
-    for (int b = 0; b < S * U; ++b)
-      if (pending >> b & 1u) {
-        *piece(b / U, b % U, 0) = k_new;
-        *piece(b / U, b % U, 1) = v_new;
+    for (int u = 0; u < U; ++u)
+      if (pending >> u & 1u) {
+        *piece(0, u, 0) = k_new;
+        *piece(0, u, 1) = v_new;
       }
     if (rank == 0 && stream == 0 && owns && new_slot >= 0 && new_slot < rope->num_slots) {
       const int64_t off = (new_slot / bs) * p.blk_stride + (new_slot % bs) * p.tok_stride + kvh * p.head_stride + d0;
@@ -531,14 +513,13 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     if (keeper) memcpy(keep + G * D + d0, &k_new, 16);
   }
   int stage = 0;
-  for (int j0 = j_begin; j0 < j_end; j0 += STEP, stage = stage + 1 == S ? 0 : stage + 1) {
-    // the copies of the step S - 1 ahead go out before this step's arithmetic
-    const int ahead = j0 + (S - 1) * STEP, st_ahead = stage == 0 ? S - 1 : stage - 1;
-    if (ahead < j_end) valids = (valids & ~(kStepMask << (st_ahead * U))) | issue(st_ahead, ahead, blk) << (st_ahead * U);
+  for (int j0 = j_begin; j0 < j_end; j0 += NS * U, stage ^= 1) {
+    // the next step's copies go out before this step's arithmetic
+    unsigned valid_next = 0;
+    if (j0 + NS * U < j_end) valid_next = issue(stage ^ 1, j0 + NS * U, blk);
     else cp_async_commit();  // an empty group keeps the wait count uniform
-    fetch_blocks(ahead + STEP, blk);
-    cp_async_wait<S - 1>();  // this thread's pieces of the current step have landed
-    const unsigned valid_cur = valids >> (stage * U) & kStepMask;
+    fetch_blocks(j0 + 2 * NS * U, blk);
+    cp_async_wait<1>();  // this thread's pieces of the current step have landed
     any_local |= valid_cur != 0;
     V kv[U], vv[U];
 #pragma unroll
@@ -585,6 +566,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
         acc[g][e] = a;
       }
     }
+    valid_cur = valid_next;
   }
   cp_async_wait<0>();
   // the warp's streams into one state (lanes differing in the bits above LPK)
@@ -610,7 +592,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kRing, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr,
+  finish_unit<T, kGqaThreads>(cluster, gqa_raw, kGqaRingBytes, kGqaWarps, G, D, any_local, Ce, len, out_t, nullptr,
                               p.push_off);
   if constexpr (ROPE) {
     // q's G heads and k's head rotated in place, after every CTA of the unit has read them
@@ -630,19 +612,17 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
 #endif
 }
 
-// (S stages: kGqaStages, or kGqaOneCtaStages for one CTA per unit, whose ring allows one CTA per SM)
-template <typename T, int LPK, int GM, int S = kGqaStages>
-__global__ void __launch_bounds__(kGqaThreads, GM <= 4 && S <= 2 ? 2 : 1)
-    paged_attention_gqa_kernel(const __grid_constant__ AttnParams p) {
-  gqa_unit<T, LPK, GM, false, S>(p, nullptr, nullptr);
+template <typename T, int LPK, int GM>
+__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1) paged_attention_gqa_kernel(const __grid_constant__ AttnParams p) {
+  gqa_unit<T, LPK, GM, false>(p, nullptr, nullptr);
 }
 
 // rotary_embedding_kv_append_paged_attention's fused kernel (the table by value, read in place)
-template <typename T, int LPK, int GM, int S = kGqaStages>
-__global__ void __launch_bounds__(kGqaThreads, GM <= 4 && S <= 2 ? 2 : 1)
+template <typename T, int LPK, int GM>
+__global__ void __launch_bounds__(kGqaThreads, GM <= 4 ? 2 : 1)
     paged_attention_gqa_rope_kernel(const __grid_constant__ AttnParams p, const __grid_constant__ AttnRope rope,
                                     const __grid_constant__ RopeTable tab) {
-  gqa_unit<T, LPK, GM, true, S>(p, &rope, tab.inv);
+  gqa_unit<T, LPK, GM, true>(p, &rope, tab.inv);
 }
 
 // The fewest of 1, 2, 4, ..., max_cluster CTAs per (token, kv head) unit that give min_ctas CTAs
@@ -662,23 +642,20 @@ int64_t gqa_capacity_keys() {
   return keys;
 }
 
-// KS_ATTN_ONE_CTA_KEYS=N (experiments; default 0, off): cuda_gqa_cluster runs one CTA per (token,
-// kv head) unit, no cluster, for block tables of at most N keys (by the capacity alone, as the
-// cluster rule, so a row's split does not depend on the batch). Why: in SmolLM2's batch-1 decode
-// (tables of 256 and 512 keys for 64-192 live keys) one CTA doing up to 3 steps of 64 keys beat
-// the cluster that split them (H200, 6c20047, same call: 1768 tokens/s with
-// KS_ATTN_CAPACITY_KEYS=1024, which gives those tables one CTA, against 1679), while 512-640 live
-// keys in one CTA lost (1207 against 1540). Off by default until measured as such: the model's
-// last table (the whole cache) may hold a live context up to its capacity, which a bound of 512
-// would give one CTA at 257-512 live keys (ksctl generate sizes the cache for the request).
+// cuda_gqa_cluster runs one CTA per (token, kv head) unit, no cluster, for block tables of at
+// most 256 keys (KS_ATTN_ONE_CTA_KEYS=N: N keys, 0: never; read once). By the capacity alone, as
+// the cluster rule, so a row's split does not depend on the batch, and a graph captured for a
+// table replays the same launch at every length. Why (H200, SmolLM2 decode, same calls): a
+// cluster's launch costs more than one CTA's few steps of 64 keys at short lengths - 1768 tokens/s
+// against 1679 with one CTA for the 256/512-key tables (6c20047), 1820 against 1729 (e113b95),
+// and at 8 / 16 / 32 sequences +3% / +12% / +14% - but one CTA's steps are serial: 240-368 live
+// keys in one CTA lost (1547 against 1634), 512-640 lost more (1256 against 1598). So the bound
+// is 256 (at most 4 steps); llama.hpp's tables (headroom 1) give contexts up to 256 that table.
+// A 4-stage ring for the one-CTA units (three steps in flight) was slower still (1785 against
+// 1820; e113b95): the steps are not waiting on memory.
 int64_t gqa_one_cta_keys() {
-  static const int64_t keys = std::clamp<long long>(env_number("KS_ATTN_ONE_CTA_KEYS", 0), 0, 1 << 20);
+  static const int64_t keys = std::clamp<long long>(env_number("KS_ATTN_ONE_CTA_KEYS", 256), 0, 1 << 20);
   return keys;
-}
-// The ring's stages for one CTA per unit: kGqaOneCtaStages, or KS_ATTN_ONE_CTA_STAGES=2 (read once)
-int gqa_one_cta_stages() {
-  static const int stages = env_is("KS_ATTN_ONE_CTA_STAGES", "2") ? kGqaStages : kGqaOneCtaStages;
-  return stages;
 }
 
 // The kernel parameters of both cluster variants, with the environment switches
@@ -785,7 +762,7 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
   const int lanes = int((a.head_dim + E - 1) / E);
   const int LPK = lanes <= 4 ? 4 : lanes <= 8 ? 8 : lanes <= 16 ? 16 : 32;
   const int GM = G <= 1 ? 1 : G <= 2 ? 2 : G <= 4 ? 4 : 8;
-  int C = 1, stages = kGqaStages;
+  int C = 1;
   int64_t grid = 0;
   // The kernels of the three dtypes have the same type, so a generic lambda with a static
   // once_flag gave them one flag between them (and one for all devices): only the first
@@ -804,30 +781,6 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
     const bool one_cta = a.max_blocks_per_seq * a.block_size <= gqa_one_cta_keys();
     C = one_cta ? 1 : choose_cluster(a, most, 2 * int64_t(dp.sm_count), gqa_capacity_keys());
     grid = a.num_tokens * a.num_kv_heads * C;
-    // one CTA per unit: a deeper ring (kGqaOneCtaStages) where the grid leaves SMs for a CTA each
-    // (it allows one CTA per SM; KS_ATTN_ONE_CTA_STAGES=2 keeps two stages, for comparisons)
-    const size_t deep_smem = gqa_push_offset(gqa_smem_bytes(G, a.head_dim, kGqaOneCtaStages)) +
-                             (rope ? rope_keep_bytes(G, a.head_dim, sizeof(T)) : 0);
-    stages = one_cta && gqa_one_cta_stages() > kGqaStages && grid <= int64_t(dp.sm_count) &&
-                     int64_t(deep_smem) <= kGqaSmemLimit
-                 ? kGqaOneCtaStages
-                 : kGqaStages;
-    if (stages != kGqaStages) {
-      smem = gqa_smem_bytes(G, a.head_dim, stages);
-      if (rope) {
-        AttnRope r = *rope;
-        r.keep_off = int(gqa_push_offset(smem));
-        smem = size_t(r.keep_off) + rope_keep_bytes(G, a.head_dim, sizeof(T));
-        opt_in_smem_limit<paged_attention_gqa_rope_kernel<T, kL, kG, kGqaOneCtaStages>>(dev, op);
-        launch_kernel(op, paged_attention_gqa_rope_kernel<T, kL, kG, kGqaOneCtaStages>, dim3(unsigned(grid)),
-                      dim3(kGqaThreads), smem, s, 1, dp.pdl, p, r, *tab);
-      } else {
-        opt_in_smem_limit<paged_attention_gqa_kernel<T, kL, kG, kGqaOneCtaStages>>(dev, op);
-        launch_kernel(op, paged_attention_gqa_kernel<T, kL, kG, kGqaOneCtaStages>, dim3(unsigned(grid)),
-                      dim3(kGqaThreads), smem, s, 1, dp.pdl, p);
-      }
-      return;
-    }
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&
         int64_t(gqa_push_offset(base_smem) + gqa_push_bytes(C, G, a.head_dim)) <= kGqaSmemLimit) {
@@ -862,10 +815,8 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
   };
   with_float_type(a.q.dtype, by_lanes);
   check_launch(op);
-  record_launch(op,
-                "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld push_merge=%lld grid=%lld rope=%lld "
-                "stages=%lld",
-                {C, G, LPK, p.push_off > 0 ? 1 : 0, grid, rope ? 1 : 0, stages});
+  record_launch(op, "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld push_merge=%lld grid=%lld rope=%lld",
+                {C, G, LPK, p.push_off > 0 ? 1 : 0, grid, rope ? 1 : 0});
 }
 }  // namespace
 
