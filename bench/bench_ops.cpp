@@ -326,10 +326,11 @@ int main(int argc, char** argv) {
       std::string sh = shape;
       if (capacity != T) sh += " of " + std::to_string(capacity);
       if (!shapes.empty() && !has(shapes, sh)) return;
-      // 16-token blocks, or KS_BENCH_ATTN_BS=n (a divisor of every capacity below; experiments)
+      // 16-token blocks, or KS_BENCH_ATTN_BS=n (experiments; a shape whose capacity n does not
+      // divide is left out, so a tagged row always ran at n)
       static const int64_t block = std::max<int64_t>(1, std::getenv("KS_BENCH_ATTN_BS") ? std::atoll(std::getenv("KS_BENCH_ATTN_BS")) : 16);
-      const int64_t bs = capacity % block == 0 ? block : 16, blocks_per_seq = capacity / bs, blocks = b * blocks_per_seq,
-                    es = int64_t(ks::dtype_size(dt));
+      if (capacity % block != 0) return;
+      const int64_t bs = block, blocks_per_seq = capacity / bs, blocks = b * blocks_per_seq, es = int64_t(ks::dtype_size(dt));
       const size_t kv_bytes = size_t(blocks * bs * hkv * d * es);
       const size_t bytes = size_t(2 * b * T * hkv * d * es);
       const int k = nsets(bytes);

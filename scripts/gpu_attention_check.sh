@@ -26,18 +26,24 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa  # for a model call that follows warm
 ks_gpu_build_and_test '*Attention*' 'FP64 value|split cuda_gqa' ||
   { echo "gpu_attention_check: the build failed (see $OUT/logs.txt)"; exit 1; }
-# the attention tests again with the small-table rule on (one CTA per unit for tables of <= 512 keys;
-# Cuda.AttentionSmallTablesOneCtaRule then expects it)
-echo "KS_ATTN_ONE_CTA_KEYS=512:"
-KS_ATTN_ONE_CTA_KEYS=512 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' --gtest_brief=1 2>&1 |
-  grep -E "PASSED|FAILED|Failure" | head -8
+# the attention tests again with the small-table rule off (every table of the tests' short contexts
+# then takes a cluster: the default runs tables of <= 256 keys in one CTA) and at 512 keys
+# (Cuda.AttentionSmallTablesOneCtaRule expects each)
+for n in 0 512; do
+  echo "KS_ATTN_ONE_CTA_KEYS=$n:"
+  KS_ATTN_ONE_CTA_KEYS=$n $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' --gtest_brief=1 2>&1 |
+    grep -E "PASSED|FAILED|Failure" | head -8
+done
 if has bench; then
   $BUILD/bench_ops --csv "$OUT/attention_variants.csv" --variants --ops paged_attention --dtypes bf16,fp32 2>&1 |
     grep -E "variant=cuda_(mma|gqa)" | cut -c1-150
 fi
 if has sanitize; then
-  ks_sanitize_tests memcheck '*DecodeAndPrefill/cuda_gqa_cluster:*NonFiniteScoresAsOnCpu/cuda_gqa_cluster' 120
-  ks_sanitize_tests racecheck '*NonFiniteScoresAsOnCpu/cuda_gqa_cluster:*DeviceIndicesOutOfRange/cuda_gqa_cluster' 120
+  # (these tests' tables hold 160-256 keys: one CTA by default, clusters with the rule off)
+  for n in 256 0; do
+    KS_ATTN_ONE_CTA_KEYS=$n ks_sanitize_tests memcheck '*DecodeAndPrefill/cuda_gqa_cluster:*NonFiniteScoresAsOnCpu/cuda_gqa_cluster' 120
+    KS_ATTN_ONE_CTA_KEYS=$n ks_sanitize_tests racecheck '*NonFiniteScoresAsOnCpu/cuda_gqa_cluster:*DeviceIndicesOutOfRange/cuda_gqa_cluster' 120
+  done
 fi
 if has ncu_gqa; then
   ks_ncu_bench paged_attention_gqa "$OUT/ncu_attention_gqa.txt" --ops paged_attention --dtypes fp32 \

@@ -1,28 +1,26 @@
 #!/usr/bin/env bash
 # One GPU call for the session's open questions (carried binaries: KS_PREBUILT=1, or a build):
 #  - every CUDA test (test_cuda_ops in full, ~250 s) -> $OUT/cuda_tests.txt, its verdict lines;
-#  - the attention tests again with KS_ATTN_ONE_CTA_KEYS=512 -> $OUT/one_cta_tests.txt;
-#  - decode attention (bf16 anchors) as built, with the caches read head-major
-#    (KS_ATTN_HND_EXPERIMENT=1: [num_blocks, num_kv_heads, block_size, head_dim]; timing only),
-#    and both at 64-token blocks (KS_BENCH_ATTN_BS=64); torch SDPA in the same call
-#    -> $OUT/followup.csv, $OUT/peers_attention.csv.
+#  - the attention tests again with KS_ATTN_ONE_CTA_KEYS=0 (the small tables' clusters, which the
+#    default's one CTA per unit replaced) -> $OUT/one_cta_tests.txt;
+#  - decode attention (bf16 anchors) as built and at 64-token blocks (KS_BENCH_ATTN_BS=64); torch
+#    SDPA in the same call -> $OUT/followup.csv, $OUT/peers_attention.csv. (At cf200dc it also read
+#    the caches head-major under a timing-only switch, since removed: docs/perf/h200_attention.md.)
 # KS_FOLLOWUP_TESTS=0 skips the two test runs.
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
-ks_gpu_build_and_test 'Cuda.Attention*' 'FP64' || { echo "gpu_followup: no bench_ops (see $OUT/logs.txt)"; exit 1; }
+ks_gpu_build_and_test '*Attention*' 'FP64' || { echo "gpu_followup: no bench_ops (see $OUT/logs.txt)"; exit 1; }
 if [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
-  KS_ATTN_ONE_CTA_KEYS=512 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
-  echo "attention tests at KS_ATTN_ONE_CTA_KEYS=512: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
+  KS_ATTN_ONE_CTA_KEYS=0 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
+  echo "attention tests at KS_ATTN_ONE_CTA_KEYS=0: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
   timeout 330 $BUILD/tests/test_cuda_ops > "$OUT/cuda_tests.txt" 2>&1
   echo "test_cuda_ops (rc $?): $(grep -E '^\[  (PASSED|FAILED)|FAILED  \]' "$OUT/cuda_tests.txt" | tr '\n' ' ' | head -c 2000)"
 fi
 shapes=${KS_FOLLOWUP_SHAPES:-}
 args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"})
 KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/followup.csv" "${args[@]}" > /dev/null 2>&1
-KS_BENCH_ATTN=anchors ks_bench_tagged KS_ATTN_HND_EXPERIMENT=1 kernscope "$OUT/followup.csv" "${args[@]}"
 KS_BENCH_ATTN=anchors ks_bench_tagged KS_BENCH_ATTN_BS=64 kernscope "$OUT/followup.csv" "${args[@]}"
-KS_BENCH_ATTN=anchors ks_bench_tagged KS_BENCH_ATTN_BS=64+KS_ATTN_HND_EXPERIMENT=1 kernscope "$OUT/followup.csv" "${args[@]}"
 PYTHONUNBUFFERED=1 python3 bench/peers_model.py --ops decode_attention --csv "$OUT/peers_attention.csv" > /dev/null 2>&1
 python3 - "$OUT/followup.csv" "$OUT/peers_attention.csv" <<'PY'
 import csv, sys

@@ -153,12 +153,12 @@ if has bench; then
   #                context on the 656-token table then takes 8 CTAs instead of 4)
   #   one_table / one_table_batch  KS_MODEL_ATTN_BUCKET=0: every step's attention on the whole
   #                context's block table (as before the capacity buckets), batch 1 / 8, 16, 32
-  #   headroom1    KS_MODEL_ATTN_HEADROOM=1: the narrowest table the context fits (one CTA up
-  #                to 256 live keys) instead of twice the context
+  #   headroom2    KS_MODEL_ATTN_HEADROOM=2: a table of at least twice the context (the default
+  #                before cf200dc; contexts of 129-256 then take the 512-key table's clusters)
   #   one_table_2048 / buckets_2048  bench-model with --context 2048: one table / the default
   #   ctx656 / ctx1000 / ctx1500 / ctx2048 / ctx4096  the default at these cache capacities (only when
-  #                named): with headroom 2 the 64-token runs take the same tables at every one of
-  #                them, so a spread here is the buffers' placement, not the kernels (is 3c95e82's
+  #                named): the 64-token runs take the same tables at every one of them, so a
+  #                spread here is the buffers' placement, not the kernels (is 3c95e82's
   #                1707 with a 208-token cache against 1656 with 656 a placement effect?)
   # KS_MODEL_AB_ONLY=name,name runs only those.
   if [ "${KS_MODEL_AB:-1}" = 1 ]; then
@@ -201,13 +201,16 @@ if has bench; then
     ab prefetch128 KS_ATTN_PREFETCH_KEYS=128
     ab cap128 KS_ATTN_CAPACITY_KEYS=128
     ab cap256 KS_ATTN_CAPACITY_KEYS=256
-    ab one_cta256 KS_ATTN_ONE_CTA_KEYS=256  # one CTA per unit for tables of <= 256 keys
-    ab one_cta512 KS_ATTN_ONE_CTA_KEYS=512  # ... <= 512 keys (the configuration measured at 1768 as cap1024)
+    ab one_cta512 KS_ATTN_ONE_CTA_KEYS=512  # one CTA per unit for tables of <= 512 keys (default 256)
     ab one_cta1024 KS_ATTN_ONE_CTA_KEYS=1024  # ... <= 1024 keys: the 512-token prompt's 641-key table too
     ab old_rule KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2  # clusters at every table, headroom 2 (before 2026-12-01)
     AB_BATCH="8 16 32" ab old_rule_batch KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     ab one_cta_off KS_ATTN_ONE_CTA_KEYS=0
     ab headroom2 KS_MODEL_ATTN_HEADROOM=2
+    # 200-token prompts: 200-256 live keys in one CTA (the 256-key table), then 257-328 in the 512-key
+    # table's clusters; against the one-CTA rule off (is 193-256 keys in one CTA still a gain?)
+    AB_PROMPTS="200" ab prompt200
+    AB_PROMPTS="200" ab prompt200_one_cta_off KS_ATTN_ONE_CTA_KEYS=0
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab old_rule_ctx400 KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab one_cta512_ctx400 KS_ATTN_ONE_CTA_KEYS=512  # a whole-cache table of 400 keys
@@ -218,7 +221,6 @@ if has bench; then
     ab rope_nopdl KS_MODEL_FUSE_ROPE=0 KS_PDL_OFF=rotary_embedding_kv_append
     ab one_table KS_MODEL_ATTN_BUCKET=0
     AB_BATCH="8 16 32" ab one_table_batch KS_MODEL_ATTN_BUCKET=0
-    ab headroom1 KS_MODEL_ATTN_HEADROOM=1
     KS_MODEL_CONTEXT=2048 ab one_table_2048 KS_MODEL_ATTN_BUCKET=0
     KS_MODEL_CONTEXT=2048 ab buckets_2048 KS_MODEL_ATTN_BUCKET=256
     ab fuse_attn KS_MODEL_FUSE_ATTN=1

@@ -145,14 +145,15 @@ class LlamaModel {
   // KS_MODEL_ATTN_HEADROOM (default kAttnHeadroom) times len, or the widest. On CUDA
   // (cuda_gqa_cluster) a (token, kv head) unit's cluster holds up to capacity / 64 CTAs (at most
   // 16; fewer when the batch alone fills the GPU), of which ceil(len / keys per step) take keys
-  // (64 keys for SmolLM2's fp32 heads of 64), so any table that fits leaves that live split
-  // uncapped, and a much wider one launches clusters that mostly idle. Headroom 2 dates from
+  // (64 keys for SmolLM2's fp32 heads of 64), so a table of more than 256 keys that fits leaves
+  // that live split uncapped, and a much wider one launches clusters that mostly idle; a table of
+  // at most 256 keys runs one CTA per unit on purpose (below). Headroom 2 dates from
   // clusters of capacity / 128 CTAs (headroom 1 then capped the split: 2% slower); with / 64 the
   // two measured the same (87eb81b, KS_ATTN_CAPACITY_KEYS=64: 1638 / 1519 tokens/s at headroom 2,
   // 1640 / 1516 at 1, after 64 / 512-token prompts). Headroom 1 since 2026-12-01: decode attention
   // runs one CTA per unit, no cluster, for tables of at most 256 keys (gqa_one_cta_keys), which
-  // beats the cluster up to about 200 live keys; headroom 1 gives contexts up to 256 the 256-key
-  // table (headroom 2 only up to 128).
+  // beat the cluster at 64-192 live keys and lost at 240-368 (193-256 not yet measured apart);
+  // headroom 1 gives contexts up to 256 the 256-key table (headroom 2 only up to 128).
   int64_t attention_capacity(int64_t len) const { return table_tokens_[size_t(table_for(len))]; }
   static constexpr int64_t kAttnBucket = 256, kAttnHeadroom = 1;
   // KS_MODEL_STEP_TIMING=1 on CUDA: the GPU time of each graph-replayed step since the last call,

@@ -543,7 +543,7 @@ TEST(Model, DecodeGreedyEqualsOneStepAtATime) {
 
 // The attention tables' capacities (attention_capacity): the bucket, doubled while below the
 // context, then the context; a step takes the narrowest of at least headroom times its context
-// (default 2), else the widest; KS_MODEL_ATTN_BUCKET=0 one table of the whole context.
+// (default 1), else the widest; KS_MODEL_ATTN_BUCKET=0 one table of the whole context.
 TEST(Model, AttentionTablesByCapacityBucket) {
   if (!have_model()) GTEST_SKIP() << "set KS_MODEL_PATH (make test does)";
   ks::model::GgufFile file = ks::model::GgufFile::open(model_path());

@@ -270,7 +270,7 @@ __device__ __forceinline__ void warm_keys_l2(const AttnParams& p, int64_t seq, i
     const int b = block_of(p.bs_mul, p.bs_shift, pos);
     const int32_t blk = __ldcg(bt + b);  // (through L2 alone: token_context's l2_only)
     if (blk < 0 || blk >= p.num_blocks) continue;
-    const int64_t elem = int64_t(blk) * p.blk_stride + (pos - b * bs) * p.tok_stride + kvh * p.head_stride;
+    const int64_t elem = (int64_t(blk) * bs + (pos - b * bs)) * p.num_kv_heads * D + kvh * D;
     const char* row = static_cast<const char*>(kv ? p.v_cache : p.k_cache) + elem * int64_t(sizeof(T));
     const char* at = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(row) & ~uintptr_t(127)) + line * 128;
     if (at < row + row_bytes) prefetch_l2(at);
@@ -403,8 +403,9 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   const int bs_shift = p.bs_shift;
   auto div_bs = [&](int pos) { return block_of(bs_mul, bs_shift, pos); };
   constexpr float kLog2e = 1.4426950408889634f;
-  const T* kc = static_cast<const T*>(p.k_cache) + kvh * p.head_stride + sub * E;
-  const T* vc = static_cast<const T*>(p.v_cache) + kvh * p.head_stride + sub * E;
+  const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + sub * E;
+  const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + sub * E;
+  const int64_t row_stride = p.num_kv_heads * D;
   int any_local = 0;
   uint4* ring = reinterpret_cast<uint4*>(gqa_raw);  // [stage][u][K|V][thread]
   auto piece = [&](int stage, int k, int kv) { return ring + ((stage * U + k) * 2 + kv) * kGqaThreads + threadIdx.x; };
@@ -423,9 +424,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     for (int k = 0; k < U; ++k) {
       const int pos = j0 + stream + k * NS;
       const bool ok = pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks;
-      const int off = pos - div_bs(pos) * bs;
-      const long long slot = ok ? (long long)blk[k] * bs + off : 0;
-      const long long at = ok ? (long long)blk[k] * p.blk_stride + (long long)off * p.tok_stride : 0;
+      const long long slot = ok ? (long long)blk[k] * bs + (pos - div_bs(pos) * bs) : 0;
       valid |= unsigned(ok) << k;
       if (ROPE && ok && slot == new_slot) {  // the token's own new row: its pieces, not the cache's
         if (rope_ready) {
@@ -435,8 +434,8 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
           pending |= 1u << k;  // (stage 0: the first step's, filled once they are made)
         }
       } else {
-        cp_async16(piece(stage, k, 0), kc + at, ok && owns);
-        cp_async16(piece(stage, k, 1), vc + at, ok && owns);
+        cp_async16(piece(stage, k, 0), kc + slot * row_stride, ok && owns);
+        cp_async16(piece(stage, k, 1), vc + slot * row_stride, ok && owns);
       }
     }
     cp_async_commit();
@@ -490,7 +489,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
         *piece(0, u, 1) = v_new;
       }
     if (rank == 0 && stream == 0 && owns && new_slot >= 0 && new_slot < rope->num_slots) {
-      const int64_t off = (new_slot / bs) * p.blk_stride + (new_slot % bs) * p.tok_stride + kvh * p.head_stride + d0;
+      const int64_t off = new_slot * p.num_kv_heads * D + kvh * D + d0;
       *reinterpret_cast<uint4*>(static_cast<T*>(rope->k_cache) + off) = k_new;
       *reinterpret_cast<uint4*>(static_cast<T*>(rope->v_cache) + off) = v_new;
     }
@@ -647,10 +646,12 @@ int64_t gqa_capacity_keys() {
 // the cluster rule, so a row's split does not depend on the batch, and a graph captured for a
 // table replays the same launch at every length. Why (H200, SmolLM2 decode, same calls): a
 // cluster's launch costs more than one CTA's few steps of 64 keys at short lengths - 1768 tokens/s
-// against 1679 with one CTA for the 256/512-key tables (6c20047), 1820 against 1729 (e113b95),
-// and at 8 / 16 / 32 sequences +3% / +12% / +14% - but one CTA's steps are serial: 240-368 live
-// keys in one CTA lost (1547 against 1634), 512-640 lost more (1256 against 1598). So the bound
-// is 256 (at most 4 steps); llama.hpp's tables (headroom 1) give contexts up to 256 that table.
+// against 1679 with one CTA for the 256/512-key tables (6c20047), 1817 against 1714 (ba41314),
+// and at 8 / 16 / 32 sequences +4% / +14% / +15% (ba41314) - but one CTA's steps are serial:
+// 240-368 live keys in one CTA lost (1536 against 1632, ba41314), 512-640 lost more (1256 against
+// 1598 with the 4-stage ring below, e113b95). So the bound is 256 (at most 4 steps; 193-256 live
+// keys not yet measured apart); llama.hpp's tables (headroom 1) give contexts up to 256 that table.
+// As shipped (cf200dc): 1802 against 1704 with the rules before, 8 / 16 / 32 sequences +5% / +14% / +16%.
 // A 4-stage ring for the one-CTA units (three steps in flight) was slower still (1785 against
 // 1820; e113b95): the steps are not waiting on memory.
 int64_t gqa_one_cta_keys() {
@@ -670,12 +671,6 @@ AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
   p.prefetch_keys = prefetch_keys;
-  static const bool hnd = env_is("KS_ATTN_HND_EXPERIMENT", "1");
-  if (hnd) {  // timing only (AttnParams::blk_stride): kv head h's rows of block b back to back
-    p.tok_stride = a.head_dim;
-    p.head_stride = a.block_size * a.head_dim;
-    p.blk_rows = a.block_size * a.num_kv_heads;
-  }
   return p;
 }
 
@@ -1025,10 +1020,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // this lane's 16-byte chunk of every row it copies (chunk ch; ch * 8 < D or zero-filled)
   const int ch = lane % CH;
   const bool ch_in = ch * 8 < D;
-  const T* kc = static_cast<const T*>(p.k_cache) + kvh * p.head_stride + ch * 8;
-  const T* vc = static_cast<const T*>(p.v_cache) + kvh * p.head_stride + ch * 8;
-  const uint32_t row_stride = uint32_t(p.tok_stride);  // < 2^31 (can_implement)
-  const int blk_rows = int(p.blk_rows);
+  const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + ch * 8;
+  const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + ch * 8;
+  const uint32_t row_stride = uint32_t(p.num_kv_heads * D);  // < 2^31 (can_implement)
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
   // Key (lane & 15) of this warp's tile i: its block-table entry (-1 past the range) and its
   // offset in the block. The entry is only loaded here, a tile before its copies are issued;
@@ -1045,10 +1039,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       off = pos - b * bs;
     }
   };
-  // the cache row of a fetched key (offset / tok_stride), or -1 for a key past the range or
-  // unmapped (32-bit: the cache holds fewer than 2^31 rows, can_implement)
+  // the cache slot of a fetched key, or -1 for a key past the range or unmapped (32-bit: the
+  // cache holds fewer than 2^31 slots, can_implement)
   auto slot_of = [&](int32_t blk, int off) -> int {
-    return blk >= 0 && blk < p.num_blocks ? blk * blk_rows + off : -1;
+    return blk >= 0 && blk < p.num_blocks ? blk * bs + off : -1;
   };
   // copies the tile of these slots into stage `stage`; returns its mask of mapped keys
   auto issue = [&](int stage, int slot) -> unsigned {
@@ -1471,9 +1465,8 @@ std::string paged_attention_mma_can_implement(const void* args) {
   if (a.q.dtype != detail::DType::BF16 && a.q.dtype != detail::DType::F16) return "bf16 and fp16 only (tensor cores)";
   if (a.num_heads / a.num_kv_heads > kMcMaxGroup) return "more than 16 query heads per kv head";
   if (a.head_dim % 8 != 0 || a.head_dim > 128) return "head_dim must be a multiple of 8 and at most 128";
-  if (a.num_blocks * a.block_size * a.num_kv_heads > int64_t(INT32_MAX) || a.num_kv_heads * a.head_dim > int64_t(INT32_MAX))
-    return "num_blocks * block_size * num_kv_heads or num_kv_heads * head_dim exceeds 2^31 - 1 (32-bit cache rows and "
-           "row strides)";
+  if (a.num_blocks * a.block_size > int64_t(INT32_MAX) || a.num_kv_heads * a.head_dim > int64_t(INT32_MAX))
+    return "num_blocks * block_size or num_kv_heads * head_dim exceeds 2^31 - 1 (32-bit slots and row strides)";
   return cluster_attention_limits(a);
 }
 

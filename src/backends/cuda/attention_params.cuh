@@ -44,15 +44,6 @@ struct AttnParams {
   // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none, the default
   // (KS_ATTN_PREFETCH_KEYS)
   int prefetch_keys;
-  // The caches' element strides, the same for K and V: cache row (block b, offset o, kv head h)
-  // starts at b * blk_stride + o * tok_stride + h * head_stride. NHD (the contract's
-  // [num_blocks, block_size, num_kv_heads, head_dim], contiguous): bs*H*D, H*D, D. blk_rows =
-  // blk_stride / tok_stride (a whole number), so a row's offset is (b * blk_rows + o) * tok_stride
-  // in 32-bit rows where the cluster kernels need it. (cuda_gqa_cluster and cuda_mma_cluster;
-  // KS_ATTN_HND_EXPERIMENT=1 reads the same buffers as [num_blocks, num_kv_heads, block_size,
-  // head_dim] for a bandwidth experiment: timing only, the results are not the contract's.)
-  int64_t blk_stride, tok_stride, head_stride;
-  int64_t blk_rows;
 };
 
 #if defined(__CUDACC__)
@@ -116,10 +107,6 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     nullptr,
                     0};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
-  p.head_stride = a.head_dim;
-  p.tok_stride = a.num_kv_heads * a.head_dim;
-  p.blk_stride = a.block_size * p.tok_stride;
-  p.blk_rows = a.block_size;
   return p;
 }
 
