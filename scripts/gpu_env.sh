@@ -79,3 +79,30 @@ ks_sanitize_tests() {
     --gtest_brief=1 2>&1 | grep -E "SUMMARY|FAILED|PASSED|Invalid" | head -8
   echo "$1 rc=${PIPESTATUS[0]}"
 }
+# Every CUDA test in one call: test_cuda_ops in $1 shards (googletest's GTEST_TOTAL_SHARDS /
+# GTEST_SHARD_INDEX) run at once on the one GPU (correctness tests; their device memory fits
+# together), each killed after ${2:-400} s, with the filter ${3:-*}; each shard's log goes to
+# $OUT/cuda_tests_shard<i>.txt, then one line per shard (its verdict lines, or "cut by the timeout"
+# with its last finished test) and a line of totals. The whole suite ran longer than 300 s alone
+# (cut at 6c20047 and cf200dc), more than a call leaves beside a build or a bench.
+ks_cuda_tests_sharded() {
+  local n=$1 limit=${2:-400} filter=${3:-*} i pids=() passed=0 failed=0
+  for ((i = 0; i < n; ++i)); do
+    GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout "$limit" $BUILD/tests/test_cuda_ops --gtest_filter="$filter" \
+      > "$OUT/cuda_tests_shard$i.txt" 2>&1 &
+    pids+=($!)
+  done
+  for ((i = 0; i < n; ++i)); do
+    wait "${pids[$i]}"
+    local rc=$? log="$OUT/cuda_tests_shard$i.txt"
+    local ok=$(grep -c '^\[       OK \]' "$log") bad=$(grep -c '^\[  FAILED  \] [A-Za-z]' "$log")
+    passed=$((passed + ok)); failed=$((failed + bad))
+    if [ "$rc" = 124 ]; then
+      echo "shard $i: cut by the timeout after $ok tests passed, $bad failed (last: $(grep '^\[       OK \]' "$log" | tail -1 | cut -c15-90))"
+    else
+      echo "shard $i (rc $rc): $(grep -E '^\[  (PASSED|FAILED) ' "$log" | tr '\n' ' ')"
+    fi
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | head -10
+  done
+  echo "CUDA tests: $passed passed, $failed failed in $n shards"
+}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call for the session's open questions (carried binaries: KS_PREBUILT=1, or a build):
-#  - every CUDA test (test_cuda_ops in full, ~250 s) -> $OUT/cuda_tests.txt, its verdict lines;
+#  - every CUDA test (test_cuda_ops in 4 shards at once: ks_cuda_tests_sharded) ->
+#    $OUT/cuda_tests_shard*.txt, a line per shard;
 #  - the attention tests again with KS_ATTN_ONE_CTA_KEYS=0 (the small tables' clusters, which the
 #    default's one CTA per unit replaced) -> $OUT/one_cta_tests.txt;
 #  - decode attention (bf16 anchors) as built and at 64-token blocks (KS_BENCH_ATTN_BS=64); torch
@@ -14,8 +15,7 @@ ks_gpu_build_and_test '*Attention*' 'FP64' || { echo "gpu_followup: no bench_ops
 if [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_ONE_CTA_KEYS=0 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
   echo "attention tests at KS_ATTN_ONE_CTA_KEYS=0: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
-  timeout 330 $BUILD/tests/test_cuda_ops > "$OUT/cuda_tests.txt" 2>&1
-  echo "test_cuda_ops (rc $?): $(grep -E '^\[  (PASSED|FAILED)|FAILED  \]' "$OUT/cuda_tests.txt" | tr '\n' ' ' | head -c 2000)"
+  ks_cuda_tests_sharded 4 300  # every CUDA test, 4 shards at once
 fi
 shapes=${KS_FOLLOWUP_SHAPES:-}
 args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"})
