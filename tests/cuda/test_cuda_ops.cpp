@@ -1169,7 +1169,8 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
 // more stages than ring slots (14336 x 4096), one row per CTA (N = 7), short rows a thread per row
 // (20000 x 576 and the output head's 49152 x 576: stages of >= 64 rows, bulk_thread_rows; Q4_0 and
 // Q8_0 2 lanes per row, Q4_1 one, bulk_lanes_per_row; KS_QMM_BULK_TPR=1, 2 or 4 forces them) and in
-// warp groups (576 x 576, 6341 x 576). M = 2 is refused by both.
+// warp groups (576 x 576, 6341 x 576); long rows in pairs, or in quads under KS_QMM_BULK_QUAD=1 (row
+// counts of 1, 5, 33, 133 and 265 leave a partial last quad). M = 2 is refused by both.
 TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -1227,6 +1228,12 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
                 const bool forced = f && (std::string(f) == "1" || std::string(f) == "2" || std::string(f) == "4");
                 const int lanes = forced ? std::atoi(f) : ks::cuda::bulk_lanes_per_row(q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34);
                 EXPECT_EQ(std::stoi(cfg.substr(tp + 16)), rows_by_threads ? lanes : 0) << cfg;
+              }
+              if (out == &da && bulk && K >= 1024) {  // long rows: pairs, or quads under KS_QMM_BULK_QUAD=1
+                const size_t qd = cfg.find("quad=");
+                ASSERT_NE(qd, std::string::npos) << cfg;
+                const char* e = std::getenv("KS_QMM_BULK_QUAD");
+                EXPECT_EQ(cfg.substr(qd + 5, 1), e && std::string(e) == "1" ? "1" : "0") << cfg;
               }
               if (out == &da && bulk && N == 14336) {  // more stages per CTA than ring slots: the ring wraps
                 const size_t rs = cfg.find("rows_per_stage="), sl = cfg.find("slots="), gr = cfg.find("grid=");
