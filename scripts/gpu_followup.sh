@@ -14,7 +14,7 @@
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
-ks_gpu_build_and_test '*Attention*' 'FP64' || { echo "gpu_followup: no bench_ops (see $OUT/logs.txt)"; exit 1; }
+ks_gpu_build_and_test 'Cuda.AttentionSmallTablesOneCtaRule' 'FP64' || { echo "gpu_followup: no bench_ops (see $OUT/logs.txt)"; exit 1; }
 if [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_ONE_CTA_KEYS=0 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
   echo "attention tests at KS_ATTN_ONE_CTA_KEYS=0: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
