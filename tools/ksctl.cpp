@@ -17,6 +17,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <climits>
+#include <cstdint>
+#include <system_error>
 #include <cstdlib>
 #include <cstring>
 #include <chrono>
@@ -341,6 +345,9 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   const int64_t capacity = ctx > 0 ? ctx : std::max<int64_t>(16, int64_t(ids.size()) + max_tokens + 1);
   ks::model::LlamaModel model(file, capacity, be);
   std::fputs(threads_note.c_str(), stderr);
+  if (ctx > model.max_context())  // (LlamaModel caps the cache at the model's own context length)
+    std::fprintf(stderr, "[ksctl] --context %lld is past the model's context length: the cache holds %lld tokens\n",
+                 (long long)ctx, (long long)model.max_context());
   if (int64_t(ids.size()) >= model.max_context())
     throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
                               "generate: the prompt has " + std::to_string(ids.size()) + " tokens; the context (" +
@@ -602,13 +609,24 @@ int main(int argc, char** argv) {
                   "0 = greedy; > 0 samples from softmax(logits / T), after --top-k and --top-p (kernscope's sample op)")
       ->check(float_in(0.0f, /*lo_open=*/false, 100.0f));
   gen->add_option("--top-k", g_top_k, "with --temperature > 0: sample among the top_k largest logits (0: all)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 31));
+      ->check(CLI::Range(int64_t(0), int64_t(INT32_MAX)));
   gen->add_option("--top-p", g_top_p,
                   "with --temperature > 0: sample from the smallest set of tokens whose probability reaches top_p (1: all)")
       ->check(float_in(0.0f, /*lo_open=*/true, 1.0f));
+  // (checked as decimal digits within 64 bits before the conversion, which takes hex and clamps
+  // values past 2^64 - 1 to it)
   gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)")
       ->check(CLI::Validator(
-          [](std::string& v) { return v.find('-') == std::string::npos ? std::string() : "must be >= 0"; }, ""));
+          [](std::string& v) {
+            uint64_t n = 0;
+            const char* end = v.data() + v.size();
+            const auto r = std::from_chars(v.data(), end, n);
+            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && r.ec == std::errc() &&
+                           r.ptr == end
+                       ? std::string()
+                       : "'" + v + "' is not a whole number in [0, 18446744073709551615]";
+          },
+          "INT in [0, 2^64 - 1]"));
   int g_threads = 0, b_threads = 0;
   gen->add_option("--threads", g_threads,
                   "CPU threads (0 = all cores, one fewer per core other processes keep busy at the start; 1 avoids "

@@ -250,6 +250,8 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   // FP32 copies of the matrices for steps of many rows (CUDA): held when they fit the budget,
   // else (prefill only) dequantized per step into one scratch buffer of the largest matrix
   bool hold_dense = false;
+  // (KS_DENSE_WEIGHTS_MB: a whole number of MB, checked on every backend as the other model switches)
+  const int64_t budget_mb = env_whole_number("KS_DENSE_WEIGHTS_MB", 1024, int64_t(1) << 30, "MB");
   // an FP32 copy of the output head is of use only to decode_batch steps of >= kDenseDecodeRows rows
   // under KS_MODEL_DENSE_DECODE=1
   const bool dense_head = dense_decode_ && max_batch_ >= kDenseDecodeRows && !batch_invariant_;
@@ -258,12 +260,10 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
     const int64_t kvd = k.num_kv_heads * k.head_dim;
     const int64_t per_layer = 2 * k.hidden_size * k.hidden_size + 2 * kvd * k.hidden_size +
                               3 * k.intermediate_size * k.hidden_size;  // q, o; k, v; gate|up, down
-    const char* env = std::getenv("KS_DENSE_WEIGHTS_MB");
-    const double budget_mb = env ? std::atof(env) : 1024.0;
     dense_rows_ = true;
     const double elems =
         double(per_layer) * double(k.n_layers) + (dense_head ? double(k.vocab_size) * double(k.hidden_size) : 0.0);
-    hold_dense = elems * 4.0 <= budget_mb * 1048576.0;  // the layers' matrices (and the output head)
+    hold_dense = elems * 4.0 <= double(budget_mb) * 1048576.0;  // the layers' matrices (and the output head)
     if (!hold_dense && max_ctx_ >= kScratchDenseRows) {  // the scratch serves prefill steps of >= 64 rows only
       const int64_t largest = std::max({k.hidden_size * k.hidden_size, kvd * k.hidden_size,
                                         2 * k.intermediate_size * k.hidden_size});

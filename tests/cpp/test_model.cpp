@@ -532,6 +532,11 @@ TEST(Model, DecodeGreedyEqualsOneStepAtATime) {
       EXPECT_THROW(ks::model::LlamaModel(file, 64, ks::Backend::Cpu), ks::InvalidArgument) << "'" << bad << "'";
     }
     unsetenv("KS_MODEL_DECODE_STEPS");
+    for (const char* bad : {"abc", "1.5", "-1", "64 "}) {  // KS_DENSE_WEIGHTS_MB: whole MB, on every backend
+      setenv("KS_DENSE_WEIGHTS_MB", bad, 1);
+      EXPECT_THROW(ks::model::LlamaModel(file, 64, ks::Backend::Cpu), ks::InvalidArgument) << "'" << bad << "'";
+    }
+    unsetenv("KS_DENSE_WEIGHTS_MB");
   }
   expect_decode_greedy_equals_steps(ks::Backend::Cpu, "");
   expect_decode_greedy_equals_steps(ks::Backend::Cpu, "", "16");
