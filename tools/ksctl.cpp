@@ -408,9 +408,10 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
                                                              " is shorter than the longest prompt + decode tokens + 1 (" +
                                                              std::to_string(need) + ")");
   LoadedModel m(path, context > 0 ? context : need, be, max_batch);
-  std::printf("[ksctl] %s, KV cache %lld tokens x %lld sequences; batched rows count every sequence's tokens "
+  std::printf("[ksctl] %s, KV cache %lld tokens x %lld sequence%s; batched rows count every sequence's tokens "
               "(tokens and tokens/s)\n",
-              model_line(path, m.model, be).c_str(), (long long)m.model.max_context(), (long long)max_batch);
+              model_line(path, m.model, be).c_str(), (long long)m.model.max_context(), (long long)max_batch,
+              max_batch == 1 ? "" : "s");
   std::vector<int32_t> base = m.tok.encode(
       ks::model::apply_chat_template({{"user", "Tell me a long story about a lighthouse keeper and the sea."}}), true);
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
