@@ -106,7 +106,9 @@ def _eps(op: str, eps: float) -> float:
     if not math.isfinite(e) or not e > 0.0:
         raise InvalidArgumentError(f"{op}: eps must be finite and > 0; got {eps}")
     if e <= _FP32_ROUNDS_TO_ZERO or e >= _FP32_ROUNDS_TO_INF:
-        raise InvalidArgumentError(f"{op}: eps must be representable as a positive finite fp32 value")
+        raise InvalidArgumentError(
+            f"{op}: eps must be representable as a positive finite fp32 value; got {eps}"
+            + (" (0 in fp32)" if e <= _FP32_ROUNDS_TO_ZERO else " (inf in fp32)"))
     return e
 
 

@@ -311,7 +311,9 @@ float checked_eps(const char* op, double eps) {
     fail(KS_ERROR_INVALID_ARGUMENT, op, "eps must be finite and > 0; got " + num_str(eps));
   const float e = static_cast<float>(eps);
   if (!(e > 0.f) || !std::isfinite(e))
-    fail(KS_ERROR_INVALID_ARGUMENT, op, "eps must be representable as a positive finite fp32 value");
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         "eps must be representable as a positive finite fp32 value; got " + num_str(eps) +
+             (e == 0.f ? " (0 in fp32)" : " (inf in fp32)"));
   return e;
 }
 

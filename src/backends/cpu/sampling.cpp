@@ -20,8 +20,9 @@ namespace smp = ks::sampling;
 void sample_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const ks::ops::SampleArgs*>(p);
   const DType dt = a.logits.dtype;
-  const auto* so = static_cast<const int64_t*>(a.seed_offset.data);
-  const uint64_t seed = uint64_t(so[0]), offset = uint64_t(so[1]);
+  // (load_index copies the bytes: the contract lets seed_offset have any alignment)
+  const uint64_t seed = uint64_t(ks::detail::load_index(a.seed_offset.data, DType::I64, 0)),
+                 offset = uint64_t(ks::detail::load_index(a.seed_offset.data, DType::I64, 1));
   std::vector<float> z(size_t(a.vocab));
   std::vector<int64_t> idx, w(size_t(a.vocab));
   for (int64_t r = 0; r < a.rows; ++r) {
