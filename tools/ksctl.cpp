@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <climits>
 #include <cstdint>
 #include <system_error>
 #include <cstdlib>

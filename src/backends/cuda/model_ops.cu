@@ -1336,14 +1336,15 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   // without an opt-in).
   const size_t w_smem = size_t(staged_weight_bytes(cta_cols, p.row_bytes));
   const size_t static_smem = kStageWarps * sizeof(float) * (rope ? 1 + kMaxColsPerWarp : 1);  // red[] (, colv)
+  const size_t staged_smem = row_smem + w_smem + static_smem;  // a staging CTA's shared memory
   // (the CTAs per SM also bounded by their shared memory, with 1 KB per CTA that the runtime
   // reserves: on a GPU with less shared memory per SM than the H200 a grid of 3 per SM would run
   // in waves, where staging loses; registers: the staged kernels take 64 or fewer, 4 CTAs)
-  const int64_t cta_smem = int64_t(row_smem + w_smem + static_smem) + 1024;
+  const int64_t cta_smem = int64_t(staged_smem) + 1024;
   const int64_t fit = dp.smem_per_sm > 0 ? std::max<int64_t>(1, dp.smem_per_sm / cta_smem) : 1;
   const int64_t per_sm = std::min<int64_t>(qmm_stage_weights_ctas_per_sm(), fit);
   const bool sw = qmm_stage_weights_enabled() && nc == 1 && int64_t(grid) <= per_sm * int64_t(dp.sm_count) &&
-                  row_smem + w_smem + static_smem <= kStageBytes;
+                  staged_smem <= kStageBytes;
   const size_t smem = row_smem + (sw ? w_smem : 0);
   const auto s = static_cast<cudaStream_t>(stream);
   auto go = [&](auto tag, auto sw_tag) {
