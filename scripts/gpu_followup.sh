@@ -7,10 +7,7 @@
 #  - decode attention (bf16 anchors) as built and at 64-token blocks (KS_BENCH_ATTN_BS=64); torch
 #    SDPA in the same call -> $OUT/followup.csv, $OUT/peers_attention.csv. (At cf200dc it also read
 #    the caches head-major under a timing-only switch, since removed: docs/perf/h200_attention.md.)
-#  - quant_matmul's cuda_bulk_stream with long rows in quads (KS_QMM_BULK_QUAD=1): its stream test
-#    under the switch -> $OUT/quad_tests.txt; quant_matmul at 4096x4096 and 14336x4096 (Q4_1, Q8_0,
-#    bf16 / fp32 x), tagged [KS_QMM_BULK_QUAD=1] beside the default -> $OUT/followup.csv.
-# KS_FOLLOWUP_TESTS=0 skips the test runs.
+# KS_FOLLOWUP_TESTS=0 skips the two test runs.
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
@@ -19,24 +16,17 @@ if [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_ONE_CTA_KEYS=0 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
   echo "attention tests at KS_ATTN_ONE_CTA_KEYS=0: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
   ks_cuda_tests_sharded 4 300  # every CUDA test, 4 shards at once
-  KS_QMM_BULK_QUAD=1 $BUILD/tests/test_cuda_ops --gtest_filter='*QuantMatmulStream*' > "$OUT/quad_tests.txt" 2>&1
-  echo "stream test at KS_QMM_BULK_QUAD=1: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/quad_tests.txt" | tr '\n' ' ')"
 fi
 shapes=${KS_FOLLOWUP_SHAPES:-}
 args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"})
 KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/followup.csv" "${args[@]}" > /dev/null 2>&1
 KS_BENCH_ATTN=anchors ks_bench_tagged KS_BENCH_ATTN_BS=64 kernscope "$OUT/followup.csv" "${args[@]}"
-qargs=(--ops quant_matmul --dtypes bf16,fp32 --variants --shapes 4096x4096,14336x4096)
-$BUILD/bench_ops --csv /tmp/ks_qmm.csv "${qargs[@]}" > /dev/null 2>&1 && tail -n +2 /tmp/ks_qmm.csv >> "$OUT/followup.csv"
-ks_bench_tagged KS_QMM_BULK_QUAD=1 variant:cuda_bulk_stream "$OUT/followup.csv" "${qargs[@]}"
 PYTHONUNBUFFERED=1 python3 bench/peers_model.py --ops decode_attention --csv "$OUT/peers_attention.csv" > /dev/null 2>&1
 python3 - "$OUT/followup.csv" "$OUT/peers_attention.csv" <<'PY'
 import csv, sys
 rows = list(csv.DictReader(open(sys.argv[1])))
 peer = {r['shape']: float(r['us']) for r in csv.DictReader(open(sys.argv[2])) if r['op'] == 'decode_attention'}
 for r in rows:
-    if r['op'].startswith('quant_gemv') and 'bulk_stream' in r['impl']:
-        print(f"{r['shape']:26} {r['dtype']:5} {r['impl']:52} {float(r['us']):9.3f} us  {float(r['pct_copy']):5.1f}% of copy")
     if r['op'] == 'decode_attention':
         p = peer.get(r['shape'])
         print(f"{r['shape']:26} {r['impl']:52} {float(r['us']):9.3f} us  {float(r['gbs']):7.0f} GB/s"

@@ -146,6 +146,13 @@ if has bench; then
   #                prompts of 64 and 240 tokens (the whole-cache table then holds up to 368 live
   #                keys); old_rule / old_rule_batch / old_rule_ctx400: the rules before 2026-12-01
   #                (no one-CTA tables, the model's headroom 2); one_cta_off / headroom2: one of them
+  #   bucket192 / bucket128  KS_MODEL_ATTN_BUCKET=192 / 128 with KS_ATTN_ONE_CTA_KEYS at the same:
+  #                one CTA for the first table only; default3: the default, all three at 64, 200 and
+  #                512-token prompts
+  #   prewait / prewait_early / early3 / prewait_early_batch / default4  KS_ATTN_PREWAIT_FRESH=1 (decode
+  #                attention reads the context, the first block-table entries and the older keys before
+  #                griddepcontrol.wait), with / without KS_QMM_ROPE_EARLY_TRIGGER=1 (the q/k/v + RoPE
+  #                kernel lets the attention launch early), batch 8-32; the default again after them
   #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
   #                table's capacity (fewer CTAs, each more keys; 1024: no cluster below 2048 keys)
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
@@ -211,6 +218,18 @@ if has bench; then
     # table's clusters; against the one-CTA rule off (is 193-256 keys in one CTA still a gain?)
     AB_PROMPTS="200" ab prompt200
     AB_PROMPTS="200" ab prompt200_one_cta_off KS_ATTN_ONE_CTA_KEYS=0
+    # tables of 192 / 128, 384 / 256, ... keys with the one-CTA bound at the first (54d78ee: 200-256
+    # live keys in one CTA lost, 1627 against 1665 with clusters): 64-, 200- and 512-token prompts
+    AB_PROMPTS="64 200 512" ab bucket192 KS_MODEL_ATTN_BUCKET=192 KS_ATTN_ONE_CTA_KEYS=192
+    AB_PROMPTS="64 200 512" ab bucket128 KS_MODEL_ATTN_BUCKET=128 KS_ATTN_ONE_CTA_KEYS=128
+    AB_PROMPTS="64 200 512" ab default3  # the default beside them
+    # decode attention's older keys read before griddepcontrol.wait (KS_ATTN_PREWAIT_FRESH=1), with
+    # and without the q/k/v + RoPE kernel letting it launch early (KS_QMM_ROPE_EARLY_TRIGGER=1)
+    AB_PROMPTS="64 200 512" ab prewait KS_ATTN_PREWAIT_FRESH=1
+    AB_PROMPTS="64 200 512" ab prewait_early KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1
+    AB_PROMPTS="64 200 512" ab early3 KS_QMM_ROPE_EARLY_TRIGGER=1
+    AB_BATCH="8 16 32" ab prewait_early_batch KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1
+    AB_PROMPTS="64 200 512" ab default4
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab old_rule_ctx400 KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab one_cta512_ctx400 KS_ATTN_ONE_CTA_KEYS=512  # a whole-cache table of 400 keys

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -1169,8 +1170,7 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
 // more stages than ring slots (14336 x 4096), one row per CTA (N = 7), short rows a thread per row
 // (20000 x 576 and the output head's 49152 x 576: stages of >= 64 rows, bulk_thread_rows; Q4_0 and
 // Q8_0 2 lanes per row, Q4_1 one, bulk_lanes_per_row; KS_QMM_BULK_TPR=1, 2 or 4 forces them) and in
-// warp groups (576 x 576, 6341 x 576); long rows in pairs, or in quads under KS_QMM_BULK_QUAD=1 (row
-// counts of 1, 5, 33, 133 and 265 leave a partial last quad). M = 2 is refused by both.
+// warp groups (576 x 576, 6341 x 576). M = 2 is refused by both.
 TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -1228,12 +1228,6 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
                 const bool forced = f && (std::string(f) == "1" || std::string(f) == "2" || std::string(f) == "4");
                 const int lanes = forced ? std::atoi(f) : ks::cuda::bulk_lanes_per_row(q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34);
                 EXPECT_EQ(std::stoi(cfg.substr(tp + 16)), rows_by_threads ? lanes : 0) << cfg;
-              }
-              if (out == &da && bulk && K >= 1024) {  // long rows: pairs, or quads under KS_QMM_BULK_QUAD=1
-                const size_t qd = cfg.find("quad=");
-                ASSERT_NE(qd, std::string::npos) << cfg;
-                const char* e = std::getenv("KS_QMM_BULK_QUAD");
-                EXPECT_EQ(cfg.substr(qd + 5, 1), e && std::string(e) == "1" ? "1" : "0") << cfg;
               }
               if (out == &da && bulk && N == 14336) {  // more stages per CTA than ring slots: the ring wraps
                 const size_t rs = cfg.find("rows_per_stage="), sl = cfg.find("slots="), gr = cfg.find("grid=");
@@ -2516,6 +2510,85 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
           EXPECT_GT(C, 1) << ks_last_launch_config("paged_attention");
       }
     }
+}
+
+// KS_ATTN_PREWAIT_FRESH=1 (an experiment, read at every launch): cuda_gqa_cluster reads the
+// context, the first step's block-table entries and every key but the last before
+// griddepcontrol.wait, trusting that the kernel before it writes only each token's last context
+// position. A decode loop as the model's on one stream: each step's key and value appended by
+// kv_cache_append (a one-CTA grid: it lets its dependent launch early) right before the attention,
+// the slot's rows first set to NaN bytes, so a copy of the fresh key made before the wait would
+// show. Each step's output must equal, bit for bit, the same attention launched again without the
+// switch, and the last step's the CPU's within tolerance. Tables of 256 keys (one CTA per unit)
+// and 1024 (clusters), SmolLM2's heads, distinct blocks (no slot read under two positions).
+TEST(Cuda, AttentionPrewaitAfterAppendSameBits) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_gqa_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  const int64_t H = 9, KVH = 3, D = 64, bs = 16;
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const auto stream = static_cast<ks_stream_t>(st);
+  std::mt19937 gen(31);
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t maxb : {int64_t(16), int64_t(64)}) {
+      const int64_t cap = maxb * bs, blocks = maxb + 3, steps = std::min<int64_t>(cap, 200);
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " table of " + std::to_string(cap) + " keys");
+      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {1, maxb});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      std::vector<int32_t> perm(static_cast<size_t>(blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, {1, H, D}), dcl(DType::I32, {1}),
+          dslot(DType::I64, {1}), dk(dt, {1, KVH, D}), dv(dt, {1, KVH, D}), da(dt, {1, H, D}), db(dt, {1, H, D});
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      const double scale = 1.0 / std::sqrt(double(D));
+      const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
+      Buf q(dt, {1, H, D}), k(dt, {1, KVH, D}), v(dt, {1, KVH, D}), cl(DType::I32, {1}), slot(DType::I64, {1});
+      Buf ga(dt, q.shape), gb(dt, q.shape);
+      for (int64_t len = 1; len <= steps; ++len) {
+        const int64_t pos = len - 1, sl = int64_t(bt.get(pos / bs)) * bs + pos % bs;
+        kstest::fill_normal(q);
+        kstest::fill_normal(k);
+        kstest::fill_normal(v);
+        cl.set(0, double(len));
+        slot.set(0, double(sl));
+        dq.upload(q);
+        dk.upload(k);
+        dv.upload(v);
+        dcl.upload(cl);
+        dslot.upload(slot);
+        std::memcpy(static_cast<char*>(kc.data()) + size_t(sl) * row, k.data(), row);  // the host's append
+        std::memcpy(static_cast<char*>(vc.data()) + size_t(sl) * row, v.data(), row);
+        CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
+        CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
+        CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
+        CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+        {
+          kstest::ScopedEnv pre("KS_ATTN_PREWAIT_FRESH", "1");
+          ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
+          ks::paged_attention(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
+                              scale, ks::Backend::Cuda, stream);
+        }
+        const std::string with = ks_last_launch_config("paged_attention");
+        ASSERT_NE(with.find("prewait=1"), std::string::npos) << with;
+        ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
+                            scale, ks::Backend::Cuda, stream);
+        CK(cudaStreamSynchronize(st));
+        da.download(ga);
+        db.download(gb);
+        ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << with;
+      }
+      Buf ref(dt, q.shape);
+      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                          ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << ks_last_launch_config("paged_attention");
+    }
+  CK(cudaStreamDestroy(st));
 }
 
 // A short live context in a block table sized for many more keys (the model's decode step:

@@ -328,11 +328,15 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, gqa_keys(now.len, live_ctas(p, C, now.len, NS * U), rank));
   }
-  pdl_begin();
+  // prewait_fresh > 0 (KS_ATTN_PREWAIT_FRESH; the non-fused kernel only): the caller promises
+  // that the kernel before this one writes neither seq_ids, context_lens, block_tables nor any
+  // cache row but those of the last prewait_fresh positions of a token's context. The context,
+  // the first step's block-table entries and its copies of the older keys then go out before
+  // griddepcontrol.wait (through L2 alone); q and the fresh keys after it.
+  const bool pre = !ROPE && p.prewait_fresh > 0;
+  if (!pre) pdl_begin();
   float q[GM][E], acc[GM][E], m[GM], l[GM];
-  if constexpr (!ROPE) {
-    // q's pieces first: they do not depend on the context length, so their loads overlap
-    // token_context's instead of following it (one round trip less before the first keys)
+  auto load_q = [&] {
     const T* qbase = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D + sub * E;
 #pragma unroll
     for (int g = 0; g < GM; ++g) {
@@ -343,8 +347,12 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
       m[g] = -INFINITY;
       l[g] = 0.f;
     }
-  }
-  const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX (can_implement)
+  };
+  // q's pieces first: they do not depend on the context length, so their loads overlap
+  // token_context's instead of following it (one round trip less before the first keys)
+  if constexpr (!ROPE)
+    if (!pre) load_q();
+  const auto [seq, len] = token_context(p, t, pre);  // len <= INT32_MAX (can_implement)
   // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each (or
   // KS_ATTN_MIN_KEYS). C was sized
   // at launch from the block table's capacity (a graph replays it at every length); a short
@@ -410,19 +418,24 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   uint4* ring = reinterpret_cast<uint4*>(gqa_raw);  // [stage][u][K|V][thread]
   auto piece = [&](int stage, int k, int kv) { return ring + ((stage * U + k) * 2 + kv) * kGqaThreads + threadIdx.x; };
   // the block-table entries of step `j0` (keys past j_end: -1)
-  auto fetch_blocks = [&](int j0, int32_t (&blk)[U]) {
+  // (l2_only: before griddepcontrol.wait, through L2 alone)
+  auto fetch_blocks = [&](int j0, int32_t (&blk)[U], bool l2_only = false) {
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       const int pos = j0 + stream + k * NS;
-      blk[k] = pos < j_end ? bt[div_bs(pos)] : -1;
+      const int32_t* e = bt + div_bs(pos);
+      blk[k] = pos < j_end ? (l2_only ? __ldcg(e) : *e) : -1;
     }
   };
-  // copies step j0's K and V pieces into `stage`; returns the mask of its mapped keys
-  auto issue = [&](int stage, int j0, const int32_t (&blk)[U]) {
+  // copies step j0's K and V pieces of the keys at positions in [from, to) into `stage` (a key
+  // outside is left to another call: each slot gets one copy or zero fill); returns the mask of
+  // its mapped keys among them. commit: close the group.
+  auto issue = [&](int stage, int j0, const int32_t (&blk)[U], int from = 0, int to = INT_MAX, bool commit = true) {
     unsigned valid = 0;
 #pragma unroll
     for (int k = 0; k < U; ++k) {
       const int pos = j0 + stream + k * NS;
+      if (pos < from || pos >= to) continue;
       const bool ok = pos < j_end && blk[k] >= 0 && blk[k] < p.num_blocks;
       const long long slot = ok ? (long long)blk[k] * bs + (pos - div_bs(pos) * bs) : 0;
       valid |= unsigned(ok) << k;
@@ -438,12 +451,22 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
         cp_async16(piece(stage, k, 1), vc + slot * row_stride, ok && owns);
       }
     }
-    cp_async_commit();
+    if (commit) cp_async_commit();
     return valid;
   };
   int32_t blk[U];
-  fetch_blocks(j_begin, blk);
-  unsigned valid_cur = j_begin < j_end ? issue(0, j_begin, blk) : 0u;
+  fetch_blocks(j_begin, blk, pre);
+  unsigned valid_cur = 0;
+  if (pre) {  // the older keys' copies, then the wait, q and the fresh keys' (one group)
+    const int fresh = int(max(len - int64_t(p.prewait_fresh), int64_t(0)));
+    if (j_begin < j_end) valid_cur = issue(0, j_begin, blk, 0, fresh, false);
+    pdl_begin();
+    load_q();
+    if (j_begin < j_end) valid_cur |= issue(0, j_begin, blk, fresh, INT_MAX, false);
+    cp_async_commit();
+  } else {
+    valid_cur = j_begin < j_end ? issue(0, j_begin, blk) : 0u;
+  }
   fetch_blocks(j_begin + NS * U, blk);
   if constexpr (ROPE) {
     const int half = rope->rotary_half, d0 = sub * E;
@@ -671,6 +694,8 @@ AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
   p.prefetch_keys = prefetch_keys;
+  // (read at every launch, unlike the switches above, so a test can set it between calls)
+  p.prewait_fresh = int(std::clamp<long long>(env_number("KS_ATTN_PREWAIT_FRESH", 0), 0, 1 << 20));
   return p;
 }
 
@@ -810,8 +835,10 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
   };
   with_float_type(a.q.dtype, by_lanes);
   check_launch(op);
-  record_launch(op, "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld push_merge=%lld grid=%lld rope=%lld",
-                {C, G, LPK, p.push_off > 0 ? 1 : 0, grid, rope ? 1 : 0});
+  record_launch(op,
+                "variant=cuda_gqa_cluster cluster=%lld group=%lld lanes_per_key=%lld push_merge=%lld grid=%lld rope=%lld "
+                "prewait=%lld",
+                {C, G, LPK, p.push_off > 0 ? 1 : 0, grid, rope ? 1 : 0, rope ? 0 : p.prewait_fresh});
 }
 }  // namespace
 

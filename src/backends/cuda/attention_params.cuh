@@ -44,6 +44,12 @@ struct AttnParams {
   // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none, the default
   // (KS_ATTN_PREFETCH_KEYS)
   int prefetch_keys;
+  // cuda_gqa_cluster (not the fused RoPE kernel): > 0 = the caller's promise that the kernel
+  // before this one in the stream writes neither seq_ids, context_lens, block_tables nor a cache
+  // row other than those of each token's last prewait_fresh context positions; the older keys'
+  // first copies then go out before griddepcontrol.wait. 0: nothing read before it (default;
+  // KS_ATTN_PREWAIT_FRESH=N, an experiment)
+  int prewait_fresh;
 };
 
 #if defined(__CUDACC__)
@@ -105,6 +111,7 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     256,
                     nullptr,
                     nullptr,
+                    0,
                     0};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;

@@ -280,60 +280,6 @@ __device__ __forceinline__ float byte_float(uint32_t w, float bias) {
   return __uint_as_float(r) - (8388608.f + bias);
 }
 
-// A block as the words decode_q_block<true> reads: Q4_1's 32-bit words (d | m, then 4 words of
-// nibbles; 20-byte blocks, 4-byte aligned), Q4_0's and Q8_0's 16-bit halves (d, then the codes;
-// 18 and 34 bytes, 2-byte aligned), each in a 32-bit register.
-template <ks_qtype_t Q>
-constexpr int q_block_words() {
-  return Q == KS_QTYPE_Q4_1 ? 5 : Q == KS_QTYPE_Q8_0 ? 17 : 9;
-}
-template <ks_qtype_t Q>
-__device__ __forceinline__ void load_q_words(const uint8_t* blk, uint32_t (&u)[q_block_words<Q>()]) {
-  if constexpr (Q == KS_QTYPE_Q4_1) {
-    const uint32_t* w = reinterpret_cast<const uint32_t*>(blk);
-#pragma unroll
-    for (int i = 0; i < 5; ++i) u[i] = w[i];
-  } else {
-    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
-#pragma unroll
-    for (int i = 0; i < q_block_words<Q>(); ++i) u[i] = h[i];
-  }
-}
-// The block's scale d and (Q4_1) minimum mn as floats, from its words.
-template <ks_qtype_t Q>
-__device__ __forceinline__ void q_scale_min(const uint32_t* u, float& d, float& mn) {
-  d = h2f_bits(uint16_t(u[0] & 0xFFFFu));
-  mn = Q == KS_QTYPE_Q4_1 ? h2f_bits(uint16_t(u[0] >> 16)) : 0.f;
-}
-// Values 4c .. 4c + 3 of the block in FP32 from its words (c: a constant once unrolled), the codes
-// made floats by byte_float: decode_q_block<true>'s expressions for those values, so a kernel that
-// decodes a chunk at a time (cuda_bulk_stream's row quads, KS_QMM_BULK_QUAD=1) gets its values bit
-// for bit (Cuda.QuantMatmulStreamVariantsEqualTheDefault under the switch). decode_q_block keeps its
-// own loops: written as these chunks it gave the measured kernels other SASS (same values).
-template <ks_qtype_t Q>
-__device__ __forceinline__ void decode_q_chunk(const uint32_t* u, float d, float mn, int c, float* v) {
-  if constexpr (Q == KS_QTYPE_Q4_1) {  // chunk c: word c mod 4's low (c < 4) or high nibbles
-    const uint32_t word = u[1 + (c & 3)];
-    const uint32_t n = c < 4 ? word & 0x0F0F0F0Fu : (word >> 4) & 0x0F0F0F0Fu;
-    v[0] = d * byte_float<0>(n, 0.f) + mn;
-    v[1] = d * byte_float<1>(n, 0.f) + mn;
-    v[2] = d * byte_float<2>(n, 0.f) + mn;
-    v[3] = d * byte_float<3>(n, 0.f) + mn;
-  } else if constexpr (Q == KS_QTYPE_Q8_0) {  // halves 1 + 2c and 2 + 2c, each code + 128 in its byte
-    const uint32_t a = u[1 + 2 * c] ^ 0x8080u, b = u[2 + 2 * c] ^ 0x8080u;
-    v[0] = d * byte_float<0>(a, 128.f);
-    v[1] = d * byte_float<1>(a, 128.f);
-    v[2] = d * byte_float<0>(b, 128.f);
-    v[3] = d * byte_float<1>(b, 128.f);
-  } else {  // Q4_0: halves 1 + 2(c mod 4) and the next, low (c < 4) or high nibbles
-    const uint32_t a = u[1 + 2 * (c & 3)], b = u[2 + 2 * (c & 3)];
-    const uint32_t na = c < 4 ? a & 0x0F0Fu : (a >> 4) & 0x0F0Fu, nb = c < 4 ? b & 0x0F0Fu : (b >> 4) & 0x0F0Fu;
-    v[0] = d * byte_float<0>(na, 8.f);
-    v[1] = d * byte_float<1>(na, 8.f);
-    v[2] = d * byte_float<0>(nb, 8.f);
-    v[3] = d * byte_float<1>(nb, 8.f);
-  }
-}
 // One block of 32 weights decoded in FP32. WIDE: the block is read as 32-bit words (Q4_1,
 // 20-byte blocks, 4-byte aligned) or 16-bit halves (Q4_0, Q8_0: 18 and 34 bytes, 2-byte
 // aligned) instead of byte by byte: the same values, 4-2x fewer load instructions. PERM (with
@@ -894,7 +840,6 @@ struct BulkParams {
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
   int tpr;  // rows < 32 blocks: 1, 2 or 4 adjacent lanes per row (bulk_thread_rows, bulk_tpr); 0: warp groups
-  int quad;  // rows >= 32 blocks: a warp takes 4 rows at a time instead of 2 (KS_QMM_BULK_QUAD=1; experiments)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -958,49 +903,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
     const int rows = int(min(r1 - a, int64_t(rps)));
     const unsigned char* src = bulk_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
     mbar_wait(&full[s], unsigned(i / S) & 1u);
-    if (nb >= 32 && p.quad) {
-      // Long rows in quads (KS_QMM_BULK_QUAD=1): as the pairs below with 4 rows (t .. t + 3, the
-      // last clamped to the stage's last row, unstored), x's block read once for the 4, and each
-      // block decoded a chunk of 4 values at a time (decode_q_chunk) into the 4 rows' chains, so
-      // 4 dependent FMA chains are in flight and no 32-value block is held. Every row's chain,
-      // block order and butterfly are the pairs': the same bits.
-      for (int t = 4 * rotated(warp, i * ((rps + 3) / 4)); t < rows; t += 4 * kBulkWarps) {
-        const unsigned char* rw[4];
-#pragma unroll
-        for (int r = 0; r < 4; ++r) rw[r] = src + int64_t(min(t + r, rows - 1)) * RB;
-        float acc[4] = {0.f, 0.f, 0.f, 0.f};
-        for (int b = lane; b < nb; b += 32) {
-          const float4* xb = reinterpret_cast<const float4*>(xs + b * 36);
-          uint32_t u[4][q_block_words<Q>()];
-          float d[4], mn[4], sum[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            load_q_words<Q>(rw[r] + b * BB, u[r]);
-            q_scale_min<Q>(u[r], d[r], mn[r]);
-          }
-#pragma unroll
-          for (int c = 0; c < 8; ++c) {
-            const float4 h = xb[c];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              float v[4];
-              decode_q_chunk<Q>(u[r], d[r], mn[r], c, v);
-              sum[r] += v[0] * h.x;  // dot32's expression and order
-              sum[r] += v[1] * h.y;
-              sum[r] += v[2] * h.z;
-              sum[r] += v[3] * h.w;
-            }
-          }
-#pragma unroll
-          for (int r = 0; r < 4; ++r) acc[r] += sum[r];
-        }
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float sr = warp_sum(acc[r]);
-          if (lane == 0 && t + r < rows) out[a + t + r] = Dt<T>::from_f(sr);
-        }
-      }
-    } else if (nb >= 32) {
+    if (nb >= 32) {
       // Long rows: a warp takes row pairs (t, t + 1), t even, NW pairs apart; lane l blocks l, l + 32, ...
       // of both rows (x's block read once for the two), the pair's chains independent; then a
       // butterfly per row - cuda_warp_per_column's order. A lone last row is paired with itself.
@@ -1493,12 +1396,6 @@ bool bulk_thread_rows_enabled() {
   static const bool on = !env_is("KS_QMM_BULK_THREAD_ROWS", "0");
   return on;
 }
-// Rows of >= 32 blocks in quads instead of pairs: KS_QMM_BULK_QUAD=1 (experiments, read once; the
-// same bits either way).
-bool bulk_quad_enabled() {
-  static const bool on = env_is("KS_QMM_BULK_QUAD", "1");
-  return on;
-}
 // Lanes per short row: bulk_lanes_per_row's (launch_rules.hpp), or KS_QMM_BULK_TPR=1, 2 or 4
 // (experiments; the same bits either way).
 int bulk_tpr(ks_qtype_t qtype) {
@@ -1541,8 +1438,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
-                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr(a.qtype) : 0,
-                     bulk_quad_enabled() ? 1 : 0};
+                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr(a.qtype) : 0};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
@@ -1551,9 +1447,9 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   check_launch("quant_matmul");
   record_launch("quant_matmul",
                 "bulk_stream rows_per_stage=%lld group=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld thread_rows=%lld "
-                "threads_per_row=%lld quad=%lld",
+                "threads_per_row=%lld",
                 {plan.rps, plan.group, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem,
-                 p.tpr > 0 ? 1 : 0, p.tpr, p.quad});
+                 p.tpr > 0 ? 1 : 0, p.tpr});
 }
 
 namespace {
