@@ -230,6 +230,13 @@ if has bench; then
     AB_PROMPTS="64 200 512" ab early3 KS_QMM_ROPE_EARLY_TRIGGER=1
     AB_BATCH="8 16 32" ab prewait_early_batch KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1
     AB_PROMPTS="64 200 512" ab default4
+    # the same with the clusters launched without PDL (KS_ATTN_CLUSTER_PDL=0): is the early
+    # trigger's loss at 512-token prompts the clusters placed early?
+    AB_PROMPTS="64 200 512" ab nopdlc KS_ATTN_CLUSTER_PDL=0
+    AB_PROMPTS="64 200 512" ab early_nopdlc KS_QMM_ROPE_EARLY_TRIGGER=1 KS_ATTN_CLUSTER_PDL=0
+    AB_PROMPTS="64 200 512" ab prewait_early_nopdlc KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1 KS_ATTN_CLUSTER_PDL=0
+    AB_BATCH="8 16 32" ab prewait_early_nopdlc_batch KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1 KS_ATTN_CLUSTER_PDL=0
+    AB_PROMPTS="64 200 512" ab default5
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab old_rule_ctx400 KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab one_cta512_ctx400 KS_ATTN_ONE_CTA_KEYS=512  # a whole-cache table of 400 keys

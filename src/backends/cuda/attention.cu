@@ -682,6 +682,13 @@ int64_t gqa_one_cta_keys() {
   return keys;
 }
 
+// KS_ATTN_CLUSTER_PDL=0 (read once; an experiment): cuda_gqa_cluster's clusters (C > 1) launched
+// without PDL, so they are not placed beside a kernel that lets its dependents launch early
+bool gqa_cluster_pdl() {
+  static const bool on = !env_is("KS_ATTN_CLUSTER_PDL", "0");
+  return on;
+}
+
 // The kernel parameters of both cluster variants, with the environment switches
 // KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
 // keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none), for
@@ -815,7 +822,7 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
                     C, dp.pdl, p, r, *tab);
     } else
       launch_kernel(op, paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s, C,
-                    dp.pdl, p);
+                    dp.pdl && (C == 1 || gqa_cluster_pdl()), p);
   };
   auto by_group = [&](auto tag, auto lpk) {
     switch (GM) {
