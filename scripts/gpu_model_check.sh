@@ -96,8 +96,6 @@ if has bench; then
   #   no_wstage    KS_QMM_WSTAGE=0: the matmuls' weight staging off (the same bits)
   #   rope_apart   KS_MODEL_FUSE_ROPE=0: RoPE + the cache append as a kernel of their own (6 kernels
   #                per layer; the default until 2026-12-01)
-  #   rope_early   KS_QMM_ROPE_EARLY_TRIGGER=1: the default 5-kernel step with the q/k/v + RoPE
-  #                kernel triggering the attention's launch early (as before 2026-12-01)
   #   no_live_split  KS_ATTN_LIVE_SPLIT=0: decode attention splits the keys over every CTA of
   #                the cluster sized for the cache's capacity, not over ceil(len / step) of them
   #   pull_merge   KS_ATTN_PUSH_MERGE=0: decode attention's cluster merge by remote reads between two
@@ -149,10 +147,11 @@ if has bench; then
   #   bucket192 / bucket128  KS_MODEL_ATTN_BUCKET=192 / 128 with KS_ATTN_ONE_CTA_KEYS at the same:
   #                one CTA for the first table only; default3: the default, all three at 64, 200 and
   #                512-token prompts
-  #   prewait / prewait_early / early3 / prewait_early_batch / default4  KS_ATTN_PREWAIT_FRESH=1 (decode
-  #                attention reads the context, the first block-table entries and the older keys before
-  #                griddepcontrol.wait), with / without KS_QMM_ROPE_EARLY_TRIGGER=1 (the q/k/v + RoPE
-  #                kernel lets the attention launch early), batch 8-32; the default again after them
+  #   no_prewait / no_early / cluster_pdl / old_chain / old_chain_batch / default5  the decode step's
+  #                attention chain: KS_MODEL_ATTN_PREWAIT=0 (paged_attention without after_append's
+  #                promise: nothing read before the wait), KS_QMM_ROPE_EARLY_TRIGGER=0 (the q/k/v +
+  #                RoPE kernel does not let the attention launch early), KS_ATTN_CLUSTER_PDL=1
+  #                (clusters with PDL); old_chain: all three, the rules before a2bbdd8's A/B
   #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
   #                table's capacity (fewer CTAs, each more keys; 1024: no cluster below 2048 keys)
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
@@ -188,7 +187,6 @@ if has bench; then
     ab pull_merge KS_ATTN_PUSH_MERGE=0
     ab no_live_split KS_ATTN_LIVE_SPLIT=0
     ab rope_apart KS_MODEL_FUSE_ROPE=0
-    ab rope_early KS_QMM_ROPE_EARLY_TRIGGER=1
     if [ -n "${KS_MODEL_AB_ONLY:-}" ]; then
       for n in 128 256 512; do ab attn_min$n KS_ATTN_MIN_KEYS=$n; done
       # batched decode through quant_matmul at every batch size instead of the FP32 copies +
@@ -223,19 +221,14 @@ if has bench; then
     AB_PROMPTS="64 200 512" ab bucket192 KS_MODEL_ATTN_BUCKET=192 KS_ATTN_ONE_CTA_KEYS=192
     AB_PROMPTS="64 200 512" ab bucket128 KS_MODEL_ATTN_BUCKET=128 KS_ATTN_ONE_CTA_KEYS=128
     AB_PROMPTS="64 200 512" ab default3  # the default beside them
-    # decode attention's older keys read before griddepcontrol.wait (KS_ATTN_PREWAIT_FRESH=1), with
-    # and without the q/k/v + RoPE kernel letting it launch early (KS_QMM_ROPE_EARLY_TRIGGER=1)
-    AB_PROMPTS="64 200 512" ab prewait KS_ATTN_PREWAIT_FRESH=1
-    AB_PROMPTS="64 200 512" ab prewait_early KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1
-    AB_PROMPTS="64 200 512" ab early3 KS_QMM_ROPE_EARLY_TRIGGER=1
-    AB_BATCH="8 16 32" ab prewait_early_batch KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1
-    AB_PROMPTS="64 200 512" ab default4
-    # the same with the clusters launched without PDL (KS_ATTN_CLUSTER_PDL=0): is the early
-    # trigger's loss at 512-token prompts the clusters placed early?
-    AB_PROMPTS="64 200 512" ab nopdlc KS_ATTN_CLUSTER_PDL=0
-    AB_PROMPTS="64 200 512" ab early_nopdlc KS_QMM_ROPE_EARLY_TRIGGER=1 KS_ATTN_CLUSTER_PDL=0
-    AB_PROMPTS="64 200 512" ab prewait_early_nopdlc KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1 KS_ATTN_CLUSTER_PDL=0
-    AB_BATCH="8 16 32" ab prewait_early_nopdlc_batch KS_ATTN_PREWAIT_FRESH=1 KS_QMM_ROPE_EARLY_TRIGGER=1 KS_ATTN_CLUSTER_PDL=0
+    # the decode step's attention chain (2026-12-01): the q/k/v + RoPE kernel's early trigger, the
+    # attention's older keys read before the wait (paged_attention_after_append) and clusters
+    # launched without PDL, each turned off, and all three (old_chain: the rules before)
+    AB_PROMPTS="64 200 512" ab no_prewait KS_MODEL_ATTN_PREWAIT=0
+    AB_PROMPTS="64 200 512" ab no_early KS_QMM_ROPE_EARLY_TRIGGER=0
+    AB_PROMPTS="64 200 512" ab cluster_pdl KS_ATTN_CLUSTER_PDL=1
+    AB_PROMPTS="64 200 512" ab old_chain KS_MODEL_ATTN_PREWAIT=0 KS_QMM_ROPE_EARLY_TRIGGER=0 KS_ATTN_CLUSTER_PDL=1
+    AB_BATCH="8 16 32" ab old_chain_batch KS_MODEL_ATTN_PREWAIT=0 KS_QMM_ROPE_EARLY_TRIGGER=0 KS_ATTN_CLUSTER_PDL=1
     AB_PROMPTS="64 200 512" ab default5
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab old_rule_ctx400 KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512

@@ -339,6 +339,20 @@ inline void paged_attention(const TensorView& out, const TensorView& q, const Te
   check(ks_paged_attention(&o, &qq, &kc, &vc, &bt, has_seq ? &si : nullptr, &cl, scale, detail::be(backend),
                            stream));
 }
+// paged_attention right after the call that appended the step's keys on the same stream, with
+// the caller's promise about what that call wrote (fresh_keys >= 1; 0: none):
+// ks_paged_attention_after_append in kernscope.h. The same bits as paged_attention.
+inline void paged_attention_after_append(const TensorView& out, const TensorView& q, const TensorView& k_cache,
+                                         const TensorView& v_cache, const TensorView& block_tables,
+                                         const TensorView& seq_ids, const TensorView& context_lens, double scale,
+                                         int64_t fresh_keys, Backend backend = Backend::Auto,
+                                         ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), qq = q.dl(), kc = k_cache.dl(), vc = v_cache.dl(), bt = block_tables.dl(),
+           si = seq_ids.dl(), cl = context_lens.dl();
+  const bool has_seq = seq_ids.ndim() > 0;
+  check(ks_paged_attention_after_append(&o, &qq, &kc, &vc, &bt, has_seq ? &si : nullptr, &cl, scale, fresh_keys,
+                                        detail::be(backend), stream));
+}
 // One decode step's RoPE, cache append and paged attention (seq_ids may be an empty TensorView,
 // as in paged_attention); ks_rotary_embedding_kv_append_paged_attention in kernscope.h.
 inline void rotary_embedding_kv_append_paged_attention(

@@ -215,6 +215,7 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
   if (const char* e = std::getenv("KS_MODEL_SPLIT_HEAD")) split_head_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_BATCH_SILU_FUSE")) batch_silu_fuse_ = std::string(e) == "1";
   if (const char* e = std::getenv("KS_MODEL_FUSE_ATTN")) fuse_attn_ = std::string(e) == "1";
+  if (const char* e = std::getenv("KS_MODEL_ATTN_PREWAIT")) attn_prewait_ = std::string(e) != "0";
   if (const char* e = std::getenv("KS_MODEL_ABLATE")) {  // parsed once into ablate_'s bits
     const std::string list = e;
     for (size_t i = 0; i <= list.size();) {  // (empty items, as in "head,," or "", name nothing)
@@ -496,9 +497,14 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
                        attn3 = attn.reshape({n, c.num_heads, c.head_dim});
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   const ks::TensorView slots = rows(slots_), seq_ids = rows(seq_ids_), ctx_lens = rows(ctx_lens_);
-  // layer l's attention of q3 over its cache, into attn3
-  auto attention = [&](const Layer& L) {
-    ks::paged_attention(attn3, q3, L.k_cache.view, L.v_cache.view, tables_[size_t(table_)].view, seq_ids, ctx_lens, scale, be, s);
+  // layer l's attention of q3 over its cache, into attn3. after_append: right after the kernel
+  // that appended each row's new key (a decode step: every row the newest token of its own
+  // sequence), so the call promises that kernel wrote only each row's last key
+  // (paged_attention_after_append, fresh_keys 1: the older keys may be read while it ends;
+  // KS_MODEL_ATTN_PREWAIT=0: no promise, for comparisons)
+  auto attention = [&](const Layer& L, bool after_append) {
+    ks::paged_attention_after_append(attn3, q3, L.k_cache.view, L.v_cache.view, tables_[size_t(table_)].view, seq_ids,
+                                     ctx_lens, scale, after_append && attn_prewait_ ? 1 : 0, be, s);
   };
   // RoPE on q3 and k3, their append (k3, v3) to layer l's cache, then the attention: one call
   // (fused; a decode step only: every row is the newest token of its own sequence) or two
@@ -510,7 +516,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     } else {
       ks::rotary_embedding_kv_append(q3, k3, v3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false,
                                      L.k_cache.view, L.v_cache.view, slots, be, s);
-      attention(L);
+      attention(L, true);
     }
   };
 
@@ -541,7 +547,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
       if (l > 0) std::swap(r, r_next);  // (the RoPE step reads neither)
       if (ablated("attention")) {
       } else if (fuse_rope_) {
-        attention(L);
+        attention(L, true);
       } else {
         rope_append_attention(L, fuse_attn_);
       }
@@ -586,7 +592,7 @@ void LlamaModel::run_layers(int64_t n, bool all_rows, bool prefill) {
     } else {
       ks::rotary_embedding(q3, k3, positions, c.rotary_dim, c.rope_theta, /*is_neox=*/false, be, s);
       ks::kv_cache_append(L.k_cache.view, L.v_cache.view, k3, v3, slots, be, s);
-      attention(L);
+      attention(L, false);
     }
     matmul(x, attn, L.wo, n, prefill);
     ks::fused_add_rms_norm(x, res, L.ffn_norm.data, c.rms_eps, be, s);  // res += attn out; x = norm

@@ -233,6 +233,8 @@ class LlamaModel {
   // It turns the default q/k/v + RoPE fusion off (whose matmul already rotates) unless
   // KS_MODEL_FUSE_ROPE=1 is set, which then wins.
   bool fuse_attn_ = false;
+  // KS_MODEL_ATTN_PREWAIT=0: decode steps call paged_attention without after_append's promise
+  bool attn_prewait_ = true;
   // KS_MODEL_ABLATE=part,part (timing experiments only: the outputs are WRONG): the fused
   // one-token step leaves out the named kernels (qkv: norm + q/k/v (+ RoPE + append), attention,
   // oproj, gateup: add + norm + gate|up, down: SiLU + down, head: the final norm + output head),

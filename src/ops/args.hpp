@@ -122,6 +122,10 @@ struct PagedAttentionArgs {
   // Largest context_lens entry, found while validating host tensors (device tensors:
   // the bound max_blocks_per_seq * block_size). Sizes the CPU kernels' scratch.
   int64_t max_context_len = 0;
+  // paged_attention_after_append's promise (0: none): the kernel before this call on its stream
+  // wrote no cache row but each token's last fresh_keys context positions, and none of
+  // block_tables, seq_ids and context_lens; a CUDA kernel may read the rest before it ends
+  int64_t fresh_keys = 0;
 };
 
 // rotary_embedding_kv_append_paged_attention: rkv's step, then attn's (attn.q is rkv.rope.q,

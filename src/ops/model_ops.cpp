@@ -407,18 +407,40 @@ void validate_paged_attention(const char* op, PagedAttentionArgs& a, const DLTen
   }
 }
 
+// paged_attention and paged_attention_after_append (op: the name errors carry); both dispatch
+// as paged_attention, whose variants take fresh_keys as a permission only (the same bits).
+static ks_status_t paged_attention_call(const char* op, DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
+                                        const DLTensor* v_cache, const DLTensor* block_tables,
+                                        const DLTensor* seq_ids, const DLTensor* context_lens, double scale,
+                                        int64_t fresh_keys, ks_backend_t backend, ks_stream_t stream) {
+  return guard(op, [&] {
+    if (fresh_keys < 0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "fresh_keys = " + std::to_string(fresh_keys) + " must be >= 0");
+    PagedAttentionArgs a;
+    validate_paged_attention(op, a, out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale);
+    a.fresh_keys = fresh_keys;
+    const ks_backend_t be = resolve_backend(op, backend, a.q);
+    if (a.num_tokens == 0) return KS_SUCCESS;
+    return ks::registry::dispatch("paged_attention", be, a.q.dtype, &a, stream);
+  });
+}
+
 extern "C" ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
                                           const DLTensor* v_cache, const DLTensor* block_tables,
                                           const DLTensor* seq_ids, const DLTensor* context_lens, double scale,
                                           ks_backend_t backend, ks_stream_t stream) {
-  static const char* op = "paged_attention";
-  return guard(op, [&] {
-    PagedAttentionArgs a;
-    validate_paged_attention(op, a, out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale);
-    const ks_backend_t be = resolve_backend(op, backend, a.q);
-    if (a.num_tokens == 0) return KS_SUCCESS;
-    return ks::registry::dispatch(op, be, a.q.dtype, &a, stream);
-  });
+  return paged_attention_call("paged_attention", out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale,
+                              0, backend, stream);
+}
+
+// docs/contracts.md#paged_attention_after_append
+extern "C" ks_status_t ks_paged_attention_after_append(DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
+                                                       const DLTensor* v_cache, const DLTensor* block_tables,
+                                                       const DLTensor* seq_ids, const DLTensor* context_lens,
+                                                       double scale, int64_t fresh_keys, ks_backend_t backend,
+                                                       ks_stream_t stream) {
+  return paged_attention_call("paged_attention_after_append", out, q, k_cache, v_cache, block_tables, seq_ids,
+                              context_lens, scale, fresh_keys, backend, stream);
 }
 
 // rotary_embedding_kv_append, then paged_attention on the rotated q and the appended caches:

@@ -1985,7 +1985,7 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
             if (one_kernel) {
               const std::string cfg = ks_last_launch_config(fused_op);
               EXPECT_NE(cfg.find("rope_epilogue=1"), std::string::npos) << cfg;
-              EXPECT_NE(cfg.find("rope_early_trigger=0"), std::string::npos) << cfg;  // (the default)
+              EXPECT_NE(cfg.find("rope_early_trigger=1"), std::string::npos) << cfg;  // (the default)
             } else {  // the composed variant ran: the one-kernel variant, pinned, refuses the call
               ASSERT_EQ(ks_force_variant(fused_op, "cuda_warp_per_column"), KS_SUCCESS) << ks_last_error();
               bool refused = false;
@@ -2018,8 +2018,8 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
               e->download(b);
               EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << name;
             }
-            if (one_kernel && slot_case == 0) {  // the early trigger (KS_QMM_ROPE_EARLY_TRIGGER=1): the same bits
-              kstest::ScopedEnv early("KS_QMM_ROPE_EARLY_TRIGGER", "1");
+            if (one_kernel && slot_case == 0) {  // without the early trigger (KS_QMM_ROPE_EARLY_TRIGGER=0): the same bits
+              kstest::ScopedEnv early("KS_QMM_ROPE_EARLY_TRIGGER", "0");
               for (DBuf* b : {&got, &got_ro, &got_kc, &got_vc}) b->poison();
               ks::fused_add_rms_norm_quant_matmul_rope_kv_append(
                   got.view(), with_x ? got_ro.view() : none, with_x ? dx.view() : none, dres.view(), dnw.view(), 1e-5,
@@ -2027,7 +2027,7 @@ TEST(Cuda, FusedNormQkvRopeAppendEqualsTheTwoCalls) {
                   dsl.view(), ks::Backend::Cuda);
               CK(cudaDeviceSynchronize());
               const std::string cfg = ks_last_launch_config(fused_op);
-              EXPECT_NE(cfg.find("rope_early_trigger=1"), std::string::npos) << cfg;
+              EXPECT_NE(cfg.find("rope_early_trigger=0"), std::string::npos) << cfg;
               for (auto [g, e, name] : {std::tuple{&got, &want, "out"}, {&got_kc, &want_kc, "k_cache"},
                                         {&got_vc, &want_vc, "v_cache"}, {&got_ro, &want_ro, "residual_out"}}) {
                 Buf a(dt, g->shape), b(dt, e->shape);
@@ -2512,20 +2512,23 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
     }
 }
 
-// KS_ATTN_PREWAIT_FRESH=1 (an experiment, read at every launch): cuda_gqa_cluster reads the
-// context, the first step's block-table entries and every key but the last before
+// paged_attention_after_append (fresh_keys = 1): with one CTA per unit, cuda_gqa_cluster reads
+// the context, the first step's block-table entries and every key but the last before
 // griddepcontrol.wait, trusting that the kernel before it writes only each token's last context
 // position. A decode loop as the model's on one stream: each step's key and value appended by
 // kv_cache_append (a one-CTA grid: it lets its dependent launch early) right before the attention,
 // the slot's rows first set to NaN bytes, so a copy of the fresh key made before the wait would
-// show. Each step's output must equal, bit for bit, the same attention launched again without the
-// switch, and the last step's the CPU's within tolerance. Tables of 256 keys (one CTA per unit)
-// and 1024 (clusters), SmolLM2's heads, distinct blocks (no slot read under two positions).
-TEST(Cuda, AttentionPrewaitAfterAppendSameBits) {
+// show. Each step's output must equal, bit for bit, paged_attention's launched after it, and the
+// last step's the CPU's within tolerance. Tables of 256 keys (one CTA per unit: prewait=1) and
+// 1024 (clusters: the promise unused, prewait=0), SmolLM2's heads, distinct blocks (no slot read
+// under two positions).
+TEST(Cuda, AttentionAfterAppendSameBits) {
   NEED_GPU();
   kstest::ScopedVariant pin("paged_attention", "cuda_gqa_cluster");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
   const int64_t H = 9, KVH = 3, D = 64, bs = 16;
+  const char* env = std::getenv("KS_ATTN_ONE_CTA_KEYS");  // (AttentionSmallTablesOneCtaRule's rule)
+  const int64_t one_cta_keys = env ? std::atoll(env) : 256;
   cudaStream_t st = nullptr;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   const auto stream = static_cast<ks_stream_t>(st);
@@ -2568,14 +2571,11 @@ TEST(Cuda, AttentionPrewaitAfterAppendSameBits) {
         CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
         CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
         CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
-        {
-          kstest::ScopedEnv pre("KS_ATTN_PREWAIT_FRESH", "1");
-          ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
-          ks::paged_attention(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
-                              scale, ks::Backend::Cuda, stream);
-        }
+        ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
+        ks::paged_attention_after_append(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(),
+                                         dcl.view(), scale, /*fresh_keys=*/1, ks::Backend::Cuda, stream);
         const std::string with = ks_last_launch_config("paged_attention");
-        ASSERT_NE(with.find("prewait=1"), std::string::npos) << with;
+        ASSERT_NE(with.find(cap <= one_cta_keys ? "prewait=1" : "prewait=0"), std::string::npos) << with;
         ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
                             scale, ks::Backend::Cuda, stream);
         CK(cudaStreamSynchronize(st));

@@ -328,11 +328,12 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
     const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, gqa_keys(now.len, live_ctas(p, C, now.len, NS * U), rank));
   }
-  // prewait_fresh > 0 (KS_ATTN_PREWAIT_FRESH; the non-fused kernel only): the caller promises
-  // that the kernel before this one writes neither seq_ids, context_lens, block_tables nor any
-  // cache row but those of the last prewait_fresh positions of a token's context. The context,
-  // the first step's block-table entries and its copies of the older keys then go out before
-  // griddepcontrol.wait (through L2 alone); q and the fresh keys after it.
+  // prewait_fresh > 0 (paged_attention_after_append's fresh_keys; one CTA per unit, not the fused
+  // kernel): the caller promises that the kernel before this one writes neither seq_ids,
+  // context_lens, block_tables nor any cache row but those of the last prewait_fresh positions of
+  // a token's context. The context, the first step's block-table entries and its copies of the
+  // older keys then go out before griddepcontrol.wait (through L2 alone); q and the fresh keys
+  // after it. With the q/k/v + RoPE kernel's early trigger, they overlap its tail.
   const bool pre = !ROPE && p.prewait_fresh > 0;
   if (!pre) pdl_begin();
   float q[GM][E], acc[GM][E], m[GM], l[GM];
@@ -682,10 +683,15 @@ int64_t gqa_one_cta_keys() {
   return keys;
 }
 
-// KS_ATTN_CLUSTER_PDL=0 (read once; an experiment): cuda_gqa_cluster's clusters (C > 1) launched
-// without PDL, so they are not placed beside a kernel that lets its dependents launch early
+// cuda_gqa_cluster launches its clusters (C > 1) without PDL, so they are not placed beside a
+// kernel that lets its dependents launch early (the q/k/v + RoPE kernel of a decode step, since
+// 2026-12-01): SmolLM2 on the H200 after a 512-token prompt (the 641-key table's clusters),
+// a2bbdd8, same call: with that trigger 1435 tokens/s with PDL against 1481 without (1516 before
+// either); without the trigger, 1515 against 1516 (PDL gains nothing there). One CTA per unit
+// keeps PDL: it is what lets paged_attention_after_append read the older keys early.
+// KS_ATTN_CLUSTER_PDL=1 (read once; comparisons): clusters with PDL, as before.
 bool gqa_cluster_pdl() {
-  static const bool on = !env_is("KS_ATTN_CLUSTER_PDL", "0");
+  static const bool on = env_is("KS_ATTN_CLUSTER_PDL", "1");
   return on;
 }
 
@@ -701,8 +707,6 @@ AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
   p.prefetch_keys = prefetch_keys;
-  // (read at every launch, unlike the switches above, so a test can set it between calls)
-  p.prewait_fresh = int(std::clamp<long long>(env_number("KS_ATTN_PREWAIT_FRESH", 0), 0, 1 << 20));
   return p;
 }
 
@@ -808,6 +812,10 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
     const bool one_cta = a.max_blocks_per_seq * a.block_size <= gqa_one_cta_keys();
     C = one_cta ? 1 : choose_cluster(a, most, 2 * int64_t(dp.sm_count), gqa_capacity_keys());
     grid = a.num_tokens * a.num_kv_heads * C;
+    // paged_attention_after_append's promise: the older keys read before griddepcontrol.wait,
+    // by one CTA per unit only (clusters launch without PDL, and read so they measured slower:
+    // 1481 against 1510 tokens/s at a2bbdd8, SmolLM2 after a 512-token prompt)
+    p.prewait_fresh = !rope && C == 1 && a.fresh_keys > 0 ? int(std::min<int64_t>(a.fresh_keys, INT32_MAX)) : 0;
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&
         int64_t(gqa_push_offset(base_smem) + gqa_push_bytes(C, G, a.head_dim)) <= kGqaSmemLimit) {

@@ -44,11 +44,11 @@ struct AttnParams {
   // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none, the default
   // (KS_ATTN_PREFETCH_KEYS)
   int prefetch_keys;
-  // cuda_gqa_cluster (not the fused RoPE kernel): > 0 = the caller's promise that the kernel
-  // before this one in the stream writes neither seq_ids, context_lens, block_tables nor a cache
-  // row other than those of each token's last prewait_fresh context positions; the older keys'
-  // first copies then go out before griddepcontrol.wait. 0: nothing read before it (default;
-  // KS_ATTN_PREWAIT_FRESH=N, an experiment)
+  // cuda_gqa_cluster with one CTA per unit (not the fused RoPE kernel): > 0 = the caller's promise
+  // (paged_attention_after_append's fresh_keys) that the kernel before this one in the stream
+  // writes neither seq_ids, context_lens, block_tables nor a cache row other than those of each
+  // token's last prewait_fresh context positions; the older keys' first copies then go out
+  // before griddepcontrol.wait. 0: nothing read before it
   int prewait_fresh;
 };
 

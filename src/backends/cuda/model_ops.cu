@@ -586,11 +586,13 @@ struct RopeEpi {
   int64_t num_slots, kv_tokens;
   int heads, kv_heads, head_dim, rotary_half;
   bool pos64, slots64;
-  // whether the kernel lets its dependent launch early (pdl_begin); off unless
-  // KS_QMM_ROPE_EARLY_TRIGGER=1: in a decode step the dependent is the cluster attention, whose
-  // clusters placed early land on the few SMs this ~120-CTA grid leaves free (SmolLM2 on the
-  // H200, batch 1: attention launched without PDL after this kernel, 1643-1651 tokens/s against
-  // 1631-1638 for the 6-kernel step, in three calls: 4a08218, 37a61f2, a465d94)
+  // whether the kernel lets its dependent launch early (pdl_begin, grids of at most one CTA per
+  // SM); on unless KS_QMM_ROPE_EARLY_TRIGGER=0. In a decode step the dependent is the attention:
+  // one CTA per unit (small tables) then reads its older keys while this kernel ends
+  // (paged_attention_after_append), and clusters launch without PDL, since placed early they land
+  // on the few SMs this ~120-CTA grid leaves free. SmolLM2 on the H200, batch 1, same call
+  // (a2bbdd8): 1887 tokens/s after a 64-token prompt against 1760 with neither (1799 with the
+  // trigger alone); off until then, when clusters still took PDL (1444 against 1522 with them).
   bool early_trigger;
 };
 struct NoRope {};
@@ -1520,7 +1522,7 @@ void norm_qmm_rope_cuda(const void* args, ks_stream_t stream) {
                   int(r.rotary_dim / 2),
                   r.positions.dtype == detail::DType::I64,
                   kv.slot_mapping.dtype == detail::DType::I64,
-                  env_is("KS_QMM_ROPE_EARLY_TRIGGER", "1")};
+                  !env_is("KS_QMM_ROPE_EARLY_TRIGGER", "0")};
   launch_norm_qmm(op, a.mm, stream, &e, &tab);
 }
 
