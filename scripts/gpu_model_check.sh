@@ -151,7 +151,8 @@ if has bench; then
   #                attention chain: KS_MODEL_ATTN_PREWAIT=0 (paged_attention without after_append's
   #                promise: nothing read before the wait), KS_QMM_ROPE_EARLY_TRIGGER=0 (the q/k/v +
   #                RoPE kernel does not let the attention launch early), KS_ATTN_CLUSTER_PDL=1
-  #                (clusters with PDL); old_chain: all three, the rules before a2bbdd8's A/B
+  #                (clusters with PDL); old_chain: all three, the rules before a2bbdd8's A/B;
+  #                prewait_steps1: KS_ATTN_PREWAIT_STEPS=1, one step of older keys before the wait (not two)
   #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
   #                table's capacity (fewer CTAs, each more keys; 1024: no cluster below 2048 keys)
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
@@ -229,6 +230,7 @@ if has bench; then
     AB_PROMPTS="64 200 512" ab cluster_pdl KS_ATTN_CLUSTER_PDL=1
     AB_PROMPTS="64 200 512" ab old_chain KS_MODEL_ATTN_PREWAIT=0 KS_QMM_ROPE_EARLY_TRIGGER=0 KS_ATTN_CLUSTER_PDL=1
     AB_BATCH="8 16 32" ab old_chain_batch KS_MODEL_ATTN_PREWAIT=0 KS_QMM_ROPE_EARLY_TRIGGER=0 KS_ATTN_CLUSTER_PDL=1
+    AB_PROMPTS="64 200 512" ab prewait_steps1 KS_ATTN_PREWAIT_STEPS=1  # the first step's older keys alone before the wait
     AB_PROMPTS="64 200 512" ab default5
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab old_rule_ctx400 KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512

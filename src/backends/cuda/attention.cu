@@ -458,17 +458,28 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   int32_t blk[U];
   fetch_blocks(j_begin, blk, pre);
   unsigned valid_cur = 0;
-  if (pre) {  // the older keys' copies, then the wait, q and the fresh keys' (one group)
+  // pre: the first two steps' older keys (both ring stages; p.prewait_steps = 1: the first's
+  // alone), then the wait, q and the fresh keys' copies, all one group; the loop then issues
+  // nothing at its first step (valid_pre1: step 1's mask)
+  bool step1_issued = false;
+  unsigned valid_pre1 = 0;
+  if (pre) {
     const int fresh = int(max(len - int64_t(p.prewait_fresh), int64_t(0)));
+    const int j1 = j_begin + NS * U;
+    step1_issued = p.prewait_steps > 1 && j1 < j_end;
+    int32_t blk1[U];
+    if (step1_issued) fetch_blocks(j1, blk1, true);
     if (j_begin < j_end) valid_cur = issue(0, j_begin, blk, 0, fresh, false);
+    if (step1_issued) valid_pre1 = issue(1, j1, blk1, 0, fresh, false);
     pdl_begin();
     load_q();
     if (j_begin < j_end) valid_cur |= issue(0, j_begin, blk, fresh, INT_MAX, false);
+    if (step1_issued) valid_pre1 |= issue(1, j1, blk1, fresh, INT_MAX, false);
     cp_async_commit();
   } else {
     valid_cur = j_begin < j_end ? issue(0, j_begin, blk) : 0u;
   }
-  fetch_blocks(j_begin + NS * U, blk);
+  if (!step1_issued) fetch_blocks(j_begin + NS * U, blk);
   if constexpr (ROPE) {
     const int half = rope->rotary_half, d0 = sub * E;
     const bool neox = rope->neox;
@@ -539,7 +550,8 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   for (int j0 = j_begin; j0 < j_end; j0 += NS * U, stage ^= 1) {
     // the next step's copies go out before this step's arithmetic
     unsigned valid_next = 0;
-    if (j0 + NS * U < j_end) valid_next = issue(stage ^ 1, j0 + NS * U, blk);
+    if (step1_issued && j0 == j_begin) valid_next = valid_pre1, cp_async_commit();  // (issued before the wait)
+    else if (j0 + NS * U < j_end) valid_next = issue(stage ^ 1, j0 + NS * U, blk);
     else cp_async_commit();  // an empty group keeps the wait count uniform
     fetch_blocks(j0 + 2 * NS * U, blk);
     cp_async_wait<1>();  // this thread's pieces of the current step have landed
@@ -695,6 +707,14 @@ bool gqa_cluster_pdl() {
   return on;
 }
 
+// Steps of keys whose copies paged_attention_after_append's one-CTA units issue before
+// griddepcontrol.wait: 2 (the ring's two stages), or KS_ATTN_PREWAIT_STEPS=1 (read once;
+// comparisons).
+int gqa_prewait_steps() {
+  static const int steps = env_is("KS_ATTN_PREWAIT_STEPS", "1") ? 1 : 2;
+  return steps;
+}
+
 // The kernel parameters of both cluster variants, with the environment switches
 // KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
 // keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none), for
@@ -816,6 +836,7 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
     // by one CTA per unit only (clusters launch without PDL, and read so they measured slower:
     // 1481 against 1510 tokens/s at a2bbdd8, SmolLM2 after a 512-token prompt)
     p.prewait_fresh = !rope && C == 1 && a.fresh_keys > 0 ? int(std::min<int64_t>(a.fresh_keys, INT32_MAX)) : 0;
+    p.prewait_steps = gqa_prewait_steps();
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits
     if (C > 1 && gqa_push_merge() &&
         int64_t(gqa_push_offset(base_smem) + gqa_push_bytes(C, G, a.head_dim)) <= kGqaSmemLimit) {

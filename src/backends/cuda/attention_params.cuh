@@ -50,6 +50,7 @@ struct AttnParams {
   // token's last prewait_fresh context positions; the older keys' first copies then go out
   // before griddepcontrol.wait. 0: nothing read before it
   int prewait_fresh;
+  int prewait_steps;  // with prewait_fresh: the first 1 or 2 steps' older keys so (2 by default)
 };
 
 #if defined(__CUDACC__)
@@ -112,7 +113,8 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     nullptr,
                     nullptr,
                     0,
-                    0};
+                    0,
+                    2};
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }
