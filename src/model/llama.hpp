@@ -152,7 +152,8 @@ class LlamaModel {
   // two measured the same (87eb81b, KS_ATTN_CAPACITY_KEYS=64: 1638 / 1519 tokens/s at headroom 2,
   // 1640 / 1516 at 1, after 64 / 512-token prompts). Headroom 1 since 2026-12-01: decode attention
   // runs one CTA per unit, no cluster, for tables of at most 256 keys (gqa_one_cta_keys), which
-  // beat the cluster at 64-192 live keys and lost at 240-368 (193-256 not yet measured apart);
+  // beat the cluster at 64-192 live keys and lost at 200-368 (tables of 128 with one CTA up to
+  // 128 were 2% faster after 200-token prompts but 0.6% slower after 64: 54d78ee, not taken);
   // headroom 1 gives contexts up to 256 the 256-key table (headroom 2 only up to 128).
   int64_t attention_capacity(int64_t len) const { return table_tokens_[size_t(table_for(len))]; }
   static constexpr int64_t kAttnBucket = 256, kAttnHeadroom = 1;

@@ -127,6 +127,12 @@ struct Pa {
     DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), s = sid.dl(), l = cl.dl();
     return ks_paged_attention(&o, &qq, &k, &v, &b, c.seq.empty() ? nullptr : &s, &l, scale_arg, be, nullptr);
   }
+  // ks_paged_attention_after_append with fresh_keys (scale_arg unless sc is given; NaN: not given)
+  ks_status_t run_after(int64_t fresh, double sc = std::nan("")) {
+    DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), s = sid.dl(), l = cl.dl();
+    return ks_paged_attention_after_append(&o, &qq, &k, &v, &b, c.seq.empty() ? nullptr : &s, &l,
+                                           std::isnan(sc) ? scale_arg : sc, fresh, KS_BACKEND_AUTO, nullptr);
+  }
 };
 
 
@@ -797,6 +803,57 @@ int zero_block_size_child() {
     for (int64_t i = 0; i < out.numel(); ++i) ok = ok && out.get(i) == 0.0;
   }
   return ok ? 0 : 3;
+}
+
+// ks_paged_attention_after_append: paged_attention's bits for every fresh_keys (its promise is a
+// permission for CUDA's loads, never a change of result; GPU: Cuda.AttentionAfterAppendSameBits),
+// decode tokens (one per sequence, contexts of 0 to 200) and a prefill with seq_ids; errors carry
+// its own name, and fresh_keys < 0 is refused by name with nothing written.
+TEST(PagedAttention, AfterAppendGivesTheSameBits) {
+  FOR_EACH_VARIANT(kOp) {
+    for (DType dt : kFloatTypes())
+      for (bool prefill : {false, true}) {
+        PaConfig c;
+        c.dt = dt;
+        c.H = 9;
+        c.KVH = 3;
+        c.D = 64;
+        c.bs = 16;
+        if (prefill) {
+          for (int32_t i = 1; i <= 20; ++i) c.ctx.push_back(i), c.seq.push_back(0);
+          c.num_seqs = 1;
+        } else {
+          c.ctx = {1, 64, 65, 200, 0, 17};
+        }
+        Pa a(c);
+        KS_RUN_OR_SKIP(a.run());
+        ASSERT_TRUE(matches(a)) << describe(a);
+        const Buf want = a.out;
+        for (int64_t fresh : {int64_t(0), int64_t(1), int64_t(5), std::numeric_limits<int64_t>::max()}) {
+          a.out.poison();
+          ASSERT_EQ(a.run_after(fresh), KS_SUCCESS) << ks_last_error();
+          EXPECT_EQ(0, std::memcmp(a.out.data(), want.data(), a.out.nbytes()))
+              << "fresh_keys " << fresh << ": " << describe(a);
+          EXPECT_TRUE(a.out.guards_intact()) << "fresh_keys " << fresh;
+        }
+      }
+  }
+}
+
+TEST(PagedAttention, AfterAppendRejectsNegativeFreshKeysNothingWritten) {
+  const char* op = "paged_attention_after_append";
+  Pa a(small_cfg());
+  for (int64_t bad : {int64_t(-1), int64_t(-7), std::numeric_limits<int64_t>::min()}) {
+    Snap s{&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.sid, &a.cl};
+    EXPECT_TRUE(fails_cleanly(a.run_after(bad), KS_ERROR_INVALID_ARGUMENT, op, "fresh_keys", s)) << bad;
+    EXPECT_NE(std::string(ks_last_error()).find(std::to_string(bad)), std::string::npos) << ks_last_error();
+  }
+  // paged_attention's own rules, under this name
+  Snap s{&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.sid, &a.cl};
+  EXPECT_TRUE(fails_cleanly(a.run_after(1, double(INFINITY)), KS_ERROR_INVALID_ARGUMENT, op, "scale", s));
+  set_i(a.cl, 2, 9);  // past the capacity of 8
+  Snap s2{&a.out, &a.q, &a.kc, &a.vc, &a.bt, &a.sid, &a.cl};
+  EXPECT_TRUE(fails_cleanly(a.run_after(1), KS_ERROR_INVALID_ARGUMENT, op, "context_lens", s2));
 }
 
 TEST(PagedAttention, ZeroBlockSizeDoesNotCrash) {

@@ -685,8 +685,10 @@ int64_t gqa_capacity_keys() {
 // against 1679 with one CTA for the 256/512-key tables (6c20047), 1817 against 1714 (ba41314),
 // and at 8 / 16 / 32 sequences +4% / +14% / +15% (ba41314) - but one CTA's steps are serial:
 // 240-368 live keys in one CTA lost (1536 against 1632, ba41314), 512-640 lost more (1256 against
-// 1598 with the 4-stage ring below, e113b95). So the bound is 256 (at most 4 steps; 193-256 live
-// keys not yet measured apart); llama.hpp's tables (headroom 1) give contexts up to 256 that table.
+// 1598 with the 4-stage ring below, e113b95), and 200-256 lost too (1627 against 1665, 54d78ee).
+// The bound is still 256 (at most 4 steps): paged_attention_after_append's early reads serve one
+// CTA only, and tables of 128 keys lost after 64-token prompts (1799 against 1809);
+// llama.hpp's tables (headroom 1) give contexts up to 256 that table.
 // As shipped (cf200dc): 1802 against 1704 with the rules before, 8 / 16 / 32 sequences +5% / +14% / +16%.
 // A 4-stage ring for the one-CTA units (three steps in flight) was slower still (1785 against
 // 1820; e113b95): the steps are not waiting on memory.
