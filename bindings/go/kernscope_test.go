@@ -6,6 +6,7 @@ package kernscope_test
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand"
 	"runtime"
@@ -807,4 +808,44 @@ func TestRotaryEmbeddingKVAppendPagedAttentionRejectsBadContextAndOutOverK(t *te
 	sameBits(t, "k", a.k, in.k)
 	sameBits(t, "k_cache", a.kc, in.kc)
 	sameBits(t, "v_cache", a.vc, in.vc)
+}
+
+// ---- paged_attention_after_append ----------------------------------------------------------------
+
+func TestPagedAttentionAfterAppendSameBitsAsPagedAttention(t *testing.T) {
+	const tok, h, kvh, d, scale = 3, 6, 2, 8, 0.35
+	in := ropeAttnInputs(30)
+	bt, ctx := ks.I32([]int32{4, 0, 1, 5, 3, 2}, 3, 2), ks.I32([]int32{3, 1, 4}, 3)
+	for _, seqIDs := range []*ks.Tensor{nil, ks.I32([]int32{2, 0, 1}, 3)} {
+		want := filled(tok*h*d, float32(math.NaN()))
+		if err := ks.PagedAttention(ks.F32(want, tok, h, d), ks.F32(in.q, tok, h, d), ks.F32(in.kc, 6, 2, kvh, d),
+			ks.F32(in.vc, 6, 2, kvh, d), bt, seqIDs, ctx, scale, ks.WithBackend(ks.BackendCPU)); err != nil {
+			t.Fatal(err)
+		}
+		for i, o := range want {
+			if math.IsNaN(float64(o)) {
+				t.Fatalf("paged_attention out[%d] not written", i)
+			}
+		}
+		for _, fresh := range []int64{0, 1} {
+			out := filled(tok*h*d, float32(math.NaN()))
+			if err := ks.PagedAttentionAfterAppend(ks.F32(out, tok, h, d), ks.F32(in.q, tok, h, d),
+				ks.F32(in.kc, 6, 2, kvh, d), ks.F32(in.vc, 6, 2, kvh, d), bt, seqIDs, ctx, scale, fresh,
+				ks.WithBackend(ks.BackendCPU)); err != nil {
+				t.Fatal(err)
+			}
+			sameBits(t, fmt.Sprintf("out (fresh_keys %d, seq_ids given %v)", fresh, seqIDs != nil), out, want)
+		}
+	}
+}
+
+func TestPagedAttentionAfterAppendRejectsNegativeFreshKeys(t *testing.T) {
+	const tok, h, kvh, d = 3, 6, 2, 8
+	in := ropeAttnInputs(31)
+	out := filled(tok*h*d, 7)
+	err := ks.PagedAttentionAfterAppend(ks.F32(out, tok, h, d), ks.F32(in.q, tok, h, d), ks.F32(in.kc, 6, 2, kvh, d),
+		ks.F32(in.vc, 6, 2, kvh, d), ks.I32([]int32{4, 0, 1, 5, 3, 2}, 3, 2), nil, ks.I32([]int32{3, 1, 4}, 3), 0.35,
+		-1)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "paged_attention_after_append", "fresh_keys")
+	untouched(t, out, 7)
 }

@@ -125,6 +125,15 @@ ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache
   return ks_paged_attention(&o, &qt, &kc, &vc, &bt, has_seq_ids ? &si : NULL, &cl, scale, BK, ST);
 }
 
+ks_status_t ksgo_paged_attention_after_append(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache,
+                                              void* block_tables, int has_seq_ids, void* seq_ids, void* context_lens,
+                                              double scale, int64_t fresh_keys, int backend, uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), qt = mk(&d[1], q), kc = mk(&d[2], k_cache), vc = mk(&d[3], v_cache),
+           bt = mk(&d[4], block_tables), si = mk(&d[5], seq_ids), cl = mk(&d[6], context_lens);
+  return ks_paged_attention_after_append(&o, &qt, &kc, &vc, &bt, has_seq_ids ? &si : NULL, &cl, scale, fresh_keys, BK,
+                                         ST);
+}
+
 ks_status_t ksgo_rotary_embedding_kv_append_paged_attention(
     ksgo_desc* d, void* out, void* q, void* k, void* v, void* positions, int64_t rotary_dim, double theta, int is_neox,
     void* k_cache, void* v_cache, void* slot_mapping, void* block_tables, int has_seq_ids, void* seq_ids,

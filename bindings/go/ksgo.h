@@ -59,6 +59,9 @@ ks_status_t ksgo_fused_add_rms_norm_quant_matmul_rope_kv_append(
 ks_status_t ksgo_paged_attention(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache, void* block_tables,
                                  int has_seq_ids, void* seq_ids, void* context_lens, double scale, int backend,
                                  uintptr_t stream);
+ks_status_t ksgo_paged_attention_after_append(ksgo_desc* d, void* out, void* q, void* k_cache, void* v_cache,
+                                              void* block_tables, int has_seq_ids, void* seq_ids, void* context_lens,
+                                              double scale, int64_t fresh_keys, int backend, uintptr_t stream);
 ks_status_t ksgo_rotary_embedding_kv_append_paged_attention(
     ksgo_desc* d, void* out, void* q, void* k, void* v, void* positions, int64_t rotary_dim, double theta, int is_neox,
     void* k_cache, void* v_cache, void* slot_mapping, void* block_tables, int has_seq_ids, void* seq_ids,

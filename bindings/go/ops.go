@@ -298,6 +298,31 @@ func PagedAttention(out, q, kCache, vCache, blockTables, seqIDs, contextLens *Te
 	})
 }
 
+// PagedAttentionAfterAppend is PagedAttention for the call right after the one that appended the
+// step's keys on the same stream (KVCacheAppend, RotaryEmbeddingKVAppend or
+// FusedAddRMSNormQuantMatmulRopeKVAppend). freshKeys >= 1 is the caller's promise that the kernel
+// launched just before on this stream wrote no kCache or vCache row but those of each token's last
+// freshKeys context positions, and none of blockTables, seqIDs and contextLens: CUDA may then read
+// the older keys before it ends (a broken promise may read a row before it is written). freshKeys 0
+// makes no promise. The result is PagedAttention's, bit for bit, whatever freshKeys is. Errors
+// (nothing written): PagedAttention's under this op's name (paged_attention_after_append), and
+// freshKeys < 0 (ErrInvalidArgument).
+func PagedAttentionAfterAppend(out, q, kCache, vCache, blockTables, seqIDs, contextLens *Tensor, scale float64,
+	freshKeys int64, opts ...Option) error {
+	var d [7]C.ksgo_desc
+	if err := describeAll("paged_attention_after_append", d[:], arg{"out", out}, arg{"q", q}, arg{"k_cache", kCache},
+		arg{"v_cache", vCache}, arg{"block_tables", blockTables}, arg{"seq_ids?", seqIDs},
+		arg{"context_lens", contextLens}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_paged_attention_after_append(&d[0], out.data, q.data, kCache.data, vCache.data,
+			blockTables.data, flag(seqIDs != nil), dataOf(seqIDs), contextLens.data, C.double(scale),
+			C.int64_t(freshKeys), b, s)
+	})
+}
+
 // RotaryEmbeddingKVAppendPagedAttention is the decode-step fusion of RotaryEmbeddingKVAppend(q, k,
 // v, positions, rotaryDim, theta, isNeox, kCache, vCache, slotMapping), then PagedAttention(out, q,
 // kCache, vCache, blockTables, seqIDs, contextLens, scale), in one kernel on CUDA where it can: q and

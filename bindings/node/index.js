@@ -256,6 +256,9 @@ module.exports = {
   pagedAttention: (out, q, kCache, vCache, blockTables, seqIds, contextLens, scale, opts) =>
     native.pagedAttention(T(out), T(q), T(kCache), T(vCache), T(blockTables), T(seqIds, false), T(contextLens), scale,
                           ...exec(opts)),
+  pagedAttentionAfterAppend: (out, q, kCache, vCache, blockTables, seqIds, contextLens, scale, freshKeys, opts) =>
+    native.pagedAttentionAfterAppend(T(out), T(q), T(kCache), T(vCache), T(blockTables), T(seqIds, false),
+                                     T(contextLens), scale, freshKeys, ...exec(opts)),
   rotaryEmbeddingKvAppendPagedAttention: (out, q, k, v, positions, rotaryDim, theta, isNeox, kCache, vCache,
                                           slotMapping, blockTables, seqIds, contextLens, scale, opts) =>
     native.rotaryEmbeddingKvAppendPagedAttention(T(out), T(q), T(k), T(v), T(positions), rotaryDim, theta,

@@ -981,8 +981,8 @@ def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k
 
 
 def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, context_lens: Array,
-                    scale: Optional[float] = None, *, seq_ids: Optional[Array] = None, backend: str = "auto",
-                    out: Optional[T] = None) -> T:
+                    scale: Optional[float] = None, *, seq_ids: Optional[Array] = None, fresh_keys: int = 0,
+                    backend: str = "auto", out: Optional[T] = None) -> T:
     """Attention of each query row over a paged KV cache (decode, and causal prefill).
 
     For token t, head h (kv head ``h // (num_heads // num_kv_heads)``):
@@ -1000,15 +1000,28 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
         scale: the score scale (default ``1 / sqrt(head_dim)``).
         seq_ids: int32 ``[num_tokens]`` (token t reads block_tables[seq_ids[t]]), or
             None: token t is sequence t (num_seqs == num_tokens).
+        fresh_keys: int >= 0; the result is the same bits whatever it is. 0 (default):
+            ks_paged_attention. >= 1 (ks_paged_attention_after_append): the caller's
+            promise that the kernel launched just before on the same stream (the step's
+            cache append) wrote no k_cache / v_cache row but those of each token's last
+            fresh_keys context positions, and none of block_tables, seq_ids and
+            context_lens; CUDA may then read the older keys before that kernel ends. A
+            broken promise may read a row before it is written (not on the CPU). The
+            native backends' errors then name paged_attention_after_append. Not passed
+            on under torch.compile or on the torch reference (the same result).
         backend: "auto" | "cpu" | "cuda" | "torch".
         out: optional output of q's shape.
 
     Raises:
         ValueError: shapes, GQA head counts, and out-of-range block ids, seq ids or
-            context lengths (checked before anything is written).
+            context lengths (checked before anything is written); fresh_keys < 0.
 
-    Contract: docs/contracts.md#paged_attention--ks_paged_attentionout-q-k_cache-v_cache-block_tables-seq_ids-context_lens-scale
+    Contract: docs/contracts.md#paged_attention--ks_paged_attentionout-q-k_cache-v_cache-block_tables-seq_ids-context_lens-scale;
+    fresh_keys: docs/contracts.md#paged_attention_after_append.
     """
+    fresh_keys = int(fresh_keys)
+    if fresh_keys < 0:  # on every route, the torch reference and torch.compile included
+        raise ValueError(f"paged_attention: fresh_keys = {fresh_keys} must be >= 0")
     if scale is None:
         scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1))
     if _compiling():
@@ -1025,7 +1038,7 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     if out is None:
         out = fw.empty_like(q)
     _native(_C.paged_attention, fw, q, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens),
-            float(scale), code)
+            float(scale), fresh_keys, code)
     return out
 
 

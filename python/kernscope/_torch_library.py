@@ -296,7 +296,8 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, scale, causal, backend
 def _paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor, seq_ids: Optional[Tensor],
                      context_lens: Tensor, scale: float, backend: str) -> Tensor:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    _run(_C.paged_attention, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens), scale,
+    # fresh_keys 0 (no promise): kernscope.paged_attention's fresh_keys stays out of the schema (same bits)
+    _run(_C.paged_attention, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens), scale, 0,
          _code("paged_attention", backend))
     return out
 

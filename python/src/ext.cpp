@@ -595,14 +595,21 @@ NB_MODULE(_C, m) {
     Call c(spec, t, hint, bf16);
     run(c, sync, [&] { return ks_varlen_attention(c[0], c[1], c[2], c[3], c[4], c[5], scale, causal ? 1 : 0, be, c.stream()); });
   });
-  m.def("paged_attention", [](nb::tuple t, double scale, KS_ARGS) {
+  // fresh_keys = 0: ks_paged_attention; otherwise ks_paged_attention_after_append (its own check
+  // rejects fresh_keys < 0), and every error of the call names that op.
+  m.def("paged_attention", [](nb::tuple t, double scale, int64_t fresh_keys, KS_ARGS) {
     static const OpSpec spec{"paged_attention", 7,
                              {"out", "q", "k_cache", "v_cache", "block_tables", "seq_ids", "context_lens"},
                              0b1, 0b100000};
+    static const OpSpec spec_after{"paged_attention_after_append", 7,
+                                   {"out", "q", "k_cache", "v_cache", "block_tables", "seq_ids", "context_lens"},
+                                   0b1, 0b100000};
     const ks_backend_t be = to_backend(backend);
-    Call c(spec, t, hint, bf16);
+    Call c(fresh_keys == 0 ? spec : spec_after, t, hint, bf16);
     run(c, sync, [&] {
-      return ks_paged_attention(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, be, c.stream());
+      if (fresh_keys == 0) return ks_paged_attention(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, be, c.stream());
+      return ks_paged_attention_after_append(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, fresh_keys, be,
+                                             c.stream());
     });
   });
   // rotary_embedding_kv_append's tensors (k required by the C ABI: None reaches it as NULL so that

@@ -495,6 +495,41 @@ def test_threads(rng):
         assert all(m and m.startswith("gemv: weight must have shape") for m in msgs), set(msgs)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_paged_attention_fresh_keys_same_bits(rng, dt):
+    # fresh_keys >= 1 calls ks_paged_attention_after_append (a promise CUDA may use to read the
+    # older keys early): the result is paged_attention's bit for bit whatever fresh_keys is
+    q, kc, vc = rand(rng, (4, 4, 16), dt), rand(rng, (3, 4, 2, 16), dt), rand(rng, (3, 4, 2, 16), dt)
+    bt, ctx = np.array([[0, 1], [2, 0], [1, 2], [0, 2]], np.int32), np.array([1, 8, 5, 3], np.int32)
+    seq = np.array([3, 0, 0, 2], np.int32)
+    for kw in ({}, {"seq_ids": seq}):
+        want = _as_bytes(ks.paged_attention(q, kc, vc, bt, ctx, 0.3, **kw))
+        for n in (0, 1, 5):
+            assert _as_bytes(ks.paged_attention(q, kc, vc, bt, ctx, 0.3, fresh_keys=n, **kw)) == want, (n, kw)
+            out = np.full_like(q, np.nan)
+            assert ks.paged_attention(q, kc, vc, bt, ctx, 0.3, fresh_keys=n, out=out, **kw) is out
+            assert _as_bytes(out) == want, (n, kw)
+
+
+def test_paged_attention_fresh_keys_errors(rng):
+    q, kc = rand(rng, (4, 4, 16), "fp32"), rand(rng, (3, 4, 2, 16), "fp32")
+    bt, ctx = np.array([[0, 1], [2, 0], [1, 2], [0, 2]], np.int32), np.array([1, 8, 5, 3], np.int32)
+    out = np.full_like(q, 7.0)
+    for n in (-1, -5):
+        with pytest.raises(ValueError, match=rf"paged_attention: fresh_keys = {n} must be >= 0"):
+            ks.paged_attention(q, kc, kc.copy(), bt, ctx, fresh_keys=n, out=out)
+    assert (out == 7.0).all()
+    # the op's own errors: paged_attention's at fresh_keys 0, under ks_paged_attention_after_append's
+    # name otherwise
+    bad = np.array([1, 13, 1, 1], np.int32)
+    with pytest.raises(ks.InvalidArgumentError, match=r"^paged_attention: context_lens\[1\] = 13 is outside"):
+        ks.paged_attention(q, kc, kc.copy(), bt, bad, fresh_keys=0, out=out)
+    with pytest.raises(ks.InvalidArgumentError,
+                       match=r"^paged_attention_after_append: context_lens\[1\] = 13 is outside"):
+        ks.paged_attention(q, kc, kc.copy(), bt, bad, fresh_keys=1, out=out)
+    assert (out == 7.0).all()
+
+
 def test_invalid_backend_code_is_checked_with_the_gil():
     """The extension checks backend codes before it releases the GIL: raising
     with the GIL released crashed the interpreter."""

@@ -722,6 +722,25 @@ static napi_value js_paged_attention(napi_env env, napi_callback_info info) {
   return finish(env, ks_paged_attention(&out.t, &q.t, &kc.t, &vc.t, &bt.t, sip, &cl.t, scale, backend, stream));
 }
 
+/* paged_attention plus fresh_keys (an integer, number or BigInt): the caller's promise about the
+ * kernel launched just before on the stream; the same bits whatever it is. */
+static napi_value js_paged_attention_after_append(napi_env env, napi_callback_info info) {
+  static const char* op = "paged_attention_after_append";
+  ARGS(11);
+  TENSOR(out, 0, op, "out");
+  TENSOR(q, 1, op, "q");
+  TENSOR(kc, 2, op, "k_cache");
+  TENSOR(vc, 3, op, "v_cache");
+  TENSOR(bt, 4, op, "block_tables");
+  OPT_TENSOR(si, sip, 5, op, "seq_ids");
+  TENSOR(cl, 6, op, "context_lens");
+  DOUBLE(scale, 7, "paged_attention_after_append: scale");
+  INT(fresh_keys, 8, "paged_attention_after_append: fresh_keys");
+  EXEC(9);
+  return finish(env, ks_paged_attention_after_append(&out.t, &q.t, &kc.t, &vc.t, &bt.t, sip, &cl.t, scale, fresh_keys,
+                                                     backend, stream));
+}
+
 /* k is required (as in rotary_embedding_kv_append); seq_ids may be null/undefined (NULL), as in
  * paged_attention. */
 static napi_value js_rotary_embedding_kv_append_paged_attention(napi_env env, napi_callback_info info) {
@@ -825,6 +844,7 @@ NAPI_MODULE_INIT() {
       {"fusedAddRmsNormQuantMatmulRopeKvAppend", NULL, js_fused_add_rms_norm_quant_matmul_rope_kv_append, NULL, NULL,
        NULL, napi_default, NULL},
       {"pagedAttention", NULL, js_paged_attention, NULL, NULL, NULL, napi_default, NULL},
+      {"pagedAttentionAfterAppend", NULL, js_paged_attention_after_append, NULL, NULL, NULL, napi_default, NULL},
       {"rotaryEmbeddingKvAppendPagedAttention", NULL, js_rotary_embedding_kv_append_paged_attention, NULL, NULL, NULL,
        napi_default, NULL},
       {"argmax", NULL, js_argmax, NULL, NULL, NULL, napi_default, NULL},

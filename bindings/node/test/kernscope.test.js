@@ -542,3 +542,41 @@ test('rotary_embedding_kv_append_paged_attention: out overlapping v is rejected,
   noK[2] = null;
   assert.throws(() => ks.rotaryEmbeddingKvAppendPagedAttention(...noK), TypeError);
 });
+
+// ---- paged_attention_after_append -------------------------------------------------------------------
+
+test('paged_attention_after_append is bit for bit paged_attention for fresh_keys 0 and 1', () => {
+  const T = 3, H = 6, KVH = 2, D = 8, scale = 0.35;
+  const a = ropeAttnInputs(30);
+  const bt = ks.i32(new Int32Array([4, 0, 1, 5, 3, 2]), [3, 2]), ctx = ks.i32(new Int32Array([3, 1, 4]));
+  for (const seq of [null, ks.i32(new Int32Array([2, 0, 1]))]) {
+    const want = f32(T * H * D).fill(NaN);
+    ks.pagedAttention(ks.f32(want, [T, H, D]), ks.f32(a.q, [T, H, D]), ks.f32(a.kc, [6, 2, KVH, D]),
+                      ks.f32(a.vc, [6, 2, KVH, D]), bt, seq, ctx, scale, { backend: 'cpu' });
+    assert.ok(want.every((v) => !Number.isNaN(v)));
+    for (const fresh of [0, 1, 1n]) {
+      const out = f32(T * H * D).fill(NaN);
+      ks.pagedAttentionAfterAppend(ks.f32(out, [T, H, D]), ks.f32(a.q, [T, H, D]), ks.f32(a.kc, [6, 2, KVH, D]),
+                                   ks.f32(a.vc, [6, 2, KVH, D]), bt, seq, ctx, scale, fresh, { backend: 'cpu' });
+      assert.deepEqual(bits(out), bits(want), `fresh_keys ${fresh}, seqIds ${seq ? 'given' : 'null'}`);
+    }
+  }
+});
+
+test('paged_attention_after_append: fresh_keys -1 is rejected, nothing written', () => {
+  const T = 3, H = 6, KVH = 2, D = 8;
+  const a = ropeAttnInputs(31);
+  const out = f32(T * H * D).fill(7);
+  expectError(() => ks.pagedAttentionAfterAppend(ks.f32(out, [T, H, D]), ks.f32(a.q, [T, H, D]),
+                                                 ks.f32(a.kc, [6, 2, KVH, D]), ks.f32(a.vc, [6, 2, KVH, D]),
+                                                 ks.i32(new Int32Array([4, 0, 1, 5, 3, 2]), [3, 2]), null,
+                                                 ks.i32(new Int32Array([3, 1, 4])), 0.35, -1),
+              ks.Status.INVALID_ARGUMENT, 'paged_attention_after_append', 'fresh_keys');
+  assert.ok(out.every((v) => v === 7));
+  // not an integer: named before the library is called
+  assert.throws(() => ks.pagedAttentionAfterAppend(ks.f32(out, [T, H, D]), ks.f32(a.q, [T, H, D]),
+                                                   ks.f32(a.kc, [6, 2, KVH, D]), ks.f32(a.vc, [6, 2, KVH, D]),
+                                                   ks.i32(new Int32Array([4, 0, 1, 5, 3, 2]), [3, 2]), null,
+                                                   ks.i32(new Int32Array([3, 1, 4])), 0.35, 0.5),
+                /fresh_keys must be an integer/);
+});

@@ -14,6 +14,9 @@ ks.embedding(ks.f32(y, [2, 4]), ks.i64(new BigInt64Array([0n, 1n])), ks.f32(x, [
 ks.rotaryEmbedding(h, null, ks.i32(new Int32Array(2)), 4, 10000, true, { backend: 'cuda', stream: 0n });
 const t = ks.f32(x, [1, 2, 4]);
 ks.pagedAttention(t, t, t, t, ks.i32(new Int32Array(1)), null, ks.i32(new Int32Array(1)), 0.5);
+ks.pagedAttentionAfterAppend(t, t, t, t, ks.i32(new Int32Array(1)), null, ks.i32(new Int32Array(1)), 0.5, 1);
+ks.pagedAttentionAfterAppend(t, t, t, t, ks.i32(new Int32Array(1)), null, ks.i32(new Int32Array(1)), 0.5, 1n,
+                             { backend: 'cpu' });
 // @ts-expect-error a bare typed array is not a tensor (index.js throws TypeError)
 ks.softmax(y, x);
 // @ts-expect-error Uint16Array needs a dtype; 'fp8' is not one

@@ -297,6 +297,22 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
+    /// `ks_paged_attention` right after the call that appended the step's keys on the same
+    /// stream; `fresh_keys >= 1` promises that call wrote only each token's last `fresh_keys`
+    /// cache rows (0: no promise). The same bits as `ks_paged_attention`.
+    pub fn ks_paged_attention_after_append(
+        out: *mut DLTensor,
+        q: *const DLTensor,
+        k_cache: *const DLTensor,
+        v_cache: *const DLTensor,
+        block_tables: *const DLTensor,
+        seq_ids: *const DLTensor,
+        context_lens: *const DLTensor,
+        scale: f64,
+        fresh_keys: i64,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     /// `ks_rotary_embedding_kv_append`, then `ks_paged_attention` on the rotated `q` and the
     /// appended caches; `k` must not be null, `seq_ids` may be (sequence t for token t).
     pub fn ks_rotary_embedding_kv_append_paged_attention(

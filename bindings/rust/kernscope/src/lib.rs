@@ -572,6 +572,50 @@ impl Exec {
         })
     }
 
+    /// [`Exec::paged_attention`] for the call right after the one that appended the step's keys
+    /// on the same stream (`kv_cache_append`, `rotary_embedding_kv_append` or
+    /// `fused_add_rms_norm_quant_matmul_rope_kv_append`). `fresh_keys >= 1` is the caller's
+    /// promise that the kernel launched just before on this stream wrote no `k_cache` or
+    /// `v_cache` row but those of each token's last `fresh_keys` context positions, and none of
+    /// `block_tables`, `seq_ids` and `context_lens`: CUDA may then read the older keys before it
+    /// ends (a broken promise may read a row before it is written). `fresh_keys = 0` makes no
+    /// promise. The result is `paged_attention`'s, bit for bit, whatever `fresh_keys` is.
+    /// Errors (nothing written): `paged_attention`'s under this op's name
+    /// (`paged_attention_after_append`), and `fresh_keys < 0` (`Status::InvalidArgument`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn paged_attention_after_append(
+        &self,
+        out: &mut TensorMut,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_tables: &Tensor,
+        seq_ids: Option<&Tensor>,
+        context_lens: &Tensor,
+        scale: f64,
+        fresh_keys: i64,
+    ) -> Result<()> {
+        let mut o = out.raw();
+        let (qt, kc, vc, bt, cl) = (q.raw(), k_cache.raw(), v_cache.raw(), block_tables.raw(), context_lens.raw());
+        let si = seq_ids.map(|s| s.raw());
+        let sp = si.as_ref().map_or(ptr::null(), |s| s as *const sys::DLTensor);
+        check(unsafe {
+            sys::ks_paged_attention_after_append(
+                &mut o,
+                &qt,
+                &kc,
+                &vc,
+                &bt,
+                sp,
+                &cl,
+                scale,
+                fresh_keys,
+                self.backend.raw(),
+                self.stream,
+            )
+        })
+    }
+
     /// Decode-step fusion: [`Exec::rotary_embedding_kv_append`] of `q`, `k`, `v` into the
     /// caches, then [`Exec::paged_attention`] of the rotated `q` over them into `out`, in one
     /// kernel on CUDA where it can; `q`, `k` and the caches in place as after the first call,
@@ -842,6 +886,31 @@ pub fn paged_attention(
     scale: f64,
 ) -> Result<()> {
     Exec::default().paged_attention(out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale)
+}
+/// [`Exec::paged_attention_after_append`] on the automatic backend.
+#[allow(clippy::too_many_arguments)]
+pub fn paged_attention_after_append(
+    out: &mut TensorMut,
+    q: &Tensor,
+    k_cache: &Tensor,
+    v_cache: &Tensor,
+    block_tables: &Tensor,
+    seq_ids: Option<&Tensor>,
+    context_lens: &Tensor,
+    scale: f64,
+    fresh_keys: i64,
+) -> Result<()> {
+    Exec::default().paged_attention_after_append(
+        out,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_ids,
+        context_lens,
+        scale,
+        fresh_keys,
+    )
 }
 /// [`Exec::rotary_embedding_kv_append_paged_attention`] on the automatic backend.
 #[allow(clippy::too_many_arguments)]

@@ -939,3 +939,69 @@ fn rotary_embedding_kv_append_paged_attention_bad_context_len_is_rejected() {
     assert!(out.iter().all(|&o| o == 7.0));
     assert_eq!((q, k, kc, vc), before);
 }
+
+// ---- paged_attention_after_append ----------------------------------------------------------------
+
+#[test]
+fn paged_attention_after_append_same_bits_as_paged_attention() {
+    let (t, h, kvh, d, scale) = (3i64, 6i64, 2i64, 8i64, 0.35);
+    let bits = |s: &[f32]| s.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    let (q, _, _, kc, vc) = rope_attn_inputs(30);
+    let (bt, ctx) = ([4i32, 0, 1, 5, 3, 2], [3i32, 1, 4]);
+    for seq in [None, Some([2i32, 0, 1])] {
+        let seq_t = seq.as_ref().map(|s| Tensor::i32(s, &[t]).unwrap());
+        let mut want = vec![f32::NAN; (t * h * d) as usize];
+        cpu()
+            .paged_attention(
+                &mut TensorMut::f32(&mut want, &[t, h, d]).unwrap(),
+                &Tensor::f32(&q, &[t, h, d]).unwrap(),
+                &Tensor::f32(&kc, &[6, 2, kvh, d]).unwrap(),
+                &Tensor::f32(&vc, &[6, 2, kvh, d]).unwrap(),
+                &Tensor::i32(&bt, &[3, 2]).unwrap(),
+                seq_t.as_ref(),
+                &Tensor::i32(&ctx, &[t]).unwrap(),
+                scale,
+            )
+            .unwrap();
+        assert!(want.iter().all(|o| !o.is_nan()));
+        for fresh_keys in [0i64, 1] {
+            let mut out = vec![f32::NAN; (t * h * d) as usize];
+            cpu()
+                .paged_attention_after_append(
+                    &mut TensorMut::f32(&mut out, &[t, h, d]).unwrap(),
+                    &Tensor::f32(&q, &[t, h, d]).unwrap(),
+                    &Tensor::f32(&kc, &[6, 2, kvh, d]).unwrap(),
+                    &Tensor::f32(&vc, &[6, 2, kvh, d]).unwrap(),
+                    &Tensor::i32(&bt, &[3, 2]).unwrap(),
+                    seq_t.as_ref(),
+                    &Tensor::i32(&ctx, &[t]).unwrap(),
+                    scale,
+                    fresh_keys,
+                )
+                .unwrap();
+            assert_eq!(bits(&out), bits(&want), "fresh_keys {}, seq_ids {:?}", fresh_keys, seq);
+        }
+    }
+}
+
+#[test]
+fn paged_attention_after_append_negative_fresh_keys_is_rejected() {
+    let (t, h, kvh, d) = (3i64, 6i64, 2i64, 8i64);
+    let (q, _, _, kc, vc) = rope_attn_inputs(31);
+    let mut out = vec![7.0f32; (t * h * d) as usize];
+    let e = kernscope::paged_attention_after_append(
+        &mut TensorMut::f32(&mut out, &[t, h, d]).unwrap(),
+        &Tensor::f32(&q, &[t, h, d]).unwrap(),
+        &Tensor::f32(&kc, &[6, 2, kvh, d]).unwrap(),
+        &Tensor::f32(&vc, &[6, 2, kvh, d]).unwrap(),
+        &Tensor::i32(&[4, 0, 1, 5, 3, 2], &[3, 2]).unwrap(),
+        None,
+        &Tensor::i32(&[3, 1, 4], &[t]).unwrap(),
+        0.35,
+        -1,
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("paged_attention_after_append") && e.message().contains("fresh_keys"), "{}", e);
+    assert!(out.iter().all(|&o| o == 7.0));
+}
