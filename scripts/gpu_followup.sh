@@ -4,10 +4,12 @@
 #    $OUT/cuda_tests_shard*.txt, a line per shard;
 #  - the attention tests again with KS_ATTN_ONE_CTA_KEYS=0 (the small tables' clusters, which the
 #    default's one CTA per unit replaced) -> $OUT/one_cta_tests.txt;
+#  - the after-append attention tests with one step of early reads (KS_ATTN_PREWAIT_STEPS=1) ->
+#    $OUT/prewait1_tests.txt;
 #  - decode attention (bf16 anchors) as built and at 64-token blocks (KS_BENCH_ATTN_BS=64); torch
 #    SDPA in the same call -> $OUT/followup.csv, $OUT/peers_attention.csv. (At cf200dc it also read
 #    the caches head-major under a timing-only switch, since removed: docs/perf/h200_attention.md.)
-# KS_FOLLOWUP_TESTS=0 skips the two test runs.
+# KS_FOLLOWUP_TESTS=0 skips the test runs.
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
@@ -16,6 +18,9 @@ if [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_ONE_CTA_KEYS=0 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
   echo "attention tests at KS_ATTN_ONE_CTA_KEYS=0: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
   ks_cuda_tests_sharded 4 300  # every CUDA test, 4 shards at once
+  # paged_attention_after_append's early reads with one step instead of two (read once per process)
+  KS_ATTN_PREWAIT_STEPS=1 $BUILD/tests/test_cuda_ops --gtest_filter='*AfterAppend*:*AfterFusedQkv*' > "$OUT/prewait1_tests.txt" 2>&1
+  echo "after-append tests at KS_ATTN_PREWAIT_STEPS=1: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/prewait1_tests.txt" | tr '\n' ' ')"
 fi
 shapes=${KS_FOLLOWUP_SHAPES:-}
 args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"})

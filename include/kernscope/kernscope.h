@@ -335,15 +335,17 @@ KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DL
 /* ks_paged_attention for the call right after the one that appended the step's keys on the
  * same stream (a decode step's ks_kv_cache_append, ks_rotary_embedding_kv_append or
  * ks_fused_add_rms_norm_quant_matmul_rope_kv_append), with the caller's promise, for
- * fresh_keys >= 1: the kernel launched just before this call on `stream` writes no k_cache or
- * v_cache row other than those of each token's last fresh_keys context positions
- * (context_lens[t] - fresh_keys .. context_lens[t] - 1 of its sequence), and none of
- * block_tables, seq_ids and context_lens. CUDA may then read those tensors and the older keys
- * before that kernel has finished (programmatic dependent launch); q and the fresh keys are read
- * after it. fresh_keys = 0 makes no promise (ks_paged_attention exactly).
+ * fresh_keys >= 1: for every token t, the kernel launched just before this call on `stream`
+ * writes no k_cache or v_cache row that t reads at a position below
+ * context_lens[t] - fresh_keys, and none of block_tables, seq_ids and context_lens (and the
+ * kernels before it finished their writes before it let its dependents launch, as every
+ * kernscope kernel does). CUDA may then read those tensors and the older keys before that
+ * kernel has finished (programmatic dependent launch); q and the fresh keys are read after it.
+ * fresh_keys = 0 makes no promise (ks_paged_attention exactly).
  * The result is bit for bit ks_paged_attention's whatever fresh_keys is; if the promise is
  * broken, CUDA may read a row before it is written. Arguments and errors as in
- * ks_paged_attention, under this function's name, and KS_ERROR_INVALID_ARGUMENT for
+ * ks_paged_attention, validated under this function's name (the dispatch, its errors, pins and
+ * launch records are paged_attention's), and KS_ERROR_INVALID_ARGUMENT for
  * fresh_keys < 0. Contract: docs/contracts.md#paged_attention_after_append. */
 KS_API ks_status_t ks_paged_attention_after_append(DLTensor* out, const DLTensor* q, const DLTensor* k_cache,
                                                    const DLTensor* v_cache, const DLTensor* block_tables,

@@ -2513,7 +2513,7 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
 }
 
 // paged_attention_after_append (fresh_keys = 1): with one CTA per unit, cuda_gqa_cluster reads
-// the context, the first step's block-table entries and every key but the last before
+// the context, the first two steps' block-table entries and their keys but the last before
 // griddepcontrol.wait, trusting that the kernel before it writes only each token's last context
 // position. A decode loop as the model's on one stream: each step's key and value appended by
 // kv_cache_append (a one-CTA grid: it lets its dependent launch early) right before the attention,
@@ -2560,11 +2560,10 @@ TEST(Cuda, AttentionAfterAppendSameBits) {
         kstest::fill_normal(v);
         cl.set(0, double(len));
         slot.set(0, double(sl));
-        dq.upload(q);
-        dk.upload(k);
-        dv.upload(v);
-        dcl.upload(cl);
-        dslot.upload(slot);
+        // (copies on the stream itself: an upload by cudaMemcpy from pageable memory may still be in
+        // flight when it returns, and the kernels run on a non-blocking stream)
+        for (auto [d, h] : {std::pair{&dq, &q}, {&dk, &k}, {&dv, &v}, {&dcl, &cl}, {&dslot, &slot}})
+          CK(cudaMemcpyAsync(d->data(), h->data(), d->nbytes(), cudaMemcpyHostToDevice, st));
         std::memcpy(static_cast<char*>(kc.data()) + size_t(sl) * row, k.data(), row);  // the host's append
         std::memcpy(static_cast<char*>(vc.data()) + size_t(sl) * row, v.data(), row);
         CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
@@ -2588,6 +2587,92 @@ TEST(Cuda, AttentionAfterAppendSameBits) {
                           ks::Backend::Cpu);
       EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << ks_last_launch_config("paged_attention");
     }
+  CK(cudaStreamDestroy(st));
+}
+
+// paged_attention_after_append after the model's own predecessor: the fused norm + q/k/v matmul
+// (Q4_1, 15 heads of 64 over 576) + RoPE + append, which lets its dependent launch early (its
+// default) and stores the new key's cache row at its end, so the attention's early reads overlap
+// the matmul (kv_cache_append above is quicker and may hide a read made too early). SmolLM2's
+// shapes, fp32, a 256-key table (one CTA per unit), one token per step from 1 to 200 keys, the
+// slot's rows set to NaN bytes before each step; each output equal, bit for bit, to
+// paged_attention's launched after it, and the last one the CPU's within tolerance.
+TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  kstest::ScopedVariant pin("paged_attention", "cuda_gqa_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  const char* env = std::getenv("KS_ATTN_ONE_CTA_KEYS");
+  const int64_t one_cta_keys = env ? std::atoll(env) : 256;
+  const char* early_env = std::getenv("KS_QMM_ROPE_EARLY_TRIGGER");
+  const bool early = !(early_env && std::string(early_env) == "0");
+  const DType dt = DType::F32;
+  const int64_t H = 9, KVH = 3, D = 64, K = 576, N = (H + 2 * KVH) * D, bs = 16, maxb = 16, blocks = maxb + 3;
+  const std::vector<int64_t> cs = {blocks, bs, KVH, D};
+  Buf res(dt, {1, K}), nw(dt, {K}), bt(DType::I32, {1, maxb}), kc(dt, cs), vc(dt, cs);
+  kstest::fill_normal(nw, 1.0, 1.0);
+  kstest::fill_normal(kc);
+  kstest::fill_normal(vc);
+  const Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+  std::mt19937 gen(41);
+  std::vector<int32_t> perm(static_cast<size_t>(blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+  DBuf dres(dt, {1, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape),
+      dcl(DType::I32, {1}), dpos(DType::I64, {1}), dslot(DType::I64, {1}), qkv(dt, {1, N}), da(dt, {1, H, D}),
+      db(dt, {1, H, D});
+  dnw.upload(nw);
+  dw.upload(w);
+  dkc.upload(kc);
+  dvc.upload(vc);
+  dbt.upload(bt);
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const auto stream = static_cast<ks_stream_t>(st);
+  const ks::TensorView none, q(qkv.data(), dt, {1, H, D}, qkv.view().device());
+  const double scale = 1.0 / std::sqrt(double(D));
+  const size_t row = size_t(KVH * D) * 4;
+  Buf ga(dt, {1, H, D}), gb(dt, {1, H, D}), cl(DType::I32, {1}), pos(DType::I64, {1}), slot(DType::I64, {1});
+  for (int64_t len = 1; len <= 200; ++len) {
+    const int64_t p = len - 1, sl = int64_t(bt.get(p / bs)) * bs + p % bs;
+    kstest::fill_normal(res);
+    cl.set(0, double(len));
+    pos.set(0, double(p));
+    slot.set(0, double(sl));
+    // (the inputs by copies on the stream itself, ordered before its kernels)
+    CK(cudaMemcpyAsync(dres.data(), res.data(), dres.nbytes(), cudaMemcpyHostToDevice, st));
+    CK(cudaMemcpyAsync(dcl.data(), cl.data(), dcl.nbytes(), cudaMemcpyHostToDevice, st));
+    CK(cudaMemcpyAsync(dpos.data(), pos.data(), dpos.nbytes(), cudaMemcpyHostToDevice, st));
+    CK(cudaMemcpyAsync(dslot.data(), slot.data(), dslot.nbytes(), cudaMemcpyHostToDevice, st));
+    CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
+    CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
+    CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
+    CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+    ks::fused_add_rms_norm_quant_matmul_rope_kv_append(qkv.view(), none, none, dres.view(), dnw.view(), 1e-5, dw.view(),
+                                                       ks::QType::Q4_1, H, KVH, dpos.view(), D, 10000.0, false,
+                                                       dkc.view(), dvc.view(), dslot.view(), ks::Backend::Cuda, stream);
+    const std::string fused = ks_last_launch_config("fused_add_rms_norm_quant_matmul_rope_kv_append");
+    ASSERT_NE(fused.find(early ? "rope_early_trigger=1" : "rope_early_trigger=0"), std::string::npos) << fused;
+    ks::paged_attention_after_append(da.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale,
+                                     /*fresh_keys=*/1, ks::Backend::Cuda, stream);
+    const std::string with = ks_last_launch_config("paged_attention");
+    ASSERT_NE(with.find(16 * maxb <= one_cta_keys ? "prewait=1" : "prewait=0"), std::string::npos) << with;
+    ks::paged_attention(db.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale, ks::Backend::Cuda,
+                        stream);
+    CK(cudaStreamSynchronize(st));
+    da.download(ga);
+    db.download(gb);
+    ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << with;
+  }
+  // the last step against the CPU, on the caches and q as the GPU left them
+  Buf hq(dt, {1, N}), hk(dt, cs), hv(dt, cs), ref(dt, {1, H, D});
+  qkv.download(hq);
+  dkc.download(hk);
+  dvc.download(hv);
+  ks::paged_attention(ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
+                      ks::TensorView(), cl.view(), scale, ks::Backend::Cpu);
+  EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << ks_last_launch_config("paged_attention");
   CK(cudaStreamDestroy(st));
 }
 

@@ -697,7 +697,8 @@ int64_t gqa_one_cta_keys() {
   return keys;
 }
 
-// cuda_gqa_cluster launches its clusters (C > 1) without PDL, so they are not placed beside a
+// cuda_gqa_cluster's own kernel launches its clusters (C > 1) without PDL (the fused RoPE kernel,
+// off in the model, keeps PDL), so they are not placed beside a
 // kernel that lets its dependents launch early (the q/k/v + RoPE kernel of a decode step, since
 // 2026-12-01): SmolLM2 on the H200 after a 512-token prompt (the 641-key table's clusters),
 // a2bbdd8, same call: with that trigger 1435 tokens/s with PDL against 1481 without (1516 before
@@ -836,7 +837,8 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
     grid = a.num_tokens * a.num_kv_heads * C;
     // paged_attention_after_append's promise: the older keys read before griddepcontrol.wait,
     // by one CTA per unit only (clusters launch without PDL, and read so they measured slower:
-    // 1481 against 1510 tokens/s at a2bbdd8, SmolLM2 after a 512-token prompt)
+    // 1481 against 1510 tokens/s at a2bbdd8, SmolLM2 after a 512-token prompt). C == 1 also
+    // where choose_cluster gives 1: tables under 128 keys, or batches of ~2 units per SM or more.
     p.prewait_fresh = !rope && C == 1 && a.fresh_keys > 0 ? int(std::min<int64_t>(a.fresh_keys, INT32_MAX)) : 0;
     p.prewait_steps = gqa_prewait_steps();
     // the pushed states' area, when a cluster merges (finish_unit, push_off) and it fits

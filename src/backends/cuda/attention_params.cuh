@@ -112,9 +112,11 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
                     256,
                     nullptr,
                     nullptr,
-                    0,
-                    0,
-                    2};
+                    0};
+  // (by name: a positional list put these in the wrong fields once)
+  p.prefetch_keys = 0;
+  p.prewait_fresh = 0;
+  p.prewait_steps = 2;
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }
