@@ -301,8 +301,8 @@ func PagedAttention(out, q, kCache, vCache, blockTables, seqIDs, contextLens *Te
 // PagedAttentionAfterAppend is PagedAttention for the call right after the one that appended the
 // step's keys on the same stream (KVCacheAppend, RotaryEmbeddingKVAppend or
 // FusedAddRMSNormQuantMatmulRopeKVAppend). freshKeys >= 1 is the caller's promise that the kernel
-// launched just before on this stream wrote no kCache or vCache row but those of each token's last
-// freshKeys context positions, and none of blockTables, seqIDs and contextLens: CUDA may then read
+// launched just before on this stream wrote, for every token t, no kCache or vCache row that t reads
+// below contextLens[t] - freshKeys, and none of blockTables, seqIDs and contextLens: CUDA may then read
 // the older keys before it ends (a broken promise may read a row before it is written). freshKeys 0
 // makes no promise. The result is PagedAttention's, bit for bit, whatever freshKeys is. Errors
 // (nothing written): PagedAttention's under this op's name (paged_attention_after_append), and

@@ -173,9 +173,9 @@ export function pagedAttention(out: TensorLike, q: TensorLike, kCache: TensorLik
                                scale: number, opts?: ExecOptions): void;
 /** pagedAttention for the call right after the one that appended the step's keys on the same stream
  *  (kvCacheAppend, rotaryEmbeddingKvAppend or fusedAddRmsNormQuantMatmulRopeKvAppend). freshKeys >= 1 (an
- *  integer: number or BigInt) is the caller's promise that the kernel launched just before on this stream wrote
- *  no kCache or vCache row but those of each token's last freshKeys context positions, and none of blockTables,
- *  seqIds and contextLens: CUDA may then read the older keys before it ends (a broken promise may read a row
+ *  integer: number or BigInt) is the caller's promise that the kernel launched just before on this stream wrote,
+ *  for every token t, no kCache or vCache row that t reads below contextLens[t] - freshKeys, and none of
+ *  blockTables, seqIds and contextLens: CUDA may then read the older keys before it ends (a broken promise may read a row
  *  before it is written). freshKeys 0 makes no promise. The result is pagedAttention's, bit for bit, whatever
  *  freshKeys is. Throws KernscopeError (nothing written) for pagedAttention's rules under this op's name
  *  (paged_attention_after_append), and freshKeys < 0 (INVALID_ARGUMENT). */

@@ -1003,9 +1003,9 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
         fresh_keys: int >= 0; the result is the same bits whatever it is. 0 (default):
             ks_paged_attention. >= 1 (ks_paged_attention_after_append): the caller's
             promise that the kernel launched just before on the same stream (the step's
-            cache append) wrote no k_cache / v_cache row but those of each token's last
-            fresh_keys context positions, and none of block_tables, seq_ids and
-            context_lens; CUDA may then read the older keys before that kernel ends. A
+            cache append) wrote, for every token t, no k_cache / v_cache row that t
+            reads below context_lens[t] - fresh_keys, and none of block_tables, seq_ids
+            and context_lens; CUDA may then read the older keys before that kernel ends. A
             broken promise may read a row before it is written (not on the CPU). The
             native backends' errors then name paged_attention_after_append. Not passed
             on under torch.compile or on the torch reference (the same result).

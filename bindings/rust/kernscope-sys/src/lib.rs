@@ -298,8 +298,9 @@ extern "C" {
         stream: ks_stream_t,
     ) -> ks_status_t;
     /// `ks_paged_attention` right after the call that appended the step's keys on the same
-    /// stream; `fresh_keys >= 1` promises that call wrote only each token's last `fresh_keys`
-    /// cache rows (0: no promise). The same bits as `ks_paged_attention`.
+    /// stream; `fresh_keys >= 1` promises that call wrote, for every token t, no cache row that t
+    /// reads below `context_lens[t] - fresh_keys` (0: no promise). The same bits as
+    /// `ks_paged_attention`.
     pub fn ks_paged_attention_after_append(
         out: *mut DLTensor,
         q: *const DLTensor,

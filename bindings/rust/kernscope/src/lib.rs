@@ -563,20 +563,41 @@ impl Exec {
         context_lens: &Tensor,
         scale: f64,
     ) -> Result<()> {
+        self.paged_attention_call(out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale, None)
+    }
+
+    // ks_paged_attention (fresh_keys None) or ks_paged_attention_after_append
+    #[allow(clippy::too_many_arguments)]
+    fn paged_attention_call(
+        &self,
+        out: &mut TensorMut,
+        q: &Tensor,
+        k_cache: &Tensor,
+        v_cache: &Tensor,
+        block_tables: &Tensor,
+        seq_ids: Option<&Tensor>,
+        context_lens: &Tensor,
+        scale: f64,
+        fresh_keys: Option<i64>,
+    ) -> Result<()> {
         let mut o = out.raw();
         let (qt, kc, vc, bt, cl) = (q.raw(), k_cache.raw(), v_cache.raw(), block_tables.raw(), context_lens.raw());
         let si = seq_ids.map(|s| s.raw());
         let sp = si.as_ref().map_or(ptr::null(), |s| s as *const sys::DLTensor);
+        let (be, st) = (self.backend.raw(), self.stream);
         check(unsafe {
-            sys::ks_paged_attention(&mut o, &qt, &kc, &vc, &bt, sp, &cl, scale, self.backend.raw(), self.stream)
+            match fresh_keys {
+                None => sys::ks_paged_attention(&mut o, &qt, &kc, &vc, &bt, sp, &cl, scale, be, st),
+                Some(f) => sys::ks_paged_attention_after_append(&mut o, &qt, &kc, &vc, &bt, sp, &cl, scale, f, be, st),
+            }
         })
     }
 
     /// [`Exec::paged_attention`] for the call right after the one that appended the step's keys
     /// on the same stream (`kv_cache_append`, `rotary_embedding_kv_append` or
     /// `fused_add_rms_norm_quant_matmul_rope_kv_append`). `fresh_keys >= 1` is the caller's
-    /// promise that the kernel launched just before on this stream wrote no `k_cache` or
-    /// `v_cache` row but those of each token's last `fresh_keys` context positions, and none of
+    /// promise that the kernel launched just before on this stream wrote, for every token t, no
+    /// `k_cache` or `v_cache` row that t reads below `context_lens[t] - fresh_keys`, and none of
     /// `block_tables`, `seq_ids` and `context_lens`: CUDA may then read the older keys before it
     /// ends (a broken promise may read a row before it is written). `fresh_keys = 0` makes no
     /// promise. The result is `paged_attention`'s, bit for bit, whatever `fresh_keys` is.
@@ -595,25 +616,8 @@ impl Exec {
         scale: f64,
         fresh_keys: i64,
     ) -> Result<()> {
-        let mut o = out.raw();
-        let (qt, kc, vc, bt, cl) = (q.raw(), k_cache.raw(), v_cache.raw(), block_tables.raw(), context_lens.raw());
-        let si = seq_ids.map(|s| s.raw());
-        let sp = si.as_ref().map_or(ptr::null(), |s| s as *const sys::DLTensor);
-        check(unsafe {
-            sys::ks_paged_attention_after_append(
-                &mut o,
-                &qt,
-                &kc,
-                &vc,
-                &bt,
-                sp,
-                &cl,
-                scale,
-                fresh_keys,
-                self.backend.raw(),
-                self.stream,
-            )
-        })
+        let fresh = Some(fresh_keys);
+        self.paged_attention_call(out, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale, fresh)
     }
 
     /// Decode-step fusion: [`Exec::rotary_embedding_kv_append`] of `q`, `k`, `v` into the
