@@ -238,12 +238,14 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 // gemv and silu_and_mul by up to 20% on the H200). early_trigger = false keeps a grid of
 // any size from triggering (the next kernel starts as this one's CTAs exit): the q/k/v +
 // RoPE epilogue kernel, whose dependent in a decode step is the cluster attention (below).
-__device__ __forceinline__ void pdl_begin(bool early_trigger = true) {
+// any_grid = true triggers whatever the grid's size (an experiment: QmmParams::early_any); the
+// dependent still launches only once every CTA of this grid has triggered or exited.
+__device__ __forceinline__ void pdl_begin(bool early_trigger = true, bool any_grid = false) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   unsigned nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  if (early_trigger && gridDim.x * gridDim.y * gridDim.z <= nsm)
+  if (early_trigger && (any_grid || gridDim.x * gridDim.y * gridDim.z <= nsm))
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
