@@ -156,6 +156,8 @@ if has bench; then
   #   early_any / early_any_batch  KS_QMM_EARLY_ANY=1: fused_add_rms_norm_quant_matmul's staged kernel
   #                lets its dependent launch early whatever its grid (the step's gate|up, 384 CTAs,
   #                then lets SiLU + down stage its weights while it ends), batch 1 / 8, 16, 32
+  #   cluster_pdl_wide_batch  KS_ATTN_CLUSTER_PDL=wide: clusters with PDL where the grid exceeds one CTA
+  #                per SM (batched decode's 641-key tables), batch 1, 8, 16, 32
   #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
   #                table's capacity (fewer CTAs, each more keys; 1024: no cluster below 2048 keys)
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
@@ -237,6 +239,8 @@ if has bench; then
     # the gate|up grid (384 CTAs) lets SiLU + down launch early, to stage its weights while it ends
     AB_PROMPTS="64 512" ab early_any KS_QMM_EARLY_ANY=1
     AB_BATCH="8 16 32" ab early_any_batch KS_QMM_EARLY_ANY=1
+    # clusters with PDL only for grids above one CTA per SM (batch 8 after 512 lost 2.5-3.4% without)
+    AB_BATCH="1 8 16 32" ab cluster_pdl_wide_batch KS_ATTN_CLUSTER_PDL=wide
     AB_PROMPTS="64 200 512" ab default5
     KS_MODEL_CONTEXT=400 AB_PROMPTS="64 240" ab old_rule_ctx400 KS_ATTN_ONE_CTA_KEYS=0 KS_MODEL_ATTN_HEADROOM=2
     AB_BATCH="8 16 32" ab one_cta512_batch KS_ATTN_ONE_CTA_KEYS=512

@@ -704,10 +704,12 @@ int64_t gqa_one_cta_keys() {
 // a2bbdd8, same call: with that trigger 1435 tokens/s with PDL against 1481 without (1516 before
 // either); without the trigger, 1515 against 1516 (PDL gains nothing there). One CTA per unit
 // keeps PDL: it is what lets paged_attention_after_append read the older keys early.
-// KS_ATTN_CLUSTER_PDL=1 (read once; comparisons): clusters with PDL, as before.
-bool gqa_cluster_pdl() {
-  static const bool on = env_is("KS_ATTN_CLUSTER_PDL", "1");
-  return on;
+// KS_ATTN_CLUSTER_PDL=1 (read once; comparisons): clusters with PDL, as before; =wide (an
+// experiment, not yet measured): with PDL where the grid exceeds one CTA per SM (batched decode
+// after 512-token prompts lost 2.5-3.4% at 8 sequences without it; a batch-1 grid is 24 CTAs).
+bool gqa_cluster_pdl(int64_t grid, int sm_count) {
+  static const int mode = env_is("KS_ATTN_CLUSTER_PDL", "1") ? 1 : env_is("KS_ATTN_CLUSTER_PDL", "wide") ? 2 : 0;
+  return mode == 1 || (mode == 2 && grid > sm_count);
 }
 
 // Steps of keys whose copies paged_attention_after_append's one-CTA units issue before
@@ -855,7 +857,7 @@ void launch_gqa(const char* op, const ops::PagedAttentionArgs& a, ks_stream_t st
                     C, dp.pdl, p, r, *tab);
     } else
       launch_kernel(op, paged_attention_gqa_kernel<T, kL, kG>, dim3(unsigned(grid)), dim3(kGqaThreads), smem, s, C,
-                    dp.pdl && (C == 1 || gqa_cluster_pdl()), p);
+                    dp.pdl && (C == 1 || gqa_cluster_pdl(grid, dp.sm_count)), p);
   };
   auto by_group = [&](auto tag, auto lpk) {
     switch (GM) {
