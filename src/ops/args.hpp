@@ -123,8 +123,8 @@ struct PagedAttentionArgs {
   // the bound max_blocks_per_seq * block_size). Sizes the CPU kernels' scratch.
   int64_t max_context_len = 0;
   // paged_attention_after_append's promise (0: none): the kernel before this call on its stream
-  // wrote no cache row but each token's last fresh_keys context positions, and none of
-  // block_tables, seq_ids and context_lens; a CUDA kernel may read the rest before it ends
+  // wrote no cache row that a token t reads below context_lens[t] - fresh_keys, and none of
+  // block_tables, seq_ids and context_lens; a CUDA kernel may read those before it ends
   int64_t fresh_keys = 0;
 };
 

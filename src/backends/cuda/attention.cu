@@ -330,8 +330,8 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   }
   // prewait_fresh > 0 (paged_attention_after_append's fresh_keys; one CTA per unit, not the fused
   // kernel): the caller promises that the kernel before this one writes neither seq_ids,
-  // context_lens, block_tables nor any cache row but those of the last prewait_fresh positions of
-  // a token's context. The context, the first step's block-table entries and its copies of the
+  // context_lens, block_tables nor any cache row this token reads below len - prewait_fresh.
+  // The context, the first prewait_steps steps' block-table entries and their copies of the
   // older keys then go out before griddepcontrol.wait (through L2 alone); q and the fresh keys
   // after it. With the q/k/v + RoPE kernel's early trigger, they overlap its tail.
   const bool pre = !ROPE && p.prewait_fresh > 0;

@@ -46,9 +46,9 @@ struct AttnParams {
   int prefetch_keys;
   // cuda_gqa_cluster with one CTA per unit (not the fused RoPE kernel): > 0 = the caller's promise
   // (paged_attention_after_append's fresh_keys) that the kernel before this one in the stream
-  // writes neither seq_ids, context_lens, block_tables nor a cache row other than those of each
-  // token's last prewait_fresh context positions; the older keys' first copies then go out
-  // before griddepcontrol.wait. 0: nothing read before it
+  // writes neither seq_ids, context_lens, block_tables nor a cache row that a token reads below
+  // context_lens[t] - prewait_fresh; the older keys' first copies then go out before
+  // griddepcontrol.wait. 0: nothing read before it
   int prewait_fresh;
   int prewait_steps;  // with prewait_fresh: the first 1 or 2 steps' older keys so (2 by default)
 };

@@ -228,16 +228,17 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 // launch had no programmatic dependency). A kernel launched with the PDL
 // attribute reads nothing early - except quant_matmul's packed weights, which its
 // kernels stage before calling this (the contract makes weights read-only inputs
-// that the preceding kernel must not write), and decode attention's L2 warming when
-// KS_ATTN_PREFETCH_KEYS turns it on (warm_keys_l2: hints only, through L2) - so what it gains is its launch (CTA
-// setup, argument fetch) overlapping the previous kernel's tail. Stream order is
+// that the preceding kernel must not write), decode attention's L2 warming when
+// KS_ATTN_PREFETCH_KEYS turns it on (warm_keys_l2: hints only, through L2), and its older keys
+// under paged_attention_after_append's promise (AttnParams::prewait_fresh) - so what it gains
+// otherwise is its launch (CTA setup, argument fetch) overlapping the previous kernel's tail. Stream order is
 // kept for any predecessor, kernscope's or not. Grids of at most one CTA per SM
 // (decode sizes) then let the next kernel be scheduled at once; larger grids
 // trigger it implicitly as their CTAs exit, so the next kernel's CTAs do not take
 // SM slots early and land unevenly (measured: early triggers slowed mid-size
 // gemv and silu_and_mul by up to 20% on the H200). early_trigger = false keeps a grid of
 // any size from triggering (the next kernel starts as this one's CTAs exit): the q/k/v +
-// RoPE epilogue kernel, whose dependent in a decode step is the cluster attention (below).
+// RoPE epilogue kernel under KS_QMM_ROPE_EARLY_TRIGGER=0 (RopeEpi::early_trigger).
 // any_grid = true triggers whatever the grid's size (an experiment: QmmParams::early_any); the
 // dependent still launches only once every CTA of this grid has triggered or exited.
 __device__ __forceinline__ void pdl_begin(bool early_trigger = true, bool any_grid = false) {
