@@ -2868,6 +2868,120 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
   }
 }
 
+// cuda_mma_tma is cuda_mma_cluster with the tiles brought by the TMA unit (tensor maps of the
+// caches, 128-byte swizzled rows, one mbarrier per stage): the same arithmetic in the same order,
+// so its rows must equal cuda_mma_cluster's bit for bit, and the CPU's within the usual bound.
+// Shapes that take each launch path: batch 1 over 32K keys (the split beyond a cluster, 8 warps),
+// clusters, 4 warps, blocks of 32 (two tiles per block), 16 heads per kv head (unpacked pieces),
+// head_dim 64 and 128. Each sequence has its own blocks, some table entries unmapped (-1 and
+// past the cache: zero rows by the TMA unit), and every cache row past a sequence's length in
+// its last block is NaN (the partial tile's V rows must be zeroed, not multiplied by 0). Lengths
+// 0, 1, 15, 16, 17, the capacity and in between. Then each call captured in a CUDA graph and
+// replayed: the eager bits. Last, the shapes it declines, by name.
+TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
+  NEED_GPU();
+  struct Shape {
+    int64_t T, H, KVH, D, bs, cap;
+  };
+  const std::vector<Shape> shapes = {{1, 32, 8, 128, 16, 32768}, {1, 9, 3, 64, 16, 32768}, {5, 32, 8, 128, 16, 2048},
+                                     {7, 9, 3, 64, 32, 1024},    {3, 16, 1, 128, 16, 3200}, {40, 8, 8, 64, 16, 512}};
+  std::mt19937 gen(11);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const Shape& sh : shapes) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(sh.T) + " H=" + std::to_string(sh.H) +
+                   " KVH=" + std::to_string(sh.KVH) + " D=" + std::to_string(sh.D) + " bs=" + std::to_string(sh.bs) +
+                   " cap=" + std::to_string(sh.cap));
+      const int64_t maxb = sh.cap / sh.bs, blocks = sh.T * maxb + 5, row = sh.KVH * sh.D;  // elements per cache row
+      Buf kc(dt, {blocks, sh.bs, sh.KVH, sh.D}), vc(dt, kc.shape), bt(DType::I32, {sh.T, maxb}), cl(DType::I32, {sh.T}),
+          q(dt, {sh.T, sh.H, sh.D});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      kstest::fill_normal(q);
+      std::vector<int64_t> perm(static_cast<size_t>(blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int64_t i = 0; i < sh.T * maxb; ++i) {
+        int64_t e = perm[size_t(i)];
+        if (i % 97 == 13) e = -1;               // unmapped
+        if (i % 89 == 7) e = blocks + 3;        // past the cache
+        bt.set(i, double(e));
+      }
+      const std::vector<int64_t> pick = {sh.cap, 0, 1, 15, 16, 17, sh.cap - 1, sh.cap / 2 + 9, 300 % sh.cap};
+      for (int64_t t = 0; t < sh.T; ++t) {
+        const int64_t len = pick[size_t(t % int64_t(pick.size()))];
+        cl.set(t, double(len));
+        const int64_t e = len % sh.bs ? int64_t(bt.get(t * maxb + len / sh.bs)) : -1;
+        if (e >= 0 && e < blocks)  // the rest of the last block: NaN rows
+          for (int64_t r = len % sh.bs; r < sh.bs; ++r)
+            for (int64_t i = 0; i < row; ++i) {
+              kc.set((e * sh.bs + r) * row + i, std::nan(""));
+              vc.set((e * sh.bs + r) * row + i, std::nan(""));
+            }
+      }
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, cl.shape),
+          dout(dt, q.shape);
+      dkc.upload(kc), dvc.upload(vc), dbt.upload(bt), dq.upload(q), dcl.upload(cl);
+      const double scale = 1.0 / std::sqrt(double(sh.D));
+      std::vector<Buf> rows;
+      for (const char* variant : {"cuda_mma_cluster", "cuda_mma_tma"}) {
+        SCOPED_TRACE(variant);
+        kstest::ScopedVariant pin("paged_attention", variant);
+        ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+        Buf got(dt, q.shape), ref(dt, q.shape);
+        ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
+        const std::string cfg = ks_last_launch_config("paged_attention");
+        std::printf("%s %s T=%lld H=%lld KVH=%lld D=%lld bs=%lld: %s\n", variant, ks::dtype_name(dt), (long long)sh.T,
+                    (long long)sh.H, (long long)sh.KVH, (long long)sh.D, (long long)sh.bs, cfg.c_str());
+        EXPECT_NE(cfg.find(std::string("variant=") + variant + " "), std::string::npos) << cfg;
+        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+        for (int64_t t = 0; t < sh.T; ++t)
+          if (cl.get(t) == 0)
+            for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(t * sh.H * sh.D + i), 0.0) << "context 0";
+        rows.push_back(got);
+        if (rows.size() == 2) {
+          EXPECT_EQ(std::memcmp(rows[0].data(), rows[1].data(), rows[0].nbytes()), 0) << "cuda_mma_tma's bits";
+          // the same call from a CUDA graph
+          cudaStream_t st;
+          CK(cudaStreamCreate(&st));
+          cudaGraph_t graph;
+          cudaGraphExec_t exec;
+          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+          ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
+                              scale, ks::Backend::Cuda, st);
+          CK(cudaStreamEndCapture(st, &graph));
+          CK(cudaGraphInstantiate(&exec, graph, 0));
+          for (int rep = 0; rep < 2; ++rep) {
+            dout.poison();
+            CK(cudaGraphLaunch(exec, st));
+            CK(cudaStreamSynchronize(st));
+            Buf replay(dt, q.shape);
+            dout.download(replay);
+            EXPECT_EQ(std::memcmp(replay.data(), got.data(), got.nbytes()), 0) << "graph replay " << rep;
+          }
+          CK(cudaGraphExecDestroy(exec));
+          CK(cudaGraphDestroy(graph));
+          CK(cudaStreamDestroy(st));
+        }
+      }
+    }
+  // declined by name: head_dim 96 (not 64 or 128) and blocks of 8 keys
+  for (auto [D, bs, why] : std::vector<std::tuple<int64_t, int64_t, const char*>>{
+           {96, 16, "head_dim must be 64 or 128"}, {64, 8, "block_size must be a multiple of 16"}}) {
+    kstest::ScopedVariant pin("paged_attention", "cuda_mma_tma");
+    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+    DBuf dkc(DType::BF16, {4, bs, 2, D}), dvc(DType::BF16, {4, bs, 2, D}), dbt(DType::I32, {1, 4}),
+        dq(DType::BF16, {1, 4, D}), dcl(DType::I32, {1}), dout(DType::BF16, {1, 4, D});
+    try {
+      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), 0.125,
+                          ks::Backend::Cuda);
+      ADD_FAILURE() << "cuda_mma_tma took head_dim " << D << ", block_size " << bs;
+    } catch (const ks::Error& e) {
+      EXPECT_EQ(e.status(), KS_ERROR_BACKEND_UNAVAILABLE);
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  }
+}
+
 // cuda_mma_cluster moves its exponentials' base only when a score passes it by more than 8, and
 // then rescales what the warp has accumulated. Scores here climb a staircase: 2048 keys per
 // step, each step 9 above the one before, the rise 24 keys before the step's end (inside a

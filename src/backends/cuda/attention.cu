@@ -26,6 +26,8 @@
 // can_implement: head_dim a multiple of E and at most 32 E, G <= 8, 16-byte aligned
 // tensors; other calls go to cuda_cta_per_head.
 #include <cooperative_groups.h>
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (cuda_mma_tma; no libcuda link: the
+                            // encoder comes from cudaGetDriverEntryPointByVersion)
 
 #include <algorithm>
 #include <array>
@@ -959,6 +961,16 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 // can_implement: bf16 / fp16, head_dim a multiple of 8 up to 128 (padded to 32, 64 or 128
 // with zeros), at most 16 query heads per kv head, 16-byte aligned tensors, fewer than 2^31
 // cache slots, compute capability 9.0.
+// cuda_mma_tma: the same kernel, units, split and arithmetic, with each warp's K / V tiles
+// brought by the TMA unit instead of per-lane cp.async copies: lane 0 issues two tensor copies
+// per 16-key tile (cp.async.bulk.tensor through a CUtensorMap of each cache, built per call on
+// the host) completing on the stage's mbarrier, the rows landing with the 128-byte swizzle (no
+// padding; ldmatrix addresses XOR the 16-byte chunk with the row), so the key loop loses the
+// copies' address arithmetic, shuffles and 16 copy instructions per lane and tile. An
+// unmapped block's tile is read at a row past the map (the TMA unit fills zeros); V rows past
+// the range in the last tile are zeroed after landing (0 x NaN would be NaN). Same bits as
+// cuda_mma_cluster. can_implement: that of cuda_mma_cluster with head_dim 64 or 128,
+// block_size a multiple of 16, and a driver with cuTensorMapEncodeTiled.
 namespace ks::cuda {
 namespace {
 
@@ -976,19 +988,49 @@ constexpr int64_t kSplitMinBytes = 256 * 1024;
 // (device code of sm_90 only: unreferenced in the compute_80 pass)
 [[maybe_unused]] constexpr float kMcSlack = 8.f;
 
-template <int DP, int NW>  // head_dim padded: 32, 64 or 128; NW warps per CTA (4 or 8)
+// head_dim padded: 32, 64 or 128; NW warps per CTA (4 or 8); TM: tiles by the TMA unit
+// (cuda_mma_tma: DP 64 or 128 = head_dim)
+template <int DP, int NW, bool TM = false>
 struct McShape {
-  static constexpr int kRowBytes = DP * 2 + 16;                     // one K or V row, padded
+  // one K or V row: padded by 16 bytes (ldmatrix without bank conflicts), or as the TMA unit
+  // lands it (128-byte swizzle, no padding; a row of 128 elements in two 64-element halves)
+  static constexpr int kRowBytes = TM ? DP * 2 : DP * 2 + 16;
   static constexpr int kStages = DP >= 128 ? 3 : 4;                 // per warp
   static constexpr int kStageBytes = 2 * kMcKeys * kRowBytes;       // 16 K rows, then 16 V rows
   static constexpr int kRingBytes = NW * kStages * kStageBytes;
+  // TM: the ring starts on a 1024-byte boundary (the swizzle's period) and is followed by the
+  // NW x kStages mbarriers
+  static constexpr int kTmaExtra = TM ? 1024 + NW * kStages * 8 : 0;
 };
 
 // The shared memory of one CTA: the warps' rings, over which the states of finish_unit are laid
 // once every warp has left its key loop.
-template <int DP, int NW>
+template <int DP, int NW, bool TM = false>
 constexpr size_t mc_smem_bytes(int G, int64_t D) {
-  return std::max(size_t(McShape<DP, NW>::kRingBytes), gqa_state_bytes(NW, G, D));
+  using Sh = McShape<DP, NW, TM>;
+  return std::max(size_t(Sh::kRingBytes + Sh::kTmaExtra), gqa_state_bytes(NW, G, D));
+}
+
+// The K and V caches as cuda_mma_tma's tensor maps (kernel parameter; unused by cuda_mma_cluster)
+struct McMaps {
+  CUtensorMap k, v;
+};
+
+// 16 rows (keys) of one kv head, both halves of head_dim (box {64, 16, DP / 64, 1} of the map
+// {64 elements, cache rows, halves, kv heads}), to smem by the TMA unit, counted against bar.
+__device__ __forceinline__ void tma_cache_rows(void* smem, const CUtensorMap* map, int row, int kvh, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+      ::"r"(unsigned(__cvta_generic_to_shared(smem))), "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(0),
+      "r"(kvh), "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
+#endif
+}
+// Ends an mbarrier's life before its bytes are used as plain shared memory.
+__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
+#endif
 }
 
 // a and b as a packed pair of T (low half: a), and the pair's values back in ra, rb
@@ -1026,10 +1068,12 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
 // LC: the instantiation for the split's last-CTA merge (p.ws_count set, the default; the merge below the key loop,
 // which inlined into every instantiation raised the key loop's registers, e.g. 96-105 -> 116-127
 // at head_dim 32).
-template <typename T, int DP, int NW, bool PK, bool LC = false>
-__global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p) {
+// TM: the tiles by the TMA unit through `maps` (cuda_mma_tma; see the header).
+template <typename T, int DP, int NW, bool PK, bool LC = false, bool TM = false>
+__global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p, const __grid_constant__ McMaps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  using Sh = McShape<DP, NW>;
+  static_assert(!TM || DP == 64 || DP == 128, "cuda_mma_tma: head_dim 64 or 128");
+  using Sh = McShape<DP, NW, TM>;
   constexpr int NH = PK ? 1 : 2;  // softmax rows per lane: qr (and qr + 8 unpacked)
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
   constexpr int RP = 32 / CH;      // rows one copy pass of the warp covers
@@ -1093,13 +1137,28 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + ch * 8;
   const uint32_t row_stride = uint32_t(p.num_kv_heads * D);  // < 2^31 (can_implement)
   unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
+  uint64_t* bars = nullptr;  // TM: this warp's S stage barriers
+  if constexpr (TM) {
+    const unsigned pad = (1024u - (unsigned(__cvta_generic_to_shared(mc_raw)) & 1023u)) & 1023u;
+    ring = mc_raw + pad + warp * (S * Sh::kStageBytes);
+    bars = reinterpret_cast<uint64_t*>(mc_raw + pad + Sh::kRingBytes) + warp * S;
+    if (lane == 0) {
+#pragma unroll
+      for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+  // TM: the row index past the maps (an unmapped block's tile: the TMA unit fills zeros)
+  const int rows_end = int(p.num_blocks) * int(p.block_size);
   // Key (lane & 15) of this warp's tile i: its block-table entry (-1 past the range) and its
   // offset in the block. The entry is only loaded here, a tile before its copies are issued;
   // slot_of, at the issue, reads it, so the load's latency hides behind a tile of work (when
   // the entry was checked here, every tile waited for it: ncu at 05fa748 put half of the warps'
   // stalls on global loads).
+  // (TM: the tile's first key, for every lane: a tile lies in one block, block_size % 16 == 0)
   auto fetch = [&](int i, int32_t& blk, int& off) {
-    const int pos = j_begin + (warp + i * NW) * kMcKeys + (lane & 15);
+    const int pos = j_begin + (warp + i * NW) * kMcKeys + (TM ? 0 : (lane & 15));
     blk = -1;
     off = 0;
     if (pos < j_end) {
@@ -1128,6 +1187,29 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     cp_async_commit();
     return valid;
   };
+  // TM: tile i (block entry blk, offset off) into stage `stage` by lane 0's two tensor copies;
+  // returns its mask of mapped keys in the range (a prefix: only the range's last tile is partial)
+  auto issue_tma = [&](int stage, int i, int32_t blk, int off) -> unsigned {
+    const bool mapped = blk >= 0 && blk < p.num_blocks;
+    const int n = j_end - (j_begin + (warp + i * NW) * kMcKeys);  // >= 1 for a tile of the range
+    if (lane == 0) {
+      unsigned char* st = ring + stage * Sh::kStageBytes;
+      const int row = mapped ? blk * bs + off : rows_end;
+      mbar_arrive_expect_tx(bars + stage, unsigned(Sh::kStageBytes));
+      tma_cache_rows(st, &maps.k, row, int(kvh), bars + stage);
+      tma_cache_rows(st + kMcKeys * Sh::kRowBytes, &maps.v, row, int(kvh), bars + stage);
+    }
+    return !mapped ? 0u : n >= kMcKeys ? 0xffffu : (1u << n) - 1u;
+  };
+  auto issue_tile = [&](int stage, int i, int32_t blk, int off) -> unsigned {
+    if constexpr (TM) return issue_tma(stage, i, blk, off);
+    else return issue(stage, slot_of(blk, off));
+  };
+  // 16-byte chunk c of row r in a tile: padded rows, or the TMA unit's swizzled halves
+  auto at = [&](const unsigned char* tile, int r, int c) -> const unsigned char* {
+    if constexpr (TM) return tile + (c >> 3) * (kMcKeys * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+    else return tile + r * Sh::kRowBytes + c * 16;
+  };
   uint64_t masks = 0;  // stage s's mask in bits 16 s ..
   int32_t pre_blk[S];
   int pre_off[S];
@@ -1139,8 +1221,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   }
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) masks |= uint64_t(issue(i, slot_of(pre_blk[i], pre_off[i]))) << (16 * i);
-    else cp_async_commit();  // empty groups keep the wait count uniform
+    if (i < mine) masks |= uint64_t(issue_tile(i, i, pre_blk[i], pre_off[i])) << (16 * i);
+    else if constexpr (!TM) cp_async_commit();  // empty groups keep the wait count uniform
   }
   int32_t next_blk = pre_blk[S - 1];  // tile S - 1's, ahead of its copies
   int next_off = pre_off[S - 1];
@@ -1157,14 +1239,30 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     const int nx = i + S - 1;
     if (nx < mine) {
       masks &= ~(uint64_t(0xffffu) << (16 * (nx % S)));
-      masks |= uint64_t(issue(nx % S, slot_of(next_blk, next_off))) << (16 * (nx % S));
+      masks |= uint64_t(issue_tile(nx % S, nx, next_blk, next_off)) << (16 * (nx % S));
       if (nx + 1 < mine) fetch(nx + 1, next_blk, next_off);
-    } else {
+    } else if constexpr (!TM) {
       cp_async_commit();
     }
-    cp_async_wait<S - 1>();
-    __syncwarp();  // every lane's copies of tile i have landed
     const unsigned valid = unsigned(masks >> (16 * (i % S))) & 0xffffu;
+    if constexpr (TM) {
+      mbar_wait(bars + i % S, unsigned(i / S) & 1u);  // the tile's bytes have landed
+      if (valid != 0u && valid != 0xffffu) {
+        // the range's last tile, partly past it: V rows past the range (whatever the cache
+        // holds there, NaN too) to zero, as the cp.async path's zero-filled copies
+        unsigned char* vz = ring + (i % S) * Sh::kStageBytes + kMcKeys * Sh::kRowBytes;
+        const int n = __popc(valid);
+        for (int e = lane; e < (kMcKeys - n) * (DP / 8); e += 32) {
+          const int r = n + e / (DP / 8), c = e % (DP / 8);
+          *reinterpret_cast<uint4*>(vz + (c >> 3) * (kMcKeys * 128) + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        fence_proxy_async_smem();  // (before any later bulk copy into the stage)
+        __syncwarp();
+      }
+    } else {
+      cp_async_wait<S - 1>();
+      __syncwarp();  // every lane's copies of tile i have landed
+    }
     any_local |= valid != 0u;
     const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
     const unsigned char* vt = kt + kMcKeys * Sh::kRowBytes;
@@ -1172,7 +1270,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) {
       uint32_t b[4];
-      ldmatrix_x4<false>(b, kt + krow * Sh::kRowBytes + (2 * ks + kchunk) * 16);
+      ldmatrix_x4<false>(b, at(kt, krow, 2 * ks + kchunk));
       mma_16816<T>(s[0], qa[ks], b[0], b[1]);
       mma_16816<T>(s[1], qa[ks], b[2], b[3]);
     }
@@ -1235,7 +1333,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
         uint32_t b[4];
-        ldmatrix_x4<true>(b, vt + vrow * Sh::kRowBytes + (2 * j + vchunk) * 16);
+        ldmatrix_x4<true>(b, at(vt, vrow, 2 * j + vchunk));
         mma_16816<T>(acc[2 * j], pa, b[0], b[1]);
         mma_16816<T>(acc[2 * j + 1], pa, b[2], b[3]);
       }
@@ -1249,7 +1347,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #pragma unroll
       for (int j = 0; j < NJ; ++j) {
         uint32_t b[4];
-        ldmatrix_x4<true>(b, vt + vrow * Sh::kRowBytes + (2 * j + vchunk) * 16);
+        ldmatrix_x4<true>(b, at(vt, vrow, 2 * j + vchunk));
 #pragma unroll
         for (int piece = 0; piece < 3; ++piece) {
           mma_16816<T>(acc[2 * j], pa[piece], b[0], b[1]);
@@ -1259,7 +1357,14 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     }
     __syncwarp();  // the stage is read before the next iteration's copies overwrite it
   }
-  cp_async_wait<0>();
+  if constexpr (TM) {
+    // every copy issued was waited for; the barriers' bytes go to finish_unit's states
+    if (lane == 0)
+#pragma unroll
+      for (int st = 0; st < S; ++st) mbar_inval(bars + st);
+  } else {
+    cp_async_wait<0>();
+  }
   // a row's sum over its quad
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
@@ -1529,6 +1634,38 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
 
 }  // namespace
 
+// cuTensorMapEncodeTiled from the driver (nullptr when it lacks it), looked up once
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();  // an answer: cuda_mma_tma declines
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// A [num_blocks, block_size, num_kv_heads, head_dim] cache (bf16 / fp16, contiguous, 16-byte
+// aligned) as cuda_mma_tma's map: dimensions {64 elements, cache rows, head_dim / 64 halves, kv
+// heads} (strides: a row, 128 bytes, a head), boxes of {64, 16 rows, head_dim / 64, 1}, the
+// 128-byte swizzle, zeros past the rows. false when the driver refuses it.
+bool encode_cache_map(CUtensorMap* m, const detail::View& cache, int64_t rows, int64_t kvh, int64_t D) {
+  const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+  if (!enc) return false;
+  const cuuint64_t dims[4] = {64, cuuint64_t(rows), cuuint64_t(D / 64), cuuint64_t(kvh)};
+  const cuuint64_t strides[3] = {cuuint64_t(kvh * D * 2), 128, cuuint64_t(D * 2)};
+  const cuuint32_t box[4] = {64, cuuint32_t(kMcKeys), cuuint32_t(D / 64), 1};
+  const cuuint32_t elem[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType type =
+      cache.dtype == detail::DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  return enc(m, type, 4, const_cast<void*>(cache.data), dims, strides, box, elem, CU_TENSOR_MAP_INTERLEAVE_NONE,
+             CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 std::string paged_attention_mma_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
   if (a.q.dtype != detail::DType::BF16 && a.q.dtype != detail::DType::F16) return "bf16 and fp16 only (tensor cores)";
@@ -1539,7 +1676,18 @@ std::string paged_attention_mma_can_implement(const void* args) {
   return cluster_attention_limits(a);
 }
 
-void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
+std::string paged_attention_mma_tma_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
+  if (const std::string why = paged_attention_mma_can_implement(args); !why.empty()) return why;
+  if (a.head_dim != 64 && a.head_dim != 128) return "head_dim must be 64 or 128 (tensor maps of 64-element halves)";
+  if (a.block_size % kMcKeys != 0) return "block_size must be a multiple of 16 (a 16-key tile in one block)";
+  if (!tensor_map_encoder()) return "the driver has no cuTensorMapEncodeTiled";
+  return "";
+}
+
+namespace {
+// cuda_mma_cluster, or with tma cuda_mma_tma (the same launch rules and kernel, tiles by the TMA unit)
+void run_mma(const void* args, ks_stream_t stream, bool tma) {
   const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
   const int dev = a.q.device.device_id;
   DeviceGuard g(dev, "paged_attention");
@@ -1565,10 +1713,18 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
   });
-  auto go = [&](auto tag, auto dpad, auto warps, auto packed) {
+  McMaps maps{};
+  if (tma) {
+    const int64_t rows = a.num_blocks * a.block_size;
+    if (!encode_cache_map(&maps.k, a.k_cache, rows, a.num_kv_heads, a.head_dim) ||
+        !encode_cache_map(&maps.v, a.v_cache, rows, a.num_kv_heads, a.head_dim))
+      detail::fail(KS_ERROR_CUDA, "paged_attention", "cuda_mma_tma: cuTensorMapEncodeTiled refused the caches' tensor maps");
+  }
+  auto go = [&](auto tag, auto dpad, auto warps, auto packed, auto tm) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
-    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value>;
+    constexpr bool kTM = decltype(tm)::value;
+    constexpr auto kern = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, false, kTM>;
     constexpr int kThreads = 32 * kNW;
     float* ws = nullptr;          // the split's workspace
     bool stream_ordered = false;  // ws is freed here after the combine (else a graph owns it)
@@ -1576,9 +1732,9 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
     // warps (few units) every launch asks for more than half an SM's shared memory, so that the
     // CTAs of a cluster land on as many SMs (two CTAs of a cluster of 16 on one SM left half the
     // H200's SMs without one at batch 1)
-    constexpr size_t kMost = mc_smem_bytes<kDP, kNW>(kMcMaxGroup, kDP);
+    constexpr size_t kMost = mc_smem_bytes<kDP, kNW, kTM>(kMcMaxGroup, kDP);
     constexpr size_t kSpread = std::max(kMost, size_t(116 * 1024));
-    const size_t smem = kNW == 8 ? kSpread : mc_smem_bytes<kDP, kNW>(G, a.head_dim);
+    const size_t smem = kNW == 8 ? kSpread : mc_smem_bytes<kDP, kNW, kTM>(G, a.head_dim);
     const int max_c = cluster16_or_8<kern>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
     C = choose_cluster(a, max_c, dp.sm_count, 256);  // a CTA on every SM, at least 256 keys each
     if (kNW == 8) {
@@ -1628,12 +1784,13 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
       bool launched = false;
       if constexpr (kNW == 8)  // (the split, the only user of ws_count, is taken with 8 warps only)
         if (p.ws_count) {
-          constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, true>;
+          constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, true, kTM>;
           cluster16_or_8<kern_lc>(dev, kThreads, kSpread, "paged_attention");  // (its attributes, as kern's)
-          launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+          launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);
           launched = true;
         }
-      if (!launched) launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p);
+      if (!launched)
+        launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);
       if (splits > 1 && !p.ws_count)
         launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
                       dim3(256), size_t(2 * splits * G) * sizeof(float), s, 1, dp.pdl, p);
@@ -1651,9 +1808,14 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   if (force_warps == 4 || force_warps == 8) NW = int(force_warps);
   // P's three pieces in one MMA where at most 4 query heads share a kv head
   const bool packed = G <= 4;
+  auto by_tma = [&](auto tag, auto dpad, auto warps, auto pk) {
+    if constexpr (decltype(dpad)::value != 32)
+      if (tma) return go(tag, dpad, warps, pk, std::true_type{});
+    go(tag, dpad, warps, pk, std::false_type{});
+  };
   auto by_pack = [&](auto tag, auto dpad, auto warps) {
-    if (packed) go(tag, dpad, warps, std::true_type{});
-    else go(tag, dpad, warps, std::false_type{});
+    if (packed) by_tma(tag, dpad, warps, std::true_type{});
+    else by_tma(tag, dpad, warps, std::false_type{});
   };
   auto by_warps = [&](auto tag, auto dpad) {
     if (NW == 8) by_pack(tag, dpad, std::integral_constant<int, 8>{});
@@ -1670,10 +1832,16 @@ void paged_attention_mma_cuda(const void* args, ks_stream_t stream) {
   else by_dim(__half{});
   check_launch("paged_attention");
   record_launch("paged_attention",
-                "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
+                tma ? "variant=cuda_mma_tma cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld"
+                    : "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
                 {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0});
 }
+}  // namespace
+
+void paged_attention_mma_cuda(const void* args, ks_stream_t stream) { run_mma(args, stream, false); }
+void paged_attention_mma_tma_cuda(const void* args, ks_stream_t stream) { run_mma(args, stream, true); }
 
 }  // namespace ks::cuda
 

@@ -173,6 +173,8 @@ bool paged_attention_gqa_supported(int device);
 void paged_attention_gqa_cuda(const void*, ks_stream_t);
 std::string paged_attention_mma_can_implement(const void*);
 void paged_attention_mma_cuda(const void*, ks_stream_t);
+std::string paged_attention_mma_tma_can_implement(const void*);
+void paged_attention_mma_tma_cuda(const void*, ks_stream_t);
 std::string varlen_attention_can_implement(const void*);
 void varlen_attention_cuda(const void*, ks_stream_t);
 void norm_quant_matmul_cuda(const void*, ks_stream_t);
@@ -362,6 +364,7 @@ std::string ci_attention_cluster(const void* p, std::string (*can_implement)(con
 }
 std::string ci_attention_gqa(const void* p) { return ci_attention_cluster(p, paged_attention_gqa_can_implement); }
 std::string ci_attention_mma(const void* p) { return ci_attention_cluster(p, paged_attention_mma_can_implement); }
+std::string ci_attention_mma_tma(const void* p) { return ci_attention_cluster(p, paged_attention_mma_tma_can_implement); }
 std::string ci_rope_append_attention_gqa(const void* p) {
   auto& a = *static_cast<const ops::RopeKvAppendAttentionArgs*>(p);
   std::string why = ci_rope_kv_append(&a.rkv);
@@ -534,6 +537,12 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "with Q K^T and P V on the tensor cores (FP32 weights carried as three bf16/fp16 pieces) and each "
                "warp streaming its own 16-key tiles through a cp.async ring; first where sm_90.json's cells put it",
                avail, ks::cuda::ci_attention_mma, ks::cuda::paged_attention_mma_cuda, /*batch_invariant=*/false});
+  v.push_back({"paged_attention", KS_BACKEND_CUDA, "cuda_mma_tma",
+               registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 4,
+               "cuda_mma_cluster with each warp's K / V tiles brought by the TMA unit (two tensor copies per "
+               "16-key tile on an mbarrier, 128-byte swizzled rows) instead of per-lane cp.async copies; same bits; "
+               "head_dim 64 or 128, block_size a multiple of 16",
+               avail, ks::cuda::ci_attention_mma_tma, ks::cuda::paged_attention_mma_tma_cuda, /*batch_invariant=*/false});
   v.push_back({"varlen_attention", KS_BACKEND_CUDA, "cuda_cta_per_row_head", kFloatDTypes, 10,
                "a CTA per (query row, head): key tiles of 64, online FP32 softmax", avail, ks::cuda::ci_varlen,
                ks::cuda::varlen_attention_cuda});
