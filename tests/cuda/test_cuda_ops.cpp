@@ -2873,11 +2873,13 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
 // so its rows must equal cuda_mma_cluster's bit for bit, and the CPU's within the usual bound.
 // Shapes that take each launch path: batch 1 over 32K keys (the split beyond a cluster, 8 warps),
 // clusters, 4 warps, blocks of 32 (two tiles per block), 16 heads per kv head (unpacked pieces),
-// head_dim 64 and 128. Each sequence has its own blocks, some table entries unmapped (-1 and
-// past the cache: zero rows by the TMA unit), and every cache row past a sequence's length in
-// its last block is NaN (the partial tile's V rows must be zeroed, not multiplied by 0). Lengths
-// 0, 1, 15, 16, 17, the capacity and in between. Then each call captured in a CUDA graph and
-// replayed: the eager bits. Last, the shapes it declines, by name.
+// head_dim 64 and 128. Each sequence has its own blocks, and every cache row past a sequence's
+// length in its last block is NaN (the partial tile's V rows must be zeroed, not multiplied by
+// 0). Lengths 0, 1, 15, 16, 17, the capacity and in between. Then each call captured in a CUDA
+// graph and replayed: the eager bits. Then device block tables with unmapped entries (-1 and
+// past the cache: the CPU refuses them in host tables; on the device such keys weigh 0, and the
+// TMA unit reads zero rows for them): the two variants' bits again. Last, the shapes it
+// declines, by name.
 TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
   NEED_GPU();
   struct Shape {
@@ -2900,18 +2902,13 @@ TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
       std::vector<int64_t> perm(static_cast<size_t>(blocks));
       std::iota(perm.begin(), perm.end(), 0);
       std::shuffle(perm.begin(), perm.end(), gen);
-      for (int64_t i = 0; i < sh.T * maxb; ++i) {
-        int64_t e = perm[size_t(i)];
-        if (i % 97 == 13) e = -1;               // unmapped
-        if (i % 89 == 7) e = blocks + 3;        // past the cache
-        bt.set(i, double(e));
-      }
+      for (int64_t i = 0; i < sh.T * maxb; ++i) bt.set(i, double(perm[size_t(i)]));
       const std::vector<int64_t> pick = {sh.cap, 0, 1, 15, 16, 17, sh.cap - 1, sh.cap / 2 + 9, 300 % sh.cap};
       for (int64_t t = 0; t < sh.T; ++t) {
         const int64_t len = pick[size_t(t % int64_t(pick.size()))];
         cl.set(t, double(len));
         const int64_t e = len % sh.bs ? int64_t(bt.get(t * maxb + len / sh.bs)) : -1;
-        if (e >= 0 && e < blocks)  // the rest of the last block: NaN rows
+        if (e >= 0)  // the rest of the last block: NaN rows
           for (int64_t r = len % sh.bs; r < sh.bs; ++r)
             for (int64_t i = 0; i < row; ++i) {
               kc.set((e * sh.bs + r) * row + i, std::nan(""));
@@ -2963,6 +2960,27 @@ TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
           CK(cudaStreamDestroy(st));
         }
       }
+      // unmapped entries in the device table: both variants' bits (no CPU reference)
+      Buf bt2 = bt;
+      for (int64_t i = 0; i < sh.T * maxb; ++i) {
+        if (i % 97 == 13) bt2.set(i, -1.0);
+        if (i % 89 == 7) bt2.set(i, double(blocks + 3));
+      }
+      dbt.upload(bt2);
+      std::vector<Buf> unmapped;
+      for (const char* variant : {"cuda_mma_cluster", "cuda_mma_tma"}) {
+        kstest::ScopedVariant pin("paged_attention", variant);
+        ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+        dout.poison();
+        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
+                            scale, ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        Buf got(dt, q.shape);
+        dout.download(got);
+        unmapped.push_back(got);
+      }
+      EXPECT_EQ(std::memcmp(unmapped[0].data(), unmapped[1].data(), unmapped[0].nbytes()), 0) << "unmapped blocks";
+      EXPECT_NE(std::memcmp(unmapped[1].data(), rows[1].data(), rows[1].nbytes()), 0) << "the unmapped keys changed nothing";
     }
   // declined by name: head_dim 96 (not 64 or 128) and blocks of 8 keys
   for (auto [D, bs, why] : std::vector<std::tuple<int64_t, int64_t, const char*>>{

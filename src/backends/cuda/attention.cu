@@ -995,7 +995,8 @@ struct McShape {
   // one K or V row: padded by 16 bytes (ldmatrix without bank conflicts), or as the TMA unit
   // lands it (128-byte swizzle, no padding; a row of 128 elements in two 64-element halves)
   static constexpr int kRowBytes = TM ? DP * 2 : DP * 2 + 16;
-  static constexpr int kStages = DP >= 128 ? 3 : 4;                 // per warp
+  // per warp (TM at head_dim 64: 6 stages of 4 KB, 24 KB per warp as at 128)
+  static constexpr int kStages = DP >= 128 ? 3 : TM ? 6 : 4;
   static constexpr int kStageBytes = 2 * kMcKeys * kRowBytes;       // 16 K rows, then 16 V rows
   static constexpr int kRingBytes = NW * kStages * kStageBytes;
   // TM: the ring starts on a 1024-byte boundary (the swizzle's period) and is followed by the
@@ -1210,7 +1211,21 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     if constexpr (TM) return tile + (c >> 3) * (kMcKeys * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
     else return tile + r * Sh::kRowBytes + c * 16;
   };
-  uint64_t masks = 0;  // stage s's mask in bits 16 s ..
+  // stage s's mask of mapped keys in bits 16 s .. (TM: bit s, whether its block is mapped: the
+  // mask is then the range's prefix, and the ring may have more than 4 stages)
+  uint64_t masks = 0;
+  auto put_mask = [&](int stage, unsigned m) {
+    if constexpr (TM) masks = (masks & ~(uint64_t(1) << stage)) | (uint64_t(m != 0u) << stage);
+    else masks = (masks & ~(uint64_t(0xffffu) << (16 * stage))) | (uint64_t(m) << (16 * stage));
+  };
+  auto get_mask = [&](int i) -> unsigned {
+    if constexpr (TM) {
+      const int n = j_end - (j_begin + (warp + i * NW) * kMcKeys);
+      return !(masks >> (i % S) & 1u) ? 0u : n >= kMcKeys ? 0xffffu : (1u << n) - 1u;
+    } else {
+      return unsigned(masks >> (16 * (i % S))) & 0xffffu;
+    }
+  };
   int32_t pre_blk[S];
   int pre_off[S];
 #pragma unroll
@@ -1221,7 +1236,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   }
 #pragma unroll
   for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) masks |= uint64_t(issue_tile(i, i, pre_blk[i], pre_off[i])) << (16 * i);
+    if (i < mine) put_mask(i, issue_tile(i, i, pre_blk[i], pre_off[i]));
     else if constexpr (!TM) cp_async_commit();  // empty groups keep the wait count uniform
   }
   int32_t next_blk = pre_blk[S - 1];  // tile S - 1's, ahead of its copies
@@ -1238,13 +1253,12 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   for (int i = 0; i < mine; ++i) {
     const int nx = i + S - 1;
     if (nx < mine) {
-      masks &= ~(uint64_t(0xffffu) << (16 * (nx % S)));
-      masks |= uint64_t(issue_tile(nx % S, nx, next_blk, next_off)) << (16 * (nx % S));
+      put_mask(nx % S, issue_tile(nx % S, nx, next_blk, next_off));
       if (nx + 1 < mine) fetch(nx + 1, next_blk, next_off);
     } else if constexpr (!TM) {
       cp_async_commit();
     }
-    const unsigned valid = unsigned(masks >> (16 * (i % S))) & 0xffffu;
+    const unsigned valid = get_mask(i);
     if constexpr (TM) {
       mbar_wait(bars + i % S, unsigned(i / S) & 1u);  // the tile's bytes have landed
       if (valid != 0u && valid != 0xffffu) {
