@@ -11,15 +11,16 @@
 #    the caches head-major under a timing-only switch, since removed: docs/perf/h200_attention.md.)
 # KS_FOLLOWUP_TESTS=0 skips the test runs; =attn runs the attention tests only (*Attention*) ->
 # $OUT/attention_tests.txt. KS_FOLLOWUP_VARIANTS=1: the anchors under every CUDA variant too
-# (bench_ops --variants: cuda_mma_cluster, cuda_mma_tma, ... pinned).
+# (bench_ops --variants: cuda_mma_cluster, cuda_mma_tma, ... pinned). KS_FOLLOWUP_TAGGED=SETTING,IMPL
+# (e.g. KS_ATTN_TMA_HEADS=1,variant:cuda_mma_tma): that impl's anchor rows again under SETTING.
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test 'Cuda.AttentionSmallTablesOneCtaRule' 'FP64' || { echo "gpu_followup: no bench_ops (see $OUT/logs.txt)"; exit 1; }
 if [ "${KS_FOLLOWUP_TESTS:-1}" = attn ]; then
-  $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/attention_tests.txt" 2>&1
+  $BUILD/tests/test_cuda_ops --gtest_filter="${KS_FOLLOWUP_FILTER:-*Attention*}" > "$OUT/attention_tests.txt" 2>&1
   echo "attention tests: $(grep -E '^\[  (PASSED|FAILED)|^\[  FAILED  \] [A-Z]' "$OUT/attention_tests.txt" | tr '\n' ' ')"
-  grep -E "^cuda_mma_(tma|cluster) " "$OUT/attention_tests.txt" | cut -c1-160 | head -30
+  grep -E "^(cuda_mma_(tma|cluster)|tma heads) " "$OUT/attention_tests.txt" | cut -c1-160 | head -30
 elif [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_ONE_CTA_KEYS=0 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
   echo "attention tests at KS_ATTN_ONE_CTA_KEYS=0: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
@@ -31,6 +32,9 @@ fi
 shapes=${KS_FOLLOWUP_SHAPES:-}
 args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"} ${KS_FOLLOWUP_VARIANTS:+--variants})
 KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/followup.csv" "${args[@]}" > /dev/null 2>&1
+if [ -n "${KS_FOLLOWUP_TAGGED:-}" ]; then  # SETTING,IMPL: that impl's rows again under SETTING (tagged)
+  KS_BENCH_ATTN=anchors ks_bench_tagged "${KS_FOLLOWUP_TAGGED%%,*}" "${KS_FOLLOWUP_TAGGED#*,}" "$OUT/followup.csv" "${args[@]}"
+fi
 if [ "${KS_FOLLOWUP_BS64:-1}" = 1 ]; then  # (KS_FOLLOWUP_BS64=0: not)
   KS_BENCH_ATTN=anchors ks_bench_tagged KS_BENCH_ATTN_BS=64 kernscope "$OUT/followup.csv" "${args[@]}"
 fi

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <optional>
 #include <limits>
+#include <functional>
 #include <numeric>
 #include <random>
 #include <vector>
@@ -2868,6 +2869,72 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
   }
 }
 
+// The inputs of the cuda_mma_tma tests: shape sh, each sequence its own (shuffled) blocks, random
+// q / K / V, lengths from a list cycled over the tokens (0, 1, 15, 16, 17, the capacity, ...),
+// and NaN in every cache row past a sequence's length in its last block; then body(...).
+struct TmaShape {
+  int64_t T, H, KVH, D, bs, cap;
+};
+struct TmaCase {
+  Buf q, kc, vc, bt, cl;
+  DBuf dq, dkc, dvc, dbt, dcl, dout;
+  int64_t maxb, blocks;
+  double scale;
+};
+void with_tma_case(DType dt, const TmaShape& sh, std::mt19937& gen, const std::function<void(TmaCase&)>& body) {
+  const int64_t maxb = sh.cap / sh.bs, blocks = sh.T * maxb + 5, row = sh.KVH * sh.D;  // elements per cache row
+  TmaCase c{Buf(dt, {sh.T, sh.H, sh.D}), Buf(dt, {blocks, sh.bs, sh.KVH, sh.D}), Buf(dt, {blocks, sh.bs, sh.KVH, sh.D}),
+            Buf(DType::I32, {sh.T, maxb}), Buf(DType::I32, {sh.T}),
+            DBuf(dt, {sh.T, sh.H, sh.D}), DBuf(dt, {blocks, sh.bs, sh.KVH, sh.D}), DBuf(dt, {blocks, sh.bs, sh.KVH, sh.D}),
+            DBuf(DType::I32, {sh.T, maxb}), DBuf(DType::I32, {sh.T}), DBuf(dt, {sh.T, sh.H, sh.D}),
+            maxb, blocks, 1.0 / std::sqrt(double(sh.D))};
+  kstest::fill_normal(c.kc);
+  kstest::fill_normal(c.vc);
+  kstest::fill_normal(c.q);
+  std::vector<int64_t> perm(static_cast<size_t>(blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  for (int64_t i = 0; i < sh.T * maxb; ++i) c.bt.set(i, double(perm[size_t(i)]));
+  const std::vector<int64_t> pick = {sh.cap, 0, 1, 15, 16, 17, sh.cap - 1, sh.cap / 2 + 9, 300 % sh.cap};
+  for (int64_t t = 0; t < sh.T; ++t) {
+    const int64_t len = pick[size_t(t % int64_t(pick.size()))];
+    c.cl.set(t, double(len));
+    const int64_t e = len % sh.bs ? int64_t(c.bt.get(t * maxb + len / sh.bs)) : -1;
+    if (e >= 0)  // the rest of the last block: NaN rows
+      for (int64_t r = len % sh.bs; r < sh.bs; ++r)
+        for (int64_t i = 0; i < row; ++i) {
+          c.kc.set((e * sh.bs + r) * row + i, std::nan(""));
+          c.vc.set((e * sh.bs + r) * row + i, std::nan(""));
+        }
+  }
+  c.dkc.upload(c.kc), c.dvc.upload(c.vc), c.dbt.upload(c.bt), c.dq.upload(c.q), c.dcl.upload(c.cl);
+  body(c);
+}
+// One paged_attention call on c's device buffers captured in a CUDA graph and replayed twice:
+// each replay must equal `eager` bit for bit.
+void expect_graph_replays_equal(TmaCase& c, const Buf& eager) {
+  cudaStream_t st;
+  CK(cudaStreamCreate(&st));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+  ks::paged_attention(c.dout.view(), c.dq.view(), c.dkc.view(), c.dvc.view(), c.dbt.view(), ks::TensorView(), c.dcl.view(),
+                      c.scale, ks::Backend::Cuda, st);
+  CK(cudaStreamEndCapture(st, &graph));
+  CK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int rep = 0; rep < 2; ++rep) {
+    c.dout.poison();
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaStreamSynchronize(st));
+    Buf replay(eager.dtype, eager.shape);
+    c.dout.download(replay);
+    EXPECT_EQ(std::memcmp(replay.data(), eager.data(), eager.nbytes()), 0) << "graph replay " << rep;
+  }
+  CK(cudaGraphExecDestroy(exec));
+  CK(cudaGraphDestroy(graph));
+  CK(cudaStreamDestroy(st));
+}
+
 // cuda_mma_tma is cuda_mma_cluster with the tiles brought by the TMA unit (tensor maps of the
 // caches, 128-byte swizzled rows, one mbarrier per stage): the same arithmetic in the same order,
 // so its rows must equal cuda_mma_cluster's bit for bit, and the CPU's within the usual bound.
@@ -2882,105 +2949,59 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
 // declines, by name.
 TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
   NEED_GPU();
-  struct Shape {
-    int64_t T, H, KVH, D, bs, cap;
-  };
-  const std::vector<Shape> shapes = {{1, 32, 8, 128, 16, 32768}, {1, 9, 3, 64, 16, 32768}, {5, 32, 8, 128, 16, 2048},
-                                     {7, 9, 3, 64, 32, 1024},    {3, 16, 1, 128, 16, 3200}, {40, 8, 8, 64, 16, 512}};
+  const std::vector<TmaShape> shapes = {{1, 32, 8, 128, 16, 32768}, {1, 9, 3, 64, 16, 32768}, {5, 32, 8, 128, 16, 2048},
+                                        {7, 9, 3, 64, 32, 1024},    {3, 16, 1, 128, 16, 3200}, {40, 8, 8, 64, 16, 512}};
   std::mt19937 gen(11);
   for (DType dt : {DType::BF16, DType::F16})
-    for (const Shape& sh : shapes) {
+    for (const TmaShape& sh : shapes) {
       SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(sh.T) + " H=" + std::to_string(sh.H) +
                    " KVH=" + std::to_string(sh.KVH) + " D=" + std::to_string(sh.D) + " bs=" + std::to_string(sh.bs) +
                    " cap=" + std::to_string(sh.cap));
-      const int64_t maxb = sh.cap / sh.bs, blocks = sh.T * maxb + 5, row = sh.KVH * sh.D;  // elements per cache row
-      Buf kc(dt, {blocks, sh.bs, sh.KVH, sh.D}), vc(dt, kc.shape), bt(DType::I32, {sh.T, maxb}), cl(DType::I32, {sh.T}),
-          q(dt, {sh.T, sh.H, sh.D});
-      kstest::fill_normal(kc);
-      kstest::fill_normal(vc);
-      kstest::fill_normal(q);
-      std::vector<int64_t> perm(static_cast<size_t>(blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), gen);
-      for (int64_t i = 0; i < sh.T * maxb; ++i) bt.set(i, double(perm[size_t(i)]));
-      const std::vector<int64_t> pick = {sh.cap, 0, 1, 15, 16, 17, sh.cap - 1, sh.cap / 2 + 9, 300 % sh.cap};
-      for (int64_t t = 0; t < sh.T; ++t) {
-        const int64_t len = pick[size_t(t % int64_t(pick.size()))];
-        cl.set(t, double(len));
-        const int64_t e = len % sh.bs ? int64_t(bt.get(t * maxb + len / sh.bs)) : -1;
-        if (e >= 0)  // the rest of the last block: NaN rows
-          for (int64_t r = len % sh.bs; r < sh.bs; ++r)
-            for (int64_t i = 0; i < row; ++i) {
-              kc.set((e * sh.bs + r) * row + i, std::nan(""));
-              vc.set((e * sh.bs + r) * row + i, std::nan(""));
-            }
-      }
-      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, q.shape), dcl(DType::I32, cl.shape),
-          dout(dt, q.shape);
-      dkc.upload(kc), dvc.upload(vc), dbt.upload(bt), dq.upload(q), dcl.upload(cl);
-      const double scale = 1.0 / std::sqrt(double(sh.D));
-      std::vector<Buf> rows;
-      for (const char* variant : {"cuda_mma_cluster", "cuda_mma_tma"}) {
-        SCOPED_TRACE(variant);
-        kstest::ScopedVariant pin("paged_attention", variant);
-        ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-        Buf got(dt, q.shape), ref(dt, q.shape);
-        ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, scale, got, ref));
-        const std::string cfg = ks_last_launch_config("paged_attention");
-        std::printf("%s %s T=%lld H=%lld KVH=%lld D=%lld bs=%lld: %s\n", variant, ks::dtype_name(dt), (long long)sh.T,
-                    (long long)sh.H, (long long)sh.KVH, (long long)sh.D, (long long)sh.bs, cfg.c_str());
-        EXPECT_NE(cfg.find(std::string("variant=") + variant + " "), std::string::npos) << cfg;
-        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
-        for (int64_t t = 0; t < sh.T; ++t)
-          if (cl.get(t) == 0)
-            for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(t * sh.H * sh.D + i), 0.0) << "context 0";
-        rows.push_back(got);
-        if (rows.size() == 2) {
-          EXPECT_EQ(std::memcmp(rows[0].data(), rows[1].data(), rows[0].nbytes()), 0) << "cuda_mma_tma's bits";
-          // the same call from a CUDA graph
-          cudaStream_t st;
-          CK(cudaStreamCreate(&st));
-          cudaGraph_t graph;
-          cudaGraphExec_t exec;
-          CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-          ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
-                              scale, ks::Backend::Cuda, st);
-          CK(cudaStreamEndCapture(st, &graph));
-          CK(cudaGraphInstantiate(&exec, graph, 0));
-          for (int rep = 0; rep < 2; ++rep) {
-            dout.poison();
-            CK(cudaGraphLaunch(exec, st));
-            CK(cudaStreamSynchronize(st));
-            Buf replay(dt, q.shape);
-            dout.download(replay);
-            EXPECT_EQ(std::memcmp(replay.data(), got.data(), got.nbytes()), 0) << "graph replay " << rep;
+      with_tma_case(dt, sh, gen, [&](TmaCase& c) {
+        std::vector<Buf> rows;
+        for (const char* variant : {"cuda_mma_cluster", "cuda_mma_tma"}) {
+          SCOPED_TRACE(variant);
+          kstest::ScopedVariant pin("paged_attention", variant);
+          ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+          Buf got(dt, c.q.shape), ref(dt, c.q.shape);
+          ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(c.dout, c.dq, c.dkc, c.dvc, c.dbt, c.dcl, c.q, c.kc, c.vc, c.bt, c.cl,
+                                                     c.scale, got, ref));
+          const std::string cfg = ks_last_launch_config("paged_attention");
+          std::printf("%s %s T=%lld H=%lld KVH=%lld D=%lld bs=%lld: %s\n", variant, ks::dtype_name(dt), (long long)sh.T,
+                      (long long)sh.H, (long long)sh.KVH, (long long)sh.D, (long long)sh.bs, cfg.c_str());
+          EXPECT_NE(cfg.find(std::string("variant=") + variant + " "), std::string::npos) << cfg;
+          EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+          for (int64_t t = 0; t < sh.T; ++t)
+            if (c.cl.get(t) == 0)
+              for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(t * sh.H * sh.D + i), 0.0) << "context 0";
+          rows.push_back(got);
+          if (rows.size() == 2) {
+            EXPECT_EQ(std::memcmp(rows[0].data(), rows[1].data(), rows[0].nbytes()), 0) << "cuda_mma_tma's bits";
+            expect_graph_replays_equal(c, got);
           }
-          CK(cudaGraphExecDestroy(exec));
-          CK(cudaGraphDestroy(graph));
-          CK(cudaStreamDestroy(st));
         }
-      }
-      // unmapped entries in the device table: both variants' bits (no CPU reference)
-      Buf bt2 = bt;
-      for (int64_t i = 0; i < sh.T * maxb; ++i) {
-        if (i % 97 == 13) bt2.set(i, -1.0);
-        if (i % 89 == 7) bt2.set(i, double(blocks + 3));
-      }
-      dbt.upload(bt2);
-      std::vector<Buf> unmapped;
-      for (const char* variant : {"cuda_mma_cluster", "cuda_mma_tma"}) {
-        kstest::ScopedVariant pin("paged_attention", variant);
-        ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-        dout.poison();
-        ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
-                            scale, ks::Backend::Cuda);
-        CK(cudaDeviceSynchronize());
-        Buf got(dt, q.shape);
-        dout.download(got);
-        unmapped.push_back(got);
-      }
-      EXPECT_EQ(std::memcmp(unmapped[0].data(), unmapped[1].data(), unmapped[0].nbytes()), 0) << "unmapped blocks";
-      EXPECT_NE(std::memcmp(unmapped[1].data(), rows[1].data(), rows[1].nbytes()), 0) << "the unmapped keys changed nothing";
+        // unmapped entries in the device table: both variants' bits (no CPU reference)
+        Buf bt2 = c.bt;
+        for (int64_t i = 0; i < sh.T * c.maxb; ++i) {
+          if (i % 97 == 13) bt2.set(i, -1.0);
+          if (i % 89 == 7) bt2.set(i, double(c.blocks + 3));
+        }
+        c.dbt.upload(bt2);
+        std::vector<Buf> unmapped;
+        for (const char* variant : {"cuda_mma_cluster", "cuda_mma_tma"}) {
+          kstest::ScopedVariant pin("paged_attention", variant);
+          ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+          c.dout.poison();
+          ks::paged_attention(c.dout.view(), c.dq.view(), c.dkc.view(), c.dvc.view(), c.dbt.view(), ks::TensorView(),
+                              c.dcl.view(), c.scale, ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          Buf got(dt, c.q.shape);
+          c.dout.download(got);
+          unmapped.push_back(got);
+        }
+        EXPECT_EQ(std::memcmp(unmapped[0].data(), unmapped[1].data(), unmapped[0].nbytes()), 0) << "unmapped blocks";
+        EXPECT_NE(std::memcmp(unmapped[1].data(), rows[1].data(), rows[1].nbytes()), 0) << "the unmapped keys changed nothing";
+      });
     }
   // declined by name: head_dim 96 (not 64 or 128) and blocks of 8 keys
   for (auto [D, bs, why] : std::vector<std::tuple<int64_t, int64_t, const char*>>{
@@ -2998,6 +3019,47 @@ TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   }
+}
+
+// cuda_mma_tma's experiment KS_ATTN_TMA_HEADS=1 (8 kv heads): a CTA per (token, split) and a warp per
+// kv head, so its sums are not cuda_mma_cluster's: against the CPU, at shapes that split over
+// 128, 12, 8 and 2 CTAs per token and one that does not split (200 tokens), packed (4 heads per kv
+// head) and unpacked (8); the split's merge by the token's last CTA and by the combine kernel
+// (KS_ATTN_LAST_COMBINE=0), equal bit for bit; each call replayed from a CUDA graph.
+TEST(CudaAttentionMma, TmaWarpPerKvHeadAgainstCpu) {
+  NEED_GPU();
+  kstest::ScopedEnv heads("KS_ATTN_TMA_HEADS", "1");
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_tma");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  const std::vector<TmaShape> shapes = {{1, 32, 8, 128, 16, 32768}, {3, 64, 8, 128, 16, 3200}, {5, 32, 8, 128, 16, 2048},
+                                        {40, 8, 8, 64, 16, 512},    {200, 16, 8, 64, 16, 256}};
+  std::mt19937 gen(12);
+  for (DType dt : {DType::BF16, DType::F16})
+    for (const TmaShape& sh : shapes) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(sh.T) + " H=" + std::to_string(sh.H) +
+                   " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap));
+      with_tma_case(dt, sh, gen, [&](TmaCase& c) {
+        std::vector<Buf> rows;
+        for (const char* lc : {"1", "0"}) {
+          kstest::ScopedEnv last_combine("KS_ATTN_LAST_COMBINE", lc);
+          SCOPED_TRACE(std::string("KS_ATTN_LAST_COMBINE=") + lc);
+          Buf got(dt, c.q.shape), ref(dt, c.q.shape);
+          ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(c.dout, c.dq, c.dkc, c.dvc, c.dbt, c.dcl, c.q, c.kc, c.vc, c.bt, c.cl,
+                                                     c.scale, got, ref));
+          const std::string cfg = ks_last_launch_config("paged_attention");
+          std::printf("tma heads %s T=%lld H=%lld D=%lld: %s\n", ks::dtype_name(dt), (long long)sh.T, (long long)sh.H,
+                      (long long)sh.D, cfg.c_str());
+          EXPECT_NE(cfg.find("heads_per_cta=8"), std::string::npos) << cfg;
+          EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
+          for (int64_t t = 0; t < sh.T; ++t)
+            if (c.cl.get(t) == 0)
+              for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(t * sh.H * sh.D + i), 0.0) << "context 0";
+          rows.push_back(got);
+          expect_graph_replays_equal(c, got);
+        }
+        EXPECT_EQ(std::memcmp(rows[0].data(), rows[1].data(), rows[0].nbytes()), 0) << "the two merges";
+      });
+    }
 }
 
 // cuda_mma_cluster moves its exponentials' base only when a score passes it by more than 8, and
