@@ -9,10 +9,10 @@
 #  - decode attention (bf16 anchors) as built and at 64-token blocks (KS_BENCH_ATTN_BS=64); torch
 #    SDPA in the same call -> $OUT/followup.csv, $OUT/peers_attention.csv. (At cf200dc it also read
 #    the caches head-major under a timing-only switch, since removed: docs/perf/h200_attention.md.)
-# KS_FOLLOWUP_TESTS=0 skips the test runs; =attn runs the attention tests only (*Attention*) ->
+# KS_FOLLOWUP_TESTS=0 skips the test runs, KS_FOLLOWUP_BENCH=0 the benchmark; =attn runs the attention tests only (*Attention*) ->
 # $OUT/attention_tests.txt. KS_FOLLOWUP_VARIANTS=1: the anchors under every CUDA variant too
 # (bench_ops --variants: cuda_mma_cluster, cuda_mma_tma, ... pinned). KS_FOLLOWUP_TAGGED=SETTING,IMPL
-# (e.g. KS_ATTN_TMA_HEADS=1,variant:cuda_mma_tma): that impl's anchor rows again under SETTING.
+# (e.g. KS_ATTN_LAST_COMBINE=0,kernscope): that impl's anchor rows again under SETTING.
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
@@ -20,7 +20,7 @@ ks_gpu_build_and_test 'Cuda.AttentionSmallTablesOneCtaRule' 'FP64' || { echo "gp
 if [ "${KS_FOLLOWUP_TESTS:-1}" = attn ]; then
   $BUILD/tests/test_cuda_ops --gtest_filter="${KS_FOLLOWUP_FILTER:-*Attention*}" > "$OUT/attention_tests.txt" 2>&1
   echo "attention tests: $(grep -E '^\[  (PASSED|FAILED)|^\[  FAILED  \] [A-Z]' "$OUT/attention_tests.txt" | tr '\n' ' ')"
-  grep -E "^(cuda_mma_(tma|cluster)|tma heads) " "$OUT/attention_tests.txt" | cut -c1-160 | head -30
+  grep -E "^cuda_mma_(tma|cluster) " "$OUT/attention_tests.txt" | cut -c1-160 | head -30
 elif [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_ONE_CTA_KEYS=0 $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' > "$OUT/one_cta_tests.txt" 2>&1
   echo "attention tests at KS_ATTN_ONE_CTA_KEYS=0: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/one_cta_tests.txt" | tr '\n' ' ')"
@@ -29,6 +29,7 @@ elif [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_PREWAIT_STEPS=1 $BUILD/tests/test_cuda_ops --gtest_filter='*AfterAppend*:*AfterFusedQkv*' > "$OUT/prewait1_tests.txt" 2>&1
   echo "after-append tests at KS_ATTN_PREWAIT_STEPS=1: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/prewait1_tests.txt" | tr '\n' ' ')"
 fi
+[ "${KS_FOLLOWUP_BENCH:-1}" = 1 ] || exit 0  # (KS_FOLLOWUP_BENCH=0: the tests only)
 shapes=${KS_FOLLOWUP_SHAPES:-}
 args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"} ${KS_FOLLOWUP_VARIANTS:+--variants})
 KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/followup.csv" "${args[@]}" > /dev/null 2>&1

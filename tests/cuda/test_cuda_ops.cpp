@@ -3021,47 +3021,6 @@ TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
   }
 }
 
-// cuda_mma_tma's experiment KS_ATTN_TMA_HEADS=1 (8 kv heads): a CTA per (token, split) and a warp per
-// kv head, so its sums are not cuda_mma_cluster's: against the CPU, at shapes that split over
-// 128, 12, 8 and 2 CTAs per token and one that does not split (200 tokens), packed (4 heads per kv
-// head) and unpacked (8); the split's merge by the token's last CTA and by the combine kernel
-// (KS_ATTN_LAST_COMBINE=0), equal bit for bit; each call replayed from a CUDA graph.
-TEST(CudaAttentionMma, TmaWarpPerKvHeadAgainstCpu) {
-  NEED_GPU();
-  kstest::ScopedEnv heads("KS_ATTN_TMA_HEADS", "1");
-  kstest::ScopedVariant pin("paged_attention", "cuda_mma_tma");
-  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  const std::vector<TmaShape> shapes = {{1, 32, 8, 128, 16, 32768}, {3, 64, 8, 128, 16, 3200}, {5, 32, 8, 128, 16, 2048},
-                                        {40, 8, 8, 64, 16, 512},    {200, 16, 8, 64, 16, 256}};
-  std::mt19937 gen(12);
-  for (DType dt : {DType::BF16, DType::F16})
-    for (const TmaShape& sh : shapes) {
-      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(sh.T) + " H=" + std::to_string(sh.H) +
-                   " D=" + std::to_string(sh.D) + " cap=" + std::to_string(sh.cap));
-      with_tma_case(dt, sh, gen, [&](TmaCase& c) {
-        std::vector<Buf> rows;
-        for (const char* lc : {"1", "0"}) {
-          kstest::ScopedEnv last_combine("KS_ATTN_LAST_COMBINE", lc);
-          SCOPED_TRACE(std::string("KS_ATTN_LAST_COMBINE=") + lc);
-          Buf got(dt, c.q.shape), ref(dt, c.q.shape);
-          ASSERT_NO_FATAL_FAILURE(paged_cuda_and_cpu(c.dout, c.dq, c.dkc, c.dvc, c.dbt, c.dcl, c.q, c.kc, c.vc, c.bt, c.cl,
-                                                     c.scale, got, ref));
-          const std::string cfg = ks_last_launch_config("paged_attention");
-          std::printf("tma heads %s T=%lld H=%lld D=%lld: %s\n", ks::dtype_name(dt), (long long)sh.T, (long long)sh.H,
-                      (long long)sh.D, cfg.c_str());
-          EXPECT_NE(cfg.find("heads_per_cta=8"), std::string::npos) << cfg;
-          EXPECT_TRUE(close_to_cpu(got, ref, 1e-5));
-          for (int64_t t = 0; t < sh.T; ++t)
-            if (c.cl.get(t) == 0)
-              for (int64_t i = 0; i < sh.H * sh.D; ++i) ASSERT_EQ(got.get(t * sh.H * sh.D + i), 0.0) << "context 0";
-          rows.push_back(got);
-          expect_graph_replays_equal(c, got);
-        }
-        EXPECT_EQ(std::memcmp(rows[0].data(), rows[1].data(), rows[0].nbytes()), 0) << "the two merges";
-      });
-    }
-}
-
 // cuda_mma_cluster moves its exponentials' base only when a score passes it by more than 8, and
 // then rescales what the warp has accumulated. Scores here climb a staircase: 2048 keys per
 // step, each step 9 above the one before, the rise 24 keys before the step's end (inside a

@@ -1070,17 +1070,10 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
 // which inlined into every instantiation raised the key loop's registers, e.g. 96-105 -> 116-127
 // at head_dim 32).
 // TM: the tiles by the TMA unit through `maps` (cuda_mma_tma; see the header).
-// HW (with TM and 8 warps; an experiment, KS_ATTN_TMA_HEADS=1): a CTA per (token, split) and a
-// warp per kv head (num_kv_heads == 8), each warp streaming every tile of the CTA's key range,
-// so the CTA reads whole cache rows (all kv heads of a key) together, as contiguous blocks;
-// each warp's state is its unit's (no merge across warps): the output, or the split state in
-// p.ws, merged by the token's last split CTA (a counter per token: p.ws_count[t * 8]) or
-// attention_combine_kernel. Other sums than cuda_mma_cluster's (its bits are not HW's).
-template <typename T, int DP, int NW, bool PK, bool LC = false, bool TM = false, bool HW = false>
+template <typename T, int DP, int NW, bool PK, bool LC = false, bool TM = false>
 __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p, const __grid_constant__ McMaps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(!TM || DP == 64 || DP == 128, "cuda_mma_tma: head_dim 64 or 128");
-  static_assert(!HW || (TM && NW == 8), "a warp per kv head: TMA tiles, 8 warps");
   using Sh = McShape<DP, NW, TM>;
   constexpr int NH = PK ? 1 : 2;  // softmax rows per lane: qr (and qr + 8 unpacked)
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
@@ -1096,12 +1089,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   // A unit's keys go to `parts` CTAs: the C of its cluster, or (split, C = 1) its p.splits CTAs
   const int parts = p.splits > 1 ? p.splits : C;
-  // (token, kv head); HW: blockIdx.x / parts is the token and the warp the kv head
-  const int64_t unit = HW ? int64_t(blockIdx.x / parts) * p.num_kv_heads + warp : int64_t(blockIdx.x / parts);
+  const int64_t unit = blockIdx.x / parts;  // (token, kv head)
   const int part = p.splits > 1 ? int(blockIdx.x % parts) : rank;
-  const int64_t t = HW ? int64_t(blockIdx.x / parts) : unit / p.num_kv_heads;
-  const int64_t kvh = HW ? int64_t(warp) : unit % p.num_kv_heads;
-  const bool warp_live = !HW || warp < p.num_kv_heads;  // (HW: a warp past the kv heads idles)
+  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
   // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
   const int64_t keys_per_cta = p.splits > 1 ? p.split_keys : 2 * NW * kMcKeys;
   if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
@@ -1117,7 +1107,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   {
     const T* qb = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
     auto pair = [&](int row, int col) -> uint32_t {
-      return warp_live && row < G && col < D ? *reinterpret_cast<const uint32_t*>(qb + int64_t(row) * D + col) : 0u;
+      return row < G && col < D ? *reinterpret_cast<const uint32_t*>(qb + int64_t(row) * D + col) : 0u;
     };
 #pragma unroll
     for (int ks = 0; ks < NK; ++ks) {
@@ -1135,10 +1125,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const KeyRange mine_keys = mma_keys(len, Ce, part);
   const int j_begin = mine_keys.begin, j_end = mine_keys.end;
   const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
-  // this warp's tiles: w, w + NW, ... of the range (HW: all of them)
-  const int mine = HW ? (warp_live ? ntiles : 0) : ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
-  // the first key of this warp's tile i, from the range's start
-  auto tile_key = [&](int i) { return (HW ? i : warp + i * NW) * kMcKeys; };
+  const int mine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
 
   const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
   const int bs = int(p.block_size);
@@ -1172,7 +1159,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // stalls on global loads).
   // (TM: the tile's first key, for every lane: a tile lies in one block, block_size % 16 == 0)
   auto fetch = [&](int i, int32_t& blk, int& off) {
-    const int pos = j_begin + tile_key(i) + (TM ? 0 : (lane & 15));
+    const int pos = j_begin + (warp + i * NW) * kMcKeys + (TM ? 0 : (lane & 15));
     blk = -1;
     off = 0;
     if (pos < j_end) {
@@ -1205,7 +1192,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // returns its mask of mapped keys in the range (a prefix: only the range's last tile is partial)
   auto issue_tma = [&](int stage, int i, int32_t blk, int off) -> unsigned {
     const bool mapped = blk >= 0 && blk < p.num_blocks;
-    const int n = j_end - (j_begin + tile_key(i));  // >= 1 for a tile of the range
+    const int n = j_end - (j_begin + (warp + i * NW) * kMcKeys);  // >= 1 for a tile of the range
     if (lane == 0) {
       unsigned char* st = ring + stage * Sh::kStageBytes;
       const int row = mapped ? blk * bs + off : rows_end;
@@ -1233,7 +1220,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   };
   auto get_mask = [&](int i) -> unsigned {
     if constexpr (TM) {
-      const int n = j_end - (j_begin + tile_key(i));
+      const int n = j_end - (j_begin + (warp + i * NW) * kMcKeys);
       return !(masks >> (i % S) & 1u) ? 0u : n >= kMcKeys ? 0xffffu : (1u << n) - 1u;
     } else {
       return unsigned(masks >> (16 * (i % S))) & 0xffffu;
@@ -1406,53 +1393,6 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
         const float lo = __shfl_xor_sync(0xffffffffu, acc[n][e], 16);
         acc[n][e] = (acc[n][e] + acc[n][e + 2]) + lo;
       }
-  }
-  if constexpr (HW) {
-    // this warp's state is its unit's: the output (one CTA took keys), or the split state
-    const int any_w = __any_sync(0xffffffffu, any_local);
-    const bool split = p.splits > 1 && Ce > 1;  // (the same in every warp of the CTA)
-    if (warp_live) {
-      T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-      float* ws_state = split ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
-#pragma unroll
-      for (int h = 0; h < NH; ++h) {
-        const int g = qr + 8 * h;
-        if (g >= G || (PK && lane >= 16)) continue;  // (PK: lanes 16..31 hold replicas)
-        if (ws_state && (lane & 3) == 0) ws_state[g] = m[h], ws_state[G + g] = l[h];
-#pragma unroll
-        for (int n = 0; n < 2 * NJ; ++n) {
-          const int d = n * 8 + qc;
-          if (d >= D) continue;
-          const float a0 = acc[n][PK ? 0 : 2 * h], a1 = acc[n][PK ? 1 : 2 * h + 1];
-          if (ws_state) {
-            ws_state[2 * G + g * D + d] = a0;
-            ws_state[2 * G + g * D + d + 1] = a1;
-          } else {
-            out_t[g * D + d] = Dt<T>::from_f(attention_output(l[h], a0, any_w, len));
-            out_t[g * D + d + 1] = Dt<T>::from_f(attention_output(l[h], a1, any_w, len));
-          }
-        }
-      }
-      if (ws_state && lane == 0) ws_state[G * (D + 2)] = any_w ? 1.f : 0.f;
-    }
-    if constexpr (LC) {
-      if (split) {  // the token's last split CTA merges its kv heads' units (as below, per token)
-        __shared__ int last_t;
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          last_t = atomicInc(&p.ws_count[t * p.num_kv_heads], unsigned(Ce - 1)) == unsigned(Ce - 1);
-          if (last_t) __threadfence();
-        }
-        __syncthreads();
-        if (last_t)
-          for (int64_t k = 0; k < p.num_kv_heads; ++k) {
-            combine_unit<T, true>(p, t * p.num_kv_heads + k, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
-            __syncthreads();
-          }
-      }
-    }
-    return;
   }
   __syncthreads();  // every warp is done with the rings: the states go over them
   GqaSmem sm(mc_raw, NW, G, D);
@@ -1794,52 +1734,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
         !encode_cache_map(&maps.v, a.v_cache, rows, a.num_kv_heads, a.head_dim))
       detail::fail(KS_ERROR_CUDA, "paged_attention", "cuda_mma_tma: cuTensorMapEncodeTiled refused the caches' tensor maps");
   }
-  // KS_ATTN_TMA_HEADS=1 (an experiment; cuda_mma_tma with 8 kv heads): a CTA per
-  // (token, split), a warp per kv head (the kernel's HW); S = min(SMs / tokens, capacity /
-  // split_keys) splits of one CTA each, merged as the split beyond a cluster
-  const bool tma_heads = env_is("KS_ATTN_TMA_HEADS", "1");  // (read per call: tests set it)
-  const bool heads = tma && tma_heads && a.num_kv_heads == 8;
-  auto go_heads = [&](auto tag, auto dpad, auto packed) {
-    using T = decltype(tag);
-    constexpr int kDP = decltype(dpad)::value;
-    constexpr bool kPK = decltype(packed)::value;
-    constexpr auto kern = paged_attention_mma_kernel<T, kDP, 8, kPK, false, true, true>;
-    constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, 8, kPK, true, true, true>;
-    constexpr size_t kSmem = mc_smem_bytes<kDP, 8, true>(kMcMaxGroup, kDP);
-    cluster16_or_8<kern>(dev, 256, kSmem, "paged_attention");  // (its attributes)
-    cluster16_or_8<kern_lc>(dev, 256, kSmem, "paged_attention");
-    const int64_t capacity = a.max_blocks_per_seq * a.block_size;
-    const int64_t S = std::max<int64_t>(1, std::min<int64_t>(int64_t(dp.sm_count) / a.num_tokens, capacity / split_keys));
-    float* ws = nullptr;
-    bool stream_ordered = false;
-    if (S > 1) {
-      if (!pools) detail::fail(KS_ERROR_CUDA, "paged_attention", "KS_ATTN_TMA_HEADS needs stream-ordered memory pools");
-      const int64_t units = a.num_tokens * a.num_kv_heads;
-      const size_t states = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
-      const size_t ws_bytes = last_combine ? states + size_t(units) * sizeof(unsigned) : states;
-      ws = split_workspace(dev, s, ws_bytes, states, &stream_ordered);
-      if (!ws) detail::fail(KS_ERROR_OUT_OF_MEMORY, "paged_attention", "no memory for the split workspace");
-      p.split_keys = split_keys;
-      p.splits = int(S);
-      p.ws = ws;
-      if (last_combine) p.ws_count = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(ws) + states);
-      splits = S;
-    }
-    C = 1;
-    NW = 8;
-    grid = a.num_tokens * S;
-    try {
-      if (p.ws_count) launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(256), kSmem, s, 1, dp.pdl, p, maps);
-      else launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(256), kSmem, s, 1, dp.pdl, p, maps);
-      if (S > 1 && !p.ws_count)
-        launch_kernel("paged_attention", attention_combine_kernel<T>, dim3(unsigned(a.num_tokens * a.num_kv_heads)),
-                      dim3(256), size_t(2 * S * G) * sizeof(float), s, 1, dp.pdl, p);
-    } catch (...) {
-      if (stream_ordered) (void)cudaFreeAsync(ws, s);
-      throw;
-    }
-    if (stream_ordered) check_cuda(cudaFreeAsync(ws, s), "paged_attention", "cudaFreeAsync (split workspace)");
-  };
   auto go = [&](auto tag, auto dpad, auto warps, auto packed, auto tm) {
     using T = decltype(tag);
     constexpr int kDP = decltype(dpad)::value, kNW = decltype(warps)::value;
@@ -1929,10 +1823,8 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   // P's three pieces in one MMA where at most 4 query heads share a kv head
   const bool packed = G <= 4;
   auto by_tma = [&](auto tag, auto dpad, auto warps, auto pk) {
-    if constexpr (decltype(dpad)::value != 32) {
-      if (heads) return go_heads(tag, dpad, pk);
+    if constexpr (decltype(dpad)::value != 32)
       if (tma) return go(tag, dpad, warps, pk, std::true_type{});
-    }
     go(tag, dpad, warps, pk, std::false_type{});
   };
   auto by_pack = [&](auto tag, auto dpad, auto warps) {
@@ -1954,10 +1846,8 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   else by_dim(__half{});
   check_launch("paged_attention");
   record_launch("paged_attention",
-                heads ? "variant=cuda_mma_tma heads_per_cta=8 cluster=%lld splits=%lld group=%lld head_dim_padded=%lld "
-                        "warps=%lld packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld"
-                : tma ? "variant=cuda_mma_tma cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                        "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld"
+                tma ? "variant=cuda_mma_tma cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld"
                     : "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
                       "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
                 {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0});
