@@ -136,58 +136,10 @@ struct Pa {
 };
 
 
-struct Ref {
-  std::vector<double> val, bound;
-};
-
-Ref reference(const Pa& a) {
-  const auto& c = a.c;
-  const int64_t T = a.d.T, H = c.H, D = c.D, KVH = c.KVH, group = H / KVH;
-  Ref r;
-  r.val.assign(size_t(T * H * D), 0.0);
-  r.bound.assign(size_t(T * H * D), 0.0);
-  const auto qv = a.q.values(), kv = a.kc.values(), vv = a.vc.values();
-  for (int64_t t = 0; t < T; ++t)
-    for (int64_t h = 0; h < H; ++h) {
-      const int64_t L = c.ctx[size_t(t)], kvh = h / group, qo = (t * H + h) * D;
-      if (L == 0) continue;  // zero row
-      std::vector<double> sc(static_cast<size_t>(L));
-      std::vector<int64_t> vo(static_cast<size_t>(L));
-      double E = 0, mx = -INFINITY;
-      for (int64_t j = 0; j < L; ++j) {
-        const int64_t ko = (a.slot(t, j) * KVH + kvh) * D;
-        vo[size_t(j)] = ko;
-        double dot = 0, err = 0, mag = 0;
-        for (int64_t e = 0; e < D; ++e) {
-          const double p = qv[size_t(qo + e)] * kv[size_t(ko + e)];
-          dot += p;
-          err += std::fabs(p) + std::fabs(dot);
-          mag += std::fabs(p);
-        }
-        err = std::max(err, 8.0 * std::sqrt(double(D)) * mag);
-        sc[size_t(j)] = double(a.scale) * dot;
-        E = std::max(E, kU32 * (err * std::fabs(double(a.scale)) + std::fabs(sc[size_t(j)])));
-        mx = std::max(mx, sc[size_t(j)]);
-      }
-      double sum = 0, spread = 0;
-      for (int64_t j = 0; j < L; ++j) {
-        spread = std::max(spread, mx - sc[size_t(j)]);
-        sc[size_t(j)] = std::exp(sc[size_t(j)] - mx);
-        sum += sc[size_t(j)];
-      }
-      const double rel = 2 * (2 * E + kU32 * spread + 2 * kU32) + double(L + 4) * kU32 + 8.0 * std::sqrt(double(L)) * kU32;
-      for (int64_t e = 0; e < D; ++e) {
-        double o = 0, mag = 0;
-        for (int64_t j = 0; j < L; ++j) {
-          const double p = sc[size_t(j)] / sum, v = vv[size_t(vo[size_t(j)] + e)];
-          o += p * v;
-          mag += p * std::fabs(v);
-        }
-        r.val[size_t(qo + e)] = o;
-        r.bound[size_t(qo + e)] = rel * mag;
-      }
-    }
-  return r;
+kstest::AttnRef reference(const Pa& a) {
+  return kstest::paged_attention_fp64(a.q.values(), a.kc.values(), a.vc.values(), a.d.T, a.c.H, a.c.KVH, a.c.D,
+                                      std::vector<int64_t>(a.c.ctx.begin(), a.c.ctx.end()), double(a.scale),
+                                      [&](int64_t t, int64_t j) { return a.slot(t, j); });
 }
 
 std::string describe(const Pa& a) {
@@ -200,24 +152,8 @@ std::string describe(const Pa& a) {
 }
 
 ::testing::AssertionResult matches(const Pa& a) {
-  const Ref r = reference(a);
-  const double t = kstest::tol(a.c.dt);
-  for (int64_t i = 0; i < a.out.numel(); ++i) {
-    const double g = a.out.get(i), w = r.val[size_t(i)];
-    const int64_t tok = i / (a.c.H * a.c.D), head = (i / a.c.D) % a.c.H;
-    if (a.c.ctx[size_t(tok)] == 0) {
-      if (g != 0.0)
-        return ::testing::AssertionFailure() << "token " << tok << " (context 0) head " << head << ": got " << g
-                                             << ", want 0";
-      continue;
-    }
-    const double lim = t + t * std::fabs(w) + (1 + t) * r.bound[size_t(i)];
-    if (!(std::fabs(g - w) <= lim))
-      return ::testing::AssertionFailure() << "token " << tok << " head " << head << " dim " << i % a.c.D << ": got "
-                                           << g << ", want " << w << " (|diff| " << std::fabs(g - w) << " > " << lim
-                                           << ")";
-  }
-  return ::testing::AssertionSuccess();
+  return kstest::attention_matches(a.out, reference(a), std::vector<int64_t>(a.c.ctx.begin(), a.c.ctx.end()), a.c.H,
+                                   a.c.D);
 }
 
 void run_and_check(Pa& a) {

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -184,6 +185,88 @@ inline ::testing::AssertionResult allclose(const std::vector<double>& got, const
     if (std::fabs(g - r) > atol + rtol * std::fabs(r))
       return ::testing::AssertionFailure() << "at " << i << ": got " << g << ", want " << r << " (diff "
                                            << std::fabs(g - r) << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// FP64 paged attention (decode or prefill rows): q [T, H, D], the caches' values as rows
+// [slots, KVH, D], slot(t, j) the cache slot of token t's key j < ctx[t], G = H / KVH query heads
+// per kv head. With each output, the first-order bound of an FP32 computation in any order
+// (docs/contracts.md): each score's FP32 dot error (the larger of the sequential sum's and
+// 8 sqrt(D) times the products' magnitudes) and rounding, the exponentials' spread and the
+// weighted sums' own rounding, all relative to sum_j p_j |v_j|. Scores of large magnitude (q
+// and k of a real model's projections) widen it: a fixed tolerance would fail them.
+struct AttnRef {
+  std::vector<double> val, bound;
+};
+inline AttnRef paged_attention_fp64(const std::vector<double>& qv, const std::vector<double>& kv,
+                                    const std::vector<double>& vv, int64_t T, int64_t H, int64_t KVH, int64_t D,
+                                    const std::vector<int64_t>& ctx, double scale,
+                                    const std::function<int64_t(int64_t, int64_t)>& slot) {
+  const int64_t group = H / KVH;
+  AttnRef r;
+  r.val.assign(size_t(T * H * D), 0.0);
+  r.bound.assign(size_t(T * H * D), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h) {
+      const int64_t L = ctx[size_t(t)], kvh = h / group, qo = (t * H + h) * D;
+      if (L <= 0) continue;  // zero row
+      std::vector<double> sc(static_cast<size_t>(L));
+      std::vector<int64_t> vo(static_cast<size_t>(L));
+      double E = 0, mx = -INFINITY;
+      for (int64_t j = 0; j < L; ++j) {
+        const int64_t ko = (slot(t, j) * KVH + kvh) * D;
+        vo[size_t(j)] = ko;
+        double dot = 0, err = 0, mag = 0;
+        for (int64_t e = 0; e < D; ++e) {
+          const double p = qv[size_t(qo + e)] * kv[size_t(ko + e)];
+          dot += p;
+          err += std::fabs(p) + std::fabs(dot);
+          mag += std::fabs(p);
+        }
+        err = std::max(err, 8.0 * std::sqrt(double(D)) * mag);
+        sc[size_t(j)] = scale * dot;
+        E = std::max(E, kU32 * (err * std::fabs(scale) + std::fabs(sc[size_t(j)])));
+        mx = std::max(mx, sc[size_t(j)]);
+      }
+      double sum = 0, spread = 0;
+      for (int64_t j = 0; j < L; ++j) {
+        spread = std::max(spread, mx - sc[size_t(j)]);
+        sc[size_t(j)] = std::exp(sc[size_t(j)] - mx);
+        sum += sc[size_t(j)];
+      }
+      const double rel = 2 * (2 * E + kU32 * spread + 2 * kU32) + double(L + 4) * kU32 + 8.0 * std::sqrt(double(L)) * kU32;
+      for (int64_t e = 0; e < D; ++e) {
+        double o = 0, mag = 0;
+        for (int64_t j = 0; j < L; ++j) {
+          const double p = sc[size_t(j)] / sum, v = vv[size_t(vo[size_t(j)] + e)];
+          o += p * v;
+          mag += p * std::fabs(v);
+        }
+        r.val[size_t(qo + e)] = o;
+        r.bound[size_t(qo + e)] = rel * mag;
+      }
+    }
+  return r;
+}
+// out [T, H, D] against paged_attention_fp64's r: a context-0 row exactly 0, every other element
+// within out's dtype tolerance plus the bound.
+inline ::testing::AssertionResult attention_matches(const Buf& out, const AttnRef& r, const std::vector<int64_t>& ctx,
+                                                    int64_t H, int64_t D) {
+  const double t = tol(out.dtype);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const double g = out.get(i), w = r.val[size_t(i)];
+    const int64_t tok = i / (H * D), head = (i / D) % H;
+    if (ctx[size_t(tok)] <= 0) {
+      if (g != 0.0)
+        return ::testing::AssertionFailure() << "token " << tok << " (context 0) head " << head << ": got " << g
+                                             << ", want 0";
+      continue;
+    }
+    const double lim = t + t * std::fabs(w) + (1 + t) * r.bound[size_t(i)];
+    if (!(std::fabs(g - w) <= lim))
+      return ::testing::AssertionFailure() << "token " << tok << " head " << head << " dim " << i % D << ": got " << g
+                                           << ", want " << w << " (|diff| " << std::fabs(g - w) << " > " << lim << ")";
   }
   return ::testing::AssertionSuccess();
 }
