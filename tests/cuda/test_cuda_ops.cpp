@@ -2711,6 +2711,22 @@ TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
   ks::paged_attention(ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
                       ks::TensorView(), cl.view(), scale, ks::Backend::Cpu);
   EXPECT_TRUE(kstest::attention_matches(ref, r64, ctx, H, D)) << "the CPU backend";
+  // At this scale the scores spread over thousands and the softmax is nearly one-hot, so the bound
+  // above is loose (about 10% of sum p |v|, a reviewer's estimate). The same buffers at a scale 512
+  // times smaller (scores of a few units) weigh every key, and the bound tightens to about 3e-4
+  // of the outputs: a dropped or misplaced key (weight ~1/200) is far outside it.
+  const double small = scale / 512;
+  Buf gs(dt, {1, H, D}), cs_ref(dt, {1, H, D});
+  ks::paged_attention(db.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), small, ks::Backend::Cuda, stream);
+  CK(cudaStreamSynchronize(st));
+  db.download(gs);
+  ks::paged_attention(cs_ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
+                      ks::TensorView(), cl.view(), small, ks::Backend::Cpu);
+  const kstest::AttnRef s64 = kstest::paged_attention_fp64(
+      qv, hk.values(), hv.values(), 1, H, KVH, D, ctx, small,
+      [&](int64_t, int64_t j) { return int64_t(bt.get(j / bs)) * bs + j % bs; });
+  EXPECT_TRUE(kstest::attention_matches(gs, s64, ctx, H, D)) << "scale / 512";
+  EXPECT_TRUE(kstest::attention_matches(cs_ref, s64, ctx, H, D)) << "the CPU backend, scale / 512";
   CK(cudaStreamDestroy(st));
 }
 
@@ -2883,6 +2899,7 @@ TEST(CudaAttentionMma, SixteenHeadsPerKvHeadAndFp32Weights) {
 // The inputs of the cuda_mma_tma tests: shape sh, each sequence its own (shuffled) blocks, random
 // q / K / V, lengths from a list cycled over the tokens (0, 1, 15, 16, 17, the capacity, ...),
 // and NaN in every cache row past a sequence's length in its last block; then body(...).
+// (Shapes of 2 tokens get the capacity and capacity - 1: a partial last tile at every length.)
 struct TmaShape {
   int64_t T, H, KVH, D, bs, cap;
 };
@@ -2906,7 +2923,7 @@ void with_tma_case(DType dt, const TmaShape& sh, std::mt19937& gen, const std::f
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), gen);
   for (int64_t i = 0; i < sh.T * maxb; ++i) c.bt.set(i, double(perm[size_t(i)]));
-  const std::vector<int64_t> pick = {sh.cap, 0, 1, 15, 16, 17, sh.cap - 1, sh.cap / 2 + 9, 300 % sh.cap};
+  const std::vector<int64_t> pick = {sh.cap, sh.cap - 1, 0, 1, 15, 16, 17, sh.cap / 2 + 9, 300 % sh.cap};
   for (int64_t t = 0; t < sh.T; ++t) {
     const int64_t len = pick[size_t(t % int64_t(pick.size()))];
     c.cl.set(t, double(len));
@@ -2949,9 +2966,9 @@ void expect_graph_replays_equal(TmaCase& c, const Buf& eager) {
 // cuda_mma_tma is cuda_mma_cluster with the tiles brought by the TMA unit (tensor maps of the
 // caches, 128-byte swizzled rows, one mbarrier per stage): the same arithmetic in the same order,
 // so its rows must equal cuda_mma_cluster's bit for bit, and the CPU's within the usual bound.
-// Shapes that take each launch path: batch 1 over 32K keys (the split beyond a cluster, 8 warps),
-// clusters, 4 warps, blocks of 32 (two tiles per block), 16 heads per kv head (unpacked pieces),
-// head_dim 64 and 128. Each sequence has its own blocks, and every cache row past a sequence's
+// Shapes that take each launch path: 2 tokens over 32K keys (the split beyond a cluster, 8 warps,
+// its last CTA's merge), clusters, 4 warps, blocks of 32 (two tiles per block), 16 heads per kv
+// head (unpacked pieces) at head_dim 128 and 64, with 8 and 4 warps. Each sequence has its own blocks, and every cache row past a sequence's
 // length in its last block is NaN (the partial tile's V rows must be zeroed, not multiplied by
 // 0). Lengths 0, 1, 15, 16, 17, the capacity and in between. Then each call captured in a CUDA
 // graph and replayed: the eager bits. Then device block tables with unmapped entries (-1 and
@@ -2960,8 +2977,10 @@ void expect_graph_replays_equal(TmaCase& c, const Buf& eager) {
 // declines, by name.
 TEST(CudaAttentionMma, TmaTilesGiveTheSameBits) {
   NEED_GPU();
-  const std::vector<TmaShape> shapes = {{1, 32, 8, 128, 16, 32768}, {1, 9, 3, 64, 16, 32768}, {5, 32, 8, 128, 16, 2048},
-                                        {7, 9, 3, 64, 32, 1024},    {3, 16, 1, 128, 16, 3200}, {40, 8, 8, 64, 16, 512}};
+  // (2 tokens over 32K keys: the split, its last CTA's merge and a partial last tile at cap - 1)
+  const std::vector<TmaShape> shapes = {{2, 32, 8, 128, 16, 32768}, {2, 9, 3, 64, 16, 32768}, {5, 32, 8, 128, 16, 2048},
+                                        {7, 9, 3, 64, 32, 1024},    {3, 16, 1, 128, 16, 3200}, {40, 8, 8, 64, 16, 512},
+                                        {2, 32, 2, 64, 16, 4096},   {24, 64, 4, 64, 16, 512}};
   std::mt19937 gen(11);
   for (DType dt : {DType::BF16, DType::F16})
     for (const TmaShape& sh : shapes) {

@@ -1270,7 +1270,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
           const int r = n + e / (DP / 8), c = e % (DP / 8);
           *reinterpret_cast<uint4*>(vz + (c >> 3) * (kMcKeys * 128) + r * 128 + (c & 7) * 16) = make_uint4(0u, 0u, 0u, 0u);
         }
-        fence_proxy_async_smem();  // (before any later bulk copy into the stage)
+        // (the partial tile is the warp's last: no bulk copy lands in this stage after these
+        // stores; the fence keeps that true should the ring's order change)
+        fence_proxy_async_smem();
         __syncwarp();
       }
     } else {
@@ -1372,7 +1374,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     __syncwarp();  // the stage is read before the next iteration's copies overwrite it
   }
   if constexpr (TM) {
-    // every copy issued was waited for; the barriers' bytes go to finish_unit's states
+    // every copy issued was waited for; the barriers end here (the states finish_unit and
+    // combine_unit lay over the ring stay below them, but their bytes are plain memory again)
     if (lane == 0)
 #pragma unroll
       for (int st = 0; st < S; ++st) mbar_inval(bars + st);
@@ -1695,6 +1698,7 @@ std::string paged_attention_mma_tma_can_implement(const void* args) {
   if (const std::string why = paged_attention_mma_can_implement(args); !why.empty()) return why;
   if (a.head_dim != 64 && a.head_dim != 128) return "head_dim must be 64 or 128 (tensor maps of 64-element halves)";
   if (a.block_size % kMcKeys != 0) return "block_size must be a multiple of 16 (a 16-key tile in one block)";
+  if (a.num_blocks * a.block_size == 0) return "an empty cache (a tensor map needs rows)";
   if (!tensor_map_encoder()) return "the driver has no cuTensorMapEncodeTiled";
   return "";
 }
