@@ -970,7 +970,7 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 // unmapped block's tile is read at a row past the map (the TMA unit fills zeros); V rows past
 // the range in the last tile are zeroed after landing (0 x NaN would be NaN). Same bits as
 // cuda_mma_cluster. can_implement: that of cuda_mma_cluster with head_dim 64 or 128,
-// block_size a multiple of 16, and a driver with cuTensorMapEncodeTiled.
+// block_size a multiple of 16, a non-empty cache, and a driver with cuTensorMapEncodeTiled.
 namespace ks::cuda {
 namespace {
 
@@ -1126,6 +1126,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const int j_begin = mine_keys.begin, j_end = mine_keys.end;
   const int ntiles = (j_end - j_begin + kMcKeys - 1) / kMcKeys;
   const int mine = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;  // this warp's tiles
+  auto tile_key = [&](int i) { return (warp + i * NW) * kMcKeys; };      // its tile i's first key, from j_begin
 
   const int32_t* bt = p.block_tables + seq * p.max_blocks_per_seq;
   const int bs = int(p.block_size);
@@ -1159,7 +1160,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // stalls on global loads).
   // (TM: the tile's first key, for every lane: a tile lies in one block, block_size % 16 == 0)
   auto fetch = [&](int i, int32_t& blk, int& off) {
-    const int pos = j_begin + (warp + i * NW) * kMcKeys + (TM ? 0 : (lane & 15));
+    const int pos = j_begin + tile_key(i) + (TM ? 0 : (lane & 15));
     blk = -1;
     off = 0;
     if (pos < j_end) {
@@ -1192,7 +1193,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // returns its mask of mapped keys in the range (a prefix: only the range's last tile is partial)
   auto issue_tma = [&](int stage, int i, int32_t blk, int off) -> unsigned {
     const bool mapped = blk >= 0 && blk < p.num_blocks;
-    const int n = j_end - (j_begin + (warp + i * NW) * kMcKeys);  // >= 1 for a tile of the range
+    const int n = j_end - (j_begin + tile_key(i));  // >= 1 for a tile of the range
     if (lane == 0) {
       unsigned char* st = ring + stage * Sh::kStageBytes;
       const int row = mapped ? blk * bs + off : rows_end;
@@ -1220,7 +1221,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   };
   auto get_mask = [&](int i) -> unsigned {
     if constexpr (TM) {
-      const int n = j_end - (j_begin + (warp + i * NW) * kMcKeys);
+      const int n = j_end - (j_begin + tile_key(i));
       return !(masks >> (i % S) & 1u) ? 0u : n >= kMcKeys ? 0xffffu : (1u << n) - 1u;
     } else {
       return unsigned(masks >> (16 * (i % S))) & 0xffffu;
