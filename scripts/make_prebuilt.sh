@@ -7,7 +7,8 @@
 # and test_model. The device runs them through scripts/gpu_prebuilt.sh, or any GPU script
 # that uses ks_gpu_build_and_test and $BUILD/bench_ops under KS_PREBUILT=1 (scripts/gpu_env.sh).
 #   scripts/make_prebuilt.sh [local build dir]   (default /tmp/ks-prebuilt; needs .dlpack from
-#   scripts/prepare_gpu_carry.sh; reuses the dir's earlier objects)
+#   scripts/prepare_gpu_carry.sh; installs the build's packages with scripts/setup.sh, as a fresh
+#   checkout lacks them; reuses the dir's earlier objects)
 # The binaries load libkernscope.so.0 from build-prebuilt/ (LD_LIBRARY_PATH) and libcudart.so.13
 # from the device's CUDA 13 toolkit; built against this machine's older glibc and libstdc++, which
 # the device's newer ones accept.
@@ -15,6 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-/tmp/ks-prebuilt}
 [ -d .dlpack/usr/include ] || { echo "make_prebuilt: no .dlpack (run scripts/prepare_gpu_carry.sh)"; exit 1; }
+scripts/setup.sh  # the build's own packages (PCRE2, CLI11, GoogleTest, ccache, ...), as `make` installs them
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKS_BUILD_TOOLS=ON \
   -DKS_DLPACK_INCLUDE_DIR="$PWD/.dlpack/usr/include" > /dev/null  # (CMakeLists.txt uses ccache when present)
 cmake --build "$B" --target test_cuda_ops bench_ops ksctl test_model
