@@ -238,7 +238,7 @@ struct KeyRange {
 };
 // cuda_gqa_cluster's split: CTA `rank` of the Ce that take keys gets the rank-th of Ce equal
 // pieces of the unit's len keys (empty for rank >= Ce).
-__device__ __forceinline__ KeyRange gqa_keys(int64_t len, int Ce, int rank) {
+[[maybe_unused]] __device__ __forceinline__ KeyRange gqa_keys(int64_t len, int Ce, int rank) {
   const int per = int((len + Ce - 1) / Ce);
   const int begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
   return {begin, int(min(len, int64_t(begin) + per))};
@@ -977,7 +977,7 @@ namespace {
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 // cuda_mma_cluster's split: part `part` of the Ce that take keys gets whole tiles of kMcKeys,
 // ceil(len / Ce) rounded up to a tile, the last part's range ending at len (empty past Ce).
-__device__ __forceinline__ KeyRange mma_keys(int64_t len, int Ce, int part) {
+[[maybe_unused]] __device__ __forceinline__ KeyRange mma_keys(int64_t len, int Ce, int part) {
   const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
   const int begin = int(min(len, int64_t(part) * per));
   return {begin, part < Ce ? int(min(len, int64_t(begin) + per)) : begin};
@@ -1019,7 +1019,7 @@ struct McMaps {
 
 // 16 rows (keys) of one kv head, both halves of head_dim (box {64, 16, DP / 64, 1} of the map
 // {64 elements, cache rows, halves, kv heads}), to smem by the TMA unit, counted against bar.
-__device__ __forceinline__ void tma_cache_rows(void* smem, const CUtensorMap* map, int row, int kvh, uint64_t* bar) {
+[[maybe_unused]] __device__ __forceinline__ void tma_cache_rows(void* smem, const CUtensorMap* map, int row, int kvh, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
@@ -1028,7 +1028,9 @@ __device__ __forceinline__ void tma_cache_rows(void* smem, const CUtensorMap* ma
 #endif
 }
 // Ends an mbarrier's life before its bytes are used as plain shared memory.
-__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
+// ([[maybe_unused]] here and on the key-range helpers: their callers are sm_90 code, so the
+// compute_80 pass would warn, #177-D)
+[[maybe_unused]] __device__ __forceinline__ void mbar_inval(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
 #endif
