@@ -153,11 +153,9 @@ if has bench; then
   #                RoPE kernel does not let the attention launch early), KS_ATTN_CLUSTER_PDL=1
   #                (clusters with PDL); old_chain: all three, the rules before a2bbdd8's A/B;
   #                prewait_steps1: KS_ATTN_PREWAIT_STEPS=1, one step of older keys before the wait (not two)
-  #   early_any / early_any_batch  KS_QMM_EARLY_ANY=1: fused_add_rms_norm_quant_matmul's staged kernel
-  #                lets its dependent launch early whatever its grid (the step's gate|up, 384 CTAs,
-  #                then lets SiLU + down stage its weights while it ends), batch 1 / 8, 16, 32
   #   cluster_pdl_wide_batch  KS_ATTN_CLUSTER_PDL=wide: clusters with PDL where the grid exceeds one CTA
-  #                per SM (batched decode's 641-key tables), batch 1, 8, 16, 32
+  #                per SM (batched decode's 641-key tables), batch 1, 8, 16, 32 (692b01a: +2.6% / -3.3%
+  #                at 8 / 16 sequences after 512-token prompts; off)
   #   cap256 / cap1024  KS_ATTN_CAPACITY_KEYS=256 / 1024: clusters of a CTA per 256 / 1024 keys of the
   #                table's capacity (fewer CTAs, each more keys; 1024: no cluster below 2048 keys)
   #   cap128       KS_ATTN_CAPACITY_KEYS=128: decode attention's cluster holds a CTA per 128 keys of the
@@ -236,9 +234,6 @@ if has bench; then
     AB_PROMPTS="64 200 512" ab old_chain KS_MODEL_ATTN_PREWAIT=0 KS_QMM_ROPE_EARLY_TRIGGER=0 KS_ATTN_CLUSTER_PDL=1
     AB_BATCH="8 16 32" ab old_chain_batch KS_MODEL_ATTN_PREWAIT=0 KS_QMM_ROPE_EARLY_TRIGGER=0 KS_ATTN_CLUSTER_PDL=1
     AB_PROMPTS="64 200 512" ab prewait_steps1 KS_ATTN_PREWAIT_STEPS=1  # the first step's older keys alone before the wait
-    # the gate|up grid (384 CTAs) lets SiLU + down launch early, to stage its weights while it ends
-    AB_PROMPTS="64 512" ab early_any KS_QMM_EARLY_ANY=1
-    AB_BATCH="8 16 32" ab early_any_batch KS_QMM_EARLY_ANY=1
     # clusters with PDL only for grids above one CTA per SM (batch 8 after 512 lost 2.5-3.4% without)
     AB_BATCH="1 8 16 32" ab cluster_pdl_wide_batch KS_ATTN_CLUSTER_PDL=wide
     AB_PROMPTS="64 200 512" ab default5

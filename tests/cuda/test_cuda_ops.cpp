@@ -1126,32 +1126,6 @@ TEST(Cuda, WeightStagingGivesTheSameBits) {
           same_columns(small, big, M);
           EXPECT_EQ(0, std::memcmp(ro_s.data(), ro_b.data(), ro_s.nbytes())) << "residual_out";
         }
-        if (off == 0) {  // KS_QMM_EARLY_ANY=1 (experiment): the grid of 4 CTAs per SM lets its dependent
-          // launch early; the same bits, and an rms_norm of its output launched right after it reads
-          // the finished rows (equal to the same rms_norm after a synchronization)
-          Buf nwb(dt, {NB}), early(dt, {M, NB}), n1(dt, {M, NB}), n2(dt, {M, NB});
-          kstest::fill_normal(nwb, 1.0, 1.0);
-          DBuf dnwb(dt, {NB}), de(dt, {M, NB}), dn1(dt, {M, NB}), dn2(dt, {M, NB});
-          dnwb.upload(nwb);
-          de.poison(), dn1.poison(), dn2.poison();
-          {
-            kstest::ScopedEnv any("KS_QMM_EARLY_ANY", "1");
-            ks::fused_add_rms_norm_quant_matmul(de.view(), dro_b.view(), dx.view(), dres.view(), dnw.view(), 1e-5, wbig,
-                                                qt, ks::Backend::Cuda);
-            const std::string cfg = ks_last_launch_config("fused_add_rms_norm_quant_matmul");
-            EXPECT_NE(cfg.find("early_any=1"), std::string::npos) << cfg;
-            ks::rms_norm(dn1.view(), de.view(), dnwb.view(), 1e-5, ks::Backend::Cuda);
-          }
-          CK(cudaDeviceSynchronize());
-          ks::rms_norm(dn2.view(), de.view(), dnwb.view(), 1e-5, ks::Backend::Cuda);
-          CK(cudaDeviceSynchronize());
-          de.download(early);
-          dn1.download(n1);
-          dn2.download(n2);
-          SCOPED_TRACE("KS_QMM_EARLY_ANY=1");
-          EXPECT_EQ(0, std::memcmp(early.data(), big.data(), big.nbytes()));
-          EXPECT_EQ(0, std::memcmp(n1.data(), n2.data(), n1.nbytes())) << "the dependent rms_norm";
-        }
         ds.poison();
         db.poison();
         // gate_up [M, 2 K] feeds the same [NB, K] weights as a down projection would
@@ -2703,10 +2677,10 @@ TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
   dvc.download(hv);
   std::vector<double> qv = hq.values();
   qv.resize(size_t(H * D));  // q: the row's first H * D values
+  const std::vector<double> kv = hk.values(), vv = hv.values();
   const std::vector<int64_t> ctx = {int64_t(cl.get(0))};
-  const kstest::AttnRef r64 = kstest::paged_attention_fp64(
-      qv, hk.values(), hv.values(), 1, H, KVH, D, ctx, scale,
-      [&](int64_t, int64_t j) { return int64_t(bt.get(j / bs)) * bs + j % bs; });
+  const auto slot_of = [&](int64_t, int64_t j) { return int64_t(bt.get(j / bs)) * bs + j % bs; };
+  const kstest::AttnRef r64 = kstest::paged_attention_fp64(qv, kv, vv, 1, H, KVH, D, ctx, scale, slot_of);
   EXPECT_TRUE(kstest::attention_matches(gb, r64, ctx, H, D)) << ks_last_launch_config("paged_attention");
   ks::paged_attention(ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
                       ks::TensorView(), cl.view(), scale, ks::Backend::Cpu);
@@ -2722,9 +2696,7 @@ TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
   db.download(gs);
   ks::paged_attention(cs_ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
                       ks::TensorView(), cl.view(), small, ks::Backend::Cpu);
-  const kstest::AttnRef s64 = kstest::paged_attention_fp64(
-      qv, hk.values(), hv.values(), 1, H, KVH, D, ctx, small,
-      [&](int64_t, int64_t j) { return int64_t(bt.get(j / bs)) * bs + j % bs; });
+  const kstest::AttnRef s64 = kstest::paged_attention_fp64(qv, kv, vv, 1, H, KVH, D, ctx, small, slot_of);
   EXPECT_TRUE(kstest::attention_matches(gs, s64, ctx, H, D)) << "scale / 512";
   EXPECT_TRUE(kstest::attention_matches(cs_ref, s64, ctx, H, D)) << "the CPU backend, scale / 512";
   CK(cudaStreamDestroy(st));

@@ -1019,20 +1019,14 @@ struct McMaps {
 
 // 16 rows (keys) of one kv head, both halves of head_dim (box {64, 16, DP / 64, 1} of the map
 // {64 elements, cache rows, halves, kv heads}), to smem by the TMA unit, counted against bar.
+// ([[maybe_unused]] here and on the key-range helpers: their callers are sm_90 code, so the
+// compute_80 pass would warn, #177-D)
 [[maybe_unused]] __device__ __forceinline__ void tma_cache_rows(void* smem, const CUtensorMap* map, int row, int kvh, uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile(
       "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
       ::"r"(unsigned(__cvta_generic_to_shared(smem))), "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(0),
       "r"(kvh), "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
-#endif
-}
-// Ends an mbarrier's life before its bytes are used as plain shared memory.
-// ([[maybe_unused]] here and on the key-range helpers: their callers are sm_90 code, so the
-// compute_80 pass would warn, #177-D)
-[[maybe_unused]] __device__ __forceinline__ void mbar_inval(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
 #endif
 }
 

@@ -239,14 +239,14 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 // gemv and silu_and_mul by up to 20% on the H200). early_trigger = false keeps a grid of
 // any size from triggering (the next kernel starts as this one's CTAs exit): the q/k/v +
 // RoPE epilogue kernel under KS_QMM_ROPE_EARLY_TRIGGER=0 (RopeEpi::early_trigger).
-// any_grid = true triggers whatever the grid's size (an experiment: QmmParams::early_any); the
-// dependent still launches only once every CTA of this grid has triggered or exited.
-__device__ __forceinline__ void pdl_begin(bool early_trigger = true, bool any_grid = false) {
+// (Triggering whatever the grid's size, for the decode step's gate|up grid of 384 CTAs, measured
+// slower and was removed: 1912 against 1933 tokens/s at batch 1, 692b01a, docs/cuda.md.)
+__device__ __forceinline__ void pdl_begin(bool early_trigger = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
   unsigned nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  if (early_trigger && (any_grid || gridDim.x * gridDim.y * gridDim.z <= nsm))
+  if (early_trigger && gridDim.x * gridDim.y * gridDim.z <= nsm)
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
@@ -350,6 +350,13 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsi
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                ::"r"(unsigned(__cvta_generic_to_shared(smem))), "l"(gmem), "r"(bytes),
                "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
+#endif
+}
+// Ends a barrier's life (every phase it was armed for completed) before its bytes are used as
+// plain shared memory.
+__device__ __forceinline__ void mbar_inval(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
 #endif
 }
 // Orders this thread's earlier generic shared-memory writes before its later bulk copies.

@@ -395,11 +395,6 @@ struct QmmParams {
   float eps;
   ks_qtype_t q;
   int cols_per_warp;    // the consecutive output columns each warp owns (1, 2 or 4; by N, K and the block format)
-  // the staged kernels without the RoPE epilogue: 1 = let the dependent launch early whatever the
-  // grid's size (KS_QMM_EARLY_ANY=1 for fused_add_rms_norm_quant_matmul, an experiment: the decode
-  // step's gate|up grid of 384 CTAs, whose dependent SiLU + down would then stage its weights
-  // while it ends); 0 = pdl_begin's rule (grids of at most one CTA per SM)
-  int early_any;
 };
 
 // Weight staging (SW): a CTA's weight rows are one contiguous range of bytes. The CTA copies
@@ -669,7 +664,7 @@ __device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, con
   if constexpr (ROPE)
     pdl_begin(epi.e.early_trigger);
   else
-    pdl_begin(true, p.early_any != 0);
+    pdl_begin();
   const int64_t nblocks = K / 32, bbytes = q_block_bytes(p.q);
   const T* x = static_cast<const T*>(p.x);
   const T* xa = static_cast<const T*>(p.add);
@@ -1301,9 +1296,9 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   check_launch(op);
   record_launch(op,
                 "warp_per_column warps_per_cta=%lld m_chunk=%lld wide_loads=%lld staged_rows=%lld cols_per_warp=%lld "
-                "staged_weights=%lld rope_epilogue=%lld rope_early_trigger=%lld early_any=%lld",
+                "staged_weights=%lld rope_epilogue=%lld rope_early_trigger=%lld",
                 {kWarps, mq, wide ? 1 : 0, staged ? 1 : 0, nc, sw ? 1 : 0, rope ? 1 : 0,
-                 rope && rope->early_trigger ? 1 : 0, staged && !rope && p.early_any ? 1 : 0});
+                 rope && rope->early_trigger ? 1 : 0});
 }
 }  // namespace
 
@@ -1476,7 +1471,6 @@ auto with_norm_rows(const ops::NormQuantMatmulArgs& a, F f) {
 void launch_norm_qmm(const char* op, const ops::NormQuantMatmulArgs& a, ks_stream_t stream,
                      const RopeEpi* rope = nullptr, const RopeTable* tab = nullptr) {
   QmmParams p = norm_qmm_params(a);
-  p.early_any = !rope && env_is("KS_QMM_EARLY_ANY", "1") ? 1 : 0;  // (read per call, as the RoPE switch)
   const int dev = a.residual.device.device_id;
   with_norm_rows(a, [&](std::initializer_list<const void*> rows) {
     if (a.has_x)
