@@ -1,0 +1,255 @@
+// How fast can a decode-attention kernel's *read pattern* stream a KV cache from HBM into
+// shared memory, with no arithmetic at all? Decode attention at batch 32 (32/8 heads of 128,
+// 8K keys, bf16: 1.07 GB of K and V) is a pure stream; paged_attention's cuda_mma_cluster
+// reaches 4.06 TB/s there and torch SDPA (cuDNN) 4.46 (docs/perf/h200_attention.md). Nsight
+// Compute put the gap in how the reads reach DRAM (83% against 91.5% busy), so this probe
+// times the read patterns alone, each as a kernel that only copies (cp.async) and discards:
+//
+//   layout  nhd:    the paged cache, [slot][kv head][head_dim]: a kv head's row of a key is 256
+//                   bytes at a stride of num_kv_heads * 256 (2 KB), as paged_attention reads it;
+//           contig: each (sequence, kv head) owns T consecutive 256-byte rows (torch SDPA's
+//                   [batch, heads, T, head_dim] layout);
+//   tiling  warp16: cuda_mma_cluster's: each of a CTA's 4 warps streams its own 16-key tiles
+//                   (w, w + 4, ...) through a ring of 3 stages (K and V rows of a tile, padded
+//                   by 16 bytes), waiting only for its own copies;
+//           cta64:  the 4 warps copy one 64-key tile together (K, then V) through a ring of 3
+//                   stages, a CTA barrier per tile (the shape of cuDNN's kernel, which loads
+//                   128-key tiles with every thread);
+//   order   kv:     a copy pass issues K's piece, then V's (cuda_mma_cluster); kfirst: the
+//                   tile's K rows, then its V rows;
+//   hint    none / 128 / 256: cp.async's L2 prefetch size (.L2::128B, .L2::256B).
+// Plus `flat`: every thread streams 16-byte loads (ld.global.nc) over both caches, the read
+// ceiling of this probe. One CTA per (sequence, kv head), 128 threads, as both kernels above.
+// Time: CUDA events around 20 launches, median of 9; the caches (2 x 512 MB) are 20x L2.
+//
+// usage: kv_read_probe [--batch 32] [--keys 8192] [--csv FILE] [--only PATTERN]
+// (--only: the patterns whose name, as printed, contains PATTERN; e.g. for a profiler run)
+#include <cuda_runtime.h>
+#include "cuda_check.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace {
+
+constexpr int kKvHeads = 8, kRowBytes = 256, kPad = 16, kThreads = 128, kStages = 3;
+
+enum Tiling { kWarp16 = 0, kCta64 = 1 };
+
+template <int HINT>
+__device__ __forceinline__ void cp16(void* smem, const void* gmem) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  if constexpr (HINT == 256)
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+  else if constexpr (HINT == 128)
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+struct Probe {
+  const unsigned char* k;
+  const unsigned char* v;
+  unsigned* sink;
+  int keys;       // T
+  bool nhd;       // layout (see the header)
+};
+
+// the byte offset of key j's row for (seq, kvh)
+__device__ __forceinline__ size_t row_at(const Probe& p, int seq, int kvh, int j) {
+  return p.nhd ? ((size_t(seq) * p.keys + j) * kKvHeads + kvh) * kRowBytes
+               : ((size_t(seq) * kKvHeads + kvh) * p.keys + j) * kRowBytes;
+}
+
+template <int TILING, int HINT, bool KFIRST>
+__global__ void __launch_bounds__(kThreads) stream_kernel(const Probe p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int seq = blockIdx.x / kKvHeads, kvh = blockIdx.x % kKvHeads;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int RB = kRowBytes + kPad;
+  unsigned keep = 0;
+  if constexpr (TILING == kWarp16) {
+    constexpr int K = 16, stage_bytes = 2 * K * RB;
+    unsigned char* ring = smem + warp * kStages * stage_bytes;
+    const int ntiles = p.keys / K, mine = (ntiles - warp + 3) / 4;
+    const int ch = lane & 15;
+    auto issue = [&](int i) {
+      unsigned char* st = ring + (i % kStages) * stage_bytes;
+      const int j0 = (warp + 4 * i) * K;
+      if constexpr (KFIRST) {
+#pragma unroll
+        for (int pass = 0; pass < 16; ++pass) {
+          const int row = (pass & 7) * 2 + (lane >> 4);
+          const unsigned char* src = (pass < 8 ? p.k : p.v) + row_at(p, seq, kvh, j0 + row) + ch * 16;
+          cp16<HINT>(st + ((pass < 8 ? 0 : K) + row) * RB + ch * 16, src);
+        }
+      } else {
+#pragma unroll
+        for (int pass = 0; pass < 8; ++pass) {
+          const int row = pass * 2 + (lane >> 4);
+          const size_t off = row_at(p, seq, kvh, j0 + row) + ch * 16;
+          cp16<HINT>(st + row * RB + ch * 16, p.k + off);
+          cp16<HINT>(st + (K + row) * RB + ch * 16, p.v + off);
+        }
+      }
+      commit();
+    };
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < mine) issue(i);
+      else commit();
+    }
+    for (int i = 0; i < mine; ++i) {
+      if (i + kStages - 1 < mine) issue(i + kStages - 1);
+      else commit();
+      wait_group<kStages - 1>();
+      __syncwarp();
+      keep += *reinterpret_cast<const unsigned*>(ring + (i % kStages) * stage_bytes + lane * 4);
+      __syncwarp();
+    }
+  } else {
+    constexpr int K = 64, stage_bytes = 2 * K * RB;
+    const int ntiles = p.keys / K;
+    const int ch = threadIdx.x & 15, r0 = threadIdx.x >> 4;  // 8 rows per pass of the CTA
+    auto issue = [&](int i) {
+      unsigned char* st = smem + (i % kStages) * stage_bytes;
+      const int j0 = i * K;
+#pragma unroll
+      for (int pass = 0; pass < 16; ++pass) {  // K's 64 rows, then V's (kv order: alternating)
+        const bool is_v = KFIRST ? pass >= 8 : (pass & 1);
+        const int row = (KFIRST ? (pass & 7) : (pass >> 1)) * 8 + r0;
+        cp16<HINT>(st + ((is_v ? K : 0) + row) * RB + ch * 16, (is_v ? p.v : p.k) + row_at(p, seq, kvh, j0 + row) + ch * 16);
+      }
+      commit();
+    };
+    for (int i = 0; i < kStages - 1; ++i) {
+      if (i < ntiles) issue(i);
+      else commit();
+    }
+    for (int i = 0; i < ntiles; ++i) {
+      if (i + kStages - 1 < ntiles) issue(i + kStages - 1);
+      else commit();
+      wait_group<kStages - 1>();
+      __syncthreads();
+      keep += *reinterpret_cast<const unsigned*>(smem + (i % kStages) * stage_bytes + threadIdx.x * 4);
+      __syncthreads();  // the stage is read before it is overwritten
+    }
+  }
+  wait_group<0>();
+  if (keep == 0x9e3779b9u) p.sink[0] = keep;  // (keeps the reads of shared memory)
+}
+
+__global__ void flat_kernel(const uint4* k, const uint4* v, size_t n16, unsigned* sink) {
+  unsigned keep = 0;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
+    uint4 a, b;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(a.x), "=r"(a.y), "=r"(a.z), "=r"(a.w) : "l"(k + i));
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(b.x), "=r"(b.y), "=r"(b.z), "=r"(b.w) : "l"(v + i));
+    keep ^= a.x ^ b.w;
+  }
+  if (keep == 0x9e3779b9u) sink[0] = keep;
+}
+
+template <typename F>
+double median_us(F&& launch, int reps, int samples) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) launch();
+  CK(cudaGetLastError());
+  CK(cudaDeviceSynchronize());
+  std::vector<double> v;
+  for (int s = 0; s < samples; ++s) {
+    CK(cudaEventRecord(e0));
+    for (int i = 0; i < reps; ++i) launch();
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0.f;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    v.push_back(1000.0 * ms / reps);
+  }
+  CK(cudaGetLastError());
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int batch = 32, keys = 8192;
+  const char* csv_path = nullptr;
+  std::string only;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!std::strcmp(argv[i], "--batch")) batch = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--keys")) keys = std::atoi(argv[i + 1]);
+    else if (!std::strcmp(argv[i], "--csv")) csv_path = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
+    else { std::fprintf(stderr, "usage: kv_read_probe [--batch N] [--keys T] [--csv FILE] [--only PATTERN]\n"); return 2; }
+  }
+  if (batch < 1 || keys < 64 || keys % 64 != 0) { std::fprintf(stderr, "kv_read_probe: --keys must be a multiple of 64\n"); return 2; }
+  const size_t cache = size_t(batch) * keys * kKvHeads * kRowBytes;  // bytes of K (and of V)
+  unsigned char *k = nullptr, *v = nullptr;
+  unsigned* sink = nullptr;
+  CK(cudaMalloc(&k, cache));
+  CK(cudaMalloc(&v, cache));
+  CK(cudaMalloc(&sink, 4));
+  CK(cudaMemset(k, 0x3c, cache));
+  CK(cudaMemset(v, 0x3d, cache));
+  int dev = 0;
+  cudaDeviceProp prop{};
+  CK(cudaGetDevice(&dev));
+  CK(cudaGetDeviceProperties(&prop, dev));
+  const double bytes = 2.0 * cache;
+  // copy bandwidth (read + write), as bench_ops measures it: a device-to-device copy of one cache
+  const double copy_us = median_us([&] { CK(cudaMemcpyAsync(v, k, cache, cudaMemcpyDeviceToDevice)); }, 10, 9);
+  const double copy_gbs = 2.0 * cache / copy_us / 1e3;
+  std::printf("device %s, %d SMs; caches 2 x %.0f MB; copy bandwidth %.1f GB/s\n", prop.name, prop.multiProcessorCount,
+              cache / 1e6, copy_gbs);
+  FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
+  if (csv) std::fprintf(csv, "pattern,batch,keys,us,gbs,pct_copy\n");
+  auto report = [&](const std::string& name, double us) {
+    const double gbs = bytes / us / 1e3;
+    std::printf("%-28s %10.2f us %8.1f GB/s %6.1f%% of copy\n", name.c_str(), us, gbs, 100.0 * gbs / copy_gbs);
+    if (csv) std::fprintf(csv, "%s,%d,%d,%.3f,%.1f,%.2f\n", name.c_str(), batch, keys, us, gbs, 100.0 * gbs / copy_gbs);
+  };
+  const dim3 grid(unsigned(batch * kKvHeads));
+  auto run = [&](auto kernel, int smem, const char* name, bool nhd) {
+    const std::string full = std::string(nhd ? "nhd " : "contig ") + name;
+    if (full.find(only) == std::string::npos) return;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const Probe p{k, v, sink, keys, nhd};
+    const double us = median_us([&] { kernel<<<grid, kThreads, smem>>>(p); }, 20, 9);
+    report(full, us);
+  };
+  constexpr int w16 = 4 * kStages * 2 * 16 * (kRowBytes + kPad), c64 = kStages * 2 * 64 * (kRowBytes + kPad);
+  for (bool nhd : {true, false}) {
+    run(stream_kernel<kWarp16, 0, false>, w16, "warp16 kv", nhd);
+    run(stream_kernel<kWarp16, 128, false>, w16, "warp16 kv L2::128B", nhd);
+    run(stream_kernel<kWarp16, 256, false>, w16, "warp16 kv L2::256B", nhd);
+    run(stream_kernel<kWarp16, 0, true>, w16, "warp16 kfirst", nhd);
+    run(stream_kernel<kWarp16, 256, true>, w16, "warp16 kfirst L2::256B", nhd);
+    run(stream_kernel<kCta64, 0, false>, c64, "cta64 kv", nhd);
+    run(stream_kernel<kCta64, 0, true>, c64, "cta64 kfirst", nhd);
+    run(stream_kernel<kCta64, 256, true>, c64, "cta64 kfirst L2::256B", nhd);
+  }
+  const size_t n16 = cache / 16;
+  if (std::string("flat ld.global.nc").find(only) == std::string::npos) return 0;
+  const double flat_us = median_us([&] { flat_kernel<<<prop.multiProcessorCount * 8, 256>>>(
+                                            reinterpret_cast<const uint4*>(k), reinterpret_cast<const uint4*>(v), n16, sink); },
+                                   20, 9);
+  report("flat ld.global.nc", flat_us);
+  if (csv) std::fclose(csv);
+  CK(cudaFree(k));
+  CK(cudaFree(v));
+  CK(cudaFree(sink));
+  return 0;
+}
