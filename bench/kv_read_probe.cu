@@ -18,6 +18,8 @@
 //   order   kv:     a copy pass issues K's piece, then V's (cuda_mma_cluster); kfirst: the
 //                   tile's K rows, then its V rows;
 //   hint    none / 128 / 256: cp.async's L2 prefetch size (.L2::128B, .L2::256B).
+// And the warp16 tiles of the paged rows landing in other ways (see Method: swizzled rows,
+// cp.async.ca, ld.global.nc then st.shared, bulk copies of rows).
 // Plus `flat`: every thread streams 16-byte loads (ld.global.nc) over both caches, the read
 // ceiling of this probe. One CTA per (sequence, kv head), 128 threads, as both kernels above.
 // Time: CUDA events around 20 launches, median of 9; the caches (2 x 512 MB) are 20x L2.
@@ -26,6 +28,7 @@
 // (--only: the patterns whose name, as printed, contains PATTERN; e.g. for a profiler run)
 #include <cuda_runtime.h>
 #include "cuda_check.hpp"
+#include "backends/cuda/common.cuh"  // the mbarrier and bulk-copy helpers of the library's kernels
 
 #include <algorithm>
 #include <cstdint>
@@ -37,14 +40,28 @@
 
 namespace {
 
+using ks::cuda::bulk_copy_g2s;
+using ks::cuda::mbar_arrive_expect_tx;
+using ks::cuda::mbar_init;
+using ks::cuda::mbar_init_fence;
+using ks::cuda::mbar_wait;
+
 constexpr int kKvHeads = 8, kRowBytes = 256, kPad = 16, kThreads = 128, kStages = 3;
 
 enum Tiling { kWarp16 = 0, kCta64 = 1 };
+// how warp16's rows land in shared memory: cp.async.cg into rows padded by 16 bytes
+// (cuda_mma_cluster); cp.async.cg into unpadded rows, 16-byte chunks XOR-swizzled by the row
+// (the TMA unit's 128-byte swizzle); cp.async.ca (through L1); ld.global.nc into registers, a
+// tile (kLdg1) or two (kLdg2) ahead, then st.shared; cp.async.bulk of each 256-byte row (the
+// TMA unit, one row per lane) completing on the stage's mbarrier
+enum Method { kCg = 0, kCgSwizzled = 1, kCa = 2, kLdg1 = 3, kLdg2 = 4, kBulkRows = 5 };
 
-template <int HINT>
+template <int HINT, bool CA = false>
 __device__ __forceinline__ void cp16(void* smem, const void* gmem) {
   const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
-  if constexpr (HINT == 256)
+  if constexpr (CA)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+  else if constexpr (HINT == 256)
     asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
   else if constexpr (HINT == 128)
     asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
@@ -146,6 +163,112 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const Probe p) {
   if (keep == 0x9e3779b9u) p.sink[0] = keep;  // (keeps the reads of shared memory)
 }
 
+// warp16 tiling over the paged (nhd) rows, each tile's rows landing by METHOD (see Method)
+template <int METHOD>
+__global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  constexpr int K = 16;
+  constexpr bool padded = METHOD == kCg || METHOD == kCa;
+  constexpr int RB = padded ? kRowBytes + kPad : kRowBytes, stage_bytes = 2 * K * RB;
+  constexpr int S = METHOD == kLdg1 || METHOD == kLdg2 ? 2 : kStages;
+  const int seq = blockIdx.x / kKvHeads, kvh = blockIdx.x % kKvHeads;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  unsigned char* ring = smem + warp * S * stage_bytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 4 * S * stage_bytes) + warp * S;
+  const int ntiles = p.keys / K, mine = (ntiles - warp + 3) / 4;
+  const int ch = lane & 15;
+  // shared-memory offset of 16-byte chunk c of row r (r: K rows 0..15, V rows 16..31)
+  auto at = [&](int r, int c) { return r * RB + (METHOD == kCgSwizzled ? ((c & 8) | ((c ^ r) & 7)) : c) * 16; };
+  auto src = [&](bool v, int i, int row) {
+    return (v ? p.v : p.k) + row_at(p, seq, kvh, (warp + 4 * i) * K + row) + ch * 16;
+  };
+  unsigned keep = 0;
+  auto consume = [&](int stage) {
+    keep += *reinterpret_cast<const unsigned*>(ring + stage * stage_bytes + lane * 4);
+  };
+  if constexpr (METHOD == kLdg1 || METHOD == kLdg2) {
+    constexpr int DEPTH = METHOD == kLdg1 ? 1 : 2;
+    uint4 r[DEPTH][16];
+    auto load = [&](int i, uint4 (&dst)[16]) {
+#pragma unroll
+      for (int pass = 0; pass < 8; ++pass) {
+        const int row = pass * 2 + (lane >> 4);
+        const uint4* a = reinterpret_cast<const uint4*>(src(false, i, row));
+        const uint4* b = reinterpret_cast<const uint4*>(src(true, i, row));
+        asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(dst[2 * pass].x), "=r"(dst[2 * pass].y), "=r"(dst[2 * pass].z), "=r"(dst[2 * pass].w) : "l"(a));
+        asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(dst[2 * pass + 1].x), "=r"(dst[2 * pass + 1].y), "=r"(dst[2 * pass + 1].z), "=r"(dst[2 * pass + 1].w) : "l"(b));
+      }
+    };
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d)
+      if (d < mine) load(d, r[d]);
+    for (int i = 0; i < mine; i += DEPTH) {
+#pragma unroll
+      for (int d = 0; d < DEPTH; ++d) {
+        if (i + d >= mine) break;
+        const int stage = (i + d) % S;
+#pragma unroll
+        for (int pass = 0; pass < 8; ++pass) {
+          const int row = pass * 2 + (lane >> 4);
+          *reinterpret_cast<uint4*>(ring + stage * stage_bytes + at(row, ch)) = r[d][2 * pass];
+          *reinterpret_cast<uint4*>(ring + stage * stage_bytes + at(K + row, ch)) = r[d][2 * pass + 1];
+        }
+        if (i + d + DEPTH < mine) load(i + d + DEPTH, r[d]);
+        __syncwarp();
+        consume(stage);
+        __syncwarp();
+      }
+    }
+  } else if constexpr (METHOD == kBulkRows) {
+    if (lane == 0) {
+      for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+    auto issue = [&](int i) {
+      const int stage = i % S;
+      if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(stage_bytes));
+      __syncwarp();
+      const int row = lane & 15;
+      const bool v = lane >= 16;
+      bulk_copy_g2s(ring + stage * stage_bytes + (v ? K + row : row) * RB,
+                    (v ? p.v : p.k) + row_at(p, seq, kvh, (warp + 4 * i) * K + row), kRowBytes, bars + stage);
+    };
+    for (int i = 0; i < S - 1 && i < mine; ++i) issue(i);
+    for (int i = 0; i < mine; ++i) {
+      if (i + S - 1 < mine) issue(i + S - 1);
+      mbar_wait(bars + i % S, unsigned(i / S) & 1u);
+      consume(i % S);
+      __syncwarp();
+    }
+  } else {
+    auto issue = [&](int i) {
+      unsigned char* st = ring + (i % S) * stage_bytes;
+#pragma unroll
+      for (int pass = 0; pass < 8; ++pass) {
+        const int row = pass * 2 + (lane >> 4);
+        cp16<0, METHOD == kCa>(st + at(row, ch), src(false, i, row));
+        cp16<0, METHOD == kCa>(st + at(K + row, ch), src(true, i, row));
+      }
+      commit();
+    };
+    for (int i = 0; i < S - 1; ++i) {
+      if (i < mine) issue(i);
+      else commit();
+    }
+    for (int i = 0; i < mine; ++i) {
+      if (i + S - 1 < mine) issue(i + S - 1);
+      else commit();
+      wait_group<S - 1>();
+      __syncwarp();
+      consume(i % S);
+      __syncwarp();
+    }
+    wait_group<0>();
+  }
+  if (keep == 0x9e3779b9u) p.sink[0] = keep;
+}
+
 __global__ void flat_kernel(const uint4* k, const uint4* v, size_t n16, unsigned* sink) {
   unsigned keep = 0;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
@@ -241,6 +364,20 @@ int main(int argc, char** argv) {
     run(stream_kernel<kCta64, 0, true>, c64, "cta64 kfirst", nhd);
     run(stream_kernel<kCta64, 256, true>, c64, "cta64 kfirst L2::256B", nhd);
   }
+  // the warp16 tiles over the paged rows, landing by each Method (nhd only)
+  auto run_method = [&](auto kernel, int stages, bool padded, const char* name) {
+    const std::string full = std::string("nhd warp16 ") + name;
+    if (full.find(only) == std::string::npos) return;
+    const int smem = 4 * stages * 2 * 16 * (kRowBytes + (padded ? kPad : 0)) + 4 * stages * 8;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const Probe p{k, v, sink, keys, true};
+    report(full, median_us([&] { kernel<<<grid, kThreads, smem>>>(p); }, 20, 9));
+  };
+  run_method(method_kernel<kCgSwizzled>, kStages, false, "cg swizzled");
+  run_method(method_kernel<kCa>, kStages, true, "ca");
+  run_method(method_kernel<kLdg1>, 2, false, "ldg 1 ahead");
+  run_method(method_kernel<kLdg2>, 2, false, "ldg 2 ahead");
+  run_method(method_kernel<kBulkRows>, kStages, false, "bulk rows");
   const size_t n16 = cache / 16;
   if (std::string("flat ld.global.nc").find(only) == std::string::npos) return 0;
   const double flat_us = median_us([&] { flat_kernel<<<prop.multiProcessorCount * 8, 256>>>(

@@ -8,7 +8,8 @@
 #    the L2's two partitions) and DRAM bytes of cuda_mma_cluster, cuda_mma_tma, SDPA's kernel and
 #    two probe patterns -> $OUT/ncu_kv_read.txt (a metric this ncu lacks is left out).
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_kv_read.sh   (carry build-prebuilt)
-# KS_KV_READ_NCU=0: the probe's timings only.
+# KS_KV_READ_NCU=0: the probe's timings only; =probe: Nsight Compute of cuda_mma_tma and the probe's
+# patterns only (not cuda_mma_cluster and SDPA again).
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test 'CudaAttentionMma.TmaTilesGiveTheSameBits' '' || { echo "gpu_kv_read: no bench_ops"; exit 1; }
@@ -36,17 +37,21 @@ done
 # lts__t_sector_hit_rate is a ratio: .pct, not .avg.pct_of_peak
 list=$(IFS=,; echo "${metrics[*]}" | sed 's/lts__t_sector_hit_rate.avg.pct_of_peak_sustained_elapsed/lts__t_sector_hit_rate.pct/')
 shape="b32 h32/8 d128 T8192"
+ncu_metrics() { ncu --clock-control none --launch-count 1 --metrics "$list" "$@" 2>&1 | grep -vE "^==PROF==|^ +-+|Metric Name"; }
 {
-  echo "== cuda_mma_cluster and cuda_mma_tma ($shape)"
-  ncu --clock-control none --kernel-name regex:paged_attention_mma --launch-count 2 --metrics "$list" \
-    $BUILD/bench_ops --ops paged_attention --dtypes bf16 --shapes "$shape" --variants --csv /tmp/ncu_b.csv 2>&1 | grep -vE "^==PROF==|^ +-+|Metric Name"
-  echo "== torch SDPA ($shape)"
-  ncu --clock-control none --kernel-name regex:sdpa --launch-count 1 --metrics "$list" \
-    python3 bench/sdpa_probe.py "$shape" 2>&1 | grep -vE "^==PROF==|^ +-+|Metric Name"
-  for pat in "nhd warp16 kv" "contig cta64 kfirst"; do
+  if [ "${KS_KV_READ_NCU:-1}" = 1 ]; then
+    echo "== cuda_mma_cluster ($shape)"
+    ncu_metrics --kernel-name regex:paged_attention_mma $BUILD/bench_ops --ops paged_attention --dtypes bf16 --shapes "$shape" --csv /tmp/ncu_b.csv
+    echo "== torch SDPA ($shape)"
+    ncu_metrics --kernel-name regex:sdpa python3 bench/sdpa_probe.py "$shape"
+  fi
+  echo "== cuda_mma_tma ($shape)"
+  ncu_metrics --kernel-name-base demangled --kernel-name 'regex:mma_kernel<__nv_bfloat16, .int.128, .int.4, .bool.1, .bool.0, .bool.1>' \
+    $BUILD/bench_ops --ops paged_attention --dtypes bf16 --shapes "$shape" --variants --csv /tmp/ncu_b.csv
+  for pat in "nhd warp16 kv" "nhd warp16 kv L2::128B" "contig cta64 kfirst" "nhd warp16 cg swizzled" "nhd warp16 ca" \
+             "nhd warp16 ldg 2 ahead" "nhd warp16 bulk rows" "flat"; do
     echo "== kv_read_probe (batch 32, 8K keys): $pat"
-    ncu --clock-control none --kernel-name regex:stream_kernel --launch-count 1 --metrics "$list" \
-      $BUILD/kv_read_probe --batch 32 --keys 8192 --only "$pat" 2>&1 | grep -vE "^==PROF==|^ +-+|Metric Name"
+    ncu_metrics --kernel-name regex:'stream_kernel|method_kernel|flat_kernel' $BUILD/kv_read_probe --batch 32 --keys 8192 --only "$pat"
   done
 } >> "$OUT/ncu_kv_read.txt" 2>&1
-grep -E "^==|kernel|Kernel|void|dram__|lts__|gpu__" "$OUT/ncu_kv_read.txt" | cut -c1-150 | head -80
+grep -E "^==|dram__throughput|gpu__time|lts__t_requests|lts__t_sectors_srcunit_tex_op_read.sum|tex_op_read_lookup_hit" "$OUT/ncu_kv_read.txt" | cut -c1-110 | head -120
