@@ -992,24 +992,38 @@ constexpr int64_t kSplitMinBytes = 256 * 1024;
 // (cuda_mma_tma: DP 64 or 128 = head_dim)
 template <int DP, int NW, bool TM = false>
 struct McShape {
-  // one K or V row: padded by 16 bytes (ldmatrix without bank conflicts), or as the TMA unit
-  // lands it (128-byte swizzle, no padding; a row of 128 elements in two 64-element halves)
-  static constexpr int kRowBytes = TM ? DP * 2 : DP * 2 + 16;
+  // one K or V row, unpadded: each 128-byte line a warp copies lands in one 128-byte aligned
+  // line of shared memory, its 16-byte chunks XOR-swizzled by the row (ldmatrix's 8 row
+  // addresses hit distinct banks). Rows padded by 16 bytes instead (before 2026-12-01) made
+  // every line straddle two, and the copies then asked L2 for 1.5x the sectors and streamed at
+  // 4.2 TB/s where unpadded ones reach 4.5 (bench/kv_read_probe.cu on the H200, 4d26046). Head
+  // dim 64 / 128: the TMA unit's 128-byte swizzle (rows of 128 elements in two 64-element
+  // halves; cuda_mma_tma's tiles land so), 32: 64-byte rows, chunk c of row r at c ^ (r / 2).
+  static constexpr int kRowBytes = DP * 2;
   // per warp (TM at head_dim 64: 6 stages of 4 KB, 24 KB per warp as at 128)
   static constexpr int kStages = DP >= 128 ? 3 : TM ? 6 : 4;
   static constexpr int kStageBytes = 2 * kMcKeys * kRowBytes;       // 16 K rows, then 16 V rows
   static constexpr int kRingBytes = NW * kStages * kStageBytes;
-  // TM: the ring starts on a 1024-byte boundary (the swizzle's period) and is followed by the
-  // NW x kStages mbarriers
-  static constexpr int kTmaExtra = TM ? 1024 + NW * kStages * 8 : 0;
+  // the ring starts on a 128-byte boundary (TM: 1024, the swizzle's period for the TMA unit;
+  // then followed by the NW x kStages mbarriers)
+  static constexpr int kAlign = TM ? 1024 : 128;
+  static constexpr int kExtra = kAlign + (TM ? NW * kStages * 8 : 0);
 };
+
+// The byte offset of 16-byte chunk c (elements 8 c ..) of row r (0..15) in a tile of McShape's
+// 16 K (or V) rows: the swizzles keep chunk c of 8 neighbouring rows in distinct banks (ldmatrix)
+template <int DP>
+__device__ __forceinline__ int mc_chunk(int r, int c) {
+  if constexpr (DP == 32) return r * 64 + (((c ^ (r >> 1)) & 3) << 4);
+  else return (c >> 3) * (kMcKeys * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
 
 // The shared memory of one CTA: the warps' rings, over which the states of finish_unit are laid
 // once every warp has left its key loop.
 template <int DP, int NW, bool TM = false>
 constexpr size_t mc_smem_bytes(int G, int64_t D) {
   using Sh = McShape<DP, NW, TM>;
-  return std::max(size_t(Sh::kRingBytes + Sh::kTmaExtra), gqa_state_bytes(NW, G, D));
+  return std::max(size_t(Sh::kRingBytes + Sh::kExtra), gqa_state_bytes(NW, G, D));
 }
 
 // The K and V caches as cuda_mma_tma's tensor maps (kernel parameter; unused by cuda_mma_cluster)
@@ -1134,11 +1148,11 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const T* kc = static_cast<const T*>(p.k_cache) + kvh * D + ch * 8;
   const T* vc = static_cast<const T*>(p.v_cache) + kvh * D + ch * 8;
   const uint32_t row_stride = uint32_t(p.num_kv_heads * D);  // < 2^31 (can_implement)
-  unsigned char* ring = mc_raw + warp * (S * Sh::kStageBytes);
+  constexpr unsigned kAl = Sh::kAlign;
+  const unsigned pad = (kAl - (unsigned(__cvta_generic_to_shared(mc_raw)) & (kAl - 1u))) & (kAl - 1u);
+  unsigned char* ring = mc_raw + pad + warp * (S * Sh::kStageBytes);
   uint64_t* bars = nullptr;  // TM: this warp's S stage barriers
   if constexpr (TM) {
-    const unsigned pad = (1024u - (unsigned(__cvta_generic_to_shared(mc_raw)) & 1023u)) & 1023u;
-    ring = mc_raw + pad + warp * (S * Sh::kStageBytes);
     bars = reinterpret_cast<uint64_t*>(mc_raw + pad + Sh::kRingBytes) + warp * S;
     if (lane == 0) {
 #pragma unroll
@@ -1179,8 +1193,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       const int row = lane / CH + k * RP;
       const uint64_t off = uint64_t(uint32_t(max(__shfl_sync(0xffffffffu, slot, row), 0))) * row_stride;
       const bool fill = (valid >> row & 1u) && ch_in;
-      cp_async16(st + row * Sh::kRowBytes + ch * 16, kc + off, fill);
-      cp_async16(st + (kMcKeys + row) * Sh::kRowBytes + ch * 16, vc + off, fill);
+      cp_async16(st + mc_chunk<DP>(row, ch), kc + off, fill);
+      cp_async16(st + kMcKeys * Sh::kRowBytes + mc_chunk<DP>(row, ch), vc + off, fill);
     }
     cp_async_commit();
     return valid;
@@ -1203,11 +1217,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     if constexpr (TM) return issue_tma(stage, i, blk, off);
     else return issue(stage, slot_of(blk, off));
   };
-  // 16-byte chunk c of row r in a tile: padded rows, or the TMA unit's swizzled halves
-  auto at = [&](const unsigned char* tile, int r, int c) -> const unsigned char* {
-    if constexpr (TM) return tile + (c >> 3) * (kMcKeys * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4);
-    else return tile + r * Sh::kRowBytes + c * 16;
-  };
+  // 16-byte chunk c of row r in a tile (McShape's swizzled rows)
+  auto at = [&](const unsigned char* tile, int r, int c) -> const unsigned char* { return tile + mc_chunk<DP>(r, c); };
   // stage s's mask of mapped keys in bits 16 s .. (TM: bit s, whether its block is mapped: the
   // mask is then the range's prefix, and the ring may have more than 4 stages)
   uint64_t masks = 0;
