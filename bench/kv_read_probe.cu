@@ -53,8 +53,9 @@ enum Tiling { kWarp16 = 0, kCta64 = 1 };
 // (cuda_mma_cluster); cp.async.cg into unpadded rows, 16-byte chunks XOR-swizzled by the row
 // (the TMA unit's 128-byte swizzle); cp.async.ca (through L1); ld.global.nc into registers, a
 // tile (kLdg1) or two (kLdg2) ahead, then st.shared; cp.async.bulk of each 256-byte row (the
-// TMA unit, one row per lane) completing on the stage's mbarrier
-enum Method { kCg = 0, kCgSwizzled = 1, kCa = 2, kLdg1 = 3, kLdg2 = 4, kBulkRows = 5 };
+// TMA unit, one row per lane) completing on the stage's mbarrier, into unpadded rows or rows padded by
+// 16 bytes (kBulkRowsPadded)
+enum Method { kCg = 0, kCgSwizzled = 1, kCa = 2, kLdg1 = 3, kLdg2 = 4, kBulkRows = 5, kBulkRowsPadded = 6 };
 
 template <int HINT, bool CA = false>
 __device__ __forceinline__ void cp16(void* smem, const void* gmem) {
@@ -164,11 +165,11 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const Probe p) {
 }
 
 // warp16 tiling over the paged (nhd) rows, each tile's rows landing by METHOD (see Method)
-template <int METHOD>
+template <int METHOD, int HINT = 0>
 __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
   extern __shared__ __align__(1024) unsigned char smem[];
   constexpr int K = 16;
-  constexpr bool padded = METHOD == kCg || METHOD == kCa;
+  constexpr bool padded = METHOD == kCg || METHOD == kCa || METHOD == kBulkRowsPadded;
   constexpr int RB = padded ? kRowBytes + kPad : kRowBytes, stage_bytes = 2 * K * RB;
   constexpr int S = METHOD == kLdg1 || METHOD == kLdg2 ? 2 : kStages;
   const int seq = blockIdx.x / kKvHeads, kvh = blockIdx.x % kKvHeads;
@@ -219,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
         __syncwarp();
       }
     }
-  } else if constexpr (METHOD == kBulkRows) {
+  } else if constexpr (METHOD == kBulkRows || METHOD == kBulkRowsPadded) {
     if (lane == 0) {
       for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
       mbar_init_fence();
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
     __syncwarp();
     auto issue = [&](int i) {
       const int stage = i % S;
-      if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(stage_bytes));
+      if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(2 * K * kRowBytes));
       __syncwarp();
       const int row = lane & 15;
       const bool v = lane >= 16;
@@ -247,8 +248,8 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
 #pragma unroll
       for (int pass = 0; pass < 8; ++pass) {
         const int row = pass * 2 + (lane >> 4);
-        cp16<0, METHOD == kCa>(st + at(row, ch), src(false, i, row));
-        cp16<0, METHOD == kCa>(st + at(K + row, ch), src(true, i, row));
+        cp16<HINT, METHOD == kCa>(st + at(row, ch), src(false, i, row));
+        cp16<HINT, METHOD == kCa>(st + at(K + row, ch), src(true, i, row));
       }
       commit();
     };
@@ -374,10 +375,13 @@ int main(int argc, char** argv) {
     report(full, median_us([&] { kernel<<<grid, kThreads, smem>>>(p); }, 20, 9));
   };
   run_method(method_kernel<kCgSwizzled>, kStages, false, "cg swizzled");
+  run_method(method_kernel<kCgSwizzled, 128>, kStages, false, "cg swizzled L2::128B");
+  run_method(method_kernel<kCgSwizzled, 256>, kStages, false, "cg swizzled L2::256B");
   run_method(method_kernel<kCa>, kStages, true, "ca");
   run_method(method_kernel<kLdg1>, 2, false, "ldg 1 ahead");
   run_method(method_kernel<kLdg2>, 2, false, "ldg 2 ahead");
   run_method(method_kernel<kBulkRows>, kStages, false, "bulk rows");
+  run_method(method_kernel<kBulkRowsPadded>, kStages, true, "bulk rows padded");
   const size_t n16 = cache / 16;
   if (std::string("flat ld.global.nc").find(only) == std::string::npos) return 0;
   const double flat_us = median_us([&] { flat_kernel<<<prop.multiProcessorCount * 8, 256>>>(
