@@ -339,11 +339,21 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs; caches 2 x %.0f MB; copy bandwidth %.1f GB/s\n", prop.name, prop.multiProcessorCount,
               cache / 1e6, copy_gbs);
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
-  if (csv) std::fprintf(csv, "pattern,batch,keys,us,gbs,pct_copy\n");
+  // metadata columns as bench_ops writes them (KS_COMMIT, KS_DRIVER: from scripts/gpu_env.sh)
+  int rt = 0, drv = 0;
+  CK(cudaRuntimeGetVersion(&rt));
+  CK(cudaDriverGetVersion(&drv));
+  const char* commit = std::getenv("KS_COMMIT");
+  const char* driver = std::getenv("KS_DRIVER");
+  const std::string meta = std::string(prop.name) + "," + (driver ? driver : std::to_string(drv)) + "," + std::to_string(rt) +
+                           "," + (commit && *commit ? commit : "unknown");
+  if (csv) std::fprintf(csv, "gpu,driver,cuda,commit,pattern,batch,keys,us,gbs,pct_copy,copy_gbs\n");
   auto report = [&](const std::string& name, double us) {
     const double gbs = bytes / us / 1e3;
     std::printf("%-28s %10.2f us %8.1f GB/s %6.1f%% of copy\n", name.c_str(), us, gbs, 100.0 * gbs / copy_gbs);
-    if (csv) std::fprintf(csv, "%s,%d,%d,%.3f,%.1f,%.2f\n", name.c_str(), batch, keys, us, gbs, 100.0 * gbs / copy_gbs);
+    if (csv)
+      std::fprintf(csv, "%s,%s,%d,%d,%.3f,%.1f,%.2f,%.1f\n", meta.c_str(), name.c_str(), batch, keys, us, gbs,
+                   100.0 * gbs / copy_gbs, copy_gbs);
   };
   const dim3 grid(unsigned(batch * kKvHeads));
   auto run = [&](auto kernel, int smem, const char* name, bool nhd) {

@@ -87,8 +87,8 @@ def main():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         ops = sorted({r["op"] for r in ours})
-        fig, axes = plt.subplots(len(ops), 1, figsize=(11, 3.2 * len(ops)))
-        for ax, op in zip(axes, ops):
+        fig, axes = plt.subplots(len(ops), 1, figsize=(11, 3.6 * len(ops)), squeeze=False)
+        for ax, op in zip(axes[:, 0], ops):
             rows = [r for r in merged if r["op"] == op and r["dtype"] == "bf16"]
             shapes = list(dict.fromkeys(r["shape"] for r in rows))
             impls = list(dict.fromkeys(r["impl"] for r in rows))
@@ -96,7 +96,7 @@ def main():
             for j, im in enumerate(impls):
                 vals = [next((float(r["pct_copy"]) for r in rows if r["shape"] == s and r["impl"] == im), 0) for s in shapes]
                 ax.bar([i + j * wdt for i in range(len(shapes))], vals, wdt, label=im)
-            ax.set_xticks([i + 0.4 - wdt / 2 for i in range(len(shapes))], shapes, fontsize=8)
+            ax.set_xticks([i + 0.4 - wdt / 2 for i in range(len(shapes))], shapes, fontsize=8, rotation=15, ha="right")
             ax.set_ylabel("% of copy BW")
             ax.set_title(f"{op} (bf16)")
             ax.axhline(100, color="gray", lw=0.5)

@@ -16,7 +16,7 @@ ks_gpu_build_and_test 'CudaAttentionMma.TmaTilesGiveTheSameBits' '' || { echo "g
 for T in 8192 32768; do
   $BUILD/kv_read_probe --batch 32 --keys $T --csv "$OUT/kv_read_T$T.csv" | tee -a "$OUT/kv_read.txt"
 done
-[ "${KS_KV_READ_NCU:-1}" = 1 ] || exit 0
+[ "${KS_KV_READ_NCU:-1}" != 0 ] || exit 0
 want="dram__bytes_read dram__throughput gpu__time_duration lts__t_sectors_op_read lts__t_sectors_op_read_lookup_hit
 lts__t_sectors_op_read_lookup_miss lts__t_sectors_srcunit_tex_op_read lts__t_sectors_srcunit_tex_op_read_lookup_hit
 lts__t_sectors_srcunit_tex_op_read_lookup_miss lts__t_requests_srcunit_tex_op_read lts__t_sectors_srcunit_ltcfabric

@@ -937,7 +937,7 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 // the tensor cores (mma.sync m16n8k16, FP32 accumulation) and each warp streaming its own keys:
 //  - a CTA's 4 warps take its range's tiles of 16 keys in turn (warp w: tiles w, w + 4, ...);
 //    each warp copies its tiles' K and V rows with cp.async into its own ring of kStages
-//    stages (rows padded by 16 bytes, so ldmatrix's 8 row addresses hit distinct banks) and
+//    stages (rows unpadded, 16-byte chunks XOR-swizzled by the row: see McShape) and
 //    waits only for its own copies (cp.async.wait_group, then __syncwarp): no CTA barrier in
 //    the key loop;
 //  - S = Q K^T: A = the G query rows of the kv head (rows G..15 zero) in registers, B = the
@@ -965,7 +965,7 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 // brought by the TMA unit instead of per-lane cp.async copies: lane 0 issues two tensor copies
 // per 16-key tile (cp.async.bulk.tensor through a CUtensorMap of each cache, built per call on
 // the host) completing on the stage's mbarrier, the rows landing with the 128-byte swizzle (no
-// padding; ldmatrix addresses XOR the 16-byte chunk with the row), so the key loop loses the
+// padding; the layout cuda_mma_cluster's copies make too), so the key loop loses the
 // copies' address arithmetic, shuffles and 16 copy instructions per lane and tile. An
 // unmapped block's tile is read at a row past the map (the TMA unit fills zeros); V rows past
 // the range in the last tile are zeroed after landing (0 x NaN would be NaN). Same bits as
