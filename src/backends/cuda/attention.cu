@@ -223,13 +223,26 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
 #endif
 }
 
+// ceil(n / d) for 0 <= n < 2^31 and 1 <= d < 2^31 (a unit's keys: len is capped at 2^30 by
+// cluster_attention_limits) in 32-bit arithmetic: the 64-bit division is a called routine of
+// ~70 instructions, and these sit on the chain from the context length to the first copies.
+__device__ __forceinline__ uint32_t ceil_div_u32(int64_t n, int64_t d) {
+  const uint32_t a = uint32_t(n), b = uint32_t(d);
+  return a / b + (a % b != 0u);
+}
+// the token of unit (token, kv head) = t * num_kv_heads + kv head; unit < 2^31 (a grid's CTA
+// index, cluster_attention_limits), so 32-bit as ceil_div_u32
+__device__ __forceinline__ int64_t unit_token(int64_t unit, int64_t num_kv_heads) {
+  return int64_t(uint32_t(unit) / uint32_t(num_kv_heads));
+}
+
 // Ce, the CTAs of a unit's cluster of C that take keys: the first ceil(len / keys) of them (at
 // least one; keys: keys_per_cta or KS_ATTN_MIN_KEYS, whichever is larger), or all C with
 // KS_ATTN_LIVE_SPLIT=0. It depends on the unit's length and C only, so every CTA of the cluster
 // computes the same value.
 __device__ __forceinline__ int live_ctas(const AttnParams& p, int C, int64_t len, int64_t keys_per_cta) {
   const int64_t keys = max(keys_per_cta, int64_t(p.min_keys_per_cta));
-  return p.live_split ? int(min(int64_t(C), max(int64_t(1), (len + keys - 1) / keys))) : C;
+  return p.live_split ? min(C, max(1, int(ceil_div_u32(len, keys)))) : C;
 }
 
 // A CTA's keys [begin, end) of its unit's range.
@@ -239,7 +252,7 @@ struct KeyRange {
 // cuda_gqa_cluster's split: CTA `rank` of the Ce that take keys gets the rank-th of Ce equal
 // pieces of the unit's len keys (empty for rank >= Ce).
 [[maybe_unused]] __device__ __forceinline__ KeyRange gqa_keys(int64_t len, int Ce, int rank) {
-  const int per = int((len + Ce - 1) / Ce);
+  const int per = int(ceil_div_u32(len, Ce));
   const int begin = rank < Ce ? int(min(len, int64_t(rank) * per)) : int(len);
   return {begin, int(min(len, int64_t(begin) + per))};
 }
@@ -325,7 +338,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   const int sub = lane % LPK, stream = warp * SPW + lane / LPK;
   const bool owns = sub * E < D;  // lanes past head_dim hold zeros
   const int64_t unit = blockIdx.x / C;  // (token, kv head)
-  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  const int64_t t = unit_token(unit, p.num_kv_heads), kvh = unit - t * p.num_kv_heads;
   if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
     const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, gqa_keys(now.len, live_ctas(p, C, now.len, NS * U), rank));
@@ -978,7 +991,7 @@ constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 // cuda_mma_cluster's split: part `part` of the Ce that take keys gets whole tiles of kMcKeys,
 // ceil(len / Ce) rounded up to a tile, the last part's range ending at len (empty past Ce).
 [[maybe_unused]] __device__ __forceinline__ KeyRange mma_keys(int64_t len, int Ce, int part) {
-  const int64_t per = ((len + Ce - 1) / Ce + kMcKeys - 1) / kMcKeys * kMcKeys;
+  const int64_t per = (int64_t(ceil_div_u32(len, Ce)) + kMcKeys - 1) / kMcKeys * kMcKeys;
   const int begin = int(min(len, int64_t(part) * per));
   return {begin, part < Ce ? int(min(len, int64_t(begin) + per)) : begin};
 }
@@ -1101,7 +1114,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   const int parts = p.splits > 1 ? p.splits : C;
   const int64_t unit = blockIdx.x / parts;  // (token, kv head)
   const int part = p.splits > 1 ? int(blockIdx.x % parts) : rank;
-  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  const int64_t t = unit_token(unit, p.num_kv_heads), kvh = unit - t * p.num_kv_heads;
   // Ce: as cuda_gqa_cluster (two tiles per warp at least, or KS_ATTN_MIN_KEYS)
   const int64_t keys_per_cta = p.splits > 1 ? p.split_keys : 2 * NW * kMcKeys;
   if (p.prefetch_keys > 0) {  // before the wait: warm_keys_l2
@@ -1467,7 +1480,7 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
   constexpr int kB = 16;  // accumulators per batch and output element (two batches in flight)
   __shared__ float head_m[kMcMaxGroup], head_l[kMcMaxGroup];
   __shared__ int head_empty[kMcMaxGroup];
-  const int64_t t = unit / p.num_kv_heads, kvh = unit % p.num_kv_heads;
+  const int64_t t = unit_token(unit, p.num_kv_heads), kvh = unit - t * p.num_kv_heads;
   const int64_t len = token_context(p, t).len;
   const int Ce = live_ctas(p, p.splits, len, p.split_keys);
   if (Ce == 1) return;
