@@ -73,6 +73,26 @@ __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\
 template <int N>
 __device__ __forceinline__ void wait_group() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
 
+// The cp.async ring every copy-based pattern runs over its n tiles: S - 1 tiles in flight, then
+// per tile the copies of the tile S - 1 ahead (issue commits its group), the wait for tile i,
+// `sync` (the warp's or the CTA's barrier), its use, and `sync` again before the stage is reused.
+template <int S, typename Issue, typename Sync, typename Use>
+__device__ __forceinline__ void cp_ring(int n, Issue&& issue, Sync&& sync, Use&& use) {
+  for (int i = 0; i < S - 1; ++i) {
+    if (i < n) issue(i);
+    else commit();
+  }
+  for (int i = 0; i < n; ++i) {
+    if (i + S - 1 < n) issue(i + S - 1);
+    else commit();
+    wait_group<S - 1>();
+    sync();
+    use(i % S);
+    sync();
+  }
+  wait_group<0>();
+}
+
 struct Probe {
   const unsigned char* k;
   const unsigned char* v;
@@ -120,18 +140,9 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const Probe p) {
       }
       commit();
     };
-    for (int i = 0; i < kStages - 1; ++i) {
-      if (i < mine) issue(i);
-      else commit();
-    }
-    for (int i = 0; i < mine; ++i) {
-      if (i + kStages - 1 < mine) issue(i + kStages - 1);
-      else commit();
-      wait_group<kStages - 1>();
-      __syncwarp();
-      keep += *reinterpret_cast<const unsigned*>(ring + (i % kStages) * stage_bytes + lane * 4);
-      __syncwarp();
-    }
+    cp_ring<kStages>(mine, issue, [] { __syncwarp(); }, [&](int stage) {
+      keep += *reinterpret_cast<const unsigned*>(ring + stage * stage_bytes + lane * 4);
+    });
   } else {
     constexpr int K = 64, stage_bytes = 2 * K * RB;
     const int ntiles = p.keys / K;
@@ -147,20 +158,10 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const Probe p) {
       }
       commit();
     };
-    for (int i = 0; i < kStages - 1; ++i) {
-      if (i < ntiles) issue(i);
-      else commit();
-    }
-    for (int i = 0; i < ntiles; ++i) {
-      if (i + kStages - 1 < ntiles) issue(i + kStages - 1);
-      else commit();
-      wait_group<kStages - 1>();
-      __syncthreads();
-      keep += *reinterpret_cast<const unsigned*>(smem + (i % kStages) * stage_bytes + threadIdx.x * 4);
-      __syncthreads();  // the stage is read before it is overwritten
-    }
+    cp_ring<kStages>(ntiles, issue, [] { __syncthreads(); }, [&](int stage) {
+      keep += *reinterpret_cast<const unsigned*>(smem + stage * stage_bytes + threadIdx.x * 4);
+    });
   }
-  wait_group<0>();
   if (keep == 0x9e3779b9u) p.sink[0] = keep;  // (keeps the reads of shared memory)
 }
 
@@ -253,19 +254,7 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
       }
       commit();
     };
-    for (int i = 0; i < S - 1; ++i) {
-      if (i < mine) issue(i);
-      else commit();
-    }
-    for (int i = 0; i < mine; ++i) {
-      if (i + S - 1 < mine) issue(i + S - 1);
-      else commit();
-      wait_group<S - 1>();
-      __syncwarp();
-      consume(i % S);
-      __syncwarp();
-    }
-    wait_group<0>();
+    cp_ring<S>(mine, issue, [] { __syncwarp(); }, consume);
   }
   if (keep == 0x9e3779b9u) p.sink[0] = keep;
 }
