@@ -11,7 +11,8 @@
 //                   [batch, heads, T, head_dim] layout);
 //   tiling  warp16: cuda_mma_cluster's: each of a CTA's 4 warps streams its own 16-key tiles
 //                   (w, w + 4, ...) through a ring of 3 stages (K and V rows of a tile, padded
-//                   by 16 bytes), waiting only for its own copies;
+//                   by 16 bytes as cuda_mma_cluster's were until 7d1de62), waiting only for its
+//                   own copies;
 //           cta64:  the 4 warps copy one 64-key tile together (K, then V) through a ring of 3
 //                   stages, a CTA barrier per tile (the shape of cuDNN's kernel, which loads
 //                   128-key tiles with every thread);
@@ -50,8 +51,8 @@ constexpr int kKvHeads = 8, kRowBytes = 256, kPad = 16, kThreads = 128, kStages 
 
 enum Tiling { kWarp16 = 0, kCta64 = 1 };
 // how warp16's rows land in shared memory: cp.async.cg into rows padded by 16 bytes
-// (cuda_mma_cluster); cp.async.cg into unpadded rows, 16-byte chunks XOR-swizzled by the row
-// (the TMA unit's 128-byte swizzle); cp.async.ca (through L1); ld.global.nc into registers, a
+// (cuda_mma_cluster until 7d1de62); cp.async.cg into unpadded rows, 16-byte chunks XOR-swizzled
+// by the row (as cuda_mma_cluster since 7d1de62, in 256-byte rows here); cp.async.ca (through L1); ld.global.nc into registers, a
 // tile (kLdg1) or two (kLdg2) ahead, then st.shared; cp.async.bulk of each 256-byte row (the
 // TMA unit, one row per lane) completing on the stage's mbarrier, into unpadded rows or rows padded by
 // 16 bytes (kBulkRowsPadded)
@@ -308,7 +309,10 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--only")) only = argv[i + 1];
     else { std::fprintf(stderr, "usage: kv_read_probe [--batch N] [--keys T] [--csv FILE] [--only PATTERN]\n"); return 2; }
   }
-  if (batch < 1 || keys < 64 || keys % 64 != 0) { std::fprintf(stderr, "kv_read_probe: --keys must be a multiple of 64\n"); return 2; }
+  if (batch < 1 || keys < 64 || keys % 64 != 0) {
+    std::fprintf(stderr, "kv_read_probe: --batch must be >= 1 and --keys a positive multiple of 64\n");
+    return 2;
+  }
   const size_t cache = size_t(batch) * keys * kKvHeads * kRowBytes;  // bytes of K (and of V)
   unsigned char *k = nullptr, *v = nullptr;
   unsigned* sink = nullptr;
@@ -382,11 +386,12 @@ int main(int argc, char** argv) {
   run_method(method_kernel<kBulkRows>, kStages, false, "bulk rows");
   run_method(method_kernel<kBulkRowsPadded>, kStages, true, "bulk rows padded");
   const size_t n16 = cache / 16;
-  if (std::string("flat ld.global.nc").find(only) == std::string::npos) return 0;
-  const double flat_us = median_us([&] { flat_kernel<<<prop.multiProcessorCount * 8, 256>>>(
-                                            reinterpret_cast<const uint4*>(k), reinterpret_cast<const uint4*>(v), n16, sink); },
-                                   20, 9);
-  report("flat ld.global.nc", flat_us);
+  if (std::string("flat ld.global.nc").find(only) != std::string::npos) {
+    const double flat_us = median_us([&] { flat_kernel<<<prop.multiProcessorCount * 8, 256>>>(
+                                              reinterpret_cast<const uint4*>(k), reinterpret_cast<const uint4*>(v), n16, sink); },
+                                     20, 9);
+    report("flat ld.global.nc", flat_us);
+  }
   if (csv) std::fclose(csv);
   CK(cudaFree(k));
   CK(cudaFree(v));

@@ -2941,39 +2941,53 @@ void expect_graph_replays_equal(TmaCase& c, const Buf& eager) {
 // from another pairs a key's elements with another key's, or with a zero-filled chunk: every
 // head_dim the variant takes (the multiples of 8 up to 128, so every zero-filled tail of each
 // padding) at 1, 3 and 8 query heads per kv head (packed and unpacked pieces), against the CPU.
-// Lengths 0, 1, 17, 100 (partial last tiles) and 300 (keys over several CTAs of a cluster; the
-// long-context tests wrap the rings); each token's blocks are its own, scattered, and every cache row past its
-// length holds NaN, which a chunk fetched from the wrong row would carry into the output.
+// Two batches: 5 tokens in 2048-key tables, lengths 0, 1, 17, 100 (partial last tiles) and 1500
+// (few units: 8 warps per CTA, the 1500 keys over a cluster's CTAs), and 18 tokens in 320-key
+// tables, lengths up to 300 (18 or more units: 4 warps per CTA). Each token's blocks are its own,
+// scattered; every cache row past its length holds NaN (rows the kernel must not copy).
 TEST(CudaAttentionMma, EveryHeadDimThroughTheSwizzledRows) {
   NEED_GPU();
   kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  const std::vector<int64_t> lens{0, 1, 17, 100, 300};
-  const int64_t T = int64_t(lens.size()), bs = 16, maxb = 20, blocks = T * maxb;
-  std::vector<int64_t> sids(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) sids[size_t(t)] = t;
+  struct Batch {
+    std::vector<int64_t> lens;
+    int64_t maxb;  // blocks of 16 keys per table
+  };
+  std::vector<int64_t> many(18);
+  for (size_t t = 0; t < many.size(); ++t) many[t] = int64_t(t * 53 % 301);  // 0 .. 300
+  const std::vector<Batch> batches{{{0, 1, 17, 100, 1500}, 128}, {many, 20}};
   const double nan = std::nan("");
-  for (DType dt : {DType::BF16, DType::F16})
-    for (int64_t D = 8; D <= 128; D += 8)
-      for (auto [H, KVH] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {6, 2}, {8, 1}}) {
-        SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " H=" + std::to_string(H) + " KVH=" + std::to_string(KVH) +
-                     " D=" + std::to_string(D));
-        Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {T, maxb});
-        kstest::fill_normal(kc);
-        kstest::fill_normal(vc);
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t b = 0; b < maxb; ++b) bt.set(t * maxb + b, double(t * maxb + (b * 7 + 3) % maxb));
-        for (int64_t t = 0; t < T; ++t)
-          for (int64_t pos = lens[size_t(t)]; pos < maxb * bs; ++pos) {
-            const int64_t slot = int64_t(bt.get(t * maxb + pos / bs)) * bs + pos % bs;
-            for (int64_t e = 0; e < KVH * D; ++e) kc.set(slot * KVH * D + e, nan), vc.set(slot * KVH * D + e, nan);
-          }
-        Buf q(dt, {T, H, D}), ref(dt, q.shape), got(dt, q.shape);
-        kstest::fill_normal(q);
-        ASSERT_NO_FATAL_FAILURE(paged_device_vs_cpu(dt, q, kc, vc, bt, bt, sids, lens, sids, lens,
-                                                    1.0 / std::sqrt(double(D)), got, ref));
-        EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << ks_last_launch_config("paged_attention");
-      }
+  const int64_t bs = 16;
+  for (const Batch& batch : batches) {
+    const int64_t T = int64_t(batch.lens.size()), maxb = batch.maxb, blocks = T * maxb;
+    std::vector<int64_t> sids(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) sids[size_t(t)] = t;
+    for (DType dt : {DType::BF16, DType::F16})
+      for (int64_t D = 8; D <= 128; D += 8)
+        for (auto [H, KVH] : std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {6, 2}, {8, 1}}) {
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " T=" + std::to_string(T) + " H=" + std::to_string(H) +
+                       " KVH=" + std::to_string(KVH) + " D=" + std::to_string(D));
+          Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {T, maxb});
+          kstest::fill_normal(kc);
+          kstest::fill_normal(vc);
+          for (int64_t t = 0; t < T; ++t)  // (7 is prime to both table sizes: a permutation)
+            for (int64_t b = 0; b < maxb; ++b) bt.set(t * maxb + b, double(t * maxb + (b * 7 + 3) % maxb));
+          for (int64_t t = 0; t < T; ++t)
+            for (int64_t pos = batch.lens[size_t(t)]; pos < maxb * bs; ++pos) {
+              const int64_t slot = int64_t(bt.get(t * maxb + pos / bs)) * bs + pos % bs;
+              for (int64_t e = 0; e < KVH * D; ++e) kc.set(slot * KVH * D + e, nan), vc.set(slot * KVH * D + e, nan);
+            }
+          Buf q(dt, {T, H, D}), ref(dt, q.shape), got(dt, q.shape);
+          kstest::fill_normal(q);
+          ASSERT_NO_FATAL_FAILURE(paged_device_vs_cpu(dt, q, kc, vc, bt, bt, sids, batch.lens, sids, batch.lens,
+                                                      1.0 / std::sqrt(double(D)), got, ref));
+          const std::string cfg = ks_last_launch_config("paged_attention");  // (the device call's)
+          EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << cfg;
+          // the launch paths the comment names: 8 warps and clusters for the few units, 4 warps for the many
+          EXPECT_NE(cfg.find(T < 18 ? "warps=8" : "warps=4"), std::string::npos) << cfg;
+          if (T < 18) EXPECT_EQ(cfg.find("cluster=1 "), std::string::npos) << cfg;
+        }
+  }
 }
 
 // cuda_mma_tma is cuda_mma_cluster with the tiles brought by the TMA unit (tensor maps of the

@@ -368,7 +368,7 @@ __device__ __forceinline__ void gqa_unit(const AttnParams& p, const AttnRope* ro
   // token_context's instead of following it (one round trip less before the first keys)
   if constexpr (!ROPE)
     if (!pre) load_q();
-  const auto [seq, len] = token_context(p, t, pre);  // len <= INT32_MAX (can_implement)
+  const auto [seq, len] = token_context(p, t, pre);  // len < 2^30 (cluster_attention_limits)
   // The CTAs that get keys: Ce <= C, at least one whole step (NS * U keys) each (or
   // KS_ATTN_MIN_KEYS). C was sized
   // at launch from the block table's capacity (a graph replays it at every length); a short
