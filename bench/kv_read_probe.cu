@@ -20,7 +20,8 @@
 //                   tile's K rows, then its V rows;
 //   hint    none / 128 / 256: cp.async's L2 prefetch size (.L2::128B, .L2::256B).
 // And the warp16 tiles of the paged rows landing in other ways (see Method: swizzled rows,
-// cp.async.ca, ld.global.nc then st.shared, bulk copies of rows).
+// cp.async.ca, ld.global.nc then st.shared, bulk copies of rows; tma_kernel: tensor copies of
+// cuda_mma_tma's 16-row boxes or of single half-rows).
 // Plus `flat`: every thread streams 16-byte loads (ld.global.nc) over both caches, the read
 // ceiling of this probe. One CTA per (sequence, kv head), 128 threads, as both kernels above.
 // Time: CUDA events around 20 launches, median of 9; the caches (2 x 512 MB) are 20x L2.
@@ -46,6 +47,8 @@ using ks::cuda::mbar_arrive_expect_tx;
 using ks::cuda::mbar_init;
 using ks::cuda::mbar_init_fence;
 using ks::cuda::mbar_wait;
+using ks::cuda::tensor_map_encoder;
+using ks::cuda::tma_load_4d;
 
 constexpr int kKvHeads = 8, kRowBytes = 256, kPad = 16, kThreads = 128, kStages = 3;
 
@@ -260,6 +263,58 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
   if (keep == 0x9e3779b9u) p.sink[0] = keep;
 }
 
+// warp16 tiling over the paged (nhd) rows by the TMA unit's tensor copies through a map of each
+// cache ({64 elements, rows, 2 halves, 8 kv heads}, the 128-byte swizzle), landing as
+// cuda_mma_cluster's tiles: [half][16 rows][128 bytes] per K or V tile. ROWS = false: lane 0
+// issues one copy of K and one of V per tile (box {64, 16, 2, 1}: cuda_mma_tma's, which asks for
+// the 16 rows' first halves, then their second halves); ROWS = true: each lane copies one
+// half-row of K and of V (box {64, 1, 1, 1}: 64 copies of 128 bytes per tile, in row order, the
+// hardware placing each by its destination's address bits as the whole box would).
+struct Maps {
+  CUtensorMap k, v;
+};
+template <bool ROWS>
+__global__ void __launch_bounds__(kThreads) tma_kernel(const Probe p, const __grid_constant__ Maps maps) {
+  extern __shared__ __align__(1024) unsigned char smem[];
+  constexpr int K = 16, stage_bytes = 2 * K * kRowBytes, S = kStages;
+  const int seq = blockIdx.x / kKvHeads, kvh = blockIdx.x % kKvHeads;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  // the ring on a 1024-byte boundary (the swizzle's period), the barriers after the 4 warps' rings
+  const unsigned pad = (1024u - (unsigned(__cvta_generic_to_shared(smem)) & 1023u)) & 1023u;
+  unsigned char* ring = smem + pad + warp * S * stage_bytes;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pad + 4 * S * stage_bytes) + warp * S;
+  const int ntiles = p.keys / K, mine = (ntiles - warp + 3) / 4;
+  if (lane == 0) {
+    for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+  auto issue = [&](int i) {
+    const int stage = i % S;
+    unsigned char* st = ring + stage * stage_bytes;
+    const int row0 = seq * p.keys + (warp + 4 * i) * K;
+    if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(stage_bytes));
+    if constexpr (ROWS) {
+      __syncwarp();
+      const int r = lane & 15, h = lane >> 4;
+      tma_load_4d(st + h * (K * 128) + r * 128, &maps.k, 0, row0 + r, h, kvh, bars + stage);
+      tma_load_4d(st + K * kRowBytes + h * (K * 128) + r * 128, &maps.v, 0, row0 + r, h, kvh, bars + stage);
+    } else if (lane == 0) {
+      tma_load_4d(st, &maps.k, 0, row0, 0, kvh, bars + stage);
+      tma_load_4d(st + K * kRowBytes, &maps.v, 0, row0, 0, kvh, bars + stage);
+    }
+  };
+  unsigned keep = 0;
+  for (int i = 0; i < S - 1 && i < mine; ++i) issue(i);
+  for (int i = 0; i < mine; ++i) {
+    if (i + S - 1 < mine) issue(i + S - 1);
+    mbar_wait(bars + i % S, unsigned(i / S) & 1u);
+    keep += *reinterpret_cast<const unsigned*>(ring + (i % S) * stage_bytes + lane * 4);
+    __syncwarp();
+  }
+  if (keep == 0x9e3779b9u) p.sink[0] = keep;
+}
+
 __global__ void flat_kernel(const uint4* k, const uint4* v, size_t n16, unsigned* sink) {
   unsigned keep = 0;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n16; i += size_t(gridDim.x) * blockDim.x) {
@@ -385,6 +440,33 @@ int main(int argc, char** argv) {
   run_method(method_kernel<kLdg2>, 2, false, "ldg 2 ahead");
   run_method(method_kernel<kBulkRows>, kStages, false, "bulk rows");
   run_method(method_kernel<kBulkRowsPadded>, kStages, true, "bulk rows padded");
+  // the tensor copies (last: a driver without the encoder, or a refused map, skips them)
+  auto run_tma = [&](auto kernel, const char* name, int box_rows, int box_halves) {
+    const std::string full = std::string("nhd warp16 ") + name;
+    if (full.find(only) == std::string::npos) return;
+    const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc) {
+      std::printf("%-28s skipped: the driver has no cuTensorMapEncodeTiled\n", full.c_str());
+      return;
+    }
+    Maps maps{};
+    const cuuint64_t dims[4] = {64, cuuint64_t(batch) * cuuint64_t(keys), 2, kKvHeads};
+    const cuuint64_t strides[3] = {kKvHeads * kRowBytes, 128, kRowBytes};
+    const cuuint32_t box[4] = {64, cuuint32_t(box_rows), cuuint32_t(box_halves), 1}, elem[4] = {1, 1, 1, 1};
+    for (int m = 0; m < 2; ++m)
+      if (enc(m ? &maps.v : &maps.k, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, m ? v : k, dims, strides, box, elem,
+              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+        std::printf("%-28s skipped: cuTensorMapEncodeTiled refused the map\n", full.c_str());
+        return;
+      }
+    const int smem = 1024 + 4 * kStages * 2 * 16 * kRowBytes + 4 * kStages * 8;
+    CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const Probe p{k, v, sink, keys, true};
+    report(full, median_us([&] { kernel<<<grid, kThreads, smem>>>(p, maps); }, 20, 9));
+  };
+  run_tma(tma_kernel<false>, "tma box16", 16, 2);
+  run_tma(tma_kernel<true>, "tma rows", 1, 1);
   const size_t n16 = cache / 16;
   if (std::string("flat ld.global.nc").find(only) != std::string::npos) {
     const double flat_us = median_us([&] { flat_kernel<<<prop.multiProcessorCount * 8, 256>>>(

@@ -26,8 +26,6 @@
 // can_implement: head_dim a multiple of E and at most 32 E, G <= 8, 16-byte aligned
 // tensors; other calls go to cuda_cta_per_head.
 #include <cooperative_groups.h>
-#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (cuda_mma_tma; no libcuda link: the
-                            // encoder comes from cudaGetDriverEntryPointByVersion)
 
 #include <algorithm>
 #include <array>
@@ -1049,12 +1047,7 @@ struct McMaps {
 // ([[maybe_unused]] here and on the key-range helpers: their callers are sm_90 code, so the
 // compute_80 pass would warn, #177-D)
 [[maybe_unused]] __device__ __forceinline__ void tma_cache_rows(void* smem, const CUtensorMap* map, int row, int kvh, uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
-      ::"r"(unsigned(__cvta_generic_to_shared(smem))), "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(row), "r"(0),
-      "r"(kvh), "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
-#endif
+  tma_load_4d(smem, map, 0, row, 0, kvh, bar);
 }
 
 // a and b as a packed pair of T (low half: a), and the pair's values back in ra, rb
@@ -1671,21 +1664,6 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
 }
 
 }  // namespace
-
-// cuTensorMapEncodeTiled from the driver (nullptr when it lacks it), looked up once
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess) {
-      (void)cudaGetLastError();  // an answer: cuda_mma_tma declines
-      f = nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
 
 // A [num_blocks, block_size, num_kv_heads, head_dim] cache (bf16 / fp16, contiguous, 16-byte
 // aligned) as cuda_mma_tma's map: dimensions {64 elements, cache rows, head_dim / 64 halves, kv

@@ -5,6 +5,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>  // CUtensorMap, PFN_cuTensorMapEncodeTiled (no libcuda link: the encoder comes
+                            // from cudaGetDriverEntryPointByVersion)
 
 #include <algorithm>
 #include <cstdint>
@@ -352,6 +354,17 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, unsi
                "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
 #endif
 }
+// The box of a 4-D tensor map at coordinates {c0, c1, c2, c3} (innermost first) to this CTA's
+// shared memory by the TMA unit (with the map's swizzle; zeros for elements past the map),
+// counted against bar's expected bytes.
+__device__ __forceinline__ void tma_load_4d(void* smem, const CUtensorMap* map, int c0, int c1, int c2, int c3, uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+      ::"r"(unsigned(__cvta_generic_to_shared(smem))), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2),
+      "r"(c3), "r"(unsigned(__cvta_generic_to_shared(bar))) : "memory");
+#endif
+}
 // Ends a barrier's life (every phase it was armed for completed) before its bytes are used as
 // plain shared memory.
 __device__ __forceinline__ void mbar_inval(uint64_t* bar) {
@@ -369,6 +382,22 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // whole warps) have arrived at it: a subset of warps synchronizes without the others.
 __device__ __forceinline__ void named_barrier(unsigned id, unsigned threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- tensor maps (host) --------------------------------------------------------
+// cuTensorMapEncodeTiled from the driver (nullptr when it lacks it), looked up once
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();  // an answer: the callers decline
+      f = nullptr;
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
 }
 
 // ---- tensor cores (mma.sync, sm_80+) -----------------------------------------
