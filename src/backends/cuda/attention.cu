@@ -1037,9 +1037,12 @@ constexpr size_t mc_smem_bytes(int G, int64_t D) {
   return std::max(size_t(Sh::kRingBytes + Sh::kExtra), gqa_state_bytes(NW, G, D));
 }
 
-// The K and V caches as cuda_mma_tma's tensor maps (kernel parameter; unused by cuda_mma_cluster)
+// The K and V caches as cuda_mma_tma's tensor maps (kernel parameter; unused by cuda_mma_cluster).
+// rows: the maps' boxes are single half-rows ({64, 1, 1, 1}) and each lane copies its own
+// (KS_ATTN_TMA_ROWS=1), else 16-row boxes copied by lane 0.
 struct McMaps {
   CUtensorMap k, v;
+  int rows;
 };
 
 // 16 rows (keys) of one kv head, both halves of head_dim (box {64, 16, DP / 64, 1} of the map
@@ -1210,9 +1213,24 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   auto issue_tma = [&](int stage, int i, int32_t blk, int off) -> unsigned {
     const bool mapped = blk >= 0 && blk < p.num_blocks;
     const int n = j_end - (j_begin + tile_key(i));  // >= 1 for a tile of the range
-    if (lane == 0) {
-      unsigned char* st = ring + stage * Sh::kStageBytes;
-      const int row = mapped ? blk * bs + off : rows_end;
+    unsigned char* st = ring + stage * Sh::kStageBytes;
+    const int row = mapped ? blk * bs + off : rows_end;
+    if (maps.rows) {
+      // one 128-byte half-row per copy, the tile's rows in order: lane l takes row l % 16,
+      // half l / 16 of K and of V (head_dim 128), or (64: one half) row l % 16 of K (l < 16)
+      // or of V; the TMA unit swizzles each by its destination address, as the whole box
+      if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(Sh::kStageBytes));
+      __syncwarp();
+      const int r = lane & 15, h = lane >> 4;
+      if constexpr (DP == 128) {
+        tma_load_4d(st + h * (kMcKeys * 128) + r * 128, &maps.k, 0, row + r, h, int(kvh), bars + stage);
+        tma_load_4d(st + kMcKeys * Sh::kRowBytes + h * (kMcKeys * 128) + r * 128, &maps.v, 0, row + r, h, int(kvh),
+                    bars + stage);
+      } else {
+        tma_load_4d(st + h * kMcKeys * Sh::kRowBytes + r * 128, h ? &maps.v : &maps.k, 0, row + r, 0, int(kvh),
+                    bars + stage);
+      }
+    } else if (lane == 0) {
       mbar_arrive_expect_tx(bars + stage, unsigned(Sh::kStageBytes));
       tma_cache_rows(st, &maps.k, row, int(kvh), bars + stage);
       tma_cache_rows(st + kMcKeys * Sh::kRowBytes, &maps.v, row, int(kvh), bars + stage);
@@ -1669,12 +1687,12 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
 // aligned) as cuda_mma_tma's map: dimensions {64 elements, cache rows, head_dim / 64 halves, kv
 // heads} (strides: a row, 128 bytes, a head), boxes of {64, 16 rows, head_dim / 64, 1}, the
 // 128-byte swizzle, zeros past the rows. false when the driver refuses it.
-bool encode_cache_map(CUtensorMap* m, const detail::View& cache, int64_t rows, int64_t kvh, int64_t D) {
+bool encode_cache_map(CUtensorMap* m, const detail::View& cache, int64_t rows, int64_t kvh, int64_t D, bool half_rows) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (!enc) return false;
   const cuuint64_t dims[4] = {64, cuuint64_t(rows), cuuint64_t(D / 64), cuuint64_t(kvh)};
   const cuuint64_t strides[3] = {cuuint64_t(kvh * D * 2), 128, cuuint64_t(D * 2)};
-  const cuuint32_t box[4] = {64, cuuint32_t(kMcKeys), cuuint32_t(D / 64), 1};
+  const cuuint32_t box[4] = {64, half_rows ? 1u : cuuint32_t(kMcKeys), half_rows ? 1u : cuuint32_t(D / 64), 1};
   const cuuint32_t elem[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
       cache.dtype == detail::DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -1730,11 +1748,14 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
   });
+  // KS_ATTN_TMA_ROWS=1 (read once; an experiment): cuda_mma_tma's copies one half-row per lane
+  static const bool tma_rows = env_is("KS_ATTN_TMA_ROWS", "1");
   McMaps maps{};
   if (tma) {
     const int64_t rows = a.num_blocks * a.block_size;
-    if (!encode_cache_map(&maps.k, a.k_cache, rows, a.num_kv_heads, a.head_dim) ||
-        !encode_cache_map(&maps.v, a.v_cache, rows, a.num_kv_heads, a.head_dim))
+    maps.rows = tma_rows ? 1 : 0;
+    if (!encode_cache_map(&maps.k, a.k_cache, rows, a.num_kv_heads, a.head_dim, tma_rows) ||
+        !encode_cache_map(&maps.v, a.v_cache, rows, a.num_kv_heads, a.head_dim, tma_rows))
       detail::fail(KS_ERROR_CUDA, "paged_attention", "cuda_mma_tma: cuTensorMapEncodeTiled refused the caches' tensor maps");
   }
   auto go = [&](auto tag, auto dpad, auto warps, auto packed, auto tm) {
@@ -1850,10 +1871,10 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   check_launch("paged_attention");
   record_launch("paged_attention",
                 tma ? "variant=cuda_mma_tma cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld"
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld tma_rows=%lld"
                     : "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
                       "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0});
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0, tma_rows ? 1 : 0});
 }
 }  // namespace
 
