@@ -13,8 +13,8 @@
 # $OUT/attention_tests.txt. KS_FOLLOWUP_VARIANTS=1: the anchors under every CUDA variant too
 # (bench_ops --variants: cuda_mma_cluster, cuda_mma_tma, ... pinned). KS_FOLLOWUP_TAGGED=SETTING,IMPL
 # (e.g. KS_ATTN_LAST_COMBINE=0,kernscope): that impl's anchor rows again under SETTING.
-# KS_FOLLOWUP_ENV_TESTS=SETTING,FILTER (e.g. KS_ATTN_TMA_ROWS=1,CudaAttentionMma.Tma*): those
-# tests again under SETTING -> $OUT/env_tests.txt.
+# KS_FOLLOWUP_ENV_TESTS=SETTING,FILTER[;SETTING,FILTER...] (e.g. KS_ATTN_TMA_ROWS=1,CudaAttentionMma.Tma*;
+# SETTING may join several with +): those tests again under SETTING -> $OUT/env_tests.txt.
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
@@ -31,9 +31,13 @@ elif [ "${KS_FOLLOWUP_TESTS:-1}" = 1 ]; then
   KS_ATTN_PREWAIT_STEPS=1 $BUILD/tests/test_cuda_ops --gtest_filter='*AfterAppend*:*AfterFusedQkv*' > "$OUT/prewait1_tests.txt" 2>&1
   echo "after-append tests at KS_ATTN_PREWAIT_STEPS=1: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/prewait1_tests.txt" | tr '\n' ' ')"
 fi
-if [ -n "${KS_FOLLOWUP_ENV_TESTS:-}" ]; then  # SETTING,FILTER: those tests again under SETTING
-  env ${KS_FOLLOWUP_ENV_TESTS%%,*} $BUILD/tests/test_cuda_ops --gtest_filter="${KS_FOLLOWUP_ENV_TESTS#*,}" > "$OUT/env_tests.txt" 2>&1
-  echo "tests under ${KS_FOLLOWUP_ENV_TESTS%%,*}: $(grep -E '^\[  (PASSED|FAILED)|^\[  FAILED  \] [A-Z]' "$OUT/env_tests.txt" | tr '\n' ' ')"
+if [ -n "${KS_FOLLOWUP_ENV_TESTS:-}" ]; then  # SETTING,FILTER[;SETTING,FILTER...]: those tests again under SETTING
+  IFS=';' read -ra env_runs <<< "$KS_FOLLOWUP_ENV_TESTS"
+  for run in "${env_runs[@]}"; do
+    setting=${run%%,*}
+    env ${setting//+/ } $BUILD/tests/test_cuda_ops --gtest_filter="${run#*,}" >> "$OUT/env_tests.txt" 2>&1
+    echo "tests under $setting: $(grep -E '^\[  (PASSED|FAILED)|^\[  FAILED  \] [A-Z]' "$OUT/env_tests.txt" | tail -3 | tr '\n' ' ')"
+  done
 fi
 [ "${KS_FOLLOWUP_BENCH:-1}" = 1 ] || exit 0  # (KS_FOLLOWUP_BENCH=0: the tests only)
 shapes=${KS_FOLLOWUP_SHAPES:-}

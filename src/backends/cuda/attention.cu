@@ -735,16 +735,19 @@ int gqa_prewait_steps() {
 
 // The kernel parameters of both cluster variants, with the environment switches
 // KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
-// keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none), for
+// keys per CTA), KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none) and
+// KS_ATTN_MERGE_RELEASE=1 (the split's last-CTA count as one acq_rel atomic; AttnParams), for
 // experiments; read once.
 AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   AttnParams p = attn_params(a);
   static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
   static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
   static const int prefetch_keys = int(std::clamp<long long>(env_number("KS_ATTN_PREFETCH_KEYS", 0), 0, 1 << 20));
+  static const bool merge_release = env_is("KS_ATTN_MERGE_RELEASE", "1");
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
   p.prefetch_keys = prefetch_keys;
+  p.merge_release = merge_release ? 1 : 0;
   return p;
 }
 
@@ -1456,11 +1459,24 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       // reads the others' through L2 after seeing the count. atomicInc wraps the count back to
       // 0 at the last arrival, so it is 0 again for the next call or replay.
       __shared__ int last;
-      __threadfence();
-      __syncthreads();
-      if (threadIdx.x == 0) {
-        last = atomicInc(&p.ws_count[unit], unsigned(Ce - 1)) == unsigned(Ce - 1);
-        if (last) __threadfence();
+      if (p.merge_release) {
+        // (KS_ATTN_MERGE_RELEASE=1) the barrier orders every thread's state stores before
+        // thread 0's count, whose release is cumulative over them; its acquire, then the
+        // barrier, orders the last CTA's loads of the others' states after their counts
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          unsigned old;
+          asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                       : "=r"(old) : "l"(p.ws_count + unit), "r"(unsigned(Ce - 1)) : "memory");
+          last = old == unsigned(Ce - 1);
+        }
+      } else {
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          last = atomicInc(&p.ws_count[unit], unsigned(Ce - 1)) == unsigned(Ce - 1);
+          if (last) __threadfence();
+        }
       }
       __syncthreads();
       if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
