@@ -11,7 +11,7 @@
 #    the caches head-major under a timing-only switch, since removed: docs/perf/h200_attention.md.)
 # KS_FOLLOWUP_TESTS=0 skips the test runs, KS_FOLLOWUP_BENCH=0 the benchmark; =attn runs the attention tests only (*Attention*) ->
 # $OUT/attention_tests.txt. KS_FOLLOWUP_VARIANTS=1: the anchors under every CUDA variant too
-# (bench_ops --variants: cuda_mma_cluster, cuda_mma_tma, ... pinned). KS_FOLLOWUP_TAGGED=SETTING,IMPL
+# (bench_ops --variants: cuda_mma_cluster, cuda_mma_tma, ... pinned). KS_FOLLOWUP_TAGGED=SETTING,IMPL[;SETTING,IMPL...]
 # (e.g. KS_ATTN_LAST_COMBINE=0,kernscope): that impl's anchor rows again under SETTING.
 # KS_FOLLOWUP_ENV_TESTS=SETTING,FILTER[;SETTING,FILTER...] (e.g. KS_ATTN_TMA_ROWS=1,CudaAttentionMma.Tma*;
 # SETTING may join several with +): those tests again under SETTING -> $OUT/env_tests.txt.
@@ -43,8 +43,11 @@ fi
 shapes=${KS_FOLLOWUP_SHAPES:-}
 args=(--ops paged_attention --dtypes bf16 ${shapes:+--shapes "$shapes"} ${KS_FOLLOWUP_VARIANTS:+--variants})
 KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/followup.csv" "${args[@]}" > /dev/null 2>&1
-if [ -n "${KS_FOLLOWUP_TAGGED:-}" ]; then  # SETTING,IMPL: that impl's rows again under SETTING (tagged)
-  KS_BENCH_ATTN=anchors ks_bench_tagged "${KS_FOLLOWUP_TAGGED%%,*}" "${KS_FOLLOWUP_TAGGED#*,}" "$OUT/followup.csv" "${args[@]}"
+if [ -n "${KS_FOLLOWUP_TAGGED:-}" ]; then  # SETTING,IMPL[;SETTING,IMPL...]: that impl's rows again under SETTING (tagged)
+  IFS=';' read -ra tagged_runs <<< "$KS_FOLLOWUP_TAGGED"
+  for run in "${tagged_runs[@]}"; do
+    KS_BENCH_ATTN=anchors ks_bench_tagged "${run%%,*}" "${run#*,}" "$OUT/followup.csv" "${args[@]}"
+  done
 fi
 if [ "${KS_FOLLOWUP_BS64:-1}" = 1 ]; then  # (KS_FOLLOWUP_BS64=0: not)
   KS_BENCH_ATTN=anchors ks_bench_tagged KS_BENCH_ATTN_BS=64 kernscope "$OUT/followup.csv" "${args[@]}"
