@@ -97,6 +97,25 @@ __device__ __forceinline__ void cp_ring(int n, Issue&& issue, Sync&& sync, Use&&
   wait_group<0>();
 }
 
+// The mbarrier ring of the bulk- and tensor-copy patterns, per warp: S barriers (one arrival
+// each, lane 0's expect_tx in `issue`), S - 1 tiles in flight, then per tile the copies of the
+// tile S - 1 ahead, the wait for tile i's bytes, its use and a warp barrier before the stage is reused.
+template <int S, typename Issue, typename Use>
+__device__ __forceinline__ void mbar_ring(uint64_t* bars, int n, int lane, Issue&& issue, Use&& use) {
+  if (lane == 0) {
+    for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+  for (int i = 0; i < S - 1 && i < n; ++i) issue(i);
+  for (int i = 0; i < n; ++i) {
+    if (i + S - 1 < n) issue(i + S - 1);
+    mbar_wait(bars + i % S, unsigned(i / S) & 1u);
+    use(i % S);
+    __syncwarp();
+  }
+}
+
 struct Probe {
   const unsigned char* k;
   const unsigned char* v;
@@ -226,11 +245,6 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
       }
     }
   } else if constexpr (METHOD == kBulkRows || METHOD == kBulkRowsPadded) {
-    if (lane == 0) {
-      for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
-      mbar_init_fence();
-    }
-    __syncwarp();
     auto issue = [&](int i) {
       const int stage = i % S;
       if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(2 * K * kRowBytes));
@@ -240,13 +254,7 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
       bulk_copy_g2s(ring + stage * stage_bytes + (v ? K + row : row) * RB,
                     (v ? p.v : p.k) + row_at(p, seq, kvh, (warp + 4 * i) * K + row), kRowBytes, bars + stage);
     };
-    for (int i = 0; i < S - 1 && i < mine; ++i) issue(i);
-    for (int i = 0; i < mine; ++i) {
-      if (i + S - 1 < mine) issue(i + S - 1);
-      mbar_wait(bars + i % S, unsigned(i / S) & 1u);
-      consume(i % S);
-      __syncwarp();
-    }
+    mbar_ring<S>(bars, mine, lane, issue, consume);
   } else {
     auto issue = [&](int i) {
       unsigned char* st = ring + (i % S) * stage_bytes;
@@ -284,11 +292,6 @@ __global__ void __launch_bounds__(kThreads) tma_kernel(const Probe p, const __gr
   unsigned char* ring = smem + pad + warp * S * stage_bytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + pad + 4 * S * stage_bytes) + warp * S;
   const int ntiles = p.keys / K, mine = (ntiles - warp + 3) / 4;
-  if (lane == 0) {
-    for (int st = 0; st < S; ++st) mbar_init(bars + st, 1);
-    mbar_init_fence();
-  }
-  __syncwarp();
   auto issue = [&](int i) {
     const int stage = i % S;
     unsigned char* st = ring + stage * stage_bytes;
@@ -305,13 +308,9 @@ __global__ void __launch_bounds__(kThreads) tma_kernel(const Probe p, const __gr
     }
   };
   unsigned keep = 0;
-  for (int i = 0; i < S - 1 && i < mine; ++i) issue(i);
-  for (int i = 0; i < mine; ++i) {
-    if (i + S - 1 < mine) issue(i + S - 1);
-    mbar_wait(bars + i % S, unsigned(i / S) & 1u);
-    keep += *reinterpret_cast<const unsigned*>(ring + (i % S) * stage_bytes + lane * 4);
-    __syncwarp();
-  }
+  mbar_ring<S>(bars, mine, lane, issue, [&](int stage) {
+    keep += *reinterpret_cast<const unsigned*>(ring + stage * stage_bytes + lane * 4);
+  });
   if (keep == 0x9e3779b9u) p.sink[0] = keep;
 }
 
