@@ -379,12 +379,19 @@ void validate_paged_attention(const char* op, PagedAttentionArgs& a, const DLTen
                       {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
     require_no_overlap(op, "out", a.out, n, *t);
   if (a.has_seq_ids) require_no_overlap(op, "out", a.out, "seq_ids", a.seq_ids);
-  a.max_context_len = a.max_blocks_per_seq * a.block_size;
+  // the tables' capacity in keys; the block count of a key range is a division, not
+  // (len + block_size - 1) / block_size, which overflows for a huge block_size (an empty cache's
+  // dim 1 can be anything: 0 x 2^63 - 1 elements is a valid tensor)
+  int64_t cap = 0;
+  if (__builtin_mul_overflow(a.max_blocks_per_seq, a.block_size, &cap))
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "block_tables' max_blocks_per_seq (" + std::to_string(a.max_blocks_per_seq) +
+                                            ") times k_cache's block_size (" + std::to_string(a.block_size) +
+                                            ") overflows int64");
+  a.max_context_len = cap;
   if (on_host(a.context_lens)) {
     a.max_context_len = 0;
     auto cl = [&](int64_t i) { return load_index(a.context_lens.data, DType::I32, i); };
     auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
-    const int64_t cap = a.max_blocks_per_seq * a.block_size;
     for (int64_t t = 0; t < a.num_tokens; ++t) {
       const int64_t s = a.has_seq_ids ? load_index(a.seq_ids.data, DType::I32, t) : t;
       if (s < 0 || s >= a.num_seqs)
@@ -395,7 +402,7 @@ void validate_paged_attention(const char* op, PagedAttentionArgs& a, const DLTen
                                                 " is outside [0, max_blocks_per_seq * block_size = " +
                                                 std::to_string(cap) + "]");
       a.max_context_len = std::max(a.max_context_len, cl(t));
-      const int64_t nb = (cl(t) + a.block_size - 1) / a.block_size;
+      const int64_t nb = cl(t) / a.block_size + (cl(t) % a.block_size != 0);
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t blk = bt(s * a.max_blocks_per_seq + b);
         if (blk < 0 || blk >= a.num_blocks)

@@ -799,4 +799,44 @@ TEST(PagedAttention, ZeroBlockSizeDoesNotCrash) {
   EXPECT_EXIT(std::exit(zero_block_size_child()), ::testing::ExitedWithCode(0), "");
 }
 
+// An empty cache may have any block_size (0 blocks x 2^63 - 1 keys is a valid tensor). A context
+// of 3 keys then needs block_tables' first entry in [0, 0): refused by name, nothing written. The
+// block count was (len + block_size - 1) / block_size, which overflowed to a negative count, so
+// the entries went unchecked and the kernels read past the caches (an adversarial review's find;
+// a segfault at block id 100000). And a capacity max_blocks_per_seq * block_size past int64 is
+// refused by name instead of overflowing.
+TEST(PagedAttention, HugeBlockSizeOfAnEmptyCacheIsChecked) {
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  for (int32_t blk : {0, 1, 100000}) {
+    Buf out(DType::F32, {1, 1, 16}), q(DType::F32, {1, 1, 16}), kc(DType::F32, {0, huge, 1, 16}),
+        vc(DType::F32, {0, huge, 1, 16}), bt(DType::I32, {1, 1}), cl(DType::I32, {1});
+    kstest::fill_normal(q);
+    set_i(bt, 0, blk);
+    set_i(cl, 0, 3);
+    out.poison();
+    const std::vector<uint8_t> before = out.raw;
+    DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), l = cl.dl();
+    EXPECT_EQ(ks_paged_attention(&o, &qq, &k, &v, &b, nullptr, &l, 0.25, KS_BACKEND_CPU, nullptr),
+              KS_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ks_last_error()).find("block_tables[0, 0] = " + std::to_string(blk)), std::string::npos)
+        << ks_last_error();
+    EXPECT_TRUE(out.raw == before) << "out was written";
+  }
+  {  // 2 blocks of 2^62 keys: the capacity 2^63 overflows int64
+    Buf out(DType::F32, {1, 1, 16}), q(DType::F32, {1, 1, 16}), kc(DType::F32, {0, int64_t(1) << 62, 1, 16}),
+        vc(DType::F32, {0, int64_t(1) << 62, 1, 16}), bt(DType::I32, {1, 2}), cl(DType::I32, {1});
+    kstest::fill_normal(q);
+    set_i(bt, 0, 0);
+    set_i(bt, 1, 0);
+    set_i(cl, 0, 0);
+    out.poison();
+    const std::vector<uint8_t> before = out.raw;
+    DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), l = cl.dl();
+    EXPECT_EQ(ks_paged_attention(&o, &qq, &k, &v, &b, nullptr, &l, 0.25, KS_BACKEND_CPU, nullptr),
+              KS_ERROR_INVALID_ARGUMENT);
+    EXPECT_NE(std::string(ks_last_error()).find("times k_cache's block_size"), std::string::npos) << ks_last_error();
+    EXPECT_TRUE(out.raw == before) << "out was written";
+  }
+}
+
 }  // namespace
