@@ -179,7 +179,10 @@ static void validate_kv_append(const char* op, KvCacheAppendArgs& a, DLTensor* k
     require_shape(op, "v", a.v, a.k.shape, "same as k");
     check_cache(op, "k_cache", a.k_cache, a.num_kv_heads, a.head_dim);
     require_shape(op, "v_cache", a.v_cache, a.k_cache.shape, "same as k_cache");
-    a.num_slots = a.k_cache.dim(0) * a.k_cache.dim(1);
+    // (a cache with num_kv_heads 0 is empty, so its dims 0 and 1 are not bounded by its bytes)
+    if (__builtin_mul_overflow(a.k_cache.dim(0), a.k_cache.dim(1), &a.num_slots))
+      fail(KS_ERROR_INVALID_ARGUMENT, op, "k_cache's num_blocks * block_size overflows int64; got " +
+                                              shape_str(a.k_cache.shape));
     require_no_overlap(op, "k_cache", a.k_cache, "v_cache", a.v_cache);
     for (auto [n, t] : {std::pair{"k", &a.k}, {"v", &a.v}, {"slot_mapping", &a.slot_mapping}}) {
       require_no_overlap(op, "k_cache", a.k_cache, n, *t);

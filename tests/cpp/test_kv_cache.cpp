@@ -208,6 +208,17 @@ TEST(KvCacheAppend, OutOfRangeSlotRejectedNothingWritten) {
   EXPECT_TRUE(fails_cleanly(run_append(kc, vc, k, v, slots), KS_ERROR_INVALID_ARGUMENT, kOp, "slot_mapping", s));
 }
 
+// A cache of 0 kv heads is empty, so its num_blocks and block_size are not bounded by its bytes:
+// num_blocks * block_size past int64 is refused by name (it was a signed overflow).
+TEST(KvCacheAppend, SlotCountPastInt64Refused) {
+  Buf kc(DType::F32, {2, int64_t(1) << 62, 0, 8}), vc(DType::F32, {2, int64_t(1) << 62, 0, 8});
+  Buf k(DType::F32, {1, 0, 8}), v(DType::F32, {1, 0, 8}), slots(DType::I64, {1});
+  set_i(slots, 0, 5);
+  Snap s{&kc, &vc, &k, &v, &slots};
+  EXPECT_TRUE(fails_cleanly(run_append(kc, vc, k, v, slots), KS_ERROR_INVALID_ARGUMENT, kOp, "k_cache", s));
+  EXPECT_NE(std::string(ks_last_error()).find("overflows int64"), std::string::npos) << ks_last_error();
+}
+
 TEST(KvCacheAppend, CommonTensorRules) {
   for (DType dt : kFloatTypes()) {
     Buf kc(dt, {3, 4, 2, 8}), vc(dt, {3, 4, 2, 8}), k(dt, {5, 2, 8}), v(dt, {5, 2, 8}), slots(DType::I64, {5});
