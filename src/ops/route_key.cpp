@@ -1,5 +1,6 @@
 // The (rows, cols) each op is routed by (docs/routing.md#shape-keys-rows-cols), and its tensors' device.
 #include <cstring>
+#include <limits>
 
 #include "ops/args.hpp"
 #include "registry/routing.hpp"
@@ -12,6 +13,11 @@ const A& as(const void* p) {
   return *static_cast<const A*>(p);
 }
 RouteKey key(int64_t rows, int64_t cols, const detail::View& v) { return {rows, cols, v.device.device_id}; }
+// x * y for a key's cols, saturating at int64's largest (empty tensors bound neither factor)
+int64_t sat_mul(int64_t x, int64_t y) {
+  int64_t r = 0;
+  return __builtin_mul_overflow(x, y, &r) ? std::numeric_limits<int64_t>::max() : r;
+}
 }  // namespace
 
 RouteKey route_key(const char* op, const void* args) {
@@ -27,13 +33,13 @@ RouteKey route_key(const char* op, const void* args) {
   if (is("gemm")) { const auto& a = as<GemmArgs>(args); return key(a.m, a.n, a.a); }
   // the quantized matmuls: cols = the weight's elements N x K (a GEMV's time follows its bytes; N
   // alone would give a 4096 x 576 matrix's cell to 4096 x 4096)
-  if (is("quant_matmul")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.x); }
-  if (is("fused_add_rms_norm_quant_matmul")) { const auto& a = as<NormQuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.residual); }
+  if (is("quant_matmul")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, sat_mul(a.n, a.k), a.x); }
+  if (is("fused_add_rms_norm_quant_matmul")) { const auto& a = as<NormQuantMatmulArgs>(args); return key(a.m, sat_mul(a.n, a.k), a.residual); }
   if (is("fused_add_rms_norm_quant_matmul_rope_kv_append")) {
     const auto& a = as<NormQmmRopeAppendArgs>(args).mm;
-    return key(a.m, a.n * a.k, a.residual);
+    return key(a.m, sat_mul(a.n, a.k), a.residual);
   }
-  if (is("silu_and_mul_quant_matmul")) { const auto& a = as<SiluQuantMatmulArgs>(args); return key(a.m, a.n * a.k, a.gate_up); }
+  if (is("silu_and_mul_quant_matmul")) { const auto& a = as<SiluQuantMatmulArgs>(args); return key(a.m, sat_mul(a.n, a.k), a.gate_up); }
   if (is("embedding")) { const auto& a = as<EmbeddingArgs>(args); return key(a.num_ids, a.hidden, a.out); }
   if (is("dequantize")) { const auto& a = as<DequantizeArgs>(args); return key(a.rows, a.cols, a.out); }
   if (is("rotary_embedding")) { const auto& a = as<RotaryArgs>(args); return key(a.num_tokens, a.num_heads, a.q); }
@@ -41,11 +47,11 @@ RouteKey route_key(const char* op, const void* args) {
   if (is("kv_cache_append")) { const auto& a = as<KvCacheAppendArgs>(args); return key(a.num_tokens, a.num_kv_heads, a.k); }
   if (is("paged_attention")) {
     const auto& a = as<PagedAttentionArgs>(args);
-    return key(a.num_tokens, a.max_blocks_per_seq * a.block_size, a.q);
+    return key(a.num_tokens, sat_mul(a.max_blocks_per_seq, a.block_size), a.q);
   }
   if (is("rotary_embedding_kv_append_paged_attention")) {
     const auto& a = as<RopeKvAppendAttentionArgs>(args).attn;
-    return key(a.num_tokens, a.max_blocks_per_seq * a.block_size, a.q);
+    return key(a.num_tokens, sat_mul(a.max_blocks_per_seq, a.block_size), a.q);
   }
   if (is("varlen_attention")) { const auto& a = as<VarlenAttentionArgs>(args); return key(a.total_q, a.total_k, a.q); }
   return {};
