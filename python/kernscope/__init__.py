@@ -91,7 +91,8 @@ def _shape_cols(cols: _t.Any) -> int:
     """which's cols: an int, or "NxK" (also "N*K") for a product, as ``ksctl which --cols``."""
     if isinstance(cols, str):
         parts = cols.replace("X", "x").replace("*", "x").split("x")
-        if len(parts) not in (1, 2) or not all(p.strip().isdigit() for p in parts):
+        # (ASCII digits only: str.isdigit accepts superscripts such as '²', which int() refuses)
+        if len(parts) not in (1, 2) or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
             raise ValueError(f"which: cols must be a non-negative integer or 'NxK'; got {cols!r}")
         n = 1
         for p in parts:
@@ -197,7 +198,8 @@ def force_variant(op: _t.Any = None, variant: _t.Any = None) -> None:
     variant's backend; calls on the other backend are routed as usual (``variant=None``:
     back to automatic selection; ``op=None``: clear every pin). A pinned variant
     that cannot run a call fails it with BackendUnavailableError. For tests and
-    benchmarks that run every variant (ks_force_variant)."""
+    benchmarks that run every variant (ks_force_variant). ``op`` and ``variant`` must be
+    str (or None): anything else raises TypeError, a name with a NUL character ValueError."""
     _C.force_variant(op, variant)
 
 

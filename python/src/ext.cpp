@@ -112,6 +112,18 @@ ks_backend_t to_backend(int b) {
   return static_cast<ks_backend_t>(b);
 }
 
+// An op or variant name for the C ABI: a str without NUL characters (C sees a name only up to its
+// first NUL, so "rms_norm\0x" would silently mean rms_norm), or None where `none_ok`.
+std::string c_name(nb::handle h, const char* fn, const char* arg, bool none_ok = false) {
+  if (!nb::isinstance<nb::str>(h))
+    raise(PyExc_TypeError, std::string(fn) + ": " + arg + " must be a str" + (none_ok ? " or None" : "") + "; got " +
+                               nb::cast<std::string>(nb::str(h.type())));
+  std::string s = nb::cast<std::string>(h);
+  if (s.find('\0') != std::string::npos)
+    raise(PyExc_ValueError, std::string(fn) + ": " + arg + " must not contain NUL characters");
+  return s;
+}
+
 // ---- exchange API cache (per type) ---------------------------------------------
 // Read and written with the GIL held only. The type and the attribute object
 // that holds the table are both kept alive for the life of the process, so the
@@ -137,9 +149,14 @@ const ExchangeAPI* exchange_api(PyObject* obj) {
     const void* p = nullptr;
     if (PyCapsule_CheckExact(attr))
       p = PyCapsule_GetPointer(attr, "dlpack_exchange_api");
-    else if (PyLong_Check(attr))
+    else if (PyLong_Check(attr) && !PyBool_Check(attr))
       p = PyLong_AsVoidPtr(attr);
     if (p == nullptr) PyErr_Clear();
+    // The protocol's integer is an address the producer vouches for; one that cannot be a
+    // table's (in the first 64 KB, where nothing is mapped, or not aligned for it) is ignored, so
+    // a stray class attribute falls back to __dlpack__ instead of being read through.
+    const uintptr_t pv = reinterpret_cast<uintptr_t>(p);
+    if (pv < 65536 || pv % alignof(ExchangeHeader) != 0) p = nullptr;
     // Walk to a major-1 table (a newer major keeps older ones on prev_api).
     for (auto* h = static_cast<const ExchangeHeader*>(p); h != nullptr; h = h->prev_api) {
       if (h->version.major == 1) {
@@ -409,14 +426,16 @@ NB_MODULE(_C, m) {
     }
     return out;
   });
-  m.def("which", [](const std::string& op, const std::string& dtype, int backend) {
+  m.def("which", [](nb::handle op_h, nb::handle dtype_h, int backend) {
+    const std::string op = c_name(op_h, "which", "op"), dtype = c_name(dtype_h, "which", "dtype");
     const char* variant = nullptr;
     const char* reason = nullptr;
     const ks_status_t st = ks_which(op.c_str(), dtype.c_str(), to_backend(backend), &variant, &reason);
     if (st != KS_SUCCESS) raise_status(st);
     return nb::make_tuple(std::string(variant ? variant : ""), std::string(reason ? reason : ""));
   });
-  m.def("which_shape", [](const std::string& op, const std::string& dtype, int backend, int64_t rows, int64_t cols) {
+  m.def("which_shape", [](nb::handle op_h, nb::handle dtype_h, int backend, int64_t rows, int64_t cols) {
+    const std::string op = c_name(op_h, "which", "op"), dtype = c_name(dtype_h, "which", "dtype");
     const char* variant = nullptr;
     const char* reason = nullptr;
     const ks_status_t st =
@@ -434,18 +453,20 @@ NB_MODULE(_C, m) {
     std::string o, v;
     const char* op_c = nullptr;
     const char* var_c = nullptr;
-    if (!op.is_none()) op_c = (o = nb::cast<std::string>(op)).c_str();
-    if (!variant.is_none()) var_c = (v = nb::cast<std::string>(variant)).c_str();
+    if (!op.is_none()) op_c = (o = c_name(op, "force_variant", "op", true)).c_str();
+    if (!variant.is_none()) var_c = (v = c_name(variant, "force_variant", "variant", true)).c_str();
     const ks_status_t st = ks_force_variant(op_c, var_c);
     if (st != KS_SUCCESS) raise_status(st);
   }, nb::arg("op").none(), nb::arg("variant").none());
-  m.def("forced_variant", [](const std::string& op) -> nb::object {
+  m.def("forced_variant", [](nb::handle op_h) -> nb::object {
+    const std::string op = c_name(op_h, "forced_variant", "op");
     const char* v = nullptr;
     const ks_status_t st = ks_forced_variant(op.c_str(), &v);
     if (st != KS_SUCCESS) raise_status(st);
     return v ? nb::object(nb::str(v)) : nb::none();
   });
-  m.def("last_launch_config", [](const std::string& op) {
+  m.def("last_launch_config", [](nb::handle op_h) {
+    const std::string op = c_name(op_h, "last_launch_config", "op");
     const char* s = ks_last_launch_config(op.c_str());
     return std::string(s ? s : "");
   });

@@ -126,6 +126,18 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
   }
   if (n > 0 && t->data == nullptr)
     fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has NULL data");
+  // data + byte_offset and the tensor's bytes after it must end below 2^63: no 64-bit platform
+  // maps user or device memory above (x86-64 and AArch64 user space end at 2^47..2^57), so a
+  // byte_offset that reaches there (a producer's uint64_t, e.g. 2^63, or one that wraps the
+  // address) is a broken header, refused before anything is read (n * element bytes < 2^63 is
+  // checked above)
+  if (n > 0) {
+    const uint64_t base = uint64_t(reinterpret_cast<uintptr_t>(t->data)), limit = uint64_t(1) << 63;
+    const uint64_t bytes = uint64_t(n) * uint64_t(dtype_bytes(v.dtype));
+    if (base >= limit || t->byte_offset > limit - base || bytes > limit - base - t->byte_offset)
+      fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has data " + std::to_string(base) + " + byte_offset " +
+                                              std::to_string(t->byte_offset) + ": its bytes do not end below 2^63");
+  }
   v.data = t->data ? static_cast<char*>(t->data) + t->byte_offset : nullptr;
   return v;
 }

@@ -235,7 +235,8 @@ struct ArgSpec {
 using Call = std::function<ks_status_t(std::vector<DLTensor*>&, ks_backend_t)>;
 
 // Runs `call` once as a baseline (must succeed), then, one argument at a time: NULL tensor,
-// NULL data, negative dim, ndim -1, NULL shape, lanes 2, fp64, the listed wrong dtypes,
+// NULL data, a byte_offset that reaches 2^63, negative dim, ndim -1, NULL shape,
+// lanes 2, fp64, the listed wrong dtypes,
 // non-contiguous strides, another device; then whole-call rules (CUDA/OpenCL devices,
 // unknown backend). Every failure must leave every buffer byte-identical. Explicit
 // compact strides (size-1 dims with junk strides) and byte_offset must give the baseline.
@@ -305,8 +306,18 @@ inline void check_common_rules(const char* op, std::vector<ArgSpec> args, const 
     const int64_t numel = a.buf->numel();
     if (!a.optional)
       expect_fail(n + " NULL", INV, n, [&](auto&, auto& p) { p[i] = nullptr; }, KS_BACKEND_AUTO);
-    if (numel > 0)
+    if (numel > 0) {
       expect_fail(n + " NULL data", INV, n, [&](auto& d, auto&) { d[i].t.data = nullptr; }, KS_BACKEND_AUTO);
+      // a byte_offset that puts the bytes at 2^63 or past the address space's end (a broken
+      // producer's header; it crashed the Python package before the check)
+      expect_fail(n + " byte_offset 2^63", INV, n, [&](auto& d, auto&) { d[i].t.byte_offset = uint64_t(1) << 63; },
+                  KS_BACKEND_AUTO);
+      expect_fail(n + " byte_offset to the address space's end", INV, n,
+                  [&](auto& d, auto&) {
+                    d[i].t.byte_offset = ~uint64_t(0) - uint64_t(reinterpret_cast<uintptr_t>(d[i].t.data));
+                  },
+                  KS_BACKEND_AUTO);
+    }
     if (!shp.empty()) {
       expect_fail(n + " negative dim", INV, n, [&](auto& d, auto&) { d[i].shape[0] = -1; }, KS_BACKEND_AUTO);
       expect_fail(n + " NULL shape", INV, n, [&](auto& d, auto&) { d[i].t.shape = nullptr; }, KS_BACKEND_AUTO);

@@ -551,6 +551,34 @@ def test_force_variant():
         ks.forced_variant("nope")
     ks.force_variant(None)  # clears every pin
     assert ks.forced_variant("rms_norm") is None
+    # names: str or None only (a C++ bad_cast leaked before), no NUL (C would read "rms_norm")
+    with pytest.raises(TypeError, match="force_variant: op must be a str or None"):
+        ks.force_variant(3, None)
+    with pytest.raises(TypeError, match="force_variant: variant must be a str or None"):
+        ks.force_variant("rms_norm", 3)
+    with pytest.raises(ValueError, match="force_variant: op must not contain NUL"):
+        ks.force_variant("rms_norm\x00junk", "cpu_reference")
+    assert ks.forced_variant("rms_norm") is None
+    with pytest.raises(ValueError, match="forced_variant: op must not contain NUL"):
+        ks.forced_variant("rms_norm\x00junk")
+    with pytest.raises(ValueError, match="which: op must not contain NUL"):
+        ks.which("rms_norm\x00junk")
+    with pytest.raises(ValueError, match="which: cols must be"):
+        ks.which("quant_matmul", "fp32", "cpu", rows=1, cols="\u00b2x3")
+
+
+def test_exchange_api_attribute_that_cannot_be_a_table(rng):
+    # type(obj).__dlpack_c_exchange_api__ as an int is an address the producer vouches for
+    # (DLPack 1.2); one that cannot be a table's (small, negative, unaligned, a bool) is ignored,
+    # so the object's __dlpack__ is used: such an attribute segfaulted the import before
+    x = rand(rng, (4, 8), "fp32")
+    w = rand(rng, (8,), "fp32")
+    want = ks.rms_norm(x, w)
+    for bogus in (12345, -1, True, 65536 + 4):
+        class Odd(np.ndarray):
+            __dlpack_c_exchange_api__ = bogus
+        got = ks.rms_norm(x.view(Odd), w.view(Odd), out=np.empty_like(x))
+        np.testing.assert_array_equal(np.asarray(got), want)
 
 
 def test_jax_arrays_on_the_host(rng):
