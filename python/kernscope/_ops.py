@@ -184,6 +184,23 @@ def _packed_cols(shape: Sequence[int], q: int) -> int:
     return (int(shape[1]) // bb * bs) if len(shape) == 2 else 0
 
 
+def _check_rows(op: str, arg: str, shape: Sequence[int], q: int) -> None:
+    """Before an output is sized from ``arg``: a 2-D ``[rows, row_bytes]`` of whole blocks of
+    format q (0: a dense ``[rows, cols]`` with cols > 0), so that an error names ``arg``, not
+    the output allocated from it."""
+    if len(shape) != 2:
+        raise ValueError(f"{op}: {arg} must be 2-D; got shape {tuple(int(d) for d in shape)}")
+    if q == 0:
+        if int(shape[1]) == 0:
+            raise ValueError(f"{op}: {arg} must have a non-empty last dimension; got shape "
+                             f"{tuple(int(d) for d in shape)}")
+        return
+    bs, bb = _QGEOM[q]
+    if int(shape[1]) == 0 or int(shape[1]) % bb != 0:
+        raise ValueError(f"{op}: {arg} has {int(shape[1])} bytes per row; {QType(q).name} rows are "
+                         f"whole {bb}-byte blocks of {bs} elements")
+
+
 # ---- the five core operators ------------------------------------------------------
 def rms_norm(x: T, weight: Array, eps: float = 1e-6, *, backend: str = "auto", out: Optional[T] = None) -> T:
     """RMS normalisation over the last dimension.
@@ -472,8 +489,9 @@ def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None
         raise _not_torch(op, table)
     if out is None:
         tshape = tuple(table.shape)
+        _check_rows(op, "table", tshape, fmt)
         if fmt == 0:
-            hidden = int(tshape[1]) if len(tshape) == 2 else 0
+            hidden = int(tshape[1])
         else:
             hidden = _packed_cols(tshape, fmt)
             name = name or "fp32"
@@ -515,10 +533,7 @@ def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp
         raise _not_torch(op, packed)
     if out is None:
         shape = tuple(packed.shape)
-        bs, bb = _QGEOM[q]
-        if len(shape) == 2 and (int(shape[1]) == 0 or int(shape[1]) % bb != 0):
-            raise ValueError(f"dequantize: packed has {int(shape[1])} bytes per row; {QType(q).name} rows are "
-                             f"whole {bb}-byte blocks of {bs} elements")
+        _check_rows(op, "packed", shape, q)
         out = fw.empty(packed, (_dim0(shape), _packed_cols(shape, q)), name)
     _native(_C.dequantize, fw, packed, (out, packed), q, code)
     return out

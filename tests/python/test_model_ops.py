@@ -81,6 +81,21 @@ def test_dequantize_validation(rng):
         ks.dequantize(packed.view(np.int8), "q4_0")
     with pytest.raises(TypeError, match="dtype"):
         ks.dequantize(packed, "q4_0", dtype="int8")
+    # a bad packed is named as itself, not as the output sized from it
+    with pytest.raises(ValueError, match=r"dequantize: packed must be 2-D; got shape \(1, 2, 36\)"):
+        ks.dequantize(packed.reshape(1, 2, 36), "q4_0")
+    with pytest.raises(ValueError, match="dequantize: packed has 0 bytes per row"):
+        ks.dequantize(np.zeros((4, 0), np.uint8), "q8_0")
+
+
+def test_embedding_names_a_bad_table(rng):
+    ids = np.array([0, 1], np.int64)
+    with pytest.raises(ValueError, match="embedding: table has 33 bytes per row; Q8_0 rows are whole 34-byte"):
+        ks.embedding(ids, np.zeros((4, 33), np.uint8), table_format="q8_0")
+    with pytest.raises(ValueError, match="embedding: table must have a non-empty last dimension"):
+        ks.embedding(ids, np.zeros((4, 0), np.float32))
+    with pytest.raises(ValueError, match=r"embedding: table must be 2-D; got shape \(4,\)"):
+        ks.embedding(ids, np.zeros(4, np.float32))
 
 
 @pytest.mark.parametrize("dt", DTYPES)
