@@ -301,6 +301,11 @@ class Call {
       }
       if (PyErr_ExceptionMatches(PyExc_BufferError))
         raise(PyExc_TypeError, where(i) + " cannot be exported through DLPack: " + take_python_error());
+      // the producer's other errors (e.g. numpy's "only supports stream=None" for a host array
+      // beside a device one): the same class for the standard ones, with the op and argument first
+      // (anything else, KeyboardInterrupt or MemoryError among them, propagates as raised)
+      for (PyObject* c : {PyExc_ValueError, PyExc_TypeError, PyExc_RuntimeError})
+        if (PyErr_ExceptionMatches(c)) raise(c, where(i) + ": its __dlpack__ failed: " + take_python_error());
       throw nb::python_error();
     }
     return cap;

@@ -285,6 +285,29 @@ def test_foreign_dlpack_objects(rng):
         ks.rms_norm(DLPackOnly(x), w)
 
 
+class DLPackRaises(DLPackOnly):
+    """A producer whose __dlpack__ fails with the exception it was given."""
+
+    def __init__(self, a, exc):
+        super().__init__(a)
+        self.exc = exc
+
+    def __dlpack__(self, stream=None, max_version=None):
+        raise self.exc
+
+
+def test_a_failing_producer_is_named(rng):
+    # the producer's ValueError / TypeError / RuntimeError keep their class and get the op and
+    # argument in front (they passed through bare before); other exceptions propagate as raised
+    x = rand(rng, (3, 8), "fp32")
+    w = rand(rng, (8,), "fp32")
+    for exc in (RuntimeError("boom"), ValueError("boom"), TypeError("boom")):
+        with pytest.raises(type(exc), match=r"rms_norm: weight: its __dlpack__ failed: \w+: boom"):
+            ks.rms_norm(x, DLPackRaises(w, exc), out=np.empty_like(x))
+    with pytest.raises(KeyError):
+        ks.rms_norm(x, DLPackRaises(w, KeyError("boom")), out=np.empty_like(x))
+
+
 def test_numpy_readonly_inputs_are_fine(rng):
     x = rand(rng, (2, 8), "fp32")
     w = rand(rng, (8,), "fp32")
