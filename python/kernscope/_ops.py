@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator as _operator
 import sys
 from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
 
@@ -182,6 +183,28 @@ def _dim0(shape: Sequence[int]) -> int:
 def _packed_cols(shape: Sequence[int], q: int) -> int:
     bs, bb = _QGEOM[q]
     return (int(shape[1]) // bb * bs) if len(shape) == 2 else 0
+
+
+def _real(op: str, name: str, v: Any) -> float:
+    """A float scalar argument: a real number (Python, numpy or a framework's 0-d tensor), not a
+    str, bytes, bool or None (``float("0.5")`` would take a string)."""
+    if v is None or isinstance(v, (str, bytes, bool)):
+        raise TypeError(f"{op}: {name} must be a number; got {type(v).__name__} {v!r}")
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{op}: {name} must be a number; got {type(v).__name__}") from None
+
+
+def _integer(op: str, name: str, v: Any) -> int:
+    """An integer scalar argument (anything with ``__index__``: int, numpy integers, integer 0-d
+    tensors), not a bool, str or float (``int(5.7)`` would truncate)."""
+    if isinstance(v, bool):
+        raise TypeError(f"{op}: {name} must be an integer; got bool {v!r}")
+    try:
+        return _operator.index(v)
+    except TypeError:
+        raise TypeError(f"{op}: {name} must be an integer; got {type(v).__name__} {v!r}") from None
 
 
 def _check_rows(op: str, arg: str, shape: Sequence[int], q: int) -> None:
@@ -448,7 +471,7 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
         logits = logits.detach()  # sampling has no gradient: read the values
     if out is None:
         out = fw.empty(logits, (_dim0(tuple(logits.shape)),), "int64")
-    _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), float(temperature), int(top_k), float(top_p),
+    _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature), _integer(op, "top_k", top_k), _real(op, "top_p", top_p),
             code)
     return out
 
@@ -665,7 +688,7 @@ def fused_add_rms_norm_quant_matmul(x: Optional[T], residual: T, norm_weight: Ar
     if x is not None and residual_out is None:
         residual_out = fw.empty_like(residual)
     _native(_C.fused_add_rms_norm_quant_matmul, fw, residual, (out, residual_out, x, residual, norm_weight, weight),
-            float(eps), q, code)
+            _real(op, "eps", eps), q, code)
     return out if x is None else (out, residual_out)
 
 
@@ -738,12 +761,12 @@ def rotary_embedding(q: Array, k: Optional[Array], positions: Array, rotary_dim:
     op = "rotary_embedding"
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
-    rd = _last(tuple(q.shape)) if rotary_dim is None else int(rotary_dim)
+    rd = _last(tuple(q.shape)) if rotary_dim is None else _integer(op, "rotary_dim", rotary_dim)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k"), (q, k)):
-        return _ref().rotary_embedding(q, k, positions, rd, float(theta), bool(is_neox))
+        return _ref().rotary_embedding(q, k, positions, rd, _real(op, "theta", theta), bool(is_neox))
     if code == _TORCH:
         raise _not_torch(op, q)
-    _native(_C.rotary_embedding, fw, q, (q, k, positions), rd, float(theta), bool(is_neox), code)
+    _native(_C.rotary_embedding, fw, q, (q, k, positions), rd, _real(op, "theta", theta), bool(is_neox), code)
     return None
 
 
@@ -829,14 +852,14 @@ def rotary_embedding_kv_append(q: Array, k: Array, v: Array, positions: Array, k
     op = "rotary_embedding_kv_append"
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
-    rd = _last(tuple(q.shape)) if rotary_dim is None else int(rotary_dim)
+    rd = _last(tuple(q.shape)) if rotary_dim is None else _integer(op, "rotary_dim", rotary_dim)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
         return _ref().rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd,
-                                                 float(theta), bool(is_neox))
+                                                 _real(op, "theta", theta), bool(is_neox))
     if code == _TORCH:
         raise _not_torch(op, q)
     _native(_C.rotary_embedding_kv_append, fw, q, (q, k, v, positions, k_cache, v_cache, slot_mapping), rd,
-            float(theta), bool(is_neox), code)
+            _real(op, "theta", theta), bool(is_neox), code)
     return None
 
 
@@ -931,12 +954,12 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
     code = _backend(op, backend)
     q = _qtype(op, qtype)
     fw = _fw(op, "residual", residual)
-    h, kvh = int(num_heads), int(num_kv_heads)
-    rd = _rope_head_dim(tuple(weight.shape), h, kvh) if rotary_dim is None else int(rotary_dim)
+    h, kvh = _integer(op, "num_heads", num_heads), _integer(op, "num_kv_heads", num_kv_heads)
+    rd = _rope_head_dim(tuple(weight.shape), h, kvh) if rotary_dim is None else _integer(op, "rotary_dim", rotary_dim)
     if fw.is_torch and _torch_route(op, code, backend, ("x", "residual", "norm_weight"), (x, residual, norm_weight)):
         y, r = _ref().fused_add_rms_norm_quant_matmul_rope_kv_append(
             x, residual, norm_weight, weight, q, eps, h, kvh, positions, k_cache, v_cache, slot_mapping, rd,
-            float(theta), bool(is_neox), residual_out, out)
+            _real(op, "theta", theta), bool(is_neox), residual_out, out)
         return y if x is None else (y, r)
     if code == _TORCH:
         raise _not_torch(op, residual)
@@ -946,7 +969,7 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
         residual_out = fw.empty_like(residual)
     _native(_C.fused_add_rms_norm_quant_matmul_rope_kv_append, fw, residual,
             (out, residual_out, x, residual, norm_weight, weight, positions, k_cache, v_cache, slot_mapping),
-            float(eps), q, h, kvh, rd, float(theta), bool(is_neox), code)
+            _real(op, "eps", eps), q, h, kvh, rd, _real(op, "theta", theta), bool(is_neox), code)
     return out if x is None else (out, residual_out)
 
 
@@ -986,12 +1009,12 @@ def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
-        return _finish(_ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), bool(causal)), out)
+        return _finish(_ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _real(op, "scale", scale), bool(causal)), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
         out = fw.empty_like(q)
-    _native(_C.varlen_attention, fw, q, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), float(scale), bool(causal), code)
+    _native(_C.varlen_attention, fw, q, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), _real(op, "scale", scale), bool(causal), code)
     return out
 
 
@@ -1034,7 +1057,7 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     Contract: docs/contracts.md#paged_attention--ks_paged_attentionout-q-k_cache-v_cache-block_tables-seq_ids-context_lens-scale;
     fresh_keys: docs/contracts.md#paged_attention_after_append.
     """
-    fresh_keys = int(fresh_keys)
+    fresh_keys = _integer("paged_attention", "fresh_keys", fresh_keys)
     if fresh_keys < 0:  # on every route, the torch reference and torch.compile included
         raise ValueError(f"paged_attention: fresh_keys = {fresh_keys} must be >= 0")
     if scale is None:
@@ -1047,13 +1070,13 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     fw = _fw(op, "q", q)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k_cache", "v_cache"), (q, k_cache, v_cache)):
         return _finish(_ref().paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens,
-                                              float(scale)), out)
+                                              _real(op, "scale", scale)), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
         out = fw.empty_like(q)
     _native(_C.paged_attention, fw, q, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens),
-            float(scale), fresh_keys, code)
+            _real(op, "scale", scale), fresh_keys, code)
     return out
 
 
@@ -1133,19 +1156,19 @@ def rotary_embedding_kv_append_paged_attention(
     op = "rotary_embedding_kv_append_paged_attention"
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
-    rd = _last(tuple(q.shape)) if rotary_dim is None else int(rotary_dim)
+    rd = _last(tuple(q.shape)) if rotary_dim is None else _integer(op, "rotary_dim", rotary_dim)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v", "k_cache", "v_cache"),
                                     (q, k, v, k_cache, v_cache)):
         return _ref().rotary_embedding_kv_append_paged_attention(
-            q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd, float(theta),
-            bool(is_neox), float(scale), out)
+            q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd, _real(op, "theta", theta),
+            bool(is_neox), _real(op, "scale", scale), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
         out = fw.empty_like(q)
     _native(_C.rotary_embedding_kv_append_paged_attention, fw, q,
             (out, q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens), rd,
-            float(theta), bool(is_neox), float(scale), code)
+            _real(op, "theta", theta), bool(is_neox), _real(op, "scale", scale), code)
     return out
 
 

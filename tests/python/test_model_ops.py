@@ -981,6 +981,27 @@ def test_rotary_embedding_kv_append_paged_attention_validation_writes_nothing(rn
 
 
 # ---- sample ------------------------------------------------------------------------------
+def test_scalar_arguments_are_typed(rng):
+    # numbers only: float("0.5") and int(5.7) took strings and truncated before (an adversarial
+    # review's find); numpy scalars are numbers
+    x = rand(rng, (2, 64), "fp32")
+    so = np.array([1, 2], np.int64)
+    want = ks.sample(x, so, 0.5, 3, 0.5)
+    assert np.array_equal(ks.sample(x, so, np.float32(0.5), np.int64(3), np.float64(0.5)), want)
+    for kw, bad, what in (("temperature", "0.5", "a number"), ("top_p", "0.5", "a number"),
+                          ("top_k", "3", "an integer"), ("top_k", 5.7, "an integer"), ("top_k", True, "an integer")):
+        args = dict(temperature=0.5, top_k=3, top_p=0.5)
+        args[kw] = bad
+        with pytest.raises(TypeError, match=f"sample: {kw} must be {what}"):
+            ks.sample(x, so, **args)
+    q = rand(rng, (3, 2, 16), "fp32")
+    pos = np.array([1, 2, 3], np.int32)
+    with pytest.raises(TypeError, match="rotary_embedding: theta must be a number"):
+        ks.rotary_embedding(q, None, pos, 16, "100")
+    with pytest.raises(TypeError, match="rotary_embedding: rotary_dim must be an integer"):
+        ks.rotary_embedding(q, None, pos, 16.0)
+
+
 @pytest.mark.parametrize("dt", DTYPES)
 def test_sample_reproducible_valid_and_cutoffs(rng, dt):
     x = rand(rng, (5, 300), dt)
