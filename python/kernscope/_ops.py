@@ -260,7 +260,7 @@ def rms_norm(x: T, weight: Array, eps: float = 1e-6, *, backend: str = "auto", o
         raise _not_torch(op, x)
     if out is None:
         out = fw.empty_like(x)
-    _native(_C.rms_norm, fw, x, (out, x, weight), eps, code)
+    _native(_C.rms_norm, fw, x, (out, x, weight), _real(op, "eps", eps), code)
     return out
 
 
@@ -294,7 +294,7 @@ def fused_add_rms_norm(x: Array, residual: Array, weight: Array, eps: float = 1e
         return _ref().fused_add_rms_norm(x, residual, weight, eps)
     if code == _TORCH:
         raise _not_torch(op, x)
-    _native(_C.fused_add_rms_norm, fw, x, (x, residual, weight), eps, code)
+    _native(_C.fused_add_rms_norm, fw, x, (x, residual, weight), _real(op, "eps", eps), code)
     return None
 
 

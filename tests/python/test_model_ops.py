@@ -1000,6 +1000,11 @@ def test_scalar_arguments_are_typed(rng):
         ks.rotary_embedding(q, None, pos, 16, "100")
     with pytest.raises(TypeError, match="rotary_embedding: rotary_dim must be an integer"):
         ks.rotary_embedding(q, None, pos, 16.0)
+    w = rand(rng, (16,), "fp32")
+    with pytest.raises(TypeError, match="rms_norm: eps must be a number"):
+        ks.rms_norm(q, w, "1e-6")
+    with pytest.raises(TypeError, match="fused_add_rms_norm: eps must be a number"):
+        ks.fused_add_rms_norm(q.copy(), q.copy(), w, None)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
