@@ -806,37 +806,26 @@ TEST(PagedAttention, ZeroBlockSizeDoesNotCrash) {
 // a segfault at block id 100000). And a capacity max_blocks_per_seq * block_size past int64 is
 // refused by name instead of overflowing.
 TEST(PagedAttention, HugeBlockSizeOfAnEmptyCacheIsChecked) {
-  const int64_t huge = std::numeric_limits<int64_t>::max();
-  for (int32_t blk : {0, 1, 100000}) {
-    Buf out(DType::F32, {1, 1, 16}), q(DType::F32, {1, 1, 16}), kc(DType::F32, {0, huge, 1, 16}),
-        vc(DType::F32, {0, huge, 1, 16}), bt(DType::I32, {1, 1}), cl(DType::I32, {1});
+  // one token, 1 head of 16, an empty cache of that block_size, a table row of these entries and
+  // this context length: refused with `why` in the error, out untouched
+  auto refused = [](int64_t block_size, const std::vector<int32_t>& entries, int32_t len, const std::string& why) {
+    Buf out(DType::F32, {1, 1, 16}), q(DType::F32, {1, 1, 16}), kc(DType::F32, {0, block_size, 1, 16}),
+        vc(DType::F32, {0, block_size, 1, 16}), bt(DType::I32, {1, int64_t(entries.size())}), cl(DType::I32, {1});
     kstest::fill_normal(q);
-    set_i(bt, 0, blk);
-    set_i(cl, 0, 3);
+    for (size_t i = 0; i < entries.size(); ++i) set_i(bt, int64_t(i), entries[i]);
+    set_i(cl, 0, len);
     out.poison();
     const std::vector<uint8_t> before = out.raw;
     DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), l = cl.dl();
     EXPECT_EQ(ks_paged_attention(&o, &qq, &k, &v, &b, nullptr, &l, 0.25, KS_BACKEND_CPU, nullptr),
               KS_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(ks_last_error()).find("block_tables[0, 0] = " + std::to_string(blk)), std::string::npos)
-        << ks_last_error();
+    EXPECT_NE(std::string(ks_last_error()).find(why), std::string::npos) << ks_last_error();
     EXPECT_TRUE(out.raw == before) << "out was written";
-  }
-  {  // 2 blocks of 2^62 keys: the capacity 2^63 overflows int64
-    Buf out(DType::F32, {1, 1, 16}), q(DType::F32, {1, 1, 16}), kc(DType::F32, {0, int64_t(1) << 62, 1, 16}),
-        vc(DType::F32, {0, int64_t(1) << 62, 1, 16}), bt(DType::I32, {1, 2}), cl(DType::I32, {1});
-    kstest::fill_normal(q);
-    set_i(bt, 0, 0);
-    set_i(bt, 1, 0);
-    set_i(cl, 0, 0);
-    out.poison();
-    const std::vector<uint8_t> before = out.raw;
-    DLTensor o = out.dl(), qq = q.dl(), k = kc.dl(), v = vc.dl(), b = bt.dl(), l = cl.dl();
-    EXPECT_EQ(ks_paged_attention(&o, &qq, &k, &v, &b, nullptr, &l, 0.25, KS_BACKEND_CPU, nullptr),
-              KS_ERROR_INVALID_ARGUMENT);
-    EXPECT_NE(std::string(ks_last_error()).find("times k_cache's block_size"), std::string::npos) << ks_last_error();
-    EXPECT_TRUE(out.raw == before) << "out was written";
-  }
+  };
+  for (int32_t blk : {0, 1, 100000})
+    refused(std::numeric_limits<int64_t>::max(), {blk}, 3, "block_tables[0, 0] = " + std::to_string(blk));
+  // 2 blocks of 2^62 keys: the capacity 2^63 overflows int64 (even at length 0)
+  refused(int64_t(1) << 62, {0, 0}, 0, "times k_cache's block_size");
 }
 
 }  // namespace
