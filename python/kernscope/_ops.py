@@ -471,8 +471,8 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
         logits = logits.detach()  # sampling has no gradient: read the values
     if out is None:
         out = fw.empty(logits, (_dim0(tuple(logits.shape)),), "int64")
-    _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature), _integer(op, "top_k", top_k), _real(op, "top_p", top_p),
-            code)
+    _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature),
+            _integer(op, "top_k", top_k), _real(op, "top_p", top_p), code)
     return out
 
 
@@ -1009,12 +1009,14 @@ def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
-        return _finish(_ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _real(op, "scale", scale), bool(causal)), out)
+        return _finish(_ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _real(op, "scale", scale),
+                                               bool(causal)), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
         out = fw.empty_like(q)
-    _native(_C.varlen_attention, fw, q, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), _real(op, "scale", scale), bool(causal), code)
+    _native(_C.varlen_attention, fw, q, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), _real(op, "scale", scale),
+            bool(causal), code)
     return out
 
 
@@ -1057,26 +1059,23 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     Contract: docs/contracts.md#paged_attention--ks_paged_attentionout-q-k_cache-v_cache-block_tables-seq_ids-context_lens-scale;
     fresh_keys: docs/contracts.md#paged_attention_after_append.
     """
-    fresh_keys = _integer("paged_attention", "fresh_keys", fresh_keys)
+    op = "paged_attention"
+    fresh_keys = _integer(op, "fresh_keys", fresh_keys)
     if fresh_keys < 0:  # on every route, the torch reference and torch.compile included
         raise ValueError(f"paged_attention: fresh_keys = {fresh_keys} must be >= 0")
-    if scale is None:
-        scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1))
+    scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1)) if scale is None else _real(op, "scale", scale)
     if _compiling():
-        return _TL.paged_attention(q, k_cache, v_cache, block_tables, context_lens, float(scale), seq_ids,
-                                   backend, out)
-    op = "paged_attention"
+        return _TL.paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_ids, backend, out)
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k_cache", "v_cache"), (q, k_cache, v_cache)):
-        return _finish(_ref().paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens,
-                                              _real(op, "scale", scale)), out)
+        return _finish(_ref().paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
         out = fw.empty_like(q)
     _native(_C.paged_attention, fw, q, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens),
-            _real(op, "scale", scale), fresh_keys, code)
+            scale, fresh_keys, code)
     return out
 
 
@@ -1160,8 +1159,8 @@ def rotary_embedding_kv_append_paged_attention(
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v", "k_cache", "v_cache"),
                                     (q, k, v, k_cache, v_cache)):
         return _ref().rotary_embedding_kv_append_paged_attention(
-            q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd, _real(op, "theta", theta),
-            bool(is_neox), _real(op, "scale", scale), out)
+            q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd,
+            _real(op, "theta", theta), bool(is_neox), _real(op, "scale", scale), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
