@@ -735,19 +735,16 @@ int gqa_prewait_steps() {
 
 // The kernel parameters of both cluster variants, with the environment switches
 // KS_ATTN_LIVE_SPLIT (0: every CTA of a cluster takes keys), KS_ATTN_MIN_KEYS=N (at least N
-// keys per CTA), KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none) and
-// KS_ATTN_MERGE_RELEASE=1 (the split's last-CTA count as one acq_rel atomic; AttnParams), for
+// keys per CTA) and KS_ATTN_PREFETCH_KEYS=N (warm_keys_l2's keys per CTA; default 0, none), for
 // experiments; read once.
 AttnParams cluster_attn_params(const ops::PagedAttentionArgs& a) {
   AttnParams p = attn_params(a);
   static const bool live_split = !env_is("KS_ATTN_LIVE_SPLIT", "0");
   static const int min_keys = int(std::clamp<long long>(env_number("KS_ATTN_MIN_KEYS", 0), 0, INT_MAX));
   static const int prefetch_keys = int(std::clamp<long long>(env_number("KS_ATTN_PREFETCH_KEYS", 0), 0, 1 << 20));
-  static const bool merge_release = env_is("KS_ATTN_MERGE_RELEASE", "1");
   p.live_split = live_split ? 1 : 0;
   p.min_keys_per_cta = min_keys;
   p.prefetch_keys = prefetch_keys;
-  p.merge_release = merge_release ? 1 : 0;
   return p;
 }
 
@@ -1040,12 +1037,9 @@ constexpr size_t mc_smem_bytes(int G, int64_t D) {
   return std::max(size_t(Sh::kRingBytes + Sh::kExtra), gqa_state_bytes(NW, G, D));
 }
 
-// The K and V caches as cuda_mma_tma's tensor maps (kernel parameter; unused by cuda_mma_cluster).
-// rows: the maps' boxes are single half-rows ({64, 1, 1, 1}) and each lane copies its own
-// (KS_ATTN_TMA_ROWS=1), else 16-row boxes copied by lane 0.
+// The K and V caches as cuda_mma_tma's tensor maps (kernel parameter; unused by cuda_mma_cluster)
 struct McMaps {
   CUtensorMap k, v;
-  int rows;
 };
 
 // 16 rows (keys) of one kv head, both halves of head_dim (box {64, 16, DP / 64, 1} of the map
@@ -1216,24 +1210,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   auto issue_tma = [&](int stage, int i, int32_t blk, int off) -> unsigned {
     const bool mapped = blk >= 0 && blk < p.num_blocks;
     const int n = j_end - (j_begin + tile_key(i));  // >= 1 for a tile of the range
-    unsigned char* st = ring + stage * Sh::kStageBytes;
-    const int row = mapped ? blk * bs + off : rows_end;
-    if (maps.rows) {
-      // one 128-byte half-row per copy, the tile's rows in order: lane l takes row l % 16,
-      // half l / 16 of K and of V (head_dim 128), or (64: one half) row l % 16 of K (l < 16)
-      // or of V; the TMA unit swizzles each by its destination address, as the whole box
-      if (lane == 0) mbar_arrive_expect_tx(bars + stage, unsigned(Sh::kStageBytes));
-      __syncwarp();
-      const int r = lane & 15, h = lane >> 4;
-      if constexpr (DP == 128) {
-        tma_load_4d(st + h * (kMcKeys * 128) + r * 128, &maps.k, 0, row + r, h, int(kvh), bars + stage);
-        tma_load_4d(st + kMcKeys * Sh::kRowBytes + h * (kMcKeys * 128) + r * 128, &maps.v, 0, row + r, h, int(kvh),
-                    bars + stage);
-      } else {
-        tma_load_4d(st + h * kMcKeys * Sh::kRowBytes + r * 128, h ? &maps.v : &maps.k, 0, row + r, 0, int(kvh),
-                    bars + stage);
-      }
-    } else if (lane == 0) {
+    if (lane == 0) {
+      unsigned char* st = ring + stage * Sh::kStageBytes;
+      const int row = mapped ? blk * bs + off : rows_end;
       mbar_arrive_expect_tx(bars + stage, unsigned(Sh::kStageBytes));
       tma_cache_rows(st, &maps.k, row, int(kvh), bars + stage);
       tma_cache_rows(st + kMcKeys * Sh::kRowBytes, &maps.v, row, int(kvh), bars + stage);
@@ -1454,29 +1433,20 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   if constexpr (LC) {
     if (ws_state && Ce > 1) {
       // The default (p.ws_count set; not under KS_ATTN_LAST_COMBINE=0): the unit's last split CTA to get here merges the
-      // Ce states (the combine kernel's code and order, so the same bits). Each thread's state
-      // stores are made visible to the device before the CTA's arrival is counted; the last CTA
-      // reads the others' through L2 after seeing the count. atomicInc wraps the count back to
-      // 0 at the last arrival, so it is 0 again for the next call or replay.
+      // Ce states (the combine kernel's code and order, so the same bits). The barrier orders
+      // every thread's state stores before thread 0's count, an acq_rel atomic at GPU scope
+      // whose release is cumulative over them (one fence for the CTA, not one per thread: 0.1-0.2
+      // µs at batch 1's splits, 2026-12-02); in the last CTA its acquire, then the barrier, orders
+      // every thread's loads of the others' states after their counts. The increment wraps
+      // (atom.inc) back to 0 at the last arrival, so the count is 0 again for the next call or
+      // replay.
       __shared__ int last;
-      if (p.merge_release) {
-        // (KS_ATTN_MERGE_RELEASE=1) the barrier orders every thread's state stores before
-        // thread 0's count, whose release is cumulative over them; its acquire, then the
-        // barrier, orders the last CTA's loads of the others' states after their counts
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          unsigned old;
-          asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
-                       : "=r"(old) : "l"(p.ws_count + unit), "r"(unsigned(Ce - 1)) : "memory");
-          last = old == unsigned(Ce - 1);
-        }
-      } else {
-        __threadfence();
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          last = atomicInc(&p.ws_count[unit], unsigned(Ce - 1)) == unsigned(Ce - 1);
-          if (last) __threadfence();
-        }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        unsigned old;
+        asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;"
+                     : "=r"(old) : "l"(p.ws_count + unit), "r"(unsigned(Ce - 1)) : "memory");
+        last = old == unsigned(Ce - 1);
       }
       __syncthreads();
       if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
@@ -1703,12 +1673,12 @@ float* split_workspace(int dev, cudaStream_t s, size_t bytes, size_t zero_from, 
 // aligned) as cuda_mma_tma's map: dimensions {64 elements, cache rows, head_dim / 64 halves, kv
 // heads} (strides: a row, 128 bytes, a head), boxes of {64, 16 rows, head_dim / 64, 1}, the
 // 128-byte swizzle, zeros past the rows. false when the driver refuses it.
-bool encode_cache_map(CUtensorMap* m, const detail::View& cache, int64_t rows, int64_t kvh, int64_t D, bool half_rows) {
+bool encode_cache_map(CUtensorMap* m, const detail::View& cache, int64_t rows, int64_t kvh, int64_t D) {
   const PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
   if (!enc) return false;
   const cuuint64_t dims[4] = {64, cuuint64_t(rows), cuuint64_t(D / 64), cuuint64_t(kvh)};
   const cuuint64_t strides[3] = {cuuint64_t(kvh * D * 2), 128, cuuint64_t(D * 2)};
-  const cuuint32_t box[4] = {64, half_rows ? 1u : cuuint32_t(kMcKeys), half_rows ? 1u : cuuint32_t(D / 64), 1};
+  const cuuint32_t box[4] = {64, cuuint32_t(kMcKeys), cuuint32_t(D / 64), 1};
   const cuuint32_t elem[4] = {1, 1, 1, 1};
   const CUtensorMapDataType type =
       cache.dtype == detail::DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
@@ -1764,14 +1734,11 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
   });
-  // KS_ATTN_TMA_ROWS=1 (read once; an experiment): cuda_mma_tma's copies one half-row per lane
-  static const bool tma_rows = env_is("KS_ATTN_TMA_ROWS", "1");
   McMaps maps{};
   if (tma) {
     const int64_t rows = a.num_blocks * a.block_size;
-    maps.rows = tma_rows ? 1 : 0;
-    if (!encode_cache_map(&maps.k, a.k_cache, rows, a.num_kv_heads, a.head_dim, tma_rows) ||
-        !encode_cache_map(&maps.v, a.v_cache, rows, a.num_kv_heads, a.head_dim, tma_rows))
+    if (!encode_cache_map(&maps.k, a.k_cache, rows, a.num_kv_heads, a.head_dim) ||
+        !encode_cache_map(&maps.v, a.v_cache, rows, a.num_kv_heads, a.head_dim))
       detail::fail(KS_ERROR_CUDA, "paged_attention", "cuda_mma_tma: cuTensorMapEncodeTiled refused the caches' tensor maps");
   }
   auto go = [&](auto tag, auto dpad, auto warps, auto packed, auto tm) {
@@ -1887,10 +1854,10 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   check_launch("paged_attention");
   record_launch("paged_attention",
                 tma ? "variant=cuda_mma_tma cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld tma_rows=%lld"
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld"
                     : "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
                       "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0, tma_rows ? 1 : 0});
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0});
 }
 }  // namespace
 

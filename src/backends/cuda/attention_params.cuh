@@ -51,10 +51,6 @@ struct AttnParams {
   // griddepcontrol.wait. 0: nothing read before it
   int prewait_fresh;
   int prewait_steps;  // with prewait_fresh: the first 1 or 2 steps' older keys so (2 by default)
-  // the split's last-CTA merge: 0 = every thread's fence.sc before the count, thread 0's after
-  // (the default); 1 = a CTA barrier, then thread 0's count as one acq_rel atomic
-  // (KS_ATTN_MERGE_RELEASE=1, an experiment)
-  int merge_release;
 };
 
 #if defined(__CUDACC__)
@@ -121,7 +117,6 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
   p.prefetch_keys = 0;
   p.prewait_fresh = 0;
   p.prewait_steps = 2;
-  p.merge_release = 0;
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }
