@@ -35,7 +35,7 @@ def main():
     a = ap.parse_args()
     table, meta = load(a.csv)
     commit = a.commit or meta.get("commit", "unknown")
-    impls = [i for i in ("warp_per_column", "row_stream", "mma_blocks", "mma_stream", "bulk_stream")
+    impls = [i for i in ("warp_per_column", "row_stream", "mma_blocks", "mma_stream", "bulk_stream", "mma_diag")
              if any(i in v for v in table.values())]
     lines = [f"# Quantized GEMV variants on {meta.get('gpu')} (driver {meta.get('driver')}, CUDA runtime "
              f"{meta.get('cuda')}, commit {commit})", "",

@@ -1267,7 +1267,7 @@ TEST(Cuda, QuantMatmulStreamVariantsEqualTheDefault) {
 }
 
 namespace {
-// One call of a pinned tensor-core quant_matmul variant (cuda_mma_blocks, cuda_mma_stream) against
+// One call of a pinned tensor-core quant_matmul variant (cuda_mma_blocks, cuda_mma_stream, ...) against
 // an FP64 dot product of the decoded weights (gguf_blocks_fp64's independent decode) and the CPU.
 // Each element within the factored sums' bound: 128 u (sum over blocks of sum |x w| + 2 |m| sum |x|
 // (Q4_1), + 30 |d| sum |x| (Q8_0: the nibble split), then the output's half ulp. The first and last
@@ -1444,6 +1444,83 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
   EXPECT_THROW(ks::quant_matmul(o3.view(), x3.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_NE(std::string(ks_last_error()).find("three"), std::string::npos) << ks_last_error();
   EXPECT_THROW(ks::quant_matmul(o9.view(), x9.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_THROW(ks::quant_matmul(o1.view(), x1.view(), w41off.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("16-byte aligned"), std::string::npos) << ks_last_error();
+}
+
+// quant_matmul's cuda_mma_diag (M = 1: B's 8 columns carry 8 blocks of the one row; bf16 / fp16 x;
+// Q4_0 / Q4_1 / Q8_0; cuda_mma_stream's ring), by check_mma_variant: one block (7 of the group's 8
+// columns empty), 13 and 18 blocks (a partial last group; 18 with 4 tiles per stage at N = 16400
+// and 2 at 8200, a partial last tile), 128 blocks (16 groups, one per warp), rows in many chunks
+// with a partial last one (K = 14336; K = 4192: 131 blocks), N not a multiple of 16, weights 16
+// bytes into their allocation, Q8_0 with every code byte drawn (including -128). A NaN in x
+// makes every output NaN, an inf every output non-finite, in separate calls after a finite one
+// (no state carried between calls).
+TEST(Cuda, QuantMatmulMmaDiagVariant) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : {DType::BF16, DType::F16})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+      for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{
+               {1, 32}, {37, 416}, {50, 576}, {4096 + 9, 4096}, {600, 4096}, {33, 1536}, {16400, 576}, {8200, 576},
+               {300, 14336}, {70, 4192}, {2048, 4096}})
+        for (size_t off : {size_t(0), size_t(16)})
+          check_mma_variant("cuda_mma_diag", dt, q, 1, N, K, off, /*random_codes=*/true);
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + ", non-finite x");
+      const int64_t N = 40, K = 256;
+      Buf w = make_packed(q, N, K);
+      DBuf dw(DType::U8, w.shape), dx(dt, {1, K}), dout(dt, {1, N});
+      dw.upload(w);
+      kstest::ScopedVariant pin("quant_matmul", "cuda_mma_diag");
+      ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+      for (int pass = 0; pass < 3; ++pass) {  // finite, a NaN at 77, +inf at 200
+        Buf x(dt, {1, K}), got(dt, {1, N});
+        kstest::fill_normal(x);
+        if (pass == 1) x.set(77, std::nan(""));
+        if (pass == 2) x.set(200, INFINITY);
+        dx.upload(x);
+        dout.poison();
+        ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+        CK(cudaDeviceSynchronize());
+        dout.download(got);
+        for (int64_t n = 0; n < N; ++n) {
+          if (pass == 0) EXPECT_TRUE(std::isfinite(got.get(n))) << n;
+          if (pass == 1) EXPECT_TRUE(std::isnan(got.get(n))) << n;
+          if (pass == 2) EXPECT_FALSE(std::isfinite(got.get(n))) << n;  // inf, or NaN where inf * w meets -inf
+        }
+      }
+    }
+  // x one element past any alignment: its values are staged by element loads, the same bits
+  {
+    using namespace kstest::gguf;
+    const int64_t N = 100, K = 576;
+    Buf x(DType::BF16, {1, K}), a(DType::BF16, {1, N}), b(DType::BF16, {1, N});
+    kstest::fill_normal(x);
+    Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+    DBuf dx(DType::BF16, {1, K}), dxoff(DType::BF16, {1, K}, 2), dw(DType::U8, w.shape), da(DType::BF16, {1, N}),
+        db(DType::BF16, {1, N});
+    dx.upload(x);
+    dxoff.upload(x);
+    dw.upload(w);
+    da.poison();
+    db.poison();
+    kstest::ScopedVariant pin("quant_matmul", "cuda_mma_diag");
+    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+    ks::quant_matmul(da.view(), dx.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    ks::quant_matmul(db.view(), dxoff.view(), dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+    CK(cudaDeviceSynchronize());
+    da.download(a);
+    db.download(b);
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), size_t(N) * 2)) << "x at a 2-byte offset differs";
+  }
+  // What it declines, and says so: two rows of x, fp32 x, weights 4 bytes past 16-byte alignment
+  kstest::ScopedVariant pin("quant_matmul", "cuda_mma_diag");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  DBuf x2(DType::BF16, {2, 64}), o2(DType::BF16, {2, 3}), x32(DType::F32, {1, 64}), o32(DType::F32, {1, 3});
+  DBuf x1(DType::BF16, {1, 64}), o1(DType::BF16, {1, 3}), w41(DType::U8, {3, 2 * 20}), w41off(DType::U8, {3, 2 * 20}, 4);
+  EXPECT_THROW(ks::quant_matmul(o2.view(), x2.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
+  EXPECT_NE(std::string(ks_last_error()).find("M != 1"), std::string::npos) << ks_last_error();
+  EXPECT_THROW(ks::quant_matmul(o32.view(), x32.view(), w41.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_THROW(ks::quant_matmul(o1.view(), x1.view(), w41off.view(), ks::QType::Q4_1, ks::Backend::Cuda), ks::Error);
   EXPECT_NE(std::string(ks_last_error()).find("16-byte aligned"), std::string::npos) << ks_last_error();
 }

@@ -359,6 +359,31 @@ __device__ __forceinline__ void q8_words(const uint8_t* blk, int t, uint32_t& h,
   c1 = uint32_t(p[9 + 2 * t]) | (uint32_t(p[10 + 2 * t]) << 16);
 }
 
+// Item i's weight copies into its ring stage (cuda_mma_stream, cuda_mma_diag; items are (group,
+// chunk) pairs, chunks innermost, from the CTA's first group gbeg): warp w takes rows w, w + 16,
+// ... of the group; its lanes the row chunk's 16-byte pieces (contiguous bytes; the copy of the
+// weights' last piece stops at their end). One commit group per item (empty past the last).
+template <int BB>
+__device__ __forceinline__ void stream_issue(const MmaStreamParams& p, unsigned char* qms, int64_t stage_bytes,
+                                             int64_t gbeg, int64_t items, int64_t i) {
+  if (i < items) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rows_ps = 16 * p.tps;
+    const int64_t n0 = (gbeg + i / p.nchunks) * rows_ps, b0 = (i % p.nchunks) * int64_t(p.kc);
+    const int64_t wbytes = p.N * p.row_bytes;
+    const int rows = int(min(int64_t(rows_ps), p.N - n0));
+    unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
+    for (int r = warp; r < rows; r += kStreamWarps) {
+      const int64_t a0 = ((n0 + r) * p.row_bytes + b0 * BB) & ~int64_t(15);
+      unsigned char* d = st + int64_t(r) * p.pitch;
+      for (int j = lane; j < p.ppr; j += 32) {
+        const int64_t a = a0 + 16 * int64_t(j), left = wbytes - a;
+        cp_async_bytes(d + 16 * j, left > 0 ? p.w + a : p.w, left >= 16 ? 16 : left > 0 ? int(left) : 0);
+      }
+    }
+  }
+  cp_async_commit();
+}
+
 template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(const MmaStreamParams p) {
   using TM = MmaElem<T>;
@@ -367,7 +392,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
   __shared__ float part[kStreamWarps][16][8];             // each warp's sums (tile row, B column)
   __shared__ __align__(16) uint32_t xzero[16];            // B's pairs of the columns past xcols
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t N = p.N, RB = p.row_bytes, nb = p.K / 32, wbytes = N * RB;
+  const int64_t N = p.N, RB = p.row_bytes, nb = p.K / 32;
   const int rows_ps = 16 * p.tps;
   const int64_t stage_bytes = int64_t(rows_ps) * p.pitch;
   uint32_t* xs = reinterpret_cast<uint32_t*>(qms + kStreamStages * stage_bytes);  // [block][column][16 pairs]
@@ -375,24 +400,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
   const int64_t gbeg = int64_t(blockIdx.x) * p.groups / gridDim.x;
   const int64_t gend = (int64_t(blockIdx.x) + 1) * p.groups / gridDim.x;
   const int64_t items = (gend - gbeg) * p.nchunks;  // (group, chunk), chunks innermost
-  // Item i's copies: warp w takes rows w, w + 16, ... of the group; its lanes the row chunk's
-  // 16-byte pieces (contiguous bytes). One commit group per item (empty past the last).
-  auto issue = [&](int64_t i) {
-    if (i < items) {
-      const int64_t n0 = (gbeg + i / p.nchunks) * rows_ps, b0 = (i % p.nchunks) * int64_t(p.kc);
-      const int rows = int(min(int64_t(rows_ps), N - n0));
-      unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
-      for (int r = warp; r < rows; r += kStreamWarps) {
-        const int64_t a0 = ((n0 + r) * RB + b0 * BB) & ~int64_t(15);
-        unsigned char* d = st + int64_t(r) * p.pitch;
-        for (int j = lane; j < p.ppr; j += 32) {
-          const int64_t a = a0 + 16 * int64_t(j), left = wbytes - a;
-          cp_async_bytes(d + 16 * j, left > 0 ? p.w + a : p.w, left >= 16 ? 16 : left > 0 ? int(left) : 0);
-        }
-      }
-    }
-    cp_async_commit();
-  };
+  auto issue = [&](int64_t i) { stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i); };
   if (p.early)
     for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
   if (threadIdx.x < 16) xzero[threadIdx.x] = 0u;
@@ -639,6 +647,320 @@ void quant_matmul_mma_stream_cuda(const void* args, ks_stream_t stream) {
   check_launch("quant_matmul");
   record_launch("quant_matmul",
                 "mma_stream stages=%lld blocks_per_chunk=%lld chunks=%lld tiles_per_group=%lld pitch=%lld grid=%lld "
+                "smem=%lld",
+                {kStreamStages, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.grid, int64_t(plan.smem)});
+}
+
+namespace {
+// ---- variant cuda_mma_diag -------------------------------------------------------------------
+// One row of x (decode GEMV) on the tensor cores with all of the MMA's 8 columns in use: a column
+// is a block of the row, not a row of x. One m16n8k16 MMA takes 16 weight rows (A's rows) by two
+// weights of each of 8 consecutive blocks (A's 16 k slots: k slots 2c, 2c + 1 hold block c's two
+// weights), and B is x placed block-diagonally: B[k][c] is x's value of the weight in k slot k
+// when k / 2 == c, else 0. So D[r][c] sums row r's products of block c only, and 16 such MMAs
+// (two accumulators of 8, added at the end) give S of 16 rows x 8 blocks. A lane (g = lane / 4,
+// t = lane % 4) holds A's codes of rows g, g + 8 in blocks t, t + 4 (k slots 2t.., 2t + 8..) and
+// D's S of rows g, g + 8 in blocks 2t, 2t + 1: its epilogue, d S + m X (Q4_1; Q4_0: d S; Q8_0:
+// d (16 S_h + S_l)), uses every value it holds, where cuda_mma_stream at M = 1 keeps 1 column
+// of 8. B's nonzero pairs sit with lanes g == t (b0) and g == t + 4 (b1); the others hold zeros.
+// Pairing (the same for A and B): Q4 code word i (bytes 4i..4i+3; low nibbles weights 4i.., high
+// 16 + 4i..) gives MMA 4i + j the weights (4i, 4i + 2), (4i + 1, 4i + 3), (16 + 4i, 18 + 4i),
+// (17 + 4i, 19 + 4i) for j = 0..3, each pair from one LOP3 (the nibbles under bf16's exponent of
+// 128 or fp16's of 1024) and one packed exact subtraction (of 128 or 1024; Q4_0: 136 or 1032).
+// Q8_0 word i (weights 4i..4i+3) gives MMA 2i + j the weights (4i + j, 4i + j + 2) as the exact
+// nibble codes of cuda_mma_stream (c = 16 (h - 8) + l), S_l and S_h from two MMAs each.
+// The rows stream through cuda_mma_stream's ring and plan (stream_issue, stream_plan). Warp w takes
+// tile w % tps of a group and the chunk's groups of 8 blocks w / tps, + 16 / tps, ...; x's pairs
+// for a chunk are staged once per CTA in shared memory, [block][16 pairs] in MMA order, with X
+// (Q4_1) the FP32 sum of the block's 32 values in pair order by 4 threads of 8 (then two butterfly
+// steps). A lane adds its blocks' d S + m X in order (block 2t, then 2t + 1, group by group); at a
+// group's last chunk each row's 4 lanes are summed by two butterfly steps and the warps of a tile
+// in warp order. The order depends on N, K, the block format and the plan's tiles per group (the
+// SM count where N is small), never on the grid's timing.
+constexpr int kDiagPairs = 16;  // B's pairs per block (MMAs per group of 8 blocks and nibble kind)
+
+// v in a register the compiler cannot fold into an immediate (a LOP3 takes one immediate)
+__device__ __forceinline__ uint32_t opaque_u32(uint32_t v) {
+  uint32_t r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(v));
+  return r;
+}
+
+// x's element in pair s (half 0 or 1) of a block, for block format Q (the pairing above)
+template <ks_qtype_t Q>
+__device__ __forceinline__ int diag_elem(int s, int half) {
+  if constexpr (Q == KS_QTYPE_Q8_0)
+    return 4 * (s >> 1) + (s & 1) + 2 * half;
+  else
+    return ((s & 3) >> 1) * 16 + 4 * (s >> 2) + (s & 1) + 2 * half;
+}
+
+// Code bytes 4i..4i+3 of the block at blk (Q4_1: 4-byte aligned, codes from byte 4; Q4_0: from 2,
+// Q8_0: from 2, both 2-byte aligned) and its header word (Q4_1: d | m << 16; others: d)
+template <ks_qtype_t Q>
+__device__ __forceinline__ uint32_t diag_word(const unsigned char* blk, int i) {
+  if constexpr (Q == KS_QTYPE_Q4_1) {
+    return reinterpret_cast<const uint32_t*>(blk)[1 + i];
+  } else {
+    const uint16_t* h = reinterpret_cast<const uint16_t*>(blk);
+    return __byte_perm(h[1 + 2 * i], h[2 + 2 * i], 0x5410);
+  }
+}
+template <ks_qtype_t Q>
+__device__ __forceinline__ uint32_t diag_header(const unsigned char* blk) {
+  if constexpr (Q == KS_QTYPE_Q4_1)
+    return *reinterpret_cast<const uint32_t*>(blk);
+  else
+    return *reinterpret_cast<const uint16_t*>(blk);
+}
+
+// (v & 0x000F000F) ^ k in one LOP3 (k in a register: the mask is the instruction's immediate;
+// the compiler's own form takes two LOP3s, an AND and an OR, for two constants)
+__device__ __forceinline__ uint32_t nibbles_under(uint32_t v, uint32_t k) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, 0x000F000F, %2, 0x6A;" : "=r"(r) : "r"(v), "r"(k));  // (a & b) ^ c
+  return r;
+}
+// (c0, c2) and (c1, c3) of the 4-bit fields at bit SH of each byte of w (bytes 0..3), as exact T
+// pairs minus `off2` (in both halves): the fields under the exponent (k: the base in both halves,
+// xor'd with what to flip in the fields, as Q8_0's high nibbles' top bit) by one LOP3, then one
+// packed subtraction.
+template <typename T, int SH>
+__device__ __forceinline__ void nibble_pairs(uint32_t w, uint32_t k, uint32_t off2, uint32_t& p02, uint32_t& p13) {
+  p02 = sub_pair<T>(nibbles_under(w >> SH, k), off2);
+  p13 = sub_pair<T>(nibbles_under(w >> (SH + 8), k), off2);
+}
+
+template <typename T, ks_qtype_t Q>
+__global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_diag_kernel(const MmaStreamParams p) {
+  constexpr int BB = int(q_block_bytes(Q));
+  constexpr bool Q8 = Q == KS_QTYPE_Q8_0, Q41 = Q == KS_QTYPE_Q4_1;
+  constexpr uint32_t kBase = MmaType<T>::kHigh << 8;
+  extern __shared__ __align__(16) unsigned char qms[];  // [stage][16 tps rows][pitch], B's pairs, X
+  __shared__ float part[kStreamWarps][16];                // each warp's row sums
+  __shared__ __align__(16) uint32_t xzero[2 * kDiagPairs];  // B's registers of a lane without x
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int64_t N = p.N, nb = p.K / 32;
+  const int rows_ps = 16 * p.tps, kc8 = (p.kc + 7) & ~7;
+  const int64_t stage_bytes = int64_t(rows_ps) * p.pitch;
+  // B's registers (b0, b1) of the lanes that hold x, pair by pair: [kc8 blocks][2: b0 = x (g == t),
+  // b1 = x (g == t + 4)][16 pairs][b0, b1], so one 16-byte load gives two MMAs' b0 b1
+  uint32_t* xs = reinterpret_cast<uint32_t*>(qms + kStreamStages * stage_bytes);
+  float* xsum = reinterpret_cast<float*>(xs + kc8 * 4 * kDiagPairs);  // Q4_1: [kc8] X
+  const int64_t gbeg = int64_t(blockIdx.x) * p.groups / gridDim.x;
+  const int64_t gend = (int64_t(blockIdx.x) + 1) * p.groups / gridDim.x;
+  const int64_t items = (gend - gbeg) * p.nchunks;
+  if (p.early)
+    for (int i = 0; i < kStreamStages - 1; ++i) stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i);
+  if (threadIdx.x < 2 * kDiagPairs) xzero[threadIdx.x] = 0u;
+  pdl_begin();  // x is the previous kernel's output: read from here on
+  if (!p.early)
+    for (int i = 0; i < kStreamStages - 1; ++i) stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i);
+  const int tl = warp % p.tps, wsub = warp / p.tps, nsub = kStreamWarps / p.tps;
+  float acc0 = 0.f, acc1 = 0.f;  // rows g, g + 8
+  int64_t staged_chunk = -1;
+  for (int64_t i = 0; i < items; ++i) {
+    cp_async_wait<kStreamStages - 2>();
+    __syncthreads();
+    stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i + kStreamStages - 1);
+    const int64_t grp = gbeg + i / p.nchunks, ch = i % p.nchunks, b0 = ch * p.kc;
+    const int kcur = int(min(int64_t(p.kc), nb - b0));
+    if (ch != staged_chunk) {
+      // x's pairs of the chunk's blocks (zeros past kcur, up to a whole group of 8): 4 threads per
+      // block, 4 pairs each; Q4_1: their 8 values' FP32 sum in pair order, then the 4 threads' by
+      // two butterfly steps, is the block's X
+      const T* xg = static_cast<const T*>(p.x) + b0 * 32;
+      const int n4 = kc8 * 4, iters = (n4 + kStreamThreads - 1) / kStreamThreads;  // warp-uniform
+      for (int it = 0; it < iters; ++it) {
+        const int e = it * kStreamThreads + int(threadIdx.x), bl = e >> 2;
+        float sum = 0.f;
+        if (e < n4) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const int s = 4 * (e & 3) + j;
+            float v0 = 0.f, v1 = 0.f;
+            if (bl < kcur) {
+              v0 = Dt<T>::to_f(xg[bl * 32 + diag_elem<Q>(s, 0)]);
+              v1 = Dt<T>::to_f(xg[bl * 32 + diag_elem<Q>(s, 1)]);
+            }
+            const uint32_t pair = bits16(Dt<T>::from_f(v0)) | (bits16(Dt<T>::from_f(v1)) << 16);
+            *reinterpret_cast<uint2*>(xs + (bl * 2) * 2 * kDiagPairs + 2 * s) = make_uint2(pair, 0u);
+            *reinterpret_cast<uint2*>(xs + (bl * 2 + 1) * 2 * kDiagPairs + 2 * s) = make_uint2(0u, pair);
+            sum += v0;
+            sum += v1;
+          }
+        }
+        if constexpr (Q41) {
+          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+          if (e < n4 && (e & 3) == 0) xsum[bl] = sum;
+        }
+      }
+      staged_chunk = ch;
+      __syncthreads();
+    }
+    const unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
+    const int64_t nt = grp * rows_ps + tl * 16;  // this warp's tile's first row
+    if (nt < N) {
+      const int64_t sa = (nt + g) * p.row_bytes + b0 * BB, sb = sa + 8 * p.row_bytes;
+      const unsigned char* wa = st + (tl * 16 + g) * p.pitch + int(sa & 15);
+      const unsigned char* wb = st + (tl * 16 + g + 8) * p.pitch + int(sb & 15);
+      for (int gb = 8 * wsub; gb < kcur; gb += 8 * nsub) {
+        // B: this lane's registers (block gb + g's x where g == t or g == t + 4, else zeros)
+        const uint4* xb = reinterpret_cast<const uint4*>(
+            g == t ? xs + (gb + g) * 4 * kDiagPairs
+                   : g == t + 4 ? xs + ((gb + g) * 2 + 1) * 2 * kDiagPairs : xzero);
+        uint32_t bx0[kDiagPairs], bx1[kDiagPairs];
+#pragma unroll
+        for (int q = 0; q < kDiagPairs / 2; ++q) {
+          const uint4 u = xb[q];
+          bx0[2 * q] = u.x, bx1[2 * q] = u.y, bx0[2 * q + 1] = u.z, bx1[2 * q + 1] = u.w;
+        }
+        // A: blocks t and t + 4 of rows g and g + 8 (a block past kcur reads the chunk's last:
+        // its codes meet B's zeros)
+        const int ba = min(gb + t, kcur - 1) * BB, bc = min(gb + t + 4, kcur - 1) * BB;
+        float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+        if constexpr (Q8) {
+          // c = 16 (h - 8) + l: c0 sums the low nibbles' MMAs, c1 the high nibbles'
+          constexpr uint32_t lo2 = kBase * 0x10001u, hi2 = (kBase | 8u) * 0x10001u;
+          const uint32_t klo = opaque_u32(lo2), khi = opaque_u32(lo2 ^ 0x00080008u);
+#pragma unroll
+          for (int w = 0; w < 8; ++w) {
+            const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
+                                   diag_word<Q>(wb + bc, w)};
+            uint32_t l02[4], l13[4], h02[4], h13[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              nibble_pairs<T, 0>(q[r], klo, lo2, l02[r], l13[r]);
+              nibble_pairs<T, 4>(q[r], khi, hi2, h02[r], h13[r]);  // (c ^ 0x80) >> 4 = (c >> 4) ^ 8
+            }
+            mma_16816<T>(c0, l02, bx0[2 * w], bx1[2 * w]);
+            mma_16816<T>(c1, h02, bx0[2 * w], bx1[2 * w]);
+            mma_16816<T>(c0, l13, bx0[2 * w + 1], bx1[2 * w + 1]);
+            mma_16816<T>(c1, h13, bx0[2 * w + 1], bx1[2 * w + 1]);
+          }
+        } else {
+          constexpr uint32_t off2 = (kBase | (Q41 ? 0u : 8u)) * 0x10001u;
+          const uint32_t k = opaque_u32(kBase * 0x10001u);
+#pragma unroll
+          for (int w = 0; w < 4; ++w) {
+            const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
+                                   diag_word<Q>(wb + bc, w)};
+            uint32_t l02[4], l13[4], h02[4], h13[4];
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              nibble_pairs<T, 0>(q[r], k, off2, l02[r], l13[r]);
+              nibble_pairs<T, 4>(q[r], k, off2, h02[r], h13[r]);
+            }
+            mma_16816<T>(c0, l02, bx0[4 * w], bx1[4 * w]);
+            mma_16816<T>(c1, l13, bx0[4 * w + 1], bx1[4 * w + 1]);
+            mma_16816<T>(c0, h02, bx0[4 * w + 2], bx1[4 * w + 2]);
+            mma_16816<T>(c1, h13, bx0[4 * w + 3], bx1[4 * w + 3]);
+          }
+        }
+        // d S + m X of blocks gb + 2t, gb + 2t + 1 (c: (row g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1))
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int blk = gb + 2 * t + h;
+          if (blk < kcur) {
+            const uint32_t ha = diag_header<Q>(wa + blk * BB), hb = diag_header<Q>(wb + blk * BB);
+            const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
+            if constexpr (Q8) {
+              acc0 += da * (16.f * c1[h] + c0[h]);
+              acc1 += db * (16.f * c1[2 + h] + c0[2 + h]);
+            } else {
+              const float sa_ = c0[h] + c1[h], sb_ = c0[2 + h] + c1[2 + h];
+              if constexpr (Q41) {
+                const float X = xsum[blk];
+                acc0 += da * sa_ + h2f_bits(uint16_t(ha >> 16)) * X;
+                acc1 += db * sb_ + h2f_bits(uint16_t(hb >> 16)) * X;
+              } else {
+                acc0 += da * sa_;
+                acc1 += db * sb_;
+              }
+            }
+          }
+        }
+      }
+    }
+    if (ch == p.nchunks - 1) {  // the group's last chunk: each row's 4 lanes, then the warps in order
+      acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
+      acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
+      acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
+      acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
+      if (t == 0) part[warp][g] = acc0, part[warp][g + 8] = acc1;
+      acc0 = acc1 = 0.f;
+      __syncthreads();
+      for (int r = threadIdx.x; r < rows_ps; r += kStreamThreads) {
+        const int64_t n = grp * rows_ps + r;
+        if (n >= N) continue;
+        float sum = 0.f;
+        for (int s = 0; s < nsub; ++s) sum += part[r / 16 + s * p.tps][r % 16];
+        static_cast<T*>(p.out)[n] = Dt<T>::from_f(sum);
+      }
+    }
+  }
+  cp_async_wait<0>();
+}
+
+// cuda_mma_diag's plan: cuda_mma_stream's for one column of B, its shared memory for x's pairs of
+// whole groups of 8 blocks and one X per block
+StreamPlan diag_plan(const ops::QuantMatmulArgs& a, int sm_count) {
+  StreamPlan s = stream_plan(a.n, a.k, int(q_block_bytes(a.qtype)), 1, sm_count);
+  const size_t kc8 = size_t(s.kc + 7) / 8 * 8;
+  s.smem = size_t(kStreamStages) * 16 * size_t(s.tps) * size_t(s.pitch) + kc8 * 4 * kDiagPairs * 4 + kc8 * sizeof(float);
+  return s;
+}
+template <typename T, ks_qtype_t Q>
+int diag_smem_limit(int dev) {
+  return int(opt_in_smem_limit<quant_mma_diag_kernel<T, Q>>(dev, "quant_matmul"));
+}
+}  // namespace
+
+// (the block format: quant_matmul_can_implement, which the registry's check runs first)
+std::string quant_matmul_mma_diag_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.m != 1) return "M != 1: B's 8 columns carry 8 blocks of one row of x (decode GEMV)";
+  if (a.x.dtype == detail::DType::F32) return "fp32 x (bf16 / fp16 only: x's values enter the MMA as they are)";
+  if (reinterpret_cast<uintptr_t>(a.weight.data) % 16 != 0) return "weight not 16-byte aligned (16-byte cp.async copies)";
+  const int dev = a.x.device.device_id;
+  const DeviceProps& dp = device_props(dev);
+  if (dp.major < 8) return "needs sm_80 or newer (mma.sync, cp.async)";
+  const StreamPlan plan = diag_plan(a, dp.sm_count);
+  int limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    if constexpr (!std::is_same_v<decltype(tag), float>) limit = diag_smem_limit<decltype(tag), decltype(q)::value>(dev);
+  });
+  if (plan.smem > size_t(limit)) return "its stages do not fit the device's shared memory";
+  return "";
+}
+
+void quant_matmul_mma_diag_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const int dev = a.x.device.device_id;
+  DeviceGuard guard(dev, "quant_matmul");
+  const DeviceProps& dp = device_props(dev);
+  if (a.n == 0) return;  // nothing to write
+  const StreamPlan plan = diag_plan(a, dp.sm_count);
+  const MmaStreamParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
+                          a.row_bytes, plan.groups, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.ppr,
+                          1, qmm_stage_weights_enabled() ? 1 : 0};
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    if constexpr (std::is_same_v<T, float>) {
+      detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: fp32 x");
+    } else {
+      if (plan.smem > size_t(diag_smem_limit<T, Q>(dev)))
+        detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: its stages do not fit shared memory");
+      launch_kernel("quant_matmul", quant_mma_diag_kernel<T, Q>, dim3(plan.grid), dim3(kStreamThreads), plan.smem, s, 1,
+                    dp.pdl, p);
+    }
+  });
+  check_launch("quant_matmul");
+  record_launch("quant_matmul",
+                "mma_diag stages=%lld blocks_per_chunk=%lld chunks=%lld tiles_per_group=%lld pitch=%lld grid=%lld "
                 "smem=%lld",
                 {kStreamStages, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.grid, int64_t(plan.smem)});
 }

@@ -192,6 +192,8 @@ void quant_matmul_mma_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_can_implement(const void*);
 void quant_matmul_mma_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_stream_can_implement(const void*);
+void quant_matmul_mma_diag_cuda(const void*, ks_stream_t);
+std::string quant_matmul_mma_diag_can_implement(const void*);
 void quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_rows_can_implement(const void*);
 void silu_quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
@@ -288,6 +290,10 @@ std::string ci_quant_matmul_mma(const void* p) {
 std::string ci_quant_matmul_mma_stream(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_mma_stream_can_implement(p) : why;
+}
+std::string ci_quant_matmul_mma_diag(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? quant_matmul_mma_diag_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma_rows(const void* p) {
   const std::string why = ci_quant_matmul(p);
@@ -484,6 +490,14 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "sm_90.json's cells put it",
                avail, ks::cuda::ci_quant_matmul_mma_stream, ks::cuda::quant_matmul_mma_stream_cuda,
                /*batch_invariant=*/false});  // serves M <= 8 only
+  v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_diag",
+               registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 1,
+               "M = 1 (decode GEMV), bf16 / fp16 x, Q4_0 / Q4_1 / Q8_0, weights 16-byte aligned: cuda_mma_stream's "
+               "block sums and stream with B's 8 columns carrying 8 blocks of the one row (x placed "
+               "block-diagonally), so every accumulator a lane holds is used; the same values up to FP32 "
+               "rounding; lowest by priority, first where sm_90.json's cells put it",
+               avail, ks::cuda::ci_quant_matmul_mma_diag, ks::cuda::quant_matmul_mma_diag_cuda,
+               /*batch_invariant=*/false});  // serves M = 1 only
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_rows", kFloatDTypes, 1,
                "any M (batched decode, prefill), Q4_0 / Q4_1 / Q8_0: cuda_mma_blocks' block sums with 8 rows of x "
                "per MMA and up to 4 such groups per decoded block (fp32 x as three exact bf16 pieces chained into "
