@@ -731,189 +731,270 @@ __device__ __forceinline__ void nibble_pairs(uint32_t w, uint32_t k, uint32_t of
   p13 = sub_pair<T>(nibbles_under(w >> (SH + 8), k), off2);
 }
 
+// A lane's share of one unit (16 weight rows x one group of 8 blocks, nbk of them real) from a
+// ring slot: wa / wb the rows g / g + 8 at the group's first block, xs x's pairs from the group's
+// first block on ([block][16 pairs]), X (Q4_1) the blocks' sums; adds d S + m X of blocks 2t, 2t + 1
+// (those < nbk) to acc0 / acc1 (rows g, g + 8).
 template <typename T, ks_qtype_t Q>
-__global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_diag_kernel(const MmaStreamParams p) {
+__device__ __forceinline__ void diag_unit(const unsigned char* wa, const unsigned char* wb, const uint32_t* xs,
+                                          const float* X, const uint32_t* xzero, int nbk, float& acc0, float& acc1) {
   constexpr int BB = int(q_block_bytes(Q));
   constexpr bool Q8 = Q == KS_QTYPE_Q8_0, Q41 = Q == KS_QTYPE_Q4_1;
   constexpr uint32_t kBase = MmaType<T>::kHigh << 8;
-  extern __shared__ __align__(16) unsigned char qms[];  // [stage][16 tps rows][pitch], B's pairs, X
-  __shared__ float part[kStreamWarps][16];                // each warp's row sums
-  __shared__ __align__(16) uint32_t xzero[2 * kDiagPairs];  // B's registers of a lane without x
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  // B: this lane's registers (block g's pairs where g == t (b0) or g == t + 4 (b1), else zeros)
+  const uint4* x0 = reinterpret_cast<const uint4*>(g == t ? xs + g * kDiagPairs : xzero);
+  const uint4* x1 = reinterpret_cast<const uint4*>(g == t + 4 ? xs + g * kDiagPairs : xzero);
+  uint32_t bx0[kDiagPairs], bx1[kDiagPairs];
+#pragma unroll
+  for (int q = 0; q < kDiagPairs / 4; ++q) {
+    const uint4 u0 = x0[q], u1 = x1[q];
+    bx0[4 * q] = u0.x, bx0[4 * q + 1] = u0.y, bx0[4 * q + 2] = u0.z, bx0[4 * q + 3] = u0.w;
+    bx1[4 * q] = u1.x, bx1[4 * q + 1] = u1.y, bx1[4 * q + 2] = u1.z, bx1[4 * q + 3] = u1.w;
+  }
+  // A: blocks t and t + 4 of rows g and g + 8 (a block past nbk reads the group's last real one:
+  // its codes meet B's zeros)
+  const int ba = min(t, nbk - 1) * BB, bc = min(t + 4, nbk - 1) * BB;
+  float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
+  if constexpr (Q8) {
+    // c = 16 (h - 8) + l: c0 sums the low nibbles' MMAs, c1 the high nibbles'
+    constexpr uint32_t lo2 = kBase * 0x10001u, hi2 = (kBase | 8u) * 0x10001u;
+    const uint32_t klo = opaque_u32(lo2), khi = opaque_u32(lo2 ^ 0x00080008u);
+#pragma unroll
+    for (int w = 0; w < 8; ++w) {
+      const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
+                             diag_word<Q>(wb + bc, w)};
+      uint32_t l02[4], l13[4], h02[4], h13[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        nibble_pairs<T, 0>(q[r], klo, lo2, l02[r], l13[r]);
+        nibble_pairs<T, 4>(q[r], khi, hi2, h02[r], h13[r]);  // (c ^ 0x80) >> 4 = (c >> 4) ^ 8
+      }
+      mma_16816<T>(c0, l02, bx0[2 * w], bx1[2 * w]);
+      mma_16816<T>(c1, h02, bx0[2 * w], bx1[2 * w]);
+      mma_16816<T>(c0, l13, bx0[2 * w + 1], bx1[2 * w + 1]);
+      mma_16816<T>(c1, h13, bx0[2 * w + 1], bx1[2 * w + 1]);
+    }
+  } else {
+    constexpr uint32_t off2 = (kBase | (Q41 ? 0u : 8u)) * 0x10001u;
+    const uint32_t k = opaque_u32(kBase * 0x10001u);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
+                             diag_word<Q>(wb + bc, w)};
+      uint32_t l02[4], l13[4], h02[4], h13[4];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        nibble_pairs<T, 0>(q[r], k, off2, l02[r], l13[r]);
+        nibble_pairs<T, 4>(q[r], k, off2, h02[r], h13[r]);
+      }
+      mma_16816<T>(c0, l02, bx0[4 * w], bx1[4 * w]);
+      mma_16816<T>(c1, l13, bx0[4 * w + 1], bx1[4 * w + 1]);
+      mma_16816<T>(c0, h02, bx0[4 * w + 2], bx1[4 * w + 2]);
+      mma_16816<T>(c1, h13, bx0[4 * w + 3], bx1[4 * w + 3]);
+    }
+  }
+  // d S + m X of blocks 2t, 2t + 1 (c: (row g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1))
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int blk = 2 * t + h;
+    if (blk < nbk) {
+      const uint32_t ha = diag_header<Q>(wa + blk * BB), hb = diag_header<Q>(wb + blk * BB);
+      const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
+      if constexpr (Q8) {
+        acc0 += da * (16.f * c1[h] + c0[h]);
+        acc1 += db * (16.f * c1[2 + h] + c0[2 + h]);
+      } else {
+        const float sa = c0[h] + c1[h], sb = c0[2 + h] + c1[2 + h];
+        if constexpr (Q41) {
+          acc0 += da * sa + h2f_bits(uint16_t(ha >> 16)) * X[blk];
+          acc1 += db * sb + h2f_bits(uint16_t(hb >> 16)) * X[blk];
+        } else {
+          acc0 += da * sa;
+          acc1 += db * sb;
+        }
+      }
+    }
+  }
+}
+
+constexpr int kDiagWarps = 16;
+constexpr int kDiagThreads = 32 * kDiagWarps;
+constexpr int kDiagMaxUnits = 256;  // units whose row sums a CTA holds at once (one batch)
+
+struct DiagParams {
+  const void* x;     // [1, K]
+  const uint8_t* w;  // [N, row_bytes], 16-byte aligned
+  void* out;         // [1, N]
+  int64_t N, K, row_bytes;
+  int64_t ntiles;    // tiles of 16 rows
+  int ng;            // groups of 8 blocks per row (the last one partial where K / 32 is not a multiple of 8)
+  int stages;        // slots of each warp's ring
+  int pitch;         // bytes between a slot's rows (16 * pieces)
+  int pieces;        // 16-byte pieces a slot's row holds
+  int early;         // 1: the first slots' copies issued before the dependency wait (KS_QMM_WSTAGE=0: 0)
+};
+
+template <typename T, ks_qtype_t Q>
+__global__ void __launch_bounds__(kDiagThreads, 1) quant_mma_diag_kernel(const DiagParams p) {
+  constexpr int BB = int(q_block_bytes(Q));
+  extern __shared__ __align__(16) unsigned char qms[];  // x's pairs [ng * 8 blocks][16], X [ng * 8], rings
+  __shared__ float part[kDiagMaxUnits][16];              // each unit's row sums (one batch of tiles)
+  __shared__ __align__(16) uint32_t xzero[kDiagPairs];   // B's registers of a lane without x
+  __shared__ __align__(8) uint64_t bars[kDiagWarps][4];  // each warp's ring slots' barriers
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t N = p.N, nb = p.K / 32;
-  const int rows_ps = 16 * p.tps, kc8 = (p.kc + 7) & ~7;
-  const int64_t stage_bytes = int64_t(rows_ps) * p.pitch;
-  // B's registers (b0, b1) of the lanes that hold x, pair by pair: [kc8 blocks][2: b0 = x (g == t),
-  // b1 = x (g == t + 4)][16 pairs][b0, b1], so one 16-byte load gives two MMAs' b0 b1
-  uint32_t* xs = reinterpret_cast<uint32_t*>(qms + kStreamStages * stage_bytes);
-  float* xsum = reinterpret_cast<float*>(xs + kc8 * 4 * kDiagPairs);  // Q4_1: [kc8] X
-  const int64_t gbeg = int64_t(blockIdx.x) * p.groups / gridDim.x;
-  const int64_t gend = (int64_t(blockIdx.x) + 1) * p.groups / gridDim.x;
-  const int64_t items = (gend - gbeg) * p.nchunks;
+  const int64_t N = p.N, RB = p.row_bytes, nb = p.K / 32, wbytes = N * RB;
+  const int nb8 = p.ng * 8, S = p.stages;
+  uint32_t* xs = reinterpret_cast<uint32_t*>(qms);
+  float* xsum = reinterpret_cast<float*>(xs + nb8 * kDiagPairs);
+  unsigned char* ring = qms + size_t(nb8) * (kDiagPairs * 4 + 4) + size_t(warp) * S * 16 * p.pitch;
+  // the CTA's tiles, as units (tile, group) with groups innermost; warp w takes units w, w + 16, ...
+  const int64_t tb = int64_t(blockIdx.x) * p.ntiles / gridDim.x;
+  const int64_t te = (int64_t(blockIdx.x) + 1) * p.ntiles / gridDim.x;
+  const int units = int((te - tb) * p.ng);  // (< 2^31: can_implement)
+  // Unit warp + 16 j's rows into slot j % S, completing on the slot's barrier (16 arrivals, one
+  // per row lane, each declaring its bytes): lane r < 16 copies row r's bytes that cover the
+  // group's blocks by one bulk copy, from the 16-byte piece holding its first byte, whole pieces
+  // up to the weights' last whole piece; a row ending in the weights' last partial piece (the last
+  // row only) gets its last bytes by plain loads and stores before its arrival. The lane orders
+  // the warp's earlier reads of the slot (its __syncwarp, then a proxy fence) before the copy.
+  uint64_t* bar = bars[warp];
+  auto copy = [&](int j) {
+    const int u = warp + kDiagWarps * j;
+    if (u >= units || lane >= 16) return;
+    const unsigned tile = unsigned(u) / unsigned(p.ng), gi = unsigned(u) - tile * unsigned(p.ng);
+    const int64_t n = (tb + tile) * 16 + lane;
+    unsigned bytes = 0;
+    unsigned char* d = ring + (j % S) * 16 * p.pitch + lane * p.pitch;
+    const uint8_t* src = p.w;
+    if (n < N) {
+      const int nbk = int(min(int64_t(8), nb - 8 * int64_t(gi)));
+      const int64_t a = n * RB + int64_t(gi) * 8 * BB, a0 = a & ~int64_t(15), end = a + nbk * BB;
+      bytes = unsigned(min((end - a0 + 15) & ~int64_t(15), (wbytes - a0) & ~int64_t(15)));
+      src = p.w + a0;
+      for (int64_t b = a0 + bytes; b < end; ++b) d[b - a0] = p.w[b];  // (the last row's last partial piece)
+    }
+    mbar_arrive_expect_tx(bar + j % S, bytes);
+    if (bytes) {
+      fence_proxy_async_smem();
+      bulk_copy_g2s(d, src, bytes, bar + j % S);
+    }
+  };
+  if (lane < S) mbar_init(bar + lane, 16);
+  mbar_init_fence();
+  __syncwarp();
   if (p.early)
-    for (int i = 0; i < kStreamStages - 1; ++i) stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i);
-  if (threadIdx.x < 2 * kDiagPairs) xzero[threadIdx.x] = 0u;
+    for (int j = 0; j < S - 1; ++j) copy(j);
+  if (threadIdx.x < kDiagPairs) xzero[threadIdx.x] = 0u;
   pdl_begin();  // x is the previous kernel's output: read from here on
   if (!p.early)
-    for (int i = 0; i < kStreamStages - 1; ++i) stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i);
-  const int tl = warp % p.tps, wsub = warp / p.tps, nsub = kStreamWarps / p.tps;
-  float acc0 = 0.f, acc1 = 0.f;  // rows g, g + 8
-  int64_t staged_chunk = -1;
-  for (int64_t i = 0; i < items; ++i) {
-    cp_async_wait<kStreamStages - 2>();
-    __syncthreads();
-    stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i + kStreamStages - 1);
-    const int64_t grp = gbeg + i / p.nchunks, ch = i % p.nchunks, b0 = ch * p.kc;
-    const int kcur = int(min(int64_t(p.kc), nb - b0));
-    if (ch != staged_chunk) {
-      // x's pairs of the chunk's blocks (zeros past kcur, up to a whole group of 8): 4 threads per
-      // block, 4 pairs each; Q4_1: their 8 values' FP32 sum in pair order, then the 4 threads' by
-      // two butterfly steps, is the block's X
-      const T* xg = static_cast<const T*>(p.x) + b0 * 32;
-      const int n4 = kc8 * 4, iters = (n4 + kStreamThreads - 1) / kStreamThreads;  // warp-uniform
-      for (int it = 0; it < iters; ++it) {
-        const int e = it * kStreamThreads + int(threadIdx.x), bl = e >> 2;
-        float sum = 0.f;
-        if (e < n4) {
+    for (int j = 0; j < S - 1; ++j) copy(j);
+  {
+    // x's pairs of every block (zeros past nb, up to whole groups of 8): 4 threads per block, 4
+    // pairs each; Q4_1: their 8 values' FP32 sum in pair order, then the 4 threads' by two
+    // butterfly steps, is the block's X
+    const T* xg = static_cast<const T*>(p.x);
+    const int n4 = nb8 * 4, iters = (n4 + kDiagThreads - 1) / kDiagThreads;  // warp-uniform
+    for (int it = 0; it < iters; ++it) {
+      const int e = it * kDiagThreads + int(threadIdx.x), bl = e >> 2;
+      float sum = 0.f;
+      if (e < n4) {
 #pragma unroll
-          for (int j = 0; j < 4; ++j) {
-            const int s = 4 * (e & 3) + j;
-            float v0 = 0.f, v1 = 0.f;
-            if (bl < kcur) {
-              v0 = Dt<T>::to_f(xg[bl * 32 + diag_elem<Q>(s, 0)]);
-              v1 = Dt<T>::to_f(xg[bl * 32 + diag_elem<Q>(s, 1)]);
-            }
-            const uint32_t pair = bits16(Dt<T>::from_f(v0)) | (bits16(Dt<T>::from_f(v1)) << 16);
-            *reinterpret_cast<uint2*>(xs + (bl * 2) * 2 * kDiagPairs + 2 * s) = make_uint2(pair, 0u);
-            *reinterpret_cast<uint2*>(xs + (bl * 2 + 1) * 2 * kDiagPairs + 2 * s) = make_uint2(0u, pair);
-            sum += v0;
-            sum += v1;
+        for (int j = 0; j < 4; ++j) {
+          const int s = 4 * (e & 3) + j;
+          float v0 = 0.f, v1 = 0.f;
+          if (bl < nb) {
+            v0 = Dt<T>::to_f(xg[int64_t(bl) * 32 + diag_elem<Q>(s, 0)]);
+            v1 = Dt<T>::to_f(xg[int64_t(bl) * 32 + diag_elem<Q>(s, 1)]);
           }
-        }
-        if constexpr (Q41) {
-          sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-          sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-          if (e < n4 && (e & 3) == 0) xsum[bl] = sum;
+          xs[bl * kDiagPairs + s] = bits16(Dt<T>::from_f(v0)) | (bits16(Dt<T>::from_f(v1)) << 16);
+          sum += v0;
+          sum += v1;
         }
       }
-      staged_chunk = ch;
-      __syncthreads();
-    }
-    const unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
-    const int64_t nt = grp * rows_ps + tl * 16;  // this warp's tile's first row
-    if (nt < N) {
-      const int64_t sa = (nt + g) * p.row_bytes + b0 * BB, sb = sa + 8 * p.row_bytes;
-      const unsigned char* wa = st + (tl * 16 + g) * p.pitch + int(sa & 15);
-      const unsigned char* wb = st + (tl * 16 + g + 8) * p.pitch + int(sb & 15);
-      for (int gb = 8 * wsub; gb < kcur; gb += 8 * nsub) {
-        // B: this lane's registers (block gb + g's x where g == t or g == t + 4, else zeros)
-        const uint4* xb = reinterpret_cast<const uint4*>(
-            g == t ? xs + (gb + g) * 4 * kDiagPairs
-                   : g == t + 4 ? xs + ((gb + g) * 2 + 1) * 2 * kDiagPairs : xzero);
-        uint32_t bx0[kDiagPairs], bx1[kDiagPairs];
-#pragma unroll
-        for (int q = 0; q < kDiagPairs / 2; ++q) {
-          const uint4 u = xb[q];
-          bx0[2 * q] = u.x, bx1[2 * q] = u.y, bx0[2 * q + 1] = u.z, bx1[2 * q + 1] = u.w;
-        }
-        // A: blocks t and t + 4 of rows g and g + 8 (a block past kcur reads the chunk's last:
-        // its codes meet B's zeros)
-        const int ba = min(gb + t, kcur - 1) * BB, bc = min(gb + t + 4, kcur - 1) * BB;
-        float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
-        if constexpr (Q8) {
-          // c = 16 (h - 8) + l: c0 sums the low nibbles' MMAs, c1 the high nibbles'
-          constexpr uint32_t lo2 = kBase * 0x10001u, hi2 = (kBase | 8u) * 0x10001u;
-          const uint32_t klo = opaque_u32(lo2), khi = opaque_u32(lo2 ^ 0x00080008u);
-#pragma unroll
-          for (int w = 0; w < 8; ++w) {
-            const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
-                                   diag_word<Q>(wb + bc, w)};
-            uint32_t l02[4], l13[4], h02[4], h13[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              nibble_pairs<T, 0>(q[r], klo, lo2, l02[r], l13[r]);
-              nibble_pairs<T, 4>(q[r], khi, hi2, h02[r], h13[r]);  // (c ^ 0x80) >> 4 = (c >> 4) ^ 8
-            }
-            mma_16816<T>(c0, l02, bx0[2 * w], bx1[2 * w]);
-            mma_16816<T>(c1, h02, bx0[2 * w], bx1[2 * w]);
-            mma_16816<T>(c0, l13, bx0[2 * w + 1], bx1[2 * w + 1]);
-            mma_16816<T>(c1, h13, bx0[2 * w + 1], bx1[2 * w + 1]);
-          }
-        } else {
-          constexpr uint32_t off2 = (kBase | (Q41 ? 0u : 8u)) * 0x10001u;
-          const uint32_t k = opaque_u32(kBase * 0x10001u);
-#pragma unroll
-          for (int w = 0; w < 4; ++w) {
-            const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
-                                   diag_word<Q>(wb + bc, w)};
-            uint32_t l02[4], l13[4], h02[4], h13[4];
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              nibble_pairs<T, 0>(q[r], k, off2, l02[r], l13[r]);
-              nibble_pairs<T, 4>(q[r], k, off2, h02[r], h13[r]);
-            }
-            mma_16816<T>(c0, l02, bx0[4 * w], bx1[4 * w]);
-            mma_16816<T>(c1, l13, bx0[4 * w + 1], bx1[4 * w + 1]);
-            mma_16816<T>(c0, h02, bx0[4 * w + 2], bx1[4 * w + 2]);
-            mma_16816<T>(c1, h13, bx0[4 * w + 3], bx1[4 * w + 3]);
-          }
-        }
-        // d S + m X of blocks gb + 2t, gb + 2t + 1 (c: (row g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1))
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int blk = gb + 2 * t + h;
-          if (blk < kcur) {
-            const uint32_t ha = diag_header<Q>(wa + blk * BB), hb = diag_header<Q>(wb + blk * BB);
-            const float da = h2f_bits(uint16_t(ha)), db = h2f_bits(uint16_t(hb));
-            if constexpr (Q8) {
-              acc0 += da * (16.f * c1[h] + c0[h]);
-              acc1 += db * (16.f * c1[2 + h] + c0[2 + h]);
-            } else {
-              const float sa_ = c0[h] + c1[h], sb_ = c0[2 + h] + c1[2 + h];
-              if constexpr (Q41) {
-                const float X = xsum[blk];
-                acc0 += da * sa_ + h2f_bits(uint16_t(ha >> 16)) * X;
-                acc1 += db * sb_ + h2f_bits(uint16_t(hb >> 16)) * X;
-              } else {
-                acc0 += da * sa_;
-                acc1 += db * sb_;
-              }
-            }
-          }
-        }
+      if constexpr (Q == KS_QTYPE_Q4_1) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (e < n4 && (e & 3) == 0) xsum[bl] = sum;
       }
     }
-    if (ch == p.nchunks - 1) {  // the group's last chunk: each row's 4 lanes, then the warps in order
+  }
+  __syncthreads();
+  // the rows of the lane's two rows within a slot: the group's first byte's offset in its piece
+  const int tiles_pb = kDiagMaxUnits / p.ng, units_pb = tiles_pb * p.ng;  // a batch: whole tiles
+  int j = 0;  // the warp's units so far
+  for (int ub = 0; ub < units; ub += units_pb) {
+    const int ue = min(units, ub + units_pb);
+    for (int u = warp + kDiagWarps * j; u < ue; u += kDiagWarps, ++j) {
+      __syncwarp();  // unit j - 1's slot is free
+      copy(j + S - 1);
+      mbar_wait(bar + j % S, unsigned(j / S) & 1u);  // unit j's rows have landed
+      const unsigned tl = unsigned(u) / unsigned(p.ng);
+      const int64_t tile = tb + tl;
+      const int gi = int(unsigned(u) - tl * unsigned(p.ng));
+      const int nbk = int(min(int64_t(8), nb - 8 * int64_t(gi)));
+      const unsigned char* st = ring + (j % S) * 16 * p.pitch;
+      const int64_t sa = (tile * 16 + g) * RB + int64_t(gi) * 8 * BB, sb = sa + 8 * RB;
+      float acc0 = 0.f, acc1 = 0.f;
+      diag_unit<T, Q>(st + g * p.pitch + int(sa & 15), st + (g + 8) * p.pitch + int(sb & 15),
+                      xs + gi * 8 * kDiagPairs, xsum + gi * 8, xzero, nbk, acc0, acc1);
       acc0 += __shfl_xor_sync(0xffffffffu, acc0, 1);
       acc0 += __shfl_xor_sync(0xffffffffu, acc0, 2);
       acc1 += __shfl_xor_sync(0xffffffffu, acc1, 1);
       acc1 += __shfl_xor_sync(0xffffffffu, acc1, 2);
-      if (t == 0) part[warp][g] = acc0, part[warp][g + 8] = acc1;
-      acc0 = acc1 = 0.f;
-      __syncthreads();
-      for (int r = threadIdx.x; r < rows_ps; r += kStreamThreads) {
-        const int64_t n = grp * rows_ps + r;
-        if (n >= N) continue;
-        float sum = 0.f;
-        for (int s = 0; s < nsub; ++s) sum += part[r / 16 + s * p.tps][r % 16];
-        static_cast<T*>(p.out)[n] = Dt<T>::from_f(sum);
-      }
+      if (t == 0) part[u - ub][g] = acc0, part[u - ub][g + 8] = acc1;
     }
+    __syncthreads();
+    // the batch's rows: each the sum of its groups' row sums in group order
+    const int rows = (ue - ub) / p.ng * 16;
+    for (int e = threadIdx.x; e < rows; e += kDiagThreads) {
+      const int tl = e >> 4, r = e & 15;
+      const int64_t n = (tb + ub / p.ng + tl) * 16 + r;
+      if (n >= N) continue;
+      float sum = 0.f;
+      for (int q = 0; q < p.ng; ++q) sum += part[tl * p.ng + q][r];
+      static_cast<T*>(p.out)[n] = Dt<T>::from_f(sum);
+    }
+    __syncthreads();
   }
-  cp_async_wait<0>();
+  // (every slot's last phase was waited for: no copy is in flight)
 }
 
-// cuda_mma_diag's plan: cuda_mma_stream's for one column of B, its shared memory for x's pairs of
-// whole groups of 8 blocks and one X per block
-StreamPlan diag_plan(const ops::QuantMatmulArgs& a, int sm_count) {
-  StreamPlan s = stream_plan(a.n, a.k, int(q_block_bytes(a.qtype)), 1, sm_count);
-  const size_t kc8 = size_t(s.kc + 7) / 8 * 8;
-  s.smem = size_t(kStreamStages) * 16 * size_t(s.tps) * size_t(s.pitch) + kc8 * 4 * kDiagPairs * 4 + kc8 * sizeof(float);
-  return s;
+// cuda_mma_diag's plan for an N x K matrix of bb-byte blocks: the slot's pitch (the pieces that
+// cover 8 blocks from any 2-byte offset), the shared memory of x's pairs and X, the ring's stages
+// (4, or fewer where they do not fit `limit` bytes; 0: not even 2 fit), and the grid (a CTA per
+// 16-row tile up to one per SM).
+struct DiagPlan {
+  int ng = 0, pieces = 0, pitch = 0, stages = 0;
+  int64_t ntiles = 0;
+  size_t smem = 0;
+  unsigned grid = 0;
+};
+DiagPlan diag_plan(int64_t N, int64_t K, int bb, int sm_count, size_t limit) {
+  DiagPlan d;
+  d.ng = int((K / 32 + 7) / 8);
+  d.pieces = (14 + 8 * bb + 15) / 16;
+  d.pitch = 16 * d.pieces;
+  d.ntiles = (N + 15) / 16;
+  d.grid = unsigned(std::min<int64_t>(d.ntiles, sm_count));
+  const size_t xbytes = size_t(d.ng) * 8 * (kDiagPairs * 4 + 4), slot = 16 * size_t(d.pitch) * kDiagWarps;
+  for (d.stages = 4; d.stages >= 2; --d.stages) {
+    d.smem = xbytes + size_t(d.stages) * slot;
+    if (d.smem <= limit) break;
+  }
+  if (d.stages < 2) d.stages = 0;
+  return d;
 }
 template <typename T, ks_qtype_t Q>
-int diag_smem_limit(int dev) {
-  return int(opt_in_smem_limit<quant_mma_diag_kernel<T, Q>>(dev, "quant_matmul"));
+size_t diag_smem_limit(int dev) {
+  return size_t(opt_in_smem_limit<quant_mma_diag_kernel<T, Q>>(dev, "quant_matmul"));
+}
+DiagPlan diag_plan(const ops::QuantMatmulArgs& a, const DeviceProps& dp) {
+  size_t limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    if constexpr (!std::is_same_v<decltype(tag), float>) limit = diag_smem_limit<decltype(tag), decltype(q)::value>(a.x.device.device_id);
+  });
+  return diag_plan(a.n, a.k, int(q_block_bytes(a.qtype)), dp.sm_count, limit);
 }
 }  // namespace
 
@@ -923,15 +1004,13 @@ std::string quant_matmul_mma_diag_can_implement(const void* args) {
   if (a.m != 1) return "M != 1: B's 8 columns carry 8 blocks of one row of x (decode GEMV)";
   if (a.x.dtype == detail::DType::F32) return "fp32 x (bf16 / fp16 only: x's values enter the MMA as they are)";
   if (reinterpret_cast<uintptr_t>(a.weight.data) % 16 != 0) return "weight not 16-byte aligned (16-byte cp.async copies)";
-  const int dev = a.x.device.device_id;
-  const DeviceProps& dp = device_props(dev);
-  if (dp.major < 8) return "needs sm_80 or newer (mma.sync, cp.async)";
-  const StreamPlan plan = diag_plan(a, dp.sm_count);
-  int limit = 0;
-  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    if constexpr (!std::is_same_v<decltype(tag), float>) limit = diag_smem_limit<decltype(tag), decltype(q)::value>(dev);
-  });
-  if (plan.smem > size_t(limit)) return "its stages do not fit the device's shared memory";
+  if (a.k / 32 > int64_t(kDiagMaxUnits) * 8) return "K > 65536: a tile's groups of 8 blocks exceed one batch of row sums";
+  const DeviceProps& dp = device_props(a.x.device.device_id);
+  if (dp.major < 9) return "needs sm_90 (bulk copies completing on mbarriers)";
+  const int64_t ntiles = (a.n + 15) / 16, grid = std::min<int64_t>(ntiles, dp.sm_count);
+  if ((ntiles / grid + 1) * ((a.k / 32 + 7) / 8) >= (int64_t(1) << 31))
+    return "N too large: a CTA's units (16 rows x 8 blocks) would pass 2^31";
+  if (diag_plan(a, dp).stages == 0) return "x's pairs and two ring slots per warp do not fit the device's shared memory";
   return "";
 }
 
@@ -941,28 +1020,22 @@ void quant_matmul_mma_diag_cuda(const void* args, ks_stream_t stream) {
   DeviceGuard guard(dev, "quant_matmul");
   const DeviceProps& dp = device_props(dev);
   if (a.n == 0) return;  // nothing to write
-  const StreamPlan plan = diag_plan(a, dp.sm_count);
-  const MmaStreamParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k,
-                          a.row_bytes, plan.groups, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.ppr,
-                          1, qmm_stage_weights_enabled() ? 1 : 0};
+  const DiagPlan plan = diag_plan(a, dp);
+  if (plan.stages == 0) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: its ring does not fit shared memory");
+  const DiagParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
+                     plan.ntiles, plan.ng, plan.stages, plan.pitch, plan.pieces, qmm_stage_weights_enabled() ? 1 : 0};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
-    constexpr ks_qtype_t Q = decltype(q)::value;
-    if constexpr (std::is_same_v<T, float>) {
+    if constexpr (std::is_same_v<T, float>)
       detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: fp32 x");
-    } else {
-      if (plan.smem > size_t(diag_smem_limit<T, Q>(dev)))
-        detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: its stages do not fit shared memory");
-      launch_kernel("quant_matmul", quant_mma_diag_kernel<T, Q>, dim3(plan.grid), dim3(kStreamThreads), plan.smem, s, 1,
-                    dp.pdl, p);
-    }
+    else
+      launch_kernel("quant_matmul", quant_mma_diag_kernel<T, decltype(q)::value>, dim3(plan.grid), dim3(kDiagThreads),
+                    plan.smem, s, 1, dp.pdl, p);
   });
   check_launch("quant_matmul");
-  record_launch("quant_matmul",
-                "mma_diag stages=%lld blocks_per_chunk=%lld chunks=%lld tiles_per_group=%lld pitch=%lld grid=%lld "
-                "smem=%lld",
-                {kStreamStages, plan.kc, plan.nchunks, plan.tps, plan.pitch, plan.grid, int64_t(plan.smem)});
+  record_launch("quant_matmul", "mma_diag warps=%lld stages=%lld groups_per_row=%lld pitch=%lld grid=%lld smem=%lld",
+                {kDiagWarps, plan.stages, plan.ng, plan.pitch, plan.grid, int64_t(plan.smem)});
 }
 
 namespace {
