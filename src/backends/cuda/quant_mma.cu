@@ -818,8 +818,13 @@ __device__ __forceinline__ void diag_unit(const unsigned char* wa, const unsigne
   }
 }
 
-constexpr int kDiagWarps = 16;
-constexpr int kDiagThreads = 32 * kDiagWarps;
+// A CTA's warps: 24 for the 4-bit formats (more warps hide more of each one's latency; 3 ring
+// slots of 2.8 KB each fit), 16 for Q8_0 (its 4.6 KB slots). KS_QMM_DIAG_WARPS=16, 24 or 32 (read
+// once; an experiment) sets it for every format.
+int diag_warps(ks_qtype_t q) {
+  static const int w = int(env_number("KS_QMM_DIAG_WARPS", 0));
+  return w == 16 || w == 24 || w == 32 ? w : q == KS_QTYPE_Q8_0 ? 16 : 24;
+}
 constexpr int kDiagMaxUnits = 256;  // units whose row sums a CTA holds at once (one batch)
 
 struct DiagParams {
@@ -835,9 +840,9 @@ struct DiagParams {
   int early;         // 1: the first slots' copies issued before the dependency wait (KS_QMM_WSTAGE=0: 0)
 };
 
-template <typename T, ks_qtype_t Q>
-__global__ void __launch_bounds__(kDiagThreads, 1) quant_mma_diag_kernel(const DiagParams p) {
-  constexpr int BB = int(q_block_bytes(Q));
+template <typename T, ks_qtype_t Q, int kDiagWarps>
+__global__ void __launch_bounds__(32 * kDiagWarps, 1) quant_mma_diag_kernel(const DiagParams p) {
+  constexpr int BB = int(q_block_bytes(Q)), kDiagThreads = 32 * kDiagWarps;
   extern __shared__ __align__(16) unsigned char qms[];  // x's pairs [ng * 8 blocks][16], X [ng * 8], rings
   __shared__ float part[kDiagMaxUnits][16];              // each unit's row sums (one batch of tiles)
   __shared__ __align__(16) uint32_t xzero[kDiagPairs];   // B's registers of a lane without x
@@ -970,14 +975,14 @@ struct DiagPlan {
   size_t smem = 0;
   unsigned grid = 0;
 };
-DiagPlan diag_plan(int64_t N, int64_t K, int bb, int sm_count, size_t limit) {
+DiagPlan diag_plan(int64_t N, int64_t K, int bb, int warps, int sm_count, size_t limit) {
   DiagPlan d;
   d.ng = int((K / 32 + 7) / 8);
   d.pieces = (14 + 8 * bb + 15) / 16;
   d.pitch = 16 * d.pieces;
   d.ntiles = (N + 15) / 16;
   d.grid = unsigned(std::min<int64_t>(d.ntiles, sm_count));
-  const size_t xbytes = size_t(d.ng) * 8 * (kDiagPairs * 4 + 4), slot = 16 * size_t(d.pitch) * kDiagWarps;
+  const size_t xbytes = size_t(d.ng) * 8 * (kDiagPairs * 4 + 4), slot = 16 * size_t(d.pitch) * warps;
   for (d.stages = 4; d.stages >= 2; --d.stages) {
     d.smem = xbytes + size_t(d.stages) * slot;
     if (d.smem <= limit) break;
@@ -986,15 +991,17 @@ DiagPlan diag_plan(int64_t N, int64_t K, int bb, int sm_count, size_t limit) {
   return d;
 }
 template <typename T, ks_qtype_t Q>
-size_t diag_smem_limit(int dev) {
-  return size_t(opt_in_smem_limit<quant_mma_diag_kernel<T, Q>>(dev, "quant_matmul"));
+size_t diag_smem_limit(int dev, int warps) {
+  return size_t(warps == 16   ? opt_in_smem_limit<quant_mma_diag_kernel<T, Q, 16>>(dev, "quant_matmul")
+                : warps == 24 ? opt_in_smem_limit<quant_mma_diag_kernel<T, Q, 24>>(dev, "quant_matmul")
+                              : opt_in_smem_limit<quant_mma_diag_kernel<T, Q, 32>>(dev, "quant_matmul"));
 }
 DiagPlan diag_plan(const ops::QuantMatmulArgs& a, const DeviceProps& dp) {
   size_t limit = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    if constexpr (!std::is_same_v<decltype(tag), float>) limit = diag_smem_limit<decltype(tag), decltype(q)::value>(a.x.device.device_id);
+    if constexpr (!std::is_same_v<decltype(tag), float>) limit = diag_smem_limit<decltype(tag), decltype(q)::value>(a.x.device.device_id, diag_warps(a.qtype));
   });
-  return diag_plan(a.n, a.k, int(q_block_bytes(a.qtype)), dp.sm_count, limit);
+  return diag_plan(a.n, a.k, int(q_block_bytes(a.qtype)), diag_warps(a.qtype), dp.sm_count, limit);
 }
 }  // namespace
 
@@ -1029,13 +1036,18 @@ void quant_matmul_mma_diag_cuda(const void* args, ks_stream_t stream) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, float>)
       detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: fp32 x");
-    else
-      launch_kernel("quant_matmul", quant_mma_diag_kernel<T, decltype(q)::value>, dim3(plan.grid), dim3(kDiagThreads),
-                    plan.smem, s, 1, dp.pdl, p);
+    else {
+      constexpr ks_qtype_t Q = decltype(q)::value;
+      const int w = diag_warps(Q);
+      const auto kern = w == 16   ? quant_mma_diag_kernel<T, Q, 16>
+                        : w == 24 ? quant_mma_diag_kernel<T, Q, 24>
+                                  : quant_mma_diag_kernel<T, Q, 32>;
+      launch_kernel("quant_matmul", kern, dim3(plan.grid), dim3(32 * w), plan.smem, s, 1, dp.pdl, p);
+    }
   });
   check_launch("quant_matmul");
   record_launch("quant_matmul", "mma_diag warps=%lld stages=%lld groups_per_row=%lld pitch=%lld grid=%lld smem=%lld",
-                {kDiagWarps, plan.stages, plan.ng, plan.pitch, plan.grid, int64_t(plan.smem)});
+                {diag_warps(a.qtype), plan.stages, plan.ng, plan.pitch, plan.grid, int64_t(plan.smem)});
 }
 
 namespace {
