@@ -1449,13 +1449,16 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
 }
 
 // quant_matmul's cuda_mma_diag (M = 1: B's 8 columns carry 8 blocks of the one row; bf16 / fp16 x;
-// Q4_0 / Q4_1 / Q8_0; cuda_mma_stream's ring), by check_mma_variant: one block (7 of the group's 8
-// columns empty), 13 and 18 blocks (a partial last group; 18 with 4 tiles per stage at N = 16400
-// and 2 at 8200, a partial last tile), 128 blocks (16 groups, one per warp), rows in many chunks
-// with a partial last one (K = 14336; K = 4192: 131 blocks), N not a multiple of 16, weights 16
-// bytes into their allocation, Q8_0 with every code byte drawn (including -128). A NaN in x
-// makes every output NaN, an inf every output non-finite, in separate calls after a finite one
-// (no state carried between calls).
+// Q4_0 / Q4_1 / Q8_0; per-warp rings of bulk copies), by check_mma_variant: one block (7 of the
+// group's 8 columns empty), 13 and 18 blocks (a partial last group), rows whose 8-block groups
+// start anywhere within a 16-byte piece (K = 416, 576, 1536, 4192), many tiles per CTA and so
+// many units per warp and several slot phases (N = 16400, 8200, 4105, 2048), N not a multiple
+// of 16 (a partial last tile; the weights' last row ends in a partial 16-byte piece where
+// N x row bytes is not a multiple of 16, copied by plain loads), 448 blocks (K = 14336: x's
+// staging by several passes), weights 16 bytes into their allocation, Q8_0 with every code byte
+// drawn (including -128). A NaN in x makes every output NaN, an inf every output non-finite, in
+// separate calls after a finite one (no state carried between calls); x at a 2-byte offset gives
+// the same bits.
 TEST(Cuda, QuantMatmulMmaDiagVariant) {
   NEED_GPU();
   using namespace kstest::gguf;

@@ -306,16 +306,6 @@ __device__ __forceinline__ void cp_async_wait() {
 #endif
 }
 
-// cp_async_wait<n> for a count known at run time (0, 1, or 2 and more: 2)
-__device__ __forceinline__ void cp_async_wait_dyn(int n) {
-  if (n <= 0)
-    cp_async_wait<0>();
-  else if (n == 1)
-    cp_async_wait<1>();
-  else
-    cp_async_wait<2>();
-}
-
 // ---- bulk copies (TMA, cp.async.bulk) completing on an mbarrier (sm_90) ---------------
 // A shared-memory barrier whose phase completes when `count` arrivals and, where an arrival
 // declared bytes (expect_tx), every byte of the bulk copies counted against it have landed.

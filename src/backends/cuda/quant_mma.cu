@@ -359,8 +359,8 @@ __device__ __forceinline__ void q8_words(const uint8_t* blk, int t, uint32_t& h,
   c1 = uint32_t(p[9 + 2 * t]) | (uint32_t(p[10 + 2 * t]) << 16);
 }
 
-// Item i's weight copies into its ring stage (cuda_mma_stream, cuda_mma_diag; items are (group,
-// chunk) pairs, chunks innermost, from the CTA's first group gbeg): warp w takes rows w, w + 16,
+// Item i's weight copies into its ring stage (items are (group, chunk) pairs, chunks innermost,
+// from the CTA's first group gbeg): warp w takes rows w, w + 16,
 // ... of the group; its lanes the row chunk's 16-byte pieces (contiguous bytes; the copy of the
 // weights' last piece stops at their end). One commit group per item (empty past the last).
 template <int BB>
@@ -669,14 +669,24 @@ namespace {
 // 128 or fp16's of 1024) and one packed exact subtraction (of 128 or 1024; Q4_0: 136 or 1032).
 // Q8_0 word i (weights 4i..4i+3) gives MMA 2i + j the weights (4i + j, 4i + j + 2) as the exact
 // nibble codes of cuda_mma_stream (c = 16 (h - 8) + l), S_l and S_h from two MMAs each.
-// The rows stream through cuda_mma_stream's ring and plan (stream_issue, stream_plan). Warp w takes
-// tile w % tps of a group and the chunk's groups of 8 blocks w / tps, + 16 / tps, ...; x's pairs
-// for a chunk are staged once per CTA in shared memory, [block][16 pairs] in MMA order, with X
-// (Q4_1) the FP32 sum of the block's 32 values in pair order by 4 threads of 8 (then two butterfly
-// steps). A lane adds its blocks' d S + m X in order (block 2t, then 2t + 1, group by group); at a
-// group's last chunk each row's 4 lanes are summed by two butterfly steps and the warps of a tile
-// in warp order. The order depends on N, K, the block format and the plan's tiles per group (the
-// SM count where N is small), never on the grid's timing.
+// The stream: a persistent CTA per SM (at most) owns a contiguous range of 16-row tiles, as units
+// of (tile, group of 8 blocks), groups innermost; warp w takes units w, w + W, w + 2W, ... (W the
+// CTA's warps). Each warp has its own ring of 2-4 slots (one unit each: the 16 rows' bytes of the
+// group), filled by bulk copies (one per row, by lanes 0..15) that complete on the slot's mbarrier,
+// the first slots before the dependency wait (PDL: no kernel writes weights). No CTA barrier
+// between units, so each warp's latency is hidden by the others'. x's pairs for the whole row are
+// staged once per CTA in shared memory, [block][16 pairs] in MMA order, with X (Q4_1) the FP32
+// sum of the block's 32 values in pair order by 4 threads of 8 (then two butterfly steps). A lane
+// adds its blocks' d S + m X in order (block 2t, then 2t + 1); the 4 lanes of a row are summed by
+// two butterfly steps into the unit's row sums, and a row's result is the sum of its units' row
+// sums in group order (per batch of whole tiles, after a CTA barrier). The order of every sum
+// depends on K and the block format only (not on N, M, the grid or the device).
+// Measured at c14fbe2 (H200, bf16 x, bench_ops --variants; docs/perf/h200_quant_diag_c14fbe2.csv):
+// 1.26x cuda_mma_stream at Q4_1 14336 x 4096 (19.44 against 24.42 us), 1.39x at Q8_0 (32.9
+// against 45.7), but cuda_bulk_stream's FMA chains stay ahead (18.30 and 22.35): at 0.55 issued
+// instructions per scheduler cycle (Nsight Compute, 0e015f0) the codes' conversion (a shift, a
+// LOP3 and a packed subtraction per pair) and the MMAs' operands cost about what bulk_stream's
+// conversion and FMAs do. Not routed.
 constexpr int kDiagPairs = 16;  // B's pairs per block (MMAs per group of 8 blocks and nibble kind)
 
 // v in a register the compiler cannot fold into an immediate (a LOP3 takes one immediate)
@@ -818,13 +828,11 @@ __device__ __forceinline__ void diag_unit(const unsigned char* wa, const unsigne
   }
 }
 
-// A CTA's warps: 24 for the 4-bit formats (more warps hide more of each one's latency; 3 ring
-// slots of 2.8 KB each fit), 16 for Q8_0 (its 4.6 KB slots). KS_QMM_DIAG_WARPS=16, 24 or 32 (read
-// once; an experiment) sets it for every format.
-int diag_warps(ks_qtype_t q) {
-  static const int w = int(env_number("KS_QMM_DIAG_WARPS", 0));
-  return w == 16 || w == 24 || w == 32 ? w : q == KS_QTYPE_Q8_0 ? 16 : 24;
-}
+// A CTA's warps: 24 for the 4-bit formats (3 ring slots of 2.8 KB each), 16 for Q8_0 (2 slots of
+// 4.6 KB). Measured at c14fbe2 (H200, bf16, Q4_1): 24 warps 19.44 us at 14336 x 4096 against 20.12
+// with 16 and 20.10 with 32; 13.32 against 13.87 / 14.38 at 49152 x 576; 8.05 against 7.77 / 8.36
+// at 4096 x 4096 (docs/perf/h200_quant_diag_c14fbe2.csv).
+constexpr int diag_warps(ks_qtype_t q) { return q == KS_QTYPE_Q8_0 ? 16 : 24; }
 constexpr int kDiagMaxUnits = 256;  // units whose row sums a CTA holds at once (one batch)
 
 struct DiagParams {
@@ -991,15 +999,13 @@ DiagPlan diag_plan(int64_t N, int64_t K, int bb, int warps, int sm_count, size_t
   return d;
 }
 template <typename T, ks_qtype_t Q>
-size_t diag_smem_limit(int dev, int warps) {
-  return size_t(warps == 16   ? opt_in_smem_limit<quant_mma_diag_kernel<T, Q, 16>>(dev, "quant_matmul")
-                : warps == 24 ? opt_in_smem_limit<quant_mma_diag_kernel<T, Q, 24>>(dev, "quant_matmul")
-                              : opt_in_smem_limit<quant_mma_diag_kernel<T, Q, 32>>(dev, "quant_matmul"));
+size_t diag_smem_limit(int dev) {
+  return size_t(opt_in_smem_limit<quant_mma_diag_kernel<T, Q, diag_warps(Q)>>(dev, "quant_matmul"));
 }
 DiagPlan diag_plan(const ops::QuantMatmulArgs& a, const DeviceProps& dp) {
   size_t limit = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    if constexpr (!std::is_same_v<decltype(tag), float>) limit = diag_smem_limit<decltype(tag), decltype(q)::value>(a.x.device.device_id, diag_warps(a.qtype));
+    if constexpr (!std::is_same_v<decltype(tag), float>) limit = diag_smem_limit<decltype(tag), decltype(q)::value>(a.x.device.device_id);
   });
   return diag_plan(a.n, a.k, int(q_block_bytes(a.qtype)), diag_warps(a.qtype), dp.sm_count, limit);
 }
@@ -1038,11 +1044,8 @@ void quant_matmul_mma_diag_cuda(const void* args, ks_stream_t stream) {
       detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: fp32 x");
     else {
       constexpr ks_qtype_t Q = decltype(q)::value;
-      const int w = diag_warps(Q);
-      const auto kern = w == 16   ? quant_mma_diag_kernel<T, Q, 16>
-                        : w == 24 ? quant_mma_diag_kernel<T, Q, 24>
-                                  : quant_mma_diag_kernel<T, Q, 32>;
-      launch_kernel("quant_matmul", kern, dim3(plan.grid), dim3(32 * w), plan.smem, s, 1, dp.pdl, p);
+      launch_kernel("quant_matmul", quant_mma_diag_kernel<T, Q, diag_warps(Q)>, dim3(plan.grid), dim3(32 * diag_warps(Q)),
+                    plan.smem, s, 1, dp.pdl, p);
     }
   });
   check_launch("quant_matmul");

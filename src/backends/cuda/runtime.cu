@@ -492,10 +492,11 @@ void register_cuda_variants(std::vector<Variant>& v) {
                /*batch_invariant=*/false});  // serves M <= 8 only
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_diag",
                registry::dtype_bit(detail::DType::F16) | registry::dtype_bit(detail::DType::BF16), 1,
-               "M = 1 (decode GEMV), bf16 / fp16 x, Q4_0 / Q4_1 / Q8_0, weights 16-byte aligned: cuda_mma_stream's "
-               "block sums and stream with B's 8 columns carrying 8 blocks of the one row (x placed "
-               "block-diagonally), so every accumulator a lane holds is used; the same values up to FP32 "
-               "rounding; lowest by priority, first where sm_90.json's cells put it",
+               "M = 1 (decode GEMV), bf16 / fp16 x, Q4_0 / Q4_1 / Q8_0, weights 16-byte aligned, sm_90: "
+               "cuda_mma_stream's block sums with B's 8 columns carrying 8 blocks of the one row (x placed "
+               "block-diagonally), so every accumulator a lane holds is used; each warp streams its own "
+               "16-row x 8-block units through a ring of bulk copies on mbarriers; the same values up to "
+               "FP32 rounding; lowest by priority, first where sm_90.json's cells put it",
                avail, ks::cuda::ci_quant_matmul_mma_diag, ks::cuda::quant_matmul_mma_diag_cuda,
                /*batch_invariant=*/false});  // serves M = 1 only
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_mma_rows", kFloatDTypes, 1,
