@@ -765,39 +765,27 @@ __device__ __forceinline__ void diag_unit(const unsigned char* wa, const unsigne
   // A: blocks t and t + 4 of rows g and g + 8 (a block past nbk reads the group's last real one:
   // its codes meet B's zeros)
   const int ba = min(t, nbk - 1) * BB, bc = min(t + 4, nbk - 1) * BB;
+  // The code words' nibble pairs: low nibbles under klo minus olo, high under khi minus ohi (Q8_0:
+  // c = 16 (h - 8) + l, the high nibble's top bit flipped by khi; Q4: both the codes, Q4_0 - 8)
+  constexpr uint32_t olo = (kBase | (Q41 || Q8 ? 0u : 8u)) * 0x10001u, ohi = Q8 ? (kBase | 8u) * 0x10001u : olo;
+  const uint32_t klo = opaque_u32(kBase * 0x10001u), khi = opaque_u32(kBase * 0x10001u ^ (Q8 ? 0x00080008u : 0u));
   float c0[4] = {0.f, 0.f, 0.f, 0.f}, c1[4] = {0.f, 0.f, 0.f, 0.f};
-  if constexpr (Q8) {
-    // c = 16 (h - 8) + l: c0 sums the low nibbles' MMAs, c1 the high nibbles'
-    constexpr uint32_t lo2 = kBase * 0x10001u, hi2 = (kBase | 8u) * 0x10001u;
-    const uint32_t klo = opaque_u32(lo2), khi = opaque_u32(lo2 ^ 0x00080008u);
 #pragma unroll
-    for (int w = 0; w < 8; ++w) {
-      const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
-                             diag_word<Q>(wb + bc, w)};
-      uint32_t l02[4], l13[4], h02[4], h13[4];
+  for (int w = 0; w < (Q8 ? 8 : 4); ++w) {
+    const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
+                           diag_word<Q>(wb + bc, w)};
+    uint32_t l02[4], l13[4], h02[4], h13[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        nibble_pairs<T, 0>(q[r], klo, lo2, l02[r], l13[r]);
-        nibble_pairs<T, 4>(q[r], khi, hi2, h02[r], h13[r]);  // (c ^ 0x80) >> 4 = (c >> 4) ^ 8
-      }
+    for (int r = 0; r < 4; ++r) {
+      nibble_pairs<T, 0>(q[r], klo, olo, l02[r], l13[r]);
+      nibble_pairs<T, 4>(q[r], khi, ohi, h02[r], h13[r]);
+    }
+    if constexpr (Q8) {  // c0 sums the low nibbles' MMAs (S_l), c1 the high nibbles' (S_h)
       mma_16816<T>(c0, l02, bx0[2 * w], bx1[2 * w]);
       mma_16816<T>(c1, h02, bx0[2 * w], bx1[2 * w]);
       mma_16816<T>(c0, l13, bx0[2 * w + 1], bx1[2 * w + 1]);
       mma_16816<T>(c1, h13, bx0[2 * w + 1], bx1[2 * w + 1]);
-    }
-  } else {
-    constexpr uint32_t off2 = (kBase | (Q41 ? 0u : 8u)) * 0x10001u;
-    const uint32_t k = opaque_u32(kBase * 0x10001u);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const uint32_t q[4] = {diag_word<Q>(wa + ba, w), diag_word<Q>(wb + ba, w), diag_word<Q>(wa + bc, w),
-                             diag_word<Q>(wb + bc, w)};
-      uint32_t l02[4], l13[4], h02[4], h13[4];
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        nibble_pairs<T, 0>(q[r], k, off2, l02[r], l13[r]);
-        nibble_pairs<T, 4>(q[r], k, off2, h02[r], h13[r]);
-      }
+    } else {  // two accumulators of S (shorter MMA chains), added in the epilogue
       mma_16816<T>(c0, l02, bx0[4 * w], bx1[4 * w]);
       mma_16816<T>(c1, l13, bx0[4 * w + 1], bx1[4 * w + 1]);
       mma_16816<T>(c0, h02, bx0[4 * w + 2], bx1[4 * w + 2]);
