@@ -161,8 +161,9 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     backends.insert(v.backend);
   }
   auto bound = [](const nlohmann::json& x) { return x.is_null() ? std::string("any") : std::to_string(x.get<long long>()); };
-  // A cell that an earlier one covers (same op and backend; its arch, dtype and row and column
-  // ranges, each "*" / unbounded or containing the later cell's) is never reached: first match wins.
+  // A cell that an earlier one covers (same op and backend; its arch, dtype, qtype and row and
+  // column ranges, each "*" / unbounded or containing the later cell's) is never reached: first
+  // match wins.
   const auto& cells = j["cells"];
   auto covers = [](const nlohmann::json& e, const nlohmann::json& c) {
     auto field = [&](const char* k) { return e[k] == "*" || e[k] == c[k]; };
@@ -172,8 +173,8 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
       const bool hi = eh.is_null() || (!ch.is_null() && eh.get<long long>() >= ch.get<long long>());
       return lo && hi;
     };
-    return e["op"] == c["op"] && e["backend"] == c["backend"] && field("arch") && field("dtype") && range("rows") &&
-           range("cols");
+    return e["op"] == c["op"] && e["backend"] == c["backend"] && field("arch") && field("dtype") && field("qtype") &&
+           range("rows") && range("cols");
   };
   std::vector<int> shadowed_by(cells.size(), -1);
   for (size_t i = 0; i < cells.size(); ++i)
@@ -193,7 +194,7 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     std::string files;
     for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
     std::printf("routing table (%s; first matching cell wins; then the remaining variants by priority)\n", files.c_str());
-    std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
+    std::printf("%-18s %-7s %-6s %-10s %-14s %-14s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
                 why ? "order  (why / source)" : "order  (--why: each cell's reason and source)");
   }
   std::set<std::string> shown_backends;  // (backends with a listed cell of op_filter)
@@ -218,9 +219,12 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
     std::string note = c["why"].get<std::string>();
     if (!c["source"].get<std::string>().empty()) note += "; " + c["source"].get<std::string>();
     shown_backends.insert(c["backend"].get<std::string>());
-    std::printf("%-18s %-7s %-6s %-5s %-14s %-14s %-10s %s%s%s%s\n", c["op"].get<std::string>().c_str(),
-                c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(),
-                c["dtype"].get<std::string>().c_str(), rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
+    // (dtype, then the weights' block format where the cell is bound to one: "bf16:q4_1")
+    const std::string dtype =
+        c["dtype"].get<std::string>() + (c["qtype"] == "*" ? std::string() : ":" + c["qtype"].get<std::string>());
+    std::printf("%-18s %-7s %-6s %-10s %-14s %-14s %-10s %s%s%s%s\n", c["op"].get<std::string>().c_str(),
+                c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(), dtype.c_str(),
+                rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
                 order.c_str(), why ? "  (" : "", why ? note.c_str() : "", why ? ")" : "");
     if (shadowed_by[ci] >= 0)
       std::printf("%-18s   (never reached: the cell above at %s %d covers it)\n", "",

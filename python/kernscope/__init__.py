@@ -137,7 +137,8 @@ def routing_table() -> _t.Dict[str, _t.Any]:
     variants by priority. Works without a GPU (the CUDA cells are listed all the same).
 
     Returns the parsed JSON of ``ks_routing_table``: ``{"schema", "files", "cells": [{"op",
-    "backend", "arch", "dtype", "rows": [min, max or None], "cols", "order", "basis"
+    "backend", "arch", "dtype", "qtype" (the weights' block format, "*": any), "rows": [min, max or
+    None], "cols", "order", "basis"
     ("measured" | "heuristic"), "source", "why", "table", "index"}]}``.
 
     Raises:

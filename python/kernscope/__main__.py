@@ -23,7 +23,8 @@ def main() -> int:
         print(f"  {r.op:<{w_op}} {r.backend:<6} {r.variant:<{w_var}} [{','.join(r.dtypes)}]")
     t = ks.routing_table()
     print(f"\nrouting table ({', '.join(t['files'])}; first matching cell wins, then priority order)")
-    lines = [(c["op"], c["backend"], c["arch"], c["dtype"], f"{_bound(c['rows'][0])}..{_bound(c['rows'][1])}",
+    lines = [(c["op"], c["backend"], c["arch"], c["dtype"] + ("" if c["qtype"] == "*" else ":" + c["qtype"]),
+              f"{_bound(c['rows'][0])}..{_bound(c['rows'][1])}",
               f"{_bound(c['cols'][0])}..{_bound(c['cols'][1])}", c["basis"], " > ".join(c["order"]))
              for c in t["cells"]]
     widths = [max((len(line[i]) for line in lines), default=0) for i in range(7)]

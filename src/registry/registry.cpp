@@ -166,7 +166,8 @@ const Cell* routed_cell(const char* op, ks_backend_t backend, detail::DType dtyp
   if (!any) return nullptr;
   const RouteKey k = route_key(op, args);
   const std::string arch = backend == KS_BACKEND_CUDA ? cuda_arch_name(k.device) : "cpu";
-  return find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), k.rows, k.cols, deterministic());
+  return find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), k.rows, k.cols, deterministic(),
+                   k.qtype);
 }
 
 Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args) {

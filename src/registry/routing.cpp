@@ -72,7 +72,8 @@ Table parse_table(const std::string& text, const std::string& name) {
     const std::string where = name + " cell " + std::to_string(index);
     if (!cj.is_object()) bad(where, "must be an object");
     for (const auto& [key, value] : cj.items()) {
-      static const char* const known[] = {"op", "backend", "dtype", "rows", "cols", "order", "basis", "source", "why"};
+      static const char* const known[] = {"op",    "backend", "dtype", "qtype",  "rows",
+                                          "cols",  "order",   "basis", "source", "why"};
       bool ok = false;
       for (const char* k : known) ok = ok || key == k;
       if (!ok) bad(where, "unknown key \"" + key + "\" (a misspelt \"rows\" would match every shape)");
@@ -87,6 +88,13 @@ Table parse_table(const std::string& text, const std::string& name) {
     c.dtype = cj.contains("dtype") ? str_field(cj, "dtype", where) : "*";
     if (c.dtype != "*" && c.dtype != "fp16" && c.dtype != "bf16" && c.dtype != "fp32")
       bad(where, "\"dtype\" must be \"fp16\", \"bf16\", \"fp32\" or \"*\"");
+    c.qtype = cj.contains("qtype") ? str_field(cj, "qtype", where) : "*";
+    {
+      static const char* const formats[] = {"*", "f32", "f16", "bf16", "q4_0", "q4_1", "q8_0"};
+      bool ok = false;
+      for (const char* f : formats) ok = ok || c.qtype == f;
+      if (!ok) bad(where, "\"qtype\" must be \"q4_0\", \"q4_1\", \"q8_0\", \"f32\", \"f16\", \"bf16\" or \"*\"; got \"" + c.qtype + "\"");
+    }
     range_field(cj, "rows", where, &c.rows_min, &c.rows_max);
     range_field(cj, "cols", where, &c.cols_min, &c.cols_max);
     if (!cj.contains("order") || !cj["order"].is_array() || cj["order"].empty())
@@ -110,13 +118,14 @@ bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, 
 }
 
 bool covers_every_shape(const Cell& c) {
-  return c.rows_min == 0 && c.rows_max == INT64_MAX && c.cols_min == 0 && c.cols_max == INT64_MAX;
+  return c.rows_min == 0 && c.rows_max == INT64_MAX && c.cols_min == 0 && c.cols_max == INT64_MAX && c.qtype == "*";
 }
 
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
-                      std::string_view dtype, int64_t rows, int64_t cols, bool any_rows) {
+                      std::string_view dtype, int64_t rows, int64_t cols, bool any_rows, std::string_view qtype) {
   for (const Cell& c : t.cells) {
     if (!cell_matches(c, op, backend, arch, dtype)) continue;
+    if (c.qtype != "*" && c.qtype != qtype) continue;
     if (!any_rows && (rows < c.rows_min || rows > c.rows_max)) continue;
     if (cols < c.cols_min || cols > c.cols_max) continue;
     return &c;
@@ -192,8 +201,9 @@ std::string cells_summary(const Table& t, std::string_view op, std::string_view 
     if (!cell_matches(c, op, backend, arch, dtype)) continue;
     std::string order;
     for (const auto& v : c.order) order += (order.empty() ? "" : ", ") + v;
-    s += std::string(s.empty() ? "" : "; ") + "rows " + bound(c.rows_min) + ".." + bound(c.rows_max) + ", cols " +
-         bound(c.cols_min) + ".." + bound(c.cols_max) + ": [" + order + "] (" + describe(c) + ")";
+    s += std::string(s.empty() ? "" : "; ") + (c.qtype == "*" ? "" : c.qtype + " weights, ") + "rows " +
+         bound(c.rows_min) + ".." + bound(c.rows_max) + ", cols " + bound(c.cols_min) + ".." + bound(c.cols_max) +
+         ": [" + order + "] (" + describe(c) + ")";
   }
   return s;
 }
@@ -204,7 +214,7 @@ std::string to_json(const Table& t) {
   j["files"] = t.files;
   j["cells"] = nlohmann::json::array();
   for (const Cell& c : t.cells)
-    j["cells"].push_back({{"op", c.op}, {"backend", c.backend}, {"arch", c.arch}, {"dtype", c.dtype},
+    j["cells"].push_back({{"op", c.op}, {"backend", c.backend}, {"arch", c.arch}, {"dtype", c.dtype}, {"qtype", c.qtype},
                           {"rows", range_json(c.rows_min, c.rows_max)}, {"cols", range_json(c.cols_min, c.cols_max)},
                           {"order", c.order}, {"basis", c.basis}, {"source", c.source}, {"why", c.why},
                           {"table", c.table}, {"index", c.index}});

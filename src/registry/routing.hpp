@@ -17,17 +17,20 @@
 
 namespace ks::registry {
 
-// The shape a call is routed by: (rows, cols) as docs/routing.md defines them per op, and
-// the device of its tensors (for the arch).
+// The shape a call is routed by: (rows, cols) as docs/routing.md defines them per op, the
+// device of its tensors (for the arch), and the ops with packed weights' block format
+// ("q4_0", "q4_1", "q8_0", ...; "" for the others).
 struct RouteKey {
   int64_t rows = 0, cols = 0;
   int device = 0;
+  const char* qtype = "";
 };
 // Implemented by the ops layer (src/ops/route_key.cpp); an op without a definition gets {0, 0}.
 RouteKey route_key(const char* op, const void* args);
 
 struct Cell {
   std::string op, backend, arch, dtype;  // arch "*" / dtype "*": any
+  std::string qtype = "*";               // the weights' block format ("q4_1", ...); "*": any
   int64_t rows_min = 0, rows_max = INT64_MAX, cols_min = 0, cols_max = INT64_MAX;  // inclusive
   std::vector<std::string> order;  // variant names, tried first, in this order
   std::string basis;               // "measured" or "heuristic"
@@ -48,12 +51,15 @@ Table parse_table(const std::string& json, const std::string& name);
 // Whether c applies to (op, backend, arch, dtype) at some shape (arch/dtype "*" match any).
 bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, std::string_view arch,
                   std::string_view dtype);
-// Whether c covers every shape (no rows or cols bound).
+// Whether c covers every call of its (op, backend, arch, dtype): no rows, cols or qtype bound.
 bool covers_every_shape(const Cell& c);
 // The first cell of t that matches; nullptr when none does. any_rows: ignore the cells' rows
 // bounds (deterministic mode: the variant for a row must not depend on the call's row count).
+// qtype: the call's block format (RouteKey::qtype); a cell bound to a qtype matches only calls
+// of that format ("": a call or query without one matches only cells for any qtype).
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
-                      std::string_view dtype, int64_t rows, int64_t cols, bool any_rows = false);
+                      std::string_view dtype, int64_t rows, int64_t cols, bool any_rows = false,
+                      std::string_view qtype = "");
 // The active table: KS_ROUTING_TABLE's file when set, else the compiled-in files. Parsed once.
 const Table& active_table();
 // A device's arch name ("sm_90" for compute capability 9.0); device < 0: the current device;

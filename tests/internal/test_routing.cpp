@@ -42,6 +42,7 @@ TEST(Routing, ParsesCellsWithDefaults) {
   EXPECT_EQ(describe(c), "routing cell 0 of t.json (measured: docs/perf/x.csv)");
   const Cell& d = t.cells[1];
   EXPECT_EQ(d.dtype, "*");
+  EXPECT_EQ(d.qtype, "*");  // no "qtype": every block format
   EXPECT_EQ(d.rows_min, 0);
   EXPECT_EQ(d.rows_max, INT64_MAX);
   EXPECT_EQ(d.index, 1);
@@ -76,7 +77,42 @@ TEST(Routing, BadDocumentsNameTheFileAndField) {
   EXPECT_NE(error_of(doc("*", R"({"op": "softmax", "backend": "cuda", "order": ["a"], "basis": "guess", "why": "w"})"))
                 .find("\"basis\""),
             std::string::npos);
+  for (const char* q : {"Q4_1", "q4_k", "", "fp32"})
+    EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "qtype": ")" + q + R"("})")).find("t.json cell 0: \"qtype\" must be"),
+              std::string::npos)
+        << q;
+  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "qtype": 5})")).find("\"qtype\" must be a string"), std::string::npos);
+  EXPECT_EQ(error_of(doc("*", "{" + ok + R"(, "qtype": "q8_0"})")), "");
   EXPECT_EQ(error_of(doc("*", "{" + ok + "}")), "");
+}
+
+// A cell bound to a block format ("qtype") matches calls of that format only; one without binds
+// every format; a call or query without a format (qtype "") skips the bound cells; a bound
+// cell does not cover every call (so which() without a shape does not take it).
+TEST(Routing, QtypeBoundCellsMatchTheirFormatOnly) {
+  const Table t = parse_table(doc("sm_90", R"(
+    {"op": "quant_matmul", "backend": "cuda", "dtype": "bf16", "qtype": "q4_1", "rows": [1, 1],
+     "order": ["q41_first"], "basis": "heuristic", "why": "w"},
+    {"op": "quant_matmul", "backend": "cuda", "dtype": "bf16", "rows": [1, 1], "order": ["any_format"],
+     "basis": "heuristic", "why": "w"},
+    {"op": "quant_matmul", "backend": "cuda", "qtype": "q8_0", "order": ["q80_every_shape"], "basis": "heuristic",
+     "why": "w"})"),
+                        "sm_90.json");
+  ASSERT_EQ(t.cells.size(), 3u);
+  EXPECT_EQ(t.cells[0].qtype, "q4_1");
+  EXPECT_EQ(t.cells[1].qtype, "*");
+  auto pick = [&](int64_t rows, const char* q) -> std::string {
+    const Cell* c = find_cell(t, "quant_matmul", "cuda", "sm_90", "bf16", rows, 4096, false, q);
+    return c ? c->order[0] : "none";
+  };
+  EXPECT_EQ(pick(1, "q4_1"), "q41_first");
+  EXPECT_EQ(pick(1, "q4_0"), "any_format");
+  EXPECT_EQ(pick(1, "q8_0"), "any_format");  // the first match wins: the unbound cell comes before
+  EXPECT_EQ(pick(1, ""), "any_format");
+  EXPECT_EQ(pick(2, "q4_1"), "none");
+  EXPECT_EQ(pick(2, "q8_0"), "q80_every_shape");
+  EXPECT_EQ(pick(2, ""), "none");
+  EXPECT_FALSE(covers_every_shape(t.cells[2]));
 }
 
 // Fake devices: an H200 (sm_90), an A100 (sm_80) and the CPU, against one table.

@@ -20,27 +20,34 @@ struct Pin {  // pins quant_matmul for its lifetime (nullptr: automatic selectio
   ~Pin() { ks_force_variant("quant_matmul", nullptr); }
 };
 
+// The call's block bytes: Q8_0 34, Q4_1 20
+int64_t block_bytes(ks::QType q) { return q == ks::QType::Q4_1 ? 20 : 34; }
+
 std::vector<float> run(const std::vector<float>& x, const std::vector<uint8_t>& w, int64_t m, int64_t n, int64_t k,
-                       const char* pin) {
+                       const char* pin, ks::QType q = ks::QType::Q8_0) {
   Pin p(pin);
   std::vector<float> out(size_t(m * n), std::nanf(""));
   ks::quant_matmul(ks::TensorView(out.data(), ks::DType::F32, {m, n}),
                    ks::TensorView(const_cast<float*>(x.data()), ks::DType::F32, {m, k}),
-                   ks::TensorView(const_cast<uint8_t*>(w.data()), ks::DType::U8, {n, k / 32 * 34}), ks::QType::Q8_0,
+                   ks::TensorView(const_cast<uint8_t*>(w.data()), ks::DType::U8, {n, k / 32 * block_bytes(q)}), q,
                    ks::Backend::Cpu);
   return out;
 }
 
-// x [m, k] from N(0, 1); Q8_0 weights [n, k] with fp16 scales ~0.1 and random codes
+// x [m, k] from N(0, 1); Q8_0 (or Q4_1) weights [n, k] with fp16 scales ~0.1 (Q4_1: minimum
+// ~-0.1) and random codes
 void random_inputs(std::mt19937& rng, int64_t m, int64_t n, int64_t k, std::vector<float>* x,
-                   std::vector<uint8_t>* wq) {
+                   std::vector<uint8_t>* wq, ks::QType q = ks::QType::Q8_0) {
   std::normal_distribution<float> nd;
   x->resize(size_t(m * k));
   for (auto& e : *x) e = nd(rng);
-  wq->assign(size_t(n * (k / 32) * 34), 0);
-  for (size_t b = 0; b < wq->size(); b += 34) {
+  const int64_t bb = block_bytes(q);
+  wq->assign(size_t(n * (k / 32) * bb), 0);
+  for (size_t b = 0; b < wq->size(); b += size_t(bb)) {
     (*wq)[b] = 0x66, (*wq)[b + 1] = 0x2e;  // fp16 scale ~0.1
-    for (int i = 2; i < 34; ++i) (*wq)[b + i] = uint8_t(rng());
+    int i = 2;
+    if (q == ks::QType::Q4_1) (*wq)[b + 2] = 0x66, (*wq)[b + 3] = 0xae, i = 4;  // fp16 minimum ~-0.1
+    for (; i < bb; ++i) (*wq)[b + i] = uint8_t(rng());
   }
 }
 
@@ -86,6 +93,30 @@ TEST(RoutingSelect, QuantMatmulIsKeyedByTheWeightsElements) {
     const auto& want = k == 4096 ? ref : fast;
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
         << "the automatic call did not run " << (k == 4096 ? "the cell's cpu_reference" : "cpu_avx512");
+  }
+}
+
+// A cell bound to a block format ("qtype") routes calls of that format only: with
+// tests/data/routing_quant_qtype.json (one cell for Q4_1 weights at M = 3, N x K = 19 x 4096, the
+// reference first) a Q4_1 call of that shape runs the reference and a Q8_0 call of the same shape
+// the registry's first, AVX-512.
+TEST(RoutingSelect, QuantMatmulCellsBoundToABlockFormat) {
+  if (!std::getenv("KS_EXPECT_QTYPE_CELL")) GTEST_SKIP() << "run through ctest (routing_select_quant_qtype)";
+  if (ks::which("quant_matmul", "fp32", ks::Backend::Cpu).variant != "cpu_avx512")
+    GTEST_SKIP() << "no AVX-512 on this CPU: one runnable variant only";
+  std::mt19937 rng(13);
+  for (ks::QType q : {ks::QType::Q4_1, ks::QType::Q8_0}) {
+    SCOPED_TRACE(q == ks::QType::Q4_1 ? "Q4_1" : "Q8_0");
+    const int64_t m = 3, n = 19, k = 4096;
+    std::vector<float> x;
+    std::vector<uint8_t> wq;
+    random_inputs(rng, m, n, k, &x, &wq, q);
+    const auto ref = run(x, wq, m, n, k, "cpu_reference", q), fast = run(x, wq, m, n, k, "cpu_avx512", q),
+               got = run(x, wq, m, n, k, nullptr, q);
+    ASSERT_NE(std::memcmp(ref.data(), fast.data(), ref.size() * 4), 0) << "the variants agree: cannot tell them apart";
+    const auto& want = q == ks::QType::Q4_1 ? ref : fast;
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
+        << "the automatic call did not run " << (q == ks::QType::Q4_1 ? "the Q4_1 cell's cpu_reference" : "cpu_avx512");
   }
 }
 
