@@ -1451,8 +1451,10 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
 // quant_matmul's cuda_mma_diag (M = 1: B's 8 columns carry 8 blocks of the one row; bf16 / fp16 x;
 // Q4_0 / Q4_1 / Q8_0; per-warp rings of bulk copies), by check_mma_variant: one block (7 of the
 // group's 8 columns empty), 13 and 18 blocks (a partial last group), rows whose 8-block groups
-// start anywhere within a 16-byte piece (K = 416, 576, 1536, 4192), many tiles per CTA and so
-// many units per warp and several slot phases (N = 16400, 8200, 4105, 2048), N not a multiple
+// start anywhere within a 16-byte piece (K = 416, 576, 1536, 4192), several units per warp, so
+// ring slots reused over several barrier phases (on an H200's plan: 5-6 units per warp of 24 at
+// 16384 x 4096, about 12 at 600000 x 32 and 6 at 300000 x 96, every format), more tiles per CTA
+// than one batch of row sums holds (600000 x 32: 285 tiles against 256), N not a multiple
 // of 16 (a partial last tile; the weights' last row ends in a partial 16-byte piece where
 // N x row bytes is not a multiple of 16, copied by plain loads), 448 blocks (K = 14336: x's
 // staging by several passes), weights 16 bytes into their allocation, Q8_0 with every code byte
@@ -1466,7 +1468,7 @@ TEST(Cuda, QuantMatmulMmaDiagVariant) {
     for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
       for (auto [N, K] : std::vector<std::pair<int64_t, int64_t>>{
                {1, 32}, {37, 416}, {50, 576}, {4096 + 9, 4096}, {600, 4096}, {33, 1536}, {16400, 576}, {8200, 576},
-               {300, 14336}, {70, 4192}, {2048, 4096}})
+               {300, 14336}, {70, 4192}, {2048, 4096}, {16384, 4096}, {600000 + 5, 32}, {300000, 96}})
         for (size_t off : {size_t(0), size_t(16)})
           check_mma_variant("cuda_mma_diag", dt, q, 1, N, K, off, /*random_codes=*/true);
       SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + ", non-finite x");

@@ -671,7 +671,8 @@ namespace {
 // nibble codes of cuda_mma_stream (c = 16 (h - 8) + l), S_l and S_h from two MMAs each.
 // The stream: a persistent CTA per SM (at most) owns a contiguous range of 16-row tiles, as units
 // of (tile, group of 8 blocks), groups innermost; warp w takes units w, w + W, w + 2W, ... (W the
-// CTA's warps). Each warp has its own ring of 2-4 slots (one unit each: the 16 rows' bytes of the
+// CTA's warps). Each warp has its own ring of 2-4 slots (as many as fit: 3 for the 4-bit formats
+// and 2 for Q8_0 on an H200 at K = 4096; one unit each: the 16 rows' bytes of the
 // group), filled by bulk copies (one per row, by lanes 0..15) that complete on the slot's mbarrier,
 // the first slots before the dependency wait (PDL: no kernel writes weights). No CTA barrier
 // between units, so each warp's latency is hidden by the others'. x's pairs for the whole row are
@@ -849,11 +850,11 @@ __global__ void __launch_bounds__(32 * kDiagWarps, 1) quant_mma_diag_kernel(cons
   uint32_t* xs = reinterpret_cast<uint32_t*>(qms);
   float* xsum = reinterpret_cast<float*>(xs + nb8 * kDiagPairs);
   unsigned char* ring = qms + size_t(nb8) * (kDiagPairs * 4 + 4) + size_t(warp) * S * 16 * p.pitch;
-  // the CTA's tiles, as units (tile, group) with groups innermost; warp w takes units w, w + 16, ...
+  // the CTA's tiles, as units (tile, group) with groups innermost; warp w takes units w, w + W, ...
   const int64_t tb = int64_t(blockIdx.x) * p.ntiles / gridDim.x;
   const int64_t te = (int64_t(blockIdx.x) + 1) * p.ntiles / gridDim.x;
   const int units = int((te - tb) * p.ng);  // (< 2^31: can_implement)
-  // Unit warp + 16 j's rows into slot j % S, completing on the slot's barrier (16 arrivals, one
+  // Unit warp + W j's rows into slot j % S (W the CTA's warps), completing on the slot's barrier (16 arrivals, one
   // per row lane, each declaring its bytes): lane r < 16 copies row r's bytes that cover the
   // group's blocks by one bulk copy, from the 16-byte piece holding its first byte, whole pieces
   // up to the weights' last whole piece; a row ending in the weights' last partial piece (the last
