@@ -111,7 +111,9 @@ KS_API size_t ks_variant_count(void);
 KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
 /* The variant chosen for (op, dtype, backend) on a representative shape, and
  * why. *variant and *reason are thread-local, valid until the next call.
- * dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype). */
+ * dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype, optionally
+ * followed by the weights' block format, e.g. "bf16:q4_1", for the routing cells bound to one;
+ * without it those cells are skipped). A bad block format: KS_ERROR_INVALID_ARGUMENT. */
 KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend,
                             const char** variant, const char** reason);
 /* The same for a call of a given shape: (rows, cols) as the routing table keys it

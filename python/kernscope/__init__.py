@@ -102,7 +102,7 @@ def _shape_cols(cols: _t.Any) -> int:
 
 
 def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Optional[int] = None,
-          cols: _t.Union[int, str, None] = None) -> _t.Tuple[str, str]:
+          cols: _t.Union[int, str, None] = None, qtype: _t.Optional[str] = None) -> _t.Tuple[str, str]:
     """The variant the registry picks for ``op`` on ``device`` with activations of
     ``dtype``, and why: ``(variant, reason)``.
 
@@ -114,10 +114,13 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
             keys it (docs/routing.md#shape-keys-rows-cols, e.g. quant_matmul: m and n * k; cols
             may be given as "NxK", e.g. "49152x576"), so the cell such a call uses decides
             (ks_which_shape). The variant's own limits (alignment, sizes) still apply per call.
+        qtype: for the packed-weight ops, the weights' block format ("q4_0", "q4_1", "q8_0",
+            "f32", "f16", "bf16"): the routing cells bound to one apply (docs/routing.md); None
+            skips them.
 
     Raises:
         ValueError: an unknown op or device; only one of rows and cols; a negative one; cols
-            neither an integer nor "NxK".
+            neither an integer nor "NxK"; an unknown qtype.
         TypeError: an unsupported dtype.
         RuntimeError: the device's backend is not available (e.g. "cuda" without a GPU).
     """
@@ -125,10 +128,12 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
         raise TypeError(f"which: op must be a str; got {type(op).__name__}")
     if (rows is None) != (cols is None):
         raise ValueError("which: give both rows and cols, or neither")
+    if qtype is not None and not isinstance(qtype, str):
+        raise TypeError(f"which: qtype must be a str such as 'q4_1'; got {type(qtype).__name__}")
+    dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + qtype)
     if rows is not None:
-        return tuple(_C.which_shape(op, canonical_dtype(dtype, "which: dtype"), _device_code(device),  # type: ignore
-                                    int(rows), _shape_cols(cols)))
-    return tuple(_C.which(op, canonical_dtype(dtype, "which: dtype"), _device_code(device)))  # type: ignore[return-value]
+        return tuple(_C.which_shape(op, dt, _device_code(device), int(rows), _shape_cols(cols)))  # type: ignore
+    return tuple(_C.which(op, dt, _device_code(device)))  # type: ignore[return-value]
 
 
 def routing_table() -> _t.Dict[str, _t.Any]:

@@ -93,11 +93,24 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
     if (op == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "op is NULL");
     if (dtype == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "dtype is NULL");
     if (variant == nullptr || reason == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "variant/reason is NULL");
+    // "bf16", or "bf16:q4_1": the activations' dtype, then the weights' block format (the
+    // routing cells bound to one; docs/routing.md)
+    const std::string full = dtype, base = full.substr(0, full.find(':'));
+    const std::string qtype = full.find(':') == std::string::npos ? "" : full.substr(full.find(':') + 1);
     DType d = DType::Other;
     for (DType c : {DType::F16, DType::BF16, DType::F32})
-      if (std::string(dtype) == dtype_name(c)) d = c;
+      if (base == dtype_name(c)) d = c;
     if (d == DType::Other)
-      fail(KS_ERROR_UNSUPPORTED_DTYPE, "which", std::string("dtype must be fp16, bf16 or fp32; got '") + dtype + "'");
+      fail(KS_ERROR_UNSUPPORTED_DTYPE, "which",
+           "dtype must be fp16, bf16 or fp32 (for packed-weight ops optionally followed by :q4_0, :q4_1, :q8_0, "
+           ":f32, :f16 or :bf16); got '" + full + "'");
+    if (full.find(':') != std::string::npos) {
+      bool ok = false;
+      for (const char* q : {"q4_0", "q4_1", "q8_0", "f32", "f16", "bf16"}) ok = ok || qtype == q;
+      if (!ok)
+        fail(KS_ERROR_INVALID_ARGUMENT, "which",
+             "dtype's block format after ':' must be q4_0, q4_1, q8_0, f32, f16 or bf16; got '" + full + "'");
+    }
     if (backend == KS_BACKEND_AUTO) backend = ks_backend_available(KS_BACKEND_CUDA) ? KS_BACKEND_CUDA : KS_BACKEND_CPU;
     if (backend != KS_BACKEND_CPU && backend != KS_BACKEND_CUDA)
       fail(KS_ERROR_INVALID_ARGUMENT, "which", "unknown backend");
@@ -113,7 +126,7 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
         }
     }
     if (shape && (shape[0] < 0 || shape[1] < 0)) fail(KS_ERROR_INVALID_ARGUMENT, "which", "rows and cols must be >= 0");
-    auto c = ks::registry::select_static(op, backend, d, shape);
+    auto c = ks::registry::select_static(op, backend, d, shape, qtype);
     if (!c.variant) {
       if (backend == KS_BACKEND_CUDA && !ks_backend_available(KS_BACKEND_CUDA))
         fail(KS_ERROR_BACKEND_UNAVAILABLE, op, std::string("the CUDA backend is not available: ") + ks::cuda::unavailable_reason());
@@ -124,7 +137,8 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
     {  // the routing table may put another variant first at some shapes: say where
       const std::string arch = backend == KS_BACKEND_CUDA ? ks::registry::cuda_arch_name(-1) : "cpu";
       const std::string cells = ks::registry::cells_summary(ks::registry::active_table(), op,
-                                                            backend == KS_BACKEND_CUDA ? "cuda" : "cpu", arch, dtype);
+                                                            backend == KS_BACKEND_CUDA ? "cuda" : "cpu", arch, base,
+                                                            qtype);
       if (!cells.empty() && !shape) r_out += "; by shape (" + (arch.empty() ? std::string("no device") : arch) + "): " + cells;
       if (shape) r_out += " (each call still passes its variant's can_implement: alignment, sizes)";
     }

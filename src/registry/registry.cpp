@@ -76,7 +76,8 @@ const Variant* first_in_routing_order(const char* op, ks_backend_t backend, cons
 }
 }  // namespace
 
-Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape) {
+Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape,
+                     std::string_view qtype) {
   Choice c;
   std::string skipped;
   bool op_known = false;
@@ -87,10 +88,13 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
   const std::string arch = backend == KS_BACKEND_CUDA ? cuda_arch_name(-1) : "cpu";
   const Cell* cell = nullptr;
   if (shape)
-    cell = find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), shape[0], shape[1], deterministic());
-  else
+    cell = find_cell(t, op, backend_name(backend), arch, detail::dtype_name(dtype), shape[0], shape[1], deterministic(),
+                     qtype);
+  else  // a cell with no rows or cols bound, for any block format or the query's
     for (const Cell& x : t.cells)
-      if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) && covers_every_shape(x))
+      if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) &&
+          (x.qtype == "*" || x.qtype == qtype) && x.rows_min == 0 && x.rows_max == INT64_MAX && x.cols_min == 0 &&
+          x.cols_max == INT64_MAX)
         cell = &x;
   for (const Variant& v : all()) op_known = op_known || std::strcmp(v.op, op) == 0;
   c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {

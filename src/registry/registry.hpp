@@ -56,8 +56,11 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
 
 // Best variant ignoring call-level checks (for ks_which / ksctl which).
 // shape (rows, cols; docs/routing.md#shape-keys-rows-cols) given: the cell matching it orders the
-// variants, as for a call of that shape; otherwise only a cell covering every shape does.
-Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape = nullptr);
+// variants, as for a call of that shape; otherwise only a cell covering every shape does. qtype:
+// the weights' block format of a packed-weight op's call ("q4_1", ...; "": none), for the cells
+// bound to one.
+Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape = nullptr,
+                     std::string_view qtype = "");
 
 // The routing-table cell (src/registry/routing.hpp) that orders the variants for this call,
 // or nullptr (then: priority order).

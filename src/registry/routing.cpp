@@ -195,10 +195,11 @@ nlohmann::json range_json(int64_t lo, int64_t hi) {
 }  // namespace
 
 std::string cells_summary(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
-                          std::string_view dtype) {
+                          std::string_view dtype, std::string_view qtype) {
   std::string s;
   for (const Cell& c : t.cells) {
     if (!cell_matches(c, op, backend, arch, dtype)) continue;
+    if (!qtype.empty() && c.qtype != "*" && c.qtype != qtype) continue;
     std::string order;
     for (const auto& v : c.order) order += (order.empty() ? "" : ", ") + v;
     s += std::string(s.empty() ? "" : "; ") + (c.qtype == "*" ? "" : c.qtype + " weights, ") + "rows " +

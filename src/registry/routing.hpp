@@ -69,8 +69,9 @@ std::string cuda_arch_name(int device);
 std::string describe(const Cell& c);
 // The cells of t for (op, backend, arch, dtype) at any shape, one clause each
 // ("rows 1..64, cols 4096..any: [a, b] (routing cell 0 of sm_90.json (heuristic))"), "; "-joined.
+// qtype given ("q4_1", ...): the cells bound to another block format are left out.
 std::string cells_summary(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
-                          std::string_view dtype);
+                          std::string_view dtype, std::string_view qtype = "");
 // t as one JSON document (schema "kernscope-routing-active/1"): {"files": [...], "cells": [{op, backend,
 // arch, dtype, rows: [min, max|null], cols: [...], order, basis, source, why, table, index}]}.
 std::string to_json(const Table& t);

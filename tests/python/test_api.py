@@ -94,6 +94,32 @@ def test_routing_table_from_env_and_a_bad_one(tmp_path):
     assert "PINNED routing: " in r.stdout, r.stdout + r.stderr
 
 
+def test_which_takes_the_weights_block_format(tmp_path):
+    # with tests/data/routing_quant_qtype.json (the reference first for Q4_1 weights at M = 3,
+    # N x K = 19 x 4096): the bound cell decides for qtype="q4_1" only; every cell lists its qtype
+    table = os.path.join(os.path.dirname(__file__), "..", "data", "routing_quant_qtype.json")
+    code = ("import kernscope as ks\n"
+            "print('Q41', ks.which('quant_matmul', 'fp32', 'cpu', 3, 77824, qtype='q4_1')[0])\n"
+            "print('Q80', ks.which('quant_matmul', 'fp32', 'cpu', 3, '19x4096', qtype='q8_0')[0])\n"
+            "print('NONE', ks.which('quant_matmul', 'fp32', 'cpu', 3, 77824)[0])\n"
+            "print('DEF', ks.which('quant_matmul', 'fp32', 'cpu', 3, 2 * 77824)[0])\n"
+            "print('QTYPES', sorted({c['qtype'] for c in ks.routing_table()['cells']}))\n"
+            "for bad in ('Q4_1', 'q4_k', ''):\n"
+            "    try:\n        ks.which('quant_matmul', 'fp32', 'cpu', qtype=bad)\n    except ValueError as e:\n"
+            "        print('BAD', 'block format' in str(e))\n"
+            "try:\n    ks.which('quant_matmul', 'fp32', 'cpu', qtype=4)\nexcept TypeError as e:\n    print('TYPE', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": table},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Q41 cpu_reference" in r.stdout, r.stdout
+    assert "QTYPES ['q4_1']" in r.stdout, r.stdout
+    assert r.stdout.count("BAD True") == 3, r.stdout
+    assert "TYPE which: qtype must be a str" in r.stdout, r.stdout
+    # Q8_0, and no format: the choice of a shape without a cell (the registry's first runnable)
+    got = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines() if line.startswith(("Q80", "NONE", "DEF"))}
+    assert got["Q80"] == got["NONE"] == got["DEF"], r.stdout
+
+
 def test_python_m_kernscope_prints_variants_and_routing_without_a_gpu():
     r = subprocess.run([sys.executable, "-m", "kernscope"], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})

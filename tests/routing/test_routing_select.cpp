@@ -118,6 +118,25 @@ TEST(RoutingSelect, QuantMatmulCellsBoundToABlockFormat) {
     EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * 4), 0)
         << "the automatic call did not run " << (q == ks::QType::Q4_1 ? "the Q4_1 cell's cpu_reference" : "cpu_avx512");
   }
+  // which() names the same choices when told the block format ("fp32:q4_1"); without one, or with
+  // another, the bound cell is skipped; a bad format is refused by name
+  EXPECT_EQ(ks::which("quant_matmul", "fp32:q4_1", ks::Backend::Cpu, 3, 77824).variant, "cpu_reference");
+  EXPECT_NE(ks::which("quant_matmul", "fp32:q4_1", ks::Backend::Cpu, 3, 77824).reason.find("routing cell 0"),
+            std::string::npos);
+  EXPECT_EQ(ks::which("quant_matmul", "fp32:q8_0", ks::Backend::Cpu, 3, 77824).variant, "cpu_avx512");
+  EXPECT_EQ(ks::which("quant_matmul", "fp32", ks::Backend::Cpu, 3, 77824).variant, "cpu_avx512");
+  EXPECT_EQ(ks::which("quant_matmul", "fp32:q4_1", ks::Backend::Cpu, 4, 77824).variant, "cpu_avx512");
+  EXPECT_NE(ks::which("quant_matmul", "fp32:q4_1", ks::Backend::Cpu).reason.find("q4_1 weights, rows 3..3"),
+            std::string::npos);
+  EXPECT_EQ(ks::which("quant_matmul", "fp32:q8_0", ks::Backend::Cpu).reason.find("q4_1 weights"), std::string::npos);
+  for (const char* bad : {"fp32:", "fp32:Q4_1", "fp32:q4_k", "fp32:q4_1:x"}) {
+    try {
+      (void)ks::which("quant_matmul", bad, ks::Backend::Cpu, 3, 77824);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const ks::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("block format after ':'"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
