@@ -102,12 +102,15 @@ export function deterministic(): boolean;
 export function qtypeInfo(qtype: QType): { blockSize: number; blockBytes: number };
 export function variants(): VariantInfo[];
 /** The active routing table (first matching cell wins), parsed from ks_routing_table's JSON. */
-export function routingTable(): { schema: string; files: string[]; cells: Array<{ op: string; backend: string; arch: string; dtype: string; rows: [number, number | null]; cols: [number, number | null]; order: string[]; basis: 'measured' | 'heuristic'; source: string; why: string; table: string; index: number }> };
-export function which(op: string, dtype: 'fp16' | 'bf16' | 'fp32', backend?: BackendName | number): { variant: string; reason: string };
+export function routingTable(): { schema: string; files: string[]; cells: Array<{ op: string; backend: string; arch: string; dtype: string; qtype: string; rows: [number, number | null]; cols: [number, number | null]; order: string[]; basis: 'measured' | 'heuristic'; source: string; why: string; table: string; index: number }> };
+/** The activations' dtype; for the packed-weight ops optionally followed by the weights' block
+ *  format ("bf16:q4_1"), for the routing cells bound to one (docs/routing.md). */
+export type WhichDtype = 'fp16' | 'bf16' | 'fp32' | `${'fp16' | 'bf16' | 'fp32'}:${'q4_0' | 'q4_1' | 'q8_0' | 'f32' | 'f16' | 'bf16'}`;
+export function which(op: string, dtype: WhichDtype, backend?: BackendName | number): { variant: string; reason: string };
 /** which() for a call of shape (rows, cols) as the routing table keys it (ks_which_shape;
  *  docs/routing.md#shape-keys). Throws on an unknown op, dtype or backend, a negative rows or
  *  cols (Status.INVALID_ARGUMENT), or a backend that is not available. */
-export function whichShape(op: string, dtype: 'fp16' | 'bf16' | 'fp32', rows: number, cols: number, backend?: BackendName | number): { variant: string; reason: string };
+export function whichShape(op: string, dtype: WhichDtype, rows: number, cols: number, backend?: BackendName | number): { variant: string; reason: string };
 /** Pins op to variant for this thread; variant null: automatic again; op null: clear all pins. */
 export function forceVariant(op: string | null, variant: string | null): void;
 /** The variant pinned for op on this thread by forceVariant, or null (ks_forced_variant). */

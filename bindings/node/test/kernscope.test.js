@@ -163,6 +163,9 @@ test('unknown variant and the registry', () => {
   assert.ok(['cpu_avx512', 'cpu_reference'].includes(s.variant));
   assert.ok(s.reason.length > 0);
   expectError(() => ks.whichShape('quant_matmul', 'fp32', -1, 576, 'cpu'), ks.Status.INVALID_ARGUMENT, 'rows');
+  // the weights' block format after the dtype (the routing cells bound to one); a bad one refused
+  assert.ok(ks.whichShape('quant_matmul', 'fp32:q4_1', 1, 576, 'cpu').variant.startsWith('cpu_'));
+  expectError(() => ks.whichShape('quant_matmul', 'fp32:q9_9', 1, 576, 'cpu'), ks.Status.INVALID_ARGUMENT, 'block format');
   expectError(() => ks.forceVariant('rms_norm', 'no_such_variant'), ks.Status.INVALID_ARGUMENT, 'rms_norm',
               'no_such_variant');
   const out = f32(10).fill(7);

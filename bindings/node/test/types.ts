@@ -36,6 +36,8 @@ try {
 }
 void d, info, choice;
 const ws: string = ks.whichShape('quant_matmul', 'fp32', 1, 576, 'cpu').variant;
+const wq: string = ks.whichShape('quant_matmul', 'bf16:q4_1', 1, 49152 * 576, 'cpu').variant;
+const qt: string = ks.routingTable().cells[0].qtype;
 const packed = ks.u8(new Uint8Array(3 * 34), [3, 34]);
 const r2 = ks.f32(new Float32Array(64), [2, 32]);
 ks.fusedAddRmsNormQuantMatmul(ks.f32(new Float32Array(6), [2, 3]), r2, r2, r2, ks.f32(new Float32Array(32)), 1e-6,
