@@ -510,11 +510,20 @@ int main(int argc, char** argv) {
   auto* which = app.add_subcommand("which", "Show the variant chosen for an op, dtype and device, and why");
   std::string w_op, w_dtype = "fp32", w_device = "cpu";
   which->add_option("op", w_op, "operator name, e.g. rms_norm")->required();
-  which->add_option("--dtype", w_dtype, "fp16 | bf16 | fp32 (or torch's names: float16, bfloat16, float32)")
-      ->transform(CLI::Transformer(std::map<std::string, std::string>{{"float16", "fp16"}, {"half", "fp16"},
-                                                                       {"bfloat16", "bf16"}, {"float32", "fp32"},
-                                                                       {"float", "fp32"}}))
-      ->check(CLI::IsMember({"fp16", "bf16", "fp32"}));
+  which->add_option("--dtype", w_dtype,
+                    "fp16 | bf16 | fp32 (or torch's names: float16, bfloat16, float32); for the packed-weight ops "
+                    "optionally followed by the weights' block format, e.g. bf16:q4_1 (the routing cells bound to one)")
+      ->transform([](std::string v) {
+        const size_t colon = v.find(':');
+        std::string base = v.substr(0, colon);
+        const std::map<std::string, std::string> alias{{"float16", "fp16"}, {"half", "fp16"}, {"bfloat16", "bf16"},
+                                                       {"float32", "fp32"}, {"float", "fp32"}};
+        if (alias.count(base)) base = alias.at(base);
+        if (base != "fp16" && base != "bf16" && base != "fp32")
+          throw CLI::ValidationError("--dtype", "'" + v + "': expected fp16, bf16 or fp32, optionally with :q4_0, "
+                                                   ":q4_1, :q8_0, :f32, :f16 or :bf16");
+        return base + (colon == std::string::npos ? std::string() : v.substr(colon));
+      });
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   int64_t w_rows = -1, w_cols = -1;  // -1: not given
   bool w_cols_product = false;        // --cols given as NxK

@@ -42,6 +42,7 @@ from ._errors import (
 )
 from . import _errors
 from ._frameworks import canonical_dtype
+from ._ops import _qtype
 from ._ops import (
     BACKENDS,
     OPS,
@@ -114,13 +115,14 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
             keys it (docs/routing.md#shape-keys-rows-cols, e.g. quant_matmul: m and n * k; cols
             may be given as "NxK", e.g. "49152x576"), so the cell such a call uses decides
             (ks_which_shape). The variant's own limits (alignment, sizes) still apply per call.
-        qtype: for the packed-weight ops, the weights' block format ("q4_0", "q4_1", "q8_0",
-            "f32", "f16", "bf16"): the routing cells bound to one apply (docs/routing.md); None
+        qtype: for the packed-weight ops, the weights' block format as the ops take it ("q4_1",
+            "Q4_1", QType.Q4_1, ...): the routing cells bound to one apply (docs/routing.md); None
             skips them.
 
     Raises:
         ValueError: an unknown op or device; only one of rows and cols; a negative one; cols
-            neither an integer nor "NxK"; an unknown qtype.
+            neither an integer nor "NxK"; an unknown qtype, or one given for an op without packed
+            weights.
         TypeError: an unsupported dtype.
         RuntimeError: the device's backend is not available (e.g. "cuda" without a GPU).
     """
@@ -128,9 +130,8 @@ def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Opti
         raise TypeError(f"which: op must be a str; got {type(op).__name__}")
     if (rows is None) != (cols is None):
         raise ValueError("which: give both rows and cols, or neither")
-    if qtype is not None and not isinstance(qtype, str):
-        raise TypeError(f"which: qtype must be a str such as 'q4_1'; got {type(qtype).__name__}")
-    dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + qtype)
+    # (a block format as the ops take it: "q4_1", "Q4_1" or QType.Q4_1; the C ABI's "bf16:q4_1")
+    dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + QType(_qtype("which", qtype)).name.lower())
     if rows is not None:
         return tuple(_C.which_shape(op, dt, _device_code(device), int(rows), _shape_cols(cols)))  # type: ignore
     return tuple(_C.which(op, dt, _device_code(device)))  # type: ignore[return-value]

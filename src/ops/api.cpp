@@ -105,6 +105,10 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
            "dtype must be fp16, bf16 or fp32 (for packed-weight ops optionally followed by :q4_0, :q4_1, :q8_0, "
            ":f32, :f16 or :bf16); got '" + full + "'");
     if (full.find(':') != std::string::npos) {
+      if (!ks::registry::op_has_block_format(op))
+        fail(KS_ERROR_INVALID_ARGUMENT, "which",
+             std::string("dtype: a block format after ':' is for the ops with packed weights only; ") + op +
+                 " has none");
       bool ok = false;
       for (const char* q : {"q4_0", "q4_1", "q8_0", "f32", "f16", "bf16"}) ok = ok || qtype == q;
       if (!ok)
@@ -141,6 +145,17 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
                                                             qtype);
       if (!cells.empty() && !shape) r_out += "; by shape (" + (arch.empty() ? std::string("no device") : arch) + "): " + cells;
       if (shape) r_out += " (each call still passes its variant's can_implement: alignment, sizes)";
+      if (shape && qtype.empty()) {  // cells bound to a block format that a call of this shape may meet
+        std::string formats;
+        for (const auto& c : ks::registry::active_table().cells)
+          if (c.qtype != "*" && ks::registry::cell_matches(c, op, backend == KS_BACKEND_CUDA ? "cuda" : "cpu", arch, base) &&
+              shape[0] >= c.rows_min && shape[0] <= c.rows_max && shape[1] >= c.cols_min && shape[1] <= c.cols_max &&
+              formats.find(c.qtype) == std::string::npos)
+            formats += (formats.empty() ? "" : ", ") + c.qtype;
+        if (!formats.empty())
+          r_out += "; with " + formats + " weights a cell bound to that format may decide instead (ask with dtype '" +
+                   base + ":" + formats.substr(0, formats.find(',')) + "')";
+      }
     }
     *variant = v_out.c_str();
     *reason = r_out.c_str();

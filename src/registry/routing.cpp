@@ -45,6 +45,12 @@ void range_field(const nlohmann::json& j, const char* key, const std::string& wh
 
 }  // namespace
 
+bool op_has_block_format(std::string_view op) {
+  return op == "quant_matmul" || op == "fused_add_rms_norm_quant_matmul" ||
+         op == "fused_add_rms_norm_quant_matmul_rope_kv_append" || op == "silu_and_mul_quant_matmul" ||
+         op == "embedding" || op == "dequantize";
+}
+
 Table parse_table(const std::string& text, const std::string& name) {
   nlohmann::json j;
   try {
@@ -94,6 +100,9 @@ Table parse_table(const std::string& text, const std::string& name) {
       bool ok = false;
       for (const char* f : formats) ok = ok || c.qtype == f;
       if (!ok) bad(where, "\"qtype\" must be \"q4_0\", \"q4_1\", \"q8_0\", \"f32\", \"f16\", \"bf16\" or \"*\"; got \"" + c.qtype + "\"");
+      if (c.qtype != "*" && !op_has_block_format(c.op))
+        bad(where, "\"qtype\" applies to the ops with packed weights only (quant_matmul and its fusions, embedding, "
+                   "dequantize); " + c.op + "'s calls have no block format, so the cell would never match");
     }
     range_field(cj, "rows", where, &c.rows_min, &c.rows_max);
     range_field(cj, "cols", where, &c.cols_min, &c.cols_max);

@@ -40,6 +40,11 @@ struct Cell {
   int index = 0;                   // its position there
 };
 
+// Whether op's calls carry a block format (RouteKey::qtype): the ops with packed weights
+// (quant_matmul and its fusions, embedding, dequantize). Only their cells may name a "qtype", and
+// only ks_which for them takes one ("bf16:q4_1").
+bool op_has_block_format(std::string_view op);
+
 struct Table {
   std::vector<Cell> cells;  // in match order: the first matching cell wins
   std::vector<std::string> files;

@@ -82,7 +82,10 @@ TEST(Routing, BadDocumentsNameTheFileAndField) {
               std::string::npos)
         << q;
   EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "qtype": 5})")).find("\"qtype\" must be a string"), std::string::npos);
-  EXPECT_EQ(error_of(doc("*", "{" + ok + R"(, "qtype": "q8_0"})")), "");
+  // (ok's op is softmax, which has no block format: a bound cell would never match)
+  EXPECT_NE(error_of(doc("*", "{" + ok + R"(, "qtype": "q8_0"})")).find("packed weights only"), std::string::npos);
+  EXPECT_EQ(error_of(doc("*", "{" + ok + R"(, "qtype": "*"})")), "");
+  EXPECT_EQ(error_of(doc("*", R"({"op": "embedding", "backend": "cuda", "qtype": "q8_0", "order": ["a"], "basis": "heuristic", "why": "w"})")), "");
   EXPECT_EQ(error_of(doc("*", "{" + ok + "}")), "");
 }
 

@@ -104,17 +104,21 @@ def test_which_takes_the_weights_block_format(tmp_path):
             "print('NONE', ks.which('quant_matmul', 'fp32', 'cpu', 3, 77824)[0])\n"
             "print('DEF', ks.which('quant_matmul', 'fp32', 'cpu', 3, 2 * 77824)[0])\n"
             "print('QTYPES', sorted({c['qtype'] for c in ks.routing_table()['cells']}))\n"
-            "for bad in ('Q4_1', 'q4_k', ''):\n"
+            "print('UPPER', ks.which('quant_matmul', 'fp32', 'cpu', 3, 77824, qtype='Q4_1')[0])\n"
+            "print('ENUM', ks.which('quant_matmul', 'fp32', 'cpu', 3, 77824, qtype=ks.QType.Q4_1)[0])\n"
+            "for bad in ('q4_k', '', 'none', 4.5):\n"
             "    try:\n        ks.which('quant_matmul', 'fp32', 'cpu', qtype=bad)\n    except ValueError as e:\n"
-            "        print('BAD', 'block format' in str(e))\n"
-            "try:\n    ks.which('quant_matmul', 'fp32', 'cpu', qtype=4)\nexcept TypeError as e:\n    print('TYPE', e)\n")
+            "        print('BAD', 'which: unknown qtype' in str(e))\n"
+            "try:\n    ks.which('rms_norm', 'fp32', 'cpu', qtype='q4_1')\nexcept ValueError as e:\n"
+            "    print('NOPACKED', 'packed weights only' in str(e))\n")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": table},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "Q41 cpu_reference" in r.stdout, r.stdout
     assert "QTYPES ['q4_1']" in r.stdout, r.stdout
-    assert r.stdout.count("BAD True") == 3, r.stdout
-    assert "TYPE which: qtype must be a str" in r.stdout, r.stdout
+    assert "UPPER cpu_reference" in r.stdout and "ENUM cpu_reference" in r.stdout, r.stdout
+    assert r.stdout.count("BAD True") == 4, r.stdout
+    assert "NOPACKED True" in r.stdout, r.stdout
     # Q8_0, and no format: the choice of a shape without a cell (the registry's first runnable)
     got = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines() if line.startswith(("Q80", "NONE", "DEF"))}
     assert got["Q80"] == got["NONE"] == got["DEF"], r.stdout

@@ -129,6 +129,12 @@ TEST(RoutingSelect, QuantMatmulCellsBoundToABlockFormat) {
   EXPECT_NE(ks::which("quant_matmul", "fp32:q4_1", ks::Backend::Cpu).reason.find("q4_1 weights, rows 3..3"),
             std::string::npos);
   EXPECT_EQ(ks::which("quant_matmul", "fp32:q8_0", ks::Backend::Cpu).reason.find("q4_1 weights"), std::string::npos);
+  try {  // an op without packed weights has no block format
+    (void)ks::which("rms_norm", "fp32:q4_1", ks::Backend::Cpu);
+    ADD_FAILURE() << "rms_norm with a block format was accepted";
+  } catch (const ks::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("packed weights only"), std::string::npos) << e.what();
+  }
   for (const char* bad : {"fp32:", "fp32:Q4_1", "fp32:q4_k", "fp32:q4_1:x"}) {
     try {
       (void)ks::which("quant_matmul", bad, ks::Backend::Cpu, 3, 77824);
