@@ -126,9 +126,6 @@ bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, 
   return c.op == op && c.backend == backend && (c.arch == "*" || c.arch == arch) && (c.dtype == "*" || c.dtype == dtype);
 }
 
-bool covers_every_shape(const Cell& c) {
-  return c.rows_min == 0 && c.rows_max == INT64_MAX && c.cols_min == 0 && c.cols_max == INT64_MAX && c.qtype == "*";
-}
 
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
                       std::string_view dtype, int64_t rows, int64_t cols, bool any_rows, std::string_view qtype) {

@@ -56,8 +56,6 @@ Table parse_table(const std::string& json, const std::string& name);
 // Whether c applies to (op, backend, arch, dtype) at some shape (arch/dtype "*" match any).
 bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, std::string_view arch,
                   std::string_view dtype);
-// Whether c covers every call of its (op, backend, arch, dtype): no rows, cols or qtype bound.
-bool covers_every_shape(const Cell& c);
 // The first cell of t that matches; nullptr when none does. any_rows: ignore the cells' rows
 // bounds (deterministic mode: the variant for a row must not depend on the call's row count).
 // qtype: the call's block format (RouteKey::qtype); a cell bound to a qtype matches only calls
