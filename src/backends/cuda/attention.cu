@@ -233,7 +233,6 @@ __device__ __forceinline__ uint32_t ceil_div_u32(int64_t n, int64_t d) {
 __device__ __forceinline__ int64_t unit_token(int64_t unit, int64_t num_kv_heads) {
   return int64_t(uint32_t(unit) / uint32_t(num_kv_heads));
 }
-
 // Ce, the CTAs of a unit's cluster of C that take keys: the first ceil(len / keys) of them (at
 // least one; keys: keys_per_cta or KS_ATTN_MIN_KEYS, whichever is larger), or all C with
 // KS_ATTN_LIVE_SPLIT=0. It depends on the unit's length and C only, so every CTA of the cluster
@@ -988,6 +987,8 @@ namespace {
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 // cuda_mma_cluster's split: part `part` of the Ce that take keys gets whole tiles of kMcKeys,
 // ceil(len / Ce) rounded up to a tile, the last part's range ending at len (empty past Ce).
+// ([[maybe_unused]] on the key-range helpers: their callers are sm_90 code, so the compute_80
+// pass would warn, #177-D)
 [[maybe_unused]] __device__ __forceinline__ KeyRange mma_keys(int64_t len, int Ce, int part) {
   const int64_t per = (int64_t(ceil_div_u32(len, Ce)) + kMcKeys - 1) / kMcKeys * kMcKeys;
   const int begin = int(min(len, int64_t(part) * per));
@@ -1042,13 +1043,6 @@ struct McMaps {
   CUtensorMap k, v;
 };
 
-// 16 rows (keys) of one kv head, both halves of head_dim (box {64, 16, DP / 64, 1} of the map
-// {64 elements, cache rows, halves, kv heads}), to smem by the TMA unit, counted against bar.
-// ([[maybe_unused]] here and on the key-range helpers: their callers are sm_90 code, so the
-// compute_80 pass would warn, #177-D)
-[[maybe_unused]] __device__ __forceinline__ void tma_cache_rows(void* smem, const CUtensorMap* map, int row, int kvh, uint64_t* bar) {
-  tma_load_4d(smem, map, 0, row, 0, kvh, bar);
-}
 
 // a and b as a packed pair of T (low half: a), and the pair's values back in ra, rb
 template <typename T>
@@ -1205,8 +1199,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     cp_async_commit();
     return valid;
   };
-  // TM: tile i (block entry blk, offset off) into stage `stage` by lane 0's two tensor copies;
-  // returns its mask of mapped keys in the range (a prefix: only the range's last tile is partial)
+  // TM: tile i (block entry blk, offset off) into stage `stage` by lane 0's two tensor copies,
+  // each 16 rows (keys) of kv head kvh with both halves of head_dim (box {64, 16, DP / 64, 1} of
+  // the map {64 elements, cache rows, halves, kv heads}); returns its mask of mapped keys in the
+  // range (a prefix: only the range's last tile is partial)
   auto issue_tma = [&](int stage, int i, int32_t blk, int off) -> unsigned {
     const bool mapped = blk >= 0 && blk < p.num_blocks;
     const int n = j_end - (j_begin + tile_key(i));  // >= 1 for a tile of the range
@@ -1214,8 +1210,8 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       unsigned char* st = ring + stage * Sh::kStageBytes;
       const int row = mapped ? blk * bs + off : rows_end;
       mbar_arrive_expect_tx(bars + stage, unsigned(Sh::kStageBytes));
-      tma_cache_rows(st, &maps.k, row, int(kvh), bars + stage);
-      tma_cache_rows(st + kMcKeys * Sh::kRowBytes, &maps.v, row, int(kvh), bars + stage);
+      tma_load_4d(st, &maps.k, 0, row, 0, int(kvh), bars + stage);
+      tma_load_4d(st + kMcKeys * Sh::kRowBytes, &maps.v, 0, row, 0, int(kvh), bars + stage);
     }
     return !mapped ? 0u : n >= kMcKeys ? 0xffffu : (1u << n) - 1u;
   };
