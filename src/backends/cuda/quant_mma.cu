@@ -359,31 +359,6 @@ __device__ __forceinline__ void q8_words(const uint8_t* blk, int t, uint32_t& h,
   c1 = uint32_t(p[9 + 2 * t]) | (uint32_t(p[10 + 2 * t]) << 16);
 }
 
-// Item i's weight copies into its ring stage (items are (group, chunk) pairs, chunks innermost,
-// from the CTA's first group gbeg): warp w takes rows w, w + 16,
-// ... of the group; its lanes the row chunk's 16-byte pieces (contiguous bytes; the copy of the
-// weights' last piece stops at their end). One commit group per item (empty past the last).
-template <int BB>
-__device__ __forceinline__ void stream_issue(const MmaStreamParams& p, unsigned char* qms, int64_t stage_bytes,
-                                             int64_t gbeg, int64_t items, int64_t i) {
-  if (i < items) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, rows_ps = 16 * p.tps;
-    const int64_t n0 = (gbeg + i / p.nchunks) * rows_ps, b0 = (i % p.nchunks) * int64_t(p.kc);
-    const int64_t wbytes = p.N * p.row_bytes;
-    const int rows = int(min(int64_t(rows_ps), p.N - n0));
-    unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
-    for (int r = warp; r < rows; r += kStreamWarps) {
-      const int64_t a0 = ((n0 + r) * p.row_bytes + b0 * BB) & ~int64_t(15);
-      unsigned char* d = st + int64_t(r) * p.pitch;
-      for (int j = lane; j < p.ppr; j += 32) {
-        const int64_t a = a0 + 16 * int64_t(j), left = wbytes - a;
-        cp_async_bytes(d + 16 * j, left > 0 ? p.w + a : p.w, left >= 16 ? 16 : left > 0 ? int(left) : 0);
-      }
-    }
-  }
-  cp_async_commit();
-}
-
 template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(const MmaStreamParams p) {
   using TM = MmaElem<T>;
@@ -392,7 +367,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
   __shared__ float part[kStreamWarps][16][8];             // each warp's sums (tile row, B column)
   __shared__ __align__(16) uint32_t xzero[16];            // B's pairs of the columns past xcols
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-  const int64_t N = p.N, RB = p.row_bytes, nb = p.K / 32;
+  const int64_t N = p.N, RB = p.row_bytes, nb = p.K / 32, wbytes = N * RB;
   const int rows_ps = 16 * p.tps;
   const int64_t stage_bytes = int64_t(rows_ps) * p.pitch;
   uint32_t* xs = reinterpret_cast<uint32_t*>(qms + kStreamStages * stage_bytes);  // [block][column][16 pairs]
@@ -400,7 +375,24 @@ __global__ void __launch_bounds__(kStreamThreads, 1) quant_mma_stream_kernel(con
   const int64_t gbeg = int64_t(blockIdx.x) * p.groups / gridDim.x;
   const int64_t gend = (int64_t(blockIdx.x) + 1) * p.groups / gridDim.x;
   const int64_t items = (gend - gbeg) * p.nchunks;  // (group, chunk), chunks innermost
-  auto issue = [&](int64_t i) { stream_issue<BB>(p, qms, stage_bytes, gbeg, items, i); };
+  // Item i's copies: warp w takes rows w, w + 16, ... of the group; its lanes the row chunk's
+  // 16-byte pieces (contiguous bytes). One commit group per item (empty past the last).
+  auto issue = [&](int64_t i) {
+    if (i < items) {
+      const int64_t n0 = (gbeg + i / p.nchunks) * rows_ps, b0 = (i % p.nchunks) * int64_t(p.kc);
+      const int rows = int(min(int64_t(rows_ps), N - n0));
+      unsigned char* st = qms + (i % kStreamStages) * stage_bytes;
+      for (int r = warp; r < rows; r += kStreamWarps) {
+        const int64_t a0 = ((n0 + r) * RB + b0 * BB) & ~int64_t(15);
+        unsigned char* d = st + int64_t(r) * p.pitch;
+        for (int j = lane; j < p.ppr; j += 32) {
+          const int64_t a = a0 + 16 * int64_t(j), left = wbytes - a;
+          cp_async_bytes(d + 16 * j, left > 0 ? p.w + a : p.w, left >= 16 ? 16 : left > 0 ? int(left) : 0);
+        }
+      }
+    }
+    cp_async_commit();
+  };
   if (p.early)
     for (int i = 0; i < kStreamStages - 1; ++i) issue(i);
   if (threadIdx.x < 16) xzero[threadIdx.x] = 0u;
@@ -832,8 +824,7 @@ struct DiagParams {
   int64_t ntiles;    // tiles of 16 rows
   int ng;            // groups of 8 blocks per row (the last one partial where K / 32 is not a multiple of 8)
   int stages;        // slots of each warp's ring
-  int pitch;         // bytes between a slot's rows (16 * pieces)
-  int pieces;        // 16-byte pieces a slot's row holds
+  int pitch;         // bytes between a slot's rows (the 16-byte pieces that cover 8 blocks)
   int early;         // 1: the first slots' copies issued before the dependency wait (KS_QMM_WSTAGE=0: 0)
 };
 
@@ -922,7 +913,6 @@ __global__ void __launch_bounds__(32 * kDiagWarps, 1) quant_mma_diag_kernel(cons
     }
   }
   __syncthreads();
-  // the rows of the lane's two rows within a slot: the group's first byte's offset in its piece
   const int tiles_pb = kDiagMaxUnits / p.ng, units_pb = tiles_pb * p.ng;  // a batch: whole tiles
   int j = 0;  // the warp's units so far
   for (int ub = 0; ub < units; ub += units_pb) {
@@ -967,7 +957,7 @@ __global__ void __launch_bounds__(32 * kDiagWarps, 1) quant_mma_diag_kernel(cons
 // (4, or fewer where they do not fit `limit` bytes; 0: not even 2 fit), and the grid (a CTA per
 // 16-row tile up to one per SM).
 struct DiagPlan {
-  int ng = 0, pieces = 0, pitch = 0, stages = 0;
+  int ng = 0, pitch = 0, stages = 0;
   int64_t ntiles = 0;
   size_t smem = 0;
   unsigned grid = 0;
@@ -975,8 +965,7 @@ struct DiagPlan {
 DiagPlan diag_plan(int64_t N, int64_t K, int bb, int warps, int sm_count, size_t limit) {
   DiagPlan d;
   d.ng = int((K / 32 + 7) / 8);
-  d.pieces = (14 + 8 * bb + 15) / 16;
-  d.pitch = 16 * d.pieces;
+  d.pitch = (14 + 8 * bb + 15) / 16 * 16;
   d.ntiles = (N + 15) / 16;
   d.grid = unsigned(std::min<int64_t>(d.ntiles, sm_count));
   const size_t xbytes = size_t(d.ng) * 8 * (kDiagPairs * 4 + 4), slot = 16 * size_t(d.pitch) * warps;
@@ -1003,16 +992,17 @@ DiagPlan diag_plan(const ops::QuantMatmulArgs& a, const DeviceProps& dp) {
 // (the block format: quant_matmul_can_implement, which the registry's check runs first)
 std::string quant_matmul_mma_diag_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  // (fp32 x: the registered dtypes, bf16 and fp16, already decline it)
   if (a.m != 1) return "M != 1: B's 8 columns carry 8 blocks of one row of x (decode GEMV)";
-  if (a.x.dtype == detail::DType::F32) return "fp32 x (bf16 / fp16 only: x's values enter the MMA as they are)";
-  if (reinterpret_cast<uintptr_t>(a.weight.data) % 16 != 0) return "weight not 16-byte aligned (16-byte cp.async copies)";
+  if (reinterpret_cast<uintptr_t>(a.weight.data) % 16 != 0)
+    return "weight not 16-byte aligned (bulk copies from its 16-byte pieces)";
   if (a.k / 32 > int64_t(kDiagMaxUnits) * 8) return "K > 65536: a tile's groups of 8 blocks exceed one batch of row sums";
   const DeviceProps& dp = device_props(a.x.device.device_id);
   if (dp.major < 9) return "needs sm_90 (bulk copies completing on mbarriers)";
-  const int64_t ntiles = (a.n + 15) / 16, grid = std::min<int64_t>(ntiles, dp.sm_count);
-  if ((ntiles / grid + 1) * ((a.k / 32 + 7) / 8) >= (int64_t(1) << 31))
+  const DiagPlan plan = diag_plan(a, dp);
+  if ((plan.ntiles / plan.grid + 1) * plan.ng >= (int64_t(1) << 31))
     return "N too large: a CTA's units (16 rows x 8 blocks) would pass 2^31";
-  if (diag_plan(a, dp).stages == 0) return "x's pairs and two ring slots per warp do not fit the device's shared memory";
+  if (plan.stages == 0) return "x's pairs and two ring slots per warp do not fit the device's shared memory";
   return "";
 }
 
@@ -1025,7 +1015,7 @@ void quant_matmul_mma_diag_cuda(const void* args, ks_stream_t stream) {
   const DiagPlan plan = diag_plan(a, dp);
   if (plan.stages == 0) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_mma_diag: its ring does not fit shared memory");
   const DiagParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                     plan.ntiles, plan.ng, plan.stages, plan.pitch, plan.pieces, qmm_stage_weights_enabled() ? 1 : 0};
+                     plan.ntiles, plan.ng, plan.stages, plan.pitch, qmm_stage_weights_enabled() ? 1 : 0};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
