@@ -13,7 +13,7 @@
 # $OUT/attention_tests.txt. KS_FOLLOWUP_VARIANTS=1: the anchors under every CUDA variant too
 # (bench_ops --variants: cuda_mma_cluster, cuda_mma_tma, ... pinned). KS_FOLLOWUP_TAGGED=SETTING,IMPL[;SETTING,IMPL...]
 # (e.g. KS_ATTN_LAST_COMBINE=0,kernscope): that impl's anchor rows again under SETTING.
-# KS_FOLLOWUP_ENV_TESTS=SETTING,FILTER[;SETTING,FILTER...] (e.g. KS_ATTN_TMA_ROWS=1,CudaAttentionMma.Tma*;
+# KS_FOLLOWUP_ENV_TESTS=SETTING,FILTER[;SETTING,FILTER...] (e.g. KS_ATTN_LIVE_SPLIT=0,CudaAttentionMma.Split*;
 # SETTING may join several with +): those tests again under SETTING -> $OUT/env_tests.txt.
 # Usage (device): KS_PREBUILT=1 KS_COMMIT=sha scripts/gpu_followup.sh   (carry build-prebuilt)
 cd "$(dirname "$0")/.."

@@ -109,9 +109,7 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
         fail(KS_ERROR_INVALID_ARGUMENT, "which",
              std::string("dtype: a block format after ':' is for the ops with packed weights only; ") + op +
                  " has none");
-      bool ok = false;
-      for (const char* q : {"q4_0", "q4_1", "q8_0", "f32", "f16", "bf16"}) ok = ok || qtype == q;
-      if (!ok)
+      if (!ks::registry::is_qtype_key(qtype))
         fail(KS_ERROR_INVALID_ARGUMENT, "which",
              "dtype's block format after ':' must be q4_0, q4_1, q8_0, f32, f16 or bf16; got '" + full + "'");
     }
@@ -149,8 +147,7 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
         std::string formats;
         for (const auto& c : ks::registry::active_table().cells)
           if (c.qtype != "*" && ks::registry::cell_matches(c, op, backend == KS_BACKEND_CUDA ? "cuda" : "cpu", arch, base) &&
-              shape[0] >= c.rows_min && shape[0] <= c.rows_max && shape[1] >= c.cols_min && shape[1] <= c.cols_max &&
-              formats.find(c.qtype) == std::string::npos)
+              ks::registry::shape_in(c, shape[0], shape[1]) && formats.find(c.qtype) == std::string::npos)
             formats += (formats.empty() ? "" : ", ") + c.qtype;
         if (!formats.empty())
           r_out += "; with " + formats + " weights a cell bound to that format may decide instead (ask with dtype '" +

@@ -93,8 +93,7 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
   else  // a cell with no rows or cols bound, for any block format or the query's
     for (const Cell& x : t.cells)
       if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) &&
-          (x.qtype == "*" || x.qtype == qtype) && x.rows_min == 0 && x.rows_max == INT64_MAX && x.cols_min == 0 &&
-          x.cols_max == INT64_MAX)
+          qtype_matches(x, qtype) && shape_unbounded(x))
         cell = &x;
   for (const Variant& v : all()) op_known = op_known || std::strcmp(v.op, op) == 0;
   c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {

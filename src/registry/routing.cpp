@@ -45,6 +45,10 @@ void range_field(const nlohmann::json& j, const char* key, const std::string& wh
 
 }  // namespace
 
+bool is_qtype_key(std::string_view q) {
+  return q == "q4_0" || q == "q4_1" || q == "q8_0" || q == "f32" || q == "f16" || q == "bf16";
+}
+
 bool op_has_block_format(std::string_view op) {
   return op == "quant_matmul" || op == "fused_add_rms_norm_quant_matmul" ||
          op == "fused_add_rms_norm_quant_matmul_rope_kv_append" || op == "silu_and_mul_quant_matmul" ||
@@ -95,15 +99,11 @@ Table parse_table(const std::string& text, const std::string& name) {
     if (c.dtype != "*" && c.dtype != "fp16" && c.dtype != "bf16" && c.dtype != "fp32")
       bad(where, "\"dtype\" must be \"fp16\", \"bf16\", \"fp32\" or \"*\"");
     c.qtype = cj.contains("qtype") ? str_field(cj, "qtype", where) : "*";
-    {
-      static const char* const formats[] = {"*", "f32", "f16", "bf16", "q4_0", "q4_1", "q8_0"};
-      bool ok = false;
-      for (const char* f : formats) ok = ok || c.qtype == f;
-      if (!ok) bad(where, "\"qtype\" must be \"q4_0\", \"q4_1\", \"q8_0\", \"f32\", \"f16\", \"bf16\" or \"*\"; got \"" + c.qtype + "\"");
-      if (c.qtype != "*" && !op_has_block_format(c.op))
-        bad(where, "\"qtype\" applies to the ops with packed weights only (quant_matmul and its fusions, embedding, "
-                   "dequantize); " + c.op + "'s calls have no block format, so the cell would never match");
-    }
+    if (c.qtype != "*" && !is_qtype_key(c.qtype))
+      bad(where, "\"qtype\" must be \"q4_0\", \"q4_1\", \"q8_0\", \"f32\", \"f16\", \"bf16\" or \"*\"; got \"" + c.qtype + "\"");
+    if (c.qtype != "*" && !op_has_block_format(c.op))
+      bad(where, "\"qtype\" applies to the ops with packed weights only (quant_matmul and its fusions, embedding, "
+                 "dequantize); " + c.op + "'s calls have no block format, so the cell would never match");
     range_field(cj, "rows", where, &c.rows_min, &c.rows_max);
     range_field(cj, "cols", where, &c.cols_min, &c.cols_max);
     if (!cj.contains("order") || !cj["order"].is_array() || cj["order"].empty())
@@ -126,14 +126,12 @@ bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, 
   return c.op == op && c.backend == backend && (c.arch == "*" || c.arch == arch) && (c.dtype == "*" || c.dtype == dtype);
 }
 
-
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
                       std::string_view dtype, int64_t rows, int64_t cols, bool any_rows, std::string_view qtype) {
   for (const Cell& c : t.cells) {
     if (!cell_matches(c, op, backend, arch, dtype)) continue;
-    if (c.qtype != "*" && c.qtype != qtype) continue;
-    if (!any_rows && (rows < c.rows_min || rows > c.rows_max)) continue;
-    if (cols < c.cols_min || cols > c.cols_max) continue;
+    if (!qtype_matches(c, qtype)) continue;
+    if (!shape_in(c, any_rows ? c.rows_min : rows, cols)) continue;  // (any_rows: a row c holds)
     return &c;
   }
   return nullptr;
@@ -205,7 +203,7 @@ std::string cells_summary(const Table& t, std::string_view op, std::string_view 
   std::string s;
   for (const Cell& c : t.cells) {
     if (!cell_matches(c, op, backend, arch, dtype)) continue;
-    if (!qtype.empty() && c.qtype != "*" && c.qtype != qtype) continue;
+    if (!qtype.empty() && !qtype_matches(c, qtype)) continue;
     std::string order;
     for (const auto& v : c.order) order += (order.empty() ? "" : ", ") + v;
     s += std::string(s.empty() ? "" : "; ") + (c.qtype == "*" ? "" : c.qtype + " weights, ") + "rows " +

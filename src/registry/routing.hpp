@@ -56,6 +56,17 @@ Table parse_table(const std::string& json, const std::string& name);
 // Whether c applies to (op, backend, arch, dtype) at some shape (arch/dtype "*" match any).
 bool cell_matches(const Cell& c, std::string_view op, std::string_view backend, std::string_view arch,
                   std::string_view dtype);
+// Whether q names a block format a cell or a which() query may give: q4_0, q4_1, q8_0, f32, f16, bf16.
+bool is_qtype_key(std::string_view q);
+// Whether c applies to a call or query of block format qtype ("": none): c's qtype "*" or equal.
+inline bool qtype_matches(const Cell& c, std::string_view qtype) { return c.qtype == "*" || c.qtype == qtype; }
+// Whether (rows, cols) lies in c's ranges; whether c bounds neither.
+inline bool shape_in(const Cell& c, int64_t rows, int64_t cols) {
+  return rows >= c.rows_min && rows <= c.rows_max && cols >= c.cols_min && cols <= c.cols_max;
+}
+inline bool shape_unbounded(const Cell& c) {
+  return c.rows_min == 0 && c.rows_max == INT64_MAX && c.cols_min == 0 && c.cols_max == INT64_MAX;
+}
 // The first cell of t that matches; nullptr when none does. any_rows: ignore the cells' rows
 // bounds (deterministic mode: the variant for a row must not depend on the call's row count).
 // qtype: the call's block format (RouteKey::qtype); a cell bound to a qtype matches only calls
