@@ -19,6 +19,7 @@
 //  shapes too, e.g. "b1 h32/8 d128 T32768")
 //  model-path ops, bf16 only (sample and argmax: every dtype of --dtypes) and opt-in: --ops rotary_embedding,paged_attention,sample,argmax,quant_matmul
 //  (rows rope_neox, decode_attention, sampling_topk_topp, argmax, quant_gemv_*; shapes as ../shared/anchors);
+//  --ops quant_matmul_a8: quant_matmul's GEMV shapes through quant_matmul_a8 (rows quant_gemv_a8_*);
 //  --ops quant_matmul_rows: fp32 quant_matmul at 2..512 rows of SmolLM2's shapes against a dense FP32 gemm
 //    (and at the down projection's shape, silu_and_mul_quant_matmul's cuda_mma_rows against the two calls)
 //  (--shapes 3072x576 keeps a matrix, "M32 3072x576" one row count of it)
@@ -422,7 +423,7 @@ int main(int argc, char** argv) {
       }
     CK(cudaMemcpy(p, host.data(), host.size(), cudaMemcpyHostToDevice));
   };
-  if (has(ops, "quant_matmul"))
+  if (has(ops, "quant_matmul") || has(ops, "quant_matmul_a8"))
     for (auto [qt, qname, bb] : std::vector<std::tuple<ks::QType, const char*, int64_t>>{
              {ks::QType::Q4_1, "q4_1", 20}, {ks::QType::Q8_0, "q8_0", 34}, {ks::QType::Q4_0, "q4_0", 18}})
       for (auto [n, h, xdt] : std::vector<std::tuple<int64_t, int64_t, DType>>{
@@ -444,10 +445,21 @@ int main(int argc, char** argv) {
           ks::quant_matmul(dv(o[i]->p, xdt, {1, n}), dv(x[i]->p, xdt, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}), qt,
                            ks::Backend::Cuda, st);
         };
-        const double us = graph_time(k, call, s);
-        const std::string op = std::string("quant_gemv_") + qname, shape = std::to_string(n) + "x" + std::to_string(h);
-        record(op, shape, xdt, us, bytes, "quant_matmul");
-        also_variants("quant_matmul", op, shape, xdt, bytes, k, call);
+        const std::string shape = std::to_string(n) + "x" + std::to_string(h);
+        if (has(ops, "quant_matmul")) {
+          const std::string op = std::string("quant_gemv_") + qname;
+          record(op, shape, xdt, graph_time(k, call, s), bytes, "quant_matmul");
+          also_variants("quant_matmul", op, shape, xdt, bytes, k, call);
+        }
+        if (has(ops, "quant_matmul_a8")) {  // the same matrices with x quantized to int8 per block
+          const auto a8 = [&](int i, cudaStream_t st) {
+            ks::quant_matmul_a8(dv(o[i]->p, xdt, {1, n}), dv(x[i]->p, xdt, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}),
+                                qt, ks::Backend::Cuda, st);
+          };
+          const std::string op = std::string("quant_gemv_a8_") + qname;
+          record(op, shape, xdt, graph_time(k, a8, s), bytes, "quant_matmul_a8");
+          also_variants("quant_matmul_a8", op, shape, xdt, bytes, k, a8);
+        }
       }
   // Batched quant_matmul (M rows of fp32 x, as the model's batched decode and prefill run it; opt-in:
   // --ops quant_matmul_rows): SmolLM2's matrices (q / o 576 x 576, gate|up 3072 x 576, down 576 x 1536,

@@ -255,7 +255,7 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
     return 2;
   }
   // NxK means n * k, the quant_matmul ops' cols key (docs/routing.md#shape-keys-rows-cols)
-  if (cols_product && op != "quant_matmul" && op != "fused_add_rms_norm_quant_matmul" &&
+  if (cols_product && op != "quant_matmul" && op != "quant_matmul_a8" && op != "fused_add_rms_norm_quant_matmul" &&
       op != "silu_and_mul_quant_matmul") {
     std::fprintf(stderr,
                  "which: --cols NxK (a product) is the quant_matmul ops' key; %s's cols is one number "

@@ -267,6 +267,12 @@ inline void quant_matmul(const TensorView& out, const TensorView& x, const Tenso
   DLTensor o = out.dl(), a = x.dl(), w = weight.dl();
   check(ks_quant_matmul(&o, &a, &w, static_cast<ks_qtype_t>(qtype), detail::be(backend), stream));
 }
+// x quantized to int8 per block of 32 (W4A8 / W8A8; ks_quant_matmul_a8 in kernscope.h).
+inline void quant_matmul_a8(const TensorView& out, const TensorView& x, const TensorView& weight, QType qtype,
+                            Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
+  DLTensor o = out.dl(), a = x.dl(), w = weight.dl();
+  check(ks_quant_matmul_a8(&o, &a, &w, static_cast<ks_qtype_t>(qtype), detail::be(backend), stream));
+}
 // x and residual_out may be empty TensorViews (data == nullptr, ndim == 0): the plain rms_norm
 // of residual then feeds the matmul (ks_fused_add_rms_norm_quant_matmul in kernscope.h).
 inline void fused_add_rms_norm_quant_matmul(const TensorView& out, const TensorView& residual_out,

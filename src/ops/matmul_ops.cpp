@@ -7,6 +7,7 @@
 // fused_add_rms_norm_quant_matmul: h = fused_add_rms_norm's (or rms_norm's) rounded row, written
 //               nowhere; residual_out = round(x + residual); out = quant_matmul(h, weight).
 // silu_and_mul_quant_matmul: h = silu_and_mul(gate_up)'s rounded row; out = quant_matmul(h, weight).
+// quant_matmul_a8: quant_matmul with x quantized per block of 32 to int8 (core/a8_quant.hpp).
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -134,9 +135,10 @@ extern "C" ks_status_t ks_gemm(DLTensor* out, const DLTensor* a_, const DLTensor
   });
 }
 
-extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTensor* weight, ks_qtype_t qtype,
-                                       ks_backend_t backend, ks_stream_t stream) {
-  static const char* op = "quant_matmul";
+namespace {
+// quant_matmul and quant_matmul_a8 take the same arguments and the same checks.
+ks_status_t quant_matmul_entry(const char* op, DLTensor* out, const DLTensor* x, const DLTensor* weight,
+                               ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream, bool a8) {
   return guard(op, [&] {
     QuantMatmulArgs a;
     a.x = view_of(op, "x", x);
@@ -148,6 +150,9 @@ extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const D
     require_same_device(op, "out", a.out, "x", a.x);
     require_ndim(op, "x", a.x, 2);
     require_nonempty_last(op, "x", a.x);
+    if (a8 && qtype != KS_QTYPE_Q4_0 && qtype != KS_QTYPE_Q4_1 && qtype != KS_QTYPE_Q8_0)
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "qtype must be an integer block format (Q4_0, Q4_1 or Q8_0); got " + std::to_string(int(qtype)));
     check_packed(op, "weight", a.weight, qtype, a.x.dim(1), "qtype", "x's K (columns)");
     require_shape(op, "out", a.out, {a.x.dim(0), a.weight.dim(0)}, "(M, N)");
     require_no_overlap(op, "out", a.out, "x", a.x);
@@ -161,6 +166,17 @@ extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const D
     if (a.m == 0 || a.n == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.x.dtype, &a, stream);
   });
+}
+}  // namespace
+
+extern "C" ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTensor* weight, ks_qtype_t qtype,
+                                       ks_backend_t backend, ks_stream_t stream) {
+  return quant_matmul_entry("quant_matmul", out, x, weight, qtype, backend, stream, false);
+}
+
+extern "C" ks_status_t ks_quant_matmul_a8(DLTensor* out, const DLTensor* x, const DLTensor* weight, ks_qtype_t qtype,
+                                          ks_backend_t backend, ks_stream_t stream) {
+  return quant_matmul_entry("quant_matmul_a8", out, x, weight, qtype, backend, stream, true);
 }
 
 void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a, DLTensor* out, DLTensor* residual_out,

@@ -48,7 +48,7 @@ RouteKey route_key(const char* op, const void* args) {
   if (is("gemm")) { const auto& a = as<GemmArgs>(args); return key(a.m, a.n, a.a); }
   // the quantized matmuls: cols = the weight's elements N x K (a GEMV's time follows its bytes; N
   // alone would give a 4096 x 576 matrix's cell to 4096 x 4096)
-  if (is("quant_matmul")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, sat_mul(a.n, a.k), a.x, qtype_key(a.qtype)); }
+  if (is("quant_matmul") || is("quant_matmul_a8")) { const auto& a = as<QuantMatmulArgs>(args); return key(a.m, sat_mul(a.n, a.k), a.x, qtype_key(a.qtype)); }
   if (is("fused_add_rms_norm_quant_matmul")) { const auto& a = as<NormQuantMatmulArgs>(args); return key(a.m, sat_mul(a.n, a.k), a.residual, qtype_key(a.qtype)); }
   if (is("fused_add_rms_norm_quant_matmul_rope_kv_append")) {
     const auto& a = as<NormQmmRopeAppendArgs>(args).mm;

@@ -50,7 +50,7 @@ bool is_qtype_key(std::string_view q) {
 }
 
 bool op_has_block_format(std::string_view op) {
-  return op == "quant_matmul" || op == "fused_add_rms_norm_quant_matmul" ||
+  return op == "quant_matmul" || op == "quant_matmul_a8" || op == "fused_add_rms_norm_quant_matmul" ||
          op == "fused_add_rms_norm_quant_matmul_rope_kv_append" || op == "silu_and_mul_quant_matmul" ||
          op == "embedding" || op == "dequantize";
 }

@@ -1448,6 +1448,79 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
   EXPECT_NE(std::string(ks_last_error()).find("16-byte aligned"), std::string::npos) << ks_last_error();
 }
 
+// quant_matmul_a8 (x quantized to int8 per block; docs/contracts.md#quant_matmul_a8): the contract
+// fixes every rounding and the summation order, so the automatic choice and each CUDA variant must
+// give the CPU reference's bits (NaN rows: NaN). Shapes: one block, partial pairs and lone last
+// rows (N odd, N < and > the SM count), K = 576 (18 blocks: lanes idle), 4096 and 14336 (several
+// blocks per lane), 14336 x 4096 and 20000 x 576 (more stages than ring slots), 600005 x 32 (a
+// 20-byte or 18-byte row per output); weights 0, 16 and 2 bytes into their allocation (2: no
+// bulk copies, and for the 2-byte aligned formats the byte-load path of cuda_a8_warp); M 1 and 3
+// (cuda_a8_bulk_stream declines M > 1 and says so). A NaN in one row's block and an inf in
+// another's make those rows NaN and leave the third finite.
+TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  auto same = [](const Buf& a, const Buf& b, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+      const double x = a.get(i), y = b.get(i);
+      const bool both_nan = std::isnan(x) && std::isnan(y);
+      if (!both_nan && !(x == y && std::signbit(x) == std::signbit(y)))
+        return ::testing::AssertionFailure() << "element " << i << ": " << x << " vs CPU " << y;
+    }
+    return ::testing::AssertionSuccess();
+  };
+  struct Case {
+    int64_t M, N, K;
+  };
+  const std::vector<Case> cases{{1, 1, 32},     {1, 7, 64},      {1, 131, 576},  {1, 133, 576}, {1, 4096 + 9, 4096},
+                                {1, 300, 14336}, {1, 14336, 4096}, {1, 20000, 576}, {1, 600005, 32}, {3, 50, 576},
+                                {3, 33, 1536}};
+  for (DType dt : {DType::BF16, DType::F16, DType::F32})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+      for (const Case& c : cases)
+        for (size_t off : {size_t(0), size_t(16), size_t(2)}) {
+          if (c.N * c.K > 4096 * 4096 && off == 2) continue;  // the large shapes at the aligned offsets only
+          SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " " + qfmt(q).name + " M " + std::to_string(c.M) + " N " +
+                       std::to_string(c.N) + " K " + std::to_string(c.K) + " weight offset " + std::to_string(off));
+          Buf w = make_packed(q, c.N, c.K, nullptr, off);
+          Buf x(dt, {c.M, c.K}), ref(dt, {c.M, c.N}), got(dt, {c.M, c.N});
+          kstest::fill_normal(x);
+          if (c.M == 3) {
+            x.set(0 * c.K + 5, std::nan(""));
+            x.set(2 * c.K + c.K - 1, -INFINITY);
+          }
+          ks::quant_matmul_a8(ks::TensorView(ref.data(), dt, ref.shape, DLDevice{kDLCPU, 0}),
+                              ks::TensorView(x.data(), dt, x.shape, DLDevice{kDLCPU, 0}),
+                              ks::TensorView(w.data(), DType::U8, w.shape, DLDevice{kDLCPU, 0}),
+                              static_cast<ks::QType>(q), ks::Backend::Cpu);
+          DBuf dw(DType::U8, w.shape, off), dx(dt, x.shape), dout(dt, ref.shape);
+          dw.upload(w);
+          dx.upload(x);
+          for (const char* v : {"", "cuda_a8_warp", "cuda_a8_bulk_stream"}) {
+            SCOPED_TRACE(*v ? v : "auto");
+            kstest::ScopedVariant pin("quant_matmul_a8", v);
+            ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+            dout.poison();
+            DLTensor o = dout.view().dl(), a = dx.view().dl(), b = dw.view().dl();
+            const ks_status_t st = ks_quant_matmul_a8(&o, &a, &b, q, KS_BACKEND_CUDA, nullptr);
+            const bool bulk_declines = c.M > 1 || off == 2 || w.shape[1] % 4 != 0;
+            if (std::string(v) == "cuda_a8_bulk_stream" && bulk_declines) {
+              EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << ks_last_error();
+              continue;
+            }
+            ASSERT_EQ(st, KS_SUCCESS) << ks_last_error();
+            CK(cudaDeviceSynchronize());
+            dout.download(got);
+            EXPECT_TRUE(same(got, ref, c.M * c.N));
+            if (c.M == 3)
+              for (int64_t n = 0; n < c.N; ++n) {
+                EXPECT_TRUE(std::isnan(got.get(n)) && std::isnan(got.get(2 * c.N + n)) && !std::isnan(got.get(c.N + n)))
+                    << n;
+              }
+          }
+        }
+}
+
 // quant_matmul's cuda_mma_diag (M = 1: B's 8 columns carry 8 blocks of the one row; bf16 / fp16 x;
 // Q4_0 / Q4_1 / Q8_0; per-warp rings of bulk copies), by check_mma_variant: one block (7 of the
 // group's 8 columns empty), 13 and 18 blocks (a partial last group), rows whose 8-block groups

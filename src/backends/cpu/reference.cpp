@@ -12,6 +12,7 @@
 
 #include "backends/cpu/quant_blocks.hpp"
 #include "backends/cpu/scratch.hpp"
+#include "core/a8_quant.hpp"
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -269,6 +270,76 @@ void quant_matmul_ref(const void* p, ks_stream_t) {
   });
 }
 
+// quant_matmul_a8: x's rows quantized per block of 32 (a8_scale / a8_code), each block's exact
+// integer sums formed from the stored codes, a8_block_value per block, a8_row_sum's order.
+template <ks_qtype_t Q>
+void quant_matmul_a8_rows(const QuantMatmulArgs& a) {
+  const DType dt = a.x.dtype;
+  const int64_t nb = a.k / 32;
+  constexpr int BB = Q == KS_QTYPE_Q4_0 ? 18 : Q == KS_QTYPE_Q4_1 ? 20 : 34;
+  std::vector<int8_t> q(size_t(a.m * a.k));
+  std::vector<float> d(size_t(a.m * nb));
+  std::vector<int> qsum(size_t(a.m * nb));
+  for (int64_t m = 0; m < a.m; ++m)
+    for (int64_t b = 0; b < nb; ++b) {
+      const int64_t base = m * a.k + b * 32;
+      float amax = 0.f;
+      bool bad = false;
+      for (int i = 0; i < 32; ++i) {
+        const float v = std::fabs(load_f(a.x.data, dt, base + i));
+        bad |= !(v <= std::numeric_limits<float>::max());
+        if (v <= std::numeric_limits<float>::max()) amax = std::max(amax, v);
+      }
+      const A8Scale sc = a8_scale(amax, bad);
+      int sum = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int c = bad ? 0 : a8_code(load_f(a.x.data, dt, base + i), sc.inv);
+        q[size_t(base + i)] = int8_t(c);
+        sum += c;
+      }
+      d[size_t(m * nb + b)] = sc.d;
+      qsum[size_t(m * nb + b)] = sum;
+    }
+  const bool par = a.m * a.n * a.k > kParallelWork;
+  const Scratch scratch(par, size_t(nb));
+  team(par, [&] {
+    float* v = scratch.get();
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < a.n; ++n) {
+      const uint8_t* row = static_cast<const uint8_t*>(a.weight.data) + n * a.row_bytes;
+      for (int64_t m = 0; m < a.m; ++m) {
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* blk = row + b * BB;
+          const int8_t* xq = q.data() + m * a.k + b * 32;
+          const float dw = half_to_float(rd_u16(blk));
+          const float mw = Q == KS_QTYPE_Q4_1 ? half_to_float(rd_u16(blk + 2)) : 0.f;
+          int S = 0;
+          if (Q == KS_QTYPE_Q8_0) {
+            for (int i = 0; i < 32; ++i) S += int(int8_t(blk[2 + i])) * xq[i];
+          } else {
+            const uint8_t* qs = blk + (Q == KS_QTYPE_Q4_1 ? 4 : 2);
+            for (int i = 0; i < 16; ++i) S += int(qs[i] & 0x0F) * xq[i] + int(qs[i] >> 4) * xq[i + 16];
+          }
+          const float db = d[size_t(m * nb + b)];
+          const int qb = qsum[size_t(m * nb + b)];
+          v[b] = a8_block_value<Q>(dw, mw, db, a8_dq(db, qb), S, qb);
+        }
+        store_f(a.out.data, dt, m * a.n + n, a8_row_sum(v, nb));
+      }
+    }
+  });
+}
+
+void quant_matmul_a8_ref(const void* p, ks_stream_t) {
+  const auto& a = *static_cast<const QuantMatmulArgs*>(p);
+  if (a.qtype == KS_QTYPE_Q4_0)
+    quant_matmul_a8_rows<KS_QTYPE_Q4_0>(a);
+  else if (a.qtype == KS_QTYPE_Q4_1)
+    quant_matmul_a8_rows<KS_QTYPE_Q4_1>(a);
+  else
+    quant_matmul_a8_rows<KS_QTYPE_Q8_0>(a);
+}
+
 }  // namespace
 
 // Shared by the reference and the fast CPU paths: the FP32 inverse frequencies.
@@ -390,6 +461,9 @@ void register_reference(std::vector<registry::Variant>& v) {
                nullptr, nullptr, gemm_ref});
   v.push_back({"quant_matmul", KS_BACKEND_CPU, "cpu_reference", kFloatDTypes, prio,
                "decode each weight row to FP32, then dot products", nullptr, nullptr, quant_matmul_ref});
+  v.push_back({"quant_matmul_a8", KS_BACKEND_CPU, "cpu_reference", kFloatDTypes, prio,
+               "x quantized per 32-block to int8, exact integer block sums, FP32 block values in the contract's order",
+               nullptr, nullptr, quant_matmul_a8_ref});
   v.push_back({"rotary_embedding", KS_BACKEND_CPU, "cpu_reference", kFloatDTypes, prio, "NeoX / interleaved, FP32",
                nullptr, nullptr, rotary_ref});
   v.push_back({"kv_cache_append", KS_BACKEND_CPU, "cpu_reference", kFloatDTypes, prio, "row copies by slot_mapping",

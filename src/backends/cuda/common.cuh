@@ -378,6 +378,32 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
 }
+// The producer of a ring of whole weight rows (cuda_bulk_stream, cuda_a8_bulk_stream), run by one
+// thread: stage i (rows [r0 + i rps, min(r1, r0 + (i + 1) rps)) of the [N, RB]-byte matrix w)
+// goes to slot i mod S (slot_bytes apart from ring) by one bulk copy of its byte range widened to
+// 16-byte boundaries (so a row keeps its address modulo 16 in the slot), completing on full[slot];
+// the matrix's bytes past its last 16-byte boundary come by plain stores. A slot is refilled once
+// its empty barrier's phase (every consumer thread's arrival) has completed. early: the copies
+// start before the previous kernel has finished (weights are read-only inputs); else after
+// griddepcontrol.wait.
+__device__ __forceinline__ void bulk_rows_produce(const uint8_t* w, int64_t N, int64_t RB, int64_t r0, int64_t r1,
+                                                  int rps, int S, int nst, unsigned char* ring, int slot_bytes,
+                                                  uint64_t* full, uint64_t* empty, bool early) {
+  if (!early) pdl_begin();
+  const int64_t end16 = (N * RB) & ~int64_t(15);  // bulk copies stop at the last 16-byte boundary
+  for (int i = 0; i < nst; ++i) {
+    const int s = i % S;
+    if (i >= S) mbar_wait(&empty[s], unsigned(i / S - 1) & 1u);  // stage i - S has been consumed
+    const int64_t a = r0 + int64_t(i) * rps, e = min(r1, a + rps);
+    const int64_t g0 = (a * RB) & ~int64_t(15), g1 = min((e * RB + 15) & ~int64_t(15), end16);
+    unsigned char* dst = ring + int64_t(s) * slot_bytes;
+    for (int64_t b = max(g0, g1); b < e * RB; ++b) dst[b - g0] = w[b];  // the matrix's tail
+    fence_proxy_async_smem();
+    mbar_arrive_expect_tx(&full[s], unsigned(max(g1 - g0, int64_t(0))));
+    if (g1 > g0) bulk_copy_g2s(dst, w + g0, unsigned(g1 - g0), &full[s]);
+  }
+}
+
 // Barrier `id` (1..15; 0 is __syncthreads'), complete when `threads` threads (a multiple of 32,
 // whole warps) have arrived at it: a subset of warps synchronizes without the others.
 __device__ __forceinline__ void named_barrier(unsigned id, unsigned threads) {

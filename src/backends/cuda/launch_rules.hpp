@@ -210,6 +210,28 @@ struct BulkPlan {
   unsigned grid = 0;
   size_t smem = 0;
 };
+// The bulk plans' last step: from rps rows per stage down (by `unit` rows, then by `step`) to the
+// first whose stages (rows widened to 16-byte boundaries) fit two slots beside `fixed` bytes in
+// `limit` (or one where the CTA has one stage); slots < 1 (an empty plan) where none fits.
+inline BulkPlan bulk_fit_stages(int64_t rps, int64_t unit, int64_t step, int64_t rows_cta, int64_t RB, int64_t fixed,
+                                int64_t limit, int64_t group, int64_t grid) {
+  int64_t slot = 0, slots = 0;
+  for (;; rps -= rps > unit ? unit : step) {
+    slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
+    const int64_t stages = (rows_cta + rps - 1) / rps;
+    slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});
+    if (slots >= std::min<int64_t>(2, stages) || rps <= step) break;
+  }
+  BulkPlan b;
+  if (slots < 1) return b;
+  b.rps = int(rps);
+  b.slot_bytes = int(slot);
+  b.slots = int(slots);
+  b.group = int(group);
+  b.grid = unsigned(grid);
+  b.smem = size_t(slots * slot + fixed);
+  return b;
+}
 inline BulkPlan bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count, int64_t limit, int64_t target) {
   BulkPlan b;
   const int64_t RB = row_bytes;
@@ -233,21 +255,18 @@ inline BulkPlan bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count,
   const int64_t unit = (nb >= 32 ? 2 : group) * kBulkWarps;
   int64_t rps = std::max<int64_t>(target / RB / unit, 1) * unit;
   rps = std::min(rps, (rows_cta + group - 1) / group * group);
-  int64_t slot = 0, slots = 0;
-  for (;; rps -= rps > unit ? unit : group) {
-    slot = (rps * RB + 30) / 16 * 16;  // a stage's rows, widened to 16-byte boundaries
-    const int64_t stages = (rows_cta + rps - 1) / rps;
-    slots = std::min<int64_t>({kBulkMaxSlots, stages, limit > fixed ? (limit - fixed) / slot : 0});
-    if (slots >= std::min<int64_t>(2, stages) || rps <= group) break;
-  }
-  if (slots < 1) return b;
-  b.rps = int(rps);
-  b.slot_bytes = int(slot);
-  b.slots = int(slots);
-  b.group = int(group);
-  b.grid = unsigned(grid);
-  b.smem = size_t(slots * slot + fixed);
-  return b;
+  return bulk_fit_stages(rps, unit, group, rows_cta, RB, fixed, limit, group, grid);
+}
+// cuda_a8_bulk_stream's plan (quant_matmul_a8): its warps take a stage's rows in pairs, dealt in
+// turn across stages, so a stage may hold any even number of rows: about `target` bytes of them
+// (at least a pair); x takes x_block_bytes per block of 32.
+inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count, int64_t limit, int64_t target,
+                             int64_t x_block_bytes) {
+  const int64_t RB = row_bytes;
+  if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || target <= 0) return BulkPlan{};
+  const int64_t grid = std::min<int64_t>(N, sm_count), rows_cta = (N + grid - 1) / grid;
+  int64_t rps = std::min(std::max<int64_t>(target / RB / 2, 1) * 2, (rows_cta + 1) / 2 * 2);
+  return bulk_fit_stages(rps, 2, 2, rows_cta, RB, K / 32 * x_block_bytes, limit, 1, grid);
 }
 // Whether a plan's short rows (fewer than 32 blocks) go a thread per row instead of in warp
 // groups: where a stage holds at least kBulkThreadRowsMin rows. Measured on the H200 (5ff2190,

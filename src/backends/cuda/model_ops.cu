@@ -863,21 +863,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
   }
   __syncthreads();
   if (warp == kBulkWarps) {  // the producer
-    if (lane == 0) {
-      if (!p.early) pdl_begin();
-      const int64_t end16 = (N * RB) & ~int64_t(15);  // bulk copies stop at the last 16-byte boundary
-      for (int i = 0; i < nst; ++i) {
-        const int s = i % S;
-        if (i >= S) mbar_wait(&empty[s], unsigned(i / S - 1) & 1u);  // stage i - S has been consumed
-        const int64_t a = r0 + int64_t(i) * rps, e = min(r1, a + rps);
-        const int64_t g0 = (a * RB) & ~int64_t(15), g1 = min((e * RB + 15) & ~int64_t(15), end16);
-        unsigned char* dst = bulk_sm + int64_t(s) * p.slot_bytes;
-        for (int64_t b = max(g0, g1); b < e * RB; ++b) dst[b - g0] = p.w[b];  // the matrix's tail
-        fence_proxy_async_smem();
-        mbar_arrive_expect_tx(&full[s], unsigned(max(g1 - g0, int64_t(0))));
-        if (g1 > g0) bulk_copy_g2s(dst, p.w + g0, unsigned(g1 - g0), &full[s]);
-      }
-    }
+    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, bulk_sm, p.slot_bytes, full, empty, p.early);
     return;
   }
   constexpr int BB = int(q_block_bytes(Q));

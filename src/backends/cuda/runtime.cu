@@ -194,6 +194,10 @@ void quant_matmul_mma_stream_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_stream_can_implement(const void*);
 void quant_matmul_mma_diag_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_diag_can_implement(const void*);
+void quant_matmul_a8_warp_cuda(const void*, ks_stream_t);
+std::string quant_matmul_a8_warp_can_implement(const void*);
+void quant_matmul_a8_bulk_cuda(const void*, ks_stream_t);
+std::string quant_matmul_a8_bulk_can_implement(const void*);
 void quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_rows_can_implement(const void*);
 void silu_quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
@@ -267,6 +271,13 @@ std::string ci_quant_matmul(const void* p) {
   const std::string why = align_reason({&a.x, &a.out, &a.weight});
   return why.empty() ? quant_matmul_can_implement(p) : why;
 }
+std::string ci_quant_matmul_a8(const void* p, std::string (*variant_reason)(const void*)) {
+  auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
+  const std::string why = align_reason({&a.x, &a.out, &a.weight});
+  return why.empty() ? variant_reason(p) : why;
+}
+std::string ci_quant_matmul_a8_warp(const void* p) { return ci_quant_matmul_a8(p, quant_matmul_a8_warp_can_implement); }
+std::string ci_quant_matmul_a8_bulk(const void* p) { return ci_quant_matmul_a8(p, quant_matmul_a8_bulk_can_implement); }
 std::string ci_quant_matmul_m16(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_m16_can_implement(p) : why;
@@ -453,6 +464,16 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"dequantize", KS_BACKEND_CUDA, "cuda_elementwise", kFloatDTypes, 10,
                "a thread per element: FP32 block decode, one rounding", avail, ks::cuda::ci_dequantize,
                ks::cuda::dequantize_cuda});
+  v.push_back({"quant_matmul_a8", KS_BACKEND_CUDA, "cuda_a8_warp", kFloatDTypes, 10,
+               "any M: a warp per output column; x's row quantized to int8 in shared memory by the CTA, each "
+               "block's codes dotted by dp4a (exact int32 sums), the block values summed lane by lane then by "
+               "a butterfly",
+               avail, ks::cuda::ci_quant_matmul_a8_warp, ks::cuda::quant_matmul_a8_warp_cuda});
+  v.push_back({"quant_matmul_a8", KS_BACKEND_CUDA, "cuda_a8_bulk_stream", kFloatDTypes, 20,
+               "M = 1, sm_90, weights 16-byte aligned: cuda_bulk_stream's ring of bulk-copied row stages (a CTA "
+               "per SM) feeding 16 warps that take the rows in pairs with cuda_a8_warp's arithmetic and order "
+               "(the same bits)",
+               avail, ks::cuda::ci_quant_matmul_a8_bulk, ks::cuda::quant_matmul_a8_bulk_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
                ks::cuda::ci_quant_matmul, ks::cuda::quant_matmul_cuda});

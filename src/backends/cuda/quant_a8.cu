@@ -1,0 +1,345 @@
+// quant_matmul_a8 on CUDA (contract: docs/contracts.md#quant_matmul_a8; the arithmetic in
+// core/a8_quant.hpp, shared with the CPU reference): x quantized to int8 per block of 32, each
+// block's dot product an exact int32 sum by dp4a (4 code products per instruction), its value
+// formed in FP32, the blocks of a row summed lane by lane (lane l: blocks l, l + 32, ... in order)
+// and then across the warp by the butterfly of warp_sum. Both variants sum in that order, so they
+// give the same bits.
+//
+// Why: the FP32-x kernels spend about 6 instructions per weight (decode, convert, FMA; docs/cuda.md,
+// quant_matmul) and are bound by issuing them, near half of the copy bandwidth at 4096 x 4096 and
+// larger. With int8 x, a block of 32 weights costs a lane about 30 instructions (5 word loads,
+// 8 nibble masks, 8 dp4a, the scales), about one per weight.
+//
+//   cuda_a8_warp (any M, sm_80+): a warp per output column, x's row m quantized into shared memory
+//     by the CTA before the columns of that row are summed (weights re-read per row from L1 / L2).
+//   cuda_a8_bulk_stream (M = 1, sm_90): cuda_bulk_stream's ring (a CTA per SM streams its contiguous
+//     rows through shared-memory stages, one bulk copy each, issued by a producer warp that does not
+//     wait for the previous kernel) feeding 16 warps that take the stage's rows in pairs.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cfloat>
+#include <cstdint>
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/launch_rules.hpp"
+#include "core/a8_quant.hpp"
+#include "ops/args.hpp"
+
+namespace ks::cuda {
+namespace {
+
+// One block of x as staged: 32 codes (8 words: codes 4j..4j+3 in word j, lowest byte first), the
+// scale d, d * Q (Q4_1) and Q (Q4_0). 48 bytes: lanes reading consecutive blocks with 16-byte
+// loads hit distinct banks in each quarter warp.
+struct alignas(16) A8X {
+  int q[8];
+  float d, dq;
+  int qs, pad;
+};
+static_assert(sizeof(A8X) == 48, "A8X is 48 bytes");
+
+// Quantizes a row of x (nb blocks of T) into xs: warp `warp` of `nwarps` takes blocks warp,
+// warp + nwarps, ..., lane i its element i (a8_scale / a8_code, the max and the code sum by
+// warp reductions).
+template <typename T>
+__device__ __forceinline__ void a8_stage_row(const T* xr, int nb, A8X* xs, int warp, int nwarps, int lane) {
+#pragma unroll 4
+  for (int b = warp; b < nb; b += nwarps) {
+    const float v = Dt<T>::to_f(xr[int64_t(b) * 32 + lane]);
+    const float av = fabsf(v);
+    const bool finite = av <= FLT_MAX;
+    const bool bad = __any_sync(0xffffffffu, !finite);
+    float amax = finite ? av : 0.f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const A8Scale sc = a8_scale(amax, bad);
+    const int c = bad ? 0 : a8_code(v, sc.inv);
+    const int qs = __reduce_add_sync(0xffffffffu, c);
+    reinterpret_cast<int8_t*>(xs[b].q)[lane] = int8_t(c);
+    if (lane == 0) {
+      xs[b].d = sc.d;
+      xs[b].dq = a8_dq(sc.d, qs);
+      xs[b].qs = qs;
+    }
+  }
+}
+
+template <ks_qtype_t Q>
+struct A8Fmt {
+  static constexpr int bytes = Q == KS_QTYPE_Q4_0 ? 18 : Q == KS_QTYPE_Q4_1 ? 20 : 34;
+  static constexpr int code_words = Q == KS_QTYPE_Q8_0 ? 8 : 4;
+};
+
+// A weight block's header word (dw in the low half, Q4_1's mw in the high half) and code words
+// (bytes 4j..4j+3 of its codes in word j) from p. ALIGNED: p is 2-byte aligned (4-byte for Q4_1)
+// and the 4-byte words covering the block are read (for Q4_0 / Q8_0 blocks at a 4-byte boundary,
+// 2 bytes past the block: the caller keeps them inside the row's storage); else byte loads.
+template <ks_qtype_t Q, bool ALIGNED>
+__device__ __forceinline__ uint32_t a8_load_block(const unsigned char* p, uint32_t (&cw)[A8Fmt<Q>::code_words]) {
+  constexpr int NCW = A8Fmt<Q>::code_words;
+  if constexpr (!ALIGNED) {
+    constexpr int hb = Q == KS_QTYPE_Q4_1 ? 4 : 2;
+#pragma unroll
+    for (int j = 0; j < NCW; ++j) {
+      const unsigned char* c = p + hb + 4 * j;
+      cw[j] = uint32_t(c[0]) | uint32_t(c[1]) << 8 | uint32_t(c[2]) << 16 | uint32_t(c[3]) << 24;
+    }
+    return uint32_t(p[0]) | uint32_t(p[1]) << 8 | (hb == 4 ? uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24 : 0u);
+  } else if constexpr (Q == KS_QTYPE_Q4_1) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p);
+#pragma unroll
+    for (int j = 0; j < NCW; ++j) cw[j] = w[j + 1];
+    return w[0];
+  } else {
+    const unsigned off = unsigned(reinterpret_cast<uintptr_t>(p)) & 2u;
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(p - off);
+    uint32_t r[NCW + 1];
+#pragma unroll
+    for (int j = 0; j <= NCW; ++j) r[j] = w[j];
+#pragma unroll
+    for (int j = 0; j < NCW; ++j) cw[j] = off ? r[j + 1] : __funnelshift_r(r[j], r[j + 1], 16);
+    return (off ? r[0] >> 16 : r[0]) & 0xffffu;
+  }
+}
+
+// One block's value (a8_block_value) from its bytes at p and x's staged block.
+template <ks_qtype_t Q, bool ALIGNED>
+__device__ __forceinline__ float a8_block(const unsigned char* p, const int4& x0, const int4& x1, const float4& xs) {
+  uint32_t cw[A8Fmt<Q>::code_words];
+  const uint32_t hdr = a8_load_block<Q, ALIGNED>(p, cw);
+  int S = 0;
+  if constexpr (Q == KS_QTYPE_Q8_0) {
+    S = __dp4a(int(cw[0]), x0.x, S);
+    S = __dp4a(int(cw[1]), x0.y, S);
+    S = __dp4a(int(cw[2]), x0.z, S);
+    S = __dp4a(int(cw[3]), x0.w, S);
+    S = __dp4a(int(cw[4]), x1.x, S);
+    S = __dp4a(int(cw[5]), x1.y, S);
+    S = __dp4a(int(cw[6]), x1.z, S);
+    S = __dp4a(int(cw[7]), x1.w, S);
+  } else {  // low nibbles: weights 4j..4j+3 (x words 0..3); high nibbles: 16 + 4j.. (x words 4..7)
+    constexpr uint32_t lo = 0x0f0f0f0fu;
+    S = __dp4a(int(cw[0] & lo), x0.x, S);
+    S = __dp4a(int(cw[1] & lo), x0.y, S);
+    S = __dp4a(int(cw[2] & lo), x0.z, S);
+    S = __dp4a(int(cw[3] & lo), x0.w, S);
+    S = __dp4a(int((cw[0] >> 4) & lo), x1.x, S);
+    S = __dp4a(int((cw[1] >> 4) & lo), x1.y, S);
+    S = __dp4a(int((cw[2] >> 4) & lo), x1.z, S);
+    S = __dp4a(int((cw[3] >> 4) & lo), x1.w, S);
+  }
+  const float dw = h2f_bits(uint16_t(hdr & 0xffffu));
+  const float mw = Q == KS_QTYPE_Q4_1 ? h2f_bits(uint16_t(hdr >> 16)) : 0.f;
+  return a8_block_value<Q>(dw, mw, xs.x, xs.y, S, __float_as_int(xs.z));
+}
+
+// x's staged block b as the loads a8_block takes.
+struct A8XRegs {
+  int4 x0, x1;
+  float4 s;
+};
+__device__ __forceinline__ A8XRegs a8_x(const A8X* xs, int b) {
+  const int4* q = reinterpret_cast<const int4*>(xs[b].q);
+  return {q[0], q[1], *reinterpret_cast<const float4*>(&xs[b].d)};
+}
+
+// ---- cuda_a8_warp: any M -------------------------------------------------------------------
+constexpr int kA8WarpWarps = 8;
+
+struct A8Params {
+  const void* x;     // [M, K]
+  const uint8_t* w;  // [N, row_bytes]
+  void* out;         // [M, N]
+  int64_t M, N, K, row_bytes;
+};
+
+template <typename T, ks_qtype_t Q, bool ALIGNED>
+__global__ void __launch_bounds__(32 * kA8WarpWarps) quant_matmul_a8_warp_kernel(const A8Params p) {
+  extern __shared__ __align__(16) unsigned char a8_warp_sm[];
+  A8X* xs = reinterpret_cast<A8X*>(a8_warp_sm);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nb = int(p.K / 32);
+  const int64_t n = int64_t(blockIdx.x) * kA8WarpWarps + warp;
+  const unsigned char* row = p.w + n * p.row_bytes;
+  pdl_begin();  // x is the previous kernel's output
+  const T* x = static_cast<const T*>(p.x);
+  T* out = static_cast<T*>(p.out);
+  for (int64_t m = 0; m < p.M; ++m) {
+    if (m > 0) __syncthreads();  // every warp is done with row m - 1's codes
+    a8_stage_row<T>(x + m * p.K, nb, xs, warp, kA8WarpWarps, lane);
+    __syncthreads();
+    if (n < p.N) {
+      float acc = 0.f;
+      for (int b = lane; b < nb; b += 32) {
+        const A8XRegs xr = a8_x(xs, b);
+        acc += a8_block<Q, ALIGNED>(row + int64_t(b) * A8Fmt<Q>::bytes, xr.x0, xr.x1, xr.s);
+      }
+      const float s = warp_sum(acc);
+      if (lane == 0) out[m * p.N + n] = Dt<T>::from_f(s);
+    }
+  }
+}
+
+// ---- cuda_a8_bulk_stream: M = 1, sm_90 -------------------------------------------------------
+constexpr int kA8BulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp
+
+struct A8BulkParams {
+  const void* x;
+  const uint8_t* w;  // 16-byte aligned, row_bytes a multiple of 4
+  void* out;
+  int64_t N, K, row_bytes;
+  int rows_per_stage, slot_bytes, slots;
+  bool early;
+};
+
+template <typename T, ks_qtype_t Q>
+__global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(const A8BulkParams p) {
+  extern __shared__ __align__(16) unsigned char a8_sm[];  // [slots][slot_bytes], x [nb] A8X
+  __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
+  constexpr int NT = 32 * kBulkWarps;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t N = p.N, RB = p.row_bytes;
+  const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots;
+  const int64_t r0 = int64_t(blockIdx.x) * N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * N / gridDim.x;
+  const int nst = int((r1 - r0 + rps - 1) / rps);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], NT);
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (warp == kBulkWarps) {
+    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, a8_sm, p.slot_bytes, full, empty, p.early);
+    return;
+  }
+  A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
+  pdl_begin();  // x is the previous kernel's output
+  a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
+  named_barrier(1, NT);
+  T* out = static_cast<T*>(p.out);
+  constexpr int BB = A8Fmt<Q>::bytes;
+  const int pairs = (rps + 1) / 2;
+  for (int i = 0; i < nst; ++i) {
+    const int s = i % S;
+    const int64_t a = r0 + int64_t(i) * rps;
+    const int rows = int(min(r1 - a, int64_t(rps)));
+    const unsigned char* src = a8_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
+    mbar_wait(&full[s], unsigned(i / S) & 1u);
+    // The stage's row pairs are dealt to the warps in turn across stages (the first pair of stage
+    // i to warp (i * pairs) mod NW), so short stages still spread over every warp.
+    const int first = int((int64_t(warp) - int64_t(i) * pairs) % kBulkWarps + kBulkWarps) % kBulkWarps;
+    for (int t = 2 * first; t < rows; t += 2 * kBulkWarps) {
+      const unsigned char* ra = src + int64_t(t) * RB;
+      const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
+      float acc0 = 0.f, acc1 = 0.f;
+      for (int b = lane; b < nb; b += 32) {
+        const A8XRegs xr = a8_x(xs, b);
+        acc0 += a8_block<Q, true>(ra + b * BB, xr.x0, xr.x1, xr.s);
+        acc1 += a8_block<Q, true>(rb + b * BB, xr.x0, xr.x1, xr.s);
+      }
+      const float s0 = warp_sum(acc0), s1 = warp_sum(acc1);
+      if (lane == 0) {
+        out[a + t] = Dt<T>::from_f(s0);
+        if (t + 1 < rows) out[a + t + 1] = Dt<T>::from_f(s1);
+      }
+    }
+    mbar_arrive(&empty[s]);  // this thread is done with the slot
+  }
+}
+
+bool a8_aligned(const ops::QuantMatmulArgs& a) {
+  return (reinterpret_cast<uintptr_t>(a.weight.data) & 3u) == 0 && a.row_bytes % 4 == 0;
+}
+
+int64_t a8_warp_smem(const ops::QuantMatmulArgs& a) { return a.k / 32 * int64_t(sizeof(A8X)); }
+
+int64_t a8_warp_smem_limit(const ops::QuantMatmulArgs& a) {
+  int64_t limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    limit = opt_in_smem_limit<quant_matmul_a8_warp_kernel<decltype(tag), decltype(q)::value, false>>(
+        a.x.device.device_id, "quant_matmul_a8");
+    limit = std::min(limit, opt_in_smem_limit<quant_matmul_a8_warp_kernel<decltype(tag), decltype(q)::value, true>>(
+                                a.x.device.device_id, "quant_matmul_a8"));
+  });
+  return limit;
+}
+
+// KS_QMM_A8_STAGE_KB (experiments; default 32): the bytes of one stage.
+BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
+  const int dev = a.x.device.device_id;
+  int64_t limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    limit = opt_in_smem_limit<quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul_a8");
+  });
+  static const int64_t target = [] {
+    const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
+    return int64_t(kb > 0 ? kb : 32) * 1024;
+  }();
+  return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, target, int64_t(sizeof(A8X)));
+}
+}  // namespace
+
+std::string quant_matmul_a8_warp_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a8_warp_smem(a) > a8_warp_smem_limit(a)) return "K too large: x's quantized row does not fit shared memory";
+  return "";
+}
+
+void quant_matmul_a8_warp_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const int dev = a.x.device.device_id;
+  DeviceGuard g(dev, "quant_matmul_a8");
+  if (a.n == 0 || a.m == 0) return;
+  const A8Params p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.m, a.n, a.k, a.row_bytes};
+  const unsigned grid = unsigned((a.n + kA8WarpWarps - 1) / kA8WarpWarps);
+  const bool aligned = a8_aligned(a);
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    if (aligned)
+      launch_kernel("quant_matmul_a8", quant_matmul_a8_warp_kernel<T, Q, true>, dim3(grid), dim3(32 * kA8WarpWarps),
+                    size_t(a8_warp_smem(a)), s, 1, device_props(dev).pdl, p);
+    else
+      launch_kernel("quant_matmul_a8", quant_matmul_a8_warp_kernel<T, Q, false>, dim3(grid), dim3(32 * kA8WarpWarps),
+                    size_t(a8_warp_smem(a)), s, 1, device_props(dev).pdl, p);
+  });
+  check_launch("quant_matmul_a8");
+  record_launch("quant_matmul_a8", "a8_warp warps_per_cta=%lld grid=%lld word_loads=%lld smem=%lld",
+                {kA8WarpWarps, grid, aligned ? 1 : 0, a8_warp_smem(a)});
+}
+
+std::string quant_matmul_a8_bulk_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.m != 1) return "M > 1: the bulk stream serves one row of x (decode)";
+  if (!device_props(a.x.device.device_id).sm90_code) return "needs sm_90 code (bulk copies and mbarriers)";
+  if (!aligned16(a.weight.data)) return "weight not 16-byte aligned (bulk copies)";
+  if (a.row_bytes % 4 != 0) return "row_bytes not a multiple of 4 (word loads of the blocks)";
+  if (a.n > 0 && a8_bulk_plan_for(a).slots < 1) return "x and one stage of rows do not fit the device's shared memory";
+  return "";
+}
+
+void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const int dev = a.x.device.device_id;
+  DeviceGuard g(dev, "quant_matmul_a8");
+  if (a.n == 0) return;
+  const BulkPlan plan = a8_bulk_plan_for(a);
+  if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_bulk_stream: no stage fits");
+  const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
+                       plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled()};
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
+                  dim3(kA8BulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
+  });
+  check_launch("quant_matmul_a8");
+  record_launch("quant_matmul_a8", "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld",
+                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem});
+}
+
+}  // namespace ks::cuda
