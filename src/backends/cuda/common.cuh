@@ -388,7 +388,7 @@ __device__ __forceinline__ void fence_proxy_async_smem() {
 // griddepcontrol.wait.
 __device__ __forceinline__ void bulk_rows_produce(const uint8_t* w, int64_t N, int64_t RB, int64_t r0, int64_t r1,
                                                   int rps, int S, int nst, unsigned char* ring, int slot_bytes,
-                                                  uint64_t* full, uint64_t* empty, bool early) {
+                                                  uint64_t* full, uint64_t* empty, bool early, int chunk) {
   if (!early) pdl_begin();
   const int64_t end16 = (N * RB) & ~int64_t(15);  // bulk copies stop at the last 16-byte boundary
   for (int i = 0; i < nst; ++i) {
@@ -400,7 +400,9 @@ __device__ __forceinline__ void bulk_rows_produce(const uint8_t* w, int64_t N, i
     for (int64_t b = max(g0, g1); b < e * RB; ++b) dst[b - g0] = w[b];  // the matrix's tail
     fence_proxy_async_smem();
     mbar_arrive_expect_tx(&full[s], unsigned(max(g1 - g0, int64_t(0))));
-    if (g1 > g0) bulk_copy_g2s(dst, w + g0, unsigned(g1 - g0), &full[s]);
+    // one bulk copy, or copies of `chunk` bytes (a multiple of 16) where chunk > 0
+    for (int64_t c = g0; c < g1; c += chunk > 0 ? chunk : g1 - g0)
+      bulk_copy_g2s(dst + (c - g0), w + c, unsigned(min(g1 - c, chunk > 0 ? int64_t(chunk) : g1 - g0)), &full[s]);
   }
 }
 
@@ -478,6 +480,12 @@ inline bool env_is(const char* name, const char* value) {
 inline long long env_number(const char* name, long long fallback) {
   const char* e = std::getenv(name);
   return e ? std::strtoll(e, nullptr, 10) : fallback;
+}
+// KS_QMM_BULK_CHUNK_KB=n (experiments): the bulk rings' stages as copies of n KB each (0, the
+// default: one copy per stage).
+inline int bulk_chunk_bytes() {
+  static const int v = int(std::max(0LL, env_number("KS_QMM_BULK_CHUNK_KB", 0))) * 1024;
+  return v;
 }
 // Whether quant_matmul's kernels may read their weights before the dependency wait (weight
 // staging, cuda_mma_rows' first blocks, cuda_bulk_stream's producer): KS_QMM_WSTAGE=0 turns

@@ -842,6 +842,7 @@ struct BulkParams {
   int rows_per_stage, slot_bytes, slots, group;  // rows_per_stage: a multiple of group (rows < 32 blocks)
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
   int tpr;  // rows < 32 blocks: 1, 2 or 4 adjacent lanes per row (bulk_thread_rows, bulk_tpr); 0: warp groups
+  int chunk;  // bytes per bulk copy (bulk_chunk_bytes; 0: one copy per stage)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -863,7 +864,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
   }
   __syncthreads();
   if (warp == kBulkWarps) {  // the producer
-    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, bulk_sm, p.slot_bytes, full, empty, p.early);
+    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, bulk_sm, p.slot_bytes, full, empty, p.early, p.chunk);
     return;
   }
   constexpr int BB = int(q_block_bytes(Q));
@@ -1426,7 +1427,8 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul", "cuda_bulk_stream: no stage fits shared memory");
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
-                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr(a.qtype) : 0};
+                     bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr(a.qtype) : 0,
+                     bulk_chunk_bytes()};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),

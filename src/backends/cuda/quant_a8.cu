@@ -192,6 +192,7 @@ struct A8BulkParams {
   int64_t N, K, row_bytes;
   int rows_per_stage, slot_bytes, slots;
   bool early;
+  int chunk;  // bytes per bulk copy (bulk_chunk_bytes; 0: one copy per stage)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -213,7 +214,7 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   }
   __syncthreads();
   if (warp == kBulkWarps) {
-    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, a8_sm, p.slot_bytes, full, empty, p.early);
+    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, a8_sm, p.slot_bytes, full, empty, p.early, p.chunk);
     return;
   }
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
@@ -331,7 +332,7 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   const BulkPlan plan = a8_bulk_plan_for(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_bulk_stream: no stage fits");
   const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                       plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled()};
+                       plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes()};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
