@@ -42,26 +42,37 @@ static_assert(sizeof(A8X) == 48, "A8X is 48 bytes");
 
 // Quantizes a row of x (nb blocks of T) into xs: warp `warp` of `nwarps` takes blocks warp,
 // warp + nwarps, ..., lane i its element i (a8_scale / a8_code, the max and the code sum by
-// warp reductions).
+// warp reductions). A warp loads 8 blocks' values before it reduces any, so their L2 / DRAM
+// round trips overlap (one block at a time, the loads waited on each other's shuffles).
 template <typename T>
 __device__ __forceinline__ void a8_stage_row(const T* xr, int nb, A8X* xs, int warp, int nwarps, int lane) {
-#pragma unroll 4
-  for (int b = warp; b < nb; b += nwarps) {
-    const float v = Dt<T>::to_f(xr[int64_t(b) * 32 + lane]);
-    const float av = fabsf(v);
-    const bool finite = av <= FLT_MAX;
-    const bool bad = __any_sync(0xffffffffu, !finite);
-    float amax = finite ? av : 0.f;
+  constexpr int U = 8;
+  for (int b0 = warp; b0 < nb; b0 += U * nwarps) {
+    float v[U];
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const A8Scale sc = a8_scale(amax, bad);
-    const int c = bad ? 0 : a8_code(v, sc.inv);
-    const int qs = __reduce_add_sync(0xffffffffu, c);
-    reinterpret_cast<int8_t*>(xs[b].q)[lane] = int8_t(c);
-    if (lane == 0) {
-      xs[b].d = sc.d;
-      xs[b].dq = a8_dq(sc.d, qs);
-      xs[b].qs = qs;
+    for (int u = 0; u < U; ++u) {
+      const int b = b0 + u * nwarps;
+      v[u] = b < nb ? Dt<T>::to_f(xr[int64_t(b) * 32 + lane]) : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int b = b0 + u * nwarps;  // the same for every lane of the warp
+      if (b >= nb) break;
+      const float av = fabsf(v[u]);
+      const bool finite = av <= FLT_MAX;
+      const bool bad = __any_sync(0xffffffffu, !finite);
+      float amax = finite ? av : 0.f;
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      const A8Scale sc = a8_scale(amax, bad);
+      const int c = bad ? 0 : a8_code(v[u], sc.inv);
+      const int qs = __reduce_add_sync(0xffffffffu, c);
+      reinterpret_cast<int8_t*>(xs[b].q)[lane] = int8_t(c);
+      if (lane == 0) {
+        xs[b].d = sc.d;
+        xs[b].dq = a8_dq(sc.d, qs);
+        xs[b].qs = qs;
+      }
     }
   }
 }
