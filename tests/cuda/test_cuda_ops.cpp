@@ -1501,7 +1501,8 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
             kstest::ScopedVariant pin("quant_matmul_a8", v);
             ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
             dout.poison();
-            DLTensor o = dout.view().dl(), a = dx.view().dl(), b = dw.view().dl();
+            const ks::TensorView vo = dout.view(), va = dx.view(), vb = dw.view();  // own the shapes
+            DLTensor o = vo.dl(), a = va.dl(), b = vb.dl();
             const ks_status_t st = ks_quant_matmul_a8(&o, &a, &b, q, KS_BACKEND_CUDA, nullptr);
             const bool bulk_declines = c.M > 1 || off == 2 || w.shape[1] % 4 != 0;
             if (std::string(v) == "cuda_a8_bulk_stream" && bulk_declines) {

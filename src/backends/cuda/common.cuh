@@ -481,11 +481,11 @@ inline long long env_number(const char* name, long long fallback) {
   const char* e = std::getenv(name);
   return e ? std::strtoll(e, nullptr, 10) : fallback;
 }
-// KS_QMM_BULK_CHUNK_KB=n (experiments): the bulk rings' stages as copies of n KB each (0, the
-// default: one copy per stage).
-inline int bulk_chunk_bytes() {
-  static const int v = int(std::max(0LL, env_number("KS_QMM_BULK_CHUNK_KB", 0))) * 1024;
-  return v;
+// The bytes of one bulk copy of a ring's stage: `fallback` (0: one copy per stage), or
+// KS_QMM_BULK_CHUNK_KB=n KB for every bulk ring (experiments; 0 again one copy).
+inline int bulk_chunk_bytes(int fallback) {
+  static const long long kb = env_number("KS_QMM_BULK_CHUNK_KB", -1);
+  return kb >= 0 ? int(kb) * 1024 : fallback;
 }
 // Whether quant_matmul's kernels may read their weights before the dependency wait (weight
 // staging, cuda_mma_rows' first blocks, cuda_bulk_stream's producer): KS_QMM_WSTAGE=0 turns

@@ -1428,7 +1428,7 @@ void quant_matmul_bulk_cuda(const void* args, ks_stream_t stream) {
   const BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                      plan.rps, plan.slot_bytes, plan.slots, plan.group, qmm_stage_weights_enabled(),
                      bulk_thread_rows_enabled() && bulk_thread_rows(plan, a.k) ? bulk_tpr(a.qtype) : 0,
-                     bulk_chunk_bytes()};
+                     bulk_chunk_bytes(0)};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul", quant_gemv_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),

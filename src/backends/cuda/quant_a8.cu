@@ -280,18 +280,24 @@ int64_t a8_warp_smem_limit(const ops::QuantMatmulArgs& a) {
   return limit;
 }
 
-// KS_QMM_A8_STAGE_KB (experiments; default 32): the bytes of one stage.
+// The ring's defaults, measured on the H200 at 4096 x 4096, 14336 x 4096 and 49152 x 576 (bf16 x;
+// docs/cuda.md#cuda-a8-bulk-stream): stages of about 32 KB for Q8_0 (its 14336 x 4096 17.9 us
+// against 20.1 at 64 KB) and 64 KB for Q4_0 / Q4_1 (12.2 against 12.5 - 13.5 at 32 KB), each
+// moved as bulk copies of 4 KB (Q8_0 14336 x 4096 17.9 against 18.7 as one copy; within 2%
+// elsewhere). KS_QMM_A8_STAGE_KB and KS_QMM_BULK_CHUNK_KB override them (experiments).
+constexpr int kA8ChunkBytes = 4096;
+int64_t a8_stage_target(ks_qtype_t q) {
+  static const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
+  return int64_t(kb > 0 ? kb : q == KS_QTYPE_Q8_0 ? 32 : 64) * 1024;
+}
 BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
   int64_t limit = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     limit = opt_in_smem_limit<quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul_a8");
   });
-  static const int64_t target = [] {
-    const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
-    return int64_t(kb > 0 ? kb : 32) * 1024;
-  }();
-  return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, target, int64_t(sizeof(A8X)));
+  return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
+                      int64_t(sizeof(A8X)));
 }
 }  // namespace
 
@@ -343,15 +349,16 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   const BulkPlan plan = a8_bulk_plan_for(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_bulk_stream: no stage fits");
   const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                       plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes()};
+                       plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes)};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
                   dim3(kA8BulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
-  record_launch("quant_matmul_a8", "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld",
-                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem});
+  record_launch("quant_matmul_a8",
+                "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld copy_bytes=%lld",
+                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk});
 }
 
 }  // namespace ks::cuda
