@@ -3,7 +3,9 @@
 // block's dot product an exact int32 sum by dp4a (4 code products per instruction), its value
 // formed in FP32, the blocks of a row summed lane by lane (lane l: blocks l, l + 32, ... in order)
 // and then across the warp by the butterfly of warp_sum. Both variants sum in that order, so they
-// give the same bits.
+// give the same bits. The lane sums are __fadd_rn: a plain += let the compiler fuse the block
+// value's last product into the add (one rounding fewer than the contract's; the GPU test caught it
+// at K = 4096, 4 blocks per lane).
 //
 // Why: the FP32-x kernels spend about 6 instructions per weight (decode, convert, FMA; docs/cuda.md,
 // quant_matmul) and are bound by issuing them, near half of the copy bandwidth at 4096 x 4096 and
@@ -185,7 +187,7 @@ __global__ void __launch_bounds__(32 * kA8WarpWarps) quant_matmul_a8_warp_kernel
       float acc = 0.f;
       for (int b = lane; b < nb; b += 32) {
         const A8XRegs xr = a8_x(xs, b);
-        acc += a8_block<Q, ALIGNED>(row + int64_t(b) * A8Fmt<Q>::bytes, xr.x0, xr.x1, xr.s);
+        acc = __fadd_rn(acc, a8_block<Q, ALIGNED>(row + int64_t(b) * A8Fmt<Q>::bytes, xr.x0, xr.x1, xr.s));
       }
       const float s = warp_sum(acc);
       if (lane == 0) out[m * p.N + n] = Dt<T>::from_f(s);
@@ -250,8 +252,8 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
       float acc0 = 0.f, acc1 = 0.f;
       for (int b = lane; b < nb; b += 32) {
         const A8XRegs xr = a8_x(xs, b);
-        acc0 += a8_block<Q, true>(ra + b * BB, xr.x0, xr.x1, xr.s);
-        acc1 += a8_block<Q, true>(rb + b * BB, xr.x0, xr.x1, xr.s);
+        acc0 = __fadd_rn(acc0, a8_block<Q, true>(ra + b * BB, xr.x0, xr.x1, xr.s));
+        acc1 = __fadd_rn(acc1, a8_block<Q, true>(rb + b * BB, xr.x0, xr.x1, xr.s));
       }
       const float s0 = warp_sum(acc0), s1 = warp_sum(acc1);
       if (lane == 0) {
