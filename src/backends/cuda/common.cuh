@@ -405,6 +405,29 @@ __device__ __forceinline__ void bulk_rows_produce(const uint8_t* w, int64_t N, i
       bulk_copy_g2s(dst + (c - g0), w + c, unsigned(min(g1 - c, chunk > 0 ? int64_t(chunk) : g1 - g0)), &full[s]);
   }
 }
+// The start both bulk-ring kernels share: the CTA's contiguous rows [r0, r1) of the N (the grid
+// splits them evenly), its nst stages of rps rows, the S slot pairs of barriers (full: the
+// producer's arrival plus its copies' bytes; empty: every one of the 32 * consumer_warps consumer
+// threads), then warp consumer_warps (lane 0) produces the stages. Returns false in that warp,
+// whose work is done (it must return: the consumers wait on no CTA barrier after this).
+__device__ __forceinline__ bool bulk_ring_begin(const uint8_t* w, int64_t N, int64_t RB, int rps, int S, int slot_bytes,
+                                                unsigned char* ring, uint64_t* full, uint64_t* empty, bool early,
+                                                int chunk, int consumer_warps, int64_t& r0, int64_t& r1, int& nst) {
+  r0 = int64_t(blockIdx.x) * N / gridDim.x;
+  r1 = (int64_t(blockIdx.x) + 1) * N / gridDim.x;
+  nst = int((r1 - r0 + rps - 1) / rps);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < S; ++s) {
+      mbar_init(&full[s], 1);
+      mbar_init(&empty[s], unsigned(32 * consumer_warps));
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
+  if (int(threadIdx.x >> 5) != consumer_warps) return true;
+  if ((threadIdx.x & 31) == 0) bulk_rows_produce(w, N, RB, r0, r1, rps, S, nst, ring, slot_bytes, full, empty, early, chunk);
+  return false;
+}
 
 // Barrier `id` (1..15; 0 is __syncthreads'), complete when `threads` threads (a multiple of 32,
 // whole warps) have arrived at it: a subset of warps synchronizes without the others.

@@ -853,20 +853,10 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = p.N, RB = p.row_bytes;
   const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots, G = p.group;
-  const int64_t r0 = int64_t(blockIdx.x) * N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * N / gridDim.x;
-  const int nst = int((r1 - r0 + rps - 1) / rps);  // this CTA's stages
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], NT);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  if (warp == kBulkWarps) {  // the producer
-    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, bulk_sm, p.slot_bytes, full, empty, p.early, p.chunk);
-    return;
-  }
+  int64_t r0, r1;
+  int nst;
+  if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, bulk_sm, full, empty, p.early, p.chunk, kBulkWarps, r0, r1, nst))
+    return;  // the producer warp
   constexpr int BB = int(q_block_bytes(Q));
   float* xs = reinterpret_cast<float*>(bulk_sm + int64_t(S) * p.slot_bytes);
   float* sums = xs + nb * 36 + warp * G * nb;  // this warp's (short rows)

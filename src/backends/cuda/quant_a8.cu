@@ -216,20 +216,10 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = p.N, RB = p.row_bytes;
   const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots;
-  const int64_t r0 = int64_t(blockIdx.x) * N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * N / gridDim.x;
-  const int nst = int((r1 - r0 + rps - 1) / rps);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < S; ++s) {
-      mbar_init(&full[s], 1);
-      mbar_init(&empty[s], NT);
-    }
-    mbar_init_fence();
-  }
-  __syncthreads();
-  if (warp == kBulkWarps) {
-    if (lane == 0) bulk_rows_produce(p.w, N, RB, r0, r1, rps, S, nst, a8_sm, p.slot_bytes, full, empty, p.early, p.chunk);
-    return;
-  }
+  int64_t r0, r1;
+  int nst;
+  if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, kBulkWarps, r0, r1, nst))
+    return;  // the producer warp
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
   pdl_begin();  // x is the previous kernel's output
   a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
