@@ -513,6 +513,101 @@ func TestSiluAndMulQuantMatmul(t *testing.T) {
 	untouched(t, out7, 7)
 }
 
+// ---- quant_matmul_a8 -----------------------------------------------------------------------------
+
+// a8Quantize quantizes x per block of 32 as docs/contracts.md#quant_matmul_a8 writes it, each step
+// one float32 rounding: d per block (NaN for a block holding a NaN or an Inf, 0 when d < FLT_MIN)
+// and the codes q.
+func a8Quantize(x []float32) ([]float32, []float64) {
+	var d []float32
+	var q []float64
+	for b := 0; b < len(x); b += 32 {
+		blk := x[b : b+32]
+		bad, amax := false, float32(0)
+		for _, v := range blk {
+			if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+				bad = true
+			} else if a := float32(math.Abs(float64(v))); a > amax {
+				amax = a
+			}
+		}
+		dd := float32(amax / 127)
+		if bad || !(dd >= math.SmallestNonzeroFloat32*(1<<23)) { // FLT_MIN = 2^-126
+			if bad {
+				dd = float32(math.NaN())
+			} else {
+				dd = 0
+			}
+			d = append(d, dd)
+			q = append(q, make([]float64, 32)...)
+			continue
+		}
+		inv := float32(127 / amax)
+		d = append(d, dd)
+		for _, v := range blk {
+			c := math.RoundToEven(float64(float32(v * inv)))
+			q = append(q, math.Max(-127, math.Min(127, c)))
+		}
+	}
+	return d, q
+}
+
+func TestQuantMatmulA8(t *testing.T) {
+	const m, n, k = 3, 3, 64
+	packed, wv := q8_0Rows(n, k)
+	w := ks.U8(packed, n, k/32*34)
+	x := make([]float32, m*k)
+	for i := range x {
+		x[i] = xs[(i*3)%10] * (1 + float32(i%7)*0.375)
+	}
+	// row 0, block 0 at d = 1: ties go to even codes (0.5, 1.5, 2.5, -2.5 -> 0, 2, 2, -2)
+	copy(x, []float32{127, 0.5, 1.5, 2.5, -2.5})
+	// row 2: a NaN in block 1 makes every output of the row NaN
+	x[2*k+40] = float32(math.NaN())
+	d, q := a8Quantize(x)
+	out, exact := filled(m*n, float32(math.NaN())), filled(m*n, float32(math.NaN()))
+	if err := ks.QuantMatmulA8(ks.F32(out, m, n), ks.F32(x, m, k), w, ks.QTypeQ8_0,
+		ks.WithBackend(ks.BackendCPU)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ks.QuantMatmul(ks.F32(exact, m, n), ks.F32(x, m, k), w, ks.QTypeQ8_0); err != nil {
+		t.Fatal(err)
+	}
+	u := math.Pow(2, -24)
+	for i := 0; i < m; i++ {
+		for j := 0; j < n; j++ {
+			g := float64(out[i*n+j])
+			if i == 2 {
+				if !math.IsNaN(g) {
+					t.Errorf("row 2 (NaN in x): out[2][%d] = %v, want NaN", j, g)
+				}
+				continue
+			}
+			acc, abs, halfStep := 0.0, 0.0, 0.0
+			for c := 0; c < k; c++ {
+				db := float64(d[(i*k+c)/32])
+				p := wv[j*k+c] * db * q[i*k+c]
+				acc, abs = acc+p, abs+math.Abs(p)
+				halfStep += math.Abs(wv[j*k+c]) * db / 2
+			}
+			tol := 1e-6 + 1e-6*math.Abs(acc) + float64(k/32+10)*u*abs
+			if math.Abs(g-acc) > tol {
+				t.Errorf("out[%d][%d] = %v, want %v", i, j, g, acc)
+			}
+			// QuantMatmul of the unquantized x: at most half a code step per element away
+			if e := float64(exact[i*n+j]); math.Abs(g-e) > halfStep*1.0001+1e-5*(1+math.Abs(e)) {
+				t.Errorf("out[%d][%d] = %v, QuantMatmul %v", i, j, g, e)
+			}
+		}
+	}
+
+	// a dense weight format: rejected, naming the op and qtype; nothing written
+	out7 := filled(m*n, 7)
+	err := ks.QuantMatmulA8(ks.F32(out7, m, n), ks.F32(x, m, k), ks.U8(make([]uint8, n*k*2), n, k*2), ks.QTypeF16)
+	checkErr(t, err, ks.ErrInvalidArgument, ks.StatusInvalidArgument, "quant_matmul_a8", "qtype")
+	untouched(t, out7, 7)
+}
+
 // ---- rotary_embedding_kv_append ----------------------------------------------------------------
 
 // ropeKVInputs: q [3, 2, 8], k and v [3, 1, 8], caches [2 blocks, 2 slots, 1, 8] (filled, so

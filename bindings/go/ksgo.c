@@ -68,6 +68,12 @@ ks_status_t ksgo_quant_matmul(ksgo_desc* d, void* out, void* x, void* weight, in
   return ks_quant_matmul(&o, &xt, &w, (ks_qtype_t)qtype, BK, ST);
 }
 
+ks_status_t ksgo_quant_matmul_a8(ksgo_desc* d, void* out, void* x, void* weight, int qtype, int backend,
+                                 uintptr_t stream) {
+  DLTensor o = mk(&d[0], out), xt = mk(&d[1], x), w = mk(&d[2], weight);
+  return ks_quant_matmul_a8(&o, &xt, &w, (ks_qtype_t)qtype, BK, ST);
+}
+
 ks_status_t ksgo_fused_add_rms_norm_quant_matmul(ksgo_desc* d, void* out, int has_residual_out, void* residual_out,
                                                 int has_x, void* x, void* residual, void* norm_weight, double eps,
                                                 void* weight, int qtype, int backend, uintptr_t stream) {

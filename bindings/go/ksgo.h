@@ -39,6 +39,8 @@ ks_status_t ksgo_dequantize(ksgo_desc* d, void* out, void* packed, int qtype, in
 ks_status_t ksgo_gemm(ksgo_desc* d, void* out, void* a, void* b, int backend, uintptr_t stream);
 ks_status_t ksgo_quant_matmul(ksgo_desc* d, void* out, void* x, void* weight, int qtype, int backend,
                               uintptr_t stream);
+ks_status_t ksgo_quant_matmul_a8(ksgo_desc* d, void* out, void* x, void* weight, int qtype, int backend,
+                                 uintptr_t stream);
 ks_status_t ksgo_fused_add_rms_norm_quant_matmul(ksgo_desc* d, void* out, int has_residual_out, void* residual_out,
                                                 int has_x, void* x, void* residual, void* norm_weight, double eps,
                                                 void* weight, int qtype, int backend, uintptr_t stream);

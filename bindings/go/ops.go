@@ -163,6 +163,29 @@ func QuantMatmul(out, x, weight *Tensor, qtype QType, opts ...Option) error {
 	})
 }
 
+// QuantMatmulA8 is W4A8 / W8A8: QuantMatmul with x quantized to int8 per block of 32 (llama.cpp's
+// Q8_1 activations). x [M, K] (float32, or fp16 / bf16 bits; K a multiple of 32), weight packed
+// [N, K/32*blockBytes] (uint8) in qtype, which must be QTypeQ4_0, QTypeQ4_1 or QTypeQ8_0; out
+// [M, N] in x's dtype. Per block of x: d = max|x| / 127, codes rint(x * 127 / max|x|) (ties to
+// even); each block's dot product with the weight's codes is an exact int32 sum, its value formed
+// in FP32, the blocks summed in FP32 in one fixed order: every backend gives the same bits. The
+// result differs from QuantMatmul by up to about 1/254 of each x block's largest value per
+// element. A NaN or +-Inf in a block of x makes every output of its row NaN; a block with
+// max|x| < 1.5e-36 counts as zero. weight is read-only, with QuantMatmul's rule on CUDA. Errors
+// (nothing written): another qtype (the message names qtype), shapes, a K that is not whole
+// blocks, out overlapping an input (ErrInvalidArgument); mismatched dtypes, or a weight that is
+// not uint8 (ErrUnsupportedDtype). Contract: docs/contracts.md#quant_matmul_a8.
+func QuantMatmulA8(out, x, weight *Tensor, qtype QType, opts ...Option) error {
+	var d [3]C.ksgo_desc
+	if err := describeAll("quant_matmul_a8", d[:], arg{"out", out}, arg{"x", x}, arg{"weight", weight}); err != nil {
+		return err
+	}
+	b, s := config(opts)
+	return call(func() C.ks_status_t {
+		return C.ksgo_quant_matmul_a8(&d[0], out.data, x.data, weight.data, C.int(qtype), b, s)
+	})
+}
+
 // FusedAddRMSNormQuantMatmul is the decode-step fusion of the (fused add +) RMS norm of each row
 // and QuantMatmul on it, in one kernel: residual [M, K], normWeight [K], weight packed [N, row_bytes]
 // in qtype, out [M, N]. With x ([M, K]): s = x + residual (FP32); residualOut ([M, K], required)

@@ -126,6 +126,18 @@ export function embedding(out: TensorLike, ids: TensorLike, table: TensorLike, t
 export function dequantize(out: TensorLike, packed: TensorLike, qtype: QType, opts?: ExecOptions): void;
 export function gemm(out: TensorLike, a: TensorLike, b: TensorLike, opts?: ExecOptions): void;
 export function quantMatmul(out: TensorLike, x: TensorLike, weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
+/** W4A8 / W8A8: quantMatmul with x quantized to int8 per block of 32 (llama.cpp's Q8_1 activations).
+ *  x [M, K] (fp32, fp16 or bf16; K a multiple of 32), weight packed [N, K / 32 * blockBytes] (uint8) in
+ *  qtype, which must be 'q4_0', 'q4_1' or 'q8_0'; out [M, N] in x's dtype. Per block of x:
+ *  d = max|x| / 127, codes rint(x * 127 / max|x|) (ties to even); each block's dot product with the weight's
+ *  codes is an exact int32 sum, its value formed in FP32, the blocks summed in FP32 in one fixed order:
+ *  every backend gives the same bits. Differs from quantMatmul by up to about 1/254 of each x block's
+ *  largest value per element. A NaN or +-Infinity in a block of x makes every output of its row NaN; a
+ *  block with max|x| < 1.5e-36 counts as zero. weight is read-only (quantMatmul's rule on CUDA).
+ *  Throws KernscopeError (nothing written): another qtype (INVALID_ARGUMENT, the message names qtype),
+ *  shapes, a K that is not whole blocks, overlap (INVALID_ARGUMENT), mismatched dtypes or a weight that
+ *  is not uint8 (UNSUPPORTED_DTYPE). Contract: docs/contracts.md#quant_matmul_a8. */
+export function quantMatmulA8(out: TensorLike, x: TensorLike, weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
 /** Decode-step fusion, one kernel: the (fused add +) RMS norm of each row, then quantMatmul on it.
  *  residual [M, K], normWeight [K], weight packed [N, rowBytes] in qtype, out [M, N]. With x ([M, K]):
  *  s = x + residual (FP32); residualOut ([M, K], required) = round(s);

@@ -234,6 +234,7 @@ module.exports = {
   dequantize: (out, packed, q, opts) => native.dequantize(T(out), T(packed), qtype(q), ...exec(opts)),
   gemm: (out, a, b, opts) => native.gemm(T(out), T(a), T(b), ...exec(opts)),
   quantMatmul: (out, x, weight, q, opts) => native.quantMatmul(T(out), T(x), T(weight), qtype(q), ...exec(opts)),
+  quantMatmulA8: (out, x, weight, q, opts) => native.quantMatmulA8(T(out), T(x), T(weight), qtype(q), ...exec(opts)),
   fusedAddRmsNormQuantMatmul: (out, residualOut, x, residual, normWeight, eps, weight, q, opts) =>
     native.fusedAddRmsNormQuantMatmul(T(out), T(residualOut, false), T(x, false), T(residual), T(normWeight), eps,
                                       T(weight), qtype(q), ...exec(opts)),

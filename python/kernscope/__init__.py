@@ -9,8 +9,8 @@ Quick start::
     ks.which("rms_norm", dtype="fp32", device="cpu")   # -> (variant, reason)
 
 Ops: rms_norm, fused_add_rms_norm, silu_and_mul, gemv, softmax, argmax, sample,
-embedding, dequantize, gemm, quant_matmul, fused_add_rms_norm_quant_matmul,
-silu_and_mul_quant_matmul, rotary_embedding, kv_cache_append,
+embedding, dequantize, gemm, quant_matmul, quant_matmul_a8 (W4A8 / W8A8),
+fused_add_rms_norm_quant_matmul, silu_and_mul_quant_matmul, rotary_embedding, kv_cache_append,
 rotary_embedding_kv_append, fused_add_rms_norm_quant_matmul_rope_kv_append,
 paged_attention, rotary_embedding_kv_append_paged_attention, varlen_attention.
 Each has a numerical contract in docs/contracts.md and the same ``backend``
@@ -60,6 +60,7 @@ from ._ops import (
     kv_cache_append,
     paged_attention,
     quant_matmul,
+    quant_matmul_a8,
     rms_norm,
     rotary_embedding,
     rotary_embedding_kv_append,
@@ -308,6 +309,7 @@ __all__ = [
     "dequantize",
     "gemm",
     "quant_matmul",
+    "quant_matmul_a8",
     "fused_add_rms_norm_quant_matmul",
     "silu_and_mul_quant_matmul",
     "rotary_embedding",

@@ -607,18 +607,73 @@ def quant_matmul(x: T, weight: Array, qtype: Union[str, int, QType], *, backend:
     """
     if _compiling():
         return _TL.quant_matmul(x, weight, qtype, backend, out)
-    op = "quant_matmul"
+    return _quant_matmul_call("quant_matmul", x, weight, qtype, backend, out)
+
+
+def _quant_matmul_call(op: str, x: T, weight: Array, qtype, backend: str, out: Optional[T]) -> T:
+    # quant_matmul and quant_matmul_a8 take the same arguments: _C's and _ref()'s function of that name.
     code = _backend(op, backend)
     q = _qtype(op, qtype)
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
-        return _finish(_ref().quant_matmul(x, weight, q), out)
+        return _finish(getattr(_ref(), op)(x, weight, q), out)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
         out = fw.empty(x, (_dim0(tuple(x.shape)), _dim0(tuple(weight.shape))))
-    _native(_C.quant_matmul, fw, x, (out, x, weight), q, code)
+    _native(getattr(_C, op), fw, x, (out, x, weight), q, code)
     return out
+
+
+def quant_matmul_a8(x: T, weight: Array, qtype: Union[str, int, QType], *, backend: str = "auto",
+                    out: Optional[T] = None) -> T:
+    """W4A8 / W8A8: :func:`quant_matmul` with x quantized to int8 per block of 32.
+
+    Each block of 32 values of a row of x (their FP32 values) is quantized as llama.cpp's Q8_1
+    activations: ``a = max|x_i|``, ``d = a / 127``, ``q_i = rint(x_i * (127 / a))`` in
+    ``[-127, 127]`` (ties to even), so the weights meet ``d * q_i``, within ``a / 254`` of
+    x_i. Per block, ``S = sum c_i q_i`` and ``Q = sum q_i`` are exact integer sums (c_i the
+    weight's stored codes: Q4_0 / Q4_1 nibbles 0..15, Q8_0 signed bytes) and the block's value
+    is formed in FP32 from the block's fp16 scale dw (and minimum mw)::
+
+        Q8_0: (dw * d) * S      Q4_0: (dw * d) * (S - 8 Q)      Q4_1: fma(dw * d, S, mw * (d * Q))
+
+    A row's block values are summed in FP32 in one fixed order, then rounded once to x's
+    dtype: every backend and variant gives the same bits. The result differs from
+    :func:`quant_matmul` by the quantization of x: up to about 1/254 of each x block's largest
+    value per element (times the weights it meets). A block of x holding a NaN or an
+    infinity makes every output of its row NaN (other rows are unaffected); a block with
+    ``max|x| < 1.5e-36`` (``d`` below FLT_MIN; e.g. all zeros) counts as zero.
+
+    Args:
+        x: ``[M, K]``; fp16, bf16 or fp32. K must be a multiple of 32 (the block size). Read only.
+        weight: uint8 ``[N, K / 32 * block_bytes]`` in qtype. Read-only: on CUDA it may be read
+            before the kernel queued just before this call on the stream finishes, so that
+            kernel must not write it (synchronize or record an event in between), as for
+            :func:`quant_matmul`.
+        qtype: "q4_0" | "q4_1" | "q8_0" (or a :class:`QType`); the dense formats "f32", "f16"
+            and "bf16" are rejected.
+        backend: "auto" | "cpu" | "cuda" | "torch".
+        out: optional ``[M, N]`` output in x's dtype; must overlap neither input.
+
+    Returns:
+        A new ``[M, N]`` array (x's framework and device), or ``out``.
+
+    Raises:
+        ValueError: a qtype other than Q4_0, Q4_1 or Q8_0 (InvalidArgumentError naming qtype),
+            an unknown qtype, a K that is not whole blocks, a bad weight or out shape, layout,
+            overlap, an unknown backend.
+        TypeError: an unsupported or mismatched dtype (weight must be uint8).
+        RuntimeError: mixed devices, an unavailable backend, a CUDA error, or a torch tensor
+            requiring grad with backend "cpu"/"cuda".
+
+    After an error nothing has been written (out is unchanged).
+
+    Contract: docs/contracts.md#quant_matmul_a8; ks_quant_matmul_a8 in include/kernscope/kernscope.h.
+    """
+    if _compiling():
+        return _TL.quant_matmul_a8(x, weight, qtype, backend, out)
+    return _quant_matmul_call("quant_matmul_a8", x, weight, qtype, backend, out)
 
 
 def fused_add_rms_norm_quant_matmul(x: Optional[T], residual: T, norm_weight: Array, weight: Array,
@@ -1173,7 +1228,8 @@ def rotary_embedding_kv_append_paged_attention(
 
 OPS: Tuple[str, ...] = ("rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
                         "varlen_attention",
-                        "embedding", "dequantize", "gemm", "quant_matmul", "fused_add_rms_norm_quant_matmul",
-                        "silu_and_mul_quant_matmul", "rotary_embedding", "kv_cache_append",
-                        "rotary_embedding_kv_append", "fused_add_rms_norm_quant_matmul_rope_kv_append",
-                        "paged_attention", "rotary_embedding_kv_append_paged_attention")
+                        "embedding", "dequantize", "gemm", "quant_matmul", "quant_matmul_a8",
+                        "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
+                        "kv_cache_append", "rotary_embedding_kv_append",
+                        "fused_add_rms_norm_quant_matmul_rope_kv_append", "paged_attention",
+                        "rotary_embedding_kv_append_paged_attention")

@@ -31,6 +31,7 @@ Schema (backend: "auto" | "cpu" | "cuda"):
   dequantize(Tensor packed, int qtype, ScalarType dtype, str backend) -> Tensor
   gemm(Tensor a, Tensor b, str backend) -> Tensor
   quant_matmul(Tensor x, Tensor weight, int qtype, str backend) -> Tensor
+  quant_matmul_a8(Tensor x, Tensor weight, int qtype, str backend) -> Tensor
   fused_add_rms_norm_quant_matmul(Tensor? x, Tensor residual, Tensor norm_weight, Tensor weight, int qtype,
                                   float eps, str backend) -> (Tensor out, Tensor residual_out)
       (residual_out is a new tensor, empty (shape (0,)) when x is None: a functional op, so
@@ -217,6 +218,14 @@ def _quant_matmul(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor
     return out
 
 
+@_op("quant_matmul_a8(Tensor x, Tensor weight, int qtype, str backend) -> Tensor")
+def _quant_matmul_a8(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
+    out = torch.empty((x.shape[0] if x.dim() else 0, weight.shape[0] if weight.dim() else 0), dtype=x.dtype,
+                      device=x.device)
+    _run(_C.quant_matmul_a8, (out, x, weight), qtype, _code("quant_matmul_a8", backend))
+    return out
+
+
 @_op("fused_add_rms_norm_quant_matmul(Tensor? x, Tensor residual, Tensor norm_weight, Tensor weight, int qtype, float eps, str backend) -> (Tensor, Tensor)")
 def _fused_add_rms_norm_quant_matmul(x: Optional[Tensor], residual: Tensor, norm_weight: Tensor, weight: Tensor,
                                      qtype: int, eps: float, backend: str) -> Any:
@@ -371,6 +380,11 @@ def _(x, weight, qtype, backend):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
+@_quant_matmul_a8.register_fake
+def _(x, weight, qtype, backend):
+    return x.new_empty((x.shape[0], weight.shape[0]))
+
+
 @_fused_add_rms_norm_quant_matmul.register_fake
 def _(x, residual, norm_weight, weight, qtype, eps, backend):
     if x is None:
@@ -507,6 +521,13 @@ def quant_matmul(x, weight, qtype, backend, out):
     if _ref_or_op("quant_matmul", backend, ("x",), (x,)):
         return _fin(ref.quant_matmul(x, weight, q), out)
     return _fin(torch.ops.kernscope.quant_matmul(x, weight, q, backend), out)
+
+
+def quant_matmul_a8(x, weight, qtype, backend, out):
+    q = _ops._qtype("quant_matmul_a8", qtype)
+    if _ref_or_op("quant_matmul_a8", backend, ("x",), (x,)):
+        return _fin(ref.quant_matmul_a8(x, weight, q), out)
+    return _fin(torch.ops.kernscope.quant_matmul_a8(x, weight, q, backend), out)
 
 
 def fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, qtype, eps, backend, out, residual_out):

@@ -5,7 +5,8 @@ validation rules and the same exception classes. They run on any torch device,
 are traceable by torch.compile, and support autograd for rms_norm,
 silu_and_mul, gemv and softmax (the formulas are plain differentiable torch ops;
 embedding, gemm, quant_matmul, its two fusions (activations) and paged_attention are
-differentiable too, but only the first four are tested with gradcheck).
+differentiable too, but only the first four are tested with gradcheck; quant_matmul_a8's
+gradient reaches x only through its block scales, its codes being rounded).
 
 Precision: fp16/bf16/fp32 inputs are upcast to FP32 and rounded once to the
 input dtype at the end, as the contract says (the quant_matmul fusions also
@@ -240,9 +241,10 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     return torch.argmax(x.to(_acc(x)), dim=-1)
 
 
-def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional[int] = None,
-            cols_what: str = "columns") -> torch.Tensor:
-    """FP32 values of packed uint8 rows [R, row_bytes] in a GGUF block format."""
+def _check_packed(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional[int],
+                  cols_what: str) -> int:
+    """Validates packed uint8 rows [R, row_bytes] of cols columns in a GGUF block format (cols
+    None: as many as the rows hold); returns cols."""
     if qtype not in _QGEOM:
         raise InvalidArgumentError(f"{op}: qtype {qtype} is not a packed format")
     bs, bb = _QGEOM[qtype]
@@ -259,6 +261,15 @@ def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional
         raise InvalidArgumentError(
             f"{op}: {name} must have {cols // bs * bb} bytes per row for {cols} {_QNAMES[qtype]} columns; "
             f"got shape {_shape(packed.shape)}")
+    return cols
+
+
+def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional[int] = None,
+            cols_what: str = "columns") -> torch.Tensor:
+    """FP32 values of packed uint8 rows [R, row_bytes] in a GGUF block format."""
+    cols = _check_packed(op, name, packed, qtype, cols, cols_what)
+    bs, bb = _QGEOM[qtype]
+    rows = packed.shape[0]
     if qtype == 1:
         return packed.view(torch.float32).clone()
     if qtype == 2:
@@ -346,6 +357,121 @@ def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Ten
     acc = _acc(x)
     with _no_autocast(x):
         return (x.to(acc) @ w.to(acc).T).to(x.dtype)
+
+
+# quant_matmul_a8: the integer block formats, and the smallest block scale d that is not zero.
+_A8_QTYPES = (4, 5, 6)
+_FLT_MIN = 2.0 ** -126
+
+
+def _block_codes(op: str, name: str, packed: torch.Tensor, qtype: int, cols: int, cols_what: str):
+    """(c, dw, mw) of Q4_0 / Q4_1 / Q8_0 rows [R, row_bytes] holding cols columns: c [R, nb, 32] the
+    stored codes as int64 (Q4_0 / Q4_1: nibble j < 16 the low nibble of byte j, then the high
+    nibbles; Q8_0: the signed byte), dw [R, nb] the fp16 scales and mw [R, nb] the fp16 minimums
+    (Q4_1; None otherwise), both as FP32 (exact)."""
+    _check_packed(op, name, packed, qtype, cols, cols_what)
+    bb = _QGEOM[qtype][1]
+    rows, nb = packed.shape[0], cols // 32
+    blk = packed.reshape(rows, nb, bb)
+
+    def half(lo: int) -> torch.Tensor:  # the f16 at byte lo of each block -> [rows, nb]
+        return blk[..., lo:lo + 2].contiguous().view(torch.float16).float().reshape(rows, nb)
+
+    if qtype == 6:
+        c = blk[..., 2:].contiguous().view(torch.int8).long()
+    else:
+        nib = blk[..., 2:] if qtype == 4 else blk[..., 4:]
+        c = torch.cat([nib & 0xF, nib >> 4], dim=-1).long()
+    return c, half(0), (half(2) if qtype == 5 else None)
+
+
+def _a8_quantize(x: torch.Tensor, acc: torch.dtype):
+    """(d [M, nb], q [M, nb, 32]) of x [M, K] per docs/contracts.md#quant_matmul_a8, every step one
+    rounding in acc (FP32 for the kernscope dtypes): a = max |x_i| over the block's values; a block
+    holding a NaN or an infinity gets d = NaN and codes 0; a block with a / 127 < FLT_MIN gets d = 0
+    and codes 0; otherwise d = a / 127 and q_i = rint(x_i * (127 / a)) (ties to even) clamped to
+    [-127, 127]. The codes are integers held in acc (zero gradient through the rounding)."""
+    m, k = x.shape
+    xb = x.to(acc).reshape(m, k // 32, 32)
+    finite = torch.isfinite(xb)
+    bad = ~finite.all(dim=-1)
+    xf = torch.where(finite, xb, torch.zeros_like(xb))
+    amax = xf.abs().amax(dim=-1)
+    # (tensor / tensor: a division by a Python scalar may run as a product with its reciprocal)
+    c127 = torch.full_like(amax, 127.0)
+    d = torch.div(amax, c127)
+    keep = ~bad & (d >= _FLT_MIN)
+    safe = torch.where(keep, amax, torch.ones_like(amax))  # no division by 0 where the block is dropped
+    inv = torch.where(keep, torch.div(c127, safe), torch.zeros_like(amax))
+    q = torch.clamp(torch.round(xf * inv.unsqueeze(-1)), -127.0, 127.0)
+    d = torch.where(keep, d, torch.zeros_like(d))
+    d = torch.where(bad, torch.full_like(d, float("nan")), d)
+    return d, q
+
+
+def _fma_fp32(a64: torch.Tensor, s64: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """fma(a, s, c) rounded once to FP32, for FP32 a and c and an integer s with |s| < 2^20: a * s
+    is exact in FP64; the FP64 sum is rounded to odd (TwoSum's exact error decides the neighbour),
+    which makes the rounding to FP32 that follows the single rounding of the exact value (53 >= 24
+    + 2 bits)."""
+    p = a64 * s64
+    c64 = c.double()
+    t = p + c64
+    bp = t - p
+    err = (p - (t - bp)) + (c64 - bp)
+    even = (t.view(torch.int64) & 1) == 0
+    fix = (err != 0) & even & torch.isfinite(t) & torch.isfinite(err)
+    toward = torch.where(err > 0, torch.full_like(t, math.inf), torch.full_like(t, -math.inf))
+    return torch.where(fix, torch.nextafter(t, toward), t).float()
+
+
+def _a8_row_sum(v: torch.Tensor) -> torch.Tensor:
+    """Sum over the last dim (nb block values) in the contract's order: lane sums s_l = ((0 + v_l)
+    + v_{l+32}) + ... for l < 32, then the butterfly s_l = s_l + s_{l xor o}, o = 16, 8, 4, 2, 1; s_0."""
+    nb = v.shape[-1]
+    lanes = -(-nb // 32)
+    vp = torch.nn.functional.pad(v, (0, lanes * 32 - nb)).reshape(*v.shape[:-1], lanes, 32)
+    s = torch.zeros((*v.shape[:-1], 32), dtype=v.dtype, device=v.device)
+    for i in range(lanes):  # (a padded 0 leaves every lane sum as it is: each starts at +0)
+        s = s + vp[..., i, :]
+    lane = torch.arange(32, device=v.device)
+    for o in (16, 8, 4, 2, 1):
+        s = s + s[..., lane ^ o]
+    return s[..., 0]
+
+
+def quant_matmul_a8(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Tensor:
+    """quant_matmul with x quantized to int8 per block of 32 (W4A8 / W8A8), written from
+    docs/contracts.md#quant_matmul_a8: the codes and scales of x (_a8_quantize), exact integer
+    block sums S = sum c_i q_i and Q = sum q_i (FP64, exact: |S| < 2^20), each block's value
+    formed in FP32 as the contract writes it (Q4_1's fma rounded once), the row's block values
+    summed in FP32 in the contract's fixed order, one rounding to x's dtype. The native
+    backends give the same bits (in eager mode). fp64 x (gradcheck only) runs every step in FP64.
+    Gradients reach x only through the block scales d (the codes are rounded)."""
+    op = "quant_matmul_a8"
+    _tensor(op, "x", x), _tensor(op, "weight", weight)
+    _float(op, "x", x)
+    _same_device(op, "weight", weight, "x", x)
+    _ndim(op, "x", x, 2)
+    _nonempty_last(op, "x", x)
+    if qtype not in _A8_QTYPES:
+        raise InvalidArgumentError(
+            f"{op}: qtype must be an integer block format (Q4_0, Q4_1 or Q8_0); got {int(qtype)}")
+    c, dw, mw = _block_codes(op, "weight", weight, qtype, x.shape[1], "x's K (columns)")
+    acc = _acc(x)
+    with _no_autocast(x):
+        d, q = _a8_quantize(x, acc)
+        s = torch.einsum("mbi,nbi->mnb", q.double(), c.double())  # exact integer sums [M, N, nb]
+        qs = q.sum(dim=-1)  # [M, nb], exact (|Q| <= 32 * 127)
+        dd = dw.to(acc).unsqueeze(0) * d.unsqueeze(1)  # dw * d, [M, N, nb]
+        if qtype == 6:
+            v = dd * s.to(acc)
+        elif qtype == 4:
+            v = dd * (s - 8.0 * qs.double().unsqueeze(1)).to(acc)
+        else:
+            mdq = mw.to(acc).unsqueeze(0) * (d * qs).unsqueeze(1)  # mw * (d * Q)
+            v = _fma_fp32(dd.double(), s, mdq) if acc == torch.float32 else dd * s + mdq
+        return _a8_row_sum(v).to(x.dtype)
 
 
 def _check_norm_qmm(op: str, x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,

@@ -553,6 +553,15 @@ NB_MODULE(_C, m) {
       return ks_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
+  // x quantized to int8 per block of 32 (W4A8 / W8A8); qtype Q4_0, Q4_1 or Q8_0.
+  m.def("quant_matmul_a8", [](nb::tuple t, int qtype, KS_ARGS) {
+    static const OpSpec spec{"quant_matmul_a8", 3, {"out", "x", "weight"}, 0b1, 0};
+    const ks_backend_t be = to_backend(backend);
+    Call c(spec, t, hint, bf16);
+    run(c, sync, [&] {
+      return ks_quant_matmul_a8(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
+    });
+  });
   // x and residual_out may be None (NULL): then the plain rms_norm of residual feeds the matmul.
   m.def("fused_add_rms_norm_quant_matmul", [](nb::tuple t, double eps, int qtype, KS_ARGS) {
     static const OpSpec spec{"fused_add_rms_norm_quant_matmul", 6,

@@ -143,6 +143,58 @@ def ref_dequantize(packed: np.ndarray, q: int) -> np.ndarray:
     return w.reshape(rows, nb * bs)
 
 
+# quant_matmul_a8: x quantized from docs/contracts.md#quant_matmul_a8 with float32 numpy operations
+# (each one rounding, as the contract's): a = max|x| over the block, d = a / 127, codes
+# rint(x * (127 / a)) (ties to even) in [-127, 127]; a block holding NaN or inf has d = NaN, one
+# with d < FLT_MIN counts as zero. out is then the FP64 sum of w * d * q (w decoded exactly), with
+# an allowance for the FP32 block values and their FP32 sum: (nb + 10) u sum |w_parts d q|.
+def ref_a8_quantize(x):
+    """(d [M, nb] float32, q [M, nb, 32] float64 integers) of x [M, K]."""
+    xb = np.asarray(x).astype(np.float32).reshape(x.shape[0], -1, 32)
+    finite = np.isfinite(xb)
+    bad = ~finite.all(axis=-1)
+    xf = np.where(finite, xb, np.float32(0))
+    amax = np.abs(xf).max(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        d = amax / np.float32(127)
+        inv = np.float32(127) / amax
+    keep = ~bad & (d >= np.finfo(np.float32).tiny)
+    inv = np.where(keep, inv, np.float32(0)).astype(np.float32)
+    q = np.clip(np.rint(xf * inv[..., None]), -127, 127).astype(np.float64)
+    d = np.where(bad, np.float32(np.nan), np.where(keep, d, np.float32(0))).astype(np.float32)
+    return d, q
+
+
+def ref_a8_weight_abs(packed, q):
+    """Per weight element |dw c| + |mw| (c as the block value uses it: Q4_0 c - 8), FP64 [N, K]:
+    the size of the terms the FP32 block values are formed from."""
+    rows = packed.shape[0]
+    blk = packed.reshape(rows, -1, QGEOM[q][1])
+    dw = np.abs(blk[..., 0:2].copy().view("<f2").astype(np.float64))
+    mw = 0.0
+    if q == 6:
+        c = blk[..., 2:].view(np.int8).astype(np.float64)
+    else:
+        nib = blk[..., 2:] if q == 4 else blk[..., 4:]
+        c = np.concatenate([nib & 0xF, nib >> 4], axis=-1).astype(np.float64)
+        if q == 4:
+            c = c - 8.0
+        else:
+            mw = np.abs(blk[..., 2:4].copy().view("<f2").astype(np.float64))
+    return (dw * np.abs(c) + mw).reshape(rows, -1)
+
+
+def ref_quant_matmul_a8(x, packed, q):
+    """(FP64 reference, allowance) of quant_matmul_a8(x, packed, q)."""
+    d, codes = ref_a8_quantize(x)
+    xhat = (d.astype(np.float64)[..., None] * codes).reshape(x.shape)  # NaN over a bad block
+    nb = x.shape[1] // 32
+    with np.errstate(invalid="ignore"):
+        ref = xhat @ ref_dequantize(packed, q).T
+        extra = (nb + 10) * U * (np.abs(np.nan_to_num(xhat)) @ ref_a8_weight_abs(packed, q).T)
+    return ref, extra
+
+
 def ref_norm_input(x, residual, norm_weight, eps):
     """FP64 (s, h) of fused_add_rms_norm_quant_matmul: s = x + residual (residual when x is
     None) and h = rms_norm(s) * norm_weight, before h's rounding to the activation dtype."""

@@ -52,7 +52,7 @@ def test_available_rows():
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
-                                "sample", "embedding", "dequantize", "gemm", "quant_matmul",
+                                "sample", "embedding", "dequantize", "gemm", "quant_matmul", "quant_matmul_a8",
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "rotary_embedding_kv_append",
                                 "fused_add_rms_norm_quant_matmul_rope_kv_append", "paged_attention",
@@ -231,6 +231,8 @@ def _call_every_op(backend):
         "gemm": lambda: ks.gemm(f, f, backend=backend),
         "quant_matmul": lambda: ks.quant_matmul(np.zeros((1, 32), np.float32), np.zeros((1, 34), np.uint8), "q8_0",
                                                 backend=backend),
+        "quant_matmul_a8": lambda: ks.quant_matmul_a8(np.zeros((1, 32), np.float32), np.zeros((1, 34), np.uint8),
+                                                      "q8_0", backend=backend),
         "fused_add_rms_norm_quant_matmul": lambda: ks.fused_add_rms_norm_quant_matmul(
             np.zeros((1, 32), np.float32), np.zeros((1, 32), np.float32), np.ones(32, np.float32),
             np.zeros((1, 34), np.uint8), "q8_0", backend=backend),
@@ -267,7 +269,7 @@ def _call_every_op(backend):
 
 
 @pytest.mark.parametrize("op", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax",
-                                "sample", "embedding", "dequantize", "gemm", "quant_matmul",
+                                "sample", "embedding", "dequantize", "gemm", "quant_matmul", "quant_matmul_a8",
                                 "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul", "rotary_embedding",
                                 "kv_cache_append", "rotary_embedding_kv_append",
                                 "fused_add_rms_norm_quant_matmul_rope_kv_append", "paged_attention",
@@ -431,6 +433,8 @@ def _thread_cases(rng):
          lambda: ks.gemm(ga, gb[:, :9].copy()), ValueError, "gemm: b must have shape"),
         ("quant_matmul", lambda: (ks.quant_matmul(qx, packed, "q4_0"), ks.quant_matmul(qx[:1], packed, "q4_0")),
          lambda: ks.quant_matmul(qx[:, :32].copy(), packed, "q4_0"), ValueError, "quant_matmul: weight"),
+        ("quant_matmul_a8", lambda: (ks.quant_matmul_a8(qx, packed, "q4_0"), ks.quant_matmul_a8(qx[:1], packed, "q4_0")),
+         lambda: ks.quant_matmul_a8(qx, np.zeros((64, 128), np.uint8), "f16"), ValueError, "quant_matmul_a8: qtype"),
         ("fused_add_rms_norm_quant_matmul",
          lambda: (ks.fused_add_rms_norm_quant_matmul(qx, qx[::-1].copy(), w, packed, "q4_0"),
                   ks.fused_add_rms_norm_quant_matmul(None, qx[:1], w, packed, "q4_0")),

@@ -18,8 +18,10 @@ from conftest import (
     f64,
     make_packed,
     rand,
+    ref_a8_quantize,
     ref_dequantize,
     ref_norm_input,
+    ref_quant_matmul_a8,
     ref_rounded_matmul,
     ref_silu_and_mul,
     each_variant,
@@ -173,6 +175,92 @@ def test_quant_matmul_validation(rng):
         ks.quant_matmul(x, make_packed(rng, 3, 64, 4)[:, :54], "q4_0")
     with pytest.raises(ValueError, match="quant_matmul: unknown qtype"):
         ks.quant_matmul(x, make_packed(rng, 3, 64, 4), 42)
+
+
+# ---- quant_matmul_a8 (W4A8 / W8A8) ----------------------------------------------------------
+# References: conftest.ref_quant_matmul_a8 (x quantized from the contract's text in float32 numpy,
+# then the FP64 sum of w * d * q).
+A8_QTYPES = (4, 5, 6)
+
+
+@pytest.mark.parametrize("q", A8_QTYPES)
+@pytest.mark.parametrize("dt", DTYPES)
+@pytest.mark.parametrize("m", [1, 5])
+def test_quant_matmul_a8_every_variant(rng, q, dt, m):
+    k, n = 128, 9
+    x = rand(rng, (m, k), dt)
+    x[:, 32:64] *= 100  # blocks of different scales
+    w = make_packed(rng, n, k, q)
+    ref, extra = ref_quant_matmul_a8(x, w, q)
+    for variant, y in each_variant("quant_matmul_a8", lambda: ks.quant_matmul_a8(x, w, QNAMES[q])):
+        assert y.shape == (m, n) and y.dtype == NP[dt]
+        assert_close(y, ref, dt, extra=extra, what=f"quant_matmul_a8 {variant} {QNAMES[q]}")
+    y = ks.quant_matmul_a8(x, w, ks.QType(q))
+    # a fixed order: each row is its one-row call bit for bit
+    for i in range(m):
+        assert np.array_equal(ks.quant_matmul_a8(x[i:i + 1], w, QNAMES[q]).view(np.uint8), y[i:i + 1].view(np.uint8))
+    # against quant_matmul: x moves by at most half a code step (d / 2) per element
+    d, _ = ref_a8_quantize(x)
+    wd = ref_dequantize(w, q)
+    step = np.repeat(d.astype(np.float64) / 2, 32, axis=1) * (1 + 2.0 ** -20)
+    absprod = np.abs(f64(x)) @ np.abs(wd).T
+    allow = step @ np.abs(wd).T + extra + sum_bound(absprod, k) + 2 * U * absprod
+    assert_close(y, ks.quant_matmul(x, w, QNAMES[q]), dt, extra=allow, what="quant_matmul_a8 vs quant_matmul")
+
+
+@pytest.mark.parametrize("q", A8_QTYPES)
+@pytest.mark.parametrize("dt", DTYPES)
+def test_quant_matmul_a8_special_blocks(rng, q, dt):
+    k, n = 96, 7
+    x = rand(rng, (6, k), dt)
+    x[1, 40] = np.nan  # a NaN in block 1: every output of row 1 is NaN
+    x[2, 70] = -np.inf  # an infinity in block 2: row 2 NaN
+    x[3, :32] = 0  # an all-zero block and a tiny one (max < 1.5e-36) count as zero
+    x[3, 32:64] = (rng.standard_normal(32) * 1e-37).astype(NP[dt])
+    x[4, :32] = [127, 0.5, 1.5, 2.5, -2.5, 3.5, -0.5, 4.5] + [1.0] * 24  # d = 1: ties go to even codes
+    x[5, :] = 0  # every block zero: exact zeros
+    w = make_packed(rng, n, k, q)
+    ref, extra = ref_quant_matmul_a8(x, w, q)
+    y = ks.quant_matmul_a8(x, w, QNAMES[q])
+    assert np.isnan(f64(y[1:3])).all() and np.isfinite(f64(y[[0, 3, 4, 5]])).all()
+    assert np.all(f64(y[5]) == 0)
+    assert_close(y, ref, dt, extra=extra, what=f"quant_matmul_a8 {QNAMES[q]} special blocks")
+    # row 3 is its last block's alone
+    last = ks.quant_matmul_a8(np.ascontiguousarray(x[3:4, 64:]), np.ascontiguousarray(
+        w.reshape(n, 3, -1)[:, 2:].reshape(n, -1)), QNAMES[q])
+    assert np.array_equal(f64(y[3:4]), f64(last))
+    # ties away from zero would give codes 1, 2, 3, -3, 4, -1: another result
+    away = x[4:5].astype(np.float64)
+    away[0, :8] = [127, 1, 2, 3, -3, 4, -1, 5]
+    assert np.abs(f64(y[4]) - f64(away) @ ref_dequantize(w, q).T).max() > 10 * (TOL[dt] + extra[4].max())
+
+
+def test_quant_matmul_a8_validation(rng):
+    op = "quant_matmul_a8"
+    x = rand(rng, (2, 64), "fp32")
+    out = np.full((2, 3), 7.0, np.float32)
+    # a dense weight format: InvalidArgumentError naming qtype, nothing written
+    for name, q in (("f16", 2), ("f32", 1), ("bf16", 3)):
+        with pytest.raises(ks.InvalidArgumentError,
+                           match=rf"{op}: qtype must be an integer block format \(Q4_0, Q4_1 or Q8_0\); got {q}"):
+            ks.quant_matmul_a8(x, make_packed(rng, 3, 64, q), name, out=out)
+        assert np.all(out == 7.0)
+    with pytest.raises(ValueError, match=rf"{op}: qtype"):
+        ks.quant_matmul_a8(x, make_packed(rng, 3, 64, 2), ks.QType.F16)
+    with pytest.raises(ValueError, match=rf"{op}: unknown qtype"):
+        ks.quant_matmul_a8(x, make_packed(rng, 3, 64, 4), 42)
+    with pytest.raises(ValueError, match=rf"{op}: x's K \(columns\) = 48 is not a multiple"):
+        ks.quant_matmul_a8(x[:, :48].copy(), make_packed(rng, 3, 64, 4)[:, :54], "q4_0")
+    with pytest.raises(ValueError, match=rf"{op}: weight must have 36 bytes per row"):
+        ks.quant_matmul_a8(x, make_packed(rng, 3, 128, 4), "q4_0")
+    with pytest.raises(TypeError, match=rf"{op}: weight has (unsupported )?dtype int8"):
+        ks.quant_matmul_a8(x, make_packed(rng, 3, 64, 6).view(np.int8), "q8_0")
+    with pytest.raises(ValueError, match=rf"{op}: out and x overlap"):
+        ks.quant_matmul_a8(x, make_packed(rng, 3, 64, 6), "q8_0", out=x.reshape(-1)[:6].reshape(2, 3))
+    assert np.all(out == 7.0)
+    # M = 0 or N = 0: no-ops that still validate
+    assert ks.quant_matmul_a8(np.zeros((0, 64), np.float32), make_packed(rng, 3, 64, 5), "q4_1").shape == (0, 3)
+    assert ks.quant_matmul_a8(x, make_packed(rng, 0, 64, 5), "q4_1").shape == (2, 0)
 
 
 # ---- fused_add_rms_norm_quant_matmul / silu_and_mul_quant_matmul -----------------------------

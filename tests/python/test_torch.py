@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 from conftest import (DTYPES, QNAMES, TOL, U, assert_close, f64, make_packed, ref_dequantize, ref_norm_input,
-                      ref_rms_norm, ref_rounded_matmul, ref_silu_and_mul)
+                      ref_quant_matmul_a8, ref_rms_norm, ref_rounded_matmul, ref_silu_and_mul)
 
 torch = pytest.importorskip("torch")
 import kernscope as ks  # noqa: E402
@@ -165,6 +165,86 @@ def test_quant_matmul_fusions_native_and_torch_reference_vs_fp64(dt):
             y = ks.silu_and_mul_quant_matmul(gu, w, name, backend=backend)
             assert y.dtype == TORCH[dt] and y.shape == (3, n)
             assert_close(to_np(y), sref, dt, extra=sextra, what=f"silu {name} {backend}")
+
+
+def _a8_input(dt, k, seed):
+    """x [5, k] (k >= 96) with the contract's special blocks: a NaN in row 1, -inf in row 2, an
+    all-zero and a tiny (max < 1.5e-36) block in row 3, ties to even at d = 1 in row 4."""
+    x = trand((5, k), dt, seed=seed)
+    x[:, 32:64] *= 100
+    x[1, 40] = float("nan")
+    x[2, 70] = -float("inf")
+    x[3, :32] = 0
+    x[3, 32:64] = trand((32,), dt, scale=1e-37, seed=seed + 1)
+    x[4, :8] = torch.tensor([127, 0.5, 1.5, 2.5, -2.5, 3.5, -0.5, 4.5])
+    return x
+
+
+def _same_bits(a, b):
+    """Equal bits, a NaN matching any NaN (its payload is not part of the contract)."""
+    nan = torch.isnan(a)
+    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan]) and \
+        torch.equal(torch.signbit(a[~nan]), torch.signbit(b[~nan]))
+
+
+@pytest.mark.parametrize("dt", DTYPES)
+def test_quant_matmul_a8_native_and_torch_reference(dt):
+    # the native CPU backend and the PyTorch reference (written from the contract independently)
+    # against the FP64 numpy reference, and against each other bit for bit: the contract fixes
+    # every rounding and the summation order
+    rng = np.random.default_rng(11)
+    k, n = 128, 9
+    for q in (4, 5, 6):
+        name = QNAMES[q]
+        packed = make_packed(rng, n, k, q)
+        w = torch.from_numpy(packed)
+        x = _a8_input(dt, k, seed=70 + q)
+        ref, extra = ref_quant_matmul_a8(to_np(x), packed, q)
+        got = {}
+        for backend in ("auto", "torch"):
+            y = ks.quant_matmul_a8(x, w, name, backend=backend)
+            assert isinstance(y, torch.Tensor) and y.dtype == TORCH[dt] and y.shape == (5, n)
+            assert_close(to_np(y), ref, dt, extra=extra, what=f"quant_matmul_a8 {name} {backend}")
+            got[backend] = y
+        assert torch.isnan(got["auto"][1:3]).all() and torch.isfinite(got["auto"][[0, 3, 4]]).all()
+        assert _same_bits(got["auto"], got["torch"]), name
+        # out= is written through either backend
+        for backend in ("auto", "torch"):
+            out = torch.full((5, n), 7.0, dtype=TORCH[dt])
+            assert ks.quant_matmul_a8(x, w, name, backend=backend, out=out) is out
+            assert _same_bits(out, got["auto"]), f"{name} out= {backend}"
+
+
+def test_quant_matmul_a8_torch_reference_validation_matches_native():
+    x = trand((2, 64), "fp32")
+    f = ks.quant_matmul_a8
+    cases = [
+        (ks.InvalidArgumentError, r"quant_matmul_a8: qtype must be an integer block format \(Q4_0, Q4_1 or Q8_0\); got 2",
+         lambda b: f(x, torch.zeros(3, 128, dtype=torch.uint8), "f16", backend=b)),
+        (ks.InvalidArgumentError, r"quant_matmul_a8: qtype must be an integer block format .*; got 1",
+         lambda b: f(x, torch.zeros(3, 256, dtype=torch.uint8), ks.QType.F32, backend=b)),
+        (ks.InvalidArgumentError, r"quant_matmul_a8: x's K \(columns\) = 48 is not a multiple",
+         lambda b: f(x[:, :48].contiguous(), torch.zeros(3, 54, dtype=torch.uint8), "q4_0", backend=b)),
+        (ks.InvalidArgumentError, "quant_matmul_a8: weight must have 68 bytes per row",
+         lambda b: f(x, torch.zeros(3, 34, dtype=torch.uint8), "q8_0", backend=b)),
+        (ks.InvalidArgumentError, "quant_matmul_a8: x must have 2 dims",
+         lambda b: f(x.view(2, 2, 32), torch.zeros(3, 36, dtype=torch.uint8), "q4_0", backend=b)),
+        (ks.UnsupportedDtypeError, "quant_matmul_a8: weight has dtype",
+         lambda b: f(x, torch.zeros(3, 68, dtype=torch.int32), "q8_0", backend=b)),
+    ]
+    _assert_errors_match_native(cases)
+
+
+def test_quant_matmul_a8_autograd_routes_to_reference():
+    x = trand((2, 64), "fp32").requires_grad_()
+    w = torch.from_numpy(make_packed(np.random.default_rng(0), 3, 64, 4))
+    y = ks.quant_matmul_a8(x, w, "q4_0")  # auto: the PyTorch reference
+    y.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    with torch.no_grad():
+        assert torch.equal(y, ks.quant_matmul_a8(x, w, "q4_0", backend="cpu"))
+    with pytest.raises(RuntimeError, match="quant_matmul_a8: x requires grad"):
+        ks.quant_matmul_a8(x, w, "q4_0", backend="cpu")
 
 
 def _assert_errors_match_native(cases):
@@ -562,7 +642,7 @@ def test_custom_ops_registered():
 
 
 @pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
-                                  "dequantize", "quant_matmul", "fused_add_rms_norm_quant_matmul",
+                                  "dequantize", "quant_matmul", "quant_matmul_a8", "fused_add_rms_norm_quant_matmul",
                                   "fused_add_rms_norm_quant_matmul_no_x", "silu_and_mul_quant_matmul",
                                   "rotary_embedding", "kv_cache_append", "rotary_embedding_kv_append",
                                   "fused_add_rms_norm_quant_matmul_rope_kv_append",
@@ -584,6 +664,7 @@ def test_opcheck(case):
         "sample": (ops.sample, (x, torch.tensor([3, 4]), 0.8, 5, 0.9, "auto")),
         "dequantize": (ops.dequantize, (torch.from_numpy(make_packed(rng, 3, 64, 4)), 4, torch.bfloat16, "auto")),
         "quant_matmul": (ops.quant_matmul, (trand((3, 32), "fp32"), q8, 6, "auto")),
+        "quant_matmul_a8": (ops.quant_matmul_a8, (trand((3, 32), "fp32"), q8, 6, "auto")),
         "fused_add_rms_norm_quant_matmul": (ops.fused_add_rms_norm_quant_matmul,
                                             (trand((3, 32), "fp32", seed=1), trand((3, 32), "fp32", seed=2),
                                              trand((32,), "fp32", seed=3), q8, 6, 1e-6, "cpu")),
@@ -670,7 +751,8 @@ def test_compile_model_ops_fullgraph():
         e = ks.embedding(ids, packed, table_format="q8_0", dtype=torch.float32)
         ks.kv_cache_append(kc, vc, k, v, slots)
         o = ks.paged_attention(x, kc, vc, bt, ctx)
-        return ks.quant_matmul(e, packed, "q8_0"), ks.argmax(e), ks.dequantize(packed, "q8_0"), o
+        return (ks.quant_matmul(e, packed, "q8_0"), ks.quant_matmul_a8(e, packed, "q8_0"), ks.argmax(e),
+                ks.dequantize(packed, "q8_0"), o)
 
     def args():
         return (torch.tensor([1, 9]), trand((2, 2, 8), "fp32", seed=1), torch.zeros(3, 2, 1, 8),
@@ -682,6 +764,20 @@ def test_compile_model_ops_fullgraph():
     got = torch.compile(f, fullgraph=True)(*args())
     for a, b in zip(got, want):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("backend", ["auto", "torch"])
+def test_compile_quant_matmul_a8_fullgraph(backend):
+    torch._dynamo.reset()
+    packed = torch.from_numpy(make_packed(np.random.default_rng(4), 12, 96, 5))
+
+    def f(x):
+        return ks.quant_matmul_a8(x, packed, "q4_1", backend=backend)
+
+    x = _a8_input("fp32", 96, seed=9)
+    want = f(x)
+    got = torch.compile(f, fullgraph=True, backend="eager" if backend == "torch" else "inductor")(x)
+    assert _same_bits(got, want)
 
 
 @pytest.mark.parametrize("backend", ["auto", "torch"])

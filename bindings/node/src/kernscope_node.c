@@ -602,6 +602,17 @@ static napi_value js_quant_matmul(napi_env env, napi_callback_info info) {
   return finish(env, ks_quant_matmul(&out.t, &x.t, &w.t, (ks_qtype_t)q, backend, stream));
 }
 
+/* x quantized to int8 per block of 32 (W4A8 / W8A8); qtype Q4_0, Q4_1 or Q8_0. */
+static napi_value js_quant_matmul_a8(napi_env env, napi_callback_info info) {
+  ARGS(6);
+  TENSOR(out, 0, "quant_matmul_a8", "out");
+  TENSOR(x, 1, "quant_matmul_a8", "x");
+  TENSOR(w, 2, "quant_matmul_a8", "weight");
+  INT(q, 3, "quant_matmul_a8: qtype");
+  EXEC(4);
+  return finish(env, ks_quant_matmul_a8(&out.t, &x.t, &w.t, (ks_qtype_t)q, backend, stream));
+}
+
 /* x and residual_out may be null/undefined (NULL): then the rms_norm of residual feeds the matmul. */
 static napi_value js_fused_add_rms_norm_quant_matmul(napi_env env, napi_callback_info info) {
   ARGS(10);
@@ -836,6 +847,7 @@ NAPI_MODULE_INIT() {
       {"dequantize", NULL, js_dequantize, NULL, NULL, NULL, napi_default, NULL},
       {"gemm", NULL, js_gemm, NULL, NULL, NULL, napi_default, NULL},
       {"quantMatmul", NULL, js_quant_matmul, NULL, NULL, NULL, napi_default, NULL},
+      {"quantMatmulA8", NULL, js_quant_matmul_a8, NULL, NULL, NULL, napi_default, NULL},
       {"fusedAddRmsNormQuantMatmul", NULL, js_fused_add_rms_norm_quant_matmul, NULL, NULL, NULL, napi_default, NULL},
       {"siluAndMulQuantMatmul", NULL, js_silu_and_mul_quant_matmul, NULL, NULL, NULL, napi_default, NULL},
       {"rotaryEmbedding", NULL, js_rotary_embedding, NULL, NULL, NULL, napi_default, NULL},

@@ -345,6 +345,75 @@ test('silu_and_mul_quant_matmul matches fp64; an odd gate_up width is rejected',
   assert.ok(out7.every((v) => v === 7));
 });
 
+// ---- quant_matmul_a8 ------------------------------------------------------------------------------
+
+// x quantized per block of 32 as docs/contracts.md#quant_matmul_a8 writes it, each step one float32
+// rounding (Math.fround): d per block (NaN for a block holding a NaN or an infinity, 0 when
+// d < FLT_MIN) and the codes q.
+function a8Quantize(x) {
+  const d = [], q = [];
+  const rintEven = (t) => {
+    const f = Math.floor(t), r = t - f;
+    return r < 0.5 ? f : r > 0.5 ? f + 1 : (f % 2 === 0 ? f : f + 1);
+  };
+  for (let b = 0; b < x.length; b += 32) {
+    const blk = Array.from(x.subarray(b, b + 32));
+    const bad = blk.some((v) => !Number.isFinite(v));
+    const amax = blk.reduce((a, v) => (Number.isFinite(v) ? Math.max(a, Math.abs(v)) : a), 0);
+    const db = Math.fround(amax / 127);
+    if (bad || !(db >= 2 ** -126)) {
+      d.push(bad ? NaN : 0);
+      for (let i = 0; i < 32; i++) q.push(0);
+      continue;
+    }
+    const inv = Math.fround(127 / amax);
+    d.push(db);
+    for (const v of blk) q.push(Math.max(-127, Math.min(127, rintEven(Math.fround(v * inv)))));
+  }
+  return { d, q };
+}
+
+test('quant_matmul_a8 matches the contract; a dense qtype is rejected naming qtype', () => {
+  const m = 3, n = 3, k = 64;
+  const { packed, values } = q80Rows(n, k);
+  const w = ks.u8(packed, [n, (k / 32) * 34]);
+  const x = f32(m * k).map((_, i) => X[(i * 3) % 10] * (1 + (i % 7) * 0.375));
+  x.set([127, 0.5, 1.5, 2.5, -2.5]); // row 0, block 0 at d = 1: ties go to even codes 0, 2, 2, -2
+  x[2 * k + 40] = NaN; // row 2: a NaN in block 1 makes every output of the row NaN
+  const { d, q } = a8Quantize(x);
+  const out = f32(m * n).fill(NaN), exact = f32(m * n).fill(NaN);
+  ks.quantMatmulA8(ks.f32(out, [m, n]), ks.f32(x, [m, k]), w, 'q8_0', { backend: 'cpu' });
+  ks.quantMatmul(ks.f32(exact, [m, n]), ks.f32(x, [m, k]), w, 'q8_0');
+  for (let i = 0; i < m; i++) {
+    for (let j = 0; j < n; j++) {
+      const g = out[i * n + j];
+      if (i === 2) {
+        assert.ok(Number.isNaN(g), `row 2 (NaN in x): out[2][${j}] = ${g}`);
+        continue;
+      }
+      let acc = 0, abs = 0, halfStep = 0;
+      for (let c = 0; c < k; c++) {
+        const db = d[(i * k + c) >> 5];
+        const p = values[j * k + c] * db * q[i * k + c];
+        acc += p;
+        abs += Math.abs(p);
+        halfStep += Math.abs(values[j * k + c]) * db / 2;
+      }
+      const tol = 1e-6 + 1e-6 * Math.abs(acc) + (k / 32 + 10) * 2 ** -24 * abs;
+      assert.ok(Math.abs(g - acc) <= tol, `out[${i}][${j}] = ${g}, want ${acc}`);
+      // quantMatmul of the unquantized x: at most half a code step per element away
+      const e = exact[i * n + j];
+      assert.ok(Math.abs(g - e) <= halfStep * 1.0001 + 1e-5 * (1 + Math.abs(e)), `out ${g} vs quantMatmul ${e}`);
+    }
+  }
+
+  const out7 = f32(m * n).fill(7);
+  expectError(() => ks.quantMatmulA8(ks.f32(out7, [m, n]), ks.f32(x, [m, k]), ks.u8(new Uint8Array(n * k * 2), [n, k * 2]),
+                                     'f16'),
+              ks.Status.INVALID_ARGUMENT, 'quant_matmul_a8', 'qtype');
+  assert.ok(out7.every((v) => v === 7));
+});
+
 // ---- rotary_embedding_kv_append -------------------------------------------------------------------
 
 // q [3, 2, 8], k and v [3, 1, 8], caches [2 blocks, 2 slots, 1, 8] (filled, so untouched rows are

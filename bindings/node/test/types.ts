@@ -45,6 +45,11 @@ ks.fusedAddRmsNormQuantMatmul(ks.f32(new Float32Array(6), [2, 3]), r2, r2, r2, k
 ks.fusedAddRmsNormQuantMatmul(ks.f32(new Float32Array(6), [2, 3]), null, null, r2, ks.f32(new Float32Array(32)), 1e-6,
                               packed, ks.qtypeInfo('q8_0').blockSize === 32 ? 'q8_0' : 6);
 ks.siluAndMulQuantMatmul(ks.f32(new Float32Array(3), [1, 3]), ks.f32(new Float32Array(64), [1, 64]), packed, 'q8_0');
+ks.quantMatmulA8(ks.f32(new Float32Array(3), [1, 3]), ks.f32(new Float32Array(32), [1, 32]), packed, 'q8_0',
+                 { backend: 'cpu' });
+ks.quantMatmulA8(ks.f32(new Float32Array(3), [1, 3]), ks.f32(new Float32Array(32), [1, 32]), packed, 6);
+// @ts-expect-error qtype is a QType name or number
+ks.quantMatmulA8(ks.f32(new Float32Array(3), [1, 3]), ks.f32(new Float32Array(32), [1, 32]), packed, true);
 // @ts-expect-error eps is a number
 ks.fusedAddRmsNormQuantMatmul(r2, null, null, r2, r2, '1e-6', packed, 'q8_0');
 const kv = ks.f32(new Float32Array(16), [2, 1, 8]);

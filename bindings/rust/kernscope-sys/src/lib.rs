@@ -207,6 +207,15 @@ extern "C" {
         backend: ks_backend_t,
         stream: ks_stream_t,
     ) -> ks_status_t;
+    /// `qtype` must be `KS_QTYPE_Q4_0`, `KS_QTYPE_Q4_1` or `KS_QTYPE_Q8_0`.
+    pub fn ks_quant_matmul_a8(
+        out: *mut DLTensor,
+        x: *const DLTensor,
+        weight: *const DLTensor,
+        qtype: ks_qtype_t,
+        backend: ks_backend_t,
+        stream: ks_stream_t,
+    ) -> ks_status_t;
     /// `x` and `residual_out` may be null (then `out` = quant_matmul of rms_norm(residual)).
     pub fn ks_fused_add_rms_norm_quant_matmul(
         out: *mut DLTensor,

@@ -338,6 +338,24 @@ impl Exec {
         check(unsafe { sys::ks_quant_matmul(&mut o, &xt, &w, qtype.raw(), self.backend.raw(), self.stream) })
     }
 
+    /// W4A8 / W8A8: [`Exec::quant_matmul`] with `x` quantized to int8 per block of 32 (llama.cpp's
+    /// Q8_1 activations). `x` `[M, K]` (f32, or f16 / bf16 bits; K a multiple of 32), `weight`
+    /// packed `[N, K / 32 * block_bytes]` (u8) in `qtype`, which must be `QType::Q4_0`, `Q4_1` or
+    /// `Q8_0`; `out` `[M, N]` in `x`'s dtype. Per block of x: `d = max|x| / 127`, codes
+    /// `rint(x * 127 / max|x|)` (ties to even); each block's dot product with the weight's codes
+    /// is an exact int32 sum, its value formed in FP32, the blocks summed in FP32 in one fixed
+    /// order: every backend gives the same bits. The result differs from `quant_matmul` by up to
+    /// about 1/254 of each x block's largest value per element. A NaN or ±inf in a block of x
+    /// makes every output of its row NaN; a block with `max|x| < 1.5e-36` counts as zero.
+    /// `weight` is read-only, with `quant_matmul`'s rule on CUDA. Errors (nothing written):
+    /// another `qtype` (the message names qtype), shapes, a K that is not whole blocks, `out`
+    /// overlapping an input (`Status::InvalidArgument`); mismatched dtypes, or `weight` not u8
+    /// (`Status::UnsupportedDtype`). Contract: docs/contracts.md#quant_matmul_a8.
+    pub fn quant_matmul_a8(&self, out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
+        let (mut o, xt, w) = (out.raw(), x.raw(), weight.raw());
+        check(unsafe { sys::ks_quant_matmul_a8(&mut o, &xt, &w, qtype.raw(), self.backend.raw(), self.stream) })
+    }
+
     /// Decode-step fusion: the (fused add +) RMS norm of each row, then [`Exec::quant_matmul`] on
     /// it, in one kernel. `residual` `[M, K]`, `norm_weight` `[K]`, `weight` packed `[N, row_bytes]`
     /// in `qtype`, `out` `[M, N]`. With `x` (`[M, K]`): `s = x + residual` (FP32);
@@ -769,6 +787,10 @@ pub fn gemm(out: &mut TensorMut, a: &Tensor, b: &Tensor) -> Result<()> {
 /// [`Exec::quant_matmul`] on the automatic backend.
 pub fn quant_matmul(out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
     Exec::default().quant_matmul(out, x, weight, qtype)
+}
+/// [`Exec::quant_matmul_a8`] on the automatic backend.
+pub fn quant_matmul_a8(out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
+    Exec::default().quant_matmul_a8(out, x, weight, qtype)
 }
 /// [`Exec::fused_add_rms_norm_quant_matmul`] on the automatic backend.
 #[allow(clippy::too_many_arguments)]

@@ -557,6 +557,105 @@ fn silu_and_mul_quant_matmul_matches_fp64_and_rejects_odd_gate_up() {
     assert_eq!(out, before);
 }
 
+// ---- quant_matmul_a8 -----------------------------------------------------------------------------
+
+/// x quantized per block of 32 as docs/contracts.md#quant_matmul_a8 writes it, each step
+/// one f32 rounding: (d per block (NaN for a block with a NaN or inf, 0 when d < FLT_MIN), the
+/// codes q).
+fn a8_quantize(x: &[f32]) -> (Vec<f32>, Vec<f64>) {
+    let (mut d, mut q) = (Vec::new(), Vec::new());
+    for blk in x.chunks(32) {
+        let bad = blk.iter().any(|v| !v.is_finite());
+        let amax = blk.iter().filter(|v| v.is_finite()).fold(0.0f32, |a, v| a.max(v.abs()));
+        let dd = amax / 127.0f32;
+        if bad || !(dd >= f32::MIN_POSITIVE) {
+            d.push(if bad { f32::NAN } else { 0.0 });
+            q.extend(std::iter::repeat(0.0).take(32));
+            continue;
+        }
+        let inv = 127.0f32 / amax;
+        d.push(dd);
+        for v in blk {
+            let t = *v * inv;
+            let f = t.floor();
+            let r = if t - f < 0.5 {
+                f
+            } else if t - f > 0.5 || f % 2.0 != 0.0 {
+                f + 1.0
+            } else {
+                f
+            }; // rint: ties to even
+            q.push(r.max(-127.0).min(127.0) as f64);
+        }
+    }
+    (d, q)
+}
+
+#[test]
+fn quant_matmul_a8_matches_the_contract_and_rejects_f16() {
+    let (m, n, k) = (3usize, 3usize, 64usize);
+    let (packed, wv) = q8_0_rows(n, k);
+    let w = Tensor::u8(&packed, &[n as i64, (k / 32 * 34) as i64]).unwrap();
+    let mut x: Vec<f32> = (0..m * k).map(|i| X[(i * 3) % 10] * (1.0 + (i % 7) as f32 * 0.375)).collect();
+    // row 0, block 0 at d = 1: ties (0.5, 1.5, 2.5, -2.5) go to even codes (0, 2, 2, -2)
+    x[..5].copy_from_slice(&[127.0, 0.5, 1.5, 2.5, -2.5]);
+    x[2 * k + 40] = f32::NAN; // row 2: a NaN in block 1 makes every output of the row NaN
+    let (d, q) = a8_quantize(&x);
+    let u = 2f64.powi(-24);
+    let mut out = [f32::NAN; 9];
+    cpu()
+        .quant_matmul_a8(
+            &mut TensorMut::f32(&mut out, &[3, 3]).unwrap(),
+            &Tensor::f32(&x, &[3, 64]).unwrap(),
+            &w,
+            QType::Q8_0,
+        )
+        .unwrap();
+    let mut exact = [f32::NAN; 9];
+    kernscope::quant_matmul(
+        &mut TensorMut::f32(&mut exact, &[3, 3]).unwrap(),
+        &Tensor::f32(&x, &[3, 64]).unwrap(),
+        &w,
+        QType::Q8_0,
+    )
+    .unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let g = out[i * n + j] as f64;
+            if i == 2 {
+                assert!(g.is_nan(), "row 2 (NaN in x): out[2][{}] = {}", j, g);
+                continue;
+            }
+            let (mut acc, mut abs, mut half_step) = (0.0f64, 0.0f64, 0.0f64);
+            for c in 0..k {
+                let xh = d[(i * k + c) / 32] as f64 * q[i * k + c];
+                acc += wv[j * k + c] * xh;
+                abs += (wv[j * k + c] * xh).abs();
+                half_step += wv[j * k + c].abs() * d[(i * k + c) / 32] as f64 / 2.0;
+            }
+            let tol = 1e-6 + 1e-6 * acc.abs() + (k / 32 + 10) as f64 * u * abs;
+            assert!((g - acc).abs() <= tol, "out[{}][{}] = {}, want {}", i, j, g, acc);
+            // quant_matmul of the unquantized x: at most half a code step per element away
+            let e = exact[i * n + j] as f64;
+            assert!((g - e).abs() <= half_step * 1.0001 + 1e-5 * (1.0 + e.abs()), "vs quant_matmul: {} vs {}", g, e);
+        }
+    }
+
+    // a dense weight format: rejected, naming the op and qtype; nothing written
+    let dense = vec![0u8; n * k * 2];
+    let before = out;
+    let e = kernscope::quant_matmul_a8(
+        &mut TensorMut::f32(&mut out, &[3, 3]).unwrap(),
+        &Tensor::f32(&x, &[3, 64]).unwrap(),
+        &Tensor::u8(&dense, &[n as i64, (k * 2) as i64]).unwrap(),
+        QType::F16,
+    )
+    .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    assert!(e.message().contains("quant_matmul_a8") && e.message().contains("qtype"), "{}", e);
+    assert!(out.iter().zip(&before).all(|(a, b)| a.to_bits() == b.to_bits()));
+}
+
 // ---- rotary_embedding_kv_append ----------------------------------------------------------------
 
 /// q [3, 2, 8], k and v [3, 1, 8], caches [2 blocks, 2 slots, 1, 8] (filled, so untouched rows
