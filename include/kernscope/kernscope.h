@@ -230,7 +230,7 @@ KS_API ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTen
  * max|x|), so x is read as d * code (a relative error of up to 1/254 of the block's largest value
  * per element). Each block's dot product is an exact int32 sum of code products; its value
  * d_w * d * S (+ m_w * d * Q for Q4_1) is formed in FP32, the blocks are summed in FP32 in a fixed
- * order (every backend and variant gives the same bits), one rounding to out's dtype. A block of x holding NaN or +-inf makes its row's
+ * order (every backend and variant gives the same bits, NaN payloads aside), one rounding to out's dtype. A block of x holding NaN or +-inf makes its row's
  * outputs NaN; blocks with max|x| < 1.5e-36 count as zero.
  * x, out: same float dtype (fp32/fp16/bf16), x [M, K], out [M, N]; weight: uint8 [N, row_bytes] in
  * qtype, which must be Q4_0, Q4_1 or Q8_0 (else KS_ERROR_INVALID_ARGUMENT naming qtype). Other

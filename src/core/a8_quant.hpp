@@ -14,7 +14,7 @@
 //   Q8_0: (dw * d) * S       Q4_0: (dw * d) * (S - 8 Q)       Q4_1: fma(dw * d, S, mw * (d * Q))
 // with dw, mw the block's fp16 scale and minimum; S and Q convert to FP32 exactly (|S| < 2^20).
 // A row's block values are summed in FP32 in one fixed order (a8_row_sum), so every backend gives
-// the same bits.
+// the same bits (a NaN's sign and payload aside).
 #pragma once
 
 #include <kernscope/kernscope.h>

@@ -1450,9 +1450,10 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
 
 // quant_matmul_a8 (x quantized to int8 per block; docs/contracts.md#quant_matmul_a8): the contract
 // fixes every rounding and the summation order, so the automatic choice and each CUDA variant must
-// give the CPU reference's bits (NaN rows: NaN). Shapes: one block, partial pairs and lone last
+// give the CPU reference's bits (NaN rows: NaN, whatever the payload). Shapes: one block, partial pairs and lone last
 // rows (N odd, N < and > the SM count), K = 576 (18 blocks: lanes idle), 4096 and 14336 (several
-// blocks per lane), 14336 x 4096 and 20000 x 576 (more stages than ring slots), 600005 x 32 (a
+// blocks per lane), 14336 x 4096 (more stages than ring slots: 19 on 8 for Q8_0, 4-5 on 3 for
+// Q4_x; 20000 x 576 fills 1-3 slots once), 600005 x 32 (a
 // 20-byte or 18-byte row per output); weights 0, 16 and 2 bytes into their allocation (2: no
 // bulk copies, and for the 2-byte aligned formats the byte-load path of cuda_a8_warp); M 1 and 3
 // (cuda_a8_bulk_stream declines M > 1 and says so). A NaN in one row's block and an inf in

@@ -13,7 +13,9 @@
 // 8 nibble masks, 8 dp4a, the scales), about one per weight.
 //
 //   cuda_a8_warp (any M, sm_80+): a warp per output column, x's row m quantized into shared memory
-//     by the CTA before the columns of that row are summed (weights re-read per row from L1 / L2).
+//     by the CTA before the columns of that row are summed (weights re-read per row from L1 / L2;
+//     every CTA quantizes every row, with two CTA barriers per row: a decode-sized kernel, heavy
+//     for large M).
 //   cuda_a8_bulk_stream (M = 1, sm_90): cuda_bulk_stream's ring (a CTA per SM streams its contiguous
 //     rows through shared-memory stages, one bulk copy each, issued by a producer warp that does not
 //     wait for the previous kernel) feeding 16 warps that take the stage's rows in pairs.
@@ -295,6 +297,7 @@ BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
 
 std::string quant_matmul_a8_warp_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (device_props(a.x.device.device_id).major < 8) return "needs sm_80 or newer (__reduce_add_sync)";
   if (a8_warp_smem(a) > a8_warp_smem_limit(a)) return "K too large: x's quantized row does not fit shared memory";
   return "";
 }
