@@ -958,7 +958,6 @@ struct TuneOp {
   std::function<std::pair<int64_t, int64_t>(const std::vector<int64_t>&)> key;
 };
 std::vector<TuneOp> grid() {
-  const QFmt& q41 = kQuantFormats[1];
   std::vector<TuneOp> v;
   std::vector<std::vector<int64_t>> qm, gm, pa, ro;
   for (int64_t m : {1, 8, 64})
@@ -970,8 +969,14 @@ std::vector<TuneOp> grid() {
     for (int64_t len : {256, 2048}) pa.push_back({t, 9, 3, 64, 16, len});
   for (int64_t t : {1, 64, 1024})
     for (int64_t h : {9, 32}) ro.push_back({t, h, h / 3, 64, 64});
-  v.push_back({"quant_matmul", "Q4_1:", qm, [q41](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul(c, s, q41); },
-               [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1] * s[2]}; }});
+  // quant_matmul per integer block format (the fastest variant differs by format, e.g. bf16 49152 x 576:
+  // cuda_bulk_stream for Q4_1, cuda_mma_blocks for Q4_0 at c14fbe2); each format's cells carry its qtype
+  for (int fi : {1, 0, 2}) {  // Q4_1 (SmolLM2's layers), Q4_0, Q8_0 (its output head)
+    const QFmt& f = kQuantFormats[size_t(fi)];
+    v.push_back({"quant_matmul", fi == 0 ? "Q4_0:" : fi == 1 ? "Q4_1:" : "Q8_0:", qm,
+                 [f](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul(c, s, f); },
+                 [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1] * s[2]}; }});
+  }
   v.push_back({"gemm", "", gm, case_gemm, [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
   v.push_back({"paged_attention", "", pa, case_attention, [](const std::vector<int64_t>& s) {
                  return std::pair<int64_t, int64_t>{s[0], (s[5] + s[4] - 1) / s[4] * s[4]};  // T, MB * BS
@@ -993,7 +998,7 @@ std::vector<TuneOp> grid() {
 std::string grid_summary() {
   std::string r;
   for (const auto& t : grid()) {
-    r += "  " + t.op + ":";
+    r += "  " + t.op + (t.tag.empty() ? "" : " (" + t.tag.substr(0, t.tag.size() - 1) + ")") + ":";
     for (const auto& s : t.shapes) r += " " + label(s);
     r += "\n";
   }

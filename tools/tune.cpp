@@ -14,6 +14,7 @@
 #include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -98,26 +99,44 @@ void progress_bar(size_t done, size_t total, const std::string& what) {
   std::fflush(stderr);
 }
 
+// The block format a row was measured with, as a cell's "qtype" ("q4_1"): the tag before the
+// first ':' of its shape where that tag names a format (the packed-weight ops' rows, e.g.
+// "Q4_1:1x576x576"), else "" (the cell then applies to every format).
+std::string shape_qtype(const std::string& shape) {
+  const std::string tag = shape.substr(0, shape.find(':'));
+  if (tag.size() == shape.size()) return "";
+  for (const char* f : {"Q4_0", "Q4_1", "Q8_0", "F32", "F16", "BF16"})
+    if (tag == f) {
+      std::string q;
+      for (char ch : tag) q += char(std::tolower(static_cast<unsigned char>(ch)));
+      return q;
+    }
+  return "";
+}
+
 // the table for one backend's rows; false when no cell could be made
 bool write_table(const std::vector<Row>& rows, const std::string& backend, const std::string& arch_name,
                  const std::string& path, const std::string& csv, int reps, const std::string& where,
                  int* undecided) {
-  // (op, dtype) -> the keys measured; (op, dtype, rows, cols) -> its rows
-  std::map<std::pair<std::string, std::string>, std::pair<std::set<int64_t>, std::set<int64_t>>> keys;
-  std::map<std::tuple<std::string, std::string, int64_t, int64_t>, std::vector<const Row*>> at;
+  // (op, dtype, block format) -> the keys measured; (op, dtype, format, rows, cols) -> its rows.
+  // Each block format a packed-weight op was measured with gets cells of its own.
+  std::map<std::tuple<std::string, std::string, std::string>, std::pair<std::set<int64_t>, std::set<int64_t>>> keys;
+  std::map<std::tuple<std::string, std::string, std::string, int64_t, int64_t>, std::vector<const Row*>> at;
   for (const Row& r : rows) {
     if (r.backend != backend) continue;
-    auto& k = keys[{r.op, r.dtype}];
+    const std::string q = shape_qtype(r.shape);
+    auto& k = keys[{r.op, r.dtype, q}];
     k.first.insert(r.rows);
     k.second.insert(r.cols);
-    at[{r.op, r.dtype, r.rows, r.cols}].push_back(&r);
+    at[{r.op, r.dtype, q, r.rows, r.cols}].push_back(&r);
   }
   nlohmann::json cells = nlohmann::json::array();
-  for (const auto& [opd, k] : keys) {
+  for (const auto& [opdq, k] : keys) {
+    const auto& [op, dtype, qtype] = opdq;
     const auto rb = buckets(k.first), cb = buckets(k.second);
     for (int64_t rv : k.first)
       for (int64_t cv : k.second) {
-        auto it = at.find({opd.first, opd.second, rv, cv});
+        auto it = at.find({op, dtype, qtype, rv, cv});
         if (it == at.end()) continue;
         std::vector<const Row*> ok;
         for (const Row* r : it->second)
@@ -153,15 +172,17 @@ bool write_table(const std::vector<Row>& rows, const std::string& backend, const
         for (const Row* r : it->second)
           if (r->status != "ok") why += " (" + r->variant + ": " + r->status + ")";
         if (!decisive) why += " (not decisive; a cell because a variant failed its check)";
-        cells.push_back({{"op", opd.first},
-                         {"backend", backend},
-                         {"dtype", opd.second},
-                         {"rows", bound(rb.at(rv))},
-                         {"cols", bound(cb.at(cv))},
-                         {"order", order},
-                         {"basis", "measured"},
-                         {"source", csv},
-                         {"why", why}});
+        nlohmann::json cell = {{"op", op},
+                               {"backend", backend},
+                               {"dtype", dtype},
+                               {"rows", bound(rb.at(rv))},
+                               {"cols", bound(cb.at(cv))},
+                               {"order", order},
+                               {"basis", "measured"},
+                               {"source", csv},
+                               {"why", why}};
+        if (!qtype.empty()) cell["qtype"] = qtype;
+        cells.push_back(std::move(cell));
       }
   }
   if (cells.empty() && *undecided == 0) {
@@ -225,7 +246,7 @@ bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arc
     *err = "is not a ksctl tune CSV (its first line is not tune's header)";
     return false;
   }
-  std::set<std::tuple<std::string, std::string, std::string, int64_t, int64_t, std::string>> seen;
+  std::set<std::tuple<std::string, std::string, std::string, std::string, int64_t, int64_t, std::string>> seen;
   int n = 1;
   while (std::getline(in, line)) {
     const int first = ++n;
@@ -280,7 +301,7 @@ bool read_rows(const std::string& path, std::vector<Row>* rows, std::string* arc
       }
       *arch = f[1];
     }
-    if (!seen.insert({r.backend, r.op, r.dtype, r.rows, r.cols, r.variant}).second) {
+    if (!seen.insert({r.backend, r.op, r.dtype, shape_qtype(r.shape), r.rows, r.cols, r.variant}).second) {
       *err = at + "a second row for " + r.backend + " " + r.op + " " + r.dtype + " " + r.variant + " at rows " +
              f[5] + ", cols " + f[6];
       return false;
