@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Quantized GEMV in one short GPU call: build for sm_90a (or the carried binaries: KS_PREBUILT=1),
 # the quant_matmul GPU tests (KS_QUANT_FILTER: another gtest filter), bench_ops' decode GEMVs under
-# every CUDA variant (bf16; fp32 at the output head's shape) and the model's decode fusions
+# every CUDA variant of quant_matmul and quant_matmul_a8 (bf16; fp32 at the output head's shape;
+# Nsight Compute of the int8-x kernel: KS_QUANT_NCU=quant_gemv_a8_bulk) and the model's decode fusions
 # (including the final norm + Q8_0 head, fused vs split) -> $OUT/quant_variants.csv,
 # cuda_bulk_stream at stages of 32 and 128 KB (rows tagged [KS_QMM_BULK_STAGE_KB=n]; not under
 # KS_QUANT_BULK_STAGES=0), memcheck of the tests matching KS_QUANT_MEMCHECK (default the streaming
@@ -14,7 +15,7 @@ cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test "${KS_QUANT_FILTER:-*QuantMatmul*:*Quant*:*Fused*}" 'FP64' ||
   { echo "gpu_quant_check: the build failed (see $OUT/logs.txt)"; exit 1; }
-$BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,decode_fusions --dtypes bf16,fp32 2>&1 |
+$BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,quant_matmul_a8,decode_fusions --dtypes bf16,fp32 2>&1 |
   grep -E "quant_gemv|norm_head|silu_down|norm_qkv " | cut -c1-150
 if [ "${KS_QUANT_BULK_STAGES:-1}" = 1 ]; then
   for kb in 32 128; do
@@ -26,7 +27,7 @@ fi
 for kernel in ${KS_QUANT_NCU:-quant_gemv_bulk}; do
   rm -f "$OUT/ncu_$kernel.txt"
   for shape in 4096x4096 14336x4096; do
-    KS_NCU_APPEND=1 ks_ncu_bench "$kernel" "$OUT/ncu_$kernel.txt" --ops quant_matmul --variants --dtypes bf16 \
+    KS_NCU_APPEND=1 ks_ncu_bench "$kernel" "$OUT/ncu_$kernel.txt" --ops quant_matmul,quant_matmul_a8 --variants --dtypes bf16 \
       --shapes $shape
   done
 done
