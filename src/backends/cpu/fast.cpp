@@ -1,5 +1,7 @@
 // CPU fast paths: registry variants above the portable reference.
 //
+// quant_matmul_a8 "cpu_avx512_vnni": below, before the registration.
+//
 // quant_matmul "cpu_avx512": out[M, N] = x[M, K] @ dequant(W)^T straight from the
 // packed GGUF blocks, for fp32 activations on CPUs with AVX-512 (F + BW).
 //  - Each weight element is decoded in FP32 exactly as the contract says
@@ -22,6 +24,7 @@
 #include <omp.h>
 #endif
 
+#include "backends/cpu/a8_rows.hpp"
 #include "backends/cpu/quant_blocks.hpp"
 #include "backends/cpu/scratch.hpp"
 #include "ops/args.hpp"
@@ -332,6 +335,124 @@ void attn_avx512(const void* p, ks_stream_t) {
     for (int64_t i = 0; i < tasks; ++i) attn_task(a, i / a.num_kv_heads, i % a.num_kv_heads, sc);
   }
 }
+// quant_matmul_a8 "cpu_avx512_vnni": the blocks' exact integer sums by VNNI (vpdpbusd: unsigned
+// bytes times signed bytes, 4 products per 32-bit lane, no saturation), everything else as the
+// reference (a8_rows.hpp), so the same bits. A block's 32 codes are one 256-bit vector against
+// x's 32 codes: Q4_0 / Q4_1 nibbles in the weights' order (low nibbles are weights 0..15, high
+// nibbles 16..31), Q8_0's signed codes as c + 128 (c ^ 0x80) with 128 sum q taken off by a second
+// vpdpbusd of 128s against -q (x's codes lie in [-127, 127], so -q is a byte too).
+#define KS_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")))
+
+bool have_avx512_vnni() {
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+  return ok;
+}
+
+template <ks_qtype_t Q>
+KS_AVX512_VNNI void a8_block_sums_vnni(const uint8_t* row, const int8_t* xq, int64_t nb, int* S) {
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b, row += a8_block_bytes(Q), xq += 32) {
+    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+    __m256i acc;
+    if constexpr (Q == KS_QTYPE_Q8_0) {
+      const __m256i w =
+          _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2)), _mm256_set1_epi8(char(0x80)));
+      acc = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
+      acc = _mm256_dpbusd_epi32(acc, _mm256_set1_epi8(char(0x80)), _mm256_sub_epi8(_mm256_setzero_si256(), xv));
+    } else {
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + (Q == KS_QTYPE_Q4_1 ? 4 : 2)));
+      const __m256i w = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(c, 4), low4), _mm_and_si128(c, low4));
+      acc = _mm256_dpbusd_epi32(_mm256_setzero_si256(), w, xv);
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(acc), _mm256_extracti128_si256(acc, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    S[b] = _mm_cvtsi128_si32(s4);
+  }
+}
+
+// The rest of an output in 16-lane vectors, the same FP32 operations as a8_matmul's scalar finish:
+// the block values 16 blocks at a time (fp16 scales widened by vcvtph2ps: exact), the contract's 32
+// lane sums as two vectors (lanes 0..15, 16..31; missing blocks add +0, which changes no lane sum:
+// one starting at +0 is never -0), then its butterfly as shuffles (o = 16 adds the two vectors;
+// IEEE addition commutes, so both halves hold the same sums).
+template <ks_qtype_t Q>
+KS_AVX512_VNNI float a8_finish_vnni(const float* dw, const float* mw, const float* d, const float* dq, const int* qs,
+                                    const int* S, int64_t nb) {
+  __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    const __mmask16 k = nb - b0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (nb - b0)) - 1u);
+    const __m512 sc = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, dw + b0), _mm512_maskz_loadu_ps(k, d + b0));
+    const __m512i Si = _mm512_maskz_loadu_epi32(k, S + b0);
+    __m512 v;
+    if constexpr (Q == KS_QTYPE_Q4_1) {
+      const __m512 m = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, mw + b0), _mm512_maskz_loadu_ps(k, dq + b0));
+      v = _mm512_fmadd_ps(sc, _mm512_cvtepi32_ps(Si), m);
+    } else if constexpr (Q == KS_QTYPE_Q4_0) {
+      const __m512i Qi = _mm512_maskz_loadu_epi32(k, qs + b0);
+      v = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(_mm512_sub_epi32(Si, _mm512_slli_epi32(Qi, 3))));
+    } else {
+      v = _mm512_mul_ps(sc, _mm512_cvtepi32_ps(Si));
+    }
+    v = _mm512_maskz_mov_ps(k, v);  // +0 past the row's blocks
+    acc[(b0 / 16) & 1] = _mm512_add_ps(acc[(b0 / 16) & 1], v);
+  }
+  __m512 t = _mm512_add_ps(acc[0], acc[1]);                              // o = 16
+  t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0x4E));                // o = 8: swap the 256-bit halves
+  t = _mm512_add_ps(t, _mm512_shuffle_f32x4(t, t, 0xB1));                // o = 4: swap 128-bit pairs
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0x4E));                      // o = 2
+  t = _mm512_add_ps(t, _mm512_permute_ps(t, 0xB1));                      // o = 1
+  return _mm512_cvtss_f32(t);
+}
+
+// Weight row n against every row of x: the row's scales widened 16 blocks per conversion, then per
+// row of x the blocks' sums and the finish. (A function of its own: the OpenMP body's lambda does
+// not take the target attribute.)
+template <ks_qtype_t Q>
+KS_AVX512_VNNI void a8_vnni_weight_row(const QuantMatmulArgs& a, const A8Rows& x, const float* dq, int64_t n, float* dw,
+                                       float* mw, int* S) {
+  const int64_t nb = a.k / 32;
+  const uint8_t* row = static_cast<const uint8_t*>(a.weight.data) + n * a.row_bytes;
+  for (int64_t b0 = 0; b0 < nb; b0 += 16) {
+    alignas(32) uint16_t h[16] = {}, hm[16] = {};
+    for (int64_t b = b0; b < std::min(nb, b0 + 16); ++b) {
+      h[b - b0] = rd_u16(row + b * a8_block_bytes(Q));
+      if (Q == KS_QTYPE_Q4_1) hm[b - b0] = rd_u16(row + b * a8_block_bytes(Q) + 2);
+    }
+    _mm512_storeu_ps(dw + b0, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
+    if (Q == KS_QTYPE_Q4_1)
+      _mm512_storeu_ps(mw + b0, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(hm))));
+  }
+  for (int64_t m = 0; m < a.m; ++m) {
+    a8_block_sums_vnni<Q>(row, x.q.data() + m * a.k, nb, S);
+    const float s = a8_finish_vnni<Q>(dw, mw, x.d.data() + m * nb, dq + m * nb, x.qsum.data() + m * nb, S, nb);
+    detail::store_f(a.out.data, a.x.dtype, m * a.n + n, s);
+  }
+}
+
+template <ks_qtype_t Q>
+void qmm_a8_vnni_rows(const QuantMatmulArgs& a) {
+  const A8Rows x = a8_quantize_rows(a);
+  const int64_t nbp = (a.k / 32 + 15) / 16 * 16;
+  std::vector<float> dq(x.d.size());  // d * Q per block of x (Q4_1's minimum term)
+  for (size_t i = 0; i < dq.size(); ++i) dq[i] = a8_dq(x.d[i], x.qsum[i]);
+  const bool par = a.m * a.n * a.k > kParallelWork;
+  const Scratch scratch(par, size_t(nbp), 3);
+  team(par, [&] {
+    float* dw = scratch.get(0);
+    float* mw = scratch.get(1);
+    int* S = reinterpret_cast<int*>(scratch.get(2));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < a.n; ++n) a8_vnni_weight_row<Q>(a, x, dq.data(), n, dw, mw, S);
+  });
+}
+
+void qmm_a8_vnni(const void* p, ks_stream_t) {
+  const auto& a = *static_cast<const QuantMatmulArgs*>(p);
+  with_a8_format(a.qtype, [&](auto q) { qmm_a8_vnni_rows<decltype(q)::value>(a); });
+}
+
 }  // namespace
 #endif  // KS_X86
 
@@ -343,6 +464,10 @@ void register_cpu_fast(std::vector<Variant>& v) {
   v.push_back({"quant_matmul", KS_BACKEND_CPU, "cpu_avx512", dtype_bit(detail::DType::F32), 10,
                "AVX-512 from packed Q4_0/Q4_1/Q8_0 blocks; 6x4 register tiles for M >= 4",
                ks::cpu::have_avx512, ks::cpu::qmm_can_implement, ks::cpu::qmm_avx512});
+  v.push_back({"quant_matmul_a8", KS_BACKEND_CPU, "cpu_avx512_vnni", kFloatDTypes, 10,
+               "the blocks' integer sums by AVX-512 VNNI (vpdpbusd), the reference's quantization, block values "
+               "and order: the same bits",
+               ks::cpu::have_avx512_vnni, nullptr, ks::cpu::qmm_a8_vnni});
   v.push_back({"paged_attention", KS_BACKEND_CPU, "cpu_avx512", dtype_bit(detail::DType::F32), 10,
                "AVX-512, one task per (token, KV head) sharing K/V loads across the GQA group",
                ks::cpu::have_avx512, ks::cpu::attn_can_implement, ks::cpu::attn_avx512});

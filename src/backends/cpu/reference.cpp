@@ -12,7 +12,7 @@
 
 #include "backends/cpu/quant_blocks.hpp"
 #include "backends/cpu/scratch.hpp"
-#include "core/a8_quant.hpp"
+#include "backends/cpu/a8_rows.hpp"
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -25,32 +25,6 @@ using ks::detail::store_f;
 
 namespace {
 
-constexpr int64_t kParallelWork = 1 << 16;  // elements; below this stay single-threaded
-
-// Runs body on an OpenMP team when the call is big enough, inline otherwise:
-// even `#pragma omp parallel if (false)` starts a team (~1500 instructions),
-// which would dominate small calls. body's `#pragma omp for` loops bind to the
-// team, or run serially when body is called outside one. Called from inside the
-// caller's own parallel region, inline would bind those loops to the caller's
-// team (each caller thread doing only its share of its own call, and a lone
-// caller waiting at the loop's barrier for threads that never come): there the
-// body gets a team of its own (of one thread, unless nested parallelism is on).
-template <class F>
-void team(bool parallel, F&& body) {
-#ifdef _OPENMP
-  if (!parallel && omp_in_parallel()) {
-#pragma omp parallel num_threads(1)
-    body();
-    return;
-  }
-#endif
-  if (parallel) {
-#pragma omp parallel
-    body();
-  } else {
-    body();
-  }
-}
 
 // FP32 pairwise sum: halves until 8 terms remain, which are added left to right.
 float pairwise_sum(const float* v, int64_t n) {
@@ -270,74 +244,28 @@ void quant_matmul_ref(const void* p, ks_stream_t) {
   });
 }
 
-// quant_matmul_a8: x's rows quantized per block of 32 (a8_scale / a8_code), each block's exact
-// integer sums formed from the stored codes, a8_block_value per block, a8_row_sum's order.
+// quant_matmul_a8: each block's exact integer sums formed one code at a time (a8_rows.hpp has the
+// rest: x's quantization, the block values, the contract's order).
 template <ks_qtype_t Q>
-void quant_matmul_a8_rows(const QuantMatmulArgs& a) {
-  const DType dt = a.x.dtype;
-  const int64_t nb = a.k / 32;
-  constexpr int BB = Q == KS_QTYPE_Q4_0 ? 18 : Q == KS_QTYPE_Q4_1 ? 20 : 34;
-  std::vector<int8_t> q(size_t(a.m * a.k));
-  std::vector<float> d(size_t(a.m * nb));
-  std::vector<int> qsum(size_t(a.m * nb));
-  for (int64_t m = 0; m < a.m; ++m)
-    for (int64_t b = 0; b < nb; ++b) {
-      const int64_t base = m * a.k + b * 32;
-      float amax = 0.f;
-      bool bad = false;
-      for (int i = 0; i < 32; ++i) {
-        const float v = std::fabs(load_f(a.x.data, dt, base + i));
-        bad |= !(v <= std::numeric_limits<float>::max());
-        if (v <= std::numeric_limits<float>::max()) amax = std::max(amax, v);
-      }
-      const A8Scale sc = a8_scale(amax, bad);
-      int sum = 0;
-      for (int i = 0; i < 32; ++i) {
-        const int c = bad ? 0 : a8_code(load_f(a.x.data, dt, base + i), sc.inv);
-        q[size_t(base + i)] = int8_t(c);
-        sum += c;
-      }
-      d[size_t(m * nb + b)] = sc.d;
-      qsum[size_t(m * nb + b)] = sum;
+void a8_block_sums_scalar(const uint8_t* row, const int8_t* xq, int64_t nb, int* S) {
+  for (int64_t b = 0; b < nb; ++b, row += a8_block_bytes(Q), xq += 32) {
+    int s = 0;
+    if (Q == KS_QTYPE_Q8_0) {
+      for (int i = 0; i < 32; ++i) s += int(int8_t(row[2 + i])) * xq[i];
+    } else {
+      const uint8_t* qs = row + (Q == KS_QTYPE_Q4_1 ? 4 : 2);
+      for (int i = 0; i < 16; ++i) s += int(qs[i] & 0x0F) * xq[i] + int(qs[i] >> 4) * xq[i + 16];
     }
-  const bool par = a.m * a.n * a.k > kParallelWork;
-  const Scratch scratch(par, size_t(nb));
-  team(par, [&] {
-    float* v = scratch.get();
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < a.n; ++n) {
-      const uint8_t* row = static_cast<const uint8_t*>(a.weight.data) + n * a.row_bytes;
-      for (int64_t m = 0; m < a.m; ++m) {
-        for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* blk = row + b * BB;
-          const int8_t* xq = q.data() + m * a.k + b * 32;
-          const float dw = half_to_float(rd_u16(blk));
-          const float mw = Q == KS_QTYPE_Q4_1 ? half_to_float(rd_u16(blk + 2)) : 0.f;
-          int S = 0;
-          if (Q == KS_QTYPE_Q8_0) {
-            for (int i = 0; i < 32; ++i) S += int(int8_t(blk[2 + i])) * xq[i];
-          } else {
-            const uint8_t* qs = blk + (Q == KS_QTYPE_Q4_1 ? 4 : 2);
-            for (int i = 0; i < 16; ++i) S += int(qs[i] & 0x0F) * xq[i] + int(qs[i] >> 4) * xq[i + 16];
-          }
-          const float db = d[size_t(m * nb + b)];
-          const int qb = qsum[size_t(m * nb + b)];
-          v[b] = a8_block_value<Q>(dw, mw, db, a8_dq(db, qb), S, qb);
-        }
-        store_f(a.out.data, dt, m * a.n + n, a8_row_sum(v, nb));
-      }
-    }
-  });
+    S[b] = s;
+  }
 }
 
 void quant_matmul_a8_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const QuantMatmulArgs*>(p);
-  if (a.qtype == KS_QTYPE_Q4_0)
-    quant_matmul_a8_rows<KS_QTYPE_Q4_0>(a);
-  else if (a.qtype == KS_QTYPE_Q4_1)
-    quant_matmul_a8_rows<KS_QTYPE_Q4_1>(a);
-  else
-    quant_matmul_a8_rows<KS_QTYPE_Q8_0>(a);
+  with_a8_format(a.qtype, [&](auto q) {
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    a8_matmul<Q>(a, a8_block_sums_scalar<Q>);
+  });
 }
 
 }  // namespace

@@ -49,4 +49,31 @@ class Scratch {
   std::unique_ptr<float[]> buf_;
 };
 
+inline constexpr int64_t kParallelWork = 1 << 16;  // elements; below this stay single-threaded
+
+// Runs body on an OpenMP team when the call is big enough, inline otherwise:
+// even `#pragma omp parallel if (false)` starts a team (~1500 instructions),
+// which would dominate small calls. body's `#pragma omp for` loops bind to the
+// team, or run serially when body is called outside one. Called from inside the
+// caller's own parallel region, inline would bind those loops to the caller's
+// team (each caller thread doing only its share of its own call, and a lone
+// caller waiting at the loop's barrier for threads that never come): there the
+// body gets a team of its own (of one thread, unless nested parallelism is on).
+template <class F>
+void team(bool parallel, F&& body) {
+#ifdef _OPENMP
+  if (!parallel && omp_in_parallel()) {
+#pragma omp parallel num_threads(1)
+    body();
+    return;
+  }
+#endif
+  if (parallel) {
+#pragma omp parallel
+    body();
+  } else {
+    body();
+  }
+}
+
 }  // namespace ks::cpu
