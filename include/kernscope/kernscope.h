@@ -226,9 +226,9 @@ KS_API ks_status_t ks_quant_matmul(DLTensor* out, const DLTensor* x, const DLTen
                                    ks_qtype_t qtype, ks_backend_t backend, ks_stream_t stream);
 
 /* W4A8 / W8A8 GEMV/GEMM: out[M, N] = x[M, K] @ dequant(weight)^T with x quantized to int8 per
- * block of 32 (llama.cpp's Q8_1 activations): per block d = max|x| / 127, codes rint(x * 127 /
- * max|x|), so x is read as d * code (a relative error of up to 1/254 of the block's largest value
- * per element). Each block's dot product is an exact int32 sum of code products; its value
+ * block of 32 (llama.cpp's Q8_1 activations): per block d = max|x| / 127, codes
+ * rint(x * (127 / max|x|)) (the factor rounded to FP32 first; ties to even), so x is read as
+ * d * code (an absolute error of up to max|x| / 254 of its block per element). Each block's dot product is an exact int32 sum of code products; its value
  * d_w * d * S (+ m_w * d * Q for Q4_1) is formed in FP32, the blocks are summed in FP32 in a fixed
  * order (every backend and variant gives the same bits, NaN payloads aside), one rounding to out's dtype. A block of x holding NaN or +-inf makes its row's
  * outputs NaN; blocks with max|x| < 1.5e-36 count as zero.

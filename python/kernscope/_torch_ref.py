@@ -455,8 +455,10 @@ def quant_matmul_a8(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.
     _ndim(op, "x", x, 2)
     _nonempty_last(op, "x", x)
     if qtype not in _A8_QTYPES:
+        names = {0: "none", 1: "F32", 2: "F16", 3: "BF16"}  # the native message's names
+        got = f"{names[int(qtype)]} (a dense format: quant_matmul takes it)" if int(qtype) in names else str(int(qtype))
         raise InvalidArgumentError(
-            f"{op}: qtype must be an integer block format (Q4_0, Q4_1 or Q8_0); got {int(qtype)}")
+            f"{op}: qtype must be an integer block format (Q4_0, Q4_1 or Q8_0); got {got}")
     c, dw, mw = _block_codes(op, "weight", weight, qtype, x.shape[1], "x's K (columns)")
     acc = _acc(x)
     with _no_autocast(x):

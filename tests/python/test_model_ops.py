@@ -242,7 +242,8 @@ def test_quant_matmul_a8_validation(rng):
     # a dense weight format: InvalidArgumentError naming qtype, nothing written
     for name, q in (("f16", 2), ("f32", 1), ("bf16", 3)):
         with pytest.raises(ks.InvalidArgumentError,
-                           match=rf"{op}: qtype must be an integer block format \(Q4_0, Q4_1 or Q8_0\); got {q}"):
+                           match=rf"{op}: qtype must be an integer block format \(Q4_0, Q4_1 or Q8_0\); got "
+                                 rf"{name.upper()} \(a dense format: quant_matmul takes it\)"):
             ks.quant_matmul_a8(x, make_packed(rng, 3, 64, q), name, out=out)
         assert np.all(out == 7.0)
     with pytest.raises(ValueError, match=rf"{op}: qtype"):
