@@ -112,6 +112,9 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
       if (!ks::registry::is_qtype_key(qtype))
         fail(KS_ERROR_INVALID_ARGUMENT, "which",
              "dtype's block format after ':' must be q4_0, q4_1, q8_0, f32, f16 or bf16; got '" + full + "'");
+      if (std::string(op) == "quant_matmul_a8" && qtype != "q4_0" && qtype != "q4_1" && qtype != "q8_0")
+        fail(KS_ERROR_INVALID_ARGUMENT, "which",
+             "dtype: quant_matmul_a8 takes the integer block formats only (q4_0, q4_1, q8_0); got '" + full + "'");
     }
     if (backend == KS_BACKEND_AUTO) backend = ks_backend_available(KS_BACKEND_CUDA) ? KS_BACKEND_CUDA : KS_BACKEND_CPU;
     if (backend != KS_BACKEND_CPU && backend != KS_BACKEND_CUDA)
