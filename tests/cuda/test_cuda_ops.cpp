@@ -1476,14 +1476,16 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
   const std::vector<Case> cases{{1, 1, 32},     {1, 7, 64},      {1, 131, 576},  {1, 133, 576}, {1, 4096 + 9, 4096},
                                 {1, 300, 14336}, {1, 14336, 4096}, {1, 20000, 576}, {1, 600005, 32}, {3, 50, 576},
                                 {3, 33, 1536}};
-  for (DType dt : {DType::BF16, DType::F16, DType::F32})
-    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
-      for (const Case& c : cases)
-        for (size_t off : {size_t(0), size_t(16), size_t(2)}) {
-          if (c.N * c.K > 4096 * 4096 && off == 2) continue;  // the large shapes at the aligned offsets only
+  for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+    for (const Case& c : cases)
+      for (size_t off : {size_t(0), size_t(16), size_t(2)}) {
+        if (c.N * c.K > 4096 * 4096 && off == 2) continue;  // the large shapes at the aligned offsets only
+        Buf w = make_packed(q, c.N, c.K, nullptr, off);  // made and uploaded once for the three dtypes
+        DBuf dw(DType::U8, w.shape, off);
+        dw.upload(w);
+        for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
           SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " " + qfmt(q).name + " M " + std::to_string(c.M) + " N " +
                        std::to_string(c.N) + " K " + std::to_string(c.K) + " weight offset " + std::to_string(off));
-          Buf w = make_packed(q, c.N, c.K, nullptr, off);
           Buf x(dt, {c.M, c.K}), ref(dt, {c.M, c.N}), got(dt, {c.M, c.N});
           kstest::fill_normal(x);
           if (c.M == 3) {
@@ -1494,8 +1496,7 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
                               ks::TensorView(x.data(), dt, x.shape, DLDevice{kDLCPU, 0}),
                               ks::TensorView(w.data(), DType::U8, w.shape, DLDevice{kDLCPU, 0}),
                               static_cast<ks::QType>(q), ks::Backend::Cpu);
-          DBuf dw(DType::U8, w.shape, off), dx(dt, x.shape), dout(dt, ref.shape);
-          dw.upload(w);
+          DBuf dx(dt, x.shape), dout(dt, ref.shape);
           dx.upload(x);
           for (const char* v : {"", "cuda_a8_warp", "cuda_a8_bulk_stream"}) {
             SCOPED_TRACE(*v ? v : "auto");
@@ -1521,6 +1522,7 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
               }
           }
         }
+      }
 }
 
 // quant_matmul's cuda_mma_diag (M = 1: B's 8 columns carry 8 blocks of the one row; bf16 / fp16 x;
