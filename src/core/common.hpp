@@ -13,6 +13,12 @@
 
 #include "core/half.hpp"
 
+namespace ks {
+// Bytes of one GGUF block of 32 weights of the integer formats (Q4_0 18, Q4_1 20, Q8_0 34): the
+// formats with kernels that walk blocks (quant_matmul's CUDA kernels, quant_matmul_a8 everywhere).
+KS_HD constexpr int64_t q_block_bytes(ks_qtype_t q) { return q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34; }
+}  // namespace ks
+
 namespace ks::cuda {
 bool device_present();             // the CUDA runtime sees a device (false without the backend)
 const char* unavailable_reason();  // why the CUDA backend is unavailable, for error messages

@@ -22,8 +22,6 @@
 
 namespace ks::cpu {
 
-constexpr int64_t a8_block_bytes(ks_qtype_t q) { return q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34; }
-
 // f(std::integral_constant<ks_qtype_t, Q>) for the op's three formats
 template <class F>
 void with_a8_format(ks_qtype_t q, F&& f) {
@@ -88,7 +86,7 @@ void a8_matmul(const ops::QuantMatmulArgs& a, Sums&& sums) {
       for (int64_t m = 0; m < a.m; ++m) {
         sums(row, x.q.data() + m * a.k, nb, S);
         for (int64_t b = 0; b < nb; ++b) {
-          const uint8_t* blk = row + b * a8_block_bytes(Q);
+          const uint8_t* blk = row + b * q_block_bytes(Q);
           const float dw = half_to_float(rd_u16(blk));
           const float mw = Q == KS_QTYPE_Q4_1 ? half_to_float(rd_u16(blk + 2)) : 0.f;
           const float db = x.d[size_t(m * nb + b)];

@@ -352,7 +352,7 @@ bool have_avx512_vnni() {
 template <ks_qtype_t Q>
 KS_AVX512_VNNI void a8_block_sums_vnni(const uint8_t* row, const int8_t* xq, int64_t nb, int* S) {
   const __m128i low4 = _mm_set1_epi8(0x0F);
-  for (int64_t b = 0; b < nb; ++b, row += a8_block_bytes(Q), xq += 32) {
+  for (int64_t b = 0; b < nb; ++b, row += q_block_bytes(Q), xq += 32) {
     const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
     __m256i acc;
     if constexpr (Q == KS_QTYPE_Q8_0) {
@@ -417,8 +417,8 @@ KS_AVX512_VNNI void a8_vnni_weight_row(const QuantMatmulArgs& a, const A8Rows& x
   for (int64_t b0 = 0; b0 < nb; b0 += 16) {
     alignas(32) uint16_t h[16] = {}, hm[16] = {};
     for (int64_t b = b0; b < std::min(nb, b0 + 16); ++b) {
-      h[b - b0] = rd_u16(row + b * a8_block_bytes(Q));
-      if (Q == KS_QTYPE_Q4_1) hm[b - b0] = rd_u16(row + b * a8_block_bytes(Q) + 2);
+      h[b - b0] = rd_u16(row + b * q_block_bytes(Q));
+      if (Q == KS_QTYPE_Q4_1) hm[b - b0] = rd_u16(row + b * q_block_bytes(Q) + 2);
     }
     _mm512_storeu_ps(dw + b0, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(h))));
     if (Q == KS_QTYPE_Q4_1)

@@ -248,7 +248,7 @@ void quant_matmul_ref(const void* p, ks_stream_t) {
 // rest: x's quantization, the block values, the contract's order).
 template <ks_qtype_t Q>
 void a8_block_sums_scalar(const uint8_t* row, const int8_t* xq, int64_t nb, int* S) {
-  for (int64_t b = 0; b < nb; ++b, row += a8_block_bytes(Q), xq += 32) {
+  for (int64_t b = 0; b < nb; ++b, row += q_block_bytes(Q), xq += 32) {
     int s = 0;
     if (Q == KS_QTYPE_Q8_0) {
       for (int i = 0; i < 32; ++i) s += int(int8_t(row[2 + i])) * xq[i];

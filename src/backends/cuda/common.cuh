@@ -269,12 +269,6 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
-// Bytes of one GGUF block of 32 weights (Q4_0 18, Q4_1 20, Q8_0 34: the formats with a CUDA
-// variant; quant_matmul's kernels in model_ops.cu and quant_mma.cu).
-__host__ __device__ constexpr int64_t q_block_bytes(ks_qtype_t q) {
-  return q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34;
-}
-
 // ---- asynchronous copies to shared memory (cp.async, sm_80+) ------------------
 // Copies the first n (0..16) bytes at gmem to smem as one 16-byte copy, zero-filling the
 // rest; nothing past gmem + n is read. Both addresses 16-byte aligned. Without sm_80 code
@@ -427,6 +421,12 @@ __device__ __forceinline__ bool bulk_ring_begin(const uint8_t* w, int64_t N, int
   if (int(threadIdx.x >> 5) != consumer_warps) return true;
   if ((threadIdx.x & 31) == 0) bulk_rows_produce(w, N, RB, r0, r1, rps, S, nst, ring, slot_bytes, full, empty, early, chunk);
   return false;
+}
+// The bulk rings deal a stage's units of work (row pairs, or groups of rows) to the consumer warps
+// in turn across stages, not from warp 0 again in every stage: after `before` units of earlier
+// stages, the stage's first unit goes to warp before mod kBulkWarps, so warp w's first is this.
+__device__ __forceinline__ int bulk_rotated(int w, int before) {
+  return ((w - before) % kBulkWarps + kBulkWarps) % kBulkWarps;
 }
 
 // Barrier `id` (1..15; 0 is __syncthreads'), complete when `threads` threads (a multiple of 32,

@@ -872,10 +872,6 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
     return dot32(v, xb);
   };
   const int step_r = 64 / nb, step_b = 64 % nb;  // (short rows) a lane's item pair stride as (rows, blocks)
-  // The CTA's units of work (row pairs or groups) are dealt to the warps in turn across stages, not
-  // from warp 0 again in every stage: the first unit of a stage after `before` units goes to warp
-  // before mod NW, so warp w's first is (w - before) mod NW.
-  auto rotated = [](int w, int before) { return ((w - before) % kBulkWarps + kBulkWarps) % kBulkWarps; };
   for (int i = 0; i < nst; ++i) {
     const int s = i % S;
     const int64_t a = r0 + int64_t(i) * rps;
@@ -886,7 +882,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
       // Long rows: a warp takes row pairs (t, t + 1), t even, NW pairs apart; lane l blocks l, l + 32, ...
       // of both rows (x's block read once for the two), the pair's chains independent; then a
       // butterfly per row - cuda_warp_per_column's order. A lone last row is paired with itself.
-      for (int t = 2 * rotated(warp, i * ((rps + 1) / 2)); t < rows; t += 2 * kBulkWarps) {
+      for (int t = 2 * bulk_rotated(warp, i * ((rps + 1) / 2)); t < rows; t += 2 * kBulkWarps) {
         const unsigned char* ra = src + int64_t(t) * RB;
         const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
         float acc0 = 0.f, acc1 = 0.f;
@@ -954,7 +950,7 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
       // j + 32: independent chains; a missing second item repeats the first, unstored), each
       // block's sum kept in the warp's row of sums; then lane l adds blocks l, l + 32, ... of
       // each row in order and the butterfly sums the lanes.
-      for (int g0 = G * rotated(warp, i * (rps / G)); g0 < rows; g0 += kBulkWarps * G) {
+      for (int g0 = G * bulk_rotated(warp, i * (rps / G)); g0 < rows; g0 += kBulkWarps * G) {
         const int grows = min(G, rows - g0);
         const unsigned char* gsrc = src + int64_t(g0) * RB;
         int ra = lane / nb, ba = lane % nb, rb = (lane + 32) / nb, bb = (lane + 32) % nb;

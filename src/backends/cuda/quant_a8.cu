@@ -83,8 +83,7 @@ __device__ __forceinline__ void a8_stage_row(const T* xr, int nb, A8X* xs, int w
 
 template <ks_qtype_t Q>
 struct A8Fmt {
-  static constexpr int bytes = Q == KS_QTYPE_Q4_0 ? 18 : Q == KS_QTYPE_Q4_1 ? 20 : 34;
-  static constexpr int code_words = Q == KS_QTYPE_Q8_0 ? 8 : 4;
+  static constexpr int code_words = Q == KS_QTYPE_Q8_0 ? 8 : 4;  // 32-bit words of a block's codes
 };
 
 // A weight block's header word (dw in the low half, Q4_1's mw in the high half) and code words
@@ -214,7 +213,7 @@ __global__ void __launch_bounds__(32 * kA8WarpWarps) quant_matmul_a8_warp_kernel
       float acc = 0.f;
       for (int b = lane; b < nb; b += 32) {
         const A8XRegs xr = a8_x(xs, b);
-        acc = __fadd_rn(acc, a8_block<Q, ALIGNED>(row + int64_t(b) * A8Fmt<Q>::bytes, xr.x0, xr.x1, xr.s));
+        acc = __fadd_rn(acc, a8_block<Q, ALIGNED>(row + int64_t(b) * q_block_bytes(Q), xr.x0, xr.x1, xr.s));
       }
       const float s = warp_sum(acc);
       if (lane == 0) out[m * p.N + n] = Dt<T>::from_f(s);
@@ -252,7 +251,7 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
   named_barrier(1, NT);
   T* out = static_cast<T*>(p.out);
-  constexpr int BB = A8Fmt<Q>::bytes;
+  constexpr int BB = int(q_block_bytes(Q));
   const int pairs = (rps + 1) / 2;
   for (int i = 0; i < nst; ++i) {
     const int s = i % S;
@@ -260,10 +259,8 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
     const int rows = int(min(r1 - a, int64_t(rps)));
     const unsigned char* src = a8_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
     mbar_wait(&full[s], unsigned(i / S) & 1u);
-    // The stage's row pairs are dealt to the warps in turn across stages (the first pair of stage
-    // i to warp (i * pairs) mod NW), so short stages still spread over every warp.
-    const int first = int((int64_t(warp) - int64_t(i) * pairs) % kBulkWarps + kBulkWarps) % kBulkWarps;
-    for (int t = 2 * first; t < rows; t += 2 * kBulkWarps) {
+    // row pairs dealt across stages (bulk_rotated), so short stages still spread over every warp
+    for (int t = 2 * bulk_rotated(warp, i * pairs); t < rows; t += 2 * kBulkWarps) {
       const unsigned char* ra = src + int64_t(t) * RB;
       const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
       float acc0 = 0.f, acc1 = 0.f;
@@ -339,12 +336,8 @@ void quant_matmul_a8_warp_cuda(const void* args, ks_stream_t stream) {
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
     constexpr ks_qtype_t Q = decltype(q)::value;
-    if (aligned)
-      launch_kernel("quant_matmul_a8", quant_matmul_a8_warp_kernel<T, Q, true>, dim3(grid), dim3(32 * kA8WarpWarps),
-                    size_t(a8_warp_smem(a)), s, 1, device_props(dev).pdl, p);
-    else
-      launch_kernel("quant_matmul_a8", quant_matmul_a8_warp_kernel<T, Q, false>, dim3(grid), dim3(32 * kA8WarpWarps),
-                    size_t(a8_warp_smem(a)), s, 1, device_props(dev).pdl, p);
+    launch_kernel("quant_matmul_a8", aligned ? quant_matmul_a8_warp_kernel<T, Q, true> : quant_matmul_a8_warp_kernel<T, Q, false>,
+                  dim3(grid), dim3(32 * kA8WarpWarps), size_t(a8_warp_smem(a)), s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8", "a8_warp warps_per_cta=%lld grid=%lld word_loads=%lld smem=%lld",
@@ -376,16 +369,14 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
     constexpr ks_qtype_t Q = decltype(q)::value;
-    if constexpr (Q != KS_QTYPE_Q8_0) {
+    auto kern = quant_gemv_a8_bulk_kernel<T, Q>;
+    if constexpr (Q != KS_QTYPE_Q8_0)  // (HI16 has no Q8_0 instantiation: its codes are whole bytes)
       if (hi16) {
+        kern = quant_gemv_a8_bulk_kernel<T, Q, true>;
         opt_in_smem_limit<quant_gemv_a8_bulk_kernel<T, Q, true>>(dev, "quant_matmul_a8");  // its own attribute
-        launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<T, Q, true>, dim3(plan.grid), dim3(kA8BulkThreads),
-                      plan.smem, s, 1, device_props(dev).pdl, p);
-        return;
       }
-    }
-    launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<T, Q>, dim3(plan.grid), dim3(kA8BulkThreads), plan.smem,
-                  s, 1, device_props(dev).pdl, p);
+    launch_kernel("quant_matmul_a8", kern, dim3(plan.grid), dim3(kA8BulkThreads), plan.smem, s, 1,
+                  device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
