@@ -346,13 +346,19 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return (a.to(acc) @ b.to(acc).T).to(a.dtype)
 
 
-def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Tensor:
-    op = "quant_matmul"
+def _check_x_weight(op: str, x, weight) -> None:
+    # quant_matmul's and quant_matmul_a8's checks of x and weight before the format's (as the
+    # native ops share them)
     _tensor(op, "x", x), _tensor(op, "weight", weight)
     _float(op, "x", x)
     _same_device(op, "weight", weight, "x", x)
     _ndim(op, "x", x, 2)
     _nonempty_last(op, "x", x)
+
+
+def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Tensor:
+    op = "quant_matmul"
+    _check_x_weight(op, x, weight)
     w = _decode(op, "weight", weight, qtype, cols=x.shape[1], cols_what="x's K (columns)")
     acc = _acc(x)
     with _no_autocast(x):
@@ -449,11 +455,7 @@ def quant_matmul_a8(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.
     backends give the same bits (in eager mode). fp64 x (gradcheck only) runs every step in FP64.
     Gradients reach x only through the block scales d (the codes are rounded)."""
     op = "quant_matmul_a8"
-    _tensor(op, "x", x), _tensor(op, "weight", weight)
-    _float(op, "x", x)
-    _same_device(op, "weight", weight, "x", x)
-    _ndim(op, "x", x, 2)
-    _nonempty_last(op, "x", x)
+    _check_x_weight(op, x, weight)
     if qtype not in _A8_QTYPES:
         names = {0: "none", 1: "F32", 2: "F16", 3: "BF16"}  # the native message's names
         got = f"{names[int(qtype)]} (a dense format: quant_matmul takes it)" if int(qtype) in names else str(int(qtype))
