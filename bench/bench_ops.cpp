@@ -357,6 +357,18 @@ int main(int argc, char** argv) {
       const double us = graph_time(k, call, s);
       record("decode_attention", sh, dt, us, bytes, "paged_attention");
       also_variants("paged_attention", "decode_attention", sh, dt, bytes, k, call);
+      // paged_attention_after_append with fresh_keys = 1 (impl "<impl>_after_append"): the call a
+      // decode step makes right after its append. Here each call's predecessor is the previous
+      // attention call, which writes no cache row, block table or length, so the promise holds;
+      // its early reads (the context, the first tiles' entries and older keys) overlap that call.
+      const std::function<void(int, cudaStream_t)> after = [&](int i, cudaStream_t st) {
+        ks::paged_attention_after_append(dv(o[i]->p, dt, {b, hq, d}), dv(q[i]->p, dt, {b, hq, d}),
+                                         dv(kc[i]->p, dt, {blocks, bs, hkv, d}), dv(vc[i]->p, dt, {blocks, bs, hkv, d}),
+                                         dv(dtable.p, DType::I32, {b, blocks_per_seq}), ks::TensorView(),
+                                         dv(dlens.p, DType::I32, {b}), scale, /*fresh_keys=*/1, ks::Backend::Cuda, st);
+      };
+      record("decode_attention", sh, dt, graph_time(k, after, s), bytes, "paged_attention");
+      rows.back().impl = impl + "_after_append";
     };
     // KS_BENCH_ATTN=model: only the model's shapes (below); =anchors: only the anchors' bf16
     // shapes; =layout: only an experiment on the

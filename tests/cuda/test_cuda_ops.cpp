@@ -2861,6 +2861,105 @@ TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
   CK(cudaStreamDestroy(st));
 }
 
+// paged_attention_after_append on cuda_mma_cluster (bf16 / fp16, the tensor-core kernel): with
+// fresh_keys = 1 each CTA reads the context, its first tiles' block-table entries and those tiles'
+// older keys before griddepcontrol.wait, and the fresh key's row after it. The predecessor is the
+// fused norm + q/k/v matmul (Q4_1) + RoPE + append, which lets its dependent launch early and
+// stores the new key's cache row at its end, so the attention's early reads overlap the matmul;
+// the slot's rows are set to NaN bytes before each step, so a copy of the fresh row made before
+// the wait would show. Each step's output must equal, bit for bit, paged_attention's launched
+// after it (same variant), and the last step's the CPU's within tolerance. Shapes: 32 / 8 heads
+// of 128 at tables of 1024 keys (clusters of 4) and 8192 (the split beyond a cluster, its last
+// CTA merging), 9 / 3 heads of 64 at 32768 (split); lengths at tile and split edges.
+TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const auto stream = static_cast<ks_stream_t>(st);
+  struct Case {
+    int64_t H, KVH, D, K, maxb;
+    const char* expect;  // in the attention's launch configuration
+  };
+  const int64_t bs = 16;
+  for (const Case c : {Case{32, 8, 128, 1024, 64, "cluster=4 splits=1"}, Case{32, 8, 128, 1024, 512, "splits=16"},
+                       Case{9, 3, 64, 576, 2048, "splits=44"}})
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const int64_t H = c.H, KVH = c.KVH, D = c.D, K = c.K, N = (H + 2 * KVH) * D, cap = c.maxb * bs,
+                    blocks = c.maxb + 3;
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " " + std::to_string(H) + "/" + std::to_string(KVH) +
+                   " heads of " + std::to_string(D) + ", a table of " + std::to_string(cap) + " keys");
+      const std::vector<int64_t> cs = {blocks, bs, KVH, D};
+      Buf res(dt, {1, K}), nw(dt, {K}), bt(DType::I32, {1, c.maxb}), kc(dt, cs), vc(dt, cs);
+      kstest::fill_normal(nw, 1.0, 0.1);
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      const Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+      std::mt19937 gen(43);
+      std::vector<int32_t> perm(static_cast<size_t>(blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int64_t i = 0; i < c.maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      DBuf dres(dt, {1, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dkc(dt, cs), dvc(dt, cs),
+          dbt(DType::I32, bt.shape), dcl(DType::I32, {1}), dpos(DType::I64, {1}), dslot(DType::I64, {1}),
+          qkv(dt, {1, N}), da(dt, {1, H, D}), db(dt, {1, H, D});
+      dnw.upload(nw);
+      dw.upload(w);
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      const ks::TensorView none, q(qkv.data(), dt, {1, H, D}, qkv.view().device());
+      const double scale = 1.0 / std::sqrt(double(D));
+      const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
+      Buf ga(dt, {1, H, D}), gb(dt, {1, H, D}), cl(DType::I32, {1}), pos(DType::I64, {1}), slot(DType::I64, {1});
+      std::vector<int64_t> lens = {1, 2, 15, 16, 17, 255, 256, 257, 1000, cap / 2 + 5, cap - 17, cap - 1, cap};
+      std::string cfg;
+      for (int64_t len : lens) {
+        if (len > cap) continue;
+        const int64_t p = len - 1, sl = int64_t(bt.get(p / bs)) * bs + p % bs;
+        kstest::fill_normal(res);
+        cl.set(0, double(len));
+        pos.set(0, double(p));
+        slot.set(0, double(sl));
+        CK(cudaMemcpyAsync(dres.data(), res.data(), dres.nbytes(), cudaMemcpyHostToDevice, st));
+        CK(cudaMemcpyAsync(dcl.data(), cl.data(), dcl.nbytes(), cudaMemcpyHostToDevice, st));
+        CK(cudaMemcpyAsync(dpos.data(), pos.data(), dpos.nbytes(), cudaMemcpyHostToDevice, st));
+        CK(cudaMemcpyAsync(dslot.data(), slot.data(), dslot.nbytes(), cudaMemcpyHostToDevice, st));
+        CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
+        CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
+        CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
+        CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+        ks::fused_add_rms_norm_quant_matmul_rope_kv_append(qkv.view(), none, none, dres.view(), dnw.view(), 1e-5,
+                                                           dw.view(), ks::QType::Q4_1, H, KVH, dpos.view(), D,
+                                                           10000.0, false, dkc.view(), dvc.view(), dslot.view(),
+                                                           ks::Backend::Cuda, stream);
+        ks::paged_attention_after_append(da.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale,
+                                         /*fresh_keys=*/1, ks::Backend::Cuda, stream);
+        cfg = ks_last_launch_config("paged_attention");
+        ASSERT_NE(cfg.find("prewait=1"), std::string::npos) << cfg;
+        ASSERT_NE(cfg.find(c.expect), std::string::npos) << cfg;
+        ks::paged_attention(db.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale,
+                            ks::Backend::Cuda, stream);
+        ASSERT_NE(std::string(ks_last_launch_config("paged_attention")).find("prewait=0"), std::string::npos);
+        CK(cudaStreamSynchronize(st));
+        da.download(ga);
+        db.download(gb);
+        ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << cfg;
+      }
+      // the last step (a full table) against the CPU on the caches and q as the GPU left them
+      Buf hq(dt, {1, N}), hk(dt, cs), hv(dt, cs), ref(dt, {1, H, D});
+      qkv.download(hq);
+      dkc.download(hk);
+      dvc.download(hv);
+      ks::paged_attention(ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
+                          ks::TensorView(), cl.view(), scale, ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
+    }
+  CK(cudaStreamDestroy(st));
+}
+
 // A short live context in a block table sized for many more keys (the model's decode step:
 // a cluster sized at capture for the capacity, replayed at every length): only the first
 // ceil(len / keys per step) CTAs take keys, so a token's row depends on its own length only.

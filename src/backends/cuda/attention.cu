@@ -1108,13 +1108,20 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, mma_keys(now.len, live_ctas(p, parts, now.len, keys_per_cta), part));
   }
-  pdl_begin();
+  // pre (paged_attention_after_append's fresh_keys = p.prewait_fresh > 0; not the TMA tiles):
+  // the caller promises that the kernel before this one writes neither seq_ids, context_lens,
+  // block_tables nor any cache row this token reads below len - prewait_fresh. The context, the
+  // first S tiles' block-table entries and the first S - 1 tiles' copies of the older keys then go
+  // out before griddepcontrol.wait (through L2 alone), so that their round trips overlap that
+  // kernel; q and the fresh keys' copies after it. Otherwise everything after the wait.
+  const bool pre = !TM && p.prewait_fresh > 0;
+  if (!pre) pdl_begin();
   // A fragments of Q (rows: the kv head's query heads; columns past D and rows past G zero),
-  // loaded first: they do not depend on the context length, so their loads overlap
-  // token_context's instead of following it
+  // loaded right after the wait: they do not depend on the context length, so their loads
+  // overlap token_context's (or, pre, the early copies') instead of following them
   const int qr = lane >> 2, qc = (lane & 3) * 2;
   uint32_t qa[NK][4];
-  {
+  auto load_q = [&] {
     const T* qb = static_cast<const T*>(p.q) + (t * p.num_heads + kvh * G) * D;
     auto pair = [&](int row, int col) -> uint32_t {
       return row < G && col < D ? *reinterpret_cast<const uint32_t*>(qb + int64_t(row) * D + col) : 0u;
@@ -1126,8 +1133,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       qa[ks][2] = pair(qr, ks * 16 + qc + 8);
       qa[ks][3] = pair(qr + 8, ks * 16 + qc + 8);
     }
-  }
-  const auto [seq, len] = token_context(p, t);  // len <= INT32_MAX / 2 (can_implement)
+  };
+  if (!pre) load_q();
+  const auto [seq, len] = token_context(p, t, /*l2_only=*/pre);  // len <= INT32_MAX / 2 (can_implement)
   // a split CTA without keys has no cluster to wait for, and the combine reads only the first
   // Ce states
   const int Ce = live_ctas(p, parts, len, keys_per_cta);
@@ -1169,13 +1177,13 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // the entry was checked here, every tile waited for it: ncu at 05fa748 put half of the warps'
   // stalls on global loads).
   // (TM: the tile's first key, for every lane: a tile lies in one block, block_size % 16 == 0)
-  auto fetch = [&](int i, int32_t& blk, int& off) {
+  auto fetch = [&](int i, int32_t& blk, int& off, bool l2_only = false) {
     const int pos = j_begin + tile_key(i) + (TM ? 0 : (lane & 15));
     blk = -1;
     off = 0;
     if (pos < j_end) {
       const int b = block_of(bs_mul, bs_shift, pos);  // pos / block_size
-      blk = bt[b];
+      blk = l2_only ? __ldcg(bt + b) : bt[b];
       off = pos - b * bs;
     }
   };
@@ -1184,8 +1192,11 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   auto slot_of = [&](int32_t blk, int off) -> int {
     return blk >= 0 && blk < p.num_blocks ? blk * bs + off : -1;
   };
-  // copies the tile of these slots into stage `stage`; returns its mask of mapped keys
-  auto issue = [&](int stage, int slot) -> unsigned {
+  // copies the tile of these slots into stage `stage`; returns its mask of mapped keys. With
+  // `first` (the tile's first key position) and [from, to): only the rows of keys at positions
+  // in [from, to) (the rest are left to another call: each row gets one copy or zero fill).
+  // commit: close the group.
+  auto issue = [&](int stage, int slot, int first = 0, int from = 0, int to = INT_MAX, bool commit = true) -> unsigned {
     const unsigned valid = __ballot_sync(0xffffffffu, slot >= 0) & 0xffffu;  // lanes 0..15 (16..31 the same)
     unsigned char* st = ring + stage * Sh::kStageBytes;
 #pragma unroll
@@ -1193,10 +1204,12 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       const int row = lane / CH + k * RP;
       const uint64_t off = uint64_t(uint32_t(max(__shfl_sync(0xffffffffu, slot, row), 0))) * row_stride;
       const bool fill = (valid >> row & 1u) && ch_in;
-      cp_async16(st + mc_chunk<DP>(row, ch), kc + off, fill);
-      cp_async16(st + kMcKeys * Sh::kRowBytes + mc_chunk<DP>(row, ch), vc + off, fill);
+      if (first + row >= from && first + row < to) {
+        cp_async16(st + mc_chunk<DP>(row, ch), kc + off, fill);
+        cp_async16(st + kMcKeys * Sh::kRowBytes + mc_chunk<DP>(row, ch), vc + off, fill);
+      }
     }
-    cp_async_commit();
+    if (commit) cp_async_commit();
     return valid;
   };
   // TM: tile i (block entry blk, offset off) into stage `stage` by lane 0's two tensor copies,
@@ -1242,12 +1255,29 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   for (int i = 0; i < S; ++i) {  // the first S tiles' entries, all loads in flight at once
     pre_blk[i] = -1;
     pre_off[i] = 0;
-    if (i < mine) fetch(i, pre_blk[i], pre_off[i]);
+    if (i < mine) fetch(i, pre_blk[i], pre_off[i], pre);
   }
+  if (pre) {
+    // before the wait, the first S - 1 tiles' rows of older keys (positions below fresh), in
+    // open groups; after it, q, then each tile's fresh rows and the tile's group closed (group 0
+    // then also holds every early copy: waiting for it waits for them too, issued first)
+    const int fresh = int(max(len - int64_t(p.prewait_fresh), int64_t(0)));
 #pragma unroll
-  for (int i = 0; i < S - 1; ++i) {
-    if (i < mine) put_mask(i, issue_tile(i, i, pre_blk[i], pre_off[i]));
-    else if constexpr (!TM) cp_async_commit();  // empty groups keep the wait count uniform
+    for (int i = 0; i < S - 1; ++i)
+      if (i < mine) put_mask(i, issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), 0, fresh, false));
+    pdl_begin();
+    load_q();
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (i < mine) issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), fresh, INT_MAX, false);
+      cp_async_commit();
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < S - 1; ++i) {
+      if (i < mine) put_mask(i, issue_tile(i, i, pre_blk[i], pre_off[i]));
+      else if constexpr (!TM) cp_async_commit();  // empty groups keep the wait count uniform
+    }
   }
   int32_t next_blk = pre_blk[S - 1];  // tile S - 1's, ahead of its copies
   int next_off = pre_off[S - 1];
@@ -1711,6 +1741,9 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   const DeviceProps& dp = device_props(dev);
   const int G = int(a.num_heads / a.num_kv_heads);
   AttnParams p = cluster_attn_params(a);
+  // paged_attention_after_append's promise: the older keys' first tiles are copied before the wait
+  // (not with the TMA tiles)
+  p.prewait_fresh = !tma && a.fresh_keys > 0 ? int(std::min<int64_t>(a.fresh_keys, INT32_MAX)) : 0;
   const int DP = padded_head_dim(a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;
@@ -1850,10 +1883,10 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   check_launch("paged_attention");
   record_launch("paged_attention",
                 tma ? "variant=cuda_mma_tma cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld"
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld prewait=%lld"
                     : "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0});
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld prewait=%lld",
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0, p.prewait_fresh > 0 ? 1 : 0});
 }
 }  // namespace
 
