@@ -2960,6 +2960,89 @@ TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
   CK(cudaStreamDestroy(st));
 }
 
+// paged_attention_after_append on cuda_mma_cluster with a batch: 4 sequences (32 units of 32 / 8
+// heads of 128: 4 warps per CTA, a grid of at most one CTA per SM, so the early reads apply) and
+// 32 (a grid of 256 CTAs: they do not, prewait=0). A decode loop of kv_cache_append (every
+// token's new row, the slots first set to NaN bytes) then the attention, at lengths that differ
+// per sequence; each step's output equal, bit for bit, to paged_attention's after it, and the
+// last step's the CPU's within tolerance.
+TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const auto stream = static_cast<ks_stream_t>(st);
+  const int64_t H = 32, KVH = 8, D = 128, bs = 16, maxb = 32, cap = maxb * bs;
+  std::mt19937 gen(47);
+  for (int64_t B : {int64_t(4), int64_t(32)})
+    for (DType dt : {DType::BF16, DType::F16}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " batch " + std::to_string(B));
+      const int64_t blocks = B * maxb + 5;
+      const std::vector<int64_t> cs = {blocks, bs, KVH, D};
+      Buf kc(dt, cs), vc(dt, cs), bt(DType::I32, {B, maxb});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      std::vector<int32_t> perm(static_cast<size_t>(blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int64_t i = 0; i < B * maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      DBuf dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape), dq(dt, {B, H, D}), dk(dt, {B, KVH, D}),
+          dv(dt, {B, KVH, D}), dcl(DType::I32, {B}), dslot(DType::I64, {B}), da(dt, {B, H, D}), db(dt, {B, H, D});
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      const double scale = 1.0 / std::sqrt(double(D));
+      const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
+      Buf q(dt, {B, H, D}), k(dt, {B, KVH, D}), v(dt, {B, KVH, D}), cl(DType::I32, {B}), slot(DType::I64, {B});
+      Buf ga(dt, q.shape), gb(dt, q.shape);
+      std::string cfg;
+      for (int64_t step : {int64_t(1), int64_t(17), int64_t(200), cap - 40, cap - 8}) {
+        for (int64_t b = 0; b < B; ++b) {  // sequence b holds step + 5 b keys (at most cap)
+          const int64_t len = std::min(cap, step + 5 * b), p = len - 1;
+          cl.set(b, double(len));
+          slot.set(b, double(int64_t(bt.get(b * maxb + p / bs)) * bs + p % bs));
+        }
+        kstest::fill_normal(q);
+        kstest::fill_normal(k);
+        kstest::fill_normal(v);
+        for (auto [d, h] : {std::pair{&dq, &q}, {&dk, &k}, {&dv, &v}, {&dcl, &cl}, {&dslot, &slot}})
+          CK(cudaMemcpyAsync(d->data(), h->data(), d->nbytes(), cudaMemcpyHostToDevice, st));
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t sl = int64_t(slot.get(b));
+          std::memcpy(static_cast<char*>(kc.data()) + size_t(sl) * row, static_cast<const char*>(k.data()) + size_t(b) * row, row);
+          std::memcpy(static_cast<char*>(vc.data()) + size_t(sl) * row, static_cast<const char*>(v.data()) + size_t(b) * row, row);
+          CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
+          CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
+        }
+        CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
+        CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+        ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
+        ks::paged_attention_after_append(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(),
+                                         dcl.view(), scale, /*fresh_keys=*/1, ks::Backend::Cuda, stream);
+        cfg = ks_last_launch_config("paged_attention");
+        const size_t g = cfg.find("grid=");
+        ASSERT_NE(g, std::string::npos) << cfg;
+        const long long grid = std::atoll(cfg.c_str() + g + 5);
+        ASSERT_NE(cfg.find(grid <= sms ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
+        if (B == 4) EXPECT_NE(cfg.find("warps=4"), std::string::npos) << cfg;
+        ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
+                            scale, ks::Backend::Cuda, stream);
+        CK(cudaStreamSynchronize(st));
+        da.download(ga);
+        db.download(gb);
+        ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "step " << step << ": " << cfg;
+      }
+      Buf ref(dt, q.shape);
+      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                          ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
+    }
+  CK(cudaStreamDestroy(st));
+}
+
 // A short live context in a block table sized for many more keys (the model's decode step:
 // a cluster sized at capture for the capacity, replayed at every length): only the first
 // ceil(len / keys per step) CTAs take keys, so a token's row depends on its own length only.
