@@ -1257,18 +1257,25 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     pre_off[i] = 0;
     if (i < mine) fetch(i, pre_blk[i], pre_off[i], pre);
   }
+  // ring (pre, p.prewait_ring): the first S tiles go out in the prologue, the loop issues nothing
+  // at its first step (the S - 1 + i'th tile at step i >= 1, as before)
+  const bool ring_pre = pre && p.prewait_ring;
   if (pre) {
-    // before the wait, the first S - 1 tiles' rows of older keys (positions below fresh), in
-    // open groups; after it, q, then each tile's fresh rows and the tile's group closed (group 0
-    // then also holds every early copy: waiting for it waits for them too, issued first)
+    // before the wait, the first S - 1 (ring: S) tiles' rows of older keys (positions below
+    // fresh), in open groups; after it, q, then each tile's fresh rows and the tile's group
+    // closed (group 0 then also holds every early copy: waiting for it waits for them too,
+    // issued first)
     const int fresh = int(max(len - int64_t(p.prewait_fresh), int64_t(0)));
+    const int n_pre = ring_pre ? S : S - 1;
 #pragma unroll
-    for (int i = 0; i < S - 1; ++i)
-      if (i < mine) put_mask(i, issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), 0, fresh, false));
+    for (int i = 0; i < S; ++i)
+      if (i < n_pre && i < mine)
+        put_mask(i, issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), 0, fresh, false));
     pdl_begin();
     load_q();
 #pragma unroll
-    for (int i = 0; i < S - 1; ++i) {
+    for (int i = 0; i < S; ++i) {
+      if (i >= n_pre) break;
       if (i < mine) issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), fresh, INT_MAX, false);
       cp_async_commit();
     }
@@ -1293,10 +1300,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   for (int i = 0; i < mine; ++i) {
     const int nx = i + S - 1;
     if (nx < mine) {
-      put_mask(nx % S, issue_tile(nx % S, nx, next_blk, next_off));
+      if (!(ring_pre && i == 0)) put_mask(nx % S, issue_tile(nx % S, nx, next_blk, next_off));
       if (nx + 1 < mine) fetch(nx + 1, next_blk, next_off);
     } else if constexpr (!TM) {
-      cp_async_commit();
+      if (!(ring_pre && i == 0)) cp_async_commit();
     }
     const unsigned valid = get_mask(i);
     if constexpr (TM) {
@@ -1744,6 +1751,8 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   // paged_attention_after_append's promise: the older keys' first tiles are copied before the wait
   // (not with the TMA tiles)
   p.prewait_fresh = !tma && a.fresh_keys > 0 ? int(std::min<int64_t>(a.fresh_keys, INT32_MAX)) : 0;
+  static const bool prewait_ring = env_is("KS_ATTN_PREWAIT_RING", "1");
+  p.prewait_ring = prewait_ring;
   const int DP = padded_head_dim(a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;

@@ -217,10 +217,7 @@ __global__ void __launch_bounds__(32 * kA8WarpWarps) quant_matmul_a8_warp_kernel
 }
 
 // ---- cuda_a8_bulk_stream: M = 1, sm_90 -------------------------------------------------------
-// W consumer warps + the producer warp: kBulkWarps (16), or 8 with two CTAs per SM (KS_QMM_A8_WARPS=8,
-// an experiment: the next call's CTAs then fit beside this one's and stream their weights early)
-template <int W>
-constexpr int a8_bulk_threads() { return 32 * (W + 1); }
+constexpr int kA8BulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp
 
 struct A8BulkParams {
   const void* x;
@@ -232,21 +229,21 @@ struct A8BulkParams {
   int chunk;  // bytes per bulk copy (bulk_chunk_bytes; 0: one copy per stage)
 };
 
-template <typename T, ks_qtype_t Q, int W = kBulkWarps>
-__global__ void __launch_bounds__(a8_bulk_threads<W>(), W < kBulkWarps ? 2 : 1) quant_gemv_a8_bulk_kernel(const A8BulkParams p) {
+template <typename T, ks_qtype_t Q>
+__global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(const A8BulkParams p) {
   extern __shared__ __align__(16) unsigned char a8_sm[];  // [slots][slot_bytes], x [nb] A8X
   __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
-  constexpr int NT = 32 * W;
+  constexpr int NT = 32 * kBulkWarps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = p.N, RB = p.row_bytes;
   const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots;
   int64_t r0, r1;
   int nst;
-  if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, W, r0, r1, nst))
+  if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, kBulkWarps, r0, r1, nst))
     return;  // the producer warp
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
   pdl_begin();  // x is the previous kernel's output
-  a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, W, lane);
+  a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
   named_barrier(1, NT);
   T* out = static_cast<T*>(p.out);
   constexpr int BB = int(q_block_bytes(Q));
@@ -258,7 +255,7 @@ __global__ void __launch_bounds__(a8_bulk_threads<W>(), W < kBulkWarps ? 2 : 1) 
     const unsigned char* src = a8_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
     mbar_wait(&full[s], unsigned(i / S) & 1u);
     // row pairs dealt across stages (bulk_rotated), so short stages still spread over every warp
-    for (int t = 2 * bulk_rotated(warp, i * pairs, W); t < rows; t += 2 * W) {
+    for (int t = 2 * bulk_rotated(warp, i * pairs); t < rows; t += 2 * kBulkWarps) {
       const unsigned char* ra = src + int64_t(t) * RB;
       const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
       float acc0 = 0.f, acc1 = 0.f;
@@ -304,24 +301,12 @@ int64_t a8_stage_target(ks_qtype_t q) {
   static const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
   return int64_t(kb > 0 ? kb : q == KS_QTYPE_Q8_0 ? 32 : 64) * 1024;
 }
-// consumer warps of cuda_a8_bulk_stream's CTA: 16, or KS_QMM_A8_WARPS=8 (an experiment)
-int a8_bulk_warps() {
-  static const int w = env_number("KS_QMM_A8_WARPS", kBulkWarps) == 8 ? 8 : kBulkWarps;
-  return w;
-}
 BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
   int64_t limit = 0;
-  const bool two = a8_bulk_warps() < kBulkWarps;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    using T = decltype(tag);
-    constexpr ks_qtype_t Q = decltype(q)::value;
-    limit = two ? opt_in_smem_limit<quant_gemv_a8_bulk_kernel<T, Q, 8>>(dev, "quant_matmul_a8")
-                : opt_in_smem_limit<quant_gemv_a8_bulk_kernel<T, Q>>(dev, "quant_matmul_a8");
+    limit = opt_in_smem_limit<quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul_a8");
   });
-  // two CTAs per SM: each within half of the SM's shared memory (less 1 KB reserved per CTA and
-  // the static barriers)
-  if (two && device_props(dev).smem_per_sm > 0) limit = std::min<int64_t>(limit, device_props(dev).smem_per_sm / 2 - 2048);
   return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
                       int64_t(sizeof(A8X)));
 }
@@ -374,22 +359,14 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                        plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes)};
   const auto s = static_cast<cudaStream_t>(stream);
-  const int W = a8_bulk_warps();
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    using T = decltype(tag);
-    constexpr ks_qtype_t Q = decltype(q)::value;
-    if (W == 8)
-      launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<T, Q, 8>, dim3(plan.grid), dim3(a8_bulk_threads<8>()),
-                    plan.smem, s, 1, device_props(dev).pdl, p);
-    else
-      launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<T, Q>, dim3(plan.grid),
-                    dim3(a8_bulk_threads<kBulkWarps>()), plan.smem, s, 1, device_props(dev).pdl, p);
+    launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
+                  dim3(kA8BulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
-                "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld copy_bytes=%lld "
-                "warps=%lld",
-                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk, W});
+                "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld copy_bytes=%lld",
+                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk});
 }
 
 }  // namespace ks::cuda
