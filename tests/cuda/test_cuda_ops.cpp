@@ -2960,9 +2960,9 @@ TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
   CK(cudaStreamDestroy(st));
 }
 
-// paged_attention_after_append on cuda_mma_cluster with a batch: 4 sequences (32 units of 32 / 8
-// heads of 128: 4 warps per CTA, a grid of at most one CTA per SM, so the early reads apply) and
-// 32 (a grid of 256 CTAs: they do not, prewait=0). A decode loop of kv_cache_append (every
+// paged_attention_after_append on cuda_mma_cluster with a batch: 2 sequences (16 units of 32 / 8
+// heads of 128: 8 warps per CTA, a grid of at most one CTA per SM, so the early reads apply), 4
+// (32 units: 4 warps per CTA, prewait=0) and 32 (a grid of 256 CTAs, prewait=0). A decode loop of kv_cache_append (every
 // token's new row, the slots first set to NaN bytes) then the attention, at lengths that differ
 // per sequence; each step's output equal, bit for bit, to paged_attention's after it, and the
 // last step's the CPU's within tolerance.
@@ -2977,7 +2977,7 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
   const auto stream = static_cast<ks_stream_t>(st);
   const int64_t H = 32, KVH = 8, D = 128, bs = 16, maxb = 32, cap = maxb * bs;
   std::mt19937 gen(47);
-  for (int64_t B : {int64_t(4), int64_t(32)})
+  for (int64_t B : {int64_t(2), int64_t(4), int64_t(32)})
     for (DType dt : {DType::BF16, DType::F16}) {
       SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " batch " + std::to_string(B));
       const int64_t blocks = B * maxb + 5;
@@ -3026,8 +3026,9 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
         const size_t g = cfg.find("grid=");
         ASSERT_NE(g, std::string::npos) << cfg;
         const long long grid = std::atoll(cfg.c_str() + g + 5);
-        ASSERT_NE(cfg.find(grid <= sms ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
-        if (B == 4) EXPECT_NE(cfg.find("warps=4"), std::string::npos) << cfg;
+        const bool eight = cfg.find("warps=8") != std::string::npos;
+        ASSERT_NE(cfg.find(eight && grid <= sms ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
+        EXPECT_EQ(eight, B == 2) << cfg;
         ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
                             scale, ks::Backend::Cuda, stream);
         CK(cudaStreamSynchronize(st));

@@ -1080,10 +1080,11 @@ __device__ __forceinline__ void split3(float a, float b, uint32_t& hi, uint32_t&
 // which inlined into every instantiation raised the key loop's registers, e.g. 96-105 -> 116-127
 // at head_dim 32).
 // TM: the tiles by the TMA unit through `maps` (cuda_mma_tma; see the header).
-template <typename T, int DP, int NW, bool PK, bool LC = false, bool TM = false>
+template <typename T, int DP, int NW, bool PK, bool LC = false, bool TM = false, bool PW = false>
 __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const AttnParams p, const __grid_constant__ McMaps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(!TM || DP == 64 || DP == 128, "cuda_mma_tma: head_dim 64 or 128");
+  static_assert(!(PW && TM), "the early reads are cp.async copies");
   using Sh = McShape<DP, NW, TM>;
   constexpr int NH = PK ? 1 : 2;  // softmax rows per lane: qr (and qr + 8 unpacked)
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
@@ -1108,13 +1109,13 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     const TokenContext now = token_context(p, t, /*l2_only=*/true);
     warm_keys_l2<T>(p, now.seq, kvh, mma_keys(now.len, live_ctas(p, parts, now.len, keys_per_cta), part));
   }
-  // pre (paged_attention_after_append's fresh_keys = p.prewait_fresh > 0; not the TMA tiles):
-  // the caller promises that the kernel before this one writes neither seq_ids, context_lens,
+  // pre (PW: an instantiation of its own, launched for paged_attention_after_append's
+  // fresh_keys = p.prewait_fresh > 0; not the TMA tiles): the caller promises that the kernel before this one writes neither seq_ids, context_lens,
   // block_tables nor any cache row this token reads below len - prewait_fresh. The context, the
   // first S tiles' block-table entries and the first S - 1 tiles' copies of the older keys then go
   // out before griddepcontrol.wait (through L2 alone), so that their round trips overlap that
   // kernel; q and the fresh keys' copies after it. Otherwise everything after the wait.
-  const bool pre = !TM && p.prewait_fresh > 0;
+  constexpr bool pre = PW;
   if (!pre) pdl_begin();
   // A fragments of Q (rows: the kv head's query heads; columns past D and rows past G zero),
   // loaded right after the wait: they do not depend on the context length, so their loads
@@ -1257,25 +1258,18 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     pre_off[i] = 0;
     if (i < mine) fetch(i, pre_blk[i], pre_off[i], pre);
   }
-  // ring (pre, p.prewait_ring): the first S tiles go out in the prologue, the loop issues nothing
-  // at its first step (the S - 1 + i'th tile at step i >= 1, as before)
-  const bool ring_pre = pre && p.prewait_ring;
   if (pre) {
-    // before the wait, the first S - 1 (ring: S) tiles' rows of older keys (positions below
-    // fresh), in open groups; after it, q, then each tile's fresh rows and the tile's group
-    // closed (group 0 then also holds every early copy: waiting for it waits for them too,
-    // issued first)
+    // before the wait, the first S - 1 tiles' rows of older keys (positions below fresh), in
+    // open groups; after it, q, then each tile's fresh rows and the tile's group closed (group 0
+    // then also holds every early copy: waiting for it waits for them too, issued first)
     const int fresh = int(max(len - int64_t(p.prewait_fresh), int64_t(0)));
-    const int n_pre = ring_pre ? S : S - 1;
 #pragma unroll
-    for (int i = 0; i < S; ++i)
-      if (i < n_pre && i < mine)
-        put_mask(i, issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), 0, fresh, false));
+    for (int i = 0; i < S - 1; ++i)
+      if (i < mine) put_mask(i, issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), 0, fresh, false));
     pdl_begin();
     load_q();
 #pragma unroll
-    for (int i = 0; i < S; ++i) {
-      if (i >= n_pre) break;
+    for (int i = 0; i < S - 1; ++i) {
       if (i < mine) issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), fresh, INT_MAX, false);
       cp_async_commit();
     }
@@ -1300,10 +1294,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   for (int i = 0; i < mine; ++i) {
     const int nx = i + S - 1;
     if (nx < mine) {
-      if (!(ring_pre && i == 0)) put_mask(nx % S, issue_tile(nx % S, nx, next_blk, next_off));
+      put_mask(nx % S, issue_tile(nx % S, nx, next_blk, next_off));
       if (nx + 1 < mine) fetch(nx + 1, next_blk, next_off);
     } else if constexpr (!TM) {
-      if (!(ring_pre && i == 0)) cp_async_commit();
+      cp_async_commit();
     }
     const unsigned valid = get_mask(i);
     if constexpr (TM) {
@@ -1751,8 +1745,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   // paged_attention_after_append's promise: the older keys' first tiles are copied before the wait
   // (not with the TMA tiles)
   p.prewait_fresh = !tma && a.fresh_keys > 0 ? int(std::min<int64_t>(a.fresh_keys, INT32_MAX)) : 0;
-  static const bool prewait_ring = env_is("KS_ATTN_PREWAIT_RING", "1");
-  p.prewait_ring = prewait_ring;
   const int DP = padded_head_dim(a.head_dim);
   const auto s = static_cast<cudaStream_t>(stream);
   int C = 1;
@@ -1839,14 +1831,30 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
       }
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
-    // the early reads only where the grid is one CTA per SM at most (batch 1's clusters and
-    // splits): a larger grid lets its successor launch only as its CTAs exit (pdl_begin), and
-    // measured at 12f25a9 batch 32 at 1024 keys took 37.50 us with them against 36.55 without
-    if (grid > dp.sm_count) p.prewait_fresh = 0;
+    // The early reads (their own instantiations, PW) with 8 warps only (few units: batch 1's
+    // clusters and splits) and a grid of at most one CTA per SM: a larger grid lets its successor
+    // launch only as its CTAs exit (pdl_begin), and at 12f25a9 batch 32 at 1024 keys took 37.50
+    // us with them against 36.55 without. The default instantiations carry no trace of them (in
+    // the kernel as a runtime flag, at 12f25a9, the batch-1 anchors without the promise ran
+    // 0.1-0.2 us slower: 5.77-5.88 against 5.63 us at 9/3 heads, 1024 keys).
+    if (kNW != 8 || kTM || grid > dp.sm_count) p.prewait_fresh = 0;
     try {
       bool launched = false;
+      if constexpr (kNW == 8 && !kTM)
+        if (p.prewait_fresh > 0) {
+          // (the split's last CTA merges where p.ws_count is set, as below)
+          auto pw = [&](auto lc) {
+            constexpr auto kern_pw = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value,
+                                                                decltype(lc)::value, false, true>;
+            cluster16_or_8<kern_pw>(dev, kThreads, kSpread, "paged_attention");  // (its attributes, as kern's)
+            launch_kernel("paged_attention", kern_pw, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);
+          };
+          if (p.ws_count) pw(std::true_type{});
+          else pw(std::false_type{});
+          launched = true;
+        }
       if constexpr (kNW == 8)  // (the split, the only user of ws_count, is taken with 8 warps only)
-        if (p.ws_count) {
+        if (!launched && p.ws_count) {
           constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, true, kTM>;
           cluster16_or_8<kern_lc>(dev, kThreads, kSpread, "paged_attention");  // (its attributes, as kern's)
           launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);

@@ -44,17 +44,14 @@ struct AttnParams {
   // prefetched into L2 before griddepcontrol.wait (warm_keys_l2); 0: none, the default
   // (KS_ATTN_PREFETCH_KEYS)
   int prefetch_keys;
-  // cuda_gqa_cluster with one CTA per unit (not the fused RoPE kernel) and cuda_mma_cluster
-  // (grids of at most one CTA per SM): > 0 = the caller's promise
+  // cuda_gqa_cluster with one CTA per unit (not the fused RoPE kernel) and cuda_mma_cluster with
+  // 8 warps and at most one CTA per SM: > 0 = the caller's promise
   // (paged_attention_after_append's fresh_keys) that the kernel before this one in the stream
   // writes neither seq_ids, context_lens, block_tables nor a cache row that a token reads below
   // context_lens[t] - prewait_fresh; the older keys' first copies then go out before
   // griddepcontrol.wait. 0: nothing read before it
   int prewait_fresh;
   int prewait_steps;  // with prewait_fresh: the first 1 or 2 steps' older keys so (2 by default)
-  // cuda_mma_cluster with prewait_fresh: each warp's first S tiles (its whole ring) before the
-  // wait, not S - 1 (KS_ATTN_PREWAIT_RING=1, an experiment)
-  bool prewait_ring;
 };
 
 #if defined(__CUDACC__)
@@ -121,7 +118,6 @@ inline AttnParams attn_params(const ops::PagedAttentionArgs& a) {
   p.prefetch_keys = 0;
   p.prewait_fresh = 0;
   p.prewait_steps = 2;
-  p.prewait_ring = false;
   div_magic(a.block_size, &p.bs_mul, &p.bs_shift);
   return p;
 }
