@@ -710,8 +710,7 @@ int main(int argc, char** argv) {
 #ifdef KS_HAVE_BUILD_COMMIT
   if (!commit || !*commit) commit = KS_BUILD_COMMIT;
 #endif
-  const char* driver = std::getenv("KS_DRIVER");  // nvidia-smi's driver version, from gpu_check.sh
-  const std::string drv_s = driver ? driver : std::to_string(drv);
+  const std::string drv_s = driver_version(drv);
   std::fprintf(f, "gpu,driver,cuda,commit,op,shape,dtype,impl,config,us,gbs,pct_copy,copy_gbs\n");
   for (const auto& r : rows)
     std::fprintf(f, "%s,%s,%d,%s,%s,%s,%s,%s,\"%s\",%.3f,%.1f,%.1f,%.1f\n", prop.name, drv_s.c_str(), rt, commit ? commit : "unknown",

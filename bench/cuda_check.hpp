@@ -1,10 +1,13 @@
 // CK(call): a failing CUDA runtime call in a benchmark prints where and why, then exits.
+// driver_version(api): the benchmarks' CSV driver column.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <string>
 
 #define CK(x)                                                                                \
   do {                                                                                       \
@@ -14,3 +17,25 @@
       std::exit(1);                                                                          \
     }                                                                                        \
   } while (0)
+
+// The CSV's driver column: KS_DRIVER (gpu_check.sh sets it from nvidia-smi), else the kernel
+// module's version from /proc/driver/nvidia/version ("... Kernel Module  580.159.04  ..."), else
+// the CUDA driver API version cudaDriverGetVersion gives (e.g. "api13000", marked so that it is
+// not read as the driver's own version, as the bare 13000 was).
+inline std::string driver_version(int api, const char* proc = "/proc/driver/nvidia/version") {
+  if (const char* e = std::getenv("KS_DRIVER"); e && *e) return e;
+  if (FILE* f = std::fopen(proc, "r")) {
+    char line[512] = {0};
+    const bool got = std::fgets(line, sizeof line, f) != nullptr;
+    std::fclose(f);
+    const char* k = got ? std::strstr(line, "Kernel Module") : nullptr;
+    if (k) {
+      k += std::strlen("Kernel Module");
+      while (*k == ' ' || *k == '\t') ++k;
+      std::string v;
+      while (*k && *k != ' ' && *k != '\t' && *k != '\n' && *k != ',') v += *k++;
+      if (!v.empty()) return v;
+    }
+  }
+  return "api" + std::to_string(api);
+}

@@ -391,8 +391,7 @@ int main(int argc, char** argv) {
   CK(cudaRuntimeGetVersion(&rt));
   CK(cudaDriverGetVersion(&drv));
   const char* commit = std::getenv("KS_COMMIT");
-  const char* driver = std::getenv("KS_DRIVER");
-  const std::string meta = std::string(prop.name) + "," + (driver ? driver : std::to_string(drv)) + "," + std::to_string(rt) +
+  const std::string meta = std::string(prop.name) + "," + driver_version(drv) + "," + std::to_string(rt) +
                            "," + (commit && *commit ? commit : "unknown");
   if (csv) std::fprintf(csv, "gpu,driver,cuda,commit,pattern,batch,keys,us,gbs,pct_copy,copy_gbs\n");
   auto report = [&](const std::string& name, double us) {
