@@ -111,7 +111,10 @@ def _fw(op: str, name: str, x: Any) -> Framework:
     return fw
 
 
-def _qtype(op: str, qtype: Union[str, int, QType, None], allow_none: bool = False) -> int:
+def _qtype(op: str, qtype: Union[str, int, QType, None], allow_none: bool = False,
+           blocks_only: bool = False) -> int:
+    # blocks_only: the op takes the block formats alone (quant_matmul_a8), so an unknown name's
+    # message lists those (a dense format itself is refused by the op, naming it)
     if qtype is None and allow_none:
         return 0
     if isinstance(qtype, str):
@@ -124,7 +127,8 @@ def _qtype(op: str, qtype: Union[str, int, QType, None], allow_none: bool = Fals
     else:
         q = None
     if q is None or (q == QType.NONE and not allow_none):
-        names = ", ".join(repr(n.lower()) for n in QType.__members__ if n != "NONE" or allow_none)
+        names = ", ".join(repr(n.lower()) for n in QType.__members__
+                          if (n != "NONE" or allow_none) and (not blocks_only or n.startswith("Q")))
         raise ValueError(f"{op}: unknown qtype {qtype!r}; expected one of {names}")
     return int(q)
 
@@ -613,7 +617,7 @@ def quant_matmul(x: T, weight: Array, qtype: Union[str, int, QType], *, backend:
 def _quant_matmul_call(op: str, x: T, weight: Array, qtype, backend: str, out: Optional[T]) -> T:
     # quant_matmul and quant_matmul_a8 take the same arguments: _C's and _ref()'s function of that name.
     code = _backend(op, backend)
-    q = _qtype(op, qtype)
+    q = _qtype(op, qtype, blocks_only=op == "quant_matmul_a8")
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
         return _finish(getattr(_ref(), op)(x, weight, q), out)

@@ -248,8 +248,11 @@ def test_quant_matmul_a8_validation(rng):
         assert np.all(out == 7.0)
     with pytest.raises(ValueError, match=rf"{op}: qtype"):
         ks.quant_matmul_a8(x, make_packed(rng, 3, 64, 2), ks.QType.F16)
-    with pytest.raises(ValueError, match=rf"{op}: unknown qtype"):
+    # an unknown name lists the block formats only (the dense ones are refused above)
+    with pytest.raises(ValueError, match=rf"{op}: unknown qtype 42; expected one of 'q4_0', 'q4_1', 'q8_0'$"):
         ks.quant_matmul_a8(x, make_packed(rng, 3, 64, 4), 42)
+    with pytest.raises(ValueError, match=r"quant_matmul: unknown qtype 42; expected one of 'f32', 'f16', 'bf16', 'q4_0'"):
+        ks.quant_matmul(x, make_packed(rng, 3, 64, 4), 42)
     with pytest.raises(ValueError, match=rf"{op}: x's K \(columns\) = 48 is not a multiple"):
         ks.quant_matmul_a8(x[:, :48].copy(), make_packed(rng, 3, 64, 4)[:, :54], "q4_0")
     with pytest.raises(ValueError, match=rf"{op}: weight must have 36 bytes per row"):
