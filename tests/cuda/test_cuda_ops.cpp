@@ -2750,51 +2750,58 @@ TEST(Cuda, AttentionAfterAppendSameBits) {
   CK(cudaStreamDestroy(st));
 }
 
-// paged_attention_after_append after the model's own predecessor: the fused norm + q/k/v matmul
-// (Q4_1, 15 heads of 64 over 576) + RoPE + append, which lets its dependent launch early (its
-// default) and stores the new key's cache row at its end, so the attention's early reads overlap
-// the matmul (kv_cache_append above is quicker and may hide a read made too early). SmolLM2's
-// shapes, fp32, a 256-key table (one CTA per unit), one token per step from 1 to 200 keys, the
-// slot's rows set to NaN bytes before each step; each output equal, bit for bit, to
-// paged_attention's launched after it, and the last one the CPU's within tolerance.
-TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
-  NEED_GPU();
-  using namespace kstest::gguf;
-  kstest::ScopedVariant pin("paged_attention", "cuda_gqa_cluster");
-  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  const char* env = std::getenv("KS_ATTN_ONE_CTA_KEYS");
-  const int64_t one_cta_keys = env ? std::atoll(env) : 256;
-  const char* early_env = std::getenv("KS_QMM_ROPE_EARLY_TRIGGER");
-  const bool early = !(early_env && std::string(early_env) == "0");
-  const DType dt = DType::F32;
-  const int64_t H = 9, KVH = 3, D = 64, K = 576, N = (H + 2 * KVH) * D, bs = 16, maxb = 16, blocks = maxb + 3;
-  const std::vector<int64_t> cs = {blocks, bs, KVH, D};
-  Buf res(dt, {1, K}), nw(dt, {K}), bt(DType::I32, {1, maxb}), kc(dt, cs), vc(dt, cs);
-  kstest::fill_normal(nw, 1.0, 1.0);
-  kstest::fill_normal(kc);
-  kstest::fill_normal(vc);
-  const Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
-  std::mt19937 gen(41);
-  std::vector<int32_t> perm(static_cast<size_t>(blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), gen);
-  for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
-  DBuf dres(dt, {1, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape),
-      dcl(DType::I32, {1}), dpos(DType::I64, {1}), dslot(DType::I64, {1}), qkv(dt, {1, N}), da(dt, {1, H, D}),
-      db(dt, {1, H, D});
-  dnw.upload(nw);
-  dw.upload(w);
-  dkc.upload(kc);
-  dvc.upload(vc);
-  dbt.upload(bt);
+// One token's decode step behind the model's own predecessor of decode attention: the fused norm
+// + q/k/v matmul (Q4_1, (H + 2 KVH) D rows over K) + RoPE + append, which lets its dependent
+// launch early (its default) and stores the new key's cache row at its end, so the attention's
+// early reads overlap the matmul (kv_cache_append is quicker and may hide a read made too early).
+// A table of maxb 16-key blocks, distinct and shuffled (no slot read under two positions).
+// step(len) appends position len - 1, its slot's cache rows and both outputs first set to NaN
+// bytes (a copy of the fresh row made before the wait would show), then runs
+// paged_attention_after_append (fresh_keys = 1) into da and paged_attention into db on one
+// stream, and checks that both gave the same bits.
+struct FusedAppendRig {
+  DType dt;
+  int64_t H, KVH, D, K, N, maxb, blocks;
+  static constexpr int64_t bs = 16;
+  std::vector<int64_t> cs;
+  Buf res, nw, bt, kc, vc, w, cl, pos, slot, ga, gb;
+  DBuf dres, dnw, dw, dkc, dvc, dbt, dcl, dpos, dslot, qkv, da, db;
   cudaStream_t st = nullptr;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const auto stream = static_cast<ks_stream_t>(st);
-  const ks::TensorView none, q(qkv.data(), dt, {1, H, D}, qkv.view().device());
-  const double scale = 1.0 / std::sqrt(double(D));
-  const size_t row = size_t(KVH * D) * 4;
-  Buf ga(dt, {1, H, D}), gb(dt, {1, H, D}), cl(DType::I32, {1}), pos(DType::I64, {1}), slot(DType::I64, {1});
-  for (int64_t len = 1; len <= 200; ++len) {
+  double scale;
+  size_t row;
+  ks::TensorView none, q;  // q: the fused output's first H * D columns as [1, H, D]
+  std::string fused, after, plain;  // the last step's launch configurations
+
+  FusedAppendRig(DType dt_, int64_t H_, int64_t KVH_, int64_t D_, int64_t K_, int64_t maxb_, unsigned seed,
+                 double nw_std)
+      : dt(dt_), H(H_), KVH(KVH_), D(D_), K(K_), N((H_ + 2 * KVH_) * D_), maxb(maxb_), blocks(maxb_ + 3),
+        cs{blocks, bs, KVH_, D_}, res(dt, {1, K}), nw(dt, {K}), bt(DType::I32, {1, maxb}), kc(dt, cs), vc(dt, cs),
+        w(kstest::gguf::make_packed(KS_QTYPE_Q4_1, N, K)), cl(DType::I32, {1}), pos(DType::I64, {1}),
+        slot(DType::I64, {1}), ga(dt, {1, H, D}), gb(dt, {1, H, D}), dres(dt, {1, K}), dnw(dt, {K}),
+        dw(DType::U8, w.shape), dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape), dcl(DType::I32, {1}),
+        dpos(DType::I64, {1}), dslot(DType::I64, {1}), qkv(dt, {1, N}), da(dt, {1, H, D}), db(dt, {1, H, D}),
+        scale(1.0 / std::sqrt(double(D))), row(size_t(KVH * D) * ks::dtype_size(dt)),
+        q(qkv.data(), dt, {1, H, D}, qkv.view().device()) {
+    kstest::fill_normal(nw, 1.0, nw_std);
+    kstest::fill_normal(kc);
+    kstest::fill_normal(vc);
+    std::mt19937 gen(seed);
+    std::vector<int32_t> perm(static_cast<size_t>(blocks));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), gen);
+    for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+    dnw.upload(nw);
+    dw.upload(w);
+    dkc.upload(kc);
+    dvc.upload(vc);
+    dbt.upload(bt);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~FusedAppendRig() {
+    if (st) cudaStreamDestroy(st);
+  }
+  void step(int64_t len, double sc) {
+    const auto stream = static_cast<ks_stream_t>(st);
     const int64_t p = len - 1, sl = int64_t(bt.get(p / bs)) * bs + p % bs;
     kstest::fill_normal(res);
     cl.set(0, double(len));
@@ -2812,152 +2819,117 @@ TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
     ks::fused_add_rms_norm_quant_matmul_rope_kv_append(qkv.view(), none, none, dres.view(), dnw.view(), 1e-5, dw.view(),
                                                        ks::QType::Q4_1, H, KVH, dpos.view(), D, 10000.0, false,
                                                        dkc.view(), dvc.view(), dslot.view(), ks::Backend::Cuda, stream);
-    const std::string fused = ks_last_launch_config("fused_add_rms_norm_quant_matmul_rope_kv_append");
-    ASSERT_NE(fused.find(early ? "rope_early_trigger=1" : "rope_early_trigger=0"), std::string::npos) << fused;
-    ks::paged_attention_after_append(da.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale,
+    fused = ks_last_launch_config("fused_add_rms_norm_quant_matmul_rope_kv_append");
+    ks::paged_attention_after_append(da.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), sc,
                                      /*fresh_keys=*/1, ks::Backend::Cuda, stream);
-    const std::string with = ks_last_launch_config("paged_attention");
-    ASSERT_NE(with.find(16 * maxb <= one_cta_keys ? "prewait=1" : "prewait=0"), std::string::npos) << with;
-    ks::paged_attention(db.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale, ks::Backend::Cuda,
+    after = ks_last_launch_config("paged_attention");
+    ks::paged_attention(db.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), sc, ks::Backend::Cuda,
                         stream);
+    plain = ks_last_launch_config("paged_attention");
     CK(cudaStreamSynchronize(st));
     da.download(ga);
     db.download(gb);
-    ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << with;
+    EXPECT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << after;
+  }
+  // the GPU's q, caches (as the steps left them) and the CPU backend's output at scale sc
+  void download(Buf& hq, Buf& hk, Buf& hv, Buf& ref, double sc) {
+    qkv.download(hq);
+    dkc.download(hk);
+    dvc.download(hv);
+    ks::paged_attention(ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
+                        ks::TensorView(), cl.view(), sc, ks::Backend::Cpu);
+  }
+};
+
+// paged_attention_after_append behind FusedAppendRig on cuda_gqa_cluster (SmolLM2's shapes, fp32,
+// a 256-key table: one CTA per unit, so the early reads apply), one token per step from 1 to 200
+// keys; each output equal, bit for bit, to paged_attention's launched after it, and the last one
+// the CPU's within tolerance.
+TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_gqa_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  const char* env = std::getenv("KS_ATTN_ONE_CTA_KEYS");
+  const int64_t one_cta_keys = env ? std::atoll(env) : 256;
+  const char* early_env = std::getenv("KS_QMM_ROPE_EARLY_TRIGGER");
+  const bool early = !(early_env && std::string(early_env) == "0");
+  const DType dt = DType::F32;
+  const int64_t H = 9, KVH = 3, D = 64, maxb = 16;
+  FusedAppendRig rig(dt, H, KVH, D, 576, maxb, 41, 1.0);
+  for (int64_t len = 1; len <= 200; ++len) {
+    ASSERT_NO_FATAL_FAILURE(rig.step(len, rig.scale));
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "length " << len;
+    ASSERT_NE(rig.fused.find(early ? "rope_early_trigger=1" : "rope_early_trigger=0"), std::string::npos) << rig.fused;
+    ASSERT_NE(rig.after.find(16 * maxb <= one_cta_keys ? "prewait=1" : "prewait=0"), std::string::npos) << rig.after;
   }
   // the last step against FP64, on the caches and q as the GPU left them, within the bound of an
   // FP32 computation (kstest::paged_attention_fp64): the projections' q and k give scores of
   // large magnitude, so a fixed tolerance is too tight for some draws (a sharded run's inputs
   // differed by 2.2e-5 relative from the CPU's at 5f64647, 10x close_to_cpu's FP32 tolerance);
   // the CPU backend's row against the same bound
-  Buf hq(dt, {1, N}), hk(dt, cs), hv(dt, cs), ref(dt, {1, H, D});
-  qkv.download(hq);
-  dkc.download(hk);
-  dvc.download(hv);
+  Buf hq(dt, {1, rig.N}), hk(dt, rig.cs), hv(dt, rig.cs), ref(dt, {1, H, D});
+  rig.download(hq, hk, hv, ref, rig.scale);
   std::vector<double> qv = hq.values();
   qv.resize(size_t(H * D));  // q: the row's first H * D values
   const std::vector<double> kv = hk.values(), vv = hv.values();
-  const std::vector<int64_t> ctx = {int64_t(cl.get(0))};
-  const auto slot_of = [&](int64_t, int64_t j) { return int64_t(bt.get(j / bs)) * bs + j % bs; };
-  const kstest::AttnRef r64 = kstest::paged_attention_fp64(qv, kv, vv, 1, H, KVH, D, ctx, scale, slot_of);
-  EXPECT_TRUE(kstest::attention_matches(gb, r64, ctx, H, D)) << ks_last_launch_config("paged_attention");
-  ks::paged_attention(ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
-                      ks::TensorView(), cl.view(), scale, ks::Backend::Cpu);
+  const std::vector<int64_t> ctx = {int64_t(rig.cl.get(0))};
+  const auto slot_of = [&](int64_t, int64_t j) { return int64_t(rig.bt.get(j / rig.bs)) * rig.bs + j % rig.bs; };
+  const kstest::AttnRef r64 = kstest::paged_attention_fp64(qv, kv, vv, 1, H, KVH, D, ctx, rig.scale, slot_of);
+  EXPECT_TRUE(kstest::attention_matches(rig.gb, r64, ctx, H, D)) << rig.plain;
   EXPECT_TRUE(kstest::attention_matches(ref, r64, ctx, H, D)) << "the CPU backend";
   // At this scale the scores spread over thousands and the softmax is nearly one-hot, so the bound
   // above is loose (about 10% of sum p |v|, a reviewer's estimate). The same buffers at a scale 512
   // times smaller (scores of a few units) weigh every key, and the bound tightens to about 3e-4
   // of the outputs: a dropped or misplaced key (weight ~1/200) is far outside it.
-  const double small = scale / 512;
+  const double small = rig.scale / 512;
   Buf gs(dt, {1, H, D}), cs_ref(dt, {1, H, D});
-  ks::paged_attention(db.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), small, ks::Backend::Cuda, stream);
-  CK(cudaStreamSynchronize(st));
-  db.download(gs);
-  ks::paged_attention(cs_ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
-                      ks::TensorView(), cl.view(), small, ks::Backend::Cpu);
+  ks::paged_attention(rig.db.view(), rig.q, rig.dkc.view(), rig.dvc.view(), rig.dbt.view(), rig.none, rig.dcl.view(),
+                      small, ks::Backend::Cuda, static_cast<ks_stream_t>(rig.st));
+  CK(cudaStreamSynchronize(rig.st));
+  rig.db.download(gs);
+  ks::paged_attention(cs_ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), rig.bt.view(),
+                      ks::TensorView(), rig.cl.view(), small, ks::Backend::Cpu);
   const kstest::AttnRef s64 = kstest::paged_attention_fp64(qv, kv, vv, 1, H, KVH, D, ctx, small, slot_of);
   EXPECT_TRUE(kstest::attention_matches(gs, s64, ctx, H, D)) << "scale / 512";
   EXPECT_TRUE(kstest::attention_matches(cs_ref, s64, ctx, H, D)) << "the CPU backend, scale / 512";
-  CK(cudaStreamDestroy(st));
 }
 
-// paged_attention_after_append on cuda_mma_cluster (bf16 / fp16, the tensor-core kernel): with
-// fresh_keys = 1 each CTA reads the context, its first tiles' block-table entries and those tiles'
-// older keys before griddepcontrol.wait, and the fresh key's row after it. The predecessor is the
-// fused norm + q/k/v matmul (Q4_1) + RoPE + append, which lets its dependent launch early and
-// stores the new key's cache row at its end, so the attention's early reads overlap the matmul;
-// the slot's rows are set to NaN bytes before each step, so a copy of the fresh row made before
-// the wait would show. Each step's output must equal, bit for bit, paged_attention's launched
-// after it (same variant), and the last step's the CPU's within tolerance. Shapes: 32 / 8 heads
-// of 128 at tables of 1024 keys (clusters of 4) and 8192 (the split beyond a cluster, its last
-// CTA merging), 9 / 3 heads of 64 at 32768 (split); lengths at tile and split edges.
+// paged_attention_after_append on cuda_mma_cluster (bf16 / fp16, the tensor-core kernel) behind
+// FusedAppendRig: with fresh_keys = 1 each CTA reads the context, its first tiles' block-table
+// entries and those tiles' older keys before griddepcontrol.wait, and the fresh key's row after
+// it. Each step's output must equal, bit for bit, paged_attention's launched after it (same
+// variant, no early reads), and the last step's the CPU's within tolerance. Shapes: 32 / 8 heads
+// of 128 at tables of 1024 keys (clusters of 4) and 8192 (the split beyond a cluster, its last CTA
+// merging), 9 / 3 heads of 64 at 32768 (split); lengths at tile and split edges.
 TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
   NEED_GPU();
-  using namespace kstest::gguf;
   kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
   ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  cudaStream_t st = nullptr;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const auto stream = static_cast<ks_stream_t>(st);
   struct Case {
     int64_t H, KVH, D, K, maxb;
     const char* expect;  // in the attention's launch configuration
   };
-  const int64_t bs = 16;
   for (const Case c : {Case{32, 8, 128, 1024, 64, "cluster=4 splits=1"}, Case{32, 8, 128, 1024, 512, "splits=16"},
                        Case{9, 3, 64, 576, 2048, "splits=44"}})
     for (DType dt : {DType::BF16, DType::F16}) {
-      const int64_t H = c.H, KVH = c.KVH, D = c.D, K = c.K, N = (H + 2 * KVH) * D, cap = c.maxb * bs,
-                    blocks = c.maxb + 3;
-      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " " + std::to_string(H) + "/" + std::to_string(KVH) +
-                   " heads of " + std::to_string(D) + ", a table of " + std::to_string(cap) + " keys");
-      const std::vector<int64_t> cs = {blocks, bs, KVH, D};
-      Buf res(dt, {1, K}), nw(dt, {K}), bt(DType::I32, {1, c.maxb}), kc(dt, cs), vc(dt, cs);
-      kstest::fill_normal(nw, 1.0, 0.1);
-      kstest::fill_normal(kc);
-      kstest::fill_normal(vc);
-      const Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
-      std::mt19937 gen(43);
-      std::vector<int32_t> perm(static_cast<size_t>(blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), gen);
-      for (int64_t i = 0; i < c.maxb; ++i) bt.set(i, double(perm[size_t(i)]));
-      DBuf dres(dt, {1, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dkc(dt, cs), dvc(dt, cs),
-          dbt(DType::I32, bt.shape), dcl(DType::I32, {1}), dpos(DType::I64, {1}), dslot(DType::I64, {1}),
-          qkv(dt, {1, N}), da(dt, {1, H, D}), db(dt, {1, H, D});
-      dnw.upload(nw);
-      dw.upload(w);
-      dkc.upload(kc);
-      dvc.upload(vc);
-      dbt.upload(bt);
-      const ks::TensorView none, q(qkv.data(), dt, {1, H, D}, qkv.view().device());
-      const double scale = 1.0 / std::sqrt(double(D));
-      const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
-      Buf ga(dt, {1, H, D}), gb(dt, {1, H, D}), cl(DType::I32, {1}), pos(DType::I64, {1}), slot(DType::I64, {1});
-      std::vector<int64_t> lens = {1, 2, 15, 16, 17, 255, 256, 257, 1000, cap / 2 + 5, cap - 17, cap - 1, cap};
-      std::string cfg;
-      for (int64_t len : lens) {
+      const int64_t cap = c.maxb * FusedAppendRig::bs;
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " " + std::to_string(c.H) + "/" + std::to_string(c.KVH) +
+                   " heads of " + std::to_string(c.D) + ", a table of " + std::to_string(cap) + " keys");
+      FusedAppendRig rig(dt, c.H, c.KVH, c.D, c.K, c.maxb, 43, 0.1);
+      for (int64_t len : {int64_t(1), int64_t(2), int64_t(15), int64_t(16), int64_t(17), int64_t(255), int64_t(256),
+                          int64_t(257), int64_t(1000), cap / 2 + 5, cap - 17, cap - 1, cap}) {
         if (len > cap) continue;
-        const int64_t p = len - 1, sl = int64_t(bt.get(p / bs)) * bs + p % bs;
-        kstest::fill_normal(res);
-        cl.set(0, double(len));
-        pos.set(0, double(p));
-        slot.set(0, double(sl));
-        CK(cudaMemcpyAsync(dres.data(), res.data(), dres.nbytes(), cudaMemcpyHostToDevice, st));
-        CK(cudaMemcpyAsync(dcl.data(), cl.data(), dcl.nbytes(), cudaMemcpyHostToDevice, st));
-        CK(cudaMemcpyAsync(dpos.data(), pos.data(), dpos.nbytes(), cudaMemcpyHostToDevice, st));
-        CK(cudaMemcpyAsync(dslot.data(), slot.data(), dslot.nbytes(), cudaMemcpyHostToDevice, st));
-        CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
-        CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
-        CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
-        CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
-        ks::fused_add_rms_norm_quant_matmul_rope_kv_append(qkv.view(), none, none, dres.view(), dnw.view(), 1e-5,
-                                                           dw.view(), ks::QType::Q4_1, H, KVH, dpos.view(), D,
-                                                           10000.0, false, dkc.view(), dvc.view(), dslot.view(),
-                                                           ks::Backend::Cuda, stream);
-        ks::paged_attention_after_append(da.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale,
-                                         /*fresh_keys=*/1, ks::Backend::Cuda, stream);
-        cfg = ks_last_launch_config("paged_attention");
-        ASSERT_NE(cfg.find("prewait=1"), std::string::npos) << cfg;
-        ASSERT_NE(cfg.find(c.expect), std::string::npos) << cfg;
-        ks::paged_attention(db.view(), q, dkc.view(), dvc.view(), dbt.view(), none, dcl.view(), scale,
-                            ks::Backend::Cuda, stream);
-        ASSERT_NE(std::string(ks_last_launch_config("paged_attention")).find("prewait=0"), std::string::npos);
-        CK(cudaStreamSynchronize(st));
-        da.download(ga);
-        db.download(gb);
-        ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << cfg;
+        ASSERT_NO_FATAL_FAILURE(rig.step(len, rig.scale));
+        ASSERT_FALSE(::testing::Test::HasFailure()) << "length " << len;
+        ASSERT_NE(rig.after.find("prewait=1"), std::string::npos) << rig.after;
+        ASSERT_NE(rig.after.find(c.expect), std::string::npos) << rig.after;
+        ASSERT_NE(rig.plain.find("prewait=0"), std::string::npos) << rig.plain;
       }
       // the last step (a full table) against the CPU on the caches and q as the GPU left them
-      Buf hq(dt, {1, N}), hk(dt, cs), hv(dt, cs), ref(dt, {1, H, D});
-      qkv.download(hq);
-      dkc.download(hk);
-      dvc.download(hv);
-      ks::paged_attention(ref.view(), ks::TensorView(hq.data(), dt, {1, H, D}), hk.view(), hv.view(), bt.view(),
-                          ks::TensorView(), cl.view(), scale, ks::Backend::Cpu);
-      EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
+      Buf hq(dt, {1, rig.N}), hk(dt, rig.cs), hv(dt, rig.cs), ref(dt, {1, c.H, c.D});
+      rig.download(hq, hk, hv, ref, rig.scale);
+      EXPECT_TRUE(close_to_cpu(rig.gb, ref, 1e-5)) << rig.plain;
     }
-  CK(cudaStreamDestroy(st));
 }
 
 // paged_attention_after_append on cuda_mma_cluster with a batch: 2 sequences (16 units of 32 / 8
