@@ -2672,6 +2672,26 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
     }
 }
 
+// A decode step's tail on stream st: kv_cache_append of k, v at the slots, then
+// paged_attention_after_append (fresh_keys = 1) into da and paged_attention into db, both
+// downloaded (ga, gb) once the stream is done; returns the after_append call's launch
+// configuration.
+std::string append_then_attention(DBuf& dkc, DBuf& dvc, const DBuf& dk, const DBuf& dv, const DBuf& dslot,
+                                  const DBuf& dq, const DBuf& dbt, const DBuf& dcl, DBuf& da, DBuf& db, double scale,
+                                  cudaStream_t st, Buf& ga, Buf& gb) {
+  const auto stream = static_cast<ks_stream_t>(st);
+  ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
+  ks::paged_attention_after_append(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(),
+                                   dcl.view(), scale, /*fresh_keys=*/1, ks::Backend::Cuda, stream);
+  const std::string with = ks_last_launch_config("paged_attention");
+  ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+                      ks::Backend::Cuda, stream);
+  EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
+  da.download(ga);
+  db.download(gb);
+  return with;
+}
+
 // paged_attention_after_append (fresh_keys = 1): with one CTA per unit, cuda_gqa_cluster reads
 // the context, the first two steps' block-table entries and their keys but the last before
 // griddepcontrol.wait, trusting that the kernel before it writes only each token's last context
@@ -2730,16 +2750,8 @@ TEST(Cuda, AttentionAfterAppendSameBits) {
         CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
         CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
         CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
-        ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
-        ks::paged_attention_after_append(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(),
-                                         dcl.view(), scale, /*fresh_keys=*/1, ks::Backend::Cuda, stream);
-        const std::string with = ks_last_launch_config("paged_attention");
+        const std::string with = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb);
         ASSERT_NE(with.find(cap <= one_cta_keys ? "prewait=1" : "prewait=0"), std::string::npos) << with;
-        ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
-                            scale, ks::Backend::Cuda, stream);
-        CK(cudaStreamSynchronize(st));
-        da.download(ga);
-        db.download(gb);
         ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << with;
       }
       Buf ref(dt, q.shape);
@@ -2991,21 +3003,13 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
         }
         CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
         CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
-        ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
-        ks::paged_attention_after_append(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(),
-                                         dcl.view(), scale, /*fresh_keys=*/1, ks::Backend::Cuda, stream);
-        cfg = ks_last_launch_config("paged_attention");
+        cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb);
         const size_t g = cfg.find("grid=");
         ASSERT_NE(g, std::string::npos) << cfg;
         const long long grid = std::atoll(cfg.c_str() + g + 5);
         const bool eight = cfg.find("warps=8") != std::string::npos;
         ASSERT_NE(cfg.find(eight && grid <= sms ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
         EXPECT_EQ(eight, B == 2) << cfg;
-        ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(),
-                            scale, ks::Backend::Cuda, stream);
-        CK(cudaStreamSynchronize(st));
-        da.download(ga);
-        db.download(gb);
         ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "step " << step << ": " << cfg;
       }
       Buf ref(dt, q.shape);
