@@ -359,7 +359,9 @@ KS_API ks_status_t ks_paged_attention(DLTensor* out, const DLTensor* q, const DL
  * kernel has finished (programmatic dependent launch); q and the fresh keys are read after it.
  * fresh_keys = 0 makes no promise (ks_paged_attention exactly).
  * The result is bit for bit ks_paged_attention's whatever fresh_keys is; if the promise is
- * broken, CUDA may read a row before it is written. Arguments and errors as in
+ * broken, CUDA may read a row, a length or a block-table entry before it is written (wrong rows;
+ * for cuda_mma_cluster also a hung launch or a split counter left wrong for later calls: the
+ * contract's "A broken promise"). Arguments and errors as in
  * ks_paged_attention, validated under this function's name (the dispatch, its errors, pins and
  * launch records are paged_attention's), and KS_ERROR_INVALID_ARGUMENT for
  * fresh_keys < 0. Contract: docs/contracts.md#paged_attention_after_append. */

@@ -1105,7 +1105,9 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
             cache append) wrote, for every token t, no k_cache / v_cache row that t
             reads below context_lens[t] - fresh_keys, and none of block_tables, seq_ids
             and context_lens; CUDA may then read the older keys before that kernel ends. A
-            broken promise may read a row before it is written (not on the CPU). The
+            broken promise may read a row, a length or a table entry before it is written
+            (wrong rows, or on cuda_mma_cluster a hung launch: the contract's "A broken
+            promise"; not on the CPU). The
             native backends' errors then name paged_attention_after_append. Not passed
             on under torch.compile or on the torch reference (the same result).
         backend: "auto" | "cpu" | "cuda" | "torch".

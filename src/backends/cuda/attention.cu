@@ -1837,7 +1837,9 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     // us with them against 36.55 without. The default instantiations carry no trace of them (in
     // the kernel as a runtime flag, at 12f25a9, the batch-1 anchors without the promise ran
     // 0.1-0.2 us slower: 5.77-5.88 against 5.63 us at 9/3 heads, 1024 keys).
-    if (kNW != 8 || kTM || grid > dp.sm_count) p.prewait_fresh = 0;
+    // (and only under programmatic dependent launch, so that prewait=1 in the launch record means
+    // that reads did go out early)
+    if (kNW != 8 || kTM || grid > dp.sm_count || !dp.pdl || pdl_off_for("paged_attention")) p.prewait_fresh = 0;
     try {
       bool launched = false;
       if constexpr (kNW == 8 && !kTM)
