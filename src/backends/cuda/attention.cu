@@ -1760,6 +1760,10 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   // the fewest keys per split CTA: 256 (two tiles per warp), or KS_ATTN_SPLIT_KEYS=N (a
   // multiple of 16, for experiments)
   static const int split_keys = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_KEYS", 256), 16, 1 << 20) / 16 * 16);
+  // KS_ATTN_SPLIT_CTAS=n (2..4; an experiment): with 4 warps per CTA, the split at up to n CTAs per
+  // SM (batch 1's units over 2-4 x the SMs, 8-16 warps per SM of which each CTA's few tiles are a
+  // shorter chain); 0, the default: the split is taken with 8 warps only
+  static const int split_ctas = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_CTAS", 0), 0, 4));
   const bool pools = once_per_device<bool>(dev, [](int d) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
@@ -1787,6 +1791,26 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     constexpr size_t kSpread = std::max(kMost, size_t(116 * 1024));
     const size_t smem = kNW == 8 ? kSpread : mc_smem_bytes<kDP, kNW, kTM>(G, a.head_dim);
     const int max_c = cluster16_or_8<kern>(dev, kThreads, kNW == 8 ? kSpread : kMost, "paged_attention");
+    // S CTAs per unit, each with its own keys, their states merged through a workspace private to
+    // this call (split_workspace; without memory for it, the launch as chosen before); lc: the
+    // unit's last split CTA merges (a zeroed counter per unit after the states), else
+    // attention_combine_kernel
+    auto take_split = [&](int64_t S, bool lc) {
+      if (!split_on || !pools || S <= 1) return;
+      const int64_t units = a.num_tokens * a.num_kv_heads;
+      const size_t states = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
+      const size_t ws_bytes = lc ? states + size_t(units) * sizeof(unsigned) : states;
+      if (float* w = split_workspace(dev, s, ws_bytes, states, &stream_ordered)) {
+        ws = w;
+        p.split_keys = split_keys;
+        p.splits = int(S);
+        p.ws = ws;
+        if (lc) p.ws_count = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(w) + states);
+        splits = S;
+        C = 1;
+        resident = 0;
+      }
+    };
     C = choose_cluster(a, max_c, dp.sm_count, 256);  // a CTA on every SM, at least 256 keys each
     if (kNW == 8) {
       // clusters of 16, 12 and 8 CTAs of one SM each that can be resident at once (a cluster's
@@ -1811,24 +1835,16 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
       // (split_workspace) and the unit's last split CTA (or attention_combine_kernel) writes the output.
       // Only where the cluster would leave each CTA at least kSplitMinBytes of K and V (by the
       // capacity, as C): the rule, attention_splits, is in launch_rules.hpp (unit-tested on the CPU)
-      const int64_t S = attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,
-                                         kSplitMinBytes);
-      if (split_on && pools && S > 1) {
-        // without memory for the workspace, the cluster as chosen above; with the last CTA's
-        // merge, a zeroed counter per unit after the states
-        const size_t states = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
-        const size_t ws_bytes = last_combine ? states + size_t(units) * sizeof(unsigned) : states;
-        if (float* w = split_workspace(dev, s, ws_bytes, states, &stream_ordered)) {
-          ws = w;
-          p.split_keys = split_keys;
-          p.splits = int(S);
-          p.ws = ws;
-          if (last_combine) p.ws_count = reinterpret_cast<unsigned*>(reinterpret_cast<char*>(w) + states);
-          splits = S;
-          C = 1;
-          resident = 0;
-        }
-      }
+      take_split(attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,
+                                  kSplitMinBytes),
+                 last_combine);
+    } else if (split_ctas > 1) {
+      // the experiment KS_ATTN_SPLIT_CTAS=n with 4 warps (KS_ATTN_MMA_WARPS=4): the split at up to
+      // n CTAs per SM (4 warps each, the combine kernel merging: no last-CTA instantiation here)
+      const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
+      take_split(attention_splits(units, capacity, dp.sm_count * split_ctas, C, a.head_dim, int64_t(sizeof(T)),
+                                  split_keys, kSplitMinBytes),
+                 false);
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     // The early reads (their own instantiations, PW) with 8 warps only (few units: batch 1's
