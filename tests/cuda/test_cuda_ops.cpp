@@ -2673,18 +2673,19 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
 }
 
 // A decode step's tail on stream st: kv_cache_append of k, v at the slots, then
-// paged_attention_after_append (fresh_keys = 1) into da and paged_attention into db, both
+// paged_attention_after_append (fresh_keys) into da and paged_attention into db, both
 // downloaded (ga, gb) once the stream is done; returns the after_append call's launch
-// configuration.
+// configuration. seq_ids: none (token t is sequence t) or a device tensor.
 std::string append_then_attention(DBuf& dkc, DBuf& dvc, const DBuf& dk, const DBuf& dv, const DBuf& dslot,
                                   const DBuf& dq, const DBuf& dbt, const DBuf& dcl, DBuf& da, DBuf& db, double scale,
-                                  cudaStream_t st, Buf& ga, Buf& gb) {
+                                  cudaStream_t st, Buf& ga, Buf& gb, int64_t fresh_keys = 1,
+                                  ks::TensorView seq_ids = ks::TensorView()) {
   const auto stream = static_cast<ks_stream_t>(st);
   ks::kv_cache_append(dkc.view(), dvc.view(), dk.view(), dv.view(), dslot.view(), ks::Backend::Cuda, stream);
-  ks::paged_attention_after_append(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(),
-                                   dcl.view(), scale, /*fresh_keys=*/1, ks::Backend::Cuda, stream);
+  ks::paged_attention_after_append(da.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), seq_ids, dcl.view(),
+                                   scale, fresh_keys, ks::Backend::Cuda, stream);
   const std::string with = ks_last_launch_config("paged_attention");
-  ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), scale,
+  ks::paged_attention(db.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), seq_ids, dcl.view(), scale,
                       ks::Backend::Cuda, stream);
   EXPECT_EQ(cudaStreamSynchronize(st), cudaSuccess);
   da.download(ga);
@@ -3047,6 +3048,85 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
       }
       Buf ref(dt, q.shape);
       ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                          ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
+    }
+  CK(cudaStreamDestroy(st));
+}
+
+// paged_attention_after_append on cuda_mma_cluster with two tokens of one sequence per step
+// (seq_ids [0, 0]; 8 kv heads: 16 units, 8 warps per CTA, so the early reads apply), both
+// appended by one kv_cache_append right before, the promise fresh_keys = 2 (token 0 reads
+// len - 1 keys, the last fresh; token 1 reads len, the last two fresh), head_dim 96 (padded to
+// 128 in shared memory), tables of 512 and 8192 keys (the split). Each step's rows equal, bit
+// for bit, paged_attention's after them, and the last step's the CPU's within tolerance.
+TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int64_t T = 2, H = 32, KVH = 8, D = 96, bs = 16;
+  std::mt19937 gen(53);
+  for (int64_t maxb : {int64_t(32), int64_t(512)})
+    for (DType dt : {DType::BF16, DType::F16}) {
+      const int64_t cap = maxb * bs, blocks = maxb + 5;
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + ", a table of " + std::to_string(cap) + " keys");
+      const std::vector<int64_t> cs = {blocks, bs, KVH, D};
+      Buf kc(dt, cs), vc(dt, cs), bt(DType::I32, {1, maxb}), sid(DType::I32, {T});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      std::vector<int32_t> perm(static_cast<size_t>(blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      sid.set(0, 0.0);
+      sid.set(1, 0.0);
+      DBuf dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape), dsid(DType::I32, {T}), dq(dt, {T, H, D}),
+          dk(dt, {T, KVH, D}), dv(dt, {T, KVH, D}), dcl(DType::I32, {T}), dslot(DType::I64, {T}), da(dt, {T, H, D}),
+          db(dt, {T, H, D});
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      dsid.upload(sid);
+      const double scale = 1.0 / std::sqrt(double(D));
+      const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
+      Buf q(dt, {T, H, D}), k(dt, {T, KVH, D}), v(dt, {T, KVH, D}), cl(DType::I32, {T}), slot(DType::I64, {T});
+      Buf ga(dt, q.shape), gb(dt, q.shape);
+      std::string cfg;
+      for (int64_t len : {int64_t(2), int64_t(3), int64_t(16), int64_t(17), int64_t(257), cap / 2 + 1, cap}) {
+        for (int64_t t = 0; t < T; ++t) {  // token t at position len - 2 + t, reading len - 1 + t keys
+          const int64_t p = len - 2 + t;
+          cl.set(t, double(p + 1));
+          slot.set(t, double(int64_t(bt.get(p / bs)) * bs + p % bs));
+        }
+        kstest::fill_normal(q);
+        kstest::fill_normal(k);
+        kstest::fill_normal(v);
+        for (auto [d, h] : {std::pair{&dq, &q}, {&dk, &k}, {&dv, &v}, {&dcl, &cl}, {&dslot, &slot}})
+          CK(cudaMemcpyAsync(d->data(), h->data(), d->nbytes(), cudaMemcpyHostToDevice, st));
+        for (int64_t t = 0; t < T; ++t) {
+          const int64_t sl = int64_t(slot.get(t));
+          std::memcpy(static_cast<char*>(kc.data()) + size_t(sl) * row, static_cast<const char*>(k.data()) + size_t(t) * row, row);
+          std::memcpy(static_cast<char*>(vc.data()) + size_t(sl) * row, static_cast<const char*>(v.data()) + size_t(t) * row, row);
+          CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
+          CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
+        }
+        CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
+        CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+        cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb, /*fresh_keys=*/2,
+                                    dsid.view());
+        const size_t g = cfg.find("grid=");
+        ASSERT_NE(g, std::string::npos) << cfg;
+        const bool early = cfg.find("warps=8") != std::string::npos && std::atoll(cfg.c_str() + g + 5) <= sms;
+        ASSERT_NE(cfg.find(early ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
+        if (sms == 132) EXPECT_TRUE(early) << cfg;
+        ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << cfg;
+      }
+      Buf ref(dt, q.shape);
+      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), sid.view(), cl.view(), scale,
                           ks::Backend::Cpu);
       EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
     }
