@@ -2935,7 +2935,8 @@ TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
 // it. Each step's output must equal, bit for bit, paged_attention's launched after it (same
 // variant, no early reads), and the last step's the CPU's within tolerance. Shapes: 32 / 8 heads
 // of 128 at tables of 1024 keys (clusters of 4) and 8192 (the split beyond a cluster, its last CTA
-// merging), 9 / 3 heads of 64 at 32768 (split); lengths at tile and split edges.
+// merging), 9 / 3 heads of 64 at 32768 (split), 16 / 2 heads of 32 and of 64 (8 query heads per kv
+// head: unpacked pieces) at 1024 and 16384; lengths at tile and split edges.
 TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
   NEED_GPU();
   kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
@@ -2946,8 +2947,10 @@ TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
     int64_t H, KVH, D, K, maxb;
     const char* expect;  // in the attention's launch configuration on a GPU of 132 SMs (the H200)
   };
+  // (the last two: 8 query heads per kv head, so P's pieces unpacked, at head_dim 32 and 64)
   for (const Case c : {Case{32, 8, 128, 1024, 64, "cluster=4 splits=1"}, Case{32, 8, 128, 1024, 512, "splits=16"},
-                       Case{9, 3, 64, 576, 2048, "splits=44"}})
+                       Case{9, 3, 64, 576, 2048, "splits=44"}, Case{16, 2, 32, 512, 64, "packed=0"},
+                       Case{16, 2, 64, 512, 1024, "packed=0"}})
     for (DType dt : {DType::BF16, DType::F16}) {
       const int64_t cap = c.maxb * FusedAppendRig::bs;
       SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " " + std::to_string(c.H) + "/" + std::to_string(c.KVH) +
