@@ -2672,6 +2672,29 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
     }
 }
 
+// A decode step's inputs for append_then_attention: fresh normal q, k and v, then q, k, v, the
+// lengths and the slots uploaded on stream st; the host caches kc / vc get token t's k and v rows
+// at slot[t] (the append the CPU reference sees), while the device caches' rows there and both
+// outputs are set to NaN bytes (a row read before the append writes it would show).
+void stage_append_step(Buf& q, Buf& k, Buf& v, const Buf& cl, const Buf& slot, Buf& kc, Buf& vc, DBuf& dq, DBuf& dk,
+                       DBuf& dv, DBuf& dcl, DBuf& dslot, DBuf& dkc, DBuf& dvc, DBuf& da, DBuf& db, cudaStream_t st) {
+  kstest::fill_normal(q);
+  kstest::fill_normal(k);
+  kstest::fill_normal(v);
+  for (auto [d, h] : {std::pair<DBuf*, const Buf*>{&dq, &q}, {&dk, &k}, {&dv, &v}, {&dcl, &cl}, {&dslot, &slot}})
+    CK(cudaMemcpyAsync(d->data(), h->data(), d->nbytes(), cudaMemcpyHostToDevice, st));
+  const size_t row = size_t(k.numel() / k.shape[0]) * ks::dtype_size(k.dtype);  // one token's K (or V) row
+  for (int64_t t = 0; t < slot.numel(); ++t) {
+    const int64_t sl = int64_t(slot.get(t));
+    std::memcpy(static_cast<char*>(kc.data()) + size_t(sl) * row, static_cast<const char*>(k.data()) + size_t(t) * row, row);
+    std::memcpy(static_cast<char*>(vc.data()) + size_t(sl) * row, static_cast<const char*>(v.data()) + size_t(t) * row, row);
+    CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
+    CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
+  }
+  CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
+  CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+}
+
 // A decode step's tail on stream st: kv_cache_append of k, v at the slots, then
 // paged_attention_after_append (fresh_keys) into da and paged_attention into db, both
 // downloaded (ga, gb) once the stream is done; returns the after_append call's launch
@@ -3016,7 +3039,6 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
       dvc.upload(vc);
       dbt.upload(bt);
       const double scale = 1.0 / std::sqrt(double(D));
-      const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
       Buf q(dt, {B, H, D}), k(dt, {B, KVH, D}), v(dt, {B, KVH, D}), cl(DType::I32, {B}), slot(DType::I64, {B});
       Buf ga(dt, q.shape), gb(dt, q.shape);
       std::string cfg;
@@ -3026,20 +3048,7 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
           cl.set(b, double(len));
           slot.set(b, double(int64_t(bt.get(b * maxb + p / bs)) * bs + p % bs));
         }
-        kstest::fill_normal(q);
-        kstest::fill_normal(k);
-        kstest::fill_normal(v);
-        for (auto [d, h] : {std::pair{&dq, &q}, {&dk, &k}, {&dv, &v}, {&dcl, &cl}, {&dslot, &slot}})
-          CK(cudaMemcpyAsync(d->data(), h->data(), d->nbytes(), cudaMemcpyHostToDevice, st));
-        for (int64_t b = 0; b < B; ++b) {
-          const int64_t sl = int64_t(slot.get(b));
-          std::memcpy(static_cast<char*>(kc.data()) + size_t(sl) * row, static_cast<const char*>(k.data()) + size_t(b) * row, row);
-          std::memcpy(static_cast<char*>(vc.data()) + size_t(sl) * row, static_cast<const char*>(v.data()) + size_t(b) * row, row);
-          CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
-          CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
-        }
-        CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
-        CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+        ASSERT_NO_FATAL_FAILURE(stage_append_step(q, k, v, cl, slot, kc, vc, dq, dk, dv, dcl, dslot, dkc, dvc, da, db, st));
         cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb);
         const size_t g = cfg.find("grid=");
         ASSERT_NE(g, std::string::npos) << cfg;
@@ -3095,7 +3104,6 @@ TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
       dbt.upload(bt);
       dsid.upload(sid);
       const double scale = 1.0 / std::sqrt(double(D));
-      const size_t row = size_t(KVH * D) * ks::dtype_size(dt);
       Buf q(dt, {T, H, D}), k(dt, {T, KVH, D}), v(dt, {T, KVH, D}), cl(DType::I32, {T}), slot(DType::I64, {T});
       Buf ga(dt, q.shape), gb(dt, q.shape);
       std::string cfg;
@@ -3105,20 +3113,7 @@ TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
           cl.set(t, double(p + 1));
           slot.set(t, double(int64_t(bt.get(p / bs)) * bs + p % bs));
         }
-        kstest::fill_normal(q);
-        kstest::fill_normal(k);
-        kstest::fill_normal(v);
-        for (auto [d, h] : {std::pair{&dq, &q}, {&dk, &k}, {&dv, &v}, {&dcl, &cl}, {&dslot, &slot}})
-          CK(cudaMemcpyAsync(d->data(), h->data(), d->nbytes(), cudaMemcpyHostToDevice, st));
-        for (int64_t t = 0; t < T; ++t) {
-          const int64_t sl = int64_t(slot.get(t));
-          std::memcpy(static_cast<char*>(kc.data()) + size_t(sl) * row, static_cast<const char*>(k.data()) + size_t(t) * row, row);
-          std::memcpy(static_cast<char*>(vc.data()) + size_t(sl) * row, static_cast<const char*>(v.data()) + size_t(t) * row, row);
-          CK(cudaMemsetAsync(static_cast<char*>(dkc.data()) + size_t(sl) * row, 0xFF, row, st));
-          CK(cudaMemsetAsync(static_cast<char*>(dvc.data()) + size_t(sl) * row, 0xFF, row, st));
-        }
-        CK(cudaMemsetAsync(da.data(), 0xFF, da.nbytes(), st));
-        CK(cudaMemsetAsync(db.data(), 0xFF, db.nbytes(), st));
+        ASSERT_NO_FATAL_FAILURE(stage_append_step(q, k, v, cl, slot, kc, vc, dq, dk, dv, dcl, dslot, dkc, dvc, da, db, st));
         cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb, /*fresh_keys=*/2,
                                     dsid.view());
         const size_t g = cfg.find("grid=");
