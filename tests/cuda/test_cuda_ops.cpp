@@ -2735,7 +2735,6 @@ TEST(Cuda, AttentionAfterAppendSameBits) {
   const int64_t one_cta_keys = env ? std::atoll(env) : 256;
   cudaStream_t st = nullptr;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const auto stream = static_cast<ks_stream_t>(st);
   std::mt19937 gen(31);
   for (DType dt : kstest::float_dtypes())
     for (int64_t maxb : {int64_t(16), int64_t(64)}) {
@@ -3018,7 +3017,6 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   cudaStream_t st = nullptr;
   CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  const auto stream = static_cast<ks_stream_t>(st);
   const int64_t H = 32, KVH = 8, D = 128, bs = 16, maxb = 32, cap = maxb * bs;
   std::mt19937 gen(47);
   for (int64_t B : {int64_t(2), int64_t(4), int64_t(32)})
