@@ -25,7 +25,9 @@ def main():
         g = groups.setdefault((r["op"], r["shape"], r["dtype"]), {"auto": None, "variants": {}})
         if r["impl"].startswith("variant:"):
             g["variants"][r["impl"][len("variant:"):]] = float(r["us"])
-        else:
+        elif "[" not in r["impl"] and not r["impl"].endswith("_after_append") and g["auto"] is None:
+            # the automatic choice's own row: not a tagged experiment, nor the other entry point
+            # bench_ops times beside it (decode attention's paged_attention_after_append)
             g["auto"] = (float(r["us"]), r["config"])
     lines = ["| op | shape | dtype | auto µs (config) | variants µs | best | auto / best | within |",
              "|---|---|---|---|---|---|---|---|"]
