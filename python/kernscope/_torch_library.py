@@ -210,20 +210,22 @@ def _gemm(a: Tensor, b: Tensor, backend: str) -> Tensor:
     return out
 
 
-@_op("quant_matmul(Tensor x, Tensor weight, int qtype, str backend) -> Tensor")
-def _quant_matmul(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
+def _quant_matmul_call(op: str, x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
+    # quant_matmul and quant_matmul_a8 take the same arguments and give out [M, N] in x's dtype
     out = torch.empty((x.shape[0] if x.dim() else 0, weight.shape[0] if weight.dim() else 0), dtype=x.dtype,
                       device=x.device)
-    _run(_C.quant_matmul, (out, x, weight), qtype, _code("quant_matmul", backend))
+    _run(getattr(_C, op), (out, x, weight), qtype, _code(op, backend))
     return out
+
+
+@_op("quant_matmul(Tensor x, Tensor weight, int qtype, str backend) -> Tensor")
+def _quant_matmul(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
+    return _quant_matmul_call("quant_matmul", x, weight, qtype, backend)
 
 
 @_op("quant_matmul_a8(Tensor x, Tensor weight, int qtype, str backend) -> Tensor")
 def _quant_matmul_a8(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
-    out = torch.empty((x.shape[0] if x.dim() else 0, weight.shape[0] if weight.dim() else 0), dtype=x.dtype,
-                      device=x.device)
-    _run(_C.quant_matmul_a8, (out, x, weight), qtype, _code("quant_matmul_a8", backend))
-    return out
+    return _quant_matmul_call("quant_matmul_a8", x, weight, qtype, backend)
 
 
 @_op("fused_add_rms_norm_quant_matmul(Tensor? x, Tensor residual, Tensor norm_weight, Tensor weight, int qtype, float eps, str backend) -> (Tensor, Tensor)")
@@ -376,13 +378,11 @@ def _(a, b, backend):
 
 
 @_quant_matmul.register_fake
-def _(x, weight, qtype, backend):
+def _quant_matmul_fake(x, weight, qtype, backend):
     return x.new_empty((x.shape[0], weight.shape[0]))
 
 
-@_quant_matmul_a8.register_fake
-def _(x, weight, qtype, backend):
-    return x.new_empty((x.shape[0], weight.shape[0]))
+_quant_matmul_a8.register_fake(_quant_matmul_fake)  # (the same shapes)
 
 
 @_fused_add_rms_norm_quant_matmul.register_fake
