@@ -150,11 +150,14 @@ ks_status_t quant_matmul_entry(const char* op, DLTensor* out, const DLTensor* x,
     require_same_device(op, "out", a.out, "x", a.x);
     require_ndim(op, "x", a.x, 2);
     require_nonempty_last(op, "x", a.x);
-    if (a8 && qtype != KS_QTYPE_Q4_0 && qtype != KS_QTYPE_Q4_1 && qtype != KS_QTYPE_Q8_0)
+    if (a8 && qtype != KS_QTYPE_Q4_0 && qtype != KS_QTYPE_Q4_1 && qtype != KS_QTYPE_Q8_0) {
+      // (the note only for the dense formats, which quant_matmul takes; none or an unknown code is not one)
+      const bool dense = qtype == KS_QTYPE_F32 || qtype == KS_QTYPE_F16 || qtype == KS_QTYPE_BF16;
       fail(KS_ERROR_INVALID_ARGUMENT, op,
            "qtype must be an integer block format (Q4_0, Q4_1 or Q8_0); got " +
-               (qtype_name(qtype) == std::string("unknown") ? std::to_string(int(qtype)) : std::string(qtype_name(qtype))) +
-               " (a dense format: quant_matmul takes it)");
+               (dense ? std::string(qtype_name(qtype)) + " (a dense format: quant_matmul takes it)"
+                      : qtype == KS_QTYPE_NONE ? std::string("none") : std::to_string(int(qtype))));
+    }
     check_packed(op, "weight", a.weight, qtype, a.x.dim(1), "qtype", "x's K (columns)");
     require_shape(op, "out", a.out, {a.x.dim(0), a.weight.dim(0)}, "(M, N)");
     require_no_overlap(op, "out", a.out, "x", a.x);

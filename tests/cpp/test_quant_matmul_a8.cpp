@@ -248,6 +248,13 @@ TEST(QuantMatmulA8, RejectsDenseFormatsAndBadArguments) {
     out.poison();
     Snap s{&out, &x, &w};
     EXPECT_TRUE(fails_cleanly(run_a8(out, x, w, q), KS_ERROR_INVALID_ARGUMENT, kOp, "qtype", s)) << int(q);
+    // the dense formats are named as such; an unknown code is given as its number, not as dense
+    const std::string msg = ks_last_error();
+    if (q == static_cast<ks_qtype_t>(1000))
+      EXPECT_NE(msg.find("got 1000"), std::string::npos) << msg;
+    else
+      EXPECT_NE(msg.find("(a dense format: quant_matmul takes it)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("got 1000 (a dense"), std::string::npos) << msg;
   }
   {
     Buf w(DType::U8, {3, 40});  // Q4_1 wants 40, Q8_0 68
