@@ -1110,8 +1110,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     warm_keys_l2<T>(p, now.seq, kvh, mma_keys(now.len, live_ctas(p, parts, now.len, keys_per_cta), part));
   }
   // pre (PW: an instantiation of its own, launched for paged_attention_after_append's
-  // fresh_keys = p.prewait_fresh > 0; not the TMA tiles): the caller promises that the kernel before this one writes neither seq_ids, context_lens,
-  // block_tables nor any cache row this token reads below len - prewait_fresh. The context, the
+  // fresh_keys = p.prewait_fresh > 0; not the TMA tiles): the caller promises that the kernel
+  // before this one writes neither seq_ids, context_lens, block_tables nor any cache row this
+  // token reads below len - prewait_fresh. The context, the
   // first S tiles' block-table entries and the first S - 1 tiles' copies of the older keys then go
   // out before griddepcontrol.wait (through L2 alone), so that their round trips overlap that
   // kernel; q and the fresh keys' copies after it. Otherwise everything after the wait.
@@ -1258,7 +1259,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     pre_off[i] = 0;
     if (i < mine) fetch(i, pre_blk[i], pre_off[i], pre);
   }
-  if (pre) {
+  if constexpr (pre) {
     // before the wait, the first S - 1 tiles' rows of older keys (positions below fresh), in
     // open groups; after it, q, then each tile's fresh rows and the tile's group closed (group 0
     // then also holds every early copy: waiting for it waits for them too, issued first)
@@ -1795,9 +1796,9 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     // this call (split_workspace; without memory for it, the launch as chosen before); lc: the
     // unit's last split CTA merges (a zeroed counter per unit after the states), else
     // attention_combine_kernel
+    const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
     auto take_split = [&](int64_t S, bool lc) {
       if (!split_on || !pools || S <= 1) return;
-      const int64_t units = a.num_tokens * a.num_kv_heads;
       const size_t states = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
       const size_t ws_bytes = lc ? states + size_t(units) * sizeof(unsigned) : states;
       if (float* w = split_workspace(dev, s, ws_bytes, states, &stream_ordered)) {
@@ -1820,7 +1821,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
                                   co_resident_clusters(reinterpret_cast<const void*>(kern), 12, kThreads, kSpread),
                                   co_resident_clusters(reinterpret_cast<const void*>(kern), 8, kThreads, kSpread)};
       });
-      const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
       const int sizes[3] = {16, 12, 8};
       for (int k = 0; k < 3; ++k)
         if (sizes[k] <= max_c && units <= fit[size_t(k)] && capacity >= int64_t(sizes[k]) * 256) {
@@ -1841,7 +1841,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     } else if (split_ctas > 1) {
       // the experiment KS_ATTN_SPLIT_CTAS=n with 4 warps (KS_ATTN_MMA_WARPS=4): the split at up to
       // n CTAs per SM (4 warps each, the combine kernel merging: no last-CTA instantiation here)
-      const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
       take_split(attention_splits(units, capacity, dp.sm_count * split_ctas, C, a.head_dim, int64_t(sizeof(T)),
                                   split_keys, kSplitMinBytes),
                  false);
@@ -1858,26 +1857,23 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     if (kNW != 8 || kTM || grid > dp.sm_count || !dp.pdl || pdl_off_for("paged_attention")) p.prewait_fresh = 0;
     try {
       bool launched = false;
-      if constexpr (kNW == 8 && !kTM)
-        if (p.prewait_fresh > 0) {
-          // (the split's last CTA merges where p.ws_count is set, as below)
-          auto pw = [&](auto lc) {
-            constexpr auto kern_pw = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value,
-                                                                decltype(lc)::value, false, true>;
-            cluster16_or_8<kern_pw>(dev, kThreads, kSpread, "paged_attention");  // (its attributes, as kern's)
-            launch_kernel("paged_attention", kern_pw, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);
-          };
-          if (p.ws_count) pw(std::true_type{});
-          else pw(std::false_type{});
+      if constexpr (kNW == 8) {
+        // the instantiations of 8 warps only: LC, the split's last CTA merging (where p.ws_count
+        // is set; the split is taken with 8 warps only), and PW, the early reads (not with TMA)
+        auto launch_as = [&](auto lc, auto pw) {
+          constexpr auto k = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, decltype(lc)::value, kTM,
+                                                        decltype(pw)::value>;
+          cluster16_or_8<k>(dev, kThreads, kSpread, "paged_attention");  // (its attributes, as kern's)
+          launch_kernel("paged_attention", k, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);
           launched = true;
-        }
-      if constexpr (kNW == 8)  // (the split, the only user of ws_count, is taken with 8 warps only)
-        if (!launched && p.ws_count) {
-          constexpr auto kern_lc = paged_attention_mma_kernel<T, kDP, kNW, decltype(packed)::value, true, kTM>;
-          cluster16_or_8<kern_lc>(dev, kThreads, kSpread, "paged_attention");  // (its attributes, as kern's)
-          launch_kernel("paged_attention", kern_lc, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);
-          launched = true;
-        }
+        };
+        if constexpr (!kTM)
+          if (p.prewait_fresh > 0) {
+            if (p.ws_count) launch_as(std::true_type{}, std::true_type{});
+            else launch_as(std::false_type{}, std::true_type{});
+          }
+        if (!launched && p.ws_count) launch_as(std::true_type{}, std::false_type{});
+      }
       if (!launched)
         launch_kernel("paged_attention", kern, dim3(unsigned(grid)), dim3(kThreads), smem, s, C, dp.pdl, p, maps);
       if (splits > 1 && !p.ws_count)
