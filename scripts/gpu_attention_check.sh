@@ -21,9 +21,6 @@
 #   anchors    the bf16 anchors only: paged_attention and paged_attention_after_append rows
 #              (kernscope, kernscope_after_append) -> $OUT/attention_anchors.csv, then torch SDPA
 #              in the same call -> $OUT/peers_attention.csv and the ratios
-#   splitctas  the experiment KS_ATTN_SPLIT_CTAS=2,3,4 with KS_ATTN_MMA_WARPS=4 at the batch-1
-#              split anchors, appended to attention_anchors.csv as tagged rows, after the split
-#              test under it (run after anchors)
 # Usage (device): KS_COMMIT=sha scripts/gpu_attention_check.sh   (carry .dlpack and .deps)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
@@ -99,18 +96,6 @@ for (shape, impl), us in sorted(ours.items()):
     if shape in sdpa:
         print(f"{shape:24s} {impl:48s} {us:9.2f} us  SDPA {sdpa[shape]:9.2f}  ratio {sdpa[shape] / us:.3f}")
 PY
-fi
-if has splitctas; then
-  for n in 2 3 4; do
-    KS_ATTN_MMA_WARPS=4 KS_ATTN_SPLIT_CTAS=$n $BUILD/tests/test_cuda_ops \
-      --gtest_filter='CudaAttentionMma.SplitBeyondAClusterEagerAndInAGraph' > "$OUT/splitctas_$n.log" 2>&1
-    grep -E "^\[  (PASSED|FAILED)" "$OUT/splitctas_$n.log" | sed "s/^/KS_ATTN_SPLIT_CTAS=$n: /"
-    ks_bench_tagged KS_ATTN_MMA_WARPS=4+KS_ATTN_SPLIT_CTAS=$n kernscope "$OUT/attention_anchors.csv" \
-      --ops paged_attention --dtypes bf16 --shapes "b1 h9/3 d64 T8192,b1 h9/3 d64 T32768,b1 h32/8 d128 T8192,b1 h32/8 d128 T32768"
-  done
-  ks_bench_tagged KS_ATTN_MMA_WARPS=4 kernscope "$OUT/attention_anchors.csv" --ops paged_attention --dtypes bf16 \
-    --shapes "b1 h9/3 d64 T8192,b1 h9/3 d64 T32768,b1 h32/8 d128 T8192,b1 h32/8 d128 T32768"
-  grep -F "KS_ATTN_" "$OUT/attention_anchors.csv" | cut -d, -f6,8,10
 fi
 if has ncu_mma; then
   KS_NCU_LAUNCHES=2 ks_ncu_bench 'paged_attention_mma|attention_combine' "$OUT/ncu_attention_mma.txt" --ops paged_attention \

@@ -1761,10 +1761,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   // the fewest keys per split CTA: 256 (two tiles per warp), or KS_ATTN_SPLIT_KEYS=N (a
   // multiple of 16, for experiments)
   static const int split_keys = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_KEYS", 256), 16, 1 << 20) / 16 * 16);
-  // KS_ATTN_SPLIT_CTAS=n (2..4; an experiment): with 4 warps per CTA, the split at up to n CTAs per
-  // SM (batch 1's units over 2-4 x the SMs, 8-16 warps per SM of which each CTA's few tiles are a
-  // shorter chain); 0, the default: the split is taken with 8 warps only
-  static const int split_ctas = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_CTAS", 0), 0, 4));
   const bool pools = once_per_device<bool>(dev, [](int d) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
@@ -1838,12 +1834,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
       take_split(attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,
                                   kSplitMinBytes),
                  last_combine);
-    } else if (split_ctas > 1) {
-      // the experiment KS_ATTN_SPLIT_CTAS=n with 4 warps (KS_ATTN_MMA_WARPS=4): the split at up to
-      // n CTAs per SM (4 warps each, the combine kernel merging: no last-CTA instantiation here)
-      take_split(attention_splits(units, capacity, dp.sm_count * split_ctas, C, a.head_dim, int64_t(sizeof(T)),
-                                  split_keys, kSplitMinBytes),
-                 false);
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     // The early reads (their own instantiations, PW) with 8 warps only (few units: batch 1's
