@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "core/half.hpp"
+#include "attn_timeline.hpp"
 
 namespace {
 
@@ -355,6 +356,7 @@ int main(int argc, char** argv) {
                             ks::TensorView(), dv(dlens.p, DType::I32, {b}), scale, ks::Backend::Cuda, st);
       };
       const double us = graph_time(k, call, s);
+      ks_bench::report_attention_timeline(sh + " paged_attention", us);
       record("decode_attention", sh, dt, us, bytes, "paged_attention");
       also_variants("paged_attention", "decode_attention", sh, dt, bytes, k, call);
       // paged_attention_after_append with fresh_keys = 1 (impl "<impl>_after_append"): the call a
@@ -367,7 +369,9 @@ int main(int argc, char** argv) {
                                          dv(dtable.p, DType::I32, {b, blocks_per_seq}), ks::TensorView(),
                                          dv(dlens.p, DType::I32, {b}), scale, /*fresh_keys=*/1, ks::Backend::Cuda, st);
       };
-      record("decode_attention", sh, dt, graph_time(k, after, s), bytes, "paged_attention");
+      const double us_after = graph_time(k, after, s);
+      ks_bench::report_attention_timeline(sh + " after_append", us_after);
+      record("decode_attention", sh, dt, us_after, bytes, "paged_attention");
       rows.back().impl = impl + "_after_append";
     };
     // KS_BENCH_ATTN=model: only the model's shapes (below); =anchors: only the anchors' bf16

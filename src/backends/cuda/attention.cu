@@ -984,6 +984,29 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 namespace ks::cuda {
 namespace {
 
+// Timeline (a build with -DKS_ATTN_TIMELINE=ON only, for locating the time; never in a release
+// build): lane 0 of every warp of cuda_mma_cluster stores %globaltimer (ns) at 7 points of its
+// CTA's work into ks_attn_tl[(blockIdx.x * 16 + warp) * 8 + event] (blocks below 512); every
+// launch overwrites its slots, so after a run of calls the buffer holds the last launch's.
+// ks_debug_attention_timeline copies it out and clears it (bench_ops, KS_ATTN_TIMELINE=1).
+// Events: 0 entry, 1 after griddepcontrol.wait, 2 the warp's first tile landed, 3 its key loop
+// done, 4 the CTA's warps all done, 5 the state written (finish_unit), 6 exit (after the last-CTA
+// merge where this CTA did it; event 7 = 1 then).
+#if defined(KS_ATTN_TIMELINE)
+constexpr int kTlBlocks = 512, kTlWarps = 16, kTlEvents = 8;
+__device__ unsigned long long ks_attn_tl[kTlBlocks * kTlWarps * kTlEvents];
+[[maybe_unused]] __device__ __forceinline__ void tl_mark(int ev, unsigned long long v = 0) {
+  if ((threadIdx.x & 31) == 0 && blockIdx.x < kTlBlocks) {
+    unsigned long long t = v;
+    if (ev != 7) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    ks_attn_tl[(blockIdx.x * kTlWarps + (threadIdx.x >> 5)) * kTlEvents + ev] = t;
+  }
+}
+#define KS_TL(...) tl_mark(__VA_ARGS__)
+#else
+#define KS_TL(...) ((void)0)
+#endif
+
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 // cuda_mma_cluster's split: part `part` of the Ce that take keys gets whole tiles of kMcKeys,
 // ceil(len / Ce) rounded up to a tile, the last part's range ending at len (empty past Ce).
@@ -1085,6 +1108,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   static_assert(!TM || DP == 64 || DP == 128, "cuda_mma_tma: head_dim 64 or 128");
   static_assert(!(PW && TM), "the early reads are cp.async copies");
+  KS_TL(0);
   using Sh = McShape<DP, NW, TM>;
   constexpr int NH = PK ? 1 : 2;  // softmax rows per lane: qr (and qr + 8 unpacked)
   constexpr int CH = DP / 8;       // 16-byte chunks of a padded row
@@ -1117,7 +1141,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   // out before griddepcontrol.wait (through L2 alone), so that their round trips overlap that
   // kernel; q and the fresh keys' copies after it. Otherwise everything after the wait.
   constexpr bool pre = PW;
-  if (!pre) pdl_begin();
+  if (!pre) {
+    pdl_begin();
+    KS_TL(1);
+  }
   // A fragments of Q (rows: the kv head's query heads; columns past D and rows past G zero),
   // loaded right after the wait: they do not depend on the context length, so their loads
   // overlap token_context's (or, pre, the early copies') instead of following them
@@ -1268,6 +1295,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     for (int i = 0; i < S - 1; ++i)
       if (i < mine) put_mask(i, issue(i, slot_of(pre_blk[i], pre_off[i]), j_begin + tile_key(i), 0, fresh, false));
     pdl_begin();
+    KS_TL(1);
     load_q();
 #pragma unroll
     for (int i = 0; i < S - 1; ++i) {
@@ -1321,6 +1349,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       cp_async_wait<S - 1>();
       __syncwarp();  // every lane's copies of tile i have landed
     }
+#if defined(KS_ATTN_TIMELINE)
+    if (i == 0) KS_TL(2);
+#endif
     any_local |= valid != 0u;
     const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
     const unsigned char* vt = kt + kMcKeys * Sh::kRowBytes;
@@ -1424,6 +1455,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   } else {
     cp_async_wait<0>();
   }
+  KS_TL(3);
   // a row's sum over its quad
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
@@ -1440,6 +1472,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       }
   }
   __syncthreads();  // every warp is done with the rings: the states go over them
+  KS_TL(4);
   GqaSmem sm(mc_raw, NW, G, D);
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
@@ -1458,6 +1491,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
   finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
+  KS_TL(5);
   if constexpr (LC) {
     if (ws_state && Ce > 1) {
       // The default (p.ws_count set; not under KS_ATTN_LAST_COMBINE=0): the unit's last split CTA to get here merges the
@@ -1478,8 +1512,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       }
       __syncthreads();
       if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
+      KS_TL(7, (unsigned long long)last);
     }
   }
+  KS_TL(6);
 #endif
 }
 
@@ -2053,3 +2089,19 @@ void varlen_attention_cuda(const void* args, ks_stream_t stream) {
 }
 
 }  // namespace ks::cuda
+
+#if defined(KS_ATTN_TIMELINE)
+// The timeline build's read-out (see ks_attn_tl): copies up to n of its 512 x 16 x 8 entries
+// (ns; 0 = not recorded) into host, then clears them. Returns the entries copied, -1 on a CUDA
+// error. Not part of the ABI: only a -DKS_ATTN_TIMELINE=ON build has it.
+extern "C" __attribute__((visibility("default"))) long long ks_debug_attention_timeline(unsigned long long* host, size_t n) {
+  constexpr size_t kAll = size_t(ks::cuda::kTlBlocks) * ks::cuda::kTlWarps * ks::cuda::kTlEvents;
+  const size_t m = n < kAll ? n : kAll;
+  void* dev = nullptr;
+  if (cudaGetSymbolAddress(&dev, ks::cuda::ks_attn_tl) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(host, dev, m * sizeof(unsigned long long), cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemset(dev, 0, kAll * sizeof(unsigned long long)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+    return -1;
+  return (long long)m;
+}
+#endif
