@@ -3136,6 +3136,74 @@ TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
   CK(cudaStreamDestroy(st));
 }
 
+// paged_attention_after_append on cuda_mma_cluster (batch 1, 32 / 8 heads of 128: 8 units, 8 warps
+// per CTA, an 8192-key table split over 16 CTAs per unit on the H200, so the early reads apply)
+// with block sizes other than 16 (8: a 16-key tile spans two blocks; 48: some tiles straddle a
+// block boundary, and the block index is a division by a non-power of two; 32: a block holds
+// two tiles) and with the split's states merged by the unit's last CTA (the default) or by
+// attention_combine_kernel (KS_ATTN_LAST_COMBINE=0: the early-read instantiation without the
+// merge, then the combine kernel). A decode loop of kv_cache_append (the slot's rows first set to
+// NaN bytes) then the attention; each step's rows equal, bit for bit, paged_attention's after
+// them, and the last step's the CPU's within tolerance.
+TEST(CudaAttentionMma, AfterAppendBlockSizesAndCombineKernel) {
+  NEED_GPU();
+  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
+  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+  int sms = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t st = nullptr;
+  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const int64_t H = 32, KVH = 8, D = 128, keys = 8192;
+  std::mt19937 gen(59);
+  for (int64_t bs : {int64_t(8), int64_t(48), int64_t(32)})
+    for (const char* lc : {"1", "0"}) {
+      kstest::ScopedEnv last_combine("KS_ATTN_LAST_COMBINE", lc);
+      const DType dt = bs == 32 ? DType::F16 : DType::BF16;
+      const int64_t maxb = (keys + bs - 1) / bs, cap = maxb * bs, blocks = maxb + 5;
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + ", blocks of " + std::to_string(bs) +
+                   ", KS_ATTN_LAST_COMBINE=" + lc);
+      const std::vector<int64_t> cs = {blocks, bs, KVH, D};
+      Buf kc(dt, cs), vc(dt, cs), bt(DType::I32, {1, maxb});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      std::vector<int32_t> perm(static_cast<size_t>(blocks));
+      std::iota(perm.begin(), perm.end(), 0);
+      std::shuffle(perm.begin(), perm.end(), gen);
+      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      DBuf dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape), dq(dt, {1, H, D}), dk(dt, {1, KVH, D}),
+          dv(dt, {1, KVH, D}), dcl(DType::I32, {1}), dslot(DType::I64, {1}), da(dt, {1, H, D}), db(dt, {1, H, D});
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      const double scale = 1.0 / std::sqrt(double(D));
+      Buf q(dt, {1, H, D}), k(dt, {1, KVH, D}), v(dt, {1, KVH, D}), cl(DType::I32, {1}), slot(DType::I64, {1});
+      Buf ga(dt, q.shape), gb(dt, q.shape);
+      std::string cfg;
+      for (int64_t len : {int64_t(1), int64_t(17), bs * 7 + 5, int64_t(1000), cap / 2 + 3, cap - 1, cap}) {
+        const int64_t p = len - 1;
+        cl.set(0, double(len));
+        slot.set(0, double(int64_t(bt.get(p / bs)) * bs + p % bs));
+        ASSERT_NO_FATAL_FAILURE(stage_append_step(q, k, v, cl, slot, kc, vc, dq, dk, dv, dcl, dslot, dkc, dvc, da, db, st));
+        cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb);
+        const size_t g = cfg.find("grid=");
+        ASSERT_NE(g, std::string::npos) << cfg;
+        const bool early = cfg.find("warps=8") != std::string::npos && std::atoll(cfg.c_str() + g + 5) <= sms;
+        ASSERT_NE(cfg.find(early ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
+        if (sms == 132) {
+          EXPECT_TRUE(early) << cfg;
+          EXPECT_NE(cfg.find("splits=16"), std::string::npos) << cfg;
+          EXPECT_NE(cfg.find(std::string("last_combine=") + lc), std::string::npos) << cfg;
+        }
+        ASSERT_EQ(0, std::memcmp(ga.data(), gb.data(), ga.nbytes())) << "length " << len << ": " << cfg;
+      }
+      Buf ref(dt, q.shape);
+      ks::paged_attention(ref.view(), q.view(), kc.view(), vc.view(), bt.view(), ks::TensorView(), cl.view(), scale,
+                          ks::Backend::Cpu);
+      EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
+    }
+  CK(cudaStreamDestroy(st));
+}
+
 // A short live context in a block table sized for many more keys (the model's decode step:
 // a cluster sized at capture for the capacity, replayed at every length): only the first
 // ceil(len / keys per step) CTAs take keys, so a token's row depends on its own length only.
