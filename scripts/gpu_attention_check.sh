@@ -18,6 +18,8 @@
 #              $OUT/ncu_sdpa.txt
 #   ncu_mma    Nsight Compute on cuda_mma_cluster at batch 1, 32/8 heads of 128, 32K keys (with the
 #              split's combine kernel) and at batch 32, 8K keys -> $OUT/ncu_attention_mma*.txt
+#   timeline   the bf16 anchors with the timeline build's library (build-timeline/, carried):
+#              where each launch's time goes, per CTA -> $OUT/timeline.txt, $OUT/timeline.csv
 #   anchors    the bf16 anchors only: paged_attention and paged_attention_after_append rows
 #              (kernscope, kernscope_after_append) -> $OUT/attention_anchors.csv, then torch SDPA
 #              in the same call -> $OUT/peers_attention.csv and the ratios
@@ -29,10 +31,11 @@ has() { [[ ",$STAGES," == *",$1,"* ]]; }
 [ -f .mdl/part_aa ] && cp .mdl/part_aa /tmp/ks_part_aa  # for a model call that follows warm
 ks_gpu_build_and_test '*Attention*' 'FP64 value|split cuda_gqa' ||
   { echo "gpu_attention_check: the build failed (see $OUT/logs.txt)"; exit 1; }
+# (KS_ATTN_RULE_PASSES=0: not these two passes)
 # the attention tests again with the small-table rule off (every table of the tests' short contexts
 # then takes a cluster: the default runs tables of <= 256 keys in one CTA) and at 512 keys
 # (Cuda.AttentionSmallTablesOneCtaRule expects each)
-for n in 0 512; do
+for n in $([ "${KS_ATTN_RULE_PASSES:-1}" = 1 ] && echo 0 512); do
   echo "KS_ATTN_ONE_CTA_KEYS=$n:"
   KS_ATTN_ONE_CTA_KEYS=$n $BUILD/tests/test_cuda_ops --gtest_filter='*Attention*' --gtest_brief=1 2>&1 |
     grep -E "PASSED|FAILED|Failure" | head -8
@@ -96,6 +99,12 @@ for (shape, impl), us in sorted(ours.items()):
     if shape in sdpa:
         print(f"{shape:24s} {impl:48s} {us:9.2f} us  SDPA {sdpa[shape]:9.2f}  ratio {sdpa[shape] / us:.3f}")
 PY
+fi
+if has timeline; then  # (carry build-timeline: scripts/make_prebuilt.sh timeline)
+  LD_LIBRARY_PATH=$PWD/build-timeline:$LD_LIBRARY_PATH KS_ATTN_TIMELINE=1 KS_ATTN_TIMELINE_CSV="$OUT/timeline.csv" \
+    KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/timeline_anchors.csv" --ops paged_attention --dtypes bf16 \
+    > "$OUT/timeline.txt" 2>&1
+  grep -A9 "^timeline" "$OUT/timeline.txt" | grep -v "^decode_attention" | head -120
 fi
 if has ncu_mma; then
   KS_NCU_LAUNCHES=2 ks_ncu_bench 'paged_attention_mma|attention_combine' "$OUT/ncu_attention_mma.txt" --ops paged_attention \

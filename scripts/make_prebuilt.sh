@@ -6,9 +6,12 @@
 # scripts/gpu_model_check.sh under KS_PREBUILT=1 skips its build stage and runs the carried ksctl
 # and test_model. The device runs them through scripts/gpu_prebuilt.sh, or any GPU script
 # that uses ks_gpu_build_and_test and $BUILD/bench_ops under KS_PREBUILT=1 (scripts/gpu_env.sh).
-#   scripts/make_prebuilt.sh [local build dir]   (default /tmp/ks-prebuilt; needs .dlpack from
+#   scripts/make_prebuilt.sh [local build dir] [timeline]   (default /tmp/ks-prebuilt; needs .dlpack from
 #   scripts/prepare_gpu_carry.sh; installs the build's packages with scripts/setup.sh, as a fresh
 #   checkout lacks them; reuses the dir's earlier objects)
+# With "timeline", also build-timeline/libkernscope.so.0: the library built with
+# -DKS_ATTN_TIMELINE=ON (cuda_mma_cluster's timeline; gpu_attention_check.sh's timeline stage),
+# then the build dir back to a normal library.
 # The binaries load libkernscope.so.0 from build-prebuilt/ (LD_LIBRARY_PATH) and libcudart.so.13
 # from the device's CUDA 13 toolkit; built against this machine's older glibc and libstdc++, which
 # the device's newer ones accept.
@@ -28,5 +31,14 @@ cp "$B/bench_ops" "$B/kv_read_probe" build-prebuilt/
 # (symbols a run does not need left out: about 2 MB less to carry beside the model's second part)
 strip --strip-unneeded build-prebuilt/libkernscope.so.0 build-prebuilt/tests/* build-prebuilt/ksctl build-prebuilt/bench_ops build-prebuilt/kv_read_probe
 git rev-parse --short HEAD > build-prebuilt/COMMIT
+if [ "${2:-}" = timeline ]; then
+  cmake -S . -B "$B" -DKS_ATTN_TIMELINE=ON > /dev/null
+  cmake --build "$B" --target kernscope
+  rm -rf build-timeline && mkdir -p build-timeline
+  cp -L "$B/libkernscope.so.0" build-timeline/ && strip --strip-unneeded build-timeline/libkernscope.so.0
+  cp build-prebuilt/COMMIT build-timeline/
+  cmake -S . -B "$B" -DKS_ATTN_TIMELINE=OFF > /dev/null
+  cmake --build "$B" --target kernscope
+fi
 git diff --quiet HEAD -- src include tests bench || echo "(uncommitted changes)" >> build-prebuilt/COMMIT
 du -sh build-prebuilt

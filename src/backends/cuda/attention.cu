@@ -114,7 +114,7 @@ constexpr size_t gqa_push_offset(size_t base) { return (base + 15) / 16 * 16; }
 // cuda_mma_cluster's split: the merge of a unit's split states (the unit's last split CTA, or
 // attention_combine_kernel under KS_ATTN_LAST_COMBINE=0); defined below.
 template <typename T, bool kL2>
-__device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb);
+__device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int64_t known_len = -1);
 
 // The end of a (token, kv head) unit, shared by both cluster kernels: every warp has stored its
 // state (wm, wl, wacc of GqaSmem at raw + states_off; W warps, G heads of D elements) and the
@@ -146,15 +146,25 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
     cluster_wait();  // every CTA of the cluster has started
     ws_state = rank < Ce ? cluster.map_shared_rank(reinterpret_cast<float*>(raw + push_off), 0) + rank * sf : nullptr;
   }
-  // the warps into the CTA's state
-  for (int i = threadIdx.x; i < G * D; i += NT) {
-    const int g = i / D;
+  // the warps into the CTA's state. Each head's max M over the warps (into sm.m: the CTA's
+  // state's slot, written there below anyway where the cluster reads it), then each warp's factor
+  // e^(mw - M) once per (warp, head), in place of its mw; then every element sums its warps in
+  // warp order. (Each element computed M and its W factors itself before 2026-12-02: W
+  // dependent expf chains per element, 2.3-2.6 us of a batch-1 split CTA's end in the timeline
+  // build on the H200. Same values, same sums, same bits.)
+  for (int g = threadIdx.x; g < G; g += NT) {
     float M = -INFINITY;
     for (int w = 0; w < W; ++w) M = fmaxf(M, sm.wm[w * G + g]);
+    sm.m[g] = M;
+  }
+  __syncthreads();
+  for (int k = threadIdx.x; k < W * G; k += NT) sm.wm[k] = merge_factor(sm.wm[k], sm.m[k % G]);
+  __syncthreads();
+  for (int i = threadIdx.x; i < G * D; i += NT) {
+    const int g = i / D;
     float L = 0.f, a = 0.f;
     for (int w = 0; w < W; ++w) {
-      const float mw = sm.wm[w * G + g];
-      const float f = merge_factor(mw, M);
+      const float f = sm.wm[w * G + g];
       L += sm.wl[w * G + g] * f;
       a += sm.wacc[w * G * D + i] * f;
     }
@@ -163,10 +173,10 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
       out_t[i] = Dt<T>::from_f(attention_output(L, a, any_cta, len));
     } else if (ws_state) {
       ws_state[2 * G + i] = a;
-      if (i % D == 0) ws_state[g] = M, ws_state[G + g] = L;
+      if (i % D == 0) ws_state[g] = sm.m[g], ws_state[G + g] = L;
     } else if (!push) {
       sm.acc[i] = a;
-      if (i % D == 0) sm.m[g] = M, sm.l[g] = L;
+      if (i % D == 0) sm.l[g] = L;  // (sm.m[g] holds M already)
     }
   }
   // Ce is the same in every CTA of the cluster (the unit's length), so all of them skip the
@@ -1511,7 +1521,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
         last = old == unsigned(Ce - 1);
       }
       __syncthreads();
-      if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw));  // (the rings are free)
+      if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw), len);  // (the rings are free)
       KS_TL(7, (unsigned long long)last);
     }
   }
@@ -1537,12 +1547,12 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // for the unit's last split CTA (the default merge), whose L1 never held them but which reads
 // what other CTAs wrote during this kernel.
 template <typename T, bool kL2>
-__device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
+__device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int64_t known_len) {
   constexpr int kB = 16;  // accumulators per batch and output element (two batches in flight)
-  __shared__ float head_m[kMcMaxGroup], head_l[kMcMaxGroup];
-  __shared__ int head_empty[kMcMaxGroup];
+  __shared__ float head_m[kMcMaxGroup];
   const int64_t t = unit_token(unit, p.num_kv_heads), kvh = unit - t * p.num_kv_heads;
-  const int64_t len = token_context(p, t).len;
+  // (known_len: the unit's last split CTA has it; not read again, a round trip saved)
+  const int64_t len = known_len >= 0 ? known_len : token_context(p, t).len;
   const int Ce = live_ctas(p, p.splits, len, p.split_keys);
   if (Ce == 1) return;
   const int G = p.group, D = int(p.head_dim);
@@ -1564,24 +1574,20 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
   }
   for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= ld(c * sf + int64_t(G) * (D + 2)) != 0.f;
   const int any = __syncthreads_or(any_local);
-  if (threadIdx.x < G) {
-    const int g = threadIdx.x;
+  // each head's M: a warp's lanes fold the splits' m, then a butterfly (a max is the same in any
+  // order; up to 2026-12-02 one thread per head walked the Ce splits)
+  const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
+  for (int g = int(threadIdx.x) >> 5; g < G; g += nwarps) {
     float M = -INFINITY;
-    for (int c = 0; c < Ce; ++c) M = fmaxf(M, fm[c * G + g]);
-    head_m[g] = M;
-    head_empty[g] = M == -INFINITY;
+    for (int c = lane; c < Ce; c += 32) M = fmaxf(M, fm[c * G + g]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0) head_m[g] = M;
   }
   __syncthreads();
   for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
     const float M = head_m[k % G];
     fm[k] = M == -INFINITY ? 0.f : merge_factor(fm[k], M);
-  }
-  __syncthreads();
-  if (threadIdx.x < G) {
-    const int g = threadIdx.x;
-    float L = 0.f;
-    for (int c = 0; c < Ce; ++c) L += fl[c * G + g] * fm[c * G + g];
-    head_l[g] = L;
   }
   __syncthreads();
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
@@ -1590,18 +1596,25 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb) {
     if (i != int(threadIdx.x))  // (the first element's first batch is loaded)
 #pragma unroll
       for (int j = 0; j < kB; ++j) v[j] = acc(j, i);
-    float a = 0.f;
+    // the head's L (split order, as before) beside the element's sum: two independent chains
+    // (one thread per head summed L before 2026-12-02, a barrier before the outputs)
+    float a = 0.f, L = 0.f;
     for (int c0 = 0; c0 < Ce; c0 += kB) {
       float w[kB];  // the next batch, in flight while this one is summed
 #pragma unroll
       for (int j = 0; j < kB; ++j) w[j] = c0 + kB < Ce ? acc(c0 + kB + j, i) : 0.f;
 #pragma unroll
       for (int j = 0; j < kB; ++j)
-        if (c0 + j < Ce) a += v[j] * fm[(c0 + j) * G + g];
+        if (c0 + j < Ce) {
+          const float f = fm[(c0 + j) * G + g];
+          L += fl[(c0 + j) * G + g] * f;
+          a += v[j] * f;
+        }
 #pragma unroll
       for (int j = 0; j < kB; ++j) v[j] = w[j];
     }
-    out_t[i] = Dt<T>::from_f(attention_output(head_empty[g] ? 0.f : head_l[g], head_empty[g] ? 0.f : a, any, len));
+    const bool empty = head_m[g] == -INFINITY;
+    out_t[i] = Dt<T>::from_f(attention_output(empty ? 0.f : L, empty ? 0.f : a, any, len));
   }
 }
 
