@@ -25,7 +25,7 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
     std::printf("timeline %s: the library has no timeline (build with -DKS_ATTN_TIMELINE=ON)\n", label.c_str());
     return;
   }
-  constexpr int kBlocks = 512, kWarps = 16, kEvents = 8;
+  constexpr int kBlocks = 512, kWarps = 16, kEvents = 16;
   std::vector<unsigned long long> tl(size_t(kBlocks) * kWarps * kEvents, 0);
   if (read_out(tl.data(), tl.size()) < 0) {
     std::printf("timeline %s: read-out failed\n", label.c_str());
@@ -41,11 +41,13 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
     return;
   }
   // per CTA: entry, wait returned, first tile (earliest warp), loop done (earliest, latest warp),
-  // all warps done, state written, exit; and whether it merged the unit's split states
-  const char* names[] = {"entry", "wait", "tile0", "loop_min", "loop_max", "synced", "state", "exit"};
-  constexpr int kCols = 8;
-  std::vector<std::vector<double>> col(kCols);
-  std::vector<double> merge;
+  // finish_unit's first barrier passed, the warps' factors made, state written, exit; and, in
+  // the CTAs that merged their unit's split states, each step of the merge after the state
+  const char* names[] = {"entry", "wait", "tile0", "loop_min", "loop_max", "fin_bar", "fin_fact", "state", "exit"};
+  constexpr int kCols = 9;
+  const char* mnames[] = {"counted", "loaded", "factors", "stored", "exit"};
+  constexpr int kMerge = 5;
+  std::vector<std::vector<double>> col(kCols), mcol(kMerge);
   int ctas = 0;
   auto rel = [&](unsigned long long t) { return t ? double(t - t0) * 1e-3 : -1.0; };
   const char* csv = std::getenv("KS_ATTN_TIMELINE_CSV");
@@ -59,30 +61,34 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
       e0 = std::min(e0, at(b, w, 0));
       if (at(b, w, 2)) e2 = std::min(e2, at(b, w, 2));
       if (at(b, w, 3)) e3lo = std::min(e3lo, at(b, w, 3)), e3hi = std::max(e3hi, at(b, w, 3));
-      if (f)
-        std::fprintf(f, "%s,%d,%d,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,%llu\n", label.c_str(), b, w, rel(at(b, w, 0)),
-                     rel(at(b, w, 1)), rel(at(b, w, 2)), rel(at(b, w, 3)), rel(at(b, w, 4)), rel(at(b, w, 5)),
-                     rel(at(b, w, 6)), at(b, w, 7));
+      if (f) {
+        std::fprintf(f, "%s,%d,%d", label.c_str(), b, w);
+        for (int e = 0; e < 15; ++e) std::fprintf(f, ",%.3f", rel(at(b, w, e)));
+        std::fprintf(f, ",%llu\n", at(b, w, 15));
+      }
     }
     const double v[kCols] = {rel(e0), rel(at(b, 0, 1)), e2 == ~0ull ? -1 : rel(e2), e3lo == ~0ull ? -1 : rel(e3lo),
-                             rel(e3hi), rel(at(b, 0, 4)), rel(at(b, 0, 5)), rel(at(b, 0, 6))};
+                             rel(e3hi), rel(at(b, 0, 8)), rel(at(b, 0, 9)), rel(at(b, 0, 5)), rel(at(b, 0, 6))};
     for (int c = 0; c < kCols; ++c)
       if (v[c] >= 0) col[size_t(c)].push_back(v[c]);
-    if (at(b, 0, 7) == 1 && at(b, 0, 6) && at(b, 0, 5)) merge.push_back(double(at(b, 0, 6) - at(b, 0, 5)) * 1e-3);
+    if (at(b, 0, 15) == 1 && at(b, 0, 5)) {  // a merging CTA: its steps, us after its state
+      const int ev[kMerge] = {10, 11, 12, 13, 6};
+      for (int k = 0; k < kMerge; ++k)
+        if (at(b, 0, ev[k])) mcol[size_t(k)].push_back(double(at(b, 0, ev[k]) - at(b, 0, 5)) * 1e-3);
+    }
   }
   if (f) std::fclose(f);
   std::printf("timeline %s: %d CTAs, %.2f us per call in the timing; last launch, us from the first entry "
               "(min / median / max over CTAs):\n", label.c_str(), ctas, us_per_call);
-  for (int c = 0; c < kCols; ++c) {
-    auto& x = col[size_t(c)];
-    if (x.empty()) continue;
+  auto show = [](const char* name, std::vector<double>& x) {
+    if (x.empty()) return;
     std::sort(x.begin(), x.end());
-    std::printf("  %-8s %7.2f %7.2f %7.2f\n", names[c], x.front(), x[x.size() / 2], x.back());
-  }
-  if (!merge.empty()) {
-    std::sort(merge.begin(), merge.end());
-    std::printf("  merge (state -> exit in the merging CTAs) %.2f / %.2f / %.2f us, %zu CTAs\n", merge.front(),
-                merge[merge.size() / 2], merge.back(), merge.size());
+    std::printf("  %-9s %7.2f %7.2f %7.2f\n", name, x.front(), x[x.size() / 2], x.back());
+  };
+  for (int c = 0; c < kCols; ++c) show(names[c], col[size_t(c)]);
+  if (!mcol[0].empty()) {
+    std::printf("  merging CTAs (%zu), us after their state:\n", mcol[0].size());
+    for (int k = 0; k < kMerge; ++k) show(mnames[k], mcol[size_t(k)]);
   }
 }
 

@@ -104,7 +104,7 @@ if has timeline; then  # (carry build-timeline: scripts/make_prebuilt.sh timelin
   LD_LIBRARY_PATH=$PWD/build-timeline:$LD_LIBRARY_PATH KS_ATTN_TIMELINE=1 KS_ATTN_TIMELINE_CSV="$OUT/timeline.csv" \
     KS_BENCH_ATTN=anchors $BUILD/bench_ops --csv "$OUT/timeline_anchors.csv" --ops paged_attention --dtypes bf16 \
     > "$OUT/timeline.txt" 2>&1
-  grep -A9 "^timeline" "$OUT/timeline.txt" | grep -v "^decode_attention" | head -120
+  grep -A16 "^timeline" "$OUT/timeline.txt" | grep -v "^decode_attention" | head -120
 fi
 if has ncu_mma; then
   KS_NCU_LAUNCHES=2 ks_ncu_bench 'paged_attention_mma|attention_combine' "$OUT/ncu_attention_mma.txt" --ops paged_attention \

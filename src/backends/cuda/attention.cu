@@ -46,6 +46,37 @@ namespace cg = cooperative_groups;
 namespace ks::cuda {
 namespace {
 
+// Timeline (a build with -DKS_ATTN_TIMELINE=ON only, for locating the time; never in a release
+// build): lane 0 of every warp of cuda_mma_cluster stores %globaltimer (ns) at points of its
+// CTA's work into ks_attn_tl[(blockIdx.x * 16 + warp) * 16 + event] (blocks below 512); every
+// launch overwrites its slots, so after a run of calls the buffer holds the last launch's.
+// ks_debug_attention_timeline copies it out and clears it (bench_ops, KS_ATTN_TIMELINE=1).
+// Events: 0 entry, 1 after griddepcontrol.wait, 2 the warp's first tile landed, 3 its key loop
+// done, 4 the CTA's warps all done, 5 the state written (finish_unit), 6 exit; finish_unit: 8
+// after its first barrier, 9 the warps' factors made; the split's last-CTA merge: 10 the count
+// taken (atomic), 11 the states loaded, 12 the factors made, 13 the outputs stored; 15: 1 where
+// this CTA merged the unit's split states. A barrier's wait is deferred to the warp's next
+// memory instruction (BAR.SYNC.DEFER_BLOCKING): each stamp first reads shared memory (a volatile
+// load), so that it is taken after the wait.
+#if defined(KS_ATTN_TIMELINE)
+constexpr int kTlBlocks = 512, kTlWarps = 16, kTlEvents = 16;
+__device__ unsigned long long ks_attn_tl[kTlBlocks * kTlWarps * kTlEvents];
+[[maybe_unused]] __device__ __forceinline__ void tl_mark(int ev, unsigned long long v = 0) {
+  if ((threadIdx.x & 31) == 0 && blockIdx.x < kTlBlocks) {
+    __shared__ unsigned tl_dummy;
+    unsigned long long t = v;
+    unsigned d;
+    if (ev != 15)
+      asm volatile("ld.volatile.shared.u32 %1, [%2];\n\tmov.u64 %0, %%globaltimer;"
+                   : "=l"(t), "=r"(d) : "r"(unsigned(__cvta_generic_to_shared(&tl_dummy))) : "memory");
+    ks_attn_tl[(blockIdx.x * kTlWarps + (threadIdx.x >> 5)) * kTlEvents + ev] = t;
+  }
+}
+#define KS_TL(...) tl_mark(__VA_ARGS__)
+#else
+#define KS_TL(...) ((void)0)
+#endif
+
 constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8, kGqaStages = 2;
 // the cp.async ring: [stage][key u][K | V][thread] 16-byte pieces (conflict-free: a thread's
 // pieces are consecutive across threads)
@@ -140,6 +171,7 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
   const int C = int(cluster.num_blocks()), rank = int(cluster.block_rank());
   GqaSmem sm(raw + states_off, W, G, D);
   const int any_cta = __syncthreads_or(any_local);
+  KS_TL(8);
   const int64_t sf = split_state_floats(G, D);
   const bool push = Ce > 1 && push_off > 0;
   if (push) {
@@ -160,6 +192,7 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
   __syncthreads();
   for (int k = threadIdx.x; k < W * G; k += NT) sm.wm[k] = merge_factor(sm.wm[k], sm.m[k % G]);
   __syncthreads();
+  KS_TL(9);
   for (int i = threadIdx.x; i < G * D; i += NT) {
     const int g = i / D;
     float L = 0.f, a = 0.f;
@@ -994,28 +1027,6 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 namespace ks::cuda {
 namespace {
 
-// Timeline (a build with -DKS_ATTN_TIMELINE=ON only, for locating the time; never in a release
-// build): lane 0 of every warp of cuda_mma_cluster stores %globaltimer (ns) at 7 points of its
-// CTA's work into ks_attn_tl[(blockIdx.x * 16 + warp) * 8 + event] (blocks below 512); every
-// launch overwrites its slots, so after a run of calls the buffer holds the last launch's.
-// ks_debug_attention_timeline copies it out and clears it (bench_ops, KS_ATTN_TIMELINE=1).
-// Events: 0 entry, 1 after griddepcontrol.wait, 2 the warp's first tile landed, 3 its key loop
-// done, 4 the CTA's warps all done, 5 the state written (finish_unit), 6 exit (after the last-CTA
-// merge where this CTA did it; event 7 = 1 then).
-#if defined(KS_ATTN_TIMELINE)
-constexpr int kTlBlocks = 512, kTlWarps = 16, kTlEvents = 8;
-__device__ unsigned long long ks_attn_tl[kTlBlocks * kTlWarps * kTlEvents];
-[[maybe_unused]] __device__ __forceinline__ void tl_mark(int ev, unsigned long long v = 0) {
-  if ((threadIdx.x & 31) == 0 && blockIdx.x < kTlBlocks) {
-    unsigned long long t = v;
-    if (ev != 7) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    ks_attn_tl[(blockIdx.x * kTlWarps + (threadIdx.x >> 5)) * kTlEvents + ev] = t;
-  }
-}
-#define KS_TL(...) tl_mark(__VA_ARGS__)
-#else
-#define KS_TL(...) ((void)0)
-#endif
 
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 // cuda_mma_cluster's split: part `part` of the Ce that take keys gets whole tiles of kMcKeys,
@@ -1521,8 +1532,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
         last = old == unsigned(Ce - 1);
       }
       __syncthreads();
+      KS_TL(10);
       if (last) combine_unit<T, true>(p, unit, reinterpret_cast<float*>(mc_raw), len);  // (the rings are free)
-      KS_TL(7, (unsigned long long)last);
+      KS_TL(15, (unsigned long long)last);
     }
   }
   KS_TL(6);
@@ -1574,6 +1586,7 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
   }
   for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= ld(c * sf + int64_t(G) * (D + 2)) != 0.f;
   const int any = __syncthreads_or(any_local);
+  if constexpr (kL2) KS_TL(11);
   // each head's M: a warp's lanes fold the splits' m, then a butterfly (a max is the same in any
   // order; up to 2026-12-02 one thread per head walked the Ce splits)
   const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
@@ -1590,6 +1603,7 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
     fm[k] = M == -INFINITY ? 0.f : merge_factor(fm[k], M);
   }
   __syncthreads();
+  if constexpr (kL2) KS_TL(12);
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int g = i / D;
@@ -1616,6 +1630,7 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
     const bool empty = head_m[g] == -INFINITY;
     out_t[i] = Dt<T>::from_f(attention_output(empty ? 0.f : L, empty ? 0.f : a, any, len));
   }
+  if constexpr (kL2) KS_TL(13);
 }
 
 template <typename T>
