@@ -1557,7 +1557,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // Unit `unit`'s merge by the CTA that calls it (any block size >= G; every thread calls it):
 // comb holds 2 * splits * G floats. kL2: the states are read through L2 only (ld.global.cg),
 // for the unit's last split CTA (the default merge), whose L1 never held them but which reads
-// what other CTAs wrote during this kernel.
+// what other CTAs wrote during this kernel; there, where the CTA's dynamic shared memory holds
+// the unit's Ce states and their Ce x G factors, they are first staged in it (one round trip)
+// and merged from there in the same order (same bits). known_len: the unit's context length,
+// where the caller has it.
 template <typename T, bool kL2>
 __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int64_t known_len) {
   constexpr int kB = 16;  // accumulators per batch and output element (two batches in flight)
@@ -1570,6 +1573,58 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
   const int G = p.group, D = int(p.head_dim);
   const int64_t sf = split_state_floats(G, D);
   const float* st = p.ws + unit * p.splits * sf;
+  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  if (kL2 && int64_t(Ce) * (sf + G) * int64_t(sizeof(float)) <= int64_t(smem_bytes)) {
+    // The unit's last split CTA (kL2), where its dynamic shared memory holds the Ce states and
+    // their factors (batch 1's splits: 33-35 KB of 116+): every state in by 4-byte cp.async
+    // copies, all in flight at once (one round trip to L2, after the count's acquire has
+    // invalidated L1), then the merge below from shared memory: the same values, sums and
+    // order. (The form below loads each output element's accumulators in batches of kB after the
+    // factors: at 2026-12-02's timeline a round trip per element and batch, 2.5 us of the
+    // merge at 32 / 8 heads of 128.)
+    float* sst = comb;                    // Ce * sf floats: the states
+    float* f = comb + int64_t(Ce) * sf;  // Ce * G: the factors
+    const int n = int(int64_t(Ce) * sf);
+    for (int k = threadIdx.x; k < n; k += blockDim.x) cp_async4(sst + k, st + k);
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+    int any_local = 0;
+    for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= sst[c * sf + int64_t(G) * (D + 2)] != 0.f;
+    const int any = __syncthreads_or(any_local);
+    if constexpr (kL2) KS_TL(11);
+    const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
+    for (int g = int(threadIdx.x) >> 5; g < G; g += nwarps) {
+      float M = -INFINITY;
+      for (int c = lane; c < Ce; c += 32) M = fmaxf(M, sst[c * sf + g]);
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+      if (lane == 0) head_m[g] = M;
+    }
+    __syncthreads();
+    for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
+      const int c = k / G, g = k % G;
+      const float M = head_m[g];
+      f[k] = M == -INFINITY ? 0.f : merge_factor(sst[c * sf + g], M);
+    }
+    __syncthreads();
+    if constexpr (kL2) KS_TL(12);
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
+      const int g = i / D;
+      float a = 0.f, L = 0.f;
+      for (int c = 0; c < Ce; ++c) {
+        const float fc = f[c * G + g];
+        L += sst[c * sf + G + g] * fc;
+        a += sst[c * sf + 2 * G + i] * fc;
+      }
+      const bool empty = head_m[g] == -INFINITY;
+      out_t[i] = Dt<T>::from_f(attention_output(empty ? 0.f : L, empty ? 0.f : a, any, len));
+    }
+    if constexpr (kL2) KS_TL(13);
+    return;
+  }
   auto ld = [&](int64_t i) { return kL2 ? __ldcg(st + i) : st[i]; };
   // split c's accumulator of output element i, 0 past Ce
   auto acc = [&](int c, int i) { return c < Ce ? ld(c * sf + 2 * G + i) : 0.f; };
@@ -1604,7 +1659,6 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
   }
   __syncthreads();
   if constexpr (kL2) KS_TL(12);
-  T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   for (int i = threadIdx.x; i < G * D; i += blockDim.x) {
     const int g = i / D;
     if (i != int(threadIdx.x))  // (the first element's first batch is loaded)
