@@ -162,10 +162,8 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
 // into rank 0's shared memory at raw + push_off, one barrier (release / acquire), then rank 0
 // alone reads them locally and writes every output element with the same formula in the same
 // order, so the same bits; the other CTAs leave, as nothing reads their memory. The kernel made a
-// arrive before (every CTA of the cluster, having computed the same Ce > 1): cuda_gqa_cluster a
-// relaxed one at its start (the pushed area lies past its ring), cuda_mma_cluster a release one
-// after its key loop (the area lies over its ring); the wait here, before the first remote store,
-// completes it ("rank 0 has started", or "has left its key loop").
+// relaxed arrive at its start (every CTA of the cluster, having computed the same Ce > 1); the
+// wait here, before the first remote store, completes it ("rank 0 has started").
 template <typename T, int NT, typename Cluster>
 __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
                             int any_local, int Ce, int64_t len, T* out_t, float* ws_state, int push_off = 0) {
@@ -1496,11 +1494,6 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   }
   __syncthreads();  // every warp is done with the rings: the states go over them
   KS_TL(4);
-  // the pushed cluster merge (p.push_off > 0, set only for clusters): this CTA is done with its
-  // ring, over which the other CTAs' states are pushed into rank 0 (past the states); finish_unit's
-  // first wait completes it, so that barrier's latency overlaps the warps' merge below
-  // (a release arrive: the ring's reads are ordered before the pushes that overwrite it)
-  if (p.push_off > 0 && Ce > 1) cluster_arrive();
   GqaSmem sm(mc_raw, NW, G, D);
 #pragma unroll
   for (int h = 0; h < NH; ++h) {
@@ -1518,7 +1511,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
-  finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state, p.push_off);
+  finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
   KS_TL(5);
   if constexpr (LC) {
     if (ws_state && Ce > 1) {
@@ -1961,19 +1954,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
                  last_combine);
     }
     grid = a.num_tokens * a.num_kv_heads * C * splits;
-    // The pushed cluster merge (finish_unit's push_off; KS_ATTN_PUSH_MERGE=0: off): with 8 warps,
-    // cp.async tiles and a cluster that does not split, where the Ce states fit past the CTA's
-    // own states within the launch's shared memory. Each CTA stores its state into rank 0's
-    // shared memory (over rank 0's ring, once every CTA has left its key loop: a relaxed arrive
-    // there, the wait in finish_unit), one barrier, then rank 0 merges locally; without it every
-    // rank that writes outputs reads each state through distributed shared memory between two
-    // cluster barriers (2.4-3.8 us from the warps' factors to the state at batch 1's clusters
-    // in 2026-12-02's timeline build).
-    p.push_off = 0;
-    if (kNW == 8 && !kTM && C > 1 && splits <= 1 && gqa_push_merge()) {
-      const size_t off = gqa_push_offset(gqa_state_bytes(kNW, G, a.head_dim));
-      if (off + gqa_push_bytes(C, G, a.head_dim) <= smem) p.push_off = int(off);
-    }
     // The early reads (their own instantiations, PW) with 8 warps only (few units: batch 1's
     // clusters and splits) and a grid of at most one CTA per SM: a larger grid lets its successor
     // launch only as its CTAs exit (pdl_begin), and at 12f25a9 batch 32 at 1024 keys took 37.50
@@ -2046,11 +2026,10 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   check_launch("paged_attention");
   record_launch("paged_attention",
                 tma ? "variant=cuda_mma_tma cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld prewait=%lld push=%lld"
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld prewait=%lld"
                     : "variant=cuda_mma_cluster cluster=%lld splits=%lld group=%lld head_dim_padded=%lld warps=%lld "
-                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld prewait=%lld push=%lld",
-                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0, p.prewait_fresh > 0 ? 1 : 0,
-                 p.push_off > 0 ? 1 : 0});
+                      "packed=%lld grid=%lld resident_clusters=%lld last_combine=%lld prewait=%lld",
+                {C, splits, G, DP, NW, packed ? 1 : 0, grid, resident, p.ws_count ? 1 : 0, p.prewait_fresh > 0 ? 1 : 0});
 }
 }  // namespace
 
