@@ -1574,6 +1574,20 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
   const int64_t sf = split_state_floats(G, D);
   const float* st = p.ws + unit * p.splits * sf;
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
+  // each head's M into head_m, m_of(c, g) split c's m of head g: a warp's lanes fold the splits,
+  // then a butterfly (a max is the same in any order; up to 2026-12-02 one thread per head
+  // walked the Ce splits); then a barrier
+  auto head_maxima = [&](auto m_of) {
+    const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
+    for (int g = int(threadIdx.x) >> 5; g < G; g += nwarps) {
+      float M = -INFINITY;
+      for (int c = lane; c < Ce; c += 32) M = fmaxf(M, m_of(c, g));
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+      if (lane == 0) head_m[g] = M;
+    }
+    __syncthreads();
+  };
   unsigned smem_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
   if (kL2 && int64_t(Ce) * (sf + G) * int64_t(sizeof(float)) <= int64_t(smem_bytes)) {
@@ -1595,15 +1609,7 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
     for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= sst[c * sf + int64_t(G) * (D + 2)] != 0.f;
     const int any = __syncthreads_or(any_local);
     if constexpr (kL2) KS_TL(11);
-    const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
-    for (int g = int(threadIdx.x) >> 5; g < G; g += nwarps) {
-      float M = -INFINITY;
-      for (int c = lane; c < Ce; c += 32) M = fmaxf(M, sst[c * sf + g]);
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-      if (lane == 0) head_m[g] = M;
-    }
-    __syncthreads();
+    head_maxima([&](int c, int g) { return sst[c * sf + g]; });
     for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
       const int c = k / G, g = k % G;
       const float M = head_m[g];
@@ -1642,17 +1648,7 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
   for (int c = threadIdx.x; c < Ce; c += blockDim.x) any_local |= ld(c * sf + int64_t(G) * (D + 2)) != 0.f;
   const int any = __syncthreads_or(any_local);
   if constexpr (kL2) KS_TL(11);
-  // each head's M: a warp's lanes fold the splits' m, then a butterfly (a max is the same in any
-  // order; up to 2026-12-02 one thread per head walked the Ce splits)
-  const int lane = int(threadIdx.x) & 31, nwarps = int(blockDim.x) >> 5;
-  for (int g = int(threadIdx.x) >> 5; g < G; g += nwarps) {
-    float M = -INFINITY;
-    for (int c = lane; c < Ce; c += 32) M = fmaxf(M, fm[c * G + g]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-    if (lane == 0) head_m[g] = M;
-  }
-  __syncthreads();
+  head_maxima([&](int c, int g) { return fm[c * G + g]; });
   for (int k = threadIdx.x; k < Ce * G; k += blockDim.x) {
     const float M = head_m[k % G];
     fm[k] = M == -INFINITY ? 0.f : merge_factor(fm[k], M);
