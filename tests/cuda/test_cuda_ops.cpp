@@ -2672,6 +2672,38 @@ TEST(Cuda, AttentionSmallTablesOneCtaRule) {
     }
 }
 
+// bt's first `entries` entries: distinct blocks of [0, blocks) in an order drawn from gen
+void shuffled_blocks(Buf& bt, int64_t entries, int64_t blocks, std::mt19937& gen) {
+  std::vector<int32_t> perm(static_cast<size_t>(blocks));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), gen);
+  for (int64_t i = 0; i < entries; ++i) bt.set(i, double(perm[size_t(i)]));
+}
+
+// The after-append tests' setting: cuda_mma_cluster pinned, the GPU's SM count, a non-blocking
+// stream (destroyed with it)
+struct MmaPinnedOnAStream {
+  kstest::ScopedVariant pin{"paged_attention", "cuda_mma_cluster"};
+  int sms = 0;
+  cudaStream_t st = nullptr;
+  MmaPinnedOnAStream() {
+    EXPECT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+    EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+    EXPECT_EQ(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking), cudaSuccess);
+  }
+  ~MmaPinnedOnAStream() {
+    if (st) cudaStreamDestroy(st);
+  }
+};
+
+// Whether cuda_mma_cluster's launch record cfg takes the early reads of
+// paged_attention_after_append: 8 warps and a grid of at most one CTA per SM (sms SMs)
+bool mma_early_reads(const std::string& cfg, int sms) {
+  const size_t g = cfg.find("grid=");
+  EXPECT_NE(g, std::string::npos) << cfg;
+  return g != std::string::npos && cfg.find("warps=8") != std::string::npos && std::atoll(cfg.c_str() + g + 5) <= sms;
+}
+
 // A decode step's inputs for append_then_attention: fresh normal q, k and v, then q, k, v, the
 // lengths and the slots uploaded on stream st; the host caches kc / vc get token t's k and v rows
 // at slot[t] (the append the CPU reference sees), while the device caches' rows there and both
@@ -2743,10 +2775,7 @@ TEST(Cuda, AttentionAfterAppendSameBits) {
       Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), bt(DType::I32, {1, maxb});
       kstest::fill_normal(kc);
       kstest::fill_normal(vc);
-      std::vector<int32_t> perm(static_cast<size_t>(blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), gen);
-      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      shuffled_blocks(bt, maxb, blocks, gen);
       DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dq(dt, {1, H, D}), dcl(DType::I32, {1}),
           dslot(DType::I64, {1}), dk(dt, {1, KVH, D}), dv(dt, {1, KVH, D}), da(dt, {1, H, D}), db(dt, {1, H, D});
       dkc.upload(kc);
@@ -2826,10 +2855,7 @@ struct FusedAppendRig {
     kstest::fill_normal(kc);
     kstest::fill_normal(vc);
     std::mt19937 gen(seed);
-    std::vector<int32_t> perm(static_cast<size_t>(blocks));
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), gen);
-    for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+    shuffled_blocks(bt, maxb, blocks, gen);
     dnw.upload(nw);
     dw.upload(w);
     dkc.upload(kc);
@@ -2990,9 +3016,7 @@ TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
           ASSERT_NO_FATAL_FAILURE(rig.step(len, rig.scale, graph));
           ASSERT_FALSE(::testing::Test::HasFailure()) << "length " << len << (graph ? ", graph" : "");
           // the early reads: 8 warps and a grid of at most one CTA per SM
-          const size_t g = rig.after.find("grid=");
-          ASSERT_NE(g, std::string::npos) << rig.after;
-          const bool early = rig.after.find("warps=8") != std::string::npos && std::atoll(rig.after.c_str() + g + 5) <= sms;
+          const bool early = mma_early_reads(rig.after, sms);
           ASSERT_NE(rig.after.find(early ? "prewait=1" : "prewait=0"), std::string::npos) << rig.after;
           if (sms == 132) {
             ASSERT_TRUE(early) << rig.after;
@@ -3013,12 +3037,10 @@ TEST(CudaAttentionMma, AfterFusedAppendSameBits) {
 // last step's the CPU's within tolerance.
 TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
   NEED_GPU();
-  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
-  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaStream_t st = nullptr;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  MmaPinnedOnAStream on;
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const int sms = on.sms;
+  cudaStream_t st = on.st;
   const int64_t H = 32, KVH = 8, D = 128, bs = 16, maxb = 32, cap = maxb * bs;
   std::mt19937 gen(47);
   for (int64_t B : {int64_t(2), int64_t(4), int64_t(32)})
@@ -3029,10 +3051,7 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
       Buf kc(dt, cs), vc(dt, cs), bt(DType::I32, {B, maxb});
       kstest::fill_normal(kc);
       kstest::fill_normal(vc);
-      std::vector<int32_t> perm(static_cast<size_t>(blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), gen);
-      for (int64_t i = 0; i < B * maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      shuffled_blocks(bt, B * maxb, blocks, gen);
       DBuf dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape), dq(dt, {B, H, D}), dk(dt, {B, KVH, D}),
           dv(dt, {B, KVH, D}), dcl(DType::I32, {B}), dslot(DType::I64, {B}), da(dt, {B, H, D}), db(dt, {B, H, D});
       dkc.upload(kc);
@@ -3050,11 +3069,8 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
         }
         ASSERT_NO_FATAL_FAILURE(stage_append_step(q, k, v, cl, slot, kc, vc, dq, dk, dv, dcl, dslot, dkc, dvc, da, db, st));
         cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb);
-        const size_t g = cfg.find("grid=");
-        ASSERT_NE(g, std::string::npos) << cfg;
-        const long long grid = std::atoll(cfg.c_str() + g + 5);
         const bool eight = cfg.find("warps=8") != std::string::npos;
-        ASSERT_NE(cfg.find(eight && grid <= sms ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
+        ASSERT_NE(cfg.find(mma_early_reads(cfg, sms) ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
         if (sms == 132) {  // (the H200: 8 warps for units * 16 < 2 SMs)
           EXPECT_EQ(eight, B == 2) << cfg;
         }
@@ -3065,7 +3081,6 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
                           ks::Backend::Cpu);
       EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
     }
-  CK(cudaStreamDestroy(st));
 }
 
 // paged_attention_after_append on cuda_mma_cluster with two tokens of one sequence per step
@@ -3078,12 +3093,10 @@ TEST(CudaAttentionMma, AfterAppendBatchSameBits) {
 // for bit, paged_attention's after them, and the last step's the CPU's within tolerance.
 TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
   NEED_GPU();
-  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
-  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaStream_t st = nullptr;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  MmaPinnedOnAStream on;
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const int sms = on.sms;
+  cudaStream_t st = on.st;
   const int64_t T = 2, H = 16, KVH = 4, D = 96, bs = 16;
   std::mt19937 gen(53);
   for (int64_t maxb : {int64_t(32), int64_t(512)})
@@ -3094,10 +3107,7 @@ TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
       Buf kc(dt, cs), vc(dt, cs), bt(DType::I32, {1, maxb}), sid(DType::I32, {T});
       kstest::fill_normal(kc);
       kstest::fill_normal(vc);
-      std::vector<int32_t> perm(static_cast<size_t>(blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), gen);
-      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      shuffled_blocks(bt, maxb, blocks, gen);
       sid.set(0, 0.0);
       sid.set(1, 0.0);
       DBuf dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape), dsid(DType::I32, {T}), dq(dt, {T, H, D}),
@@ -3120,9 +3130,7 @@ TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
         ASSERT_NO_FATAL_FAILURE(stage_append_step(q, k, v, cl, slot, kc, vc, dq, dk, dv, dcl, dslot, dkc, dvc, da, db, st));
         cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb, /*fresh_keys=*/2,
                                     dsid.view());
-        const size_t g = cfg.find("grid=");
-        ASSERT_NE(g, std::string::npos) << cfg;
-        const bool early = cfg.find("warps=8") != std::string::npos && std::atoll(cfg.c_str() + g + 5) <= sms;
+        const bool early = mma_early_reads(cfg, sms);
         ASSERT_NE(cfg.find(early ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
         if (sms == 132) {
           EXPECT_TRUE(early) << cfg;
@@ -3135,7 +3143,6 @@ TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
                           ks::Backend::Cpu);
       EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
     }
-  CK(cudaStreamDestroy(st));
 }
 
 // paged_attention_after_append on cuda_mma_cluster (batch 1, 32 / 8 heads of 128: 8 units, 8 warps
@@ -3149,12 +3156,10 @@ TEST(CudaAttentionMma, AfterAppendTwoFreshKeysSameBits) {
 // them, and the last step's the CPU's within tolerance.
 TEST(CudaAttentionMma, AfterAppendBlockSizesAndCombineKernel) {
   NEED_GPU();
-  kstest::ScopedVariant pin("paged_attention", "cuda_mma_cluster");
-  ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
-  int sms = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  cudaStream_t st = nullptr;
-  CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  MmaPinnedOnAStream on;
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const int sms = on.sms;
+  cudaStream_t st = on.st;
   const int64_t H = 32, KVH = 8, D = 128, keys = 8192;
   std::mt19937 gen(59);
   for (int64_t bs : {int64_t(8), int64_t(48), int64_t(32)})
@@ -3168,10 +3173,7 @@ TEST(CudaAttentionMma, AfterAppendBlockSizesAndCombineKernel) {
       Buf kc(dt, cs), vc(dt, cs), bt(DType::I32, {1, maxb});
       kstest::fill_normal(kc);
       kstest::fill_normal(vc);
-      std::vector<int32_t> perm(static_cast<size_t>(blocks));
-      std::iota(perm.begin(), perm.end(), 0);
-      std::shuffle(perm.begin(), perm.end(), gen);
-      for (int64_t i = 0; i < maxb; ++i) bt.set(i, double(perm[size_t(i)]));
+      shuffled_blocks(bt, maxb, blocks, gen);
       DBuf dkc(dt, cs), dvc(dt, cs), dbt(DType::I32, bt.shape), dq(dt, {1, H, D}), dk(dt, {1, KVH, D}),
           dv(dt, {1, KVH, D}), dcl(DType::I32, {1}), dslot(DType::I64, {1}), da(dt, {1, H, D}), db(dt, {1, H, D});
       dkc.upload(kc);
@@ -3187,9 +3189,7 @@ TEST(CudaAttentionMma, AfterAppendBlockSizesAndCombineKernel) {
         slot.set(0, double(int64_t(bt.get(p / bs)) * bs + p % bs));
         ASSERT_NO_FATAL_FAILURE(stage_append_step(q, k, v, cl, slot, kc, vc, dq, dk, dv, dcl, dslot, dkc, dvc, da, db, st));
         cfg = append_then_attention(dkc, dvc, dk, dv, dslot, dq, dbt, dcl, da, db, scale, st, ga, gb);
-        const size_t g = cfg.find("grid=");
-        ASSERT_NE(g, std::string::npos) << cfg;
-        const bool early = cfg.find("warps=8") != std::string::npos && std::atoll(cfg.c_str() + g + 5) <= sms;
+        const bool early = mma_early_reads(cfg, sms);
         ASSERT_NE(cfg.find(early ? "prewait=1" : "prewait=0"), std::string::npos) << cfg;
         if (sms == 132) {
           EXPECT_TRUE(early) << cfg;
@@ -3203,7 +3203,6 @@ TEST(CudaAttentionMma, AfterAppendBlockSizesAndCombineKernel) {
                           ks::Backend::Cpu);
       EXPECT_TRUE(close_to_cpu(gb, ref, 1e-5)) << cfg;
     }
-  CK(cudaStreamDestroy(st));
 }
 
 // A short live context in a block table sized for many more keys (the model's decode step:
@@ -3395,10 +3394,7 @@ void with_tma_case(DType dt, const TmaShape& sh, std::mt19937& gen, const std::f
   kstest::fill_normal(c.kc);
   kstest::fill_normal(c.vc);
   kstest::fill_normal(c.q);
-  std::vector<int64_t> perm(static_cast<size_t>(blocks));
-  std::iota(perm.begin(), perm.end(), 0);
-  std::shuffle(perm.begin(), perm.end(), gen);
-  for (int64_t i = 0; i < sh.T * maxb; ++i) c.bt.set(i, double(perm[size_t(i)]));
+  shuffled_blocks(c.bt, sh.T * maxb, blocks, gen);
   const std::vector<int64_t> pick = {sh.cap, sh.cap - 1, 0, 1, 15, 16, 17, sh.cap / 2 + 9, 300 % sh.cap};
   for (int64_t t = 0; t < sh.T; ++t) {
     const int64_t len = pick[size_t(t % int64_t(pick.size()))];
