@@ -2985,7 +2985,8 @@ TEST(Cuda, AttentionAfterFusedQkvAppendSameBits) {
 // FusedAppendRig: with fresh_keys = 1 each CTA reads the context, its first tiles' block-table
 // entries and those tiles' older keys before griddepcontrol.wait, and the fresh key's row after
 // it. Each step's output must equal, bit for bit, paged_attention's launched after it (same
-// variant, no early reads), and the last step's the CPU's within tolerance. Shapes: 32 / 8 heads
+// variant, no early reads), and the last step's within the FP64 bound (expect_last_step_matches_fp64).
+// Shapes: 32 / 8 heads
 // of 128 at tables of 1024 keys (clusters of 4) and 8192 (the split beyond a cluster, its last CTA
 // merging), 9 / 3 heads of 64 at 32768 (split), 16 / 2 heads of 32 and of 64 (8 query heads per kv
 // head: unpacked pieces) at 1024 and 16384; lengths at tile and split edges.

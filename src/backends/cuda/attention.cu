@@ -164,7 +164,10 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
 // order, so the same bits; the other CTAs leave, as nothing reads their memory. The kernel made a
 // relaxed arrive at its start (every CTA of the cluster, having computed the same Ce > 1); the
 // wait here, before the first remote store, completes it ("rank 0 has started").
-template <typename T, int NT, typename Cluster>
+// kQ: the states whose l and accumulator the cluster merge loads together, before their
+// arithmetic (one distributed-shared-memory round trip per kQ states; with 1 the loads of each
+// state follow the previous state's arithmetic in the SASS, a round trip per state).
+template <typename T, int NT, typename Cluster, int kQ = 1>
 __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
                             int any_local, int Ce, int64_t len, T* out_t, float* ws_state, int push_off = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -248,13 +251,36 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
 #pragma unroll
     for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
     float L = 0.f, a = 0.f;
-    if (M != -INFINITY) {
+    if (M != -INFINITY && kQ == 1) {  // (cuda_gqa_cluster's form, its SASS as before kQ)
 #pragma unroll
       for (int c = 0; c < kMaxC; ++c) {
         if (c < Ce) {
           const float f = merge_factor(mc[c], M);
           L += (push ? pushed[c * sf + G + g] : remote(c).l[g]) * f;
           a += (push ? pushed[c * sf + 2 * G + i] : remote(c).acc[i]) * f;
+        }
+      }
+    } else if (M != -INFINITY) {
+#pragma unroll
+      for (int c0 = 0; c0 < kMaxC; c0 += kQ) {
+        float lq[kQ], aq[kQ];  // states c0 .. c0 + kQ - 1: loaded, then summed in order
+#pragma unroll
+        for (int j = 0; j < kQ; ++j) {
+          const int c = c0 + j;
+          lq[j] = aq[j] = 0.f;
+          if (c < Ce) {
+            lq[j] = push ? pushed[c * sf + G + g] : remote(c).l[g];
+            aq[j] = push ? pushed[c * sf + 2 * G + i] : remote(c).acc[i];
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kQ; ++j) {
+          const int c = c0 + j;
+          if (c < Ce) {
+            const float f = merge_factor(mc[c], M);
+            L += lq[j] * f;
+            a += aq[j] * f;
+          }
         }
       }
     }
@@ -1511,7 +1537,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
-  finish_unit<T, 32 * NW>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
+  // (8 states per round trip of the cluster merge's distributed-shared-memory loads: written
+  // after 2026-12-02's last GPU call, not yet measured)
+  finish_unit<T, 32 * NW, decltype(cluster), 8>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
   KS_TL(5);
   if constexpr (LC) {
     if (ws_state && Ce > 1) {
@@ -1549,15 +1577,15 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // Latency, not work, sets its time (a few hundred floats per unit, read from L2): so the first
 // batch of each thread's first output accumulators is loaded before anything else (they do not
 // depend on the factors), every split's m and l go into shared memory, each head's M is a max
-// (order-free) by one thread, the Ce x G factors are made in parallel, each head's L is summed
-// by one thread in split order, and each output element sums its Ce accumulators in split
-// order, kB at a time, the next batch loaded while one is summed. The sums and their order
+// (order-free) by a warp's butterfly, the Ce x G factors are made in parallel, and each output
+// element sums its Ce accumulators in split order, kB at a time, the next batch loaded while
+// one is summed, beside its head's L (in split order). The sums and their order
 // are those of the serial form before 2026-12-01 (same bits).
 // Dynamic shared memory: 2 * splits * G floats.
 // Unit `unit`'s merge by the CTA that calls it (any block size >= G; every thread calls it):
 // comb holds 2 * splits * G floats. kL2: the states are read through L2 only (ld.global.cg),
-// for the unit's last split CTA (the default merge), whose L1 never held them but which reads
-// what other CTAs wrote during this kernel; there, where the CTA's dynamic shared memory holds
+// for the unit's last split CTA (the default merge), which reads what other CTAs wrote during
+// this kernel (its count's acquire invalidates L1 first: the staged copies below go through it); there, where the CTA's dynamic shared memory holds
 // the unit's Ce states and their Ce x G factors, they are first staged in it (one round trip)
 // and merged from there in the same order (same bits). known_len: the unit's context length,
 // where the caller has it.
