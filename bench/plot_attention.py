@@ -31,7 +31,8 @@ def main():
                     continue
                 if impl == "kernscope":
                     impl = "kernscope (automatic)"
-                impl += " @ " + r["commit"]
+                if r.get("commit"):  # (peers_model.py's CSVs have no commit column: same call)
+                    impl += " @ " + r["commit"]
                 rows[(r["shape"], impl)] = float(r["gbs"])
                 if r["shape"] not in shapes:
                     shapes.append(r["shape"])
