@@ -1053,7 +1053,6 @@ void rope_append_attention_gqa_cuda(const void* args, ks_stream_t stream) {
 namespace ks::cuda {
 namespace {
 
-
 constexpr int kMcKeys = 16, kMcMaxGroup = 16;
 // cuda_mma_cluster's split: part `part` of the Ce that take keys gets whole tiles of kMcKeys,
 // ceil(len / Ce) rounded up to a tile, the last part's range ending at len (empty past Ce).
@@ -1396,9 +1395,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
       cp_async_wait<S - 1>();
       __syncwarp();  // every lane's copies of tile i have landed
     }
-#if defined(KS_ATTN_TIMELINE)
     if (i == 0) KS_TL(2);
-#endif
     any_local |= valid != 0u;
     const unsigned char* kt = ring + (i % S) * Sh::kStageBytes;
     const unsigned char* vt = kt + kMcKeys * Sh::kRowBytes;
@@ -1585,9 +1582,10 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // Unit `unit`'s merge by the CTA that calls it (any block size >= G; every thread calls it):
 // comb holds 2 * splits * G floats. kL2: the states are read through L2 only (ld.global.cg),
 // for the unit's last split CTA (the default merge), which reads what other CTAs wrote during
-// this kernel (its count's acquire invalidates L1 first: the staged copies below go through it); there, where the CTA's dynamic shared memory holds
-// the unit's Ce states and their Ce x G factors, they are first staged in it (one round trip)
-// and merged from there in the same order (same bits). known_len: the unit's context length,
+// this kernel (its count's acquire invalidates L1 first: the staged copies below go through it).
+// There, where the CTA's dynamic shared memory holds the unit's Ce states and their Ce x G
+// factors, they are first staged in it (one round trip) and merged from there in the same order
+// (same bits). known_len: the unit's context length,
 // where the caller has it.
 template <typename T, bool kL2>
 __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int64_t known_len) {
@@ -2197,7 +2195,7 @@ void varlen_attention_cuda(const void* args, ks_stream_t stream) {
 }  // namespace ks::cuda
 
 #if defined(KS_ATTN_TIMELINE)
-// The timeline build's read-out (see ks_attn_tl): copies up to n of its 512 x 16 x 8 entries
+// The timeline build's read-out (see ks_attn_tl): copies up to n of its 512 x 16 x 16 entries
 // (ns; 0 = not recorded) into host, then clears them. Returns the entries copied, -1 on a CUDA
 // error. Not part of the ABI: only a -DKS_ATTN_TIMELINE=ON build has it.
 extern "C" __attribute__((visibility("default"))) long long ks_debug_attention_timeline(unsigned long long* host, size_t n) {
