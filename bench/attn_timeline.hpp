@@ -47,7 +47,9 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
   constexpr int kCols = 9;
   const char* mnames[] = {"counted", "loaded", "factors", "stored", "exit"};
   constexpr int kMerge = 5;
-  std::vector<std::vector<double>> col(kCols), mcol(kMerge);
+  // the CTAs of a cluster's merge (15 = 2): its steps, us after the warps' factors (event 9)
+  const char* cnames[] = {"pre_sync", "synced", "outputs", "last_bar", "state"};
+  std::vector<std::vector<double>> col(kCols), mcol(kMerge), ccol(kMerge);
   int ctas = 0;
   auto rel = [&](unsigned long long t) { return t ? double(t - t0) * 1e-3 : -1.0; };
   const char* csv = std::getenv("KS_ATTN_TIMELINE_CSV");
@@ -78,6 +80,12 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
     }
   }
   if (f) std::fclose(f);
+  for (int b = 0; b < kBlocks; ++b)
+    if (at(b, 0, 0) && at(b, 0, 15) == 2 && at(b, 0, 9)) {
+      const int ev[kMerge] = {10, 11, 12, 13, 5};
+      for (int k = 0; k < kMerge; ++k)
+        if (at(b, 0, ev[k])) ccol[size_t(k)].push_back(double(at(b, 0, ev[k]) - at(b, 0, 9)) * 1e-3);
+    }
   std::printf("timeline %s: %d CTAs, %.2f us per call in the timing; last launch, us from the first entry "
               "(min / median / max over CTAs):\n", label.c_str(), ctas, us_per_call);
   auto show = [](const char* name, std::vector<double>& x) {
@@ -89,6 +97,10 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
   if (!mcol[0].empty()) {
     std::printf("  merging CTAs (%zu), us after their state:\n", mcol[0].size());
     for (int k = 0; k < kMerge; ++k) show(mnames[k], mcol[size_t(k)]);
+  }
+  if (!ccol[0].empty()) {
+    std::printf("  cluster merge (%zu CTAs), us after their warps' factors:\n", ccol[0].size());
+    for (int k = 0; k < kMerge; ++k) show(cnames[k], ccol[size_t(k)]);
   }
 }
 

@@ -54,8 +54,10 @@ namespace {
 // Events: 0 entry, 1 after griddepcontrol.wait, 2 the warp's first tile landed, 3 its key loop
 // done, 4 the CTA's warps all done, 5 the state written (finish_unit), 6 exit; finish_unit: 8
 // after its first barrier, 9 the warps' factors made; the split's last-CTA merge: 10 the count
-// taken (atomic), 11 the states loaded, 12 the factors made, 13 the outputs stored; 15: 1 where
-// this CTA merged the unit's split states. A barrier's wait is deferred to the warp's next
+// taken (atomic), 11 the states loaded, 12 the factors made, 13 the outputs stored; a cluster's
+// merge (finish_unit): 10 before its first cluster barrier, 11 after it, 12 the outputs made, 13
+// after its last cluster barrier; 15: 1 where this CTA merged the unit's split states, 2 where it
+// took part in a cluster's merge. A barrier's wait is deferred to the warp's next
 // memory instruction (BAR.SYNC.DEFER_BLOCKING): each stamp first reads shared memory (a volatile
 // load), so that it is taken after the wait.
 #if defined(KS_ATTN_TIMELINE)
@@ -72,9 +74,23 @@ __device__ unsigned long long ks_attn_tl[kTlBlocks * kTlWarps * kTlEvents];
     ks_attn_tl[(blockIdx.x * kTlWarps + (threadIdx.x >> 5)) * kTlEvents + ev] = t;
   }
 }
+// the stamp after lane 0's x is computed (x stored to shared memory first: its store waits for it)
+[[maybe_unused]] __device__ __forceinline__ void tl_mark_after(int ev, float x) {
+  if ((threadIdx.x & 31) == 0 && blockIdx.x < kTlBlocks) {
+    __shared__ unsigned tl_sink;
+    unsigned long long t;
+    unsigned d;
+    const unsigned a = unsigned(__cvta_generic_to_shared(&tl_sink));
+    asm volatile("st.volatile.shared.f32 [%2], %3;\n\tld.volatile.shared.u32 %1, [%2];\n\tmov.u64 %0, %%globaltimer;"
+                 : "=l"(t), "=r"(d) : "r"(a), "f"(x) : "memory");
+    ks_attn_tl[(blockIdx.x * kTlWarps + (threadIdx.x >> 5)) * kTlEvents + ev] = t;
+  }
+}
 #define KS_TL(...) tl_mark(__VA_ARGS__)
+#define KS_TL_AFTER(ev, x) tl_mark_after(ev, x)
 #else
 #define KS_TL(...) ((void)0)
+#define KS_TL_AFTER(ev, x) ((void)0)
 #endif
 
 constexpr int kGqaThreads = 256, kGqaWarps = kGqaThreads / 32, kGqaUnroll = 4, kGqaMaxGroup = 8, kGqaStages = 2;
@@ -103,9 +119,16 @@ struct GqaSmem {
 };
 
 // One split's softmax state in cuda_mma_cluster's workspace and in finish_unit's pushed area:
-// m[G], l[G], acc[G][D] (not yet divided by l), then the any-key flag (1.f / 0.f); split_state_floats(G, D) floats each, the
-// states of unit u at (u * splits + split) * that.
+// m[G], l[G], acc[G][D] (not yet divided by l), then the any-key flag (1.f / 0.f):
+// split_state_floats(G, D) floats each; in the workspace the states of unit u at
+// (u * splits + split) * split_state_stride(G, D).
 __host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
+// Their stride in cuda_mma_cluster's workspace (p.ws): split_state_floats rounded up to 4, so
+// that every state starts 16 bytes after the last (p.ws itself 256-byte aligned): the unit's
+// last split CTA copies a unit's states into shared memory 16 bytes at a time.
+__host__ __device__ constexpr int64_t split_state_stride(int64_t G, int64_t D) {
+  return (split_state_floats(G, D) + 3) / 4 * 4;
+}
 
 // The bytes of GqaSmem's states for W warps, G heads of D elements.
 constexpr size_t gqa_state_bytes(int W, int G, int64_t D) {
@@ -164,10 +187,11 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
 // order, so the same bits; the other CTAs leave, as nothing reads their memory. The kernel made a
 // relaxed arrive at its start (every CTA of the cluster, having computed the same Ce > 1); the
 // wait here, before the first remote store, completes it ("rank 0 has started").
-// kQ: the states whose l and accumulator the cluster merge loads together, before their
-// arithmetic (one distributed-shared-memory round trip per kQ states; with 1 the loads of each
-// state follow the previous state's arithmetic in the SASS, a round trip per state).
-template <typename T, int NT, typename Cluster, int kQ = 1>
+// kOneTrip (cuda_mma_cluster): the cluster merge loads every state before its arithmetic (one
+// distributed-shared-memory round trip) and arrives at its last barrier before the output's
+// store; without it (cuda_gqa_cluster, its SASS as before): the loads of each state follow the
+// previous state's arithmetic in the SASS, a round trip per state.
+template <typename T, int NT, typename Cluster, bool kOneTrip = false>
 __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_off, int W, int G, int D,
                             int any_local, int Ce, int64_t len, T* out_t, float* ws_state, int push_off = 0) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -227,14 +251,64 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
     return;
   } else {
     if (threadIdx.x == 0) *sm.any = any_cta;
+    KS_TL(10);
     cluster.sync();  // every CTA's partial state is complete and visible to the cluster
   }
   // state c's parts: rank 0's pushed slot c, or rank c's GqaSmem read through distributed
-  // shared memory (all loads of the Ce states issued before any is used)
+  // shared memory
   const float* pushed = reinterpret_cast<const float*>(raw + push_off);
   auto remote = [&](int c) { return GqaSmem(cluster.map_shared_rank(raw, c) + states_off, W, G, D); };
   constexpr int kMaxC = 16;
   const int first = push ? 0 : rank * NT, stride = push ? NT : C * NT;
+  if constexpr (kOneTrip) {
+    // (cuda_mma_cluster; never push) One round trip: every state's m, any, l and accumulator
+    // loads are issued before any is used, then the max, then the sums in rank order. The
+    // release arrive comes right after the last remote value is used and before the output's
+    // store, so that its memory barrier waits for no store (a whole cluster.sync after the
+    // stores made its MEMBAR wait for them: 2026-12-02's SASS); the wait, for the other ranks'
+    // reads of this CTA's shared memory, then overlaps the store.
+    KS_TL(11);
+    auto merged = [&](int i) {
+      const int g = i / D;
+      float mc[kMaxC], lc[kMaxC], ac[kMaxC];
+      int any = 0;
+#pragma unroll
+      for (int c = 0; c < kMaxC; ++c) {
+        mc[c] = -INFINITY, lc[c] = ac[c] = 0.f;
+        if (c < Ce) {
+          const GqaSmem r = remote(c);
+          mc[c] = r.m[g], lc[c] = r.l[g], ac[c] = r.acc[i];
+          any |= *r.any;
+        }
+      }
+      float M = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
+      float L = 0.f, a = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int c = 0; c < kMaxC; ++c) {
+          if (c < Ce) {
+            const float f = merge_factor(mc[c], M);
+            L += lc[c] * f;
+            a += ac[c] * f;
+          }
+        }
+      }
+      return attention_output(L, a, any, len);
+    };
+    const int i0 = first + int(threadIdx.x);
+    const float y0 = i0 < G * D ? merged(i0) : 0.f;
+    // (more than one element per thread, G * D > C * NT: those stored before the barrier)
+    for (int i = i0 + stride; i < G * D; i += stride) out_t[i] = Dt<T>::from_f(merged(i));
+    KS_TL_AFTER(12, y0);
+    cluster_arrive();  // release: this CTA's reads of the others' shared memory are done
+    if (i0 < G * D) out_t[i0] = Dt<T>::from_f(y0);
+    cluster_wait();  // no CTA leaves while another may still read its shared memory
+    KS_TL(13);
+    KS_TL(15, 2ull);
+    return;
+  }
   for (int i = first + int(threadIdx.x); i < G * D; i += stride) {
     const int g = i / D;
     float mc[kMaxC];
@@ -251,36 +325,13 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
 #pragma unroll
     for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
     float L = 0.f, a = 0.f;
-    if (M != -INFINITY && kQ == 1) {  // (cuda_gqa_cluster's form, its SASS as before kQ)
+    if (M != -INFINITY) {
 #pragma unroll
       for (int c = 0; c < kMaxC; ++c) {
         if (c < Ce) {
           const float f = merge_factor(mc[c], M);
           L += (push ? pushed[c * sf + G + g] : remote(c).l[g]) * f;
           a += (push ? pushed[c * sf + 2 * G + i] : remote(c).acc[i]) * f;
-        }
-      }
-    } else if (M != -INFINITY) {
-#pragma unroll
-      for (int c0 = 0; c0 < kMaxC; c0 += kQ) {
-        float lq[kQ], aq[kQ];  // states c0 .. c0 + kQ - 1: loaded, then summed in order
-#pragma unroll
-        for (int j = 0; j < kQ; ++j) {
-          const int c = c0 + j;
-          lq[j] = aq[j] = 0.f;
-          if (c < Ce) {
-            lq[j] = push ? pushed[c * sf + G + g] : remote(c).l[g];
-            aq[j] = push ? pushed[c * sf + 2 * G + i] : remote(c).acc[i];
-          }
-        }
-#pragma unroll
-        for (int j = 0; j < kQ; ++j) {
-          const int c = c0 + j;
-          if (c < Ce) {
-            const float f = merge_factor(mc[c], M);
-            L += lq[j] * f;
-            a += aq[j] * f;
-          }
         }
       }
     }
@@ -1533,10 +1584,9 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
     }
   }
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
-  float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_floats(G, D) : nullptr;
-  // (8 states per round trip of the cluster merge's distributed-shared-memory loads: written
-  // after 2026-12-02's last GPU call, not yet measured)
-  finish_unit<T, 32 * NW, decltype(cluster), 8>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
+  float* ws_state = p.splits > 1 ? p.ws + (unit * p.splits + part) * split_state_stride(G, D) : nullptr;
+  // (kOneTrip: the cluster merge's loads in one round trip, its last arrive before the store)
+  finish_unit<T, 32 * NW, decltype(cluster), true>(cluster, mc_raw, 0, NW, G, D, any_local, Ce, len, out_t, ws_state);
   KS_TL(5);
   if constexpr (LC) {
     if (ws_state && Ce > 1) {
@@ -1597,7 +1647,7 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
   const int Ce = live_ctas(p, p.splits, len, p.split_keys);
   if (Ce == 1) return;
   const int G = p.group, D = int(p.head_dim);
-  const int64_t sf = split_state_floats(G, D);
+  const int64_t sf = split_state_stride(G, D);
   const float* st = p.ws + unit * p.splits * sf;
   T* out_t = static_cast<T*>(p.out) + (t * p.num_heads + kvh * G) * D;
   // each head's M into head_m, m_of(c, g) split c's m of head g: a warp's lanes fold the splits,
@@ -1616,18 +1666,20 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
   };
   unsigned smem_bytes;
   asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
-  if (kL2 && int64_t(Ce) * (sf + G) * int64_t(sizeof(float)) <= int64_t(smem_bytes)) {
+  if (kL2 && int64_t(Ce) * (sf + G) * int64_t(sizeof(float)) <= int64_t(smem_bytes) &&
+      (reinterpret_cast<uintptr_t>(st) & 15u) == 0) {
     // The unit's last split CTA (kL2), where its dynamic shared memory holds the Ce states and
-    // their factors (batch 1's splits: 33-35 KB of 116+): every state in by 4-byte cp.async
-    // copies, all in flight at once (one round trip to L2, after the count's acquire has
-    // invalidated L1), then the merge below from shared memory: the same values, sums and
-    // order. (The form below loads each output element's accumulators in batches of kB after the
-    // factors: at 2026-12-02's timeline a round trip per element and batch, 2.5 us of the
-    // merge at 32 / 8 heads of 128.)
+    // their factors (batch 1's splits: 33-35 KB of 116+): every state in by 16-byte cp.async
+    // copies through L2 (the states' stride is a multiple of 4 floats, p.ws and comb 16-byte
+    // aligned), all in flight at once (one round trip), then the merge below from shared memory:
+    // the same values, sums and order. (The form below loads each output element's accumulators
+    // in batches of kB after the factors: at 2026-12-02's timeline a round trip per element and
+    // batch, 2.5 us of the merge at 32 / 8 heads of 128; 4-byte copies until the second
+    // 2026-12-02 call.)
     float* sst = comb;                    // Ce * sf floats: the states
     float* f = comb + int64_t(Ce) * sf;  // Ce * G: the factors
     const int n = int(int64_t(Ce) * sf);
-    for (int k = threadIdx.x; k < n; k += blockDim.x) cp_async4(sst + k, st + k);
+    for (int k = 4 * int(threadIdx.x); k < n; k += 4 * int(blockDim.x)) cp_async16(sst + k, st + k, true);
     cp_async_commit();
     cp_async_wait<0>();
     __syncthreads();
@@ -1901,6 +1953,10 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   // the fewest keys per split CTA: 256 (two tiles per warp), or KS_ATTN_SPLIT_KEYS=N (a
   // multiple of 16, for experiments)
   static const int split_keys = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_KEYS", 256), 16, 1 << 20) / 16 * 16);
+  // KS_ATTN_FORCE_SPLITS=S (experiments; 2..64): S split CTAs per unit at any batch (one CTA per
+  // cluster), their states merged by the unit's last CTA (8 warps) or attention_combine_kernel
+  // (4 warps)
+  static const int force_splits = int(std::clamp<long long>(env_number("KS_ATTN_FORCE_SPLITS", 0), 0, 64));
   const bool pools = once_per_device<bool>(dev, [](int d) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
@@ -1935,7 +1991,7 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
     const int64_t units = a.num_tokens * a.num_kv_heads, capacity = a.max_blocks_per_seq * a.block_size;
     auto take_split = [&](int64_t S, bool lc) {
       if (!split_on || !pools || S <= 1) return;
-      const size_t states = size_t(units * S * split_state_floats(G, a.head_dim)) * sizeof(float);
+      const size_t states = size_t(units * S * split_state_stride(G, a.head_dim)) * sizeof(float);
       const size_t ws_bytes = lc ? states + size_t(units) * sizeof(unsigned) : states;
       if (float* w = split_workspace(dev, s, ws_bytes, states, &stream_ordered)) {
         ws = w;
@@ -1971,10 +2027,12 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
       // (split_workspace) and the unit's last split CTA (or attention_combine_kernel) writes the output.
       // Only where the cluster would leave each CTA at least kSplitMinBytes of K and V (by the
       // capacity, as C): the rule, attention_splits, is in launch_rules.hpp (unit-tested on the CPU)
-      take_split(attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,
-                                  kSplitMinBytes),
+      take_split(force_splits > 1 ? force_splits
+                                  : attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)),
+                                                     split_keys, kSplitMinBytes),
                  last_combine);
     }
+    if (kNW == 4 && force_splits > 1) take_split(force_splits, false);  // (with 8 warps, above)
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     // The early reads (their own instantiations, PW) with 8 warps only (few units: batch 1's
     // clusters and splits) and a grid of at most one CTA per SM: a larger grid lets its successor
