@@ -271,19 +271,19 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
     auto merged = [&](int i) {
       const int g = i / D;
       float mc[kMaxC], lc[kMaxC], ac[kMaxC];
-      int any = 0;
+      int anyc[kMaxC];  // (or-ed after the loads: an or beside each load waited for it, 2026-12-02 SASS)
 #pragma unroll
       for (int c = 0; c < kMaxC; ++c) {
-        mc[c] = -INFINITY, lc[c] = ac[c] = 0.f;
+        mc[c] = -INFINITY, lc[c] = ac[c] = 0.f, anyc[c] = 0;
         if (c < Ce) {
           const GqaSmem r = remote(c);
-          mc[c] = r.m[g], lc[c] = r.l[g], ac[c] = r.acc[i];
-          any |= *r.any;
+          mc[c] = r.m[g], lc[c] = r.l[g], ac[c] = r.acc[i], anyc[c] = *r.any;
         }
       }
       float M = -INFINITY;
+      int any = 0;
 #pragma unroll
-      for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
+      for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]), any |= anyc[c];
       float L = 0.f, a = 0.f;
       if (M != -INFINITY) {
 #pragma unroll
