@@ -174,8 +174,9 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
 // state (wm, wl, wacc of GqaSmem at raw + states_off; W warps, G heads of D elements) and the
 // CTA's threads (NT) merge them, weighting each by merge_factor. A unit whose keys one CTA took
 // (Ce == 1) writes its output here; otherwise the Ce CTAs that took keys exchange their states
-// through distributed shared memory, and rank r writes the output elements r, r + C, ... of
-// the unit's G x D: out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). any_local: this
+// through distributed shared memory, and each of the cluster's C ranks writes a share of the
+// unit's G x D outputs (elements r * NT + k * C * NT of rank r; kOneTrip: the r-th of C
+// contiguous chunks): out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). any_local: this
 // thread saw a mapped key; len: the unit's context length (0: a zero row).
 // (Cluster: cg::cluster_group, a type the compute_80 pass does not have)
 // ws_state (cuda_mma_cluster's split, clusters of one CTA): with Ce > 1 the CTA's state goes
@@ -223,10 +224,16 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
   for (int i = threadIdx.x; i < G * D; i += NT) {
     const int g = i / D;
     float L = 0.f, a = 0.f;
-    for (int w = 0; w < W; ++w) {
+    auto add_warp = [&](int w) {
       const float f = sm.wm[w * G + g];
       L += sm.wl[w * G + g] * f;
       a += sm.wacc[w * G * D + i] * f;
+    };
+    if constexpr (kOneTrip) {  // (W == NT / 32 there: unrolled, the loads together)
+#pragma unroll
+      for (int w = 0; w < NT / 32; ++w) add_warp(w);
+    } else {
+      for (int w = 0; w < W; ++w) add_warp(w);
     }
     if (Ce == 1) {  // the CTA's state is the unit's: its output, with no cluster exchange (the merge's
       // values; only a zero's sign may differ: the merge's fma(a, 1, +0) makes -0 +0)
@@ -297,13 +304,17 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
       }
       return attention_output(L, a, any, len);
     };
-    const int i0 = first + int(threadIdx.x);
-    const float y0 = i0 < G * D ? merged(i0) : 0.f;
-    // (more than one element per thread, G * D > C * NT: those stored before the barrier)
-    for (int i = i0 + stride; i < G * D; i += stride) out_t[i] = Dt<T>::from_f(merged(i));
+    // rank r merges the r-th of C contiguous chunks of the G x D outputs (up to 2026-12-02 it took
+    // elements r * NT + k * C * NT: at G * D <= NT rank 0 alone, whose loads of every state's
+    // parts took 1.2-2.3 us in the timeline while the other ranks waited at the last barrier)
+    const int per = (G * D + C - 1) / C, hi = min(G * D, (rank + 1) * per);
+    const int i0 = rank * per + int(threadIdx.x);
+    const float y0 = i0 < hi ? merged(i0) : 0.f;
+    // (more than one element per thread, per > NT: those stored before the barrier)
+    for (int i = i0 + NT; i < hi; i += NT) out_t[i] = Dt<T>::from_f(merged(i));
     KS_TL_AFTER(12, y0);
     cluster_arrive();  // release: this CTA's reads of the others' shared memory are done
-    if (i0 < G * D) out_t[i0] = Dt<T>::from_f(y0);
+    if (i0 < hi) out_t[i0] = Dt<T>::from_f(y0);
     cluster_wait();  // no CTA leaves while another may still read its shared memory
     KS_TL(13);
     KS_TL(15, 2ull);
