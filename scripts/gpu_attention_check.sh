@@ -20,8 +20,6 @@
 #              split's combine kernel) and at batch 32, 8K keys -> $OUT/ncu_attention_mma*.txt
 #   timeline   the bf16 anchors with the timeline build's library (build-timeline/, carried):
 #              where each launch's time goes, per CTA -> $OUT/timeline.txt, $OUT/timeline.csv
-#   forcesplit batch 32's anchors with KS_ATTN_FORCE_SPLITS=2/4/8 (4 and 8 warps), tagged rows ->
-#              $OUT/attention_forcesplit.csv
 #   anchors    the bf16 anchors only: paged_attention and paged_attention_after_append rows
 #              (kernscope, kernscope_after_append) -> $OUT/attention_anchors.csv, then torch SDPA
 #              in the same call -> $OUT/peers_attention.csv and the ratios
@@ -102,24 +100,6 @@ for (shape, impl), us in sorted(ours.items()):
     if shape in sdpa:
         print(f"{shape:24s} {impl:48s} {us:9.2f} us  SDPA {sdpa[shape]:9.2f}  ratio {sdpa[shape] / us:.3f}")
 PY
-fi
-if has forcesplit; then  # batch 32 split over S CTAs per unit (KS_ATTN_FORCE_SPLITS; 4 and 8 warps)
-  # -> $OUT/attention_forcesplit.csv, beside the anchors' rows: the hardware's CTA scheduling
-  # balancing the SMs' unequal read rates (the b32 timeline's loop ends spread over 19%)
-  b32="b32 h32/8 d128 T1024,b32 h32/8 d128 T8192,b32 h32/8 d128 T32768"
-  for setting in KS_ATTN_FORCE_SPLITS=2 KS_ATTN_FORCE_SPLITS=4 KS_ATTN_FORCE_SPLITS=8 \
-    KS_ATTN_MMA_WARPS=8+KS_ATTN_FORCE_SPLITS=2 KS_ATTN_MMA_WARPS=8+KS_ATTN_FORCE_SPLITS=4; do
-    KS_BENCH_ATTN=anchors ks_bench_tagged "$setting" kernscope "$OUT/attention_forcesplit.csv" --ops paged_attention \
-      --dtypes bf16 --shapes "$b32"
-  done
-  # and batch 1's long contexts over more split CTAs than SMs (8 warps: two waves), or 4 warps
-  b1="b1 h9/3 d64 T32768,b1 h32/8 d128 T32768"
-  for setting in KS_ATTN_FORCE_SPLITS=32 KS_ATTN_FORCE_SPLITS=64 KS_ATTN_MMA_WARPS=4+KS_ATTN_FORCE_SPLITS=32 \
-    KS_ATTN_MMA_WARPS=4+KS_ATTN_FORCE_SPLITS=64; do
-    KS_BENCH_ATTN=anchors ks_bench_tagged "$setting" kernscope_after_append "$OUT/attention_forcesplit.csv" \
-      --ops paged_attention --dtypes bf16 --shapes "$b1"
-  done
-  cut -d, -f6,8,10 "$OUT/attention_forcesplit.csv"
 fi
 if has timeline; then  # (carry build-timeline: scripts/make_prebuilt.sh timeline)
   LD_LIBRARY_PATH=$PWD/build-timeline:$LD_LIBRARY_PATH KS_ATTN_TIMELINE=1 KS_ATTN_TIMELINE_CSV="$OUT/timeline.csv" \

@@ -1964,10 +1964,6 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
   // the fewest keys per split CTA: 256 (two tiles per warp), or KS_ATTN_SPLIT_KEYS=N (a
   // multiple of 16, for experiments)
   static const int split_keys = int(std::clamp<long long>(env_number("KS_ATTN_SPLIT_KEYS", 256), 16, 1 << 20) / 16 * 16);
-  // KS_ATTN_FORCE_SPLITS=S (experiments; 2..64): S split CTAs per unit at any batch (one CTA per
-  // cluster), their states merged by the unit's last CTA (8 warps) or attention_combine_kernel
-  // (4 warps)
-  static const int force_splits = int(std::clamp<long long>(env_number("KS_ATTN_FORCE_SPLITS", 0), 0, 64));
   const bool pools = once_per_device<bool>(dev, [](int d) {
     int v = 0;
     return cudaDeviceGetAttribute(&v, cudaDevAttrMemoryPoolsSupported, d) == cudaSuccess && v != 0;
@@ -2038,12 +2034,10 @@ void run_mma(const void* args, ks_stream_t stream, bool tma) {
       // (split_workspace) and the unit's last split CTA (or attention_combine_kernel) writes the output.
       // Only where the cluster would leave each CTA at least kSplitMinBytes of K and V (by the
       // capacity, as C): the rule, attention_splits, is in launch_rules.hpp (unit-tested on the CPU)
-      take_split(force_splits > 1 ? force_splits
-                                  : attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)),
-                                                     split_keys, kSplitMinBytes),
+      take_split(attention_splits(units, capacity, dp.sm_count, C, a.head_dim, int64_t(sizeof(T)), split_keys,
+                                  kSplitMinBytes),
                  last_combine);
     }
-    if (kNW == 4 && force_splits > 1) take_split(force_splits, false);  // (with 8 warps, above)
     grid = a.num_tokens * a.num_kv_heads * C * splits;
     // The early reads (their own instantiations, PW) with 8 warps only (few units: batch 1's
     // clusters and splits) and a grid of at most one CTA per SM: a larger grid lets its successor
