@@ -3,7 +3,8 @@
 // (cluster.map_shared_rank: what finish_unit's merge does), by ld.shared::cluster on a mapa
 // address, and through its own shared memory; the cycles and ns per load are printed. Also the
 // cost of one cluster barrier (arrive.release + wait.acquire) with every CTA present.
-// Usage: dsmem_probe   (built by CMake with KS_BUILD_TOOLS; a measurement, not a test)
+// Usage: dsmem_probe   (built by CMake with KS_BUILD_TOOLS; a measurement, not a test; launched
+// in clusters of 4, two clusters)
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
@@ -14,9 +15,11 @@
 
 namespace cg = cooperative_groups;
 
-constexpr int kN = 4096, kSteps = 256;
+[[maybe_unused]] constexpr int kN = 4096;
+constexpr int kSteps = 256;
 
-__global__ void __cluster_dims__(4, 1, 1) chase(unsigned long long* out, int mode) {
+__global__ void chase(unsigned long long* out, int mode) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // (clusters: sm_90; the compute_80 pass has none)
   __shared__ int buf[kN];
   cg::cluster_group cl = cg::this_cluster();
   for (int i = threadIdx.x; i < kN; i += blockDim.x) buf[i] = (i + 97) % kN;  // a chain of strided steps
@@ -66,6 +69,7 @@ __global__ void __cluster_dims__(4, 1, 1) chase(unsigned long long* out, int mod
     out[1] = g1 - g0;
     out[2] = unsigned(idx);
   }
+#endif
 }
 
 int main() {
@@ -75,8 +79,17 @@ int main() {
                          "cluster barrier (arrive.release + wait.acquire)"};
   for (int mode = 0; mode < 4; ++mode) {
     for (int rep = 0; rep < 3; ++rep) {
-      chase<<<dim3(8), dim3(128)>>>(d, mode);
-      CK(cudaGetLastError());
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3(8);
+      cfg.blockDim = dim3(128);
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeClusterDimension;
+      attr[0].val.clusterDim.x = 4;
+      attr[0].val.clusterDim.y = 1;
+      attr[0].val.clusterDim.z = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      CK(cudaLaunchKernelEx(&cfg, chase, d, mode));
       CK(cudaDeviceSynchronize());
     }
     unsigned long long h[3];

@@ -282,9 +282,11 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
 #pragma unroll
       for (int c = 0; c < kMaxC; ++c) {
         mc[c] = -INFINITY, lc[c] = ac[c] = 0.f, anyc[c] = 0;
-        if (c < Ce) {
-          const GqaSmem r = remote(c);
-          mc[c] = r.m[g], lc[c] = r.l[g], ac[c] = r.acc[i], anyc[c] = *r.any;
+        if (c < Ce) {  // (rank c's words at this CTA's offsets: ld.shared::cluster)
+          mc[c] = __uint_as_float(ld_cluster_b32(&sm.m[g], unsigned(c)));
+          lc[c] = __uint_as_float(ld_cluster_b32(&sm.l[g], unsigned(c)));
+          ac[c] = __uint_as_float(ld_cluster_b32(&sm.acc[i], unsigned(c)));
+          anyc[c] = int(ld_cluster_b32(sm.any, unsigned(c)));
         }
       }
       float M = -INFINITY;

@@ -269,6 +269,17 @@ __device__ __forceinline__ void cluster_arrive_relaxed() {
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
 
+// A 4-byte load from the shared memory of CTA `rank` of the cluster, at the offset that `local`
+// (this CTA's shared memory) has in this CTA: mapa to a shared::cluster address, then
+// ld.shared::cluster (sm_90; the caller orders it after the writer's release by a cluster
+// barrier). A generic load through cluster.map_shared_rank's pointer reads the same word.
+__device__ __forceinline__ unsigned ld_cluster_b32(const void* local, unsigned rank) {
+  unsigned a, v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(unsigned(__cvta_generic_to_shared(local))), "r"(rank));
+  asm volatile("ld.shared::cluster.b32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
+  return v;
+}
+
 // ---- asynchronous copies to shared memory (cp.async, sm_80+) ------------------
 // Copies the first n (0..16) bytes at gmem to smem as one 16-byte copy, zero-filling the
 // rest; nothing past gmem + n is read. Both addresses 16-byte aligned. Without sm_80 code
