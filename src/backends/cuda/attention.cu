@@ -55,9 +55,9 @@ namespace {
 // done, 4 the CTA's warps all done, 5 the state written (finish_unit), 6 exit; finish_unit: 8
 // after its first barrier, 9 the warps' factors made; the split's last-CTA merge: 10 the count
 // taken (atomic), 11 the states loaded, 12 the factors made, 13 the outputs stored; a cluster's
-// merge (finish_unit): 10 before its first cluster barrier, 11 after it, 12 the outputs made, 13
-// after its last cluster barrier; 15: 1 where this CTA merged the unit's split states, 2 where it
-// took part in a cluster's merge. A barrier's wait is deferred to the warp's next
+// merge (finish_unit; 11-13 and 15 = 2 in cuda_mma_cluster's kOneTrip form only): 10 before its
+// first cluster barrier, 11 after it, 12 the outputs made, 13 after its last cluster barrier; 15:
+// 1 where this CTA merged the unit's split states, 2 where it took part in a cluster's merge. A barrier's wait is deferred to the warp's next
 // memory instruction (BAR.SYNC.DEFER_BLOCKING): each stamp first reads shared memory (a volatile
 // load), so that it is taken after the wait.
 #if defined(KS_ATTN_TIMELINE)
@@ -124,8 +124,10 @@ struct GqaSmem {
 // (u * splits + split) * split_state_stride(G, D).
 __host__ __device__ constexpr int64_t split_state_floats(int64_t G, int64_t D) { return G * (D + 2) + 1; }
 // Their stride in cuda_mma_cluster's workspace (p.ws): split_state_floats rounded up to 4, so
-// that every state starts 16 bytes after the last (p.ws itself 256-byte aligned): the unit's
-// last split CTA copies a unit's states into shared memory 16 bytes at a time.
+// that every state starts at a multiple of 16 bytes from p.ws (itself cudaMallocAsync's, 256-byte
+// aligned; combine_unit checks): the unit's last split CTA copies a unit's states into shared
+// memory 16 bytes at a time (the 0-3 padding floats after each state are copied, never written
+// nor used).
 __host__ __device__ constexpr int64_t split_state_stride(int64_t G, int64_t D) {
   return (split_state_floats(G, D) + 3) / 4 * 4;
 }
@@ -175,12 +177,15 @@ __device__ void combine_unit(const AttnParams &p, int64_t unit, float *comb, int
 // CTA's threads (NT) merge them, weighting each by merge_factor. A unit whose keys one CTA took
 // (Ce == 1) writes its output here; otherwise the Ce CTAs that took keys exchange their states
 // through distributed shared memory, and each of the cluster's C ranks writes a share of the
-// unit's G x D outputs (elements r * NT + k * C * NT of rank r; kOneTrip: the r-th of C
-// contiguous chunks): out = sum_c acc_c e^(m_c - M) / sum_c l_c e^(m_c - M). any_local: this
+// unit's G x D outputs (rank r: the blocks of NT elements at r * NT + k * C * NT; kOneTrip: the
+// r-th of C contiguous chunks; push: rank 0 all of them, below): out = sum_c acc_c e^(m_c - M) /
+// sum_c l_c e^(m_c - M). kOneTrip needs W == NT / 32 (its warp loop is unrolled over NT / 32;
+// cuda_mma_cluster's one call passes NW and 32 * NW). any_local: this
 // thread saw a mapped key; len: the unit's context length (0: a zero row).
 // (Cluster: cg::cluster_group, a type the compute_80 pass does not have)
 // ws_state (cuda_mma_cluster's split, clusters of one CTA): with Ce > 1 the CTA's state goes
-// there (split_state layout) for attention_combine_kernel instead of to the cluster.
+// there (split_state layout) for the unit's last split CTA (or attention_combine_kernel) to
+// merge, instead of to the cluster.
 // push_off > 0 (cuda_gqa_cluster, AttnParams::push_off; Ce > 1): the exchange takes one cluster
 // barrier instead of two. The first Ce CTAs store their states (split_state layout, slot = rank)
 // into rank 0's shared memory at raw + push_off, one barrier (release / acquire), then rank 0
@@ -270,10 +275,11 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
   if constexpr (kOneTrip) {
     // (cuda_mma_cluster; never push) One round trip: every state's m, any, l and accumulator
     // loads are issued before any is used, then the max, then the sums in rank order. The
-    // release arrive comes right after the last remote value is used and before the output's
-    // store, so that its memory barrier waits for no store (a whole cluster.sync after the
-    // stores made its MEMBAR wait for them: 2026-12-02's SASS); the wait, for the other ranks'
-    // reads of this CTA's shared memory, then overlaps the store.
+    // release arrive comes right after the last remote value is used and before the first
+    // element's store, so that its memory barrier waits for no store where a thread has one
+    // element (per <= NT: every anchor shape; a whole cluster.sync after the stores made its
+    // MEMBAR wait for them: 2026-12-02's SASS); the wait, for the other ranks' reads of this
+    // CTA's shared memory, then overlaps the store.
     KS_TL(11);
     auto merged = [&](int i) {
       const int g = i / D;
@@ -1653,7 +1659,7 @@ __global__ void __launch_bounds__(32 * NW) paged_attention_mma_kernel(const Attn
 // Unit `unit`'s merge by the CTA that calls it (any block size >= G; every thread calls it):
 // comb holds 2 * splits * G floats. kL2: the states are read through L2 only (ld.global.cg),
 // for the unit's last split CTA (the default merge), which reads what other CTAs wrote during
-// this kernel (its count's acquire invalidates L1 first: the staged copies below go through it).
+// this kernel (after its count's acquire; the staged copies below are cp.async.cg, L2 only too).
 // There, where the CTA's dynamic shared memory holds the unit's Ce states and their Ce x G
 // factors, they are first staged in it (one round trip) and merged from there in the same order
 // (same bits). known_len: the unit's context length,

@@ -294,16 +294,6 @@ __device__ __forceinline__ void cp_async_bytes(void* smem, const void* gmem, int
   for (int i = 0; i < 16; ++i) d[i] = i < n ? g[i] : 0;
 #endif
 }
-// 4 bytes (both addresses 4-byte aligned), through L1 (cp.async.ca: a line L1 may hold must be
-// current, e.g. after an acquire, which invalidates it). Without sm_80 code, a plain copy.
-__device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem) : "memory");
-#else
-  *static_cast<float*>(smem) = *static_cast<const float*>(gmem);
-#endif
-}
 // 16 bytes when fill, else 16 zero bytes (nothing read).
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool fill) {
   cp_async_bytes(smem, gmem, fill ? 16 : 0);
