@@ -520,8 +520,9 @@ int main(int argc, char** argv) {
                                                        {"float32", "fp32"}, {"float", "fp32"}};
         if (alias.count(base)) base = alias.at(base);
         if (base != "fp16" && base != "bf16" && base != "fp32")
-          throw CLI::ValidationError("--dtype", "'" + v + "': expected fp16, bf16 or fp32, optionally with :q4_0, "
-                                                   ":q4_1, :q8_0, :f32, :f16 or :bf16");
+          // (CLI11 puts the option's name before a transform's message)
+          throw CLI::ValidationError("'" + v + "': expected fp16, bf16 or fp32, optionally with :q4_0, "
+                                     ":q4_1, :q8_0, :f32, :f16 or :bf16");
         return base + (colon == std::string::npos ? std::string() : v.substr(colon));
       });
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));

@@ -112,7 +112,9 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
     if (!skipped.empty()) c.reason += "; skipped " + skipped;
     return c;
   }
-  if (!op_known) detail::fail(KS_ERROR_INVALID_ARGUMENT, op, "unknown operator");
+  if (!op_known)
+    detail::fail(KS_ERROR_INVALID_ARGUMENT, "which",
+                 "op: unknown operator '" + std::string(op) + "' (ksctl ops lists this build's operators)");
   c.reason = skipped;
   return c;
 }
