@@ -53,8 +53,11 @@ def _tensor(op: str, name: str, t) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{op}: {name} must be a torch.Tensor for backend='torch'; got {type(t).__name__}")
     if not t.is_contiguous():
+        broadcast = any(st == 0 and n > 1 for st, n in zip(t.stride(), t.shape))
         raise InvalidArgumentError(
-            f"{op}: {name} must be contiguous (row-major); got shape {_shape(t.shape)} strides {_shape(t.stride())}")
+            f"{op}: {name} must be contiguous (row-major); got shape {_shape(t.shape)} strides {_shape(t.stride())}"
+            + ("; a stride of 0 is a broadcast (expanded) view" if broadcast else "")
+            + ": copy it to a contiguous tensor first")
     return t
 
 

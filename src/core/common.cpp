@@ -117,8 +117,13 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
       if (v.shape[i] != 1 && t->strides[i] != expect) {
         std::ostringstream o;
         o << arg << " must be contiguous (row-major); got shape " << shape_str(v.shape) << " strides (";
-        for (int j = 0; j < t->ndim; ++j) o << (j ? ", " : "") << t->strides[j];
-        o << ")";
+        bool broadcast = false;  // a stride of 0 over more than one element: an expanded view
+        for (int j = 0; j < t->ndim; ++j) {
+          o << (j ? ", " : "") << t->strides[j];
+          broadcast = broadcast || (t->strides[j] == 0 && v.shape[j] > 1);
+        }
+        o << ")" << (broadcast ? "; a stride of 0 is a broadcast (expanded) view" : "")
+          << ": copy it to a contiguous tensor first";
         fail(KS_ERROR_INVALID_ARGUMENT, op, o.str());
       }
       expect *= v.shape[i];
