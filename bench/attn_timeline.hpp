@@ -52,6 +52,12 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
   std::vector<std::vector<double>> col(kCols), mcol(kMerge), ccol(kMerge);
   int ctas = 0;
   auto rel = [&](unsigned long long t) { return t ? double(t - t0) * 1e-3 : -1.0; };
+  // CTA b's merge steps (events 10-13, then `last`), us after its event `ref`
+  auto merge_steps = [&](int b, int ref, int last, std::vector<std::vector<double>>& cols) {
+    const int ev[kMerge] = {10, 11, 12, 13, last};
+    for (int k = 0; k < kMerge; ++k)
+      if (at(b, 0, ev[k])) cols[size_t(k)].push_back(double(at(b, 0, ev[k]) - at(b, 0, ref)) * 1e-3);
+  };
   const char* csv = std::getenv("KS_ATTN_TIMELINE_CSV");
   FILE* f = csv ? std::fopen(csv, "a") : nullptr;
   for (int b = 0; b < kBlocks; ++b) {
@@ -73,19 +79,10 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
                              rel(e3hi), rel(at(b, 0, 8)), rel(at(b, 0, 9)), rel(at(b, 0, 5)), rel(at(b, 0, 6))};
     for (int c = 0; c < kCols; ++c)
       if (v[c] >= 0) col[size_t(c)].push_back(v[c]);
-    if (at(b, 0, 15) == 1 && at(b, 0, 5)) {  // a merging CTA: its steps, us after its state
-      const int ev[kMerge] = {10, 11, 12, 13, 6};
-      for (int k = 0; k < kMerge; ++k)
-        if (at(b, 0, ev[k])) mcol[size_t(k)].push_back(double(at(b, 0, ev[k]) - at(b, 0, 5)) * 1e-3);
-    }
+    if (at(b, 0, 15) == 1 && at(b, 0, 5)) merge_steps(b, 5, 6, mcol);  // a split's merging CTA: after its state
+    if (at(b, 0, 15) == 2 && at(b, 0, 9)) merge_steps(b, 9, 5, ccol);  // a cluster's merge: after the warps' factors
   }
   if (f) std::fclose(f);
-  for (int b = 0; b < kBlocks; ++b)
-    if (at(b, 0, 0) && at(b, 0, 15) == 2 && at(b, 0, 9)) {
-      const int ev[kMerge] = {10, 11, 12, 13, 5};
-      for (int k = 0; k < kMerge; ++k)
-        if (at(b, 0, ev[k])) ccol[size_t(k)].push_back(double(at(b, 0, ev[k]) - at(b, 0, 9)) * 1e-3);
-    }
   std::printf("timeline %s: %d CTAs, %.2f us per call in the timing; last launch, us from the first entry "
               "(min / median / max over CTAs):\n", label.c_str(), ctas, us_per_call);
   auto show = [](const char* name, std::vector<double>& x) {
@@ -94,14 +91,13 @@ inline void report_attention_timeline(const std::string& label, double us_per_ca
     std::printf("  %-9s %7.2f %7.2f %7.2f\n", name, x.front(), x[x.size() / 2], x.back());
   };
   for (int c = 0; c < kCols; ++c) show(names[c], col[size_t(c)]);
-  if (!mcol[0].empty()) {
-    std::printf("  merging CTAs (%zu), us after their state:\n", mcol[0].size());
-    for (int k = 0; k < kMerge; ++k) show(mnames[k], mcol[size_t(k)]);
-  }
-  if (!ccol[0].empty()) {
-    std::printf("  cluster merge (%zu CTAs), us after their warps' factors:\n", ccol[0].size());
-    for (int k = 0; k < kMerge; ++k) show(cnames[k], ccol[size_t(k)]);
-  }
+  auto show_steps = [&](const char* head, const char* const* step_names, std::vector<std::vector<double>>& cols) {
+    if (cols[0].empty()) return;
+    std::printf(head, cols[0].size());
+    for (int k = 0; k < kMerge; ++k) show(step_names[k], cols[size_t(k)]);
+  };
+  show_steps("  merging CTAs (%zu), us after their state:\n", mnames, mcol);
+  show_steps("  cluster merge (%zu CTAs), us after their warps' factors:\n", cnames, ccol);
 }
 
 }  // namespace ks_bench

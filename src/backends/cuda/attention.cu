@@ -57,9 +57,9 @@ namespace {
 // taken (atomic), 11 the states loaded, 12 the factors made, 13 the outputs stored; a cluster's
 // merge (finish_unit; 11-13 and 15 = 2 in cuda_mma_cluster's kOneTrip form only): 10 before its
 // first cluster barrier, 11 after it, 12 the outputs made, 13 after its last cluster barrier; 15:
-// 1 where this CTA merged the unit's split states, 2 where it took part in a cluster's merge. A barrier's wait is deferred to the warp's next
-// memory instruction (BAR.SYNC.DEFER_BLOCKING): each stamp first reads shared memory (a volatile
-// load), so that it is taken after the wait.
+// 1 where this CTA merged the unit's split states, 2 where it took part in a cluster's merge. A
+// barrier's wait is deferred to the warp's next memory instruction (BAR.SYNC.DEFER_BLOCKING):
+// each stamp first reads shared memory (a volatile load), so that it is taken after the wait.
 #if defined(KS_ATTN_TIMELINE)
 constexpr int kTlBlocks = 512, kTlWarps = 16, kTlEvents = 16;
 __device__ unsigned long long ks_attn_tl[kTlBlocks * kTlWarps * kTlEvents];
