@@ -8,15 +8,24 @@
 # KS_QUANT_BULK_STAGES=0), memcheck of the tests matching KS_QUANT_MEMCHECK (default the streaming
 # variants' bit-for-bit test), and Nsight Compute on the kernels named in KS_QUANT_NCU (regexes;
 # default quant_gemv_bulk) at 4096 x 4096 and 14336 x 4096 Q4_1 (speed of light, warp stalls,
-# memory) -> $OUT/ncu_<kernel>.txt.
+# memory) -> $OUT/ncu_<kernel>.txt. First, bench/gemv_read_probe: the weight bytes read alone at
+# the GEMVs' sizes -> $OUT/gemv_read.csv. KS_QUANT_VARIANTS=0: the automatic choice only, at the
+# large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those.
 # Usage (device): KS_COMMIT=sha scripts/gpu_quant_check.sh   (carry .dlpack and .deps, or
 # build-prebuilt with KS_PREBUILT=1 LD_LIBRARY_PATH=$PWD/build-prebuilt)
 cd "$(dirname "$0")/.."
 source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test "${KS_QUANT_FILTER:-*QuantMatmul*:*Quant*:*Fused*}" 'FP64' ||
   { echo "gpu_quant_check: the build failed (see $OUT/logs.txt)"; exit 1; }
-$BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,quant_matmul_a8,decode_fusions --dtypes bf16,fp32 2>&1 |
-  grep -E "quant_gemv|norm_head|silu_down|norm_qkv " | cut -c1-150
+# the weight read alone at the GEMVs' sizes (bench/gemv_read_probe.cu) -> $OUT/gemv_read.csv
+[ -x $BUILD/gemv_read_probe ] && $BUILD/gemv_read_probe --csv "$OUT/gemv_read.csv" | tee "$OUT/gemv_read.txt"
+if [ "${KS_QUANT_VARIANTS:-1}" = 1 ]; then
+  $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,quant_matmul_a8,decode_fusions \
+    --dtypes bf16,fp32 2>&1 | grep -E "quant_gemv|norm_head|silu_down|norm_qkv " | cut -c1-150
+else  # the automatic choice only, at the large shapes
+  $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --ops quant_matmul,quant_matmul_a8 --dtypes bf16 \
+    --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep -E "quant_gemv" | cut -c1-150
+fi
 if [ "${KS_QUANT_BULK_STAGES:-1}" = 1 ]; then
   for kb in 32 128; do
     ks_bench_tagged KS_QMM_BULK_STAGE_KB=$kb variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants \
@@ -25,10 +34,12 @@ if [ "${KS_QUANT_BULK_STAGES:-1}" = 1 ]; then
   grep "cuda_bulk_stream\[" "$OUT/quant_variants.csv" | cut -d, -f5,6,8,10 | head -30
 fi
 for kernel in ${KS_QUANT_NCU:-quant_gemv_bulk}; do
+  [ "$kernel" = none ] && continue
   rm -f "$OUT/ncu_$kernel.txt"
   for shape in 4096x4096 14336x4096; do
     KS_NCU_APPEND=1 ks_ncu_bench "$kernel" "$OUT/ncu_$kernel.txt" --ops quant_matmul,quant_matmul_a8 --variants --dtypes bf16 \
       --shapes $shape
   done
 done
-ks_sanitize_tests memcheck "${KS_QUANT_MEMCHECK:-*QuantMatmulStreamVariantsEqualTheDefault*}" 240
+[ "${KS_QUANT_MEMCHECK:-}" = none ] ||
+  ks_sanitize_tests memcheck "${KS_QUANT_MEMCHECK:-*QuantMatmulStreamVariantsEqualTheDefault*}" 240

@@ -22,15 +22,15 @@ B=${1:-/tmp/ks-prebuilt}
 scripts/setup.sh  # the build's own packages (PCRE2, CLI11, GoogleTest, ccache, ...), as `make` installs them
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real -DKS_BUILD_TOOLS=ON \
   -DKS_DLPACK_INCLUDE_DIR="$PWD/.dlpack/usr/include" > /dev/null  # (CMakeLists.txt uses ccache when present)
-cmake --build "$B" --target test_cuda_ops bench_ops ksctl test_model kv_read_probe dsmem_probe
+cmake --build "$B" --target test_cuda_ops bench_ops ksctl test_model kv_read_probe dsmem_probe gemv_read_probe
 rm -rf build-prebuilt && mkdir -p build-prebuilt/tests  # (a build directory's layout: $BUILD/...)
 cp -L "$B/libkernscope.so.0" build-prebuilt/
 cp "$B/tests/test_cuda_ops" "$B/tests/test_model" build-prebuilt/tests/
 cp "$B/ksctl" build-prebuilt/
-cp "$B/bench_ops" "$B/kv_read_probe" "$B/dsmem_probe" build-prebuilt/
+cp "$B/bench_ops" "$B/kv_read_probe" "$B/dsmem_probe" "$B/gemv_read_probe" build-prebuilt/
 # (symbols a run does not need left out: about 2 MB less to carry beside the model's second part)
 strip --strip-unneeded build-prebuilt/libkernscope.so.0 build-prebuilt/tests/* build-prebuilt/ksctl build-prebuilt/bench_ops build-prebuilt/kv_read_probe \
-  build-prebuilt/dsmem_probe
+  build-prebuilt/dsmem_probe build-prebuilt/gemv_read_probe
 git rev-parse --short HEAD > build-prebuilt/COMMIT
 if [ "${2:-}" = timeline ]; then
   cmake -S . -B "$B" -DKS_ATTN_TIMELINE=ON > /dev/null
