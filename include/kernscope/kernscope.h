@@ -414,8 +414,8 @@ KS_API ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, const D
                                        const DLTensor* cu_seqlens_q, const DLTensor* cu_seqlens_k, double scale,
                                        int causal, ks_backend_t backend, ks_stream_t stream);
 
-/* out[r] = index of the maximum of x[r, :] (int64 out: [rows]; x: [rows, V], V > 0).
- * Ties: the lowest index. A row holding NaN returns the index of its first NaN
+/* out[r] = index of the maximum of x[r, :] (int64 out: [rows]; x: [rows, V], V > 0;
+ * or x: [V] and out a 0-d int64, as torch.argmax of a 1-d tensor). Ties: the lowest index. A row holding NaN returns the index of its first NaN
  * (as torch.argmax). */
 KS_API ks_status_t ks_argmax(DLTensor* out, const DLTensor* x, ks_backend_t backend,
                              ks_stream_t stream);

@@ -403,18 +403,19 @@ def softmax(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
 
 # ---- model-path operators ----------------------------------------------------------
 def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> Array:
-    """Index of the maximum of each row: int64 ``[rows]`` for x ``[rows, V]`` (V > 0).
+    """Index of the maximum of each row: int64 ``[rows]`` for x ``[rows, V]`` (V > 0), or a 0-d
+    int64 for a 1-d x ``[V]`` (as ``torch.argmax`` of a 1-d tensor).
 
     Ties give the lowest index; a row holding NaN gives the index of its first
     NaN (as torch.argmax); a row of -inf gives 0.
 
     Args:
-        x: ``[rows, V]``; fp16, bf16 or fp32.
+        x: ``[rows, V]`` or ``[V]``; fp16, bf16 or fp32.
         backend: "auto" | "cpu" | "cuda" | "torch".
-        out: optional int64 ``[rows]`` output.
+        out: optional int64 ``[rows]`` output (0-d for a 1-d x).
 
     Returns:
-        A new int64 ``[rows]`` array, or ``out``.
+        A new int64 ``[rows]`` (or 0-d) array, or ``out``.
 
     Contract: docs/contracts.md#argmax--ks_argmaxout-x
     """
@@ -428,7 +429,7 @@ def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> A
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
-        out = fw.empty(x, (_dim0(tuple(x.shape)),), "int64")
+        out = fw.empty(x, () if len(x.shape) == 1 else (_dim0(tuple(x.shape)),), "int64")
     _native(_C.argmax, fw, x, (out, x), code)
     return out
 

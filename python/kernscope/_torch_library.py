@@ -159,7 +159,7 @@ def _softmax(x: Tensor, backend: str) -> Tensor:
 
 @_op("argmax(Tensor x, str backend) -> Tensor")
 def _argmax(x: Tensor, backend: str) -> Tensor:
-    out = torch.empty((x.shape[0] if x.dim() else 0,), dtype=torch.int64, device=x.device)
+    out = torch.empty(() if x.dim() == 1 else (x.shape[0] if x.dim() else 0,), dtype=torch.int64, device=x.device)
     _run(_C.argmax, (out, x), _code("argmax", backend))
     return out
 
@@ -353,7 +353,7 @@ def _(x, backend):
 
 @_argmax.register_fake
 def _(x, backend):
-    return x.new_empty((x.shape[0],), dtype=torch.int64)
+    return x.new_empty(() if x.dim() == 1 else (x.shape[0],), dtype=torch.int64)
 
 
 @_sample.register_fake

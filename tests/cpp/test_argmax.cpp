@@ -206,6 +206,26 @@ TEST(Argmax, VocabWideRow128256) {
   }
 }
 
+// A 1-d x [V] is one row with a 0-d out (as torch.argmax of a 1-d tensor), under every variant.
+TEST(Argmax, OneDimensionalXGivesA0dIndex) {
+  for (DType dt : kFloatTypes())
+    for (int64_t V : {1, 33, 4097, 128256}) {
+      Buf x(dt, {V}, size_t(V % 3));
+      kstest::fill_normal(x, 3.0);
+      if (V > 40) x.set(V - 7, 1e4), x.set(V / 2, 1e4);  // a tie: the lower index wins
+      FOR_EACH_VARIANT(kOp) {
+        Buf out(DType::I64, {}, 1);
+        out.poison();
+        Snap in{&x};
+        KS_RUN_OR_SKIP(run_argmax(out, x));
+        EXPECT_EQ(get_i(out, 0), ref_argmax(x, 0, V)) << "V " << V << " (" << dt_name(dt) << ")";
+        if (V > 40) EXPECT_EQ(get_i(out, 0), V / 2);
+        EXPECT_TRUE(out.guards_intact());
+        EXPECT_TRUE(in.same());
+      }
+    }
+}
+
 TEST(Argmax, ManyRows) {
   for (DType dt : kFloatTypes()) {
     Buf x(dt, {300, 513}, 1);
@@ -249,7 +269,8 @@ TEST(Argmax, RejectsBadShapes) {
     Snap s{&out, &x};
     EXPECT_TRUE(fails_cleanly(run_argmax(out, x), INV, kOp, arg, s)) << what;
   };
-  expect(Buf(DType::I64, {1}), Buf(DType::F32, {9}), "x", "x 1-D");
+  expect(Buf(DType::I64, {1}), Buf(DType::F32, {9}), "out", "x 1-D, out [1] (not 0-d)");
+  expect(Buf(DType::I64, {}), Buf(DType::F32, {0}), "x", "x 1-D, V = 0");
   expect(Buf(DType::I64, {2}), Buf(DType::F32, {2, 3, 4}), "x", "x 3-D");
   expect(Buf(DType::I64, {}), Buf(DType::F32, {}), "x", "x 0-d");
   expect(Buf(DType::I64, {3}), Buf(DType::F32, {3, 0}), "x", "V = 0");

@@ -48,11 +48,18 @@ def test_argmax(rng, dt):
     assert y[1] == 7 and y[2] == 5 and y[3] == 0
     assert y[0] == int(np.argmax(f64(x[0]))) and y[4] == int(np.argmax(f64(x[4])))
     assert ks.argmax(np.zeros((0, 3), NP[dt])).shape == (0,)
+    # a 1-d x: one row, a 0-d index (as torch.argmax of a 1-d tensor)
+    y1 = ks.argmax(x[4])
+    assert y1.dtype == np.int64 and y1.shape == () and int(y1) == int(y[4])
+    out0 = np.full((), -5, np.int64)
+    assert ks.argmax(x[1], out=out0) is out0 and int(out0) == 7
 
 
 def test_argmax_validation(rng):
-    with pytest.raises(ValueError, match="argmax: x must have 2 dims"):
+    with pytest.raises(ValueError, match=r"argmax: x must have 1 dim \(\[V\]\) or 2 dims"):
         ks.argmax(rand(rng, (2, 3, 4), "fp32"))
+    with pytest.raises(ValueError, match="argmax: out must have shape"):
+        ks.argmax(rand(rng, (9,), "fp32"), out=np.zeros(1, np.int64))
     with pytest.raises(TypeError, match="argmax: out has dtype int32"):
         ks.argmax(rand(rng, (2, 3), "fp32"), out=np.zeros(2, np.int32))
 

@@ -69,6 +69,8 @@ def test_model_ops_native_vs_torch_reference(dt):
     # argmax, embedding, gemm
     x = trand((4, 100), dt, seed=8)
     assert torch.equal(ks.argmax(x), ks.argmax(x, backend="torch"))
+    assert torch.equal(ks.argmax(x[2]), torch.argmax(x[2].double())) and ks.argmax(x[2]).shape == ()
+    assert torch.equal(ks.argmax(x[2], backend="torch"), ks.argmax(x[2]))
     table = trand((20, 16), dt, seed=9)
     ids = torch.randint(0, 20, (2, 3), generator=g)
     assert torch.equal(ks.embedding(ids, table), ks.embedding(ids, table, backend="torch"))
@@ -641,7 +643,7 @@ def test_custom_ops_registered():
         assert hasattr(torch.ops.kernscope, op), op
 
 
-@pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "sample",
+@pytest.mark.parametrize("case", ["rms_norm", "fused_add_rms_norm", "silu_and_mul", "gemv", "softmax", "argmax", "argmax_1d", "sample",
                                   "dequantize", "quant_matmul", "quant_matmul_a8", "fused_add_rms_norm_quant_matmul",
                                   "fused_add_rms_norm_quant_matmul_no_x", "silu_and_mul_quant_matmul",
                                   "rotary_embedding", "kv_cache_append", "rotary_embedding_kv_append",
@@ -661,6 +663,7 @@ def test_opcheck(case):
         "gemv": (ops.gemv, (w, x, "auto")),
         "softmax": (ops.softmax, (x, "auto")),
         "argmax": (ops.argmax, (x, "auto")),
+        "argmax_1d": (ops.argmax, (w, "auto")),
         "sample": (ops.sample, (x, torch.tensor([3, 4]), 0.8, 5, 0.9, "auto")),
         "dequantize": (ops.dequantize, (torch.from_numpy(make_packed(rng, 3, 64, 4)), 4, torch.bfloat16, "auto")),
         "quant_matmul": (ops.quant_matmul, (trand((3, 32), "fp32"), q8, 6, "auto")),
