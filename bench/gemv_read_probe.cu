@@ -146,6 +146,9 @@ int main(int argc, char** argv) {
   CK(cudaDriverGetVersion(&drv));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, dev));
+  cudaFuncAttributes fa;
+  CK(cudaFuncGetAttributes(&fa, ring_kernel));
+  smem_optin -= int(fa.sharedSizeBytes);  // the dynamic part's limit: the opt-in less the static barriers
   CK(cudaFuncSetAttribute(ring_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
   CK(cudaFuncSetAttribute(empty_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_optin));
   cudaStream_t s;
