@@ -103,14 +103,15 @@ def _shape_cols(cols: _t.Any) -> int:
     return int(cols)
 
 
-def which(op: str, dtype: _t.Any = "bf16", device: _t.Any = "cpu", rows: _t.Optional[int] = None,
+def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Optional[int] = None,
           cols: _t.Union[int, str, None] = None, qtype: _t.Optional[str] = None) -> _t.Tuple[str, str]:
     """The variant the registry picks for ``op`` on ``device`` with activations of
     ``dtype``, and why: ``(variant, reason)``.
 
     Args:
         op: an op name (see :data:`OPS`).
-        dtype: "fp16" | "bf16" | "fp32" (or a numpy/torch dtype).
+        dtype: "fp16" | "bf16" | "fp32" (or a numpy/torch dtype); fp32 by default, as
+            ``ksctl which``.
         device: "cpu" | "cuda" | "auto" (or a torch.device / "cuda:0").
         rows, cols: both or neither: the choice for a call of that shape as the routing table
             keys it (docs/routing.md#shape-keys-rows-cols, e.g. quant_matmul: m and n * k; cols
