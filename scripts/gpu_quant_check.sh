@@ -10,7 +10,7 @@
 # default quant_gemv_bulk) at 4096 x 4096 and 14336 x 4096 Q4_1 (speed of light, warp stalls,
 # memory) -> $OUT/ncu_<kernel>.txt. First, bench/gemv_read_probe: the weight bytes read alone at
 # the GEMVs' sizes -> $OUT/gemv_read.csv. KS_QUANT_VARIANTS=0: the automatic choice only, at the
-# large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those.
+# large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those; KS_QUANT_A8_TAGS (below).
 # Usage (device): KS_COMMIT=sha scripts/gpu_quant_check.sh   (carry .dlpack and .deps, or
 # build-prebuilt with KS_PREBUILT=1 LD_LIBRARY_PATH=$PWD/build-prebuilt)
 cd "$(dirname "$0")/.."
@@ -26,6 +26,13 @@ else  # the automatic choice only, at the large shapes
   $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --ops quant_matmul,quant_matmul_a8 --dtypes bf16 \
     --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep -E "quant_gemv" | cut -c1-150
 fi
+# KS_QUANT_A8_TAGS: quant_matmul_a8's automatic choice again under each setting (VAR=value, several
+# joined by "+"), its rows printed tagged and kept in $OUT/quant_a8_tagged.csv
+for tag in ${KS_QUANT_A8_TAGS:-}; do
+  env ${tag//+/ } $BUILD/bench_ops --csv /tmp/ks_a8_tag.csv --ops quant_matmul_a8 --dtypes bf16 \
+    --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep quant_gemv_a8 | sed "s/^/[$tag] /" | cut -c1-120
+  sed "1!s/,kernscope,/,kernscope[$tag],/" /tmp/ks_a8_tag.csv >> "$OUT/quant_a8_tagged.csv"
+done
 if [ "${KS_QUANT_BULK_STAGES:-1}" = 1 ]; then
   for kb in 32 128; do
     ks_bench_tagged KS_QMM_BULK_STAGE_KB=$kb variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants \

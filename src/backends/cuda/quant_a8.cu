@@ -227,6 +227,10 @@ struct A8BulkParams {
   int rows_per_stage, slot_bytes, slots;
   bool early;
   int chunk;  // bytes per bulk copy (bulk_chunk_bytes; 0: one copy per stage)
+  // KS_QMM_A8_X_EARLY=1, a measurement only: x is staged before griddepcontrol.wait, which is
+  // wrong wherever the previous kernel writes x (it tells how much of a call the staging after
+  // the wait costs; bench_ops' x is never written by the previous call)
+  bool x_early;
 };
 
 template <typename T, ks_qtype_t Q>
@@ -242,9 +246,10 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, kBulkWarps, r0, r1, nst))
     return;  // the producer warp
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
-  pdl_begin();  // x is the previous kernel's output
+  if (!p.x_early) pdl_begin();  // x is the previous kernel's output
   a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
   named_barrier(1, NT);
+  if (p.x_early) pdl_begin();
   T* out = static_cast<T*>(p.out);
   constexpr int BB = int(q_block_bytes(Q));
   const int pairs = (rps + 1) / 2;
@@ -297,6 +302,10 @@ int64_t a8_warp_smem_limit(const ops::QuantMatmulArgs& a) {
 // moved as bulk copies of 4 KB (Q8_0 14336 x 4096 17.9 against 18.7 as one copy; within 2%
 // elsewhere). KS_QMM_A8_STAGE_KB and KS_QMM_BULK_CHUNK_KB override them (experiments).
 constexpr int kA8ChunkBytes = 4096;
+bool a8_x_early() {
+  static const bool on = env_number("KS_QMM_A8_X_EARLY", 0) == 1;
+  return on;
+}
 int64_t a8_stage_target(ks_qtype_t q) {
   static const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
   return int64_t(kb > 0 ? kb : q == KS_QTYPE_Q8_0 ? 32 : 64) * 1024;
@@ -357,7 +366,8 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   const BulkPlan plan = a8_bulk_plan_for(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_bulk_stream: no stage fits");
   const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                       plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes)};
+                       plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes),
+                       a8_x_early()};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
