@@ -1475,7 +1475,7 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
   };
   const std::vector<Case> cases{{1, 1, 32},     {1, 7, 64},      {1, 131, 576},  {1, 133, 576}, {1, 4096 + 9, 4096},
                                 {1, 300, 14336}, {1, 14336, 4096}, {1, 20000, 576}, {1, 600005, 32}, {3, 50, 576},
-                                {3, 33, 1536}};
+                                {3, 33, 1536}, {1, 50, 32768}};  // (32768: x's 16-byte staging takes two rounds)
   for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
     for (const Case& c : cases)
       for (size_t off : {size_t(0), size_t(16), size_t(2)}) {
@@ -1492,11 +1492,26 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
             x.set(0 * c.K + 5, std::nan(""));
             x.set(2 * c.K + c.K - 1, -INFINITY);
           }
+          // hostile blocks of one row (the bulk stream's x staging, value by value or by 16-byte
+          // pieces): N 131 a NaN and an infinity (every output NaN, which `same` accepts on both
+          // sides); N 133 a block of values under FLT_MIN * 127 (scale 0) and one of equal
+          // magnitudes (finite outputs, compared bit for bit)
+          const bool nonfinite = c.M == 1 && c.N == 131;
+          if (nonfinite) {
+            x.set(32 + 9, std::nan(""));
+            x.set(64 + 31, INFINITY);
+          }
+          if (c.M == 1 && c.N == 133) {
+            for (int i = 0; i < 32; ++i) x.set(96 + i, (i % 2 ? -1 : 1) * 1e-39);
+            for (int i = 0; i < 32; ++i) x.set(128 + i, i % 3 ? 0.5 : -0.5);
+          }
           ks::quant_matmul_a8(ks::TensorView(ref.data(), dt, ref.shape, DLDevice{kDLCPU, 0}),
                               ks::TensorView(x.data(), dt, x.shape, DLDevice{kDLCPU, 0}),
                               ks::TensorView(w.data(), DType::U8, w.shape, DLDevice{kDLCPU, 0}),
                               static_cast<ks::QType>(q), ks::Backend::Cpu);
-          DBuf dx(dt, x.shape), dout(dt, ref.shape);
+          // x two elements past a 16-byte boundary where the weights are at 16: the bulk stream's
+          // value-by-value staging
+          DBuf dx(dt, x.shape, off == 16 ? 2 * ks::dtype_size(dt) : 0), dout(dt, ref.shape);
           dx.upload(x);
           for (const char* v : {"", "cuda_a8_warp", "cuda_a8_bulk_stream"}) {
             SCOPED_TRACE(*v ? v : "auto");
@@ -1515,6 +1530,7 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
             CK(cudaDeviceSynchronize());
             dout.download(got);
             EXPECT_TRUE(same(got, ref, c.M * c.N));
+            if (nonfinite) EXPECT_TRUE(std::isnan(got.get(0)) && std::isnan(got.get(c.N - 1)));
             if (c.M == 3)
               for (int64_t n = 0; n < c.N; ++n) {
                 EXPECT_TRUE(std::isnan(got.get(n)) && std::isnan(got.get(2 * c.N + n)) && !std::isnan(got.get(c.N + n)))

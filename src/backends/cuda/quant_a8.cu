@@ -81,6 +81,75 @@ __device__ __forceinline__ void a8_stage_row(const T* xr, int nb, A8X* xs, int w
   }
 }
 
+// The same staging from 16-byte loads (x 16-byte aligned): thread `tid` of `nthreads` (whole warps)
+// takes the row's 16-byte pieces tid, tid + nthreads, ..., up to U of them loaded before any is
+// reduced, so a row of nthreads pieces or fewer costs one round trip. A block is L = 4 adjacent
+// lanes' pieces (8 fp16 / bf16 values each; fp32: 8 lanes of 4), its maximum and code sum reduced
+// over those lanes: the same max, scale, codes and (exact integer) sum as a8_stage_row, so the same
+// bits. (The per-block form loads one value per lane: 8 blocks per warp per round trip.)
+template <typename T>
+__device__ __forceinline__ void a8_stage_row_vec(const T* xr, int nb, A8X* xs, int tid, int nthreads) {
+  constexpr int E = 16 / int(sizeof(T)), L = 32 / E, U = 4;
+  const int pieces = nb * L;
+  for (int p0 = 0; p0 < pieces; p0 += U * nthreads) {
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int pc = p0 + u * nthreads + tid;  // the same validity for a block's L lanes
+      raw[u] = pc < pieces ? *reinterpret_cast<const uint4*>(xr + int64_t(pc) * E) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int pc = p0 + u * nthreads + tid;
+      if (p0 + u * nthreads >= pieces) break;  // (uniform over the CTA)
+      const T* e = reinterpret_cast<const T*>(&raw[u]);
+      float v[E];
+      float amax = 0.f;
+      bool bad = false;
+#pragma unroll
+      for (int i = 0; i < E; ++i) {
+        v[i] = Dt<T>::to_f(e[i]);
+        const float av = fabsf(v[i]);
+        const bool finite = av <= FLT_MAX;
+        bad |= !finite;
+        amax = fmaxf(amax, finite ? av : 0.f);
+      }
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        bad |= __shfl_xor_sync(0xffffffffu, int(bad), o) != 0;
+      }
+      const A8Scale sc = a8_scale(amax, bad);
+      int qs = 0;
+      uint32_t w[E / 4];
+#pragma unroll
+      for (int j = 0; j < E / 4; ++j) {
+        uint32_t word = 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int c = bad ? 0 : a8_code(v[4 * j + i], sc.inv);
+          qs += c;
+          word |= uint32_t(uint8_t(int8_t(c))) << (8 * i);
+        }
+        w[j] = word;
+      }
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) qs += __shfl_xor_sync(0xffffffffu, qs, o);
+      if (pc < pieces) {
+        const int b = pc / L, part = pc % L;
+        int* q = xs[b].q + part * (E / 4);
+#pragma unroll
+        for (int j = 0; j < E / 4; ++j) q[j] = int(w[j]);
+        if (part == 0) {
+          xs[b].d = sc.d;
+          xs[b].dq = a8_dq(sc.d, qs);
+          xs[b].qs = qs;
+        }
+      }
+    }
+  }
+}
+
 template <ks_qtype_t Q>
 struct A8Fmt {
   static constexpr int code_words = Q == KS_QTYPE_Q8_0 ? 8 : 4;  // 32-bit words of a block's codes
@@ -234,6 +303,7 @@ struct A8BulkParams {
   // the dependents' trigger at the kernel's entry (KS_QMM_A8_ENTRY_TRIGGER=0: after
   // griddepcontrol.wait, the library's pdl_begin rule); a8_entry_trigger() below
   bool entry_trigger;
+  bool x_vec;  // x 16-byte aligned: staged by 16-byte loads (a8_stage_row_vec)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -256,7 +326,10 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
     return;  // the producer warp
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
   if (!p.x_early) pdl_begin(!p.entry_trigger);  // x is the previous kernel's output
-  a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
+  if (p.x_vec)
+    a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
+  else
+    a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
   named_barrier(1, NT);
   if (p.x_early) pdl_begin(!p.entry_trigger);
   T* out = static_cast<T*>(p.out);
@@ -317,6 +390,11 @@ constexpr int kA8ChunkBytes = 4096;
 bool a8_entry_trigger() {
   static const bool on = env_number("KS_QMM_A8_ENTRY_TRIGGER", 1) != 0;
   return on;
+}
+// x staged by 16-byte loads where it is 16-byte aligned (KS_QMM_A8_X_VEC=0: value by value)
+bool a8_x_vec(const void* x) {
+  static const bool on = env_number("KS_QMM_A8_X_VEC", 1) != 0;
+  return on && aligned16(x);
 }
 bool a8_x_early() {
   static const bool on = env_number("KS_QMM_A8_X_EARLY", 0) == 1;
@@ -383,7 +461,7 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_bulk_stream: no stage fits");
   const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                        plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes),
-                       a8_x_early(), a8_entry_trigger()};
+                       a8_x_early(), a8_entry_trigger(), a8_x_vec(a.x.data)};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
@@ -392,8 +470,9 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
                 "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld copy_bytes=%lld "
-                "entry_trigger=%lld",
-                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk, p.entry_trigger ? 1 : 0});
+                "entry_trigger=%lld x_vec=%lld",
+                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk, p.entry_trigger ? 1 : 0,
+                 p.x_vec ? 1 : 0});
 }
 
 }  // namespace ks::cuda
