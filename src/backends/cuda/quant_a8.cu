@@ -19,6 +19,10 @@
 //   cuda_a8_bulk_stream (M = 1, sm_90): cuda_bulk_stream's ring (a CTA per SM streams its contiguous
 //     rows through shared-memory stages, one bulk copy each, issued by a producer warp that does not
 //     wait for the previous kernel) feeding 16 warps that take the stage's rows in pairs.
+//     x is quantized after griddepcontrol.wait, on the chain from the previous kernel's end to this
+//     one's (the weights are in flight meanwhile); by 16-byte loads, one round trip for K up to
+//     16384 (a8_stage_row_vec; measured on the H200 at 4f4a7d1, bf16 x: Q4_1 4096 x 4096 6.44 ->
+//     4.47 us, 14336 x 4096 11.94 -> 10.44, Q8_0 8.23 -> 6.59 and 17.75 -> 17.17).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -296,13 +300,6 @@ struct A8BulkParams {
   int rows_per_stage, slot_bytes, slots;
   bool early;
   int chunk;  // bytes per bulk copy (bulk_chunk_bytes; 0: one copy per stage)
-  // KS_QMM_A8_X_EARLY=1, a measurement only: x is staged before griddepcontrol.wait, which is
-  // wrong wherever the previous kernel writes x (it tells how much of a call the staging after
-  // the wait costs; bench_ops' x is never written by the previous call)
-  bool x_early;
-  // the dependents' trigger at the kernel's entry (KS_QMM_A8_ENTRY_TRIGGER=0: after
-  // griddepcontrol.wait, the library's pdl_begin rule); a8_entry_trigger() below
-  bool entry_trigger;
   bool x_vec;  // x 16-byte aligned: staged by 16-byte loads (a8_stage_row_vec)
 };
 
@@ -311,12 +308,6 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   extern __shared__ __align__(16) unsigned char a8_sm[];  // [slots][slot_bytes], x [nb] A8X
   __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
   constexpr int NT = 32 * kBulkWarps;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  // The next kernel may launch now (its griddepcontrol.wait still waits for this grid's end): its
-  // CTAs then take SMs as this grid's leave and its weight copies start at once. The grid is at
-  // most one CTA per SM, so no CTA of the next kernel can take an SM this grid still needs.
-  if (p.entry_trigger) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = p.N, RB = p.row_bytes;
   const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots;
@@ -325,13 +316,12 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, kBulkWarps, r0, r1, nst))
     return;  // the producer warp
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
-  if (!p.x_early) pdl_begin(!p.entry_trigger);  // x is the previous kernel's output
+  pdl_begin();  // x is the previous kernel's output
   if (p.x_vec)
     a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
   else
     a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
   named_barrier(1, NT);
-  if (p.x_early) pdl_begin(!p.entry_trigger);
   T* out = static_cast<T*>(p.out);
   constexpr int BB = int(q_block_bytes(Q));
   const int pairs = (rps + 1) / 2;
@@ -384,21 +374,10 @@ int64_t a8_warp_smem_limit(const ops::QuantMatmulArgs& a) {
 // moved as bulk copies of 4 KB (Q8_0 14336 x 4096 17.9 against 18.7 as one copy; within 2%
 // elsewhere). KS_QMM_A8_STAGE_KB and KS_QMM_BULK_CHUNK_KB override them (experiments).
 constexpr int kA8ChunkBytes = 4096;
-// Measured on the H200 (bench/gemv_read_probe.cu, 80bedc5): the a8 ring's read skeleton alone at
-// Q4_1 4096 x 4096 takes 4.66 us per call when it triggers after griddepcontrol.wait and 3.55 when
-// it triggers at its entry; 16-byte loads by many CTAs 3.8-4.2 against 2.5.
-bool a8_entry_trigger() {
-  static const bool on = env_number("KS_QMM_A8_ENTRY_TRIGGER", 1) != 0;
-  return on;
-}
 // x staged by 16-byte loads where it is 16-byte aligned (KS_QMM_A8_X_VEC=0: value by value)
 bool a8_x_vec(const void* x) {
   static const bool on = env_number("KS_QMM_A8_X_VEC", 1) != 0;
   return on && aligned16(x);
-}
-bool a8_x_early() {
-  static const bool on = env_number("KS_QMM_A8_X_EARLY", 0) == 1;
-  return on;
 }
 int64_t a8_stage_target(ks_qtype_t q) {
   static const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
@@ -461,7 +440,7 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_bulk_stream: no stage fits");
   const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                        plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes),
-                       a8_x_early(), a8_entry_trigger(), a8_x_vec(a.x.data)};
+                       a8_x_vec(a.x.data)};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul_a8", quant_gemv_a8_bulk_kernel<decltype(tag), decltype(q)::value>, dim3(plan.grid),
@@ -470,9 +449,8 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
                 "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld copy_bytes=%lld "
-                "entry_trigger=%lld x_vec=%lld",
-                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk, p.entry_trigger ? 1 : 0,
-                 p.x_vec ? 1 : 0});
+                "x_vec=%lld",
+                {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk, p.x_vec ? 1 : 0});
 }
 
 }  // namespace ks::cuda
