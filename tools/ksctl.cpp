@@ -263,7 +263,8 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
                  op.c_str());
     return 2;
   }
-  if (!ks::tune::has_op(op)) {
+  const char *alias_v = nullptr, *alias_r = nullptr;  // (an entry point running another op's variants answers)
+  if (!ks::tune::has_op(op) && ks_which(op.c_str(), "fp32", KS_BACKEND_CPU, &alias_v, &alias_r) != KS_SUCCESS) {
     std::fprintf(stderr, "which: '%s' is not an operator of this build (ksctl ops lists them)\n", op.c_str());
     return 2;
   }
@@ -411,6 +412,12 @@ int cmd_bench_model(const std::string& path, std::vector<int64_t> prompt_lens, i
                                                              " is shorter than the longest prompt + decode tokens + 1 (" +
                                                              std::to_string(need) + ")");
   LoadedModel m(path, context > 0 ? context : need, be, max_batch);
+  if (need > m.model.max_context())  // (the cache is capped at the model's own context length)
+    throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT,
+                              "bench-model: the longest --prompt-tokens (" + std::to_string(max_len) + ") + --decode-tokens (" +
+                                  std::to_string(decode_tokens) + ") + 1 = " + std::to_string(need) +
+                                  " exceeds the model's context length of " + std::to_string(m.model.max_context()) +
+                                  " tokens");
   std::printf("[ksctl] %s, KV cache %lld tokens x %lld sequence%s; batched rows count every sequence's tokens "
               "(tokens and tokens/s)\n",
               model_line(path, m.model, be).c_str(), (long long)m.model.max_context(), (long long)max_batch,

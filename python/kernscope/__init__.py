@@ -85,7 +85,7 @@ def _device_code(device: _t.Any) -> int:
     name = str(device)  # also torch.device("cuda:0")
     base = name.split(":", 1)[0].lower()
     if base not in _DEVICES:
-        raise ValueError(f"which: unknown device {device!r}; valid devices: 'auto', 'cpu', 'cuda'")
+        raise InvalidArgumentError(f"which: unknown device {device!r}; valid devices: 'auto', 'cpu', 'cuda'")
     return _DEVICES[base]
 
 
@@ -95,7 +95,7 @@ def _shape_cols(cols: _t.Any) -> int:
         parts = cols.replace("X", "x").replace("*", "x").split("x")
         # (ASCII digits only: str.isdigit accepts superscripts such as '²', which int() refuses)
         if len(parts) not in (1, 2) or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
-            raise ValueError(f"which: cols must be a non-negative integer or 'NxK'; got {cols!r}")
+            raise InvalidArgumentError(f"which: cols must be a non-negative integer or 'NxK'; got {cols!r}")
         n = 1
         for p in parts:
             n *= int(p)
@@ -131,7 +131,7 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
     if not isinstance(op, str):
         raise TypeError(f"which: op must be a str; got {type(op).__name__}")
     if (rows is None) != (cols is None):
-        raise ValueError("which: give both rows and cols, or neither")
+        raise InvalidArgumentError("which: give both rows and cols, or neither")
     # (a block format as the ops take it: "q4_1", "Q4_1" or QType.Q4_1; the C ABI's "bf16:q4_1")
     dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + QType(_qtype("which", qtype)).name.lower())
     if rows is not None:
@@ -197,7 +197,7 @@ def backend_available(backend: str) -> bool:
     if backend == "torch":
         return _torch_importable()
     if backend not in _DEVICES:
-        raise ValueError(f"backend_available: unknown backend {backend!r}; valid backends: "
+        raise InvalidArgumentError(f"backend_available: unknown backend {backend!r}; valid backends: "
                          + ", ".join(repr(b) for b in BACKENDS))
     return bool(_C.backend_available(_DEVICES[backend]))
 

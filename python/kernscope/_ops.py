@@ -46,6 +46,7 @@ import sys
 from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _C
+from ._errors import InvalidArgumentError, UnsupportedDtypeError
 from ._frameworks import Framework, canonical_dtype, framework_of
 
 T = TypeVar("T", bound=Any)  # the caller's array type (numpy.ndarray, torch.Tensor, ...)
@@ -98,7 +99,7 @@ def _ref() -> Any:
 def _backend(op: str, backend: str) -> int:
     code = _BACKENDS.get(backend) if isinstance(backend, str) else None
     if code is None:
-        raise ValueError(f"{op}: unknown backend {backend!r}; valid backends: 'auto', 'cpu', 'cuda', 'torch'")
+        raise InvalidArgumentError(f"{op}: unknown backend {backend!r}; valid backends: 'auto', 'cpu', 'cuda', 'torch'")
     return code
 
 
@@ -109,6 +110,18 @@ def _fw(op: str, name: str, x: Any) -> Framework:
         raise TypeError(f"{op}: {name} must be an array or tensor supporting DLPack (numpy, torch, cupy, jax, ...); "
                         f"got {t.__module__}.{t.__qualname__}")
     return fw
+
+
+def _flag(op: str, name: str, v: Any) -> bool:
+    """A bool argument: True / False (or 0 / 1, or a 0-d boolean array); anything else, a str in
+    particular ("False" is truthy), is refused by name."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if getattr(getattr(v, "dtype", None), "kind", None) == "b" and tuple(getattr(v, "shape", (1,))) == ():
+        return bool(v)
+    raise TypeError(f"{op}: {name} must be a bool; got {type(v).__name__} {v!r}")
 
 
 def _qtype(op: str, qtype: Union[str, int, QType, None], allow_none: bool = False,
@@ -129,7 +142,7 @@ def _qtype(op: str, qtype: Union[str, int, QType, None], allow_none: bool = Fals
     if q is None or (q == QType.NONE and not allow_none):
         names = ", ".join(repr(n.lower()) for n in QType.__members__
                           if (n != "NONE" or allow_none) and (not blocks_only or n.startswith("Q")))
-        raise ValueError(f"{op}: unknown qtype {qtype!r}; expected one of {names}")
+        raise InvalidArgumentError(f"{op}: unknown qtype {qtype!r}; expected one of {names}")
     return int(q)
 
 
@@ -216,15 +229,15 @@ def _check_rows(op: str, arg: str, shape: Sequence[int], q: int) -> None:
     format q (0: a dense ``[rows, cols]`` with cols > 0), so that an error names ``arg``, not
     the output allocated from it."""
     if len(shape) != 2:
-        raise ValueError(f"{op}: {arg} must be 2-D; got shape {tuple(int(d) for d in shape)}")
+        raise InvalidArgumentError(f"{op}: {arg} must be 2-D; got shape {tuple(int(d) for d in shape)}")
     if q == 0:
         if int(shape[1]) == 0:
-            raise ValueError(f"{op}: {arg} must have a non-empty last dimension; got shape "
+            raise InvalidArgumentError(f"{op}: {arg} must have a non-empty last dimension; got shape "
                              f"{tuple(int(d) for d in shape)}")
         return
     bs, bb = _QGEOM[q]
     if int(shape[1]) == 0 or int(shape[1]) % bb != 0:
-        raise ValueError(f"{op}: {arg} has {int(shape[1])} bytes per row; {QType(q).name} rows are "
+        raise InvalidArgumentError(f"{op}: {arg} has {int(shape[1])} bytes per row; {QType(q).name} rows are "
                          f"whole {bb}-byte blocks of {bs} elements")
 
 
@@ -471,7 +484,7 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
     if code == _TORCH:
         if not fw.is_torch:
             raise _not_torch(op, logits)
-        raise ValueError("sample: there is no 'torch' reference backend for sample; use 'auto', 'cpu' or 'cuda'")
+        raise InvalidArgumentError("sample: there is no 'torch' reference backend for sample; use 'auto', 'cpu' or 'cuda'")
     if fw.is_torch and getattr(logits, "requires_grad", False):
         logits = logits.detach()  # sampling has no gradient: read the values
     if out is None:
@@ -519,6 +532,9 @@ def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None
         tshape = tuple(table.shape)
         _check_rows(op, "table", tshape, fmt)
         if fmt == 0:
+            if "int" in str(getattr(table, "dtype", "")):  # (uint8 bytes: a packed table without its format)
+                raise UnsupportedDtypeError(f"{op}: table has dtype {table.dtype}; a dense table is fp16, bf16 or "
+                                            "fp32, and a packed one needs table_format= (q4_0, q4_1, q8_0, ...)")
             hidden = int(tshape[1])
         else:
             hidden = _packed_cols(tshape, fmt)
@@ -823,10 +839,11 @@ def rotary_embedding(q: Array, k: Optional[Array], positions: Array, rotary_dim:
     fw = _fw(op, "q", q)
     rd = _last(tuple(q.shape)) if rotary_dim is None else _integer(op, "rotary_dim", rotary_dim)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k"), (q, k)):
-        return _ref().rotary_embedding(q, k, positions, rd, _real(op, "theta", theta), bool(is_neox))
+        return _ref().rotary_embedding(q, k, positions, rd, _real(op, "theta", theta), _flag(op, "is_neox", is_neox))
     if code == _TORCH:
         raise _not_torch(op, q)
-    _native(_C.rotary_embedding, fw, q, (q, k, positions), rd, _real(op, "theta", theta), bool(is_neox), code)
+    _native(_C.rotary_embedding, fw, q, (q, k, positions), rd, _real(op, "theta", theta),
+            _flag(op, "is_neox", is_neox), code)
     return None
 
 
@@ -915,11 +932,11 @@ def rotary_embedding_kv_append(q: Array, k: Array, v: Array, positions: Array, k
     rd = _last(tuple(q.shape)) if rotary_dim is None else _integer(op, "rotary_dim", rotary_dim)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
         return _ref().rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd,
-                                                 _real(op, "theta", theta), bool(is_neox))
+                                                 _real(op, "theta", theta), _flag(op, "is_neox", is_neox))
     if code == _TORCH:
         raise _not_torch(op, q)
     _native(_C.rotary_embedding_kv_append, fw, q, (q, k, v, positions, k_cache, v_cache, slot_mapping), rd,
-            _real(op, "theta", theta), bool(is_neox), code)
+            _real(op, "theta", theta), _flag(op, "is_neox", is_neox), code)
     return None
 
 
@@ -1019,7 +1036,7 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
     if fw.is_torch and _torch_route(op, code, backend, ("x", "residual", "norm_weight"), (x, residual, norm_weight)):
         y, r = _ref().fused_add_rms_norm_quant_matmul_rope_kv_append(
             x, residual, norm_weight, weight, q, eps, h, kvh, positions, k_cache, v_cache, slot_mapping, rd,
-            _real(op, "theta", theta), bool(is_neox), residual_out, out)
+            _real(op, "theta", theta), _flag(op, "is_neox", is_neox), residual_out, out)
         return y if x is None else (y, r)
     if code == _TORCH:
         raise _not_torch(op, residual)
@@ -1029,7 +1046,7 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
         residual_out = fw.empty_like(residual)
     _native(_C.fused_add_rms_norm_quant_matmul_rope_kv_append, fw, residual,
             (out, residual_out, x, residual, norm_weight, weight, positions, k_cache, v_cache, slot_mapping),
-            _real(op, "eps", eps), q, h, kvh, rd, _real(op, "theta", theta), bool(is_neox), code)
+            _real(op, "eps", eps), q, h, kvh, rd, _real(op, "theta", theta), _flag(op, "is_neox", is_neox), code)
     return out if x is None else (out, residual_out)
 
 
@@ -1064,19 +1081,20 @@ def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k
     if scale is None:
         scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1))
     if _compiling():
-        return _TL.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale), bool(causal), backend, out)
+        return _TL.varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, float(scale),
+                                    _flag("varlen_attention", "causal", causal), backend, out)
     op = "varlen_attention"
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
         return _finish(_ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _real(op, "scale", scale),
-                                               bool(causal)), out)
+                                               _flag(op, "causal", causal)), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
         out = fw.empty_like(q)
     _native(_C.varlen_attention, fw, q, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), _real(op, "scale", scale),
-            bool(causal), code)
+            _flag(op, "causal", causal), code)
     return out
 
 
@@ -1124,7 +1142,7 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     op = "paged_attention"
     fresh_keys = _integer(op, "fresh_keys", fresh_keys)
     if fresh_keys < 0:  # on every route, the torch reference and torch.compile included
-        raise ValueError(f"paged_attention: fresh_keys = {fresh_keys} must be >= 0")
+        raise InvalidArgumentError(f"paged_attention: fresh_keys = {fresh_keys} must be >= 0")
     scale = 1.0 / math.sqrt(max(_last(tuple(q.shape)), 1)) if scale is None else _real(op, "scale", scale)
     if _compiling():
         return _TL.paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale, seq_ids, backend, out)
@@ -1222,14 +1240,14 @@ def rotary_embedding_kv_append_paged_attention(
                                     (q, k, v, k_cache, v_cache)):
         return _ref().rotary_embedding_kv_append_paged_attention(
             q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd,
-            _real(op, "theta", theta), bool(is_neox), _real(op, "scale", scale), out)
+            _real(op, "theta", theta), _flag(op, "is_neox", is_neox), _real(op, "scale", scale), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
         out = fw.empty_like(q)
     _native(_C.rotary_embedding_kv_append_paged_attention, fw, q,
             (out, q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens), rd,
-            _real(op, "theta", theta), bool(is_neox), _real(op, "scale", scale), code)
+            _real(op, "theta", theta), _flag(op, "is_neox", is_neox), _real(op, "scale", scale), code)
     return out
 
 

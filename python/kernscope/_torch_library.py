@@ -115,7 +115,7 @@ def _t(t: Optional[Tensor]) -> Optional[Tensor]:
 def _code(op: str, backend: str) -> int:
     code = _ops._backend(op, backend)
     if code == _ops._TORCH:
-        raise ValueError(f"{op}: torch.ops.kernscope.{op} runs the native backends ('auto', 'cpu', 'cuda')")
+        raise InvalidArgumentError(f"{op}: torch.ops.kernscope.{op} runs the native backends ('auto', 'cpu', 'cuda')")
     return code
 
 
@@ -486,7 +486,7 @@ def argmax(x, backend, out):
 
 def sample(logits, seed_offset, temperature, top_k, top_p, backend, out):
     if backend == "torch":
-        raise ValueError("sample: there is no 'torch' reference backend for sample; use 'auto', 'cpu' or 'cuda'")
+        raise InvalidArgumentError("sample: there is no 'torch' reference backend for sample; use 'auto', 'cpu' or 'cuda'")
     return _fin(torch.ops.kernscope.sample(logits, seed_offset, float(temperature), int(top_k), float(top_p), backend),
                 out)
 

@@ -273,9 +273,9 @@ class Call {
       }
     }
     if (writable && (flags & kFlagReadOnly))
-      raise(PyExc_ValueError, where(i) + " is read-only; it is written by this op");
+      raise(g_error_class[KS_ERROR_INVALID_ARGUMENT], where(i) + " is read-only; it is written by this op");
     if (writable && (flags & kFlagIsCopied))
-      raise(PyExc_ValueError, where(i) + " was exported as a copy; it is written by this op and must be shared");
+      raise(g_error_class[KS_ERROR_INVALID_ARGUMENT], where(i) + " was exported as a copy; it is written by this op and must be shared");
     if (as_bf16) {
       const DLDataType u16{kDLUInt, 16, 1};
       if (s.t.dtype.code != u16.code || s.t.dtype.bits != u16.bits || s.t.dtype.lanes != u16.lanes)

@@ -93,6 +93,8 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
     if (op == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "op is NULL");
     if (dtype == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "dtype is NULL");
     if (variant == nullptr || reason == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, "which", "variant/reason is NULL");
+    const char* asked = op;  // an entry point that runs another operator's variants answers as that operator
+    if (const char* a = ks::registry::dispatch_alias(op)) op = a;
     // "bf16", or "bf16:q4_1": the activations' dtype, then the weights' block format (the
     // routing cells bound to one; docs/routing.md)
     const std::string full = dtype, base = full.substr(0, full.find(':'));
@@ -146,6 +148,7 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
                                                             qtype);
       if (!cells.empty() && !shape) r_out += "; by shape (" + (arch.empty() ? std::string("no device") : arch) + "): " + cells;
       if (shape) r_out += " (each call still passes its variant's can_implement: alignment, sizes)";
+      if (asked != op) r_out += std::string("; ") + asked + " runs " + op + "'s variants";
       if (shape && qtype.empty()) {  // cells bound to a block format that a call of this shape may meet
         std::string formats;
         for (const auto& c : ks::registry::active_table().cells)

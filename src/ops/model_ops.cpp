@@ -431,7 +431,8 @@ static ks_status_t paged_attention_call(const char* op, DLTensor* out, const DLT
     a.fresh_keys = fresh_keys;
     const ks_backend_t be = resolve_backend(op, backend, a.q);
     if (a.num_tokens == 0) return KS_SUCCESS;
-    return ks::registry::dispatch("paged_attention", be, a.q.dtype, &a, stream);
+    const char* alias = ks::registry::dispatch_alias(op);
+    return ks::registry::dispatch(alias ? alias : op, be, a.q.dtype, &a, stream);
   });
 }
 

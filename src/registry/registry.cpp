@@ -76,6 +76,11 @@ const Variant* first_in_routing_order(const char* op, ks_backend_t backend, cons
 }
 }  // namespace
 
+const char* dispatch_alias(const char* op) {
+  // (ks_paged_attention_after_append validates its own promise, then runs paged_attention's variants)
+  return op && std::string_view(op) == "paged_attention_after_append" ? "paged_attention" : nullptr;
+}
+
 Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape,
                      std::string_view qtype) {
   Choice c;

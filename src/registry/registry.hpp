@@ -54,6 +54,10 @@ struct Choice {
 // or UNSUPPORTED_DTYPE) naming the op when none can run it.
 Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const void* args);
 
+// The operator whose variants an entry point dispatches to when it is not its own name
+// ("paged_attention_after_append" -> "paged_attention"), or nullptr.
+const char* dispatch_alias(const char* op);
+
 // Best variant ignoring call-level checks (for ks_which / ksctl which).
 // shape (rows, cols; docs/routing.md#shape-keys-rows-cols) given: the cell matching it orders the
 // variants, as for a call of that shape; otherwise only a cell covering every shape does. qtype:

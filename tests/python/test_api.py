@@ -155,6 +155,9 @@ def test_which_arguments():
     assert ks.which("quant_matmul", "float32", "cpu")[0] in ("cpu_avx512", "cpu_reference")
     with pytest.raises(ValueError, match="unknown operator"):
         ks.which("flash_attention")
+    # paged_attention_after_append runs paged_attention's variants: it answers as that operator
+    v, why = ks.which("paged_attention_after_append", "fp32", "cpu")
+    assert v == ks.which("paged_attention", "fp32", "cpu")[0] and "runs paged_attention's variants" in why
     with pytest.raises(TypeError, match="dtype"):
         ks.which("rms_norm", dtype="int4")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
@@ -686,3 +689,46 @@ def test_numpy_scalar_is_rejected_by_name():
         ks.softmax(np.float32(1.0))
     with pytest.raises(TypeError, match="set_deterministic: enabled must be a bool"):
         ks.set_deterministic("yes")
+
+
+def test_bool_arguments_refuse_other_types(rng):
+    # is_neox / causal: "False" is truthy, so a str (or None, a list) is refused by name, not read as a truth value
+    q = rand(rng, (2, 2, 8), "fp32")
+    pos = np.array([3, 4])
+    for bad in ("False", None, [], 2):
+        with pytest.raises(TypeError, match="rotary_embedding: is_neox must be a bool"):
+            ks.rotary_embedding(q.copy(), None, pos, is_neox=bad)
+    a, b, c = q.copy(), q.copy(), q.copy()
+    ks.rotary_embedding(a, None, pos, is_neox=True)
+    ks.rotary_embedding(b, None, pos, is_neox=1)
+    ks.rotary_embedding(c, None, pos, is_neox=np.bool_(True))
+    assert np.array_equal(a, b) and np.array_equal(a, c)
+    qv = rand(rng, (3, 2, 8), "fp32")
+    cu = np.array([0, 3], np.int32)
+    with pytest.raises(TypeError, match="varlen_attention: causal must be a bool"):
+        ks.varlen_attention(qv, qv, qv, cu, cu, causal="no")
+
+
+def test_python_side_argument_errors_are_kernscope_errors(rng):
+    # errors the Python layer raises itself are InvalidArgumentError (a KernscopeError and a ValueError)
+    x = rand(rng, (2, 8), "fp32")
+    w = rand(rng, (8,), "fp32")
+    cases = [
+        lambda: ks.paged_attention(np.zeros((1, 2, 8), np.float32), np.zeros((1, 16, 1, 8), np.float32),
+                                   np.zeros((1, 16, 1, 8), np.float32), np.zeros((1, 1), np.int32),
+                                   np.ones(1, np.int32), fresh_keys=-1),
+        lambda: ks.dequantize(np.zeros(34, np.uint8), "q8_0"),
+        lambda: ks.dequantize(np.zeros((2, 33), np.uint8), "q8_0"),
+        lambda: ks.rms_norm(x, w, out=np.broadcast_to(np.float32(0), x.shape)),
+        lambda: ks.rms_norm(x, w, backend="gpu"),
+        lambda: ks.which("rms_norm", device="tpu"),
+    ]
+    for i, call in enumerate(cases):
+        with pytest.raises(ks.InvalidArgumentError) as e:
+            call()
+        assert isinstance(e.value, ks.KernscopeError) and isinstance(e.value, ValueError), i
+
+
+def test_embedding_packed_table_without_its_format_names_table():
+    with pytest.raises(ks.UnsupportedDtypeError, match="embedding: table has dtype uint8; .*table_format="):
+        ks.embedding(np.array([1]), np.zeros((16, 34), np.uint8))
