@@ -89,13 +89,20 @@ def _device_code(device: _t.Any) -> int:
     return _DEVICES[base]
 
 
-def _shape_cols(cols: _t.Any) -> int:
+# the ops whose routing key's cols is N * K (docs/routing.md#shape-keys-rows-cols), as `ksctl which`
+_NK_COLS_OPS = ("quant_matmul", "quant_matmul_a8", "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul")
+
+
+def _shape_cols(op: str, cols: _t.Any) -> int:
     """which's cols: an int, or "NxK" (also "N*K") for a product, as ``ksctl which --cols``."""
     if isinstance(cols, str):
         parts = cols.replace("X", "x").replace("*", "x").split("x")
         # (ASCII digits only: str.isdigit accepts superscripts such as '²', which int() refuses)
         if len(parts) not in (1, 2) or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
             raise InvalidArgumentError(f"which: cols must be a non-negative integer or 'NxK'; got {cols!r}")
+        if len(parts) == 2 and op not in _NK_COLS_OPS:
+            raise InvalidArgumentError(f"which: cols 'NxK' (a product) is the quant_matmul ops' key; {op}'s cols is "
+                                       "one number (docs/routing.md#shape-keys-rows-cols)")
         n = 1
         for p in parts:
             n *= int(p)
@@ -134,9 +141,14 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
         raise InvalidArgumentError("which: give both rows and cols, or neither")
     # (a block format as the ops take it: "q4_1", "Q4_1" or QType.Q4_1; the C ABI's "bf16:q4_1")
     dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + QType(_qtype("which", qtype)).name.lower())
-    if rows is not None:
-        return tuple(_C.which_shape(op, dt, _device_code(device), int(rows), _shape_cols(cols)))  # type: ignore
-    return tuple(_C.which(op, dt, _device_code(device)))  # type: ignore[return-value]
+    try:
+        if rows is not None:
+            return tuple(_C.which_shape(op, dt, _device_code(device), int(rows), _shape_cols(op, cols)))  # type: ignore
+        return tuple(_C.which(op, dt, _device_code(device)))  # type: ignore[return-value]
+    except InvalidArgumentError as e:
+        if qtype is not None and "block format after ':'" in str(e):  # (the C ABI's words are about its dtype string)
+            raise InvalidArgumentError(f"which: qtype is for the ops with packed weights only; {op} has none") from None
+        raise
 
 
 def routing_table() -> _t.Dict[str, _t.Any]:

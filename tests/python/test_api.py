@@ -732,3 +732,13 @@ def test_python_side_argument_errors_are_kernscope_errors(rng):
 def test_embedding_packed_table_without_its_format_names_table():
     with pytest.raises(ks.UnsupportedDtypeError, match="embedding: table has dtype uint8; .*table_format="):
         ks.embedding(np.array([1]), np.zeros((16, 34), np.uint8))
+
+
+def test_which_shape_key_and_qtype_errors_name_the_argument():
+    # "NxK" is the quant_matmul ops' cols key only (as ksctl which refuses it for other ops)
+    with pytest.raises(ks.InvalidArgumentError, match="the quant_matmul ops' key; softmax's cols is one number"):
+        ks.which("softmax", "fp32", "cpu", 1, "8x8")
+    assert ks.which("softmax", "fp32", "cpu", 1, "64")[0] == ks.which("softmax", "fp32", "cpu", 1, 64)[0]
+    assert ks.which("quant_matmul", "fp32", "cpu", 1, "576x576") == ks.which("quant_matmul", "fp32", "cpu", 1, 331776)
+    with pytest.raises(ks.InvalidArgumentError, match="which: qtype is for the ops with packed weights only; rms_norm"):
+        ks.which("rms_norm", "fp32", "cpu", qtype="q4_1")
