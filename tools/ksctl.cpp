@@ -180,9 +180,59 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
   for (size_t i = 0; i < cells.size(); ++i)
     for (size_t e = 0; e < i && shadowed_by[i] < 0; ++e)
       if (covers(cells[e], cells[i])) shadowed_by[i] = int(e);
+  // Several earlier cells together may cover a cell that none covers alone (one per dtype, or
+  // adjacent shape ranges): for each dtype the cell matches ("*": fp16, bf16, fp32), the earlier
+  // cells that match it (same op and backend; arch and qtype "*" or the cell's own) must cover its
+  // rows x cols rectangle, checked on the grid of their ranges' ends. shadowed_by -2: so covered.
+  auto lo_hi = [](const nlohmann::json& r) {
+    const long long lo = r[0].is_null() ? 0 : r[0].get<long long>();
+    const long long hi = r[1].is_null() ? (1LL << 62) : std::min(r[1].get<long long>(), 1LL << 62);
+    return std::pair<long long, long long>(lo, hi);
+  };
+  for (size_t i = 0; i < cells.size(); ++i) {
+    if (shadowed_by[i] >= 0) continue;
+    const auto& c = cells[i];
+    const auto [r0, r1] = lo_hi(c["rows"]);
+    const auto [c0, c1] = lo_hi(c["cols"]);
+    bool all_covered = true;
+    const std::vector<std::string> dts = c["dtype"] == "*" ? std::vector<std::string>{"fp16", "bf16", "fp32"}
+                                                           : std::vector<std::string>{c["dtype"].get<std::string>()};
+    for (const std::string& dt : dts) {
+      std::vector<std::pair<std::pair<long long, long long>, std::pair<long long, long long>>> rects;
+      for (size_t e = 0; e < i; ++e) {
+        const auto& x = cells[e];
+        if (x["op"] == c["op"] && x["backend"] == c["backend"] && (x["arch"] == "*" || x["arch"] == c["arch"]) &&
+            (x["qtype"] == "*" || x["qtype"] == c["qtype"]) && (x["dtype"] == "*" || x["dtype"] == dt))
+          rects.push_back({lo_hi(x["rows"]), lo_hi(x["cols"])});
+      }
+      std::vector<long long> xs{r0, r1 + 1}, ys{c0, c1 + 1};
+      for (const auto& [rr, cc] : rects) {
+        for (long long v : {rr.first, rr.second + 1}) if (v > r0 && v <= r1) xs.push_back(v);
+        for (long long v : {cc.first, cc.second + 1}) if (v > c0 && v <= c1) ys.push_back(v);
+      }
+      std::sort(xs.begin(), xs.end());
+      std::sort(ys.begin(), ys.end());
+      for (size_t a = 0; a + 1 < xs.size() && all_covered; ++a)
+        for (size_t b = 0; b + 1 < ys.size() && all_covered; ++b) {
+          if (xs[a] == xs[a + 1] || ys[b] == ys[b + 1]) continue;
+          bool hit = false;
+          for (const auto& [rr, cc] : rects)
+            hit = hit || (rr.first <= xs[a] && xs[a] <= rr.second && cc.first <= ys[b] && ys[b] <= cc.second);
+          all_covered = hit;
+        }
+      if (!all_covered) break;
+    }
+    if (all_covered) shadowed_by[i] = -2;
+  }
   int unknown = 0, shadowed = 0;
   for (size_t i = 0; i < cells.size(); ++i)
-    if (shadowed_by[i] >= 0) {
+    if (shadowed_by[i] == -2) {
+      ++shadowed;
+      if (check_names)
+        std::fprintf(stderr, "ksctl table: %s cell %d (%s) is never reached: earlier cells together cover it\n",
+                     cells[i]["table"].get<std::string>().c_str(), cells[i]["index"].get<int>(),
+                     cells[i]["op"].get<std::string>().c_str());
+    } else if (shadowed_by[i] >= 0) {
       ++shadowed;
       const auto &c = cells[i], &e = cells[size_t(shadowed_by[i])];
       if (check_names)
@@ -226,6 +276,8 @@ int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool
                 c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(), dtype.c_str(),
                 rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
                 order.c_str(), why ? "  (" : "", why ? note.c_str() : "", why ? ")" : "");
+    if (shadowed_by[ci] == -2)
+      std::printf("%-18s   (never reached: the cells above together cover it)\n", "");
     if (shadowed_by[ci] >= 0)
       std::printf("%-18s   (never reached: the cell above at %s %d covers it)\n", "",
                   cells[size_t(shadowed_by[ci])]["table"].get<std::string>().c_str(),
