@@ -10,7 +10,7 @@
 # default quant_gemv_bulk) at 4096 x 4096 and 14336 x 4096 Q4_1 (speed of light, warp stalls,
 # memory) -> $OUT/ncu_<kernel>.txt. First, bench/gemv_read_probe: the weight bytes read alone at
 # the GEMVs' sizes -> $OUT/gemv_read.csv. KS_QUANT_VARIANTS=0: the automatic choice only, at the
-# large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those; KS_QUANT_A8_TAGS (below).
+# large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those; KS_QUANT_A8_TAGS and KS_QUANT_BULK_X_VEC (below).
 # Usage (device): KS_COMMIT=sha scripts/gpu_quant_check.sh   (carry .dlpack and .deps, or
 # build-prebuilt with KS_PREBUILT=1 LD_LIBRARY_PATH=$PWD/build-prebuilt)
 cd "$(dirname "$0")/.."
@@ -33,6 +33,15 @@ for tag in ${KS_QUANT_A8_TAGS:-}; do
     --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep quant_gemv_a8 | sed "s/^/[$tag] /" | cut -c1-120
   sed "1!s/,kernscope,/,kernscope[$tag],/" /tmp/ks_a8_tag.csv >> "$OUT/quant_a8_tagged.csv"
 done
+# KS_QUANT_BULK_X_VEC=1: cuda_bulk_stream's 16-byte x staging (KS_QMM_BULK_X_VEC=1, off by default):
+# the quant_matmul GPU tests under it, then its rows tagged beside the default's
+if [ "${KS_QUANT_BULK_X_VEC:-0}" = 1 ]; then
+  KS_QMM_BULK_X_VEC=1 $BUILD/tests/test_cuda_ops --gtest_filter='*QuantMatmul*:*Fused*' --gtest_brief=1 2>&1 |
+    grep -E "PASSED|FAILED|Failure" | head -8
+  ks_bench_tagged KS_QMM_BULK_X_VEC=1 variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants --ops quant_matmul \
+    --dtypes bf16,fp32 --shapes 4096x4096,14336x4096,49152x576
+  grep "cuda_bulk_stream" "$OUT/quant_variants.csv" | cut -d, -f5,6,7,8,10 | head -30
+fi
 if [ "${KS_QUANT_BULK_STAGES:-1}" = 1 ]; then
   for kb in 32 128; do
     ks_bench_tagged KS_QMM_BULK_STAGE_KB=$kb variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants \
