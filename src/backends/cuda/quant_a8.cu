@@ -21,8 +21,9 @@
 //     wait for the previous kernel) feeding 16 warps that take the stage's rows in pairs.
 //     x is quantized after griddepcontrol.wait, on the chain from the previous kernel's end to this
 //     one's (the weights are in flight meanwhile); by 16-byte loads, one round trip for K up to
-//     16384 (a8_stage_row_vec; measured on the H200 at 4f4a7d1, bf16 x: Q4_1 4096 x 4096 6.44 ->
-//     4.47 us, 14336 x 4096 11.94 -> 10.44, Q8_0 8.23 -> 6.59 and 17.75 -> 17.17).
+//     16384 (a8_stage_row_vec; measured on the H200 in 4f4a7d1's call, bf16 x, this trigger rule:
+//     Q4_1 4096 x 4096 6.44 -> 4.48 us, 14336 x 4096 11.94 -> 10.50, Q8_0 8.23 -> 6.60 and
+//     17.75 -> 17.21; docs/perf/h200_quant_a8.md).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
