@@ -10,7 +10,8 @@
 # default quant_gemv_bulk) at 4096 x 4096 and 14336 x 4096 Q4_1 (speed of light, warp stalls,
 # memory) -> $OUT/ncu_<kernel>.txt. First, bench/gemv_read_probe: the weight bytes read alone at
 # the GEMVs' sizes -> $OUT/gemv_read.csv. KS_QUANT_VARIANTS=0: the automatic choice only, at the
-# large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those; KS_QUANT_A8_TAGS and KS_QUANT_BULK_X_VEC (below).
+# large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those; KS_QUANT_PROBE=0: no probe;
+# KS_QUANT_A8_VARIANTS, KS_QUANT_A8_TAGS and KS_QUANT_BULK_X_VEC (below).
 # Usage (device): KS_COMMIT=sha scripts/gpu_quant_check.sh   (carry .dlpack and .deps, or
 # build-prebuilt with KS_PREBUILT=1 LD_LIBRARY_PATH=$PWD/build-prebuilt)
 cd "$(dirname "$0")/.."
@@ -18,13 +19,18 @@ source scripts/gpu_env.sh  # strict mode, $OUT (created), $BUILD and the helpers
 ks_gpu_build_and_test "${KS_QUANT_FILTER:-*QuantMatmul*:*Quant*:*Fused*}" 'FP64' ||
   { echo "gpu_quant_check: the build failed (see $OUT/logs.txt)"; exit 1; }
 # the weight read alone at the GEMVs' sizes (bench/gemv_read_probe.cu) -> $OUT/gemv_read.csv
-[ -x $BUILD/gemv_read_probe ] && $BUILD/gemv_read_probe --csv "$OUT/gemv_read.csv" | tee "$OUT/gemv_read.txt"
+[ "${KS_QUANT_PROBE:-1}" = 1 ] && [ -x $BUILD/gemv_read_probe ] && $BUILD/gemv_read_probe --csv "$OUT/gemv_read.csv" | tee "$OUT/gemv_read.txt"
 if [ "${KS_QUANT_VARIANTS:-1}" = 1 ]; then
   $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --variants --ops quant_matmul,quant_matmul_a8,decode_fusions \
     --dtypes bf16,fp32 2>&1 | grep -E "quant_gemv|norm_head|silu_down|norm_qkv " | cut -c1-150
 else  # the automatic choice only, at the large shapes
   $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --ops quant_matmul,quant_matmul_a8 --dtypes bf16 \
     --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep -E "quant_gemv" | cut -c1-150
+fi
+# KS_QUANT_A8_VARIANTS=1: every quant_matmul_a8 variant at the decode shapes (bf16 x) -> $OUT/quant_a8_variants.csv
+if [ "${KS_QUANT_A8_VARIANTS:-0}" = 1 ]; then
+  $BUILD/bench_ops --csv "$OUT/quant_a8_variants.csv" --variants --ops quant_matmul_a8 --dtypes bf16 \
+    --shapes 576x576,1536x576,4096x4096,14336x4096,49152x576 2>&1 | grep -E "quant_gemv" | cut -c1-150
 fi
 # KS_QUANT_A8_TAGS: quant_matmul_a8's automatic choice again under each setting (VAR=value, several
 # joined by "+"), its rows printed tagged and kept in $OUT/quant_a8_tagged.csv
@@ -36,7 +42,8 @@ done
 # KS_QUANT_BULK_X_VEC=1: cuda_bulk_stream's 16-byte x staging (KS_QMM_BULK_X_VEC=1, off by default):
 # the quant_matmul GPU tests under it, then its rows tagged beside the default's
 if [ "${KS_QUANT_BULK_X_VEC:-0}" = 1 ]; then
-  KS_QMM_BULK_X_VEC=1 $BUILD/tests/test_cuda_ops --gtest_filter='*QuantMatmul*:*Fused*' --gtest_brief=1 2>&1 |
+  KS_QMM_BULK_X_VEC=1 $BUILD/tests/test_cuda_ops --gtest_filter="${KS_QUANT_BULK_X_VEC_FILTER:-*QuantMatmul*:*Fused*}" \
+    --gtest_brief=1 2>&1 |
     grep -E "PASSED|FAILED|Failure" | head -8
   ks_bench_tagged KS_QMM_BULK_X_VEC=1 variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants --ops quant_matmul \
     --dtypes bf16,fp32 --shapes 4096x4096,14336x4096,49152x576

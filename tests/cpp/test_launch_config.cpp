@@ -280,6 +280,70 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
           }
 }
 
+// cuda_a8_resident's plan: 2 CTAs per SM (or N), every CTA's rows, x's blocks and the copies'
+// slack within its shared memory and the whole grid within one wave of the SMs' shared memory;
+// the H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the benchmark's shapes: 4096 x 4096 of
+// every format and 49152 x 576 resident (Q8_0's 2 CTAs then fill all but 0.7 KB of an SM), 14336 x
+// 4096 not.
+TEST(A8ResidentPlan, OneWaveOfTwoCtasPerSm) {
+  using ks::cuda::a8_resident_plan;
+  const int64_t kSmem = 233472, kLimit = 232448, kX = 48;
+  struct Want {
+    int64_t N, K, block_bytes;
+    unsigned grid;
+    int64_t rows_cta;
+    size_t smem;
+  };
+  for (const Want& w : std::vector<Want>{{4096, 4096, 20, 264, 16, 6144 + 16 * 2560 + 32},
+                                         {4096, 4096, 18, 264, 16, 6144 + 16 * 2304 + 32},
+                                         {4096, 4096, 34, 264, 16, 6144 + 16 * 4352 + 32},
+                                         {49152, 576, 20, 264, 187, 864 + 187 * 360 + 32},
+                                         {49152, 576, 18, 264, 187, 864 + 187 * 324 + 32},
+                                         {576, 576, 20, 264, 3, 864 + 3 * 360 + 32},
+                                         {7, 64, 18, 7, 1, 96 + 36 + 32},
+                                         {14336, 4096, 20, 0, 0, 0},
+                                         {14336, 4096, 34, 0, 0, 0},
+                                         {49152, 576, 34, 264, 187, 864 + 187 * 612 + 32}}) {
+    SCOPED_TRACE(std::to_string(w.N) + "x" + std::to_string(w.K) + " block " + std::to_string(w.block_bytes));
+    const auto p = a8_resident_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kSmem, kLimit, kX);
+    EXPECT_EQ(p.grid, w.grid);
+    EXPECT_EQ(p.rows_cta, w.rows_cta);
+    EXPECT_EQ(p.smem, w.smem);
+    if (p.grid) EXPECT_EQ(p.ctas_per_sm, w.N >= 264 ? 2 : 1);
+  }
+  // a forced count; nothing for empty or malformed shapes
+  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 1).grid, 132u);
+  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 4).grid, 528u);
+  EXPECT_EQ(a8_resident_plan(0, 4096, 2560, 132, kSmem, kLimit, kX).grid, 0u);
+  EXPECT_EQ(a8_resident_plan(8, 16, 10, 132, kSmem, kLimit, kX).grid, 0u);
+  for (int64_t bb : {18, 20, 34})
+    for (int64_t K : {32, 64, 576, 4096, 14336, 32768, 65536})
+      for (int64_t N : {1, 7, 131, 264, 265, 4096, 4105, 14336, 49152, 600005})
+        for (int sms : {1, 8, 132})
+          for (int force : {0, 1, 3, 8}) {
+            const int64_t RB = K / 32 * bb;
+            const auto p = a8_resident_plan(N, K, RB, sms, kSmem, kLimit, kX, force);
+            SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " block " + std::to_string(bb) +
+                         " sms=" + std::to_string(sms) + " force=" + std::to_string(force));
+            const int c = force ? force : 2;
+            const int64_t grid = std::min<int64_t>(N, int64_t(sms) * c), rows = (N + grid - 1) / grid;
+            const int64_t need = K / 32 * kX + rows * RB + 32, per_sm = (grid + sms - 1) / sms;
+            const bool fits = need <= kLimit && per_sm * (need + 1024) <= kSmem;
+            ASSERT_EQ(p.grid != 0, fits);
+            if (!fits) continue;
+            EXPECT_EQ(p.grid, unsigned(grid));
+            EXPECT_LE(p.ctas_per_sm, c);
+            // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
+            // widened byte range inside the CTA's shared memory beside x
+            for (int64_t b = 0; b < grid; b += std::max<int64_t>(1, grid / 9)) {
+              const int64_t r0 = b * N / grid, r1 = (b + 1) * N / grid;
+              ASSERT_GE(r1 - r0, 1);
+              ASSERT_LE(r1 - r0, p.rows_cta);
+              EXPECT_LE(K / 32 * kX + 15 + (r1 - r0) * RB + 15 + 2, int64_t(p.smem));
+            }
+          }
+}
+
 // KS_PDL_OFF's list: exact names between commas, empty items skipped.
 TEST(PdlOffList, NamesExactOpsOnly) {
   using ks::cuda::name_in_list;

@@ -1456,7 +1456,8 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
 // Q4_x; 20000 x 576 fills 1-3 slots once), 600005 x 32 (a
 // 20-byte or 18-byte row per output); weights 0, 16 and 2 bytes into their allocation (2: no
 // bulk copies, and for the 2-byte aligned formats the byte-load path of cuda_a8_warp); M 1 and 3
-// (cuda_a8_bulk_stream declines M > 1 and says so). A NaN in one row's block and an inf in
+// (cuda_a8_bulk_stream and cuda_a8_resident decline M > 1 and say so; cuda_a8_resident: 1 to 16 rows
+// per CTA, N below its grid, a lone last row per CTA). A NaN in one row's block and an inf in
 // another's make those rows NaN and leave the third finite.
 TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
   NEED_GPU();
@@ -1513,7 +1514,7 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
           // value-by-value staging
           DBuf dx(dt, x.shape, off == 16 ? 2 * ks::dtype_size(dt) : 0), dout(dt, ref.shape);
           dx.upload(x);
-          for (const char* v : {"", "cuda_a8_warp", "cuda_a8_bulk_stream"}) {
+          for (const char* v : {"", "cuda_a8_warp", "cuda_a8_bulk_stream", "cuda_a8_resident"}) {
             SCOPED_TRACE(*v ? v : "auto");
             kstest::ScopedVariant pin("quant_matmul_a8", v);
             ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
@@ -1523,6 +1524,14 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
             const ks_status_t st = ks_quant_matmul_a8(&o, &a, &b, q, KS_BACKEND_CUDA, nullptr);
             const bool bulk_declines = c.M > 1 || off == 2 || w.shape[1] % 4 != 0;
             if (std::string(v) == "cuda_a8_bulk_stream" && bulk_declines) {
+              EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << ks_last_error();
+              continue;
+            }
+            // the resident kernel: one row, 4-byte word loads, and matrices that fit the SMs' shared
+            // memory in one wave (an H100 / H200's 132 x 228 KB: every case up to 16 MB here
+            // fits, every larger one, 33 MB and up, does not)
+            const bool resident_declines = c.M > 1 || off == 2 || w.shape[1] % 4 != 0 || c.N * w.shape[1] > (16 << 20);
+            if (std::string(v) == "cuda_a8_resident" && resident_declines) {
               EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << ks_last_error();
               continue;
             }
@@ -1539,6 +1548,90 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
           }
         }
       }
+}
+
+// cuda_a8_resident lets the next kernel launch at its entry, before its own reads of x and its
+// writes: a chain of calls, each reading the previous one's output as x (N = K), enqueued back to
+// back with no synchronization between them, must still give the CPU reference's bits at every
+// step (the next call's griddepcontrol.wait covers the previous grid's completion). Also under a
+// CUDA graph, replayed twice: the second replay's first call reads the first replay's last output
+// (the ping-pong buffers alias across replays).
+TEST(Cuda, QuantMatmulA8ResidentChainKeepsTheOrder) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  constexpr int64_t K = 4096, kSteps = 6;
+  for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+    SCOPED_TRACE(qfmt(q).name);
+    kstest::ScopedVariant pin("quant_matmul_a8", "cuda_a8_resident");
+    ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+    std::vector<Buf> w;
+    std::vector<std::unique_ptr<DBuf>> dw;
+    for (int i = 0; i < 2; ++i) {  // two matrices, alternating, so consecutive calls differ
+      w.push_back(make_packed(q, K, K, nullptr, 0));
+      dw.push_back(std::make_unique<DBuf>(DType::U8, w.back().shape));
+      dw.back()->upload(w.back());
+    }
+    Buf x0(DType::BF16, {1, K});
+    kstest::fill_normal(x0);
+    // the CPU chain: y_{i+1} = W_{i mod 2} y_i
+    std::vector<Buf> ref;
+    ref.push_back(x0);
+    for (int i = 0; i < 2 * kSteps; ++i) {
+      Buf y(DType::BF16, {1, K});
+      Buf& xi = ref.back();
+      ks::quant_matmul_a8(ks::TensorView(y.data(), DType::BF16, y.shape, DLDevice{kDLCPU, 0}),
+                          ks::TensorView(xi.data(), DType::BF16, xi.shape, DLDevice{kDLCPU, 0}),
+                          ks::TensorView(w[i % 2].data(), DType::U8, w[i % 2].shape, DLDevice{kDLCPU, 0}),
+                          static_cast<ks::QType>(q), ks::Backend::Cpu);
+      ref.push_back(y);
+    }
+    std::vector<std::unique_ptr<DBuf>> act;  // x0, then each step's output in its own buffer
+    for (int i = 0; i <= kSteps; ++i) act.push_back(std::make_unique<DBuf>(DType::BF16, std::vector<int64_t>{1, K}));
+    auto enqueue = [&](cudaStream_t st, int first) {
+      for (int i = 0; i < kSteps; ++i) {
+        const ks::TensorView vo = act[i + 1]->view(), va = act[i]->view(), vb = dw[(first + i) % 2]->view();
+        DLTensor o = vo.dl(), a = va.dl(), b = vb.dl();
+        ASSERT_EQ(ks_quant_matmul_a8(&o, &a, &b, q, KS_BACKEND_CUDA, st), KS_SUCCESS) << ks_last_error();
+      }
+    };
+    auto expect_steps = [&](int base) {
+      Buf got(DType::BF16, {1, K});
+      for (int i = 1; i <= kSteps; ++i) {
+        act[i]->download(got);
+        for (int64_t n = 0; n < K; ++n)
+          ASSERT_EQ(got.get(n), ref[base + i].get(n)) << "step " << base + i << " element " << n;
+      }
+    };
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    act[0]->upload(x0);
+    for (int i = 1; i <= kSteps; ++i) act[i]->poison();
+    CK(cudaDeviceSynchronize());  // (the poison, on the legacy stream, before st's work)
+    enqueue(st, 0);
+    CK(cudaStreamSynchronize(st));
+    expect_steps(0);
+    // a graph of the same chain, but its x is step kSteps' output: replayed after copying that
+    // output to act[0] in the stream (each replay continues the chain by kSteps)
+    act[0]->upload(x0);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    enqueue(st, 0);
+    CK(cudaMemcpyAsync(act[0]->data(), act[kSteps]->data(), K * 2, cudaMemcpyDeviceToDevice, st));
+    CK(cudaStreamEndCapture(st, &graph));
+    CK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 1; i <= kSteps; ++i) act[i]->poison();
+    CK(cudaDeviceSynchronize());
+    CK(cudaGraphLaunch(exec, st));
+    CK(cudaStreamSynchronize(st));
+    expect_steps(0);
+    CK(cudaGraphLaunch(exec, st));  // steps kSteps + 1 .. 2 kSteps (kSteps is even: W alternates alike)
+    CK(cudaStreamSynchronize(st));
+    expect_steps(kSteps);
+    CK(cudaGraphExecDestroy(exec));
+    CK(cudaGraphDestroy(graph));
+    CK(cudaStreamDestroy(st));
+  }
 }
 
 // quant_matmul's cuda_mma_diag (M = 1: B's 8 columns carry 8 blocks of the one row; bf16 / fp16 x;

@@ -397,36 +397,6 @@ struct QmmParams {
   int cols_per_warp;    // the consecutive output columns each warp owns (1, 2 or 4; by N, K and the block format)
 };
 
-// Weight staging (SW): a CTA's weight rows are one contiguous range of bytes. The CTA copies
-// them to shared memory with 16-byte cp.async copies issued *before* it waits on the kernel
-// it depends on (pdl_begin): no kernel of a step writes weights, so they may be read early,
-// and the DRAM latency of the weights then overlaps the previous kernel. The range's unaligned
-// head (< 16 bytes) is read by plain loads and its tail by a zero-filling partial copy, so no
-// byte outside the rows is read. The rows keep their address modulo 16 in shared memory, so
-// the word loads of decode_q_block stay aligned. Thread t of the `nt` copying threads (the CTA,
-// or a warp's lanes) takes the pieces t, t + nt, ...; each commits one cp.async group. Returns
-// where row n0 starts in `dst`.
-__device__ __forceinline__ const uint8_t* stage_weight_rows(unsigned char* dst, const uint8_t* w, int64_t row_bytes,
-                                                           int64_t n0, int64_t rows, unsigned t, unsigned nt) {
-  const uintptr_t beg = reinterpret_cast<uintptr_t>(w + n0 * row_bytes), end = beg + uintptr_t(rows * row_bytes);
-  const uintptr_t a0 = beg & ~uintptr_t(15), a1 = (beg + 15) & ~uintptr_t(15);
-  unsigned char* row0 = dst + (beg - a0);
-  if (t < a1 - beg && beg + t < end) row0[t] = w[n0 * row_bytes + t];
-  for (uintptr_t a = a1 + 16 * uintptr_t(t); a < end; a += 16 * uintptr_t(nt)) {
-    const uintptr_t left = end - a;
-    cp_async_bytes(dst + (a - a0), reinterpret_cast<const void*>(a), left < 16 ? int(left) : 16);
-  }
-  cp_async_commit();
-  return row0;
-}
-// Bytes of shared memory a CTA of `rows` weight rows needs to stage them: the rows, up to 15
-// bytes of head misalignment, and the tail's last 16-byte piece (its zero fill) - within the
-// 16 added bytes because every block format's row bytes (18, 20, 34 per block) are even and a
-// CTA stages 8 x cols_per_warp rows, a multiple of 16 bytes.
-__host__ __device__ constexpr int64_t staged_weight_bytes(int64_t rows, int64_t row_bytes) {
-  return rows * row_bytes + 16;
-}
-
 // A block's 32 decoded weights times its 32 staged x values (FP32, 16-byte aligned, as 8
 // float4), summed in order from 0: the per-warp kernel's order for one block.
 __device__ __forceinline__ float dot32(const float* v, const float4* x) {

@@ -253,6 +253,28 @@ __device__ __forceinline__ A8XRegs a8_x(const A8X* xs, int b) {
   return {q[0], q[1], *reinterpret_cast<const float4*>(&xs[b].d)};
 }
 
+// Rows t and t + 1 of the `rows` rows at src (RB bytes apart, 4-byte aligned) dotted with x's
+// staged blocks in the contract's order (lane l: blocks l, l + 32, ...; then warp_sum); lane 0
+// writes out[t] and out[t + 1]. Where t + 1 == rows, row t is summed twice and written once.
+template <typename T, ks_qtype_t Q>
+__device__ __forceinline__ void a8_row_pair(const unsigned char* src, int64_t RB, int t, int rows, const A8X* xs,
+                                            int nb, int lane, T* out) {
+  constexpr int BB = int(q_block_bytes(Q));
+  const unsigned char* ra = src + int64_t(t) * RB;
+  const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
+  float acc0 = 0.f, acc1 = 0.f;
+  for (int b = lane; b < nb; b += 32) {
+    const A8XRegs xr = a8_x(xs, b);
+    acc0 = __fadd_rn(acc0, a8_block<Q, true>(ra + b * BB, xr.x0, xr.x1, xr.s));
+    acc1 = __fadd_rn(acc1, a8_block<Q, true>(rb + b * BB, xr.x0, xr.x1, xr.s));
+  }
+  const float s0 = warp_sum(acc0), s1 = warp_sum(acc1);
+  if (lane == 0) {
+    out[t] = Dt<T>::from_f(s0);
+    if (t + 1 < rows) out[t + 1] = Dt<T>::from_f(s1);
+  }
+}
+
 // ---- cuda_a8_warp: any M -------------------------------------------------------------------
 constexpr int kA8WarpWarps = 8;
 
@@ -324,7 +346,6 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
     a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
   named_barrier(1, NT);
   T* out = static_cast<T*>(p.out);
-  constexpr int BB = int(q_block_bytes(Q));
   const int pairs = (rps + 1) / 2;
   for (int i = 0; i < nst; ++i) {
     const int s = i % S;
@@ -333,23 +354,50 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
     const unsigned char* src = a8_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
     mbar_wait(&full[s], unsigned(i / S) & 1u);
     // row pairs dealt across stages (bulk_rotated), so short stages still spread over every warp
-    for (int t = 2 * bulk_rotated(warp, i * pairs); t < rows; t += 2 * kBulkWarps) {
-      const unsigned char* ra = src + int64_t(t) * RB;
-      const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
-      float acc0 = 0.f, acc1 = 0.f;
-      for (int b = lane; b < nb; b += 32) {
-        const A8XRegs xr = a8_x(xs, b);
-        acc0 = __fadd_rn(acc0, a8_block<Q, true>(ra + b * BB, xr.x0, xr.x1, xr.s));
-        acc1 = __fadd_rn(acc1, a8_block<Q, true>(rb + b * BB, xr.x0, xr.x1, xr.s));
-      }
-      const float s0 = warp_sum(acc0), s1 = warp_sum(acc1);
-      if (lane == 0) {
-        out[a + t] = Dt<T>::from_f(s0);
-        if (t + 1 < rows) out[a + t + 1] = Dt<T>::from_f(s1);
-      }
-    }
+    for (int t = 2 * bulk_rotated(warp, i * pairs); t < rows; t += 2 * kBulkWarps)
+      a8_row_pair<T, Q>(src, RB, t, rows, xs, nb, lane, out + a);
     mbar_arrive(&empty[s]);  // this thread is done with the slot
   }
+}
+
+// ---- cuda_a8_resident: M = 1, the matrix resident in shared memory in one wave -------------
+// Each CTA copies its contiguous rows (a8_resident_plan: 2 CTAs per SM by default) into shared
+// memory at once by 16-byte cp.async copies (stage_weight_rows) before it waits for the previous
+// kernel, then quantizes x, then its warps take the rows in pairs with the arithmetic and order of
+// the other variants (the same bits). It lets the next kernel launch at entry: the CTAs take at
+// most half of an SM's registers, so the next call's CTAs start beside this one's and their copies
+// overlap its x staging and sums (KS_QMM_A8_RES_TRIGGER=0: after the wait, a measurement).
+struct A8ResParams {
+  const void* x;
+  const uint8_t* w;  // 4-byte aligned, row_bytes a multiple of 4
+  void* out;
+  int64_t N, K, row_bytes;
+  bool x_vec;          // x 16-byte aligned: staged by 16-byte loads
+  bool entry_trigger;  // griddepcontrol.launch_dependents at entry, else after the wait
+};
+
+template <typename T, ks_qtype_t Q>
+__global__ void __launch_bounds__(32 * kA8ResidentWarps, 4) quant_gemv_a8_resident_kernel(const A8ResParams p) {
+  extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
+  constexpr int NT = 32 * kA8ResidentWarps;
+  if (p.entry_trigger) pdl_trigger();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nb = int(p.K / 32);
+  const int64_t r0 = int64_t(blockIdx.x) * p.N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * p.N / gridDim.x;
+  A8X* xs = reinterpret_cast<A8X*>(a8r_sm);
+  const unsigned char* rows =
+      stage_weight_rows(a8r_sm + int64_t(nb) * sizeof(A8X), p.w, p.row_bytes, r0, r1 - r0, threadIdx.x, NT);
+  pdl_wait();  // x is the previous kernel's output
+  if (!p.entry_trigger) pdl_trigger();
+  if (p.x_vec)
+    a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
+  else
+    a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kA8ResidentWarps, lane);
+  cp_async_wait<0>();  // this thread's copies have landed
+  __syncthreads();     // everyone's, and x's blocks
+  const int n = int(r1 - r0);
+  for (int t = 2 * warp; t < n; t += 2 * kA8ResidentWarps)
+    a8_row_pair<T, Q>(rows, p.row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
 }
 
 bool a8_aligned(const ops::QuantMatmulArgs& a) {
@@ -392,6 +440,17 @@ BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
   });
   return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
                       int64_t(sizeof(A8X)));
+}
+A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
+  const int dev = a.x.device.device_id;
+  static const int ctas = int(env_number("KS_QMM_A8_RES_CTAS", 0));
+  int64_t limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    limit = opt_in_smem_limit<quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul_a8");
+  });
+  const DeviceProps& dp = device_props(dev);
+  return a8_resident_plan(a.n, a.k, a.row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
+                          ctas >= 1 && ctas <= 8 ? ctas : 0);
 }
 }  // namespace
 
@@ -452,6 +511,36 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
                 "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld copy_bytes=%lld "
                 "x_vec=%lld",
                 {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk, p.x_vec ? 1 : 0});
+}
+
+std::string quant_matmul_a8_resident_can_implement(const void* args) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  if (a.m != 1) return "M > 1: the resident kernel serves one row of x (decode)";
+  if (!device_props(a.x.device.device_id).sm90_code) return "needs sm_90 code (the next call's launch at entry)";
+  if (!a8_aligned(a)) return "weight not 4-byte aligned or row_bytes not a multiple of 4 (word loads of the blocks)";
+  if (a.n > 0 && a8_resident_plan_for(a).grid == 0)
+    return "the matrix and x do not fit the SMs' shared memory in one wave (cuda_a8_bulk_stream streams it)";
+  return "";
+}
+
+void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
+  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
+  const int dev = a.x.device.device_id;
+  DeviceGuard g(dev, "quant_matmul_a8");
+  if (a.n == 0) return;
+  const A8ResidentPlan plan = a8_resident_plan_for(a);
+  if (plan.grid == 0) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_resident: the matrix does not fit");
+  static const bool entry = env_number("KS_QMM_A8_RES_TRIGGER", 1) != 0;
+  const A8ResParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
+                      a8_x_vec(a.x.data), entry};
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    launch_kernel("quant_matmul_a8", quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>,
+                  dim3(plan.grid), dim3(32 * kA8ResidentWarps), plan.smem, s, 1, device_props(dev).pdl, p);
+  });
+  check_launch("quant_matmul_a8");
+  record_launch("quant_matmul_a8", "a8_resident grid=%lld ctas_per_sm=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld",
+                {plan.grid, plan.ctas_per_sm, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0, entry ? 1 : 0});
 }
 
 }  // namespace ks::cuda

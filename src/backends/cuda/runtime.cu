@@ -198,6 +198,8 @@ void quant_matmul_a8_warp_cuda(const void*, ks_stream_t);
 std::string quant_matmul_a8_warp_can_implement(const void*);
 void quant_matmul_a8_bulk_cuda(const void*, ks_stream_t);
 std::string quant_matmul_a8_bulk_can_implement(const void*);
+void quant_matmul_a8_resident_cuda(const void*, ks_stream_t);
+std::string quant_matmul_a8_resident_can_implement(const void*);
 void quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
 std::string quant_matmul_mma_rows_can_implement(const void*);
 void silu_quant_matmul_mma_rows_cuda(const void*, ks_stream_t);
@@ -278,6 +280,9 @@ std::string ci_quant_matmul_a8(const void* p, std::string (*variant_reason)(cons
 }
 std::string ci_quant_matmul_a8_warp(const void* p) { return ci_quant_matmul_a8(p, quant_matmul_a8_warp_can_implement); }
 std::string ci_quant_matmul_a8_bulk(const void* p) { return ci_quant_matmul_a8(p, quant_matmul_a8_bulk_can_implement); }
+std::string ci_quant_matmul_a8_resident(const void* p) {
+  return ci_quant_matmul_a8(p, quant_matmul_a8_resident_can_implement);
+}
 std::string ci_quant_matmul_m16(const void* p) {
   const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_m16_can_implement(p) : why;
@@ -474,6 +479,12 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "per SM) feeding 16 warps that take the rows in pairs with cuda_a8_warp's arithmetic and order "
                "(the same bits)",
                avail, ks::cuda::ci_quant_matmul_a8_bulk, ks::cuda::quant_matmul_a8_bulk_cuda});
+  v.push_back({"quant_matmul_a8", KS_BACKEND_CUDA, "cuda_a8_resident", kFloatDTypes, 30,
+               "M = 1, sm_90, matrices that fit the SMs' shared memory in one wave: each CTA (2 per SM) copies "
+               "its rows into shared memory at once before waiting for x, and lets the next kernel launch at "
+               "entry, so the next call's copies overlap its sums; cuda_a8_warp's arithmetic and order (the "
+               "same bits)",
+               avail, ks::cuda::ci_quant_matmul_a8_resident, ks::cuda::quant_matmul_a8_resident_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
                ks::cuda::ci_quant_matmul, ks::cuda::quant_matmul_cuda});
