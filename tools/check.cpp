@@ -756,7 +756,9 @@ std::vector<double> attention_ref(Q qv, KC kv, VC vv, const HBuf& bt, const HBuf
   return ref;
 }
 
-int case_attention(Ctx& c, const std::vector<int64_t>& s) {
+// fresh_keys >= 0: through paged_attention_after_append with that promise (called after nothing,
+// so any promise holds); -1: paged_attention.
+int case_attention(Ctx& c, const std::vector<int64_t>& s, int64_t fresh_keys = -1) {
   const int64_t T = s[0], Hq = s[1], KVH = s[2], D = s[3], BS = s[4], L = s[5];
   const int64_t MB = (L + BS - 1) / BS, NB = MB * T + 1;
   HBuf q(c.dt, {T, Hq, D}, c.off), o(c.dt, {T, Hq, D}, c.off), kc(c.dt, {NB, BS, KVH, D}, c.off),
@@ -770,8 +772,12 @@ int case_attention(Ctx& c, const std::vector<int64_t>& s) {
   // Outputs are convex combinations of V rows (|v| ~ 1): S = max|v| ~ 4 per element, K = context length.
   std::vector<double> sa(size_t(o.numel()), 4.0);
   return outcome([&] {
-                   ks::paged_attention(c.v(o), c.v(q), c.v(kc), c.v(vc), c.v(bt), ks::TensorView(), c.v(cl),
-                                       scale, c.be, c.stream);
+                   if (fresh_keys < 0)
+                     ks::paged_attention(c.v(o), c.v(q), c.v(kc), c.v(vc), c.v(bt), ks::TensorView(), c.v(cl),
+                                         scale, c.be, c.stream);
+                   else
+                     ks::paged_attention_after_append(c.v(o), c.v(q), c.v(kc), c.v(vc), c.v(bt), ks::TensorView(),
+                                                      c.v(cl), scale, fresh_keys, c.be, c.stream);
                  },
                  [&](std::string* why) { return close(o, ref, &sa, double(L), why); }, c);
 }
@@ -871,6 +877,9 @@ int case_varlen(Ctx& c, const std::vector<int64_t>& s) {
 struct OpSweep {
   std::string op;
   std::vector<std::pair<std::string, CaseFn>> cases;  // label, fn(ctx) per shape
+  // the op whose registered variants run this one (paged_attention_after_append dispatches to
+  // paged_attention's); empty: op itself
+  std::string variants_of;
 };
 
 std::string label(const std::vector<int64_t>& s) {
@@ -931,9 +940,16 @@ std::vector<OpSweep> sweeps() {
         c.why = "the CPU reference defines the ids (tests/cpp/test_sample.cpp checks it)";
         return -1;
       });
-  add("paged_attention", {{1, 9, 3, 64, 16, 37}, {4, 8, 2, 64, 7, 50}, {3, 12, 3, 128, 16, 300}, {2, 4, 1, 32, 1, 9},
-                          {5, 9, 3, 64, 16, 1}},
-      case_attention);
+  const std::vector<std::vector<int64_t>> attention_shapes{
+      {1, 9, 3, 64, 16, 37}, {4, 8, 2, 64, 7, 50}, {3, 12, 3, 128, 16, 300}, {2, 4, 1, 32, 1, 9}, {5, 9, 3, 64, 16, 1}};
+  add("paged_attention", attention_shapes, [](Ctx& c, const std::vector<int64_t>& s) { return case_attention(c, s); });
+  // paged_attention_after_append runs paged_attention's variants (its promise only lets older keys
+  // be read before griddepcontrol.wait): the same cases with fresh_keys 1 and 0
+  for (int64_t fresh : {1, 0})
+    add("paged_attention_after_append", attention_shapes,
+        [fresh](Ctx& c, const std::vector<int64_t>& s) { return case_attention(c, s, fresh); },
+        "fresh" + std::to_string(fresh) + ":");
+  v.back().variants_of = "paged_attention";
   add("rotary_embedding_kv_append_paged_attention", {{1, 9, 3, 64, 64, 16, 37}, {5, 8, 2, 64, 32, 7, 50}, {3, 12, 3, 128, 128, 16, 300}},
       [](Ctx& c, const std::vector<int64_t>& s) { return case_rope_attention(c, s, false); }, "interleaved:");
   add("rotary_embedding_kv_append_paged_attention", {{2, 4, 1, 32, 32, 1, 9}, {5, 9, 3, 64, 64, 16, 1}},
@@ -978,7 +994,8 @@ std::vector<TuneOp> grid() {
                  [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1] * s[2]}; }});
   }
   v.push_back({"gemm", "", gm, case_gemm, [](const std::vector<int64_t>& s) { return std::pair<int64_t, int64_t>{s[0], s[1]}; }});
-  v.push_back({"paged_attention", "", pa, case_attention, [](const std::vector<int64_t>& s) {
+  v.push_back({"paged_attention", "", pa, [](Ctx& c, const std::vector<int64_t>& s) { return case_attention(c, s); },
+               [](const std::vector<int64_t>& s) {
                  return std::pair<int64_t, int64_t>{s[0], (s[5] + s[4] - 1) / s[4] * s[4]};  // T, MB * BS
                }});
   std::vector<std::vector<int64_t>> sm;
@@ -1102,8 +1119,9 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
     for (const auto& sw : sweeps()) {
       if (!op_filter.empty() && sw.op != op_filter) continue;
       bool any = false;
+      const std::string& vop = sw.variants_of.empty() ? sw.op : sw.variants_of;
       for (const auto& v : all) {
-        if (sw.op != v.op || be_name != v.backend) continue;
+        if (vop != v.op || be_name != v.backend) continue;
         any = true;
         for (DType dt : {DType::F16, DType::BF16, DType::F32}) {
           if (std::string(v.dtypes).find(ks::dtype_name(dt)) == std::string::npos) continue;
@@ -1122,7 +1140,7 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
               if (r == 0) ++incorrect_total;
               if (verbose || r == 0)
                 std::printf("%-9s %-4s %-18s %-13s %-5s %-26s off=%zu %s\n", r == 1 ? "correct" : r == 0 ? "INCORRECT" : "skipped",
-                            be_name.c_str(), v.op, v.name, ks::dtype_name(dt), lab.c_str(), off, c.why.c_str());
+                            be_name.c_str(), sw.op.c_str(), v.name, ks::dtype_name(dt), lab.c_str(), off, c.why.c_str());
             }
         }
       }
