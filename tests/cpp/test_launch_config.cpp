@@ -315,6 +315,10 @@ TEST(A8ResidentPlan, OneWaveOfTwoCtasPerSm) {
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 1).grid, 132u);
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 4).grid, 528u);
   EXPECT_EQ(a8_resident_plan(0, 4096, 2560, 132, kSmem, kLimit, kX).grid, 0u);
+  // several waves allowed (a measurement): 14336 x 4096 Q4_1 at 8 per SM, 14 rows per CTA
+  const auto waves = a8_resident_plan(14336, 4096, 2560, 132, kSmem, kLimit, kX, 8, false);
+  EXPECT_EQ(waves.grid, 1056u);
+  EXPECT_EQ(waves.rows_cta, 14);
   EXPECT_EQ(a8_resident_plan(8, 16, 10, 132, kSmem, kLimit, kX).grid, 0u);
   for (int64_t bb : {18, 20, 34})
     for (int64_t K : {32, 64, 576, 4096, 14336, 32768, 65536})

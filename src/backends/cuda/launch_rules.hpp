@@ -277,7 +277,9 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // the next call's CTAs fit beside them where the shared memory allows (at most 112 KB per SM per
 // call), and its weight copies overlap this call's x staging and sums (bench/gemv_read_probe: reads
 // overlapped that way reach the copy rate at 4096 x 4096). ctas_per_sm > 0 forces another count
-// (KS_QMM_A8_RES_CTAS, 1 to 8; more CTAs per SM only add copies of x).
+// (KS_QMM_A8_RES_CTAS, 1 to 8; more CTAs per SM only add copies of x). one_wave = false
+// (KS_QMM_A8_RES_WAVES=1, a measurement) also plans grids that run in several waves (each CTA's
+// rows within its shared memory): the hardware then schedules CTAs as a ring would stream stages.
 constexpr int kA8ResidentWarps = 8;
 struct A8ResidentPlan {
   unsigned grid = 0;
@@ -286,7 +288,8 @@ struct A8ResidentPlan {
   size_t smem = 0;
 };
 inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t smem_per_sm,
-                                       int64_t limit, int64_t x_block_bytes, int ctas_per_sm = 0) {
+                                       int64_t limit, int64_t x_block_bytes, int ctas_per_sm = 0,
+                                       bool one_wave = true) {
   if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0) return A8ResidentPlan{};
   const int c = ctas_per_sm > 0 ? ctas_per_sm : 2;
   const int64_t grid = std::min<int64_t>(N, int64_t(sm_count) * c), rows = (N + grid - 1) / grid;
@@ -294,7 +297,7 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
   // (which also holds the 2 bytes past a Q4_0 / Q8_0 block that its word loads cover)
   const int64_t smem = K / 32 * x_block_bytes + rows * RB + 32;
   const int64_t per_sm = (grid + sm_count - 1) / sm_count;
-  if (smem > limit || per_sm * (smem + 1024) > smem_per_sm) return A8ResidentPlan{};
+  if (smem > limit || (one_wave && per_sm * (smem + 1024) > smem_per_sm)) return A8ResidentPlan{};
   return A8ResidentPlan{unsigned(grid), int(per_sm), rows, size_t(smem)};
 }
 // Whether a plan's short rows (fewer than 32 blocks) go a thread per row instead of in warp
