@@ -280,12 +280,13 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
           }
 }
 
-// cuda_a8_resident's plan: 2 CTAs per SM (or N), every CTA's rows, x's blocks and the copies'
-// slack within its shared memory and the whole grid within one wave of the SMs' shared memory;
-// the H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the benchmark's shapes: 4096 x 4096 of
-// every format and 49152 x 576 resident (Q8_0's 2 CTAs then fill all but 0.7 KB of an SM), 14336 x
-// 4096 not.
-TEST(A8ResidentPlan, OneWaveOfTwoCtasPerSm) {
+// cuda_a8_resident's plan: 1 CTA per SM where rows have 32 blocks or more, else 2 (or N CTAs),
+// every CTA's rows, x's blocks and the copies' slack within its shared memory, the whole grid
+// within one wave of the SMs' shared memory, and the trigger at entry only where the call takes at
+// most half of it. The H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the benchmark's shapes:
+// 4096 x 4096 of every format (Q8_0 past half an SM: trigger after the wait) and 49152 x 576 (past
+// half: Q8_0's 2 CTAs fill all but 0.7 KB of an SM) resident, 14336 x 4096 not.
+TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   using ks::cuda::a8_resident_plan;
   const int64_t kSmem = 233472, kLimit = 232448, kX = 48;
   struct Want {
@@ -293,35 +294,40 @@ TEST(A8ResidentPlan, OneWaveOfTwoCtasPerSm) {
     unsigned grid;
     int64_t rows_cta;
     size_t smem;
+    bool entry;
   };
-  for (const Want& w : std::vector<Want>{{4096, 4096, 20, 264, 16, 6144 + 16 * 2560 + 32},
-                                         {4096, 4096, 18, 264, 16, 6144 + 16 * 2304 + 32},
-                                         {4096, 4096, 34, 264, 16, 6144 + 16 * 4352 + 32},
-                                         {49152, 576, 20, 264, 187, 864 + 187 * 360 + 32},
-                                         {49152, 576, 18, 264, 187, 864 + 187 * 324 + 32},
-                                         {576, 576, 20, 264, 3, 864 + 3 * 360 + 32},
-                                         {7, 64, 18, 7, 1, 96 + 36 + 32},
-                                         {14336, 4096, 20, 0, 0, 0},
-                                         {14336, 4096, 34, 0, 0, 0},
-                                         {49152, 576, 34, 264, 187, 864 + 187 * 612 + 32}}) {
+  for (const Want& w : std::vector<Want>{{4096, 4096, 20, 132, 32, 6144 + 32 * 2560 + 32, true},
+                                         {4096, 4096, 18, 132, 32, 6144 + 32 * 2304 + 32, true},
+                                         {4096, 4096, 34, 132, 32, 6144 + 32 * 4352 + 32, false},
+                                         {49152, 576, 20, 264, 187, 864 + 187 * 360 + 32, false},
+                                         {49152, 576, 18, 264, 187, 864 + 187 * 324 + 32, false},
+                                         {576, 576, 20, 264, 3, 864 + 3 * 360 + 32, true},
+                                         {7, 64, 18, 7, 1, 96 + 36 + 32, true},
+                                         {14336, 4096, 20, 0, 0, 0, false},
+                                         {14336, 4096, 34, 0, 0, 0, false},
+                                         {49152, 576, 34, 264, 187, 864 + 187 * 612 + 32, false}}) {
     SCOPED_TRACE(std::to_string(w.N) + "x" + std::to_string(w.K) + " block " + std::to_string(w.block_bytes));
     const auto p = a8_resident_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kSmem, kLimit, kX);
     EXPECT_EQ(p.grid, w.grid);
     EXPECT_EQ(p.rows_cta, w.rows_cta);
     EXPECT_EQ(p.smem, w.smem);
-    if (p.grid) EXPECT_EQ(p.ctas_per_sm, w.N >= 264 ? 2 : 1);
+    EXPECT_EQ(p.entry_trigger, w.entry);
+    if (p.grid) EXPECT_EQ(p.ctas_per_sm, w.N >= 264 && w.K < 1024 ? 2 : 1);
+    if (p.grid) EXPECT_EQ(p.warps, 8);
   }
-  // a forced count; nothing for empty or malformed shapes
-  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 1).grid, 132u);
+  // forced counts and sizes; nothing for empty or malformed shapes or sizes
+  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 2).grid, 264u);
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 4).grid, 528u);
+  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 0, true, 16).warps, 16);
+  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 0, true, 17).grid, 0u);
   EXPECT_EQ(a8_resident_plan(0, 4096, 2560, 132, kSmem, kLimit, kX).grid, 0u);
+  EXPECT_EQ(a8_resident_plan(8, 16, 10, 132, kSmem, kLimit, kX).grid, 0u);
   // several waves allowed (a measurement): 14336 x 4096 Q4_1 at 8 per SM, 14 rows per CTA
   const auto waves = a8_resident_plan(14336, 4096, 2560, 132, kSmem, kLimit, kX, 8, false);
   EXPECT_EQ(waves.grid, 1056u);
   EXPECT_EQ(waves.rows_cta, 14);
-  EXPECT_EQ(a8_resident_plan(8, 16, 10, 132, kSmem, kLimit, kX).grid, 0u);
   for (int64_t bb : {18, 20, 34})
-    for (int64_t K : {32, 64, 576, 4096, 14336, 32768, 65536})
+    for (int64_t K : {32, 64, 576, 992, 1024, 4096, 14336, 32768, 65536})
       for (int64_t N : {1, 7, 131, 264, 265, 4096, 4105, 14336, 49152, 600005})
         for (int sms : {1, 8, 132})
           for (int force : {0, 1, 3, 8}) {
@@ -329,7 +335,7 @@ TEST(A8ResidentPlan, OneWaveOfTwoCtasPerSm) {
             const auto p = a8_resident_plan(N, K, RB, sms, kSmem, kLimit, kX, force);
             SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " block " + std::to_string(bb) +
                          " sms=" + std::to_string(sms) + " force=" + std::to_string(force));
-            const int c = force ? force : 2;
+            const int c = force ? force : K >= 1024 ? 1 : 2;
             const int64_t grid = std::min<int64_t>(N, int64_t(sms) * c), rows = (N + grid - 1) / grid;
             const int64_t need = K / 32 * kX + rows * RB + 32, per_sm = (grid + sms - 1) / sms;
             const bool fits = need <= kLimit && per_sm * (need + 1024) <= kSmem;
@@ -337,6 +343,7 @@ TEST(A8ResidentPlan, OneWaveOfTwoCtasPerSm) {
             if (!fits) continue;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
+            EXPECT_EQ(p.entry_trigger, 2 * per_sm * (need + 1024) <= kSmem);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
             // widened byte range inside the CTA's shared memory beside x
             for (int64_t b = 0; b < grid; b += std::max<int64_t>(1, grid / 9)) {

@@ -361,12 +361,12 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
 }
 
 // ---- cuda_a8_resident: M = 1, the matrix resident in shared memory in one wave -------------
-// Each CTA copies its contiguous rows (a8_resident_plan: 2 CTAs per SM by default) into shared
+// Each CTA copies its contiguous rows (a8_resident_plan: 1 or 2 CTAs per SM) into shared
 // memory at once by 16-byte cp.async copies (stage_weight_rows) before it waits for the previous
 // kernel, then quantizes x, then its warps take the rows in pairs with the arithmetic and order of
-// the other variants (the same bits). It lets the next kernel launch at entry: the CTAs take at
-// most half of an SM's registers, so the next call's CTAs start beside this one's and their copies
-// overlap its x staging and sums (KS_QMM_A8_RES_TRIGGER=0: after the wait, a measurement).
+// the other variants (the same bits). Where the call takes at most half of each SM's shared memory
+// it lets the next kernel launch at entry, so the next call's CTAs start beside this one's and
+// their copies overlap its x staging and sums; else after the wait (the plan's entry_trigger).
 struct A8ResParams {
   const void* x;
   const uint8_t* w;  // 4-byte aligned, row_bytes a multiple of 4
@@ -377,9 +377,9 @@ struct A8ResParams {
 };
 
 template <typename T, ks_qtype_t Q>
-__global__ void __launch_bounds__(32 * kA8ResidentWarps, 4) quant_gemv_a8_resident_kernel(const A8ResParams p) {
+__global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_resident_kernel(const A8ResParams p) {
   extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
-  constexpr int NT = 32 * kA8ResidentWarps;
+  const int NT = int(blockDim.x), nwarps = NT / 32;
   if (p.entry_trigger) pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = int(p.K / 32);
@@ -392,11 +392,11 @@ __global__ void __launch_bounds__(32 * kA8ResidentWarps, 4) quant_gemv_a8_reside
   if (p.x_vec)
     a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
   else
-    a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kA8ResidentWarps, lane);
+    a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, nwarps, lane);
   cp_async_wait<0>();  // this thread's copies have landed
   __syncthreads();     // everyone's, and x's blocks
   const int n = int(r1 - r0);
-  for (int t = 2 * warp; t < n; t += 2 * kA8ResidentWarps)
+  for (int t = 2 * warp; t < n; t += 2 * nwarps)
     a8_row_pair<T, Q>(rows, p.row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
 }
 
@@ -445,13 +445,14 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
   static const int ctas = int(env_number("KS_QMM_A8_RES_CTAS", 0));
   static const bool waves = env_number("KS_QMM_A8_RES_WAVES", 0) != 0;
+  static const int warps = int(env_number("KS_QMM_A8_RES_WARPS", 8));
   int64_t limit = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     limit = opt_in_smem_limit<quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul_a8");
   });
   const DeviceProps& dp = device_props(dev);
   return a8_resident_plan(a.n, a.k, a.row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
-                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves);
+                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 8);
 }
 }  // namespace
 
@@ -531,17 +532,21 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   if (a.n == 0) return;
   const A8ResidentPlan plan = a8_resident_plan_for(a);
   if (plan.grid == 0) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_resident: the matrix does not fit");
-  static const bool entry = env_number("KS_QMM_A8_RES_TRIGGER", 1) != 0;
+  // KS_QMM_A8_RES_TRIGGER=1 / 0 (measurements): at entry / after the wait whatever the plan says
+  static const long long trig = env_number("KS_QMM_A8_RES_TRIGGER", -1);
+  const bool entry = trig < 0 ? plan.entry_trigger : trig != 0;
   const A8ResParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                       a8_x_vec(a.x.data), entry};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul_a8", quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>,
-                  dim3(plan.grid), dim3(32 * kA8ResidentWarps), plan.smem, s, 1, device_props(dev).pdl, p);
+                  dim3(plan.grid), dim3(32 * plan.warps), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
-  record_launch("quant_matmul_a8", "a8_resident grid=%lld ctas_per_sm=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld",
-                {plan.grid, plan.ctas_per_sm, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0, entry ? 1 : 0});
+  record_launch("quant_matmul_a8",
+                "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld",
+                {plan.grid, plan.ctas_per_sm, plan.warps, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0,
+                 entry ? 1 : 0});
 }
 
 }  // namespace ks::cuda
