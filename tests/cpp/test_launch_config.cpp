@@ -313,12 +313,12 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.entry_trigger, w.entry);
     if (p.grid) EXPECT_EQ(p.ctas_per_sm, w.N >= 264 && w.K < 1024 ? 2 : 1);
-    if (p.grid) EXPECT_EQ(p.warps, 8);
+    if (p.grid) EXPECT_EQ(p.warps, p.ctas_per_sm == 1 && w.K >= 1024 ? 16 : 8);
   }
   // forced counts and sizes; nothing for empty or malformed shapes or sizes
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 2).grid, 264u);
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 4).grid, 528u);
-  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 0, true, 16).warps, 16);
+  EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 0, true, 4).warps, 4);
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 0, true, 17).grid, 0u);
   EXPECT_EQ(a8_resident_plan(0, 4096, 2560, 132, kSmem, kLimit, kX).grid, 0u);
   EXPECT_EQ(a8_resident_plan(8, 16, 10, 132, kSmem, kLimit, kX).grid, 0u);
@@ -343,6 +343,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
             if (!fits) continue;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
+            EXPECT_EQ(p.warps, c == 1 ? 16 : 8);
             EXPECT_EQ(p.entry_trigger, 2 * per_sm * (need + 1024) <= kSmem);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
             // widened byte range inside the CTA's shared memory beside x

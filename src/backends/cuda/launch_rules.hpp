@@ -273,19 +273,21 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // rows (rows_cta at most) copied into its shared memory at once beside x's quantized blocks
 // (x_block_bytes each), so that the whole call is resident in one wave; no plan (grid 0) where it
 // is not (with the 1 KB the runtime reserves per CTA): larger matrices stream (cuda_a8_bulk_stream).
-// Measured on the H200 at ae645f0 (bf16 x, docs/perf/h200_quant_a8.md), 8 warps per CTA:
+// Measured on the H200 at ae645f0 and a17d246 (bf16 x, docs/perf/h200_quant_a8.md):
 //  - CTAs per SM: 1 where a row has 32 blocks or more (K >= 1024: every lane busy, the sums
 //    short), 2 below (K = 576's 18 blocks per row leave lanes idle, so the sums weigh): 4096 x 4096
-//    Q4_1 3.37 us at 1 against 3.49 at 2, Q4_0 3.75 against 4.25; 49152 x 576 Q4_1 12.05 at 1
-//    against 10.22 at 2; 4 per SM slower everywhere (more copies of x);
+//    Q4_1 3.37 us at 1 against 3.49 at 2, Q4_0 3.75 against 4.25 (8 warps); 49152 x 576 Q4_1
+//    12.05 at 1 against 10.22 at 2; 4 per SM slower everywhere (more copies of x);
+//  - warps: 16 at 1 CTA per SM (4096 x 4096 Q4_1 3.15 us against 3.43 with 8 and 4.54 with 4,
+//    Q4_0 3.35 against 3.89, Q8_0 6.66 against 6.81), 8 at 2 (49152 x 576 Q4_1 8.68 against 9.17);
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
 //    against 4.47; where it takes more, the next call's CTAs land on the few SMs with room and
 //    wait there: Q8_0 4096 x 4096 (153 KB) 6.46 against 5.82 after the wait, Q4_1 49152 x 576
 //    (138 KB) 10.22 against 8.73.
-// ctas_per_sm > 0 forces the count (KS_QMM_A8_RES_CTAS, 1 to 8), warps (KS_QMM_A8_RES_WARPS, 4 to
-// 16; default 8) the CTA's size; one_wave = false (KS_QMM_A8_RES_WAVES=1, a measurement) also plans
+// ctas_per_sm > 0 forces the count (KS_QMM_A8_RES_CTAS, 1 to 8), warps > 0 the CTA's size
+// (KS_QMM_A8_RES_WARPS, 4 to 16); one_wave = false (KS_QMM_A8_RES_WAVES=1, a measurement) also plans
 // grids that run in several waves (each CTA's rows within its shared memory; measured slower than
 // the bulk ring at 14336 x 4096: Q4_1 11.87-12.75 us against 10.40).
 constexpr int kA8ResidentMaxWarps = 16;
@@ -298,10 +300,11 @@ struct A8ResidentPlan {
 };
 inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t smem_per_sm,
                                        int64_t limit, int64_t x_block_bytes, int ctas_per_sm = 0,
-                                       bool one_wave = true, int warps = 8) {
-  if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 1 || warps > kA8ResidentMaxWarps)
+                                       bool one_wave = true, int warps = 0) {
+  if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 0 || warps > kA8ResidentMaxWarps)
     return A8ResidentPlan{};
   const int c = ctas_per_sm > 0 ? ctas_per_sm : K / 32 >= 32 ? 1 : 2;
+  if (warps == 0) warps = c == 1 ? 16 : 8;
   const int64_t grid = std::min<int64_t>(N, int64_t(sm_count) * c), rows = (N + grid - 1) / grid;
   // x's blocks, the rows, up to 15 bytes of head misalignment and the tail's zero-filled piece
   // (which also holds the 2 bytes past a Q4_0 / Q8_0 block that its word loads cover)

@@ -445,14 +445,14 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
   static const int ctas = int(env_number("KS_QMM_A8_RES_CTAS", 0));
   static const bool waves = env_number("KS_QMM_A8_RES_WAVES", 0) != 0;
-  static const int warps = int(env_number("KS_QMM_A8_RES_WARPS", 8));
+  static const int warps = int(env_number("KS_QMM_A8_RES_WARPS", 0));
   int64_t limit = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     limit = opt_in_smem_limit<quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul_a8");
   });
   const DeviceProps& dp = device_props(dev);
   return a8_resident_plan(a.n, a.k, a.row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
-                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 8);
+                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0);
 }
 }  // namespace
 
