@@ -39,13 +39,13 @@ for tag in ${KS_QUANT_A8_TAGS:-}; do
     --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep quant_gemv_a8 | sed "s/^/[$tag] /" | cut -c1-120
   sed "1!s/,kernscope,/,kernscope[$tag],/" /tmp/ks_a8_tag.csv >> "$OUT/quant_a8_tagged.csv"
 done
-# KS_QUANT_BULK_X_VEC=1: cuda_bulk_stream's 16-byte x staging (KS_QMM_BULK_X_VEC=1, off by default):
-# the quant_matmul GPU tests under it, then its rows tagged beside the default's
+# KS_QUANT_BULK_X_VEC=1: cuda_bulk_stream's value-by-value x staging (KS_QMM_BULK_X_VEC=0; 16-byte
+# loads are the default since ae645f0's call): the quant_matmul GPU tests under it
+# (KS_QUANT_BULK_X_VEC_FILTER), then its rows tagged beside the default's
 if [ "${KS_QUANT_BULK_X_VEC:-0}" = 1 ]; then
-  KS_QMM_BULK_X_VEC=1 $BUILD/tests/test_cuda_ops --gtest_filter="${KS_QUANT_BULK_X_VEC_FILTER:-*QuantMatmul*:*Fused*}" \
-    --gtest_brief=1 2>&1 |
-    grep -E "PASSED|FAILED|Failure" | head -8
-  ks_bench_tagged KS_QMM_BULK_X_VEC=1 variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants --ops quant_matmul \
+  KS_QMM_BULK_X_VEC=0 $BUILD/tests/test_cuda_ops --gtest_filter="${KS_QUANT_BULK_X_VEC_FILTER:-*QuantMatmul*:*Fused*}" \
+    --gtest_brief=1 2>&1 | grep -E "PASSED|FAILED|Failure" | head -8
+  ks_bench_tagged KS_QMM_BULK_X_VEC=0 variant:cuda_bulk_stream "$OUT/quant_variants.csv" --variants --ops quant_matmul \
     --dtypes bf16,fp32 --shapes 4096x4096,14336x4096,49152x576
   grep "cuda_bulk_stream" "$OUT/quant_variants.csv" | cut -d, -f5,6,7,8,10 | head -30
 fi

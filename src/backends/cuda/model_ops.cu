@@ -813,7 +813,7 @@ struct BulkParams {
   bool early;  // the producer copies before the previous kernel has finished (KS_QMM_WSTAGE=0: after)
   int tpr;  // rows < 32 blocks: 1, 2 or 4 adjacent lanes per row (bulk_thread_rows, bulk_tpr); 0: warp groups
   int chunk;  // bytes per bulk copy (bulk_chunk_bytes; 0: one copy per stage)
-  bool x_vec;  // x staged by 16-byte loads (x 16-byte aligned and KS_QMM_BULK_X_VEC=1; bulk_x_vec)
+  bool x_vec;  // x staged by 16-byte loads (x 16-byte aligned, unless KS_QMM_BULK_X_VEC=0; bulk_x_vec)
 };
 
 template <typename T, ks_qtype_t Q>
@@ -1397,11 +1397,14 @@ std::string quant_matmul_bulk_can_implement(const void* args) {
   return "";
 }
 
-// cuda_bulk_stream's x by 16-byte loads where x is 16-byte aligned: off unless KS_QMM_BULK_X_VEC=1
-// (written 2026-12-02 after quant_matmul_a8's 16-byte staging measured 1.1-2.0 us faster per call
-// on the H200; the same floats in the same places, so the same bits; not yet run on a GPU).
+// cuda_bulk_stream's x by 16-byte loads where x is 16-byte aligned (KS_QMM_BULK_X_VEC=0: value by
+// value). The same floats in the same places, so the same bits (the quant_matmul stream / block /
+// wide-matrix GPU tests passed under it at ae645f0). Measured on the H200 at ae645f0 against the
+// value-by-value form, bf16 x, one call (docs/perf/h200_quant_bulk_xvec_ae645f0.csv): Q4_1
+// 4096 x 4096 7.16 -> 7.04 us, 14336 x 4096 18.29 -> 18.10, 49152 x 576 12.71 -> 12.45; Q8_0
+// 8.60 -> 8.48, 22.17 -> 21.86, 20.09 -> 19.91; Q4_0 7.12 -> 6.99, 18.17 -> 18.02 (1-2%).
 static bool bulk_x_vec(const void* x) {
-  static const bool on = env_number("KS_QMM_BULK_X_VEC", 0) == 1;
+  static const bool on = env_number("KS_QMM_BULK_X_VEC", 1) != 0;
   return on && aligned16(x);
 }
 
