@@ -6,9 +6,10 @@ shape.
 
 Usage: bench/plot_quant_a8.py CSV --md OUT.md --png OUT.png
 """
-import argparse
 import csv
 from collections import OrderedDict
+
+from plot_common import args, pct_bars
 
 
 def load(path):
@@ -32,11 +33,7 @@ def load(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("csv")
-    ap.add_argument("--md", required=True)
-    ap.add_argument("--png", required=True)
-    a = ap.parse_args()
+    a = args(__doc__)
     t, meta = load(a.csv)
     lines = [
         "| format | N×K | x | quant_matmul (auto) µs | % copy | best FP32-x variant µs | quant_matmul_a8 (auto) µs | "
@@ -49,24 +46,11 @@ def main():
         lines.append(f"| {fmt} | {sh} | {dt} | {q[0]:.2f} | {q[1]:.1f}% | {b[0]:.2f} ({b[1]}) | {c[0]:.2f} | {pct} | "
                      f"{w[0]:.2f} | {q[0] / c[0]:.2f}× |")
     open(a.md, "w").write("\n".join(lines) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     keys = list(t)
-    labels = [f"{f} {s} {d}" for f, s, d in keys]
-    x = range(len(keys))
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    ax.bar([i - 0.2 for i in x], [t[k]["auto"][1] for k in keys], 0.4, label="quant_matmul (FP32 x)")
-    ax.bar([i + 0.2 for i in x], [t[k]["a8"][1] for k in keys], 0.4, label="quant_matmul_a8 (int8 x)")
-    ax.axhline(80, color="k", lw=0.8, ls="--", label="80% target")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(f"% of measured copy bandwidth ({float(meta['copy_gbs']):.0f} GB/s)")
-    ax.set_title(f"Decode GEMV (M = 1) on {meta['gpu']}, commit {meta['commit']}: automatic choice of each op")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(a.png, dpi=110)
-
+    pct_bars(a.png, [f"{f} {s} {d}" for f, s, d in keys],
+             [("quant_matmul (FP32 x)", [t[k]["auto"][1] for k in keys]),
+              ("quant_matmul_a8 (int8 x)", [t[k]["a8"][1] for k in keys])], meta["copy_gbs"],
+             f"Decode GEMV (M = 1) on {meta['gpu']}, commit {meta['commit']}: automatic choice of each op")
 
 if __name__ == "__main__":
     main()

@@ -7,9 +7,10 @@ PNG of % copy per shape.
 
 Usage: bench/plot_quant_a8_resident.py CSV --md OUT.md --png OUT.png
 """
-import argparse
 import csv
 from collections import OrderedDict
+
+from plot_common import args, pct_bars
 
 VARIANTS = ("cuda_a8_resident", "cuda_a8_bulk_stream", "cuda_a8_warp")
 
@@ -31,11 +32,7 @@ def load(path):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("csv")
-    ap.add_argument("--md", required=True)
-    ap.add_argument("--png", required=True)
-    a = ap.parse_args()
+    a = args(__doc__)
     t, meta = load(a.csv)
     lines = [
         "| format | N×K | automatic choice µs | % copy | cuda_a8_resident µs | cuda_a8_bulk_stream µs | cuda_a8_warp µs "
@@ -54,23 +51,10 @@ def main():
         lines.append(f"| {fmt} | {sh} | {au[0]:.2f} ({au[2]}) | {pct} | {cell(e, 'cuda_a8_resident')} | "
                      f"{cell(e, 'cuda_a8_bulk_stream')} | {cell(e, 'cuda_a8_warp')} | {ratio} |")
     open(a.md, "w").write("\n".join(lines) + "\n")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     keys = list(t)
-    x = range(len(keys))
-    fig, ax = plt.subplots(figsize=(12, 4.5))
-    for j, v in enumerate(VARIANTS):
-        ax.bar([i + (j - 1) * 0.27 for i in x], [t[k][v][1] if v in t[k] else 0 for k in keys], 0.27, label=v)
-    ax.axhline(80, color="k", lw=0.8, ls="--", label="80% target")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([f"{f} {s}" for f, s in keys], rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel(f"% of measured copy bandwidth ({float(meta['copy_gbs']):.0f} GB/s)")
-    ax.set_title(f"quant_matmul_a8 variants, bf16 x, M = 1, on {meta['gpu']}, commit {meta['commit']} (0: declines)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(a.png, dpi=110)
-
+    pct_bars(a.png, [f"{f} {s}" for f, s in keys],
+             [(v, [t[k][v][1] if v in t[k] else 0 for k in keys]) for v in VARIANTS], meta["copy_gbs"],
+             f"quant_matmul_a8 variants, bf16 x, M = 1, on {meta['gpu']}, commit {meta['commit']} (0: declines)")
 
 if __name__ == "__main__":
     main()
