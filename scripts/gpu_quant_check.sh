@@ -11,7 +11,7 @@
 # memory) -> $OUT/ncu_<kernel>.txt. First, bench/gemv_read_probe: the weight bytes read alone at
 # the GEMVs' sizes -> $OUT/gemv_read.csv. KS_QUANT_VARIANTS=0: the automatic choice only, at the
 # large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those; KS_QUANT_PROBE=0: no probe;
-# KS_QUANT_A8_VARIANTS, KS_QUANT_A8_TAGS and KS_QUANT_BULK_X_VEC (below).
+# KS_QUANT_A8_TEST_TAGS, KS_QUANT_A8_VARIANTS, KS_QUANT_A8_TAGS and KS_QUANT_BULK_X_VEC (below).
 # Usage (device): KS_COMMIT=sha scripts/gpu_quant_check.sh   (carry .dlpack and .deps, or
 # build-prebuilt with KS_PREBUILT=1 LD_LIBRARY_PATH=$PWD/build-prebuilt)
 cd "$(dirname "$0")/.."
@@ -27,6 +27,13 @@ else  # the automatic choice only, at the large shapes
   $BUILD/bench_ops --csv "$OUT/quant_variants.csv" --ops quant_matmul,quant_matmul_a8 --dtypes bf16 \
     --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep -E "quant_gemv" | cut -c1-150
 fi
+# KS_QUANT_A8_TEST_TAGS: the quant_matmul_a8 GPU tests again under each setting (VAR=value, several
+# joined by "+"; e.g. KS_QMM_A8_RES_WARPS=12 or KS_QMM_A8_RES_CTAS=2+KS_QMM_A8_RES_WARPS=16)
+for tag in ${KS_QUANT_A8_TEST_TAGS:-}; do
+  echo "== [$tag] quant_matmul_a8 tests"
+  env ${tag//+/ } $BUILD/tests/test_cuda_ops --gtest_filter='*QuantMatmulA8*' --gtest_brief=1 2>&1 |
+    grep -E "PASSED|FAILED|Failure" | head -8
+done
 # KS_QUANT_A8_VARIANTS=1: every quant_matmul_a8 variant at the decode shapes (bf16 x) -> $OUT/quant_a8_variants.csv
 if [ "${KS_QUANT_A8_VARIANTS:-0}" = 1 ]; then
   $BUILD/bench_ops --csv "$OUT/quant_a8_variants.csv" --variants --ops quant_matmul_a8 --dtypes bf16 \

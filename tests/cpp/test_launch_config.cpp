@@ -280,8 +280,7 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
           }
 }
 
-// cuda_a8_resident's plan: 1 CTA per SM of 16 warps where rows have 32 blocks or more and it takes
-// at most half an SM's shared memory, else 2 (of 16 or 12 warps; or N CTAs),
+// cuda_a8_resident's plan: 1 CTA per SM where rows have 32 blocks or more, else 2 (or N CTAs),
 // every CTA's rows, x's blocks and the copies' slack within its shared memory, the whole grid
 // within one wave of the SMs' shared memory, and the trigger at entry only where the call takes at
 // most half of it. The H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the benchmark's shapes:
@@ -299,7 +298,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   };
   for (const Want& w : std::vector<Want>{{4096, 4096, 20, 132, 32, 6144 + 32 * 2560 + 32, true},
                                          {4096, 4096, 18, 132, 32, 6144 + 32 * 2304 + 32, true},
-                                         {4096, 4096, 34, 264, 16, 6144 + 16 * 4352 + 32, false},
+                                         {4096, 4096, 34, 132, 32, 6144 + 32 * 4352 + 32, false},
                                          {49152, 576, 20, 264, 187, 864 + 187 * 360 + 32, false},
                                          {49152, 576, 18, 264, 187, 864 + 187 * 324 + 32, false},
                                          {576, 576, 20, 264, 3, 864 + 3 * 360 + 32, true},
@@ -313,8 +312,8 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
     EXPECT_EQ(p.rows_cta, w.rows_cta);
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.entry_trigger, w.entry);
-    if (p.grid) EXPECT_EQ(p.ctas_per_sm, w.N >= 264 && (w.K < 1024 || w.block_bytes == 34) ? 2 : 1);
-    if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 12);
+    if (p.grid) EXPECT_EQ(p.ctas_per_sm, w.N >= 264 && w.K < 1024 ? 2 : 1);
+    if (p.grid) EXPECT_EQ(p.warps, p.ctas_per_sm == 1 && w.K >= 1024 ? 16 : 8);
   }
   // forced counts and sizes; nothing for empty or malformed shapes or sizes
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 2).grid, 264u);
@@ -336,11 +335,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
             const auto p = a8_resident_plan(N, K, RB, sms, kSmem, kLimit, kX, force);
             SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " block " + std::to_string(bb) +
                          " sms=" + std::to_string(sms) + " force=" + std::to_string(force));
-            int c = force ? force : K >= 1024 ? 1 : 2;
-            if (!force && c == 1) {  // 2 where one CTA per SM would take more than half of it
-              const int64_t g1 = std::min<int64_t>(N, sms), r1 = (N + g1 - 1) / g1;
-              if (2 * (K / 32 * kX + r1 * RB + 32 + 1024) > kSmem) c = 2;
-            }
+            const int c = force ? force : K >= 1024 ? 1 : 2;
             const int64_t grid = std::min<int64_t>(N, int64_t(sms) * c), rows = (N + grid - 1) / grid;
             const int64_t need = K / 32 * kX + rows * RB + 32, per_sm = (grid + sms - 1) / sms;
             const bool fits = need <= kLimit && per_sm * (need + 1024) <= kSmem;
@@ -348,7 +343,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
             if (!fits) continue;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
-            EXPECT_EQ(p.warps, K >= 1024 ? 16 : 12);
+            EXPECT_EQ(p.warps, c == 1 ? 16 : 8);
             EXPECT_EQ(p.entry_trigger, 2 * per_sm * (need + 1024) <= kSmem);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
             // widened byte range inside the CTA's shared memory beside x

@@ -278,11 +278,13 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    short), 2 below (K = 576's 18 blocks per row leave lanes idle, so the sums weigh): 4096 x 4096
 //    Q4_1 3.37 us at 1 against 3.49 at 2, Q4_0 3.75 against 4.25 (8 warps); 49152 x 576 Q4_1
 //    12.05 at 1 against 10.22 at 2; 4 per SM slower everywhere (more copies of x);
-//  - warps: 16 at 1 CTA per SM (4096 x 4096 Q4_1 3.15 us against 3.43 with 8, 3.51 with 12 and
-//    4.54 with 4; Q4_0 3.35 against 3.89); where a row has fewer than 32 blocks, 12 (49152 x 576
-//    Q4_1 8.35 against 8.64 with 8 and 9.17 with 16, Q4_0 9.24 against 9.63);
-//  - where one CTA per SM would take more than half of its shared memory (Q8_0 4096 x 4096: 145 KB),
-//    2 CTAs of 16 warps: 6.28 us against 6.70 at 1 CTA (and 6.52 for cuda_a8_bulk_stream);
+//  - warps: 16 at 1 CTA per SM (4096 x 4096 Q4_1 3.15 us against 3.43 with 8 and 4.54 with 4,
+//    Q4_0 3.35 against 3.89, Q8_0 6.66 against 6.81), 8 at 2 (49152 x 576 Q4_1 8.68 against 9.17);
+//  - faster as tagged rows at 88d9055 but not yet run under the GPU tests (so not the rule yet):
+//    12 warps where rows have fewer than 32 blocks (49152 x 576 Q4_1 8.35 against 8.64, Q4_0 9.24
+//    against 9.63), 2 CTAs of 16 warps where one CTA would take more than half an SM (Q8_0
+//    4096 x 4096 6.28 against 6.70); scripts/gpu_quant_check.sh's KS_QUANT_A8_TEST_TAGS runs the
+//    tests under KS_QMM_A8_RES_WARPS / KS_QMM_A8_RES_CTAS first;
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
@@ -306,13 +308,8 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
                                        bool one_wave = true, int warps = 0) {
   if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 0 || warps > kA8ResidentMaxWarps)
     return A8ResidentPlan{};
-  const bool long_rows = K / 32 >= 32;
-  int c = ctas_per_sm > 0 ? ctas_per_sm : long_rows ? 1 : 2;
-  if (ctas_per_sm == 0 && c == 1) {  // one CTA per SM only where the next call's fits beside it
-    const int64_t g = std::min<int64_t>(N, sm_count), r = (N + g - 1) / g;
-    if (2 * (K / 32 * x_block_bytes + r * RB + 32 + 1024) > smem_per_sm) c = 2;
-  }
-  if (warps == 0) warps = long_rows ? 16 : 12;
+  const int c = ctas_per_sm > 0 ? ctas_per_sm : K / 32 >= 32 ? 1 : 2;
+  if (warps == 0) warps = c == 1 ? 16 : 8;
   const int64_t grid = std::min<int64_t>(N, int64_t(sm_count) * c), rows = (N + grid - 1) / grid;
   // x's blocks, the rows, up to 15 bytes of head misalignment and the tail's zero-filled piece
   // (which also holds the 2 bytes past a Q4_0 / Q8_0 block that its word loads cover)
