@@ -90,7 +90,9 @@ struct HBuf {
 double dtol(DType d) { return d == DType::F16 ? 1e-3 : d == DType::BF16 ? 1e-2 : 1e-6; }
 
 // Compares got with ref; sabs (optional) holds S per element for summed ops.
-bool close(const HBuf& got, const std::vector<double>& ref, const std::vector<double>* sabs, double k, std::string* why) {
+// extra: a per-element absolute term added to the bound (quant_matmul_a8: x's int8 rounding)
+bool close(const HBuf& got, const std::vector<double>& ref, const std::vector<double>* sabs, double k, std::string* why,
+           const std::vector<double>* extra = nullptr) {
   const double t = dtol(got.dt);
   for (int64_t i = 0; i < got.numel(); ++i) {
     const double g = got.get(i), r = ref[size_t(i)];
@@ -101,6 +103,7 @@ bool close(const HBuf& got, const std::vector<double>& ref, const std::vector<do
     } else {
       double bound = t * std::fabs(r) + t;
       if (sabs) bound = t * std::fabs(r) + t * 1e-3 * (*sabs)[size_t(i)] + 8 * std::sqrt(k) * 5.96e-8 * (*sabs)[size_t(i)];
+      if (extra) bound += (*extra)[size_t(i)];
       if (std::fabs(g - r) <= bound) continue;
     }
     char b[160];
@@ -497,6 +500,36 @@ int case_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
   }
   return outcome([&] { ks::quant_matmul(c.v(o), c.v(x), c.v(w), f.q, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
+}
+
+// quant_matmul_a8 against the exact product of x and the decoded weights, in FP64: the contract
+// rounds each block of 32 x values to int8 codes times d = max|x| / 127 (nearest, so each value
+// moves by at most d / 2), so beside the FP32 sum's bound each output may differ by
+// sum over blocks of d / 2 * sum |w_k| (both block formats' minimum terms included in |w_k|), with
+// 1% slack for the FP32 rounding of d and of x * (127 / max). Integer formats only (Q4_0, Q4_1, Q8_0).
+int case_quant_matmul_a8(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
+  const int64_t M = s[0], N = s[1], K = s[2];
+  HBuf x(c.dt, {M, K}, c.off), o(c.dt, {M, N}, c.off);
+  HBuf w = random_packed(f, N, K, c.off);
+  x.randn(); o.poison();
+  std::vector<double> ref(size_t(M * N)), sa(size_t(M * N)), qerr(size_t(M * N));
+  for (int64_t n = 0; n < N; ++n) {
+    const auto wr = decode_row(f, w, n, K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < K; b += 32) {
+        double amax = 0, wabs = 0;
+        for (int64_t k = b; k < b + 32; ++k) {
+          const double p = x.get(m * K + k) * wr[size_t(k)];
+          ref[size_t(m * N + n)] += p;
+          sa[size_t(m * N + n)] += std::fabs(p);
+          amax = std::max(amax, std::fabs(x.get(m * K + k)));
+          wabs += std::fabs(wr[size_t(k)]);
+        }
+        qerr[size_t(m * N + n)] += 1.01 * amax / 127 / 2 * wabs;
+      }
+  }
+  return outcome([&] { ks::quant_matmul_a8(c.v(o), c.v(x), c.v(w), f.q, c.be, c.stream); },
+                 [&](std::string* why) { return close(o, ref, &sa, double(K), why, &qerr); }, c);
 }
 
 // The decode fusions: the FP64 row h (norm of x + residual, or silu(gate) * up) rounded to the
@@ -913,6 +946,9 @@ std::vector<OpSweep> sweeps() {
     add("quant_matmul", {{1, 7, 32}, {2, 9, 64}, {3, 33, 576}, {4, 17, 576}, {13, 41, 1536}},
         [f](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul(c, s, f); }, tag);
     add("dequantize", {{1, 32}, {5, 576}}, [f](Ctx& c, const std::vector<int64_t>& s) { return case_dequantize(c, s, f); }, tag);
+    if (f.bs == 32)  // (quant_matmul_a8 takes the integer block formats)
+      add("quant_matmul_a8", {{1, 7, 32}, {2, 9, 64}, {1, 33, 576}, {3, 17, 1536}, {1, 4105, 4096}},
+          [f](Ctx& c, const std::vector<int64_t>& s) { return case_quant_matmul_a8(c, s, f); }, tag);
     add("fused_add_rms_norm_quant_matmul", {{1, 7, 32}, {5, 33, 576}},
         [f](Ctx& c, const std::vector<int64_t>& s) { return case_norm_quant_matmul(c, s, f, true); }, tag + "add:");
     add("fused_add_rms_norm_quant_matmul", {{1, 9, 64}, {3, 17, 576}},
@@ -1095,10 +1131,10 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
     if (!known) {
       bool registered = false;
       for (const auto& v : all) registered = registered || op_filter == v.op;
-      if (registered)  // (the two fused decode ops whose results are their two calls')
+      if (registered)  // (the fused decode ops whose results are their calls')
         std::fprintf(stderr,
                      "check: operator '%s' has no cases in the FP64 sweep; the test suite compares it bit for bit "
-                     "with the two calls it fuses (tests/cpp/test_decode_fusions.cpp, tests/cuda/test_cuda_ops.cpp)\n",
+                     "with the calls it fuses (tests/cpp/test_decode_fusions.cpp, tests/cuda/test_cuda_ops.cpp)\n",
                      op_filter.c_str());
       else
         std::fprintf(stderr,

@@ -399,9 +399,19 @@ int run_tune(const std::string& backend, const std::string& op, int reps, const 
       if (!std::filesystem::remove(d, ec)) break;  // (only an empty directory is removed)
   };
   const std::vector<Row> rows = ks::tune::measure(backend, op, reps, quiet ? ks::tune::Progress() : progress_bar);
-  if (rows.empty()) {  // not an error: every op here has one variant
-    std::printf("tune: nothing to tune (no op%s with more than one variant on the backends present)\n",
-                op.empty() ? "" : (" " + op).c_str());
+  if (rows.empty()) {  // not an error: every op here has one variant, or the op has no shapes in the grid
+    int choices = 0;  // the op's variants on the backends present
+    for (const auto& v : ks::variants())
+      if (op == v.op && (backend == "all" || backend == v.backend) &&
+          ks::backend_available(std::string(v.backend) == "cpu" ? ks::Backend::Cpu : ks::Backend::Cuda))
+        ++choices;
+    if (!op.empty() && choices > 1)
+      std::printf("tune: nothing to tune: %s has %d variants here but no shapes in tune's grid (tune --help lists "
+                  "the grid; its routing cells are written by hand: docs/routing.md)\n",
+                  op.c_str(), choices);
+    else
+      std::printf("tune: nothing to tune (no op%s with more than one variant on the backends present)\n",
+                  op.empty() ? "" : (" " + op).c_str());
     drop_new_dirs();
     return 0;
   }

@@ -139,7 +139,8 @@ KS_API ks_status_t ks_routing_table(const char** json);
  * variant that cannot run a call fails it with KS_ERROR_BACKEND_UNAVAILABLE and
  * the variant's reason. Used by tests, `ksctl check` and benchmarks to run every
  * variant, not only the selected one. Unknown op or variant names are
- * KS_ERROR_INVALID_ARGUMENT. */
+ * KS_ERROR_INVALID_ARGUMENT. An entry point without variants of its own pins the op it runs
+ * (paged_attention_after_append: paged_attention's variants; so does ks_forced_variant). */
 KS_API ks_status_t ks_force_variant(const char* op, const char* variant);
 /* The variant pinned for `op` on this thread by ks_force_variant, in *variant (a static string,
  * valid for the process), or NULL when `op` is not pinned; e.g. to put a caller's pin back after

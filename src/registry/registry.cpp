@@ -154,6 +154,7 @@ void force_variant(const char* op, const char* variant) {
     g_forced.clear();
     return;
   }
+  if (const char* a = dispatch_alias(op)) op = a;  // (pinning an entry point pins the variants it runs)
   const bool found = variant_of(op, variant, "force_variant") != nullptr || variant == nullptr;
   if (!found)
     detail::fail(KS_ERROR_INVALID_ARGUMENT, "force_variant",
@@ -165,6 +166,7 @@ void force_variant(const char* op, const char* variant) {
 }
 
 const char* forced_variant(const char* op) {
+  if (const char* a = dispatch_alias(op)) op = a;  // (an entry point's pin is its variants' op's)
   const Variant* v = variant_of(op, pinned_variant(op), "forced_variant");
   return v ? v->name : nullptr;
 }

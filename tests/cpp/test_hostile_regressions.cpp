@@ -90,6 +90,28 @@ TEST(HostileRegressions, PagedAttentionNaNKeyGivesNaNInEveryVariant) {
   EXPECT_GE(ran, 1);
 }
 
+// ks_force_variant("paged_attention_after_append", ...) said "unknown op" (a fresh user's finding):
+// the entry point runs paged_attention's variants, so it pins those, and ks_forced_variant
+// answers for it; a variant paged_attention lacks is still refused by name.
+TEST(HostileRegressions, ForcingAnEntryPointPinsTheOpItRuns) {
+  ASSERT_EQ(ks_force_variant("paged_attention_after_append", "cpu_reference"), KS_SUCCESS) << ks_last_error();
+  const char* v = nullptr;
+  ASSERT_EQ(ks_forced_variant("paged_attention", &v), KS_SUCCESS) << ks_last_error();
+  ASSERT_NE(v, nullptr);
+  EXPECT_STREQ(v, "cpu_reference");
+  v = nullptr;
+  ASSERT_EQ(ks_forced_variant("paged_attention_after_append", &v), KS_SUCCESS) << ks_last_error();
+  ASSERT_NE(v, nullptr);
+  EXPECT_STREQ(v, "cpu_reference");
+  EXPECT_EQ(ks_force_variant("paged_attention_after_append", "cuda_a8_warp"), KS_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(ks_last_error()).find("cuda_a8_warp"), std::string::npos) << ks_last_error();
+  ASSERT_EQ(ks_force_variant("paged_attention_after_append", nullptr), KS_SUCCESS);
+  v = "x";
+  ASSERT_EQ(ks_forced_variant("paged_attention", &v), KS_SUCCESS);
+  EXPECT_EQ(v, nullptr);
+  EXPECT_EQ(ks_force_variant("no_such_op", "cpu_reference"), KS_ERROR_INVALID_ARGUMENT);
+}
+
 // Out of memory inside an OpenMP team aborted the process (std::bad_alloc escaping
 // the parallel region); the scratch is now allocated before the team starts, so the
 // call returns KS_ERROR_OUT_OF_MEMORY. The address space is capped for the call: a
