@@ -23,9 +23,20 @@ int main(int argc, char** argv) {
           "  available (nothing was checked).\n");
       return 0;
     }
-    if (a == "-v" || a == "--verbose") verbose = true;
-    else if (a == "cpu" || a == "cuda" || a == "all") backend = a;
-    else op = a;
+    if (a == "-v" || a == "--verbose") {
+      verbose = true;
+    } else if (a == "cpu" || a == "cuda" || a == "all") {
+      backend = a;
+    } else if (!a.empty() && a[0] == '-') {
+      std::fprintf(stderr, "ks_check: unknown option '%s' (usage: ks_check [cpu|cuda|all] [OP] [-v])\n", a.c_str());
+      return 2;
+    } else if (!op.empty()) {  // (a second OP was read as the operator before: "unknown operator 'extra'")
+      std::fprintf(stderr, "ks_check: one OP at most; got '%s' and '%s' (usage: ks_check [cpu|cuda|all] [OP] [-v])\n",
+                   op.c_str(), a.c_str());
+      return 2;
+    } else {
+      op = a;
+    }
   }
   return run_check(backend, op, verbose);
 }

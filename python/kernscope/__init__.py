@@ -140,6 +140,9 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
     if (rows is None) != (cols is None):
         raise InvalidArgumentError("which: give both rows and cols, or neither")
     # (a block format as the ops take it: "q4_1", "Q4_1" or QType.Q4_1; the C ABI's "bf16:q4_1")
+    if isinstance(dtype, str) and ":" in dtype:  # (the C ABI's and ksctl's "bf16:q4_1" spelling)
+        raise TypeError(f"which: dtype {dtype!r}: give the block format as qtype=, e.g. "
+                        f"which(op, {dtype.split(':')[0]!r}, qtype={dtype.split(':', 1)[1]!r})")
     dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + QType(_qtype("which", qtype)).name.lower())
     try:
         if rows is not None:
@@ -148,6 +151,9 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
     except InvalidArgumentError as e:
         if qtype is not None and "block format after ':'" in str(e):  # (the C ABI's words are about its dtype string)
             raise InvalidArgumentError(f"which: qtype is for the ops with packed weights only; {op} has none") from None
+        if qtype is not None and str(e).startswith("which: dtype: "):  # (a format the op does not take)
+            raise InvalidArgumentError("which: qtype: " + str(e)[len("which: dtype: "):].replace(
+                f"got {dt!r}", f"got {qtype!r}")) from None
         raise
 
 

@@ -160,6 +160,11 @@ def test_which_arguments():
     assert v == ks.which("paged_attention", "fp32", "cpu")[0] and "runs paged_attention's variants" in why
     with pytest.raises(TypeError, match="dtype"):
         ks.which("rms_norm", dtype="int4")
+    # the CLI's "bf16:q8_0" spelling points at qtype=; a format the op does not take is named as given
+    with pytest.raises(TypeError, match="qtype='q8_0'"):
+        ks.which("quant_matmul_a8", dtype="bf16:q8_0")
+    with pytest.raises(ks.InvalidArgumentError, match="which: qtype: .*got 'f16'"):
+        ks.which("quant_matmul_a8", "bf16", qtype="f16")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         ks.which("rms_norm", device="tpu")
     if not ks.backend_available("cuda"):
