@@ -35,7 +35,7 @@
 #include "model/generate.hpp"
 
 int run_check(const std::string& backend, const std::string& op_filter, bool verbose);  // tools/check.cpp
-int run_tune(const std::string& backend, const std::string& op, int reps, const std::string& dir, bool quiet);  // tools/tune.cpp
+int run_tune(const std::string& backend, std::string op, int reps, const std::string& dir, bool quiet);  // tools/tune.cpp
 int run_tune_from_csv(const std::string& csv, const std::string& dir, const std::string& commit);  // tools/tune.cpp
 
 namespace {
@@ -144,7 +144,11 @@ int cmd_ops() {
 // The routing table: one line per cell, first match wins. --check: every variant a cell names
 // exists for its op and backend (exit 1 otherwise); op: only that op's cells (text; "" = all);
 // why: each cell's reason and source after its order.
-int cmd_table(bool as_json, bool check_names, const std::string& op_filter, bool why) {
+int cmd_table(bool as_json, bool check_names, std::string op_filter, bool why) {
+  if (const char* runs = op_filter.empty() ? nullptr : ks_op_runs_variants_of(op_filter.c_str())) {
+    std::fprintf(stderr, "table: %s runs %s's variants: its cells\n", op_filter.c_str(), runs);
+    op_filter = runs;
+  }
   if (!op_filter.empty() && !ks::tune::has_op(op_filter)) {
     std::fprintf(stderr, "table: --op '%s' is not an operator of this build (ksctl ops lists them)\n",
                  op_filter.c_str());

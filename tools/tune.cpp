@@ -369,7 +369,11 @@ int run_tune_from_csv(const std::string& csv_path, const std::string& dir, const
   return status;
 }
 
-int run_tune(const std::string& backend, const std::string& op, int reps, const std::string& dir, bool quiet) {
+int run_tune(const std::string& backend, std::string op, int reps, const std::string& dir, bool quiet) {
+  if (const char* runs = op.empty() ? nullptr : ks_op_runs_variants_of(op.c_str())) {
+    std::fprintf(stderr, "tune: %s runs %s's variants: tuning %s\n", op.c_str(), runs, runs);
+    op = runs;
+  }
   if (reps < 1) {
     std::fprintf(stderr, "tune: --reps must be >= 1\n");
     return 2;

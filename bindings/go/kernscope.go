@@ -239,6 +239,17 @@ func ForcedVariant(op string) (string, error) {
 	return C.GoString(v), nil
 }
 
+// OpRunsVariantsOf is the op whose variants the entry point op runs, for entry points without
+// variants of their own ("paged_attention" for "paged_attention_after_append"); "" for any other.
+func OpRunsVariantsOf(op string) string {
+	cop := C.CString(op)
+	defer C.free(unsafe.Pointer(cop))
+	if v := C.ks_op_runs_variants_of(cop); v != nil {
+		return C.GoString(v)
+	}
+	return ""
+}
+
 // LastLaunchConfig is the launch configuration of the calling OS thread's last CUDA launch of
 // op, as text; "" if none.
 func LastLaunchConfig(op string) string {

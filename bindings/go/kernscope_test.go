@@ -296,6 +296,9 @@ func TestUnknownVariantAndRegistry(t *testing.T) {
 	if bs, bb, err := ks.QTypeInfo(ks.QTypeQ4_1); err != nil || bs != 32 || bb != 20 {
 		t.Fatalf("qtype_info: %d %d %v", bs, bb, err)
 	}
+	if a, b := ks.OpRunsVariantsOf("paged_attention_after_append"), ks.OpRunsVariantsOf("rms_norm"); a != "paged_attention" || b != "" {
+		t.Errorf("op_runs_variants_of: %q %q", a, b)
+	}
 	if c := ks.LastLaunchConfig("rms_norm"); c != "" {
 		t.Errorf("launch config without a CUDA launch: %q", c)
 	}

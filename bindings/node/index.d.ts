@@ -116,6 +116,9 @@ export function forceVariant(op: string | null, variant: string | null): void;
 /** The variant pinned for op on this thread by forceVariant, or null (ks_forced_variant). */
 export function forcedVariant(op: string): string | null;
 export function lastLaunchConfig(op: string): string;
+/** The op whose variants the entry point `op` runs ("paged_attention" for
+ * "paged_attention_after_append"); null for any other name. */
+export function opRunsVariantsOf(op: string): string | null;
 
 export function rmsNorm(out: TensorLike, x: TensorLike, weight: TensorLike, eps: number, opts?: ExecOptions): void;
 export function fusedAddRmsNorm(x: TensorLike, residual: TensorLike, weight: TensorLike, eps: number, opts?: ExecOptions): void;

@@ -222,6 +222,7 @@ module.exports = {
   forceVariant: (op, variant) => native.forceVariant(op ?? null, variant ?? null),
   forcedVariant: (op) => native.forcedVariant(op),
   lastLaunchConfig: (op) => native.lastLaunchConfig(op),
+  opRunsVariantsOf: (op) => native.opRunsVariantsOf(op),
 
   rmsNorm: (out, x, weight, eps, opts) => native.rmsNorm(T(out), T(x), T(weight), eps, ...exec(opts)),
   fusedAddRmsNorm: (x, residual, weight, eps, opts) =>

@@ -109,6 +109,11 @@ typedef struct {
 KS_API size_t ks_variant_count(void);
 /* Fill *info for variant index < ks_variant_count(); strings are static. */
 KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
+/* The op whose registered variants the entry point `op` runs, for entry points without variants
+ * of their own ("paged_attention" for paged_attention_after_append); NULL for any other name,
+ * NULL included. A static string. ks_which, ks_force_variant and `ksctl` answer such an entry
+ * point as that op. */
+KS_API const char* ks_op_runs_variants_of(const char* op);
 /* The variant chosen for (op, dtype, backend) on a representative shape, and
  * why. *variant and *reason are thread-local, valid until the next call.
  * dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype, optionally

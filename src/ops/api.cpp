@@ -178,6 +178,8 @@ extern "C" ks_status_t ks_which_shape(const char* op, const char* dtype, ks_back
   return which_impl(op, dtype, backend, shape, variant, reason);
 }
 
+extern "C" const char* ks_op_runs_variants_of(const char* op) { return ks::registry::dispatch_alias(op); }
+
 extern "C" ks_status_t ks_force_variant(const char* op, const char* variant) {
   return guard("force_variant", [&] {
     ks::registry::force_variant(op, variant);

@@ -90,6 +90,11 @@ int main(void) {
   CHECK(ks_which("rms_norm", "bf16", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
   CHECK(variant != NULL && strcmp(variant, "cpu_reference") == 0 && reason != NULL);
   CHECK(ks_which("no_such_op", "fp32", KS_BACKEND_CPU, &variant, &reason) == KS_ERROR_INVALID_ARGUMENT);
+  /* an entry point without variants of its own names the op whose variants it runs */
+  CHECK(ks_op_runs_variants_of("paged_attention_after_append") != NULL &&
+        strcmp(ks_op_runs_variants_of("paged_attention_after_append"), "paged_attention") == 0);
+  CHECK(ks_op_runs_variants_of("paged_attention") == NULL && ks_op_runs_variants_of("rms_norm") == NULL);
+  CHECK(ks_op_runs_variants_of(NULL) == NULL);
   CHECK(ks_which_shape("quant_matmul", "fp32", KS_BACKEND_CPU, 1, 576, &variant, &reason) == KS_SUCCESS);
   CHECK(variant != NULL && reason != NULL && strstr(reason, "rows 1, cols 576") != NULL);
   CHECK(ks_which_shape("quant_matmul", "fp32", KS_BACKEND_CPU, -1, 576, &variant, &reason) ==

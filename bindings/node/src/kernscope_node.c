@@ -508,6 +508,20 @@ static napi_value js_forced_variant(napi_env env, napi_callback_info info) {
   return str(env, v);
 }
 
+static napi_value js_op_runs_variants_of(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  char* op = get_string(env, argv[0], "opRunsVariantsOf: op");
+  if (op == NULL) return NULL;
+  const char* v = ks_op_runs_variants_of(op);
+  free(op);
+  if (v == NULL) {
+    napi_value n;
+    napi_get_null(env, &n);
+    return n;
+  }
+  return str(env, v);
+}
+
 static napi_value js_last_launch_config(napi_env env, napi_callback_info info) {
   ARGS(1);
   char* op = get_string(env, argv[0], "lastLaunchConfig: op");
@@ -838,6 +852,7 @@ NAPI_MODULE_INIT() {
       {"forcedVariant", NULL, js_forced_variant, NULL, NULL, NULL, napi_default, NULL},
       {"whichShape", NULL, js_which_shape, NULL, NULL, NULL, napi_default, NULL},
       {"lastLaunchConfig", NULL, js_last_launch_config, NULL, NULL, NULL, napi_default, NULL},
+      {"opRunsVariantsOf", NULL, js_op_runs_variants_of, NULL, NULL, NULL, napi_default, NULL},
       {"rmsNorm", NULL, js_rms_norm, NULL, NULL, NULL, napi_default, NULL},
       {"fusedAddRmsNorm", NULL, js_fused_add_rms_norm, NULL, NULL, NULL, napi_default, NULL},
       {"siluAndMul", NULL, js_silu_and_mul, NULL, NULL, NULL, napi_default, NULL},

@@ -178,6 +178,8 @@ test('unknown variant and the registry', () => {
   ks.forceVariant(null, null);
   assert.deepEqual(ks.qtypeInfo('q4_1'), { blockSize: 32, blockBytes: 20 });
   assert.equal(ks.lastLaunchConfig('rms_norm'), '');
+  assert.equal(ks.opRunsVariantsOf('paged_attention_after_append'), 'paged_attention');
+  assert.equal(ks.opRunsVariantsOf('rms_norm'), null);
 });
 
 test('argmax (int64 out) and embedding ids', () => {

@@ -233,6 +233,14 @@ pub fn last_launch_config(op: &str) -> Result<String> {
     Ok(owned_str(unsafe { sys::ks_last_launch_config(cop.as_ptr()) }))
 }
 
+/// The op whose variants the entry point `op` runs, for entry points without variants of their
+/// own (`Some("paged_attention")` for "paged_attention_after_append"); `None` for any other name.
+pub fn op_runs_variants_of(op: &str) -> Result<Option<String>> {
+    let cop = c_string("op_runs_variants_of: op", op)?;
+    let v = unsafe { sys::ks_op_runs_variants_of(cop.as_ptr()) };
+    Ok(if v.is_null() { None } else { Some(owned_str(v)) })
+}
+
 // ---- ops -------------------------------------------------------------------------------
 
 /// Where and how ops run: a backend and a stream (a `cudaStream_t` for CUDA; null is the

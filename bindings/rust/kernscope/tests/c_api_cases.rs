@@ -229,6 +229,11 @@ fn unknown_variant_and_registry() {
     assert_eq!(kernscope::forced_variant("rms_norm").unwrap().as_deref(), Some("cpu_reference"));
     let e = kernscope::forced_variant("no_such_op").unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
+    assert_eq!(
+        kernscope::op_runs_variants_of("paged_attention_after_append").unwrap().as_deref(),
+        Some("paged_attention")
+    );
+    assert_eq!(kernscope::op_runs_variants_of("rms_norm").unwrap(), None);
     cpu()
         .rms_norm(
             &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
