@@ -156,9 +156,13 @@ void force_variant(const char* op, const char* variant) {
   }
   if (const char* a = dispatch_alias(op)) op = a;  // (pinning an entry point pins the variants it runs)
   const bool found = variant_of(op, variant, "force_variant") != nullptr || variant == nullptr;
-  if (!found)
+  if (!found) {  // (name the ones this build has: a CUDA variant's name on a CPU-only build, say)
+    std::string have;
+    for (const Variant& v : all())
+      if (std::strcmp(v.op, op) == 0) have += (have.empty() ? "" : ", ") + std::string(v.name);
     detail::fail(KS_ERROR_INVALID_ARGUMENT, "force_variant",
-                 std::string("op '") + op + "' has no variant '" + variant + "'");
+                 std::string("op '") + op + "' has no variant '" + variant + "' in this build (it has: " + have + ")");
+  }
   if (variant)
     g_forced[op] = variant;
   else

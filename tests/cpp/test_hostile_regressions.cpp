@@ -105,6 +105,8 @@ TEST(HostileRegressions, ForcingAnEntryPointPinsTheOpItRuns) {
   EXPECT_STREQ(v, "cpu_reference");
   EXPECT_EQ(ks_force_variant("paged_attention_after_append", "cuda_a8_warp"), KS_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(ks_last_error()).find("cuda_a8_warp"), std::string::npos) << ks_last_error();
+  EXPECT_NE(std::string(ks_last_error()).find("it has: "), std::string::npos) << ks_last_error();  // (the names it has)
+  EXPECT_NE(std::string(ks_last_error()).find("cpu_reference"), std::string::npos) << ks_last_error();
   ASSERT_EQ(ks_force_variant("paged_attention_after_append", nullptr), KS_SUCCESS);
   v = "x";
   ASSERT_EQ(ks_forced_variant("paged_attention", &v), KS_SUCCESS);
