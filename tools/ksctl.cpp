@@ -248,7 +248,7 @@ int cmd_table(bool as_json, bool check_names, std::string op_filter, bool why) {
     std::string files;
     for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
     std::printf("routing table (%s; first matching cell wins; then the remaining variants by priority)\n", files.c_str());
-    std::printf("%-18s %-7s %-6s %-10s %-14s %-14s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
+    std::printf("%-18s %-7s %-6s %-10s %-14s %-20s %-10s %s\n", "op", "backend", "arch", "dtype", "rows", "cols", "basis",
                 why ? "order  (why / source)" : "order  (--why: each cell's reason and source)");
   }
   std::set<std::string> shown_backends;  // (backends with a listed cell of op_filter)
@@ -276,7 +276,7 @@ int cmd_table(bool as_json, bool check_names, std::string op_filter, bool why) {
     // (dtype, then the weights' block format where the cell is bound to one: "bf16:q4_1")
     const std::string dtype =
         c["dtype"].get<std::string>() + (c["qtype"] == "*" ? std::string() : ":" + c["qtype"].get<std::string>());
-    std::printf("%-18s %-7s %-6s %-10s %-14s %-14s %-10s %s%s%s%s\n", c["op"].get<std::string>().c_str(),
+    std::printf("%-18s %-7s %-6s %-10s %-14s %-20s %-10s %s%s%s%s\n", c["op"].get<std::string>().c_str(),  // (cols: N x K products)
                 c["backend"].get<std::string>().c_str(), c["arch"].get<std::string>().c_str(), dtype.c_str(),
                 rows.c_str(), cols.c_str(), c["basis"].get<std::string>().c_str(),
                 order.c_str(), why ? "  (" : "", why ? note.c_str() : "", why ? ")" : "");
