@@ -483,21 +483,40 @@ int case_gemm(Ctx& c, const std::vector<int64_t>& s) {
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
 }
 
+// The FP64 dot products of the rows of h with the FP64-decoded weight rows, and in sa their sums of
+// |products| (quant_matmul, quant_matmul_a8: h = x; the decode fusions: h the FP64 row (norm of x +
+// residual, or silu(gate) * up) rounded to the dtype as the contract rounds it). qerr (for
+// quant_matmul_a8): per output, over blocks of 32, 1.01 x max|h| / 127 / 2 x sum |w_k|.
+std::vector<double> rounded_dots(HBuf& h, const QFmt& f, HBuf& w, int64_t M, int64_t N, int64_t K,
+                                 std::vector<double>* sa, std::vector<double>* qerr = nullptr) {
+  std::vector<double> ref(size_t(M * N));
+  sa->assign(size_t(M * N), 0.0);
+  if (qerr) qerr->assign(size_t(M * N), 0.0);
+  for (int64_t n = 0; n < N; ++n) {
+    const auto wr = decode_row(f, w, n, K);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t b = 0; b < K; b += 32) {  // (blocks of 32 for qerr; K is a multiple of 32 where it is asked)
+        double amax = 0, wabs = 0;
+        for (int64_t k = b; k < std::min(K, b + 32); ++k) {
+          const double p = h.get(m * K + k) * wr[size_t(k)];
+          ref[size_t(m * N + n)] += p;
+          (*sa)[size_t(m * N + n)] += std::fabs(p);
+          amax = std::max(amax, std::fabs(h.get(m * K + k)));
+          wabs += std::fabs(wr[size_t(k)]);
+        }
+        if (qerr) (*qerr)[size_t(m * N + n)] += 1.01 * amax / 127 / 2 * wabs;
+      }
+  }
+  return ref;
+}
+
 int case_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
   const int64_t M = s[0], N = s[1], K = s[2];
   HBuf x(c.dt, {M, K}, c.off), o(c.dt, {M, N}, c.off);
   HBuf w = random_packed(f, N, K, c.off);
   x.randn(); o.poison();
-  std::vector<double> ref(size_t(M * N)), sa(size_t(M * N));
-  for (int64_t n = 0; n < N; ++n) {
-    const auto wr = decode_row(f, w, n, K);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = x.get(m * K + k) * wr[size_t(k)];
-        ref[size_t(m * N + n)] += p;
-        sa[size_t(m * N + n)] += std::fabs(p);
-      }
-  }
+  std::vector<double> sa;
+  const std::vector<double> ref = rounded_dots(x, f, w, M, N, K, &sa);
   return outcome([&] { ks::quant_matmul(c.v(o), c.v(x), c.v(w), f.q, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why); }, c);
 }
@@ -512,42 +531,10 @@ int case_quant_matmul_a8(Ctx& c, const std::vector<int64_t>& s, const QFmt& f) {
   HBuf x(c.dt, {M, K}, c.off), o(c.dt, {M, N}, c.off);
   HBuf w = random_packed(f, N, K, c.off);
   x.randn(); o.poison();
-  std::vector<double> ref(size_t(M * N)), sa(size_t(M * N)), qerr(size_t(M * N));
-  for (int64_t n = 0; n < N; ++n) {
-    const auto wr = decode_row(f, w, n, K);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t b = 0; b < K; b += 32) {
-        double amax = 0, wabs = 0;
-        for (int64_t k = b; k < b + 32; ++k) {
-          const double p = x.get(m * K + k) * wr[size_t(k)];
-          ref[size_t(m * N + n)] += p;
-          sa[size_t(m * N + n)] += std::fabs(p);
-          amax = std::max(amax, std::fabs(x.get(m * K + k)));
-          wabs += std::fabs(wr[size_t(k)]);
-        }
-        qerr[size_t(m * N + n)] += 1.01 * amax / 127 / 2 * wabs;
-      }
-  }
+  std::vector<double> sa, qerr;
+  const std::vector<double> ref = rounded_dots(x, f, w, M, N, K, &sa, &qerr);
   return outcome([&] { ks::quant_matmul_a8(c.v(o), c.v(x), c.v(w), f.q, c.be, c.stream); },
                  [&](std::string* why) { return close(o, ref, &sa, double(K), why, &qerr); }, c);
-}
-
-// The decode fusions: the FP64 row h (norm of x + residual, or silu(gate) * up) rounded to the
-// dtype as the contract rounds it, then its dot products with the FP64-decoded weight rows.
-std::vector<double> rounded_dots(HBuf& h, const QFmt& f, HBuf& w, int64_t M, int64_t N, int64_t K,
-                                 std::vector<double>* sa) {
-  std::vector<double> ref(size_t(M * N));
-  sa->assign(size_t(M * N), 0.0);
-  for (int64_t n = 0; n < N; ++n) {
-    const auto wr = decode_row(f, w, n, K);
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = h.get(m * K + k) * wr[size_t(k)];
-        ref[size_t(m * N + n)] += p;
-        (*sa)[size_t(m * N + n)] += std::fabs(p);
-      }
-  }
-  return ref;
 }
 
 int case_norm_quant_matmul(Ctx& c, const std::vector<int64_t>& s, const QFmt& f, bool with_x) {
