@@ -319,8 +319,8 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
                  op.c_str());
     return 2;
   }
-  const char *alias_v = nullptr, *alias_r = nullptr;  // (an entry point running another op's variants answers)
-  if (!ks::tune::has_op(op) && ks_which(op.c_str(), "fp32", KS_BACKEND_CPU, &alias_v, &alias_r) != KS_SUCCESS) {
+  // (an entry point running another op's variants answers as that op: ks_which says so)
+  if (!ks::tune::has_op(op) && !ks_op_runs_variants_of(op.c_str())) {
     std::fprintf(stderr, "which: '%s' is not an operator of this build (ksctl ops lists them)\n", op.c_str());
     return 2;
   }
