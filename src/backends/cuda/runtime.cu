@@ -480,10 +480,10 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "(the same bits)",
                avail, ks::cuda::ci_quant_matmul_a8_bulk, ks::cuda::quant_matmul_a8_bulk_cuda});
   v.push_back({"quant_matmul_a8", KS_BACKEND_CUDA, "cuda_a8_resident", kFloatDTypes, 30,
-               "M = 1, sm_90, matrices that fit the SMs' shared memory in one wave: each CTA (2 per SM) copies "
-               "its rows into shared memory at once before waiting for x, and lets the next kernel launch at "
-               "entry, so the next call's copies overlap its sums; cuda_a8_warp's arithmetic and order (the "
-               "same bits)",
+               "M = 1, sm_90, matrices that fit the SMs' shared memory in one wave: each CTA (1 or 2 per SM) "
+               "copies its rows into shared memory at once before waiting for x, and where the call takes at "
+               "most half of each SM it lets the next kernel launch at entry, so the next call's copies "
+               "overlap its sums; cuda_a8_warp's arithmetic and order (the same bits)",
                avail, ks::cuda::ci_quant_matmul_a8_resident, ks::cuda::quant_matmul_a8_resident_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
