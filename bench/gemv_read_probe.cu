@@ -47,11 +47,6 @@ constexpr int kRingThreads = 32 * (kBulkWarps + 1);
 enum Pdl { kWait = 0, kEntry = 1, kNoPdl = 2 };
 const char* pdl_name(int m) { return m == kWait ? "wait" : m == kEntry ? "entry" : "nopdl"; }
 
-__device__ __forceinline__ void trigger_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
 __device__ __forceinline__ uint4 ldg_nc(const uint4* p) {
   uint4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -62,15 +57,13 @@ __device__ __forceinline__ uint4 ldg_nc(const uint4* p) {
 // the store that keeps the reads live.
 __device__ __forceinline__ void finish(int pdl, unsigned acc, unsigned* sink) {
   if (pdl == kWait) ks::cuda::pdl_begin();
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  else if (pdl == kEntry) asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
+  else if (pdl == kEntry) ks::cuda::pdl_wait();
   if (acc == kNever) sink[threadIdx.x] = acc;
 }
 
 template <int U>
 __global__ void flat_kernel(const uint4* w, int64_t n16, unsigned* sink, int pdl) {
-  if (pdl == kEntry) trigger_dependents();
+  if (pdl == kEntry) ks::cuda::pdl_trigger();
   const int64_t a = int64_t(blockIdx.x) * n16 / gridDim.x, e = (int64_t(blockIdx.x) + 1) * n16 / gridDim.x;
   unsigned acc = 0;
   for (int64_t i = a + threadIdx.x; i < e; i += int64_t(U) * blockDim.x) {
@@ -91,7 +84,7 @@ __global__ void __launch_bounds__(kRingThreads, 1)
                 int pdl) {
   extern __shared__ __align__(16) unsigned char ring_sm[];
   __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
-  if (pdl == kEntry) trigger_dependents();
+  if (pdl == kEntry) ks::cuda::pdl_trigger();
   int64_t r0, r1;
   int nst;
   if (!ks::cuda::bulk_ring_begin(w, N, RB, rps, S, slot_bytes, ring_sm, full, empty, true, chunk, kBulkWarps, r0, r1,
@@ -108,7 +101,7 @@ __global__ void __launch_bounds__(kRingThreads, 1)
 }
 
 __global__ void empty_kernel(unsigned* sink, int pdl) {
-  if (pdl == kEntry) trigger_dependents();
+  if (pdl == kEntry) ks::cuda::pdl_trigger();
   finish(pdl, 0, sink);
 }
 

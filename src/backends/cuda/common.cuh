@@ -225,6 +225,21 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 }
 
 // ---- programmatic dependent launch (sm_90) ---------------------------------
+// The two halves of pdl_begin, also for kernels that place them apart: pdl_wait() waits for the
+// grids this one depends on (no trigger); pdl_trigger() lets the next kernel launch, whatever the
+// grid's size (cuda_a8_resident: at entry, where its CTAs take at most half of an SM, so the next call's
+// CTAs copy their weights while this one's finish).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Every kernel starts with pdl_begin(): it waits until the grids it depends on
 // in the stream have completed and their writes are visible (a no-op when the
 // launch had no programmatic dependency). A kernel launched with the PDL
@@ -245,26 +260,10 @@ __device__ __forceinline__ float vec_max_nan(const Vec<T, VEC>& v) {
 // slower and was removed: 1912 against 1933 tokens/s at batch 1, 692b01a, docs/cuda.md.)
 __device__ __forceinline__ void pdl_begin(bool early_trigger = true) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
+  pdl_wait();
   unsigned nsm;
   asm("mov.u32 %0, %%nsmid;" : "=r"(nsm));
-  if (early_trigger && gridDim.x * gridDim.y * gridDim.z <= nsm)
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// The two halves of pdl_begin for kernels that place them apart: pdl_wait() waits for the grids
-// this one depends on (no trigger); pdl_trigger() lets the next kernel launch, whatever the grid's
-// size (cuda_a8_resident: at entry, where its CTAs take at most half of an SM, so the next call's
-// CTAs copy their weights while this one's finish).
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_trigger() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (early_trigger && gridDim.x * gridDim.y * gridDim.z <= nsm) pdl_trigger();
 #endif
 }
 
