@@ -985,6 +985,15 @@ std::vector<OpSweep> sweeps() {
 
 }  // namespace
 
+// The entry points the check sweeps that run another op's variants (paged_attention_after_append:
+// paged_attention's), with that op: `ksctl ops` lists them under the variants' table.
+std::vector<std::pair<std::string, std::string>> check_entry_points() {
+  std::vector<std::pair<std::string, std::string>> r;
+  for (const OpSweep& sw : sweeps())
+    if (!sw.variants_of.empty()) r.emplace_back(sw.op, sw.variants_of);
+  return r;
+}
+
 namespace ks::tune {
 namespace {
 // The tuning grid: ops with more than one variant on some backend. Each shape's routing key
