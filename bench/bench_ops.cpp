@@ -45,6 +45,7 @@
 
 #include "core/half.hpp"
 #include "attn_timeline.hpp"
+#include "qmm_timeline.hpp"
 
 namespace {
 
@@ -408,7 +409,9 @@ int main(int argc, char** argv) {
                                 qt, ks::Backend::Cuda, st);
           };
           const std::string op = std::string("quant_gemv_a8_") + qname;
-          record(op, shape, xdt, graph_time(k, a8, s), bytes, "quant_matmul_a8");
+          const double us = graph_time(k, a8, s);
+          ks_bench::report_qmm_timeline(shape + " " + op, us);
+          record(op, shape, xdt, us, bytes, "quant_matmul_a8");
           also_variants("quant_matmul_a8", op, shape, xdt, bytes, k, a8);
         }
       }

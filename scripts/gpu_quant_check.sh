@@ -11,7 +11,7 @@
 # memory) -> $OUT/ncu_<kernel>.txt. First, bench/gemv_read_probe: the weight bytes read alone at
 # the GEMVs' sizes -> $OUT/gemv_read.csv. KS_QUANT_VARIANTS=0: the automatic choice only, at the
 # large shapes; KS_QUANT_NCU=none, KS_QUANT_MEMCHECK=none: not those; KS_QUANT_PROBE=0: no probe;
-# KS_QUANT_A8_TEST_TAGS, KS_QUANT_A8_VARIANTS, KS_QUANT_A8_TAGS and KS_QUANT_BULK_X_VEC (below).
+# KS_QUANT_A8_TEST_TAGS, KS_QUANT_A8_VARIANTS, KS_QUANT_A8_TAGS, KS_QUANT_TIMELINE and KS_QUANT_BULK_X_VEC (below).
 # Usage (device): KS_COMMIT=sha scripts/gpu_quant_check.sh   (carry .dlpack and .deps, or
 # build-prebuilt with KS_PREBUILT=1 LD_LIBRARY_PATH=$PWD/build-prebuilt)
 cd "$(dirname "$0")/.."
@@ -46,6 +46,25 @@ for tag in ${KS_QUANT_A8_TAGS:-}; do
     --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep quant_gemv_a8 | sed "s/^/[$tag] /" | cut -c1-120
   sed "1!s/,kernscope,/,kernscope[$tag],/" /tmp/ks_a8_tag.csv >> "$OUT/quant_a8_tagged.csv"
 done
+# KS_QUANT_TIMELINE=1: cuda_a8_resident's timeline (the library of build-timeline/, carried:
+# scripts/make_prebuilt.sh DIR timeline) at 4096 x 4096 and 49152 x 576, by default and under each
+# of KS_QUANT_TIMELINE_TAGS (as KS_QUANT_A8_TAGS) -> the printed summaries and $OUT/qmm_timeline_<n>.csv
+if [ "${KS_QUANT_TIMELINE:-0}" = 1 ]; then
+  if [ -f build-timeline/libkernscope.so.0 ]; then
+    n=0
+    for tag in default ${KS_QUANT_TIMELINE_TAGS:-}; do
+      n=$((n + 1))
+      echo "== timeline [$tag] (csv: qmm_timeline_$n.csv)"
+      settings=""
+      [ "$tag" = default ] || settings=${tag//+/ }
+      env $settings LD_LIBRARY_PATH="$PWD/build-timeline:${LD_LIBRARY_PATH:-}" KS_QMM_TIMELINE=1 \
+        KS_QMM_TIMELINE_CSV="$OUT/qmm_timeline_$n.csv" $BUILD/bench_ops --csv /tmp/ks_qtl.csv --ops quant_matmul_a8 \
+        --dtypes bf16 --shapes "${KS_QUANT_TIMELINE_SHAPES:-4096x4096,49152x576}" 2>&1 | grep -A2 "^timeline"
+    done
+  else
+    echo "gpu_quant_check: KS_QUANT_TIMELINE=1 but no build-timeline/ carried"
+  fi
+fi
 # KS_QUANT_BULK_X_VEC=1: cuda_bulk_stream's value-by-value x staging (KS_QMM_BULK_X_VEC=0; 16-byte
 # loads are the default since ae645f0's call): the quant_matmul GPU tests under it
 # (KS_QUANT_BULK_X_VEC_FILTER), then its rows tagged beside the default's

@@ -283,9 +283,11 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
 // cuda_a8_resident's plan: 1 CTA per SM where rows have 32 blocks or more, else 2 (or N CTAs),
 // every CTA's rows, x's blocks and the copies' slack within its shared memory, the whole grid
 // within one wave of the SMs' shared memory, and the trigger at entry only where the call takes at
-// most half of it. The H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the benchmark's shapes:
-// 4096 x 4096 of every format (Q8_0 past half an SM: trigger after the wait) and 49152 x 576 (past
-// half: Q8_0's 2 CTAs fill all but 0.7 KB of an SM) resident, 14336 x 4096 not.
+// most half of it; 2 CTAs of 16 warps where rows are long and one CTA would take more than half;
+// 12 warps per CTA at short rows. The H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the
+// benchmark's shapes: 4096 x 4096 of every format (Q8_0 past half an SM at one CTA: two CTAs of
+// 16 rows, trigger after the wait) and 49152 x 576 (past half: Q8_0's 2 CTAs fill all but 0.7 KB
+// of an SM) resident, 14336 x 4096 not.
 TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   using ks::cuda::a8_resident_plan;
   const int64_t kSmem = 233472, kLimit = 232448, kX = 48;
@@ -298,7 +300,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   };
   for (const Want& w : std::vector<Want>{{4096, 4096, 20, 132, 32, 6144 + 32 * 2560 + 32, true},
                                          {4096, 4096, 18, 132, 32, 6144 + 32 * 2304 + 32, true},
-                                         {4096, 4096, 34, 132, 32, 6144 + 32 * 4352 + 32, false},
+                                         {4096, 4096, 34, 264, 16, 6144 + 16 * 4352 + 32, false},
                                          {49152, 576, 20, 264, 187, 864 + 187 * 360 + 32, false},
                                          {49152, 576, 18, 264, 187, 864 + 187 * 324 + 32, false},
                                          {576, 576, 20, 264, 3, 864 + 3 * 360 + 32, true},
@@ -312,8 +314,8 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
     EXPECT_EQ(p.rows_cta, w.rows_cta);
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.entry_trigger, w.entry);
-    if (p.grid) EXPECT_EQ(p.ctas_per_sm, w.N >= 264 && w.K < 1024 ? 2 : 1);
-    if (p.grid) EXPECT_EQ(p.warps, p.ctas_per_sm == 1 && w.K >= 1024 ? 16 : 8);
+    if (p.grid) EXPECT_EQ(p.ctas_per_sm, (w.N >= 264 && w.K < 1024) || w.block_bytes == 34 ? 2 : 1);
+    if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 12);
   }
   // forced counts and sizes; nothing for empty or malformed shapes or sizes
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 2).grid, 264u);
@@ -335,16 +337,33 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
             const auto p = a8_resident_plan(N, K, RB, sms, kSmem, kLimit, kX, force);
             SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " block " + std::to_string(bb) +
                          " sms=" + std::to_string(sms) + " force=" + std::to_string(force));
-            const int c = force ? force : K >= 1024 ? 1 : 2;
-            const int64_t grid = std::min<int64_t>(N, int64_t(sms) * c), rows = (N + grid - 1) / grid;
-            const int64_t need = K / 32 * kX + rows * RB + 32, per_sm = (grid + sms - 1) / sms;
-            const bool fits = need <= kLimit && per_sm * (need + 1024) <= kSmem;
-            ASSERT_EQ(p.grid != 0, fits);
-            if (!fits) continue;
+            // a grid of c CTAs per SM: its CTAs' rows, bytes, whether it fits one wave, and whether
+            // the next call's CTAs fit beside it
+            struct Shape {
+              int64_t grid, rows, need, per_sm;
+              bool fits, beside;
+            };
+            auto shape = [&](int c) {
+              Shape r{};
+              r.grid = std::min<int64_t>(N, int64_t(sms) * c);
+              r.rows = (N + r.grid - 1) / r.grid;
+              r.need = K / 32 * kX + r.rows * RB + 32;
+              r.per_sm = (r.grid + sms - 1) / sms;
+              r.fits = r.need <= kLimit && r.per_sm * (r.need + 1024) <= kSmem;
+              r.beside = 2 * r.per_sm * (r.need + 1024) <= kSmem;
+              return r;
+            };
+            int c = force ? force : K >= 1024 ? 1 : 2;
+            // long rows, one CTA past half an SM, enough rows for two per SM: two CTAs where they fit
+            if (!force && c == 1 && shape(1).fits && !shape(1).beside && N >= 2 * sms && shape(2).fits) c = 2;
+            const Shape sh = shape(c);
+            ASSERT_EQ(p.grid != 0, sh.fits);
+            if (!sh.fits) continue;
+            const int64_t grid = sh.grid, need = sh.need;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
-            EXPECT_EQ(p.warps, c == 1 ? 16 : 8);
-            EXPECT_EQ(p.entry_trigger, 2 * per_sm * (need + 1024) <= kSmem);
+            EXPECT_EQ(p.warps, c == 1 || (c == 2 && K >= 1024) ? 16 : c == 2 ? 12 : 8);
+            EXPECT_EQ(p.entry_trigger, sh.beside);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
             // widened byte range inside the CTA's shared memory beside x
             for (int64_t b = 0; b < grid; b += std::max<int64_t>(1, grid / 9)) {

@@ -273,18 +273,17 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // rows (rows_cta at most) copied into its shared memory at once beside x's quantized blocks
 // (x_block_bytes each), so that the whole call is resident in one wave; no plan (grid 0) where it
 // is not (with the 1 KB the runtime reserves per CTA): larger matrices stream (cuda_a8_bulk_stream).
-// Measured on the H200 at ae645f0 and a17d246 (bf16 x, docs/perf/h200_quant_a8.md):
+// Measured on the H200 at ae645f0, a17d246 and 88d9055 (bf16 x, docs/perf/h200_quant_a8.md):
 //  - CTAs per SM: 1 where a row has 32 blocks or more (K >= 1024: every lane busy, the sums
 //    short), 2 below (K = 576's 18 blocks per row leave lanes idle, so the sums weigh): 4096 x 4096
 //    Q4_1 3.37 us at 1 against 3.49 at 2, Q4_0 3.75 against 4.25 (8 warps); 49152 x 576 Q4_1
-//    12.05 at 1 against 10.22 at 2; 4 per SM slower everywhere (more copies of x);
-//  - warps: 16 at 1 CTA per SM (4096 x 4096 Q4_1 3.15 us against 3.43 with 8 and 4.54 with 4,
-//    Q4_0 3.35 against 3.89, Q8_0 6.66 against 6.81), 8 at 2 (49152 x 576 Q4_1 8.68 against 9.17);
-//  - faster as tagged rows at 88d9055 but not yet run under the GPU tests (so not the rule yet):
-//    12 warps where rows have fewer than 32 blocks (49152 x 576 Q4_1 8.35 against 8.64, Q4_0 9.24
-//    against 9.63), 2 CTAs of 16 warps where one CTA would take more than half an SM (Q8_0
-//    4096 x 4096 6.28 against 6.70); scripts/gpu_quant_check.sh's KS_QUANT_A8_TEST_TAGS runs the
-//    tests under KS_QMM_A8_RES_WARPS / KS_QMM_A8_RES_CTAS first;
+//    12.05 at 1 against 10.22 at 2; 4 per SM slower everywhere (more copies of x); but 2 of 16
+//    warps where rows are long and one CTA would take more than half an SM (so no room for the
+//    next call's beside it; 2 x 16 warps is also the most the registers allow): Q8_0 4096 x 4096
+//    6.28 against 6.70 (88d9055);
+//  - warps: 16 at long rows (4096 x 4096 Q4_1 3.15 us against 3.43 with 8, 3.51 with 12 and 4.54
+//    with 4; Q4_0 3.35 against 3.89, Q8_0 6.66 against 6.81), 12 at short rows (49152 x 576 Q4_1
+//    8.35 against 8.64 with 8 and 9.17 with 16; Q4_0 9.24 against 9.63; 88d9055);
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
@@ -308,15 +307,25 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
                                        bool one_wave = true, int warps = 0) {
   if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 0 || warps > kA8ResidentMaxWarps)
     return A8ResidentPlan{};
-  const int c = ctas_per_sm > 0 ? ctas_per_sm : K / 32 >= 32 ? 1 : 2;
-  if (warps == 0) warps = c == 1 ? 16 : 8;
-  const int64_t grid = std::min<int64_t>(N, int64_t(sm_count) * c), rows = (N + grid - 1) / grid;
-  // x's blocks, the rows, up to 15 bytes of head misalignment and the tail's zero-filled piece
-  // (which also holds the 2 bytes past a Q4_0 / Q8_0 block that its word loads cover)
-  const int64_t smem = K / 32 * x_block_bytes + rows * RB + 32;
-  const int64_t per_sm = (grid + sm_count - 1) / sm_count, sm_bytes = per_sm * (smem + 1024);
-  if (smem > limit || (one_wave && sm_bytes > smem_per_sm)) return A8ResidentPlan{};
-  return A8ResidentPlan{unsigned(grid), int(per_sm), warps, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};
+  const bool long_rows = K / 32 >= 32;
+  auto plan = [&](int c, int w) {
+    const int64_t grid = std::min<int64_t>(N, int64_t(sm_count) * c), rows = (N + grid - 1) / grid;
+    // x's blocks, the rows, up to 15 bytes of head misalignment and the tail's zero-filled piece
+    // (which also holds the 2 bytes past a Q4_0 / Q8_0 block that its word loads cover)
+    const int64_t smem = K / 32 * x_block_bytes + rows * RB + 32;
+    const int64_t per_sm = (grid + sm_count - 1) / sm_count, sm_bytes = per_sm * (smem + 1024);
+    if (smem > limit || (one_wave && sm_bytes > smem_per_sm)) return A8ResidentPlan{};
+    return A8ResidentPlan{unsigned(grid), int(per_sm), w, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};
+  };
+  if (ctas_per_sm > 0) return plan(ctas_per_sm, warps > 0 ? warps : ctas_per_sm == 1 || (ctas_per_sm == 2 && long_rows) ? 16 : ctas_per_sm == 2 ? 12 : 8);
+  if (!long_rows) return plan(2, warps > 0 ? warps : 12);
+  const A8ResidentPlan one = plan(1, warps > 0 ? warps : 16);
+  // one CTA past half an SM (no room for the next call's beside it): two of 16 warps each
+  if (one.grid && !one.entry_trigger && N >= 2 * int64_t(sm_count)) {
+    const A8ResidentPlan two = plan(2, warps > 0 ? warps : 16);
+    if (two.grid) return two;
+  }
+  return one;
 }
 // Whether a plan's short rows (fewer than 32 blocks) go a thread per row instead of in warp
 // groups: where a stage holds at least kBulkThreadRowsMin rows. Measured on the H200 (5ff2190,

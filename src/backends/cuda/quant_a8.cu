@@ -376,10 +376,32 @@ struct A8ResParams {
   bool entry_trigger;  // griddepcontrol.launch_dependents at entry, else after the wait
 };
 
+// Timeline (a build with -DKS_ATTN_TIMELINE=ON only, which defines KS_QMM_TIMELINE here: a
+// measurement, never in a release build): each CTA of cuda_a8_resident takes the next of its SM's
+// kQtlSlots slots (a ring: the last 64 CTAs each SM ran) and stores %globaltimer (ns) there:
+// 0 entry (thread 0), 1 blockIdx.x, 2 the out pointer (a call's identity under bench_ops' rotated
+// sets), 3 thread 0's copies issued, 4 its wait returned, 5 its part of x staged, 6 past the CTA
+// barrier (every row landed, x staged), 8 + w warp w's sums done. ks_debug_qmm_timeline copies the
+// rings out and clears them (bench_ops, KS_QMM_TIMELINE=1: bench/qmm_timeline.hpp).
+#if defined(KS_QMM_TIMELINE)
+constexpr int kQtlSms = 160, kQtlSlots = 64, kQtlEvents = 24;
+__device__ unsigned long long ks_qmm_tl[kQtlSms * kQtlSlots * kQtlEvents];
+__device__ unsigned ks_qmm_tl_next[kQtlSms];
+__device__ __forceinline__ unsigned long long qtl_now() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)::"memory");
+  return t;
+}
+#endif
+
 template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_resident_kernel(const A8ResParams p) {
   extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
   const int NT = int(blockDim.x), nwarps = NT / 32;
+#if defined(KS_QMM_TIMELINE)
+  __shared__ unsigned long long* tl;
+  unsigned long long tl_t[4] = {qtl_now(), 0, 0, 0};
+#endif
   if (p.entry_trigger) pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = int(p.K / 32);
@@ -387,17 +409,48 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   A8X* xs = reinterpret_cast<A8X*>(a8r_sm);
   const unsigned char* rows =
       stage_weight_rows(a8r_sm + int64_t(nb) * sizeof(A8X), p.w, p.row_bytes, r0, r1 - r0, threadIdx.x, NT);
+#if defined(KS_QMM_TIMELINE)
+  tl_t[1] = qtl_now();
+#endif
   pdl_wait();  // x is the previous kernel's output
+#if defined(KS_QMM_TIMELINE)
+  tl_t[2] = qtl_now();
+#endif
   if (!p.entry_trigger) pdl_trigger();
   if (p.x_vec)
     a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
   else
     a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, nwarps, lane);
+#if defined(KS_QMM_TIMELINE)
+  if (threadIdx.x == 0) {
+    __threadfence_block();  // (x's stores issued: the stamp after them)
+    tl_t[3] = qtl_now();
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned slot = atomicAdd(&ks_qmm_tl_next[sm % kQtlSms], 1u) % kQtlSlots;
+    tl = ks_qmm_tl + (size_t(sm % kQtlSms) * kQtlSlots + slot) * kQtlEvents;
+    tl[0] = tl_t[0];
+    tl[1] = blockIdx.x;
+    tl[2] = reinterpret_cast<uintptr_t>(p.out);
+    tl[3] = tl_t[1];
+    tl[4] = tl_t[2];
+    tl[5] = tl_t[3];
+  }
+#endif
   cp_async_wait<0>();  // this thread's copies have landed
   __syncthreads();     // everyone's, and x's blocks
+#if defined(KS_QMM_TIMELINE)
+  if (threadIdx.x == 0) tl[6] = qtl_now();
+#endif
   const int n = int(r1 - r0);
   for (int t = 2 * warp; t < n; t += 2 * nwarps)
     a8_row_pair<T, Q>(rows, p.row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
+#if defined(KS_QMM_TIMELINE)
+  if (lane == 0 && warp < kQtlEvents - 8) {
+    __threadfence_block();  // (the outputs' stores issued)
+    tl[8 + warp] = qtl_now();
+  }
+#endif
 }
 
 bool a8_aligned(const ops::QuantMatmulArgs& a) {
@@ -550,3 +603,21 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
 }
 
 }  // namespace ks::cuda
+
+#if defined(KS_QMM_TIMELINE)
+// The timeline build's read-out (see ks_qmm_tl): copies up to n of its 160 x 64 x 24 entries (ns;
+// 0 = not recorded) into host, then clears them and the slots' counters. Returns the entries
+// copied, -1 on a CUDA error. Not part of the ABI: only a -DKS_ATTN_TIMELINE=ON build has it.
+extern "C" __attribute__((visibility("default"))) long long ks_debug_qmm_timeline(unsigned long long* host, size_t n) {
+  constexpr size_t kAll = size_t(ks::cuda::kQtlSms) * ks::cuda::kQtlSlots * ks::cuda::kQtlEvents;
+  const size_t m = n < kAll ? n : kAll;
+  void *dev = nullptr, *next = nullptr;
+  if (cudaGetSymbolAddress(&dev, ks::cuda::ks_qmm_tl) != cudaSuccess ||
+      cudaGetSymbolAddress(&next, ks::cuda::ks_qmm_tl_next) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess ||
+      cudaMemcpy(host, dev, m * sizeof(unsigned long long), cudaMemcpyDeviceToHost) != cudaSuccess ||
+      cudaMemset(dev, 0, kAll * sizeof(unsigned long long)) != cudaSuccess ||
+      cudaMemset(next, 0, ks::cuda::kQtlSms * sizeof(unsigned)) != cudaSuccess || cudaDeviceSynchronize() != cudaSuccess)
+    return -1;
+  return (long long)m;
+}
+#endif
