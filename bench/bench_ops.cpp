@@ -410,7 +410,7 @@ int main(int argc, char** argv) {
           };
           const std::string op = std::string("quant_gemv_a8_") + qname;
           const double us = graph_time(k, a8, s);
-          ks_bench::report_qmm_timeline(shape + " " + op, us);
+          ks_bench::report_qmm_timeline(shape + " " + op + " " + ks::dtype_name(xdt), us);
           record(op, shape, xdt, us, bytes, "quant_matmul_a8");
           also_variants("quant_matmul_a8", op, shape, xdt, bytes, k, a8);
         }

@@ -30,9 +30,9 @@ fi
 # KS_QUANT_A8_TEST_TAGS: the quant_matmul_a8 GPU tests again under each setting (VAR=value, several
 # joined by "+"; e.g. KS_QMM_A8_RES_WARPS=12 or KS_QMM_A8_RES_CTAS=2+KS_QMM_A8_RES_WARPS=16)
 for tag in ${KS_QUANT_A8_TEST_TAGS:-}; do
-  echo "== [$tag] quant_matmul_a8 tests"
+  echo "== [$tag] quant_matmul_a8 tests" | tee -a "$OUT/a8_test_tags.txt"
   env ${tag//+/ } $BUILD/tests/test_cuda_ops --gtest_filter='*QuantMatmulA8*' --gtest_brief=1 2>&1 |
-    grep -E "PASSED|FAILED|Failure" | head -8
+    grep -E "PASSED|FAILED|Failure" | head -8 | tee -a "$OUT/a8_test_tags.txt"
 done
 # KS_QUANT_A8_VARIANTS=1: every quant_matmul_a8 variant at the decode shapes (bf16 x) -> $OUT/quant_a8_variants.csv
 if [ "${KS_QUANT_A8_VARIANTS:-0}" = 1 ]; then

@@ -284,10 +284,10 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
 // every CTA's rows, x's blocks and the copies' slack within its shared memory, the whole grid
 // within one wave of the SMs' shared memory, and the trigger at entry only where the call takes at
 // most half of it; 2 CTAs of 16 warps where rows are long and one CTA would take more than half;
-// 12 warps per CTA at short rows. The H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the
-// benchmark's shapes: 4096 x 4096 of every format (Q8_0 past half an SM at one CTA: two CTAs of
-// 16 rows, trigger after the wait) and 49152 x 576 (past half: Q8_0's 2 CTAs fill all but 0.7 KB
-// of an SM) resident, 14336 x 4096 not.
+// at short rows 12 warps per CTA where it has 24 rows or more, else 8. The H200's (132 SMs, 228 KB
+// per SM, 227 KB per CTA) at the benchmark's shapes: 4096 x 4096 of every format (Q8_0 past half
+// an SM at one CTA: two CTAs of 16 rows, trigger after the wait) and 49152 x 576 (past half: Q8_0's
+// 2 CTAs fill all but 0.7 KB of an SM) resident, 14336 x 4096 not.
 TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   using ks::cuda::a8_resident_plan;
   const int64_t kSmem = 233472, kLimit = 232448, kX = 48;
@@ -315,7 +315,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.entry_trigger, w.entry);
     if (p.grid) EXPECT_EQ(p.ctas_per_sm, (w.N >= 264 && w.K < 1024) || w.block_bytes == 34 ? 2 : 1);
-    if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 12);
+    if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : w.rows_cta >= 24 ? 12 : 8);
   }
   // forced counts and sizes; nothing for empty or malformed shapes or sizes
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 2).grid, 264u);
@@ -362,7 +362,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
             const int64_t grid = sh.grid, need = sh.need;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
-            EXPECT_EQ(p.warps, c == 1 || (c == 2 && K >= 1024) ? 16 : c == 2 ? 12 : 8);
+            EXPECT_EQ(p.warps, c > 2 ? 8 : K >= 1024 ? 16 : sh.rows >= 24 ? 12 : 8);
             EXPECT_EQ(p.entry_trigger, sh.beside);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
             // widened byte range inside the CTA's shared memory beside x

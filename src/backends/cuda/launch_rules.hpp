@@ -282,8 +282,10 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    next call's beside it; 2 x 16 warps is also the most the registers allow): Q8_0 4096 x 4096
 //    6.28 against 6.70 (88d9055);
 //  - warps: 16 at long rows (4096 x 4096 Q4_1 3.15 us against 3.43 with 8, 3.51 with 12 and 4.54
-//    with 4; Q4_0 3.35 against 3.89, Q8_0 6.66 against 6.81), 12 at short rows (49152 x 576 Q4_1
-//    8.35 against 8.64 with 8 and 9.17 with 16; Q4_0 9.24 against 9.63; 88d9055);
+//    with 4; Q4_0 3.35 against 3.89, Q8_0 6.66 against 6.81), at short rows 12 where each has a
+//    pair of rows (49152 x 576 Q4_1 8.35 against 8.64 with 8 and 9.17 with 16; Q4_0 9.24 against
+//    9.63; 88d9055), else 8 (576 x 576 and 1536 x 576, 3 and 6 rows per CTA: 1.72-1.79 us with 8,
+//    2.04-2.16 with 12 at cfbbebc);
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
@@ -295,6 +297,8 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // grids that run in several waves (each CTA's rows within its shared memory; measured slower than
 // the bulk ring at 14336 x 4096: Q4_1 11.87-12.75 us against 10.40).
 constexpr int kA8ResidentMaxWarps = 16;
+// short rows: 12 warps per CTA from this many rows per CTA (a pair for each), else 8
+constexpr int64_t kA8ResidentShortRows = 24;
 struct A8ResidentPlan {
   unsigned grid = 0;
   int ctas_per_sm = 0, warps = 0;
@@ -315,14 +319,15 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
     const int64_t smem = K / 32 * x_block_bytes + rows * RB + 32;
     const int64_t per_sm = (grid + sm_count - 1) / sm_count, sm_bytes = per_sm * (smem + 1024);
     if (smem > limit || (one_wave && sm_bytes > smem_per_sm)) return A8ResidentPlan{};
+    if (w == 0) w = long_rows ? 16 : rows >= kA8ResidentShortRows ? 12 : 8;  // (short rows: 2 CTAs per SM)
     return A8ResidentPlan{unsigned(grid), int(per_sm), w, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};
   };
-  if (ctas_per_sm > 0) return plan(ctas_per_sm, warps > 0 ? warps : ctas_per_sm == 1 || (ctas_per_sm == 2 && long_rows) ? 16 : ctas_per_sm == 2 ? 12 : 8);
-  if (!long_rows) return plan(2, warps > 0 ? warps : 12);
-  const A8ResidentPlan one = plan(1, warps > 0 ? warps : 16);
+  if (ctas_per_sm > 0) return plan(ctas_per_sm, warps > 0 ? warps : ctas_per_sm <= 2 ? 0 : 8);
+  if (!long_rows) return plan(2, warps);
+  const A8ResidentPlan one = plan(1, warps);
   // one CTA past half an SM (no room for the next call's beside it): two of 16 warps each
   if (one.grid && !one.entry_trigger && N >= 2 * int64_t(sm_count)) {
-    const A8ResidentPlan two = plan(2, warps > 0 ? warps : 16);
+    const A8ResidentPlan two = plan(2, warps);
     if (two.grid) return two;
   }
   return one;

@@ -360,6 +360,9 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   }
 }
 
+// bytes per bulk copy of the weight rows (cuda_a8_bulk_stream's stages, cuda_a8_resident's rows)
+constexpr int kA8ChunkBytes = 4096;
+
 // ---- cuda_a8_resident: M = 1, the matrix resident in shared memory in one wave -------------
 // Each CTA copies its contiguous rows (a8_resident_plan: 1 or 2 CTAs per SM) into shared
 // memory at once by 16-byte cp.async copies (stage_weight_rows) before it waits for the previous
@@ -374,6 +377,9 @@ struct A8ResParams {
   int64_t N, K, row_bytes;
   bool x_vec;          // x 16-byte aligned: staged by 16-byte loads
   bool entry_trigger;  // griddepcontrol.launch_dependents at entry, else after the wait
+  bool bulk;           // the rows by bulk copies (one lane, an mbarrier; w 16-byte aligned), else cp.async
+  bool x_prefetch;     // x's lines prefetched into L2 at entry (before the wait: L2 is coherent, so the
+                       // loads after it still read the previous kernel's x)
 };
 
 // Timeline (a build with -DKS_ATTN_TIMELINE=ON only, which defines KS_QMM_TIMELINE here: a
@@ -398,17 +404,40 @@ template <typename T, ks_qtype_t Q>
 __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_resident_kernel(const A8ResParams p) {
   extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
   const int NT = int(blockDim.x), nwarps = NT / 32;
+  __shared__ uint64_t rows_landed;  // (p.bulk)
 #if defined(KS_QMM_TIMELINE)
   __shared__ unsigned long long* tl;
   unsigned long long tl_t[4] = {qtl_now(), 0, 0, 0};
+  unsigned tl_sm = 0, tl_slot = 0;
+  if (threadIdx.x == 0) {  // (the slot taken at entry: its round trip off the measured path)
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(tl_sm));
+    tl_slot = atomicAdd(&ks_qmm_tl_next[tl_sm % kQtlSms], 1u);
+  }
 #endif
   if (p.entry_trigger) pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = int(p.K / 32);
   const int64_t r0 = int64_t(blockIdx.x) * p.N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * p.N / gridDim.x;
+  if (p.x_prefetch) {  // x's 128-byte lines, each by one thread of the grid
+    const int64_t lines = (p.K * int64_t(sizeof(T)) + 127) / 128 + 1;  // (+1: x need not start a line)
+    const char* x0 = reinterpret_cast<const char*>(uintptr_t(p.x) & ~uintptr_t(127));
+    for (int64_t l = int64_t(blockIdx.x) * NT + threadIdx.x; l < lines; l += int64_t(gridDim.x) * NT)
+      prefetch_l2(x0 + l * 128);
+  }
   A8X* xs = reinterpret_cast<A8X*>(a8r_sm);
-  const unsigned char* rows =
-      stage_weight_rows(a8r_sm + int64_t(nb) * sizeof(A8X), p.w, p.row_bytes, r0, r1 - r0, threadIdx.x, NT);
+  unsigned char* dst = a8r_sm + int64_t(nb) * sizeof(A8X);
+  const unsigned char* rows;
+  if (p.bulk) {  // one lane's bulk copies of the CTA's rows (as one stage of the bulk ring)
+    if (threadIdx.x == 0) {
+      mbar_init(&rows_landed, 1);
+      mbar_init_fence();
+      bulk_rows_produce(p.w, p.N, p.row_bytes, r0, r1, int(r1 - r0), 1, 1, dst, 0, &rows_landed, nullptr, true,
+                        kA8ChunkBytes);
+    }
+    rows = dst + ((r0 * p.row_bytes) & 15);
+  } else {
+    rows = stage_weight_rows(dst, p.w, p.row_bytes, r0, r1 - r0, threadIdx.x, NT);
+  }
 #if defined(KS_QMM_TIMELINE)
   tl_t[1] = qtl_now();
 #endif
@@ -425,22 +454,28 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   if (threadIdx.x == 0) {
     __threadfence_block();  // (x's stores issued: the stamp after them)
     tl_t[3] = qtl_now();
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    const unsigned slot = atomicAdd(&ks_qmm_tl_next[sm % kQtlSms], 1u) % kQtlSlots;
-    tl = ks_qmm_tl + (size_t(sm % kQtlSms) * kQtlSlots + slot) * kQtlEvents;
+  }
+#endif
+  if (p.bulk) {
+    __syncthreads();  // x's blocks (the barrier's initialization long done: thread 0 made it)
+    mbar_wait(&rows_landed, 0);
+  } else {
+    cp_async_wait<0>();  // this thread's copies have landed
+    __syncthreads();     // everyone's, and x's blocks
+  }
+#if defined(KS_QMM_TIMELINE)
+  if (threadIdx.x == 0) {
+    const unsigned long long synced = qtl_now();
+    tl = ks_qmm_tl + (size_t(tl_sm % kQtlSms) * kQtlSlots + tl_slot % kQtlSlots) * kQtlEvents;
     tl[0] = tl_t[0];
     tl[1] = blockIdx.x;
     tl[2] = reinterpret_cast<uintptr_t>(p.out);
     tl[3] = tl_t[1];
     tl[4] = tl_t[2];
     tl[5] = tl_t[3];
+    tl[6] = synced;
   }
-#endif
-  cp_async_wait<0>();  // this thread's copies have landed
-  __syncthreads();     // everyone's, and x's blocks
-#if defined(KS_QMM_TIMELINE)
-  if (threadIdx.x == 0) tl[6] = qtl_now();
+  __syncthreads();  // (tl)
 #endif
   const int n = int(r1 - r0);
   for (int t = 2 * warp; t < n; t += 2 * nwarps)
@@ -475,7 +510,6 @@ int64_t a8_warp_smem_limit(const ops::QuantMatmulArgs& a) {
 // against 20.1 at 64 KB) and 64 KB for Q4_0 / Q4_1 (12.2 against 12.5 - 13.5 at 32 KB), each
 // moved as bulk copies of 4 KB (Q8_0 14336 x 4096 17.9 against 18.7 as one copy; within 2%
 // elsewhere). KS_QMM_A8_STAGE_KB and KS_QMM_BULK_CHUNK_KB override them (experiments).
-constexpr int kA8ChunkBytes = 4096;
 // x staged by 16-byte loads where it is 16-byte aligned (KS_QMM_A8_X_VEC=0: value by value)
 bool a8_x_vec(const void* x) {
   static const bool on = env_number("KS_QMM_A8_X_VEC", 1) != 0;
@@ -588,8 +622,11 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   // KS_QMM_A8_RES_TRIGGER=1 / 0 (measurements): at entry / after the wait whatever the plan says
   static const long long trig = env_number("KS_QMM_A8_RES_TRIGGER", -1);
   const bool entry = trig < 0 ? plan.entry_trigger : trig != 0;
+  // KS_QMM_A8_RES_BULK=1: the rows by bulk copies where w is 16-byte aligned; KS_QMM_A8_RES_XPF=1:
+  // x prefetched into L2 at entry (measurements)
+  static const bool bulk = env_number("KS_QMM_A8_RES_BULK", 0) != 0, xpf = env_number("KS_QMM_A8_RES_XPF", 0) != 0;
   const A8ResParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                      a8_x_vec(a.x.data), entry};
+                      a8_x_vec(a.x.data), entry, bulk && aligned16(a.weight.data), xpf};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     launch_kernel("quant_matmul_a8", quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>,
@@ -597,9 +634,10 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
-                "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld",
+                "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld "
+                "bulk=%lld x_prefetch=%lld",
                 {plan.grid, plan.ctas_per_sm, plan.warps, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0,
-                 entry ? 1 : 0});
+                 entry ? 1 : 0, p.bulk ? 1 : 0, p.x_prefetch ? 1 : 0});
 }
 
 }  // namespace ks::cuda
