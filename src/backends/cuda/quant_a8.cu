@@ -377,9 +377,6 @@ struct A8ResParams {
   int64_t N, K, row_bytes;
   bool x_vec;          // x 16-byte aligned: staged by 16-byte loads
   bool entry_trigger;  // griddepcontrol.launch_dependents at entry, else after the wait
-  bool bulk;           // the rows by bulk copies (one lane, an mbarrier; w 16-byte aligned), else cp.async
-  bool x_prefetch;     // x's lines prefetched into L2 at entry (before the wait: L2 is coherent, so the
-                       // loads after it still read the previous kernel's x)
 };
 
 // Timeline (a build with -DKS_ATTN_TIMELINE=ON only, which defines KS_QMM_TIMELINE here: a
@@ -400,11 +397,14 @@ __device__ __forceinline__ unsigned long long qtl_now() {
 }
 #endif
 
-template <typename T, ks_qtype_t Q>
+// BULK: the rows by one lane's bulk copies on an mbarrier (w 16-byte aligned), else every thread's
+// cp.async (a template parameter: a runtime flag changed the sums' code for Q4_0 / Q4_1, 55 -> 48
+// registers, and cost them 0.2-0.9 us at cf135c6).
+template <typename T, ks_qtype_t Q, bool BULK>
 __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_resident_kernel(const A8ResParams p) {
   extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
   const int NT = int(blockDim.x), nwarps = NT / 32;
-  __shared__ uint64_t rows_landed;  // (p.bulk)
+  __shared__ uint64_t rows_landed;  // (BULK)
 #if defined(KS_QMM_TIMELINE)
   __shared__ unsigned long long* tl;
   unsigned long long tl_t[4] = {qtl_now(), 0, 0, 0};
@@ -418,16 +418,10 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = int(p.K / 32);
   const int64_t r0 = int64_t(blockIdx.x) * p.N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * p.N / gridDim.x;
-  if (p.x_prefetch) {  // x's 128-byte lines, each by one thread of the grid
-    const int64_t lines = (p.K * int64_t(sizeof(T)) + 127) / 128 + 1;  // (+1: x need not start a line)
-    const char* x0 = reinterpret_cast<const char*>(uintptr_t(p.x) & ~uintptr_t(127));
-    for (int64_t l = int64_t(blockIdx.x) * NT + threadIdx.x; l < lines; l += int64_t(gridDim.x) * NT)
-      prefetch_l2(x0 + l * 128);
-  }
   A8X* xs = reinterpret_cast<A8X*>(a8r_sm);
   unsigned char* dst = a8r_sm + int64_t(nb) * sizeof(A8X);
   const unsigned char* rows;
-  if (p.bulk) {  // one lane's bulk copies of the CTA's rows (as one stage of the bulk ring)
+  if constexpr (BULK) {  // one lane's bulk copies of the CTA's rows (as one stage of the bulk ring)
     if (threadIdx.x == 0) {
       mbar_init(&rows_landed, 1);
       mbar_init_fence();
@@ -456,7 +450,7 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
     tl_t[3] = qtl_now();
   }
 #endif
-  if (p.bulk) {
+  if constexpr (BULK) {
     __syncthreads();  // x's blocks (the barrier's initialization long done: thread 0 made it)
     mbar_wait(&rows_landed, 0);
   } else {
@@ -535,7 +529,10 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   static const int warps = int(env_number("KS_QMM_A8_RES_WARPS", 0));
   int64_t limit = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    limit = opt_in_smem_limit<quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>>(dev, "quant_matmul_a8");
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    limit = std::min(opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, false>>(dev, "quant_matmul_a8"),
+                     opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, true>>(dev, "quant_matmul_a8"));
   });
   const DeviceProps& dp = device_props(dev);
   return a8_resident_plan(a.n, a.k, a.row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
@@ -622,22 +619,24 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   // KS_QMM_A8_RES_TRIGGER=1 / 0 (measurements): at entry / after the wait whatever the plan says
   static const long long trig = env_number("KS_QMM_A8_RES_TRIGGER", -1);
   const bool entry = trig < 0 ? plan.entry_trigger : trig != 0;
-  // KS_QMM_A8_RES_BULK=1: the rows by bulk copies where w is 16-byte aligned; KS_QMM_A8_RES_XPF=1:
-  // x prefetched into L2 at entry (measurements)
-  static const bool bulk = env_number("KS_QMM_A8_RES_BULK", 0) != 0, xpf = env_number("KS_QMM_A8_RES_XPF", 0) != 0;
+  // KS_QMM_A8_RES_BULK=1: the rows by bulk copies where w is 16-byte aligned (a measurement)
+  static const bool bulk_on = env_number("KS_QMM_A8_RES_BULK", 0) != 0;
+  const bool bulk = bulk_on && aligned16(a.weight.data);
   const A8ResParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                      a8_x_vec(a.x.data), entry, bulk && aligned16(a.weight.data), xpf};
+                      a8_x_vec(a.x.data), entry};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    launch_kernel("quant_matmul_a8", quant_gemv_a8_resident_kernel<decltype(tag), decltype(q)::value>,
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    launch_kernel("quant_matmul_a8", bulk ? quant_gemv_a8_resident_kernel<T, Q, true> : quant_gemv_a8_resident_kernel<T, Q, false>,
                   dim3(plan.grid), dim3(32 * plan.warps), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
                 "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld "
-                "bulk=%lld x_prefetch=%lld",
+                "bulk=%lld",
                 {plan.grid, plan.ctas_per_sm, plan.warps, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0,
-                 entry ? 1 : 0, p.bulk ? 1 : 0, p.x_prefetch ? 1 : 0});
+                 entry ? 1 : 0, bulk ? 1 : 0});
 }
 
 }  // namespace ks::cuda
