@@ -293,10 +293,10 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    wait there: Q8_0 4096 x 4096 (153 KB) 6.46 against 5.82 after the wait, Q4_1 49152 x 576
 //    (138 KB) 10.22 against 8.73.
 // ctas_per_sm > 0 forces the count (KS_QMM_A8_RES_CTAS, 1 to 8), warps > 0 the CTA's size
-// (KS_QMM_A8_RES_WARPS, 4 to 32); one_wave = false (KS_QMM_A8_RES_WAVES=1, a measurement) also plans
+// (KS_QMM_A8_RES_WARPS, 4 to 16); one_wave = false (KS_QMM_A8_RES_WAVES=1, a measurement) also plans
 // grids that run in several waves (each CTA's rows within its shared memory; measured slower than
 // the bulk ring at 14336 x 4096: Q4_1 11.87-12.75 us against 10.40).
-constexpr int kA8ResidentMaxWarps = 32;  // (one CTA of 32 warps or two of 16 at 64 registers a thread)
+constexpr int kA8ResidentMaxWarps = 16;
 // short rows: 12 warps per CTA from this many rows per CTA (a pair for each), else 8
 constexpr int64_t kA8ResidentShortRows = 24;
 struct A8ResidentPlan {

@@ -275,22 +275,6 @@ __device__ __forceinline__ void a8_row_pair(const unsigned char* src, int64_t RB
   }
 }
 
-// Row t of the rows at src alone, as a8_row_pair sums each of its two (the same bits): where a
-// CTA has a warp for each of its rows.
-template <typename T, ks_qtype_t Q>
-__device__ __forceinline__ void a8_row_one(const unsigned char* src, int64_t RB, int t, const A8X* xs, int nb, int lane,
-                                           T* out) {
-  constexpr int BB = int(q_block_bytes(Q));
-  const unsigned char* ra = src + int64_t(t) * RB;
-  float acc = 0.f;
-  for (int b = lane; b < nb; b += 32) {
-    const A8XRegs xr = a8_x(xs, b);
-    acc = __fadd_rn(acc, a8_block<Q, true>(ra + b * BB, xr.x0, xr.x1, xr.s));
-  }
-  const float s = warp_sum(acc);
-  if (lane == 0) out[t] = Dt<T>::from_f(s);
-}
-
 // ---- cuda_a8_warp: any M -------------------------------------------------------------------
 constexpr int kA8WarpWarps = 8;
 
@@ -417,7 +401,7 @@ __device__ __forceinline__ unsigned long long qtl_now() {
 // cp.async (a template parameter: a runtime flag changed the sums' code for Q4_0 / Q4_1, 55 -> 48
 // registers, and cost them 0.2-0.9 us at cf135c6).
 template <typename T, ks_qtype_t Q, bool BULK>
-__global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 1) quant_gemv_a8_resident_kernel(const A8ResParams p) {
+__global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_resident_kernel(const A8ResParams p) {
   extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
   const int NT = int(blockDim.x), nwarps = NT / 32;
   __shared__ uint64_t rows_landed;  // (BULK)
@@ -488,12 +472,8 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 1) quant_gemv_a8_res
   __syncthreads();  // (tl)
 #endif
   const int n = int(r1 - r0);
-  if (n <= nwarps) {  // a warp per row
-    if (warp < n) a8_row_one<T, Q>(rows, p.row_bytes, warp, xs, nb, lane, static_cast<T*>(p.out) + r0);
-  } else {
-    for (int t = 2 * warp; t < n; t += 2 * nwarps)
-      a8_row_pair<T, Q>(rows, p.row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
-  }
+  for (int t = 2 * warp; t < n; t += 2 * nwarps)
+    a8_row_pair<T, Q>(rows, p.row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
 #if defined(KS_QMM_TIMELINE)
   if (lane == 0 && warp < kQtlEvents - 8) {
     __threadfence_block();  // (the outputs' stores issued)
