@@ -273,19 +273,22 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // rows (rows_cta at most) copied into its shared memory at once beside x's quantized blocks
 // (x_block_bytes each), so that the whole call is resident in one wave; no plan (grid 0) where it
 // is not (with the 1 KB the runtime reserves per CTA): larger matrices stream (cuda_a8_bulk_stream).
-// Measured on the H200 at ae645f0, a17d246 and 88d9055 (bf16 x, docs/perf/h200_quant_a8.md):
+// Measured on the H200 at ae645f0, a17d246, 88d9055 and b26abff (bf16 x, docs/perf/h200_quant_a8.md;
+// the GPU tests passed under each form, forced by the switches below, at cfbbebc and b26abff):
 //  - CTAs per SM: 1 where a row has 32 blocks or more (K >= 1024: every lane busy, the sums
 //    short), 2 below (K = 576's 18 blocks per row leave lanes idle, so the sums weigh): 4096 x 4096
 //    Q4_1 3.37 us at 1 against 3.49 at 2, Q4_0 3.75 against 4.25 (8 warps); 49152 x 576 Q4_1
 //    12.05 at 1 against 10.22 at 2; 4 per SM slower everywhere (more copies of x); but 2 of 16
 //    warps where rows are long and one CTA would take more than half an SM (so no room for the
 //    next call's beside it; 2 x 16 warps is also the most the registers allow): Q8_0 4096 x 4096
-//    6.28 against 6.70 (88d9055);
+//    6.28 against 6.70 (88d9055; 6.28 again at b26abff, 6.36 at cfbbebc);
 //  - warps: 16 at long rows (4096 x 4096 Q4_1 3.15 us against 3.43 with 8, 3.51 with 12 and 4.54
 //    with 4; Q4_0 3.35 against 3.89, Q8_0 6.66 against 6.81), at short rows 12 where each has a
 //    pair of rows (49152 x 576 Q4_1 8.35 against 8.64 with 8 and 9.17 with 16; Q4_0 9.24 against
 //    9.63; 88d9055), else 8 (576 x 576 and 1536 x 576, 3 and 6 rows per CTA: 1.72-1.79 us with 8,
-//    2.04-2.16 with 12 at cfbbebc);
+//    2.04-2.16 with 12 at cfbbebc); never more than 16 (24 / 32 warps at d98dc51: Q4_1 4096 x 4096
+//    4.79 / 5.16 us against 3.17: one CTA of 1024 threads takes all of an SM's registers, so the
+//    next call's CTA no longer fits beside it);
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
