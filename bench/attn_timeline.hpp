@@ -16,21 +16,33 @@
 
 namespace ks_bench {
 
-inline void report_attention_timeline(const std::string& label, double us_per_call) {
-  const char* on = std::getenv("KS_ATTN_TIMELINE");
-  if (!on || std::strcmp(on, "1") != 0) return;
+// The stamps of a timeline build (-DKS_ATTN_TIMELINE=ON) when environment variable `env` is "1":
+// `entries` of them read out (and cleared) through the library's `symbol`
+// (ks_debug_attention_timeline, ks_debug_qmm_timeline); empty, with a line saying why where the
+// library has no such symbol or the read-out fails, and without one where `env` is not set.
+inline std::vector<unsigned long long> read_timeline(const char* env, const char* symbol, size_t entries,
+                                                     const std::string& label) {
+  const char* on = std::getenv(env);
+  if (!on || std::strcmp(on, "1") != 0) return {};
   using ReadOut = long long (*)(unsigned long long*, size_t);
-  static const auto read_out = reinterpret_cast<ReadOut>(dlsym(RTLD_DEFAULT, "ks_debug_attention_timeline"));
+  const auto read_out = reinterpret_cast<ReadOut>(dlsym(RTLD_DEFAULT, symbol));
   if (!read_out) {
     std::printf("timeline %s: the library has no timeline (build with -DKS_ATTN_TIMELINE=ON)\n", label.c_str());
-    return;
+    return {};
   }
-  constexpr int kBlocks = 512, kWarps = 16, kEvents = 16;
-  std::vector<unsigned long long> tl(size_t(kBlocks) * kWarps * kEvents, 0);
+  std::vector<unsigned long long> tl(entries, 0);
   if (read_out(tl.data(), tl.size()) < 0) {
     std::printf("timeline %s: read-out failed\n", label.c_str());
-    return;
+    return {};
   }
+  return tl;
+}
+
+inline void report_attention_timeline(const std::string& label, double us_per_call) {
+  constexpr int kBlocks = 512, kWarps = 16, kEvents = 16;
+  const std::vector<unsigned long long> tl =
+      read_timeline("KS_ATTN_TIMELINE", "ks_debug_attention_timeline", size_t(kBlocks) * kWarps * kEvents, label);
+  if (tl.empty()) return;
   auto at = [&](int b, int w, int e) { return tl[(size_t(b) * kWarps + size_t(w)) * kEvents + size_t(e)]; };
   unsigned long long t0 = ~0ull;
   for (int b = 0; b < kBlocks; ++b)

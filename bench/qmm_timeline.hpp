@@ -9,33 +9,22 @@
 // x's staging, the wait for the rows after it, and the sums. KS_QMM_TIMELINE_CSV=path appends every
 // CTA's stamps (us from the earliest entry) there. A library built without it: nothing printed.
 #pragma once
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <string>
 #include <vector>
 
+#include "attn_timeline.hpp"  // read_timeline
+
 namespace ks_bench {
 
 inline void report_qmm_timeline(const std::string& label, double us_per_call) {
-  const char* on = std::getenv("KS_QMM_TIMELINE");
-  if (!on || std::strcmp(on, "1") != 0) return;
-  using ReadOut = long long (*)(unsigned long long*, size_t);
-  static const auto read_out = reinterpret_cast<ReadOut>(dlsym(RTLD_DEFAULT, "ks_debug_qmm_timeline"));
-  if (!read_out) {
-    std::printf("timeline %s: the library has no timeline (build with -DKS_ATTN_TIMELINE=ON)\n", label.c_str());
-    return;
-  }
   constexpr int kSms = 160, kSlots = 64, kEvents = 24;
-  std::vector<unsigned long long> tl(size_t(kSms) * kSlots * kEvents, 0);
-  if (read_out(tl.data(), tl.size()) < 0) {
-    std::printf("timeline %s: read-out failed\n", label.c_str());
-    return;
-  }
+  const std::vector<unsigned long long> tl =
+      read_timeline("KS_QMM_TIMELINE", "ks_debug_qmm_timeline", size_t(kSms) * kSlots * kEvents, label);
+  if (tl.empty()) return;
   struct Cta {
     int sm;
     unsigned long long entry, block, out, issued, waited, staged, synced, done_min, done_max;
