@@ -76,13 +76,16 @@ inline void report_qmm_timeline(const std::string& label, double us_per_call) {
     return v[v.size() / 2];
   };
   struct Call {
+    size_t index;  // in calls (complete or not): consecutive complete calls pair only where adjacent
     double first_entry, last_entry, issued, wait_min, wait_med, wait_max, staged, synced_med, synced_max, done_med, end;
   };
   std::vector<Call> cs;
-  for (const auto& [b, e] : calls) {
+  for (size_t ci = 0; ci < calls.size(); ++ci) {
+    const auto [b, e] = calls[ci];
     if (e - b != grid) continue;
     std::vector<double> issued, waited, staged, synced, done;
     Call c{};
+    c.index = ci;
     c.first_entry = 1e30;
     for (size_t i = b; i < e; ++i) {
       const Cta& x = ctas[i];
@@ -105,7 +108,7 @@ inline void report_qmm_timeline(const std::string& label, double us_per_call) {
     c.done_med = median(done);
     cs.push_back(c);
   }
-  if (cs.size() < 3) {
+  if (cs.size() < 3) {  // (and below: medians of empty samples print -1)
     std::printf("timeline %s: %zu CTAs in %zu calls, too few complete calls of %zu CTAs\n", label.c_str(), ctas.size(),
                 calls.size(), grid);
     return;
@@ -114,6 +117,7 @@ inline void report_qmm_timeline(const std::string& label, double us_per_call) {
   std::vector<double> period, span, lead, issued, release, wspread, staged, rows_med, rows_max, sums_med, tail;
   for (size_t i = 1; i < cs.size(); ++i) {
     const Call &p = cs[i - 1], &c = cs[i];
+    if (c.index != p.index + 1) continue;  // (an incomplete call between them)
     period.push_back(c.end - p.end);
     span.push_back(c.last_entry - c.first_entry);
     lead.push_back(p.end - c.first_entry);

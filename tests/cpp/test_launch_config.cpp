@@ -323,6 +323,10 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 0, true, 4).warps, 4);
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 0, true, 17).grid, 0u);
   EXPECT_EQ(a8_resident_plan(0, 4096, 2560, 132, kSmem, kLimit, kX).grid, 0u);
+  // the kernel's static shared memory counts per CTA: Q8_0 49152 x 576's two CTAs (115340 dynamic
+  // bytes each) fit with 16 static bytes and not with 400 (2 x (115840 + 1024) > 233472)
+  EXPECT_EQ(a8_resident_plan(49152, 576, 612, 132, kSmem, kLimit, kX, 0, true, 0, 16).grid, 264u);
+  EXPECT_EQ(a8_resident_plan(49152, 576, 612, 132, kSmem, kLimit, kX, 0, true, 0, 400).grid, 0u);
   EXPECT_EQ(a8_resident_plan(8, 16, 10, 132, kSmem, kLimit, kX).grid, 0u);
   // several waves allowed (a measurement): 14336 x 4096 Q4_1 at 8 per SM, 14 rows per CTA
   const auto waves = a8_resident_plan(14336, 4096, 2560, 132, kSmem, kLimit, kX, 8, false);
@@ -349,8 +353,9 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
               r.rows = (N + r.grid - 1) / r.grid;
               r.need = K / 32 * kX + r.rows * RB + 32;
               r.per_sm = (r.grid + sms - 1) / sms;
-              r.fits = r.need <= kLimit && r.per_sm * (r.need + 1024) <= kSmem;
-              r.beside = 2 * r.per_sm * (r.need + 1024) <= kSmem;
+              const int64_t cta = (r.need + 127) / 128 * 128 + 1024;  // (128-byte units, the runtime's 1 KB)
+              r.fits = r.need <= kLimit && r.per_sm * cta <= kSmem;
+              r.beside = 2 * r.per_sm * cta <= kSmem;
               return r;
             };
             int c = force ? force : K >= 1024 ? 1 : 2;

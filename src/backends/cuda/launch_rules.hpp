@@ -295,7 +295,9 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    against 4.47; where it takes more, the next call's CTAs land on the few SMs with room and
 //    wait there: Q8_0 4096 x 4096 (153 KB) 6.46 against 5.82 after the wait, Q4_1 49152 x 576
 //    (138 KB) 10.22 against 8.73.
-// ctas_per_sm > 0 forces the count (KS_QMM_A8_RES_CTAS, 1 to 8), warps > 0 the CTA's size
+// static_bytes: the kernel's static shared memory (counted per CTA with the dynamic bytes, in the
+// 128-byte units the SM allocates). ctas_per_sm > 0 forces the count (KS_QMM_A8_RES_CTAS, 1 to 8;
+// whether that many CTAs fit the SM's threads and registers is not checked), warps > 0 the CTA's size
 // (KS_QMM_A8_RES_WARPS, 4 to 16); one_wave = false (KS_QMM_A8_RES_WAVES=1, a measurement) also plans
 // grids that run in several waves (each CTA's rows within its shared memory; measured slower than
 // the bulk ring at 14336 x 4096: Q4_1 11.87-12.75 us against 10.40).
@@ -311,7 +313,7 @@ struct A8ResidentPlan {
 };
 inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t smem_per_sm,
                                        int64_t limit, int64_t x_block_bytes, int ctas_per_sm = 0,
-                                       bool one_wave = true, int warps = 0) {
+                                       bool one_wave = true, int warps = 0, int64_t static_bytes = 0) {
   if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 0 || warps > kA8ResidentMaxWarps)
     return A8ResidentPlan{};
   const bool long_rows = K / 32 >= 32;
@@ -320,7 +322,9 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
     // x's blocks, the rows, up to 15 bytes of head misalignment and the tail's zero-filled piece
     // (which also holds the 2 bytes past a Q4_0 / Q8_0 block that its word loads cover)
     const int64_t smem = K / 32 * x_block_bytes + rows * RB + 32;
-    const int64_t per_sm = (grid + sm_count - 1) / sm_count, sm_bytes = per_sm * (smem + 1024);
+    // per CTA on the SM: the dynamic and static bytes in 128-byte units, and the runtime's 1 KB
+    const int64_t cta_bytes = (smem + static_bytes + 127) / 128 * 128 + 1024;
+    const int64_t per_sm = (grid + sm_count - 1) / sm_count, sm_bytes = per_sm * cta_bytes;
     if (smem > limit || (one_wave && sm_bytes > smem_per_sm)) return A8ResidentPlan{};
     if (w == 0) w = long_rows ? 16 : rows >= kA8ResidentShortRows ? 12 : 8;  // (short rows: 2 CTAs per SM)
     return A8ResidentPlan{unsigned(grid), int(per_sm), w, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};

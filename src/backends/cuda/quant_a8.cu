@@ -527,16 +527,26 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   static const int ctas = int(env_number("KS_QMM_A8_RES_CTAS", 0));
   static const bool waves = env_number("KS_QMM_A8_RES_WAVES", 0) != 0;
   static const int warps = int(env_number("KS_QMM_A8_RES_WARPS", 0));
-  int64_t limit = 0;
+  int64_t limit = 0, static_bytes = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
     constexpr ks_qtype_t Q = decltype(q)::value;
     limit = std::min(opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, false>>(dev, "quant_matmul_a8"),
                      opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, true>>(dev, "quant_matmul_a8"));
+    static const int64_t st = [] {  // the larger static shared memory of the two forms
+      cudaFuncAttributes f0{}, f1{};
+      check_cuda(cudaFuncGetAttributes(&f0, quant_gemv_a8_resident_kernel<T, Q, false>), "quant_matmul_a8",
+                 "read the kernel's attributes");
+      check_cuda(cudaFuncGetAttributes(&f1, quant_gemv_a8_resident_kernel<T, Q, true>), "quant_matmul_a8",
+                 "read the kernel's attributes");
+      return int64_t(std::max(f0.sharedSizeBytes, f1.sharedSizeBytes));
+    }();
+    static_bytes = st;
   });
   const DeviceProps& dp = device_props(dev);
   return a8_resident_plan(a.n, a.k, a.row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
-                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0);
+                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0,
+                          static_bytes);
 }
 }  // namespace
 
