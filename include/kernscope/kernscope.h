@@ -430,8 +430,10 @@ KS_API ks_status_t ks_argmax(DLTensor* out, const DLTensor* x, ks_backend_t back
  * same ids on every backend and every replay for the same (seed, offset)
  * (docs/contracts.md#sample):
  *   logits [rows, vocab] fp16/bf16/fp32, vocab > 0; out int64 [rows];
- *   valid uint8 [rows] or NULL: 1, or 0 for a row holding NaN or +inf or only -inf
- *     (its out is 0, the placeholder id; other rows are unaffected);
+ *   valid uint8 [rows] or NULL: 1, or 0 for a row without a distribution: NaN or +inf,
+ *     only -inf, a finite logit whose logit / temperature overflows to +inf (a tiny
+ *     temperature), or finite logits whose quotients all round to -inf (its out is 0, the
+ *     placeholder id; other rows are unaffected);
  *   seed_offset int64 [2] = {seed, offset} on logits' device, read only: the row r
  *     draw is Philox4x32-10(key = seed, counter = (offset, r)); advance offset between
  *     steps (a CUDA graph replays the same tensor, so updating it changes the draw);

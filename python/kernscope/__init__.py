@@ -118,7 +118,8 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
     Args:
         op: an op name (see :data:`OPS`).
         dtype: "fp16" | "bf16" | "fp32" (or a numpy/torch dtype); fp32 by default, as
-            ``ksctl which``.
+            ``ksctl which``; "bf16:q4_1" (``ksctl which --dtype``'s spelling) is dtype "bf16"
+            with qtype "q4_1".
         device: "cpu" | "cuda" | "auto" (or a torch.device / "cuda:0").
         rows, cols: both or neither: the choice for a call of that shape as the routing table
             keys it (docs/routing.md#shape-keys-rows-cols, e.g. quant_matmul: m and n * k; cols
@@ -131,7 +132,7 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
     Raises:
         ValueError: an unknown op or device; only one of rows and cols; a negative one; cols
             neither an integer nor "NxK"; an unknown qtype, or one given for an op without packed
-            weights.
+            weights; a block format given both in dtype and as qtype.
         TypeError: an unsupported dtype.
         RuntimeError: the device's backend is not available (e.g. "cuda" without a GPU).
     """
@@ -141,8 +142,10 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
         raise InvalidArgumentError("which: give both rows and cols, or neither")
     # (a block format as the ops take it: "q4_1", "Q4_1" or QType.Q4_1; the C ABI's "bf16:q4_1")
     if isinstance(dtype, str) and ":" in dtype:  # (the C ABI's and ksctl's "bf16:q4_1" spelling)
-        raise TypeError(f"which: dtype {dtype!r}: give the block format as qtype=, e.g. "
-                        f"which(op, {dtype.split(':')[0]!r}, qtype={dtype.split(':', 1)[1]!r})")
+        if qtype is not None:
+            raise InvalidArgumentError(f"which: dtype {dtype!r} names a block format and qtype={qtype!r} "
+                                       "another: give it once")
+        dtype, qtype = dtype.split(":", 1)
     dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + QType(_qtype("which", qtype)).name.lower())
     try:
         if rows is not None:

@@ -13,6 +13,10 @@ def _bound(x: object) -> str:
 
 
 def main() -> int:
+    import argparse
+
+    # no options: --help describes the listing, anything else is refused (exit 2)
+    argparse.ArgumentParser(prog="python -m kernscope", description=__doc__).parse_args()
     print(f"kernscope {ks.__version__}; CUDA backend: "
           f"{'available' if ks.backend_available('cuda') else 'not available'}")
     print("\nvariants (op, backend: name [dtypes])")

@@ -464,8 +464,11 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
         top_p: in (0, 1]; 1 turns it off. Ties at the cut-off keep the lower index.
         backend: "auto" | "cpu" | "cuda" (no "torch" reference for this op).
         out: optional int64 ``[rows]`` output.
-        valid: optional uint8 ``[rows]``, set to 1, or 0 for a row with NaN, +inf or only
-            -inf logits (whose id is the placeholder 0).
+        valid: optional uint8 ``[rows]``, set to 1, or 0 for a row without a distribution
+            (whose id is the placeholder 0): NaN or +inf logits, only -inf, a finite logit whose
+            z = logit / temperature overflows to +inf (e.g. 5 at temperature 1e-39; top_k=1 does
+            not avoid it) or finite logits whose z all round to -inf. Pass it wherever such rows
+            can occur: without it they are not told apart from a drawn id 0.
 
     Returns:
         A new int64 ``[rows]`` array, or ``out``.

@@ -149,6 +149,14 @@ def test_main_survives_a_closed_pipe():
     assert "BrokenPipeError" not in err and "Traceback" not in err, err
 
 
+def test_main_help_and_unknown_arguments():
+    # --help describes the listing (exit 0, no table); an argument it does not take: exit 2
+    h = subprocess.run([sys.executable, "-m", "kernscope", "--help"], capture_output=True, text=True, timeout=120)
+    assert h.returncode == 0 and "routing table" in h.stdout and "variants (op" not in h.stdout, h.stdout
+    b = subprocess.run([sys.executable, "-m", "kernscope", "bogus"], capture_output=True, text=True, timeout=120)
+    assert b.returncode == 2 and "unrecognized arguments: bogus" in b.stderr and b.stdout == "", (b.stdout, b.stderr)
+
+
 def test_which_arguments():
     assert ks.which("rms_norm") == ks.which("rms_norm", "fp32", "cpu")  # the defaults of `ksctl which`
     assert ks.which("rms_norm", np.float32, "cpu") == ks.which("rms_norm", "fp32", "cpu")
@@ -160,9 +168,13 @@ def test_which_arguments():
     assert v == ks.which("paged_attention", "fp32", "cpu")[0] and "runs paged_attention's variants" in why
     with pytest.raises(TypeError, match="dtype"):
         ks.which("rms_norm", dtype="int4")
-    # the CLI's "bf16:q8_0" spelling points at qtype=; a format the op does not take is named as given
-    with pytest.raises(TypeError, match="qtype='q8_0'"):
-        ks.which("quant_matmul_a8", dtype="bf16:q8_0")
+    # the CLI's "bf16:q8_0" spelling is dtype + qtype (given once); a format the op does not take is
+    # named as given
+    assert ks.which("quant_matmul_a8", dtype="bf16:q8_0") == ks.which("quant_matmul_a8", "bf16", qtype="q8_0")
+    with pytest.raises(ks.InvalidArgumentError, match="give it once"):
+        ks.which("quant_matmul_a8", dtype="bf16:q8_0", qtype="q4_1")
+    with pytest.raises(ks.InvalidArgumentError, match="unknown qtype 'q4_k'"):
+        ks.which("quant_matmul_a8", dtype="bf16:q4_k")
     with pytest.raises(ks.InvalidArgumentError, match="which: qtype: .*got 'f16'"):
         ks.which("quant_matmul_a8", "bf16", qtype="f16")
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
