@@ -15,6 +15,7 @@
 
 #include <sched.h>
 
+#include <cctype>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -579,9 +580,10 @@ int main(int argc, char** argv) {
   std::string w_op, w_dtype = "fp32", w_device = "cpu";
   which->add_option("op", w_op, "operator name, e.g. rms_norm")->required();
   which->add_option("--dtype", w_dtype,
-                    "fp16 | bf16 | fp32 (or torch's names: float16, bfloat16, float32); for the packed-weight ops "
+                    "fp16 | bf16 | fp32 (or torch's names: float16, bfloat16, float32; any case); for the packed-weight ops "
                     "optionally followed by the weights' block format, e.g. bf16:q4_1 (the routing cells bound to one)")
       ->transform([](std::string v) {
+        for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));  // (BF16:Q4_1 as bf16:q4_1)
         const size_t colon = v.find(':');
         std::string base = v.substr(0, colon);
         const std::map<std::string, std::string> alias{{"float16", "fp16"}, {"half", "fp16"}, {"bfloat16", "bf16"},
