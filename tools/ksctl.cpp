@@ -36,7 +36,7 @@
 #include "model/generate.hpp"
 
 int run_check(const std::string& backend, const std::string& op_filter, bool verbose);  // tools/check.cpp
-std::vector<std::pair<std::string, std::string>> check_entry_points();  // tools/check.cpp
+std::vector<std::string> check_entry_points();  // tools/check.cpp
 int run_tune(const std::string& backend, std::string op, int reps, const std::string& dir, bool quiet);  // tools/tune.cpp
 int run_tune_from_csv(const std::string& csv, const std::string& dir, const std::string& commit);  // tools/tune.cpp
 
@@ -140,7 +140,7 @@ int cmd_ops() {
       std::printf("%-*s %-7s %s\n", w, op.c_str(), be.c_str(), s.c_str());
     }
   // entry points without variants of their own (ks_which / force_variant answer them as that op)
-  for (const auto& [entry, op] : check_entry_points())
+  for (const std::string& entry : check_entry_points())
     if (const char* runs = ks_op_runs_variants_of(entry.c_str()))
       std::printf("%-*s %-7s runs %s's variants (entry point)\n", w, entry.c_str(), "", runs);
   std::printf("\nCUDA backend: %s\n", cuda_status().c_str());

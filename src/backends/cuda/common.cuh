@@ -754,6 +754,14 @@ int cluster16_or_8(int dev, int threads, size_t smem, const char* op) {
   });
 }
 
+// Kern's static shared memory in bytes (the same on every device that runs this build's code).
+template <auto Kern>
+int64_t static_smem_bytes(const char* op) {
+  cudaFuncAttributes fa{};
+  check_cuda(cudaFuncGetAttributes(&fa, Kern), op, "read the kernel's attributes");
+  return int64_t(fa.sharedSizeBytes);
+}
+
 // The dynamic shared memory one CTA of Kern may take on device dev: the device's opt-in limit
 // less Kern's static shared memory. Kern's limit is raised to that once per (kernel, device),
 // with dev made current (function attributes are per device; can_implement runs without a
@@ -765,9 +773,7 @@ int64_t opt_in_smem_limit(int dev, const char* op) {
     int optin = 0;
     check_cuda(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, d), op,
                "read the shared memory limit");
-    cudaFuncAttributes fa{};
-    check_cuda(cudaFuncGetAttributes(&fa, Kern), op, "read the kernel's attributes");
-    const int limit = optin - int(fa.sharedSizeBytes);
+    const int limit = optin - int(static_smem_bytes<Kern>(op));
     check_cuda(cudaFuncSetAttribute(Kern, cudaFuncAttributeMaxDynamicSharedMemorySize, limit), op,
                "set the dynamic shared memory size");
     return int64_t(limit);

@@ -533,14 +533,9 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
     constexpr ks_qtype_t Q = decltype(q)::value;
     limit = std::min(opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, false>>(dev, "quant_matmul_a8"),
                      opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, true>>(dev, "quant_matmul_a8"));
-    static const int64_t st = [] {  // the larger static shared memory of the two forms
-      cudaFuncAttributes f0{}, f1{};
-      check_cuda(cudaFuncGetAttributes(&f0, quant_gemv_a8_resident_kernel<T, Q, false>), "quant_matmul_a8",
-                 "read the kernel's attributes");
-      check_cuda(cudaFuncGetAttributes(&f1, quant_gemv_a8_resident_kernel<T, Q, true>), "quant_matmul_a8",
-                 "read the kernel's attributes");
-      return int64_t(std::max(f0.sharedSizeBytes, f1.sharedSizeBytes));
-    }();
+    static const int64_t st =  // the larger static shared memory of the two forms
+        std::max(static_smem_bytes<quant_gemv_a8_resident_kernel<T, Q, false>>("quant_matmul_a8"),
+                 static_smem_bytes<quant_gemv_a8_resident_kernel<T, Q, true>>("quant_matmul_a8"));
     static_bytes = st;
   });
   const DeviceProps& dp = device_props(dev);
