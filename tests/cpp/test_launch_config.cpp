@@ -6,8 +6,9 @@
 
 #include <cmath>
 #include <fstream>
-#include <random>
 #include <map>
+#include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -317,6 +318,16 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
     if (p.grid) EXPECT_EQ(p.ctas_per_sm, (w.N >= 264 && w.K < 1024) || w.block_bytes == 34 ? 2 : 1);
     if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : w.rows_cta >= 24 ? 12 : 8);
   }
+  // the padded rows' strides (a8_padded_row_bytes) keep 4096 x 4096's plans: Q4_0 one CTA with
+  // room for the next call's beside it, Q8_0 two CTAs
+  const auto q40 = a8_resident_plan(4096, 4096, 2304 + 15 * 16, 132, kSmem, kLimit, kX);
+  EXPECT_EQ(q40.grid, 132u);
+  EXPECT_EQ(q40.smem, size_t(6144 + 32 * 2544 + 32));
+  EXPECT_TRUE(q40.entry_trigger);
+  const auto q80 = a8_resident_plan(4096, 4096, 4352 + 7 * 32, 132, kSmem, kLimit, kX);
+  EXPECT_EQ(q80.grid, 264u);
+  EXPECT_EQ(q80.smem, size_t(6144 + 16 * 4576 + 32));
+  EXPECT_FALSE(q80.entry_trigger);
   // forced counts and sizes; nothing for empty or malformed shapes or sizes
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 2).grid, 264u);
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 4).grid, 528u);
@@ -378,6 +389,53 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
               EXPECT_LE(K / 32 * kX + 15 + (r1 - r0) * RB + 15 + 2, int64_t(p.smem));
             }
           }
+}
+
+// cuda_a8_resident's padded rows (a8_row_pad): a warp's 32 lanes read blocks 32 i .. 32 i + 31 of a
+// row, each the 4-byte words covering its block from the word at or just before its start (the
+// kernel's a8_load_block: Q4_0 / Q8_0 blocks are 2-byte aligned). Padded, each of those loads
+// touches 32 distinct banks at every i; in memory's layout, Q4_0 and Q8_0 put two words in a bank
+// (two passes per load), Q4_1 none. Also the offsets: the groups are whole 16-byte pieces apart.
+TEST(A8RowPad, OneBankPerLaneInEveryWordLoad) {
+  using ks::cuda::a8_padded_block_offset;
+  using ks::cuda::a8_padded_row_bytes;
+  using ks::cuda::a8_row_pad;
+  using ks::cuda::A8RowPad;
+  auto worst_pass = [](int64_t bb, A8RowPad pad, int64_t nb) {  // most words in one bank, any load
+    const int words = bb == 34 ? 9 : 5;
+    int worst = 0;
+    for (int64_t i = 0; 32 * i < nb; ++i)
+      for (int j = 0; j < words; ++j) {
+        std::map<int64_t, std::set<int64_t>> banks;
+        for (int64_t lane = 0; lane < 32 && 32 * i + lane < nb; ++lane) {
+          const int64_t at = a8_padded_block_offset(32 * i + lane, bb, pad);
+          const int64_t word = (at - (at & 2)) / 4 + j;
+          banks[word % 32].insert(word);
+        }
+        for (const auto& kv : banks) worst = std::max(worst, int(kv.second.size()));
+      }
+    return worst;
+  };
+  for (int64_t nb : {8, 40, 128, 448, 1024}) {
+    SCOPED_TRACE("blocks " + std::to_string(nb));
+    EXPECT_EQ(worst_pass(18, a8_row_pad(18), nb), 1);
+    EXPECT_EQ(worst_pass(34, a8_row_pad(34), nb), 1);
+    EXPECT_EQ(worst_pass(18, A8RowPad{}, nb), nb >= 16 ? 2 : 1);
+    EXPECT_EQ(worst_pass(34, A8RowPad{}, nb), nb >= 16 ? 2 : 1);
+    EXPECT_EQ(worst_pass(20, a8_row_pad(20), nb), 1);  // (Q4_1: no pad, none needed)
+  }
+  EXPECT_EQ(a8_row_pad(20).group_blocks, 0);
+  EXPECT_EQ(a8_padded_row_bytes(2560, 20, a8_row_pad(20)), 2560);
+  EXPECT_EQ(a8_padded_row_bytes(2304, 18, a8_row_pad(18)), 2304 + 15 * 16);  // 16 groups of 8
+  EXPECT_EQ(a8_padded_row_bytes(4352, 34, a8_row_pad(34)), 4352 + 7 * 32);   // 8 groups of 16
+  EXPECT_EQ(a8_padded_row_bytes(1360, 34, a8_row_pad(34)), 1360 + 2 * 32);   // 40 blocks: 16 + 16 + 8
+  for (int64_t bb : {18, 34}) {
+    const A8RowPad pad = a8_row_pad(bb);
+    EXPECT_EQ(pad.group_blocks * bb % 16, 0);
+    EXPECT_EQ(pad.pad_bytes % 16, 0);
+    EXPECT_EQ(a8_padded_block_offset(pad.group_blocks, bb, pad), pad.group_blocks * bb + pad.pad_bytes);
+    EXPECT_EQ(a8_padded_block_offset(pad.group_blocks - 1, bb, pad), (pad.group_blocks - 1) * bb);
+  }
 }
 
 // KS_PDL_OFF's list: exact names between commas, empty items skipped.

@@ -1454,8 +1454,11 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
 // rows (N odd, N < and > the SM count), K = 576 (18 blocks: lanes idle), 4096 and 14336 (several
 // blocks per lane), 14336 x 4096 (more stages than ring slots: 19 on 8 for Q8_0, 4-5 on 3 for
 // Q4_x; 20000 x 576 fills 1-3 slots once), 600005 x 32 (a
-// 20-byte or 18-byte row per output); weights 0, 16 and 2 bytes into their allocation (2: no
-// bulk copies, and for the 2-byte aligned formats the byte-load path of cuda_a8_warp); M 1 and 3
+// 20-byte or 18-byte row per output); weights 0, 16, 4 and 2 bytes into their allocation (4:
+// cuda_a8_resident's rows as in memory, where 0 and 16 pad Q4_0 / Q8_0 rows of a multiple of 16
+// bytes: K 1536, 4096, 14336, 32768, and 1280, whose Q8_0 rows end in a partial group of 8 of
+// the 16 blocks; 2: no bulk copies, and for the 2-byte aligned formats the byte-load path of
+// cuda_a8_warp); M 1 and 3
 // (cuda_a8_bulk_stream and cuda_a8_resident decline M > 1 and say so; cuda_a8_resident: 1 to 16 rows
 // per CTA, N below its grid, a lone last row per CTA). A NaN in one row's block and an inf in
 // another's make those rows NaN and leave the third finite.
@@ -1476,11 +1479,12 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
   };
   const std::vector<Case> cases{{1, 1, 32},     {1, 7, 64},      {1, 131, 576},  {1, 133, 576}, {1, 4096 + 9, 4096},
                                 {1, 300, 14336}, {1, 14336, 4096}, {1, 20000, 576}, {1, 600005, 32}, {3, 50, 576},
-                                {3, 33, 1536}, {1, 50, 32768}};  // (32768: x's 16-byte staging takes two rounds)
+                                {3, 33, 1536}, {1, 50, 32768},  // (32768: x's 16-byte staging takes two rounds)
+                                {1, 77, 1280}, {1, 260, 1536}};
   for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
     for (const Case& c : cases)
-      for (size_t off : {size_t(0), size_t(16), size_t(2)}) {
-        if (c.N * c.K > 4096 * 4096 && off == 2) continue;  // the large shapes at the aligned offsets only
+      for (size_t off : {size_t(0), size_t(16), size_t(4), size_t(2)}) {
+        if (c.N * c.K > 4096 * 4096 && (off == 4 || off == 2)) continue;  // large shapes: 16-byte aligned only
         Buf w = make_packed(q, c.N, c.K, nullptr, off);  // made and uploaded once for the three dtypes
         DBuf dw(DType::U8, w.shape, off);
         dw.upload(w);
@@ -1522,7 +1526,7 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
             const ks::TensorView vo = dout.view(), va = dx.view(), vb = dw.view();  // own the shapes
             DLTensor o = vo.dl(), a = va.dl(), b = vb.dl();
             const ks_status_t st = ks_quant_matmul_a8(&o, &a, &b, q, KS_BACKEND_CUDA, nullptr);
-            const bool bulk_declines = c.M > 1 || off == 2 || w.shape[1] % 4 != 0;
+            const bool bulk_declines = c.M > 1 || off == 4 || off == 2 || w.shape[1] % 4 != 0;
             if (std::string(v) == "cuda_a8_bulk_stream" && bulk_declines) {
               EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << ks_last_error();
               continue;
@@ -1536,6 +1540,13 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
               continue;
             }
             ASSERT_EQ(st, KS_SUCCESS) << ks_last_error();
+            if (std::string(v) == "cuda_a8_resident" && !std::getenv("KS_QMM_A8_RES_PAD") && !std::getenv("KS_QMM_A8_RES_BULK")) {
+              // padded rows exactly where a8_row_pad has a layout and the rows are 16-byte pieces
+              const bool padded = q != KS_QTYPE_Q4_1 && off % 16 == 0 && w.shape[1] % 16 == 0;
+              EXPECT_NE(std::string(ks_last_launch_config("quant_matmul_a8")).find(padded ? "padded=1" : "padded=0"),
+                        std::string::npos)
+                  << ks_last_launch_config("quant_matmul_a8");
+            }
             CK(cudaDeviceSynchronize());
             dout.download(got);
             EXPECT_TRUE(same(got, ref, c.M * c.N));
@@ -1560,7 +1571,7 @@ TEST(Cuda, QuantMatmulA8ResidentChainKeepsTheOrder) {
   NEED_GPU();
   using namespace kstest::gguf;
   constexpr int64_t K = 4096, kSteps = 6;
-  for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+  for (ks_qtype_t q : {KS_QTYPE_Q4_1, KS_QTYPE_Q8_0, KS_QTYPE_Q4_0}) {  // (Q8_0, Q4_0: padded rows)
     SCOPED_TRACE(qfmt(q).name);
     kstest::ScopedVariant pin("quant_matmul_a8", "cuda_a8_resident");
     ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();

@@ -302,6 +302,30 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // grids that run in several waves (each CTA's rows within its shared memory; measured slower than
 // the bulk ring at 14336 x 4096: Q4_1 11.87-12.75 us against 10.40).
 constexpr int kA8ResidentMaxWarps = 16;
+// cuda_a8_resident's padded rows (Q4_0, Q8_0). A warp's lane l reads block l of a row (then
+// l + 32, ...) with 4-byte loads; blocks of 18 or 34 bytes put lanes l and l + 8 (Q4_0) or
+// l + 16 (Q8_0) in the same shared-memory bank, so every weight load took two passes (Q4_1's
+// 20 bytes: none). Staged with `pad_bytes` of padding after each group of `group_blocks`
+// blocks (a multiple of 16 bytes, so 16-byte copies make it), the 32 lanes' words fall in 32
+// banks: groups of 8 Q4_0 blocks (144 bytes) + 16, of 16 Q8_0 blocks (544 bytes) + 32 (found by
+// enumerating groups and pads; tests/cpp/test_launch_config.cpp checks the banks).
+struct A8RowPad {
+  int group_blocks = 0, pad_bytes = 0;  // 0: rows as in memory
+};
+constexpr A8RowPad a8_row_pad(int64_t block_bytes) {
+  return block_bytes == 18 ? A8RowPad{8, 16} : block_bytes == 34 ? A8RowPad{16, 32} : A8RowPad{};
+}
+// A row's bytes in shared memory under `pad` (row_bytes a multiple of 16 and of block_bytes):
+// every group but the last followed by its pad.
+constexpr int64_t a8_padded_row_bytes(int64_t row_bytes, int64_t block_bytes, A8RowPad pad) {
+  if (pad.group_blocks == 0) return row_bytes;
+  const int64_t groups = (row_bytes / block_bytes + pad.group_blocks - 1) / pad.group_blocks;
+  return row_bytes + (groups > 0 ? groups - 1 : 0) * pad.pad_bytes;
+}
+// Where block b of a padded row starts, bytes from the row's start.
+constexpr int64_t a8_padded_block_offset(int64_t b, int64_t block_bytes, A8RowPad pad) {
+  return b * block_bytes + (pad.group_blocks ? b / pad.group_blocks * pad.pad_bytes : 0);
+}
 // short rows: 12 warps per CTA from this many rows per CTA (a pair for each), else 8
 constexpr int64_t kA8ResidentShortRows = 24;
 struct A8ResidentPlan {

@@ -253,25 +253,36 @@ __device__ __forceinline__ A8XRegs a8_x(const A8X* xs, int b) {
   return {q[0], q[1], *reinterpret_cast<const float4*>(&xs[b].d)};
 }
 
-// Rows t and t + 1 of the `rows` rows at src (RB bytes apart, 4-byte aligned) dotted with x's
-// staged blocks in the contract's order (lane l: blocks l, l + 32, ...; then warp_sum); lane 0
-// writes out[t] and out[t + 1]. Where t + 1 == rows, row t is summed twice and written once.
-template <typename T, ks_qtype_t Q>
-__device__ __forceinline__ void a8_row_pair(const unsigned char* src, int64_t RB, int t, int rows, const A8X* xs,
-                                            int nb, int lane, T* out) {
+// Rows t .. t + R - 1 of the `rows` rows at src (RB bytes apart, 4-byte aligned; PAD: laid out as
+// a8_row_pad says, block b at a8_padded_block_offset) dotted with x's staged blocks in the
+// contract's order (lane l: blocks l, l + 32, ...; then warp_sum); lane 0 writes their outputs.
+// Rows past the last are summed as the last row and not written. A warp's x loads serve R rows:
+// at R = 4, half of R = 2's x traffic per row.
+template <typename T, ks_qtype_t Q, int R, bool PAD>
+__device__ __forceinline__ void a8_row_group(const unsigned char* src, int64_t RB, int t, int rows, const A8X* xs,
+                                             int nb, int lane, T* out) {
   constexpr int BB = int(q_block_bytes(Q));
-  const unsigned char* ra = src + int64_t(t) * RB;
-  const unsigned char* rb = src + int64_t(min(t + 1, rows - 1)) * RB;
-  float acc0 = 0.f, acc1 = 0.f;
+  constexpr A8RowPad pad = PAD ? a8_row_pad(BB) : A8RowPad{};
+  static_assert(!PAD || pad.group_blocks > 0, "no padded layout for this format");
+  const unsigned char* r[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) r[i] = src + int64_t(min(t + i, rows - 1)) * RB;
+  float acc[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) acc[i] = 0.f;
   for (int b = lane; b < nb; b += 32) {
     const A8XRegs xr = a8_x(xs, b);
-    acc0 = __fadd_rn(acc0, a8_block<Q, true>(ra + b * BB, xr.x0, xr.x1, xr.s));
-    acc1 = __fadd_rn(acc1, a8_block<Q, true>(rb + b * BB, xr.x0, xr.x1, xr.s));
+    const int off = PAD ? int(a8_padded_block_offset(b, BB, pad)) : b * BB;
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = __fadd_rn(acc[i], a8_block<Q, true>(r[i] + off, xr.x0, xr.x1, xr.s));
   }
-  const float s0 = warp_sum(acc0), s1 = warp_sum(acc1);
+  float s[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) s[i] = warp_sum(acc[i]);
   if (lane == 0) {
-    out[t] = Dt<T>::from_f(s0);
-    if (t + 1 < rows) out[t + 1] = Dt<T>::from_f(s1);
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i == 0 || t + i < rows) out[t + i] = Dt<T>::from_f(s[i]);
   }
 }
 
@@ -355,7 +366,7 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
     mbar_wait(&full[s], unsigned(i / S) & 1u);
     // row pairs dealt across stages (bulk_rotated), so short stages still spread over every warp
     for (int t = 2 * bulk_rotated(warp, i * pairs); t < rows; t += 2 * kBulkWarps)
-      a8_row_pair<T, Q>(src, RB, t, rows, xs, nb, lane, out + a);
+      a8_row_group<T, Q, 2, false>(src, RB, t, rows, xs, nb, lane, out + a);
     mbar_arrive(&empty[s]);  // this thread is done with the slot
   }
 }
@@ -375,9 +386,36 @@ struct A8ResParams {
   const uint8_t* w;  // 4-byte aligned, row_bytes a multiple of 4
   void* out;
   int64_t N, K, row_bytes;
-  bool x_vec;          // x 16-byte aligned: staged by 16-byte loads
-  bool entry_trigger;  // griddepcontrol.launch_dependents at entry, else after the wait
+  int64_t smem_row_bytes;  // a staged row's bytes (row_bytes; the PAD form: a8_padded_row_bytes)
+  bool x_vec;              // x 16-byte aligned: staged by 16-byte loads
+  bool entry_trigger;      // griddepcontrol.launch_dependents at entry, else after the wait
 };
+
+// Rows n0 .. n0 + rows - 1 of w (16-byte aligned, row_bytes a multiple of 16) into dst (16-byte
+// aligned) as a8_row_pad lays them out for block size BB, `stride` bytes per staged row: 16-byte
+// cp.async copies, thread t of nt taking copies t, t + nt, ... (row-major), one commit group.
+template <int BB>
+__device__ __forceinline__ void stage_padded_rows(unsigned char* dst, const uint8_t* w, int64_t row_bytes, int64_t n0,
+                                                  int rows, int64_t stride, unsigned t, unsigned nt) {
+  constexpr A8RowPad pad = a8_row_pad(BB);
+  constexpr int GB = pad.group_blocks * BB;  // a group's bytes, a multiple of 16
+  static_assert(pad.group_blocks > 0 && GB % 16 == 0, "a padded format");
+  const int rc = int(row_bytes / 16);  // copies per row
+  const uint8_t* src = w + n0 * row_bytes;
+  int row = int(t / unsigned(rc)), k = int(t % unsigned(rc));
+  const int step_rows = int(nt / unsigned(rc)), step_k = int(nt % unsigned(rc));
+  while (row < rows) {
+    cp_async_bytes(dst + row * stride + 16 * k + (16 * k / GB) * pad.pad_bytes, src + int64_t(row) * row_bytes + 16 * k,
+                   16);
+    row += step_rows;
+    k += step_k;
+    if (k >= rc) {
+      k -= rc;
+      ++row;
+    }
+  }
+  cp_async_commit();
+}
 
 // Timeline (a build with -DKS_ATTN_TIMELINE=ON only, which defines KS_QMM_TIMELINE here: a
 // measurement, never in a release build): each CTA of cuda_a8_resident takes the next of its SM's
@@ -399,9 +437,12 @@ __device__ __forceinline__ unsigned long long qtl_now() {
 
 // BULK: the rows by one lane's bulk copies on an mbarrier (w 16-byte aligned), else every thread's
 // cp.async (a template parameter: a runtime flag changed the sums' code for Q4_0 / Q4_1, 55 -> 48
-// registers, and cost them 0.2-0.9 us at cf135c6).
-template <typename T, ks_qtype_t Q, bool BULK>
+// registers, and cost them 0.2-0.9 us at cf135c6). PAD: the rows staged as a8_row_pad lays them
+// out (Q4_0 / Q8_0; w 16-byte aligned, row_bytes a multiple of 16; not with BULK). R: rows per
+// warp step (a8_row_group).
+template <typename T, ks_qtype_t Q, bool BULK, bool PAD, int R>
 __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_resident_kernel(const A8ResParams p) {
+  static_assert(!(BULK && PAD), "bulk copies are linear: no padded rows");
   extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
   const int NT = int(blockDim.x), nwarps = NT / 32;
   __shared__ uint64_t rows_landed;  // (BULK)
@@ -429,6 +470,9 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
                         kA8ChunkBytes);
     }
     rows = dst + ((r0 * p.row_bytes) & 15);
+  } else if constexpr (PAD) {
+    stage_padded_rows<int(q_block_bytes(Q))>(dst, p.w, p.row_bytes, r0, int(r1 - r0), p.smem_row_bytes, threadIdx.x, NT);
+    rows = dst;
   } else {
     rows = stage_weight_rows(dst, p.w, p.row_bytes, r0, r1 - r0, threadIdx.x, NT);
   }
@@ -472,8 +516,8 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   __syncthreads();  // (tl)
 #endif
   const int n = int(r1 - r0);
-  for (int t = 2 * warp; t < n; t += 2 * nwarps)
-    a8_row_pair<T, Q>(rows, p.row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
+  for (int t = R * warp; t < n; t += R * nwarps)
+    a8_row_group<T, Q, R, PAD>(rows, p.smem_row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
 #if defined(KS_QMM_TIMELINE)
   if (lane == 0 && warp < kQtlEvents - 8) {
     __threadfence_block();  // (the outputs' stores issued)
@@ -522,6 +566,70 @@ BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
   return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
                       int64_t(sizeof(A8X)));
 }
+// cuda_a8_resident's forms for x of T and weights of Q: (bulk copies, padded rows, rows per warp
+// step). The smallest dynamic shared memory limit and the largest static bytes over the forms a
+// call may launch size the plan.
+template <typename T, ks_qtype_t Q>
+struct A8ResidentForms {
+  static constexpr bool kPad = a8_row_pad(q_block_bytes(Q)).group_blocks > 0;
+  using Kernel = void (*)(A8ResParams);
+  template <auto... Ks>
+  static int64_t min_limit(int dev) {
+    return std::min({opt_in_smem_limit<Ks>(dev, "quant_matmul_a8")...});
+  }
+  template <auto... Ks>
+  static int64_t max_static() {
+    return std::max({static_smem_bytes<Ks>("quant_matmul_a8")...});
+  }
+  static Kernel pick(bool bulk, bool pad, int rows) {
+    if (bulk) return quant_gemv_a8_resident_kernel<T, Q, true, false, 2>;
+    if constexpr (kPad)
+      if (pad)
+        return rows == 4 ? quant_gemv_a8_resident_kernel<T, Q, false, true, 4>
+                         : quant_gemv_a8_resident_kernel<T, Q, false, true, 2>;
+    return rows == 4 ? quant_gemv_a8_resident_kernel<T, Q, false, false, 4>
+                     : quant_gemv_a8_resident_kernel<T, Q, false, false, 2>;
+  }
+  static int64_t limit(int dev) {
+    if constexpr (kPad)
+      return min_limit<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
+                       quant_gemv_a8_resident_kernel<T, Q, false, false, 4>, quant_gemv_a8_resident_kernel<T, Q, false, true, 2>,
+                       quant_gemv_a8_resident_kernel<T, Q, false, true, 4>>(dev);
+    else
+      return min_limit<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
+                       quant_gemv_a8_resident_kernel<T, Q, false, false, 4>>(dev);
+  }
+  static int64_t static_bytes() {
+    if constexpr (kPad)
+      return max_static<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
+                        quant_gemv_a8_resident_kernel<T, Q, false, false, 4>, quant_gemv_a8_resident_kernel<T, Q, false, true, 2>,
+                        quant_gemv_a8_resident_kernel<T, Q, false, true, 4>>();
+    else
+      return max_static<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
+                        quant_gemv_a8_resident_kernel<T, Q, false, false, 4>>();
+  }
+};
+
+// How a call stages its rows: bulk copies (KS_QMM_A8_RES_BULK=1, a measurement; w 16-byte
+// aligned), padded (a8_row_pad's formats, w 16-byte aligned, row_bytes a multiple of 16;
+// KS_QMM_A8_RES_PAD=0 turns it off for comparisons) or as in memory; and rows per warp step
+// (KS_QMM_A8_RES_ROWS=4, else 2).
+struct A8ResidentLayout {
+  bool bulk, pad;
+  int rows_per_step;
+  int64_t smem_row_bytes;
+};
+A8ResidentLayout a8_resident_layout(const ops::QuantMatmulArgs& a) {
+  static const bool bulk_on = env_number("KS_QMM_A8_RES_BULK", 0) != 0;
+  static const bool pad_on = env_number("KS_QMM_A8_RES_PAD", 1) != 0;
+  static const int rows = env_number("KS_QMM_A8_RES_ROWS", 2) == 4 ? 4 : 2;
+  const bool w16 = aligned16(a.weight.data), bulk = bulk_on && w16;
+  const A8RowPad pad = a8_row_pad(q_block_bytes(a.qtype));
+  const bool padded = !bulk && pad_on && pad.group_blocks > 0 && w16 && a.row_bytes % 16 == 0;
+  return {bulk, padded, bulk ? 2 : rows,
+          padded ? a8_padded_row_bytes(a.row_bytes, q_block_bytes(a.qtype), pad) : a.row_bytes};
+}
+
 A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
   static const int ctas = int(env_number("KS_QMM_A8_RES_CTAS", 0));
@@ -529,19 +637,15 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   static const int warps = int(env_number("KS_QMM_A8_RES_WARPS", 0));
   int64_t limit = 0, static_bytes = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    using T = decltype(tag);
-    constexpr ks_qtype_t Q = decltype(q)::value;
-    limit = std::min(opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, false>>(dev, "quant_matmul_a8"),
-                     opt_in_smem_limit<quant_gemv_a8_resident_kernel<T, Q, true>>(dev, "quant_matmul_a8"));
-    static const int64_t st =  // the larger static shared memory of the two forms
-        std::max(static_smem_bytes<quant_gemv_a8_resident_kernel<T, Q, false>>("quant_matmul_a8"),
-                 static_smem_bytes<quant_gemv_a8_resident_kernel<T, Q, true>>("quant_matmul_a8"));
+    using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
+    limit = Forms::limit(dev);
+    static const int64_t st = Forms::static_bytes();
     static_bytes = st;
   });
   const DeviceProps& dp = device_props(dev);
-  return a8_resident_plan(a.n, a.k, a.row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
-                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0,
-                          static_bytes);
+  return a8_resident_plan(a.n, a.k, a8_resident_layout(a).smem_row_bytes, dp.sm_count, dp.smem_per_sm, limit,
+                          int64_t(sizeof(A8X)), ctas >= 1 && ctas <= 8 ? ctas : 0, !waves,
+                          warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0, static_bytes);
 }
 }  // namespace
 
@@ -624,24 +728,21 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   // KS_QMM_A8_RES_TRIGGER=1 / 0 (measurements): at entry / after the wait whatever the plan says
   static const long long trig = env_number("KS_QMM_A8_RES_TRIGGER", -1);
   const bool entry = trig < 0 ? plan.entry_trigger : trig != 0;
-  // KS_QMM_A8_RES_BULK=1: the rows by bulk copies where w is 16-byte aligned (a measurement)
-  static const bool bulk_on = env_number("KS_QMM_A8_RES_BULK", 0) != 0;
-  const bool bulk = bulk_on && aligned16(a.weight.data);
+  const A8ResidentLayout lay = a8_resident_layout(a);
   const A8ResParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                      a8_x_vec(a.x.data), entry};
+                      lay.smem_row_bytes, a8_x_vec(a.x.data), entry};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    using T = decltype(tag);
-    constexpr ks_qtype_t Q = decltype(q)::value;
-    launch_kernel("quant_matmul_a8", bulk ? quant_gemv_a8_resident_kernel<T, Q, true> : quant_gemv_a8_resident_kernel<T, Q, false>,
-                  dim3(plan.grid), dim3(32 * plan.warps), plan.smem, s, 1, device_props(dev).pdl, p);
+    using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
+    launch_kernel("quant_matmul_a8", Forms::pick(lay.bulk, lay.pad, lay.rows_per_step), dim3(plan.grid),
+                  dim3(32 * plan.warps), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
                 "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld "
-                "bulk=%lld",
+                "bulk=%lld padded=%lld rows_per_step=%lld",
                 {plan.grid, plan.ctas_per_sm, plan.warps, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0,
-                 entry ? 1 : 0, bulk ? 1 : 0});
+                 entry ? 1 : 0, lay.bulk ? 1 : 0, lay.pad ? 1 : 0, lay.rows_per_step});
 }
 
 }  // namespace ks::cuda
