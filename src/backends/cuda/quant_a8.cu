@@ -590,7 +590,28 @@ struct A8ResidentForms {
     return rows == 4 ? quant_gemv_a8_resident_kernel<T, Q, false, false, 4>
                      : quant_gemv_a8_resident_kernel<T, Q, false, false, 2>;
   }
+  // KS_QMM_A8_RES_CARVEOUT=n (a measurement): every form's preferred shared-memory carveout set
+  // to n percent, once per device
+  template <auto... Ks>
+  static void carveout(int dev) {
+    static const long long pct = env_number("KS_QMM_A8_RES_CARVEOUT", -1);
+    if (pct < 0) return;
+    once_per_device<int>(dev, [&](int d) {
+      DeviceGuard guard(d, "quant_matmul_a8");
+      (check_cuda(cudaFuncSetAttribute(Ks, cudaFuncAttributePreferredSharedMemoryCarveout, int(pct)), "quant_matmul_a8",
+                  "set the shared memory carveout"),
+       ...);
+      return 0;
+    });
+  }
   static int64_t limit(int dev) {
+    if constexpr (kPad)
+      carveout<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
+               quant_gemv_a8_resident_kernel<T, Q, false, false, 4>, quant_gemv_a8_resident_kernel<T, Q, false, true, 2>,
+               quant_gemv_a8_resident_kernel<T, Q, false, true, 4>>(dev);
+    else
+      carveout<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
+               quant_gemv_a8_resident_kernel<T, Q, false, false, 4>>(dev);
     if constexpr (kPad)
       return min_limit<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
                        quant_gemv_a8_resident_kernel<T, Q, false, false, 4>, quant_gemv_a8_resident_kernel<T, Q, false, true, 2>,
