@@ -316,7 +316,8 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.entry_trigger, w.entry);
     if (p.grid) EXPECT_EQ(p.ctas_per_sm, (w.N >= 264 && w.K < 1024) || w.block_bytes == 34 ? 2 : 1);
-    if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : w.rows_cta >= 24 ? 12 : 8);
+    if (p.grid) EXPECT_EQ(p.rows_per_step, w.rows_cta >= 16 ? 4 : 2);
+    if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 8);
   }
   // the padded rows' strides (a8_padded_row_bytes) keep 4096 x 4096's plans: Q4_0 one CTA with
   // room for the next call's beside it, Q8_0 two CTAs
@@ -328,6 +329,12 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   EXPECT_EQ(q80.grid, 264u);
   EXPECT_EQ(q80.smem, size_t(6144 + 16 * 4576 + 32));
   EXPECT_FALSE(q80.entry_trigger);
+  // forced rows per step: 2 gives 49152 x 576 its 12 warps (a pair of rows each), 4 gives 576 x 576 4
+  const auto two = a8_resident_plan(49152, 576, 360, 132, kSmem, kLimit, kX, 0, true, 0, 0, 2);
+  EXPECT_EQ(two.rows_per_step, 2);
+  EXPECT_EQ(two.warps, 12);
+  EXPECT_EQ(a8_resident_plan(576, 576, 360, 132, kSmem, kLimit, kX, 0, true, 0, 0, 4).rows_per_step, 4);
+  EXPECT_EQ(a8_resident_plan(576, 576, 360, 132, kSmem, kLimit, kX, 0, true, 0, 0, 3).grid, 0u);
   // forced counts and sizes; nothing for empty or malformed shapes or sizes
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 2).grid, 264u);
   EXPECT_EQ(a8_resident_plan(4096, 4096, 2560, 132, kSmem, kLimit, kX, 4).grid, 528u);
@@ -378,7 +385,8 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
             const int64_t grid = sh.grid, need = sh.need;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
-            EXPECT_EQ(p.warps, c > 2 ? 8 : K >= 1024 ? 16 : sh.rows >= 24 ? 12 : 8);
+            EXPECT_EQ(p.rows_per_step, sh.rows >= 16 ? 4 : 2);
+            EXPECT_EQ(p.warps, c > 2 ? 8 : K >= 1024 ? 16 : 8);
             EXPECT_EQ(p.entry_trigger, sh.beside);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
             // widened byte range inside the CTA's shared memory beside x

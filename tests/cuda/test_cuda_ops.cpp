@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
 #include <limits>
@@ -1540,9 +1541,12 @@ TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
               continue;
             }
             ASSERT_EQ(st, KS_SUCCESS) << ks_last_error();
-            if (std::string(v) == "cuda_a8_resident" && !std::getenv("KS_QMM_A8_RES_PAD") && !std::getenv("KS_QMM_A8_RES_BULK")) {
-              // padded rows exactly where a8_row_pad has a layout and the rows are 16-byte pieces
-              const bool padded = q != KS_QTYPE_Q4_1 && off % 16 == 0 && w.shape[1] % 16 == 0;
+            if (std::string(v) == "cuda_a8_resident" && !std::getenv("KS_QMM_A8_RES_BULK")) {
+              // padded rows (KS_QMM_A8_RES_PAD=1) exactly where a8_row_pad has a layout and the rows
+              // are 16-byte pieces
+              const char* pad_env = std::getenv("KS_QMM_A8_RES_PAD");
+              const bool padded = pad_env && std::atoi(pad_env) != 0 && q != KS_QTYPE_Q4_1 && off % 16 == 0 &&
+                                  w.shape[1] % 16 == 0;
               EXPECT_NE(std::string(ks_last_launch_config("quant_matmul_a8")).find(padded ? "padded=1" : "padded=0"),
                         std::string::npos)
                   << ks_last_launch_config("quant_matmul_a8");

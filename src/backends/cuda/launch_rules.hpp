@@ -289,6 +289,11 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    2.04-2.16 with 12 at cfbbebc); never more than 16 (24 / 32 warps at d98dc51: Q4_1 4096 x 4096
 //    4.79 / 5.16 us against 3.17: one CTA of 1024 threads takes all of an SM's registers, so the
 //    next call's CTA no longer fits beside it);
+//  - rows per warp step (a8_row_group: one load of x's blocks serves that many rows): 4 where a CTA
+//    has 16 rows or more, with 8 warps at short rows (measured at 364b09a, bf16 x, against the 2 rows
+//    and the warps above: 49152 x 576 Q4_1 7.36 us against 9.35, Q4_0 8.35 against 9.27, Q8_0
+//    11.61 against 13.44; 4096 x 4096 Q4_1 3.10 against 3.17 at 16 warps, 3.25 at 8; Q8_0 5.98
+//    with padded rows against 6.02 with 2 rows), else 2 (a warp would take every row);
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
@@ -298,7 +303,8 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // static_bytes: the kernel's static shared memory (counted per CTA with the dynamic bytes, in the
 // 128-byte units the SM allocates). ctas_per_sm > 0 forces the count (KS_QMM_A8_RES_CTAS, 1 to 8;
 // whether that many CTAs fit the SM's threads and registers is not checked), warps > 0 the CTA's size
-// (KS_QMM_A8_RES_WARPS, 4 to 16); one_wave = false (KS_QMM_A8_RES_WAVES=1, a measurement) also plans
+// (KS_QMM_A8_RES_WARPS, 4 to 16), rows_per_step 2 or 4 the rows per warp step (KS_QMM_A8_RES_ROWS);
+// one_wave = false (KS_QMM_A8_RES_WAVES=1, a measurement) also plans
 // grids that run in several waves (each CTA's rows within its shared memory; measured slower than
 // the bulk ring at 14336 x 4096: Q4_1 11.87-12.75 us against 10.40).
 constexpr int kA8ResidentMaxWarps = 16;
@@ -328,17 +334,21 @@ constexpr int64_t a8_padded_block_offset(int64_t b, int64_t block_bytes, A8RowPa
 }
 // short rows: 12 warps per CTA from this many rows per CTA (a pair for each), else 8
 constexpr int64_t kA8ResidentShortRows = 24;
+// 4 rows per warp step from this many rows per CTA, else 2
+constexpr int64_t kA8ResidentFourRows = 16;
 struct A8ResidentPlan {
   unsigned grid = 0;
-  int ctas_per_sm = 0, warps = 0;
+  int ctas_per_sm = 0, warps = 0, rows_per_step = 0;
   int64_t rows_cta = 0;
   size_t smem = 0;
   bool entry_trigger = false;
 };
 inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t smem_per_sm,
                                        int64_t limit, int64_t x_block_bytes, int ctas_per_sm = 0,
-                                       bool one_wave = true, int warps = 0, int64_t static_bytes = 0) {
-  if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 0 || warps > kA8ResidentMaxWarps)
+                                       bool one_wave = true, int warps = 0, int64_t static_bytes = 0,
+                                       int rows_per_step = 0) {
+  if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 0 || warps > kA8ResidentMaxWarps ||
+      (rows_per_step != 0 && rows_per_step != 2 && rows_per_step != 4))
     return A8ResidentPlan{};
   const bool long_rows = K / 32 >= 32;
   auto plan = [&](int c, int w) {
@@ -350,8 +360,9 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
     const int64_t cta_bytes = (smem + static_bytes + 127) / 128 * 128 + 1024;
     const int64_t per_sm = (grid + sm_count - 1) / sm_count, sm_bytes = per_sm * cta_bytes;
     if (smem > limit || (one_wave && sm_bytes > smem_per_sm)) return A8ResidentPlan{};
-    if (w == 0) w = long_rows ? 16 : rows >= kA8ResidentShortRows ? 12 : 8;  // (short rows: 2 CTAs per SM)
-    return A8ResidentPlan{unsigned(grid), int(per_sm), w, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};
+    const int r = rows_per_step ? rows_per_step : rows >= kA8ResidentFourRows ? 4 : 2;
+    if (w == 0) w = long_rows ? 16 : r == 4 ? 8 : rows >= kA8ResidentShortRows ? 12 : 8;  // (short rows: 2 CTAs per SM)
+    return A8ResidentPlan{unsigned(grid), int(per_sm), w, r, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};
   };
   if (ctas_per_sm > 0) return plan(ctas_per_sm, warps > 0 ? warps : ctas_per_sm <= 2 ? 0 : 8);
   if (!long_rows) return plan(2, warps);

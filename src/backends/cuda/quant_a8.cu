@@ -631,24 +631,23 @@ struct A8ResidentForms {
   }
 };
 
-// How a call stages its rows: bulk copies (KS_QMM_A8_RES_BULK=1, a measurement; w 16-byte
-// aligned), padded (a8_row_pad's formats, w 16-byte aligned, row_bytes a multiple of 16;
-// KS_QMM_A8_RES_PAD=0 turns it off for comparisons) or as in memory; and rows per warp step
-// (KS_QMM_A8_RES_ROWS=4, else 2).
+// How a call stages its rows (measurements, all off by default): bulk copies (KS_QMM_A8_RES_BULK=1;
+// w 16-byte aligned; 2 rows per warp step), padded (KS_QMM_A8_RES_PAD=1: a8_row_pad's formats,
+// w 16-byte aligned, row_bytes a multiple of 16), else as in memory. Padded rows end the bank
+// conflicts of the Q4_0 / Q8_0 sums but were not faster in 364b09a's call: Q8_0 4096 x 4096 6.02
+// against 6.38 us at 2 rows per step, 6.37 against 5.92 at 4 rows and 8 warps; Q4_0 3.85 against
+// 3.31 at 2 rows, 4.43 against 3.48 at 4 rows and 8 warps (docs/perf/h200_quant_a8.md).
 struct A8ResidentLayout {
   bool bulk, pad;
-  int rows_per_step;
   int64_t smem_row_bytes;
 };
 A8ResidentLayout a8_resident_layout(const ops::QuantMatmulArgs& a) {
   static const bool bulk_on = env_number("KS_QMM_A8_RES_BULK", 0) != 0;
-  static const bool pad_on = env_number("KS_QMM_A8_RES_PAD", 1) != 0;
-  static const int rows = env_number("KS_QMM_A8_RES_ROWS", 2) == 4 ? 4 : 2;
+  static const bool pad_on = env_number("KS_QMM_A8_RES_PAD", 0) != 0;
   const bool w16 = aligned16(a.weight.data), bulk = bulk_on && w16;
   const A8RowPad pad = a8_row_pad(q_block_bytes(a.qtype));
   const bool padded = !bulk && pad_on && pad.group_blocks > 0 && w16 && a.row_bytes % 16 == 0;
-  return {bulk, padded, bulk ? 2 : rows,
-          padded ? a8_padded_row_bytes(a.row_bytes, q_block_bytes(a.qtype), pad) : a.row_bytes};
+  return {bulk, padded, padded ? a8_padded_row_bytes(a.row_bytes, q_block_bytes(a.qtype), pad) : a.row_bytes};
 }
 
 A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
@@ -656,6 +655,7 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   static const int ctas = int(env_number("KS_QMM_A8_RES_CTAS", 0));
   static const bool waves = env_number("KS_QMM_A8_RES_WAVES", 0) != 0;
   static const int warps = int(env_number("KS_QMM_A8_RES_WARPS", 0));
+  static const int rows = int(env_number("KS_QMM_A8_RES_ROWS", 0));  // 2 or 4 (else the plan's)
   int64_t limit = 0, static_bytes = 0;
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
@@ -664,9 +664,10 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
     static_bytes = st;
   });
   const DeviceProps& dp = device_props(dev);
-  return a8_resident_plan(a.n, a.k, a8_resident_layout(a).smem_row_bytes, dp.sm_count, dp.smem_per_sm, limit,
-                          int64_t(sizeof(A8X)), ctas >= 1 && ctas <= 8 ? ctas : 0, !waves,
-                          warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0, static_bytes);
+  const A8ResidentLayout lay = a8_resident_layout(a);
+  return a8_resident_plan(a.n, a.k, lay.smem_row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
+                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0,
+                          static_bytes, lay.bulk ? 2 : rows == 2 || rows == 4 ? rows : 0);
 }
 }  // namespace
 
@@ -755,7 +756,7 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
-    launch_kernel("quant_matmul_a8", Forms::pick(lay.bulk, lay.pad, lay.rows_per_step), dim3(plan.grid),
+    launch_kernel("quant_matmul_a8", Forms::pick(lay.bulk, lay.pad, plan.rows_per_step), dim3(plan.grid),
                   dim3(32 * plan.warps), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
@@ -763,7 +764,7 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
                 "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld "
                 "bulk=%lld padded=%lld rows_per_step=%lld",
                 {plan.grid, plan.ctas_per_sm, plan.warps, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0,
-                 entry ? 1 : 0, lay.bulk ? 1 : 0, lay.pad ? 1 : 0, lay.rows_per_step});
+                 entry ? 1 : 0, lay.bulk ? 1 : 0, lay.pad ? 1 : 0, plan.rows_per_step});
 }
 
 }  // namespace ks::cuda
