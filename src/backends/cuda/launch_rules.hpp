@@ -291,9 +291,9 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    next call's CTA no longer fits beside it);
 //  - rows per warp step (a8_row_group: one load of x's blocks serves that many rows): 4 where a CTA
 //    has 16 rows or more, with 8 warps at short rows (measured at 364b09a, bf16 x, against the 2 rows
-//    and the warps above: 49152 x 576 Q4_1 7.36 us against 9.35, Q4_0 8.35 against 9.27, Q8_0
-//    11.61 against 13.44; 4096 x 4096 Q4_1 3.10 against 3.17 at 16 warps, 3.25 at 8; Q8_0 5.98
-//    with padded rows against 6.02 with 2 rows), else 2 (a warp would take every row);
+//    and the warps above: 49152 x 576 Q4_1 7.36 us against 9.35, Q4_0 8.35 against 9.27; 4096 x
+//    4096 Q4_1 3.10 against 3.17 at 16 warps, 3.25 at 8; Q8_0 5.98 with padded rows against 6.02
+//    with 2 rows), else 2 (a warp would take every row);
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
