@@ -566,33 +566,13 @@ BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
   return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
                       int64_t(sizeof(A8X)));
 }
-// cuda_a8_resident's forms for x of T and weights of Q: (bulk copies, padded rows, rows per warp
-// step). The smallest dynamic shared memory limit and the largest static bytes over the forms a
-// call may launch size the plan.
-template <typename T, ks_qtype_t Q>
-struct A8ResidentForms {
-  static constexpr bool kPad = a8_row_pad(q_block_bytes(Q)).group_blocks > 0;
-  using Kernel = void (*)(A8ResParams);
-  template <auto... Ks>
-  static int64_t min_limit(int dev) {
-    return std::min({opt_in_smem_limit<Ks>(dev, "quant_matmul_a8")...});
-  }
-  template <auto... Ks>
-  static int64_t max_static() {
-    return std::max({static_smem_bytes<Ks>("quant_matmul_a8")...});
-  }
-  static Kernel pick(bool bulk, bool pad, int rows) {
-    if (bulk) return quant_gemv_a8_resident_kernel<T, Q, true, false, 2>;
-    if constexpr (kPad)
-      if (pad)
-        return rows == 4 ? quant_gemv_a8_resident_kernel<T, Q, false, true, 4>
-                         : quant_gemv_a8_resident_kernel<T, Q, false, true, 2>;
-    return rows == 4 ? quant_gemv_a8_resident_kernel<T, Q, false, false, 4>
-                     : quant_gemv_a8_resident_kernel<T, Q, false, false, 2>;
-  }
-  // KS_QMM_A8_RES_CARVEOUT=n (a measurement): every form's preferred shared-memory carveout set
-  // to n percent, once per device
-  template <auto... Ks>
+// A list of kernels sharing one parameter type: the smallest dynamic shared memory limit, the
+// largest static bytes, and (KS_QMM_A8_RES_CARVEOUT=n, a measurement) every kernel's preferred
+// shared-memory carveout set to n percent once per device.
+template <auto... Ks>
+struct A8KernelList {
+  static int64_t min_limit(int dev) { return std::min({opt_in_smem_limit<Ks>(dev, "quant_matmul_a8")...}); }
+  static int64_t max_static() { return std::max({static_smem_bytes<Ks>("quant_matmul_a8")...}); }
   static void carveout(int dev) {
     static const long long pct = env_number("KS_QMM_A8_RES_CARVEOUT", -1);
     if (pct < 0) return;
@@ -604,31 +584,38 @@ struct A8ResidentForms {
       return 0;
     });
   }
+};
+
+// cuda_a8_resident's forms for x of T and weights of Q: (bulk copies, padded rows, rows per warp
+// step). The smallest dynamic shared memory limit and the largest static bytes over the forms a
+// call may launch size the plan.
+template <typename T, ks_qtype_t Q>
+struct A8ResidentForms {
+  static constexpr bool kPad = a8_row_pad(q_block_bytes(Q)).group_blocks > 0;
+  using Kernel = void (*)(A8ResParams);
+  template <bool BULK, bool PAD, int R>
+  static constexpr Kernel kK = quant_gemv_a8_resident_kernel<T, Q, BULK, PAD, R>;
+  template <bool PADDED, int = 0>  // (the padded kernels named only for the formats that have them)
+  struct Select {
+    using type = A8KernelList<kK<true, false, 2>, kK<false, false, 2>, kK<false, false, 4>>;
+  };
+  template <int D>
+  struct Select<true, D> {
+    using type = A8KernelList<kK<true, false, 2>, kK<false, false, 2>, kK<false, false, 4>, kK<false, true, 2>,
+                              kK<false, true, 4>>;
+  };
+  using All = typename Select<kPad>::type;
+  static Kernel pick(bool bulk, bool pad, int rows) {
+    if (bulk) return kK<true, false, 2>;
+    if constexpr (kPad)
+      if (pad) return rows == 4 ? kK<false, true, 4> : kK<false, true, 2>;
+    return rows == 4 ? kK<false, false, 4> : kK<false, false, 2>;
+  }
   static int64_t limit(int dev) {
-    if constexpr (kPad)
-      carveout<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
-               quant_gemv_a8_resident_kernel<T, Q, false, false, 4>, quant_gemv_a8_resident_kernel<T, Q, false, true, 2>,
-               quant_gemv_a8_resident_kernel<T, Q, false, true, 4>>(dev);
-    else
-      carveout<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
-               quant_gemv_a8_resident_kernel<T, Q, false, false, 4>>(dev);
-    if constexpr (kPad)
-      return min_limit<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
-                       quant_gemv_a8_resident_kernel<T, Q, false, false, 4>, quant_gemv_a8_resident_kernel<T, Q, false, true, 2>,
-                       quant_gemv_a8_resident_kernel<T, Q, false, true, 4>>(dev);
-    else
-      return min_limit<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
-                       quant_gemv_a8_resident_kernel<T, Q, false, false, 4>>(dev);
+    All::carveout(dev);
+    return All::min_limit(dev);
   }
-  static int64_t static_bytes() {
-    if constexpr (kPad)
-      return max_static<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
-                        quant_gemv_a8_resident_kernel<T, Q, false, false, 4>, quant_gemv_a8_resident_kernel<T, Q, false, true, 2>,
-                        quant_gemv_a8_resident_kernel<T, Q, false, true, 4>>();
-    else
-      return max_static<quant_gemv_a8_resident_kernel<T, Q, true, false, 2>, quant_gemv_a8_resident_kernel<T, Q, false, false, 2>,
-                        quant_gemv_a8_resident_kernel<T, Q, false, false, 4>>();
-  }
+  static int64_t static_bytes() { return All::max_static(); }
 };
 
 // How a call stages its rows (measurements, all off by default): bulk copies (KS_QMM_A8_RES_BULK=1;
