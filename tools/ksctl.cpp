@@ -144,6 +144,18 @@ int cmd_ops() {
     if (const char* runs = ks_op_runs_variants_of(entry.c_str()))
       std::printf("%-*s %-7s runs %s's variants (entry point)\n", w, entry.c_str(), "", runs);
   std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
+  // the routing table the calls will use: a malformed KS_ROUTING_TABLE is said here (exit 1),
+  // not first at the op call that needs it
+  try {
+    const auto j = nlohmann::json::parse(ks::routing_table());
+    std::string files;
+    for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
+    std::printf("Routing table: %zu cells from %s%s\n", j["cells"].size(), files.c_str(),
+                std::getenv("KS_ROUTING_TABLE") ? " (KS_ROUTING_TABLE)" : " (built in)");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ksctl ops: the routing table cannot be used: %s\n", e.what());
+    return 1;
+  }
   return 0;
 }
 
@@ -751,7 +763,14 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(int64_t(1), int64_t(256)));
   bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
 
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help / --version exit 0 through CLI11's printer; a usage error prints its message and
+    // exits 2, like every other refusal here (CLI11's own codes, 105-ish, would be a second scheme)
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
   try {
     if (*ops) return cmd_ops();
     if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols, w_cols_product);

@@ -420,17 +420,20 @@ KS_API ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, const D
                                        const DLTensor* cu_seqlens_q, const DLTensor* cu_seqlens_k, double scale,
                                        int causal, ks_backend_t backend, ks_stream_t stream);
 
-/* out[r] = index of the maximum of x[r, :] (int64 out: [rows]; x: [rows, V], V > 0;
- * or x: [V] and out a 0-d int64, as torch.argmax of a 1-d tensor). Ties: the lowest index. A row holding NaN returns the index of its first NaN
- * (as torch.argmax). */
+/* out[...] = index of the maximum of x[..., :] (x: [..., V], V > 0, any number of leading
+ * dims; int64 out: x's shape without its last dim, so [rows] for [rows, V] and a 0-d index for
+ * x: [V], as torch.argmax(x, dim=-1)). Ties: the lowest index. A row holding NaN returns the
+ * index of its first NaN (as torch.argmax). */
 KS_API ks_status_t ks_argmax(DLTensor* out, const DLTensor* x, ks_backend_t backend,
                              ks_stream_t stream);
 
 /* Samples one token id per row of logits (temperature, then top-k, then top-p), the
  * same ids on every backend and every replay for the same (seed, offset)
  * (docs/contracts.md#sample):
- *   logits [rows, vocab] fp16/bf16/fp32, vocab > 0; out int64 [rows];
- *   valid uint8 [rows] or NULL: 1, or 0 for a row without a distribution: NaN or +inf,
+ *   logits [..., vocab] fp16/bf16/fp32, vocab > 0 (any number of leading dims; rows = their
+ *     product, row r the r-th in row-major order); out int64 [...] (logits' shape without its
+ *     last dim: [rows] for [rows, vocab], 0-d for [vocab]);
+ *   valid uint8 [...] (out's shape) or NULL: 1, or 0 for a row without a distribution: NaN or +inf,
  *     only -inf, a finite logit whose logit / temperature overflows to +inf (a tiny
  *     temperature), or finite logits whose quotients all round to -inf (its out is 0, the
  *     placeholder id; other rows are unaffected);

@@ -416,19 +416,19 @@ def softmax(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
 
 # ---- model-path operators ----------------------------------------------------------
 def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> Array:
-    """Index of the maximum of each row: int64 ``[rows]`` for x ``[rows, V]`` (V > 0), or a 0-d
-    int64 for a 1-d x ``[V]`` (as ``torch.argmax`` of a 1-d tensor).
+    """Index of the maximum along the last dim: int64 of x's shape without its last dim
+    (``[rows]`` for x ``[rows, V]``, a 0-d index for x ``[V]``), as ``torch.argmax(x, dim=-1)``.
 
     Ties give the lowest index; a row holding NaN gives the index of its first
     NaN (as torch.argmax); a row of -inf gives 0.
 
     Args:
-        x: ``[rows, V]`` or ``[V]``; fp16, bf16 or fp32.
+        x: ``[..., V]``, V > 0, any number of leading dims; fp16, bf16 or fp32.
         backend: "auto" | "cpu" | "cuda" | "torch".
-        out: optional int64 ``[rows]`` output (0-d for a 1-d x).
+        out: optional int64 ``[...]`` output (x's shape without its last dim).
 
     Returns:
-        A new int64 ``[rows]`` (or 0-d) array, or ``out``.
+        A new int64 ``[...]`` array, or ``out``.
 
     Contract: docs/contracts.md#argmax--ks_argmaxout-x
     """
@@ -442,7 +442,7 @@ def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> A
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
-        out = fw.empty(x, () if len(x.shape) == 1 else (_dim0(tuple(x.shape)),), "int64")
+        out = fw.empty(x, tuple(x.shape)[:-1], "int64")
     _native(_C.argmax, fw, x, (out, x), code)
     return out
 
@@ -455,7 +455,9 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
     the same (seed, offset): every decision is made on exact fixed-point weights.
 
     Args:
-        logits: ``[rows, vocab]``, vocab > 0; fp16, bf16 or fp32.
+        logits: ``[..., vocab]``, vocab > 0, any number of leading dims; fp16, bf16 or
+            fp32. Row r is the r-th in the leading dims' row-major order (``[2, 3, vocab]``
+            draws as its ``[6, vocab]`` reshape).
         seed_offset: int64 ``[2]`` = (seed, offset) on logits' device, read only. Row r
             draws Philox4x32-10(key=seed, counter=(offset, r)); advance offset between
             steps (a captured CUDA graph reads the tensor at every replay).
@@ -463,15 +465,15 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
         top_k: >= 0; 0 (or >= vocab) turns it off. Ties at the cut-off keep the lower index.
         top_p: in (0, 1]; 1 turns it off. Ties at the cut-off keep the lower index.
         backend: "auto" | "cpu" | "cuda" (no "torch" reference for this op).
-        out: optional int64 ``[rows]`` output.
-        valid: optional uint8 ``[rows]``, set to 1, or 0 for a row without a distribution
+        out: optional int64 ``[...]`` output (logits' shape without its last dim).
+        valid: optional uint8 ``[...]`` (out's shape), set to 1, or 0 for a row without a distribution
             (whose id is the placeholder 0): NaN or +inf logits, only -inf, a finite logit whose
             z = logit / temperature overflows to +inf (e.g. 5 at temperature 1e-39; top_k=1 does
             not avoid it) or finite logits whose z all round to -inf. Pass it wherever such rows
             can occur: without it they are not told apart from a drawn id 0.
 
     Returns:
-        A new int64 ``[rows]`` array, or ``out``.
+        A new int64 ``[...]`` array, or ``out``.
 
     Raises:
         ValueError: a bad temperature / top_k / top_p, shape or overlap.
@@ -491,7 +493,7 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
     if fw.is_torch and getattr(logits, "requires_grad", False):
         logits = logits.detach()  # sampling has no gradient: read the values
     if out is None:
-        out = fw.empty(logits, (_dim0(tuple(logits.shape)),), "int64")
+        out = fw.empty(logits, tuple(logits.shape)[:-1], "int64")
     _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature),
             _integer(op, "top_k", top_k), _real(op, "top_p", top_p), code)
     return out

@@ -159,7 +159,7 @@ def _softmax(x: Tensor, backend: str) -> Tensor:
 
 @_op("argmax(Tensor x, str backend) -> Tensor")
 def _argmax(x: Tensor, backend: str) -> Tensor:
-    out = torch.empty(() if x.dim() == 1 else (x.shape[0] if x.dim() else 0,), dtype=torch.int64, device=x.device)
+    out = torch.empty(x.shape[:-1], dtype=torch.int64, device=x.device)
     _run(_C.argmax, (out, x), _code("argmax", backend))
     return out
 
@@ -167,7 +167,7 @@ def _argmax(x: Tensor, backend: str) -> Tensor:
 @_op("sample(Tensor logits, Tensor seed_offset, float temperature, int top_k, float top_p, str backend) -> Tensor")
 def _sample(logits: Tensor, seed_offset: Tensor, temperature: float, top_k: int, top_p: float,
             backend: str) -> Tensor:
-    out = torch.empty((logits.shape[0] if logits.dim() else 0,), dtype=torch.int64, device=logits.device)
+    out = torch.empty(logits.shape[:-1], dtype=torch.int64, device=logits.device)
     _run(_C.sample, (out, None, logits, seed_offset), temperature, top_k, top_p, _code("sample", backend))
     return out
 
@@ -353,12 +353,12 @@ def _(x, backend):
 
 @_argmax.register_fake
 def _(x, backend):
-    return x.new_empty(() if x.dim() == 1 else (x.shape[0],), dtype=torch.int64)
+    return x.new_empty(x.shape[:-1], dtype=torch.int64)
 
 
 @_sample.register_fake
 def _(logits, seed_offset, temperature, top_k, top_p, backend):
-    return logits.new_empty((logits.shape[0],), dtype=torch.int64)
+    return logits.new_empty(logits.shape[:-1], dtype=torch.int64)
 
 
 @_embedding.register_fake

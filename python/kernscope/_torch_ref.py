@@ -239,8 +239,8 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
     op = "argmax"
     _tensor(op, "x", x)
     _float(op, "x", x)
-    if x.dim() not in (1, 2):
-        raise InvalidArgumentError(f"{op}: x must have 1 dim ([V]) or 2 dims ([rows, V]); got shape {_shape(x.shape)}")
+    if x.dim() < 1:
+        raise InvalidArgumentError(f"{op}: x must have at least 1 dims; got shape {_shape(x.shape)}")
     _nonempty_last(op, "x", x)
     return torch.argmax(x.to(_acc(x)), dim=-1)
 

@@ -111,6 +111,13 @@ class Shape {
   bool overflow_ = false;
 };
 
+// A shape without its last dim ([..., n] -> [...]): the per-row outputs of row reductions.
+inline Shape leading_dims(const Shape& s) {
+  Shape r;
+  for (size_t i = 0; i + 1 < s.size(); ++i) r.push_back(s[i]);
+  return r;
+}
+
 // Representation of a validated tensor argument.
 struct View {
   void* data = nullptr;       // data + byte_offset

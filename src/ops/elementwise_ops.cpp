@@ -68,13 +68,11 @@ extern "C" ks_status_t ks_argmax(DLTensor* out, const DLTensor* x, ks_backend_t 
     require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
     require_dtype(op, "out", a.out, {DType::I64});
     require_same_device(op, "out", a.out, "x", a.x);
-    if (a.x.ndim() != 1 && a.x.ndim() != 2)
-      fail(KS_ERROR_INVALID_ARGUMENT, op, "x must have 1 dim ([V]) or 2 dims ([rows, V]); got shape " + shape_str(a.x.shape));
+    require_min_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
-    if (a.x.ndim() == 1)  // one row: a 0-d index, as torch.argmax of a 1-d tensor
-      require_shape(op, "out", a.out, {}, "a 0-d index for a 1-d x");
-    else
-      require_shape(op, "out", a.out, {a.x.dim(0)}, "one index per row of x");
+    // one index per row, out = x's leading dims ([..., V] -> [...]; a 1-d x gives a 0-d index, as
+    // torch.argmax(x, dim=-1))
+    require_shape(op, "out", a.out, leading_dims(a.x.shape), "x's shape without its last dim (one index per row)");
     require_no_overlap(op, "out", a.out, "x", a.x);
     const ks_backend_t be = resolve_backend(op, backend, a.x);
     a.rows = a.x.rows();

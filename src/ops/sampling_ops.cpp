@@ -27,15 +27,18 @@ extern "C" ks_status_t ks_sample(DLTensor* out, DLTensor* valid, const DLTensor*
     require_same_device(op, "out", a.out, "logits", a.logits);
     require_same_device(op, "seed_offset", a.seed_offset, "logits", a.logits);
     if (a.has_valid) require_same_device(op, "valid", a.valid, "logits", a.logits);
-    require_ndim(op, "logits", a.logits, 2);
+    require_min_ndim(op, "logits", a.logits, 1);
     require_nonempty_last(op, "logits", a.logits);
     // the fixed-point weights (each at most 2^40) add up exactly in int64 only over fewer than 2^23 ids
-    if (a.logits.dim(1) >= (int64_t(1) << 23))
+    if (a.logits.cols() >= (int64_t(1) << 23))
       fail(KS_ERROR_INVALID_ARGUMENT, op,
            "logits' last dimension (the vocab) must be below 2^23 = 8388608, where the fixed-point weights (at "
-           "most 2^40 each) still sum exactly in 64 bits; got " + std::to_string(a.logits.dim(1)));
-    require_shape(op, "out", a.out, {a.logits.dim(0)}, "one id per row of logits");
-    if (a.has_valid) require_shape(op, "valid", a.valid, {a.logits.dim(0)}, "one flag per row of logits");
+           "most 2^40 each) still sum exactly in 64 bits; got " + std::to_string(a.logits.cols()));
+    // one id per row, out = logits' leading dims ([..., vocab] -> [...]; row r of the flattened
+    // leading dims draws counter (offset, r))
+    const Shape lead = leading_dims(a.logits.shape);
+    require_shape(op, "out", a.out, lead, "logits' shape without its last dim (one id per row)");
+    if (a.has_valid) require_shape(op, "valid", a.valid, lead, "logits' shape without its last dim (one flag per row)");
     require_shape(op, "seed_offset", a.seed_offset, {2}, "{seed, offset}");
     if (!std::isfinite(temperature) || !(temperature > 0.0) || !(float(temperature) > 0.0f) ||
         !std::isfinite(float(temperature)))
@@ -53,8 +56,8 @@ extern "C" ks_status_t ks_sample(DLTensor* out, DLTensor* valid, const DLTensor*
     }
     const ks_backend_t be = resolve_backend(op, backend, a.logits);
     a.temperature = float(temperature);
-    a.rows = a.logits.dim(0);
-    a.vocab = a.logits.dim(1);
+    a.rows = a.logits.rows();
+    a.vocab = a.logits.cols();
     a.top_k = top_k >= a.vocab ? 0 : top_k;
     a.top_p = top_p;
     if (a.rows == 0) return KS_SUCCESS;

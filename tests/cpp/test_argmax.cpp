@@ -1,4 +1,4 @@
-// ks_argmax: out[r] = first index of the maximum of x[r, :] (int64). Ties -> lowest index;
+// ks_argmax: out[...] = first index of the maximum of x[..., :] (int64). Ties -> lowest index;
 // a row holding NaN -> index of its first NaN (torch.argmax); -inf rows -> 0.
 #include <algorithm>
 #include <cmath>
@@ -226,6 +226,28 @@ TEST(Argmax, OneDimensionalXGivesA0dIndex) {
     }
 }
 
+// Leading dims: x [..., V] gives out [...] (torch.argmax(x, dim=-1)), each row as in the 2-D
+// reshape, under every variant; a zero leading dim is a no-op.
+TEST(Argmax, LeadingDimsGiveOneIndexPerRow) {
+  for (DType dt : kFloatTypes()) {
+    Buf x(dt, {2, 3, 5, 41}, 2);
+    kstest::fill_normal(x, 3.0);
+    x.set((1 * 15 + 2 * 5 + 4) * 41 + 9, 1e4), x.set((1 * 15 + 2 * 5 + 4) * 41 + 30, 1e4);  // a tie in row 29
+    FOR_EACH_VARIANT(kOp) {
+      Buf out(DType::I64, {2, 3, 5}, 1);
+      out.poison();
+      Snap in{&x};
+      KS_RUN_OR_SKIP(run_argmax(out, x));
+      for (int64_t r = 0; r < 30; ++r) EXPECT_EQ(get_i(out, r), ref_argmax(x, r, 41)) << "row " << r << " (" << dt_name(dt) << ")";
+      EXPECT_EQ(get_i(out, 29), 9);
+      EXPECT_TRUE(out.guards_intact());
+      EXPECT_TRUE(in.same());
+    }
+    Buf empty(dt, {4, 0, 7}), out0(DType::I64, {4, 0});
+    EXPECT_EQ(run_argmax(out0, empty), KS_SUCCESS) << ks_last_error();
+  }
+}
+
 TEST(Argmax, ManyRows) {
   for (DType dt : kFloatTypes()) {
     Buf x(dt, {300, 513}, 1);
@@ -271,7 +293,8 @@ TEST(Argmax, RejectsBadShapes) {
   };
   expect(Buf(DType::I64, {1}), Buf(DType::F32, {9}), "out", "x 1-D, out [1] (not 0-d)");
   expect(Buf(DType::I64, {}), Buf(DType::F32, {0}), "x", "x 1-D, V = 0");
-  expect(Buf(DType::I64, {2}), Buf(DType::F32, {2, 3, 4}), "x", "x 3-D");
+  expect(Buf(DType::I64, {6}), Buf(DType::F32, {2, 3, 4}), "out", "x 3-D, out the rows' count (not [2, 3])");
+  expect(Buf(DType::I64, {3, 2}), Buf(DType::F32, {2, 3, 4}), "out", "x 3-D, out's dims swapped");
   expect(Buf(DType::I64, {}), Buf(DType::F32, {}), "x", "x 0-d");
   expect(Buf(DType::I64, {3}), Buf(DType::F32, {3, 0}), "x", "V = 0");
   expect(Buf(DType::I64, {4}), Buf(DType::F32, {3, 5}), "out", "out too long");

@@ -228,6 +228,53 @@ TEST(Sample, DistributionMatchesFp64Probabilities) {
   }
 }
 
+// Leading dims: logits [2, 3, vocab] draw as their [6, vocab] reshape (row r of the row-major
+// order draws counter (offset, r)), out and valid [2, 3]; [vocab] is one row with a 0-d id, row
+// 0's draw; out or valid of the reshape's [6] is refused, naming it, and nothing is written.
+TEST(Sample, LeadingDimsDrawAsTheTwoDimReshape) {
+  Buf x(DType::BF16, {2, 3, 500}, 1);
+  kstest::fill_normal(x, 2.0);
+  x.set(3 * 500 + 11, NAN);  // row 3 has no distribution
+  Buf flat_x(DType::BF16, {6, 500});
+  for (int64_t i = 0; i < 3000; ++i) flat_x.set(i, x.get(i));
+  const Result want = run(flat_x, 77, 3, 0.8, 40, 0.9);
+  ASSERT_EQ(want.ids.size(), 6u);
+  Buf out(DType::I64, {2, 3}, 2), valid(DType::U8, {2, 3}, 1), so(DType::I64, {2});
+  set_i(so, 0, 77);
+  set_i(so, 1, 3);
+  out.poison();
+  valid.poison();
+  DLTensor o = out.dl(), v = valid.dl(), l = x.dl(), sd = so.dl();
+  ASSERT_EQ(ks_sample(&o, &v, &l, &sd, 0.8, 40, 0.9, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
+  for (int64_t r = 0; r < 6; ++r) {
+    EXPECT_EQ(get_i(out, r), want.ids[size_t(r)]) << "row " << r;
+    EXPECT_EQ(int(valid.get(r)), want.valid[size_t(r)]) << "row " << r;
+  }
+  EXPECT_EQ(want.valid[3], 0);
+  EXPECT_TRUE(out.guards_intact() && valid.guards_intact());
+  // one row [vocab]: a 0-d id and flag
+  Buf row(DType::BF16, {500}), o0(DType::I64, {}), v0(DType::U8, {});
+  for (int64_t i = 0; i < 500; ++i) row.set(i, x.get(i));
+  o0.poison();
+  v0.poison();
+  DLTensor lr = row.dl(), or0 = o0.dl(), vr0 = v0.dl();
+  ASSERT_EQ(ks_sample(&or0, &vr0, &lr, &sd, 0.8, 40, 0.9, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
+  EXPECT_EQ(get_i(o0, 0), want.ids[0]);
+  EXPECT_EQ(v0.get(0), 1.0);
+  // the reshape's [6] is not the shape
+  Buf o6(DType::I64, {6}), v6(DType::U8, {6});
+  o6.poison();
+  v6.poison();
+  out.poison();
+  valid.poison();
+  Snap s{&x, &out, &valid, &o6, &v6, &so};
+  DLTensor p6 = o6.dl(), q6 = v6.dl();
+  EXPECT_TRUE(fails_cleanly(ks_sample(&p6, &v, &l, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr), KS_ERROR_INVALID_ARGUMENT,
+                            kOp, "out", s));
+  EXPECT_TRUE(fails_cleanly(ks_sample(&o, &q6, &l, &sd, 1.0, 0, 1.0, KS_BACKEND_AUTO, nullptr), KS_ERROR_INVALID_ARGUMENT,
+                            kOp, "valid", s));
+}
+
 TEST(Sample, ValidationNamesTheArgumentAndWritesNothing) {
   Buf x(DType::F32, {2, 16}), out(DType::I64, {2}), valid(DType::U8, {2}), so(DType::I64, {2});
   kstest::fill_normal(x);

@@ -55,9 +55,27 @@ def test_argmax(rng, dt):
     assert ks.argmax(x[1], out=out0) is out0 and int(out0) == 7
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_argmax_leading_dims(rng, dt):
+    # [..., V] -> [...], as torch.argmax(x, dim=-1): each row as a row of the 2-d reshape
+    x = rand(rng, (2, 3, 5, 37), dt)
+    x[1, 2, 4, :] = -np.inf
+    x[0, 1, 3, [3, 30]] = 1e4  # a tie: the first index
+    y = ks.argmax(x)
+    assert y.shape == (2, 3, 5) and y.dtype == np.int64
+    assert np.array_equal(y, np.argmax(f64(x), axis=-1))
+    assert y[1, 2, 4] == 0 and y[0, 1, 3] == 3
+    assert np.array_equal(ks.argmax(x.reshape(30, 37)), y.reshape(30))
+    out = np.full((2, 3, 5), -5, np.int64)
+    assert ks.argmax(x, out=out) is out and np.array_equal(out, y)
+    assert ks.argmax(np.zeros((4, 0, 3), NP[dt])).shape == (4, 0)
+
+
 def test_argmax_validation(rng):
-    with pytest.raises(ValueError, match=r"argmax: x must have 1 dim \(\[V\]\) or 2 dims"):
-        ks.argmax(rand(rng, (2, 3, 4), "fp32"))
+    with pytest.raises(ValueError, match="argmax: x must have at least 1 dims"):
+        ks.argmax(np.array(1.0, np.float32))
+    with pytest.raises(ValueError, match="argmax: out must have shape"):
+        ks.argmax(rand(rng, (2, 3, 4), "fp32"), out=np.zeros(6, np.int64))  # the reshape is not the shape
     with pytest.raises(ValueError, match="argmax: out must have shape"):
         ks.argmax(rand(rng, (9,), "fp32"), out=np.zeros(1, np.int64))
     with pytest.raises(TypeError, match="argmax: out has dtype int32"):
@@ -1130,6 +1148,26 @@ def test_sample_reproducible_valid_and_cutoffs(rng, dt):
     # offsets change the draws
     draws = {tuple(ks.sample(x, np.array([2024, o], np.int64), 1.0)) for o in range(10)}
     assert len(draws) > 5
+
+
+def test_sample_leading_dims(rng):
+    # [..., vocab] -> [...]: row r of the leading dims' row-major order draws counter (offset, r),
+    # so a [2, 3, vocab] call equals its [6, vocab] reshape id for id, valid flags included
+    x = rand(rng, (2, 3, 300), "bf16")
+    x[1, 0, 7] = np.nan
+    so = np.array([11, 5], np.int64)
+    valid = np.full((2, 3), 9, np.uint8)
+    ids = ks.sample(x, so, 0.8, 40, 0.9, valid=valid)
+    assert ids.shape == (2, 3) and valid.shape == (2, 3)
+    flat_valid = np.full(6, 9, np.uint8)
+    flat = ks.sample(x.reshape(6, 300), so, 0.8, 40, 0.9, valid=flat_valid)
+    assert np.array_equal(ids.reshape(6), flat) and np.array_equal(valid.reshape(6), flat_valid)
+    assert list(flat_valid) == [1, 1, 1, 0, 1, 1]
+    # one row of [vocab]: a 0-d id, row 0's draw
+    one = ks.sample(x[0, 2], so, 0.8, 40, 0.9)
+    assert one.shape == () and int(one) == int(ks.sample(x[0, 2][None], so, 0.8, 40, 0.9)[0])
+    with pytest.raises(ValueError, match="sample: valid must have shape"):
+        ks.sample(x, so, valid=np.zeros(6, np.uint8))
 
 
 def test_sample_validation(rng):
