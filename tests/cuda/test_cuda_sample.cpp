@@ -336,6 +336,47 @@ TEST(CudaSample, ClusterLocalTopkVectorRunsEqualTheCpuReference) {
 // One sampling call captured in a graph: replays with the same seed_offset give the same
 // ids; writing a new offset into the (device) seed_offset tensor between replays changes
 // the draws, exactly as the CPU reference predicts for that offset.
+// Leading dims on CUDA: logits [2, 3, V] (sample) and x [2, 3, V] (argmax) give [2, 3] outputs
+// equal to the CPU's on the same 3-d tensors, and to the CPU's [6, V] reshape (row-major rows).
+TEST(CudaSample, LeadingDimsEqualTheCpuAndTheReshape) {
+  if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
+  for (DType dt : kstest::float_dtypes())
+    for (int64_t V : {int64_t(33), int64_t(128256)}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " V=" + std::to_string(V));
+      Buf flat = make_logits(dt, 6, V, uint64_t(V) + 99, false);  // rows 1-3 without a distribution
+      Buf x(dt, {2, 3, V});
+      std::memcpy(x.data(), flat.data(), x.nbytes());
+      Buf so(DType::I64, {2}), out(DType::I64, {2, 3}), valid(DType::U8, {2, 3}), amax(DType::I64, {2, 3});
+      so.set(0, 31.0), so.set(1, 4.0);
+      Buf gout = out, gvalid = valid, gamax = amax;
+      Dev dx(x), dso(so), dout(out), dvalid(valid), damax(amax);
+      CK(cudaMemset(dout.p, 0xFF, dout.n));
+      CK(cudaMemset(dvalid.p, 0xFF, dvalid.n));
+      CK(cudaMemset(damax.p, 0xFF, damax.n));
+      ks::sample(dview(dout, out), dview(dvalid, valid), dview(dx, x), dview(dso, so), 0.9, 50, 0.9, ks::Backend::Cuda);
+      ks::argmax(dview(damax, amax), dview(dx, x), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.get(gout);
+      dvalid.get(gvalid);
+      damax.get(gamax);
+      Buf fout(DType::I64, {6}), fvalid(DType::U8, {6}), famax(DType::I64, {6});
+      ks::sample(out.view(), valid.view(), x.view(), so.view(), 0.9, 50, 0.9, ks::Backend::Cpu);
+      ks::sample(fout.view(), fvalid.view(), flat.view(), so.view(), 0.9, 50, 0.9, ks::Backend::Cpu);
+      ks::argmax(amax.view(), x.view(), ks::Backend::Cpu);
+      ks::argmax(famax.view(), flat.view(), ks::Backend::Cpu);
+      for (int64_t r = 0; r < 6; ++r) {
+        EXPECT_EQ(gout.get(r), out.get(r)) << "row " << r;
+        EXPECT_EQ(gvalid.get(r), valid.get(r)) << "row " << r;
+        EXPECT_EQ(gamax.get(r), amax.get(r)) << "row " << r;
+        EXPECT_EQ(out.get(r), fout.get(r)) << "row " << r;
+        EXPECT_EQ(valid.get(r), fvalid.get(r)) << "row " << r;
+        EXPECT_EQ(amax.get(r), famax.get(r)) << "row " << r;
+      }
+      EXPECT_EQ(valid.get(1), 0.0);
+      EXPECT_EQ(valid.get(0), 1.0);
+    }
+}
+
 TEST(CudaSample, GraphReplayReadsTheOffsetTensor) {
   if (!ks::backend_available(ks::Backend::Cuda)) GTEST_SKIP() << "no CUDA device";
   for (const char* variant : {"", "cuda_cluster_topk", "cuda_cluster_local_topk"}) {  // "": as routed
