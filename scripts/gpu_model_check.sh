@@ -8,10 +8,11 @@
 # KS_PREBUILT=1 (build-prebuilt/ carried, from scripts/make_prebuilt.sh): no build; the carried
 # ksctl and test_model run (the swap stage still builds the Python package, so leave it out).
 # Needs what scripts/prepare_gpu_carry.sh made: .dlpack and .deps carried by this call (not
-# under KS_PREBUILT=1: there, build-prebuilt, .whl and .mdl/part_ab),
-# and the model in two parts (a call carries at most 64 MiB): carry .mdl/part_aa in one
-# call that copies it to /tmp/ks_part_aa (e.g. the gpu_check.sh call), then .mdl/part_ab in the
-# next while the machine is warm; this script joins them.
+# under KS_PREBUILT=1: there, .whl and .mdl/part_ab, with build-prebuilt carried by an earlier
+# call of the same warm machine or by this one where it fits), and the model in two parts (a call
+# carries at most 64 MiB): carry .mdl/part_aa in one call that copies it to /tmp/ks_part_aa (e.g.
+# the gpu_check.sh call), then .mdl/part_ab in the next while the machine is warm; this script
+# joins them.
 #   KS_MODEL_STAGES  comma list of build,test,generate,ablate,bench,swap,profile (default: all but
 #                    profile and ablate)
 #                    profile: ncu's duration of each kernel of one decode step (decode_profile.csv;

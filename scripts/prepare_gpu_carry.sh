@@ -5,12 +5,13 @@
 #   .dlpack/  the libdlpack-dev header                      (every GPU call)
 #   .deps/    PCRE2, CLI11 and nlohmann-json development files, for ksctl and the model tests
 #   .whl/     wheels the GPU image lacks (liger-kernel, gguf)
-#   .mdl/     SmolLM2-135M-Instruct.Q4_1.gguf in two parts, 60,000,000 bytes and the rest (38.4 MB):
-#             a call carries at most 64 MiB, so part_aa travels in one call and part_ab in the
-#             next, while the machine is still warm (ignored files left there by a call are kept
-#             for the next); the second has room for build-prebuilt/ (scripts/make_prebuilt.sh,
-#             about 22 MB) and .whl's gguf and accelerate wheels beside part_ab (the working tree,
-#             about 5 MB, travels with every call and counts too), so a model call needs no build
+#   .mdl/     SmolLM2-135M-Instruct.Q4_1.gguf in two parts, 50,000,000 bytes and the rest (48.4 MB):
+#             a call carries at most 64 MiB, the working tree (about 7 MB) included, so part_aa
+#             travels in one call and part_ab in another while the machine is still warm (ignored
+#             files left there by a call are kept for the next: build-prebuilt/ carried by an
+#             earlier call of the same machine stays for the model call, and .whl's gguf and
+#             accelerate wheels fit beside part_ab); 60,000,000 bytes beside a 7 MB tree was
+#             refused as over the limit on 2026-12-04
 #   scripts/prepare_gpu_carry.sh [model.gguf]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ if ! ls .whl/accelerate*.whl >/dev/null 2>&1; then  # liger-kernel: a peer; gguf
     -d .whl liger-kernel gguf accelerate
 fi
 model=${1:-${KS_CACHE:-$HOME/.cache/kernscope}/SmolLM2-135M-Instruct.Q4_1.gguf}
-if [ -f "$model" ] && { [ ! -f .mdl/part_ab ] || [ "$(stat -c %s .mdl/part_aa)" != 60000000 ]; }; then
-  rm -rf .mdl && mkdir -p .mdl && split -b 60000000 "$model" .mdl/part_
+if [ -f "$model" ] && { [ ! -f .mdl/part_ab ] || [ "$(stat -c %s .mdl/part_aa)" != 50000000 ]; }; then
+  rm -rf .mdl && mkdir -p .mdl && split -b 50000000 "$model" .mdl/part_
 fi
 du -sh .dlpack .deps .whl .mdl 2>/dev/null
