@@ -310,29 +310,25 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
                                          {14336, 4096, 34, 0, 0, 0, false},
                                          {49152, 576, 34, 264, 187, 864 + 187 * 612 + 32, false}}) {
     SCOPED_TRACE(std::to_string(w.N) + "x" + std::to_string(w.K) + " block " + std::to_string(w.block_bytes));
-    const auto p =
-        a8_resident_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kSmem, kLimit, kX, 0, true, 0, 0, 0, w.block_bytes);
+    const auto p = a8_resident_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kSmem, kLimit, kX);
     EXPECT_EQ(p.grid, w.grid);
     EXPECT_EQ(p.rows_cta, w.rows_cta);
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.entry_trigger, w.entry);
     if (p.grid) EXPECT_EQ(p.ctas_per_sm, (w.N >= 264 && w.K < 1024) || w.block_bytes == 34 ? 2 : 1);
-    // (Q4_0 at long rows keeps pairs)
-    if (p.grid) EXPECT_EQ(p.rows_per_step, w.rows_cta >= 16 && !(w.block_bytes == 18 && w.K >= 1024) ? 4 : 2);
+    if (p.grid) EXPECT_EQ(p.rows_per_step, w.rows_cta >= 16 ? 4 : 2);
     if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 8);
   }
   // the padded rows' strides (a8_padded_row_bytes) keep 4096 x 4096's plans: Q4_0 one CTA with
   // room for the next call's beside it, Q8_0 two CTAs
-  const auto q40 = a8_resident_plan(4096, 4096, 2304 + 15 * 16, 132, kSmem, kLimit, kX, 0, true, 0, 0, 0, 18);
+  const auto q40 = a8_resident_plan(4096, 4096, 2304 + 15 * 16, 132, kSmem, kLimit, kX);
   EXPECT_EQ(q40.grid, 132u);
   EXPECT_EQ(q40.smem, size_t(6144 + 32 * 2544 + 32));
   EXPECT_TRUE(q40.entry_trigger);
-  EXPECT_EQ(q40.rows_per_step, 2);
-  const auto q80 = a8_resident_plan(4096, 4096, 4352 + 7 * 32, 132, kSmem, kLimit, kX, 0, true, 0, 0, 0, 34);
+  const auto q80 = a8_resident_plan(4096, 4096, 4352 + 7 * 32, 132, kSmem, kLimit, kX);
   EXPECT_EQ(q80.grid, 264u);
   EXPECT_EQ(q80.smem, size_t(6144 + 16 * 4576 + 32));
   EXPECT_FALSE(q80.entry_trigger);
-  EXPECT_EQ(q80.rows_per_step, 4);
   // forced rows per step: 2 gives 49152 x 576 its 12 warps (a pair of rows each), 4 gives 576 x 576 4
   const auto two = a8_resident_plan(49152, 576, 360, 132, kSmem, kLimit, kX, 0, true, 0, 0, 2);
   EXPECT_EQ(two.rows_per_step, 2);
@@ -360,7 +356,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
         for (int sms : {1, 8, 132})
           for (int force : {0, 1, 3, 8}) {
             const int64_t RB = K / 32 * bb;
-            const auto p = a8_resident_plan(N, K, RB, sms, kSmem, kLimit, kX, force, true, 0, 0, 0, bb);
+            const auto p = a8_resident_plan(N, K, RB, sms, kSmem, kLimit, kX, force);
             SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " block " + std::to_string(bb) +
                          " sms=" + std::to_string(sms) + " force=" + std::to_string(force));
             // a grid of c CTAs per SM: its CTAs' rows, bytes, whether it fits one wave, and whether
@@ -389,7 +385,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
             const int64_t grid = sh.grid, need = sh.need;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
-            EXPECT_EQ(p.rows_per_step, sh.rows >= 16 && !(bb == 18 && K >= 1024) ? 4 : 2);
+            EXPECT_EQ(p.rows_per_step, sh.rows >= 16 ? 4 : 2);
             EXPECT_EQ(p.warps, c > 2 ? 8 : K >= 1024 ? 16 : 8);
             EXPECT_EQ(p.entry_trigger, sh.beside);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their

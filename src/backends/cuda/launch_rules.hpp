@@ -293,9 +293,7 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    has 16 rows or more, with 8 warps at short rows (measured at 364b09a, bf16 x, against the 2 rows
 //    and the warps above: 49152 x 576 Q4_1 7.36 us against 9.35, Q4_0 8.35 against 9.27; 4096 x
 //    4096 Q4_1 3.10 against 3.17 at 16 warps, 3.25 at 8; Q8_0 5.98 with padded rows against 6.02
-//    with 2 rows), else 2 (a warp would take every row), and 2 for Q4_0 at long rows (block_bytes 18:
-//    its 4-row forms were slower in both pairs measured, 3.93 against 3.85 us with 16 warps and
-//    padded rows, 3.48 at 8 warps against 3.31 with pairs);
+//    with 2 rows), else 2 (a warp would take every row);
 //  - entry_trigger (the next kernel launched at entry, not after the wait) where the call takes at
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
@@ -348,7 +346,7 @@ struct A8ResidentPlan {
 inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_count, int64_t smem_per_sm,
                                        int64_t limit, int64_t x_block_bytes, int ctas_per_sm = 0,
                                        bool one_wave = true, int warps = 0, int64_t static_bytes = 0,
-                                       int rows_per_step = 0, int64_t block_bytes = 0) {
+                                       int rows_per_step = 0) {
   if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || smem_per_sm <= 0 || warps < 0 || warps > kA8ResidentMaxWarps ||
       (rows_per_step != 0 && rows_per_step != 2 && rows_per_step != 4))
     return A8ResidentPlan{};
@@ -362,9 +360,7 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
     const int64_t cta_bytes = (smem + static_bytes + 127) / 128 * 128 + 1024;
     const int64_t per_sm = (grid + sm_count - 1) / sm_count, sm_bytes = per_sm * cta_bytes;
     if (smem > limit || (one_wave && sm_bytes > smem_per_sm)) return A8ResidentPlan{};
-    const int r = rows_per_step                            ? rows_per_step
-                  : rows < kA8ResidentFourRows || (long_rows && block_bytes == 18) ? 2
-                                                                                   : 4;
+    const int r = rows_per_step ? rows_per_step : rows >= kA8ResidentFourRows ? 4 : 2;
     if (w == 0) w = long_rows ? 16 : r == 4 ? 8 : rows >= kA8ResidentShortRows ? 12 : 8;  // (short rows: 2 CTAs per SM)
     return A8ResidentPlan{unsigned(grid), int(per_sm), w, r, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};
   };

@@ -654,7 +654,7 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   const A8ResidentLayout lay = a8_resident_layout(a);
   return a8_resident_plan(a.n, a.k, lay.smem_row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
                           ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0,
-                          static_bytes, lay.bulk ? 2 : rows == 2 || rows == 4 ? rows : 0, q_block_bytes(a.qtype));
+                          static_bytes, lay.bulk ? 2 : rows == 2 || rows == 4 ? rows : 0);
 }
 }  // namespace
 
