@@ -328,11 +328,12 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
     std::fprintf(stderr, "which: give both --rows and --cols, or neither\n");
     return 2;
   }
-  // NxK means n * k, the quant_matmul ops' cols key (docs/routing.md#shape-keys-rows-cols)
-  if (cols_product && op != "quant_matmul" && op != "quant_matmul_a8" && op != "fused_add_rms_norm_quant_matmul" &&
-      op != "silu_and_mul_quant_matmul") {
+  // AxB means a * b where the op's cols key is a product (ks_op_cols_factors: quant_matmul's N x K,
+  // paged_attention's max_blocks_per_seq x block_size; docs/routing.md#shape-keys-rows-cols)
+  if (cols_product && ks_op_cols_factors(op.c_str()) == nullptr) {
     std::fprintf(stderr,
-                 "which: --cols NxK (a product) is the quant_matmul ops' key; %s's cols is one number "
+                 "which: --cols AxB (a product) is the key of the ops whose cols multiply two sizes (quant_matmul's "
+                 "N x K, paged_attention's max_blocks_per_seq x block_size); %s's cols is one number "
                  "(docs/routing.md#shape-keys-rows-cols)\n",
                  op.c_str());
     return 2;
@@ -620,7 +621,7 @@ int main(int argc, char** argv) {
   which->add_option_function<std::string>(
       "--rows", [&w_rows, shape_number](const std::string& v) { w_rows = shape_number("--rows", v, v); },
       "with --cols: the choice for a call of this shape (docs/routing.md#shape-keys-rows-cols)");
-  // --cols: a number, or NxK for a product (quant_matmul's key is N * K)
+  // --cols: a number, or AxB for a product (where the op's cols key is one: ks_op_cols_factors)
   which->add_option_function<std::string>(
           "--cols",
           [&w_cols, &w_cols_product, shape_number](const std::string& v) {
@@ -630,8 +631,8 @@ int main(int argc, char** argv) {
                                             : shape_number("--cols", v, v.substr(0, x)) *
                                                   shape_number("--cols", v, v.substr(x + 1));
           },
-          "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K, given as the product or as "
-          "NxK, e.g. 576x576)");
+          "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K, paged_attention: "
+          "max_blocks_per_seq x block_size, each given as the product or as AxB, e.g. 576x576)");
 
   auto* table = app.add_subcommand("table", "The routing table: which variant goes first per op, GPU arch, dtype and shape");
   bool t_json = false, t_check = false, t_why = false;

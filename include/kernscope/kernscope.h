@@ -114,6 +114,11 @@ KS_API ks_status_t ks_variant_info(size_t index, ks_variant_info_t* info);
  * NULL included. A static string. ks_which, ks_force_variant and `ksctl` answer such an entry
  * point as that op. */
 KS_API const char* ks_op_runs_variants_of(const char* op);
+/* Where the routing key's cols (ks_which_shape, docs/routing.md#shape-keys-rows-cols) is a
+ * product, its factors' names, e.g. "N x K (...)" for quant_matmul and the fused quant_matmul
+ * ops, "max_blocks_per_seq x block_size (...)" for paged_attention (entry points answer as the op
+ * they run); NULL where cols is one number, for an unknown op and for NULL. A static string. */
+KS_API const char* ks_op_cols_factors(const char* op);
 /* The variant chosen for (op, dtype, backend) on a representative shape, and
  * why. *variant and *reason are thread-local, valid until the next call.
  * dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype, optionally

@@ -89,20 +89,20 @@ def _device_code(device: _t.Any) -> int:
     return _DEVICES[base]
 
 
-# the ops whose routing key's cols is N * K (docs/routing.md#shape-keys-rows-cols), as `ksctl which`
-_NK_COLS_OPS = ("quant_matmul", "quant_matmul_a8", "fused_add_rms_norm_quant_matmul", "silu_and_mul_quant_matmul")
-
-
 def _shape_cols(op: str, cols: _t.Any) -> int:
-    """which's cols: an int, or "NxK" (also "N*K") for a product, as ``ksctl which --cols``."""
+    """which's cols: an int, or "AxB" (also "A*B") for a product where the op's cols key is one
+    (ks_op_cols_factors: quant_matmul's N x K, paged_attention's max_blocks_per_seq x block_size),
+    as ``ksctl which --cols``."""
     if isinstance(cols, str):
         parts = cols.replace("X", "x").replace("*", "x").split("x")
         # (ASCII digits only: str.isdigit accepts superscripts such as '²', which int() refuses)
         if len(parts) not in (1, 2) or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
             raise InvalidArgumentError(f"which: cols must be a non-negative integer or 'NxK'; got {cols!r}")
-        if len(parts) == 2 and op not in _NK_COLS_OPS:
-            raise InvalidArgumentError(f"which: cols 'NxK' (a product) is the quant_matmul ops' key; {op}'s cols is "
-                                       "one number (docs/routing.md#shape-keys-rows-cols)")
+        # (the ops whose routing key's cols multiplies two sizes: ks_op_cols_factors, as `ksctl which`)
+        if len(parts) == 2 and _C.op_cols_factors(op) is None:
+            raise InvalidArgumentError(f"which: cols 'AxB' (a product) is the key of the ops whose cols multiply two "
+                                       f"sizes (quant_matmul's N x K, paged_attention's max_blocks_per_seq x "
+                                       f"block_size); {op}'s cols is one number (docs/routing.md#shape-keys-rows-cols)")
         n = 1
         for p in parts:
             n *= int(p)
@@ -122,8 +122,9 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
             with qtype "q4_1".
         device: "cpu" | "cuda" | "auto" (or a torch.device / "cuda:0").
         rows, cols: both or neither: the choice for a call of that shape as the routing table
-            keys it (docs/routing.md#shape-keys-rows-cols, e.g. quant_matmul: m and n * k; cols
-            may be given as "NxK", e.g. "49152x576"), so the cell such a call uses decides
+            keys it (docs/routing.md#shape-keys-rows-cols, e.g. quant_matmul: m and n * k; where
+            cols is such a product it may be given as "NxK", e.g. "49152x576" for quant_matmul,
+            "64x16" for paged_attention's max_blocks_per_seq x block_size), so the cell such a call uses decides
             (ks_which_shape). The variant's own limits (alignment, sizes) still apply per call.
         qtype: for the packed-weight ops, the weights' block format as the ops take it ("q4_1",
             "Q4_1", QType.Q4_1, ...): the routing cells bound to one apply (docs/routing.md); None

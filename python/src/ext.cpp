@@ -470,6 +470,11 @@ NB_MODULE(_C, m) {
     if (st != KS_SUCCESS) raise_status(st);
     return v ? nb::object(nb::str(v)) : nb::none();
   });
+  m.def("op_cols_factors", [](nb::handle op_h) -> nb::object {
+    const std::string op = c_name(op_h, "which", "op");
+    const char* f = ks_op_cols_factors(op.c_str());
+    return f ? nb::object(nb::str(f)) : nb::none();
+  });
   m.def("last_launch_config", [](nb::handle op_h) {
     const std::string op = c_name(op_h, "last_launch_config", "op");
     const char* s = ks_last_launch_config(op.c_str());

@@ -180,6 +180,12 @@ extern "C" ks_status_t ks_which_shape(const char* op, const char* dtype, ks_back
 
 extern "C" const char* ks_op_runs_variants_of(const char* op) { return ks::registry::dispatch_alias(op); }
 
+extern "C" const char* ks_op_cols_factors(const char* op) {
+  if (op == nullptr) return nullptr;
+  if (const char* runs = ks::registry::dispatch_alias(op)) op = runs;  // (an entry point: as the op it runs)
+  return ks::registry::cols_factors(op);
+}
+
 extern "C" ks_status_t ks_force_variant(const char* op, const char* variant) {
   return guard("force_variant", [&] {
     ks::registry::force_variant(op, variant);

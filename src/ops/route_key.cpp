@@ -2,6 +2,7 @@
 // and the packed-weight ops' block format (a cell's "qtype").
 #include <cstring>
 #include <limits>
+#include <string_view>
 
 #include "ops/args.hpp"
 #include "registry/routing.hpp"
@@ -34,6 +35,18 @@ int64_t sat_mul(int64_t x, int64_t y) {
   return __builtin_mul_overflow(x, y, &r) ? std::numeric_limits<int64_t>::max() : r;
 }
 }  // namespace
+
+// The ops whose cols key (route_key below) is a product, and its factors' names; nullptr for
+// the others. ks_op_cols_factors answers from here, so `ksctl which --cols AxB` and Python's
+// which(cols="AxB") take a product exactly where route_key multiplies.
+const char* cols_factors(std::string_view op) {
+  if (op == "quant_matmul" || op == "quant_matmul_a8" || op == "fused_add_rms_norm_quant_matmul" ||
+      op == "fused_add_rms_norm_quant_matmul_rope_kv_append" || op == "silu_and_mul_quant_matmul")
+    return "N x K (the packed weight's rows times its columns)";
+  if (op == "paged_attention" || op == "rotary_embedding_kv_append_paged_attention")
+    return "max_blocks_per_seq x block_size (the block table's capacity in keys)";
+  return nullptr;
+}
 
 RouteKey route_key(const char* op, const void* args) {
   using namespace ks::ops;

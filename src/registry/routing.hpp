@@ -27,6 +27,9 @@ struct RouteKey {
 };
 // Implemented by the ops layer (src/ops/route_key.cpp); an op without a definition gets {0, 0}.
 RouteKey route_key(const char* op, const void* args);
+// The factors' names where route_key's cols is a product (e.g. quant_matmul's N x K), else nullptr
+// (src/ops/route_key.cpp, beside route_key).
+const char* cols_factors(std::string_view op);
 
 struct Cell {
   std::string op, backend, arch, dtype;  // arch "*" / dtype "*": any

@@ -95,6 +95,12 @@ int main(void) {
         strcmp(ks_op_runs_variants_of("paged_attention_after_append"), "paged_attention") == 0);
   CHECK(ks_op_runs_variants_of("paged_attention") == NULL && ks_op_runs_variants_of("rms_norm") == NULL);
   CHECK(ks_op_runs_variants_of(NULL) == NULL);
+  /* the ops whose routing key's cols is a product name its factors; entry points answer as the op they run */
+  CHECK(ks_op_cols_factors("quant_matmul") != NULL && strncmp(ks_op_cols_factors("quant_matmul"), "N x K", 5) == 0);
+  CHECK(ks_op_cols_factors("fused_add_rms_norm_quant_matmul_rope_kv_append") != NULL);
+  CHECK(ks_op_cols_factors("paged_attention_after_append") != NULL &&
+        strcmp(ks_op_cols_factors("paged_attention_after_append"), ks_op_cols_factors("paged_attention")) == 0);
+  CHECK(ks_op_cols_factors("softmax") == NULL && ks_op_cols_factors("no_such_op") == NULL && ks_op_cols_factors(NULL) == NULL);
   CHECK(ks_which_shape("quant_matmul", "fp32", KS_BACKEND_CPU, 1, 576, &variant, &reason) == KS_SUCCESS);
   CHECK(variant != NULL && reason != NULL && strstr(reason, "rows 1, cols 576") != NULL);
   CHECK(ks_which_shape("quant_matmul", "fp32", KS_BACKEND_CPU, -1, 576, &variant, &reason) ==

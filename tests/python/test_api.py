@@ -752,9 +752,20 @@ def test_embedding_packed_table_without_its_format_names_table():
 
 
 def test_which_shape_key_and_qtype_errors_name_the_argument():
-    # "NxK" is the quant_matmul ops' cols key only (as ksctl which refuses it for other ops)
-    with pytest.raises(ks.InvalidArgumentError, match="the quant_matmul ops' key; softmax's cols is one number"):
+    # "AxB" only where the op's cols key is a product (as ksctl which refuses it for other ops):
+    # the quant_matmul ops' N x K, the fused one with RoPE and append included, and paged_attention's
+    # max_blocks_per_seq x block_size (its entry point paged_attention_after_append as well)
+    with pytest.raises(ks.InvalidArgumentError, match="multiply two sizes .*; softmax's cols is one number"):
         ks.which("softmax", "fp32", "cpu", 1, "8x8")
+    for op in ("quant_matmul", "quant_matmul_a8", "fused_add_rms_norm_quant_matmul",
+               "fused_add_rms_norm_quant_matmul_rope_kv_append", "silu_and_mul_quant_matmul"):
+        assert ks._C.op_cols_factors(op).startswith("N x K")
+        assert ks.which(op, "fp32", "cpu", 1, "576x576") == ks.which(op, "fp32", "cpu", 1, 331776)
+    for op in ("paged_attention", "paged_attention_after_append", "rotary_embedding_kv_append_paged_attention"):
+        assert ks._C.op_cols_factors(op).startswith("max_blocks_per_seq x block_size")
+        assert ks.which(op, "fp32", "cpu", 1, "64x16") == ks.which(op, "fp32", "cpu", 1, 1024)
+    for op in ("softmax", "rms_norm", "argmax", "no_such_op"):
+        assert ks._C.op_cols_factors(op) is None
     assert ks.which("softmax", "fp32", "cpu", 1, "64")[0] == ks.which("softmax", "fp32", "cpu", 1, 64)[0]
     assert ks.which("quant_matmul", "fp32", "cpu", 1, "576x576") == ks.which("quant_matmul", "fp32", "cpu", 1, 331776)
     with pytest.raises(ks.InvalidArgumentError, match="which: qtype is for the ops with packed weights only; rms_norm"):

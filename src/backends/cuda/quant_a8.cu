@@ -652,9 +652,29 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
   });
   const DeviceProps& dp = device_props(dev);
   const A8ResidentLayout lay = a8_resident_layout(a);
-  return a8_resident_plan(a.n, a.k, lay.smem_row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
-                          ctas >= 1 && ctas <= 8 ? ctas : 0, !waves, warps >= 4 && warps <= kA8ResidentMaxWarps ? warps : 0,
-                          static_bytes, lay.bulk ? 2 : rows == 2 || rows == 4 ? rows : 0);
+  const bool forced_ctas = ctas >= 1 && ctas <= 8, forced_warps = warps >= 4 && warps <= kA8ResidentMaxWarps;
+  const A8ResidentPlan plan =
+      a8_resident_plan(a.n, a.k, lay.smem_row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
+                       forced_ctas ? ctas : 0, !waves, forced_warps ? warps : 0, static_bytes,
+                       lay.bulk ? 2 : rows == 2 || rows == 4 ? rows : 0);
+  if (plan.grid && !waves && (forced_ctas || forced_warps)) {
+    // A forced CTA count or width: the plan counts shared memory only, and the plan's own choices
+    // (at most 2 CTAs of 16 warps at <= 64 registers) fit the registers by construction; a forced
+    // one may not (e.g. 5 CTAs of 8 warps at 64 registers), and then the call would not be one
+    // wave: the variant declines (can_implement says so) instead of claiming it.
+    int fit = 0;
+    DeviceGuard g(dev, "quant_matmul_a8");
+    with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+      using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, Forms::pick(lay.bulk, lay.pad, plan.rows_per_step),
+                                                        32 * plan.warps, plan.smem) != cudaSuccess) {
+        (void)cudaGetLastError();  // (an answer here: the configuration cannot be resident)
+        fit = 0;
+      }
+    });
+    if (fit < plan.ctas_per_sm) return A8ResidentPlan{};
+  }
+  return plan;
 }
 }  // namespace
 
@@ -723,7 +743,8 @@ std::string quant_matmul_a8_resident_can_implement(const void* args) {
   if (!device_props(a.x.device.device_id).sm90_code) return "needs sm_90 code (the next call's launch at entry)";
   if (!a8_aligned(a)) return "weight not 4-byte aligned or row_bytes not a multiple of 4 (word loads of the blocks)";
   if (a.n > 0 && a8_resident_plan_for(a).grid == 0)
-    return "the matrix and x do not fit the SMs' shared memory in one wave (cuda_a8_bulk_stream streams it)";
+    return "the matrix and x do not fit the SMs' shared memory in one wave (cuda_a8_bulk_stream streams it), or a "
+           "forced KS_QMM_A8_RES_CTAS / KS_QMM_A8_RES_WARPS does not fit the SMs' registers";
   return "";
 }
 
