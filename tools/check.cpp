@@ -1140,6 +1140,15 @@ int run_check(const std::string& backend, const std::string& op_filter, bool ver
       return 2;
     }
   }
+  // A routing table that cannot be used fails every call before any kernel runs: said once here
+  // (exit 2, as ksctl's other subcommands), not as every case's incorrect result
+  {
+    const char* json = nullptr;
+    if (ks_routing_table(&json) != KS_SUCCESS) {
+      std::fprintf(stderr, "check: the routing table cannot be used: %s\n", ks_last_error());
+      return 2;
+    }
+  }
   std::map<std::string, std::array<int, 3>> totals;  // backend -> correct, incorrect, skipped
   int incorrect_total = 0;
   for (const std::string be_name : {"cpu", "cuda"}) {

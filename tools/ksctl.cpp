@@ -28,6 +28,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
@@ -117,11 +118,13 @@ ks::Backend parse_device(const std::string& d) {
 // "available", or why not (the library's own reason: not built, or no device).
 std::string cuda_status() {
   if (ks::backend_available(ks::Backend::Cuda)) return "available";
+  // the reason, from a which on the CUDA backend (its routing table not consulted for a backend
+  // that is absent; a routing-table error is ops' own line, not this reason)
   const char *v = nullptr, *r = nullptr;
   if (ks_which("rms_norm", "fp32", KS_BACKEND_CUDA, &v, &r) != KS_SUCCESS) {
     const std::string e = ks_last_error(), key = "not available: ";
     const auto at = e.find(key);  // keep the reason after "...not available: "
-    return "not available: " + (at == std::string::npos ? e : e.substr(at + key.size()));
+    if (at != std::string::npos) return "not available: " + e.substr(at + key.size());
   }
   return "not available";
 }
@@ -144,17 +147,19 @@ int cmd_ops() {
     if (const char* runs = ks_op_runs_variants_of(entry.c_str()))
       std::printf("%-*s %-7s runs %s's variants (entry point)\n", w, entry.c_str(), "", runs);
   std::printf("\nCUDA backend: %s\n", cuda_status().c_str());
-  // the routing table the calls will use: a malformed KS_ROUTING_TABLE is said here (exit 1),
+  // the routing table the calls will use: a malformed KS_ROUTING_TABLE is said here (exit 2),
   // not first at the op call that needs it
   try {
     const auto j = nlohmann::json::parse(ks::routing_table());
     std::string files;
     for (const auto& f : j["files"]) files += (files.empty() ? "" : ", ") + f.get<std::string>();
+    const char* env = std::getenv("KS_ROUTING_TABLE");  // (empty: unset, as the library reads it)
     std::printf("Routing table: %zu cells from %s%s\n", j["cells"].size(), files.c_str(),
-                std::getenv("KS_ROUTING_TABLE") ? " (KS_ROUTING_TABLE)" : " (built in)");
+                env && *env ? " (KS_ROUTING_TABLE)" : " (built in)");
   } catch (const std::exception& e) {
+    // exit 2, as every subcommand that meets a table it cannot use (ksctl: error: ...)
     std::fprintf(stderr, "ksctl ops: the routing table cannot be used: %s\n", e.what());
-    return 1;
+    return 2;
   }
   return 0;
 }
@@ -328,6 +333,11 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
     std::fprintf(stderr, "which: give both --rows and --cols, or neither\n");
     return 2;
   }
+  // (an entry point running another op's variants answers as that op: ks_which says so)
+  if (!ks::tune::has_op(op) && !ks_op_runs_variants_of(op.c_str())) {
+    std::fprintf(stderr, "which: '%s' is not an operator of this build (ksctl ops lists them)\n", op.c_str());
+    return 2;
+  }
   // AxB means a * b where the op's cols key is a product (ks_op_cols_factors: quant_matmul's N x K,
   // paged_attention's max_blocks_per_seq x block_size; docs/routing.md#shape-keys-rows-cols)
   if (cols_product && ks_op_cols_factors(op.c_str()) == nullptr) {
@@ -336,11 +346,6 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
                  "N x K, paged_attention's max_blocks_per_seq x block_size); %s's cols is one number "
                  "(docs/routing.md#shape-keys-rows-cols)\n",
                  op.c_str());
-    return 2;
-  }
-  // (an entry point running another op's variants answers as that op: ks_which says so)
-  if (!ks::tune::has_op(op) && !ks_op_runs_variants_of(op.c_str())) {
-    std::fprintf(stderr, "which: '%s' is not an operator of this build (ksctl ops lists them)\n", op.c_str());
     return 2;
   }
   const auto w = rows >= 0 ? ks::which(op, dtype, parse_device(device), rows, cols) : ks::which(op, dtype, parse_device(device));
@@ -627,9 +632,13 @@ int main(int argc, char** argv) {
           [&w_cols, &w_cols_product, shape_number](const std::string& v) {
             const size_t x = v.find_first_of("xX*");
             w_cols_product = x != std::string::npos;
+            // (a product saturates at int64's largest, as the library's routing key does: sat_mul)
+            int64_t prod = 0;
             w_cols = x == std::string::npos ? shape_number("--cols", v, v)
-                                            : shape_number("--cols", v, v.substr(0, x)) *
-                                                  shape_number("--cols", v, v.substr(x + 1));
+                     : __builtin_mul_overflow(shape_number("--cols", v, v.substr(0, x)),
+                                              shape_number("--cols", v, v.substr(x + 1)), &prod)
+                         ? std::numeric_limits<int64_t>::max()
+                         : prod;
           },
           "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K, paged_attention: "
           "max_blocks_per_seq x block_size, each given as the product or as AxB, e.g. 576x576)");

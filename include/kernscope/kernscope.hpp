@@ -97,16 +97,16 @@ inline const char* dtype_name(DType d) {
 }
 
 // ---- tensors --------------------------------------------------------------
-// A non-owning, contiguous view: data pointer, dtype, shape (up to 8 dims), device.
+// A non-owning, contiguous view: data pointer, dtype, shape (up to 16 dims, the C ABI's limit), device.
 class TensorView {
  public:
-  static constexpr int kMaxDims = 8;
+  static constexpr int kMaxDims = 16;
   TensorView() = default;
   TensorView(void* data, DType dtype, std::initializer_list<int64_t> shape, DLDevice device = {kDLCPU, 0})
       : TensorView(data, dtype, std::vector<int64_t>(shape), device) {}
   TensorView(void* data, DType dtype, const std::vector<int64_t>& shape, DLDevice device = {kDLCPU, 0})
       : data_(data), dtype_(dtype), ndim_(int(shape.size())), device_(device) {
-    if (ndim_ > kMaxDims) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView: more than 8 dims");
+    if (ndim_ > kMaxDims) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView: more than 16 dims");
     for (int i = 0; i < ndim_; ++i) shape_[i] = shape[i];
   }
   void* data() const { return data_; }
@@ -123,6 +123,9 @@ class TensorView {
   }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype_); }
   DLDevice device() const { return device_; }
+  // False only for a default-constructed view (no data, no dims): an optional argument left out.
+  // A 0-d view with data (one value, e.g. sample's valid flag for a 1-d logits) is present.
+  bool present() const { return ndim_ > 0 || data_ != nullptr; }
   // Rows [start, start + count) of the first dimension. Throws InvalidArgument when the view has
   // no dimensions or the range is not within [0, size(0)].
   TensorView slice(int64_t start, int64_t count) const {
@@ -282,8 +285,8 @@ inline void fused_add_rms_norm_quant_matmul(const TensorView& out, const TensorV
                                             ks_stream_t stream = nullptr) {
   DLTensor o = out.dl(), ro = residual_out.dl(), a = x.dl(), r = residual.dl(), nw = norm_weight.dl(),
            w = weight.dl();
-  const bool has_x = x.ndim() > 0;
-  check(ks_fused_add_rms_norm_quant_matmul(&o, residual_out.ndim() > 0 ? &ro : nullptr, has_x ? &a : nullptr, &r,
+  const bool has_x = x.present();
+  check(ks_fused_add_rms_norm_quant_matmul(&o, residual_out.present() ? &ro : nullptr, has_x ? &a : nullptr, &r,
                                            &nw, eps, &w, static_cast<ks_qtype_t>(qtype), detail::be(backend),
                                            stream));
 }
@@ -297,7 +300,7 @@ inline void rotary_embedding(const TensorView& q, const TensorView& k, const Ten
                              int64_t rotary_dim, double theta, bool is_neox, Backend backend = Backend::Auto,
                              ks_stream_t stream = nullptr) {
   DLTensor qq = q.dl(), kk = k.dl(), p = positions.dl();
-  const bool has_k = k.ndim() > 0;
+  const bool has_k = k.present();
   check(ks_rotary_embedding(&qq, has_k ? &kk : nullptr, &p, rotary_dim, theta, is_neox ? 1 : 0,
                             detail::be(backend), stream));
 }
@@ -322,9 +325,9 @@ inline void fused_add_rms_norm_quant_matmul_rope_kv_append(
     Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
   DLTensor o = out.dl(), ro = residual_out.dl(), a = x.dl(), r = residual.dl(), nw = norm_weight.dl(),
            w = weight.dl(), p = positions.dl(), kc = k_cache.dl(), vc = v_cache.dl(), sm = slot_mapping.dl();
-  const bool has_x = x.ndim() > 0;
+  const bool has_x = x.present();
   check(ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
-      &o, residual_out.ndim() > 0 ? &ro : nullptr, has_x ? &a : nullptr, &r, &nw, eps, &w,
+      &o, residual_out.present() ? &ro : nullptr, has_x ? &a : nullptr, &r, &nw, eps, &w,
       static_cast<ks_qtype_t>(qtype), num_heads, num_kv_heads, &p, rotary_dim, theta, is_neox ? 1 : 0, &kc, &vc, &sm,
       detail::be(backend), stream));
 }
@@ -341,7 +344,7 @@ inline void paged_attention(const TensorView& out, const TensorView& q, const Te
                             ks_stream_t stream = nullptr) {
   DLTensor o = out.dl(), qq = q.dl(), kc = k_cache.dl(), vc = v_cache.dl(), bt = block_tables.dl(),
            si = seq_ids.dl(), cl = context_lens.dl();
-  const bool has_seq = seq_ids.ndim() > 0;
+  const bool has_seq = seq_ids.present();
   check(ks_paged_attention(&o, &qq, &kc, &vc, &bt, has_seq ? &si : nullptr, &cl, scale, detail::be(backend),
                            stream));
 }
@@ -355,7 +358,7 @@ inline void paged_attention_after_append(const TensorView& out, const TensorView
                                          ks_stream_t stream = nullptr) {
   DLTensor o = out.dl(), qq = q.dl(), kc = k_cache.dl(), vc = v_cache.dl(), bt = block_tables.dl(),
            si = seq_ids.dl(), cl = context_lens.dl();
-  const bool has_seq = seq_ids.ndim() > 0;
+  const bool has_seq = seq_ids.present();
   check(ks_paged_attention_after_append(&o, &qq, &kc, &vc, &bt, has_seq ? &si : nullptr, &cl, scale, fresh_keys,
                                         detail::be(backend), stream));
 }
@@ -368,7 +371,7 @@ inline void rotary_embedding_kv_append_paged_attention(
     const TensorView& context_lens, double scale, Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
   DLTensor o = out.dl(), qq = q.dl(), kk = k.dl(), vv = v.dl(), p = positions.dl(), kc = k_cache.dl(),
            vc = v_cache.dl(), sm = slot_mapping.dl(), bt = block_tables.dl(), si = seq_ids.dl(), cl = context_lens.dl();
-  const bool has_seq = seq_ids.ndim() > 0;
+  const bool has_seq = seq_ids.present();
   check(ks_rotary_embedding_kv_append_paged_attention(&o, &qq, &kk, &vv, &p, rotary_dim, theta, is_neox ? 1 : 0, &kc,
                                                       &vc, &sm, &bt, has_seq ? &si : nullptr, &cl, scale,
                                                       detail::be(backend), stream));
@@ -384,12 +387,12 @@ inline void varlen_attention(const TensorView& out, const TensorView& q, const T
   DLTensor o = out.dl(), qq = q.dl(), kk = k.dl(), vv = v.dl(), cq = cu_seqlens_q.dl(), ck = cu_seqlens_k.dl();
   check(ks_varlen_attention(&o, &qq, &kk, &vv, &cq, &ck, scale, causal ? 1 : 0, detail::be(backend), stream));
 }
-// valid may be an empty TensorView (no validity flags wanted).
+// valid may be a default-constructed TensorView (no validity flags wanted); a 0-d valid (1-d logits) is written.
 inline void sample(const TensorView& out, const TensorView& valid, const TensorView& logits,
                    const TensorView& seed_offset, double temperature, int64_t top_k = 0, double top_p = 1.0,
                    Backend backend = Backend::Auto, ks_stream_t stream = nullptr) {
   DLTensor o = out.dl(), v = valid.dl(), l = logits.dl(), so = seed_offset.dl();
-  check(ks_sample(&o, valid.ndim() > 0 ? &v : nullptr, &l, &so, temperature, top_k, top_p, detail::be(backend),
+  check(ks_sample(&o, valid.present() ? &v : nullptr, &l, &so, temperature, top_k, top_p, detail::be(backend),
                   stream));
 }
 

@@ -261,6 +261,20 @@ TEST(Sample, LeadingDimsDrawAsTheTwoDimReshape) {
   ASSERT_EQ(ks_sample(&or0, &vr0, &lr, &sd, 0.8, 40, 0.9, KS_BACKEND_AUTO, nullptr), KS_SUCCESS) << ks_last_error();
   EXPECT_EQ(get_i(o0, 0), want.ids[0]);
   EXPECT_EQ(v0.get(0), 1.0);
+  // the C++ header's ks::sample writes a 0-d valid too (only a default-constructed view is "absent"):
+  // a NaN row gives the placeholder and valid 0
+  {
+    Buf nan_row(DType::F32, {4}), o1(DType::I64, {}), v1(DType::U8, {});
+    nan_row.set(0, NAN), nan_row.set(1, 1.0), nan_row.set(2, 2.0), nan_row.set(3, 3.0);
+    o1.poison();
+    v1.poison();
+    ks::sample(o1.view(), v1.view(), nan_row.view(), so.view(), 1.0);
+    EXPECT_EQ(get_i(o1, 0), 0);
+    EXPECT_EQ(v1.get(0), 0.0);
+    Buf o2(DType::I64, {});
+    ks::sample(o2.view(), ks::TensorView(), nan_row.view(), so.view(), 1.0);  // absent: no flag wanted
+    EXPECT_EQ(get_i(o2, 0), 0);
+  }
   // the reshape's [6] is not the shape
   Buf o6(DType::I64, {6}), v6(DType::U8, {6});
   o6.poison();
