@@ -19,7 +19,9 @@
   } while (0)
 
 // The CSV's driver column: KS_DRIVER (gpu_check.sh sets it from nvidia-smi), else the kernel
-// module's version from /proc/driver/nvidia/version ("... Kernel Module  580.159.04  ..."), else
+// module's version from /proc/driver/nvidia/version: the first token after "Kernel Module" that
+// starts with a digit ("... Kernel Module  580.159.04 ..." and the open module's "... Open Kernel
+// Module for x86_64  580.159.04 ...", where the first token, "for", was taken before), else
 // the CUDA driver API version cudaDriverGetVersion gives (e.g. "api13000", marked so that it is
 // not read as the driver's own version, as the bare 13000 was).
 inline std::string driver_version(int api, const char* proc = "/proc/driver/nvidia/version") {
@@ -31,10 +33,13 @@ inline std::string driver_version(int api, const char* proc = "/proc/driver/nvid
     const char* k = got ? std::strstr(line, "Kernel Module") : nullptr;
     if (k) {
       k += std::strlen("Kernel Module");
-      while (*k == ' ' || *k == '\t') ++k;
-      std::string v;
-      while (*k && *k != ' ' && *k != '\t' && *k != '\n' && *k != ',') v += *k++;
-      if (!v.empty()) return v;
+      while (*k) {
+        while (*k == ' ' || *k == '\t') ++k;
+        std::string v;
+        while (*k && *k != ' ' && *k != '\t' && *k != '\n' && *k != ',') v += *k++;
+        if (!v.empty() && v[0] >= '0' && v[0] <= '9') return v;
+        if (*k == '\n') break;
+      }
     }
   }
   return "api" + std::to_string(api);

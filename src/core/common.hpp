@@ -42,7 +42,9 @@ ks_status_t guard(const char* op, F&& body) noexcept {
     clear_last_error();
     return body();
   } catch (const Failure& f) {
-    set_last_error(f.message);
+    // (a routing table that cannot be used fails the call before its kernel: the message names
+    // the table, and the op is named in front of it as for every other error)
+    set_last_error(f.message.rfind("routing: ", 0) == 0 ? std::string(op) + ": " + f.message : f.message);
     return f.status;
   } catch (const std::bad_alloc&) {
     set_last_error(std::string(op) + ": out of host memory");

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <utility>
@@ -150,6 +151,8 @@ Table load_active_table() {
       const std::string path = list.substr(start, end - start);
       start = end + 1;
       if (path.empty()) continue;
+      std::error_code ec;
+      if (std::filesystem::is_directory(path, ec)) bad(path, "KS_ROUTING_TABLE names a directory; it takes files (':'-separated)");
       std::ifstream f(path);
       if (!f) bad(path, "KS_ROUTING_TABLE names a file that cannot be read");
       std::stringstream ss;
