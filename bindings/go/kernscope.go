@@ -244,10 +244,23 @@ func ForcedVariant(op string) (string, error) {
 func OpRunsVariantsOf(op string) string {
 	cop := C.CString(op)
 	defer C.free(unsafe.Pointer(cop))
-	if v := C.ks_op_runs_variants_of(cop); v != nil {
-		return C.GoString(v)
+	return goStringOrEmpty(C.ks_op_runs_variants_of(cop))
+}
+
+// OpColsFactors names the factors where op's routing key cols (WhichShape) is a product
+// ("N x K (...)" for quant_matmul, "max_blocks_per_seq x block_size (...)" for
+// paged_attention); "" where cols is one number.
+func OpColsFactors(op string) string {
+	cop := C.CString(op)
+	defer C.free(unsafe.Pointer(cop))
+	return goStringOrEmpty(C.ks_op_cols_factors(cop))
+}
+
+func goStringOrEmpty(v *C.char) string {
+	if v == nil {
+		return ""
 	}
-	return ""
+	return C.GoString(v)
 }
 
 // LastLaunchConfig is the launch configuration of the calling OS thread's last CUDA launch of

@@ -299,6 +299,9 @@ func TestUnknownVariantAndRegistry(t *testing.T) {
 	if a, b := ks.OpRunsVariantsOf("paged_attention_after_append"), ks.OpRunsVariantsOf("rms_norm"); a != "paged_attention" || b != "" {
 		t.Errorf("op_runs_variants_of: %q %q", a, b)
 	}
+	if a, b := ks.OpColsFactors("quant_matmul"), ks.OpColsFactors("softmax"); !strings.HasPrefix(a, "N x K") || b != "" {
+		t.Errorf("op_cols_factors: %q %q", a, b)
+	}
 	if c := ks.LastLaunchConfig("rms_norm"); c != "" {
 		t.Errorf("launch config without a CUDA launch: %q", c)
 	}

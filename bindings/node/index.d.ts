@@ -119,6 +119,9 @@ export function lastLaunchConfig(op: string): string;
 /** The op whose variants the entry point `op` runs ("paged_attention" for
  * "paged_attention_after_append"); null for any other name. */
 export function opRunsVariantsOf(op: string): string | null;
+/** Where the routing key's cols (whichShape) is a product, its factors' names ("N x K (...)" for
+ * quantMatmul, "max_blocks_per_seq x block_size (...)" for pagedAttention); null otherwise. */
+export function opColsFactors(op: string): string | null;
 
 export function rmsNorm(out: TensorLike, x: TensorLike, weight: TensorLike, eps: number, opts?: ExecOptions): void;
 export function fusedAddRmsNorm(x: TensorLike, residual: TensorLike, weight: TensorLike, eps: number, opts?: ExecOptions): void;

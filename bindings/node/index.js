@@ -223,6 +223,7 @@ module.exports = {
   forcedVariant: (op) => native.forcedVariant(op),
   lastLaunchConfig: (op) => native.lastLaunchConfig(op),
   opRunsVariantsOf: (op) => native.opRunsVariantsOf(op),
+  opColsFactors: (op) => native.opColsFactors(op),
 
   rmsNorm: (out, x, weight, eps, opts) => native.rmsNorm(T(out), T(x), T(weight), eps, ...exec(opts)),
   fusedAddRmsNorm: (x, residual, weight, eps, opts) =>

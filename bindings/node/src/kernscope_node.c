@@ -492,6 +492,15 @@ static napi_value js_force_variant(napi_env env, napi_callback_info info) {
   return finish(env, st);
 }
 
+/* a static C string, or JS null for NULL */
+static napi_value str_or_null(napi_env env, const char* v) {
+  if (v == NULL) {
+    napi_value n;
+    napi_get_null(env, &n);
+    return n;
+  }
+  return str(env, v);
+}
 static napi_value js_forced_variant(napi_env env, napi_callback_info info) {
   ARGS(1);
   char* op = get_string(env, argv[0], "forcedVariant: op");
@@ -500,12 +509,7 @@ static napi_value js_forced_variant(napi_env env, napi_callback_info info) {
   ks_status_t st = ks_forced_variant(op, &v);
   free(op);
   if (!finish(env, st)) return NULL;
-  if (v == NULL) {
-    napi_value n;
-    napi_get_null(env, &n);
-    return n;
-  }
-  return str(env, v);
+  return str_or_null(env, v);
 }
 
 static napi_value js_op_runs_variants_of(napi_env env, napi_callback_info info) {
@@ -514,12 +518,15 @@ static napi_value js_op_runs_variants_of(napi_env env, napi_callback_info info) 
   if (op == NULL) return NULL;
   const char* v = ks_op_runs_variants_of(op);
   free(op);
-  if (v == NULL) {
-    napi_value n;
-    napi_get_null(env, &n);
-    return n;
-  }
-  return str(env, v);
+  return str_or_null(env, v);
+}
+static napi_value js_op_cols_factors(napi_env env, napi_callback_info info) {
+  ARGS(1);
+  char* op = get_string(env, argv[0], "opColsFactors: op");
+  if (op == NULL) return NULL;
+  const char* v = ks_op_cols_factors(op);
+  free(op);
+  return str_or_null(env, v);
 }
 
 static napi_value js_last_launch_config(napi_env env, napi_callback_info info) {
@@ -853,6 +860,7 @@ NAPI_MODULE_INIT() {
       {"whichShape", NULL, js_which_shape, NULL, NULL, NULL, napi_default, NULL},
       {"lastLaunchConfig", NULL, js_last_launch_config, NULL, NULL, NULL, napi_default, NULL},
       {"opRunsVariantsOf", NULL, js_op_runs_variants_of, NULL, NULL, NULL, napi_default, NULL},
+      {"opColsFactors", NULL, js_op_cols_factors, NULL, NULL, NULL, napi_default, NULL},
       {"rmsNorm", NULL, js_rms_norm, NULL, NULL, NULL, napi_default, NULL},
       {"fusedAddRmsNorm", NULL, js_fused_add_rms_norm, NULL, NULL, NULL, napi_default, NULL},
       {"siluAndMul", NULL, js_silu_and_mul, NULL, NULL, NULL, napi_default, NULL},

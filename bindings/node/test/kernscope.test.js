@@ -180,6 +180,9 @@ test('unknown variant and the registry', () => {
   assert.equal(ks.lastLaunchConfig('rms_norm'), '');
   assert.equal(ks.opRunsVariantsOf('paged_attention_after_append'), 'paged_attention');
   assert.equal(ks.opRunsVariantsOf('rms_norm'), null);
+  assert.ok(ks.opColsFactors('quant_matmul').startsWith('N x K'));
+  assert.ok(ks.opColsFactors('paged_attention_after_append').startsWith('max_blocks_per_seq x block_size'));
+  assert.equal(ks.opColsFactors('softmax'), null);
 });
 
 test('argmax (int64 out) and embedding ids', () => {

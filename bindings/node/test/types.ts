@@ -24,6 +24,7 @@ ks.tensor(new Uint16Array(2), [2], { dtype: 'fp8' });
 ks.forceVariant('rms_norm', null);
 const pinned: string | null = ks.forcedVariant('rms_norm');
 const runs: string | null = ks.opRunsVariantsOf('paged_attention_after_append');
+const factors: string | null = ks.opColsFactors('quant_matmul');
 const info: { blockSize: number; blockBytes: number } = ks.qtypeInfo('q4_1');
 const choice: { variant: string; reason: string } = ks.which('rms_norm', 'bf16', 'cpu');
 const firstOrder: string[] = ks.routingTable().cells[0].order;

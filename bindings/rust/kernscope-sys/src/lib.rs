@@ -139,6 +139,7 @@ extern "C" {
     pub fn ks_routing_table(json: *mut *const c_char) -> ks_status_t;
     pub fn ks_last_launch_config(op: *const c_char) -> *const c_char;
     pub fn ks_op_runs_variants_of(op: *const c_char) -> *const c_char;
+    pub fn ks_op_cols_factors(op: *const c_char) -> *const c_char;
 
     // the five core operators
     pub fn ks_rms_norm(

@@ -236,8 +236,20 @@ pub fn last_launch_config(op: &str) -> Result<String> {
 /// The op whose variants the entry point `op` runs, for entry points without variants of their
 /// own (`Some("paged_attention")` for "paged_attention_after_append"); `None` for any other name.
 pub fn op_runs_variants_of(op: &str) -> Result<Option<String>> {
-    let cop = c_string("op_runs_variants_of: op", op)?;
-    let v = unsafe { sys::ks_op_runs_variants_of(cop.as_ptr()) };
+    op_static_str("op_runs_variants_of: op", op, sys::ks_op_runs_variants_of)
+}
+
+/// Where `op`'s routing key cols ([`which_shape`]) is a product, its factors' names
+/// (`Some("N x K (...)")` for quant_matmul, `Some("max_blocks_per_seq x block_size (...)")` for
+/// paged_attention); `None` where cols is one number.
+pub fn op_cols_factors(op: &str) -> Result<Option<String>> {
+    op_static_str("op_cols_factors: op", op, sys::ks_op_cols_factors)
+}
+
+// f(op): a static C string or null
+fn op_static_str(what: &str, op: &str, f: unsafe extern "C" fn(*const c_char) -> *const c_char) -> Result<Option<String>> {
+    let cop = c_string(what, op)?;
+    let v = unsafe { f(cop.as_ptr()) };
     Ok(if v.is_null() { None } else { Some(owned_str(v)) })
 }
 

@@ -234,6 +234,8 @@ fn unknown_variant_and_registry() {
         Some("paged_attention")
     );
     assert_eq!(kernscope::op_runs_variants_of("rms_norm").unwrap(), None);
+    assert!(kernscope::op_cols_factors("quant_matmul").unwrap().unwrap().starts_with("N x K"));
+    assert_eq!(kernscope::op_cols_factors("softmax").unwrap(), None);
     cpu()
         .rms_norm(
             &mut TensorMut::f32(&mut out, &[2, 5]).unwrap(),
