@@ -232,7 +232,10 @@ LlamaModel::LlamaModel(const GgufFile& f, int64_t max_context, ks::Backend backe
       std::fprintf(stderr, "[model] KS_MODEL_ABLATE=%s: the one-token step leaves these kernels out (timing only; the outputs are wrong)\n", e);
   }
   fuse_rope_ = on_device_ && !fuse_attn_;  // (KS_MODEL_FUSE_ATTN=1 rotates in the attention's kernel)
-  if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE")) fuse_rope_ = std::string(e) == "1";
+  // "0" / "1" only, as the README's table says (another value, set but empty included, keeps the
+  // default: before, any value but "1" turned the default fusion off)
+  if (const char* e = std::getenv("KS_MODEL_FUSE_ROPE"); e && (std::string(e) == "0" || std::string(e) == "1"))
+    fuse_rope_ = e[0] == '1';
   chain_steps_ = env_whole_number("KS_MODEL_DECODE_STEPS", kDecodeSteps, kMaxDecodeSteps, "steps");
   if (on_device_) stream_ = std::make_unique<DeviceStream>();
   max_ctx_ = std::min(max_context, cfg_.context_length);
