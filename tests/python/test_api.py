@@ -90,8 +90,10 @@ def test_routing_table_from_env_and_a_bad_one(tmp_path):
             "except ValueError as e:\n    print('PINNED', e)\n")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": str(bad)},
                        capture_output=True, text=True, timeout=120)
-    assert "ERR routing: " in r.stdout and "bad.json cell 0: missing \"backend\"" in r.stdout, r.stdout + r.stderr
-    assert "PINNED routing: " in r.stdout, r.stdout + r.stderr
+    # (the call's name in front, as every error: "routing_table: routing: <file> ...")
+    assert "ERR routing_table: routing: " in r.stdout and "bad.json cell 0: missing \"backend\"" in r.stdout, \
+        r.stdout + r.stderr
+    assert "PINNED rms_norm: routing: " in r.stdout, r.stdout + r.stderr
 
 
 def test_which_takes_the_weights_block_format(tmp_path):
