@@ -222,11 +222,15 @@ KS_API ks_status_t ks_dequantize(DLTensor* out, const DLTensor* packed, ks_qtype
                                  ks_backend_t backend, ks_stream_t stream);
 
 /* out[M, N] = a[M, K] @ b[N, K]^T (b in nn.Linear layout), FP32 accumulation.
+ * a may be [..., K] with out [..., N] (any leading dims, M their product, as
+ * torch.nn.functional.linear; each row as in the 2-D reshape).
  * a, b, out: same float dtype; out must not overlap a or b. */
 KS_API ks_status_t ks_gemm(DLTensor* out, const DLTensor* a, const DLTensor* b,
                            ks_backend_t backend, ks_stream_t stream);
 
 /* out[M, N] = x[M, K] @ dequant(weight)^T, computed from the packed blocks.
+ * x may be [..., K] with out [..., N] (any leading dims, M their product; also for
+ * ks_quant_matmul_a8, not for the fused forms).
  * weight: uint8 [N, row_bytes] in qtype; x, out: same float dtype.
  * Each weight element is dequantized in FP32 (contract in docs/contracts.md),
  * products and sums in FP32, one rounding to out's dtype.

@@ -589,13 +589,14 @@ def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp
 
 
 def gemm(a: T, b: Array, *, backend: str = "auto", out: Optional[T] = None) -> T:
-    """Matrix product with b in nn.Linear layout: ``out[M, N] = round(sum_k fp32(a[m, k]) * fp32(b[n, k]))``.
+    """Matrix product with b in nn.Linear layout: ``out[..., n] = round(sum_k fp32(a[..., k]) * fp32(b[n, k]))``.
 
     Args:
-        a: ``[M, K]``, K > 0; fp16, bf16 or fp32.
+        a: ``[..., K]``, K > 0, any number of leading dims (M = their product; as
+            ``torch.nn.functional.linear``); fp16, bf16 or fp32.
         b: ``[N, K]``, a's dtype and device.
         backend: "auto" | "cpu" | "cuda" | "torch".
-        out: optional ``[M, N]`` output; must overlap neither input.
+        out: optional ``[..., N]`` output (a's leading dims); must overlap neither input.
 
     Contract: docs/contracts.md#gemm--ks_gemmout-a-b
     """
@@ -609,25 +610,26 @@ def gemm(a: T, b: Array, *, backend: str = "auto", out: Optional[T] = None) -> T
     if code == _TORCH:
         raise _not_torch(op, a)
     if out is None:
-        out = fw.empty(a, (_dim0(tuple(a.shape)), _dim0(tuple(b.shape))))
+        out = fw.empty(a, (*tuple(a.shape)[:-1], _dim0(tuple(b.shape))))
     _native(_C.gemm, fw, a, (out, a, b), code)
     return out
 
 
 def quant_matmul(x: T, weight: Array, qtype: Union[str, int, QType], *, backend: str = "auto",
                  out: Optional[T] = None) -> T:
-    """``out[M, N] = round(sum_k fp32(x[m, k]) * w[n, k])`` with w decoded from packed blocks.
+    """``out[..., n] = round(sum_k fp32(x[..., k]) * w[n, k])`` with w decoded from packed blocks.
 
     No dequantized copy of the weight is made; each element is decoded in FP32.
 
     Args:
-        x: ``[M, K]``; fp16, bf16 or fp32. K must be a multiple of the block size.
+        x: ``[..., K]``, any number of leading dims (M = their product; as
+            ``torch.nn.functional.linear``); fp16, bf16 or fp32. K must be a multiple of the block size.
         weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype. Read-only: on CUDA it
             may be read before the kernel queued just before this call on the stream finishes,
             so that kernel must not write it (synchronize or record an event in between).
         qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16".
         backend: "auto" | "cpu" | "cuda" | "torch".
-        out: optional ``[M, N]`` output in x's dtype.
+        out: optional ``[..., N]`` output (x's leading dims) in x's dtype.
 
     Contract: docs/contracts.md#quant_matmul--ks_quant_matmulout-x-weight-qtype
     """
@@ -646,7 +648,7 @@ def _quant_matmul_call(op: str, x: T, weight: Array, qtype, backend: str, out: O
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
-        out = fw.empty(x, (_dim0(tuple(x.shape)), _dim0(tuple(weight.shape))))
+        out = fw.empty(x, (*tuple(x.shape)[:-1], _dim0(tuple(weight.shape))))
     _native(getattr(_C, op), fw, x, (out, x, weight), q, code)
     return out
 
@@ -672,7 +674,8 @@ def quant_matmul_a8(x: T, weight: Array, qtype: Union[str, int, QType], *, backe
     ``max|x| < 1.5e-36`` (``d`` below FLT_MIN; e.g. all zeros) counts as zero.
 
     Args:
-        x: ``[M, K]``; fp16, bf16 or fp32. K must be a multiple of 32 (the block size). Read only.
+        x: ``[..., K]``, any number of leading dims (M = their product); fp16, bf16 or fp32. K
+            must be a multiple of 32 (the block size). Read only.
         weight: uint8 ``[N, K / 32 * block_bytes]`` in qtype. Read-only: on CUDA it may be read
             before the kernel queued just before this call on the stream finishes, so that
             kernel must not write it (synchronize or record an event in between), as for
@@ -680,10 +683,10 @@ def quant_matmul_a8(x: T, weight: Array, qtype: Union[str, int, QType], *, backe
         qtype: "q4_0" | "q4_1" | "q8_0" (or a :class:`QType`); the dense formats "f32", "f16"
             and "bf16" are rejected.
         backend: "auto" | "cpu" | "cuda" | "torch".
-        out: optional ``[M, N]`` output in x's dtype; must overlap neither input.
+        out: optional ``[..., N]`` output (x's leading dims) in x's dtype; must overlap neither input.
 
     Returns:
-        A new ``[M, N]`` array (x's framework and device), or ``out``.
+        A new ``[..., N]`` array (x's framework and device), or ``out``.
 
     Raises:
         ValueError: a qtype other than Q4_0, Q4_1 or Q8_0 (InvalidArgumentError naming qtype),

@@ -205,15 +205,14 @@ def _dequantize(packed: Tensor, qtype: int, dtype: torch.dtype, backend: str) ->
 
 @_op("gemm(Tensor a, Tensor b, str backend) -> Tensor")
 def _gemm(a: Tensor, b: Tensor, backend: str) -> Tensor:
-    out = torch.empty((a.shape[0] if a.dim() else 0, b.shape[0] if b.dim() else 0), dtype=a.dtype, device=a.device)
+    out = torch.empty((*a.shape[:-1], b.shape[0] if b.dim() else 0), dtype=a.dtype, device=a.device)
     _run(_C.gemm, (out, a, b), _code("gemm", backend))
     return out
 
 
 def _quant_matmul_call(op: str, x: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
-    # quant_matmul and quant_matmul_a8 take the same arguments and give out [M, N] in x's dtype
-    out = torch.empty((x.shape[0] if x.dim() else 0, weight.shape[0] if weight.dim() else 0), dtype=x.dtype,
-                      device=x.device)
+    # quant_matmul and quant_matmul_a8 take the same arguments and give out [..., N] in x's dtype
+    out = torch.empty((*x.shape[:-1], weight.shape[0] if weight.dim() else 0), dtype=x.dtype, device=x.device)
     _run(getattr(_C, op), (out, x, weight), qtype, _code(op, backend))
     return out
 
@@ -374,12 +373,12 @@ def _(packed, qtype, dtype, backend):
 
 @_gemm.register_fake
 def _(a, b, backend):
-    return a.new_empty((a.shape[0], b.shape[0]))
+    return a.new_empty((*a.shape[:-1], b.shape[0]))
 
 
 @_quant_matmul.register_fake
 def _quant_matmul_fake(x, weight, qtype, backend):
-    return x.new_empty((x.shape[0], weight.shape[0]))
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 _quant_matmul_a8.register_fake(_quant_matmul_fake)  # (the same shapes)

@@ -84,6 +84,11 @@ def _same_device(op: str, name: str, t: torch.Tensor, ref_name: str, ref: torch.
             f"{op}: {name} is on {t.device} but {ref_name} is on {ref.device}; they must share a device")
 
 
+def _min_ndim(op: str, name: str, t: torch.Tensor, n: int) -> None:
+    if t.dim() < n:
+        raise InvalidArgumentError(f"{op}: {name} must have at least {n} dims; got shape {_shape(t.shape)}")
+
+
 def _ndim(op: str, name: str, t: torch.Tensor, n: int) -> None:
     if t.dim() != n:
         raise InvalidArgumentError(f"{op}: {name} must have {n} dims; got shape {_shape(t.shape)}")
@@ -340,13 +345,13 @@ def gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _float(op, "a", a)
     _same_dtype(op, "b", b, "a", a)
     _same_device(op, "b", b, "a", a)
-    _ndim(op, "a", a, 2)
+    _min_ndim(op, "a", a, 1)
     _ndim(op, "b", b, 2)
     _nonempty_last(op, "a", a)
-    if b.shape[1] != a.shape[1]:
-        raise InvalidArgumentError(f"{op}: b must have shape (N, {a.shape[1]}) to match a's K; got {_shape(b.shape)}")
+    if b.shape[1] != a.shape[-1]:
+        raise InvalidArgumentError(f"{op}: b must have shape (N, {a.shape[-1]}) to match a's K; got {_shape(b.shape)}")
     acc = _acc(a)
-    with _no_autocast(a):
+    with _no_autocast(a):  # (a [..., K]: the matmul broadcasts over the leading dims)
         return (a.to(acc) @ b.to(acc).T).to(a.dtype)
 
 
@@ -356,14 +361,14 @@ def _check_x_weight(op: str, x, weight) -> None:
     _tensor(op, "x", x), _tensor(op, "weight", weight)
     _float(op, "x", x)
     _same_device(op, "weight", weight, "x", x)
-    _ndim(op, "x", x, 2)
+    _min_ndim(op, "x", x, 1)
     _nonempty_last(op, "x", x)
 
 
 def quant_matmul(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.Tensor:
     op = "quant_matmul"
     _check_x_weight(op, x, weight)
-    w = _decode(op, "weight", weight, qtype, cols=x.shape[1], cols_what="x's K (columns)")
+    w = _decode(op, "weight", weight, qtype, cols=x.shape[-1], cols_what="x's K (columns)")
     acc = _acc(x)
     with _no_autocast(x):
         return (x.to(acc) @ w.to(acc).T).to(x.dtype)
@@ -465,7 +470,9 @@ def quant_matmul_a8(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.
         got = f"{names[int(qtype)]} (a dense format: quant_matmul takes it)" if int(qtype) in names else str(int(qtype))
         raise InvalidArgumentError(
             f"{op}: qtype must be an integer block format (Q4_0, Q4_1 or Q8_0); got {got}")
-    c, dw, mw = _block_codes(op, "weight", weight, qtype, x.shape[1], "x's K (columns)")
+    c, dw, mw = _block_codes(op, "weight", weight, qtype, x.shape[-1], "x's K (columns)")
+    lead = x.shape[:-1]  # x [..., K]: the rows of its 2-d view, out [..., N]
+    x = x.reshape(-1, x.shape[-1])
     acc = _acc(x)
     with _no_autocast(x):
         d, q = _a8_quantize(x, acc)
@@ -479,7 +486,7 @@ def quant_matmul_a8(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.
         else:
             mdq = mw.to(acc).unsqueeze(0) * (d * qs).unsqueeze(1)  # mw * (d * Q)
             v = _fma_fp32(dd.double(), s, mdq) if acc == torch.float32 else dd * s + mdq
-        return _a8_row_sum(v).to(x.dtype)
+        return _a8_row_sum(v).to(x.dtype).reshape(*lead, -1)
 
 
 def _check_norm_qmm(op: str, x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,

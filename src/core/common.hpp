@@ -120,6 +120,13 @@ inline Shape leading_dims(const Shape& s) {
   return r;
 }
 
+// x's leading dims + (n,): a linear layer's output ([..., K] -> [..., n]).
+inline Shape linear_out_shape(const Shape& x, int64_t n) {
+  Shape r = leading_dims(x);
+  r.push_back(n);
+  return r;
+}
+
 // Representation of a validated tensor argument.
 struct View {
   void* data = nullptr;       // data + byte_offset

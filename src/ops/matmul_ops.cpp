@@ -117,19 +117,21 @@ extern "C" ks_status_t ks_gemm(DLTensor* out, const DLTensor* a_, const DLTensor
     require_same_dtype(op, "out", a.out, "a", a.a);
     require_same_device(op, "b", a.b, "a", a.a);
     require_same_device(op, "out", a.out, "a", a.a);
-    require_ndim(op, "a", a.a, 2);
+    // a [..., K] (any leading dims, M = their product; as torch.nn.functional.linear), b [N, K],
+    // out [..., N]
+    require_min_ndim(op, "a", a.a, 1);
     require_ndim(op, "b", a.b, 2);
     require_nonempty_last(op, "a", a.a);
-    if (a.b.dim(1) != a.a.dim(1))
+    if (a.b.dim(1) != a.a.cols())
       fail(KS_ERROR_INVALID_ARGUMENT, op,
-           "b must have shape (N, " + std::to_string(a.a.dim(1)) + ") to match a's K; got " + shape_str(a.b.shape));
-    require_shape(op, "out", a.out, {a.a.dim(0), a.b.dim(0)}, "(M, N)");
+           "b must have shape (N, " + std::to_string(a.a.cols()) + ") to match a's K; got " + shape_str(a.b.shape));
+    require_shape(op, "out", a.out, linear_out_shape(a.a.shape, a.b.dim(0)), "a's leading dims + (N,)");
     require_no_overlap(op, "out", a.out, "a", a.a);
     require_no_overlap(op, "out", a.out, "b", a.b);
     const ks_backend_t be = resolve_backend(op, backend, a.a);
-    a.m = a.a.dim(0);
+    a.m = a.a.rows();
     a.n = a.b.dim(0);
-    a.k = a.a.dim(1);
+    a.k = a.a.cols();
     if (a.m == 0 || a.n == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.a.dtype, &a, stream);
   });
@@ -148,7 +150,8 @@ ks_status_t quant_matmul_entry(const char* op, DLTensor* out, const DLTensor* x,
     require_same_dtype(op, "out", a.out, "x", a.x);
     require_same_device(op, "weight", a.weight, "x", a.x);
     require_same_device(op, "out", a.out, "x", a.x);
-    require_ndim(op, "x", a.x, 2);
+    // x [..., K] (any leading dims, M = their product; as torch.nn.functional.linear), out [..., N]
+    require_min_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
     if (a8 && qtype != KS_QTYPE_Q4_0 && qtype != KS_QTYPE_Q4_1 && qtype != KS_QTYPE_Q8_0) {
       // (the note only for the dense formats, which quant_matmul takes; none or an unknown code is not one)
@@ -158,15 +161,15 @@ ks_status_t quant_matmul_entry(const char* op, DLTensor* out, const DLTensor* x,
                (dense ? std::string(qtype_name(qtype)) + " (a dense format: quant_matmul takes it)"
                       : qtype == KS_QTYPE_NONE ? std::string("none") : std::to_string(int(qtype))));
     }
-    check_packed(op, "weight", a.weight, qtype, a.x.dim(1), "qtype", "x's K (columns)");
-    require_shape(op, "out", a.out, {a.x.dim(0), a.weight.dim(0)}, "(M, N)");
+    check_packed(op, "weight", a.weight, qtype, a.x.cols(), "qtype", "x's K (columns)");
+    require_shape(op, "out", a.out, linear_out_shape(a.x.shape, a.weight.dim(0)), "x's leading dims + (N,)");
     require_no_overlap(op, "out", a.out, "x", a.x);
     require_no_overlap(op, "out", a.out, "weight", a.weight);
     const ks_backend_t be = resolve_backend(op, backend, a.x);
     a.qtype = qtype;
-    a.m = a.x.dim(0);
+    a.m = a.x.rows();
     a.n = a.weight.dim(0);
-    a.k = a.x.dim(1);
+    a.k = a.x.cols();
     a.row_bytes = a.weight.dim(1);
     if (a.m == 0 || a.n == 0) return KS_SUCCESS;
     return ks::registry::dispatch(op, be, a.x.dtype, &a, stream);

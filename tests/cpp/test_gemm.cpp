@@ -254,8 +254,10 @@ TEST(Gemm, RejectsBadShapes) {
   expect(Buf(f, {3, 5}), Buf(f, {3, 5}), Buf(f, {4, 5}), "out", "out N wrong");
   expect(Buf(f, {12}), Buf(f, {3, 5}), Buf(f, {4, 5}), "out", "out 1-D");
   expect(Buf(f, {1, 3, 4}), Buf(f, {3, 5}), Buf(f, {4, 5}), "out", "out 3-D");
-  expect(Buf(f, {4}), Buf(f, {5}), Buf(f, {4, 5}), "a", "a 1-D");
-  expect(Buf(f, {1, 3, 4}), Buf(f, {1, 3, 5}), Buf(f, {4, 5}), "a", "a 3-D (batched)");
+  // (a [..., K] is taken, out [..., N]: test_linear_leading_dims.cpp; a 0-d a is not, nor out of
+  // the 2-D reshape's shape for a 3-D a)
+  expect(Buf(f, {4}), Buf(f, {}), Buf(f, {4, 5}), "a", "a 0-d");
+  expect(Buf(f, {3, 4}), Buf(f, {1, 3, 5}), Buf(f, {4, 5}), "out", "a 3-D, out the reshape's [3, 4]");
   expect(Buf(f, {3, 4}), Buf(f, {3, 5}), Buf(f, {20}), "b", "b 1-D");
   expect(Buf(f, {3, 4}), Buf(f, {3, 5}), Buf(f, {1, 4, 5}), "b", "b 3-D");
 }

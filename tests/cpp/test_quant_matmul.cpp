@@ -307,14 +307,16 @@ TEST(QuantMatmul, RejectsBadArguments) {
     expect(o3, x, w, KS_QTYPE_Q8_0, INV, "out", "out 1-D");
   }
   {
-    Buf x1(DType::F32, {64});
-    kstest::fill_normal(x1);
+    // (x [..., K] is taken, out [..., N]: test_linear_leading_dims.cpp; a 0-d x is not, nor out
+    // of the 2-D reshape's shape for a 3-D x)
+    Buf x0(DType::F32, {});
+    kstest::fill_normal(x0);
     Buf o1(DType::F32, {5});
-    expect(o1, x1, w, KS_QTYPE_Q8_0, INV, "x", "x 1-D");
+    expect(o1, x0, w, KS_QTYPE_Q8_0, INV, "x", "x 0-d");
     Buf x3(DType::F32, {1, 3, 64});
     kstest::fill_normal(x3);
-    Buf o3(DType::F32, {1, 3, 5});
-    expect(o3, x3, w, KS_QTYPE_Q8_0, INV, "x", "x 3-D");
+    Buf o3(DType::F32, {3, 5});
+    expect(o3, x3, w, KS_QTYPE_Q8_0, INV, "out", "x 3-D, out the reshape's [3, 5]");
   }
   {
     Buf w1(DType::U8, {5 * 68});

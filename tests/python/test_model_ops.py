@@ -71,6 +71,31 @@ def test_argmax_leading_dims(rng, dt):
     assert ks.argmax(np.zeros((4, 0, 3), NP[dt])).shape == (4, 0)
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_linear_ops_take_leading_dims(rng, dt):
+    # gemm, quant_matmul, quant_matmul_a8: x [..., K] -> out [..., N] (torch.nn.functional.linear),
+    # each row with the bits of the 2-d reshape's; a 1-d x gives [N]
+    K, N = 64, 5
+    x = rand(rng, (2, 3, K), dt)
+    b = rand(rng, (N, K), dt)
+    packed = make_packed(rng, N, K, 5)  # Q4_1
+    calls = [("gemm", lambda v, **kw: ks.gemm(v, b, **kw)),
+             ("quant_matmul", lambda v, **kw: ks.quant_matmul(v, packed, "q4_1", **kw)),
+             ("quant_matmul_a8", lambda v, **kw: ks.quant_matmul_a8(v, packed, "q4_1", **kw))]
+    for name, f in calls:
+        y = f(x)
+        assert y.shape == (2, 3, N) and y.dtype == NP[dt], name
+        flat = f(x.reshape(6, K))
+        assert np.array_equal(y.reshape(6, N).view(np.uint8), flat.view(np.uint8)), name
+        one = f(x[1, 2])
+        assert one.shape == (N,) and np.array_equal(one.view(np.uint8), flat[5].view(np.uint8)), name
+        out = np.full((2, 3, N), 7, NP[dt])
+        assert f(x, out=out) is out and np.array_equal(out.view(np.uint8), y.view(np.uint8)), name
+        with pytest.raises(ValueError, match=f"{name}: out must have shape"):
+            f(x, out=np.zeros((6, N), NP[dt]))
+        assert f(np.zeros((4, 0, K), NP[dt])).shape == (4, 0, N), name
+
+
 def test_argmax_validation(rng):
     with pytest.raises(ValueError, match="argmax: x must have at least 1 dims"):
         ks.argmax(np.array(1.0, np.float32))

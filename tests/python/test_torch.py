@@ -229,8 +229,11 @@ def test_quant_matmul_a8_torch_reference_validation_matches_native():
          lambda b: f(x[:, :48].contiguous(), torch.zeros(3, 54, dtype=torch.uint8), "q4_0", backend=b)),
         (ks.InvalidArgumentError, "quant_matmul_a8: weight must have 68 bytes per row",
          lambda b: f(x, torch.zeros(3, 34, dtype=torch.uint8), "q8_0", backend=b)),
-        (ks.InvalidArgumentError, "quant_matmul_a8: x must have 2 dims",
-         lambda b: f(x.view(2, 2, 32), torch.zeros(3, 36, dtype=torch.uint8), "q4_0", backend=b)),
+        (ks.InvalidArgumentError, "quant_matmul_a8: x must have at least 1 dims",
+         lambda b: f(x[0, 0], torch.zeros(3, 36, dtype=torch.uint8), "q4_0", backend=b)),
+        (ks.InvalidArgumentError, r"quant_matmul_a8: out must have shape \(2, 2, 3\)",  # x [..., K]: out [..., N]
+         lambda b: f(x.view(2, 2, 32), torch.zeros(3, 18, dtype=torch.uint8), "q4_0", backend=b,
+                     out=torch.zeros(4, 3))),
         (ks.UnsupportedDtypeError, "quant_matmul_a8: weight has dtype",
          lambda b: f(x, torch.zeros(3, 68, dtype=torch.int32), "q8_0", backend=b)),
     ]
