@@ -1463,6 +1463,44 @@ TEST(Cuda, QuantMatmulMmaStreamVariant) {
 // (cuda_a8_bulk_stream and cuda_a8_resident decline M > 1 and say so; cuda_a8_resident: 1 to 16 rows
 // per CTA, N below its grid, a lone last row per CTA). A NaN in one row's block and an inf in
 // another's make those rows NaN and leave the third finite.
+// The linear ops on CUDA take x [..., K] -> out [..., N]: a [2, 3, K] call gives the bits of the
+// same memory viewed as [6, K] (the same M, so the same routing), and a 1-D x those of [1, K].
+TEST(Cuda, LinearOpsTakeLeadingDims) {
+  NEED_GPU();
+  const int64_t K = 576, N = 72;
+  for (DType dt : kstest::float_dtypes())
+    for (const std::string op : {"gemm", "quant_matmul", "quant_matmul_a8"}) {
+      SCOPED_TRACE(op + " " + ks::dtype_name(dt));
+      Buf hx(dt, {2, 3, K});
+      kstest::fill_normal(hx);
+      Buf hw = op == "gemm" ? Buf(dt, {N, K}) : make_packed(KS_QTYPE_Q4_1, N, K);
+      if (op == "gemm") kstest::fill_normal(hw);
+      DBuf x(dt, {2, 3, K}), w(hw.dtype, hw.shape), out3(dt, {2, 3, N}), out2(dt, {6, N}), o1(dt, {N}), o11(dt, {1, N});
+      x.upload(hx);
+      w.upload(hw);
+      out3.poison(), out2.poison(), o1.poison(), o11.poison();
+      const ks::TensorView x2(x.data(), dt, {6, K}, DLDevice{kDLCUDA, 0}), x1(x.data(), dt, {K}, DLDevice{kDLCUDA, 0}),
+          x11(x.data(), dt, {1, K}, DLDevice{kDLCUDA, 0});
+      auto call = [&](const ks::TensorView& o, const ks::TensorView& a) {
+        if (op == "gemm") ks::gemm(o, a, w.view(), ks::Backend::Cuda);
+        else if (op == "quant_matmul") ks::quant_matmul(o, a, w.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+        else ks::quant_matmul_a8(o, a, w.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+      };
+      call(out3.view(), x.view());
+      call(out2.view(), x2);
+      call(o1.view(), x1);
+      call(o11.view(), x11);
+      CK(cudaDeviceSynchronize());
+      Buf h3(dt, {2, 3, N}), h2(dt, {6, N}), h1(dt, {N}), h11(dt, {1, N});
+      out3.download(h3), out2.download(h2), o1.download(h1), o11.download(h11);
+      EXPECT_EQ(std::memcmp(h3.data(), h2.data(), h2.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(h1.data(), h11.data(), h1.nbytes()), 0);
+      double nonzero = 0;
+      for (int64_t i = 0; i < 6 * N; ++i) nonzero += std::fabs(h2.get(i));
+      EXPECT_GT(nonzero, 0.0);  // (outputs written, not the poison's NaN: a NaN makes the sum NaN, not > 0)
+    }
+}
+
 TEST(Cuda, QuantMatmulA8MatchesTheCpuBitForBit) {
   NEED_GPU();
   using namespace kstest::gguf;
