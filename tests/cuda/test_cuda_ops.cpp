@@ -1473,7 +1473,7 @@ TEST(Cuda, LinearOpsTakeLeadingDims) {
       SCOPED_TRACE(op + " " + ks::dtype_name(dt));
       Buf hx(dt, {2, 3, K});
       kstest::fill_normal(hx);
-      Buf hw = op == "gemm" ? Buf(dt, {N, K}) : make_packed(KS_QTYPE_Q4_1, N, K);
+      Buf hw = op == "gemm" ? Buf(dt, {N, K}) : kstest::gguf::make_packed(KS_QTYPE_Q4_1, N, K);
       if (op == "gemm") kstest::fill_normal(hw);
       DBuf x(dt, {2, 3, K}), w(hw.dtype, hw.shape), out3(dt, {2, 3, N}), out2(dt, {6, N}), o1(dt, {N}), o11(dt, {1, N});
       x.upload(hx);
