@@ -39,10 +39,13 @@ if [ "${KS_QUANT_A8_VARIANTS:-0}" = 1 ]; then
   $BUILD/bench_ops --csv "$OUT/quant_a8_variants.csv" --variants --ops quant_matmul_a8 --dtypes bf16 \
     --shapes 576x576,1536x576,4096x4096,14336x4096,49152x576 2>&1 | grep -E "quant_gemv" | cut -c1-150
 fi
-# KS_QUANT_A8_TAGS: quant_matmul_a8's automatic choice again under each setting (VAR=value, several
-# joined by "+"), its rows printed tagged and kept in $OUT/quant_a8_tagged.csv
+# KS_QUANT_A8_TAGS: quant_matmul_a8's automatic choice (and every variant under
+# KS_QUANT_A8_TAG_VARIANTS=1) again under each setting (VAR=value, several joined by "+"), its rows
+# printed tagged and kept in $OUT/quant_a8_tagged.csv
+tag_variants=""
+[ "${KS_QUANT_A8_TAG_VARIANTS:-0}" = 1 ] && tag_variants=--variants
 for tag in ${KS_QUANT_A8_TAGS:-}; do
-  env ${tag//+/ } $BUILD/bench_ops --csv /tmp/ks_a8_tag.csv --ops quant_matmul_a8 --dtypes bf16 \
+  env ${tag//+/ } $BUILD/bench_ops --csv /tmp/ks_a8_tag.csv $tag_variants --ops quant_matmul_a8 --dtypes bf16 \
     --shapes 4096x4096,14336x4096,49152x576 2>&1 | grep quant_gemv_a8 | sed "s/^/[$tag] /" | cut -c1-120
   sed "1!s/,kernscope,/,kernscope[$tag],/" /tmp/ks_a8_tag.csv >> "$OUT/quant_a8_tagged.csv"
 done

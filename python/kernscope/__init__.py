@@ -95,8 +95,9 @@ def _shape_cols(op: str, cols: _t.Any) -> int:
     as ``ksctl which --cols``."""
     if isinstance(cols, str):
         parts = cols.replace("X", "x").replace("*", "x").split("x")
-        # (ASCII digits only: str.isdigit accepts superscripts such as '²', which int() refuses)
-        if len(parts) not in (1, 2) or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
+        # (ASCII digits only: str.isdigit accepts superscripts such as '²', which int() refuses; no
+        # spaces, as ksctl which --cols refuses them)
+        if len(parts) not in (1, 2) or not all(p.isascii() and p.isdigit() for p in parts):
             raise InvalidArgumentError(f"which: cols must be a non-negative integer or 'NxK'; got {cols!r}")
         # (the ops whose routing key's cols multiplies two sizes: ks_op_cols_factors, as `ksctl which`)
         if len(parts) == 2 and _C.op_cols_factors(op) is None:

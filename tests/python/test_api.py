@@ -214,7 +214,7 @@ def test_which_for_a_shape_uses_that_shapes_cell(tmp_path):
         ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=576 * 576)
     assert ks.which("quant_matmul", "fp32", "cpu", rows=1, cols="576*576") == \
         ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=331776)
-    for bad in ("576x", "x576", "576x576x2", "-5", "abc"):
+    for bad in ("576x", "x576", "576x576x2", "-5", "abc", "576 x 576", " 576", "5\u00b2"):
         with pytest.raises(ValueError, match="cols must be a non-negative integer or 'NxK'"):
             ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=bad)
 
