@@ -480,8 +480,8 @@ __device__ __forceinline__ bool bulk_ring_begin(const uint8_t* w, int64_t N, int
 // The bulk rings deal a stage's units of work (row pairs, or groups of rows) to the consumer warps
 // in turn across stages, not from warp 0 again in every stage: after `before` units of earlier
 // stages, the stage's first unit goes to warp before mod kBulkWarps, so warp w's first is this.
-__device__ __forceinline__ int bulk_rotated(int w, int before, int warps = kBulkWarps) {
-  return ((w - before) % warps + warps) % warps;
+__device__ __forceinline__ int bulk_rotated(int w, int before) {
+  return ((w - before) % kBulkWarps + kBulkWarps) % kBulkWarps;
 }
 
 // Barrier `id` (1..15; 0 is __syncthreads'), complete when `threads` threads (a multiple of 32,

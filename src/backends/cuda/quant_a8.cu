@@ -325,9 +325,8 @@ __global__ void __launch_bounds__(32 * kA8WarpWarps) quant_matmul_a8_warp_kernel
 }
 
 // ---- cuda_a8_bulk_stream: M = 1, sm_90 -------------------------------------------------------
-// NW consumer warps (+ the producer warp) and R rows per warp step (a8_row_group). The default
-// form is NW = 16, R = 2, one CTA per SM; KS_QMM_A8_BULK_CTAS=2 (NW = 8, two CTAs per SM) and
-// KS_QMM_A8_BULK_ROWS=4 are measurement forms (docs/perf/h200_quant_a8.md).
+constexpr int kA8BulkThreads = 32 * (kBulkWarps + 1);  // + the producer warp
+
 struct A8BulkParams {
   const void* x;
   const uint8_t* w;  // 16-byte aligned, row_bytes a multiple of 4
@@ -337,31 +336,27 @@ struct A8BulkParams {
   bool early;
   int chunk;  // bytes per bulk copy (bulk_chunk_bytes; 0: one copy per stage)
   bool x_vec;  // x 16-byte aligned: staged by 16-byte loads (a8_stage_row_vec)
-  bool entry_trigger;  // griddepcontrol.launch_dependents at entry (else pdl_begin's rule after the wait)
 };
 
-template <typename T, ks_qtype_t Q, int NW, int R>
-__global__ void __launch_bounds__(32 * (NW + 1), NW < kBulkWarps ? 2 : 1) quant_gemv_a8_bulk_kernel(const A8BulkParams p) {
+// R: rows per warp step (a8_row_group; the plan's rows_per_step, a8_bulk_plan)
+template <typename T, ks_qtype_t Q, int R>
+__global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(const A8BulkParams p) {
   extern __shared__ __align__(16) unsigned char a8_sm[];  // [slots][slot_bytes], x [nb] A8X
   __shared__ uint64_t full[kBulkMaxSlots], empty[kBulkMaxSlots];
-  constexpr int NT = 32 * NW;
+  constexpr int NT = 32 * kBulkWarps;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t N = p.N, RB = p.row_bytes;
   const int nb = int(p.K / 32), rps = p.rows_per_stage, S = p.slots;
-  if (p.entry_trigger) pdl_trigger();
   int64_t r0, r1;
   int nst;
-  if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, NW, r0, r1, nst))
+  if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, kBulkWarps, r0, r1, nst))
     return;  // the producer warp
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
-  if (p.entry_trigger)
-    pdl_wait();  // x is the previous kernel's output
-  else
-    pdl_begin();
+  pdl_begin();  // x is the previous kernel's output
   if (p.x_vec)
     a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
   else
-    a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, NW, lane);
+    a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, kBulkWarps, lane);
   named_barrier(1, NT);
   T* out = static_cast<T*>(p.out);
   const int units = (rps + R - 1) / R;
@@ -372,7 +367,7 @@ __global__ void __launch_bounds__(32 * (NW + 1), NW < kBulkWarps ? 2 : 1) quant_
     const unsigned char* src = a8_sm + int64_t(s) * p.slot_bytes + ((a * RB) & 15);  // row a
     mbar_wait(&full[s], unsigned(i / S) & 1u);
     // groups of R rows dealt across stages (bulk_rotated), so short stages still spread over every warp
-    for (int t = R * bulk_rotated(warp, i * units, NW); t < rows; t += R * NW)
+    for (int t = R * bulk_rotated(warp, i * units); t < rows; t += R * kBulkWarps)
       a8_row_group<T, Q, R, false>(src, RB, t, rows, xs, nb, lane, out + a);
     mbar_arrive(&empty[s]);  // this thread is done with the slot
   }
@@ -564,58 +559,39 @@ int64_t a8_stage_target(ks_qtype_t q) {
   static const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
   return int64_t(kb > 0 ? kb : q == KS_QTYPE_Q8_0 ? 32 : 64) * 1024;
 }
-// cuda_a8_bulk_stream's form: CTAs per SM (1: 16 consumer warps; KS_QMM_A8_BULK_CTAS=2: 8 each,
-// half an SM's shared memory each), rows per warp step (2; KS_QMM_A8_BULK_ROWS=4) and where the
-// next kernel may launch (KS_QMM_A8_BULK_TRIGGER=1: at entry; else pdl_begin's rule). The
-// switches are measurements (docs/perf/h200_quant_a8.md).
-struct A8BulkForm {
-  int ctas = 1, rows = 2;
-  bool entry_trigger = false;
-};
-A8BulkForm a8_bulk_form() {
-  static const A8BulkForm f = [] {
-    A8BulkForm r;
-    r.ctas = env_number("KS_QMM_A8_BULK_CTAS", 1) == 2 ? 2 : 1;
-    r.rows = env_number("KS_QMM_A8_BULK_ROWS", 2) == 4 ? 4 : 2;
-    r.entry_trigger = env_number("KS_QMM_A8_BULK_TRIGGER", 0) == 1;
-    return r;
+// rows per warp step of cuda_a8_bulk_stream: the plan's (a8_bulk_plan), or KS_QMM_A8_BULK_ROWS=2 / 4
+// (a measurement)
+int a8_bulk_forced_rows() {
+  static const int r = [] {
+    const long long v = env_number("KS_QMM_A8_BULK_ROWS", 0);
+    return v == 2 || v == 4 ? int(v) : 0;
   }();
-  return f;
+  return r;
 }
-// f(kernel) with the bulk kernel of the call's x type, format and form
+// f(kernel) with the bulk kernel of the call's x type and format at R rows per warp step (2 or 4)
 template <typename F>
-void with_a8_bulk_kernel(const ops::QuantMatmulArgs& a, const A8BulkForm& form, F&& f) {
+void with_a8_bulk_kernel(const ops::QuantMatmulArgs& a, int R, F&& f) {
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using T = decltype(tag);
     constexpr ks_qtype_t Q = decltype(q)::value;
     using K = void (*)(A8BulkParams);
-    auto go = [&](auto nw, auto r) {
-      constexpr int kNW = decltype(nw)::value, kR = decltype(r)::value;
-      f(std::integral_constant<K, quant_gemv_a8_bulk_kernel<T, Q, kNW, kR>>{}, kNW);
-    };
-    using H = std::integral_constant<int, kBulkWarps / 2>;
-    using W = std::integral_constant<int, kBulkWarps>;
-    using R2 = std::integral_constant<int, 2>;
-    using R4 = std::integral_constant<int, 4>;
-    if (form.ctas == 2)
-      form.rows == 4 ? go(H{}, R4{}) : go(H{}, R2{});
+    if (R == 4)
+      f(std::integral_constant<K, quant_gemv_a8_bulk_kernel<T, Q, 4>>{});
     else
-      form.rows == 4 ? go(W{}, R4{}) : go(W{}, R2{});
+      f(std::integral_constant<K, quant_gemv_a8_bulk_kernel<T, Q, 2>>{});
   });
 }
 BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
   const int dev = a.x.device.device_id;
-  const A8BulkForm form = a8_bulk_form();
+  // (both forms' limits: the plan's rows per step is known after it)
   int64_t limit = 0;
-  with_a8_bulk_kernel(a, form, [&](auto kern, int) {
-    limit = opt_in_smem_limit<decltype(kern)::value>(dev, "quant_matmul_a8");
-  });
-  const DeviceProps& dp = device_props(dev);
-  // two CTAs per SM: each within half the SM's shared memory (less the 1 KB the runtime
-  // reserves per CTA and the barriers' static bytes)
-  if (form.ctas > 1) limit = std::min<int64_t>(limit, dp.smem_per_sm / form.ctas - 1024 - 2 * kBulkMaxSlots * 8);
-  return a8_bulk_plan(a.n, a.k, a.row_bytes, dp.sm_count * form.ctas, limit, a8_stage_target(a.qtype),
-                      int64_t(sizeof(A8X)));
+  for (const int R : {2, 4})
+    with_a8_bulk_kernel(a, R, [&](auto kern) {
+      const int64_t l = opt_in_smem_limit<decltype(kern)::value>(dev, "quant_matmul_a8");
+      limit = limit == 0 ? l : std::min(limit, l);
+    });
+  return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
+                      int64_t(sizeof(A8X)), a8_bulk_forced_rows());
 }
 // A list of kernels sharing one parameter type: the smallest dynamic shared memory limit, the
 // largest static bytes, and (KS_QMM_A8_RES_CARVEOUT=n, a measurement) every kernel's preferred
@@ -773,23 +749,20 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
   if (a.n == 0) return;
   const BulkPlan plan = a8_bulk_plan_for(a);
   if (plan.slots < 1) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_bulk_stream: no stage fits");
-  const A8BulkForm form = a8_bulk_form();
   const A8BulkParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                        plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes),
-                       a8_x_vec(a.x.data), form.entry_trigger};
+                       a8_x_vec(a.x.data)};
   const auto s = static_cast<cudaStream_t>(stream);
-  int warps = 0;
-  with_a8_bulk_kernel(a, form, [&](auto kern, int nw) {
-    warps = nw;
-    launch_kernel("quant_matmul_a8", decltype(kern)::value, dim3(plan.grid), dim3(32 * (nw + 1)), plan.smem, s, 1,
+  with_a8_bulk_kernel(a, plan.group, [&](auto kern) {
+    launch_kernel("quant_matmul_a8", decltype(kern)::value, dim3(plan.grid), dim3(kA8BulkThreads), plan.smem, s, 1,
                   device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
                 "a8_bulk_stream rows_per_stage=%lld slot_bytes=%lld slots=%lld grid=%lld smem=%lld copy_bytes=%lld "
-                "x_vec=%lld ctas_per_sm=%lld consumer_warps=%lld rows_per_step=%lld entry_trigger=%lld",
+                "x_vec=%lld rows_per_step=%lld",
                 {plan.rps, plan.slot_bytes, plan.slots, plan.grid, (long long)plan.smem, p.chunk, p.x_vec ? 1 : 0,
-                 form.ctas, warps, form.rows, form.entry_trigger ? 1 : 0});
+                 plan.group});
 }
 
 std::string quant_matmul_a8_resident_can_implement(const void* args) {
