@@ -181,7 +181,7 @@ int main(int argc, char** argv) {
       const int64_t limit = per_sm == 1 ? smem_optin : (int64_t(prop.sharedMemPerMultiprocessor) / 2 - 2048);
       const int64_t target = per_sm == 1 ? (q8 ? 32 : 64) * 1024 : 32 * 1024;
       const BulkPlan plan = ks::cuda::a8_bulk_plan(sh.rows, sh.row_bytes / (q8 ? 34 : 20) * 32, sh.row_bytes,
-                                                   sms * per_sm, limit, target, 48);
+                                                   sms * per_sm, limit, target, 48, q8 ? 34 : 20);
       if (plan.slots < 1) continue;
       char cfg[160];
       std::snprintf(cfg, sizeof cfg, "rows_per_stage=%d slots=%d grid=%u smem=%zu", plan.rps, plan.slots, plan.grid,

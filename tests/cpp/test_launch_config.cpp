@@ -284,7 +284,7 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
 // cuda_a8_bulk_stream's plan: the configurations its launcher recorded on the H200 at 10e8adf
 // (docs/perf/h200_quant_a8_bulk_rows_10e8adf.csv: 132 SMs, 227 KB of opt-in shared memory less the
 // kernel's 128 bytes of mbarriers, 64 KB stages for Q4, 32 KB for Q8_0, x as 48-byte blocks), rows
-// per warp step 4 exactly where a row has fewer than 32 blocks (or as forced), then invariants:
+// per warp step 4 exactly where a row has fewer than 32 blocks or Q4_0's blocks (or as forced), then invariants:
 // an even number of rows per stage, the shared memory within the limit, every stage's widened
 // byte range inside its slot.
 TEST(A8BulkStreamPlan, ReproducesTheLaunchedPlansAndPicksRowsPerStep) {
@@ -295,12 +295,13 @@ TEST(A8BulkStreamPlan, ReproducesTheLaunchedPlansAndPicksRowsPerStep) {
     int rps, slot_bytes, slots, rows_per_step;
     size_t smem;
   };
-  for (const Want& w : std::vector<Want>{{14336, 4096, 18, 64, 28, 64528, 3, 2, 199728},
-                                         {4096, 4096, 18, 64, 28, 64528, 2, 2, 135200},
+  for (const Want& w : std::vector<Want>{{14336, 4096, 18, 64, 28, 64528, 3, 4, 199728},
+                                         {4096, 4096, 18, 64, 28, 64528, 2, 4, 135200},
+                                         {14336, 4096, 34, 32, 6, 26128, 8, 2, 215168},
                                          {4096, 4096, 20, 64, 24, 61456, 2, 2, 129056},
                                          {4096, 4096, 34, 32, 6, 26128, 6, 2, 162912},
                                          {49152, 576, 34, 32, 52, 31840, 7, 4, 223744}}) {
-    const auto p = a8_bulk_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kLimit, w.target_kb * 1024, kX);
+    const auto p = a8_bulk_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kLimit, w.target_kb * 1024, kX, w.block_bytes);
     SCOPED_TRACE(std::to_string(w.N) + "x" + std::to_string(w.K) + " block " + std::to_string(w.block_bytes));
     EXPECT_EQ(p.rps, w.rps);
     EXPECT_EQ(p.slot_bytes, w.slot_bytes);
@@ -309,26 +310,29 @@ TEST(A8BulkStreamPlan, ReproducesTheLaunchedPlansAndPicksRowsPerStep) {
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.grid, 132u);
   }
-  EXPECT_EQ(a8_bulk_plan(49152, 576, 612, 132, kLimit, 32768, kX, 2).group, 2);
-  EXPECT_EQ(a8_bulk_plan(14336, 4096, 4352, 132, kLimit, 32768, kX, 4).group, 4);
-  EXPECT_EQ(a8_bulk_plan(14336, 4096, 4352, 132, kLimit, 32768, kX, 3).group, 2);  // (not a form: the rule's)
-  EXPECT_EQ(a8_bulk_plan(576, 992, 31 * 34, 132, kLimit, 32768, kX).group, 4);
-  EXPECT_EQ(a8_bulk_plan(576, 1024, 32 * 34, 132, kLimit, 32768, kX).group, 2);
-  EXPECT_EQ(a8_bulk_plan(0, 4096, 2304, 132, kLimit, 32768, kX).slots, 0);
+  EXPECT_EQ(a8_bulk_plan(49152, 576, 612, 132, kLimit, 32768, kX, 34, 2).group, 2);
+  EXPECT_EQ(a8_bulk_plan(14336, 4096, 4352, 132, kLimit, 32768, kX, 34, 4).group, 4);
+  EXPECT_EQ(a8_bulk_plan(14336, 4096, 4352, 132, kLimit, 32768, kX, 34, 3).group, 2);  // (not a form: the rule's)
+  EXPECT_EQ(a8_bulk_plan(14336, 4096, 2304, 132, kLimit, 65536, kX, 18, 2).group, 2);
+  EXPECT_EQ(a8_bulk_plan(576, 992, 31 * 34, 132, kLimit, 32768, kX, 34).group, 4);
+  EXPECT_EQ(a8_bulk_plan(576, 1024, 32 * 34, 132, kLimit, 32768, kX, 34).group, 2);
+  EXPECT_EQ(a8_bulk_plan(576, 1024, 32 * 20, 132, kLimit, 32768, kX, 20).group, 2);
+  EXPECT_EQ(a8_bulk_plan(576, 1024, 32 * 18, 132, kLimit, 32768, kX, 18).group, 4);
+  EXPECT_EQ(a8_bulk_plan(0, 4096, 2304, 132, kLimit, 32768, kX, 18).slots, 0);
   for (int64_t bb : {18, 20, 34})
     for (int64_t K : {32, 64, 576, 992, 1024, 4096, 14336, 65536})
       for (int64_t N : {1, 7, 131, 133, 4096, 14336, 49152})
         for (int sms : {1, 132})
           for (int64_t target : {int64_t(1024), int64_t(32768), int64_t(1) << 20}) {
             const int64_t RB = K / 32 * bb;
-            const auto p = a8_bulk_plan(N, K, RB, sms, kLimit, target, kX);
+            const auto p = a8_bulk_plan(N, K, RB, sms, kLimit, target, kX, bb);
             SCOPED_TRACE("N=" + std::to_string(N) + " K=" + std::to_string(K) + " block " + std::to_string(bb) +
                          " sms=" + std::to_string(sms) + " target=" + std::to_string(target));
             if (p.slots == 0) {  // declined: x and one stage of a pair of rows do not fit
               EXPECT_GT(K / 32 * kX + 2 * RB, kLimit - 32);
               continue;
             }
-            EXPECT_EQ(p.group, K / 32 < 32 ? 4 : 2);
+            EXPECT_EQ(p.group, K / 32 < 32 || bb == 18 ? 4 : 2);
             EXPECT_EQ(p.rps % 2, 0);
             EXPECT_LE(p.smem, size_t(kLimit));
             EXPECT_LE(p.slots, ks::cuda::kBulkMaxSlots);

@@ -261,17 +261,19 @@ inline BulkPlan bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count,
 // `group` (rows per warp step: one load of x's blocks serves them), dealt in turn across stages,
 // so a stage may hold any even number of rows: about `target` bytes of them (at least a pair); x
 // takes x_block_bytes per block of 32. Rows per step: 4 where a row has fewer than 32 blocks
-// (K < 1024), else 2; forced_rows 2 or 4 overrides (KS_QMM_A8_BULK_ROWS, a measurement).
-// Measured on the H200 at 10e8adf (bf16 x, one call, docs/perf/h200_quant_a8.md): 49152 x 576
-// Q8_0 11.6 -> 10.4 us at 4 rows, Q4_1 9.5 -> 8.6, Q4_0 9.8 -> 8.8; at 14336 x 4096 4 rows were
-// slower for Q8_0 (18.1 against 16.3) and Q4_1 (10.7 against 10.3) and 4% faster for Q4_0 (10.5
-// against 11.0, within the calls' spread), so long rows keep pairs.
+// (K < 1024) or the blocks are Q4_0's (block_bytes 18), else 2; forced_rows 2 or 4 overrides
+// (KS_QMM_A8_BULK_ROWS, a measurement). Measured on the H200 (bf16 x, docs/perf/h200_quant_a8.md):
+// at 10e8adf, 49152 x 576 Q8_0 11.6 -> 10.4 us at 4 rows, Q4_1 9.5 -> 8.6, Q4_0 9.8 -> 8.8; at
+// 14336 x 4096 4 rows were slower for Q8_0 (18.1 against 16.3) and Q4_1 (10.7 against 10.3) but
+// faster for Q4_0 in both calls that timed it (10.53 against 11.02 at 10e8adf, 10.51 against 10.72
+// at b2d8bd2), so long rows keep pairs except Q4_0's.
 inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_count, int64_t limit, int64_t target,
-                             int64_t x_block_bytes, int forced_rows = 0) {
+                             int64_t x_block_bytes, int64_t block_bytes, int forced_rows = 0) {
   const int64_t RB = row_bytes;
   if (N <= 0 || K < 32 || RB <= 0 || sm_count <= 0 || target <= 0) return BulkPlan{};
   const int64_t grid = std::min<int64_t>(N, sm_count), rows_cta = (N + grid - 1) / grid;
-  const int64_t rows_per_step = forced_rows == 2 || forced_rows == 4 ? forced_rows : K / 32 < 32 ? 4 : 2;
+  const int64_t rows_per_step =
+      forced_rows == 2 || forced_rows == 4 ? forced_rows : K / 32 < 32 || block_bytes == 18 ? 4 : 2;
   int64_t rps = std::min(std::max<int64_t>(target / RB / 2, 1) * 2, (rows_cta + 1) / 2 * 2);
   return bulk_fit_stages(rps, 2, 2, rows_cta, RB, K / 32 * x_block_bytes, limit, rows_per_step, grid);
 }

@@ -591,7 +591,7 @@ BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
       limit = limit == 0 ? l : std::min(limit, l);
     });
   return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
-                      int64_t(sizeof(A8X)), a8_bulk_forced_rows());
+                      int64_t(sizeof(A8X)), int64_t(q_block_bytes(a.qtype)), a8_bulk_forced_rows());
 }
 // A list of kernels sharing one parameter type: the smallest dynamic shared memory limit, the
 // largest static bytes, and (KS_QMM_A8_RES_CARVEOUT=n, a measurement) every kernel's preferred
