@@ -142,10 +142,15 @@ TEST(SoftmaxClusterChoice, CandidatesRespectTheLimits) {
   ks::cuda::choose_cluster(64, 32768, 0, 2, all, record);
   ASSERT_FALSE(seen.empty());
   for (auto [c, th, nv, smem] : seen) {
-    if (nv > 8) EXPECT_LE(th, 256) << "NV > 8 only with 128 or 256 threads";
+    if (nv > 8) {
+      EXPECT_LE(th, 256) << "NV > 8 only with 128 or 256 threads";
+    }
     EXPECT_TRUE(th == 128 || th == 256 || th == 512);
-    if (nv > 0) EXPECT_GE(int64_t(c) * th * nv, 32768) << "the candidate must hold the row";
-    if (nv == 0) EXPECT_LE(smem, 160 * 1024);
+    if (nv > 0) {
+      EXPECT_GE(int64_t(c) * th * nv, 32768) << "the candidate must hold the row";
+    } else {
+      EXPECT_LE(smem, 160 * 1024);
+    }
     EXPECT_TRUE(c == 2 || c == 4 || c == 8 || c == 16);
   }
   // a pinned C keeps only that C
@@ -195,9 +200,36 @@ TEST(ArgmaxClusterRule, ReproducesTheMeasuredChoices) {
       const int C = argmax_cluster(rows, cols, 132, 16);
       EXPECT_TRUE(C == 1 || C == 2 || C == 4 || C == 8 || C == 16);
       EXPECT_LE(rows * C, std::max<int64_t>(264, rows));
-      if (C > 1) EXPECT_GE(cols, int64_t(C) * 8000);
+      if (C > 1) {
+        EXPECT_GE(cols, int64_t(C) * 8000);
+      }
     }
 }
+
+namespace {
+// A bulk plan against the configuration a launcher recorded (one CTA per SM on 132 SMs).
+void expect_recorded_plan(const ks::cuda::BulkPlan& p, int rps, int group, int slot_bytes, int slots, size_t smem) {
+  EXPECT_EQ(p.rps, rps);
+  EXPECT_EQ(p.group, group);
+  EXPECT_EQ(p.slot_bytes, slot_bytes);
+  EXPECT_EQ(p.slots, slots);
+  EXPECT_EQ(p.smem, smem);
+  EXPECT_EQ(p.grid, 132u);
+}
+// Every few CTAs' stages of a bulk plan over N rows of RB bytes: at least one row per CTA, and each
+// stage's byte range, widened to 16-byte boundaries, within a slot.
+void expect_stages_fit(const ks::cuda::BulkPlan& p, int64_t N, int64_t RB) {
+  for (int64_t c = 0; c < int64_t(p.grid); c += std::max<int64_t>(1, int64_t(p.grid) / 7)) {
+    const int64_t r0 = c * N / p.grid, r1 = (c + 1) * N / p.grid;
+    ASSERT_GE(r1 - r0, 1);
+    for (int64_t a = r0; a < r1; a += p.rps) {
+      const int64_t e = std::min(r1, a + p.rps);
+      const int64_t g0 = (a * RB) / 16 * 16, g1 = (e * RB + 15) / 16 * 16;
+      ASSERT_LE(g1 - g0, p.slot_bytes) << "rows " << a << ".." << e;
+    }
+  }
+}
+}  // namespace
 
 // quant_matmul's cuda_bulk_stream plan: the configurations its launcher recorded on the H200 at
 // f299a95 (docs/perf/h200_quant_bulk_f299a95.csv: 132 SMs, 227 KB of opt-in shared memory less
@@ -223,12 +255,7 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
                                          {49152, 576, 34, 112, 7, 68560, 3, 216336}}) {
     const auto p = bulk_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kLimit, kTarget);
     SCOPED_TRACE(std::to_string(w.N) + "x" + std::to_string(w.K) + " block " + std::to_string(w.block_bytes));
-    EXPECT_EQ(p.rps, w.rps);
-    EXPECT_EQ(p.group, w.group);
-    EXPECT_EQ(p.slot_bytes, w.slot_bytes);
-    EXPECT_EQ(p.slots, w.slots);
-    EXPECT_EQ(p.smem, w.smem);
-    EXPECT_EQ(p.grid, 132u);
+    expect_recorded_plan(p, w.rps, w.group, w.slot_bytes, w.slots, w.smem);
     // a thread per short row only where a stage holds >= 64 of them (49152 x 576: 112..336 rows)
     EXPECT_EQ(ks::cuda::bulk_thread_rows(p, w.K), w.N == 49152) << "rows per stage " << p.rps;
     // lanes per short row: what the kernel's split supports (1, 2 or 4 lanes: 16 tree slots
@@ -262,22 +289,15 @@ TEST(BulkStreamPlan, ReproducesTheLaunchedPlansAndKeepsItsInvariants) {
             }
             ASSERT_GE(p.group, 1);
             ASSERT_LE(p.group, 32);
-            if (nb >= 32) EXPECT_EQ(p.group, 1);
+            if (nb >= 32) {
+              EXPECT_EQ(p.group, 1);
+            }
             EXPECT_EQ(p.rps % p.group, 0);
             EXPECT_LE(p.smem, size_t(kLimit));
             EXPECT_LE(p.slots, ks::cuda::kBulkMaxSlots);
             EXPECT_EQ(p.grid, unsigned(std::min<int64_t>(N, sms)));
             EXPECT_EQ(p.slot_bytes % 16, 0);
-            // every CTA's stages: at least one row each, and the widened range within the slot
-            for (int64_t c = 0; c < int64_t(p.grid); c += std::max<int64_t>(1, int64_t(p.grid) / 7)) {
-              const int64_t r0 = c * N / p.grid, r1 = (c + 1) * N / p.grid;
-              ASSERT_GE(r1 - r0, 1);
-              for (int64_t a = r0; a < r1; a += p.rps) {
-                const int64_t e = std::min(r1, a + p.rps);
-                const int64_t g0 = (a * RB) / 16 * 16, g1 = (e * RB + 15) / 16 * 16;
-                ASSERT_LE(g1 - g0, p.slot_bytes) << "rows " << a << ".." << e;
-              }
-            }
+            expect_stages_fit(p, N, RB);
           }
 }
 
@@ -303,12 +323,7 @@ TEST(A8BulkStreamPlan, ReproducesTheLaunchedPlansAndPicksRowsPerStep) {
                                          {49152, 576, 34, 32, 52, 31840, 7, 4, 223744}}) {
     const auto p = a8_bulk_plan(w.N, w.K, w.K / 32 * w.block_bytes, 132, kLimit, w.target_kb * 1024, kX, w.block_bytes);
     SCOPED_TRACE(std::to_string(w.N) + "x" + std::to_string(w.K) + " block " + std::to_string(w.block_bytes));
-    EXPECT_EQ(p.rps, w.rps);
-    EXPECT_EQ(p.slot_bytes, w.slot_bytes);
-    EXPECT_EQ(p.slots, w.slots);
-    EXPECT_EQ(p.group, w.rows_per_step);
-    EXPECT_EQ(p.smem, w.smem);
-    EXPECT_EQ(p.grid, 132u);
+    expect_recorded_plan(p, w.rps, w.rows_per_step, w.slot_bytes, w.slots, w.smem);
   }
   EXPECT_EQ(a8_bulk_plan(49152, 576, 612, 132, kLimit, 32768, kX, 34, 2).group, 2);
   EXPECT_EQ(a8_bulk_plan(14336, 4096, 4352, 132, kLimit, 32768, kX, 34, 4).group, 4);
@@ -337,14 +352,7 @@ TEST(A8BulkStreamPlan, ReproducesTheLaunchedPlansAndPicksRowsPerStep) {
             EXPECT_LE(p.smem, size_t(kLimit));
             EXPECT_LE(p.slots, ks::cuda::kBulkMaxSlots);
             EXPECT_EQ(p.grid, unsigned(std::min<int64_t>(N, sms)));
-            for (int64_t c = 0; c < int64_t(p.grid); c += std::max<int64_t>(1, int64_t(p.grid) / 7)) {
-              const int64_t r0 = c * N / p.grid, r1 = (c + 1) * N / p.grid;
-              for (int64_t a = r0; a < r1; a += p.rps) {
-                const int64_t e = std::min(r1, a + p.rps);
-                const int64_t g0 = (a * RB) / 16 * 16, g1 = (e * RB + 15) / 16 * 16;
-                ASSERT_LE(g1 - g0, p.slot_bytes) << "rows " << a << ".." << e;
-              }
-            }
+            expect_stages_fit(p, N, RB);
           }
 }
 
@@ -382,9 +390,15 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
     EXPECT_EQ(p.rows_cta, w.rows_cta);
     EXPECT_EQ(p.smem, w.smem);
     EXPECT_EQ(p.entry_trigger, w.entry);
-    if (p.grid) EXPECT_EQ(p.ctas_per_sm, (w.N >= 264 && w.K < 1024) || w.block_bytes == 34 ? 2 : 1);
-    if (p.grid) EXPECT_EQ(p.rows_per_step, w.rows_cta >= 16 ? 4 : 2);
-    if (p.grid) EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 8);
+    if (p.grid) {
+      EXPECT_EQ(p.ctas_per_sm, (w.N >= 264 && w.K < 1024) || w.block_bytes == 34 ? 2 : 1);
+    }
+    if (p.grid) {
+      EXPECT_EQ(p.rows_per_step, w.rows_cta >= 16 ? 4 : 2);
+    }
+    if (p.grid) {
+      EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 8);
+    }
   }
   // the padded rows' strides (a8_padded_row_bytes) keep 4096 x 4096's plans: Q4_0 one CTA with
   // room for the next call's beside it, Q8_0 two CTAs
@@ -615,7 +629,9 @@ TEST(MmaRowsPlan, KeepsItsInvariantsAndSwitches) {
                 EXPECT_LE(int64_t(p.smem), limit);
                 EXPECT_EQ(int64_t(p.smem), p.kc * per_block + part);
                 EXPECT_TRUE(p.kc == std::max<int64_t>(nb, 1) || p.kc % 8 == 0) << p.kc;
-                if (p.kc != std::max<int64_t>(nb, 1)) EXPECT_LT(p.kc, nb);
+                if (p.kc != std::max<int64_t>(nb, 1)) {
+                  EXPECT_LT(p.kc, nb);
+                }
               }
   // the switches: forced groups (at most the call's), the stage budget
   EXPECT_EQ(rows_plan(512, 576, 576, true, true, 132, 232448, 4).rg, 4);
