@@ -81,6 +81,12 @@ const char* dispatch_alias(const char* op) {
   return op && std::string_view(op) == "paged_attention_after_append" ? "paged_attention" : nullptr;
 }
 
+bool op_is_known(std::string_view op) {
+  for (const Variant& v : all())
+    if (op == v.op) return true;
+  return false;
+}
+
 Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, const int64_t* shape,
                      std::string_view qtype) {
   Choice c;

@@ -139,6 +139,14 @@ const Cell* find_cell(const Table& t, std::string_view op, std::string_view back
 }
 
 namespace {
+// Every cell of t names an operator of this build (else its cell could never match).
+void check_ops(const Table& t) {
+  for (const Cell& c : t.cells)
+    if (!op_is_known(c.op))
+      bad(c.table + " cell " + std::to_string(c.index),
+          "\"op\": unknown operator '" + c.op + "' (ksctl ops lists this build's operators)");
+}
+
 Table load_active_table() {
   Table table;
   if (const char* env = std::getenv("KS_ROUTING_TABLE"); env && *env) {
@@ -158,6 +166,7 @@ Table load_active_table() {
       std::stringstream ss;
       ss << f.rdbuf();
       Table t = parse_table(ss.str(), path);
+      check_ops(t);
       table.files.insert(table.files.end(), t.files.begin(), t.files.end());
       for (auto& c : t.cells) table.cells.push_back(std::move(c));
     }
@@ -167,7 +176,10 @@ Table load_active_table() {
   {
     // Arch-specific files first, the generic ("*") one last: the first matching cell wins.
     std::vector<Table> parts;
-    for (const auto& [name, text] : embedded_routing_tables()) parts.push_back(parse_table(text, name));
+    for (const auto& [name, text] : embedded_routing_tables()) {
+      parts.push_back(parse_table(text, name));
+      check_ops(parts.back());
+    }
     std::stable_sort(parts.begin(), parts.end(), [](const Table& a, const Table& b) {
       const bool ga = !a.cells.empty() && a.cells[0].arch == "*", gb = !b.cells.empty() && b.cells[0].arch == "*";
       return ga < gb;

@@ -77,8 +77,13 @@ inline bool shape_unbounded(const Cell& c) {
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
                       std::string_view dtype, int64_t rows, int64_t cols, bool any_rows = false,
                       std::string_view qtype = "");
-// The active table: KS_ROUTING_TABLE's file when set, else the compiled-in files. Parsed once.
+// The active table: KS_ROUTING_TABLE's file when set, else the compiled-in files. Parsed once;
+// a cell whose op is not an operator of this build (op_is_known) fails the load, naming it (a
+// misspelt op would otherwise never match, and its cell be ignored without a word).
 const Table& active_table();
+// Whether op is an operator of this build: a variant of it is registered (registry.cpp; a test
+// that compiles this file alone defines its own).
+bool op_is_known(std::string_view op);
 // A device's arch name ("sm_90" for compute capability 9.0); device < 0: the current device;
 // "" without a CUDA device.
 std::string cuda_arch_name(int device);

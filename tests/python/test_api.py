@@ -96,6 +96,24 @@ def test_routing_table_from_env_and_a_bad_one(tmp_path):
     assert "PINNED rms_norm: routing: " in r.stdout, r.stdout + r.stderr
 
 
+def test_routing_table_with_a_misspelt_op_fails_to_load(tmp_path):
+    # a cell whose op is not an operator of this build could never match: the load fails, naming
+    # the cell and the op (not a silently ignored cell)
+    bad = tmp_path / "misspelt.json"
+    bad.write_text('{"schema": "kernscope-routing/1", "arch": "*", "cells": ['
+                   '{"op": "rms_norm", "backend": "cpu", "order": ["cpu_reference"], "basis": "heuristic", "why": "w"},'
+                   '{"op": "rmsnorm", "backend": "cpu", "order": ["cpu_reference"], "basis": "heuristic", "why": "w"}]}')
+    code = ("import numpy as np, kernscope as ks\n"
+            "try:\n    ks.routing_table()\nexcept ValueError as e:\n    print('ERR', e)\n"
+            "try:\n    ks.rms_norm(np.ones((2, 8), np.float32), np.ones(8, np.float32))\n"
+            "except ValueError as e:\n    print('CALL', e)\n")
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": str(bad)},
+                       capture_output=True, text=True, timeout=120)
+    assert "ERR routing_table: routing: " in r.stdout, r.stdout + r.stderr
+    assert "misspelt.json cell 1: \"op\": unknown operator 'rmsnorm'" in r.stdout, r.stdout + r.stderr
+    assert "CALL rms_norm: routing: " in r.stdout, r.stdout + r.stderr
+
+
 def test_which_takes_the_weights_block_format(tmp_path):
     # with tests/data/routing_quant_qtype.json (the reference first for Q4_1 weights at M = 3,
     # N x K = 19 x 4096): the bound cell decides for qtype="q4_1" only; every cell lists its qtype
