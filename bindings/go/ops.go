@@ -141,7 +141,8 @@ func Dequantize(out, packed *Tensor, qtype QType, opts ...Option) error {
 	return call(func() C.ks_status_t { return C.ksgo_dequantize(&d[0], out.data, packed.data, C.int(qtype), b, s) })
 }
 
-// Gemm: out[M, N] = a[M, K] @ b[N, K]^T.
+// Gemm: out[M, N] = a[M, K] @ b[N, K]^T. a may be [..., K] with out [..., N] (any leading dims, M
+// their product, each row as in the 2-D reshape; a 1-D a gives out [N]).
 func Gemm(out, a, bm *Tensor, opts ...Option) error {
 	var d [3]C.ksgo_desc
 	if err := describeAll("gemm", d[:], arg{"out", out}, arg{"a", a}, arg{"b", bm}); err != nil {
@@ -151,7 +152,8 @@ func Gemm(out, a, bm *Tensor, opts ...Option) error {
 	return call(func() C.ks_status_t { return C.ksgo_gemm(&d[0], out.data, a.data, bm.data, b, s) })
 }
 
-// QuantMatmul: out[M, N] = x[M, K] @ dequant(weight)^T from the packed blocks.
+// QuantMatmul: out[M, N] = x[M, K] @ dequant(weight)^T from the packed blocks. x may be [..., K]
+// with out [..., N], as Gemm (QuantMatmulA8 too).
 func QuantMatmul(out, x, weight *Tensor, qtype QType, opts ...Option) error {
 	var d [3]C.ksgo_desc
 	if err := describeAll("quant_matmul", d[:], arg{"out", out}, arg{"x", x}, arg{"weight", weight}); err != nil {

@@ -130,6 +130,9 @@ export function gemv(out: TensorLike, x: TensorLike, weight: TensorLike, opts?: 
 export function softmax(out: TensorLike, x: TensorLike, opts?: ExecOptions): void;
 export function embedding(out: TensorLike, ids: TensorLike, table: TensorLike, tableFormat?: QType, opts?: ExecOptions): void;
 export function dequantize(out: TensorLike, packed: TensorLike, qtype: QType, opts?: ExecOptions): void;
+/** out[M, N] = a[M, K] @ b[N, K]^T; a may be [..., K] with out [..., N] (any leading dims, M their
+ *  product, each row as in the 2-D reshape; a 1-D a gives out [N]). quantMatmul and quantMatmulA8 take
+ *  x [..., K] the same way. */
 export function gemm(out: TensorLike, a: TensorLike, b: TensorLike, opts?: ExecOptions): void;
 export function quantMatmul(out: TensorLike, x: TensorLike, weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
 /** W4A8 / W8A8: quantMatmul with x quantized to int8 per block of 32 (llama.cpp's Q8_1 activations).

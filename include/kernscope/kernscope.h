@@ -222,7 +222,7 @@ KS_API ks_status_t ks_dequantize(DLTensor* out, const DLTensor* packed, ks_qtype
                                  ks_backend_t backend, ks_stream_t stream);
 
 /* out[M, N] = a[M, K] @ b[N, K]^T (b in nn.Linear layout), FP32 accumulation.
- * a may be [..., K] with out [..., N] (any leading dims, M their product, as
+ * a may be [..., K] with out [..., N] (any leading dims, 16 dims at most, M their product, as
  * torch.nn.functional.linear; each row as in the 2-D reshape).
  * a, b, out: same float dtype; out must not overlap a or b. */
 KS_API ks_status_t ks_gemm(DLTensor* out, const DLTensor* a, const DLTensor* b,

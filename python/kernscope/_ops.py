@@ -182,9 +182,32 @@ def _native(cfn: Any, fw: Framework, first: Any, tensors: tuple, *scalars: Any) 
     cfn(tensors, *scalars, hint, mask, sync)
 
 
-def _finish(y: Any, out: Any) -> Any:
+# Per op: (the input whose dtype out must share, None where out's dtype is fixed; the native
+# check's words for out's shape), so that the torch path's errors read as the native backends'.
+_OUT_RULES = {
+    "rms_norm": ("x", "same as x"),
+    "silu_and_mul": ("x", "x's shape with the last dim halved"),
+    "softmax": ("x", "same as x"),
+    "argmax": (None, "x's shape without its last dim (one index per row)"),
+    "gemv": ("x", "weight's row count"),
+    "gemm": ("a", "a's leading dims + (N,)"),
+    "quant_matmul": ("x", "x's leading dims + (N,)"),
+    "quant_matmul_a8": ("x", "x's leading dims + (N,)"),
+    "silu_and_mul_quant_matmul": ("gate_up", "(M, N)"),
+    "embedding": ("table", "ids' shape + (hidden_size,)"),
+    "varlen_attention": ("q", "same as q"),
+    "paged_attention": ("q", "same as q"),
+}
+
+
+def _finish(op: str, y: Any, out: Any) -> Any:
+    """The torch path's result, or out filled with it: out must be a contiguous tensor of the
+    result's shape, dtype and device (as the native backends require; copy_ alone would broadcast
+    into a larger out or cast into another dtype)."""
     if out is None:
         return y
+    ref, why = _OUT_RULES.get(op, (None, "the result's shape"))
+    _ref().check_out(op, y, out, ref, why)
     out.copy_(y)
     return out
 
@@ -222,6 +245,42 @@ def _integer(op: str, name: str, v: Any) -> int:
         return _operator.index(v)
     except TypeError:
         raise TypeError(f"{op}: {name} must be an integer; got {type(v).__name__} {v!r}") from None
+
+
+def _check_layout_first(op: str, arg: str, x: Any) -> None:
+    """Before an output is sized from ``arg``'s leading dims: a non-contiguous view (torch, numpy,
+    cupy) fails here with the native message, naming ``arg`` (a broadcast view's leading dims may
+    describe far more rows than memory holds, and the output sized from them could not be
+    allocated: a MemoryError instead of the layout error)."""
+    if hasattr(x, "is_contiguous") and hasattr(x, "stride"):  # torch
+        if x.is_contiguous():
+            return
+        strides = tuple(int(v) for v in x.stride())
+    elif hasattr(x, "flags") and hasattr(x, "strides") and hasattr(x, "itemsize"):  # numpy, cupy: bytes
+        if x.flags.c_contiguous:
+            return
+        strides = tuple(int(v) // int(x.itemsize) for v in x.strides)
+    else:
+        return  # (the native check still runs)
+    shape = tuple(int(d) for d in x.shape)
+
+    def text(t: Sequence[int]) -> str:
+        return "(" + ", ".join(str(v) for v in t) + ("," if len(t) == 1 else "") + ")"
+    broadcast = any(st == 0 and n > 1 for st, n in zip(strides, shape))
+    raise InvalidArgumentError(
+        f"{op}: {arg} must be contiguous (row-major); got shape {text(shape)} strides {text(strides)}"
+        + ("; a stride of 0 is a broadcast (expanded) view" if broadcast else "")
+        + ": copy it to a contiguous tensor first")
+
+
+def _check_ndim_first(op: str, arg: str, t: Any, ndim: int) -> None:
+    """Before an output is sized from ``arg``'s first dim: its dims as the native check words it
+    (a flattened weight's first dim is its byte count: the output sized from it could not be
+    allocated)."""
+    shape = tuple(int(d) for d in t.shape)
+    if len(shape) != ndim:
+        text = "(" + ", ".join(str(v) for v in shape) + ("," if len(shape) == 1 else "") + ")"
+        raise InvalidArgumentError(f"{op}: {arg} must have {ndim} dims; got shape {text}")
 
 
 def _check_rows(op: str, arg: str, shape: Sequence[int], q: int) -> None:
@@ -272,7 +331,7 @@ def rms_norm(x: T, weight: Array, eps: float = 1e-6, *, backend: str = "auto", o
     code = _backend(op, backend)
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x", "weight"), (x, weight)):
-        return _finish(_ref().rms_norm(x, weight, eps), out)
+        return _finish(op, _ref().rms_norm(x, weight, eps), out)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
@@ -338,7 +397,7 @@ def silu_and_mul(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
     code = _backend(op, backend)
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
-        return _finish(_ref().silu_and_mul(x), out)
+        return _finish(op, _ref().silu_and_mul(x), out)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
@@ -371,7 +430,7 @@ def gemv(x: T, weight: Array, *, backend: str = "auto", out: Optional[T] = None)
     code = _backend(op, backend)
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x", "weight"), (x, weight)):
-        return _finish(_ref().gemv(x, weight), out)
+        return _finish(op, _ref().gemv(x, weight), out)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
@@ -405,7 +464,7 @@ def softmax(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
     code = _backend(op, backend)
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
-        return _finish(_ref().softmax(x), out)
+        return _finish(op, _ref().softmax(x), out)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
@@ -438,7 +497,7 @@ def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> A
     code = _backend(op, backend)
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
-        return _finish(_ref().argmax(x), out)
+        return _finish(op, _ref().argmax(x), out)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
@@ -530,7 +589,7 @@ def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None
     name = None if dtype is None else _float_dtype(op, dtype)
     if fw.is_torch and _torch_route(op, code, backend, ("table",), (table,)):
         tdt = None if name is None else fw.dtype(table, name)
-        return _finish(_ref().embedding(ids, table, fmt, tdt), out)
+        return _finish(op, _ref().embedding(ids, table, fmt, tdt), out)
     if code == _TORCH:
         raise _not_torch(op, table)
     if out is None:
@@ -577,7 +636,7 @@ def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp
     fw = _fw(op, "packed", packed)
     name = _float_dtype(op, dtype)
     if fw.is_torch and _torch_route(op, code, backend, (), ()):
-        return _finish(_ref().dequantize(packed, q, fw.dtype(packed, name)), out)
+        return _finish(op, _ref().dequantize(packed, q, fw.dtype(packed, name)), out)
     if code == _TORCH:
         raise _not_torch(op, packed)
     if out is None:
@@ -606,10 +665,12 @@ def gemm(a: T, b: Array, *, backend: str = "auto", out: Optional[T] = None) -> T
     code = _backend(op, backend)
     fw = _fw(op, "a", a)
     if fw.is_torch and _torch_route(op, code, backend, ("a", "b"), (a, b)):
-        return _finish(_ref().gemm(a, b), out)
+        return _finish(op, _ref().gemm(a, b), out)
     if code == _TORCH:
         raise _not_torch(op, a)
     if out is None:
+        _check_layout_first(op, "a", a)
+        _check_ndim_first(op, "b", b, 2)
         out = fw.empty(a, (*tuple(a.shape)[:-1], _dim0(tuple(b.shape))))
     _native(_C.gemm, fw, a, (out, a, b), code)
     return out
@@ -644,10 +705,12 @@ def _quant_matmul_call(op: str, x: T, weight: Array, qtype, backend: str, out: O
     q = _qtype(op, qtype, blocks_only=op == "quant_matmul_a8")
     fw = _fw(op, "x", x)
     if fw.is_torch and _torch_route(op, code, backend, ("x",), (x,)):
-        return _finish(getattr(_ref(), op)(x, weight, q), out)
+        return _finish(op, getattr(_ref(), op)(x, weight, q), out)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
+        _check_layout_first(op, "x", x)
+        _check_ndim_first(op, "weight", weight, 2)
         out = fw.empty(x, (*tuple(x.shape)[:-1], _dim0(tuple(weight.shape))))
     _native(getattr(_C, op), fw, x, (out, x, weight), q, code)
     return out
@@ -813,7 +876,7 @@ def silu_and_mul_quant_matmul(gate_up: T, weight: Array, qtype: Union[str, int, 
     q = _qtype(op, qtype)
     fw = _fw(op, "gate_up", gate_up)
     if fw.is_torch and _torch_route(op, code, backend, ("gate_up",), (gate_up,)):
-        return _finish(_ref().silu_and_mul_quant_matmul(gate_up, weight, q), out)
+        return _finish(op, _ref().silu_and_mul_quant_matmul(gate_up, weight, q), out)
     if code == _TORCH:
         raise _not_torch(op, gate_up)
     if out is None:
@@ -1095,7 +1158,7 @@ def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k", "v"), (q, k, v)):
-        return _finish(_ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _real(op, "scale", scale),
+        return _finish(op, _ref().varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, _real(op, "scale", scale),
                                                _flag(op, "causal", causal)), out)
     if code == _TORCH:
         raise _not_torch(op, q)
@@ -1157,7 +1220,7 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     code = _backend(op, backend)
     fw = _fw(op, "q", q)
     if fw.is_torch and _torch_route(op, code, backend, ("q", "k_cache", "v_cache"), (q, k_cache, v_cache)):
-        return _finish(_ref().paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale), out)
+        return _finish(op, _ref().paged_attention(q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale), out)
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:

@@ -104,6 +104,26 @@ def _require_shape(op: str, name: str, t: torch.Tensor, shape, why: str) -> None
         raise InvalidArgumentError(f"{op}: {name} must have shape {_shape(shape)} ({why}); got {_shape(t.shape)}")
 
 
+def check_out(op: str, y: torch.Tensor, out, ref: Optional[str], why: str) -> None:
+    """out for the torch path's result y (ops._finish): a contiguous torch.Tensor of y's dtype,
+    device and shape, in the native messages' words (ref: the input whose dtype out shares, whose
+    dtype y has; None where out's dtype is fixed; why: the native shape check's reason)."""
+    out = _tensor(op, "out", out)
+    if out.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.uint8):
+        raise UnsupportedDtypeError(  # (the native DLPack check's words, src/core/common.cpp)
+            f"{op}: out has unsupported dtype {str(out.dtype).replace('torch.', '')}; kernscope takes float16, "
+            "bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, each where the op's "
+            "argument is one")
+    if out.dtype != y.dtype:
+        if ref is None:
+            raise UnsupportedDtypeError(f"{op}: out has dtype {_dname(out)}; expected one of: {_dname(y)}")
+        raise UnsupportedDtypeError(f"{op}: out has dtype {_dname(out)} but {ref} has {_dname(y)}; they must match")
+    if out.device != y.device:
+        raise UnsupportedDeviceError(f"{op}: out is on {out.device} but {ref or 'the result'} is on {y.device}; "
+                                     "they must share a device")
+    _require_shape(op, "out", out, y.shape, why)
+
+
 # Rounding to fp32 (nearest-even) gives 0 at or below 2^-150 and inf at or above
 # 2^128 - 2^103 (pure Python, so torch.compile traces it without a graph break).
 _FP32_ROUNDS_TO_ZERO = 2.0 ** -150
@@ -486,7 +506,7 @@ def quant_matmul_a8(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.
         else:
             mdq = mw.to(acc).unsqueeze(0) * (d * qs).unsqueeze(1)  # mw * (d * Q)
             v = _fma_fp32(dd.double(), s, mdq) if acc == torch.float32 else dd * s + mdq
-        return _a8_row_sum(v).to(x.dtype).reshape(*lead, -1)
+        return _a8_row_sum(v).to(x.dtype).reshape(*lead, c.shape[0])  # (N explicit: an empty lead has no -1)
 
 
 def _check_norm_qmm(op: str, x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,

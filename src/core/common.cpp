@@ -64,7 +64,9 @@ int64_t View::rows() const {
 View view_of(const char* op, const char* arg, const DLTensor* t) {
   if (t == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " is NULL");
   if (t->ndim < 0 || t->ndim > 16)
-    fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has invalid ndim " + std::to_string(t->ndim));
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(arg) + " has " + std::to_string(t->ndim) + " dims; kernscope takes 0 to 16 (" +
+             (t->ndim < 0 ? "a negative count is not a shape" : "fold leading dims into fewer") + ")");
   if (t->ndim > 0 && t->shape == nullptr)
     fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has a NULL shape");
   View v;

@@ -8,6 +8,9 @@
 //               nowhere; residual_out = round(x + residual); out = quant_matmul(h, weight).
 // silu_and_mul_quant_matmul: h = silu_and_mul(gate_up)'s rounded row; out = quant_matmul(h, weight).
 // quant_matmul_a8: quant_matmul with x quantized per block of 32 to int8 (core/a8_quant.hpp).
+#include <limits>
+#include <string>
+
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -58,6 +61,12 @@ void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_
     fail(KS_ERROR_INVALID_ARGUMENT, op,
          std::string(cols_what) + " = " + std::to_string(cols) + " is not a multiple of the " + qtype_name(qtype) +
              " block size " + std::to_string(bs) + " (" + arg + "'s rows are whole blocks)");
+  // (checked before the product: a K near 2^63 with an empty x would wrap it and accept a
+  // malformed weight)
+  if (cols / bs > std::numeric_limits<int64_t>::max() / bb)
+    fail(KS_ERROR_INVALID_ARGUMENT, op,
+         std::string(cols_what) + " = " + std::to_string(cols) + " is too large: " + arg + "'s rows of " +
+             qtype_name(qtype) + " blocks would take more than 2^63 bytes");
   if (packed.cols() != cols / bs * bb)
     fail(KS_ERROR_INVALID_ARGUMENT, op,
          std::string(arg) + " must have " + std::to_string(cols / bs * bb) + " bytes per row for " +

@@ -60,4 +60,37 @@ TEST(LinearLeadingDims, RowsEqualTheTwoDimReshapeBitForBit) {
     }
 }
 
+// The C ABI takes at most 16 dims per tensor: 16 are taken (15 leading ones), a 17-dim x is
+// refused naming x and the limit, and nothing is written.
+TEST(LinearLeadingDims, SixteenDimsAtMost) {
+  const int64_t K = 64, N = 3;
+  Buf w(DType::F32, {N, K});
+  kstest::fill_normal(w);
+  std::vector<int64_t> xs(16, 1), os(16, 1);
+  xs[15] = K;
+  os[15] = N;
+  Buf x(DType::F32, xs), out(DType::F32, os);
+  kstest::fill_normal(x);
+  EXPECT_EQ(run("gemm", out, x, w, KS_QTYPE_Q4_1), KS_SUCCESS) << ks_last_error();
+  int64_t shape17[17], oshape17[17];
+  for (int i = 0; i < 17; ++i) shape17[i] = oshape17[i] = 1;
+  shape17[16] = K;
+  oshape17[16] = N;
+  DLTensor a = x.dl(), b = w.dl(), o = out.dl();
+  a.ndim = 17;
+  a.shape = shape17;
+  a.strides = nullptr;
+  o.ndim = 17;
+  o.shape = oshape17;
+  o.strides = nullptr;
+  out.poison();
+  Snap s{&out, &x, &w};
+  const ks_status_t st = ks_gemm(&o, &a, &b, KS_BACKEND_AUTO, nullptr);
+  EXPECT_EQ(st, KS_ERROR_INVALID_ARGUMENT);
+  const std::string err = ks_last_error();
+  EXPECT_NE(err.find("has 17 dims; kernscope takes 0 to 16"), std::string::npos) << err;
+  EXPECT_TRUE(err.find("out has") != std::string::npos || err.find("a has") != std::string::npos) << err;
+  EXPECT_TRUE(s.same());
+}
+
 }  // namespace

@@ -258,6 +258,19 @@ TEST(QuantMatmul, ZeroMOrNIsANoOp) {
     // Still validated with zero N: the wrong bytes per row (Q4_1 needs 40) is rejected.
     EXPECT_TRUE(fails_cleanly(run_qmm(out, x, w, KS_QTYPE_Q4_1), KS_ERROR_INVALID_ARGUMENT, kOp, "weight", s));
   }
+  {
+    // An empty x whose K makes a weight row more than 2^63 bytes (F32: 4 K; Q8_0: K / 32 * 34): the
+    // bytes per row are not computed with a wrap (which had accepted a weight of 0 bytes per row,
+    // or asked for a negative count); rejected naming x's K and the weight.
+    for (const auto& [q, k] : {std::pair<ks_qtype_t, int64_t>{KS_QTYPE_F32, int64_t(1) << 62},
+                               std::pair<ks_qtype_t, int64_t>{KS_QTYPE_Q8_0, INT64_MAX / 32 * 32}}) {
+      Buf w(DType::U8, {5, 0});
+      Buf x(DType::F16, {0, k}), out(DType::F16, {0, 5});
+      Snap s{&out, &w, &x};
+      EXPECT_TRUE(fails_cleanly(run_qmm(out, x, w, q), KS_ERROR_INVALID_ARGUMENT, kOp, "weight", s));
+      EXPECT_NE(std::string(ks_last_error()).find("is too large"), std::string::npos) << ks_last_error();
+    }
+  }
 }
 
 TEST(QuantMatmul, CommonTensorRules) {

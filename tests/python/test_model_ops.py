@@ -94,6 +94,17 @@ def test_linear_ops_take_leading_dims(rng, dt):
         with pytest.raises(ValueError, match=f"{name}: out must have shape"):
             f(x, out=np.zeros((6, N), NP[dt]))
         assert f(np.zeros((4, 0, K), NP[dt])).shape == (4, 0, N), name
+        # a broadcast x whose leading dims describe 10^10 rows: the layout error naming x (a
+        # MemoryError before, from sizing out first)
+        huge = np.broadcast_to(x[0, 0], (10**5, 10**5, K))
+        arg = "a" if name == "gemm" else "x"
+        with pytest.raises(ValueError, match=f"{name}: {arg} must be contiguous .*a stride of 0 is a broadcast"):
+            f(huge)
+    # a flattened weight (its first dim the byte count): its dims named, not a 72 GiB out
+    with pytest.raises(ValueError, match=r"quant_matmul: weight must have 2 dims; got shape \(9437184,\)"):
+        ks.quant_matmul(np.zeros((2048, 4096), NP[dt]), np.zeros(9437184, np.uint8), "q4_0")
+    with pytest.raises(ValueError, match=r"gemm: b must have 2 dims"):
+        ks.gemm(np.zeros((2048, 4096), NP[dt]), np.zeros(40960, NP[dt]))
 
 
 def test_argmax_validation(rng):

@@ -240,6 +240,39 @@ def test_quant_matmul_a8_torch_reference_validation_matches_native():
     _assert_errors_match_native(cases)
 
 
+def test_linear_ops_torch_path_zero_rows_and_out_checks():
+    # the torch path of the linear ops: zero leading dims give an empty [..., N] as the native
+    # backend does (quant_matmul_a8's reference once reshaped to (*lead, -1), which an empty lead
+    # cannot take), and out= is checked as natively (copy_ alone broadcast a smaller result into a
+    # larger out and cast into another dtype), in the same words
+    rng = np.random.default_rng(5)
+    K, N = 64, 5
+    w = torch.from_numpy(make_packed(rng, N, K, 4))
+    b = trand((N, K), "fp32")
+    calls = [("gemm", lambda v, **kw: ks.gemm(v, b, **kw)),
+             ("quant_matmul", lambda v, **kw: ks.quant_matmul(v, w, "q4_0", **kw)),
+             ("quant_matmul_a8", lambda v, **kw: ks.quant_matmul_a8(v, w, "q4_0", **kw))]
+    for name, f in calls:
+        for shape in ((0, 3, K), (2, 0, K), (0, K)):
+            for backend in ("cpu", "torch"):
+                y = f(torch.zeros(shape), backend=backend)
+                assert tuple(y.shape) == shape[:-1] + (N,), (name, shape, backend)
+        x = trand((2, 2, K), "fp32")
+        cases = [
+            (ks.InvalidArgumentError, rf"{name}: out must have shape \(2, 2, 5\)",
+             lambda be: f(x, backend=be, out=torch.zeros(3, 2, 2, N))),  # (y broadcasts into it)
+            (ks.InvalidArgumentError, rf"{name}: out must have shape \(5,\)",
+             lambda be: f(x[0, 0], backend=be, out=torch.zeros(3, N))),
+            (ks.UnsupportedDtypeError, rf"{name}: out has unsupported dtype float64",
+             lambda be: f(x, backend=be, out=torch.zeros(2, 2, N, dtype=torch.float64))),
+            (ks.UnsupportedDtypeError, rf"{name}: out has dtype fp16 but (x|a) has fp32",
+             lambda be: f(x, backend=be, out=torch.zeros(2, 2, N, dtype=torch.float16))),
+            (ks.InvalidArgumentError, rf"{name}: out must be contiguous",
+             lambda be: f(x, backend=be, out=torch.zeros(2, N, 2).transpose(1, 2))),
+        ]
+        _assert_errors_match_native(cases)
+
+
 def test_quant_matmul_a8_autograd_routes_to_reference():
     x = trand((2, 64), "fp32").requires_grad_()
     w = torch.from_numpy(make_packed(np.random.default_rng(0), 3, 64, 4))

@@ -346,13 +346,15 @@ impl Exec {
         check(unsafe { sys::ks_dequantize(&mut o, &p, qtype.raw(), self.backend.raw(), self.stream) })
     }
 
-    /// `out[M, N] = a[M, K] @ b[N, K]^T`.
+    /// `out[M, N] = a[M, K] @ b[N, K]^T`. `a` may be `[..., K]` with `out` `[..., N]` (any leading
+    /// dims, M their product, each row as in the 2-D reshape; a 1-D `a` gives `out` `[N]`).
     pub fn gemm(&self, out: &mut TensorMut, a: &Tensor, b: &Tensor) -> Result<()> {
         let (mut o, at, bt) = (out.raw(), a.raw(), b.raw());
         check(unsafe { sys::ks_gemm(&mut o, &at, &bt, self.backend.raw(), self.stream) })
     }
 
-    /// `out[M, N] = x[M, K] @ dequant(weight)^T` from the packed blocks.
+    /// `out[M, N] = x[M, K] @ dequant(weight)^T` from the packed blocks. `x` may be `[..., K]` with
+    /// `out` `[..., N]`, as [`Exec::gemm`] (`quant_matmul_a8` too).
     pub fn quant_matmul(&self, out: &mut TensorMut, x: &Tensor, weight: &Tensor, qtype: QType) -> Result<()> {
         let (mut o, xt, w) = (out.raw(), x.raw(), weight.raw());
         check(unsafe { sys::ks_quant_matmul(&mut o, &xt, &w, qtype.raw(), self.backend.raw(), self.stream) })
