@@ -31,6 +31,11 @@ def need_kernel(op: str, dt: str = "fp32") -> None:
         pytest.skip(f"no CUDA kernel for {op} ({dt}) yet: {e}")
 
 
+# ks_qtype_t codes of the dense weight formats (f32, f16, bf16): quant_matmul and its fusions take
+# them on the CPU only; every CUDA variant refuses them (docs/cuda.md, a known gap)
+DENSE_QTYPES = (1, 2, 3)
+
+
 def has_kernel(op: str, dt: str = "fp32") -> bool:
     try:
         ks.which(op, dt, "cuda")
@@ -171,8 +176,13 @@ def test_model_ops_cuda_vs_cpu(dt):
         assert torch.equal(ks.argmax(x).cpu(), ks.argmax(x.cpu()))
         ran += 1
     if has_kernel("gemm", dt):
+        # (cuBLASLt and the CPU sum the 96 products in other orders: the contract's FP32 sum
+        # allowance on the products' magnitudes, as gemv's, not a bound on the result alone, which
+        # cancellation makes small; two ulp of the sums' order at 0.049 failed it at 71ea567)
         a, b = trand((17, 96), dt, 2), trand((33, 96), dt, 3)
-        close(ks.gemm(a, b), ks.gemm(a.cpu(), b.cpu()), dt, "gemm")
+        y, yc = ks.gemm(a, b), ks.gemm(a.cpu(), b.cpu())
+        assert_close(np64(y), np64(yc), dt, extra=TOL[dt] * (1 + 2 * np.abs(np64(yc)))
+                     + 2 * sum_bound(np.abs(np64(a)) @ np.abs(np64(b)).T, 96), what="gemm")
         ran += 1
     for q, name in QNAMES.items():
         packed = torch.from_numpy(make_packed(rng, 16, 128, q))
@@ -181,7 +191,11 @@ def test_model_ops_cuda_vs_cpu(dt):
             ran += 1
         if has_kernel("quant_matmul", dt):
             xx = trand((5, 128), dt, q)
-            close(ks.quant_matmul(xx, packed.cuda(), name), ks.quant_matmul(xx.cpu(), packed, name), dt, name)
+            if q in DENSE_QTYPES:  # (no CUDA kernel takes dense weights yet: refused, naming the limit)
+                with pytest.raises(ks.BackendUnavailableError, match="only the GGUF block formats"):
+                    ks.quant_matmul(xx, packed.cuda(), name)
+            else:
+                close(ks.quant_matmul(xx, packed.cuda(), name), ks.quant_matmul(xx.cpu(), packed, name), dt, name)
             ran += 1
         if has_kernel("embedding", dt):
             ids = torch.tensor([[3, 0], [15, 3]])
@@ -248,6 +262,13 @@ def test_quant_matmul_fusions_cuda_vs_fp64(dt, m):
     for q, name in QNAMES.items():
         packed = make_packed(rng, n, k, q)
         wd, w = ref_dequantize(packed, q), torch.from_numpy(packed).cuda()
+        if q in DENSE_QTYPES:  # (no CUDA kernel takes dense weights yet: refused, naming the limit)
+            x, r, nw = trand((m, k), dt, 1), trand((m, k), dt, 11), trand((k,), dt, 21)
+            for call in (lambda: ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, name),
+                         lambda: ks.silu_and_mul_quant_matmul(trand((m, 2 * k), dt, 31), w, name)):
+                with pytest.raises(ks.BackendUnavailableError, match="only the GGUF block formats"):
+                    call()
+            continue
         if has_kernel("fused_add_rms_norm_quant_matmul", dt):
             x, r, nw = trand((m, k), dt, 1 + q), trand((m, k), dt, 11 + q), trand((k,), dt, 21 + q)
             out = torch.full((m, n), float("nan"), dtype=TORCH[dt], device="cuda")
