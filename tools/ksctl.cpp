@@ -211,10 +211,13 @@ int cmd_table(bool as_json, bool check_names, std::string op_filter, bool why) {
   // adjacent shape ranges): for each dtype the cell matches ("*": fp16, bf16, fp32), the earlier
   // cells that match it (same op and backend; arch and qtype "*" or the cell's own) must cover its
   // rows x cols rectangle, checked on the grid of their ranges' ends. shadowed_by -2: so covered.
+  // (bounds as 128-bit integers: an end + 1 past INT64_MAX must not wrap; a clamp at 2^62 once made
+  // a reachable cell with larger bounds look covered)
+  using B = __int128;
   auto lo_hi = [](const nlohmann::json& r) {
-    const long long lo = r[0].is_null() ? 0 : r[0].get<long long>();
-    const long long hi = r[1].is_null() ? (1LL << 62) : std::min(r[1].get<long long>(), 1LL << 62);
-    return std::pair<long long, long long>(lo, hi);
+    const B lo = r[0].is_null() ? 0 : B(r[0].get<long long>());
+    const B hi = r[1].is_null() ? B(INT64_MAX) : B(r[1].get<long long>());
+    return std::pair<B, B>(lo, hi);
   };
   for (size_t i = 0; i < cells.size(); ++i) {
     if (shadowed_by[i] >= 0) continue;
@@ -225,17 +228,17 @@ int cmd_table(bool as_json, bool check_names, std::string op_filter, bool why) {
     const std::vector<std::string> dts = c["dtype"] == "*" ? std::vector<std::string>{"fp16", "bf16", "fp32"}
                                                            : std::vector<std::string>{c["dtype"].get<std::string>()};
     for (const std::string& dt : dts) {
-      std::vector<std::pair<std::pair<long long, long long>, std::pair<long long, long long>>> rects;
+      std::vector<std::pair<std::pair<B, B>, std::pair<B, B>>> rects;
       for (size_t e = 0; e < i; ++e) {
         const auto& x = cells[e];
         if (x["op"] == c["op"] && x["backend"] == c["backend"] && (x["arch"] == "*" || x["arch"] == c["arch"]) &&
             (x["qtype"] == "*" || x["qtype"] == c["qtype"]) && (x["dtype"] == "*" || x["dtype"] == dt))
           rects.push_back({lo_hi(x["rows"]), lo_hi(x["cols"])});
       }
-      std::vector<long long> xs{r0, r1 + 1}, ys{c0, c1 + 1};
+      std::vector<B> xs{r0, r1 + 1}, ys{c0, c1 + 1};
       for (const auto& [rr, cc] : rects) {
-        for (long long v : {rr.first, rr.second + 1}) if (v > r0 && v <= r1) xs.push_back(v);
-        for (long long v : {cc.first, cc.second + 1}) if (v > c0 && v <= c1) ys.push_back(v);
+        for (B v : {rr.first, B(rr.second + 1)}) if (v > r0 && v <= r1) xs.push_back(v);
+        for (B v : {cc.first, B(cc.second + 1)}) if (v > c0 && v <= c1) ys.push_back(v);
       }
       std::sort(xs.begin(), xs.end());
       std::sort(ys.begin(), ys.end());

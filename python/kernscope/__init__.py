@@ -42,7 +42,7 @@ from ._errors import (
 )
 from . import _errors
 from ._frameworks import canonical_dtype
-from ._ops import _qtype
+from ._ops import _integer, _qtype
 from ._ops import (
     BACKENDS,
     OPS,
@@ -108,7 +108,7 @@ def _shape_cols(op: str, cols: _t.Any) -> int:
         for p in parts:
             n *= int(p)
         return n
-    return int(cols)
+    return _integer("which", "cols", cols)
 
 
 def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Optional[int] = None,
@@ -151,7 +151,13 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
     dt = canonical_dtype(dtype, "which: dtype") + ("" if qtype is None else ":" + QType(_qtype("which", qtype)).name.lower())
     try:
         if rows is not None:
-            return tuple(_C.which_shape(op, dt, _device_code(device), int(rows), _shape_cols(op, cols)))  # type: ignore
+            # (integers only, as the ops' arguments: int(1.5) and int(True) would pass; past int64: named)
+            r = _integer("which", "rows", rows)
+            c = _shape_cols(op, cols)
+            for name, v in (("rows", r), ("cols", c)):
+                if v >= 2 ** 63:
+                    raise InvalidArgumentError(f"which: {name} must be < 2^63; got {v}")
+            return tuple(_C.which_shape(op, dt, _device_code(device), r, c))  # type: ignore
         return tuple(_C.which(op, dt, _device_code(device)))  # type: ignore[return-value]
     except InvalidArgumentError as e:
         if qtype is not None and "block format after ':'" in str(e):  # (the C ABI's words are about its dtype string)

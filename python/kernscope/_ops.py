@@ -232,6 +232,8 @@ def _real(op: str, name: str, v: Any) -> float:
         raise TypeError(f"{op}: {name} must be a number; got {type(v).__name__} {v!r}")
     try:
         return float(v)
+    except OverflowError:  # (an integer past a double's range: infinite, which the op's own check names)
+        return float("inf") if v > 0 else float("-inf")
     except (TypeError, ValueError):
         raise TypeError(f"{op}: {name} must be a number; got {type(v).__name__}") from None
 
@@ -554,7 +556,8 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
     if out is None:
         out = fw.empty(logits, tuple(logits.shape)[:-1], "int64")
     _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature),
-            _integer(op, "top_k", top_k), _real(op, "top_p", top_p), code)
+            # (top_k >= vocab is off: a value past int64 means the same, clamped to fit the C ABI)
+            max(min(_integer(op, "top_k", top_k), 2 ** 63 - 1), -2 ** 63), _real(op, "top_p", top_p), code)
     return out
 
 

@@ -72,8 +72,17 @@ struct ExchangeAPI {  // DLPackExchangeAPI (DLPack 1.2+)
 // Python classes per ks_status_t, installed by kernscope._errors at import.
 std::array<PyObject*, 8> g_error_class{};
 
+// (bytes that are not UTF-8, e.g. a file name from KS_ROUTING_TABLE, become U+FFFD: PyErr_SetString
+// decodes strictly and would raise UnicodeDecodeError instead of the error itself)
 [[noreturn]] void raise(PyObject* cls, const std::string& msg) {
-  PyErr_SetString(cls, msg.c_str());
+  PyObject* text = PyUnicode_DecodeUTF8(msg.data(), Py_ssize_t(msg.size()), "replace");
+  if (text == nullptr) {
+    PyErr_Clear();
+    PyErr_SetString(cls, "(an error whose message could not be decoded)");
+  } else {
+    PyErr_SetObject(cls, text);
+    Py_DECREF(text);
+  }
   throw nb::python_error();
 }
 

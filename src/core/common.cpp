@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -252,8 +253,13 @@ void require_same_dtype(const char* op, const char* arg, const View& v, const ch
 }
 
 std::string num_str(double v) {
+  // the value as passed (std::to_string prints 1e-9 as 0.000000): 9 significant digits, or as
+  // many more as it takes to read back the same double (1 + 2^-52 is not "1")
   char b[40];
-  std::snprintf(b, sizeof b, "%.9g", v);  // the value as passed (std::to_string prints 1e-9 as 0.000000)
+  for (int digits = 9; digits <= 17; ++digits) {
+    std::snprintf(b, sizeof b, "%.*g", digits, v);
+    if (std::strtod(b, nullptr) == v || v != v) break;
+  }
   return b;
 }
 

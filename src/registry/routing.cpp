@@ -39,6 +39,10 @@ void range_field(const nlohmann::json& j, const char* key, const std::string& wh
   const auto& r = j[key];
   if (!r.is_array() || r.size() != 2 || !r[0].is_number_integer() || !(r[1].is_number_integer() || r[1].is_null()))
     bad(where, std::string("\"") + key + "\" must be [min, max] (integers; max may be null)");
+  for (int i = 0; i < 2; ++i)  // (nlohmann keeps integers past 2^63 - 1 unsigned: get<int64_t> would wrap them)
+    if (r[i].is_number_unsigned() && r[i].get<uint64_t>() > uint64_t(INT64_MAX))
+      bad(where, std::string("\"") + key + "\" bounds must be at most 2^63 - 1 (null: unbounded); got " +
+                     std::to_string(r[i].get<uint64_t>()));
   *lo = r[0].get<int64_t>();
   *hi = r[1].is_null() ? INT64_MAX : r[1].get<int64_t>();
   if (*lo < 0 || *hi < *lo) bad(where, std::string("\"") + key + "\" must have 0 <= min <= max");
@@ -58,11 +62,38 @@ bool op_has_block_format(std::string_view op) {
 
 Table parse_table(const std::string& text, const std::string& name) {
   nlohmann::json j;
+  // Duplicate keys: JSON parsers keep the last, which would drop a field without a word (a
+  // misspelt "op" before the right one, a second "cells" array); the first duplicate is named.
+  std::vector<std::vector<std::string>> keys;  // per open object, its keys so far
+  int arrays = 0, cell = -1;                  // (cells: the objects directly inside the root's array)
+  std::string duplicate;
+  auto note = [&](int, nlohmann::json::parse_event_t ev, nlohmann::json& v) {
+    using E = nlohmann::json::parse_event_t;
+    if (ev == E::object_start) {
+      if (keys.size() == 1 && arrays == 1) ++cell;
+      keys.emplace_back();
+    } else if (ev == E::object_end) {
+      keys.pop_back();
+    } else if (ev == E::array_start) {
+      ++arrays;
+    } else if (ev == E::array_end) {
+      --arrays;
+    } else if (ev == E::key && !keys.empty() && duplicate.empty()) {
+      const std::string k = v.get<std::string>();
+      for (const auto& seen : keys.back())
+        if (seen == k) duplicate = (keys.size() == 2 && cell >= 0 ? " cell " + std::to_string(cell) : "") + ": duplicate key \"" + k + "\"";
+      keys.back().push_back(k);
+    }
+    return true;
+  };
   try {
-    j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::parse_error& e) {
+    j = nlohmann::json::parse(text, note);
+  } catch (const nlohmann::json::exception& e) {  // (parse errors, and numbers past a double's range)
     bad(name, std::string("not valid JSON: ") + e.what());
   }
+  if (!duplicate.empty())
+    throw detail::Failure{KS_ERROR_INVALID_ARGUMENT,
+                          "routing: " + name + duplicate + " (JSON keeps only the last: give each field once)"};
   if (!j.is_object()) bad(name, "the document must be an object");
   if (str_field(j, "schema", name) != "kernscope-routing/1")
     bad(name, "\"schema\" must be \"kernscope-routing/1\"");
@@ -71,7 +102,7 @@ Table parse_table(const std::string& text, const std::string& name) {
       bad(name, "unknown key \"" + key + "\" (expected schema, arch, description, cells)");
   const std::string arch = str_field(j, "arch", name);
   {  // "*" or sm_<digits>: a typo must not make a file that silently matches nothing
-    bool ok = arch == "*" || (arch.size() > 3 && arch.compare(0, 3, "sm_") == 0);
+    bool ok = arch == "*" || (arch.size() > 3 && arch.size() <= 7 && arch.compare(0, 3, "sm_") == 0 && arch[3] != '0');
     for (size_t i = 3; ok && arch != "*" && i < arch.size(); ++i) ok = arch[i] >= '0' && arch[i] <= '9';
     if (!ok) bad(name, "\"arch\" must be \"*\" or sm_<compute capability digits> (e.g. sm_90); got \"" + arch + "\"");
   }
@@ -94,8 +125,17 @@ Table parse_table(const std::string& text, const std::string& name) {
     c.index = index++;
     c.arch = arch;
     c.op = str_field(cj, "op", where);
+    if (!op_is_known(c.op)) {
+      std::string shown;  // (control characters shown as '?': a NUL would cut the message)
+      for (const char ch : c.op) shown += (unsigned char)ch < 0x20 ? '?' : ch;
+      bad(where, "\"op\": unknown operator '" + shown + "' (ksctl ops lists this build's operators" +
+                     (c.op == "paged_attention_after_append" ? "; it runs paged_attention's cells" : "") + ")");
+    }
     c.backend = str_field(cj, "backend", where);
     if (c.backend != "cpu" && c.backend != "cuda") bad(where, "\"backend\" must be \"cpu\" or \"cuda\"");
+    if (c.backend == "cpu" && arch != "*")
+      bad(where, "a cpu cell in a file for arch " + arch + " can never match (the CPU backend's arch is not a GPU's): "
+                 "put it in a file with \"arch\": \"*\"");
     c.dtype = cj.contains("dtype") ? str_field(cj, "dtype", where) : "*";
     if (c.dtype != "*" && c.dtype != "fp16" && c.dtype != "bf16" && c.dtype != "fp32")
       bad(where, "\"dtype\" must be \"fp16\", \"bf16\", \"fp32\" or \"*\"");
@@ -139,14 +179,6 @@ const Cell* find_cell(const Table& t, std::string_view op, std::string_view back
 }
 
 namespace {
-// Every cell of t names an operator of this build (else its cell could never match).
-void check_ops(const Table& t) {
-  for (const Cell& c : t.cells)
-    if (!op_is_known(c.op))
-      bad(c.table + " cell " + std::to_string(c.index),
-          "\"op\": unknown operator '" + c.op + "' (ksctl ops lists this build's operators)");
-}
-
 Table load_active_table() {
   Table table;
   if (const char* env = std::getenv("KS_ROUTING_TABLE"); env && *env) {
@@ -161,12 +193,15 @@ Table load_active_table() {
       if (path.empty()) continue;
       std::error_code ec;
       if (std::filesystem::is_directory(path, ec)) bad(path, "KS_ROUTING_TABLE names a directory; it takes files (':'-separated)");
+      if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+        bad(path, "KS_ROUTING_TABLE names something that is not a regular file (a device or a pipe)");
+      if (std::filesystem::is_regular_file(path, ec) && std::filesystem::file_size(path, ec) > (16u << 20))
+        bad(path, "the routing table is larger than 16 MiB (a table is a few KB of cells)");
       std::ifstream f(path);
       if (!f) bad(path, "KS_ROUTING_TABLE names a file that cannot be read");
       std::stringstream ss;
       ss << f.rdbuf();
       Table t = parse_table(ss.str(), path);
-      check_ops(t);
       table.files.insert(table.files.end(), t.files.begin(), t.files.end());
       for (auto& c : t.cells) table.cells.push_back(std::move(c));
     }
@@ -176,10 +211,7 @@ Table load_active_table() {
   {
     // Arch-specific files first, the generic ("*") one last: the first matching cell wins.
     std::vector<Table> parts;
-    for (const auto& [name, text] : embedded_routing_tables()) {
-      parts.push_back(parse_table(text, name));
-      check_ops(parts.back());
-    }
+    for (const auto& [name, text] : embedded_routing_tables()) parts.push_back(parse_table(text, name));
     std::stable_sort(parts.begin(), parts.end(), [](const Table& a, const Table& b) {
       const bool ga = !a.cells.empty() && a.cells[0].arch == "*", gb = !b.cells.empty() && b.cells[0].arch == "*";
       return ga < gb;

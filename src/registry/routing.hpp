@@ -77,9 +77,9 @@ inline bool shape_unbounded(const Cell& c) {
 const Cell* find_cell(const Table& t, std::string_view op, std::string_view backend, std::string_view arch,
                       std::string_view dtype, int64_t rows, int64_t cols, bool any_rows = false,
                       std::string_view qtype = "");
-// The active table: KS_ROUTING_TABLE's file when set, else the compiled-in files. Parsed once;
-// a cell whose op is not an operator of this build (op_is_known) fails the load, naming it (a
-// misspelt op would otherwise never match, and its cell be ignored without a word).
+// The active table: KS_ROUTING_TABLE's file when set, else the compiled-in files. Parsed once
+// (parse_table: a cell whose op is not an operator of this build, op_is_known, fails the load,
+// naming it: a misspelt op would otherwise never match, and its cell be ignored without a word).
 const Table& active_table();
 // Whether op is an operator of this build: a variant of it is registered (registry.cpp; a test
 // that compiles this file alone defines its own).

@@ -114,6 +114,25 @@ def test_routing_table_with_a_misspelt_op_fails_to_load(tmp_path):
     assert "CALL rms_norm: routing: " in r.stdout, r.stdout + r.stderr
 
 
+def test_routing_table_errors_name_the_file_even_when_it_is_not_utf8(tmp_path):
+    # a KS_ROUTING_TABLE path that is not UTF-8 (the error names it with U+FFFD for its bad bytes:
+    # strict decoding raised UnicodeDecodeError from every op) and a duplicate key (JSON keeps
+    # the last: a misspelt first "op" vanished without a word)
+    dup = tmp_path / "dup.json"
+    dup.write_text('{"schema": "kernscope-routing/1", "arch": "*", "cells": ['
+                   '{"op": "rmsnorm", "op": "rms_norm", "backend": "cpu", "order": ["cpu_reference"], '
+                   '"basis": "heuristic", "why": "w"}]}')
+    code = ("import numpy as np, kernscope as ks\n"
+            "try:\n    ks.argmax(np.zeros((2, 3), np.float32))\nexcept ValueError as e:\n    print('ERR', e)\n")
+    bad_path = os.fsencode(str(tmp_path)) + b"/bad\xffname.json"
+    for table, want in ((bad_path, "bad\ufffdname.json: KS_ROUTING_TABLE names a file that cannot be read"),
+                        (os.fsencode(str(dup)), "dup.json cell 0: duplicate key \"op\"")):
+        env = {**os.environb, b"KS_ROUTING_TABLE": table}
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
+        out = r.stdout.decode("utf-8", "replace")
+        assert "ERR argmax: routing: " in out and want in out, out + r.stderr.decode("utf-8", "replace")
+
+
 def test_which_takes_the_weights_block_format(tmp_path):
     # with tests/data/routing_quant_qtype.json (the reference first for Q4_1 weights at M = 3,
     # N x K = 19 x 4096): the bound cell decides for qtype="q4_1" only; every cell lists its qtype
@@ -235,6 +254,16 @@ def test_which_for_a_shape_uses_that_shapes_cell(tmp_path):
     for bad in ("576x", "x576", "576x576x2", "-5", "abc", "576 x 576", " 576", "5\u00b2"):
         with pytest.raises(ValueError, match="cols must be a non-negative integer or 'NxK'"):
             ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=bad)
+    # integers only (int(1.5) and int(True) passed before), and within int64, named
+    for bad in (1.5, True):
+        with pytest.raises(TypeError, match="which: rows must be an integer"):
+            ks.which("quant_matmul", "fp32", "cpu", rows=bad, cols=5)
+    with pytest.raises(TypeError, match="which: cols must be an integer"):
+        ks.which("quant_matmul", "fp32", "cpu", rows=1, cols=2.5)
+    with pytest.raises(ValueError, match=r"which: rows must be < 2\^63"):
+        ks.which("quant_matmul", "fp32", "cpu", rows=2 ** 63, cols=5)
+    with pytest.raises(ValueError, match=r"which: cols must be < 2\^63"):
+        ks.which("quant_matmul", "fp32", "cpu", rows=1, cols="99999999999x99999999999")
 
 
 def test_backend_available():

@@ -1147,6 +1147,15 @@ def test_scalar_arguments_are_typed(rng):
         args[kw] = bad
         with pytest.raises(TypeError, match=f"sample: {kw} must be {what}"):
             ks.sample(x, so, **args)
+    # past the C ABI's int64 / a double's range (a second adversarial review): top_k past int64 is
+    # "off" as any top_k >= vocab; an integer temperature past a double's range is named by the
+    # op's own check (it raised a raw OverflowError); top_p's message shows the double as given
+    assert np.array_equal(ks.sample(x, so, 0.5, 2 ** 63, 0.5), ks.sample(x, so, 0.5, 0, 0.5))
+    assert np.array_equal(ks.sample(x, so, 0.5, np.uint64(2 ** 64 - 1), 0.5), ks.sample(x, so, 0.5, 0, 0.5))
+    with pytest.raises(ValueError, match="sample: temperature"):
+        ks.sample(x, so, 10 ** 400, 3, 0.5)
+    with pytest.raises(ValueError, match=r"sample: top_p .*got 1\.0000000000000002"):
+        ks.sample(x, so, 0.5, 3, float(np.nextafter(1.0, 2.0)))
     q = rand(rng, (3, 2, 16), "fp32")
     pos = np.array([1, 2, 3], np.int32)
     with pytest.raises(TypeError, match="rotary_embedding: theta must be a number"):
