@@ -200,6 +200,14 @@ _OUT_RULES = {
 }
 
 
+def _out_float_dtype(out: Any) -> Any:
+    """out's torch dtype where it is one kernscope writes floats in (fp16, bf16, fp32); else None
+    (no out, or another dtype, which _finish's check then names)."""
+    dt = getattr(out, "dtype", None)
+    import torch  # (only reached on the torch path)
+    return dt if dt in (torch.float16, torch.bfloat16, torch.float32) else None
+
+
 def _finish(op: str, y: Any, out: Any) -> Any:
     """The torch path's result, or out filled with it: out must be a contiguous tensor of the
     result's shape, dtype and device (as the native backends require; copy_ alone would broadcast
@@ -592,6 +600,8 @@ def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None
     name = None if dtype is None else _float_dtype(op, dtype)
     if fw.is_torch and _torch_route(op, code, backend, ("table",), (table,)):
         tdt = None if name is None else fw.dtype(table, name)
+        if tdt is None and fmt not in (None, 0):  # (a packed table: out's dtype decides, as natively)
+            tdt = _out_float_dtype(out)
         return _finish(op, _ref().embedding(ids, table, fmt, tdt), out)
     if code == _TORCH:
         raise _not_torch(op, table)
@@ -639,7 +649,8 @@ def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp
     fw = _fw(op, "packed", packed)
     name = _float_dtype(op, dtype)
     if fw.is_torch and _torch_route(op, code, backend, (), ()):
-        return _finish(op, _ref().dequantize(packed, q, fw.dtype(packed, name)), out)
+        # (out given: its dtype is the output's, as natively)
+        return _finish(op, _ref().dequantize(packed, q, _out_float_dtype(out) or fw.dtype(packed, name)), out)
     if code == _TORCH:
         raise _not_torch(op, packed)
     if out is None:

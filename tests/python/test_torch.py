@@ -273,6 +273,21 @@ def test_linear_ops_torch_path_zero_rows_and_out_checks():
         _assert_errors_match_native(cases)
 
 
+def test_torch_path_out_dtype_decides_for_packed_outputs():
+    # dequantize and embedding of packed blocks write in out's dtype when out is given (the
+    # native rule): the torch path computes in it, so _finish's out check accepts it
+    packed = torch.from_numpy(make_packed(np.random.default_rng(8), 6, 64, 6))
+    ids = torch.tensor([[1, 5], [0, 2]])
+    for dt in DTYPES:
+        for backend in ("cpu", "torch"):
+            o = torch.full((6, 64), 7.0, dtype=TORCH[dt])
+            assert ks.dequantize(packed, "q8_0", out=o, backend=backend) is o
+            assert _same_bits(o, ks.dequantize(packed, "q8_0", dtype=dt, backend="cpu")), (dt, backend)
+            e = torch.full((2, 2, 64), 7.0, dtype=TORCH[dt])
+            assert ks.embedding(ids, packed, table_format="q8_0", out=e, backend=backend) is e
+            assert _same_bits(e, ks.embedding(ids, packed, table_format="q8_0", dtype=dt, backend="cpu")), (dt, backend)
+
+
 def test_quant_matmul_a8_autograd_routes_to_reference():
     x = trand((2, 64), "fp32").requires_grad_()
     w = torch.from_numpy(make_packed(np.random.default_rng(0), 3, 64, 4))
