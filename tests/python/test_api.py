@@ -107,11 +107,18 @@ def test_routing_table_with_a_misspelt_op_fails_to_load(tmp_path):
             "try:\n    ks.routing_table()\nexcept ValueError as e:\n    print('ERR', e)\n"
             "try:\n    ks.rms_norm(np.ones((2, 8), np.float32), np.ones(8, np.float32))\n"
             "except ValueError as e:\n    print('CALL', e)\n")
-    r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KS_ROUTING_TABLE": str(bad)},
-                       capture_output=True, text=True, timeout=120)
-    assert "ERR routing_table: routing: " in r.stdout, r.stdout + r.stderr
-    assert "misspelt.json cell 1: \"op\": unknown operator 'rmsnorm'" in r.stdout, r.stdout + r.stderr
-    assert "CALL rms_norm: routing: " in r.stdout, r.stdout + r.stderr
+    out = _python_with_routing_table(os.fsencode(str(bad)), code)
+    assert "ERR routing_table: routing: " in out, out
+    assert "misspelt.json cell 1: \"op\": unknown operator 'rmsnorm'" in out, out
+    assert "CALL rms_norm: routing: " in out, out
+
+
+def _python_with_routing_table(table: bytes, code: str) -> str:
+    """code run by a fresh interpreter with KS_ROUTING_TABLE=table (bytes: any path); its stdout
+    and stderr, decoded with U+FFFD for bytes that are not UTF-8."""
+    r = subprocess.run([sys.executable, "-c", code], env={**os.environb, b"KS_ROUTING_TABLE": table},
+                       capture_output=True, timeout=120)
+    return (r.stdout + r.stderr).decode("utf-8", "replace")
 
 
 def test_routing_table_errors_name_the_file_even_when_it_is_not_utf8(tmp_path):
@@ -127,10 +134,8 @@ def test_routing_table_errors_name_the_file_even_when_it_is_not_utf8(tmp_path):
     bad_path = os.fsencode(str(tmp_path)) + b"/bad\xffname.json"
     for table, want in ((bad_path, "bad\ufffdname.json: KS_ROUTING_TABLE names a file that cannot be read"),
                         (os.fsencode(str(dup)), "dup.json cell 0: duplicate key \"op\"")):
-        env = {**os.environb, b"KS_ROUTING_TABLE": table}
-        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, timeout=120)
-        out = r.stdout.decode("utf-8", "replace")
-        assert "ERR argmax: routing: " in out and want in out, out + r.stderr.decode("utf-8", "replace")
+        out = _python_with_routing_table(table, code)
+        assert "ERR argmax: routing: " in out and want in out, out
 
 
 def test_which_takes_the_weights_block_format(tmp_path):
