@@ -272,13 +272,10 @@ def _check_layout_first(op: str, arg: str, x: Any) -> None:
         strides = tuple(int(v) // int(x.itemsize) for v in x.strides)
     else:
         return  # (the native check still runs)
-    shape = tuple(int(d) for d in x.shape)
-
-    def text(t: Sequence[int]) -> str:
-        return "(" + ", ".join(str(v) for v in t) + ("," if len(t) == 1 else "") + ")"
+    shape = tuple(int(d) for d in x.shape)  # (a tuple's repr is the native shape text: "(5,)", "(2, 3)")
     broadcast = any(st == 0 and n > 1 for st, n in zip(strides, shape))
     raise InvalidArgumentError(
-        f"{op}: {arg} must be contiguous (row-major); got shape {text(shape)} strides {text(strides)}"
+        f"{op}: {arg} must be contiguous (row-major); got shape {shape} strides {strides}"
         + ("; a stride of 0 is a broadcast (expanded) view" if broadcast else "")
         + ": copy it to a contiguous tensor first")
 
@@ -289,8 +286,7 @@ def _check_ndim_first(op: str, arg: str, t: Any, ndim: int) -> None:
     allocated)."""
     shape = tuple(int(d) for d in t.shape)
     if len(shape) != ndim:
-        text = "(" + ", ".join(str(v) for v in shape) + ("," if len(shape) == 1 else "") + ")"
-        raise InvalidArgumentError(f"{op}: {arg} must have {ndim} dims; got shape {text}")
+        raise InvalidArgumentError(f"{op}: {arg} must have {ndim} dims; got shape {shape}")
 
 
 def _check_rows(op: str, arg: str, shape: Sequence[int], q: int) -> None:

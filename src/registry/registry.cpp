@@ -91,7 +91,6 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
                      std::string_view qtype) {
   Choice c;
   std::string skipped;
-  bool op_known = false;
   // A routing cell that covers every shape for this arch and dtype orders the variants for
   // every call, so it orders them here too (cells bounded by shape: ks_which lists them).
   // With a shape: the cell a call of that shape would use.
@@ -106,7 +105,6 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
       if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) &&
           qtype_matches(x, qtype) && shape_unbounded(x))
         cell = &x;
-  for (const Variant& v : all()) op_known = op_known || std::strcmp(v.op, op) == 0;
   c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {
     const std::string why = why_not_static(v, dtype);
     if (!why.empty()) skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
@@ -123,7 +121,7 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
     if (!skipped.empty()) c.reason += "; skipped " + skipped;
     return c;
   }
-  if (!op_known)
+  if (!op_is_known(op))
     detail::fail(KS_ERROR_INVALID_ARGUMENT, "which",
                  "op: unknown operator '" + std::string(op) + "' (ksctl ops lists this build's operators)");
   c.reason = skipped;

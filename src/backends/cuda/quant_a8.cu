@@ -30,7 +30,6 @@
 #include <cfloat>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/launch_rules.hpp"
@@ -559,40 +558,6 @@ int64_t a8_stage_target(ks_qtype_t q) {
   static const long long kb = env_number("KS_QMM_A8_STAGE_KB", 0);
   return int64_t(kb > 0 ? kb : q == KS_QTYPE_Q8_0 ? 32 : 64) * 1024;
 }
-// rows per warp step of cuda_a8_bulk_stream: the plan's (a8_bulk_plan), or KS_QMM_A8_BULK_ROWS=2 / 4
-// (a measurement)
-int a8_bulk_forced_rows() {
-  static const int r = [] {
-    const long long v = env_number("KS_QMM_A8_BULK_ROWS", 0);
-    return v == 2 || v == 4 ? int(v) : 0;
-  }();
-  return r;
-}
-// f(kernel) with the bulk kernel of the call's x type and format at R rows per warp step (2 or 4)
-template <typename F>
-void with_a8_bulk_kernel(const ops::QuantMatmulArgs& a, int R, F&& f) {
-  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-    using T = decltype(tag);
-    constexpr ks_qtype_t Q = decltype(q)::value;
-    using K = void (*)(A8BulkParams);
-    if (R == 4)
-      f(std::integral_constant<K, quant_gemv_a8_bulk_kernel<T, Q, 4>>{});
-    else
-      f(std::integral_constant<K, quant_gemv_a8_bulk_kernel<T, Q, 2>>{});
-  });
-}
-BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
-  const int dev = a.x.device.device_id;
-  // (both forms' limits: the plan's rows per step is known after it)
-  int64_t limit = 0;
-  for (const int R : {2, 4})
-    with_a8_bulk_kernel(a, R, [&](auto kern) {
-      const int64_t l = opt_in_smem_limit<decltype(kern)::value>(dev, "quant_matmul_a8");
-      limit = limit == 0 ? l : std::min(limit, l);
-    });
-  return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
-                      int64_t(sizeof(A8X)), int64_t(q_block_bytes(a.qtype)), a8_bulk_forced_rows());
-}
 // A list of kernels sharing one parameter type: the smallest dynamic shared memory limit, the
 // largest static bytes, and (KS_QMM_A8_RES_CARVEOUT=n, a measurement) every kernel's preferred
 // shared-memory carveout set to n percent once per device.
@@ -612,6 +577,27 @@ struct A8KernelList {
     });
   }
 };
+// rows per warp step of cuda_a8_bulk_stream: the plan's (a8_bulk_plan), or KS_QMM_A8_BULK_ROWS=2 / 4
+// (a measurement)
+int a8_bulk_forced_rows() {
+  static const int r = [] {
+    const long long v = env_number("KS_QMM_A8_BULK_ROWS", 0);
+    return v == 2 || v == 4 ? int(v) : 0;
+  }();
+  return r;
+}
+BulkPlan a8_bulk_plan_for(const ops::QuantMatmulArgs& a) {
+  const int dev = a.x.device.device_id;
+  // (both forms' limit: the plan's rows per step is known after it)
+  int64_t limit = 0;
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    limit = A8KernelList<quant_gemv_a8_bulk_kernel<T, Q, 2>, quant_gemv_a8_bulk_kernel<T, Q, 4>>::min_limit(dev);
+  });
+  return a8_bulk_plan(a.n, a.k, a.row_bytes, device_props(dev).sm_count, limit, a8_stage_target(a.qtype),
+                      int64_t(sizeof(A8X)), int64_t(q_block_bytes(a.qtype)), a8_bulk_forced_rows());
+}
 
 // cuda_a8_resident's forms for x of T and weights of Q: (bulk copies, padded rows, rows per warp
 // step). The smallest dynamic shared memory limit and the largest static bytes over the forms a
@@ -753,9 +739,12 @@ void quant_matmul_a8_bulk_cuda(const void* args, ks_stream_t stream) {
                        plan.rps, plan.slot_bytes, plan.slots, qmm_stage_weights_enabled(), bulk_chunk_bytes(kA8ChunkBytes),
                        a8_x_vec(a.x.data)};
   const auto s = static_cast<cudaStream_t>(stream);
-  with_a8_bulk_kernel(a, plan.group, [&](auto kern) {
-    launch_kernel("quant_matmul_a8", decltype(kern)::value, dim3(plan.grid), dim3(kA8BulkThreads), plan.smem, s, 1,
-                  device_props(dev).pdl, p);
+  with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
+    using T = decltype(tag);
+    constexpr ks_qtype_t Q = decltype(q)::value;
+    // (rows per warp step: the plan's, 4 or 2)
+    launch_kernel("quant_matmul_a8", plan.group == 4 ? quant_gemv_a8_bulk_kernel<T, Q, 4> : quant_gemv_a8_bulk_kernel<T, Q, 2>,
+                  dim3(plan.grid), dim3(kA8BulkThreads), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
