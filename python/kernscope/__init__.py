@@ -132,10 +132,10 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
             skips them.
 
     Raises:
-        ValueError: an unknown op or device; only one of rows and cols; a negative one; cols
-            neither an integer nor "NxK"; an unknown qtype, or one given for an op without packed
-            weights; a block format given both in dtype and as qtype.
-        TypeError: an unsupported dtype.
+        ValueError: an unknown op or device; only one of rows and cols; a negative one, or one
+            of 2^63 or more; cols a string that is not "NxK"; an unknown qtype, or one given for an
+            op without packed weights; a block format given both in dtype and as qtype.
+        TypeError: an unsupported dtype; rows or cols not an integer (a float or bool).
         RuntimeError: the device's backend is not available (e.g. "cuda" without a GPU).
     """
     if not isinstance(op, str):
