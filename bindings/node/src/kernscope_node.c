@@ -512,22 +512,21 @@ static napi_value js_forced_variant(napi_env env, napi_callback_info info) {
   return str_or_null(env, v);
 }
 
-/* A per-op query of the C ABI that returns a static string or NULL (what), as a string or null;
- * what_arg names op in the TypeError of a non-string. */
-static napi_value op_query(napi_env env, napi_callback_info info, const char* what_arg,
-                           const char* (*what)(const char*)) {
+static napi_value js_op_runs_variants_of(napi_env env, napi_callback_info info) {
   ARGS(1);
-  char* op = get_string(env, argv[0], what_arg);
+  char* op = get_string(env, argv[0], "opRunsVariantsOf: op");
   if (op == NULL) return NULL;
-  const char* v = what(op);
+  const char* v = ks_op_runs_variants_of(op);
   free(op);
   return str_or_null(env, v);
 }
-static napi_value js_op_runs_variants_of(napi_env env, napi_callback_info info) {
-  return op_query(env, info, "opRunsVariantsOf: op", ks_op_runs_variants_of);
-}
 static napi_value js_op_cols_factors(napi_env env, napi_callback_info info) {
-  return op_query(env, info, "opColsFactors: op", ks_op_cols_factors);
+  ARGS(1);
+  char* op = get_string(env, argv[0], "opColsFactors: op");
+  if (op == NULL) return NULL;
+  const char* v = ks_op_cols_factors(op);
+  free(op);
+  return str_or_null(env, v);
 }
 
 static napi_value js_last_launch_config(napi_env env, napi_callback_info info) {
