@@ -834,13 +834,228 @@ TEST(Cuda, QuantMatmulBlockFormats) {
       }
 }
 
+// ---- dense weights (F32, F16, BF16) on CUDA ---------------------------------------------------
+namespace {
+const std::vector<ks_qtype_t> kDenseQ = {KS_QTYPE_F32, KS_QTYPE_F16, KS_QTYPE_BF16};
+
+std::string dense_trace(DType dt, ks_qtype_t q, int64_t M, int64_t N, int64_t K) {
+  return std::string(ks::dtype_name(dt)) + " weights " + kstest::gguf::qfmt(q).name + " M=" + std::to_string(M) +
+         " N=" + std::to_string(N) + " K=" + std::to_string(K);
+}
+
+// Every element of `got` [M, N] against the FP64 dot product of x [M, K] and the decoded
+// weights wd [N, K]: a sum of K products, each and every partial sum rounded in FP32, is within
+// (K + 1) u sum |x w| of the exact value (u = 2^-24, the worst case, whatever the order), then the
+// output's rounding (half an ulp of the dtype, relative) and its subnormal spacing.
+int count_outside_fp64_bound(const Buf& got, const Buf& x, const std::vector<double>& wd, int64_t M, int64_t N,
+                             int64_t K) {
+  const DType dt = got.dtype;
+  const double half_ulp = dt == DType::BF16 ? 0x1p-9 : dt == DType::F16 ? 0x1p-12 : 0x1p-25;
+  int bad = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double acc = 0, mag = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = x.get(m * K + k) * wd[size_t(n * K + k)];
+        acc += p;
+        mag += std::abs(p);
+      }
+      const double err = double(K + 1) * 0x1p-24 * mag;
+      const double lim = err + half_ulp * (std::abs(acc) + err) + (dt == DType::F32 ? 1e-38 : 1e-7);
+      const double g = got.get(m * N + n);
+      if (!(std::abs(g - acc) <= lim) && bad++ < 5)
+        ADD_FAILURE() << "row " << m << " column " << n << ": " << g << " vs FP64 " << acc << " (bound " << lim << ")";
+    }
+  return bad;
+}
+}  // namespace
+
+// quant_matmul with dense weights on CUDA (cuda_warp_per_column's dense kernel, the only CUDA
+// variant that takes them): every x dtype and weight format; K odd (element-wise path), a
+// multiple of 8 but not 32, of 32, and a row of 131,075 values; M = 0 (nothing written), 1, 5,
+// 9 (row chunks of 4 and a tail); the weights aligned (16-byte chunks), offset by 2 bytes and
+// by 1 (element-wise, byte loads), x aligned and offset by one element. Each element within the
+// FP64 bound, the rows of M byte-equal to one-row calls (a row does not depend on M), and the
+// launch reports which path ran.
+TEST(Cuda, QuantMatmulDenseWeights) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : kDenseQ)
+      for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
+               {1, 576, 576}, {5, 37, 7}, {9, 130, 1544}, {4, 33, 4096}, {1, 3, 131075}, {0, 5, 64}})
+        for (size_t woff : {size_t(0), size_t(2), size_t(1)}) {
+          if (K > 100000 && woff != 0) continue;  // (the long row: once)
+          SCOPED_TRACE(dense_trace(dt, q, M, N, K) + " weight offset " + std::to_string(woff));
+          Buf x(dt, {M, K}), got(dt, {M, N}), one(dt, {1, N});
+          kstest::fill_normal(x);
+          Buf w = make_packed(q, N, K);
+          const size_t xoff = woff == 1 ? ks::dtype_size(dt) : 0;
+          DBuf dx(dt, {M, K}, xoff), dw(DType::U8, w.shape, woff), dout(dt, {M, N}), done(dt, {1, N});
+          dx.upload(x);
+          dw.upload(w);
+          dout.poison();
+          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          const std::string cfg = ks_last_launch_config("quant_matmul");
+          CK(cudaDeviceSynchronize());
+          dout.download(got);
+          if (M == 0) continue;
+          EXPECT_NE(cfg.find("dense_warp_per_column"), std::string::npos) << cfg;
+          const bool vec = woff == 0 && K % 8 == 0;
+          EXPECT_NE(cfg.find(vec ? "vector_loads=1" : "vector_loads=0"), std::string::npos) << cfg;
+          EXPECT_EQ(count_outside_fp64_bound(got, x, decode_all(q, w, K), M, N, K), 0);
+          const size_t row = size_t(N) * ks::dtype_size(dt);
+          for (int64_t r : {int64_t(0), M - 1}) {
+            done.poison();
+            ks::quant_matmul(done.view(), dx.view().slice(r, 1), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            done.download(one);
+            EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(got.data()) + size_t(r) * row, row))
+                << "row " << r << " of M differs from a one-row call";
+          }
+        }
+}
+
+// Dense weights, hostile values: a NaN in x reaches exactly its row, an infinite weight exactly its
+// column (±inf or NaN), a row of M = 0 writes nothing, and the block-format-only variants refuse
+// dense weights when pinned, naming the limit, while the default takes them.
+TEST(Cuda, QuantMatmulDenseWeightsNonFiniteAndRefusals) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : kDenseQ) {
+      SCOPED_TRACE(dense_trace(dt, q, 3, 40, 264));
+      const int64_t M = 3, N = 40, K = 264;
+      Buf x(dt, {M, K}), got(dt, {M, N});
+      kstest::fill_normal(x);
+      x.set(1 * K + 100, std::numeric_limits<double>::quiet_NaN());
+      Buf w = make_packed(q, N, K);
+      // weight (column 7, element 5) = +inf in the format's bits
+      uint8_t* w7 = static_cast<uint8_t*>(w.data()) + 7 * w.shape[1];
+      if (q == KS_QTYPE_F32) {
+        const float inf = std::numeric_limits<float>::infinity();
+        std::memcpy(w7 + 4 * 5, &inf, 4);
+      } else {
+        put16(w7 + 2 * 5, q == KS_QTYPE_F16 ? uint16_t(0x7C00) : uint16_t(0x7F80));
+      }
+      DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
+      dx.upload(x);
+      dw.upload(w);
+      dout.poison();
+      ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t n = 0; n < N; ++n) {
+          const double g = got.get(m * N + n);
+          if (m == 1)
+            EXPECT_TRUE(std::isnan(g)) << "row 1 (NaN x), column " << n << ": " << g;
+          else if (n == 7)
+            EXPECT_FALSE(std::isfinite(g)) << "row " << m << ", column 7 (an infinite weight): " << g;
+          else
+            EXPECT_TRUE(std::isfinite(g)) << "row " << m << ", column " << n << ": " << g;
+        }
+      for (const char* variant : {"cuda_bulk_stream", "cuda_mma_rows", "cuda_staged_x", "cuda_warp_per_column_m16"}) {
+        kstest::ScopedVariant pin("quant_matmul", variant);
+        ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+        try {
+          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          ADD_FAILURE() << variant << " took dense weights";
+        } catch (const ks::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("only the GGUF block formats"), std::string::npos) << e.what();
+        }
+      }
+    }
+}
+
+// The two fusions with dense weights (their default variants run dense_matmul_kernel's
+// prologues): fused_add_rms_norm_quant_matmul against the CPU (with and without x;
+// residual_out byte-equal to the CPU's), its rows of M = 9 byte-equal to one-row calls;
+// silu_and_mul_quant_matmul bit for bit silu_and_mul then quant_matmul on CUDA, and within
+// the CPU's bound. K = 576 (16-byte chunks) and K = 100 (element-wise), inputs aligned and
+// offset by one element.
+TEST(Cuda, QuantMatmulFusionsDenseWeights) {
+  NEED_GPU();
+  using namespace kstest::gguf;
+  const ks::TensorView none;
+  for (DType dt : kstest::float_dtypes())
+    for (ks_qtype_t q : kDenseQ)
+      for (int64_t K : {int64_t(576), int64_t(100)})
+        for (size_t off : {size_t(0), size_t(1)}) {
+          const int64_t M = 9, N = 70;
+          SCOPED_TRACE(dense_trace(dt, q, M, N, K) + " offset " + std::to_string(off));
+          const size_t eo = off ? ks::dtype_size(dt) : 0, es = ks::dtype_size(dt);
+          Buf w = make_packed(q, N, K);
+          DBuf dw(DType::U8, w.shape, off);
+          dw.upload(w);
+          for (bool with_x : {true, false}) {
+            SCOPED_TRACE(with_x ? "norm with x" : "norm, residual only");
+            Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), ref(dt, {M, N}), ref_ro(dt, {M, K}), got(dt, {M, N}),
+                got_ro(dt, {M, K}), one(dt, {1, N});
+            kstest::fill_normal(res);
+            kstest::fill_normal(x);
+            kstest::fill_normal(nw, 1.0, 1.0);
+            ks::fused_add_rms_norm_quant_matmul(ref.view(), with_x ? ref_ro.view() : none, with_x ? x.view() : none,
+                                                res.view(), nw.view(), 1e-5, w.view(), static_cast<ks::QType>(q),
+                                                ks::Backend::Cpu);
+            DBuf dres(dt, {M, K}, eo), dx(dt, {M, K}, eo), dnw(dt, {K}, eo), dout(dt, {M, N}, eo), dro(dt, {M, K}, eo),
+                done(dt, {1, N});
+            dres.upload(res);
+            dx.upload(x);
+            dnw.upload(nw);
+            dout.poison();
+            dro.poison();
+            ks::fused_add_rms_norm_quant_matmul(dout.view(), with_x ? dro.view() : none, with_x ? dx.view() : none,
+                                                dres.view(), dnw.view(), 1e-5, dw.view(), static_cast<ks::QType>(q),
+                                                ks::Backend::Cuda);
+            EXPECT_NE(std::string(ks_last_launch_config("fused_add_rms_norm_quant_matmul")).find("dense_warp_per_column"),
+                      std::string::npos);
+            CK(cudaDeviceSynchronize());
+            dout.download(got);
+            const double unit = dt == DType::BF16 ? 0x1p-8 : dt == DType::F16 ? 0x1p-11 : 0x1p-24;
+            EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K) + 4 * unit * double(K)));
+            if (with_x) {
+              dro.download(got_ro);
+              EXPECT_EQ(0, std::memcmp(got_ro.data(), ref_ro.data(), ref_ro.nbytes())) << "residual_out";
+            }
+            for (int64_t r : {int64_t(0), int64_t(4), M - 1}) {
+              if (with_x) break;  // (residual only: a row of residual is the whole input)
+              done.poison();
+              ks::fused_add_rms_norm_quant_matmul(done.view(), none, none, dres.view().slice(r, 1), dnw.view(), 1e-5,
+                                                  dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+              CK(cudaDeviceSynchronize());
+              done.download(one);
+              EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(got.data()) + size_t(r * N) * es,
+                                       size_t(N) * es))
+                  << "row " << r << " of M differs from a one-row call";
+            }
+          }
+          // silu_and_mul_quant_matmul
+          Buf gu(dt, {M, 2 * K}), a(dt, {M, N}), b(dt, {M, N}), cpu(dt, {M, N});
+          kstest::fill_normal(gu, 2.0);
+          DBuf dgu(dt, {M, 2 * K}, eo), dh(dt, {M, K}, eo), da(dt, {M, N}, eo), db(dt, {M, N}, eo);
+          dgu.upload(gu);
+          da.poison();
+          db.poison();
+          ks::silu_and_mul_quant_matmul(da.view(), dgu.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          ks::silu_and_mul(dh.view(), dgu.view(), ks::Backend::Cuda);
+          ks::quant_matmul(db.view(), dh.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          CK(cudaDeviceSynchronize());
+          da.download(a);
+          db.download(b);
+          EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << "silu_and_mul_quant_matmul vs the two calls";
+          ks::silu_and_mul_quant_matmul(cpu.view(), gu.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
+          EXPECT_TRUE(close_to_cpu(a, cpu, 16 * std::sqrt(double(K)) * 6e-8 * double(K) * 4)) << "silu vs the CPU";
+        }
+}
+
 // quant_matmul's result for a row does not depend on M where the routing keeps one family of
 // sums: by default below 8 rows (M = 5: the per-column kernels, whose sums are the one-row
 // kernel's, so batched decode of up to 7 sequences equals each sequence alone), and in
 // deterministic mode at any M (M = 9 and 33: from 8 rows sm_90.json routes fp32 to
 // cuda_mma_rows, whose sums are batch-invariant on their own but not the one-row kernel's;
-// deterministic mode's first cell keeps cuda_staged_x). Every row of the batch against the same
-// row alone, bitwise.
+// deterministic mode's first cell keeps cuda_staged_x). Dense F16 / BF16 weights too (the dense
+// kernel, whatever the mode). Every row of the batch against the same row alone, bitwise.
 TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -850,7 +1065,7 @@ TEST(Cuda, QuantMatmulRowDoesNotDependOnM) {
   };
   for (const Mode mode : {Mode{5, false}, Mode{9, true}, Mode{33, true}})
     for (DType dt : kstest::float_dtypes())
-      for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0}) {
+      for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0, KS_QTYPE_F16, KS_QTYPE_BF16}) {
         SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M " +
                      std::to_string(mode.m) + (mode.deterministic ? " deterministic" : " default"));
         struct ModeGuard {  // (the caller's mode restored however the case ends)

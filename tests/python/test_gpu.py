@@ -31,11 +31,6 @@ def need_kernel(op: str, dt: str = "fp32") -> None:
         pytest.skip(f"no CUDA kernel for {op} ({dt}) yet: {e}")
 
 
-# ks_qtype_t codes of the dense weight formats (f32, f16, bf16): quant_matmul and its fusions take
-# them on the CPU only; every CUDA variant refuses them (docs/cuda.md, a known gap)
-DENSE_QTYPES = (1, 2, 3)
-
-
 def has_kernel(op: str, dt: str = "fp32") -> bool:
     try:
         ks.which(op, dt, "cuda")
@@ -190,12 +185,8 @@ def test_model_ops_cuda_vs_cpu(dt):
             close(ks.dequantize(packed.cuda(), name, dtype=dt), ks.dequantize(packed, name, dtype=dt), dt, name)
             ran += 1
         if has_kernel("quant_matmul", dt):
-            xx = trand((5, 128), dt, q)
-            if q in DENSE_QTYPES:  # (no CUDA kernel takes dense weights yet: refused, naming the limit)
-                with pytest.raises(ks.BackendUnavailableError, match="only the GGUF block formats"):
-                    ks.quant_matmul(xx, packed.cuda(), name)
-            else:
-                close(ks.quant_matmul(xx, packed.cuda(), name), ks.quant_matmul(xx.cpu(), packed, name), dt, name)
+            xx = trand((5, 128), dt, q)  # (dense weights too: cuda_warp_per_column's dense kernel)
+            close(ks.quant_matmul(xx, packed.cuda(), name), ks.quant_matmul(xx.cpu(), packed, name), dt, name)
             ran += 1
         if has_kernel("embedding", dt):
             ids = torch.tensor([[3, 0], [15, 3]])
@@ -261,14 +252,7 @@ def test_quant_matmul_fusions_cuda_vs_fp64(dt, m):
     ran = 0
     for q, name in QNAMES.items():
         packed = make_packed(rng, n, k, q)
-        wd, w = ref_dequantize(packed, q), torch.from_numpy(packed).cuda()
-        if q in DENSE_QTYPES:  # (no CUDA kernel takes dense weights yet: refused, naming the limit)
-            x, r, nw = trand((m, k), dt, 1), trand((m, k), dt, 11), trand((k,), dt, 21)
-            for call in (lambda: ks.fused_add_rms_norm_quant_matmul(x, r, nw, w, name),
-                         lambda: ks.silu_and_mul_quant_matmul(trand((m, 2 * k), dt, 31), w, name)):
-                with pytest.raises(ks.BackendUnavailableError, match="only the GGUF block formats"):
-                    call()
-            continue
+        wd, w = ref_dequantize(packed, q), torch.from_numpy(packed).cuda()  # (every format, dense ones too)
         if has_kernel("fused_add_rms_norm_quant_matmul", dt):
             x, r, nw = trand((m, k), dt, 1 + q), trand((m, k), dt, 11 + q), trand((k,), dt, 21 + q)
             out = torch.full((m, n), float("nan"), dtype=TORCH[dt], device="cuda")

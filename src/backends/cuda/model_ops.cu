@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -526,6 +527,116 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
         if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
       }
     }
+  }
+}
+
+// ---- quant_matmul with dense weights (F32, F16, BF16) -------------------------------------
+// cuda_warp_per_column's kernel for the formats with no blocks to decode, quant_matmul's and
+// its two fusions' (prologue P). A warp owns output column n (n, n + W, ... for the grid's W
+// warps), rows of x 4 at a time (kDenseRows); lane l takes the chunks l, l + 32, ... of V
+// consecutive elements of w's row n and x's rows (V = 8 where w, every row pointer and K suit
+// 16-byte loads; else V = 1, the weights read byte by byte, so any K and any offset), adds each
+// product to its row's FP32 sum in k order, then the lanes are summed by the butterfly. The
+// fused prologues are quant_matmul_kernel's (row_squares over the warp's lanes, then
+// prologue): a row's value depends on K and V alone, never on M (batch-invariant), and
+// silu_and_mul_quant_matmul is bit for bit silu_and_mul then quant_matmul (both run here).
+constexpr int kDenseWarps = 8, kDenseRows = 4;
+
+// The V weights of w's row from element k0 as floats (WB: bytes per weight, 4 = F32; 2 = F16,
+// or BF16 when bf16). V = 8: 16-byte aligned loads; V = 1: byte loads (any alignment).
+template <int WB, int V>
+__device__ __forceinline__ void dense_weights(const uint8_t* row, int64_t k0, bool bf16, float* w) {
+  auto half_value = [bf16](uint32_t bits) {  // bits: the 16 bits of one weight, in the low half
+    return bf16 ? __uint_as_float(bits << 16) : h2f_bits(uint16_t(bits));
+  };
+  if constexpr (V == 1) {
+    if constexpr (WB == 4) {
+      memcpy(w, row + 4 * k0, 4);  // (from a byte pointer: byte loads)
+    } else {
+      w[0] = half_value(rd16(row + 2 * k0));
+    }
+  } else {
+    static_assert(V == 8, "chunks of 8 weights: 16 or 32 bytes");
+    const uint4* src = reinterpret_cast<const uint4*>(row + int64_t(WB) * k0);
+#pragma unroll
+    for (int i = 0; i < WB / 2; ++i) {
+      const uint4 u = src[i];
+      const uint32_t words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        if constexpr (WB == 4) {
+          w[4 * i + j] = __uint_as_float(words[j]);
+        } else {
+          w[2 * j] = half_value(words[j] & 0xFFFFu);
+          w[2 * j + 1] = half_value(words[j] >> 16);
+        }
+      }
+    }
+  }
+}
+
+template <typename T, int WB, int V, Pro P>
+__global__ void __launch_bounds__(32 * kDenseWarps) dense_matmul_kernel(const QmmParams p, bool bf16) {
+  pdl_begin();  // (nothing is read before the previous kernel has finished)
+  const int lane = threadIdx.x & 31;
+  const int64_t M = p.M, N = p.N, K = p.K, stride = int64_t(gridDim.x) * kDenseWarps;
+  int64_t n = int64_t(blockIdx.x) * kDenseWarps + (threadIdx.x >> 5);
+  const bool writer = P == Pro::AddNorm && blockIdx.x == 0 && threadIdx.x < 32;  // residual_out (warp 0)
+  if (n >= N && !writer) return;
+  const T* x = static_cast<const T*>(p.x);
+  const T* xa = static_cast<const T*>(p.add);
+  const T* nw = static_cast<const T*>(p.norm_w);
+  T* ro = static_cast<T*>(p.res_out);
+  T* out = static_cast<T*>(p.out);
+  const int64_t xs = P == Pro::Silu ? 2 * K : K;  // elements between rows of p.x
+  constexpr int XV = V == 1 ? 1 : 16 / int(sizeof(T));  // x's elements per load
+  for (bool first = true;; first = false, n += stride) {  // (the writer's first pass runs even past N)
+    const uint8_t* wr = p.w + (n < N ? n : 0) * p.row_bytes;
+    for (int64_t m0 = 0; m0 < M; m0 += kDenseRows) {
+      float inv[kDenseRows];
+      if constexpr (P == Pro::Norm || P == Pro::AddNorm) {
+#pragma unroll
+        for (int mm = 0; mm < kDenseRows; ++mm) {
+          inv[mm] = 0.f;
+          if (m0 + mm >= M) break;
+          const float ss = row_squares<T, XV, P>(x, xa, ro, (m0 + mm) * K, K / XV, lane, 32, writer && first);
+          inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + p.eps);  // norm_kernel's expression
+        }
+      }
+      if (n >= N) continue;  // the writer past the last column: residual_out only
+      float acc[kDenseRows] = {};
+      for (int64_t k0 = int64_t(lane) * V; k0 < K; k0 += 32 * V) {
+        float w[V];
+        dense_weights<WB, V>(wr, k0, bf16, w);
+#pragma unroll
+        for (int mm = 0; mm < kDenseRows; ++mm) {
+          if (m0 + mm >= M) break;
+          const int64_t base = (m0 + mm) * xs + k0;
+          float s = acc[mm];
+#pragma unroll
+          for (int c = 0; c < V / XV; ++c) {
+            const auto xv = load_vec<T, XV>(x + base + c * XV);
+            Vec<T, XV> av{}, wv{}, uv{};  // only those of prologue P are loaded
+            if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + c * XV);
+            if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + k0 + c * XV);
+            if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + c * XV);
+#pragma unroll
+            for (int j = 0; j < XV; ++j) {
+              float h = xv.f(j);
+              if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
+              s += w[c * XV + j] * h;
+            }
+          }
+          acc[mm] = s;
+        }
+      }
+#pragma unroll
+      for (int mm = 0; mm < kDenseRows; ++mm) {
+        const float s = warp_sum(acc[mm]);
+        if (lane == 0 && m0 + mm < M) out[(m0 + mm) * N + n] = Dt<T>::from_f(s);
+      }
+    }
+    if (n + stride >= N) break;
   }
 }
 
@@ -1139,13 +1250,6 @@ void dequantize_cuda(const void* args, ks_stream_t stream) {
   record_launch("dequantize", "threads=256 grid=%lldx%lld", {grid.x, grid.y});
 }
 
-std::string quant_matmul_can_implement(const void* args) {
-  const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
-  if (a.qtype != KS_QTYPE_Q4_0 && a.qtype != KS_QTYPE_Q4_1 && a.qtype != KS_QTYPE_Q8_0)
-    return "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
-  return "";
-}
-
 namespace {
 // One launcher for quant_matmul and its two fused forms. rows: every pointer the kernel reads
 // rows through (16-byte alignment for the vector path).
@@ -1162,6 +1266,37 @@ bool qmm_wide(const QmmParams& p, std::initializer_list<const void*> rows) {
   return wide;
 }
 
+bool qtype_is_dense(ks_qtype_t q) { return q == KS_QTYPE_F32 || q == KS_QTYPE_F16 || q == KS_QTYPE_BF16; }
+
+// dense_matmul_kernel's launch (launch_qmm's for the dense formats): 16-byte chunks where the
+// weights and every row pointer are 16-byte aligned and K % 8 == 0 (so every row starts on a
+// 16-byte boundary too), else element by element.
+template <Pro P>
+void launch_dense_qmm(const char* op, const QmmParams& p, detail::DType dt, int dev,
+                      std::initializer_list<const void*> rows, ks_stream_t stream) {
+  const DeviceProps& dp = device_props(dev);
+  bool vec = aligned16(p.w) && p.K % 8 == 0;
+  for (const void* r : rows) vec = vec && aligned16(r);
+  // (a warp per column; past 2^31 - 1 CTAs the warps stride over the columns)
+  const int64_t ctas = std::max<int64_t>(1, (p.N + kDenseWarps - 1) / kDenseWarps);
+  const unsigned grid = unsigned(std::min<int64_t>(ctas, std::numeric_limits<int32_t>::max()));
+  const bool bf16 = p.q == KS_QTYPE_BF16;
+  const auto s = static_cast<cudaStream_t>(stream);
+  with_float_type(dt, [&](auto tag) {
+    using T = decltype(tag);
+    auto launch = [&](auto kern) {
+      launch_kernel(op, kern, dim3(grid), dim3(32 * kDenseWarps), 0, s, 1, dp.pdl, p, bf16);
+    };
+    if (p.q == KS_QTYPE_F32)
+      vec ? launch(dense_matmul_kernel<T, 4, 8, P>) : launch(dense_matmul_kernel<T, 4, 1, P>);
+    else
+      vec ? launch(dense_matmul_kernel<T, 2, 8, P>) : launch(dense_matmul_kernel<T, 2, 1, P>);
+  });
+  check_launch(op);
+  record_launch(op, "dense_warp_per_column warps_per_cta=%lld m_chunk=%lld vector_loads=%lld grid=%lld",
+                {kDenseWarps, kDenseRows, vec ? 1 : 0, grid});
+}
+
 // rope (and tab): fused_add_rms_norm_quant_matmul_rope_kv_append's epilogue (Norm / AddNorm, M = 1,
 // the staged rows and 16-byte loads: norm_qmm_rope_can_implement checks them first).
 // STAGE_X (P == None, M >= 2, 16-byte rows; quant_matmul's cuda_staged_x): x's rows staged in
@@ -1172,6 +1307,12 @@ void launch_qmm(const char* op, QmmParams p, detail::DType dt, int dev, std::ini
   static_assert(MQ_MANY == kMqMany || P == Pro::None, "the fused forms chunk rows by 4");
   static_assert(!STAGE_X || (P == Pro::None && MQ_MANY == kMqMany), "staged x: quant_matmul's rows");
   DeviceGuard g(dev, op);
+  if (qtype_is_dense(p.q)) {  // cuda_warp_per_column and the fusions' default variants only (can_implement)
+    if (rope || STAGE_X || MQ_MANY != kMqMany)
+      detail::fail(KS_ERROR_INTERNAL, op, "dense weights reached a block-format-only kernel");
+    launch_dense_qmm<P>(op, p, dt, dev, rows, stream);
+    return;
+  }
   const DeviceProps& dp = device_props(dev);
   constexpr int kWarps = 8;
   // Columns per warp: 2 or 4 where the grid keeps at least 2 CTAs per SM even so and a CTA's

@@ -164,7 +164,6 @@ void embedding_cuda(const void*, ks_stream_t);
 void dequantize_cuda(const void*, ks_stream_t);
 void quant_matmul_cuda(const void*, ks_stream_t);
 void paged_attention_cuda(const void*, ks_stream_t);
-std::string quant_matmul_can_implement(const void*);
 std::string paged_attention_can_implement(const void*);
 std::string paged_attention_gqa_can_implement(const void*);
 std::string rope_append_attention_gqa_can_implement(const void*);
@@ -268,10 +267,23 @@ std::string ci_dequantize(const void* p) {
   auto& a = *static_cast<const ops::DequantizeArgs*>(p);
   return align_reason({&a.out, &a.packed});
 }
+// The GGUF block formats; the dense ones (F32, F16, BF16) run on the default variants only:
+// quant_matmul's cuda_warp_per_column and the two fusions' (dense_matmul_kernel, model_ops.cu).
+std::string qtype_reason(ks_qtype_t q) {
+  return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0
+             ? ""
+             : "only the GGUF block formats Q4_0, Q4_1 and Q8_0 (dense weights: the default variant, "
+               "cuda_warp_per_column)";
+}
+// cuda_warp_per_column: every qtype
 std::string ci_quant_matmul(const void* p) {
   auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
-  const std::string why = align_reason({&a.x, &a.out, &a.weight});
-  return why.empty() ? quant_matmul_can_implement(p) : why;
+  return align_reason({&a.x, &a.out, &a.weight});
+}
+// quant_matmul's other variants: the block formats only
+std::string ci_quant_matmul_blocks(const void* p) {
+  const std::string why = ci_quant_matmul(p);
+  return why.empty() ? qtype_reason(static_cast<const ops::QuantMatmulArgs*>(p)->qtype) : why;
 }
 std::string ci_quant_matmul_a8(const void* p, std::string (*variant_reason)(const void*)) {
   auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
@@ -284,54 +296,49 @@ std::string ci_quant_matmul_a8_resident(const void* p) {
   return ci_quant_matmul_a8(p, quant_matmul_a8_resident_can_implement);
 }
 std::string ci_quant_matmul_m16(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_m16_can_implement(p) : why;
 }
 std::string ci_quant_matmul_staged_x(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_staged_x_can_implement(p) : why;
 }
 std::string ci_quant_matmul_stream(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_stream_can_implement(p) : why;
 }
 std::string ci_quant_matmul_bulk(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_bulk_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_mma_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma_stream(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_mma_stream_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma_diag(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_mma_diag_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma_rows(const void* p) {
-  const std::string why = ci_quant_matmul(p);
+  const std::string why = ci_quant_matmul_blocks(p);
   return why.empty() ? quant_matmul_mma_rows_can_implement(p) : why;
 }
-std::string qtype_reason(ks_qtype_t q) {
-  return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0 ? ""
-                                                                       : "only the GGUF block formats Q4_0, Q4_1 and Q8_0";
-}
-std::string ci_norm_quant_matmul(const void* p) {
+std::string ci_norm_quant_matmul(const void* p) {  // cuda_warp_per_column: every qtype
   auto& a = *static_cast<const ops::NormQuantMatmulArgs*>(p);
-  const std::string why = a.has_x ? align_reason({&a.residual, &a.x, &a.residual_out, &a.norm_weight, &a.out, &a.weight})
+  return a.has_x ? align_reason({&a.residual, &a.x, &a.residual_out, &a.norm_weight, &a.out, &a.weight})
                                   : align_reason({&a.residual, &a.norm_weight, &a.out, &a.weight});
-  return why.empty() ? qtype_reason(a.qtype) : why;
 }
-std::string ci_silu_quant_matmul(const void* p) {
+std::string ci_silu_quant_matmul(const void* p) {  // cuda_warp_per_column: every qtype
   auto& a = *static_cast<const ops::SiluQuantMatmulArgs*>(p);
-  const std::string why = align_reason({&a.gate_up, &a.out, &a.weight});
-  return why.empty() ? qtype_reason(a.qtype) : why;
+  return align_reason({&a.gate_up, &a.out, &a.weight});
 }
 std::string ci_silu_quant_matmul_mma_rows(const void* p) {
-  const std::string why = ci_silu_quant_matmul(p);
+  std::string why = ci_silu_quant_matmul(p);
+  if (why.empty()) why = qtype_reason(static_cast<const ops::SiluQuantMatmulArgs*>(p)->qtype);
   return why.empty() ? silu_quant_matmul_mma_rows_can_implement(p) : why;
 }
 std::string ci_rope_kv_append(const void* p) {
@@ -344,6 +351,7 @@ std::string ci_rope_kv_append(const void* p) {
 std::string ci_norm_qmm_rope_append(const void* p) {
   auto& a = *static_cast<const ops::NormQmmRopeAppendArgs*>(p);
   std::string why = ci_norm_quant_matmul(&a.mm);
+  if (why.empty()) why = qtype_reason(a.mm.qtype);  // (the staged block kernel's epilogue; dense: cuda_composed)
   if (why.empty()) why = ci_rope_kv_append(&a.rkv);
   return why.empty() ? norm_qmm_rope_can_implement(p) : why;
 }
@@ -486,7 +494,8 @@ void register_cuda_variants(std::vector<Variant>& v) {
                "overlap its sums; cuda_a8_warp's arithmetic and order (the same bits)",
                avail, ks::cuda::ci_quant_matmul_a8_resident, ks::cuda::quant_matmul_a8_resident_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
-               "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0)", avail,
+               "a warp per output column, blocks decoded once per 4 rows of x (Q4_0, Q4_1, Q8_0); dense weights "
+               "(F32, F16, BF16: the only CUDA variant that takes them) read in 16-byte chunks where aligned", avail,
                ks::cuda::ci_quant_matmul, ks::cuda::quant_matmul_cuda});
   v.push_back({"quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column_m16", kFloatDTypes, 5,
                "cuda_warp_per_column with 16 rows of x per decoded block (M >= 8; the same bits); below it "
@@ -540,10 +549,11 @@ void register_cuda_variants(std::vector<Variant>& v) {
                avail, ks::cuda::ci_quant_matmul_mma_rows, ks::cuda::quant_matmul_mma_rows_cuda});
   v.push_back({"fused_add_rms_norm_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
                "quant_matmul's warp per output column; each warp computes its rows' (x + residual) norm itself, "
-               "warp 0 of block 0 writes residual_out", avail, ks::cuda::ci_norm_quant_matmul,
+               "warp 0 of block 0 writes residual_out; every qtype, dense ones included", avail, ks::cuda::ci_norm_quant_matmul,
                ks::cuda::norm_quant_matmul_cuda});
   v.push_back({"silu_and_mul_quant_matmul", KS_BACKEND_CUDA, "cuda_warp_per_column", kFloatDTypes, 10,
-               "quant_matmul's warp per output column, silu(gate) * up computed as the row is read", avail,
+               "quant_matmul's warp per output column, silu(gate) * up computed as the row is read; every qtype, "
+               "dense ones included", avail,
                ks::cuda::ci_silu_quant_matmul, ks::cuda::silu_quant_matmul_cuda});
   v.push_back({"silu_and_mul_quant_matmul", KS_BACKEND_CUDA, "cuda_mma_rows", kFloatDTypes, 1,
                "any M: silu_and_mul's values (rounded as it stores them) staged as the rows of x of quant_matmul's "
