@@ -10,6 +10,8 @@
 #
 #   scripts/gpu_python_check.sh            # results under $OUT (or build-python/gpu-check)
 #   PYTHON=python3.12 scripts/gpu_python_check.sh
+#   KS_PY_CUDA_ARCHS=90a-real scripts/gpu_python_check.sh   # one arch: a shorter build (default: the
+#                                                          # project's, sm_90a + compute_80 PTX)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -47,6 +49,7 @@ echo "== build and install (CUDA backend on) =="
   -C build-dir="$ROOT/build-python/gpu" \
   -C cmake.define.KS_WITH_CUDA=ON \
   -C cmake.define.CMAKE_CUDA_COMPILER="$(command -v nvcc)" \
+  ${KS_PY_CUDA_ARCHS:+-C cmake.define.CMAKE_CUDA_ARCHITECTURES="$KS_PY_CUDA_ARCHS"} \
   -C build.verbose=false . 2>&1 | tail -n 20
 
 echo "== import check from another directory =="
