@@ -189,7 +189,7 @@ func QuantMatmulA8(out, x, weight *Tensor, qtype QType, opts ...Option) error {
 }
 
 // FusedAddRMSNormQuantMatmul is the decode-step fusion of the (fused add +) RMS norm of each row
-// and QuantMatmul on it, in one kernel: residual [M, K], normWeight [K], weight packed [N, row_bytes]
+// and QuantMatmul on it, in one kernel: residual [M, K] (or [..., K] with out [..., N]), normWeight [K], weight packed [N, row_bytes]
 // in qtype, out [M, N]. With x ([M, K]): s = x + residual (FP32); residualOut ([M, K], required)
 // = round(s); out = quant_matmul(round(rms_norm(s) * normWeight)), FusedAddRMSNorm's values then
 // QuantMatmul, with x and residual left unchanged. x nil: out = quant_matmul(round(rms_norm(residual)
@@ -212,7 +212,7 @@ func FusedAddRMSNormQuantMatmul(out, residualOut, x, residual, normWeight *Tenso
 	})
 }
 
-// SiluAndMulQuantMatmul is the decode-step fusion of SiluAndMul of gateUp [M, 2K] (gate, then up)
+// SiluAndMulQuantMatmul is the decode-step fusion of SiluAndMul of gateUp [M, 2K] or [..., 2K] (gate, then up)
 // and QuantMatmul on it, in one kernel: out [M, N] = quant_matmul(round(silu(gate) * up), weight).
 // Errors (nothing written): an odd last dim of gateUp, a K that is not whole blocks, bad shapes,
 // out overlapping an input (ErrInvalidArgument).

@@ -148,7 +148,8 @@ export function quantMatmul(out: TensorLike, x: TensorLike, weight: TensorLike, 
  *  is not uint8 (UNSUPPORTED_DTYPE). Contract: docs/contracts.md#quant_matmul_a8. */
 export function quantMatmulA8(out: TensorLike, x: TensorLike, weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
 /** Decode-step fusion, one kernel: the (fused add +) RMS norm of each row, then quantMatmul on it.
- *  residual [M, K], normWeight [K], weight packed [N, rowBytes] in qtype, out [M, N]. With x ([M, K]):
+ *  residual [M, K] (or [..., K] with out [..., N]), normWeight [K], weight packed [N, rowBytes] in qtype,
+ *  out [M, N]. With x ([M, K]):
  *  s = x + residual (FP32); residualOut ([M, K], required) = round(s);
  *  out = quantMatmul(round(rmsNorm(s) * normWeight)): fusedAddRmsNorm's values then quantMatmul, x and
  *  residual unchanged. x null: out = quantMatmul(round(rmsNorm(residual) * normWeight)), and
@@ -157,7 +158,7 @@ export function quantMatmulA8(out: TensorLike, x: TensorLike, weight: TensorLike
 export function fusedAddRmsNormQuantMatmul(out: TensorLike, residualOut: TensorLike | null, x: TensorLike | null,
                                            residual: TensorLike, normWeight: TensorLike, eps: number,
                                            weight: TensorLike, qtype: QType, opts?: ExecOptions): void;
-/** Decode-step fusion, one kernel: siluAndMul of gateUp [M, 2K] (gate, then up), then quantMatmul:
+/** Decode-step fusion, one kernel: siluAndMul of gateUp [M, 2K] or [..., 2K] (gate, then up), then quantMatmul:
  *  out [M, N] = quantMatmul(round(silu(gate) * up), weight). Throws KernscopeError (nothing written)
  *  for an odd gateUp width, a K that is not whole blocks, bad shapes or overlap (INVALID_ARGUMENT). */
 export function siluAndMulQuantMatmul(out: TensorLike, gateUp: TensorLike, weight: TensorLike, qtype: QType,

@@ -230,7 +230,7 @@ KS_API ks_status_t ks_gemm(DLTensor* out, const DLTensor* a, const DLTensor* b,
 
 /* out[M, N] = x[M, K] @ dequant(weight)^T, computed from the packed blocks.
  * x may be [..., K] with out [..., N] (any leading dims, M their product; also for
- * ks_quant_matmul_a8, not for the fused forms).
+ * ks_quant_matmul_a8 and the two fused forms below, not for the RoPE fusion).
  * weight: uint8 [N, row_bytes] in qtype; x, out: same float dtype.
  * Each weight element is dequantized in FP32 (contract in docs/contracts.md),
  * products and sums in FP32, one rounding to out's dtype.
@@ -257,6 +257,7 @@ KS_API ks_status_t ks_quant_matmul_a8(DLTensor* out, const DLTensor* x, const DL
 /* Decode-step fusion: the (fused add +) RMS norm of a row, then quant_matmul on it, in one
  * kernel (no normalized copy goes through memory).
  *   residual: [M, K]; norm_weight: [K]; weight: uint8 [N, row_bytes] in qtype; out: [M, N].
+ *   (residual, x and residual_out may be [..., K] with out [..., N]: M = the leading dims' product.)
  *   x == NULL:  h = round(rms_norm(residual, norm_weight, eps)); residual_out must be NULL.
  *   x != NULL:  [M, K]; residual_out is required; s = fp32(x) + fp32(residual);
  *               residual_out[M, K] = round(s);
@@ -272,7 +273,8 @@ KS_API ks_status_t ks_quant_matmul_a8(DLTensor* out, const DLTensor* x, const DL
  * for K, an unknown qtype, eps, x without residual_out or residual_out without x, and
  * overlaps; KS_ERROR_UNSUPPORTED_DTYPE for residual not fp16/bf16/fp32 or a mismatched
  * dtype; KS_ERROR_UNSUPPORTED_DEVICE for mixed devices; KS_ERROR_BACKEND_UNAVAILABLE when
- * the backend cannot take the call (CUDA: Q4_0, Q4_1 and Q8_0 only, element-aligned data). */
+ * the backend cannot take the call (CUDA: element-aligned data; every qtype, the dense ones on the
+ * default variant only). */
 KS_API ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* residual_out, const DLTensor* x,
                                                       const DLTensor* residual, const DLTensor* norm_weight,
                                                       double eps, const DLTensor* weight, ks_qtype_t qtype,
@@ -280,7 +282,8 @@ KS_API ks_status_t ks_fused_add_rms_norm_quant_matmul(DLTensor* out, DLTensor* r
 
 /* Decode-step fusion: silu_and_mul of a gate/up row, then quant_matmul on it, in one kernel.
  *   gate_up: [M, 2K] (gate = [:, :K], up = [:, K:]); weight: uint8 [N, row_bytes] in qtype;
- *   out: [M, N]. h = round(silu_and_mul(gate_up)) (ks_silu_and_mul's values);
+ *   out: [M, N] (gate_up may be [..., 2K] with out [..., N]: M = the leading dims' product).
+ *   h = round(silu_and_mul(gate_up)) (ks_silu_and_mul's values);
  *   out = quant_matmul(h, weight). Equals ks_silu_and_mul followed by ks_quant_matmul.
  *   out must not overlap gate_up or weight.
  * Contract: docs/contracts.md#silu_and_mul_quant_matmul.

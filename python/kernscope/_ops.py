@@ -193,7 +193,7 @@ _OUT_RULES = {
     "gemm": ("a", "a's leading dims + (N,)"),
     "quant_matmul": ("x", "x's leading dims + (N,)"),
     "quant_matmul_a8": ("x", "x's leading dims + (N,)"),
-    "silu_and_mul_quant_matmul": ("gate_up", "(M, N)"),
+    "silu_and_mul_quant_matmul": ("gate_up", "gate_up's leading dims + (N,)"),
     "embedding": ("table", "ids' shape + (hidden_size,)"),
     "varlen_attention": ("q", "same as q"),
     "paged_attention": ("q", "same as q"),
@@ -797,15 +797,17 @@ def fused_add_rms_norm_quant_matmul(x: Optional[T], residual: T, norm_weight: Ar
     of squares; residual_out holds exactly fused_add_rms_norm's residual values.
 
     Args:
-        x: ``[M, K]`` or None; fp16, bf16 or fp32. Read only (unlike fused_add_rms_norm).
-        residual: ``[M, K]``, K > 0 and a multiple of the block size; x's dtype. Read only.
+        x: ``[..., K]`` (residual's shape) or None; fp16, bf16 or fp32. Read only (unlike
+            fused_add_rms_norm).
+        residual: ``[..., K]``, any number of leading dims (M = their product, as
+            :func:`quant_matmul`'s x), K > 0 and a multiple of the block size; x's dtype. Read only.
         norm_weight: ``[K]``, residual's dtype.
         weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype.
         qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16" (or a :class:`QType`).
         eps: finite, > 0 (after rounding to fp32).
         backend: "auto" | "cpu" | "cuda" | "torch".
-        out: optional ``[M, N]`` output in residual's dtype.
-        residual_out: optional ``[M, K]`` output for ``round(x + residual)``, residual's dtype;
+        out: optional ``[..., N]`` output (residual's leading dims) in residual's dtype.
+        residual_out: optional ``[..., K]`` output (residual's shape) for ``round(x + residual)``, residual's dtype;
             allocated when x is given and it is not. Must be None when x is None.
 
     out and residual_out must not overlap any input or each other (residual_out cannot be
@@ -841,7 +843,9 @@ def fused_add_rms_norm_quant_matmul(x: Optional[T], residual: T, norm_weight: Ar
     if code == _TORCH:
         raise _not_torch(op, residual)
     if out is None:
-        out = fw.empty(residual, (_dim0(tuple(residual.shape)), _dim0(tuple(weight.shape))))
+        _check_layout_first(op, "residual", residual)
+        _check_ndim_first(op, "weight", weight, 2)
+        out = fw.empty(residual, (*tuple(residual.shape)[:-1], _dim0(tuple(weight.shape))))
     if x is not None and residual_out is None:
         residual_out = fw.empty_like(residual)
     _native(_C.fused_add_rms_norm_quant_matmul, fw, residual, (out, residual_out, x, residual, norm_weight, weight),
@@ -853,21 +857,22 @@ def silu_and_mul_quant_matmul(gate_up: T, weight: Array, qtype: Union[str, int, 
                               out: Optional[T] = None) -> T:
     """Decode-step fusion: :func:`silu_and_mul`, then :func:`quant_matmul`, in one kernel.
 
-    ``h = round(g * sigmoid(g) * u)`` with ``g = fp32(gate_up[:, :K])``, ``u = fp32(gate_up[:, K:])``
+    ``h = round(g * sigmoid(g) * u)`` with ``g = fp32(gate_up[..., :K])``, ``u = fp32(gate_up[..., K:])``
     (silu_and_mul's values, rounded to gate_up's dtype but never stored), then
     ``out[m, n] = round(sum_k fp32(h[m, k]) * w[n, k])`` with w decoded from weight's blocks.
     Equals :func:`silu_and_mul` followed by :func:`quant_matmul`.
 
     Args:
-        gate_up: ``[M, 2K]`` (gate then up), K > 0 and a multiple of the block size;
-            fp16, bf16 or fp32. Read only.
+        gate_up: ``[..., 2K]`` (gate then up), any number of leading dims (M = their product),
+            K > 0 and a multiple of the block size; fp16, bf16 or fp32. Read only.
         weight: uint8 ``[N, K / block_size * block_bytes]`` in qtype.
         qtype: "q4_0" | "q4_1" | "q8_0" | "f32" | "f16" | "bf16" (or a :class:`QType`).
         backend: "auto" | "cpu" | "cuda" | "torch".
-        out: optional ``[M, N]`` output in gate_up's dtype; must overlap neither input.
+        out: optional ``[..., N]`` output (gate_up's leading dims) in gate_up's dtype; must
+            overlap neither input.
 
     Returns:
-        A new ``[M, N]`` array (gate_up's framework and device), or ``out``.
+        A new ``[..., N]`` array (gate_up's framework and device), or ``out``.
 
     Raises:
         ValueError: an odd or empty last dimension of gate_up, a K that is not whole blocks,
@@ -890,7 +895,9 @@ def silu_and_mul_quant_matmul(gate_up: T, weight: Array, qtype: Union[str, int, 
     if code == _TORCH:
         raise _not_torch(op, gate_up)
     if out is None:
-        out = fw.empty(gate_up, (_dim0(tuple(gate_up.shape)), _dim0(tuple(weight.shape))))
+        _check_layout_first(op, "gate_up", gate_up)
+        _check_ndim_first(op, "weight", weight, 2)
+        out = fw.empty(gate_up, (*tuple(gate_up.shape)[:-1], _dim0(tuple(weight.shape))))
     _native(_C.silu_and_mul_quant_matmul, fw, gate_up, (out, gate_up, weight), q, code)
     return out
 

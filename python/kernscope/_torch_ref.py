@@ -511,15 +511,19 @@ def quant_matmul_a8(x: torch.Tensor, weight: torch.Tensor, qtype: int) -> torch.
 
 def _check_norm_qmm(op: str, x: Optional[torch.Tensor], residual: torch.Tensor, norm_weight: torch.Tensor,
                     weight: torch.Tensor, qtype: int, eps: float, residual_out: Optional[torch.Tensor],
-                    out: Optional[torch.Tensor]):
+                    out: Optional[torch.Tensor], leading_dims: bool = True):
     """fused_add_rms_norm_quant_matmul's validation (src/ops/matmul_ops.cpp) under op's name, out's
-    and the overlaps' too; returns (the decoded weight, eps)."""
+    and the overlaps' too; returns (the decoded weight, eps). leading_dims: residual [..., K] (else
+    [M, K] only: the RoPE fusion)."""
     if x is None and residual_out is not None:
         raise InvalidArgumentError(
             f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
     _tensor(op, "residual", residual), _tensor(op, "norm_weight", norm_weight), _tensor(op, "weight", weight)
     _float(op, "residual", residual)
-    _ndim(op, "residual", residual, 2)
+    if leading_dims:
+        _min_ndim(op, "residual", residual, 1)
+    else:
+        _ndim(op, "residual", residual, 2)
     _nonempty_last(op, "residual", residual)
     given = [(name, t) for name, t in (("x", x), ("residual_out", residual_out)) if t is not None]
     for name, t in given:
@@ -532,13 +536,13 @@ def _check_norm_qmm(op: str, x: Optional[torch.Tensor], residual: torch.Tensor, 
     _same_dtype(op, "norm_weight", norm_weight, "residual", residual)
     _same_device(op, "norm_weight", norm_weight, "residual", residual)
     _same_device(op, "weight", weight, "residual", residual)
-    _require_shape(op, "norm_weight", norm_weight, (residual.shape[1],), "hidden_size (K) of residual")
-    w = _decode(op, "weight", weight, qtype, cols=residual.shape[1], cols_what="residual's K (columns)")
+    _require_shape(op, "norm_weight", norm_weight, (residual.shape[-1],), "hidden_size (K) of residual")
+    w = _decode(op, "weight", weight, qtype, cols=residual.shape[-1], cols_what="residual's K (columns)")
     if out is not None:  # the native op's out checks, before anything is written
         _tensor(op, "out", out)
         _same_dtype(op, "out", out, "residual", residual)
         _same_device(op, "out", out, "residual", residual)
-        _require_shape(op, "out", out, (residual.shape[0], weight.shape[0]), "(M, N)")
+        _require_shape(op, "out", out, (*residual.shape[:-1], weight.shape[0]), "residual's leading dims + (N,)")
     eps = _eps(op, eps)
     inputs = (("residual", residual), ("norm_weight", norm_weight), ("weight", weight), ("x", x))
     for name, t in inputs:
@@ -597,16 +601,16 @@ def silu_and_mul_quant_matmul(gate_up: torch.Tensor, weight: torch.Tensor, qtype
     _tensor(op, "gate_up", gate_up), _tensor(op, "weight", weight)
     _float(op, "gate_up", gate_up)
     _same_device(op, "weight", weight, "gate_up", gate_up)
-    _ndim(op, "gate_up", gate_up, 2)
+    _min_ndim(op, "gate_up", gate_up, 1)
     _nonempty_last(op, "gate_up", gate_up)
-    if gate_up.shape[1] % 2:
+    if gate_up.shape[-1] % 2:
         raise InvalidArgumentError(
             f"{op}: gate_up's last dimension must be even (gate and up halves); got {_shape(gate_up.shape)}")
-    k = gate_up.shape[1] // 2
+    k = gate_up.shape[-1] // 2
     w = _decode(op, "weight", weight, qtype, cols=k, cols_what="gate_up's K (half its columns)")
     acc = _acc(gate_up)
     gf = gate_up.to(acc)
-    g, u = gf[:, :k], gf[:, k:]
+    g, u = gf[..., :k], gf[..., k:]
     h = (g * torch.sigmoid(g) * u).to(gate_up.dtype)
     with _no_autocast(gate_up):
         return (h.to(acc) @ w.to(acc).T).to(gate_up.dtype)
@@ -784,7 +788,7 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
     [1, KVH, D]); the caches written in place. Every check of both (and the fused op's own rules)
     before anything is written, in the order of src/ops/model_ops.cpp, with its messages."""
     op = "fused_add_rms_norm_quant_matmul_rope_kv_append"
-    w, eps = _check_norm_qmm(op, x, residual, norm_weight, weight, qtype, eps, residual_out, out)
+    w, eps = _check_norm_qmm(op, x, residual, norm_weight, weight, qtype, eps, residual_out, out, leading_dims=False)
     m, n = residual.shape[0], weight.shape[0]
     if m > 1:
         raise InvalidArgumentError(

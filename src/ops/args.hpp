@@ -159,10 +159,12 @@ struct SampleArgs {
 // Packed-format geometry; false for an unknown format.
 bool qtype_geometry(ks_qtype_t q, int64_t* block_size, int64_t* block_bytes);
 // fused_add_rms_norm_quant_matmul's argument rules, under the name `op` (also those of the
-// fusion that adds RoPE and the cache append); fills everything but the backend.
+// fusion that adds RoPE and the cache append); fills everything but the backend. leading_dims:
+// residual, x and residual_out may be [..., K] with out [..., N] (M = the leading dims' product);
+// false: [M, K] and [M, N] only (the RoPE fusion).
 void validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a, DLTensor* out, DLTensor* residual_out,
                                 const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight, double eps,
-                                const DLTensor* weight, ks_qtype_t qtype);
+                                const DLTensor* weight, ks_qtype_t qtype, bool leading_dims = true);
 const char* qtype_name(ks_qtype_t q);
 
 }  // namespace ks::ops

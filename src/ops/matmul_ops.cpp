@@ -198,7 +198,7 @@ extern "C" ks_status_t ks_quant_matmul_a8(DLTensor* out, const DLTensor* x, cons
 
 void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a, DLTensor* out, DLTensor* residual_out,
                                          const DLTensor* x, const DLTensor* residual, const DLTensor* norm_weight,
-                                         double eps, const DLTensor* weight, ks_qtype_t qtype) {
+                                         double eps, const DLTensor* weight, ks_qtype_t qtype, bool leading_dims) {
   a.has_x = x != nullptr;
   if (!a.has_x && residual_out)
     fail(KS_ERROR_INVALID_ARGUMENT, op, "residual_out is given but x is NULL: residual_out = x + residual needs x");
@@ -209,7 +209,11 @@ void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a,
   a.weight = view_of(op, "weight", weight);
   a.out = view_of(op, "out", out);
   require_dtype(op, "residual", a.residual, {DType::F16, DType::BF16, DType::F32});
-  require_ndim(op, "residual", a.residual, 2);
+  // residual [..., K] (any leading dims, M = their product, as quant_matmul's x), or [M, K]
+  if (leading_dims)
+    require_min_ndim(op, "residual", a.residual, 1);
+  else
+    require_ndim(op, "residual", a.residual, 2);
   require_nonempty_last(op, "residual", a.residual);
   if (a.has_x) {
     a.x = view_of(op, "x", x);
@@ -228,7 +232,7 @@ void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a,
   require_same_device(op, "out", a.out, "residual", a.residual);
   require_shape(op, "norm_weight", a.norm_weight, {a.residual.cols()}, "hidden_size (K) of residual");
   check_packed(op, "weight", a.weight, qtype, a.residual.cols(), "qtype", "residual's K (columns)");
-  require_shape(op, "out", a.out, {a.residual.dim(0), a.weight.dim(0)}, "(M, N)");
+  require_shape(op, "out", a.out, linear_out_shape(a.residual.shape, a.weight.dim(0)), "residual's leading dims + (N,)");
   a.eps = checked_eps(op, eps);
   // out and residual_out are written while every input is still read (by other blocks)
   const std::pair<const char*, const View*> inputs[] = {
@@ -240,7 +244,7 @@ void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a,
   }
   if (a.has_x) require_no_overlap(op, "out", a.out, "residual_out", a.residual_out);
   a.qtype = qtype;
-  a.m = a.residual.dim(0);
+  a.m = a.residual.rows();
   a.n = a.weight.dim(0);
   a.k = a.residual.cols();
   a.row_bytes = a.weight.dim(1);
@@ -272,18 +276,19 @@ extern "C" ks_status_t ks_silu_and_mul_quant_matmul(DLTensor* out, const DLTenso
     require_same_dtype(op, "out", a.out, "gate_up", a.gate_up);
     require_same_device(op, "weight", a.weight, "gate_up", a.gate_up);
     require_same_device(op, "out", a.out, "gate_up", a.gate_up);
-    require_ndim(op, "gate_up", a.gate_up, 2);
+    // gate_up [..., 2K] (any leading dims, M = their product, as quant_matmul's x), out [..., N]
+    require_min_ndim(op, "gate_up", a.gate_up, 1);
     require_nonempty_last(op, "gate_up", a.gate_up);
     if (a.gate_up.cols() % 2 != 0)
       fail(KS_ERROR_INVALID_ARGUMENT, op,
            "gate_up's last dimension must be even (gate and up halves); got " + shape_str(a.gate_up.shape));
     check_packed(op, "weight", a.weight, qtype, a.gate_up.cols() / 2, "qtype", "gate_up's K (half its columns)");
-    require_shape(op, "out", a.out, {a.gate_up.dim(0), a.weight.dim(0)}, "(M, N)");
+    require_shape(op, "out", a.out, linear_out_shape(a.gate_up.shape, a.weight.dim(0)), "gate_up's leading dims + (N,)");
     require_no_overlap(op, "out", a.out, "gate_up", a.gate_up);
     require_no_overlap(op, "out", a.out, "weight", a.weight);
     const ks_backend_t be = resolve_backend(op, backend, a.gate_up);
     a.qtype = qtype;
-    a.m = a.gate_up.dim(0);
+    a.m = a.gate_up.rows();
     a.n = a.weight.dim(0);
     a.k = a.gate_up.cols() / 2;
     a.row_bytes = a.weight.dim(1);

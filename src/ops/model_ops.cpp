@@ -260,7 +260,8 @@ extern "C" ks_status_t ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
   static const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
   return guard(op, [&] {
     NormQmmRopeAppendArgs a;
-    validate_norm_quant_matmul(op, a.mm, out, residual_out, x, residual, norm_weight, eps, weight, qtype);
+    validate_norm_quant_matmul(op, a.mm, out, residual_out, x, residual, norm_weight, eps, weight, qtype,
+                               /*leading_dims=*/false);
     if (a.mm.m > 1)
       fail(KS_ERROR_INVALID_ARGUMENT, op,
            "residual has " + std::to_string(a.mm.m) +

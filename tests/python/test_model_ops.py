@@ -107,6 +107,40 @@ def test_linear_ops_take_leading_dims(rng, dt):
         ks.gemm(np.zeros((2048, 4096), NP[dt]), np.zeros(40960, NP[dt]))
 
 
+@pytest.mark.parametrize("dt", DTYPES)
+def test_fused_quant_forms_take_leading_dims(rng, dt):
+    # fused_add_rms_norm_quant_matmul (residual / x / residual_out [..., K]) and
+    # silu_and_mul_quant_matmul (gate_up [..., 2K]) give out [..., N] with the bits of the 2-d
+    # reshape's; a 1-d row gives [N]; out of the reshape's shape is refused; zero rows are empty
+    K, N = 64, 5
+    packed = make_packed(rng, N, K, 6)  # Q8_0
+    nw = rand(rng, (K,), dt)
+    res, x, gu = rand(rng, (2, 3, K), dt), rand(rng, (2, 3, K), dt), rand(rng, (3, 2, 2 * K), dt)
+    y, ro = ks.fused_add_rms_norm_quant_matmul(x, res, nw, packed, "q8_0")
+    yf, rof = ks.fused_add_rms_norm_quant_matmul(x.reshape(6, K), res.reshape(6, K), nw, packed, "q8_0")
+    assert y.shape == (2, 3, N) and ro.shape == (2, 3, K)
+    assert np.array_equal(y.reshape(6, N).view(np.uint8), yf.view(np.uint8))
+    assert np.array_equal(ro.reshape(6, K).view(np.uint8), rof.view(np.uint8))
+    y0 = ks.fused_add_rms_norm_quant_matmul(None, res, nw, packed, "q8_0")
+    y0f = ks.fused_add_rms_norm_quant_matmul(None, res.reshape(6, K), nw, packed, "q8_0")
+    assert y0.shape == (2, 3, N) and np.array_equal(y0.reshape(6, N).view(np.uint8), y0f.view(np.uint8))
+    one = ks.fused_add_rms_norm_quant_matmul(None, res[1, 2], nw, packed, "q8_0")
+    assert one.shape == (N,) and np.array_equal(one.view(np.uint8), y0f[5].view(np.uint8))
+    s = ks.silu_and_mul_quant_matmul(gu, packed, "q8_0")
+    sf = ks.silu_and_mul_quant_matmul(gu.reshape(6, 2 * K), packed, "q8_0")
+    assert s.shape == (3, 2, N) and np.array_equal(s.reshape(6, N).view(np.uint8), sf.view(np.uint8))
+    s1 = ks.silu_and_mul_quant_matmul(gu[2, 1], packed, "q8_0")
+    assert s1.shape == (N,) and np.array_equal(s1.view(np.uint8), sf[5].view(np.uint8))
+    with pytest.raises(ValueError, match="fused_add_rms_norm_quant_matmul: out must have shape"):
+        ks.fused_add_rms_norm_quant_matmul(None, res, nw, packed, "q8_0", out=np.zeros((6, N), NP[dt]))
+    with pytest.raises(ValueError, match="silu_and_mul_quant_matmul: out must have shape"):
+        ks.silu_and_mul_quant_matmul(gu, packed, "q8_0", out=np.zeros((6, N), NP[dt]))
+    assert ks.silu_and_mul_quant_matmul(np.zeros((4, 0, 2 * K), NP[dt]), packed, "q8_0").shape == (4, 0, N)
+    z = np.zeros((0, 3, K), NP[dt])
+    yz, roz = ks.fused_add_rms_norm_quant_matmul(z, z, nw, packed, "q8_0")
+    assert yz.shape == (0, 3, N) and roz.shape == (0, 3, K)
+
+
 def test_argmax_validation(rng):
     with pytest.raises(ValueError, match="argmax: x must have at least 1 dims"):
         ks.argmax(np.array(1.0, np.float32))

@@ -240,6 +240,38 @@ def test_quant_matmul_a8_torch_reference_validation_matches_native():
     _assert_errors_match_native(cases)
 
 
+def test_fused_quant_forms_torch_path_leading_dims():
+    # the torch path of the two fused quant forms takes [..., K] / [..., 2K] as the native backend
+    # does: the same shapes, values within the dtype's tolerance of it, zero rows empty, and out of
+    # the reshape's shape refused in the same words
+    rng = np.random.default_rng(6)
+    K, N = 64, 5
+    w = torch.from_numpy(make_packed(rng, N, K, 4))
+    nw = trand((K,), "fp32")
+    res, x, gu = trand((2, 3, K), "fp32"), trand((2, 3, K), "fp32"), trand((3, 2, 2 * K), "fp32")
+    for backend in ("cpu", "torch"):
+        y, ro = ks.fused_add_rms_norm_quant_matmul(x, res, nw, w, "q4_0", backend=backend)
+        assert tuple(y.shape) == (2, 3, N) and tuple(ro.shape) == (2, 3, K), backend
+        s = ks.silu_and_mul_quant_matmul(gu, w, "q4_0", backend=backend)
+        assert tuple(s.shape) == (3, 2, N), backend
+        z = torch.zeros(0, 3, K)
+        assert tuple(ks.fused_add_rms_norm_quant_matmul(None, z, nw, w, "q4_0", backend=backend).shape) == (0, 3, N)
+        assert tuple(ks.silu_and_mul_quant_matmul(torch.zeros(2, 0, 2 * K), w, "q4_0", backend=backend).shape) == (2, 0, N)
+    yc, _ = ks.fused_add_rms_norm_quant_matmul(x, res, nw, w, "q4_0", backend="cpu")
+    yt, _ = ks.fused_add_rms_norm_quant_matmul(x, res, nw, w, "q4_0", backend="torch")
+    assert torch.allclose(yc, yt, rtol=1e-4, atol=1e-4)
+    sc = ks.silu_and_mul_quant_matmul(gu, w, "q4_0", backend="cpu")
+    st = ks.silu_and_mul_quant_matmul(gu, w, "q4_0", backend="torch")
+    assert torch.allclose(sc, st, rtol=1e-4, atol=1e-4)
+    cases = [
+        (ks.InvalidArgumentError, r"fused_add_rms_norm_quant_matmul: out must have shape \(2, 3, 5\)",
+         lambda be: ks.fused_add_rms_norm_quant_matmul(None, res, nw, w, "q4_0", backend=be, out=torch.zeros(6, N))),
+        (ks.InvalidArgumentError, r"silu_and_mul_quant_matmul: out must have shape \(3, 2, 5\)",
+         lambda be: ks.silu_and_mul_quant_matmul(gu, w, "q4_0", backend=be, out=torch.zeros(6, N))),
+    ]
+    _assert_errors_match_native(cases)
+
+
 def test_linear_ops_torch_path_zero_rows_and_out_checks():
     # the torch path of the linear ops: zero leading dims give an empty [..., N] as the native
     # backend does (quant_matmul_a8's reference once reshaped to (*lead, -1), which an empty lead

@@ -379,7 +379,7 @@ impl Exec {
     }
 
     /// Decode-step fusion: the (fused add +) RMS norm of each row, then [`Exec::quant_matmul`] on
-    /// it, in one kernel. `residual` `[M, K]`, `norm_weight` `[K]`, `weight` packed `[N, row_bytes]`
+    /// it, in one kernel. `residual` `[M, K]` (or `[..., K]` with `out` `[..., N]`), `norm_weight` `[K]`, `weight` packed `[N, row_bytes]`
     /// in `qtype`, `out` `[M, N]`. With `x` (`[M, K]`): `s = x + residual` (FP32);
     /// `residual_out` (`[M, K]`, required) = round(s); `out` = quant_matmul(round(rms_norm(s) *
     /// norm_weight)), i.e. [`Exec::fused_add_rms_norm`]'s values then quant_matmul, with `x` and
@@ -422,7 +422,7 @@ impl Exec {
         })
     }
 
-    /// Decode-step fusion: [`Exec::silu_and_mul`] of `gate_up` `[M, 2K]` (gate, then up), then
+    /// Decode-step fusion: [`Exec::silu_and_mul`] of `gate_up` `[M, 2K]` or `[..., 2K]` (gate, then up), then
     /// [`Exec::quant_matmul`] on it, in one kernel: `out[M, N]` = quant_matmul(round(silu(gate) *
     /// up), weight). Errors (nothing written): an odd last dim of `gate_up`, a K that is not
     /// whole blocks, bad shapes, `out` overlapping an input (`Status::InvalidArgument`).
