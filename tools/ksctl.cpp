@@ -424,7 +424,15 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   std::vector<ks::model::ChatMessage> messages;
   if (!system.empty()) messages.push_back({"system", system});  // (else the template's default)
   messages.push_back({"user", prompt});
-  const std::string text = chat ? ks::model::apply_chat_template(messages) : prompt;
+  std::string text = prompt;
+  if (chat) {  // the model's own template, as far as kernscope renders one (ChatML)
+    if (!file.find("tokenizer.chat_template"))
+      throw std::invalid_argument("generate --chat: the model file has no tokenizer.chat_template; leave out --chat "
+                                  "and give the formatted prompt");
+    const ks::model::ChatFormat format =
+        ks::model::chat_format_from_template(file.get_string("tokenizer.chat_template"));
+    text = ks::model::apply_chat_template(messages, true, format);
+  }
   const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/chat);
   // --context 0 (the default): the KV cache holds what this request can use, the prompt and
   // max_tokens (at most the model's context length): no more memory than the reply needs (the
@@ -710,7 +718,8 @@ int main(int argc, char** argv) {
   gen->add_option("--device", g_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   CLI::Option* chat_flag = gen->add_flag(
       "--chat", g_chat,
-      "wrap the prompt in ChatML (SmolLM2's template; its default system prompt unless --system)");
+      "wrap the prompt in the model's chat template (ChatML only: its tokenizer.chat_template must render "
+      "<|im_start|> turns; its default system turn unless --system)");
   gen->add_option("--system", g_system, "with --chat: the system prompt instead of the template's default")
       ->needs(chat_flag)
       ->check(not_empty());

@@ -634,13 +634,42 @@ std::string StreamDecoder::flush() {
 // Chat template
 // ---------------------------------------------------------------------------------------
 
-std::string apply_chat_template(const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt) {
-  std::string out;
-  if (!messages.empty() && messages.front().role != "system") {
-    out += "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
-           "Face<|im_end|>\n";
+ChatFormat chat_format_from_template(const std::string& jinja) {
+  const bool chatml = jinja.find("<|im_start|>") != std::string::npos && jinja.find("<|im_end|>") != std::string::npos &&
+                      jinja.find("role") != std::string::npos && jinja.find("content") != std::string::npos;
+  if (!chatml)
+    throw std::invalid_argument(
+        "chat template: the model's tokenizer.chat_template is not ChatML (no <|im_start|> / <|im_end|> turns of "
+        "role and content); kernscope renders ChatML only: leave out --chat and give the formatted prompt");
+  ChatFormat f;
+  f.has_default_system = false;
+  f.default_system.clear();
+  const std::string head = "<|im_start|>system";
+  for (size_t at = jinja.find(head); at != std::string::npos; at = jinja.find(head, at + 1)) {
+    size_t b = at + head.size();
+    if (jinja.compare(b, 1, "\n") == 0)
+      b += 1;
+    else if (jinja.compare(b, 2, "\\n") == 0)
+      b += 2;
+    else
+      continue;  // "<|im_start|>system" + a variable's text: not a literal default
+    const size_t e = jinja.find("<|im_end|>", b);
+    if (e == std::string::npos) break;
+    const std::string text = jinja.substr(b, e - b);
+    // a literal: no Jinja expression or string delimiter inside (else it is built from variables)
+    if (text.find_first_of("'\"{}") != std::string::npos) continue;
+    f.has_default_system = true;
+    f.default_system = text;
+    break;
   }
+  return f;
+}
+
+std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt,
+                                const ChatFormat& format) {
+  std::string out;
+  if (!messages.empty() && messages.front().role != "system" && format.has_default_system)
+    out += "<|im_start|>system\n" + format.default_system + "<|im_end|>\n";
   for (const ChatMessage& m : messages) {
     out += "<|im_start|>";
     out += m.role;

@@ -131,14 +131,29 @@ struct ChatMessage {
   std::string role, content;
 };
 
-/// Renders messages with the SmolLM2-Instruct chat template (ChatML), matching the GGUF's
-/// tokenizer.chat_template: when the first message is not a "system" message, a default
-/// system turn "You are a helpful AI assistant named SmolLM, trained by Hugging Face" is
-/// prepended; each message renders as "<|im_start|>" + role + "\n" + content +
+/// What kernscope renders of a model's chat template: ChatML turns, and the system turn the
+/// template inserts when the first message is not a "system" message (has_default_system).
+struct ChatFormat {
+  bool has_default_system = true;
+  std::string default_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";  // SmolLM2's
+};
+
+/// The ChatFormat of a GGUF's tokenizer.chat_template (a Jinja source), which kernscope does not
+/// evaluate: it must be ChatML (it renders "<|im_start|>" + message role + newline + content +
+/// "<|im_end|>"), else std::invalid_argument says so. The default system turn is the text
+/// between "<|im_start|>system" + a newline (a newline byte, or the two characters backslash-n of
+/// an escaped Jinja string) and the next "<|im_end|>" in a literal of the template, when there is
+/// one; otherwise none. (SmolLM2-Instruct's template gives the defaults above.)
+ChatFormat chat_format_from_template(const std::string& jinja);
+
+/// Renders messages in ChatML as `format` says (the default: SmolLM2-Instruct's template, the
+/// GGUF's tokenizer.chat_template): when the first message is not a "system" message and the
+/// format has a default system turn, "<|im_start|>system\n" + default_system + "<|im_end|>\n"
+/// is prepended; each message renders as "<|im_start|>" + role + "\n" + content +
 /// "<|im_end|>\n"; with add_generation_prompt, "<|im_start|>assistant\n" follows.
 /// An empty message list renders only the generation prompt (as the Jinja template does).
 /// The result is meant to be encoded with parse_special = true.
-std::string apply_chat_template(const std::vector<ChatMessage>& messages,
-                                bool add_generation_prompt = true);
+std::string apply_chat_template(const std::vector<ChatMessage>& messages, bool add_generation_prompt = true,
+                                const ChatFormat& format = ChatFormat{});
 
 }  // namespace ks::model

@@ -287,6 +287,51 @@ TEST(ChatTemplate, SmolLM2Rendering) {
   EXPECT_EQ(apply_chat_template({}, false), "");
 }
 
+// chat_format_from_template reads the default system turn out of ChatML templates (a newline
+// byte or an escaped "\\n" after "<|im_start|>system"), finds none where the system text comes
+// from a variable, and refuses templates that are not ChatML, naming the flag to leave out.
+TEST(ChatTemplate, FormatFromTheModelsTemplate) {
+  using ks::model::apply_chat_template;
+  using ks::model::chat_format_from_template;
+  // SmolLM2-135M-Instruct's tokenizer.chat_template, as its GGUF holds it
+  const std::string smol =
+      "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+      "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' "
+      "+ message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt "
+      "%}{{ '<|im_start|>assistant\n' }}{% endif %}";
+  const ks::model::ChatFormat f = chat_format_from_template(smol);
+  EXPECT_TRUE(f.has_default_system);
+  EXPECT_EQ(f.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
+  EXPECT_EQ(apply_chat_template({{"user", "Hi"}}, true, f), apply_chat_template({{"user", "Hi"}}));
+  // an escaped newline in the Jinja literal, another default text
+  const ks::model::ChatFormat g = chat_format_from_template(
+      "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
+      "{% endif %}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+      "'<|im_end|>\\n' }}{% endfor %}");
+  EXPECT_TRUE(g.has_default_system);
+  EXPECT_EQ(apply_chat_template({{"user", "Hi"}}, true, g),
+            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+            "<|im_start|>assistant\n");
+  // ChatML without a default system turn (the system text only from the messages)
+  const ks::model::ChatFormat h = chat_format_from_template(
+      "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+      "{% endfor %}");
+  EXPECT_FALSE(h.has_default_system);
+  EXPECT_EQ(apply_chat_template({{"user", "Hi"}}, false, h), "<|im_start|>user\nHi<|im_end|>\n");
+  // "<|im_start|>system\n" + a variable: no literal default
+  EXPECT_FALSE(chat_format_from_template("{{ '<|im_start|>system\n' + sys + '<|im_end|>' }}{{ message['role'] + "
+                                         "message['content'] }}")
+                   .has_default_system);
+  // not ChatML (a Llama-2 style template): refused, saying what to do
+  try {
+    chat_format_from_template("{% for message in messages %}[INST] {{ message['content'] }} [/INST]{% endfor %}");
+    ADD_FAILURE() << "a non-ChatML template was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("not ChatML"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("leave out --chat"), std::string::npos) << e.what();
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // SmolLM2 vocabulary (needs KS_MODEL_PATH)
 // ---------------------------------------------------------------------------------------
