@@ -186,12 +186,21 @@ Table load_active_table() {
     // first matching cell wins, in the order given
     std::string list = env;
     size_t start = 0;
+    std::vector<std::pair<std::filesystem::path, std::string>> seen;  // (the file, as listed)
     while (start <= list.size()) {
       const size_t end = std::min(list.find(':', start), list.size());
       const std::string path = list.substr(start, end - start);
       start = end + 1;
       if (path.empty()) continue;
       std::error_code ec;
+      // a file listed twice (under any spelling) would be read twice, and an error in it could
+      // not say which entry it means
+      std::filesystem::path canon = std::filesystem::weakly_canonical(path, ec);
+      if (ec) canon = path;
+      for (const auto& [p, as_listed] : seen)
+        if (p == canon)
+          bad(path, "KS_ROUTING_TABLE lists this file twice (also as " + as_listed + "); list each file once");
+      seen.emplace_back(canon, path);
       if (std::filesystem::is_directory(path, ec)) bad(path, "KS_ROUTING_TABLE names a directory; it takes files (':'-separated)");
       if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
         bad(path, "KS_ROUTING_TABLE names something that is not a regular file (a device or a pipe)");

@@ -123,8 +123,9 @@ def _python_with_routing_table(table: bytes, code: str) -> str:
 
 def test_routing_table_errors_name_the_file_even_when_it_is_not_utf8(tmp_path):
     # a KS_ROUTING_TABLE path that is not UTF-8 (the error names it with U+FFFD for its bad bytes:
-    # strict decoding raised UnicodeDecodeError from every op) and a duplicate key (JSON keeps
-    # the last: a misspelt first "op" vanished without a word)
+    # strict decoding raised UnicodeDecodeError from every op), a duplicate key (JSON keeps
+    # the last: a misspelt first "op" vanished without a word) and one file listed twice (its
+    # errors could not say which entry they meant)
     dup = tmp_path / "dup.json"
     dup.write_text('{"schema": "kernscope-routing/1", "arch": "*", "cells": ['
                    '{"op": "rmsnorm", "op": "rms_norm", "backend": "cpu", "order": ["cpu_reference"], '
@@ -132,8 +133,10 @@ def test_routing_table_errors_name_the_file_even_when_it_is_not_utf8(tmp_path):
     code = ("import numpy as np, kernscope as ks\n"
             "try:\n    ks.argmax(np.zeros((2, 3), np.float32))\nexcept ValueError as e:\n    print('ERR', e)\n")
     bad_path = os.fsencode(str(tmp_path)) + b"/bad\xffname.json"
+    twice = os.fsencode(f"{dup}:{tmp_path}/./dup.json")  # one file listed twice: refused before it is read
     for table, want in ((bad_path, "bad\ufffdname.json: KS_ROUTING_TABLE names a file that cannot be read"),
-                        (os.fsencode(str(dup)), "dup.json cell 0: duplicate key \"op\"")):
+                        (os.fsencode(str(dup)), "dup.json cell 0: duplicate key \"op\""),
+                        (twice, "KS_ROUTING_TABLE lists this file twice (also as ")):
         out = _python_with_routing_table(table, code)
         assert "ERR argmax: routing: " in out and want in out, out
 
