@@ -449,6 +449,44 @@ __device__ __forceinline__ float prologue(float xv, float a, float w, float u, f
   return h;
 }
 
+// The inverse RMS of rows m0 .. m0 + MQ - 1 (those below M) of the Norm / AddNorm prologue, each
+// summed by the warp (row_squares over its lanes, then the butterfly); `write`: this warp stores
+// residual_out's rows as it goes (AddNorm). Rows past M get 0.
+template <typename T, int XV, Pro P, int MQ>
+__device__ __forceinline__ void warp_inv_rms(const T* r, const T* xa, T* ro, int64_t m0, int64_t M, int64_t K, float eps,
+                                             int lane, bool write, float* inv) {
+#pragma unroll
+  for (int mm = 0; mm < MQ; ++mm) {
+    inv[mm] = 0.f;
+    if (m0 + mm >= M) break;
+    const float ss = row_squares<T, XV, P>(r, xa, ro, (m0 + mm) * K, K / XV, lane, 32, write);
+    inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + eps);  // norm_kernel's expression
+  }
+}
+
+// s + the E products w[e] * h[e] of one row, added in order from e = 0, where h is the row fed to
+// the dot products (prologue P) at elements base .. base + E - 1 of p.x (norm_weight at kw ..,
+// the up half K further on): XV elements per load.
+template <typename T, int XV, Pro P, int E>
+__device__ __forceinline__ float dot_prologue(float s, const float* w, const T* x, const T* xa, const T* nw, int64_t base,
+                                              int64_t kw, int64_t K, float inv) {
+#pragma unroll
+  for (int c = 0; c < E / XV; ++c) {
+    const auto xv = load_vec<T, XV>(x + base + c * XV);
+    Vec<T, XV> av{}, wv{}, uv{};  // only those of prologue P are loaded
+    if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + c * XV);
+    if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + kw + c * XV);
+    if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + c * XV);
+#pragma unroll
+    for (int j = 0; j < XV; ++j) {
+      float h = xv.f(j);
+      if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv);
+      s += w[c * XV + j] * h;
+    }
+  }
+  return s;
+}
+
 // WIDE: weight blocks read as words, and the rows' 32 values per block as 16-byte vectors
 // (every row pointer 16-byte aligned; K is a multiple of 32, so every block's slice is too).
 // NC (p.cols_per_warp): warp w of the CTA owns columns n0 + w * NC + c, c < NC, one after the
@@ -482,15 +520,8 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
   constexpr int XV = WIDE ? 16 / int(sizeof(T)) : 1;  // elements per load
   for (int64_t m0 = 0; m0 < M; m0 += MQ) {
     float inv[MQ];
-    if constexpr (P == Pro::Norm || P == Pro::AddNorm) {
-#pragma unroll
-      for (int mm = 0; mm < MQ; ++mm) {
-        inv[mm] = 0.f;
-        if (m0 + mm >= M) break;
-        const float ss = row_squares<T, XV, P>(x, xa, ro, (m0 + mm) * K, K / XV, lane, 32, writer);
-        inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + p.eps);  // norm_kernel's expression
-      }
-    }
+    if constexpr (P == Pro::Norm || P == Pro::AddNorm)
+      warp_inv_rms<T, XV, P, MQ>(x, xa, ro, m0, M, K, p.eps, lane, writer, inv);
     for (int c = 0; c < nc; ++c) {
       const int64_t n = col0 + c;
       if (n >= N) break;
@@ -502,23 +533,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
 #pragma unroll
         for (int mm = 0; mm < MQ; ++mm) {
           if (m0 + mm >= M) break;
-          const int64_t base = (m0 + mm) * xs + b * 32;
-          float s = 0.f;
-#pragma unroll
-          for (int cc = 0; cc < 32 / XV; ++cc) {
-            const auto xv = load_vec<T, XV>(x + base + cc * XV);
-            Vec<T, XV> av, wv, uv;
-            if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + cc * XV);
-            if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + b * 32 + cc * XV);
-            if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + cc * XV);
-#pragma unroll
-            for (int j = 0; j < XV; ++j) {
-              float h = xv.f(j);
-              if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
-              s += v[cc * XV + j] * h;
-            }
-          }
-          acc[mm] += s;
+          acc[mm] += dot_prologue<T, XV, P, 32>(0.f, v, x, xa, nw, (m0 + mm) * xs + b * 32, b * 32, K, inv[mm]);
         }
       }
 #pragma unroll
@@ -594,15 +609,8 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_matmul_kernel(const Qm
     const uint8_t* wr = p.w + (n < N ? n : 0) * p.row_bytes;
     for (int64_t m0 = 0; m0 < M; m0 += kDenseRows) {
       float inv[kDenseRows];
-      if constexpr (P == Pro::Norm || P == Pro::AddNorm) {
-#pragma unroll
-        for (int mm = 0; mm < kDenseRows; ++mm) {
-          inv[mm] = 0.f;
-          if (m0 + mm >= M) break;
-          const float ss = row_squares<T, XV, P>(x, xa, ro, (m0 + mm) * K, K / XV, lane, 32, writer && first);
-          inv[mm] = 1.0f / sqrtf(warp_sum(ss) / float(K) + p.eps);  // norm_kernel's expression
-        }
-      }
+      if constexpr (P == Pro::Norm || P == Pro::AddNorm)
+        warp_inv_rms<T, XV, P, kDenseRows>(x, xa, ro, m0, M, K, p.eps, lane, writer && first, inv);
       if (n >= N) continue;  // the writer past the last column: residual_out only
       float acc[kDenseRows] = {};
       for (int64_t k0 = int64_t(lane) * V; k0 < K; k0 += 32 * V) {
@@ -611,23 +619,7 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_matmul_kernel(const Qm
 #pragma unroll
         for (int mm = 0; mm < kDenseRows; ++mm) {
           if (m0 + mm >= M) break;
-          const int64_t base = (m0 + mm) * xs + k0;
-          float s = acc[mm];
-#pragma unroll
-          for (int c = 0; c < V / XV; ++c) {
-            const auto xv = load_vec<T, XV>(x + base + c * XV);
-            Vec<T, XV> av{}, wv{}, uv{};  // only those of prologue P are loaded
-            if constexpr (P == Pro::AddNorm) av = load_vec<T, XV>(xa + base + c * XV);
-            if constexpr (P == Pro::Norm || P == Pro::AddNorm) wv = load_vec<T, XV>(nw + k0 + c * XV);
-            if constexpr (P == Pro::Silu) uv = load_vec<T, XV>(x + base + K + c * XV);
-#pragma unroll
-            for (int j = 0; j < XV; ++j) {
-              float h = xv.f(j);
-              if constexpr (P != Pro::None) h = prologue<T, P>(h, av.f(j), wv.f(j), uv.f(j), inv[mm]);
-              s += w[c * XV + j] * h;
-            }
-          }
-          acc[mm] = s;
+          acc[mm] = dot_prologue<T, XV, P, V>(acc[mm], w, x, xa, nw, (m0 + mm) * xs + k0, k0, K, inv[mm]);
         }
       }
 #pragma unroll
