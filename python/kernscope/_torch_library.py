@@ -230,7 +230,8 @@ def _quant_matmul_a8(x: Tensor, weight: Tensor, qtype: int, backend: str) -> Ten
 @_op("fused_add_rms_norm_quant_matmul(Tensor? x, Tensor residual, Tensor norm_weight, Tensor weight, int qtype, float eps, str backend) -> (Tensor, Tensor)")
 def _fused_add_rms_norm_quant_matmul(x: Optional[Tensor], residual: Tensor, norm_weight: Tensor, weight: Tensor,
                                      qtype: int, eps: float, backend: str) -> Any:
-    out = torch.empty((residual.shape[0] if residual.dim() else 0, weight.shape[0] if weight.dim() else 0),
+    # out [..., N]: residual's leading dims (a 0-d residual: the native op names it)
+    out = torch.empty((*residual.shape[:-1], weight.shape[0] if weight.dim() else 0),
                       dtype=residual.dtype, device=residual.device)
     res = torch.empty(residual.shape if x is not None else (0,), dtype=residual.dtype, device=residual.device)
     _run(_C.fused_add_rms_norm_quant_matmul, (out, res if x is not None else None, x, residual, norm_weight, weight),
@@ -240,7 +241,7 @@ def _fused_add_rms_norm_quant_matmul(x: Optional[Tensor], residual: Tensor, norm
 
 @_op("silu_and_mul_quant_matmul(Tensor gate_up, Tensor weight, int qtype, str backend) -> Tensor")
 def _silu_and_mul_quant_matmul(gate_up: Tensor, weight: Tensor, qtype: int, backend: str) -> Tensor:
-    out = torch.empty((gate_up.shape[0] if gate_up.dim() else 0, weight.shape[0] if weight.dim() else 0),
+    out = torch.empty((*gate_up.shape[:-1], weight.shape[0] if weight.dim() else 0),
                       dtype=gate_up.dtype, device=gate_up.device)
     _run(_C.silu_and_mul_quant_matmul, (out, gate_up, weight), qtype, _code("silu_and_mul_quant_matmul", backend))
     return out
@@ -390,12 +391,12 @@ def _(x, residual, norm_weight, weight, qtype, eps, backend):
         res = residual.new_empty((0,))
     else:
         res = torch.empty_like(residual, memory_format=torch.contiguous_format)
-    return residual.new_empty((residual.shape[0], weight.shape[0])), res
+    return residual.new_empty((*residual.shape[:-1], weight.shape[0])), res
 
 
 @_silu_and_mul_quant_matmul.register_fake
 def _(gate_up, weight, qtype, backend):
-    return gate_up.new_empty((gate_up.shape[0], weight.shape[0]))
+    return gate_up.new_empty((*gate_up.shape[:-1], weight.shape[0]))
 
 
 @_rotary_embedding.register_fake

@@ -149,8 +149,10 @@ void LlamaModel::matmul(const ks::TensorView& out, const ks::TensorView& x, cons
     // per-column variant that gives their bits for this call on this thread: cuda_staged_x, or
     // where it declines (K > 2720: BackendUnavailable, raised before anything launches)
     // cuda_warp_per_column_m16 from 8 rows (it declines fewer), else cuda_warp_per_column; then
-    // the caller's own pin, if any, is put back
-    ScopedPin pin("quant_matmul", "cuda_staged_x");
+    // the caller's own pin, if any, is put back. Dense weights (F32 / F16 / BF16): only
+    // cuda_warp_per_column takes them (its dense kernel sums a row alike at every M).
+    const bool dense = w.qtype == ks::QType::F32 || w.qtype == ks::QType::F16 || w.qtype == ks::QType::BF16;
+    ScopedPin pin("quant_matmul", dense ? "cuda_warp_per_column" : "cuda_staged_x");
     try {
       ks::quant_matmul(out, x, w.data, w.qtype, backend_, stream());
     } catch (const ks::BackendUnavailable&) {

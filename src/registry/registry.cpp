@@ -105,8 +105,11 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
       if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) &&
           qtype_matches(x, qtype) && shape_unbounded(x))
         cell = &x;
+  const bool dense_weights = qtype == "f32" || qtype == "f16" || qtype == "bf16";
   c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {
-    const std::string why = why_not_static(v, dtype);
+    std::string why = why_not_static(v, dtype);
+    if (why.empty() && dense_weights && v.block_formats_only)
+      why = "only the GGUF block formats Q4_0, Q4_1 and Q8_0 (the weights: " + std::string(qtype) + ")";
     if (!why.empty()) skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
     return why.empty();
   });

@@ -876,21 +876,23 @@ int count_outside_fp64_bound(const Buf& got, const Buf& x, const std::vector<dou
 // multiple of 8 but not 32, of 32, and a row of 131,075 values; M = 0 (nothing written), 1, 5,
 // 9 (row chunks of 4 and a tail); the weights aligned (16-byte chunks), offset by 2 bytes and
 // by 1 (element-wise, byte loads), x aligned and offset by one element. Each element within the
-// FP64 bound, the rows of M byte-equal to one-row calls (a row does not depend on M), and the
-// launch reports which path ran.
+// FP64 bound, every offset's result byte-equal to the aligned one's (the order does not follow
+// the alignment), the rows of M byte-equal to one-row calls (nor M), and the launch reports
+// which path ran.
 TEST(Cuda, QuantMatmulDenseWeights) {
   NEED_GPU();
   using namespace kstest::gguf;
   for (DType dt : kstest::float_dtypes())
     for (ks_qtype_t q : kDenseQ)
       for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-               {1, 576, 576}, {5, 37, 7}, {9, 130, 1544}, {4, 33, 4096}, {1, 3, 131075}, {0, 5, 64}})
+               {1, 576, 576}, {5, 37, 7}, {9, 130, 1544}, {4, 33, 4096}, {1, 3, 131075}, {0, 5, 64}}) {
+        Buf x(dt, {M, K}), aligned(dt, {M, N});
+        kstest::fill_normal(x);
+        Buf w = make_packed(q, N, K);
         for (size_t woff : {size_t(0), size_t(2), size_t(1)}) {
-          if (K > 100000 && woff != 0) continue;  // (the long row: once)
+          if (K > 100000 && woff == 2) continue;  // (the long row: aligned and by elements)
           SCOPED_TRACE(dense_trace(dt, q, M, N, K) + " weight offset " + std::to_string(woff));
-          Buf x(dt, {M, K}), got(dt, {M, N}), one(dt, {1, N});
-          kstest::fill_normal(x);
-          Buf w = make_packed(q, N, K);
+          Buf got(dt, {M, N}), one(dt, {1, N});
           const size_t xoff = woff == 1 ? ks::dtype_size(dt) : 0;
           DBuf dx(dt, {M, K}, xoff), dw(DType::U8, w.shape, woff), dout(dt, {M, N}), done(dt, {1, N});
           dx.upload(x);
@@ -905,6 +907,12 @@ TEST(Cuda, QuantMatmulDenseWeights) {
           const bool vec = woff == 0 && K % 8 == 0;
           EXPECT_NE(cfg.find(vec ? "vector_loads=1" : "vector_loads=0"), std::string::npos) << cfg;
           EXPECT_EQ(count_outside_fp64_bound(got, x, decode_all(q, w, K), M, N, K), 0);
+          // the sums' order depends on K alone: offset data (element-wise loads) gives the
+          // aligned call's bits
+          if (woff == 0)
+            std::memcpy(aligned.data(), got.data(), got.nbytes());
+          else
+            EXPECT_EQ(0, std::memcmp(got.data(), aligned.data(), got.nbytes())) << "offset data vs aligned";
           const size_t row = size_t(N) * ks::dtype_size(dt);
           for (int64_t r : {int64_t(0), M - 1}) {
             done.poison();
@@ -915,14 +923,36 @@ TEST(Cuda, QuantMatmulDenseWeights) {
                 << "row " << r << " of M differs from a one-row call";
           }
         }
+      }
 }
 
 // Dense weights, hostile values: a NaN in x reaches exactly its row, an infinite weight exactly its
 // column (±inf or NaN), a row of M = 0 writes nothing, and the block-format-only variants refuse
-// dense weights when pinned, naming the limit, while the default takes them.
+// dense weights when pinned, naming the limit, while the default takes them; ks_which with a
+// dense block format names the variant that runs (routing cells list block-only ones first).
 TEST(Cuda, QuantMatmulDenseWeightsNonFiniteAndRefusals) {
   NEED_GPU();
   using namespace kstest::gguf;
+  {
+    const char* variant = nullptr;
+    const char* reason = nullptr;
+    for (const char* dt : {"fp32:f16", "bf16:bf16", "fp16:f32"})
+      for (int64_t rows : {int64_t(1), int64_t(8), int64_t(64)}) {
+        ASSERT_EQ(ks_which_shape("quant_matmul", dt, KS_BACKEND_CUDA, rows, 576 * 576, &variant, &reason), KS_SUCCESS)
+            << ks_last_error();
+        EXPECT_STREQ(variant, "cuda_warp_per_column") << dt << " rows " << rows << ": " << reason;
+      }
+    ASSERT_EQ(ks_which_shape("fused_add_rms_norm_quant_matmul_rope_kv_append", "bf16:f16", KS_BACKEND_CUDA, 1,
+                             960 * 576, &variant, &reason),
+              KS_SUCCESS)
+        << ks_last_error();
+    EXPECT_STREQ(variant, "cuda_composed") << reason;
+    ASSERT_EQ(ks_which_shape("silu_and_mul_quant_matmul", "fp32:bf16", KS_BACKEND_CUDA, 32, 576 * 1536, &variant,
+                             &reason),
+              KS_SUCCESS)
+        << ks_last_error();
+    EXPECT_STREQ(variant, "cuda_warp_per_column") << reason;
+  }
   for (DType dt : kstest::float_dtypes())
     for (ks_qtype_t q : kDenseQ) {
       SCOPED_TRACE(dense_trace(dt, q, 3, 40, 264));
@@ -972,9 +1002,9 @@ TEST(Cuda, QuantMatmulDenseWeightsNonFiniteAndRefusals) {
 // The two fusions with dense weights (their default variants run dense_matmul_kernel's
 // prologues): fused_add_rms_norm_quant_matmul against the CPU (with and without x;
 // residual_out byte-equal to the CPU's), its rows of M = 9 byte-equal to one-row calls;
-// silu_and_mul_quant_matmul bit for bit silu_and_mul then quant_matmul on CUDA, and within
-// the CPU's bound. K = 576 (16-byte chunks) and K = 100 (element-wise), inputs aligned and
-// offset by one element.
+// silu_and_mul_quant_matmul bit for bit silu_and_mul then quant_matmul on CUDA (h at gate_up's
+// alignment and at the other one), and within the CPU's bound. K = 576 (16-byte chunks) and
+// K = 100 (element-wise), inputs aligned and offset by one element.
 TEST(Cuda, QuantMatmulFusionsDenseWeights) {
   NEED_GPU();
   using namespace kstest::gguf;
@@ -1045,6 +1075,16 @@ TEST(Cuda, QuantMatmulFusionsDenseWeights) {
           da.download(a);
           db.download(b);
           EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << "silu_and_mul_quant_matmul vs the two calls";
+          {  // h at the other alignment (aligned weights: one call by 16-byte chunks, the other by
+             // elements): the same bits, the order following K alone
+            DBuf dh2(dt, {M, K}, eo ? 0 : ks::dtype_size(dt)), db2(dt, {M, N});
+            CK(cudaMemcpy(dh2.data(), dh.data(), dh.nbytes(), cudaMemcpyDeviceToDevice));
+            db2.poison();
+            ks::quant_matmul(db2.view(), dh2.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+            CK(cudaDeviceSynchronize());
+            db2.download(b);
+            EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.nbytes())) << "h at the other alignment";
+          }
           ks::silu_and_mul_quant_matmul(cpu.view(), gu.view(), w.view(), static_cast<ks::QType>(q), ks::Backend::Cpu);
           EXPECT_TRUE(close_to_cpu(a, cpu, 16 * std::sqrt(double(K)) * 6e-8 * double(K) * 4)) << "silu vs the CPU";
         }

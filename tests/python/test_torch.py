@@ -876,14 +876,17 @@ def test_compile_quant_matmul_fusions_fullgraph(backend):
         y0 = ks.fused_add_rms_norm_quant_matmul(None, res, nw, packed, "q4_1", backend=backend)
         return y, res, y0, ks.silu_and_mul_quant_matmul(gu, packed, "q4_1", backend=backend)
 
-    def args():
-        return (trand((3, 32), "fp32", seed=1), trand((3, 32), "fp32", seed=2), trand((32,), "fp32", seed=3),
-                trand((3, 64), "fp32", seed=4))
+    def args(lead=(3,)):  # (lead: the leading dims of x, residual and gate_up; out [*lead, N])
+        return (trand((*lead, 32), "fp32", seed=1), trand((*lead, 32), "fp32", seed=2), trand((32,), "fp32", seed=3),
+                trand((*lead, 64), "fp32", seed=4))
 
-    want = f(*args())
-    got = torch.compile(f, fullgraph=True, backend="eager" if backend == "torch" else "inductor")(*args())
-    for a, b in zip(got, want):
-        assert torch.equal(a, b)
+    for lead in ((3,), (2, 3), ()):
+        torch._dynamo.reset()
+        want = f(*args(lead))
+        got = torch.compile(f, fullgraph=True, backend="eager" if backend == "torch" else "inductor")(*args(lead))
+        for a, b in zip(got, want):
+            assert tuple(a.shape) == tuple(b.shape) and torch.equal(a, b), lead
+        assert tuple(got[0].shape) == (*lead, 12) and tuple(got[3].shape) == (*lead, 12), lead
     # residual_out without x is rejected while tracing too
     g = torch.compile(lambda r, nw: ks.fused_add_rms_norm_quant_matmul(None, r, nw, packed, "q4_1", residual_out=r + 1,
                                                                        backend=backend), fullgraph=True, backend="eager")

@@ -398,6 +398,22 @@ struct QmmParams {
   int cols_per_warp;    // the consecutive output columns each warp owns (1, 2 or 4; by N, K and the block format)
 };
 
+// QmmParams' rows as the activations' type T, and the elements between rows of p.x (prologue P).
+template <typename T>
+struct QmmRows {
+  const T* x;   // None: x; Norm / AddNorm: residual; Silu: gate_up
+  const T* xa;  // AddNorm: x
+  const T* nw;  // Norm / AddNorm: norm_weight
+  T* ro;        // AddNorm: residual_out
+  T* out;
+  int64_t xs;   // Silu: 2K, else K
+};
+template <typename T, Pro P>
+__device__ __forceinline__ QmmRows<T> qmm_rows(const QmmParams& p) {
+  return {static_cast<const T*>(p.x), static_cast<const T*>(p.add), static_cast<const T*>(p.norm_w),
+          static_cast<T*>(p.res_out), static_cast<T*>(p.out), P == Pro::Silu ? 2 * p.K : p.K};
+}
+
 // A block's 32 decoded weights times its 32 staged x values (FP32, 16-byte aligned, as 8
 // float4), summed in order from 0: the per-warp kernel's order for one block.
 __device__ __forceinline__ float dot32(const float* v, const float4* x) {
@@ -511,12 +527,7 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
   if (col0 >= p.N && !writer) return;
   const int64_t M = p.M, N = p.N, K = p.K;
   const int64_t nblocks = K / 32, bbytes = q_block_bytes(p.q);
-  const T* x = static_cast<const T*>(p.x);
-  const T* xa = static_cast<const T*>(p.add);
-  const T* nw = static_cast<const T*>(p.norm_w);
-  T* ro = static_cast<T*>(p.res_out);
-  T* out = static_cast<T*>(p.out);
-  const int64_t xs = P == Pro::Silu ? 2 * K : K;  // elements between rows of p.x
+  const auto [x, xa, nw, ro, out, xs] = qmm_rows<T, P>(p);
   constexpr int XV = WIDE ? 16 / int(sizeof(T)) : 1;  // elements per load
   for (int64_t m0 = 0; m0 < M; m0 += MQ) {
     float inv[MQ];
@@ -548,13 +559,16 @@ __global__ void __launch_bounds__(256) quant_matmul_kernel(const QmmParams p) {
 // ---- quant_matmul with dense weights (F32, F16, BF16) -------------------------------------
 // cuda_warp_per_column's kernel for the formats with no blocks to decode, quant_matmul's and
 // its two fusions' (prologue P). A warp owns output column n (n, n + W, ... for the grid's W
-// warps), rows of x 4 at a time (kDenseRows); lane l takes the chunks l, l + 32, ... of V
-// consecutive elements of w's row n and x's rows (V = 8 where w, every row pointer and K suit
-// 16-byte loads; else V = 1, the weights read byte by byte, so any K and any offset), adds each
-// product to its row's FP32 sum in k order, then the lanes are summed by the butterfly. The
-// fused prologues are quant_matmul_kernel's (row_squares over the warp's lanes, then
-// prologue): a row's value depends on K and V alone, never on M (batch-invariant), and
-// silu_and_mul_quant_matmul is bit for bit silu_and_mul then quant_matmul (both run here).
+// warps), rows of x 4 at a time (kDenseRows); lane l takes the chunks l, l + 32, ... of 8
+// consecutive elements of w's row n and x's rows (the last one shorter where K % 8 != 0) and
+// adds each product to its row's FP32 sum in k order; then the lanes are summed by the
+// butterfly. VEC (w, every row pointer and K suit 16-byte loads) only decides how a chunk is
+// read: as 16-byte vectors, or element by element (the weights byte by byte: any K, any
+// offset), so the sums' order depends on K alone: never on M (batch-invariant) nor on the
+// pointers' alignment, and silu_and_mul_quant_matmul is bit for bit silu_and_mul then
+// quant_matmul (whatever the alignment of either's rows). The fused prologues are
+// quant_matmul_kernel's (warp_inv_rms, whose sum of squares' order follows the alignment as
+// every quant_matmul kernel's does; dot_prologue).
 constexpr int kDenseWarps = 8, kDenseRows = 4;
 
 // The V weights of w's row from element k0 as floats (WB: bytes per weight, 4 = F32; 2 = F16,
@@ -590,7 +604,7 @@ __device__ __forceinline__ void dense_weights(const uint8_t* row, int64_t k0, bo
   }
 }
 
-template <typename T, int WB, int V, Pro P>
+template <typename T, int WB, bool VEC, Pro P>
 __global__ void __launch_bounds__(32 * kDenseWarps) dense_matmul_kernel(const QmmParams p, bool bf16) {
   pdl_begin();  // (nothing is read before the previous kernel has finished)
   const int lane = threadIdx.x & 31;
@@ -598,13 +612,9 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_matmul_kernel(const Qm
   int64_t n = int64_t(blockIdx.x) * kDenseWarps + (threadIdx.x >> 5);
   const bool writer = P == Pro::AddNorm && blockIdx.x == 0 && threadIdx.x < 32;  // residual_out (warp 0)
   if (n >= N && !writer) return;
-  const T* x = static_cast<const T*>(p.x);
-  const T* xa = static_cast<const T*>(p.add);
-  const T* nw = static_cast<const T*>(p.norm_w);
-  T* ro = static_cast<T*>(p.res_out);
-  T* out = static_cast<T*>(p.out);
-  const int64_t xs = P == Pro::Silu ? 2 * K : K;  // elements between rows of p.x
-  constexpr int XV = V == 1 ? 1 : 16 / int(sizeof(T));  // x's elements per load
+  const auto [x, xa, nw, ro, out, xs] = qmm_rows<T, P>(p);
+  constexpr int XV = VEC ? 16 / int(sizeof(T)) : 1;  // x's elements per load
+  constexpr int C = 8;                                 // elements per chunk
   for (bool first = true;; first = false, n += stride) {  // (the writer's first pass runs even past N)
     const uint8_t* wr = p.w + (n < N ? n : 0) * p.row_bytes;
     for (int64_t m0 = 0; m0 < M; m0 += kDenseRows) {
@@ -613,13 +623,26 @@ __global__ void __launch_bounds__(32 * kDenseWarps) dense_matmul_kernel(const Qm
         warp_inv_rms<T, XV, P, kDenseRows>(x, xa, ro, m0, M, K, p.eps, lane, writer && first, inv);
       if (n >= N) continue;  // the writer past the last column: residual_out only
       float acc[kDenseRows] = {};
-      for (int64_t k0 = int64_t(lane) * V; k0 < K; k0 += 32 * V) {
-        float w[V];
-        dense_weights<WB, V>(wr, k0, bf16, w);
+      for (int64_t k0 = int64_t(lane) * C; k0 < K; k0 += 32 * C) {
+        if constexpr (VEC) {  // (K % 8 == 0: whole chunks)
+          float w[C];
+          dense_weights<WB, C>(wr, k0, bf16, w);
 #pragma unroll
-        for (int mm = 0; mm < kDenseRows; ++mm) {
-          if (m0 + mm >= M) break;
-          acc[mm] = dot_prologue<T, XV, P, V>(acc[mm], w, x, xa, nw, (m0 + mm) * xs + k0, k0, K, inv[mm]);
+          for (int mm = 0; mm < kDenseRows; ++mm) {
+            if (m0 + mm >= M) break;
+            acc[mm] = dot_prologue<T, XV, P, C>(acc[mm], w, x, xa, nw, (m0 + mm) * xs + k0, k0, K, inv[mm]);
+          }
+        } else {
+          const int len = int(min(int64_t(C), K - k0));
+          for (int e = 0; e < len; ++e) {  // the chunk element by element: the same order
+            float w;
+            dense_weights<WB, 1>(wr, k0 + e, bf16, &w);
+#pragma unroll
+            for (int mm = 0; mm < kDenseRows; ++mm) {
+              if (m0 + mm >= M) break;
+              acc[mm] = dot_prologue<T, 1, P, 1>(acc[mm], &w, x, xa, nw, (m0 + mm) * xs + k0 + e, k0 + e, K, inv[mm]);
+            }
+          }
         }
       }
 #pragma unroll
@@ -739,13 +762,8 @@ __device__ __forceinline__ void quant_matmul_staged_body(const QmmParams& p, con
   else
     pdl_begin();
   const int64_t nblocks = K / 32, bbytes = q_block_bytes(p.q);
-  const T* x = static_cast<const T*>(p.x);
-  const T* xa = static_cast<const T*>(p.add);
-  const T* nw = static_cast<const T*>(p.norm_w);
-  T* ro = static_cast<T*>(p.res_out);
-  T* out = static_cast<T*>(p.out);
+  const auto [x, xa, nw, ro, out, xs] = qmm_rows<T, P>(p);
   const bool writer = P == Pro::AddNorm && blockIdx.x == 0;  // this CTA writes residual_out
-  const int64_t xs = P == Pro::Silu ? 2 * K : K;
   constexpr int XV = WIDE ? 16 / int(sizeof(T)) : 1;
   const int64_t kv = K / XV;  // vectors per row
   for (int64_t m0 = 0; m0 < M; m0 += MQ) {
@@ -1280,9 +1298,9 @@ void launch_dense_qmm(const char* op, const QmmParams& p, detail::DType dt, int 
       launch_kernel(op, kern, dim3(grid), dim3(32 * kDenseWarps), 0, s, 1, dp.pdl, p, bf16);
     };
     if (p.q == KS_QTYPE_F32)
-      vec ? launch(dense_matmul_kernel<T, 4, 8, P>) : launch(dense_matmul_kernel<T, 4, 1, P>);
+      vec ? launch(dense_matmul_kernel<T, 4, true, P>) : launch(dense_matmul_kernel<T, 4, false, P>);
     else
-      vec ? launch(dense_matmul_kernel<T, 2, 8, P>) : launch(dense_matmul_kernel<T, 2, 1, P>);
+      vec ? launch(dense_matmul_kernel<T, 2, true, P>) : launch(dense_matmul_kernel<T, 2, false, P>);
   });
   check_launch(op);
   record_launch(op, "dense_warp_per_column warps_per_cta=%lld m_chunk=%lld vector_loads=%lld grid=%lld",

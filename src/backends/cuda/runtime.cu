@@ -609,6 +609,18 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"kv_cache_append", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
                "a CTA per token, 16-byte copies when aligned; out-of-range device slots skipped", avail,
                ks::cuda::ci_kv, ks::cuda::kv_cache_append_cuda});
+  // The variants whose can_implement refuses dense weights (ci_quant_matmul_blocks, qtype_reason):
+  // every quant_matmul variant but cuda_warp_per_column, silu_and_mul_quant_matmul's
+  // cuda_mma_rows and the RoPE fusion's one-kernel cuda_warp_per_column (ks_which skips them for
+  // a dense block format)
+  for (Variant& x : v) {
+    const std::string op = x.op, name = x.name;
+    if (x.backend == KS_BACKEND_CUDA &&
+        ((op == "quant_matmul" && name != "cuda_warp_per_column") ||
+         (op == "silu_and_mul_quant_matmul" && name == "cuda_mma_rows") ||
+         (op == "fused_add_rms_norm_quant_matmul_rope_kv_append" && name == "cuda_warp_per_column")))
+      x.block_formats_only = true;
+  }
 }
 std::string cuda_arch_name(int device) {
   if (!cuda::device_present()) return "";  // no device: callers say so (not a driver error)
