@@ -185,22 +185,26 @@ Table load_active_table() {
     // one file, or several separated by ':' (e.g. `ksctl tune`'s cpu and GPU tables); the
     // first matching cell wins, in the order given
     std::string list = env;
-    size_t start = 0;
-    std::vector<std::pair<std::filesystem::path, std::string>> seen;  // (the file, as listed)
-    while (start <= list.size()) {
+    std::vector<std::string> paths;
+    for (size_t start = 0; start <= list.size();) {
       const size_t end = std::min(list.find(':', start), list.size());
-      const std::string path = list.substr(start, end - start);
+      if (end > start) paths.push_back(list.substr(start, end - start));
       start = end + 1;
-      if (path.empty()) continue;
+    }
+    // a file listed twice (under any spelling) would be read twice, and an error in it could not
+    // say which entry it means: refused before any file is read
+    std::vector<std::filesystem::path> canon;
+    for (const std::string& path : paths) {
       std::error_code ec;
-      // a file listed twice (under any spelling) would be read twice, and an error in it could
-      // not say which entry it means
-      std::filesystem::path canon = std::filesystem::weakly_canonical(path, ec);
-      if (ec) canon = path;
-      for (const auto& [p, as_listed] : seen)
-        if (p == canon)
-          bad(path, "KS_ROUTING_TABLE lists this file twice (also as " + as_listed + "); list each file once");
-      seen.emplace_back(canon, path);
+      std::filesystem::path c = std::filesystem::weakly_canonical(path, ec);
+      if (ec) c = path;
+      for (size_t i = 0; i < canon.size(); ++i)
+        if (canon[i] == c)
+          bad(path, "KS_ROUTING_TABLE lists this file twice (also as " + paths[i] + "); list each file once");
+      canon.push_back(c);
+    }
+    for (const std::string& path : paths) {
+      std::error_code ec;
       if (std::filesystem::is_directory(path, ec)) bad(path, "KS_ROUTING_TABLE names a directory; it takes files (':'-separated)");
       if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
         bad(path, "KS_ROUTING_TABLE names something that is not a regular file (a device or a pipe)");
