@@ -47,10 +47,10 @@ test-bindings: build
 
 # The prompt reaches ksctl through a shell variable set first (a `VAR=x cmd "$VAR"` prefix
 # would expand $VAR before the assignment: an empty prompt), unexpanded and unquoted by make
-# or the shell (quotes, $ and backticks in PROMPT are passed as written). OpenMP threads wait
-# passively: spinning collapses throughput when other processes share the cores.
+# or the shell (quotes, $ and backticks in PROMPT are passed as written). ksctl picks the thread
+# count from the cores' load (README, Threads); an OMP_WAIT_POLICY here would turn that off.
 run: build-ksctl model
-	KS_PROMPT='$(subst ','\'',$(value PROMPT))'; OMP_WAIT_POLICY=passive \
+	KS_PROMPT='$(subst ','\'',$(value PROMPT))'; \
 	  $(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
 
 # The CSV goes to $(BENCH_CSV): the build folder by default, so a run on another machine does not
