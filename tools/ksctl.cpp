@@ -389,6 +389,21 @@ ks::Backend model_backend(const std::string& device) {
   return be;
 }
 
+// An option's value: a whole number in [lo, hi], written in decimal digits (an optional '-'), so
+// that a typo says what is wanted ("'abc' is not a whole number in [1, 1048576]").
+CLI::Validator int_in(int64_t lo, int64_t hi) {
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return CLI::Validator(
+      [=](std::string& v) {
+        int64_t n = 0;
+        const char* end = v.data() + v.size();
+        const auto r = std::from_chars(v.data(), end, n);
+        const bool ok = r.ec == std::errc() && r.ptr == end && n >= lo && n <= hi;
+        return ok ? std::string() : "'" + v + "' is not a whole number in " + range;
+      },
+      "INT in " + range);
+}
+
 // An option's value: a float in [lo, hi] ((lo, hi] with lo_open); a NaN is refused (it would pass
 // a range check: every comparison with it is false).
 CLI::Validator float_in(float lo, bool lo_open, float hi) {
@@ -685,7 +700,7 @@ int main(int argc, char** argv) {
   auto* u_backend_opt =
       tune->add_option("--backend", u_backend, "cpu | cuda | all (the ones present)")->check(CLI::IsMember({"cpu", "cuda", "all"}));
   auto* u_op_opt = tune->add_option("--op", u_op, "only this op");
-  auto* u_reps_opt = tune->add_option("--reps", u_reps, "timed samples per variant and shape")->check(CLI::Range(1, 1000));
+  auto* u_reps_opt = tune->add_option("--reps", u_reps, "timed samples per variant and shape")->check(int_in(1, 1000));
   tune->add_option("--out-dir", u_dir, "where the CSV and the tables go (created if missing)");
   tune->add_flag("-q,--quiet", u_quiet, "no progress bar");
   std::string u_from_csv, u_commit;
@@ -713,8 +728,7 @@ int main(int argc, char** argv) {
       ->default_str("with --chat: What is the capital of France? / without: The capital of France is")
       ->check(not_empty("leave --prompt out for the default prompt"));
   gen->add_option("--max-tokens", g_max, "tokens to generate at most")
-      ->check(CLI::TypeValidator<int64_t>("INT"))
-      ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+      ->check(int_in(1, int64_t(1) << 20));
   gen->add_option("--device", g_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   CLI::Option* chat_flag = gen->add_flag(
       "--chat", g_chat,
@@ -727,7 +741,7 @@ int main(int argc, char** argv) {
                   "0 = greedy; > 0 samples from softmax(logits / T), after --top-k and --top-p (kernscope's sample op)")
       ->check(float_in(0.0f, /*lo_open=*/false, 100.0f));
   gen->add_option("--top-k", g_top_k, "with --temperature > 0: sample among the top_k largest logits (0: all)")
-      ->check(CLI::Range(int64_t(0), int64_t(INT32_MAX)));
+      ->check(int_in(0, INT32_MAX));
   gen->add_option("--top-p", g_top_p,
                   "with --temperature > 0: sample from the smallest set of tokens whose probability reaches top_p (1: all)")
       ->check(float_in(0.0f, /*lo_open=*/true, 1.0f));
@@ -749,7 +763,7 @@ int main(int argc, char** argv) {
   gen->add_option("--threads", g_threads,
                   "CPU threads (0 = all cores, one fewer per core other processes keep busy at the start; 1 avoids "
                   "stalls when other processes load the CPU)")
-      ->check(CLI::Range(0, 1024));
+      ->check(int_in(0, 1024));
   gen->add_option("--context", g_ctx, "KV-cache capacity in tokens (0: the prompt + --max-tokens)")
       ->check(CLI::Validator(
           [](std::string& v) {
@@ -767,9 +781,9 @@ int main(int argc, char** argv) {
   int64_t b_decode = 128;
   int b_repeats = 5;
   bench->add_option("--model", b_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
-  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure")->check(CLI::Range(int64_t(1), int64_t(1) << 20));
-  bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->check(CLI::Range(int64_t(2), int64_t(4096)));
-  bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(CLI::Range(1, 100));
+  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure")->check(int_in(1, int64_t(1) << 20));
+  bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->check(int_in(2, 4096));
+  bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(int_in(1, 100));
   bench->add_option("--device", b_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", b_csv,
                     "write results to this CSV: phase, prompt_tokens, tokens (a batched row's decode steps per "
@@ -778,12 +792,12 @@ int main(int argc, char** argv) {
   bench->add_option("--context", b_context,
                     "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; the decode "
                     "attention's block table follows the live context, its widest is the whole cache)")
-      ->check(CLI::Range(int64_t(16), int64_t(1) << 20))
+      ->check(int_in(16, int64_t(1) << 20))
       ->default_str("the longest prompt + decode tokens + 1");
   std::vector<int64_t> b_batches{1};
   bench->add_option("--batch", b_batches, "also decode this many sequences at once (decode throughput), e.g. 8 32")
-      ->check(CLI::Range(int64_t(1), int64_t(256)));
-  bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->check(CLI::Range(0, 1024));
+      ->check(int_in(1, 256));
+  bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->check(int_in(0, 1024));
 
   try {
     app.parse(argc, argv);
