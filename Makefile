@@ -3,7 +3,7 @@
 #   make test   set up, build and run every test (the CI entry point)
 BUILD     ?= build
 CMAKE_ARGS ?=
-PROMPT    ?= Explain in two sentences what an LLM inference kernel is.
+PROMPT    ?= Give three tips for staying healthy.
 MAX_TOKENS ?= 200
 export KS_CACHE ?= $(HOME)/.cache/kernscope
 MODEL     ?= $(KS_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf
