@@ -389,6 +389,43 @@ ks::Backend model_backend(const std::string& device) {
   return be;
 }
 
+// Edit distance (insertions, deletions, substitutions, adjacent swaps) of two short strings.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1])});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// After "The following arguments were not expected": for each unknown "--name[=v]" on the command
+// line, the subcommand's option it was probably meant as (at most 2 edits away), on stderr.
+void suggest_options(const CLI::App& app, int argc, char** argv) {
+  std::vector<const CLI::App*> scopes;
+  for (const CLI::App* sub : app.get_subcommands()) scopes.push_back(sub);  // the ones given
+  if (scopes.empty()) scopes.push_back(&app);
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
+    arg = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+    std::string best;
+    size_t best_d = 3;
+    bool known = false;
+    for (const CLI::App* scope : scopes)
+      for (const CLI::Option* opt : scope->get_options())
+        for (const std::string& name : opt->get_lnames()) {
+          if (name == arg) known = true;
+          const size_t dist = edit_distance(arg, name);
+          if (dist < best_d) best_d = dist, best = name;
+        }
+    if (!known && !best.empty()) std::fprintf(stderr, "ksctl: --%s: did you mean --%s?\n", arg.c_str(), best.c_str());
+  }
+}
+
 // An option's value: a whole number in [lo, hi], written in decimal digits (an optional '-'), so
 // that a typo says what is wanted ("'abc' is not a whole number in [1, 1048576]").
 CLI::Validator int_in(int64_t lo, int64_t hi) {
@@ -805,6 +842,7 @@ int main(int argc, char** argv) {
     // --help / --version exit 0 through CLI11's printer; a usage error prints its message and
     // exits 2, like every other refusal here (CLI11's own codes, 105-ish, would be a second scheme)
     const int rc = app.exit(e);
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) suggest_options(app, argc, argv);
     return rc == 0 ? 0 : 2;
   }
   try {
