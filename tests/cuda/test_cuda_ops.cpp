@@ -804,6 +804,20 @@ TEST(Cuda, DequantizeEveryFormat) {
       }
 }
 
+namespace {
+// quant_matmul on CUDA of host x [M, K] and packed weights w (format q) into host got [M, N]:
+// uploaded to fresh device buffers x_off / w_off bytes past their start, the output poisoned first.
+void cuda_quant_matmul(Buf& got, const Buf& x, const Buf& w, ks_qtype_t q, size_t x_off = 0, size_t w_off = 0) {
+  DBuf dx(x.dtype, x.shape, x_off), dw(DType::U8, w.shape, w_off), dout(got.dtype, got.shape);
+  dx.upload(x);
+  dw.upload(w);
+  dout.poison();
+  ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+  CK(cudaDeviceSynchronize());
+  dout.download(got);
+}
+}  // namespace
+
 // quant_matmul on CUDA against the CPU backend: GGUF Q4_0 / Q4_1 / Q8_0 weights, M from 1
 // (decode) to 9 (chunks of 4 rows plus a tail), K with one and many blocks.
 TEST(Cuda, QuantMatmulBlockFormats) {
@@ -821,13 +835,7 @@ TEST(Cuda, QuantMatmulBlockFormats) {
         // aligned (word loads of the blocks, 16-byte loads of x) and offset by one byte / one
         // element (the byte-wise path)
         for (size_t off : {size_t(0), size_t(1)}) {
-          DBuf dx(dt, {M, K}, off ? ks::dtype_size(dt) : 0), dw(DType::U8, w.shape, off), dout(dt, {M, N});
-          dx.upload(x);
-          dw.upload(w);
-          dout.poison();
-          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-          CK(cudaDeviceSynchronize());
-          dout.download(got);
+          cuda_quant_matmul(got, x, w, q, off ? ks::dtype_size(dt) : 0, off);
           // sums of K products in different orders (|x| ~ 1, |w| ~ 1): the random-walk bound
           EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K))) << "offset " << off;
         }
@@ -969,13 +977,7 @@ TEST(Cuda, QuantMatmulDenseWeightsNonFiniteAndRefusals) {
       } else {
         put16(w7 + 2 * 5, q == KS_QTYPE_F16 ? uint16_t(0x7C00) : uint16_t(0x7F80));
       }
-      DBuf dx(dt, {M, K}), dw(DType::U8, w.shape), dout(dt, {M, N});
-      dx.upload(x);
-      dw.upload(w);
-      dout.poison();
-      ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-      CK(cudaDeviceSynchronize());
-      dout.download(got);
+      cuda_quant_matmul(got, x, w, q);
       for (int64_t m = 0; m < M; ++m)
         for (int64_t n = 0; n < N; ++n) {
           const double g = got.get(m * N + n);
@@ -990,7 +992,7 @@ TEST(Cuda, QuantMatmulDenseWeightsNonFiniteAndRefusals) {
         kstest::ScopedVariant pin("quant_matmul", variant);
         ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
         try {
-          ks::quant_matmul(dout.view(), dx.view(), dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
+          cuda_quant_matmul(got, x, w, q);
           ADD_FAILURE() << variant << " took dense weights";
         } catch (const ks::Error& e) {
           EXPECT_NE(std::string(e.what()).find("only the GGUF block formats"), std::string::npos) << e.what();
@@ -999,69 +1001,24 @@ TEST(Cuda, QuantMatmulDenseWeightsNonFiniteAndRefusals) {
     }
 }
 
-// The two fusions with dense weights (their default variants run dense_matmul_kernel's
-// prologues): fused_add_rms_norm_quant_matmul against the CPU (with and without x;
-// residual_out byte-equal to the CPU's), its rows of M = 9 byte-equal to one-row calls;
-// silu_and_mul_quant_matmul bit for bit silu_and_mul then quant_matmul on CUDA (h at gate_up's
-// alignment and at the other one), and within the CPU's bound. K = 576 (16-byte chunks) and
-// K = 100 (element-wise), inputs aligned and offset by one element.
-TEST(Cuda, QuantMatmulFusionsDenseWeights) {
+// silu_and_mul_quant_matmul with dense weights (its default variant runs dense_matmul_kernel with
+// the SiLU prologue): bit for bit silu_and_mul then quant_matmul on CUDA (h at gate_up's alignment
+// and at the other one), and within the CPU's bound. K = 576 (16-byte chunks) and K = 100
+// (element-wise), inputs aligned and offset by one element. (The norm fusion's dense cases:
+// FusedNormQuantMatmulAgainstCpu and FusedNormQuantMatmulRowDoesNotDependOnMAndNoColumns.)
+TEST(Cuda, SiluQuantMatmulDenseWeights) {
   NEED_GPU();
   using namespace kstest::gguf;
-  const ks::TensorView none;
   for (DType dt : kstest::float_dtypes())
     for (ks_qtype_t q : kDenseQ)
       for (int64_t K : {int64_t(576), int64_t(100)})
         for (size_t off : {size_t(0), size_t(1)}) {
           const int64_t M = 9, N = 70;
           SCOPED_TRACE(dense_trace(dt, q, M, N, K) + " offset " + std::to_string(off));
-          const size_t eo = off ? ks::dtype_size(dt) : 0, es = ks::dtype_size(dt);
+          const size_t eo = off ? ks::dtype_size(dt) : 0;
           Buf w = make_packed(q, N, K);
           DBuf dw(DType::U8, w.shape, off);
           dw.upload(w);
-          for (bool with_x : {true, false}) {
-            SCOPED_TRACE(with_x ? "norm with x" : "norm, residual only");
-            Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), ref(dt, {M, N}), ref_ro(dt, {M, K}), got(dt, {M, N}),
-                got_ro(dt, {M, K}), one(dt, {1, N});
-            kstest::fill_normal(res);
-            kstest::fill_normal(x);
-            kstest::fill_normal(nw, 1.0, 1.0);
-            ks::fused_add_rms_norm_quant_matmul(ref.view(), with_x ? ref_ro.view() : none, with_x ? x.view() : none,
-                                                res.view(), nw.view(), 1e-5, w.view(), static_cast<ks::QType>(q),
-                                                ks::Backend::Cpu);
-            DBuf dres(dt, {M, K}, eo), dx(dt, {M, K}, eo), dnw(dt, {K}, eo), dout(dt, {M, N}, eo), dro(dt, {M, K}, eo),
-                done(dt, {1, N});
-            dres.upload(res);
-            dx.upload(x);
-            dnw.upload(nw);
-            dout.poison();
-            dro.poison();
-            ks::fused_add_rms_norm_quant_matmul(dout.view(), with_x ? dro.view() : none, with_x ? dx.view() : none,
-                                                dres.view(), dnw.view(), 1e-5, dw.view(), static_cast<ks::QType>(q),
-                                                ks::Backend::Cuda);
-            EXPECT_NE(std::string(ks_last_launch_config("fused_add_rms_norm_quant_matmul")).find("dense_warp_per_column"),
-                      std::string::npos);
-            CK(cudaDeviceSynchronize());
-            dout.download(got);
-            const double unit = dt == DType::BF16 ? 0x1p-8 : dt == DType::F16 ? 0x1p-11 : 0x1p-24;
-            EXPECT_TRUE(close_to_cpu(got, ref, 16 * std::sqrt(double(K)) * 6e-8 * double(K) + 4 * unit * double(K)));
-            if (with_x) {
-              dro.download(got_ro);
-              EXPECT_EQ(0, std::memcmp(got_ro.data(), ref_ro.data(), ref_ro.nbytes())) << "residual_out";
-            }
-            for (int64_t r : {int64_t(0), int64_t(4), M - 1}) {
-              if (with_x) break;  // (residual only: a row of residual is the whole input)
-              done.poison();
-              ks::fused_add_rms_norm_quant_matmul(done.view(), none, none, dres.view().slice(r, 1), dnw.view(), 1e-5,
-                                                  dw.view(), static_cast<ks::QType>(q), ks::Backend::Cuda);
-              CK(cudaDeviceSynchronize());
-              done.download(one);
-              EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(got.data()) + size_t(r * N) * es,
-                                       size_t(N) * es))
-                  << "row " << r << " of M differs from a one-row call";
-            }
-          }
-          // silu_and_mul_quant_matmul
           Buf gu(dt, {M, 2 * K}), a(dt, {M, N}), b(dt, {M, N}), cpu(dt, {M, N});
           kstest::fill_normal(gu, 2.0);
           DBuf dgu(dt, {M, 2 * K}, eo), dh(dt, {M, K}, eo), da(dt, {M, N}, eo), db(dt, {M, N}, eo);
@@ -2168,16 +2125,20 @@ TEST(Cuda, QuantMatmulRowsRouting) {
 // fused_add_rms_norm_quant_matmul with and without x, aligned (vector loads) and offset by one
 // element (scalar loads), M = 1 (the one-row kernel) and M = 5 (a 4-row chunk and a partial
 // one), rows staged in shared memory and rows too wide for it. residual_out = round(x + residual) is the same FP32 sum on both: bit for bit.
+// Dense F32 / F16 / BF16 weights too (dense_matmul_kernel with the prologue; also K = 100, by
+// elements), their launch reporting that kernel.
 TEST(Cuda, FusedNormQuantMatmulAgainstCpu) {
   NEED_GPU();
   using namespace kstest::gguf;
   for (DType dt : kstest::float_dtypes())
-    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0})
+    for (ks_qtype_t q : {KS_QTYPE_Q4_0, KS_QTYPE_Q4_1, KS_QTYPE_Q8_0, KS_QTYPE_F32, KS_QTYPE_F16, KS_QTYPE_BF16})
       // K = 11008 at M = 1 and 4096 at M = 4: rows too wide to stage in shared memory (the
       // per-warp prologue kernel); the others stage them
       for (auto [M, N, K] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{
-               {1, 576, 576}, {5, 37, 64}, {4, 130, 1536}, {1, 37, 11008}, {4, 9, 4096}})
+               {1, 576, 576}, {5, 37, 64}, {4, 130, 1536}, {1, 37, 11008}, {4, 9, 4096}, {9, 70, 100}})
         for (bool with_x : {true, false}) {
+          const bool dense = q == KS_QTYPE_F32 || q == KS_QTYPE_F16 || q == KS_QTYPE_BF16;
+          if (K % 32 != 0 && !dense) continue;  // (the block formats: whole blocks)
           SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " qtype " + std::to_string(int(q)) + " M=" + std::to_string(M) +
                        " N=" + std::to_string(N) + " K=" + std::to_string(K) + (with_x ? " with x" : " residual only"));
           Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), ref(dt, {M, N}), ref_ro(dt, {M, K}), got(dt, {M, N}),
@@ -2203,6 +2164,9 @@ TEST(Cuda, FusedNormQuantMatmulAgainstCpu) {
             ks::fused_add_rms_norm_quant_matmul(dout.view(), with_x ? dro.view() : none, with_x ? dx.view() : none,
                                                 dres.view(), dnw.view(), 1e-5, dw.view(), static_cast<ks::QType>(q),
                                                 ks::Backend::Cuda);
+            if (dense)
+              EXPECT_NE(std::string(ks_last_launch_config("fused_add_rms_norm_quant_matmul")).find("dense_warp_per_column"),
+                        std::string::npos);
             CK(cudaDeviceSynchronize());
             dout.download(got);
             // the norm's sum in another order can move a normalized value across a rounding
@@ -2220,21 +2184,25 @@ TEST(Cuda, FusedNormQuantMatmulAgainstCpu) {
 
 // The norm fusion's row does not depend on M (M = 1 kernel vs the row inside M = 9), with rows
 // staged in shared memory (K = 576) and not (K = 4096: the launcher decides by K alone, so the
-// sum of squares keeps one order at every M; a review found it had depended on M), and with no
+// sum of squares keeps one order at every M; a review found it had depended on M; K = 100: dense
+// BF16 weights, the dense kernel), and with no
 // output column (N = 0) residual_out is still written.
 TEST(Cuda, FusedNormQuantMatmulRowDoesNotDependOnMAndNoColumns) {
   NEED_GPU();
   using namespace kstest::gguf;
   for (DType dt : kstest::float_dtypes())
-    for (int64_t K : {int64_t(576), int64_t(4096)})
+    for (int64_t K : {int64_t(576), int64_t(4096), int64_t(100)})
       for (bool with_x : {true, false}) {
+        // (K = 100: BF16 weights, the dense kernel by elements; else Q4_1)
+        const ks_qtype_t qt = K % 32 ? KS_QTYPE_BF16 : KS_QTYPE_Q4_1;
+        const ks::QType q = static_cast<ks::QType>(qt);
         SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " K=" + std::to_string(K) + (with_x ? " with x" : " residual only"));
         const int64_t M = 9, N = 70;
         Buf res(dt, {M, K}), x(dt, {M, K}), nw(dt, {K}), all(dt, {M, N}), one(dt, {1, N});
         kstest::fill_normal(res);
         kstest::fill_normal(x);
         kstest::fill_normal(nw, 1.0, 1.0);
-        Buf w = make_packed(KS_QTYPE_Q4_1, N, K);
+        Buf w = make_packed(qt, N, K);
         DBuf dres(dt, {M, K}), dx(dt, {M, K}), dnw(dt, {K}), dw(DType::U8, w.shape), dall(dt, {M, N}), dro(dt, {M, K});
         dres.upload(res);
         dx.upload(x);
@@ -2242,7 +2210,7 @@ TEST(Cuda, FusedNormQuantMatmulRowDoesNotDependOnMAndNoColumns) {
         dw.upload(w);
         const ks::TensorView none;
         ks::fused_add_rms_norm_quant_matmul(dall.view(), with_x ? dro.view() : none, with_x ? dx.view() : none, dres.view(),
-                                            dnw.view(), 1e-6, dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+                                            dnw.view(), 1e-6, dw.view(), q, ks::Backend::Cuda);
         CK(cudaDeviceSynchronize());
         dall.download(all);
         const size_t es = ks::dtype_size(dt);
@@ -2255,7 +2223,7 @@ TEST(Cuda, FusedNormQuantMatmulRowDoesNotDependOnMAndNoColumns) {
           dxr.upload(xr);
           done.poison();
           ks::fused_add_rms_norm_quant_matmul(done.view(), with_x ? dro1.view() : none, with_x ? dxr.view() : none,
-                                              drr.view(), dnw.view(), 1e-6, dw.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+                                              drr.view(), dnw.view(), 1e-6, dw.view(), q, ks::Backend::Cuda);
           CK(cudaDeviceSynchronize());
           done.download(one);
           EXPECT_EQ(0, std::memcmp(one.data(), static_cast<const char*>(all.data()) + size_t(r * N) * es, size_t(N) * es))
@@ -2268,7 +2236,7 @@ TEST(Cuda, FusedNormQuantMatmulRowDoesNotDependOnMAndNoColumns) {
         DBuf dw0(DType::U8, {0, w.shape[1]}), dout0(dt, {M, 0}), dro0(dt, {M, K});
         dro0.poison();
         ks::fused_add_rms_norm_quant_matmul(dout0.view(), dro0.view(), dx.view(), dres.view(), dnw.view(), 1e-6,
-                                            dw0.view(), ks::QType::Q4_1, ks::Backend::Cuda);
+                                            dw0.view(), q, ks::Backend::Cuda);
         CK(cudaDeviceSynchronize());
         dro0.download(ro);
         EXPECT_EQ(0, std::memcmp(ro.data(), want.data(), want.nbytes())) << "residual_out with N = 0";
