@@ -655,9 +655,25 @@ ChatFormat chat_format_from_template(const std::string& jinja) {
       continue;  // "<|im_start|>system" + a variable's text: not a literal default
     const size_t e = jinja.find("<|im_end|>", b);
     if (e == std::string::npos) break;
-    const std::string text = jinja.substr(b, e - b);
-    // a literal: no Jinja expression or string delimiter inside (else it is built from variables)
-    if (text.find_first_of("'\"{}") != std::string::npos) continue;
+    // inside one Jinja string literal: its opening quote is the last ' or " before the turn, and
+    // the text holds no unescaped one of it (else the literal ended and a variable followed)
+    const size_t open = jinja.find_last_of("'\"", at);
+    if (open == std::string::npos) continue;
+    const char quote = jinja[open];
+    std::string text;
+    bool literal = true;
+    for (size_t i = b; i < e && literal; ++i) {
+      const char c = jinja[i];
+      if (c == '\\' && i + 1 < e) {  // an escape: \n, \', \" or \\ as the character it stands for
+        const char n = jinja[++i];
+        text += n == 'n' ? '\n' : n;
+      } else if (c == quote) {
+        literal = false;
+      } else {
+        text += c;
+      }
+    }
+    if (!literal) continue;
     f.has_default_system = true;
     f.default_system = text;
     break;

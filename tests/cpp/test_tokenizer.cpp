@@ -312,6 +312,15 @@ TEST(ChatTemplate, FormatFromTheModelsTemplate) {
   EXPECT_EQ(apply_chat_template({{"user", "Hi"}}, true, g),
             "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\n");
+  // an apostrophe inside a double-quoted literal, and an escaped one inside a single-quoted one
+  EXPECT_EQ(chat_format_from_template("{{ \"<|im_start|>system\\nYou're Smol.<|im_end|>\\n\" }}"
+                                      "{{ '<|im_start|>' + message['role'] + message['content'] + '<|im_end|>' }}")
+                .default_system,
+            "You're Smol.");
+  EXPECT_EQ(chat_format_from_template("{{ '<|im_start|>system\\nYou\\'re Smol.<|im_end|>\\n' }}"
+                                      "{{ '<|im_start|>' + message['role'] + message['content'] + '<|im_end|>' }}")
+                .default_system,
+            "You're Smol.");
   // ChatML without a default system turn (the system text only from the messages)
   const ks::model::ChatFormat h = chat_format_from_template(
       "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
