@@ -365,6 +365,8 @@ int main(int argc, char** argv) {
   // high byte of d, and of Q4_1's m, masked to 0x1f); dense BF16: random values
   auto fill_packed = [&](void* p, ks::QType qt, int64_t n, int64_t h, int64_t bb) {
     if (qt == ks::QType::BF16) return fill_random(p, n * h, DType::BF16, rng);
+    if (qt == ks::QType::F16) return fill_random(p, n * h, DType::F16, rng);
+    if (qt == ks::QType::F32) return fill_random(p, n * h, DType::F32, rng);
     const int64_t row_bytes = h / 32 * bb;
     std::vector<uint8_t> host(static_cast<size_t>(n * row_bytes));
     for (auto& c : host) c = uint8_t(rng());
@@ -379,7 +381,8 @@ int main(int argc, char** argv) {
   if (has(ops, "quant_matmul") || has(ops, "quant_matmul_a8"))
     for (auto [qt, qname, bb] : std::vector<std::tuple<ks::QType, const char*, int64_t>>{
              {ks::QType::Q4_1, "q4_1", 20}, {ks::QType::Q8_0, "q8_0", 34}, {ks::QType::Q4_0, "q4_0", 18},
-             {ks::QType::BF16, "bf16", 64}})  // (dense BF16 weights: 64 bytes per 32; quant_matmul only)
+             {ks::QType::BF16, "bf16", 64}, {ks::QType::F16, "f16", 64},
+             {ks::QType::F32, "f32", 128}})  // (dense weights: 64 / 128 bytes per 32 values; quant_matmul only)
       for (auto [n, h, xdt] : std::vector<std::tuple<int64_t, int64_t, DType>>{
                {576, 576, bf}, {1536, 576, bf}, {4096, 4096, bf}, {14336, 4096, bf}, {49152, 576, bf},
                {49152, 576, DType::F32}}) {
@@ -405,7 +408,8 @@ int main(int argc, char** argv) {
           record(op, shape, xdt, graph_time(k, call, s), bytes, "quant_matmul");
           also_variants("quant_matmul", op, shape, xdt, bytes, k, call);
         }
-        if (has(ops, "quant_matmul_a8") && qt != ks::QType::BF16) {  // the same matrices, x quantized to int8 per block
+        const bool dense = qt == ks::QType::BF16 || qt == ks::QType::F16 || qt == ks::QType::F32;
+        if (has(ops, "quant_matmul_a8") && !dense) {  // the same matrices, x quantized to int8 per block
           const auto a8 = [&](int i, cudaStream_t st) {
             ks::quant_matmul_a8(dv(o[i]->p, xdt, {1, n}), dv(x[i]->p, xdt, {1, h}), dv(w[i]->p, DType::U8, {n, row_bytes}),
                                 qt, ks::Backend::Cuda, st);
