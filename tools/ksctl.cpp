@@ -402,32 +402,45 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
-// After "The following arguments were not expected": for each unknown "--name[=v]" on the command
-// line, the subcommand's option it was probably meant as (at most 2 edits away), on stderr.
-void suggest_options(const CLI::App& app, int argc, char** argv) {
+// After "The following arguments were not expected": for each leftover "--name[=v]" (CLI11's
+// remaining arguments of the app and the subcommands given, not values it took), the
+// subcommand's options it was probably meant as, on stderr: those it is a prefix of when there
+// is one such, else every name at the smallest edit distance (at most 2).
+void suggest_options(const CLI::App& app) {
   std::vector<const CLI::App*> scopes;
   for (const CLI::App* sub : app.get_subcommands()) scopes.push_back(sub);  // the ones given
   if (scopes.empty()) scopes.push_back(&app);
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
+  std::vector<std::string> left = app.remaining();
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const std::string& r : sub->remaining()) left.push_back(r);
+  for (std::string arg : left) {
     if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
     arg = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
-    std::string best;
-    size_t best_d = 3;
-    bool known = false;
+    std::vector<std::string> names, prefixed, closest;
     for (const CLI::App* scope : scopes)
       for (const CLI::Option* opt : scope->get_options())
-        for (const std::string& name : opt->get_lnames()) {
-          if (name == arg) known = true;
-          const size_t dist = edit_distance(arg, name);
-          if (dist < best_d) best_d = dist, best = name;
-        }
-    if (!known && !best.empty()) std::fprintf(stderr, "ksctl: --%s: did you mean --%s?\n", arg.c_str(), best.c_str());
+        for (const std::string& name : opt->get_lnames()) names.push_back(name);
+    size_t best = 3;
+    for (const std::string& name : names) {
+      if (name == arg) best = 0;
+      if (name.compare(0, arg.size(), arg) == 0) prefixed.push_back(name);
+      const size_t d = edit_distance(arg, name);
+      if (d < best) best = d, closest.clear();
+      if (d == best && d <= 2) closest.push_back(name);
+    }
+    if (best == 0) continue;  // a known option (misplaced: CLI11's message says so)
+    const std::vector<std::string>& pick = prefixed.size() == 1 ? prefixed : closest;
+    if (pick.empty()) continue;
+    std::string list;
+    for (size_t k = 0; k < pick.size(); ++k) list += (k ? (k + 1 == pick.size() ? " or --" : ", --") : "--") + pick[k];
+    std::fprintf(stderr, "ksctl: --%s: did you mean %s?\n", arg.c_str(), list.c_str());
   }
 }
 
 // An option's value: a whole number in [lo, hi], written in decimal digits (an optional '-'), so
-// that a typo says what is wanted ("'abc' is not a whole number in [1, 1048576]").
+// that a typo says what is wanted ("'abc' is not a whole number in [1, 1048576]"). Attach it with
+// ->transform: the value is rewritten in canonical decimal ("010" -> "10"), since CLI11 would
+// otherwise read a leading zero as octal after the check.
 CLI::Validator int_in(int64_t lo, int64_t hi) {
   const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
   return CLI::Validator(
@@ -435,8 +448,9 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
         int64_t n = 0;
         const char* end = v.data() + v.size();
         const auto r = std::from_chars(v.data(), end, n);
-        const bool ok = r.ec == std::errc() && r.ptr == end && n >= lo && n <= hi;
-        return ok ? std::string() : "'" + v + "' is not a whole number in " + range;
+        if (r.ec != std::errc() || r.ptr != end || n < lo || n > hi) return "'" + v + "' is not a whole number in " + range;
+        v = std::to_string(n);
+        return std::string();
       },
       "INT in " + range);
 }
@@ -737,7 +751,7 @@ int main(int argc, char** argv) {
   auto* u_backend_opt =
       tune->add_option("--backend", u_backend, "cpu | cuda | all (the ones present)")->check(CLI::IsMember({"cpu", "cuda", "all"}));
   auto* u_op_opt = tune->add_option("--op", u_op, "only this op");
-  auto* u_reps_opt = tune->add_option("--reps", u_reps, "timed samples per variant and shape")->check(int_in(1, 1000));
+  auto* u_reps_opt = tune->add_option("--reps", u_reps, "timed samples per variant and shape")->transform(int_in(1, 1000));
   tune->add_option("--out-dir", u_dir, "where the CSV and the tables go (created if missing)");
   tune->add_flag("-q,--quiet", u_quiet, "no progress bar");
   std::string u_from_csv, u_commit;
@@ -765,7 +779,7 @@ int main(int argc, char** argv) {
       ->default_str("with --chat: What is the capital of France? / without: The capital of France is")
       ->check(not_empty("leave --prompt out for the default prompt"));
   gen->add_option("--max-tokens", g_max, "tokens to generate at most")
-      ->check(int_in(1, int64_t(1) << 20));
+      ->transform(int_in(1, int64_t(1) << 20));
   gen->add_option("--device", g_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   CLI::Option* chat_flag = gen->add_flag(
       "--chat", g_chat,
@@ -778,37 +792,39 @@ int main(int argc, char** argv) {
                   "0 = greedy; > 0 samples from softmax(logits / T), after --top-k and --top-p (kernscope's sample op)")
       ->check(float_in(0.0f, /*lo_open=*/false, 100.0f));
   gen->add_option("--top-k", g_top_k, "with --temperature > 0: sample among the top_k largest logits (0: all)")
-      ->check(int_in(0, INT32_MAX));
+      ->transform(int_in(0, INT32_MAX));
   gen->add_option("--top-p", g_top_p,
                   "with --temperature > 0: sample from the smallest set of tokens whose probability reaches top_p (1: all)")
       ->check(float_in(0.0f, /*lo_open=*/true, 1.0f));
   // (checked as decimal digits within 64 bits before the conversion, which takes hex and clamps
   // values past 2^64 - 1 to it)
   gen->add_option("--seed", g_seed, "sampling seed (fixed by default, so sampled runs are reproducible)")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& v) {
             uint64_t n = 0;
             const char* end = v.data() + v.size();
             const auto r = std::from_chars(v.data(), end, n);
-            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos && r.ec == std::errc() &&
-                           r.ptr == end
-                       ? std::string()
-                       : "'" + v + "' is not a whole number in [0, 18446744073709551615]";
+            if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || r.ec != std::errc() ||
+                r.ptr != end)
+              return "'" + v + "' is not a whole number in [0, 18446744073709551615]";
+            v = std::to_string(n);  // (canonical decimal: CLI11 reads a leading zero as octal)
+            return std::string();
           },
           "INT in [0, 2^64 - 1]"));
   int g_threads = 0, b_threads = 0;
   gen->add_option("--threads", g_threads,
                   "CPU threads (0 = all cores, one fewer per core other processes keep busy at the start; 1 avoids "
                   "stalls when other processes load the CPU)")
-      ->check(int_in(0, 1024));
+      ->transform(int_in(0, 1024));
   gen->add_option("--context", g_ctx, "KV-cache capacity in tokens (0: the prompt + --max-tokens)")
-      ->check(CLI::Validator(
+      ->transform(CLI::Validator(
           [](std::string& v) {
             char* end = nullptr;
             const long long n = std::strtoll(v.c_str(), &end, 10);
-            return end != v.c_str() && *end == '\0' && (n == 0 || (n >= 16 && n <= (1LL << 20)))
-                       ? std::string()
-                       : "'" + v + "' is not 0 or a whole number in [16, 1048576]";
+            if (!(end != v.c_str() && *end == '\0' && (n == 0 || (n >= 16 && n <= (1LL << 20)))))
+              return "'" + v + "' is not 0 or a whole number in [16, 1048576]";
+            v = std::to_string(n);  // (canonical decimal: CLI11 reads a leading zero as octal)
+            return std::string();
           },
           "0 or INT in [16, 1048576]"));
 
@@ -818,9 +834,9 @@ int main(int argc, char** argv) {
   int64_t b_decode = 128;
   int b_repeats = 5;
   bench->add_option("--model", b_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
-  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure")->check(int_in(1, int64_t(1) << 20));
-  bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->check(int_in(2, 4096));
-  bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->check(int_in(1, 100));
+  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure")->transform(int_in(1, int64_t(1) << 20));
+  bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->transform(int_in(2, 4096));
+  bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->transform(int_in(1, 100));
   bench->add_option("--device", b_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", b_csv,
                     "write results to this CSV: phase, prompt_tokens, tokens (a batched row's decode steps per "
@@ -829,12 +845,12 @@ int main(int argc, char** argv) {
   bench->add_option("--context", b_context,
                     "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; the decode "
                     "attention's block table follows the live context, its widest is the whole cache)")
-      ->check(int_in(16, int64_t(1) << 20))
+      ->transform(int_in(16, int64_t(1) << 20))
       ->default_str("the longest prompt + decode tokens + 1");
   std::vector<int64_t> b_batches{1};
   bench->add_option("--batch", b_batches, "also decode this many sequences at once (decode throughput), e.g. 8 32")
-      ->check(int_in(1, 256));
-  bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->check(int_in(0, 1024));
+      ->transform(int_in(1, 256));
+  bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->transform(int_in(0, 1024));
 
   try {
     app.parse(argc, argv);
@@ -842,7 +858,7 @@ int main(int argc, char** argv) {
     // --help / --version exit 0 through CLI11's printer; a usage error prints its message and
     // exits 2, like every other refusal here (CLI11's own codes, 105-ish, would be a second scheme)
     const int rc = app.exit(e);
-    if (dynamic_cast<const CLI::ExtrasError*>(&e)) suggest_options(app, argc, argv);
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) suggest_options(app);
     return rc == 0 ? 0 : 2;
   }
   try {
