@@ -191,17 +191,15 @@ Table load_active_table() {
       if (end > start) paths.push_back(list.substr(start, end - start));
       start = end + 1;
     }
-    // a file listed twice (under any spelling) would be read twice, and an error in it could not
-    // say which entry it means: refused before any file is read
-    std::vector<std::filesystem::path> canon;
-    for (const std::string& path : paths) {
+    // a file listed twice (under any spelling, a link included) would be read twice, and an error
+    // in it could not say which entry it means: refused before any file is read (entries that are
+    // not regular files get their own errors below)
+    for (size_t i = 0; i < paths.size(); ++i) {
       std::error_code ec;
-      std::filesystem::path c = std::filesystem::weakly_canonical(path, ec);
-      if (ec) c = path;
-      for (size_t i = 0; i < canon.size(); ++i)
-        if (canon[i] == c)
-          bad(path, "KS_ROUTING_TABLE lists this file twice (also as " + paths[i] + "); list each file once");
-      canon.push_back(c);
+      if (!std::filesystem::is_regular_file(paths[i], ec)) continue;
+      for (size_t j = 0; j < i; ++j)
+        if (std::filesystem::is_regular_file(paths[j], ec) && std::filesystem::equivalent(paths[i], paths[j], ec))
+          bad(paths[i], "KS_ROUTING_TABLE lists this file twice (also as " + paths[j] + "); list each file once");
     }
     for (const std::string& path : paths) {
       std::error_code ec;
