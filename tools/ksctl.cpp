@@ -497,6 +497,9 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                                   "and give the formatted prompt");
     const ks::model::ChatFormat format =
         ks::model::chat_format_from_template(file.get_string("tokenizer.chat_template"));
+    if (format.default_unknown && system.empty())
+      throw std::invalid_argument("generate --chat: the model's template inserts a default system turn that kernscope "
+                                  "cannot read (several, or one built from variables); give it with --system");
     text = ks::model::apply_chat_template(messages, true, format);
   }
   const std::vector<int32_t> ids = tok.encode(text, /*parse_special=*/chat);

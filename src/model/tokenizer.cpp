@@ -10,6 +10,7 @@
 #include <limits>
 #include <stdexcept>
 #include <unordered_map>
+#include <regex>
 #include <utility>
 
 namespace ks::model {
@@ -634,49 +635,132 @@ std::string StreamDecoder::flush() {
 // Chat template
 // ---------------------------------------------------------------------------------------
 
+namespace {
+// A Jinja template cut into what its output can hold: raw text between tags, and the string
+// literals inside {{ }} / {% %} tags, decoded (\n \t \r \' \" \\; another escape marks the
+// literal undecoded). `after`: the tag code that follows the piece up to the next literal or
+// the tag's end (raw text: the next tag's code). {# comments #} are dropped.
+struct JinjaPiece {
+  std::string text, after;
+  bool decoded = true;
+};
+std::vector<JinjaPiece> jinja_pieces(const std::string& t) {
+  std::vector<JinjaPiece> out(1);  // (an empty first piece: the code before any literal is its `after`)
+  size_t i = 0;
+  auto code_until = [&](size_t from, size_t end) { return t.substr(from, end - from); };
+  while (i < t.size()) {
+    const size_t tag = t.find('{', i);
+    const bool is_tag = tag != std::string::npos && tag + 1 < t.size() &&
+                        (t[tag + 1] == '{' || t[tag + 1] == '%' || t[tag + 1] == '#');
+    if (!is_tag) {  // raw text to the next tag (or past a lone '{')
+      const size_t end = tag == std::string::npos ? t.size() : tag + 1;
+      out.push_back({t.substr(i, end - i), ""});
+      i = end;
+      continue;
+    }
+    if (tag > i) out.push_back({t.substr(i, tag - i), ""});
+    const char kind = t[tag + 1];
+    const std::string close = kind == '{' ? "}}" : kind == '%' ? "%}" : "#}";
+    size_t k = tag + 2;
+    if (kind == '#') {  // a comment: dropped
+      const size_t e = t.find(close, k);
+      i = e == std::string::npos ? t.size() : e + 2;
+      continue;
+    }
+    size_t code_from = k;
+    JinjaPiece* last = &out.back();
+    while (k < t.size() && t.compare(k, 2, close) != 0) {
+      const char c = t[k];
+      if (c != '\'' && c != '"') {
+        ++k;
+        continue;
+      }
+      last->after += code_until(code_from, k);
+      JinjaPiece lit;
+      for (++k; k < t.size() && t[k] != c; ++k) {
+        if (t[k] == '\\' && k + 1 < t.size()) {
+          const char n = t[++k];
+          if (n == 'n') lit.text += '\n';
+          else if (n == 't') lit.text += '\t';
+          else if (n == 'r') lit.text += '\r';
+          else if (n == '\'' || n == '"' || n == '\\') lit.text += n;
+          else lit.decoded = false, lit.text += n;
+        } else {
+          lit.text += t[k];
+        }
+      }
+      ++k;  // the closing quote
+      out.push_back(std::move(lit));
+      last = &out.back();
+      code_from = k;
+    }
+    last->after += code_until(code_from, std::min(k, t.size()));
+    i = std::min(k + 2, t.size());
+  }
+  return out;
+}
+}  // namespace
+
 ChatFormat chat_format_from_template(const std::string& jinja) {
-  const bool chatml = jinja.find("<|im_start|>") != std::string::npos && jinja.find("<|im_end|>") != std::string::npos &&
-                      jinja.find("role") != std::string::npos && jinja.find("content") != std::string::npos;
-  if (!chatml)
-    throw std::invalid_argument(
-        "chat template: the model's tokenizer.chat_template is not ChatML (no <|im_start|> / <|im_end|> turns of "
-        "role and content); kernscope renders ChatML only: leave out --chat and give the formatted prompt");
+  const auto refuse = [](const std::string& why) {
+    throw std::invalid_argument("chat template: the model's tokenizer.chat_template " + why +
+                                "; kernscope renders plain ChatML only: leave out --chat and give the formatted prompt");
+  };
+  const std::vector<JinjaPiece> pieces = jinja_pieces(jinja);
+  std::string code;  // the template without its comments
+  for (const JinjaPiece& p : pieces) code += p.text + "\x01" + p.after;
+  // the turn kernscope renders, "<|im_start|>" + role + "\n" + content + "<|im_end|>", and the
+  // generation prompt "<|im_start|>assistant\n" alone in its literal
+  // (code: each piece's text, \x01, the code after it; so message['role'] reads message[role\x01])
+  static const std::regex turn(
+      R"(<\|im_start\|>\x01\s*\+\s*message(\s*\[\s*role\x01\s*\]|\.role)\s*\+\s*\n\x01\s*\+\s*)"
+      R"(message(\s*\[\s*content\x01\s*\]|\.content)(\s*\|\s*trim)?\s*\+\s*<\|im_end\|>)");
+  static const std::regex gen(R"(<\|im_start\|>assistant\n\x01)");
+  if (!std::regex_search(code, turn))
+    refuse("does not render turns as '<|im_start|>' + role + newline + content + '<|im_end|>' (not ChatML)");
+  if (!std::regex_search(code, gen)) refuse("has no generation prompt '<|im_start|>assistant' + newline alone");
+  for (const char* extra : {"bos_token", "<|im_sep|>", "<think>"})
+    if (code.find(extra) != std::string::npos) refuse(std::string("uses ") + extra);
+  // the default system turn: text between "<|im_start|>system\n" and "<|im_end|>" in one piece
+  // (several different ones, e.g. a tools branch, or one built from several pieces or a variable,
+  // cannot be told apart without evaluating the template: default_unknown)
   ChatFormat f;
   f.has_default_system = false;
   f.default_system.clear();
-  const std::string head = "<|im_start|>system";
-  for (size_t at = jinja.find(head); at != std::string::npos; at = jinja.find(head, at + 1)) {
-    size_t b = at + head.size();
-    if (jinja.compare(b, 1, "\n") == 0)
-      b += 1;
-    else if (jinja.compare(b, 2, "\\n") == 0)
-      b += 2;
-    else
-      continue;  // "<|im_start|>system" + a variable's text: not a literal default
-    const size_t e = jinja.find("<|im_end|>", b);
-    if (e == std::string::npos) break;
-    // inside one Jinja string literal: its opening quote is the last ' or " before the turn, and
-    // the text holds no unescaped one of it (else the literal ended and a variable followed)
-    const size_t open = jinja.find_last_of("'\"", at);
-    if (open == std::string::npos) continue;
-    const char quote = jinja[open];
-    std::string text;
-    bool literal = true;
-    for (size_t i = b; i < e && literal; ++i) {
-      const char c = jinja[i];
-      if (c == '\\' && i + 1 < e) {  // an escape: \n, \', \" or \\ as the character it stands for
-        const char n = jinja[++i];
-        text += n == 'n' ? '\n' : n;
-      } else if (c == quote) {
-        literal = false;
-      } else {
-        text += c;
+  std::vector<std::string> found;
+  bool unreadable = false;
+  const std::string head = "<|im_start|>system\n";
+  // what may follow a piece that ends right after the system turn's head: a system message's
+  // content (messages[0]['content'], message.content, ...)
+  static const std::regex content_next(
+      R"(^[\s+\-]*(\}\}[\s\-]*\{\{[\s\-]*)?(messages\s*\[\s*0\s*\]|message|system_message)\s*(\[\s*$|\.content\b))");
+  for (size_t pi = 0; pi < pieces.size(); ++pi) {
+    const JinjaPiece& p = pieces[pi];
+    for (size_t at = p.text.find(head); at != std::string::npos; at = p.text.find(head, at + 1)) {
+      const std::string rest = p.text.substr(at + head.size());
+      const size_t e = rest.find("<|im_end|>");
+      if (e != std::string::npos) {
+        const std::string text = rest.substr(0, e);
+        if (!p.decoded || text.find("{{") != std::string::npos || text.find("{%") != std::string::npos)
+          unreadable = true;
+        else if (std::find(found.begin(), found.end(), text) == found.end())
+          found.push_back(text);
+        continue;
       }
+      // the piece ends inside the turn: a system message's content may follow; anything else
+      // (another literal, a variable) is a default kernscope does not read
+      const size_t last = p.after.find_last_not_of(" \t\n");
+      const bool subscript = last != std::string::npos && p.after[last] == '[';  // message['content']
+      const bool content = rest.empty() && std::regex_search(p.after, content_next) &&
+                           (!subscript || (pi + 1 < pieces.size() && pieces[pi + 1].text == "content"));
+      if (!content) unreadable = true;
     }
-    if (!literal) continue;
+  }
+  if (found.size() == 1) {
     f.has_default_system = true;
-    f.default_system = text;
-    break;
+    f.default_system = found[0];
+  } else if (found.size() > 1 || unreadable) {
+    f.default_unknown = true;
   }
   return f;
 }

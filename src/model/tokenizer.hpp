@@ -135,15 +135,22 @@ struct ChatMessage {
 /// template inserts when the first message is not a "system" message (has_default_system).
 struct ChatFormat {
   bool has_default_system = true;
+  // the template inserts a system turn kernscope cannot read without evaluating it (several
+  // different defaults, e.g. a tools branch; one built from a variable or several pieces): a
+  // system message must be given (ksctl: --system)
+  bool default_unknown = false;
   std::string default_system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face";  // SmolLM2's
 };
 
 /// The ChatFormat of a GGUF's tokenizer.chat_template (a Jinja source), which kernscope does not
-/// evaluate: it must be ChatML (it renders "<|im_start|>" + message role + newline + content +
-/// "<|im_end|>"), else std::invalid_argument says so. The default system turn is the text
-/// between "<|im_start|>system" + a newline (a newline byte, or the two characters backslash-n of
-/// an escaped Jinja string) and the next "<|im_end|>" in a literal of the template, when there is
-/// one; otherwise none. (SmolLM2-Instruct's template gives the defaults above.)
+/// evaluate but reads: comments dropped, its string literals decoded. It must render each turn
+/// as '<|im_start|>' + message role + newline + message content + '<|im_end|>' and have the
+/// generation prompt '<|im_start|>assistant' + newline as a literal of its own, and must not use
+/// bos_token, <|im_sep|> or <think>; otherwise std::invalid_argument says so. The default system
+/// turn is the text between "<|im_start|>system" + newline and "<|im_end|>" inside one literal (or
+/// raw text) when the template has exactly one such text; several, or a system turn built
+/// otherwise than from the system message, set default_unknown. (SmolLM2-Instruct's template
+/// gives the defaults above.)
 ChatFormat chat_format_from_template(const std::string& jinja);
 
 /// Renders messages in ChatML as `format` says (the default: SmolLM2-Instruct's template, the

@@ -287,57 +287,87 @@ TEST(ChatTemplate, SmolLM2Rendering) {
   EXPECT_EQ(apply_chat_template({}, false), "");
 }
 
-// chat_format_from_template reads the default system turn out of ChatML templates (a newline
-// byte or an escaped "\\n" after "<|im_start|>system"), finds none where the system text comes
-// from a variable, and refuses templates that are not ChatML, naming the flag to leave out.
+// chat_format_from_template reads ChatML templates without evaluating them: the default system
+// turn from the one literal (or raw text) that holds it, escapes decoded, comments ignored;
+// several defaults, or one built from pieces or a variable, are "unknown" (a system message must
+// be given); templates that are not plain ChatML are refused, naming the flag to leave out.
+// (The other templates here follow the shapes of published ChatML templates: Qwen2, Qwen2.5's
+// tools branch, a raw-text one; and of non-ChatML ones: Phi-4's <|im_sep|>, Llama-2's [INST].)
 TEST(ChatTemplate, FormatFromTheModelsTemplate) {
   using ks::model::apply_chat_template;
   using ks::model::chat_format_from_template;
+  using ks::model::ChatFormat;
+  const std::string turns =
+      "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + "
+      "'\n'}}{% endfor %}";
+  const std::string gen = "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
   // SmolLM2-135M-Instruct's tokenizer.chat_template, as its GGUF holds it
   const std::string smol =
       "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
       "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}{{'<|im_start|>' "
       "+ message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt "
       "%}{{ '<|im_start|>assistant\n' }}{% endif %}";
-  const ks::model::ChatFormat f = chat_format_from_template(smol);
+  const ChatFormat f = chat_format_from_template(smol);
   EXPECT_TRUE(f.has_default_system);
+  EXPECT_FALSE(f.default_unknown);
   EXPECT_EQ(f.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face");
   EXPECT_EQ(apply_chat_template({{"user", "Hi"}}, true, f), apply_chat_template({{"user", "Hi"}}));
-  // an escaped newline in the Jinja literal, another default text
-  const ks::model::ChatFormat g = chat_format_from_template(
-      "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}"
-      "{% endif %}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
-      "'<|im_end|>\\n' }}{% endfor %}");
-  EXPECT_TRUE(g.has_default_system);
-  EXPECT_EQ(apply_chat_template({{"user", "Hi"}}, true, g),
-            "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-            "<|im_start|>assistant\n");
-  // an apostrophe inside a double-quoted literal, and an escaped one inside a single-quoted one
-  EXPECT_EQ(chat_format_from_template("{{ \"<|im_start|>system\\nYou're Smol.<|im_end|>\\n\" }}"
-                                      "{{ '<|im_start|>' + message['role'] + message['content'] + '<|im_end|>' }}")
+  auto default_of = [&](const std::string& system_part) {
+    const ChatFormat c = chat_format_from_template(system_part + turns + gen);
+    return c.default_unknown ? std::string("<unknown>") : c.has_default_system ? c.default_system : "<none>";
+  };
+  // escaped newlines (\\n in the Jinja literal), message.role, whitespace control
+  EXPECT_EQ(chat_format_from_template("{%- if messages[0]['role'] != 'system' %}{{- '<|im_start|>system\\nYou are a "
+                                      "helpful assistant.<|im_end|>\\n' }}{%- endif %}{%- for message in messages %}"
+                                      "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+                                      "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
                 .default_system,
+            "You are a helpful assistant.");
+  // apostrophes: in a double-quoted literal, escaped in a single-quoted one, in raw text, and a
+  // double-quoted literal with an apostrophe before the turn
+  EXPECT_EQ(default_of("{{ \"<|im_start|>system\\nYou're Smol.<|im_end|>\\n\" }}"), "You're Smol.");
+  EXPECT_EQ(default_of("{{ '<|im_start|>system\\nYou\\'re Smol.<|im_end|>\\n' }}"), "You're Smol.");
+  EXPECT_EQ(default_of("{% if messages[0]['role'] != 'system' %}<|im_start|>system\nYou're Smol.<|im_end|>\n{% endif %}"),
             "You're Smol.");
-  EXPECT_EQ(chat_format_from_template("{{ '<|im_start|>system\\nYou\\'re Smol.<|im_end|>\\n' }}"
-                                      "{{ '<|im_start|>' + message['role'] + message['content'] + '<|im_end|>' }}")
-                .default_system,
-            "You're Smol.");
-  // ChatML without a default system turn (the system text only from the messages)
-  const ks::model::ChatFormat h = chat_format_from_template(
-      "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-      "{% endfor %}");
-  EXPECT_FALSE(h.has_default_system);
-  EXPECT_EQ(apply_chat_template({{"user", "Hi"}}, false, h), "<|im_start|>user\nHi<|im_end|>\n");
-  // "<|im_start|>system\n" + a variable: no literal default
-  EXPECT_FALSE(chat_format_from_template("{{ '<|im_start|>system\n' + sys + '<|im_end|>' }}{{ message['role'] + "
-                                         "message['content'] }}")
-                   .has_default_system);
-  // not ChatML (a Llama-2 style template): refused, saying what to do
-  try {
-    chat_format_from_template("{% for message in messages %}[INST] {{ message['content'] }} [/INST]{% endfor %}");
-    ADD_FAILURE() << "a non-ChatML template was accepted";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("not ChatML"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("leave out --chat"), std::string::npos) << e.what();
+  EXPECT_EQ(default_of("{{ \"Bob's <|im_start|>system\\nHi Bob.<|im_end|>\\n\" }}"), "Hi Bob.");
+  // no default (the system turn comes from the message), Qwen2.5-style: the same default in the
+  // tools branch and the plain one, the system message's content after the head
+  EXPECT_EQ(default_of(""), "<none>");
+  EXPECT_EQ(default_of("{% if messages[0]['role'] == 'system' %}{{ '<|im_start|>system\n' + messages[0]['content'] + "
+                       "'<|im_end|>\n' }}{% endif %}"),
+            "<none>");
+  EXPECT_EQ(default_of("{% if tools %}{{- '<|im_start|>system\\n' }}{%- if messages[0]['role'] == 'system' %}{{- "
+                       "messages[0]['content'] }}{%- else %}{{- 'You are Q.' }}{%- endif %}{% else %}{% if "
+                       "messages[0]['role'] != 'system' %}{{- '<|im_start|>system\\nYou are Q.<|im_end|>\\n' }}{% endif "
+                       "%}{% endif %}"),
+            "You are Q.");
+  // unknown: two different defaults (a tools branch), one split over literals, one from a variable
+  EXPECT_EQ(default_of("{% if tools %}{{ '<|im_start|>system\nYou are a function calling AI model.<|im_end|>\n' }}{% else %}"
+                       "{{ '<|im_start|>system\nYou are helpful.<|im_end|>\n' }}{% endif %}"),
+            "<unknown>");
+  EXPECT_EQ(default_of("{{ '<|im_start|>system\n' + 'You are helpful.' + '<|im_end|>\n' }}"), "<unknown>");
+  EXPECT_EQ(default_of("{% set default_system = 'You are helpful.' %}{{ '<|im_start|>system\n' + default_system + "
+                       "'<|im_end|>\n' }}"),
+            "<unknown>");
+  EXPECT_EQ(default_of("{{ '<|im_start|>system\\nCaf\\u00e9.<|im_end|>\\n' }}"), "<unknown>");  // (an escape not decoded)
+  // a commented-out old default does not count
+  EXPECT_EQ(default_of("{# old: '<|im_start|>system\nOld default.<|im_end|>' #}{{ '<|im_start|>system\nNew.<|im_end|>\n' }}"),
+            "New.");
+  // refused: Phi-4 (<|im_sep|>), a Llama-2 [INST] template with ChatML in a comment only, BOS,
+  // a thinking generation prompt, no generation prompt
+  for (const std::string& bad :
+       {std::string("{% for message in messages %}{{'<|im_start|>' + message['role'] + '<|im_sep|>' + message['content'] + "
+                    "'<|im_end|>'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}"),
+        std::string("{# <|im_start|> <|im_end|> #}{% for message in messages %}[INST] {{ message['content'] }} [/INST]"
+                    "{% endfor %}"),
+        "{{ bos_token }}" + turns + gen, turns + "{{ '<|im_start|>assistant\n<think>\n' }}", turns}) {
+    SCOPED_TRACE(bad);
+    try {
+      chat_format_from_template(bad);
+      ADD_FAILURE() << "accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("leave out --chat"), std::string::npos) << e.what();
+    }
   }
 }
 
