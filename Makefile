@@ -33,7 +33,7 @@ model:
 # Tests run two at a time, each with OpenMP threads: passive waiting keeps them
 # from spinning against each other (speed is measured by `make bench`, not here).
 test: build model
-	OMP_WAIT_POLICY=passive KS_MODEL_PATH=$(MODEL) KS_REQUIRE_MODEL=1 ctest --test-dir $(BUILD) --output-on-failure -j 2
+	OMP_WAIT_POLICY=passive KS_MODEL_PATH="$(MODEL)" KS_REQUIRE_MODEL=1 ctest --test-dir $(BUILD) --output-on-failure -j 2
 	@scripts/setup_bindings.sh
 	bindings/run_tests.sh $(BUILD)
 	scripts/setup_python.sh $(BUILD)/python-venv
@@ -51,13 +51,13 @@ test-bindings: build
 # count from the cores' load (README, Threads); an OMP_WAIT_POLICY here would turn that off.
 run: build-ksctl model
 	KS_PROMPT='$(subst ','\'',$(value PROMPT))'; \
-	  $(BUILD)/ksctl generate --model $(MODEL) --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
+	  $(BUILD)/ksctl generate --model "$(MODEL)" --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
 
 # The CSV goes to $(BENCH_CSV): the build folder by default, so a run on another machine does not
 # overwrite the checked-in record (docs/perf/cpu.csv: `make bench BENCH_CSV=docs/perf/cpu.csv`).
 BENCH_CSV ?= $(BUILD)/bench_cpu.csv
 bench: build-ksctl model
-	OMP_WAIT_POLICY=passive $(BUILD)/ksctl bench-model --model $(MODEL) --prompt-tokens 64 512 --decode-tokens 128 \
+	OMP_WAIT_POLICY=passive $(BUILD)/ksctl bench-model --model "$(MODEL)" --prompt-tokens 64 512 --decode-tokens 128 \
 	  --repeats 5 --csv $(BENCH_CSV)
 
 clean:
