@@ -437,6 +437,26 @@ void suggest_options(const CLI::App& app) {
   }
 }
 
+// After "A subcommand is required" for a first word that names none: the subcommands it was
+// probably meant as (a unique prefix, else every name at the smallest edit distance, at most 2).
+void suggest_subcommand(const CLI::App& app, const std::string& word) {
+  std::vector<std::string> prefixed, closest;
+  size_t best = 3;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+    const std::string& name = sub->get_name();
+    if (name == word) return;
+    if (name.compare(0, word.size(), word) == 0) prefixed.push_back(name);
+    const size_t d = edit_distance(word, name);
+    if (d < best) best = d, closest.clear();
+    if (d == best && d <= 2) closest.push_back(name);
+  }
+  const std::vector<std::string>& pick = prefixed.size() == 1 ? prefixed : closest;
+  if (pick.empty()) return;
+  std::string list;
+  for (size_t k = 0; k < pick.size(); ++k) list += (k ? (k + 1 == pick.size() ? " or " : ", ") : "") + pick[k];
+  std::fprintf(stderr, "ksctl: '%s' is not a command: did you mean %s?\n", word.c_str(), list.c_str());
+}
+
 // An option's value: a whole number in [lo, hi], written in decimal digits (an optional '-'), so
 // that a typo says what is wanted ("'abc' is not a whole number in [1, 1048576]"). Attach it with
 // ->transform: the value is rewritten in canonical decimal ("010" -> "10"), since CLI11 would
@@ -862,6 +882,7 @@ int main(int argc, char** argv) {
     // exits 2, like every other refusal here (CLI11's own codes, 105-ish, would be a second scheme)
     const int rc = app.exit(e);
     if (dynamic_cast<const CLI::ExtrasError*>(&e)) suggest_options(app);
+    if (app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-') suggest_subcommand(app, argv[1]);
     return rc == 0 ? 0 : 2;
   }
   try {
