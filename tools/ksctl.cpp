@@ -402,59 +402,53 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return d[a.size()][b.size()];
 }
 
-// After "The following arguments were not expected": for each leftover "--name[=v]" (CLI11's
-// remaining arguments of the app and the subcommands given, not values it took), the
-// subcommand's options it was probably meant as, on stderr: those it is a prefix of when there
-// is one such, else every name at the smallest edit distance (at most 2).
-void suggest_options(const CLI::App& app) {
-  std::vector<const CLI::App*> scopes;
-  for (const CLI::App* sub : app.get_subcommands()) scopes.push_back(sub);  // the ones given
-  if (scopes.empty()) scopes.push_back(&app);
-  std::vector<std::string> left = app.remaining();
-  for (const CLI::App* sub : app.get_subcommands())
-    for (const std::string& r : sub->remaining()) left.push_back(r);
-  for (std::string arg : left) {
-    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
-    arg = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
-    std::vector<std::string> names, prefixed, closest;
-    for (const CLI::App* scope : scopes)
-      for (const CLI::Option* opt : scope->get_options())
-        for (const std::string& name : opt->get_lnames()) names.push_back(name);
-    size_t best = 3;
-    for (const std::string& name : names) {
-      if (name == arg) best = 0;
-      if (name.compare(0, arg.size(), arg) == 0) prefixed.push_back(name);
-      const size_t d = edit_distance(arg, name);
-      if (d < best) best = d, closest.clear();
-      if (d == best && d <= 2) closest.push_back(name);
-    }
-    if (best == 0) continue;  // a known option (misplaced: CLI11's message says so)
-    const std::vector<std::string>& pick = prefixed.size() == 1 ? prefixed : closest;
-    if (pick.empty()) continue;
-    std::string list;
-    for (size_t k = 0; k < pick.size(); ++k) list += (k ? (k + 1 == pick.size() ? " or --" : ", --") : "--") + pick[k];
-    std::fprintf(stderr, "ksctl: --%s: did you mean %s?\n", arg.c_str(), list.c_str());
-  }
-}
-
-// After "A subcommand is required" for a first word that names none: the subcommands it was
-// probably meant as (a unique prefix, else every name at the smallest edit distance, at most 2).
-void suggest_subcommand(const CLI::App& app, const std::string& word) {
+// The names `word` was probably meant as: the one it is a prefix of when there is one such, else
+// every name at the smallest edit distance (at most 2), as "a, b or c"; "" when `word` is one of
+// them or none is close.
+std::string closest_names(const std::string& word, const std::vector<std::string>& names) {
   std::vector<std::string> prefixed, closest;
   size_t best = 3;
-  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
-    const std::string& name = sub->get_name();
-    if (name == word) return;
+  for (const std::string& name : names) {
+    if (name == word) return "";
     if (name.compare(0, word.size(), word) == 0) prefixed.push_back(name);
     const size_t d = edit_distance(word, name);
     if (d < best) best = d, closest.clear();
     if (d == best && d <= 2) closest.push_back(name);
   }
   const std::vector<std::string>& pick = prefixed.size() == 1 ? prefixed : closest;
-  if (pick.empty()) return;
   std::string list;
   for (size_t k = 0; k < pick.size(); ++k) list += (k ? (k + 1 == pick.size() ? " or " : ", ") : "") + pick[k];
-  std::fprintf(stderr, "ksctl: '%s' is not a command: did you mean %s?\n", word.c_str(), list.c_str());
+  return list;
+}
+
+// After "The following arguments were not expected": for each leftover "--name[=v]" (CLI11's
+// remaining arguments of the app and the subcommands given, not values it took), the
+// subcommand's options it was probably meant as (closest_names), on stderr.
+void suggest_options(const CLI::App& app) {
+  std::vector<const CLI::App*> scopes;
+  for (const CLI::App* sub : app.get_subcommands()) scopes.push_back(sub);  // the ones given
+  if (scopes.empty()) scopes.push_back(&app);
+  std::vector<std::string> left = app.remaining(), names;
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const std::string& r : sub->remaining()) left.push_back(r);
+  for (const CLI::App* scope : scopes)
+    for (const CLI::Option* opt : scope->get_options())
+      for (const std::string& name : opt->get_lnames()) names.push_back("--" + name);
+  for (const std::string& arg : left) {
+    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
+    const std::string word = arg.substr(0, arg.find('='));
+    const std::string list = closest_names(word, names);
+    if (!list.empty()) std::fprintf(stderr, "ksctl: %s: did you mean %s?\n", word.c_str(), list.c_str());
+  }
+}
+
+// After "A subcommand is required" for a first word that names none: the subcommands it was
+// probably meant as (closest_names).
+void suggest_subcommand(const CLI::App& app, const std::string& word) {
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
+  const std::string list = closest_names(word, names);
+  if (!list.empty()) std::fprintf(stderr, "ksctl: '%s' is not a command: did you mean %s?\n", word.c_str(), list.c_str());
 }
 
 // An option's value: a whole number in [lo, hi], written in decimal digits (an optional '-'), so
