@@ -17,6 +17,8 @@ namespace ks {
 // Bytes of one GGUF block of 32 weights of the integer formats (Q4_0 18, Q4_1 20, Q8_0 34): the
 // formats with kernels that walk blocks (quant_matmul's CUDA kernels, quant_matmul_a8 everywhere).
 KS_HD constexpr int64_t q_block_bytes(ks_qtype_t q) { return q == KS_QTYPE_Q4_0 ? 18 : q == KS_QTYPE_Q4_1 ? 20 : 34; }
+// The dense weight formats (one value per element: F32, F16, BF16), which no kernel walks by blocks.
+KS_HD constexpr bool qtype_is_dense(ks_qtype_t q) { return q == KS_QTYPE_F32 || q == KS_QTYPE_F16 || q == KS_QTYPE_BF16; }
 }  // namespace ks
 
 namespace ks::cuda {

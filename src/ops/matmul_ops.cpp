@@ -164,7 +164,7 @@ ks_status_t quant_matmul_entry(const char* op, DLTensor* out, const DLTensor* x,
     require_nonempty_last(op, "x", a.x);
     if (a8 && qtype != KS_QTYPE_Q4_0 && qtype != KS_QTYPE_Q4_1 && qtype != KS_QTYPE_Q8_0) {
       // (the note only for the dense formats, which quant_matmul takes; none or an unknown code is not one)
-      const bool dense = qtype == KS_QTYPE_F32 || qtype == KS_QTYPE_F16 || qtype == KS_QTYPE_BF16;
+      const bool dense = ks::qtype_is_dense(qtype);
       fail(KS_ERROR_INVALID_ARGUMENT, op,
            "qtype must be an integer block format (Q4_0, Q4_1 or Q8_0); got " +
                (dense ? std::string(qtype_name(qtype)) + " (a dense format: quant_matmul takes it)"

@@ -1269,14 +1269,15 @@ namespace {
 
 // Word loads of the blocks (Q4_1: 4-byte aligned weights; Q4_0 / Q8_0: 2-byte) and 16-byte
 // loads of every row pointer the kernel reads.
+bool all_aligned16(std::initializer_list<const void*> rows) {
+  for (const void* r : rows)
+    if (!aligned16(r)) return false;
+  return true;
+}
 bool qmm_wide(const QmmParams& p, std::initializer_list<const void*> rows) {
   const uintptr_t wa = reinterpret_cast<uintptr_t>(p.w);
-  bool wide = p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0;
-  for (const void* r : rows) wide = wide && aligned16(r);
-  return wide;
+  return (p.q == KS_QTYPE_Q4_1 ? wa % 4 == 0 : wa % 2 == 0) && all_aligned16(rows);
 }
-
-bool qtype_is_dense(ks_qtype_t q) { return q == KS_QTYPE_F32 || q == KS_QTYPE_F16 || q == KS_QTYPE_BF16; }
 
 // dense_matmul_kernel's launch (launch_qmm's for the dense formats): 16-byte chunks where the
 // weights and every row pointer are 16-byte aligned and K % 8 == 0 (so every row starts on a
@@ -1285,8 +1286,7 @@ template <Pro P>
 void launch_dense_qmm(const char* op, const QmmParams& p, detail::DType dt, int dev,
                       std::initializer_list<const void*> rows, ks_stream_t stream) {
   const DeviceProps& dp = device_props(dev);
-  bool vec = aligned16(p.w) && p.K % 8 == 0;
-  for (const void* r : rows) vec = vec && aligned16(r);
+  const bool vec = aligned16(p.w) && p.K % 8 == 0 && all_aligned16(rows);
   // (a warp per column; past 2^31 - 1 CTAs the warps stride over the columns)
   const int64_t ctas = std::max<int64_t>(1, (p.N + kDenseWarps - 1) / kDenseWarps);
   const unsigned grid = unsigned(std::min<int64_t>(ctas, std::numeric_limits<int32_t>::max()));
