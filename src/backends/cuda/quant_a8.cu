@@ -527,62 +527,6 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
 #endif
 }
 
-// ---- cuda_a8_resident's L2 form (a measurement: KS_QMM_A8_RES_L2=n) ------------------------
-// The rows stay in global memory. At entry the CTA lets the next kernel launch and asks L2 for
-// its rows (n = 1: prefetch.global.L2 of each 128-byte line by every thread; 2: bulk prefetches of
-// up to 16 KB by thread 0; 3: no hint), then waits for the previous kernel, stages x and sums its
-// rows straight from global memory with a8_row_group (the same order and bits as the resident
-// kernel). Its shared memory is x's blocks alone, so the next call's CTA fits beside it whatever
-// the matrix's size and its rows' reads from DRAM overlap this call's chain after the wait (where
-// the resident kernel holds more than half of an SM, e.g. Q8_0 4096 x 4096, they cannot).
-// A hint that L2 should fetch `bytes` (a multiple of 16) from `addr` (16-byte aligned) on: one
-// cp.async.bulk.prefetch.L2 (sm_90; a no-op before).
-__device__ __forceinline__ void bulk_prefetch_l2(const void* addr, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(addr), "r"(bytes) : "memory");
-#endif
-}
-
-struct A8L2Params {
-  const void* x;
-  const uint8_t* w;  // 4-byte aligned, row_bytes a multiple of 4
-  void* out;
-  int64_t N, K, row_bytes;
-  bool x_vec;
-  int prefetch;
-};
-
-template <typename T, ks_qtype_t Q, int R>
-__global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_l2_kernel(const A8L2Params p) {
-  extern __shared__ __align__(16) unsigned char a8l2_sm[];  // x [nb] A8X
-  pdl_trigger();
-  const int NT = int(blockDim.x), nwarps = NT / 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int nb = int(p.K / 32);
-  const int64_t r0 = int64_t(blockIdx.x) * p.N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * p.N / gridDim.x;
-  const unsigned char* rows = p.w + r0 * p.row_bytes;
-  const uintptr_t b = reinterpret_cast<uintptr_t>(rows), e = b + uintptr_t((r1 - r0) * p.row_bytes);
-  if (p.prefetch == 1) {  // (each line by an address inside the rows: the first line's may start before them)
-    for (uintptr_t a = (b & ~uintptr_t(127)) + 128u * threadIdx.x; a < e; a += 128u * unsigned(NT))
-      prefetch_l2(reinterpret_cast<const void*>(a < b ? b : a));
-  } else if (p.prefetch == 2 && threadIdx.x == 0) {  // (the 16-byte-aligned interior; the ends are read anyway)
-    for (uintptr_t a = (b + 15) & ~uintptr_t(15), z = e & ~uintptr_t(15); a < z;) {
-      const unsigned n = unsigned(z - a < 16384 ? z - a : 16384);
-      bulk_prefetch_l2(reinterpret_cast<const void*>(a), n);
-      a += n;
-    }
-  }
-  A8X* xs = reinterpret_cast<A8X*>(a8l2_sm);
-  pdl_wait();  // x is the previous kernel's output
-  if (p.x_vec)
-    a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
-  else
-    a8_stage_row<T>(static_cast<const T*>(p.x), nb, xs, warp, nwarps, lane);
-  __syncthreads();
-  const int n = int(r1 - r0);
-  for (int t = R * warp; t < n; t += R * nwarps)
-    a8_row_group<T, Q, R, false>(rows, p.row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
-}
-
 bool a8_aligned(const ops::QuantMatmulArgs& a) {
   return (reinterpret_cast<uintptr_t>(a.weight.data) & 3u) == 0 && a.row_bytes % 4 == 0;
 }
@@ -828,30 +772,13 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   if (a.n == 0) return;
   const A8ResidentPlan plan = a8_resident_plan_for(a);
   if (plan.grid == 0) detail::fail(KS_ERROR_INTERNAL, "quant_matmul_a8", "cuda_a8_resident: the matrix does not fit");
-  const auto s = static_cast<cudaStream_t>(stream);
-  static const int l2 = int(env_number("KS_QMM_A8_RES_L2", 0));
-  if (l2 >= 1 && l2 <= 3 && a8_warp_smem(a) <= 48 * 1024) {  // (a measurement: the plan's grid, warps and rows per step; x alone in shared memory)
-    const A8L2Params p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                       a8_x_vec(a.x.data), l2};
-    const int64_t smem = a8_warp_smem(a);
-    with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
-      using T = decltype(tag);
-      constexpr ks_qtype_t Q = decltype(q)::value;
-      launch_kernel("quant_matmul_a8",
-                    plan.rows_per_step == 4 ? quant_gemv_a8_l2_kernel<T, Q, 4> : quant_gemv_a8_l2_kernel<T, Q, 2>,
-                    dim3(plan.grid), dim3(32 * plan.warps), size_t(smem), s, 1, device_props(dev).pdl, p);
-    });
-    check_launch("quant_matmul_a8");
-    record_launch("quant_matmul_a8", "a8_resident_l2 grid=%lld warps=%lld rows_cta=%lld smem=%lld prefetch=%lld rows_per_step=%lld",
-                  {plan.grid, plan.warps, plan.rows_cta, smem, l2, plan.rows_per_step});
-    return;
-  }
   // KS_QMM_A8_RES_TRIGGER=1 / 0 (measurements): at entry / after the wait whatever the plan says
   static const long long trig = env_number("KS_QMM_A8_RES_TRIGGER", -1);
   const bool entry = trig < 0 ? plan.entry_trigger : trig != 0;
   const A8ResidentLayout lay = a8_resident_layout(a);
   const A8ResParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
                       lay.smem_row_bytes, a8_x_vec(a.x.data), entry};
+  const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
     launch_kernel("quant_matmul_a8", Forms::pick(lay.bulk, lay.pad, plan.rows_per_step), dim3(plan.grid),
