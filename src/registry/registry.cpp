@@ -57,6 +57,19 @@ std::string why_not_static(const Variant& v, detail::DType dtype, bool with_dete
   return "";
 }
 
+// "" where v takes weights in the block format named qtype (route_key's / ks_which's "q4_1", "bf16",
+// ...); else why not: a block_formats_only variant and dense weights. The one place that refuses
+// them (the variants' can_implement does not repeat it).
+std::string weights_reason(const Variant& v, std::string_view qtype) {
+  if (!v.block_formats_only || !(qtype == "f32" || qtype == "f16" || qtype == "bf16")) return "";
+  return "only the GGUF block formats Q4_0, Q4_1 and Q8_0 (the weights: " + std::string(qtype) +
+         "; dense weights run on the default variant)";
+}
+// The same for a call: its weights' format from route_key (only asked of flagged variants).
+std::string call_weights_reason(const Variant& v, const char* op, const void* args) {
+  return v.block_formats_only ? weights_reason(v, route_key(op, args).qtype) : std::string();
+}
+
 bool in_order(const Cell* cell, const char* name) {
   return cell && std::find(cell->order.begin(), cell->order.end(), name) != cell->order.end();
 }
@@ -105,11 +118,9 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
       if (!cell && cell_matches(x, op, backend_name(backend), arch, detail::dtype_name(dtype)) &&
           qtype_matches(x, qtype) && shape_unbounded(x))
         cell = &x;
-  const bool dense_weights = qtype == "f32" || qtype == "f16" || qtype == "bf16";
   c.variant = first_in_routing_order(op, backend, cell, [&](const Variant& v) {
     std::string why = why_not_static(v, dtype);
-    if (why.empty() && dense_weights && v.block_formats_only)
-      why = "only the GGUF block formats Q4_0, Q4_1 and Q8_0 (the weights: " + std::string(qtype) + ")";
+    if (why.empty()) why = weights_reason(v, qtype);
     if (!why.empty()) skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
     return why.empty();
   });
@@ -202,6 +213,7 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
       for (const Variant& v : all()) {
         if (std::strcmp(v.op, op) != 0 || v.backend != backend || it->second != v.name) continue;
         std::string why = why_not_static(v, dtype, /*with_deterministic=*/false);
+        if (why.empty()) why = call_weights_reason(v, op, args);
         if (why.empty() && v.can_implement) why = v.can_implement(args);
         if (!why.empty())
           detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op, "pinned variant " + it->second + " cannot run this call: " + why);
@@ -221,6 +233,7 @@ Choice select(const char* op, ks_backend_t backend, detail::DType dtype, const v
     if (!(v.dtype_mask & dtype_bit(dtype))) return false;  // not counted, not reported
     any_dtype = true;
     std::string why = why_not_static(v, dtype);
+    if (why.empty()) why = call_weights_reason(v, op, args);
     if (why.empty() && v.can_implement) why = v.can_implement(args);
     if (!why.empty()) skipped += std::string(skipped.empty() ? "" : "; ") + v.name + ": " + why;
     return why.empty();

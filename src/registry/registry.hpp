@@ -33,8 +33,9 @@ struct Variant {
   // A row's result depends only on the row (not on the call's row count or the row's
   // place): eligible in deterministic mode. Variants that are not say so here.
   bool batch_invariant = true;
-  // Takes the GGUF block formats only (Q4_0, Q4_1, Q8_0), refusing the dense weight formats in
-  // can_implement: ks_which reports it skipped for a dense block format ("fp32:f16").
+  // Takes the GGUF block formats only (Q4_0, Q4_1, Q8_0): selection skips it for dense weights
+  // (F32, F16, BF16; the call's format from route_key), a pin on it refuses them, and ks_which
+  // reports it skipped for a dense block format ("fp32:f16"). Its can_implement need not check.
   bool block_formats_only = false;
 };
 

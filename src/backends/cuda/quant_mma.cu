@@ -598,7 +598,7 @@ int stream_smem_limit(int dev) {
 }
 }  // namespace
 
-// (the block format: ci_quant_matmul_blocks, runtime.cu, which the registry's check runs first)
+// (block formats only: the variant is block_formats_only, which the registry checks before this)
 std::string quant_matmul_mma_stream_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
   if (a.m > kMmaXRows) return "M > 8: one MMA's 8 columns carry the rows of x (decode sizes)";
@@ -989,7 +989,7 @@ DiagPlan diag_plan(const ops::QuantMatmulArgs& a, const DeviceProps& dp) {
 }
 }  // namespace
 
-// (the block format: ci_quant_matmul_blocks, runtime.cu, which the registry's check runs first)
+// (block formats only: the variant is block_formats_only, which the registry checks before this)
 std::string quant_matmul_mma_diag_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::QuantMatmulArgs*>(args);
   // (fp32 x: the registered dtypes, bf16 and fp16, already decline it)

@@ -267,23 +267,12 @@ std::string ci_dequantize(const void* p) {
   auto& a = *static_cast<const ops::DequantizeArgs*>(p);
   return align_reason({&a.out, &a.packed});
 }
-// The GGUF block formats; the dense ones (F32, F16, BF16) run on the default variants only:
-// quant_matmul's cuda_warp_per_column and the two fusions' (dense_matmul_kernel, model_ops.cu).
-std::string qtype_reason(ks_qtype_t q) {
-  return q == KS_QTYPE_Q4_0 || q == KS_QTYPE_Q4_1 || q == KS_QTYPE_Q8_0
-             ? ""
-             : "only the GGUF block formats Q4_0, Q4_1 and Q8_0 (dense weights: the default variant, "
-               "cuda_warp_per_column)";
-}
-// cuda_warp_per_column: every qtype
+// cuda_warp_per_column: every qtype. The other variants take the GGUF block formats only: they are
+// flagged block_formats_only below, and the registry skips them for dense weights (F32, F16, BF16),
+// which run on the default variants only (dense_matmul_kernel, model_ops.cu).
 std::string ci_quant_matmul(const void* p) {
   auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
   return align_reason({&a.x, &a.out, &a.weight});
-}
-// quant_matmul's other variants: the block formats only
-std::string ci_quant_matmul_blocks(const void* p) {
-  const std::string why = ci_quant_matmul(p);
-  return why.empty() ? qtype_reason(static_cast<const ops::QuantMatmulArgs*>(p)->qtype) : why;
 }
 std::string ci_quant_matmul_a8(const void* p, std::string (*variant_reason)(const void*)) {
   auto& a = *static_cast<const ops::QuantMatmulArgs*>(p);
@@ -296,35 +285,35 @@ std::string ci_quant_matmul_a8_resident(const void* p) {
   return ci_quant_matmul_a8(p, quant_matmul_a8_resident_can_implement);
 }
 std::string ci_quant_matmul_m16(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_m16_can_implement(p) : why;
 }
 std::string ci_quant_matmul_staged_x(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_staged_x_can_implement(p) : why;
 }
 std::string ci_quant_matmul_stream(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_stream_can_implement(p) : why;
 }
 std::string ci_quant_matmul_bulk(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_bulk_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_mma_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma_stream(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_mma_stream_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma_diag(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_mma_diag_can_implement(p) : why;
 }
 std::string ci_quant_matmul_mma_rows(const void* p) {
-  const std::string why = ci_quant_matmul_blocks(p);
+  const std::string why = ci_quant_matmul(p);
   return why.empty() ? quant_matmul_mma_rows_can_implement(p) : why;
 }
 std::string ci_norm_quant_matmul(const void* p) {  // cuda_warp_per_column: every qtype
@@ -337,8 +326,7 @@ std::string ci_silu_quant_matmul(const void* p) {  // cuda_warp_per_column: ever
   return align_reason({&a.gate_up, &a.out, &a.weight});
 }
 std::string ci_silu_quant_matmul_mma_rows(const void* p) {
-  std::string why = ci_silu_quant_matmul(p);
-  if (why.empty()) why = qtype_reason(static_cast<const ops::SiluQuantMatmulArgs*>(p)->qtype);
+  const std::string why = ci_silu_quant_matmul(p);
   return why.empty() ? silu_quant_matmul_mma_rows_can_implement(p) : why;
 }
 std::string ci_rope_kv_append(const void* p) {
@@ -350,8 +338,7 @@ std::string ci_rope_kv_append(const void* p) {
 }
 std::string ci_norm_qmm_rope_append(const void* p) {
   auto& a = *static_cast<const ops::NormQmmRopeAppendArgs*>(p);
-  std::string why = ci_norm_quant_matmul(&a.mm);
-  if (why.empty()) why = qtype_reason(a.mm.qtype);  // (the staged block kernel's epilogue; dense: cuda_composed)
+  std::string why = ci_norm_quant_matmul(&a.mm);  // (block formats only: the staged block kernel's epilogue)
   if (why.empty()) why = ci_rope_kv_append(&a.rkv);
   return why.empty() ? norm_qmm_rope_can_implement(p) : why;
 }
@@ -609,10 +596,10 @@ void register_cuda_variants(std::vector<Variant>& v) {
   v.push_back({"kv_cache_append", KS_BACKEND_CUDA, "cuda_token_cta", kFloatDTypes, 10,
                "a CTA per token, 16-byte copies when aligned; out-of-range device slots skipped", avail,
                ks::cuda::ci_kv, ks::cuda::kv_cache_append_cuda});
-  // The variants whose can_implement refuses dense weights (ci_quant_matmul_blocks, qtype_reason):
-  // every quant_matmul variant but cuda_warp_per_column, silu_and_mul_quant_matmul's
-  // cuda_mma_rows and the RoPE fusion's one-kernel cuda_warp_per_column (ks_which skips them for
-  // a dense block format)
+  // The variants that take the GGUF block formats only (the registry skips them for dense weights,
+  // refuses them when pinned, and ks_which says so): every quant_matmul variant but
+  // cuda_warp_per_column, silu_and_mul_quant_matmul's cuda_mma_rows and the RoPE fusion's
+  // one-kernel cuda_warp_per_column (dense weights there: cuda_composed)
   for (Variant& x : v) {
     const std::string op = x.op, name = x.name;
     if (x.backend == KS_BACKEND_CUDA &&
