@@ -359,11 +359,13 @@ TEST(A8BulkStreamPlan, ReproducesTheLaunchedPlansAndPicksRowsPerStep) {
 // cuda_a8_resident's plan: 1 CTA per SM where rows have 32 blocks or more, else 2 (or N CTAs),
 // every CTA's rows, x's blocks and the copies' slack within its shared memory, the whole grid
 // within one wave of the SMs' shared memory, and the trigger at entry only where the call takes at
-// most half of it; 2 CTAs of 16 warps where rows are long and one CTA would take more than half;
-// at short rows 12 warps per CTA where it has 24 rows or more, else 8. The H200's (132 SMs, 228 KB
-// per SM, 227 KB per CTA) at the benchmark's shapes: 4096 x 4096 of every format (Q8_0 past half
-// an SM at one CTA: two CTAs of 16 rows, trigger after the wait) and 49152 x 576 (past half: Q8_0's
-// 2 CTAs fill all but 0.7 KB of an SM) resident, 14336 x 4096 not.
+// most half of it or, at long rows, where one more CTA fits beside the call's on every SM (by shared
+// memory and by registers at 64 a thread); 2 CTAs where rows are long and one CTA would take more than half: of 8
+// warps where a third CTA then fits beside them, else 16; at short rows 12 warps per CTA where it
+// has 24 rows or more, else 8. The H200's (132 SMs, 228 KB per SM, 227 KB per CTA) at the
+// benchmark's shapes: 4096 x 4096 of every format (Q8_0 past half an SM at one CTA: two CTAs of 16
+// rows and 8 warps, 2 x 76.9 KB with a third's 76.9 KB beside them, trigger at entry) and
+// 49152 x 576 (past half: Q8_0's 2 CTAs fill all but 0.7 KB of an SM) resident, 14336 x 4096 not.
 TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   using ks::cuda::a8_resident_plan;
   const int64_t kSmem = 233472, kLimit = 232448, kX = 48;
@@ -376,7 +378,7 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   };
   for (const Want& w : std::vector<Want>{{4096, 4096, 20, 132, 32, 6144 + 32 * 2560 + 32, true},
                                          {4096, 4096, 18, 132, 32, 6144 + 32 * 2304 + 32, true},
-                                         {4096, 4096, 34, 264, 16, 6144 + 16 * 4352 + 32, false},
+                                         {4096, 4096, 34, 264, 16, 6144 + 16 * 4352 + 32, true},
                                          {49152, 576, 20, 264, 187, 864 + 187 * 360 + 32, false},
                                          {49152, 576, 18, 264, 187, 864 + 187 * 324 + 32, false},
                                          {576, 576, 20, 264, 3, 864 + 3 * 360 + 32, true},
@@ -397,11 +399,12 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
       EXPECT_EQ(p.rows_per_step, w.rows_cta >= 16 ? 4 : 2);
     }
     if (p.grid) {
-      EXPECT_EQ(p.warps, w.K >= 1024 ? 16 : 8);
+      EXPECT_EQ(p.warps, w.K >= 1024 && w.block_bytes != 34 ? 16 : 8);
     }
   }
-  // the padded rows' strides (a8_padded_row_bytes) keep 4096 x 4096's plans: Q4_0 one CTA with
-  // room for the next call's beside it, Q8_0 two CTAs
+  // the padded rows' strides (a8_padded_row_bytes): Q4_0 4096 x 4096 keeps one CTA with room for the
+  // next call's beside it; Q8_0 takes two CTAs, whose 2 x 80.5 KB leave no room for a third: 16
+  // warps each, the trigger after the wait
   const auto q40 = a8_resident_plan(4096, 4096, 2304 + 15 * 16, 132, kSmem, kLimit, kX);
   EXPECT_EQ(q40.grid, 132u);
   EXPECT_EQ(q40.smem, size_t(6144 + 32 * 2544 + 32));
@@ -409,7 +412,12 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   const auto q80 = a8_resident_plan(4096, 4096, 4352 + 7 * 32, 132, kSmem, kLimit, kX);
   EXPECT_EQ(q80.grid, 264u);
   EXPECT_EQ(q80.smem, size_t(6144 + 16 * 4576 + 32));
+  EXPECT_EQ(q80.warps, 16);
   EXPECT_FALSE(q80.entry_trigger);
+  // the third CTA's room counts registers too: forced 16 warps (3 x 16 x 32 x 64 > 65536), no trigger
+  const auto q80w16 = a8_resident_plan(4096, 4096, 4352, 132, kSmem, kLimit, kX, 0, true, 16);
+  EXPECT_EQ(q80w16.grid, 264u);
+  EXPECT_FALSE(q80w16.entry_trigger);
   // forced rows per step: 2 gives 49152 x 576 its 12 warps (a pair of rows each), 4 gives 576 x 576 4
   const auto two = a8_resident_plan(49152, 576, 360, 132, kSmem, kLimit, kX, 0, true, 0, 0, 2);
   EXPECT_EQ(two.rows_per_step, 2);
@@ -446,7 +454,9 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
               int64_t grid, rows, need, per_sm;
               bool fits, beside;
             };
-            auto shape = [&](int c) {
+            // (w warps a CTA at 64 registers a thread: the next call's CTAs beside it all by shared
+            // memory, or at long rows one more per SM by shared memory and registers)
+            auto shape = [&](int c, int w) {
               Shape r{};
               r.grid = std::min<int64_t>(N, int64_t(sms) * c);
               r.rows = (N + r.grid - 1) / r.grid;
@@ -454,20 +464,28 @@ TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
               r.per_sm = (r.grid + sms - 1) / sms;
               const int64_t cta = (r.need + 127) / 128 * 128 + 1024;  // (128-byte units, the runtime's 1 KB)
               r.fits = r.need <= kLimit && r.per_sm * cta <= kSmem;
-              r.beside = 2 * r.per_sm * cta <= kSmem;
+              r.beside = 2 * r.per_sm * cta <= kSmem ||
+                         (K >= 1024 && (r.per_sm + 1) * cta <= kSmem && (r.per_sm + 1) * w * 32 * 64 <= 65536);
               return r;
             };
             int c = force ? force : K >= 1024 ? 1 : 2;
-            // long rows, one CTA past half an SM, enough rows for two per SM: two CTAs where they fit
-            if (!force && c == 1 && shape(1).fits && !shape(1).beside && N >= 2 * sms && shape(2).fits) c = 2;
-            const Shape sh = shape(c);
+            int w = c > 2 ? 8 : K >= 1024 ? 16 : 8;
+            // long rows, one CTA past half an SM, enough rows for two per SM: two CTAs where they
+            // fit, of 8 warps where the next call's CTA then fits beside them, else of 16
+            if (!force && c == 1 && shape(1, 16).fits && !shape(1, 16).beside && N >= 2 * sms) {
+              if (shape(2, 8).fits && shape(2, 8).beside)
+                c = 2, w = 8;
+              else if (shape(2, 16).fits)
+                c = 2;
+            }
+            const Shape sh = shape(c, w);
             ASSERT_EQ(p.grid != 0, sh.fits);
             if (!sh.fits) continue;
             const int64_t grid = sh.grid, need = sh.need;
             EXPECT_EQ(p.grid, unsigned(grid));
             EXPECT_LE(p.ctas_per_sm, c);
             EXPECT_EQ(p.rows_per_step, sh.rows >= 16 ? 4 : 2);
-            EXPECT_EQ(p.warps, c > 2 ? 8 : K >= 1024 ? 16 : 8);
+            EXPECT_EQ(p.warps, w);
             EXPECT_EQ(p.entry_trigger, sh.beside);
             // every CTA's rows (grid-split as the kernel splits them) within rows_cta, and their
             // widened byte range inside the CTA's shared memory beside x

@@ -297,7 +297,11 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    9.63; 88d9055), else 8 (576 x 576 and 1536 x 576, 3 and 6 rows per CTA: 1.72-1.79 us with 8,
 //    2.04-2.16 with 12 at cfbbebc); never more than 16 (24 / 32 warps at d98dc51: Q4_1 4096 x 4096
 //    4.79 / 5.16 us against 3.17: one CTA of 1024 threads takes all of an SM's registers, so the
-//    next call's CTA no longer fits beside it);
+//    next call's CTA no longer fits beside it); but 2 CTAs of 8 warps, not 16, where one CTA would
+//    take more than half an SM and a third CTA (the next call's) then fits beside the two by shared
+//    memory and registers: Q8_0 4096 x 4096, 2 x 75.8 KB, 5.35 us (79%) against 6.02 (70%) with 16
+//    warps and the trigger after the wait (two H200 calls at da51376, forced by the switches below;
+//    padded rows, 79.4 KB, no longer leave room: 6.35; 10 warps 5.74; pairs of rows 6.29);
 //  - rows per warp step (a8_row_group: one load of x's blocks serves that many rows): 4 where a CTA
 //    has 16 rows or more, with 8 warps at short rows (measured at 364b09a, bf16 x, against the 2 rows
 //    and the warps above: 49152 x 576 Q4_1 7.36 us against 9.35, Q4_0 8.35 against 9.27; 4096 x
@@ -307,8 +311,10 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 //    most half of each SM's shared memory, so the next call's CTAs fit beside it and its copies
 //    overlap this call's x staging and sums: Q4_1 4096 x 4096 (96 KB per SM at 2 CTAs) 3.49 us
 //    against 4.47; where it takes more, the next call's CTAs land on the few SMs with room and
-//    wait there: Q8_0 4096 x 4096 (153 KB) 6.46 against 5.82 after the wait, Q4_1 49152 x 576
-//    (138 KB) 10.22 against 8.73.
+//    wait there: Q8_0 4096 x 4096 (153 KB, 2 x 16 warps: no registers left for a third CTA) 6.46
+//    against 5.82 after the wait, Q4_1 49152 x 576 (138 KB) 10.22 against 8.73; also where one more
+//    CTA fits beside the call's on every SM by shared memory and registers (Q8_0 4096 x 4096 at
+//    2 x 8 warps, above).
 // static_bytes: the kernel's static shared memory (counted per CTA with the dynamic bytes, in the
 // 128-byte units the SM allocates). ctas_per_sm > 0 forces the count (KS_QMM_A8_RES_CTAS, 1 to 8;
 // whether that many CTAs fit the SM's threads and registers is not checked), warps > 0 the CTA's size
@@ -317,6 +323,9 @@ inline BulkPlan a8_bulk_plan(int64_t N, int64_t K, int64_t row_bytes, int sm_cou
 // grids that run in several waves (each CTA's rows within its shared memory; measured slower than
 // the bulk ring at 14336 x 4096: Q4_1 11.87-12.75 us against 10.40).
 constexpr int kA8ResidentMaxWarps = 16;
+// the resident kernel's register bound per thread (__launch_bounds__(32 * kA8ResidentMaxWarps, 2):
+// 65536 / 1024) and an SM's register file (sm_80 to sm_90)
+constexpr int64_t kA8ResidentMaxRegs = 64, kRegistersPerSm = 65536;
 // cuda_a8_resident's padded rows (Q4_0, Q8_0). A warp's lane l reads block l of a row (then
 // l + 32, ...) with 4-byte loads; blocks of 18 or 34 bytes put lanes l and l + 8 (Q4_0) or
 // l + 16 (Q8_0) in the same shared-memory bank, so every weight load took two passes (Q4_1's
@@ -371,13 +380,25 @@ inline A8ResidentPlan a8_resident_plan(int64_t N, int64_t K, int64_t RB, int sm_
     if (smem > limit || (one_wave && sm_bytes > smem_per_sm)) return A8ResidentPlan{};
     const int r = rows_per_step ? rows_per_step : rows >= kA8ResidentFourRows ? 4 : 2;
     if (w == 0) w = long_rows ? 16 : r == 4 ? 8 : rows >= kA8ResidentShortRows ? 12 : 8;  // (short rows: 2 CTAs per SM)
-    return A8ResidentPlan{unsigned(grid), int(per_sm), w, r, rows, size_t(smem), 2 * sm_bytes <= smem_per_sm};
+    // the trigger at entry where the next call's CTAs fit beside this call's: all of them by shared
+    // memory, or (long rows: measured there only) one more per SM by shared memory and registers
+    // (at the kernel's bound of kA8ResidentMaxRegs per thread)
+    const bool one_more = long_rows && (per_sm + 1) * cta_bytes <= smem_per_sm &&
+                          (per_sm + 1) * w * 32 * kA8ResidentMaxRegs <= kRegistersPerSm;
+    return A8ResidentPlan{unsigned(grid), int(per_sm), w, r, rows, size_t(smem),
+                          2 * sm_bytes <= smem_per_sm || one_more};
   };
   if (ctas_per_sm > 0) return plan(ctas_per_sm, warps > 0 ? warps : ctas_per_sm <= 2 ? 0 : 8);
   if (!long_rows) return plan(2, warps);
   const A8ResidentPlan one = plan(1, warps);
-  // one CTA past half an SM (no room for the next call's beside it): two of 16 warps each
+  // one CTA past half an SM (no room for the next call's beside it): two per SM, of 8 warps where
+  // the next call's CTA then fits beside them (so it launches at entry and its copies overlap this
+  // call's sums), else of 16
   if (one.grid && !one.entry_trigger && N >= 2 * int64_t(sm_count)) {
+    if (warps == 0) {
+      const A8ResidentPlan eight = plan(2, 8);
+      if (eight.grid && eight.entry_trigger) return eight;
+    }
     const A8ResidentPlan two = plan(2, warps);
     if (two.grid) return two;
   }
