@@ -299,12 +299,13 @@ def _decode(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Optional
     cols = _check_packed(op, name, packed, qtype, cols, cols_what)
     bs, bb = _QGEOM[qtype]
     rows = packed.shape[0]
-    if qtype == 1:
-        return packed.view(torch.float32).clone()
-    if qtype == 2:
-        return packed.view(torch.float16).float()
-    if qtype == 3:
-        return packed.view(torch.bfloat16).float()
+    if qtype in (1, 2, 3):
+        # (a byte view reinterpreted as wider elements needs its storage offset a multiple of the
+        # element size: an offset view, which the contract allows, is copied to fresh storage first)
+        dense = {1: torch.float32, 2: torch.float16, 3: torch.bfloat16}[qtype]
+        if packed.storage_offset() % dense.itemsize:
+            packed = packed.clone()
+        return packed.view(dense).float() if qtype != 1 else packed.view(dense).clone()
     nb = cols // bs
     blk = packed.reshape(rows, nb, bb)
 
@@ -967,6 +968,9 @@ def _attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan,
     group = n_heads // kvh
     keys = k_cache.reshape(-1, kvh, hd)[slots].to(acc).repeat_interleave(group, dim=2)  # [T, L, H, D]
     vals = v_cache.reshape(-1, kvh, hd)[slots].to(acc).repeat_interleave(group, dim=2)
+    # positions past a token's context gather slot 0 (any values, NaN included): zeroed, so only
+    # visible keys enter the sum (a hidden NaN would reach it through 0 * NaN)
+    vals = vals.masked_fill(~visible[:, :, None, None], 0.0)
     with _no_autocast(q):
         scores = torch.einsum("thd,tlhd->thl", q.to(acc), keys) * scale
         scores = scores.masked_fill(~visible[:, None, :], float("-inf"))

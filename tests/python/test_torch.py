@@ -649,6 +649,41 @@ def test_offset_views_and_strides():
         ks.rms_norm(base.t(), trand((5,), "fp32"), backend="torch")
 
 
+def test_torch_reference_paged_attention_ignores_hidden_slots():
+    """Positions past a token's context must not reach its sum: the torch reference gathers slot 0
+    for them, so a NaN / inf there (an unused slot's garbage) would leak in through 0 * NaN; a
+    context of 0 gives a zero row. Both backends, every token."""
+    g = torch.Generator().manual_seed(7)
+    kc, vc = torch.randn(3, 4, 2, 8, generator=g), torch.randn(3, 4, 2, 8, generator=g)
+    vc[0, 0] = float("nan")
+    kc[0, 1] = float("inf")
+    q = torch.randn(3, 4, 8, generator=g)
+    bt = torch.tensor([[1, 2], [2, 1], [1, 1]], dtype=torch.int32)
+    ctx = torch.tensor([8, 3, 0], dtype=torch.int32)
+    native = ks.paged_attention(q, kc, vc, bt, ctx)
+    ref = ks.paged_attention(q, kc, vc, bt, ctx, backend="torch")
+    assert torch.isfinite(ref).all(), ref
+    assert torch.equal(ref[2], torch.zeros_like(ref[2]))
+    assert (native - ref).abs().max() < 1e-5
+
+
+def test_torch_reference_dense_decode_of_offset_byte_views():
+    """Dense weight formats as uint8 views at any byte offset (the contract allows them): the torch
+    reference decodes them as the native backend does (a byte view at an odd storage offset cannot
+    be reinterpreted as wider elements in place)."""
+    buf = torch.randint(0, 256, (40,), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    for off in (1, 2, 3):
+        packed = buf[off:off + 32].view(2, 16)
+        for qname in ("f32", "f16", "bf16"):
+            a = ks.dequantize(packed, qname)
+            b = ks.dequantize(packed, qname, backend="torch")
+            torch.testing.assert_close(b, a, rtol=0, atol=0, equal_nan=True, msg=f"{qname} at byte offset {off}")
+    x = torch.randn(3, 4)
+    w = buf[1:33].view(2, 16)
+    torch.testing.assert_close(ks.quant_matmul(x, w, "f32", backend="torch"), ks.quant_matmul(x, w, "f32"),
+                               equal_nan=True)
+
+
 def test_torch_backend_errors_match_native():
     x, w = trand((2, 8), "fp32"), trand((8,), "fp32")
     for backend in ("cpu", "torch"):
