@@ -341,6 +341,7 @@ def rms_norm(x: T, weight: Array, eps: float = 1e-6, *, backend: str = "auto", o
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
+        _check_layout_first(op, "x", x)
         out = fw.empty_like(x)
     _native(_C.rms_norm, fw, x, (out, x, weight), _real(op, "eps", eps), code)
     return out
@@ -407,6 +408,7 @@ def silu_and_mul(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
+        _check_layout_first(op, "x", x)
         shape = tuple(x.shape)
         out = fw.empty(x, shape[:-1] + (_last(shape) // 2,) if shape else ())
     _native(_C.silu_and_mul, fw, x, (out, x), code)
@@ -440,6 +442,7 @@ def gemv(x: T, weight: Array, *, backend: str = "auto", out: Optional[T] = None)
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
+        _check_layout_first(op, "x", x)
         out = fw.empty(x, (_dim0(tuple(weight.shape)),))
     _native(_C.gemv, fw, x, (out, x, weight), code)
     return out
@@ -474,6 +477,7 @@ def softmax(x: T, *, backend: str = "auto", out: Optional[T] = None) -> T:
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
+        _check_layout_first(op, "x", x)
         out = fw.empty_like(x)
     _native(_C.softmax, fw, x, (out, x), code)
     return out
@@ -507,6 +511,7 @@ def argmax(x: Array, *, backend: str = "auto", out: Optional[Array] = None) -> A
     if code == _TORCH:
         raise _not_torch(op, x)
     if out is None:
+        _check_layout_first(op, "x", x)
         out = fw.empty(x, tuple(x.shape)[:-1], "int64")
     _native(_C.argmax, fw, x, (out, x), code)
     return out
@@ -558,6 +563,7 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
     if fw.is_torch and getattr(logits, "requires_grad", False):
         logits = logits.detach()  # sampling has no gradient: read the values
     if out is None:
+        _check_layout_first(op, "logits", logits)
         out = fw.empty(logits, tuple(logits.shape)[:-1], "int64")
     _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature),
             # (top_k >= vocab is off: a value past int64 means the same, clamped to fit the C ABI)
@@ -602,6 +608,7 @@ def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None
     if code == _TORCH:
         raise _not_torch(op, table)
     if out is None:
+        _check_layout_first(op, "ids", ids)
         tshape = tuple(table.shape)
         _check_rows(op, "table", tshape, fmt)
         if fmt == 0:
@@ -650,6 +657,7 @@ def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp
     if code == _TORCH:
         raise _not_torch(op, packed)
     if out is None:
+        _check_layout_first(op, "packed", packed)
         shape = tuple(packed.shape)
         _check_rows(op, "packed", shape, q)
         out = fw.empty(packed, (_dim0(shape), _packed_cols(shape, q)), name)
@@ -1129,6 +1137,7 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
     if code == _TORCH:
         raise _not_torch(op, residual)
     if out is None:
+        _check_layout_first(op, "residual", residual)
         out = fw.empty(residual, (_dim0(tuple(residual.shape)), _dim0(tuple(weight.shape))))
     if x is not None and residual_out is None:
         residual_out = fw.empty_like(residual)
@@ -1180,6 +1189,7 @@ def varlen_attention(q: T, k: Array, v: Array, cu_seqlens_q: Array, cu_seqlens_k
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
+        _check_layout_first(op, "q", q)
         out = fw.empty_like(q)
     _native(_C.varlen_attention, fw, q, (out, q, k, v, cu_seqlens_q, cu_seqlens_k), _real(op, "scale", scale),
             _flag(op, "causal", causal), code)
@@ -1241,6 +1251,7 @@ def paged_attention(q: T, k_cache: Array, v_cache: Array, block_tables: Array, c
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
+        _check_layout_first(op, "q", q)
         out = fw.empty_like(q)
     _native(_C.paged_attention, fw, q, (out, q, k_cache, v_cache, block_tables, seq_ids, context_lens),
             scale, fresh_keys, code)
@@ -1332,6 +1343,7 @@ def rotary_embedding_kv_append_paged_attention(
     if code == _TORCH:
         raise _not_torch(op, q)
     if out is None:
+        _check_layout_first(op, "q", q)
         out = fw.empty_like(q)
     _native(_C.rotary_embedding_kv_append_paged_attention, fw, q,
             (out, q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens), rd,

@@ -141,6 +141,33 @@ def test_fused_quant_forms_take_leading_dims(rng, dt):
     assert yz.shape == (0, 3, N) and roz.shape == (0, 3, K)
 
 
+def test_broadcast_inputs_get_the_layout_error_before_out_is_sized():
+    """A broadcast (stride-0) input whose shape describes ~10^12 elements: every op that sizes its
+    output from that input names it in the layout error, instead of failing to allocate the output
+    first (numpy's MemoryError, torch's allocator error)."""
+    def big(*shape, dt=np.float32):  # (rows of one row's memory; a 1-D one of one element's)
+        return np.broadcast_to(np.ones(shape[-1] if len(shape) > 1 else 1, dt), shape)
+    one = np.ones((1, 2, 8), np.float32)
+    cases = [
+        ("rms_norm", "x", lambda: ks.rms_norm(big(2**40, 4), np.ones(4, np.float32))),
+        ("silu_and_mul", "x", lambda: ks.silu_and_mul(big(2**40, 4))),
+        ("gemv", "x", lambda: ks.gemv(np.broadcast_to(np.ones(1, np.float32), (4,)), np.ones((3, 4), np.float32))),
+        ("softmax", "x", lambda: ks.softmax(big(2**40, 4))),
+        ("argmax", "x", lambda: ks.argmax(big(2**40, 4))),
+        ("sample", "logits", lambda: ks.sample(big(2**40, 4), np.zeros(2, np.uint64))),
+        ("embedding", "ids", lambda: ks.embedding(big(2**40, dt=np.int32), np.ones((3, 4), np.float32))),
+        ("dequantize", "packed", lambda: ks.dequantize(big(2**40, 20, dt=np.uint8), "q4_1")),
+        ("varlen_attention", "q", lambda: ks.varlen_attention(big(2**40, 2, 8), one, one, np.array([0, 1], np.int32),
+                                                             np.array([0, 1], np.int32))),
+        ("paged_attention", "q", lambda: ks.paged_attention(big(2**40, 2, 8), np.ones((1, 4, 2, 8), np.float32),
+                                                           np.ones((1, 4, 2, 8), np.float32), np.zeros((1, 1), np.int32),
+                                                           np.zeros(1, np.int32))),
+    ]
+    for name, arg, call in cases:
+        with pytest.raises(ValueError, match=f"{name}: {arg} must be contiguous .*a stride of 0 is a broadcast"):
+            call()
+
+
 def test_argmax_validation(rng):
     with pytest.raises(ValueError, match="argmax: x must have at least 1 dims"):
         ks.argmax(np.array(1.0, np.float32))
