@@ -246,15 +246,19 @@ def _real(op: str, name: str, v: Any) -> float:
         raise TypeError(f"{op}: {name} must be a number; got {type(v).__name__}") from None
 
 
-def _integer(op: str, name: str, v: Any) -> int:
+def _integer(op: str, name: str, v: Any, any_size: bool = False) -> int:
     """An integer scalar argument (anything with ``__index__``: int, numpy integers, integer 0-d
-    tensors), not a bool, str or float (``int(5.7)`` would truncate)."""
+    tensors), not a bool, str or float (``int(5.7)`` would truncate); within int64 (the C ABI's
+    widest) unless ``any_size`` (the caller clamps it)."""
     if isinstance(v, bool):
         raise TypeError(f"{op}: {name} must be an integer; got bool {v!r}")
     try:
-        return _operator.index(v)
+        i = _operator.index(v)
     except TypeError:
         raise TypeError(f"{op}: {name} must be an integer; got {type(v).__name__} {v!r}") from None
+    if not any_size and not -2 ** 63 <= i < 2 ** 63:
+        raise InvalidArgumentError(f"{op}: {name} = {i} is outside int64")
+    return i
 
 
 def _check_layout_first(op: str, arg: str, x: Any) -> None:
@@ -567,7 +571,7 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
         out = fw.empty(logits, tuple(logits.shape)[:-1], "int64")
     _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature),
             # (top_k >= vocab is off: a value past int64 means the same, clamped to fit the C ABI)
-            max(min(_integer(op, "top_k", top_k), 2 ** 63 - 1), -2 ** 63), _real(op, "top_p", top_p), code)
+            max(min(_integer(op, "top_k", top_k, any_size=True), 2 ** 63 - 1), -2 ** 63), _real(op, "top_p", top_p), code)
     return out
 
 

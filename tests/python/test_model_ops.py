@@ -1221,6 +1221,12 @@ def test_scalar_arguments_are_typed(rng):
         ks.sample(x, so, 0.5, 3, float(np.nextafter(1.0, 2.0)))
     q = rand(rng, (3, 2, 16), "fp32")
     pos = np.array([1, 2, 3], np.int32)
+    # integer arguments past int64 (other than top_k's clamp): named, not nanobind's signature error
+    with pytest.raises(ValueError, match="rotary_embedding: rotary_dim = 18446744073709551616 is outside int64"):
+        ks.rotary_embedding(q, None, pos, 2 ** 64)
+    kc = np.ones((1, 4, 2, 16), np.float32)
+    with pytest.raises(ValueError, match="paged_attention: fresh_keys = 9223372036854775808 is outside int64"):
+        ks.paged_attention(q, kc, kc, np.zeros((3, 1), np.int32), np.zeros(3, np.int32), fresh_keys=2 ** 63)
     with pytest.raises(TypeError, match="rotary_embedding: theta must be a number"):
         ks.rotary_embedding(q, None, pos, 16, "100")
     with pytest.raises(TypeError, match="rotary_embedding: rotary_dim must be an integer"):
