@@ -142,17 +142,26 @@ class TensorView {
     return v;
   }
   // The same elements under another shape (row-major). Throws InvalidArgument when a size is
-  // negative or the element count differs (as torch.reshape; no -1 inference).
+  // negative, the sizes' product overflows int64 or the element count differs (as torch.reshape;
+  // no -1 inference).
   TensorView reshape(std::initializer_list<int64_t> shape) const {
-    int64_t n = 1;
+    bool zero = false;
     for (int64_t d : shape) {
       if (d < 0) throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::reshape: a negative size (" + std::to_string(d) + ")");
-      n *= d;
+      zero = zero || d == 0;
     }
-    if (n != numel()) {  // (the message is built only here: reshape runs on every model step)
+    int64_t n = zero ? 0 : 1;
+    bool overflow = false;
+    for (int64_t d : shape)
+      if (!zero && !overflow) {
+        overflow = n > INT64_MAX / d;
+        n = overflow ? n : n * d;
+      }
+    if (overflow || n != numel()) {  // (the message is built only here: reshape runs on every model step)
       std::string dims;
       for (int64_t d : shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
-      throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::reshape: shape (" + dims + ") has " + std::to_string(n) +
+      throw InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "TensorView::reshape: shape (" + dims + ") has " +
+                                                           (overflow ? std::string("more than 2^63 - 1") : std::to_string(n)) +
                                                            " elements; the view has " + std::to_string(numel()));
     }
     return TensorView(data_, dtype_, std::vector<int64_t>(shape), device_);

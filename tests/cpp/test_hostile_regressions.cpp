@@ -37,6 +37,18 @@ TEST(HostileRegressions, TensorViewReshapeAndSliceCheckTheirSizes) {
   }
   EXPECT_THROW((void)W.reshape({575}), ks::InvalidArgument);
   EXPECT_THROW((void)W.reshape({-1, -576}), ks::InvalidArgument);  // product 576, negative sizes
+  // sizes whose product wraps int64 to the view's count (an adversarial review: 2^62 + 1 times 4
+  // is 4 mod 2^64; slice then took a row of 0 elements)
+  const ks::TensorView four(w.data(), DType::F32, {4});
+  try {
+    (void)four.reshape({4611686018427387905LL, 4});
+    FAIL() << "a shape of 2^64 + 4 elements accepted for 4";
+  } catch (const ks::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("has more than 2^63 - 1 elements; the view has 4"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW((void)four.reshape({INT64_MAX, INT64_MAX, 0, 1}), ks::InvalidArgument);  // 0 elements, not 4
+  EXPECT_EQ(ks::TensorView(w.data(), DType::F32, {0}).reshape({INT64_MAX, 2, 0}).numel(), 0);
   EXPECT_THROW((void)X.slice(7, 2), ks::InvalidArgument);
   EXPECT_THROW((void)X.slice(-1, 1), ks::InvalidArgument);
   EXPECT_THROW((void)X.slice(9, 0), ks::InvalidArgument);
