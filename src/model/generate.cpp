@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 namespace ks::model {
@@ -37,9 +38,24 @@ int32_t sample_token(const float* logits, int64_t vocab, const SamplingParams& s
   uint8_t valid = 0;
   ks::sample(ks::TensorView(&idx, ks::DType::I64, {1}), ks::TensorView(&valid, ks::DType::U8, {1}), x,
              ks::TensorView(seed_offset, ks::DType::I64, {2}), sp.temperature, sp.top_k, sp.top_p, be);
-  if (!valid)
+  if (!valid) {
+    // the row is invalid (the sample contract) where a logit is NaN or +inf, every one is -inf, or
+    // logits / temperature overflows FP32 (a tiny temperature): name which
+    bool nonfinite = false, any = false;
+    for (int64_t i = 0; i < vocab; ++i) {
+      nonfinite = nonfinite || std::isnan(logits[i]) || logits[i] == INFINITY;
+      any = any || logits[i] > -INFINITY;
+    }
+    if (!nonfinite && any) {
+      char t[32];
+      std::snprintf(t, sizeof t, "%g", double(sp.temperature));
+      throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "generate: the logits of step " + std::to_string(step) +
+                                                               " divided by the temperature (" + t +
+                                                               ") overflow FP32: use a larger temperature, or 0 for greedy");
+    }
     throw ks::InvalidArgument(KS_ERROR_INVALID_ARGUMENT, "generate: the logits of step " + std::to_string(step) +
                                                              " hold NaN or +inf or are all -inf; nothing to sample");
+  }
   return int32_t(idx);
 }
 

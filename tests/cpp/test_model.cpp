@@ -669,7 +669,8 @@ TEST(Model, CudaDecodeAcrossAttentionTables) {
 // generate's sampler: temperature 0 is the argmax (lowest index among ties); otherwise kernscope's
 // sample op keyed by (seed, step): the same (seed, step) gives the same id, the draws over many
 // steps follow softmax(logits / T), top_k = 1 and a small top_p keep the largest logit only, a
-// top_k of 2 never draws the two smallest, and a row of NaN is refused naming the step.
+// top_k of 2 never draws the two smallest, a row of NaN is refused naming the step, and a
+// temperature so small that logits / T overflows is refused naming it.
 TEST(Model, SamplingTemperatureZeroIsArgmaxAndSeeded) {
   using ks::model::SamplingParams;
   using ks::model::sample_token;
@@ -703,6 +704,17 @@ TEST(Model, SamplingTemperatureZeroIsArgmaxAndSeeded) {
     ADD_FAILURE() << "a NaN row was sampled";
   } catch (const ks::InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("step 17"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("hold NaN"), std::string::npos) << e.what();
+  }
+  // finite logits that a tiny temperature scales past FP32 (an adversarial review: --temperature
+  // 1e-38 was reported as NaN logits): the message names the temperature
+  std::vector<float> large{100.f, 10.f, -5.f};  // 100 / 1e-37 = 1e39 > FLT_MAX
+  try {
+    sample_token(large.data(), 3, SamplingParams{1e-37f, 0, 1.0, 3}, 4);
+    ADD_FAILURE() << "logits / 1e-37 were sampled";
+  } catch (const ks::InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("step 4 divided by the temperature (1e-37) overflow FP32"), std::string::npos)
+        << e.what();
   }
 }
 
