@@ -726,13 +726,16 @@ int main(int argc, char** argv) {
           [&w_cols, &w_cols_product, shape_number](const std::string& v) {
             const size_t x = v.find_first_of("xX*");
             w_cols_product = x != std::string::npos;
-            // (a product saturates at int64's largest, as the library's routing key does: sat_mul)
+            // (a product of 2^63 or more is refused, as Python's which refuses it: no call has that
+            // many elements)
             int64_t prod = 0;
-            w_cols = x == std::string::npos ? shape_number("--cols", v, v)
-                     : __builtin_mul_overflow(shape_number("--cols", v, v.substr(0, x)),
-                                              shape_number("--cols", v, v.substr(x + 1)), &prod)
-                         ? std::numeric_limits<int64_t>::max()
-                         : prod;
+            if (x == std::string::npos)
+              w_cols = shape_number("--cols", v, v);
+            else if (__builtin_mul_overflow(shape_number("--cols", v, v.substr(0, x)),
+                                            shape_number("--cols", v, v.substr(x + 1)), &prod))
+              throw CLI::ValidationError("--cols", "'" + v + "' is 2^63 or more");
+            else
+              w_cols = prod;
           },
           "with --rows (the op's shape key: e.g. hidden_size, vocab; quant_matmul: N x K, paged_attention: "
           "max_blocks_per_seq x block_size, each given as the product or as AxB, e.g. 576x576)");
