@@ -26,7 +26,7 @@ build-ksctl: configure
 
 # MODEL set to a file of your own: nothing is fetched (it must exist)
 model:
-	@if [ "$(MODEL)" = "$(KS_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then scripts/fetch_model.sh >/dev/null; \
+	@if [ "$(MODEL)" = "$(KS_CACHE)/SmolLM2-135M-Instruct.Q4_1.gguf" ]; then scripts/fetch_model.sh >/dev/null || exit 1; \
 	  elif [ ! -f "$(MODEL)" ]; then echo "MODEL=$(MODEL): no such file" >&2; exit 1; fi; \
 	  echo "model: $(MODEL)"
 
