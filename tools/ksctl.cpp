@@ -129,6 +129,19 @@ std::string cuda_status() {
   return "not available";
 }
 
+std::string closest_names(const std::string& word, const std::vector<std::string>& names);
+
+// ": did you mean X?" for an operator name that this build lacks (ops and entry points), or "".
+std::string op_suggestion(const std::string& op) {
+  std::vector<std::string> names;
+  for (const auto& v : ks::variants()) names.push_back(v.op);
+  for (const std::string& e : check_entry_points()) names.push_back(e);
+  std::sort(names.begin(), names.end());
+  names.erase(std::unique(names.begin(), names.end()), names.end());
+  const std::string list = closest_names(op, names);
+  return list.empty() ? "" : ": did you mean " + list + "?";
+}
+
 int cmd_ops() {
   // op -> backend -> "variant(dtypes)"
   std::map<std::string, std::map<std::string, std::vector<std::string>>> table;
@@ -173,8 +186,8 @@ int cmd_table(bool as_json, bool check_names, std::string op_filter, bool why) {
     op_filter = runs;
   }
   if (!op_filter.empty() && !ks::tune::has_op(op_filter)) {
-    std::fprintf(stderr, "table: --op '%s' is not an operator of this build (ksctl ops lists them)\n",
-                 op_filter.c_str());
+    std::fprintf(stderr, "table: --op '%s' is not an operator of this build%s (ksctl ops lists them)\n",
+                 op_filter.c_str(), op_suggestion(op_filter).c_str());
     return 2;
   }
   const std::string text = ks::routing_table();
@@ -338,7 +351,8 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
   }
   // (an entry point running another op's variants answers as that op: ks_which says so)
   if (!ks::tune::has_op(op) && !ks_op_runs_variants_of(op.c_str())) {
-    std::fprintf(stderr, "which: '%s' is not an operator of this build (ksctl ops lists them)\n", op.c_str());
+    std::fprintf(stderr, "which: '%s' is not an operator of this build%s (ksctl ops lists them)\n", op.c_str(),
+                 op_suggestion(op).c_str());
     return 2;
   }
   // AxB means a * b where the op's cols key is a product (ks_op_cols_factors: quant_matmul's N x K,
@@ -424,7 +438,7 @@ std::string closest_names(const std::string& word, const std::vector<std::string
 // After "The following arguments were not expected": for each leftover "--name[=v]" (CLI11's
 // remaining arguments of the app and the subcommands given, not values it took), the
 // subcommand's options it was probably meant as (closest_names), on stderr.
-void suggest_options(const CLI::App& app) {
+std::string suggest_options(const CLI::App& app) {
   std::vector<const CLI::App*> scopes;
   for (const CLI::App* sub : app.get_subcommands()) scopes.push_back(sub);  // the ones given
   if (scopes.empty()) scopes.push_back(&app);
@@ -434,21 +448,23 @@ void suggest_options(const CLI::App& app) {
   for (const CLI::App* scope : scopes)
     for (const CLI::Option* opt : scope->get_options())
       for (const std::string& name : opt->get_lnames()) names.push_back("--" + name);
+  std::string out;
   for (const std::string& arg : left) {
     if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
     const std::string word = arg.substr(0, arg.find('='));
     const std::string list = closest_names(word, names);
-    if (!list.empty()) std::fprintf(stderr, "ksctl: %s: did you mean %s?\n", word.c_str(), list.c_str());
+    if (!list.empty()) out += "ksctl: " + word + ": did you mean " + list + "?\n";
   }
+  return out;
 }
 
 // After "A subcommand is required" for a first word that names none: the subcommands it was
 // probably meant as (closest_names).
-void suggest_subcommand(const CLI::App& app, const std::string& word) {
+std::string suggest_subcommand(const CLI::App& app, const std::string& word) {
   std::vector<std::string> names;
   for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) names.push_back(sub->get_name());
   const std::string list = closest_names(word, names);
-  if (!list.empty()) std::fprintf(stderr, "ksctl: '%s' is not a command: did you mean %s?\n", word.c_str(), list.c_str());
+  return list.empty() ? "" : "ksctl: '" + word + "' is not a command: did you mean " + list + "?\n";
 }
 
 // An option's value: a whole number in [lo, hi], written in decimal digits (an optional '-'), so
@@ -563,6 +579,8 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
                model_line(path, model, be).c_str(), load_s, (long long)st.prompt_tokens, st.prompt_tokens == 1 ? "" : "s", st.prefill_tokens_per_second(),
                st.first_token_seconds * 1e3, (long long)st.generated_tokens, st.generated_tokens == 1 ? "" : "s",
                eot ? " (the last ends the turn, not printed)" : "", rate, st.stop_reason);
+  if (eot && !chat && st.generated_tokens <= 1)  // (raw text: a bare question often ends the turn at once)
+    std::fprintf(stderr, "[ksctl] the model ended its turn at once: an instruct model answers a question with --chat\n");
   return 0;
 }
 
@@ -794,7 +812,7 @@ int main(int argc, char** argv) {
   float g_temp = 0.0f, g_top_p = 1.0f;
   int64_t g_top_k = 0;
   uint64_t g_seed = 0;
-  gen->add_option("--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
+  gen->add_option("-m,--model", g_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
   gen->add_option("--prompt", g_prompt, "prompt text (not empty; left out: the default)")
       ->default_str("with --chat: What is the capital of France? / without: The capital of France is")
       ->check(not_empty("leave --prompt out for the default prompt"));
@@ -853,7 +871,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> b_prompts{64, 512};
   int64_t b_decode = 128;
   int b_repeats = 5;
-  bench->add_option("--model", b_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
+  bench->add_option("-m,--model", b_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
   bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure")->transform(int_in(1, int64_t(1) << 20));
   bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->transform(int_in(2, 4096));
   bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->transform(int_in(1, 100));
@@ -877,9 +895,17 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help / --version exit 0 through CLI11's printer; a usage error prints its message and
     // exits 2, like every other refusal here (CLI11's own codes, 105-ish, would be a second scheme)
+    // (a likely typo of an option or a command: the suggestion first, in place of CLI11's message,
+    // which lists the leftovers in reverse and says "A subcommand is required" before the name)
+    std::string hint;
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) hint = suggest_options(app);
+    if (hint.empty() && app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-')
+      hint = suggest_subcommand(app, argv[1]);
+    if (!hint.empty()) {
+      std::fprintf(stderr, "%sRun with --help for more information.\n", hint.c_str());
+      return 2;
+    }
     const int rc = app.exit(e);
-    if (dynamic_cast<const CLI::ExtrasError*>(&e)) suggest_options(app);
-    if (app.get_subcommands().empty() && argc > 1 && argv[1][0] != '-') suggest_subcommand(app, argv[1]);
     return rc == 0 ? 0 : 2;
   }
   try {
