@@ -43,7 +43,8 @@ extern "C" ks_status_t ks_sample(DLTensor* out, DLTensor* valid, const DLTensor*
     if (!std::isfinite(temperature) || !(temperature > 0.0) || !(float(temperature) > 0.0f) ||
         !std::isfinite(float(temperature)))
       fail(KS_ERROR_INVALID_ARGUMENT, op,
-           "temperature must be finite and > 0 (also after rounding to fp32); got " + num_str(temperature));
+           "temperature must be finite and > 0 (also after rounding to fp32; for greedy decoding use argmax); got " +
+               num_str(temperature));
     if (top_k < 0) fail(KS_ERROR_INVALID_ARGUMENT, op, "top_k must be >= 0 (0: off); got " + std::to_string(top_k));
     if (!(top_p > 0.0 && top_p <= 1.0))
       fail(KS_ERROR_INVALID_ARGUMENT, op, "top_p must be in (0, 1] (1: off); got " + num_str(top_p));
