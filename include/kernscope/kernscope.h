@@ -145,7 +145,7 @@ KS_API ks_status_t ks_routing_table(const char** json);
 /* Pins `op` to the variant named `variant` for calls on this thread that run on
  * that variant's backend (calls on the other backend are routed as usual, so a CUDA
  * pin leaves the CPU reference usable; NULL variant: back to automatic selection;
- * NULL op: clear every pin). A pinned
+ * NULL op and NULL variant: clear every pin; NULL op with a variant: KS_ERROR_INVALID_ARGUMENT). A pinned
  * variant that cannot run a call fails it with KS_ERROR_BACKEND_UNAVAILABLE and
  * the variant's reason. Used by tests, `ksctl check` and benchmarks to run every
  * variant, not only the selected one. Unknown op or variant names are

@@ -169,6 +169,9 @@ const Variant* variant_of(const char* op, const char* name, const char* api) {
 
 void force_variant(const char* op, const char* variant) {
   if (op == nullptr) {
+    if (variant)  // (a NULL op with a variant is a caller's mistake, not "clear every pin")
+      detail::fail(KS_ERROR_INVALID_ARGUMENT, "force_variant",
+                   std::string("op is NULL but variant '") + variant + "' is given (NULL op and NULL variant: clear every pin)");
     g_forced.clear();
     return;
   }

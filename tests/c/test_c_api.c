@@ -118,6 +118,8 @@ int main(void) {
   CHECK(ks_forced_variant(NULL, &pinned) == KS_ERROR_INVALID_ARGUMENT);
   CHECK(ks_forced_variant("rms_norm", NULL) == KS_ERROR_INVALID_ARGUMENT);
   CHECK(ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, NULL) == KS_SUCCESS);
+  CHECK(ks_force_variant(NULL, "cpu_reference") == KS_ERROR_INVALID_ARGUMENT);
+  CHECK(strstr(ks_last_error(), "op is NULL but variant 'cpu_reference' is given") != NULL);
   CHECK(ks_force_variant(NULL, NULL) == KS_SUCCESS);
   CHECK(ks_forced_variant("rms_norm", &pinned) == KS_SUCCESS && pinned == NULL);
 
