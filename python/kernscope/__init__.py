@@ -108,7 +108,7 @@ def _shape_cols(op: str, cols: _t.Any) -> int:
         for p in parts:
             n *= int(p)
         return n
-    return _integer("which", "cols", cols)
+    return _integer("which", "cols", cols, any_size=True)
 
 
 def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Optional[int] = None,
@@ -152,7 +152,7 @@ def which(op: str, dtype: _t.Any = "fp32", device: _t.Any = "cpu", rows: _t.Opti
     try:
         if rows is not None:
             # (integers only, as the ops' arguments: int(1.5) and int(True) would pass; past int64: named)
-            r = _integer("which", "rows", rows)
+            r = _integer("which", "rows", rows, any_size=True)
             c = _shape_cols(op, cols)
             for name, v in (("rows", r), ("cols", c)):
                 if v >= 2 ** 63:
