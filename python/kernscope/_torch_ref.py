@@ -736,8 +736,17 @@ def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: to
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     keep = slots >= 0
     dst = slots[keep]
-    k_cache.view(num_slots, kvh, hd)[dst] = k[:n][keep]
-    v_cache.view(num_slots, kvh, hd)[dst] = v[:n][keep]
+    if _compiling():  # (under torch.compile: index_put's order for a slot named twice)
+        k_cache.view(num_slots, kvh, hd)[dst] = k[:n][keep]
+        v_cache.view(num_slots, kvh, hd)[dst] = v[:n][keep]
+        return
+    # a slot named by several tokens gets the later token's rows, as on the CPU (index_put does not
+    # promise which of duplicate indices lands)
+    src = torch.nonzero(keep).squeeze(1)  # the tokens written, in order
+    dst, inv = torch.unique(dst, return_inverse=True)
+    src = torch.full(dst.shape, -1, dtype=src.dtype, device=src.device).scatter_reduce(0, inv, src, "amax")
+    k_cache.view(num_slots, kvh, hd)[dst] = k[:n][src]
+    v_cache.view(num_slots, kvh, hd)[dst] = v[:n][src]
 
 
 def kv_cache_append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

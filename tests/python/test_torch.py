@@ -667,6 +667,20 @@ def test_torch_reference_paged_attention_ignores_hidden_slots():
     assert (native - ref).abs().max() < 1e-5
 
 
+def test_torch_reference_kv_cache_append_duplicate_slots_later_token_lands():
+    """A slot listed by several tokens: the torch reference lands the later token's rows, as the CPU
+    backend does (index_put alone promises no order), the skipped slot -1 aside."""
+    kc, vc = torch.zeros(2, 4, 2, 8), torch.zeros(2, 4, 2, 8)
+    k = torch.arange(6 * 2 * 8, dtype=torch.float32).view(6, 2, 8)
+    v = -k
+    slots = torch.tensor([3, -1, 3, 5, 3, 5])
+    a, b, c, d = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    ks.kv_cache_append(a, b, k, v, slots)
+    ks.kv_cache_append(c, d, k, v, slots, backend="torch")
+    assert torch.equal(a, c) and torch.equal(b, d)
+    assert torch.equal(c.view(8, 2, 8)[3], k[4]) and torch.equal(d.view(8, 2, 8)[5], v[5])
+
+
 def test_torch_reference_dense_decode_of_offset_byte_views():
     """Dense weight formats as uint8 views at any byte offset (the contract allows them): the torch
     reference decodes them as the native backend does (a byte view at an odd storage offset cannot
