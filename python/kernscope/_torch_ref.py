@@ -110,10 +110,11 @@ def check_out(op: str, y: torch.Tensor, out, ref: Optional[str], why: str) -> No
     dtype y has; None where out's dtype is fixed; why: the native shape check's reason)."""
     out = _tensor(op, "out", out)
     if out.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.uint8):
+        hint = " (convert float64 data to float32 first)" if out.dtype == torch.float64 else ""
         raise UnsupportedDtypeError(  # (the native DLPack check's words, src/core/common.cpp)
             f"{op}: out has unsupported dtype {str(out.dtype).replace('torch.', '')}; kernscope takes float16, "
-            "bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, each where the op's "
-            "argument is one")
+            f"bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, each where the op's "
+            f"argument is one{hint}")
     if out.dtype != y.dtype:
         if ref is None:
             raise UnsupportedDtypeError(f"{op}: out has dtype {_dname(out)}; expected one of: {_dname(y)}")
