@@ -545,64 +545,6 @@ TEST(A8RowPad, OneBankPerLaneInEveryWordLoad) {
   }
 }
 
-// cuda_a8_resident's rotated rows (a8_row_rotation): the lanes of group g read row (g + i) mod R
-// of the warp's R rows at step i, the rows a8_rotated_row_stride apart, each the words covering
-// its block (as a8_load_block). Every load of every step then touches 32 distinct banks, at any
-// row length whose rows are whole 16-byte pieces; without the rotation Q8_0 and Q4_0 take two
-// passes per load; a stride off stride_mod brings passes back.
-TEST(A8RowRotation, OneBankPerLaneInEveryWordLoad) {
-  using ks::cuda::a8_rotated_row_stride;
-  using ks::cuda::a8_row_rotation;
-  using ks::cuda::A8RowRotation;
-  auto worst_pass = [](int64_t bb, int64_t stride, int group_lanes, int R, int64_t nb) {
-    const int words = bb == 34 ? 9 : 5;
-    int worst = 0;
-    for (int64_t i = 0; 32 * i < nb; ++i)
-      for (int j = 0; j < words; ++j) {
-        std::map<int64_t, std::set<int64_t>> banks;
-        for (int64_t lane = 0; lane < 32 && 32 * i + lane < nb; ++lane) {
-          const int64_t g = group_lanes ? lane / group_lanes % R : 0;
-          const int64_t at = g * stride + (32 * i + lane) * bb;
-          const int64_t word = (at - (at & 2)) / 4 + j;
-          banks[word % 32].insert(word);
-        }
-        for (const auto& kv : banks) worst = std::max(worst, int(kv.second.size()));
-      }
-    return worst;
-  };
-  int checked = 0;
-  for (int64_t bb : {18, 34})
-    for (int R : {2, 4})
-      for (int64_t nb = 8; nb <= 1024; nb += 8) {
-        const int64_t rb = nb * bb;
-        if (rb % 16 != 0) continue;
-        SCOPED_TRACE("block bytes " + std::to_string(bb) + ", rows per step " + std::to_string(R) + ", blocks " +
-                     std::to_string(nb));
-        const A8RowRotation rot = a8_row_rotation(bb, R);
-        const int64_t stride = a8_rotated_row_stride(rb, rot);
-        if (bb == 18 && R == 2) {  // (not laid out: the rows as in memory)
-          EXPECT_EQ(rot.group_lanes, 0);
-          EXPECT_EQ(stride, rb);
-          continue;
-        }
-        ASSERT_GT(rot.group_lanes, 0);
-        EXPECT_EQ(stride % 16, 0);
-        EXPECT_EQ(stride % 128, rot.stride_mod);
-        EXPECT_GE(stride, rb);
-        EXPECT_LT(stride, rb + 128);
-        EXPECT_EQ(worst_pass(bb, stride, rot.group_lanes, R, nb), 1);
-        if (nb >= 32) {
-          EXPECT_EQ(worst_pass(bb, rb, 0, R, nb), 2);                                      // no rotation
-          EXPECT_EQ(worst_pass(bb, stride + 16, rot.group_lanes, R, nb), 2);               // another stride
-        }
-        ++checked;
-      }
-  EXPECT_GT(checked, 100);
-  EXPECT_EQ(a8_row_rotation(20, 4).group_lanes, 0);  // (Q4_1: none needed)
-  EXPECT_EQ(a8_rotated_row_stride(2560, a8_row_rotation(20, 4)), 2560);
-  EXPECT_EQ(a8_rotated_row_stride(4352, a8_row_rotation(34, 4)), 4352 + 32);  // Q8_0, K = 4096: 16 rows 512 bytes more
-}
-
 // KS_PDL_OFF's list: exact names between commas, empty items skipped.
 TEST(PdlOffList, NamesExactOpsOnly) {
   using ks::cuda::name_in_list;

@@ -350,29 +350,6 @@ constexpr int64_t a8_padded_row_bytes(int64_t row_bytes, int64_t block_bytes, A8
 constexpr int64_t a8_padded_block_offset(int64_t b, int64_t block_bytes, A8RowPad pad) {
   return b * block_bytes + (pad.group_blocks ? b / pad.group_blocks * pad.pad_bytes : 0);
 }
-// cuda_a8_resident's rotated rows, the other cure for the same bank conflicts at no room's cost: the
-// rows stay as in memory, `stride` bytes apart in shared memory, and the lanes of group g (lanes
-// g * group_lanes ..) of a warp taking rows t .. t + R - 1 read row t + (g + i) mod R at its step
-// i (its own blocks, in its own order: the same sums, swapped back before the warp's butterfly).
-// With the rows' stride at stride_mod (mod 128 bytes), every word load of a step touches 32
-// distinct banks at any row length: Q8_0 in halves of 16 lanes, stride = 32 (mod 128); Q4_0 in
-// quarters at 4 rows per step, 16 (found by enumerating strides and groups; tests/cpp/
-// test_launch_config.cpp checks the banks). Where one CTA stages 16 rows, 16 x at most 112
-// bytes, against the padded rows' 16 x 224 at Q8_0 4096 x 4096. group_lanes 0: none (Q4_1: none
-// needed; Q4_0 at 2 rows per step: not laid out).
-struct A8RowRotation {
-  int group_lanes = 0, stride_mod = 0;
-};
-constexpr A8RowRotation a8_row_rotation(int64_t block_bytes, int rows_per_step) {
-  return block_bytes == 34 ? A8RowRotation{16, 32}
-         : block_bytes == 18 && rows_per_step == 4 ? A8RowRotation{8, 16}
-                                                   : A8RowRotation{};
-}
-// A staged row's stride under `rot` (row_bytes a multiple of 16): the next stride_mod (mod 128) at
-// or past row_bytes.
-constexpr int64_t a8_rotated_row_stride(int64_t row_bytes, A8RowRotation rot) {
-  return rot.group_lanes ? row_bytes + ((rot.stride_mod - row_bytes) % 128 + 128) % 128 : row_bytes;
-}
 // short rows: 12 warps per CTA from this many rows per CTA (a pair for each), else 8
 constexpr int64_t kA8ResidentShortRows = 24;
 // 4 rows per warp step from this many rows per CTA, else 2

@@ -257,21 +257,16 @@ __device__ __forceinline__ A8XRegs a8_x(const A8X* xs, int b) {
 // a8_row_pad says, block b at a8_padded_block_offset) dotted with x's staged blocks in the
 // contract's order (lane l: blocks l, l + 32, ...; then warp_sum); lane 0 writes their outputs.
 // Rows past the last are summed as the last row and not written. A warp's x loads serve R rows:
-// at R = 4, half of R = 2's x traffic per row. g (0 .. R - 1): the lane's group under
-// a8_row_rotation, whose acc[i] sums row t + (i + g) mod R; the sums are put back in row order
-// before the butterfly, so every lane adds the same values in the same order as at g = 0.
+// at R = 4, half of R = 2's x traffic per row.
 template <typename T, ks_qtype_t Q, int R, bool PAD>
 __device__ __forceinline__ void a8_row_group(const unsigned char* src, int64_t RB, int t, int rows, const A8X* xs,
-                                             int nb, int lane, T* out, int g = 0) {
+                                             int nb, int lane, T* out) {
   constexpr int BB = int(q_block_bytes(Q));
   constexpr A8RowPad pad = PAD ? a8_row_pad(BB) : A8RowPad{};
   static_assert(!PAD || pad.group_blocks > 0, "no padded layout for this format");
   const unsigned char* r[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) {
-    const int j = i + g < R ? i + g : i + g - R;
-    r[i] = src + int64_t(min(t + j, rows - 1)) * RB;
-  }
+  for (int i = 0; i < R; ++i) r[i] = src + int64_t(min(t + i, rows - 1)) * RB;
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = 0.f;
@@ -283,13 +278,7 @@ __device__ __forceinline__ void a8_row_group(const unsigned char* src, int64_t R
   }
   float s[R];
 #pragma unroll
-  for (int i = 0; i < R; ++i) {  // row t + i's sum: acc[(i - g) mod R]
-    float v = acc[i];
-#pragma unroll
-    for (int d = 1; d < R; ++d)
-      if (g == d) v = acc[(i - d + R) % R];
-    s[i] = warp_sum(v);
-  }
+  for (int i = 0; i < R; ++i) s[i] = warp_sum(acc[i]);
   if (lane == 0) {
 #pragma unroll
     for (int i = 0; i < R; ++i)
@@ -398,23 +387,20 @@ struct A8ResParams {
   const uint8_t* w;  // 4-byte aligned, row_bytes a multiple of 4
   void* out;
   int64_t N, K, row_bytes;
-  int64_t smem_row_bytes;  // a staged row's stride (row_bytes; the PAD form: a8_padded_row_bytes;
-                           // rotated rows: a8_rotated_row_stride)
+  int64_t smem_row_bytes;  // a staged row's bytes (row_bytes; the PAD form: a8_padded_row_bytes)
   bool x_vec;              // x 16-byte aligned: staged by 16-byte loads
   bool entry_trigger;      // griddepcontrol.launch_dependents at entry, else after the wait
-  int rot_shift;           // rotated rows (a8_row_rotation): log2 of its group_lanes, else 5 (none)
 };
 
 // Rows n0 .. n0 + rows - 1 of w (16-byte aligned, row_bytes a multiple of 16) into dst (16-byte
-// aligned), `stride` bytes per staged row (a multiple of 16), each row as in memory (BB = 0:
-// a8_row_rotation's rows) or as a8_row_pad lays it out for block size BB: 16-byte cp.async
-// copies, thread t of nt taking copies t, t + nt, ... (row-major), one commit group.
+// aligned) as a8_row_pad lays them out for block size BB, `stride` bytes per staged row: 16-byte
+// cp.async copies, thread t of nt taking copies t, t + nt, ... (row-major), one commit group.
 template <int BB>
 __device__ __forceinline__ void stage_padded_rows(unsigned char* dst, const uint8_t* w, int64_t row_bytes, int64_t n0,
                                                   int rows, int64_t stride, unsigned t, unsigned nt) {
-  constexpr A8RowPad pad = BB ? a8_row_pad(BB) : A8RowPad{};
-  constexpr int GB = BB ? pad.group_blocks * BB : 1 << 30;  // a group's bytes, a multiple of 16
-  static_assert(BB == 0 || (pad.group_blocks > 0 && GB % 16 == 0), "a padded format");
+  constexpr A8RowPad pad = a8_row_pad(BB);
+  constexpr int GB = pad.group_blocks * BB;  // a group's bytes, a multiple of 16
+  static_assert(pad.group_blocks > 0 && GB % 16 == 0, "a padded format");
   const int rc = int(row_bytes / 16);  // copies per row
   const uint8_t* src = w + n0 * row_bytes;
   int row = int(t / unsigned(rc)), k = int(t % unsigned(rc));
@@ -473,8 +459,6 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   if (p.entry_trigger) pdl_trigger();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int nb = int(p.K / 32);
-  // rotated rows only where the format has them at R (else the staging and sums' code as before)
-  constexpr bool kRot = a8_row_rotation(q_block_bytes(Q), R).group_lanes > 0 && !BULK && !PAD;
   const int64_t r0 = int64_t(blockIdx.x) * p.N / gridDim.x, r1 = (int64_t(blockIdx.x) + 1) * p.N / gridDim.x;
   A8X* xs = reinterpret_cast<A8X*>(a8r_sm);
   unsigned char* dst = a8r_sm + int64_t(nb) * sizeof(A8X);
@@ -489,9 +473,6 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
     rows = dst + ((r0 * p.row_bytes) & 15);
   } else if constexpr (PAD) {
     stage_padded_rows<int(q_block_bytes(Q))>(dst, p.w, p.row_bytes, r0, int(r1 - r0), p.smem_row_bytes, threadIdx.x, NT);
-    rows = dst;
-  } else if (kRot && p.rot_shift < 5) {  // (w 16-byte aligned, row_bytes a multiple of 16)
-    stage_padded_rows<0>(dst, p.w, p.row_bytes, r0, int(r1 - r0), p.smem_row_bytes, threadIdx.x, NT);
     rows = dst;
   } else {
     rows = stage_weight_rows(dst, p.w, p.row_bytes, r0, r1 - r0, threadIdx.x, NT);
@@ -535,9 +516,9 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   }
   __syncthreads();  // (tl)
 #endif
-  const int n = int(r1 - r0), g = kRot ? (lane >> p.rot_shift) & (R - 1) : 0;
+  const int n = int(r1 - r0);
   for (int t = R * warp; t < n; t += R * nwarps)
-    a8_row_group<T, Q, R, PAD>(rows, p.smem_row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0, g);
+    a8_row_group<T, Q, R, PAD>(rows, p.smem_row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
 #if defined(KS_QMM_TIMELINE)
   if (lane == 0 && warp < kQtlEvents - 8) {
     __threadfence_block();  // (the outputs' stores issued)
@@ -656,26 +637,17 @@ struct A8ResidentForms {
 // conflicts of the Q4_0 / Q8_0 sums but were not faster in 364b09a's call: Q8_0 4096 x 4096 6.02
 // against 6.38 us at 2 rows per step, 6.37 against 5.92 at 4 rows and 8 warps; Q4_0 3.85 against
 // 3.31 at 2 rows, 4.43 against 3.48 at 4 rows and 8 warps (docs/perf/h200_quant_a8.md).
-// Else, by default, rotated rows (a8_row_rotation; w 16-byte aligned, row_bytes a multiple of 16;
-// KS_QMM_A8_RES_ROT=0: not, a measurement) at `rows_per_step` rows per warp step.
 struct A8ResidentLayout {
   bool bulk, pad;
   int64_t smem_row_bytes;
-  int rot_lanes;  // a8_row_rotation's group_lanes (0: none)
 };
-A8ResidentLayout a8_resident_layout(const ops::QuantMatmulArgs& a, int rows_per_step) {
+A8ResidentLayout a8_resident_layout(const ops::QuantMatmulArgs& a) {
   static const bool bulk_on = env_number("KS_QMM_A8_RES_BULK", 0) != 0;
   static const bool pad_on = env_number("KS_QMM_A8_RES_PAD", 0) != 0;
-  static const bool rot_on = env_number("KS_QMM_A8_RES_ROT", 1) != 0;
-  const int64_t bb = q_block_bytes(a.qtype);
-  const bool w16 = aligned16(a.weight.data) && a.row_bytes % 16 == 0, bulk = bulk_on && aligned16(a.weight.data);
-  const A8RowPad pad = a8_row_pad(bb);
-  if (!bulk && pad_on && pad.group_blocks > 0 && w16)
-    return {false, true, a8_padded_row_bytes(a.row_bytes, bb, pad), 0};
-  const A8RowRotation rot = a8_row_rotation(bb, rows_per_step);
-  if (!bulk && rot_on && rot.group_lanes > 0 && w16)
-    return {false, false, a8_rotated_row_stride(a.row_bytes, rot), rot.group_lanes};
-  return {bulk, false, a.row_bytes, 0};
+  const bool w16 = aligned16(a.weight.data), bulk = bulk_on && w16;
+  const A8RowPad pad = a8_row_pad(q_block_bytes(a.qtype));
+  const bool padded = !bulk && pad_on && pad.group_blocks > 0 && w16 && a.row_bytes % 16 == 0;
+  return {bulk, padded, padded ? a8_padded_row_bytes(a.row_bytes, q_block_bytes(a.qtype), pad) : a.row_bytes};
 }
 
 A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
@@ -692,15 +664,12 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
     static_bytes = st;
   });
   const DeviceProps& dp = device_props(dev);
-  // (the layout at 4 rows per step sizes the plan: where the plan takes 2, its layout's rows are
-  // no longer - a8_row_rotation's Q4_0 rows then as in memory - so the plan's memory holds them)
-  const int forced_rows = rows == 2 || rows == 4 ? rows : 0;
-  const A8ResidentLayout lay = a8_resident_layout(a, forced_rows ? forced_rows : 4);
+  const A8ResidentLayout lay = a8_resident_layout(a);
   const bool forced_ctas = ctas >= 1 && ctas <= 8, forced_warps = warps >= 4 && warps <= kA8ResidentMaxWarps;
   const A8ResidentPlan plan =
       a8_resident_plan(a.n, a.k, lay.smem_row_bytes, dp.sm_count, dp.smem_per_sm, limit, int64_t(sizeof(A8X)),
                        forced_ctas ? ctas : 0, !waves, forced_warps ? warps : 0, static_bytes,
-                       lay.bulk ? 2 : forced_rows);
+                       lay.bulk ? 2 : rows == 2 || rows == 4 ? rows : 0);
   if (plan.grid && !waves && (forced_ctas || forced_warps)) {
     // A forced CTA count or width: the plan counts shared memory only, and the plan's own choices
     // (at most 2 CTAs of 16 warps at <= 64 registers) fit the registers by construction; a forced
@@ -806,11 +775,9 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   // KS_QMM_A8_RES_TRIGGER=1 / 0 (measurements): at entry / after the wait whatever the plan says
   static const long long trig = env_number("KS_QMM_A8_RES_TRIGGER", -1);
   const bool entry = trig < 0 ? plan.entry_trigger : trig != 0;
-  const A8ResidentLayout lay = a8_resident_layout(a, plan.rows_per_step);
-  int rot_shift = 5;
-  while (lay.rot_lanes && (1 << rot_shift) > lay.rot_lanes) --rot_shift;
+  const A8ResidentLayout lay = a8_resident_layout(a);
   const A8ResParams p{a.x.data, static_cast<const uint8_t*>(a.weight.data), a.out.data, a.n, a.k, a.row_bytes,
-                      lay.smem_row_bytes, a8_x_vec(a.x.data), entry, rot_shift};
+                      lay.smem_row_bytes, a8_x_vec(a.x.data), entry};
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
@@ -820,10 +787,9 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
                 "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld "
-                "bulk=%lld padded=%lld rows_per_step=%lld rotated_lanes=%lld row_stride=%lld",
+                "bulk=%lld padded=%lld rows_per_step=%lld",
                 {plan.grid, plan.ctas_per_sm, plan.warps, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0,
-                 entry ? 1 : 0, lay.bulk ? 1 : 0, lay.pad ? 1 : 0, plan.rows_per_step, lay.rot_lanes,
-                 lay.smem_row_bytes});
+                 entry ? 1 : 0, lay.bulk ? 1 : 0, lay.pad ? 1 : 0, plan.rows_per_step});
 }
 
 }  // namespace ks::cuda
