@@ -482,7 +482,13 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
         v = std::to_string(n);
         return std::string();
       },
-      "INT in " + range);
+      "");  // (the range goes in the option's type name: int_in_range)
+}
+// An integer option in [lo, hi]: its value checked by int_in, its type shown as "INT in [lo, hi]"
+// (in --help, and in CLI11's "1 required ... missing" for an empty --opt=)
+CLI::Option* int_in_range(CLI::Option* opt, int64_t lo, int64_t hi) {
+  return opt->transform(int_in(lo, hi))
+      ->type_name("INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
 }
 
 // An option's value: a float in [lo, hi] ((lo, hi] with lo_open); a NaN is refused (it would pass
@@ -789,7 +795,7 @@ int main(int argc, char** argv) {
   auto* u_backend_opt =
       tune->add_option("--backend", u_backend, "cpu | cuda | all (the ones present)")->check(CLI::IsMember({"cpu", "cuda", "all"}));
   auto* u_op_opt = tune->add_option("--op", u_op, "only this op");
-  auto* u_reps_opt = tune->add_option("--reps", u_reps, "timed samples per variant and shape")->transform(int_in(1, 1000));
+  auto* u_reps_opt = int_in_range(tune->add_option("--reps", u_reps, "timed samples per variant and shape"), 1, 1000);
   tune->add_option("--out-dir", u_dir, "where the CSV and the tables go (created if missing)");
   tune->add_flag("-q,--quiet", u_quiet, "no progress bar");
   std::string u_from_csv, u_commit;
@@ -816,8 +822,7 @@ int main(int argc, char** argv) {
   gen->add_option("--prompt", g_prompt, "prompt text (not empty; left out: the default)")
       ->default_str("with --chat: What is the capital of France? / without: The capital of France is")
       ->check(not_empty("leave --prompt out for the default prompt"));
-  gen->add_option("--max-tokens", g_max, "tokens to generate at most")
-      ->transform(int_in(1, int64_t(1) << 20));
+  int_in_range(gen->add_option("--max-tokens", g_max, "tokens to generate at most"), 1, int64_t(1) << 20);
   gen->add_option("--device", g_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   CLI::Option* chat_flag = gen->add_flag(
       "--chat", g_chat,
@@ -829,8 +834,9 @@ int main(int argc, char** argv) {
   gen->add_option("--temperature", g_temp,
                   "0 = greedy; > 0 samples from softmax(logits / T), after --top-k and --top-p (kernscope's sample op)")
       ->check(float_in(0.0f, /*lo_open=*/false, 100.0f));
-  gen->add_option("--top-k", g_top_k, "with --temperature > 0: sample among the top_k largest logits (0: all)")
-      ->transform(int_in(0, INT32_MAX));
+  int_in_range(gen->add_option("--top-k", g_top_k,
+                               "with --temperature > 0: sample among the top_k largest logits (0: all)"),
+               0, INT32_MAX);
   gen->add_option("--top-p", g_top_p,
                   "with --temperature > 0: sample from the smallest set of tokens whose probability reaches top_p (1: all)")
       ->check(float_in(0.0f, /*lo_open=*/true, 1.0f));
@@ -848,12 +854,13 @@ int main(int argc, char** argv) {
             v = std::to_string(n);  // (canonical decimal: CLI11 reads a leading zero as octal)
             return std::string();
           },
-          "INT in [0, 2^64 - 1]"));
+          ""))
+      ->type_name("INT in [0, 2^64 - 1]");
   int g_threads = 0, b_threads = 0;
-  gen->add_option("--threads", g_threads,
-                  "CPU threads (0 = all cores, one fewer per core other processes keep busy at the start; 1 avoids "
-                  "stalls when other processes load the CPU)")
-      ->transform(int_in(0, 1024));
+  int_in_range(gen->add_option("--threads", g_threads,
+                               "CPU threads (0 = all cores, one fewer per core other processes keep busy at the "
+                               "start; 1 avoids stalls when other processes load the CPU)"),
+               0, 1024);
   gen->add_option("--context", g_ctx, "KV-cache capacity in tokens (0: the prompt + --max-tokens)")
       ->transform(CLI::Validator(
           [](std::string& v) {
@@ -864,7 +871,8 @@ int main(int argc, char** argv) {
             v = std::to_string(n);  // (canonical decimal: CLI11 reads a leading zero as octal)
             return std::string();
           },
-          "0 or INT in [16, 1048576]"));
+          ""))
+      ->type_name("0 or INT in [16, 1048576]");
 
   auto* bench = app.add_subcommand("bench-model", "Prefill and decode tokens/s of a GGUF model (median of repeats)");
   std::string b_model, b_device = "auto", b_csv;
@@ -872,23 +880,25 @@ int main(int argc, char** argv) {
   int64_t b_decode = 128;
   int b_repeats = 5;
   bench->add_option("-m,--model", b_model, "path to the .gguf file")->required()->check(CLI::ExistingFile);
-  bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure")->transform(int_in(1, int64_t(1) << 20));
-  bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat")->transform(int_in(2, 4096));
-  bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)")->transform(int_in(1, 100));
+  int_in_range(bench->add_option("--prompt-tokens", b_prompts, "prompt lengths to measure"), 1, int64_t(1) << 20);
+  int_in_range(bench->add_option("--decode-tokens", b_decode, "tokens decoded per repeat"), 2, 4096);
+  int_in_range(bench->add_option("--repeats", b_repeats, "repeats (median reported; one extra warm-up)"), 1, 100);
   bench->add_option("--device", b_device, "cpu | cuda | auto (auto: cuda when a CUDA device is present)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   bench->add_option("--csv", b_csv,
                     "write results to this CSV: phase, prompt_tokens, tokens (a batched row's decode steps per "
                     "sequence), threads, median_tokens_per_s (every sequence's tokens), repeats, batch");
   int64_t b_context = 0;
-  bench->add_option("--context", b_context,
-                    "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; the decode "
-                    "attention's block table follows the live context, its widest is the whole cache)")
-      ->transform(int_in(16, int64_t(1) << 20))
+  int_in_range(bench->add_option("--context", b_context,
+                                 "KV-cache capacity in tokens (default: the longest prompt + decode tokens + 1; the "
+                                 "decode attention's block table follows the live context, its widest is the whole "
+                                 "cache)"),
+               16, int64_t(1) << 20)
       ->default_str("the longest prompt + decode tokens + 1");
   std::vector<int64_t> b_batches{1};
-  bench->add_option("--batch", b_batches, "also decode this many sequences at once (decode throughput), e.g. 8 32")
-      ->transform(int_in(1, 256));
-  bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)")->transform(int_in(0, 1024));
+  int_in_range(bench->add_option("--batch", b_batches,
+                                 "also decode this many sequences at once (decode throughput), e.g. 8 32"),
+               1, 256);
+  int_in_range(bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)"), 0, 1024);
 
   try {
     app.parse(argc, argv);
