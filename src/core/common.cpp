@@ -183,6 +183,23 @@ RowsView rows_view_of(const char* op, const char* arg, const DLTensor* t) {
     r.row_stride = R > 1 ? rs : row_extent;
     return r;
   }
+  if (t != nullptr && t->ndim != 3 && t->strides != nullptr && t->shape != nullptr) {
+    // a strided view of another rank: its rank is the problem (the strided form is 3-D only),
+    // not a layout to copy away
+    DLTensor compact = *t;
+    compact.strides = nullptr;
+    const View v = view_of(op, arg, &compact);
+    int64_t expect = 1;
+    bool dense = true;
+    for (int i = t->ndim - 1; i >= 0 && v.numel > 0; --i) {
+      dense = dense && (v.shape[i] == 1 || t->strides[i] == expect);
+      expect *= v.shape[i];
+    }
+    if (!dense)
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           std::string(arg) + " is a strided view of " + std::to_string(t->ndim) + " dims " + shape_str(v.shape) +
+               ": a strided " + arg + " must have 3 dims [tokens, heads, head_dim] (any other rank must be contiguous)");
+  }
   return as_rows(view_of(op, arg, t));
 }
 

@@ -164,6 +164,153 @@ TEST(HostileRegressions, OutOfMemoryInTheCpuKernelsIsReportedNotFatal) {
   EXPECT_EQ(s_soft, KS_ERROR_OUT_OF_MEMORY);
 }
 
+// Out of memory after an earlier step wrote (an adversarial review's finding): the composed CPU
+// ops ran a step that writes in place, then a step whose scratch could not be allocated, and
+// returned KS_ERROR_OUT_OF_MEMORY with outputs changed (a retry then rotated q and k twice);
+// sample wrote a row before a later row's candidate list grew past the memory. Each call now
+// fails with every output byte as it was. The address space is capped for the call; the big
+// tensors are reserved and never touched (MAP_NORESERVE).
+struct CappedAddressSpace {
+  rlimit old{};
+  bool ok = false;
+  explicit CappedAddressSpace(size_t extra) {
+    const size_t vm = vm_size_bytes();
+    if (vm == 0 || getrlimit(RLIMIT_AS, &old) != 0) return;
+    const rlimit cap{vm + extra, old.rlim_max};
+    if (old.rlim_max != RLIM_INFINITY && old.rlim_max < cap.rlim_cur) return;
+    ok = setrlimit(RLIMIT_AS, &cap) == 0;
+  }
+  ~CappedAddressSpace() {
+    if (ok) setrlimit(RLIMIT_AS, &old);
+  }
+};
+void* reserve_bytes(size_t n) {
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+TEST(HostileRegressions, RopeAppendAttentionOutOfMemoryWritesNothing) {
+  // one token, one head of 16; a context of 2^28 keys: the attention's FP32 scratch (1 GiB) is
+  // refused under the cap, after RoPE and the append have run
+  const int64_t D = 16, ctx = int64_t(1) << 28;
+  const size_t cache_bytes = size_t(ctx) * D * 4;
+  void* kc = reserve_bytes(cache_bytes);
+  void* vc = reserve_bytes(cache_bytes);
+  ASSERT_NE(kc, nullptr);
+  ASSERT_NE(vc, nullptr);
+  std::vector<float> q(D), k(D), v(D, 3.f), out(D, -7.f);
+  for (int i = 0; i < D; ++i) q[size_t(i)] = 1.f + float(i), k[size_t(i)] = 2.f + float(i);
+  const std::vector<float> q0 = q, k0 = k, out0 = out;
+  int32_t pos[1] = {5}, bt[1] = {0}, cl[1] = {int32_t(ctx)};
+  int64_t slot[1] = {0};
+  std::vector<int64_t> qs{1, 1, D}, cs{1, ctx, 1, D}, one{1}, bts{1, 1};
+  DLTensor tq = make_dl(q.data(), DType::F32, qs), tk = make_dl(k.data(), DType::F32, qs),
+           tv = make_dl(v.data(), DType::F32, qs), to = make_dl(out.data(), DType::F32, qs),
+           tp = make_dl(pos, DType::I32, one), tkc = make_dl(kc, DType::F32, cs), tvc = make_dl(vc, DType::F32, cs),
+           tsm = make_dl(slot, DType::I64, one), tbt = make_dl(bt, DType::I32, bts), tcl = make_dl(cl, DType::I32, one);
+  ks_status_t st = KS_SUCCESS;
+  std::string err;
+  {
+    CappedAddressSpace cap(size_t(256) << 20);
+    if (!cap.ok) GTEST_SKIP() << "cannot cap the address space";
+    st = ks_rotary_embedding_kv_append_paged_attention(&to, &tq, &tk, &tv, &tp, D, 1e4, 1, &tkc, &tvc, &tsm, &tbt,
+                                                        nullptr, &tcl, 0.25, KS_BACKEND_CPU, nullptr);
+    err = ks_last_error();
+  }
+  EXPECT_EQ(st, KS_ERROR_OUT_OF_MEMORY) << err;
+  EXPECT_EQ(q, q0);
+  EXPECT_EQ(k, k0);
+  EXPECT_EQ(out, out0);
+  for (int i = 0; i < D; ++i) {  // slot 0's rows: the reserved zero pages
+    EXPECT_EQ(static_cast<const float*>(kc)[i], 0.f) << i;
+    EXPECT_EQ(static_cast<const float*>(vc)[i], 0.f) << i;
+  }
+  munmap(kc, cache_bytes);
+  munmap(vc, cache_bytes);
+}
+
+TEST(HostileRegressions, FusedNormQuantMatmulOutOfMemoryWritesNothing) {
+  // K = 2^26 fp16: the norm's FP32 scratch row (256 MiB) is refused under the cap
+  const int64_t K = int64_t(1) << 26, N = 1;
+  const size_t row = size_t(K) * 2, wbytes = size_t(K / 32 * 34);
+  void* res = reserve_bytes(row);
+  void* x = reserve_bytes(row);
+  void* rout = reserve_bytes(row);
+  void* nw = reserve_bytes(row);
+  void* w = reserve_bytes(wbytes);
+  ASSERT_TRUE(res && x && rout && nw && w);
+  std::memset(res, 0x11, 4096);
+  std::memset(rout, 0x5A, 4096);
+  uint16_t out[1] = {0x5A5A};
+  std::vector<int64_t> xs{1, K}, ws{K}, qs{N, K / 32 * 34}, os{1, N};
+  DLTensor tr = make_dl(res, DType::F16, xs), tx = make_dl(x, DType::F16, xs), tro = make_dl(rout, DType::F16, xs),
+           tnw = make_dl(nw, DType::F16, ws), tw = make_dl(w, DType::U8, qs), to = make_dl(out, DType::F16, os);
+  ks_status_t st = KS_SUCCESS;
+  std::string err;
+  {
+    CappedAddressSpace cap(size_t(400) << 20);
+    if (!cap.ok) GTEST_SKIP() << "cannot cap the address space";
+    st = ks_fused_add_rms_norm_quant_matmul(&to, &tro, &tx, &tr, &tnw, 1e-6, &tw, KS_QTYPE_Q8_0, KS_BACKEND_CPU,
+                                            nullptr);
+    err = ks_last_error();
+  }
+  EXPECT_EQ(st, KS_ERROR_OUT_OF_MEMORY) << err;
+  for (int i = 0; i < 4096; ++i) ASSERT_EQ(static_cast<const unsigned char*>(rout)[i], 0x5A) << i;
+  EXPECT_EQ(out[0], 0x5A5A);
+  for (void* p : {res, x, rout, nw}) munmap(p, row);
+  munmap(w, wbytes);
+}
+
+TEST(HostileRegressions, SampleOutOfMemoryWritesNothing) {
+  // row 0 has one candidate, row 1 all 2^22: row 1's candidate list (32 MiB) is refused under the
+  // cap; row 0's id must not have been written before it
+  const int64_t V = int64_t(1) << 22;
+  std::vector<uint16_t> logits(size_t(2 * V));
+  for (int64_t i = 0; i < V; ++i) logits[size_t(i)] = 0xFC00, logits[size_t(V + i)] = 0;  // -inf; 0
+  logits[7] = 0;
+  int64_t out[2] = {0x5A5A, 0x5A5A}, seed_offset[2] = {1, 0};
+  uint8_t valid[2] = {0x5A, 0x5A};
+  std::vector<int64_t> ls{2, V}, two{2};
+  DLTensor tl = make_dl(logits.data(), DType::F16, ls), to = make_dl(out, DType::I64, two),
+           tv = make_dl(valid, DType::U8, two), tso = make_dl(seed_offset, DType::I64, two);
+  ks_status_t st = KS_SUCCESS;
+  std::string err;
+  {
+    CappedAddressSpace cap(size_t(56) << 20);
+    if (!cap.ok) GTEST_SKIP() << "cannot cap the address space";
+    st = ks_sample(&to, &tv, &tl, &tso, 1.0, 0, 1.0, KS_BACKEND_CPU, nullptr);
+    err = ks_last_error();
+  }
+  EXPECT_EQ(st, KS_ERROR_OUT_OF_MEMORY) << err;
+  EXPECT_EQ(out[0], 0x5A5A);
+  EXPECT_EQ(out[1], 0x5A5A);
+  EXPECT_EQ(valid[0], 0x5A);
+  EXPECT_EQ(valid[1], 0x5A);
+  // and with the memory: row 0 takes its one candidate
+  ASSERT_EQ(ks_sample(&to, &tv, &tl, &tso, 1.0, 0, 1.0, KS_BACKEND_CPU, nullptr), KS_SUCCESS) << ks_last_error();
+  EXPECT_EQ(out[0], 7);
+  EXPECT_EQ(valid[0], 1);
+}
+
+// A strided q of 4 dims was told to be copied contiguous, and only then that its rank is wrong
+// (an adversarial review's finding): the strided form is 3-D only, and the message says so first.
+TEST(HostileRegressions, StridedViewOfAnotherRankNamesTheRank) {
+  std::vector<float> q(64, 1.f), q0 = q;
+  int32_t pos[2] = {0, 1};
+  std::vector<int64_t> qs4{2, 2, 2, 8}, st4{64, 32, 16, 1}, dense4{32, 16, 8, 1}, ps{2};
+  DLTensor tq = make_dl(q.data(), DType::F32, qs4), tp = make_dl(pos, DType::I32, ps);
+  tq.strides = st4.data();
+  EXPECT_EQ(ks_rotary_embedding(&tq, nullptr, &tp, 8, 1e4, 1, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
+  const std::string e = ks_last_error();
+  EXPECT_NE(e.find("q is a strided view of 4 dims (2, 2, 2, 8)"), std::string::npos) << e;
+  EXPECT_NE(e.find("must have 3 dims"), std::string::npos) << e;
+  EXPECT_EQ(e.find("copy it to a contiguous tensor"), std::string::npos) << e;
+  tq.strides = dense4.data();  // the compact strides spelled out: the op's own rank message
+  EXPECT_EQ(ks_rotary_embedding(&tq, nullptr, &tp, 8, 1e4, 1, KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(ks_last_error()).find("strided view"), std::string::npos) << ks_last_error();
+  EXPECT_EQ(q, q0);
+}
+
 // The FP32 sum of squares overflows for |x| >~ 1.8e19 (bf16/fp32): r = 0 and the
 // outputs are +-0, as the FP32 torch formula gives (docs/contracts.md).
 TEST(HostileRegressions, RmsNormSquareOverflowFollowsTheFp32Formula) {

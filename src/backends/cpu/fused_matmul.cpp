@@ -7,6 +7,7 @@
 // variant that does not take the call) fails the call with nothing written, naming the fused
 // op and the step.
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "ops/args.hpp"
@@ -58,11 +59,13 @@ void norm_quant_matmul_cpu(const void* p, ks_stream_t stream) {
   const auto& a = *static_cast<const NormQuantMatmulArgs*>(p);
   const char* op = "fused_add_rms_norm_quant_matmul";
   const DType dt = a.residual.dtype;
-  std::vector<unsigned char> buf(a.residual.nbytes());
+  // h, and (with x) the new residual, in host scratch: residual_out is written last, after both
+  // steps, so a step that runs out of memory leaves every output as it was
+  std::vector<unsigned char> buf(a.residual.nbytes()), res(a.has_x ? a.residual.nbytes() : 0);
   const View h = host_view(buf.data(), dt, {a.m, a.k});
-  FusedAddRmsNormArgs f;  // in place on residual_out (a copy of residual) and h (a copy of x)
+  FusedAddRmsNormArgs f;  // in place on a copy of residual and h (a copy of x)
   f.x = h;
-  f.residual = a.residual_out;
+  f.residual = host_view(res.data(), dt, {a.m, a.k});
   f.weight = a.norm_weight;
   f.eps = a.eps;
   f.rows = a.m;
@@ -78,13 +81,14 @@ void norm_quant_matmul_cpu(const void* p, ks_stream_t stream) {
   const registry::Variant* norm = a.has_x ? step(op, "fused_add_rms_norm", dt, &f) : step(op, "rms_norm", dt, &r);
   const registry::Variant* mm = a.n > 0 ? step(op, "quant_matmul", dt, &q) : nullptr;
   if (a.has_x) {
-    std::memcpy(a.residual_out.data, a.residual.data, a.residual.nbytes());
+    std::memcpy(res.data(), a.residual.data, a.residual.nbytes());
     std::memcpy(buf.data(), a.x.data, a.x.nbytes());
     norm->run(&f, stream);
   } else {
     norm->run(&r, stream);
   }
   if (mm) mm->run(&q, stream);
+  if (a.has_x) std::memcpy(a.residual_out.data, res.data(), res.size());
 }
 
 void silu_quant_matmul_cpu(const void* p, ks_stream_t stream) {
@@ -135,6 +139,71 @@ void run_steps(const char* op, std::initializer_list<Step> steps, ks_stream_t st
   }
 }
 
+// Host bytes that a composed op's steps write in place, saved before its first step and put back
+// when a later step fails after an earlier one wrote (a step's scratch out of memory, say): the
+// call then leaves every output as it was, as the ABI promises of a failed call, and a caller
+// that retries does not rotate q and k twice. Every allocation here happens before the first
+// write (add, then save); restore allocates nothing.
+class SavedBytes {
+ public:
+  void add(void* p, size_t n) {
+    if (n) regions_.push_back({static_cast<unsigned char*>(p), n});
+  }
+  // rotary_embedding_kv_append's writes: q's (and k's) rotated features, the mapped slots' rows
+  void add_rope_kv_append(const RopeKvAppendArgs& a) {
+    const RotaryArgs& r = a.rope;
+    auto rows = [&](const View& x, int64_t heads, int64_t ts, int64_t hs) {
+      const size_t eb = detail::dtype_bytes(x.dtype);
+      for (int64_t t = 0; t < r.num_tokens; ++t)
+        for (int64_t h = 0; h < heads; ++h)
+          add(static_cast<char*>(x.data) + size_t(t * ts + h * hs) * eb, size_t(r.rotary_dim) * eb);
+    };
+    rows(r.q, r.num_heads, r.q_token_stride, r.q_head_stride);
+    if (r.has_k) rows(r.k, r.num_kv_heads, r.k_token_stride, r.k_head_stride);
+    const KvCacheAppendArgs& kv = a.kv;
+    const size_t row = size_t(kv.num_kv_heads * kv.head_dim) * detail::dtype_bytes(kv.k_cache.dtype);
+    for (int64_t t = 0; t < kv.num_tokens; ++t) {
+      const int64_t slot = detail::load_index(kv.slot_mapping.data, kv.slot_mapping.dtype, t);
+      if (slot < 0) continue;
+      add(static_cast<char*>(kv.k_cache.data) + size_t(slot) * row, row);
+      add(static_cast<char*>(kv.v_cache.data) + size_t(slot) * row, row);
+    }
+  }
+  void save() {
+    size_t total = 0;
+    for (const auto& r : regions_) total += r.second;
+    bytes_.resize(total);
+    unsigned char* o = bytes_.data();
+    for (const auto& r : regions_) o = static_cast<unsigned char*>(std::memcpy(o, r.first, r.second)) + r.second;
+  }
+  // (regions may overlap - q's slice of out, a slot named twice - and then hold the same bytes:
+  // every region is saved before the first write)
+  void restore() const noexcept {
+    const unsigned char* o = bytes_.data() + bytes_.size();
+    for (auto it = regions_.rbegin(); it != regions_.rend(); ++it) {
+      o -= it->second;
+      std::memcpy(it->first, o, it->second);
+    }
+  }
+
+ private:
+  std::vector<std::pair<unsigned char*, size_t>> regions_;
+  std::vector<unsigned char> bytes_;
+};
+
+// Runs the steps with `saved` put back if any of them fails (CPU: host memory), else plainly.
+void run_steps_restoring(const char* op, std::initializer_list<Step> steps, ks_stream_t stream, ks_backend_t be,
+                         SavedBytes& saved) {
+  if (be != KS_BACKEND_CPU) return run_steps(op, steps, stream);
+  saved.save();  // (out of memory here: nothing written yet)
+  try {
+    run_steps(op, steps, stream);
+  } catch (...) {
+    saved.restore();
+    throw;
+  }
+}
+
 }  // namespace
 
 // fused_add_rms_norm_quant_matmul_rope_kv_append as its two steps on backend `be` (the CPU's
@@ -145,8 +214,14 @@ void norm_qmm_rope_append_composed(const void* p, ks_stream_t stream, ks_backend
   const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
   const registry::Variant* mm = step(op, "fused_add_rms_norm_quant_matmul", a.mm.residual.dtype, &a.mm, be);
   const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
-  run_steps(op, {{"fused_add_rms_norm_quant_matmul", mm, &a.mm}, {"rotary_embedding_kv_append", rope, &a.rkv}},
-            stream);
+  SavedBytes saved;  // (CPU) out (whose slices q and k are rotated in place), residual_out, the caches' rows
+  if (be == KS_BACKEND_CPU) {
+    saved.add(a.mm.out.data, a.mm.out.nbytes());
+    if (a.mm.has_x) saved.add(a.mm.residual_out.data, a.mm.residual_out.nbytes());
+    saved.add_rope_kv_append(a.rkv);
+  }
+  run_steps_restoring(op, {{"fused_add_rms_norm_quant_matmul", mm, &a.mm}, {"rotary_embedding_kv_append", rope, &a.rkv}},
+                      stream, be, saved);
 }
 
 // rotary_embedding_kv_append_paged_attention as its two steps on backend `be` (the CPU's only
@@ -156,7 +231,10 @@ void rope_append_attention_composed(const void* p, ks_stream_t stream, ks_backen
   const char* op = "rotary_embedding_kv_append_paged_attention";
   const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
   const registry::Variant* attn = step(op, "paged_attention", a.attn.q.dtype, &a.attn, be);
-  run_steps(op, {{"rotary_embedding_kv_append", rope, &a.rkv}, {"paged_attention", attn, &a.attn}}, stream);
+  SavedBytes saved;  // (CPU) the rotated q and k, the appended rows (the attention's out is written last)
+  if (be == KS_BACKEND_CPU) saved.add_rope_kv_append(a.rkv);
+  run_steps_restoring(op, {{"rotary_embedding_kv_append", rope, &a.rkv}, {"paged_attention", attn, &a.attn}}, stream,
+                      be, saved);
 }
 
 void register_fused_matmul(std::vector<registry::Variant>& v) {

@@ -25,6 +25,7 @@ void sample_ref(const void* p, ks_stream_t) {
                  offset = uint64_t(ks::detail::load_index(a.seed_offset.data, DType::I64, 1));
   std::vector<float> z(size_t(a.vocab));
   std::vector<int64_t> idx, w(size_t(a.vocab));
+  idx.reserve(size_t(a.vocab));  // (every allocation before the first row's write: out of memory writes nothing)
   for (int64_t r = 0; r < a.rows; ++r) {
     bool bad = false, any = false;
     for (int64_t i = 0; i < a.vocab; ++i) {
