@@ -292,6 +292,34 @@ TEST(HostileRegressions, SampleOutOfMemoryWritesNothing) {
   EXPECT_EQ(valid[0], 1);
 }
 
+TEST(HostileRegressions, VarlenAttentionOutOfMemoryWritesNothing) {
+  // sequence 0: one query over one key; sequence 1: one query over 2^28 keys, whose FP32 scores
+  // (1 GiB) are refused under the cap - formerly after sequence 0's output row was written
+  const int64_t D = 16, long_keys = int64_t(1) << 28, total_k = 1 + long_keys;
+  const size_t kv_bytes = size_t(total_k) * D * 4;
+  void* k = reserve_bytes(kv_bytes);
+  void* v = reserve_bytes(kv_bytes);
+  ASSERT_TRUE(k && v);
+  std::vector<float> q(2 * D, 0.5f), out(2 * D, -7.f), out0 = out;
+  int32_t cu_q[3] = {0, 1, 2}, cu_k[3] = {0, 1, int32_t(total_k)};
+  std::vector<int64_t> qs{2, 1, D}, ks_{total_k, 1, D}, cs{3};
+  DLTensor to = make_dl(out.data(), DType::F32, qs), tq = make_dl(q.data(), DType::F32, qs),
+           tk = make_dl(k, DType::F32, ks_), tv = make_dl(v, DType::F32, ks_), tcq = make_dl(cu_q, DType::I32, cs),
+           tck = make_dl(cu_k, DType::I32, cs);
+  ks_status_t st = KS_SUCCESS;
+  std::string err;
+  {
+    CappedAddressSpace cap(size_t(256) << 20);
+    if (!cap.ok) GTEST_SKIP() << "cannot cap the address space";
+    st = ks_varlen_attention(&to, &tq, &tk, &tv, &tcq, &tck, 0.25, 0, KS_BACKEND_CPU, nullptr);
+    err = ks_last_error();
+  }
+  EXPECT_EQ(st, KS_ERROR_OUT_OF_MEMORY) << err;
+  EXPECT_EQ(out, out0);
+  munmap(k, kv_bytes);
+  munmap(v, kv_bytes);
+}
+
 // A strided q of 4 dims was told to be copied contiguous, and only then that its rank is wrong
 // (an adversarial review's finding): the strided form is 3-D only, and the message says so first.
 TEST(HostileRegressions, StridedViewOfAnotherRankNamesTheRank) {

@@ -27,6 +27,9 @@ void varlen_attention_ref(const void* p, ks_stream_t) {
     ck[size_t(i)] = load_index(a.cu_k.data, DType::I32, i);
   }
   std::vector<float> qv(static_cast<size_t>(D)), acc(static_cast<size_t>(D)), sc;
+  int64_t longest = 0;  // (the scores' room taken before the first write: out of memory writes nothing)
+  for (int64_t s = 0; s < a.num_seqs; ++s) longest = std::max(longest, ck[size_t(s + 1)] - ck[size_t(s)]);
+  sc.reserve(static_cast<size_t>(longest));
   for (int64_t s = 0; s < a.num_seqs; ++s) {
     const int64_t q0 = cq[size_t(s)], lq = cq[size_t(s + 1)] - q0, k0 = ck[size_t(s)], lk = ck[size_t(s + 1)] - k0;
     for (int64_t i = 0; i < lq; ++i)
