@@ -343,8 +343,10 @@ int cmd_table(bool as_json, bool check_names, std::string op_filter, bool why) {
   return check_names && (unknown || shadowed) ? 1 : 0;
 }
 
+// cols_text: --cols as given where it was a product (AxB), else empty
 int cmd_which(const std::string& op, const std::string& dtype, const std::string& device, int64_t rows, int64_t cols,
-              bool cols_product) {
+              const std::string& cols_text) {
+  const bool cols_product = !cols_text.empty();
   if ((rows < 0) != (cols < 0)) {
     std::fprintf(stderr, "which: give both --rows and --cols, or neither\n");
     return 2;
@@ -368,7 +370,9 @@ int cmd_which(const std::string& op, const std::string& dtype, const std::string
   const auto w = rows >= 0 ? ks::which(op, dtype, parse_device(device), rows, cols) : ks::which(op, dtype, parse_device(device));
   const std::string dev =
       device != "auto" ? device : (ks::backend_available(ks::Backend::Cuda) ? "cuda (auto)" : "cpu (auto)");
-  const std::string shape = rows >= 0 ? " rows " + std::to_string(rows) + " cols " + std::to_string(cols) : "";
+  const std::string shape = rows >= 0 ? " rows " + std::to_string(rows) + " cols " + std::to_string(cols) +
+                                            (cols_product ? " (" + cols_text + ")" : "")
+                                      : "";
   std::printf("%s %s%s on %s -> %s\n  why: %s\n", op.c_str(), dtype.c_str(), shape.c_str(), dev.c_str(),
               w.variant.c_str(), w.reason.c_str());
   return 0;
@@ -478,7 +482,9 @@ CLI::Validator int_in(int64_t lo, int64_t hi) {
         int64_t n = 0;
         const char* end = v.data() + v.size();
         const auto r = std::from_chars(v.data(), end, n);
-        if (r.ec != std::errc() || r.ptr != end || n < lo || n > hi) return "'" + v + "' is not a whole number in " + range;
+        if (r.ec == std::errc::result_out_of_range && r.ptr == end) return "'" + v + "' is outside " + range;
+        if (r.ec != std::errc() || r.ptr != end) return "'" + v + "' is not a whole number in " + range;
+        if (n < lo || n > hi) return "'" + v + "' is outside " + range;
         v = std::to_string(n);
         return std::string();
       },
@@ -504,8 +510,8 @@ CLI::Validator float_in(float lo, bool lo_open, float hi) {
       [=](std::string& v) {
         char* end = nullptr;
         const float f = std::strtof(v.c_str(), &end);
-        const bool ok = end != v.c_str() && *end == '\0' && (lo_open ? f > lo : f >= lo) && f <= hi;
-        return ok ? std::string() : "'" + v + "' is not a number in " + range;
+        if (end == v.c_str() || *end != '\0' || std::isnan(f)) return "'" + v + "' is not a number in " + range;
+        return (lo_open ? f > lo : f >= lo) && f <= hi ? std::string() : "'" + v + "' is outside " + range;
       },
       "FLOAT in " + range);
 }
@@ -518,7 +524,7 @@ CLI::Validator not_empty(const std::string& hint = "") {
 
 int cmd_generate(const std::string& path, const std::string& prompt, int64_t max_tokens, const std::string& device,
                  bool chat, const std::string& system, const ks::model::SamplingParams& sampling, int64_t ctx,
-                 const std::string& threads_note) {
+                 const std::string& notes) {  // notes: stderr lines said once the model has loaded
   const ks::Backend be = model_backend(device);
   auto t0 = std::chrono::steady_clock::now();
   const auto file = ks::model::GgufFile::open(path);
@@ -544,7 +550,7 @@ int cmd_generate(const std::string& path, const std::string& prompt, int64_t max
   // attention's block table follows the live context either way: LlamaModel::attention_capacity).
   const int64_t capacity = ctx > 0 ? ctx : std::max<int64_t>(16, int64_t(ids.size()) + max_tokens + 1);
   ks::model::LlamaModel model(file, capacity, be);
-  std::fputs(threads_note.c_str(), stderr);
+  std::fputs(notes.c_str(), stderr);
   if (ctx > model.max_context())  // (LlamaModel caps the cache at the model's own context length)
     std::fprintf(stderr, "[ksctl] --context %lld is past the model's context length: the cache holds %lld tokens\n",
                  (long long)ctx, (long long)model.max_context());
@@ -733,7 +739,7 @@ int main(int argc, char** argv) {
       });
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   int64_t w_rows = -1, w_cols = -1;  // -1: not given
-  bool w_cols_product = false;        // --cols given as NxK
+  std::string w_cols_text;            // --cols as given where it is a product (NxK), else empty
   // a shape key: decimal digits only, at most 12 (so a product of two stays in int64)
   auto shape_number = [](const char* opt, const std::string& v, const std::string& part) {
     if (part.empty() || part.find_first_not_of("0123456789") != std::string::npos || part.size() > 12)
@@ -747,9 +753,9 @@ int main(int argc, char** argv) {
   // --cols: a number, or AxB for a product (where the op's cols key is one: ks_op_cols_factors)
   which->add_option_function<std::string>(
           "--cols",
-          [&w_cols, &w_cols_product, shape_number](const std::string& v) {
+          [&w_cols, &w_cols_text, shape_number](const std::string& v) {
             const size_t x = v.find_first_of("xX*");
-            w_cols_product = x != std::string::npos;
+            w_cols_text = x != std::string::npos ? v : std::string();
             // (a product of 2^63 or more is refused, as Python's which refuses it: no call has that
             // many elements)
             int64_t prod = 0;
@@ -848,9 +854,9 @@ int main(int argc, char** argv) {
             uint64_t n = 0;
             const char* end = v.data() + v.size();
             const auto r = std::from_chars(v.data(), end, n);
-            if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos || r.ec != std::errc() ||
-                r.ptr != end)
+            if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
               return "'" + v + "' is not a whole number in [0, 18446744073709551615]";
+            if (r.ec != std::errc() || r.ptr != end) return "'" + v + "' is outside [0, 18446744073709551615]";
             v = std::to_string(n);  // (canonical decimal: CLI11 reads a leading zero as octal)
             return std::string();
           },
@@ -920,24 +926,28 @@ int main(int argc, char** argv) {
   }
   try {
     if (*ops) return cmd_ops();
-    if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols, w_cols_product);
+    if (*which) return cmd_which(w_op, w_dtype, w_device, w_rows, w_cols, w_cols_text);
     if (*table) return cmd_table(t_json, t_check, t_op, t_why);
     if (*check) return run_check(c_backend, c_op, c_verbose);
     if (*tune) return u_from_csv.empty() ? run_tune(u_backend, u_op, u_reps, u_dir, u_quiet)
                                          : run_tune_from_csv(u_from_csv, u_dir, u_commit);
     if (*gen && g_threads > 0) omp_set_num_threads(g_threads);
-    std::string threads_note;
+    std::string notes;  // (said once the model has loaded: an error about the model comes first)
     if (*gen && g_threads == 0 &&
         (g_device == "cpu" || (g_device == "auto" && !ks::backend_available(ks::Backend::Cuda))))
-      threads_note = choose_cpu_threads();
+      notes = choose_cpu_threads();
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
     if (*gen) {
       if (g_temp == 0.0f && (gen->count("--top-k") + gen->count("--top-p") + gen->count("--seed")) > 0)
         std::fprintf(stderr, "[ksctl] note: --top-k, --top-p and --seed act only with --temperature > 0; "
                              "this run is greedy\n");
-      if (g_prompt.empty()) g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
+      if (g_prompt.empty()) {  // (said, since without --chat the output continues a prompt never shown)
+        g_prompt = g_chat ? "What is the capital of France?" : "The capital of France is";
+        notes += std::string("[ksctl] no --prompt: the default ") + (g_chat ? "question" : "prompt") + " \"" +
+                        g_prompt + "\"" + (g_chat ? "" : " (the output continues it)") + "\n";
+      }
       return cmd_generate(g_model, g_prompt, g_max, g_device, g_chat, g_system,
-                          ks::model::SamplingParams{g_temp, g_top_k, g_top_p, g_seed}, g_ctx, threads_note);
+                          ks::model::SamplingParams{g_temp, g_top_k, g_top_p, g_seed}, g_ctx, notes);
     }
     if (*bench) return cmd_bench_model(b_model, b_prompts, b_decode, b_repeats, b_device, b_csv, b_batches, b_context);
   } catch (const ks::Error& e) {

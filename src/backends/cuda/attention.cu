@@ -335,36 +335,37 @@ __device__ void finish_unit(Cluster& cluster, unsigned char* raw, size_t states_
     KS_TL(13);
     KS_TL(15, 2ull);
     return;
-  }
-  for (int i = first + int(threadIdx.x); i < G * D; i += stride) {
-    const int g = i / D;
-    float mc[kMaxC];
-    int any = 0;
-#pragma unroll
-    for (int c = 0; c < kMaxC; ++c) {
-      mc[c] = -INFINITY;
-      if (c < Ce) {
-        mc[c] = push ? pushed[c * sf + g] : remote(c).m[g];
-        any |= push ? pushed[c * sf + int64_t(G) * (D + 2)] != 0.f : *remote(c).any;
-      }
-    }
-    float M = -INFINITY;
-#pragma unroll
-    for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
-    float L = 0.f, a = 0.f;
-    if (M != -INFINITY) {
+  } else {  // (an else: in the one-trip instantiations this loop is not compiled, not unreachable)
+    for (int i = first + int(threadIdx.x); i < G * D; i += stride) {
+      const int g = i / D;
+      float mc[kMaxC];
+      int any = 0;
 #pragma unroll
       for (int c = 0; c < kMaxC; ++c) {
+        mc[c] = -INFINITY;
         if (c < Ce) {
-          const float f = merge_factor(mc[c], M);
-          L += (push ? pushed[c * sf + G + g] : remote(c).l[g]) * f;
-          a += (push ? pushed[c * sf + 2 * G + i] : remote(c).acc[i]) * f;
+          mc[c] = push ? pushed[c * sf + g] : remote(c).m[g];
+          any |= push ? pushed[c * sf + int64_t(G) * (D + 2)] != 0.f : *remote(c).any;
         }
       }
+      float M = -INFINITY;
+#pragma unroll
+      for (int c = 0; c < kMaxC; ++c) M = fmaxf(M, mc[c]);
+      float L = 0.f, a = 0.f;
+      if (M != -INFINITY) {
+#pragma unroll
+        for (int c = 0; c < kMaxC; ++c) {
+          if (c < Ce) {
+            const float f = merge_factor(mc[c], M);
+            L += (push ? pushed[c * sf + G + g] : remote(c).l[g]) * f;
+            a += (push ? pushed[c * sf + 2 * G + i] : remote(c).acc[i]) * f;
+          }
+        }
+      }
+      out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
     }
-    out_t[i] = Dt<T>::from_f(attention_output(L, a, any, len));
+    if (!push) cluster.sync();  // no CTA leaves while another may still read its shared memory
   }
-  if (!push) cluster.sync();  // no CTA leaves while another may still read its shared memory
 #endif
 }
 
