@@ -50,7 +50,7 @@ test-bindings: build
 # or the shell (quotes, $ and backticks in PROMPT are passed as written). ksctl picks the thread
 # count from the cores' load (README, Threads); an OMP_WAIT_POLICY here would turn that off.
 run: build-ksctl model
-	KS_PROMPT='$(subst ','\'',$(value PROMPT))'; \
+	@KS_PROMPT='$(subst ','\'',$(value PROMPT))'; \
 	  $(BUILD)/ksctl generate --model "$(MODEL)" --chat --max-tokens $(MAX_TOKENS) --prompt "$$KS_PROMPT"
 
 # The CSV goes to $(BENCH_CSV): the build folder by default, so a run on another machine does not
