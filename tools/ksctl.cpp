@@ -452,13 +452,16 @@ std::string suggest_options(const CLI::App& app) {
   for (const CLI::App* scope : scopes)
     for (const CLI::Option* opt : scope->get_options())
       for (const std::string& name : opt->get_lnames()) names.push_back("--" + name);
-  std::string out;
+  std::string out, bare;  // bare: words without a dash (generate's prompt given without --prompt)
   for (const std::string& arg : left) {
+    if (!arg.empty() && arg[0] != '-') bare += (bare.empty() ? "" : " ") + arg;
     if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
     const std::string word = arg.substr(0, arg.find('='));
     const std::string list = closest_names(word, names);
     if (!list.empty()) out += "ksctl: " + word + ": did you mean " + list + "?\n";
   }
+  if (!bare.empty() && std::find(names.begin(), names.end(), "--prompt") != names.end())
+    out += "ksctl: '" + bare + "' was not expected: did you mean --prompt \"" + bare + "\"?\n";
   return out;
 }
 
