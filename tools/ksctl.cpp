@@ -452,9 +452,14 @@ std::string suggest_options(const CLI::App& app) {
   for (const CLI::App* scope : scopes)
     for (const CLI::Option* opt : scope->get_options())
       for (const std::string& name : opt->get_lnames()) names.push_back("--" + name);
-  std::string out, bare;  // bare: words without a dash (generate's prompt given without --prompt)
+  // bare: words without a dash (generate's prompt given without --prompt), except a value that
+  // follows an unknown option (--temprature 0.5)
+  std::string out, bare;
+  bool after_option = false;
   for (const std::string& arg : left) {
-    if (!arg.empty() && arg[0] != '-') bare += (bare.empty() ? "" : " ") + arg;
+    const bool is_word = !arg.empty() && arg[0] != '-';
+    if (is_word && !after_option) bare += (bare.empty() ? "" : " ") + arg;
+    after_option = !is_word && arg.find('=') == std::string::npos;
     if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) continue;
     const std::string word = arg.substr(0, arg.find('='));
     const std::string list = closest_names(word, names);
