@@ -479,30 +479,27 @@ std::string suggest_subcommand(const CLI::App& app, const std::string& word) {
   return list.empty() ? "" : "ksctl: '" + word + "' is not a command: did you mean " + list + "?\n";
 }
 
-// An option's value: a whole number in [lo, hi], written in decimal digits (an optional '-'), so
-// that a typo says what is wanted ("'abc' is not a whole number in [1, 1048576]"). Attach it with
-// ->transform: the value is rewritten in canonical decimal ("010" -> "10"), since CLI11 would
-// otherwise read a leading zero as octal after the check.
-CLI::Validator int_in(int64_t lo, int64_t hi) {
-  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
-  return CLI::Validator(
-      [=](std::string& v) {
-        int64_t n = 0;
-        const char* end = v.data() + v.size();
-        const auto r = std::from_chars(v.data(), end, n);
-        if (r.ec == std::errc::result_out_of_range && r.ptr == end) return "'" + v + "' is outside " + range;
-        if (r.ec != std::errc() || r.ptr != end) return "'" + v + "' is not a whole number in " + range;
-        if (n < lo || n > hi) return "'" + v + "' is outside " + range;
-        v = std::to_string(n);
-        return std::string();
-      },
-      "");  // (the range goes in the option's type name: int_in_range)
-}
-// An integer option in [lo, hi]: its value checked by int_in, its type shown as "INT in [lo, hi]"
-// (in --help, and in CLI11's "1 required ... missing" for an empty --opt=)
+// An integer option in [lo, hi]: its value a whole number in decimal digits (an optional '-'), so
+// that a typo says what is wanted ("'abc' is not a whole number in [1, 1048576]", "'0' is outside
+// [1, 1048576]"), rewritten in canonical decimal ("010" -> "10", since CLI11 would otherwise read a
+// leading zero as octal after the check); its type shown as "INT in [lo, hi]" (in --help, and in
+// CLI11's "1 required ... missing" for an empty --opt=).
 CLI::Option* int_in_range(CLI::Option* opt, int64_t lo, int64_t hi) {
-  return opt->transform(int_in(lo, hi))
-      ->type_name("INT in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  return opt
+      ->transform(CLI::Validator(
+          [=](std::string& v) {
+            int64_t n = 0;
+            const char* end = v.data() + v.size();
+            const auto r = std::from_chars(v.data(), end, n);
+            if (r.ec == std::errc::result_out_of_range && r.ptr == end) return "'" + v + "' is outside " + range;
+            if (r.ec != std::errc() || r.ptr != end) return "'" + v + "' is not a whole number in " + range;
+            if (n < lo || n > hi) return "'" + v + "' is outside " + range;
+            v = std::to_string(n);
+            return std::string();
+          },
+          ""))
+      ->type_name("INT in " + range);
 }
 
 // An option's value: a float in [lo, hi] ((lo, hi] with lo_open); a NaN is refused (it would pass
