@@ -126,50 +126,15 @@ TEST(HostileRegressions, ForcingAnEntryPointPinsTheOpItRuns) {
   EXPECT_EQ(ks_force_variant("no_such_op", "cpu_reference"), KS_ERROR_INVALID_ARGUMENT);
 }
 
-// Out of memory inside an OpenMP team aborted the process (std::bad_alloc escaping
-// the parallel region); the scratch is now allocated before the team starts, so the
-// call returns KS_ERROR_OUT_OF_MEMORY. The address space is capped for the call: a
-// 2^30-element fp16 row (2 GiB, reserved but never touched) needs >= 4 GiB of FP32
-// scratch, which the cap refuses.
 size_t vm_size_bytes() {
   std::ifstream f("/proc/self/statm");
   size_t pages = 0;
   f >> pages;
   return pages * size_t(sysconf(_SC_PAGESIZE));
 }
-TEST(HostileRegressions, OutOfMemoryInTheCpuKernelsIsReportedNotFatal) {
-  const size_t vm = vm_size_bytes();
-  if (vm == 0) GTEST_SKIP() << "no /proc/self/statm";
-  rlimit old{};
-  ASSERT_EQ(getrlimit(RLIMIT_AS, &old), 0);
-  const int64_t H = int64_t(1) << 30;
-  const size_t in_bytes = size_t(H) * 2;
-  const rlimit cap{vm + 2 * in_bytes + (size_t(1) << 30), old.rlim_max};
-  if (old.rlim_max != RLIM_INFINITY && old.rlim_max < cap.rlim_cur) GTEST_SKIP() << "hard address-space limit too low";
-  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE;
-  void* x = mmap(nullptr, in_bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
-  void* w = mmap(nullptr, in_bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
-  ASSERT_NE(x, MAP_FAILED);
-  ASSERT_NE(w, MAP_FAILED);
-  std::vector<int64_t> xs{1, H}, ws{H};
-  DLTensor tx = make_dl(x, DType::F16, xs), tw = make_dl(w, DType::F16, ws), to = make_dl(x, DType::F16, xs);  // in place: out is x
-  ASSERT_EQ(setrlimit(RLIMIT_AS, &cap), 0);
-  const ks_status_t s_norm = ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr);
-  const std::string e_norm = ks_last_error();
-  const ks_status_t s_soft = ks_softmax(&to, &tx, KS_BACKEND_CPU, nullptr);
-  ASSERT_EQ(setrlimit(RLIMIT_AS, &old), 0);
-  munmap(x, in_bytes);
-  munmap(w, in_bytes);
-  EXPECT_EQ(s_norm, KS_ERROR_OUT_OF_MEMORY) << e_norm;
-  EXPECT_EQ(s_soft, KS_ERROR_OUT_OF_MEMORY);
-}
-
-// Out of memory after an earlier step wrote (an adversarial review's finding): the composed CPU
-// ops ran a step that writes in place, then a step whose scratch could not be allocated, and
-// returned KS_ERROR_OUT_OF_MEMORY with outputs changed (a retry then rotated q and k twice);
-// sample wrote a row before a later row's candidate list grew past the memory. Each call now
-// fails with every output byte as it was. The address space is capped for the call; the big
-// tensors are reserved and never touched (MAP_NORESERVE).
+// The address space capped at what the process maps now plus `extra` bytes, for a scope (ok:
+// the cap is in place; a hard limit too low, or no /proc/self/statm, leaves it off); big tensors
+// reserved and never touched (MAP_NORESERVE) are mapped before it.
 struct CappedAddressSpace {
   rlimit old{};
   bool ok = false;
@@ -189,6 +154,45 @@ void* reserve_bytes(size_t n) {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+// Out of memory inside an OpenMP team aborted the process (std::bad_alloc escaping
+// the parallel region); the scratch is now allocated before the team starts, so the
+// call returns KS_ERROR_OUT_OF_MEMORY. The address space is capped for the call: a
+// 2^30-element fp16 row (2 GiB, reserved but never touched) needs >= 4 GiB of FP32
+// scratch, which the cap refuses.
+TEST(HostileRegressions, OutOfMemoryInTheCpuKernelsIsReportedNotFatal) {
+  const int64_t H = int64_t(1) << 30;
+  const size_t in_bytes = size_t(H) * 2;
+  void* x = reserve_bytes(in_bytes);
+  void* w = reserve_bytes(in_bytes);
+  ASSERT_NE(x, nullptr);
+  ASSERT_NE(w, nullptr);
+  std::vector<int64_t> xs{1, H}, ws{H};
+  DLTensor tx = make_dl(x, DType::F16, xs), tw = make_dl(w, DType::F16, ws), to = make_dl(x, DType::F16, xs);  // in place: out is x
+  ks_status_t s_norm = KS_SUCCESS, s_soft = KS_SUCCESS;
+  std::string e_norm;
+  bool capped = false;
+  {
+    CappedAddressSpace cap(size_t(1) << 30);
+    capped = cap.ok;
+    if (capped) {
+      s_norm = ks_rms_norm(&to, &tx, &tw, 1e-6, KS_BACKEND_CPU, nullptr);
+      e_norm = ks_last_error();
+      s_soft = ks_softmax(&to, &tx, KS_BACKEND_CPU, nullptr);
+    }
+  }
+  munmap(x, in_bytes);
+  munmap(w, in_bytes);
+  if (!capped) GTEST_SKIP() << "cannot cap the address space";
+  EXPECT_EQ(s_norm, KS_ERROR_OUT_OF_MEMORY) << e_norm;
+  EXPECT_EQ(s_soft, KS_ERROR_OUT_OF_MEMORY);
+}
+
+// Out of memory after an earlier step wrote (an adversarial review's finding): the composed CPU
+// ops ran a step that writes in place, then a step whose scratch could not be allocated, and
+// returned KS_ERROR_OUT_OF_MEMORY with outputs changed (a retry then rotated q and k twice);
+// sample wrote a row before a later row's candidate list grew past the memory. Each call now
+// fails with every output byte as it was. The address space is capped for the call; the big
+// tensors are reserved and never touched (MAP_NORESERVE).
 TEST(HostileRegressions, RopeAppendAttentionOutOfMemoryWritesNothing) {
   // one token, one head of 16; a context of 2^28 keys: the attention's FP32 scratch (1 GiB) is
   // refused under the cap, after RoPE and the append have run

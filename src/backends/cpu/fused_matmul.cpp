@@ -191,10 +191,14 @@ class SavedBytes {
   std::vector<unsigned char> bytes_;
 };
 
-// Runs the steps with `saved` put back if any of them fails (CPU: host memory), else plainly.
+// Runs the steps on backend `be`. On the CPU (host memory) the regions `writes` adds to a SavedBytes
+// are saved first and put back if any step fails; elsewhere the steps run plainly.
+template <class Writes>
 void run_steps_restoring(const char* op, std::initializer_list<Step> steps, ks_stream_t stream, ks_backend_t be,
-                         SavedBytes& saved) {
+                         Writes&& writes) {
   if (be != KS_BACKEND_CPU) return run_steps(op, steps, stream);
+  SavedBytes saved;
+  writes(saved);
   saved.save();  // (out of memory here: nothing written yet)
   try {
     run_steps(op, steps, stream);
@@ -214,14 +218,13 @@ void norm_qmm_rope_append_composed(const void* p, ks_stream_t stream, ks_backend
   const char* op = "fused_add_rms_norm_quant_matmul_rope_kv_append";
   const registry::Variant* mm = step(op, "fused_add_rms_norm_quant_matmul", a.mm.residual.dtype, &a.mm, be);
   const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
-  SavedBytes saved;  // (CPU) out (whose slices q and k are rotated in place), residual_out, the caches' rows
-  if (be == KS_BACKEND_CPU) {
-    saved.add(a.mm.out.data, a.mm.out.nbytes());
-    if (a.mm.has_x) saved.add(a.mm.residual_out.data, a.mm.residual_out.nbytes());
-    saved.add_rope_kv_append(a.rkv);
-  }
+  // (what the steps write: out, whose slices q and k are rotated in place, residual_out, the caches' rows)
   run_steps_restoring(op, {{"fused_add_rms_norm_quant_matmul", mm, &a.mm}, {"rotary_embedding_kv_append", rope, &a.rkv}},
-                      stream, be, saved);
+                      stream, be, [&](SavedBytes& saved) {
+                        saved.add(a.mm.out.data, a.mm.out.nbytes());
+                        if (a.mm.has_x) saved.add(a.mm.residual_out.data, a.mm.residual_out.nbytes());
+                        saved.add_rope_kv_append(a.rkv);
+                      });
 }
 
 // rotary_embedding_kv_append_paged_attention as its two steps on backend `be` (the CPU's only
@@ -231,10 +234,9 @@ void rope_append_attention_composed(const void* p, ks_stream_t stream, ks_backen
   const char* op = "rotary_embedding_kv_append_paged_attention";
   const registry::Variant* rope = step(op, "rotary_embedding_kv_append", a.rkv.rope.q.dtype, &a.rkv, be);
   const registry::Variant* attn = step(op, "paged_attention", a.attn.q.dtype, &a.attn, be);
-  SavedBytes saved;  // (CPU) the rotated q and k, the appended rows (the attention's out is written last)
-  if (be == KS_BACKEND_CPU) saved.add_rope_kv_append(a.rkv);
+  // (what is written before the last step: the rotated q and k, the appended rows; out comes last)
   run_steps_restoring(op, {{"rotary_embedding_kv_append", rope, &a.rkv}, {"paged_attention", attn, &a.attn}}, stream,
-                      be, saved);
+                      be, [&](SavedBytes& saved) { saved.add_rope_kv_append(a.rkv); });
 }
 
 void register_fused_matmul(std::vector<registry::Variant>& v) {
