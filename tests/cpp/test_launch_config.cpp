@@ -366,27 +366,6 @@ TEST(A8BulkStreamPlan, ReproducesTheLaunchedPlansAndPicksRowsPerStep) {
 // benchmark's shapes: 4096 x 4096 of every format (Q8_0 past half an SM at one CTA: two CTAs of 16
 // rows and 8 warps, 2 x 76.9 KB with a third's 76.9 KB beside them, trigger at entry) and
 // 49152 x 576 (past half: Q8_0's 2 CTAs fill all but 0.7 KB of an SM) resident, 14336 x 4096 not.
-// cuda_a8_resident's split sums: warps per group of rows (a8_split_warps), for the plans above and
-// the edges: whole sets of groups only, never more warps than trips of 32 blocks, 1 = no split.
-TEST(A8ResidentPlan, SplitWarpsPerGroup) {
-  using ks::cuda::a8_split_warps;
-  EXPECT_EQ(a8_split_warps(16, 4, 8, 128), 2);   // Q8_0 4096 x 4096: 4 groups, 8 warps, 4 trips
-  EXPECT_EQ(a8_split_warps(15, 4, 8, 128), 2);   // (the CTAs with one row fewer)
-  EXPECT_EQ(a8_split_warps(32, 4, 16, 128), 2);  // Q4_0 / Q4_1 4096 x 4096: 8 groups, 16 warps
-  EXPECT_EQ(a8_split_warps(3, 2, 16, 448), 8);   // 300 x 14336: 2 groups, 14 trips
-  EXPECT_EQ(a8_split_warps(2, 2, 16, 448), 14);  // one group: at most a warp per trip
-  EXPECT_EQ(a8_split_warps(1, 2, 16, 1024), 16);
-  EXPECT_EQ(a8_split_warps(3, 2, 16, 40), 2);    // 40 blocks: 2 trips, the second of 8 blocks
-  EXPECT_EQ(a8_split_warps(5, 2, 8, 128), 2);    // 3 groups in 8 warps: 2 sets, 2 warps idle
-  EXPECT_EQ(a8_split_warps(187, 4, 8, 18), 1);   // 49152 x 576: more groups than warps
-  EXPECT_EQ(a8_split_warps(3, 2, 8, 18), 1);     // 576 x 576: one trip
-  EXPECT_EQ(a8_split_warps(9, 2, 8, 128), 1);    // 5 groups: one set in 8 warps
-  EXPECT_EQ(a8_split_warps(16, 4, 4, 128), 1);
-  EXPECT_EQ(a8_split_warps(0, 4, 8, 128), 1);
-  EXPECT_EQ(a8_split_warps(16, 0, 8, 128), 1);
-  EXPECT_EQ(a8_split_warps(16, 4, 8, 0), 1);
-}
-
 TEST(A8ResidentPlan, OneWavePerCallAndTheMeasuredChoices) {
   using ks::cuda::a8_resident_plan;
   const int64_t kSmem = 233472, kLimit = 232448, kX = 48;

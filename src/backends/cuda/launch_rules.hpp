@@ -350,17 +350,6 @@ constexpr int64_t a8_padded_row_bytes(int64_t row_bytes, int64_t block_bytes, A8
 constexpr int64_t a8_padded_block_offset(int64_t b, int64_t block_bytes, A8RowPad pad) {
   return b * block_bytes + (pad.group_blocks ? b / pad.group_blocks * pad.pad_bytes : 0);
 }
-// cuda_a8_resident's split sums (a8_row_groups_split): the warps that share each group of
-// rows_per_step rows of a CTA's `rows` rows, `blocks` blocks per row: as many whole sets of the
-// CTA's groups as its warps hold, at most one warp per trip of 32 blocks (a lane's blocks l,
-// l + 32, ...); 1: no split (every warp has a group of its own, or the rows are one trip long).
-// E.g. Q8_0 4096 x 4096 at 2 CTAs of 8 warps: 16 rows, 4 groups of 4, 4 trips -> 2 warps a group.
-constexpr int a8_split_warps(int64_t rows, int rows_per_step, int warps, int64_t blocks) {
-  if (rows <= 0 || rows_per_step <= 0 || warps <= 0 || blocks <= 0) return 1;
-  const int64_t groups = (rows + rows_per_step - 1) / rows_per_step, trips = (blocks + 31) / 32;
-  const int64_t h = std::min<int64_t>(warps / groups, trips);
-  return h >= 2 ? int(h) : 1;
-}
 // short rows: 12 warps per CTA from this many rows per CTA (a pair for each), else 8
 constexpr int64_t kA8ResidentShortRows = 24;
 // 4 rows per warp step from this many rows per CTA, else 2

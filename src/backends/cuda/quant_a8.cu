@@ -253,40 +253,6 @@ __device__ __forceinline__ A8XRegs a8_x(const A8X* xs, int b) {
   return {q[0], q[1], *reinterpret_cast<const float4*>(&xs[b].d)};
 }
 
-// Rows t .. t + R - 1 of the `rows` rows at src, RB bytes apart: their staged addresses (rows past
-// the last repeat the last row, so a group's loads stay in the CTA's rows).
-template <int R>
-__device__ __forceinline__ void a8_group_rows(const unsigned char* src, int64_t RB, int t, int rows,
-                                              const unsigned char* (&r)[R]) {
-#pragma unroll
-  for (int i = 0; i < R; ++i) r[i] = src + int64_t(min(t + i, rows - 1)) * RB;
-}
-
-// Block b of each of a group's R rows dotted with x's staged block b: f(i, value of row i).
-template <ks_qtype_t Q, int R, bool PAD, typename F>
-__device__ __forceinline__ void a8_group_block(const unsigned char* const (&r)[R], const A8X* xs, int b, F&& f) {
-  constexpr int BB = int(q_block_bytes(Q));
-  constexpr A8RowPad pad = PAD ? a8_row_pad(BB) : A8RowPad{};
-  static_assert(!PAD || pad.group_blocks > 0, "no padded layout for this format");
-  const A8XRegs xr = a8_x(xs, b);
-  const int off = PAD ? int(a8_padded_block_offset(b, BB, pad)) : b * BB;
-#pragma unroll
-  for (int i = 0; i < R; ++i) f(i, a8_block<Q, true>(r[i] + off, xr.x0, xr.x1, xr.s));
-}
-
-// The group's lane sums to its outputs: warp_sum per row, lane 0 writes rows t .. t + R - 1 that exist.
-template <typename T, int R>
-__device__ __forceinline__ void a8_group_store(float (&acc)[R], int t, int rows, int lane, T* out) {
-  float s[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) s[i] = warp_sum(acc[i]);
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < R; ++i)
-      if (i == 0 || t + i < rows) out[t + i] = Dt<T>::from_f(s[i]);
-  }
-}
-
 // Rows t .. t + R - 1 of the `rows` rows at src (RB bytes apart, 4-byte aligned; PAD: laid out as
 // a8_row_pad says, block b at a8_padded_block_offset) dotted with x's staged blocks in the
 // contract's order (lane l: blocks l, l + 32, ...; then warp_sum); lane 0 writes their outputs.
@@ -295,67 +261,29 @@ __device__ __forceinline__ void a8_group_store(float (&acc)[R], int t, int rows,
 template <typename T, ks_qtype_t Q, int R, bool PAD>
 __device__ __forceinline__ void a8_row_group(const unsigned char* src, int64_t RB, int t, int rows, const A8X* xs,
                                              int nb, int lane, T* out) {
-  const unsigned char* r[R];
-  a8_group_rows<R>(src, RB, t, rows, r);
-  float acc[R];
-#pragma unroll
-  for (int i = 0; i < R; ++i) acc[i] = 0.f;
-  for (int b = lane; b < nb; b += 32)
-    a8_group_block<Q, R, PAD>(r, xs, b, [&](int i, float v) { acc[i] = __fadd_rn(acc[i], v); });
-  a8_group_store<T, R>(acc, t, rows, lane, out);
-}
-
-// a8_row_group's sums with each group's blocks split over H warps, for CTAs with fewer groups of
-// R rows than half their warps (cuda_a8_resident at 4096 x 4096: 4 groups of 4 rows for 8 warps
-// at Q8_0, 8 for 16 at Q4_0 / Q4_1, so half the warps had nothing to sum). Warp g + h groups
-// (h < H) takes trips [h T / H, (h + 1) T / H) of group g's T = ceil(nb / 32) trips (trip k: blocks
-// 32 k + lane). Warp h = 0 accumulates its trips as a8_row_group does; a helper (h > 0) stores
-// each block's value, unsummed, over its own blocks' bytes in the staged rows (4 bytes per value
-// where a block has 18 or more: value j of the helper at byte 4 j of its first block, which only
-// this warp reads, and trip k's values land within trips before k + 1's blocks, after __syncwarp
-// has ordered every lane's loads of trip k before them). After a CTA barrier warp h = 0 adds the
-// helpers' values in trip order: the same fadds in the same order as a8_row_group, so the same
-// bits. Warps at h >= H only take part in the barrier. Every thread of the CTA must call this.
-template <typename T, ks_qtype_t Q, int R>
-__device__ __forceinline__ void a8_row_groups_split(const unsigned char* src, int64_t RB, int rows, int groups,
-                                                    int H, const A8X* xs, int nb, int warp, int lane, T* out) {
   constexpr int BB = int(q_block_bytes(Q));
-  static_assert(BB >= 4, "a value per block within the block's bytes");
-  const int trips = (nb + 31) / 32, g = warp % groups, h = warp / groups, t = R * g;
+  constexpr A8RowPad pad = PAD ? a8_row_pad(BB) : A8RowPad{};
+  static_assert(!PAD || pad.group_blocks > 0, "no padded layout for this format");
   const unsigned char* r[R];
-  a8_group_rows<R>(src, RB, t, rows, r);
+#pragma unroll
+  for (int i = 0; i < R; ++i) r[i] = src + int64_t(min(t + i, rows - 1)) * RB;
   float acc[R];
 #pragma unroll
   for (int i = 0; i < R; ++i) acc[i] = 0.f;
-  if (h == 0) {
-    const int end = min(nb, 32 * (trips / H));
-    for (int b = lane; b < end; b += 32)
-      a8_group_block<Q, R, false>(r, xs, b, [&](int i, float v) { acc[i] = __fadd_rn(acc[i], v); });
-  } else if (h < H) {
-    const int k0 = h * trips / H, k1 = (h + 1) * trips / H;
-    for (int k = k0; k < k1; ++k) {  // (uniform over the warp: __syncwarp inside)
-      const int b = 32 * k + lane;
-      float v[R];
-      if (b < nb) a8_group_block<Q, R, false>(r, xs, b, [&](int i, float x) { v[i] = x; });
-      __syncwarp();  // every lane's loads of trip k are done before any lane's stores
-      if (b < nb) {
+  for (int b = lane; b < nb; b += 32) {
+    const A8XRegs xr = a8_x(xs, b);
+    const int off = PAD ? int(a8_padded_block_offset(b, BB, pad)) : b * BB;
 #pragma unroll
-        for (int i = 0; i < R; ++i)  // (the CTA's own staged rows: writable shared memory)
-          reinterpret_cast<float*>(const_cast<unsigned char*>(r[i]) + 32 * k0 * BB)[b - 32 * k0] = v[i];
-      }
-    }
+    for (int i = 0; i < R; ++i) acc[i] = __fadd_rn(acc[i], a8_block<Q, true>(r[i] + off, xr.x0, xr.x1, xr.s));
   }
-  __syncthreads();  // the helpers' values stored
-  if (h != 0) return;
-  for (int hh = 1; hh < H; ++hh) {
-    const int k0 = hh * trips / H, end = min(nb, 32 * ((hh + 1) * trips / H));
-    for (int b = 32 * k0 + lane; b < end; b += 32) {
+  float s[R];
 #pragma unroll
-      for (int i = 0; i < R; ++i)
-        acc[i] = __fadd_rn(acc[i], reinterpret_cast<const float*>(r[i] + 32 * k0 * BB)[b - 32 * k0]);
-    }
+  for (int i = 0; i < R; ++i) s[i] = warp_sum(acc[i]);
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < R; ++i)
+      if (i == 0 || t + i < rows) out[t + i] = Dt<T>::from_f(s[i]);
   }
-  a8_group_store<T, R>(acc, t, rows, lane, out);
 }
 
 // ---- cuda_a8_warp: any M -------------------------------------------------------------------
@@ -512,12 +440,10 @@ __device__ __forceinline__ unsigned long long qtl_now() {
 // cp.async (a template parameter: a runtime flag changed the sums' code for Q4_0 / Q4_1, 55 -> 48
 // registers, and cost them 0.2-0.9 us at cf135c6). PAD: the rows staged as a8_row_pad lays them
 // out (Q4_0 / Q8_0; w 16-byte aligned, row_bytes a multiple of 16; not with BULK). R: rows per
-// warp step (a8_row_group). SPLIT: a group's blocks split over the warps where a CTA has at most
-// half as many groups of R rows as warps (a8_row_groups_split: the same bits; not with PAD).
-template <typename T, ks_qtype_t Q, bool BULK, bool PAD, int R, bool SPLIT>
+// warp step (a8_row_group).
+template <typename T, ks_qtype_t Q, bool BULK, bool PAD, int R>
 __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_resident_kernel(const A8ResParams p) {
   static_assert(!(BULK && PAD), "bulk copies are linear: no padded rows");
-  static_assert(!(SPLIT && PAD), "the split stores values over linear rows");
   extern __shared__ __align__(16) unsigned char a8r_sm[];  // x [nb] A8X, then the CTA's rows
   const int NT = int(blockDim.x), nwarps = NT / 32;
   __shared__ uint64_t rows_landed;  // (BULK)
@@ -591,13 +517,8 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   __syncthreads();  // (tl)
 #endif
   const int n = int(r1 - r0);
-  const int H = SPLIT ? a8_split_warps(n, R, nwarps, nb) : 1;  // (uniform over the CTA)
-  if (SPLIT && H >= 2)
-    a8_row_groups_split<T, Q, R>(rows, p.smem_row_bytes, n, (n + R - 1) / R, H, xs, nb, warp, lane,
-                                 static_cast<T*>(p.out) + r0);
-  else
-    for (int t = R * warp; t < n; t += R * nwarps)
-      a8_row_group<T, Q, R, PAD>(rows, p.smem_row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
+  for (int t = R * warp; t < n; t += R * nwarps)
+    a8_row_group<T, Q, R, PAD>(rows, p.smem_row_bytes, t, n, xs, nb, lane, static_cast<T*>(p.out) + r0);
 #if defined(KS_QMM_TIMELINE)
   if (lane == 0 && warp < kQtlEvents - 8) {
     __threadfence_block();  // (the outputs' stores issued)
@@ -685,24 +606,22 @@ template <typename T, ks_qtype_t Q>
 struct A8ResidentForms {
   static constexpr bool kPad = a8_row_pad(q_block_bytes(Q)).group_blocks > 0;
   using Kernel = void (*)(A8ResParams);
-  template <bool BULK, bool PAD, int R, bool SPLIT = false>
-  static constexpr Kernel kK = quant_gemv_a8_resident_kernel<T, Q, BULK, PAD, R, SPLIT>;
+  template <bool BULK, bool PAD, int R>
+  static constexpr Kernel kK = quant_gemv_a8_resident_kernel<T, Q, BULK, PAD, R>;
   template <bool PADDED, int = 0>  // (the padded kernels named only for the formats that have them)
   struct Select {
-    using type = A8KernelList<kK<true, false, 2>, kK<false, false, 2>, kK<false, false, 4>, kK<false, false, 2, true>,
-                              kK<false, false, 4, true>>;
+    using type = A8KernelList<kK<true, false, 2>, kK<false, false, 2>, kK<false, false, 4>>;
   };
   template <int D>
   struct Select<true, D> {
-    using type = A8KernelList<kK<true, false, 2>, kK<false, false, 2>, kK<false, false, 4>, kK<false, false, 2, true>,
-                              kK<false, false, 4, true>, kK<false, true, 2>, kK<false, true, 4>>;
+    using type = A8KernelList<kK<true, false, 2>, kK<false, false, 2>, kK<false, false, 4>, kK<false, true, 2>,
+                              kK<false, true, 4>>;
   };
   using All = typename Select<kPad>::type;
-  static Kernel pick(bool bulk, bool pad, int rows, bool split) {
+  static Kernel pick(bool bulk, bool pad, int rows) {
     if (bulk) return kK<true, false, 2>;
     if constexpr (kPad)
       if (pad) return rows == 4 ? kK<false, true, 4> : kK<false, true, 2>;
-    if (split) return rows == 4 ? kK<false, false, 4, true> : kK<false, false, 2, true>;
     return rows == 4 ? kK<false, false, 4> : kK<false, false, 2>;
   }
   static int64_t limit(int dev) {
@@ -721,7 +640,6 @@ struct A8ResidentForms {
 struct A8ResidentLayout {
   bool bulk, pad;
   int64_t smem_row_bytes;
-  bool split;  // a group's blocks over several warps where warps would idle (KS_QMM_A8_RES_SPLIT=0: off)
 };
 A8ResidentLayout a8_resident_layout(const ops::QuantMatmulArgs& a) {
   static const bool bulk_on = env_number("KS_QMM_A8_RES_BULK", 0) != 0;
@@ -729,9 +647,7 @@ A8ResidentLayout a8_resident_layout(const ops::QuantMatmulArgs& a) {
   const bool w16 = aligned16(a.weight.data), bulk = bulk_on && w16;
   const A8RowPad pad = a8_row_pad(q_block_bytes(a.qtype));
   const bool padded = !bulk && pad_on && pad.group_blocks > 0 && w16 && a.row_bytes % 16 == 0;
-  static const bool split_on = env_number("KS_QMM_A8_RES_SPLIT", 1) != 0;
-  return {bulk, padded, padded ? a8_padded_row_bytes(a.row_bytes, q_block_bytes(a.qtype), pad) : a.row_bytes,
-          split_on && !bulk && !padded};
+  return {bulk, padded, padded ? a8_padded_row_bytes(a.row_bytes, q_block_bytes(a.qtype), pad) : a.row_bytes};
 }
 
 A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
@@ -763,7 +679,7 @@ A8ResidentPlan a8_resident_plan_for(const ops::QuantMatmulArgs& a) {
     DeviceGuard g(dev, "quant_matmul_a8");
     with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
       using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
-      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, Forms::pick(lay.bulk, lay.pad, plan.rows_per_step, lay.split),
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&fit, Forms::pick(lay.bulk, lay.pad, plan.rows_per_step),
                                                         32 * plan.warps, plan.smem) != cudaSuccess) {
         (void)cudaGetLastError();  // (an answer here: the configuration cannot be resident)
         fit = 0;
@@ -865,16 +781,15 @@ void quant_matmul_a8_resident_cuda(const void* args, ks_stream_t stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type_and_qtype(a.x.dtype, a.qtype, [&](auto tag, auto q) {
     using Forms = A8ResidentForms<decltype(tag), decltype(q)::value>;
-    launch_kernel("quant_matmul_a8", Forms::pick(lay.bulk, lay.pad, plan.rows_per_step, lay.split), dim3(plan.grid),
+    launch_kernel("quant_matmul_a8", Forms::pick(lay.bulk, lay.pad, plan.rows_per_step), dim3(plan.grid),
                   dim3(32 * plan.warps), plan.smem, s, 1, device_props(dev).pdl, p);
   });
   check_launch("quant_matmul_a8");
   record_launch("quant_matmul_a8",
                 "a8_resident grid=%lld ctas_per_sm=%lld warps=%lld rows_cta=%lld smem=%lld x_vec=%lld entry_trigger=%lld "
-                "bulk=%lld padded=%lld rows_per_step=%lld split_warps=%lld",
+                "bulk=%lld padded=%lld rows_per_step=%lld",
                 {plan.grid, plan.ctas_per_sm, plan.warps, plan.rows_cta, (long long)plan.smem, p.x_vec ? 1 : 0,
-                 entry ? 1 : 0, lay.bulk ? 1 : 0, lay.pad ? 1 : 0, plan.rows_per_step,
-                 lay.split ? a8_split_warps(plan.rows_cta, plan.rows_per_step, plan.warps, a.k / 32) : 1});
+                 entry ? 1 : 0, lay.bulk ? 1 : 0, lay.pad ? 1 : 0, plan.rows_per_step});
 }
 
 }  // namespace ks::cuda
