@@ -272,15 +272,6 @@ __device__ __forceinline__ void pdl_begin(bool early_trigger = true) {
 __device__ __forceinline__ void prefetch_l2(const void* addr) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(addr));
 }
-// Every 128-byte line holding a byte of [p, p + bytes) asked of L2 (prefetch_l2), thread t of nt
-// taking lines t, t + nt, ... A hint that may run before griddepcontrol.wait even where the previous
-// kernel writes those bytes: L2 is where every SM's writes and reads meet, and the hint fills no
-// L1 line, so the reads after the wait still see the writes.
-__device__ __forceinline__ void prefetch_l2_lines(const void* p, int64_t bytes, unsigned t, unsigned nt) {
-  const uintptr_t beg = reinterpret_cast<uintptr_t>(p), end = beg + uintptr_t(bytes);
-  for (uintptr_t a = (beg & ~uintptr_t(127)) + 128 * uintptr_t(t); a < end; a += 128 * uintptr_t(nt))
-    prefetch_l2(reinterpret_cast<const void*>(a));
-}
 
 // ---- thread-block cluster barrier halves (sm_90) ---------------------------------
 // Every thread of every CTA of the cluster arrives, then waits; arrive and wait alternate.

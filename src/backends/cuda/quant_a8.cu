@@ -351,7 +351,6 @@ __global__ void __launch_bounds__(kA8BulkThreads, 1) quant_gemv_a8_bulk_kernel(c
   if (!bulk_ring_begin(p.w, N, RB, rps, S, p.slot_bytes, a8_sm, full, empty, p.early, p.chunk, kBulkWarps, r0, r1, nst))
     return;  // the producer warp
   A8X* xs = reinterpret_cast<A8X*>(a8_sm + int64_t(S) * p.slot_bytes);
-  if (warp == 0) prefetch_l2_lines(p.x, p.K * int64_t(sizeof(T)), lane, 32);  // (as cuda_a8_resident)
   pdl_begin();  // x is the previous kernel's output
   if (p.x_vec)
     a8_stage_row_vec<T>(static_cast<const T*>(p.x), nb, xs, int(threadIdx.x), NT);
@@ -478,9 +477,6 @@ __global__ void __launch_bounds__(32 * kA8ResidentMaxWarps, 2) quant_gemv_a8_res
   } else {
     rows = stage_weight_rows(dst, p.w, p.row_bytes, r0, r1 - r0, threadIdx.x, NT);
   }
-  // x's lines asked of L2 now, so that its reads after the wait find them there where x is not
-  // already in L2 (the benchmark's rotated x; a decode step's x, just written, is)
-  if (warp == nwarps - 1) prefetch_l2_lines(p.x, p.K * int64_t(sizeof(T)), lane, 32);
 #if defined(KS_QMM_TIMELINE)
   tl_t[1] = qtl_now();
 #endif
