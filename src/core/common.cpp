@@ -298,6 +298,19 @@ void require_same_device(const char* op, const char* arg, const View& v, const c
              device_str(ref.device) + "; they must share a device");
 }
 
+void require_same_dtypes(const char* op, std::initializer_list<NamedView> args, const char* ref_arg, const View& ref) {
+  for (const NamedView& a : args) require_same_dtype(op, a.arg, a.v, ref_arg, ref);
+}
+
+void require_same_devices(const char* op, std::initializer_list<NamedView> args, const char* ref_arg, const View& ref) {
+  for (const NamedView& a : args) require_same_device(op, a.arg, a.v, ref_arg, ref);
+}
+
+void require_like(const char* op, std::initializer_list<NamedView> args, const char* ref_arg, const View& ref) {
+  require_same_dtypes(op, args, ref_arg, ref);
+  require_same_devices(op, args, ref_arg, ref);
+}
+
 void require_ndim(const char* op, const char* arg, const View& v, int ndim) {
   if (v.ndim() != ndim)
     fail(KS_ERROR_INVALID_ARGUMENT, op,

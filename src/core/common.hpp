@@ -174,6 +174,16 @@ void require_same_dtype(const char* op, const char* arg, const View& v, const ch
                         const View& ref);
 void require_same_device(const char* op, const char* arg, const View& v, const char* ref_arg,
                          const View& ref);
+// An op's argument by name, for the checks that take several at once.
+struct NamedView {
+  const char* arg;
+  const View& v;
+};
+// require_same_dtype / require_same_device for each of `args` against ref, in the list's order.
+void require_same_dtypes(const char* op, std::initializer_list<NamedView> args, const char* ref_arg, const View& ref);
+void require_same_devices(const char* op, std::initializer_list<NamedView> args, const char* ref_arg, const View& ref);
+// Both: every dtype first, then every device (so a dtype mismatch is named before a device one).
+void require_like(const char* op, std::initializer_list<NamedView> args, const char* ref_arg, const View& ref);
 void require_ndim(const char* op, const char* arg, const View& v, int ndim);
 void require_min_ndim(const char* op, const char* arg, const View& v, int ndim);
 void require_shape(const char* op, const char* arg, const View& v, const Shape& shape, const char* why);

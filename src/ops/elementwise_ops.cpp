@@ -19,8 +19,7 @@ extern "C" ks_status_t ks_silu_and_mul(DLTensor* out, const DLTensor* x, ks_back
     a.x = view_of(op, "x", x);
     a.out = view_of(op, "out", out);
     require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "out", a.out, "x", a.x);
-    require_same_device(op, "out", a.out, "x", a.x);
+    require_like(op, {{"out", a.out}}, "x", a.x);
     require_min_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
     if (a.x.cols() % 2 != 0)
@@ -45,8 +44,7 @@ extern "C" ks_status_t ks_softmax(DLTensor* out, const DLTensor* x, ks_backend_t
     a.x = view_of(op, "x", x);
     a.out = view_of(op, "out", out);
     require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "out", a.out, "x", a.x);
-    require_same_device(op, "out", a.out, "x", a.x);
+    require_like(op, {{"out", a.out}}, "x", a.x);
     require_min_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
     require_shape(op, "out", a.out, a.x.shape, "same as x");

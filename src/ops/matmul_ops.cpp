@@ -92,10 +92,7 @@ extern "C" ks_status_t ks_gemv(DLTensor* out, const DLTensor* x, const DLTensor*
     a.weight = view_of(op, "weight", weight);
     a.out = view_of(op, "out", out);
     require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "weight", a.weight, "x", a.x);
-    require_same_dtype(op, "out", a.out, "x", a.x);
-    require_same_device(op, "weight", a.weight, "x", a.x);
-    require_same_device(op, "out", a.out, "x", a.x);
+    require_like(op, {{"weight", a.weight}, {"out", a.out}}, "x", a.x);
     require_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
     require_ndim(op, "weight", a.weight, 2);
@@ -122,10 +119,7 @@ extern "C" ks_status_t ks_gemm(DLTensor* out, const DLTensor* a_, const DLTensor
     a.b = view_of(op, "b", b_);
     a.out = view_of(op, "out", out);
     require_dtype(op, "a", a.a, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "b", a.b, "a", a.a);
-    require_same_dtype(op, "out", a.out, "a", a.a);
-    require_same_device(op, "b", a.b, "a", a.a);
-    require_same_device(op, "out", a.out, "a", a.a);
+    require_like(op, {{"b", a.b}, {"out", a.out}}, "a", a.a);
     // a [..., K] (any leading dims, M = their product; as torch.nn.functional.linear), b [N, K],
     // out [..., N]
     require_min_ndim(op, "a", a.a, 1);
@@ -157,8 +151,7 @@ ks_status_t quant_matmul_entry(const char* op, DLTensor* out, const DLTensor* x,
     a.out = view_of(op, "out", out);
     require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
     require_same_dtype(op, "out", a.out, "x", a.x);
-    require_same_device(op, "weight", a.weight, "x", a.x);
-    require_same_device(op, "out", a.out, "x", a.x);
+    require_same_devices(op, {{"weight", a.weight}, {"out", a.out}}, "x", a.x);
     // x [..., K] (any leading dims, M = their product; as torch.nn.functional.linear), out [..., N]
     require_min_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
@@ -218,18 +211,13 @@ void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a,
   if (a.has_x) {
     a.x = view_of(op, "x", x);
     a.residual_out = view_of(op, "residual_out", residual_out);
-    require_same_dtype(op, "x", a.x, "residual", a.residual);
-    require_same_dtype(op, "residual_out", a.residual_out, "residual", a.residual);
-    require_same_device(op, "x", a.x, "residual", a.residual);
-    require_same_device(op, "residual_out", a.residual_out, "residual", a.residual);
+    require_like(op, {{"x", a.x}, {"residual_out", a.residual_out}}, "residual", a.residual);
     require_shape(op, "x", a.x, a.residual.shape, "same as residual");
     require_shape(op, "residual_out", a.residual_out, a.residual.shape, "same as residual");
   }
-  require_same_dtype(op, "norm_weight", a.norm_weight, "residual", a.residual);
-  require_same_dtype(op, "out", a.out, "residual", a.residual);
-  require_same_device(op, "norm_weight", a.norm_weight, "residual", a.residual);
-  require_same_device(op, "weight", a.weight, "residual", a.residual);
-  require_same_device(op, "out", a.out, "residual", a.residual);
+  require_same_dtypes(op, {{"norm_weight", a.norm_weight}, {"out", a.out}}, "residual", a.residual);
+  require_same_devices(op, {{"norm_weight", a.norm_weight}, {"weight", a.weight}, {"out", a.out}}, "residual",
+                       a.residual);
   require_shape(op, "norm_weight", a.norm_weight, {a.residual.cols()}, "hidden_size (K) of residual");
   check_packed(op, "weight", a.weight, qtype, a.residual.cols(), "qtype", "residual's K (columns)");
   require_shape(op, "out", a.out, linear_out_shape(a.residual.shape, a.weight.dim(0)), "residual's leading dims + (N,)");
@@ -274,8 +262,7 @@ extern "C" ks_status_t ks_silu_and_mul_quant_matmul(DLTensor* out, const DLTenso
     a.out = view_of(op, "out", out);
     require_dtype(op, "gate_up", a.gate_up, {DType::F16, DType::BF16, DType::F32});
     require_same_dtype(op, "out", a.out, "gate_up", a.gate_up);
-    require_same_device(op, "weight", a.weight, "gate_up", a.gate_up);
-    require_same_device(op, "out", a.out, "gate_up", a.gate_up);
+    require_same_devices(op, {{"weight", a.weight}, {"out", a.out}}, "gate_up", a.gate_up);
     // gate_up [..., 2K] (any leading dims, M = their product, as quant_matmul's x), out [..., N]
     require_min_ndim(op, "gate_up", a.gate_up, 1);
     require_nonempty_last(op, "gate_up", a.gate_up);

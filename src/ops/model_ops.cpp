@@ -37,8 +37,7 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
     a.out = view_of(op, "out", out);
     require_dtype(op, "ids", a.ids, {DType::I32, DType::I64});
     require_dtype(op, "out", a.out, {DType::F16, DType::BF16, DType::F32});
-    require_same_device(op, "table", a.table, "out", a.out);
-    require_same_device(op, "ids", a.ids, "out", a.out);
+    require_same_devices(op, {{"table", a.table}, {"ids", a.ids}}, "out", a.out);
     require_ndim(op, "table", a.table, 2);
     a.format = table_format;
     a.vocab = a.table.dim(0);
@@ -104,8 +103,7 @@ static void validate_rotary(const char* op, RotaryArgs& a, DLTensor* q, DLTensor
     require_shape(op, "positions", a.positions, {a.num_tokens}, "one position per token of q");
     a.num_kv_heads = 0;
     if (a.has_k) {
-      require_same_dtype(op, "k", a.k, "q", a.q);
-      require_same_device(op, "k", a.k, "q", a.q);
+      require_like(op, {{"k", a.k}}, "q", a.q);
       require_ndim(op, "k", a.k, 3);
       if (a.k.dim(0) != a.num_tokens || a.k.dim(2) != a.head_dim)
         fail(KS_ERROR_INVALID_ARGUMENT, op, "k must have shape (num_tokens, num_kv_heads, head_dim) = (" +
@@ -160,13 +158,10 @@ static void validate_kv_append(const char* op, KvCacheAppendArgs& a, DLTensor* k
     a.v = view_of(op, "v", v);
     a.slot_mapping = view_of(op, "slot_mapping", slot_mapping);
     require_dtype(op, "k", a.k, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "v", a.v, "k", a.k);
-    require_same_dtype(op, "k_cache", a.k_cache, "k", a.k);
-    require_same_dtype(op, "v_cache", a.v_cache, "k", a.k);
+    require_same_dtypes(op, {{"v", a.v}, {"k_cache", a.k_cache}, {"v_cache", a.v_cache}}, "k", a.k);
     require_dtype(op, "slot_mapping", a.slot_mapping, {DType::I32, DType::I64});
-    for (auto [n, t] : {std::pair{"v", &a.v}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
-                        {"slot_mapping", &a.slot_mapping}})
-      require_same_device(op, n, *t, "k", a.k);
+    require_same_devices(op, {{"v", a.v}, {"k_cache", a.k_cache}, {"v_cache", a.v_cache}, {"slot_mapping", a.slot_mapping}},
+                         "k", a.k);
     require_ndim(op, "k", a.k, 3);
     require_nonempty_last(op, "k", a.k);  // head_dim > 0, as every op's feature dimension
     require_ndim(op, "slot_mapping", a.slot_mapping, 1);
@@ -339,15 +334,14 @@ void validate_paged_attention(const char* op, PagedAttentionArgs& a, const DLTen
   if (a.has_seq_ids) a.seq_ids = view_of(op, "seq_ids", seq_ids);
   a.context_lens = view_of(op, "context_lens", context_lens);
   require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
-  require_same_dtype(op, "out", a.out, "q", a.q);
-  require_same_dtype(op, "k_cache", a.k_cache, "q", a.q);
-  require_same_dtype(op, "v_cache", a.v_cache, "q", a.q);
+  require_same_dtypes(op, {{"out", a.out}, {"k_cache", a.k_cache}, {"v_cache", a.v_cache}}, "q", a.q);
   require_dtype(op, "block_tables", a.block_tables, {DType::I32});
   require_dtype(op, "context_lens", a.context_lens, {DType::I32});
   if (a.has_seq_ids) require_dtype(op, "seq_ids", a.seq_ids, {DType::I32});
-  for (auto [n, t] : {std::pair{"out", &a.out}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
-                      {"block_tables", &a.block_tables}, {"context_lens", &a.context_lens}})
-    require_same_device(op, n, *t, "q", a.q);
+  require_same_devices(op,
+                       {{"out", a.out}, {"k_cache", a.k_cache}, {"v_cache", a.v_cache},
+                        {"block_tables", a.block_tables}, {"context_lens", a.context_lens}},
+                       "q", a.q);
   if (a.has_seq_ids) require_same_device(op, "seq_ids", a.seq_ids, "q", a.q);
   require_ndim(op, "q", a.q, 3);
   a.num_tokens = a.q.dim(0);
@@ -501,12 +495,11 @@ extern "C" ks_status_t ks_varlen_attention(DLTensor* out, const DLTensor* q, con
     a.cu_q = view_of(op, "cu_seqlens_q", cu_seqlens_q);
     a.cu_k = view_of(op, "cu_seqlens_k", cu_seqlens_k);
     require_dtype(op, "q", a.q, {DType::F16, DType::BF16, DType::F32});
-    for (auto [n, t] : {std::pair{"out", &a.out}, {"k", &a.k}, {"v", &a.v}}) require_same_dtype(op, n, *t, "q", a.q);
+    require_same_dtypes(op, {{"out", a.out}, {"k", a.k}, {"v", a.v}}, "q", a.q);
     require_dtype(op, "cu_seqlens_q", a.cu_q, {DType::I32});
     require_dtype(op, "cu_seqlens_k", a.cu_k, {DType::I32});
-    for (auto [n, t] : {std::pair{"out", &a.out}, {"k", &a.k}, {"v", &a.v}, {"cu_seqlens_q", &a.cu_q},
-                        {"cu_seqlens_k", &a.cu_k}})
-      require_same_device(op, n, *t, "q", a.q);
+    require_same_devices(op, {{"out", a.out}, {"k", a.k}, {"v", a.v}, {"cu_seqlens_q", a.cu_q}, {"cu_seqlens_k", a.cu_k}},
+                         "q", a.q);
     require_ndim(op, "q", a.q, 3);
     require_ndim(op, "k", a.k, 3);
     a.total_q = a.q.dim(0);

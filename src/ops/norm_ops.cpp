@@ -21,10 +21,7 @@ extern "C" ks_status_t ks_rms_norm(DLTensor* out, const DLTensor* x, const DLTen
     a.weight = view_of(op, "weight", weight);
     a.out = view_of(op, "out", out);
     require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "weight", a.weight, "x", a.x);
-    require_same_dtype(op, "out", a.out, "x", a.x);
-    require_same_device(op, "weight", a.weight, "x", a.x);
-    require_same_device(op, "out", a.out, "x", a.x);
+    require_like(op, {{"weight", a.weight}, {"out", a.out}}, "x", a.x);
     require_min_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
     require_shape(op, "weight", a.weight, {a.x.cols()}, "hidden_size of x");
@@ -49,10 +46,7 @@ extern "C" ks_status_t ks_fused_add_rms_norm(DLTensor* x, DLTensor* residual, co
     a.residual = view_of(op, "residual", residual);
     a.weight = view_of(op, "weight", weight);
     require_dtype(op, "x", a.x, {DType::F16, DType::BF16, DType::F32});
-    require_same_dtype(op, "residual", a.residual, "x", a.x);
-    require_same_dtype(op, "weight", a.weight, "x", a.x);
-    require_same_device(op, "residual", a.residual, "x", a.x);
-    require_same_device(op, "weight", a.weight, "x", a.x);
+    require_like(op, {{"residual", a.residual}, {"weight", a.weight}}, "x", a.x);
     require_min_ndim(op, "x", a.x, 1);
     require_nonempty_last(op, "x", a.x);
     require_shape(op, "residual", a.residual, a.x.shape, "same as x");

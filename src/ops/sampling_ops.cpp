@@ -24,8 +24,7 @@ extern "C" ks_status_t ks_sample(DLTensor* out, DLTensor* valid, const DLTensor*
     require_dtype(op, "out", a.out, {DType::I64});
     require_dtype(op, "seed_offset", a.seed_offset, {DType::I64});
     if (a.has_valid) require_dtype(op, "valid", a.valid, {DType::U8});
-    require_same_device(op, "out", a.out, "logits", a.logits);
-    require_same_device(op, "seed_offset", a.seed_offset, "logits", a.logits);
+    require_same_devices(op, {{"out", a.out}, {"seed_offset", a.seed_offset}}, "logits", a.logits);
     if (a.has_valid) require_same_device(op, "valid", a.valid, "logits", a.logits);
     require_min_ndim(op, "logits", a.logits, 1);
     require_nonempty_last(op, "logits", a.logits);
