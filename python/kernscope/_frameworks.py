@@ -72,8 +72,13 @@ class Framework:
         return 1, True
 
     def prepare(self, tensors: tuple) -> Tuple[tuple, int]:
-        """(tensors for the C call, bf16 mask); see python/src/ext.cpp."""
+        """(tensors for the C call, bf16 mask); see python/src/ext.cpp. Touches only this
+        framework's own arrays: a call runs every framework's prepare among its tensors."""
         return tensors, 0
+
+    def written(self, tensors: tuple, mask: int) -> None:
+        """After a native call that wrote tensors[i] for each bit i of mask (as given, before
+        prepare): this framework's bookkeeping for its own arrays among them."""
 
     def dtype(self, like: Any, name: str) -> Any:
         raise TypeError(f"cannot allocate {name} arrays for {type(like).__module__}.{type(like).__name__}")
@@ -175,6 +180,8 @@ class Torch(Framework):
         # torch >= 2.10 exports a DLPack C exchange table: the extension then reads
         # tensors and the current stream itself, and no hint is needed.
         self._exchange = hasattr(torch.Tensor, "__dlpack_c_exchange_api__")
+        graph = getattr(torch.autograd, "graph", None)
+        self._bump = getattr(graph, "increment_version", None)
 
     def is_device(self, x: Any) -> bool:
         return x.device.type != "cpu"
@@ -184,6 +191,35 @@ class Torch(Framework):
             return 0, False
         s = self._torch.cuda.current_stream(x.device).cuda_stream
         return (s if s else 1), False  # 1: the legacy default stream, torch's default
+
+    def prepare(self, tensors: tuple) -> Tuple[tuple, int]:
+        # torch's __dlpack__ refuses a tensor that requires grad (nn.Parameter weights), even under
+        # no_grad; the native path runs only where no autograd is asked for (_torch_route), so such
+        # a tensor goes as its detach(): the same storage and version counter. (The C exchange API
+        # of torch >= 2.10 reads it as it is.)
+        if self._exchange:
+            return tensors, 0
+        out = None
+        tensor = self._torch.Tensor
+        for i, t in enumerate(tensors):
+            if isinstance(t, tensor) and t.requires_grad:
+                if out is None:
+                    out = list(tensors)
+                out[i] = t.detach()
+        return (tensors if out is None else tuple(out)), 0
+
+    def written(self, tensors: tuple, mask: int) -> None:
+        # A torch in-place op bumps its tensor's version counter, so that autograd refuses a
+        # backward through a value saved before the write; the native writes do the same.
+        if self._bump is None:
+            return
+        tensor = self._torch.Tensor
+        for i, t in enumerate(tensors):
+            if (mask >> i) & 1 and isinstance(t, tensor):
+                try:
+                    self._bump(t)
+                except RuntimeError:  # (a torch that keeps no counter for this tensor, e.g. an inference tensor)
+                    pass
 
     def dtype(self, like: Any, name: str) -> Any:
         return self._dtypes[name]
@@ -294,3 +330,14 @@ def _detect(t: type) -> Optional[Framework]:
 
 def is_torch(x: Any) -> bool:
     return isinstance(framework_of(x), Torch)
+
+
+def frameworks_among(fw: Framework, tensors: tuple) -> list:
+    """fw, then every other framework of the tensors (None entries skipped), each once."""
+    out = [fw]
+    for t in tensors:
+        if t is not None:
+            f = framework_of(t)
+            if f is not None and all(f is not g for g in out):
+                out.append(f)
+    return out

@@ -47,7 +47,7 @@ from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _C
 from ._errors import InvalidArgumentError, UnsupportedDtypeError
-from ._frameworks import Framework, canonical_dtype, framework_of
+from ._frameworks import Framework, canonical_dtype, framework_of, frameworks_among
 
 T = TypeVar("T", bound=Any)  # the caller's array type (numpy.ndarray, torch.Tensor, ...)
 Array = Any  # any object with __dlpack__ (numpy.ndarray, torch.Tensor, cupy.ndarray, jax.Array, ...)
@@ -176,10 +176,20 @@ def _not_torch(op: str, x: Any) -> TypeError:
 
 
 def _native(cfn: Any, fw: Framework, first: Any, tensors: tuple, *scalars: Any) -> None:
-    """Calls the extension: cfn(tensors, *scalars, backend, stream hint, bf16 mask, sync)."""
-    tensors, mask = fw.prepare(tensors)
+    """Calls the extension: cfn(tensors, *scalars, backend, stream hint, bf16 mask, sync), after
+    each framework among the tensors has prepared its own (numpy bf16 as uint16 views, torch
+    tensors that require grad detached), then lets each see what was written (torch's version
+    counters)."""
+    given = tensors
+    fws = frameworks_among(fw, tensors)
+    mask = 0
+    for f in fws:
+        tensors, m = f.prepare(tensors)
+        mask |= m
     hint, sync = fw.stream(first)
-    cfn(tensors, *scalars, hint, mask, sync)
+    written = cfn(tensors, *scalars, hint, mask, sync)
+    for f in fws:
+        f.written(given, written)
 
 
 # Per op: (the input whose dtype out must share, None where out's dtype is fixed; the native
@@ -285,9 +295,11 @@ def _check_layout_first(op: str, arg: str, x: Any) -> None:
 
 
 def _check_ndim_first(op: str, arg: str, t: Any, ndim: int) -> None:
-    """Before an output is sized from ``arg``'s first dim: its dims as the native check words it
-    (a flattened weight's first dim is its byte count: the output sized from it could not be
-    allocated)."""
+    """Before an output is sized from ``arg``'s first dim: its layout (``_check_layout_first``: a
+    broadcast weight's first dim may be far more rows than memory holds), then its dims as the
+    native check words them (a flattened weight's first dim is its byte count: the output sized
+    from it could not be allocated)."""
+    _check_layout_first(op, arg, t)
     shape = tuple(int(d) for d in t.shape)
     if len(shape) != ndim:
         raise InvalidArgumentError(f"{op}: {arg} must have {ndim} dims; got shape {shape}")
@@ -447,6 +459,7 @@ def gemv(x: T, weight: Array, *, backend: str = "auto", out: Optional[T] = None)
         raise _not_torch(op, x)
     if out is None:
         _check_layout_first(op, "x", x)
+        _check_layout_first(op, "weight", weight)
         out = fw.empty(x, (_dim0(tuple(weight.shape)),))
     _native(_C.gemv, fw, x, (out, x, weight), code)
     return out
@@ -613,6 +626,7 @@ def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None
         raise _not_torch(op, table)
     if out is None:
         _check_layout_first(op, "ids", ids)
+        _check_layout_first(op, "table", table)
         tshape = tuple(table.shape)
         _check_rows(op, "table", tshape, fmt)
         if fmt == 0:
@@ -1142,6 +1156,7 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(
         raise _not_torch(op, residual)
     if out is None:
         _check_layout_first(op, "residual", residual)
+        _check_layout_first(op, "weight", weight)
         out = fw.empty(residual, (_dim0(tuple(residual.shape)), _dim0(tuple(weight.shape))))
     if x is not None and residual_out is None:
         residual_out = fw.empty_like(residual)

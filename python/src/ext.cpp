@@ -240,13 +240,31 @@ class Call {
         import(i, obj, hint.ptr(), (bf16_mask >> i) & 1u);
       }
     }
-    stream_ = pick_stream(stream_hint);
+    // (a hint from a producer whose __dlpack_device__ named a device while its tensors are in
+    // host memory: no stream for host tensors)
+    stream_ = on_device() ? pick_stream(stream_hint) : nullptr;
   }
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
 
   DLTensor* operator[](int i) { return slots_[i].present ? &slots_[i].t : nullptr; }
   ks_stream_t stream() const { return stream_; }
+  // The tensors the op writes (bit i: tensor i), of those given.
+  uint32_t written() const {
+    uint32_t w = 0;
+    for (int i = 0; i < spec_.count; ++i)
+      if (slots_[i].present && ((spec_.writable >> i) & 1u)) w |= 1u << i;
+    return w;
+  }
+  // Whether any imported tensor is in device memory (not host or pinned host memory), by the
+  // tensors themselves, not by what a producer's __dlpack_device__ said.
+  bool on_device() const {
+    for (int i = 0; i < spec_.count; ++i) {
+      const Slot& s = slots_[i];
+      if (s.present && s.t.device.device_type != kDLCPU && s.t.device.device_type != kDLCUDAHost) return true;
+    }
+    return false;
+  }
   const char* op() const { return spec_.op; }
 
  private:
@@ -383,9 +401,13 @@ void cuda_stream_synchronize(ks_stream_t stream) {
 // Python object, no Python error, no nanobind call (anything that can raise is
 // done before, with the GIL held, e.g. to_backend()). The failing call's
 // message is read on this thread before the GIL is taken back, and the Python
-// exception is built after.
+// exception is built after. The stream is waited for only where a tensor is in
+// device memory (sync_after comes from the first argument's __dlpack_device__,
+// which a broken producer can get wrong: the op's outputs are written by then).
+// Returns the tensors written (Call::written), for the caller's bookkeeping
+// (torch's version counters).
 template <class F>
-void run(Call& c, bool sync_after, F&& body) {
+uint32_t run(Call& c, bool sync_after, F&& body) {
   ks_status_t st;
   std::string err;
   {
@@ -394,7 +416,8 @@ void run(Call& c, bool sync_after, F&& body) {
     if (st != KS_SUCCESS) err = ks_last_error();
   }
   if (st != KS_SUCCESS) raise_status(st, std::move(err));
-  if (sync_after) cuda_stream_synchronize(c.stream());
+  if (sync_after && c.on_device()) cuda_stream_synchronize(c.stream());
+  return c.written();
 }
 
 }  // namespace
@@ -499,49 +522,49 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"rms_norm", 3, {"out", "x", "weight"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_rms_norm(c[0], c[1], c[2], eps, be, c.stream()); });
+    return run(c, sync, [&] { return ks_rms_norm(c[0], c[1], c[2], eps, be, c.stream()); });
   });
   m.def("fused_add_rms_norm", [](nb::tuple t, double eps, KS_ARGS) {
     static const OpSpec spec{"fused_add_rms_norm", 3, {"x", "residual", "weight"}, 0b11, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_fused_add_rms_norm(c[0], c[1], c[2], eps, be, c.stream()); });
+    return run(c, sync, [&] { return ks_fused_add_rms_norm(c[0], c[1], c[2], eps, be, c.stream()); });
   });
   m.def("silu_and_mul", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"silu_and_mul", 2, {"out", "x"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_silu_and_mul(c[0], c[1], be, c.stream()); });
+    return run(c, sync, [&] { return ks_silu_and_mul(c[0], c[1], be, c.stream()); });
   });
   m.def("gemv", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"gemv", 3, {"out", "x", "weight"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_gemv(c[0], c[1], c[2], be, c.stream()); });
+    return run(c, sync, [&] { return ks_gemv(c[0], c[1], c[2], be, c.stream()); });
   });
   m.def("softmax", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"softmax", 2, {"out", "x"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_softmax(c[0], c[1], be, c.stream()); });
+    return run(c, sync, [&] { return ks_softmax(c[0], c[1], be, c.stream()); });
   });
   m.def("argmax", [](nb::tuple t, KS_ARGS) {
     static const OpSpec spec{"argmax", 2, {"out", "x"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_argmax(c[0], c[1], be, c.stream()); });
+    return run(c, sync, [&] { return ks_argmax(c[0], c[1], be, c.stream()); });
   });
   m.def("sample", [](nb::tuple t, double temperature, int64_t top_k, double top_p, KS_ARGS) {
     static const OpSpec spec{"sample", 4, {"out", "valid", "logits", "seed_offset"}, 0b11, 0b10};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_sample(c[0], c[1], c[2], c[3], temperature, top_k, top_p, be, c.stream()); });
+    return run(c, sync, [&] { return ks_sample(c[0], c[1], c[2], c[3], temperature, top_k, top_p, be, c.stream()); });
   });
   m.def("embedding", [](nb::tuple t, int table_format, KS_ARGS) {
     static const OpSpec spec{"embedding", 3, {"out", "ids", "table"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_embedding(c[0], c[1], c[2], static_cast<ks_qtype_t>(table_format), be, c.stream());
     });
   });
@@ -549,7 +572,7 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"dequantize", 2, {"out", "packed"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_dequantize(c[0], c[1], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
@@ -557,13 +580,13 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"gemm", 3, {"out", "a", "b"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_gemm(c[0], c[1], c[2], be, c.stream()); });
+    return run(c, sync, [&] { return ks_gemm(c[0], c[1], c[2], be, c.stream()); });
   });
   m.def("quant_matmul", [](nb::tuple t, int qtype, KS_ARGS) {
     static const OpSpec spec{"quant_matmul", 3, {"out", "x", "weight"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
@@ -572,7 +595,7 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"quant_matmul_a8", 3, {"out", "x", "weight"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_quant_matmul_a8(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
@@ -582,7 +605,7 @@ NB_MODULE(_C, m) {
                              {"out", "residual_out", "x", "residual", "norm_weight", "weight"}, 0b11, 0b110};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_fused_add_rms_norm_quant_matmul(c[0], c[1], c[2], c[3], c[4], eps, c[5],
                                                 static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
@@ -591,7 +614,7 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"silu_and_mul_quant_matmul", 3, {"out", "gate_up", "weight"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_silu_and_mul_quant_matmul(c[0], c[1], c[2], static_cast<ks_qtype_t>(qtype), be, c.stream());
     });
   });
@@ -599,7 +622,7 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"rotary_embedding", 3, {"q", "k", "positions"}, 0b11, 0b10};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_rotary_embedding(c[0], c[1], c[2], rotary_dim, theta, is_neox ? 1 : 0, be,
                                  c.stream());
     });
@@ -608,7 +631,7 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"kv_cache_append", 5, {"k_cache", "v_cache", "k", "v", "slot_mapping"}, 0b11, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_kv_cache_append(c[0], c[1], c[2], c[3], c[4], be, c.stream()); });
+    return run(c, sync, [&] { return ks_kv_cache_append(c[0], c[1], c[2], c[3], c[4], be, c.stream()); });
   });
   // k is required by the C ABI; None reaches it as NULL so that its own message names k.
   m.def("rotary_embedding_kv_append", [](nb::tuple t, int64_t rotary_dim, double theta, bool is_neox, KS_ARGS) {
@@ -616,7 +639,7 @@ NB_MODULE(_C, m) {
                              {"q", "k", "v", "positions", "k_cache", "v_cache", "slot_mapping"}, 0b110011, 0b10};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_rotary_embedding_kv_append(c[0], c[1], c[2], c[3], rotary_dim, theta, is_neox ? 1 : 0, c[4], c[5],
                                            c[6], be, c.stream());
     });
@@ -632,7 +655,7 @@ NB_MODULE(_C, m) {
                              0b110000011, 0b110};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_fused_add_rms_norm_quant_matmul_rope_kv_append(
           c[0], c[1], c[2], c[3], c[4], eps, c[5], static_cast<ks_qtype_t>(qtype), num_heads, num_kv_heads, c[6],
           rotary_dim, theta, is_neox ? 1 : 0, c[7], c[8], c[9], be, c.stream());
@@ -642,7 +665,7 @@ NB_MODULE(_C, m) {
     static const OpSpec spec{"varlen_attention", 6, {"out", "q", "k", "v", "cu_seqlens_q", "cu_seqlens_k"}, 0b1, 0};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] { return ks_varlen_attention(c[0], c[1], c[2], c[3], c[4], c[5], scale, causal ? 1 : 0, be, c.stream()); });
+    return run(c, sync, [&] { return ks_varlen_attention(c[0], c[1], c[2], c[3], c[4], c[5], scale, causal ? 1 : 0, be, c.stream()); });
   });
   // fresh_keys = 0: ks_paged_attention; otherwise ks_paged_attention_after_append (its own check
   // rejects fresh_keys < 0), and every error of the call names that op.
@@ -655,7 +678,7 @@ NB_MODULE(_C, m) {
                                    0b1, 0b100000};
     const ks_backend_t be = to_backend(backend);
     Call c(fresh_keys == 0 ? spec : spec_after, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       if (fresh_keys == 0) return ks_paged_attention(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, be, c.stream());
       return ks_paged_attention_after_append(c[0], c[1], c[2], c[3], c[4], c[5], c[6], scale, fresh_keys, be,
                                              c.stream());
@@ -671,7 +694,7 @@ NB_MODULE(_C, m) {
                              0b1100111, 0b1000000100};
     const ks_backend_t be = to_backend(backend);
     Call c(spec, t, hint, bf16);
-    run(c, sync, [&] {
+    return run(c, sync, [&] {
       return ks_rotary_embedding_kv_append_paged_attention(c[0], c[1], c[2], c[3], c[4], rotary_dim, theta,
                                                            is_neox ? 1 : 0, c[5], c[6], c[7], c[8], c[9], c[10], scale,
                                                            be, c.stream());

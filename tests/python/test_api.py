@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import DTYPES, assert_close, make_packed, rand, ref_rms_norm
+from conftest import DTYPES, assert_close, f64, make_packed, rand, ref_rms_norm
 
 import kernscope as ks
 from kernscope import _C
@@ -415,6 +415,53 @@ def test_a_failing_producer_is_named(rng):
             ks.rms_norm(x, DLPackRaises(w, exc), out=np.empty_like(x))
     with pytest.raises(KeyError):
         ks.rms_norm(x, DLPackRaises(w, KeyError("boom")), out=np.empty_like(x))
+
+
+class DeviceClaim(DLPackOnly):
+    """A broken producer: host memory, but __dlpack_device__ names CUDA device 0."""
+
+    def __dlpack__(self, stream=None, max_version=None):
+        return self.a.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+def test_a_producer_that_names_a_device_for_host_memory(rng):
+    # the stream and the wait after the call followed the first argument's __dlpack_device__, so
+    # the op wrote its outputs and then failed waiting for a CUDA stream (no libcuda here): the
+    # wait now follows the tensors themselves, all in host memory, and the call succeeds
+    x = rand(rng, (3, 8), "fp32")
+    r = rand(rng, (3, 8), "fp32")
+    w = rand(rng, (8,), "fp32")
+    x2, r2 = x.copy(), r.copy()
+    ks.fused_add_rms_norm(DeviceClaim(x2), DeviceClaim(r2), DeviceClaim(w))
+    s = f64(x) + f64(r)
+    assert_close(r2, s, "fp32")
+    assert_close(x2, ref_rms_norm(s, w, 1e-6), "fp32")
+    out = np.full_like(x, np.nan)
+    ks.rms_norm(DeviceClaim(x), DeviceClaim(w), out=DeviceClaim(out))
+    assert_close(out, ref_rms_norm(x, w, 1e-6), "fp32")
+
+
+def test_a_broadcast_matrix_gets_the_layout_error_not_a_memory_error():
+    # an output sized from a broadcast view's rows (2^36 here) could not be allocated: the
+    # layout error naming the argument comes first, as natively
+    x = np.ones(64, np.float32)
+    huge = np.broadcast_to(np.float32(1), (2 ** 36, 64))
+    pat = r"must be contiguous .*a stride of 0 is a broadcast"
+    with pytest.raises(ks.InvalidArgumentError, match="gemv: weight " + pat):
+        ks.gemv(x, huge)
+    with pytest.raises(ks.InvalidArgumentError, match="gemm: b " + pat):
+        ks.gemm(x.reshape(1, 64), huge)
+    with pytest.raises(ks.InvalidArgumentError, match="embedding: table " + pat):
+        ks.embedding(np.zeros(2, np.int64), huge)
+    packed = np.broadcast_to(np.uint8(0), (2 ** 36, 40))  # q4_1 rows of K = 64
+    for op in (ks.quant_matmul, ks.quant_matmul_a8):
+        with pytest.raises(ks.InvalidArgumentError, match=f"{op.__name__}: weight " + pat):
+            op(x.reshape(1, 64), packed, "q4_1")
+    with pytest.raises(ks.InvalidArgumentError, match="silu_and_mul_quant_matmul: weight " + pat):
+        ks.silu_and_mul_quant_matmul(np.ones((1, 128), np.float32), packed, "q4_1")
 
 
 def test_numpy_readonly_inputs_are_fine(rng):

@@ -760,6 +760,40 @@ def test_native_backends_reject_requires_grad():
     assert torch.equal(y, ks.rms_norm(x.detach(), w.detach(), backend="cpu"))
 
 
+def test_numpy_bf16_beside_a_torch_tensor():
+    # every framework among a call's tensors prepares its own: numpy bf16 (ml_dtypes) as the
+    # second argument or as out beside a torch bf16 x (only the first argument's was, before)
+    ml = pytest.importorskip("ml_dtypes")
+    x = trand((3, 8), "bf16", seed=3)
+    w = trand((8,), "bf16", seed=4)
+    want = ks.rms_norm(x, w, backend="cpu")
+    w_np = w.view(torch.int16).numpy().view(ml.bfloat16)
+    assert torch.equal(ks.rms_norm(x, w_np, backend="cpu"), want)
+    out = np.full((3, 8), np.nan, ml.bfloat16)
+    ks.rms_norm(x, w, out=out, backend="cpu")
+    assert torch.equal(torch.from_numpy(out.view(np.int16)).view(torch.bfloat16), want)
+
+
+def test_native_writes_bump_torch_version_counters():
+    # as torch's own in-place ops: a backward through a value saved before a native in-place
+    # write refuses instead of using the overwritten values
+    a = trand((3, 8), "fp32", seed=5).requires_grad_()
+    b = trand((3, 8), "fp32", seed=6)
+    r = trand((3, 8), "fp32", seed=7)
+    w = trand((8,), "fp32", seed=8)
+    y = (a * b).sum()  # saves b for a's gradient
+    v = b._version
+    ks.fused_add_rms_norm(b, r, w, backend="cpu")
+    assert b._version > v
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    # an input is not bumped
+    x = trand((3, 8), "fp32", seed=9)
+    vx = x._version
+    ks.rms_norm(x, w, backend="cpu")
+    assert x._version == vx
+
+
 def test_autocast_keeps_fp32_contract():
     x, w = trand((16,), "fp32", seed=1), trand((8, 16), "fp32", seed=2)
     ref = ks.gemv(x, w, backend="torch")
