@@ -84,8 +84,11 @@ typedef void* ks_stream_t;
 
 /* "MAJOR.MINOR.PATCH"; static storage. */
 KS_API const char* ks_version(void);
-/* Message for the last failing call on this thread ("" if none). Valid until
- * the next kernscope call on the same thread. */
+/* Message of this thread's latest call that returns a ks_status_t, if that
+ * call failed; "" if it succeeded (each such call clears the message first) or
+ * if there was none. Calls that return no status (ks_version, ks_status_name,
+ * ks_backend_available, ks_set_deterministic, ks_last_launch_config, ...)
+ * leave it as it is. Valid until the next kernscope call on the same thread. */
 KS_API const char* ks_last_error(void);
 /* Stable name of a status code, e.g. "KS_ERROR_INVALID_ARGUMENT". */
 KS_API const char* ks_status_name(ks_status_t status);

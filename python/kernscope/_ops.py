@@ -582,9 +582,12 @@ def sample(logits: Array, seed_offset: Array, temperature: float = 1.0, top_k: i
     if out is None:
         _check_layout_first(op, "logits", logits)
         out = fw.empty(logits, tuple(logits.shape)[:-1], "int64")
+    k = _integer(op, "top_k", top_k, any_size=True)
+    if k < -2 ** 63:  # (the native message, with the value passed rather than a clamped one)
+        raise InvalidArgumentError(f"{op}: top_k must be >= 0 (0: off); got {k}")
     _native(_C.sample, fw, logits, (out, valid, logits, seed_offset), _real(op, "temperature", temperature),
             # (top_k >= vocab is off: a value past int64 means the same, clamped to fit the C ABI)
-            max(min(_integer(op, "top_k", top_k, any_size=True), 2 ** 63 - 1), -2 ** 63), _real(op, "top_p", top_p), code)
+            min(k, 2 ** 63 - 1), _real(op, "top_p", top_p), code)
     return out
 
 

@@ -1292,6 +1292,10 @@ def test_sample_validation(rng):
                     ({"top_p": 0.0}, "sample: top_p"), ({"top_p": 1.5}, "sample: top_p")]:
         with pytest.raises(ValueError, match=msg):
             ks.sample(x, so, out=out, **kw)
+    # past int64: the value passed in the message, not the clamped one
+    with pytest.raises(ValueError, match=r"sample: top_k must be >= 0 \(0: off\); got -1180591620717411303424$"):
+        ks.sample(x, so, out=out, top_k=-2 ** 70)
+    ks.sample(x, so, out=np.empty(2, np.int64), top_k=2 ** 70)  # past int64 upward: off, as top_k >= vocab
     with pytest.raises(ValueError, match="sample: seed_offset must have shape"):
         ks.sample(x, np.array([1, 2, 3], np.int64), out=out)
     with pytest.raises(TypeError, match="sample: seed_offset"):
