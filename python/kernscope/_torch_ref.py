@@ -736,11 +736,20 @@ def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: to
         return
     num_slots = k_cache.shape[0] * k_cache.shape[1]
     keep = slots >= 0
-    dst = slots[keep]
-    if _compiling():  # (under torch.compile: index_put's order for a slot named twice)
-        k_cache.view(num_slots, kvh, hd)[dst] = k[:n][keep]
-        v_cache.view(num_slots, kvh, hd)[dst] = v[:n][keep]
+    if _compiling():
+        # Shapes that do not depend on the data (a boolean index is aten.nonzero, which a
+        # fullgraph trace cannot take on older torch): every token writes a row; a skipped one
+        # (slot -1) writes the first kept token's row again at that token's slot, the same bytes,
+        # or, where no token is kept, row 0's own bytes back. (index_put's order for a slot named
+        # by two kept tokens stays unpromised here.)
+        src = torch.where(keep, torch.arange(n, device=slots.device), torch.argmax(keep.to(torch.int32)))
+        dst = slots[src].clamp(min=0)
+        any_kept = keep.any()
+        kf, vf = k_cache.view(num_slots, kvh, hd), v_cache.view(num_slots, kvh, hd)
+        kf[dst] = torch.where(any_kept, k[:n][src], kf[dst])
+        vf[dst] = torch.where(any_kept, v[:n][src], vf[dst])
         return
+    dst = slots[keep]
     # a slot named by several tokens gets the later token's rows, as on the CPU (index_put does not
     # promise which of duplicate indices lands)
     src = torch.nonzero(keep).squeeze(1)  # the tokens written, in order

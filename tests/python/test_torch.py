@@ -1002,6 +1002,36 @@ def test_compile_rotary_embedding_kv_append_fullgraph(backend):
         g(a[0], *a[2:])
 
 
+@pytest.mark.parametrize("slots", [[3, -1, 7, -1], [-1, -1, -1], [-1, 0], [9]])
+def test_compile_kv_cache_append_reference_skips_slots(slots):
+    # the PyTorch reference's compiled append (no boolean index: a fullgraph trace on torch 2.5
+    # could not take one) writes what the eager one writes, skipped slots included, with no token
+    # kept at all, and with a skipped token beside a kept token at slot 0 (row 0 is where a skipped
+    # token's write would go if it were not the kept token's own bytes)
+    torch._dynamo.reset()
+
+    def f(kc, vc, k, v, s):
+        ks.kv_cache_append(kc, vc, k, v, s, backend="torch")
+        return kc.sum() + vc.sum()
+
+    def inputs():
+        g = torch.Generator().manual_seed(11)
+        kc, vc = (torch.randn((4, 4, 2, 8), generator=g) for _ in range(2))
+        k, v = (torch.randn((len(slots), 2, 8), generator=g) for _ in range(2))
+        return kc, vc, k, v, torch.tensor(slots)
+
+    want_args, args = inputs(), inputs()
+    want = f(*want_args)
+    got = torch.compile(f, fullgraph=True, backend="eager")(*args)
+    assert torch.equal(got, want)
+    for a, b in zip(args, want_args):
+        assert torch.equal(a, b)
+    kept = [s for s in slots if s >= 0]
+    fresh = inputs()
+    assert torch.equal(args[0].view(16, 2, 8)[[s for s in range(16) if s not in kept]],
+                       fresh[0].view(16, 2, 8)[[s for s in range(16) if s not in kept]])
+
+
 @pytest.mark.parametrize("backend", ["auto", "torch"])
 def test_compile_fused_add_rms_norm_quant_matmul_rope_kv_append_fullgraph(backend):
     # out, residual_out and the in-place effects on both caches inside the compiled graph, bit for
