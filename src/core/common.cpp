@@ -87,7 +87,7 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
       o << "(DLPack code " << code << ", bits " << bits << ", lanes " << t->dtype.lanes << ")";
     o << "; kernscope takes float16, bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, "
          "each where the op's argument is one";
-    if (code == kDLFloat && bits == 64) o << " (convert float64 data to float32 first)";
+    if (code == kDLFloat && bits == 64) o << " (convert float64 values to float32 first, or float64 indices to int64)";
     fail(KS_ERROR_UNSUPPORTED_DTYPE, op, o.str());
   }
   // The device type is read as the integer the caller stored: a value outside

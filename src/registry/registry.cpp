@@ -137,7 +137,7 @@ Choice select_static(const char* op, ks_backend_t backend, detail::DType dtype, 
   }
   if (!op_is_known(op))
     detail::fail(KS_ERROR_INVALID_ARGUMENT, "which",
-                 "op: unknown operator '" + std::string(op) + "' (ksctl ops lists this build's operators)");
+                 "op: unknown operator '" + std::string(op) + "' (" + kOpsListedBy + ")");
   c.reason = skipped;
   return c;
 }

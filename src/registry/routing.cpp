@@ -128,7 +128,7 @@ Table parse_table(const std::string& text, const std::string& name) {
     if (!op_is_known(c.op)) {
       std::string shown;  // (control characters shown as '?': a NUL would cut the message)
       for (const char ch : c.op) shown += (unsigned char)ch < 0x20 ? '?' : ch;
-      bad(where, "\"op\": unknown operator '" + shown + "' (ksctl ops lists this build's operators" +
+      bad(where, "\"op\": unknown operator '" + shown + "' (" + kOpsListedBy +
                      (c.op == "paged_attention_after_append" ? "; it runs paged_attention's cells" : "") + ")");
     }
     c.backend = str_field(cj, "backend", where);

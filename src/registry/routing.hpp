@@ -84,6 +84,8 @@ const Table& active_table();
 // Whether op is an operator of this build: a variant of it is registered (registry.cpp; a test
 // that compiles this file alone defines its own).
 bool op_is_known(std::string_view op);
+// Where an unknown op's message sends the reader for this build's operators (every binding shows it).
+inline constexpr const char* kOpsListedBy = "\"ksctl ops\" lists this build's operators; in Python, kernscope.OPS";
 // A device's arch name ("sm_90" for compute capability 9.0); device < 0: the current device;
 // "" without a CUDA device.
 std::string cuda_arch_name(int device);
