@@ -110,7 +110,8 @@ def check_out(op: str, y: torch.Tensor, out, ref: Optional[str], why: str) -> No
     dtype y has; None where out's dtype is fixed; why: the native shape check's reason)."""
     out = _tensor(op, "out", out)
     if out.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.uint8):
-        hint = " (convert float64 data to float32 first)" if out.dtype == torch.float64 else ""
+        hint = (" (convert float64 values to float32 first, or float64 indices to int64)"
+                if out.dtype == torch.float64 else "")
         raise UnsupportedDtypeError(  # (the native DLPack check's words, src/core/common.cpp)
             f"{op}: out has unsupported dtype {str(out.dtype).replace('torch.', '')}; kernscope takes float16, "
             f"bfloat16 and float32 values, int32 / int64 indices and uint8 packed blocks, each where the op's "
