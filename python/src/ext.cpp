@@ -240,9 +240,13 @@ class Call {
         import(i, obj, hint.ptr(), (bf16_mask >> i) & 1u);
       }
     }
-    // (a hint from a producer whose __dlpack_device__ named a device while its tensors are in
-    // host memory: no stream for host tensors)
-    stream_ = on_device() ? pick_stream(stream_hint) : nullptr;
+    // by the tensors themselves, not by what a producer's __dlpack_device__ said (a hint from one
+    // that named a device for host memory: no stream for host tensors)
+    for (int i = 0; i < spec.count && !on_device_; ++i) {
+      const DLDeviceType dt = slots_[i].t.device.device_type;
+      on_device_ = slots_[i].present && dt != kDLCPU && dt != kDLCUDAHost;
+    }
+    stream_ = on_device_ ? pick_stream(stream_hint) : nullptr;
   }
   Call(const Call&) = delete;
   Call& operator=(const Call&) = delete;
@@ -256,15 +260,8 @@ class Call {
       if (slots_[i].present && ((spec_.writable >> i) & 1u)) w |= 1u << i;
     return w;
   }
-  // Whether any imported tensor is in device memory (not host or pinned host memory), by the
-  // tensors themselves, not by what a producer's __dlpack_device__ said.
-  bool on_device() const {
-    for (int i = 0; i < spec_.count; ++i) {
-      const Slot& s = slots_[i];
-      if (s.present && s.t.device.device_type != kDLCPU && s.t.device.device_type != kDLCUDAHost) return true;
-    }
-    return false;
-  }
+  // Whether any imported tensor is in device memory (not host or pinned host memory).
+  bool on_device() const { return on_device_; }
   const char* op() const { return spec_.op; }
 
  private:
@@ -357,6 +354,7 @@ class Call {
   const OpSpec& spec_;
   std::array<Slot, kMaxTensors> slots_;
   ks_stream_t stream_ = nullptr;
+  bool on_device_ = false;
 };
 
 // ---- CUDA stream sync for producers that keep no stream order with us ----------

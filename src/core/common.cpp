@@ -62,6 +62,18 @@ int64_t View::rows() const {
   return r;
 }
 
+namespace {
+// Whether strides lay shape out row-major and compact (a size-1 dimension's stride is any value).
+bool row_major_compact(const Shape& shape, const int64_t* strides) {
+  int64_t expect = 1;
+  for (int i = int(shape.size()) - 1; i >= 0; --i) {
+    if (shape[i] != 1 && strides[i] != expect) return false;
+    expect *= shape[i];
+  }
+  return true;
+}
+}  // namespace
+
 View view_of(const char* op, const char* arg, const DLTensor* t) {
   if (t == nullptr) fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " is NULL");
   if (t->ndim < 0 || t->ndim > 16)
@@ -115,23 +127,17 @@ View view_of(const char* op, const char* arg, const DLTensor* t) {
     n *= v.shape[i];
   }
   v.numel = n;
-  if (t->strides != nullptr && n > 0) {
-    int64_t expect = 1;
-    for (int i = t->ndim - 1; i >= 0; --i) {
-      if (v.shape[i] != 1 && t->strides[i] != expect) {
-        std::ostringstream o;
-        o << arg << " must be contiguous (row-major); got shape " << shape_str(v.shape) << " strides (";
-        bool broadcast = false;  // a stride of 0 over more than one element: an expanded view
-        for (int j = 0; j < t->ndim; ++j) {
-          o << (j ? ", " : "") << t->strides[j];
-          broadcast = broadcast || (t->strides[j] == 0 && v.shape[j] > 1);
-        }
-        o << ")" << (broadcast ? "; a stride of 0 is a broadcast (expanded) view" : "")
-          << ": copy it to a contiguous tensor first";
-        fail(KS_ERROR_INVALID_ARGUMENT, op, o.str());
-      }
-      expect *= v.shape[i];
+  if (t->strides != nullptr && n > 0 && !row_major_compact(v.shape, t->strides)) {
+    std::ostringstream o;
+    o << arg << " must be contiguous (row-major); got shape " << shape_str(v.shape) << " strides (";
+    bool broadcast = false;  // a stride of 0 over more than one element: an expanded view
+    for (int j = 0; j < t->ndim; ++j) {
+      o << (j ? ", " : "") << t->strides[j];
+      broadcast = broadcast || (t->strides[j] == 0 && v.shape[j] > 1);
     }
+    o << ")" << (broadcast ? "; a stride of 0 is a broadcast (expanded) view" : "")
+      << ": copy it to a contiguous tensor first";
+    fail(KS_ERROR_INVALID_ARGUMENT, op, o.str());
   }
   if (n > 0 && t->data == nullptr)
     fail(KS_ERROR_INVALID_ARGUMENT, op, std::string(arg) + " has NULL data");
@@ -189,13 +195,7 @@ RowsView rows_view_of(const char* op, const char* arg, const DLTensor* t) {
     DLTensor compact = *t;
     compact.strides = nullptr;
     const View v = view_of(op, arg, &compact);
-    int64_t expect = 1;
-    bool dense = true;
-    for (int i = t->ndim - 1; i >= 0 && v.numel > 0; --i) {
-      dense = dense && (v.shape[i] == 1 || t->strides[i] == expect);
-      expect *= v.shape[i];
-    }
-    if (!dense)
+    if (v.numel > 0 && !row_major_compact(v.shape, t->strides))
       fail(KS_ERROR_INVALID_ARGUMENT, op,
            std::string(arg) + " is a strided view of " + std::to_string(t->ndim) + " dims " + shape_str(v.shape) +
                ": a strided " + arg + " must have 3 dims [tokens, heads, head_dim] (any other rank must be contiguous)");
