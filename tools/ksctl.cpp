@@ -7,6 +7,7 @@
 #include <kernscope/kernscope.hpp>
 
 #include "build_commit.h"  // KS_BUILD_COMMIT (cmake/build_commit.cmake)
+#include "core/dtype_key.hpp"
 #include "tune.hpp"
 
 #include <CLI/CLI.hpp>
@@ -84,7 +85,7 @@ double other_busy_cores() {
   return double(b1 - b0) / double(t1 - t0) * double(c0);
 }
 
-// generate's CPU threads when neither --threads nor OpenMP's own settings (OMP_NUM_THREADS,
+// generate's and bench-model's CPU threads when neither --threads nor OpenMP's own settings (OMP_NUM_THREADS,
 // OMP_WAIT_POLICY, GOMP_SPINCOUNT) choose: OpenMP's threads spin while they wait, so on cores
 // other processes keep busy each of a token's ~300 parallel regions can wait for a time slice
 // (decode fell from ~170 to 1-50 tokens/s on 2 cores; docs/perf/cpu.md); one thread fewer per core
@@ -727,21 +728,10 @@ int main(int argc, char** argv) {
   std::string w_op, w_dtype = "fp32", w_device = "cpu";
   which->add_option("op", w_op, "operator name, e.g. rms_norm")->required();
   which->add_option("--dtype", w_dtype,
-                    "fp16 | bf16 | fp32 (or torch's names: float16, bfloat16, float32; any case); for the packed-weight ops "
-                    "optionally followed by the weights' block format, e.g. bf16:q4_1 (the routing cells bound to one)")
-      ->transform([](std::string v) {
-        for (char& c : v) c = char(std::tolower(static_cast<unsigned char>(c)));  // (BF16:Q4_1 as bf16:q4_1)
-        const size_t colon = v.find(':');
-        std::string base = v.substr(0, colon);
-        const std::map<std::string, std::string> alias{{"float16", "fp16"}, {"half", "fp16"}, {"bfloat16", "bf16"},
-                                                       {"float32", "fp32"}, {"float", "fp32"}};
-        if (alias.count(base)) base = alias.at(base);
-        if (base != "fp16" && base != "bf16" && base != "fp32")
-          // (CLI11 puts the option's name before a transform's message)
-          throw CLI::ValidationError("'" + v + "': expected fp16, bf16 or fp32, optionally with :q4_0, "
-                                     ":q4_1, :q8_0, :f32, :f16 or :bf16");
-        return base + (colon == std::string::npos ? std::string() : v.substr(colon));
-      });
+                    "fp16 | bf16 | fp32 (or torch's names: float16 / half, bfloat16, float32 / float; any case); for the packed-weight ops "
+                    "optionally followed by the weights' block format, e.g. bf16:q4_1 (the routing cells bound to one); "
+                    "ks_which checks it")
+      ->transform([](std::string v) { return ks::canonical_dtype_key(std::move(v)); });  // (shown so: bf16:q4_1)
   which->add_option("--device", w_device, "cpu | cuda | auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   int64_t w_rows = -1, w_cols = -1;  // -1: not given
   std::string w_cols_text;            // --cols as given where it is a product (NxK), else empty
@@ -806,7 +796,11 @@ int main(int argc, char** argv) {
   auto* u_backend_opt =
       tune->add_option("--backend", u_backend, "cpu | cuda | all (the ones present)")->check(CLI::IsMember({"cpu", "cuda", "all"}));
   auto* u_op_opt = tune->add_option("--op", u_op, "only this op");
-  auto* u_reps_opt = int_in_range(tune->add_option("--reps", u_reps, "timed samples per variant and shape"), 1, 1000);
+  // (at least 3: with one sample the spread is 0 and a busy machine's single slow sample would decide a cell)
+  auto* u_reps_opt = int_in_range(
+      tune->add_option("--reps", u_reps,
+                       "timed samples per variant and shape (at least 3: their spread decides whether a cell is written)"),
+      3, 1000);
   tune->add_option("--out-dir", u_dir, "where the CSV and the tables go (created if missing)");
   tune->add_flag("-q,--quiet", u_quiet, "no progress bar");
   std::string u_from_csv, u_commit;
@@ -909,7 +903,10 @@ int main(int argc, char** argv) {
   int_in_range(bench->add_option("--batch", b_batches,
                                  "also decode this many sequences at once (decode throughput), e.g. 8 32"),
                1, 256);
-  int_in_range(bench->add_option("--threads", b_threads, "CPU threads (0 = all cores)"), 0, 1024);
+  int_in_range(bench->add_option("--threads", b_threads,
+                                 "CPU threads (0 = all cores, one fewer per core other processes keep busy, as "
+                                 "generate; OMP_NUM_THREADS or OMP_WAIT_POLICY set: OpenMP's choice)"),
+               0, 1024);
 
   try {
     app.parse(argc, argv);
@@ -942,6 +939,11 @@ int main(int argc, char** argv) {
         (g_device == "cpu" || (g_device == "auto" && !ks::backend_available(ks::Backend::Cuda))))
       notes = choose_cpu_threads();
     if (*bench && b_threads > 0) omp_set_num_threads(b_threads);
+    // bench-model's --threads 0: generate's choice (all cores, one fewer per core busy elsewhere), said
+    // before the run; the CSV's threads column records what ran
+    if (*bench && b_threads == 0 &&
+        (b_device == "cpu" || (b_device == "auto" && !ks::backend_available(ks::Backend::Cuda))))
+      std::fputs(choose_cpu_threads().c_str(), stderr);
     if (*gen) {
       if (g_temp == 0.0f && (gen->count("--top-k") + gen->count("--top-p") + gen->count("--seed")) > 0)
         std::fprintf(stderr, "[ksctl] note: --top-k, --top-p and --seed act only with --temperature > 0; "

@@ -124,9 +124,11 @@ KS_API const char* ks_op_runs_variants_of(const char* op);
 KS_API const char* ks_op_cols_factors(const char* op);
 /* The variant chosen for (op, dtype, backend) on a representative shape, and
  * why. *variant and *reason are thread-local, valid until the next call.
- * dtype: "fp16" | "bf16" | "fp32" (for packed-weight ops: the activation dtype, optionally
+ * dtype: "fp16" | "bf16" | "fp32", in any case, or torch's names "float16" / "half",
+ * "bfloat16", "float32" / "float" (for packed-weight ops: the activation dtype, optionally
  * followed by the weights' block format, e.g. "bf16:q4_1", for the routing cells bound to one;
- * without it those cells are skipped). A bad block format: KS_ERROR_INVALID_ARGUMENT. */
+ * without it those cells are skipped). Another dtype: KS_ERROR_UNSUPPORTED_DTYPE; a bad block
+ * format: KS_ERROR_INVALID_ARGUMENT. */
 KS_API ks_status_t ks_which(const char* op, const char* dtype, ks_backend_t backend,
                             const char** variant, const char** reason);
 /* The same for a call of a given shape: (rows, cols) as the routing table keys it

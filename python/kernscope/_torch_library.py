@@ -538,7 +538,7 @@ def fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, qtype, eps
         y = _fin(y, out)
         return y if x is None else (y, r)
     if x is None and residual_out is not None:  # as the C ABI says, before the op sees None for both
-        raise InvalidArgumentError(f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
+        raise InvalidArgumentError(f"{op}: residual_out is given but x is missing: residual_out = x + residual needs x")
     y, r = torch.ops.kernscope.fused_add_rms_norm_quant_matmul(x, residual, norm_weight, weight, q, float(eps), backend)
     y = _fin(y, out)
     return y if x is None else (y, _fin(r, residual_out))
@@ -571,7 +571,7 @@ def rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mappin
         return ref.rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd, float(theta),
                                               bool(is_neox))
     if k is None:  # as the C ABI says, before the schema's required k sees None
-        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+        raise InvalidArgumentError(f"{op}: k is missing: its rotated rows go to k_cache")
     torch.ops.kernscope.rotary_embedding_kv_append(q, k, v, positions, k_cache, v_cache, slot_mapping, rd,
                                                    float(theta), bool(is_neox), backend)
 
@@ -590,7 +590,7 @@ def fused_add_rms_norm_quant_matmul_rope_kv_append(x, residual, norm_weight, wei
         y = _fin(y, out)
         return y if x is None else (y, r)
     if x is None and residual_out is not None:  # as the C ABI says, before the op sees None for both
-        raise InvalidArgumentError(f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
+        raise InvalidArgumentError(f"{op}: residual_out is given but x is missing: residual_out = x + residual needs x")
     y, r = torch.ops.kernscope.fused_add_rms_norm_quant_matmul_rope_kv_append(
         x, residual, norm_weight, weight, q, float(eps), h, kvh, positions, k_cache, v_cache, slot_mapping, rd,
         float(theta), bool(is_neox), backend)
@@ -614,7 +614,7 @@ def rotary_embedding_kv_append_paged_attention(q, k, v, positions, k_cache, v_ca
                                                               block_tables, seq_ids, context_lens, rd, float(theta),
                                                               bool(is_neox), float(scale), out)
     if k is None:  # as the C ABI says, before the schema's required k sees None
-        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+        raise InvalidArgumentError(f"{op}: k is missing: its rotated rows go to k_cache")
     return _fin(torch.ops.kernscope.rotary_embedding_kv_append_paged_attention(
         q, k, v, positions, k_cache, v_cache, slot_mapping, block_tables, seq_ids, context_lens, rd, float(theta),
         bool(is_neox), float(scale), backend), out)

@@ -520,7 +520,7 @@ def _check_norm_qmm(op: str, x: Optional[torch.Tensor], residual: torch.Tensor, 
     [M, K] only: the RoPE fusion)."""
     if x is None and residual_out is not None:
         raise InvalidArgumentError(
-            f"{op}: residual_out is given but x is NULL: residual_out = x + residual needs x")
+            f"{op}: residual_out is given but x is missing: residual_out = x + residual needs x")
     _tensor(op, "residual", residual), _tensor(op, "norm_weight", norm_weight), _tensor(op, "weight", weight)
     _float(op, "residual", residual)
     if leading_dims:
@@ -791,7 +791,7 @@ def rotary_embedding_kv_append(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Validation in the order of src/ops/model_ops.cpp, with its messages."""
     op = "rotary_embedding_kv_append"
     if k is None:
-        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+        raise InvalidArgumentError(f"{op}: k is missing: its rotated rows go to k_cache")
     rd, slots = _check_rope_kv_append(op, q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta)
     if q.shape[0] == 0 or q.shape[1] + k.shape[1] == 0:
         return
@@ -1017,7 +1017,7 @@ def rotary_embedding_kv_append_paged_attention(
     src/ops/model_ops.cpp, with its messages."""
     op = "rotary_embedding_kv_append_paged_attention"
     if k is None:
-        raise InvalidArgumentError(f"{op}: k must not be NULL (its rotated rows go to k_cache)")
+        raise InvalidArgumentError(f"{op}: k is missing: its rotated rows go to k_cache")
     rd, slots = _check_rope_kv_append(op, q, k, v, positions, k_cache, v_cache, slot_mapping, rotary_dim, theta)
     plan = _check_paged(op, q, k_cache, v_cache, block_tables, seq_ids, context_lens, scale)
     if out is not None:

@@ -2,6 +2,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/dtype_key.hpp"
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 #include "registry/routing.hpp"
@@ -97,15 +98,17 @@ ks_status_t which_impl(const char* op, const char* dtype, ks_backend_t backend, 
     if (const char* a = ks::registry::dispatch_alias(op)) op = a;
     // "bf16", or "bf16:q4_1": the activations' dtype, then the weights' block format (the
     // routing cells bound to one; docs/routing.md)
-    const std::string full = dtype, base = full.substr(0, full.find(':'));
+    // (any case; torch's names float16 / half, bfloat16, float32 / float as fp16, bf16, fp32)
+    const std::string full = ks::canonical_dtype_key(dtype), base = full.substr(0, full.find(':'));
     const std::string qtype = full.find(':') == std::string::npos ? "" : full.substr(full.find(':') + 1);
     DType d = DType::Other;
     for (DType c : {DType::F16, DType::BF16, DType::F32})
       if (base == dtype_name(c)) d = c;
     if (d == DType::Other)
       fail(KS_ERROR_UNSUPPORTED_DTYPE, "which",
-           "dtype must be fp16, bf16 or fp32 (for packed-weight ops optionally followed by :q4_0, :q4_1, :q8_0, "
-           ":f32, :f16 or :bf16); got '" + full + "'");
+           "dtype must be fp16, bf16 or fp32 (also float16 / half, bfloat16, float32 / float; any case), for "
+           "packed-weight ops optionally followed by :q4_0, :q4_1, :q8_0, :f32, :f16 or :bf16; got '" +
+               std::string(dtype) + "'");
     if (full.find(':') != std::string::npos) {
       if (!ks::registry::op_has_block_format(op))
         fail(KS_ERROR_INVALID_ARGUMENT, "which",

@@ -194,9 +194,9 @@ void ks::ops::validate_norm_quant_matmul(const char* op, NormQuantMatmulArgs& a,
                                          double eps, const DLTensor* weight, ks_qtype_t qtype, bool leading_dims) {
   a.has_x = x != nullptr;
   if (!a.has_x && residual_out)
-    fail(KS_ERROR_INVALID_ARGUMENT, op, "residual_out is given but x is NULL: residual_out = x + residual needs x");
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "residual_out is given but x is missing: residual_out = x + residual needs x");
   if (a.has_x && !residual_out)
-    fail(KS_ERROR_INVALID_ARGUMENT, op, "x is given but residual_out is NULL: x + residual must be written somewhere");
+    fail(KS_ERROR_INVALID_ARGUMENT, op, "x is given but residual_out is missing: x + residual must be written somewhere");
   a.residual = view_of(op, "residual", residual);
   a.norm_weight = view_of(op, "norm_weight", norm_weight);
   a.weight = view_of(op, "weight", weight);

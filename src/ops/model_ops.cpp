@@ -209,7 +209,7 @@ extern "C" ks_status_t ks_kv_cache_append(DLTensor* k_cache, DLTensor* v_cache, 
 void validate_rope_kv_append(const char* op, RopeKvAppendArgs& a, DLTensor* q, DLTensor* k, const DLTensor* v,
                            const DLTensor* positions, int64_t rotary_dim, double theta, int is_neox,
                            DLTensor* k_cache, DLTensor* v_cache, const DLTensor* slot_mapping) {
-  if (!k) fail(KS_ERROR_INVALID_ARGUMENT, op, "k must not be NULL (its rotated rows go to k_cache)");
+  if (!k) fail(KS_ERROR_INVALID_ARGUMENT, op, "k is missing: its rotated rows go to k_cache");
   validate_rotary(op, a.rope, q, k, positions, rotary_dim, theta, is_neox);
   validate_kv_append(op, a.kv, k_cache, v_cache, k, v, slot_mapping);
   // One pass writes q, k and the caches while it reads v and positions: every pair that the

@@ -93,6 +93,15 @@ int main(void) {
   CHECK(ks_which("rms_norm", "bf16", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
   CHECK(variant != NULL && strcmp(variant, "cpu_reference") == 0 && reason != NULL);
   CHECK(ks_which("no_such_op", "fp32", KS_BACKEND_CPU, &variant, &reason) == KS_ERROR_INVALID_ARGUMENT);
+  /* dtype in any case, and torch's names; another dtype is KS_ERROR_UNSUPPORTED_DTYPE naming it */
+  CHECK(ks_which("rms_norm", "BF16", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
+  CHECK(ks_which("rms_norm", "bfloat16", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
+  CHECK(ks_which("softmax", "Half", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
+  CHECK(ks_which("softmax", "float32", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
+  CHECK(ks_which("softmax", "float", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
+  CHECK(ks_which("quant_matmul", "Float16:Q4_1", KS_BACKEND_CPU, &variant, &reason) == KS_SUCCESS);
+  CHECK(ks_which("softmax", "float64", KS_BACKEND_CPU, &variant, &reason) == KS_ERROR_UNSUPPORTED_DTYPE);
+  CHECK(strstr(ks_last_error(), "'float64'") != NULL && strstr(ks_last_error(), "bfloat16") != NULL);
   /* an entry point without variants of its own names the op whose variants it runs */
   CHECK(ks_op_runs_variants_of("paged_attention_after_append") != NULL &&
         strcmp(ks_op_runs_variants_of("paged_attention_after_append"), "paged_attention") == 0);

@@ -526,7 +526,7 @@ def test_fused_add_rms_norm_quant_matmul_validation_writes_nothing(rng):
         assert np.all(out == 7.0) and np.all(res == 7.0), "an output was written after an error"
         assert np.array_equal(x, x0) and np.array_equal(r, r0)
 
-    bad(ValueError, rf"{op}: residual_out is given but x is NULL", x=None)
+    bad(ValueError, rf"{op}: residual_out is given but x is missing", x=None)
     bad(ValueError, rf"{op}: x must have shape", x=rand(rng, (m + 1, k), "fp32"))
     bad(ValueError, rf"{op}: norm_weight must have shape \({k},\)", norm_weight=nw[:k - 1])
     bad(ValueError, rf"{op}: weight must have {k // 32 * 34} bytes per row", weight=make_packed(rng, n, 2 * k, 6))
@@ -783,7 +783,7 @@ def test_rotary_embedding_kv_append_validation_writes_nothing(rng):
         for name, a, b in zip(("q", "k", "k_cache", "v_cache"), written, before):
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} was written after an error"
 
-    bad(ValueError, rf"{op}: k must not be NULL", k=None)
+    bad(ValueError, rf"{op}: k is missing", k=None)
     bad(ValueError, rf"{op}: v and k overlap in memory", v=k)
     bad(ValueError, rf"{op}: v and k overlap in memory", v=kbuf[KVH * D:].reshape(T, KVH, D))
     for rd in (0, 3, 18, -2):
@@ -943,7 +943,7 @@ def test_fused_add_rms_norm_quant_matmul_rope_kv_append_validation_writes_nothin
     bad(ValueError, rf"{op}: residual has 2 rows; this fusion is a one-token decode step",
         x=rand(rng, (2, K), "fp32"), residual=rand(rng, (2, K), "fp32"), out=np.full((2, N), 7.0, np.float32),
         residual_out=np.full((2, K), 7.0, np.float32))
-    bad(ValueError, rf"{op}: residual_out is given but x is NULL", x=None)
+    bad(ValueError, rf"{op}: residual_out is given but x is missing", x=None)
     bad(ValueError, rf"{op}: rotary_dim must be even and in \(0, head_dim={D}\]; got {D + 2}", rotary_dim=D + 2)
     bad(ValueError, rf"{op}: theta must be finite and > 1", theta=1.0)
     bad(ValueError, rf"{op}: positions must have shape \(1,\)", positions=np.array([3, 4]))
@@ -1164,7 +1164,7 @@ def test_rotary_embedding_kv_append_paged_attention_validation_writes_nothing(rn
             assert np.array_equal(a.view(np.uint8), b.view(np.uint8)), f"{name} was written after an error"
 
     # rotary_embedding_kv_append's rules, under this op's name
-    bad(ValueError, rf"{op}: k must not be NULL", k=None)
+    bad(ValueError, rf"{op}: k is missing", k=None)
     bad(ValueError, rf"{op}: rotary_dim must be even and in \(0, head_dim=32\]; got 7", rotary_dim=7)
     bad(ValueError, rf"{op}: theta must be finite and > 1", theta=0.5)
     bad(ValueError, rf"{op}: v and k overlap in memory", v=k)

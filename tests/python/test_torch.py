@@ -361,7 +361,7 @@ def test_quant_matmul_fusions_torch_reference_validation_matches_native():
     w = torch.zeros(3, 34, dtype=torch.uint8)
     f, s = ks.fused_add_rms_norm_quant_matmul, ks.silu_and_mul_quant_matmul
     cases = [
-        (ks.InvalidArgumentError, "fused_add_rms_norm_quant_matmul: residual_out is given but x is NULL",
+        (ks.InvalidArgumentError, "fused_add_rms_norm_quant_matmul: residual_out is given but x is missing",
          lambda b: f(None, r, nw, w, "q8_0", residual_out=torch.empty(2, 32), backend=b)),
         (ks.InvalidArgumentError, r"fused_add_rms_norm_quant_matmul: norm_weight must have shape \(32,\)",
          lambda b: f(x, r, nw[:31], w, "q8_0", backend=b)),
@@ -460,7 +460,7 @@ def test_rotary_embedding_kv_append_torch_reference_validation_matches_native():
         _call_writing_nothing_on_error(f, args, ("q", "k", "k_cache", "v_cache"), backend)
 
     cases = [
-        (ks.InvalidArgumentError, rf"{op}: k must not be NULL", dict(k=lambda a: None)),
+        (ks.InvalidArgumentError, rf"{op}: k is missing", dict(k=lambda a: None)),
         (ks.InvalidArgumentError, rf"{op}: v and k overlap in memory", dict(v=lambda a: a["k"])),
         (ks.InvalidArgumentError, rf"{op}: rotary_dim must be even and in \(0, head_dim=32\]; got 3",
          dict(rotary_dim=lambda a: 3)),
@@ -537,7 +537,7 @@ def test_fused_add_rms_norm_quant_matmul_rope_kv_append_torch_reference_validati
         (ks.InvalidArgumentError, rf"{op}: residual has 2 rows; this fusion is a one-token decode step",
          dict(x=lambda a: trand((2, 64), "fp32"), residual=lambda a: trand((2, 64), "fp32", seed=1),
               out=lambda a: torch.full((2, 256), 7.0), residual_out=lambda a: torch.full((2, 64), 7.0))),
-        (ks.InvalidArgumentError, rf"{op}: residual_out is given but x is NULL", dict(x=lambda a: None)),
+        (ks.InvalidArgumentError, rf"{op}: residual_out is given but x is missing", dict(x=lambda a: None)),
         (ks.InvalidArgumentError, rf"{op}: out must have shape \(1, 256\)", dict(out=lambda a: torch.full((1, 255), 7.0))),
         (ks.InvalidArgumentError, rf"{op}: rotary_dim must be even and in \(0, head_dim=32\]; got 34",
          dict(rotary_dim=lambda a: 34)),
@@ -612,7 +612,7 @@ def test_rotary_embedding_kv_append_paged_attention_torch_reference_validation_m
         _call_writing_nothing_on_error(f, args, ("out", "q", "k", "k_cache", "v_cache"), backend)
 
     cases = [
-        (ks.InvalidArgumentError, rf"{op}: k must not be NULL", dict(k=lambda a: None)),
+        (ks.InvalidArgumentError, rf"{op}: k is missing", dict(k=lambda a: None)),
         (ks.InvalidArgumentError, rf"{op}: v and k overlap in memory", dict(v=lambda a: a["k"])),
         (ks.InvalidArgumentError, rf"{op}: rotary_dim must be even and in \(0, head_dim=16\]; got 18",
          dict(rotary_dim=lambda a: 18)),
@@ -973,7 +973,7 @@ def test_compile_quant_matmul_fusions_fullgraph(backend):
     # residual_out without x is rejected while tracing too
     g = torch.compile(lambda r, nw: ks.fused_add_rms_norm_quant_matmul(None, r, nw, packed, "q4_1", residual_out=r + 1,
                                                                        backend=backend), fullgraph=True, backend="eager")
-    with pytest.raises(Exception, match="residual_out is given but x is NULL"):
+    with pytest.raises(Exception, match="residual_out is given but x is missing"):
         g(*args()[1:3])
 
 
@@ -998,7 +998,7 @@ def test_compile_rotary_embedding_kv_append_fullgraph(backend):
                                                                                      backend=backend),
                       fullgraph=True, backend="eager")
     a = _rope_kv_inputs("fp32")
-    with pytest.raises(Exception, match="rotary_embedding_kv_append: k must not be NULL"):
+    with pytest.raises(Exception, match="rotary_embedding_kv_append: k is missing"):
         g(a[0], *a[2:])
 
 

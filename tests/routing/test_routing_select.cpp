@@ -135,7 +135,12 @@ TEST(RoutingSelect, QuantMatmulCellsBoundToABlockFormat) {
   } catch (const ks::Error& e) {
     EXPECT_NE(std::string(e.what()).find("packed weights only"), std::string::npos) << e.what();
   }
-  for (const char* bad : {"fp32:", "fp32:Q4_1", "fp32:q4_k", "fp32:q4_1:x"}) {
+  // any case, and torch's names, as the canonical key (core/dtype_key.hpp)
+  EXPECT_EQ(ks::which("quant_matmul", "Float32:Q4_1", ks::Backend::Cpu, 4, 77824).variant,
+            ks::which("quant_matmul", "fp32:q4_1", ks::Backend::Cpu, 4, 77824).variant);
+  EXPECT_EQ(ks::which("quant_matmul", "FP32:Q4_1", ks::Backend::Cpu).reason,
+            ks::which("quant_matmul", "fp32:q4_1", ks::Backend::Cpu).reason);
+  for (const char* bad : {"fp32:", "fp32:q4_k", "fp32:Q4_K", "fp32:q4_1:x"}) {
     try {
       (void)ks::which("quant_matmul", bad, ks::Backend::Cpu, 3, 77824);
       ADD_FAILURE() << bad << " was accepted";

@@ -36,6 +36,12 @@ fn main() {
         println!("cargo:lib_dir={}", dir.display());
         // This crate's own test binary finds the library without LD_LIBRARY_PATH.
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", dir.display());
+    } else {
+        println!(
+            "cargo:warning=KERNSCOPE_LIB_DIR is not set and {} holds no libkernscope.so: linking against the \
+             system's search path (set KERNSCOPE_LIB_DIR to the library's build folder, an absolute path)",
+            repo.join("build").display()
+        );
     }
     println!("cargo:rustc-link-lib=dylib=kernscope");
 
