@@ -87,7 +87,7 @@ KS_API const char* ks_version(void);
 /* Message of this thread's latest call that returns a ks_status_t, if that
  * call failed; "" if it succeeded (each such call clears the message first) or
  * if there was none. Calls that return no status (ks_version, ks_status_name,
- * ks_backend_available, ks_set_deterministic, ks_last_launch_config, ...)
+ * ks_backend_available, ks_deterministic, ks_last_launch_config, ...)
  * leave it as it is. Valid until the next kernscope call on the same thread. */
 KS_API const char* ks_last_error(void);
 /* Stable name of a status code, e.g. "KS_ERROR_INVALID_ARGUMENT". */

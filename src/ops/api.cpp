@@ -206,8 +206,11 @@ extern "C" ks_status_t ks_forced_variant(const char* op, const char** variant) {
 }
 
 extern "C" ks_status_t ks_set_deterministic(int enabled) {
-  ks::registry::set_deterministic(enabled != 0);
-  return KS_SUCCESS;
+  // (through guard: a call that returns a status clears the last error, as the header says)
+  return guard("set_deterministic", [&] {
+    ks::registry::set_deterministic(enabled != 0);
+    return KS_SUCCESS;
+  });
 }
 
 extern "C" int ks_deterministic(void) { return ks::registry::deterministic() ? 1 : 0; }

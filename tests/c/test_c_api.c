@@ -82,6 +82,9 @@ int main(void) {
   /* a success clears the previous error */
   CHECK(ks_softmax(&to, &tx, KS_BACKEND_CPU, NULL) == KS_SUCCESS);
   CHECK(strcmp(ks_last_error(), "") == 0);
+  /* ks_set_deterministic returns a status, so it clears it too (it left it before 2026-12-05) */
+  CHECK(ks_rms_norm(&to, &tx, &wdev, 1e-6, KS_BACKEND_CPU, NULL) == KS_ERROR_UNSUPPORTED_DEVICE);
+  CHECK(ks_set_deterministic(ks_deterministic()) == KS_SUCCESS && strcmp(ks_last_error(), "") == 0);
 
   /* registry */
   CHECK(ks_variant_count() > 0);

@@ -422,4 +422,88 @@ TEST(HostileRegressions, OutOfRangeEnumValuesAreRejected) {
   EXPECT_EQ(ks_dequantize(&tout, &tp, static_cast<ks_qtype_t>(99), KS_BACKEND_CPU, nullptr), KS_ERROR_INVALID_ARGUMENT);
 }
 
+
+// Long sums of terms of one sign (the adversarial run of 2026-12-04): the CPU attention variants
+// added the weighted V rows (and cpu_avx512 its denominator's lanes) with one running sum per
+// element, and quant_matmul's cpu_avx512 one per lane, so their error grew with the length:
+// 8.5e-4 relative at 32K keys, 1.3e-2 at 512K, and 6.5e-4 at K = 2^20 against the contract's
+// 8 sqrt(K) 2^-24 sum|a b| (docs/contracts.md). Here every V element is v and the weights sum to 1,
+// so the exact output is fp32(v) (quant_matmul: K x, the products exact); each variant must stay
+// within the contract's allowance, which the old sums exceeded 4-10x at these sizes.
+double long_sum_allowance(double ref, double k, double sum_abs) {
+  return 1e-6 * (1.0 + std::fabs(ref)) + 8.0 * std::sqrt(k) * std::ldexp(1.0, -24) * sum_abs;
+}
+
+TEST(HostileRegressions, LongAttentionSumsStayWithinTheContract) {
+  const int64_t L = 131072, D = 16, BS = 16, NB = L / BS;
+  std::vector<float> q(D, 0.f), kc(size_t(L * D)), vc(size_t(L * D)), out(D), vout(D);
+  q[0] = 1.f;
+  std::vector<int32_t> bt(static_cast<size_t>(NB));
+  for (int64_t i = 0; i < NB; ++i) bt[size_t(i)] = int32_t(i);
+  int32_t cl[1] = {int32_t(L)}, cu_q[2] = {0, 1}, cu_k[2] = {0, int32_t(L)};
+  std::vector<int64_t> so{1, 1, D}, sk{NB, BS, 1, D}, sb{1, NB}, sc{1}, svk{L, 1, D}, scu{2};
+  DLTensor O = make_dl(out.data(), DType::F32, so), Q = make_dl(q.data(), DType::F32, so),
+           K = make_dl(kc.data(), DType::F32, sk), V = make_dl(vc.data(), DType::F32, sk), B = make_dl(bt.data(), DType::I32, sb),
+           C = make_dl(cl, DType::I32, sc);
+  DLTensor VO = make_dl(vout.data(), DType::F32, so), VK = make_dl(kc.data(), DType::F32, svk),
+           VV = make_dl(vc.data(), DType::F32, svk), CQ = make_dl(cu_q, DType::I32, scu), CK = make_dl(cu_k, DType::I32, scu);
+  int ran = 0;
+  for (const auto& [kv, vv] : {std::pair<float, float>{0.3f, 0.7f}, {0.99f, 0.1f}}) {
+    std::fill(kc.begin(), kc.end(), kv);
+    std::fill(vc.begin(), vc.end(), vv);
+    kc[0] = 1.f;  // one larger score: the others' weights are not the maximum's
+    const double ref = double(vv), allowed = long_sum_allowance(ref, double(L), ref);
+    for (const auto& v : ks::variants()) {
+      if (std::string(v.op) != "paged_attention" || std::string(v.backend) != "cpu") continue;
+      ASSERT_EQ(ks_force_variant("paged_attention", v.name), KS_SUCCESS);
+      std::fill(out.begin(), out.end(), -1.f);
+      const ks_status_t st = ks_paged_attention(&O, &Q, &K, &V, &B, nullptr, &C, 1.0, KS_BACKEND_CPU, nullptr);
+      if (st == KS_ERROR_BACKEND_UNAVAILABLE) continue;  // e.g. no AVX-512 here
+      ASSERT_EQ(st, KS_SUCCESS) << v.name << ": " << ks_last_error();
+      for (int64_t d = 0; d < D; ++d)
+        EXPECT_LE(std::fabs(double(out[size_t(d)]) - ref), allowed) << v.name << " k " << kv << " v " << vv << " d " << d;
+      ++ran;
+    }
+    ks_force_variant("paged_attention", nullptr);
+    std::fill(vout.begin(), vout.end(), -1.f);
+    ASSERT_EQ(ks_varlen_attention(&VO, &Q, &VK, &VV, &CQ, &CK, 1.0, 0, KS_BACKEND_CPU, nullptr), KS_SUCCESS)
+        << ks_last_error();
+    for (int64_t d = 0; d < D; ++d)
+      EXPECT_LE(std::fabs(double(vout[size_t(d)]) - ref), allowed) << "varlen_attention k " << kv << " v " << vv;
+  }
+  EXPECT_GE(ran, 2);
+}
+
+TEST(HostileRegressions, LongQuantMatmulSumsStayWithinTheContract) {
+  const int64_t K = int64_t(1) << 20, N = 2, nb = K / 32;
+  std::vector<uint8_t> w(size_t(N * nb * 34));
+  for (int64_t b = 0; b < N * nb; ++b) {  // Q8_0 blocks: scale 1.0 (fp16 0x3C00), every code 1
+    w[size_t(b * 34)] = 0x00;
+    w[size_t(b * 34 + 1)] = 0x3C;
+    std::fill(w.begin() + b * 34 + 2, w.begin() + b * 34 + 34, uint8_t(1));
+  }
+  int ran = 0;
+  for (int64_t M : {1, 4}) {  // cpu_avx512's decode path and its tiles
+    std::vector<float> x(size_t(M * K)), out(size_t(M * N));
+    std::vector<int64_t> sx{M, K}, sw{N, nb * 34}, so{M, N};
+    DLTensor X = make_dl(x.data(), DType::F32, sx), W = make_dl(w.data(), DType::U8, sw), O = make_dl(out.data(), DType::F32, so);
+    for (float xv : {0.1f, 0.7f}) {
+      std::fill(x.begin(), x.end(), xv);
+      const double ref = double(K) * double(xv), allowed = long_sum_allowance(ref, double(K), ref);
+      for (const auto& v : ks::variants()) {
+        if (std::string(v.op) != "quant_matmul" || std::string(v.backend) != "cpu") continue;
+        ASSERT_EQ(ks_force_variant("quant_matmul", v.name), KS_SUCCESS);
+        std::fill(out.begin(), out.end(), -1.f);
+        const ks_status_t st = ks_quant_matmul(&O, &X, &W, KS_QTYPE_Q8_0, KS_BACKEND_CPU, nullptr);
+        if (st == KS_ERROR_BACKEND_UNAVAILABLE) continue;
+        ASSERT_EQ(st, KS_SUCCESS) << v.name << ": " << ks_last_error();
+        for (float o : out) EXPECT_LE(std::fabs(double(o) - ref), allowed) << v.name << " M " << M << " x " << xv;
+        ++ran;
+      }
+      ks_force_variant("quant_matmul", nullptr);
+    }
+  }
+  EXPECT_GE(ran, 4);
+}
+
 }  // namespace

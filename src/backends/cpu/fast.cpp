@@ -17,6 +17,7 @@
 // rounding; the order for one output does not depend on M or on the row's
 // place in the batch (batch-invariant).
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -25,6 +26,7 @@
 #endif
 
 #include "backends/cpu/a8_rows.hpp"
+#include "backends/cpu/pairwise.hpp"
 #include "backends/cpu/quant_blocks.hpp"
 #include "backends/cpu/scratch.hpp"
 #include "ops/args.hpp"
@@ -92,26 +94,44 @@ KS_AVX512 __attribute__((always_inline)) inline void decode_block(ks_qtype_t q, 
   }
 }
 
+// The lanes' running sums of the quant_matmul kernels below go in groups of `steps` loop steps
+// (one step: one FMA per lane and accumulator) whose sums are then added in order: one group
+// where the row has at most 128 steps (the plain running sum, as before 2026-12-05), else
+// groups of max(128, sqrt(steps)) steps, so a lane's sum passes through at most about
+// 2 sqrt(steps) roundings and stays within the contract's 8 sqrt(K) bound for any K (one running
+// sum per lane drifted past it at K = 2^20 on equal-sign terms: the adversarial run of 2026-12-04).
+inline int64_t lane_sum_group(int64_t steps) {
+  if (steps <= 128) return std::max<int64_t>(steps, 1);
+  int64_t r = int64_t(std::sqrt(double(steps)));
+  while (r * r < steps) ++r;
+  return std::max<int64_t>(128, r);
+}
+
 // out[m, n] for M <= 3 (decode): one pass over W, each block decoded once.
 template <int M>
 KS_AVX512 void qmm_small(const QuantMatmulArgs& a, int64_t n0, int64_t n1, int64_t bb) {
   const float* x = static_cast<const float*>(a.x.data);
   float* out = static_cast<float*>(a.out.data);
   const int64_t K = a.k, nb = K / 32;
+  const int64_t group = (lane_sum_group(2 * nb) + 1) / 2;  // blocks per group (two steps per block)
   for (int64_t n = n0; n < n1; ++n) {
     const uint8_t* row = static_cast<const uint8_t*>(a.weight.data) + n * a.row_bytes;
-    __m512 acc[M];
-    for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      __m512 lo, hi;
-      decode_block(a.qtype, row + b * bb, lo, hi);
-      for (int m = 0; m < M; ++m) {
-        const float* xr = x + m * K + b * 32;
-        acc[m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[m]);
-        acc[m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[m]);
+    __m512 tot[M];
+    for (int64_t b0 = 0; b0 < nb; b0 += group) {
+      __m512 acc[M];
+      for (int m = 0; m < M; ++m) acc[m] = _mm512_setzero_ps();
+      for (int64_t b = b0; b < std::min(nb, b0 + group); ++b) {
+        __m512 lo, hi;
+        decode_block(a.qtype, row + b * bb, lo, hi);
+        for (int m = 0; m < M; ++m) {
+          const float* xr = x + m * K + b * 32;
+          acc[m] = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xr), acc[m]);
+          acc[m] = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xr + 16), acc[m]);
+        }
       }
+      for (int m = 0; m < M; ++m) tot[m] = b0 == 0 ? acc[m] : _mm512_add_ps(tot[m], acc[m]);
     }
-    for (int m = 0; m < M; ++m) ks::detail::st<float>(out, m * a.n + n, _mm512_reduce_add_ps(acc[m]));
+    for (int m = 0; m < M; ++m) ks::detail::st<float>(out, m * a.n + n, _mm512_reduce_add_ps(tot[m]));
   }
 }
 
@@ -138,19 +158,26 @@ KS_AVX512 void decode_panel(const QuantMatmulArgs& a, int64_t n, int rows, int64
 template <int MR>
 KS_AVX512 void tile(const float* x, int64_t K, const float* w, int64_t m0, float* out, int64_t ldo, int64_t n0,
                     int ncols) {
-  __m512 acc[MR][4];
-  for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    __m512 wv[4];
-    for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_ps(w + j * K + k);
-    for (int i = 0; i < MR; ++i) {
-      const __m512 xv = _mm512_loadu_ps(x + (m0 + i) * K + k);
-      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+  // (the lanes' sums in groups of lane_sum_group steps; one group up to K = 2048)
+  const int64_t group = 16 * lane_sum_group(K / 16);
+  __m512 tot[MR][4];
+  for (int64_t k0 = 0; k0 < K; k0 += group) {
+    __m512 acc[MR][4];
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_setzero_ps();
+    for (int64_t k = k0; k < std::min(K, k0 + group); k += 16) {
+      __m512 wv[4];
+      for (int j = 0; j < 4; ++j) wv[j] = _mm512_loadu_ps(w + j * K + k);
+      for (int i = 0; i < MR; ++i) {
+        const __m512 xv = _mm512_loadu_ps(x + (m0 + i) * K + k);
+        for (int j = 0; j < 4; ++j) acc[i][j] = _mm512_fmadd_ps(xv, wv[j], acc[i][j]);
+      }
     }
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < 4; ++j) tot[i][j] = k0 == 0 ? acc[i][j] : _mm512_add_ps(tot[i][j], acc[i][j]);
   }
   for (int i = 0; i < MR; ++i)
-    for (int j = 0; j < ncols; ++j) ks::detail::st<float>(out, (m0 + i) * ldo + n0 + j, _mm512_reduce_add_ps(acc[i][j]));
+    for (int j = 0; j < ncols; ++j) ks::detail::st<float>(out, (m0 + i) * ldo + n0 + j, _mm512_reduce_add_ps(tot[i][j]));
 }
 
 KS_AVX512 void qmm_panel(const QuantMatmulArgs& a, int64_t chunk0, int64_t chunk1, int64_t bb, float* panel) {
@@ -246,8 +273,18 @@ KS_AVX512 __attribute__((always_inline)) inline __m512 exp16(__m512 x) {
 
 constexpr int kMaxGroup = 16;   // query heads per KV head handled by the fast path
 constexpr int kMaxDv = 16;      // head_dim / 16
+// Keys per group of the softmax denominator's and P @ V's running sums: each group is summed in
+// registers, then the groups pairwise (PairwiseAccumulator), so the error grows with log2 of the
+// context, not with its length (one running sum per lane drifted 1.6e-3 at 128K equal keys).
+constexpr int64_t kAttnKeyGroup = 64;
 
-// sc: the calling thread's scratch, room for G x (the longest context rounded up to 16).
+// The calling thread's scratch, in floats: the scores (G x the longest context rounded up to 16),
+// a group's sums (G x D, and 16 for a denominator) and the pairwise partials of both.
+int64_t attn_scratch_floats(int64_t G, int64_t D, int64_t max_len) {
+  return G * ((max_len + 15) / 16 * 16) + (PairwiseAccumulator::kLevels + 1) * (G * D + 16);
+}
+
+// sc: the calling thread's scratch (attn_scratch_floats).
 KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, float* sc) {
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, G = a.num_heads / KVH, DV = D / 16;
   using ks::detail::load_index;
@@ -264,6 +301,11 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, floa
     return;
   }
   const int64_t ld = (len + 15) / 16 * 16;
+  // after the scores: a group's P @ V sums, their partials, a group's denominator, its partials
+  float* const pv_group = sc + G * ((a.max_context_len + 15) / 16 * 16);
+  float* const pv_levels = pv_group + G * D;
+  float* const den_group = pv_levels + PairwiseAccumulator::kLevels * G * D;
+  float* const den_levels = den_group + 16;
   __m512 qv[kMaxGroup][kMaxDv];
   for (int64_t h = 0; h < G; ++h)
     for (int64_t v = 0; v < DV; ++v) qv[h][v] = _mm512_loadu_ps(q + h * D + v * 16);
@@ -288,15 +330,23 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, floa
     __m512 mx = ninf;
     for (int64_t j = 0; j < ld; j += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + j));
     const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    PairwiseAccumulator den(den_levels, 16);
     __m512 sum = _mm512_setzero_ps();
     for (int64_t j = 0; j < ld; j += 16) {
       const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), m));
       _mm512_storeu_ps(s + j, e);
       sum = _mm512_add_ps(sum, e);
+      if ((j + 16) % kAttnKeyGroup == 0 || j + 16 == ld) {
+        _mm512_storeu_ps(den_group, sum);
+        den.add(den_group);
+        sum = _mm512_setzero_ps();
+      }
     }
-    inv_sum[h] = _mm512_reduce_add_ps(sum);
+    den.sum(den_group);
+    inv_sum[h] = _mm512_reduce_add_ps(_mm512_loadu_ps(den_group));
   }
-  // P @ V, then divide by the sum
+  // P @ V in groups of kAttnKeyGroup keys, the groups summed pairwise, then divided by the sum
+  PairwiseAccumulator pv(pv_levels, G * D);
   __m512 acc[kMaxGroup][kMaxDv];
   for (int64_t h = 0; h < G; ++h)
     for (int64_t v = 0; v < DV; ++v) acc[h][v] = _mm512_setzero_ps();
@@ -309,10 +359,20 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, floa
       const __m512 p = _mm512_set1_ps(sc[h * ld + j]);
       for (int64_t v = 0; v < DV; ++v) acc[h][v] = _mm512_fmadd_ps(p, vv[v], acc[h][v]);
     }
+    if ((j + 1) % kAttnKeyGroup == 0 || j + 1 == len) {
+      for (int64_t h = 0; h < G; ++h)
+        for (int64_t v = 0; v < DV; ++v) {
+          _mm512_storeu_ps(pv_group + h * D + v * 16, acc[h][v]);
+          acc[h][v] = _mm512_setzero_ps();
+        }
+      pv.add(pv_group);
+    }
   }
+  pv.sum(pv_group);
   for (int64_t h = 0; h < G; ++h) {
     const __m512 inv = _mm512_set1_ps(inv_sum[h]);
-    for (int64_t v = 0; v < DV; ++v) _mm512_storeu_ps(out + h * D + v * 16, _mm512_div_ps(acc[h][v], inv));
+    for (int64_t v = 0; v < DV; ++v)
+      _mm512_storeu_ps(out + h * D + v * 16, _mm512_div_ps(_mm512_loadu_ps(pv_group + h * D + v * 16), inv));
   }
 }
 
@@ -327,7 +387,7 @@ std::string attn_can_implement(const void* p) {
 void attn_avx512(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const PagedAttentionArgs*>(p);
   const int64_t tasks = a.num_tokens * a.num_kv_heads;
-  const Scratch scratch(true, size_t(a.num_heads / a.num_kv_heads * ((a.max_context_len + 15) / 16 * 16)));
+  const Scratch scratch(true, size_t(attn_scratch_floats(a.num_heads / a.num_kv_heads, a.head_dim, a.max_context_len)));
 #pragma omp parallel if (tasks > 1)
   {
     float* sc = scratch.get();

@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/pairwise.hpp"
 #include "backends/cpu/quant_blocks.hpp"
 #include "backends/cpu/scratch.hpp"
 #include "backends/cpu/a8_rows.hpp"
@@ -25,17 +26,6 @@ using ks::detail::store_f;
 
 namespace {
 
-
-// FP32 pairwise sum: halves until 8 terms remain, which are added left to right.
-float pairwise_sum(const float* v, int64_t n) {
-  if (n <= 8) {
-    float s = 0.f;
-    for (int64_t i = 0; i < n; ++i) s += v[i];
-    return s;
-  }
-  const int64_t h = n / 2;
-  return pairwise_sum(v, h) + pairwise_sum(v + h, n - h);
-}
 
 void rms_norm_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const RmsNormArgs*>(p);
@@ -318,6 +308,10 @@ void kv_cache_append_ref(const void* p, ks_stream_t) {
   }
 }
 
+// Keys whose weighted V rows the attention references add left to right before the group's sum
+// joins the pairwise order (PairwiseAccumulator), as pairwise_sum's base of 8 terms.
+constexpr int64_t kRefKeyGroup = 8;
+
 void paged_attention_ref(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const PagedAttentionArgs*>(p);
   const DType dt = a.q.dtype;
@@ -325,11 +319,12 @@ void paged_attention_ref(const void* p, ks_stream_t) {
   auto bt = [&](int64_t i) { return load_index(a.block_tables.data, DType::I32, i); };
   const int64_t max_len = a.max_context_len;
   const bool par = a.num_tokens * a.num_heads * D > kParallelWork;
-  const Scratch scratch(par, size_t(max_len + 2 * D));
+  const Scratch scratch(par, size_t(max_len + (2 + PairwiseAccumulator::kLevels) * D));
   team(par, [&] {
     float* const sc = scratch.get();
     float* const acc = sc + max_len;
     float* const qv = acc + D;
+    float* const levels = qv + D;
 #pragma omp for collapse(2) schedule(static)
     for (int64_t t = 0; t < a.num_tokens; ++t)
       for (int64_t h = 0; h < a.num_heads; ++h) {
@@ -347,18 +342,22 @@ void paged_attention_ref(const void* p, ks_stream_t) {
           sc[j] = dot * a.scale;
           mx = std::max(mx, sc[j]);
         }
+        for (int64_t j = 0; j < len; ++j) sc[j] = std::exp(sc[j] - mx);
+        const float sum = pairwise_sum(sc, len);
+        // the weighted V rows in groups of kRefKeyGroup keys, the groups summed pairwise
+        PairwiseAccumulator pv(levels, D);
         std::fill(acc, acc + D, 0.f);
-        float sum = 0.f;
-        for (int64_t j = 0; j < len; ++j) {
-          sc[j] = std::exp(sc[j] - mx);
-          sum += sc[j];
-        }
         for (int64_t j = 0; j < len; ++j) {
           const int64_t slot = bt(seq * a.max_blocks_per_seq + j / a.block_size) * a.block_size + j % a.block_size;
           const int64_t voff = (slot * KVH + kvh) * D;
           const float w = sc[j] / sum;
           for (int64_t d = 0; d < D; ++d) acc[d] += w * load_f(a.v_cache.data, dt, voff + d);
+          if ((j + 1) % kRefKeyGroup == 0 || j + 1 == len) {
+            pv.add(acc);
+            std::fill(acc, acc + D, 0.f);
+          }
         }
+        pv.sum(acc);  // (0 for a context of no keys)
         for (int64_t d = 0; d < D; ++d) store_f(a.out.data, dt, qoff + d, acc[d]);
       }
   });

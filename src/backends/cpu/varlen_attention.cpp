@@ -1,11 +1,12 @@
 // varlen_attention on the CPU: the reference (docs/contracts.md#varlen_attention).
 // Per query row: find its sequence, FP32 scores over the keys it may see, FP32 softmax
-// (max-subtracted), FP32 weighted sum of V, one rounding.
+// (max-subtracted), FP32 weighted sum of V in pairwise order (pairwise.hpp), one rounding.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/pairwise.hpp"
 #include "ops/args.hpp"
 #include "registry/registry.hpp"
 
@@ -27,6 +28,7 @@ void varlen_attention_ref(const void* p, ks_stream_t) {
     ck[size_t(i)] = load_index(a.cu_k.data, DType::I32, i);
   }
   std::vector<float> qv(static_cast<size_t>(D)), acc(static_cast<size_t>(D)), sc;
+  std::vector<float> levels(static_cast<size_t>(PairwiseAccumulator::kLevels * D));
   int64_t longest = 0;  // (the scores' room taken before the first write: out of memory writes nothing)
   for (int64_t s = 0; s < a.num_seqs; ++s) longest = std::max(longest, ck[size_t(s + 1)] - ck[size_t(s)]);
   sc.reserve(static_cast<size_t>(longest));
@@ -47,15 +49,22 @@ void varlen_attention_ref(const void* p, ks_stream_t) {
           sc[size_t(j)] = dot * a.scale;
           mx = std::max(mx, sc[size_t(j)]);
         }
-        float sum = 0.f;
-        for (int64_t j = 0; j < visible; ++j) sum += (sc[size_t(j)] = std::exp(sc[size_t(j)] - mx));
+        for (int64_t j = 0; j < visible; ++j) sc[size_t(j)] = std::exp(sc[size_t(j)] - mx);
+        const float sum = pairwise_sum(sc.data(), visible);
+        // the weighted V rows in groups of 8 keys, the groups summed pairwise (pairwise.hpp)
+        PairwiseAccumulator pv(levels.data(), D);
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t j = 0; j < visible; ++j) {
           const int64_t voff = ((k0 + j) * a.num_kv_heads + kvh) * D;
           const float w = sc[size_t(j)] / sum;
           for (int64_t d = 0; d < D; ++d) acc[size_t(d)] += w * load_f(a.v.data, dt, voff + d);
+          if ((j + 1) % 8 == 0 || j + 1 == visible) {
+            pv.add(acc.data());
+            std::fill(acc.begin(), acc.end(), 0.f);
+          }
         }
-        for (int64_t d = 0; d < D; ++d) store_f(a.out.data, dt, row * D + d, visible > 0 ? acc[size_t(d)] : 0.f);
+        pv.sum(acc.data());  // (0 where no key is visible)
+        for (int64_t d = 0; d < D; ++d) store_f(a.out.data, dt, row * D + d, acc[size_t(d)]);
       }
   }
 }
