@@ -3011,6 +3011,59 @@ TEST_P(CudaAttention, NonFiniteAndDroppedKeysAcrossClusters) {
   }
 }
 
+// Sums of one sign over 131072 keys (the CPU variants' running sums exceeded the contract's
+// 8 sqrt(K) 2^-24 sum|a b| bound there by 4-10x until 2026-12-05; tests/cpp/test_hostile_regressions.cpp):
+// every key but the first scores 0.3, the first 1, every V element is v, so the weights sum to 1
+// and the exact output is v (as the dtype holds it). Every CUDA variant, and varlen_attention, must
+// stay within the dtype's tolerance plus that bound. (Not yet run on a GPU when written.)
+TEST_P(CudaAttention, LongEqualSignSumsWithinTheContract) {
+  NEED_GPU();
+  const int64_t L = 131072, bs = 16, nb = L / bs, H = 4, KVH = 1, D = 64;
+  for (DType dt : kstest::float_dtypes()) {
+    if (!takes(dt)) continue;
+    for (auto [kv, vv] : {std::pair<double, double>{0.3, 0.7}, {0.99, 0.1}}) {
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " k " + std::to_string(kv) + " v " + std::to_string(vv));
+      Buf q(dt, {1, H, D}), kc(dt, {nb, bs, KVH, D}), vc(dt, {nb, bs, KVH, D}), bt(DType::I32, {1, nb}),
+          cl(DType::I32, {1}), got(dt, {1, H, D});
+      for (int64_t i = 0; i < q.numel(); ++i) q.set(i, i % D == 0 ? 1.0 : 0.0);
+      for (int64_t i = 0; i < kc.numel(); ++i) kc.set(i, i == 0 ? 1.0 : kv), vc.set(i, vv);
+      for (int64_t b = 0; b < nb; ++b) bt.set(b, double(b));
+      cl.set(0, double(L));
+      const double ref = vc.get(0);  // v as the dtype holds it
+      DBuf dq(dt, q.shape), dkc(dt, kc.shape), dvc(dt, vc.shape), dbt(DType::I32, bt.shape), dcl(DType::I32, {1}),
+          dout(dt, got.shape);
+      dq.upload(q);
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dbt.upload(bt);
+      dcl.upload(cl);
+      dout.poison();
+      ks::paged_attention(dout.view(), dq.view(), dkc.view(), dvc.view(), dbt.view(), ks::TensorView(), dcl.view(), 1.0,
+                          ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      const double allowed = kstest::tol(dt) * (1.0 + ref) + 8.0 * std::sqrt(double(L)) * std::ldexp(1.0, -24) * ref;
+      for (int64_t i = 0; i < H * D; ++i)
+        ASSERT_LE(std::fabs(got.get(i) - ref), allowed) << GetParam() << " element " << i << ": "
+                                                        << ks_last_launch_config("paged_attention");
+      if (std::string(GetParam()) != "cuda_cta_per_head") continue;  // (varlen once per dtype)
+      Buf bq(DType::I32, {2}), bk(DType::I32, {2}), vgot(dt, {1, H, D});
+      bq.set(0, 0), bq.set(1, 1), bk.set(0, 0), bk.set(1, double(L));
+      DBuf dbq(DType::I32, {2}), dbk(DType::I32, {2}), dk(dt, {L, KVH, D}), dv(dt, {L, KVH, D}), dvout(dt, vgot.shape);
+      dbq.upload(bq);
+      dbk.upload(bk);
+      ASSERT_EQ(cudaMemcpy(dk.data(), dkc.data(), dk.nbytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dv.data(), dvc.data(), dv.nbytes(), cudaMemcpyDeviceToDevice), cudaSuccess);
+      dvout.poison();
+      ks::varlen_attention(dvout.view(), dq.view(), dk.view(), dv.view(), dbq.view(), dbk.view(), 1.0, false,
+                           ks::Backend::Cuda);
+      CK(cudaDeviceSynchronize());
+      dvout.download(vgot);
+      for (int64_t i = 0; i < H * D; ++i) ASSERT_LE(std::fabs(vgot.get(i) - ref), allowed) << "varlen element " << i;
+    }
+  }
+}
+
 // cuda_gqa_cluster's small-table rule (KS_ATTN_ONE_CTA_KEYS=N, default 256; 0: off): block tables
 // of at most N keys run one CTA per (token, kv head) unit, no cluster, whatever the live length;
 // other tables (and every table when it is off) take the capacity rule, a cluster of several CTAs
