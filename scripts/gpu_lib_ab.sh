@@ -9,7 +9,9 @@
 # Carry all of them (["build-prebuilt", "build-base", ...]). bench_ops (build a's) runs with each
 # library in turn, KS_AB_ROUNDS rounds (default 3) interleaved (a b c a b c ...), its rows tagged
 # kernscope[a], kernscope[b], ... in $OUT/lib_ab.csv and printed, then the per-shape medians side by
-# side with each build's ratio to a (x/a > 1: slower than a).
+# side with each build's ratio to a (x/a > 1: slower than a). KS_AB_TEST=FILTER: then build a's
+# test_cuda_ops runs that googletest filter with each library (e.g. the bit-for-bit tests of the
+# kernels a build changes), a verdict line per library.
 #   scripts/gpu_prebuilt.sh 'scripts/gpu_lib_ab.sh build-base,build-c --ops quant_matmul_a8 --dtypes bf16 --shapes 4096x4096'
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,3 +80,11 @@ for op, shape, dtype in sorted({k[:3] for k in t}):
     cells = "  ".join(f"{g} {v:8.3f}" + ("" if g == "a" else f" ({v / med['a']:.3f})") for g, v in med.items())
     print(f"{op:28s} {shape:16s} {dtype:5s} us: {cells}")
 PY
+if [ -n "${KS_AB_TEST:-}" ]; then
+  for i in "${!tags[@]}"; do
+    LD_LIBRARY_PATH=${libs[$i]}:${LD_LIBRARY_PATH:-} "$A/tests/test_cuda_ops" --gtest_filter="$KS_AB_TEST" --gtest_brief=1 \
+      > "$OUT/lib_ab_test_${tags[$i]}.txt" 2>&1
+    rc=$?
+    echo "[${tags[$i]}] test_cuda_ops --gtest_filter=$KS_AB_TEST: rc $rc; $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/lib_ab_test_${tags[$i]}.txt" | tr '\n' ' ')"
+  done
+fi
