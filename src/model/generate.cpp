@@ -13,14 +13,35 @@ Tokenizer tokenizer_from_gguf(const GgufFile& f) {
   if (model != "gpt2")
     throw GgufError("tokenizer.ggml.model is '" + model + "'; only byte-level BPE ('gpt2') is supported");
   std::vector<std::string> tokens = f.get_string_array("tokenizer.ggml.tokens");
+  // The model's embedding and output rows are the ids the tokenizer must cover, one for one (as
+  // llama.cpp requires): a longer vocabulary failed only when a prompt used an id past the table,
+  // a shorter one only when the model produced an id past the vocabulary.
+  if (const GgufTensorInfo* emb = f.tensor("token_embd.weight"); emb && emb->ne.size() == 2 && emb->ne[1] != int64_t(tokens.size()))
+    throw GgufError("tokenizer.ggml.tokens has " + std::to_string(tokens.size()) + " entries but token_embd.weight has " +
+                    std::to_string(emb->ne[1]) + " rows (one per token id)");
   std::vector<int32_t> types;
-  if (f.find("tokenizer.ggml.token_type"))
-    for (int64_t t : f.get_int_array("tokenizer.ggml.token_type")) types.push_back(int32_t(t));
-  else
+  if (f.find("tokenizer.ggml.token_type")) {
+    const std::vector<int64_t> raw = f.get_int_array("tokenizer.ggml.token_type");
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] < 0 || raw[i] > 6)  // GGUF's token types: 0 undefined .. 6 byte
+        throw GgufError("tokenizer.ggml.token_type[" + std::to_string(i) + "] is " + std::to_string(raw[i]) +
+                        "; expected 0 to 6");
+      types.push_back(int32_t(raw[i]));
+    }
+  } else {
     types.assign(tokens.size(), 1);
+  }
   std::vector<std::string> merges = f.get_string_array("tokenizer.ggml.merges");
-  const auto bos = int32_t(f.get_uint("tokenizer.ggml.bos_token_id", 0));
-  const auto eos = int32_t(f.get_uint("tokenizer.ggml.eos_token_id", 0));
+  // (an id past the vocabulary is refused naming the key, not cut to 32 bits)
+  const auto token_id = [&](const char* key) {
+    const uint64_t v = f.get_uint(key, 0);
+    if (!tokens.empty() && v >= tokens.size())  // (an empty vocabulary: the tokenizer's own message)
+      throw GgufError(std::string(key) + " is " + std::to_string(v) + "; the vocabulary has " +
+                      std::to_string(tokens.size()) + " tokens");
+    return int32_t(v);
+  };
+  const int32_t bos = token_id("tokenizer.ggml.bos_token_id");
+  const int32_t eos = token_id("tokenizer.ggml.eos_token_id");
   const std::string pre = f.find("tokenizer.ggml.pre") ? f.get_string("tokenizer.ggml.pre") : "default";
   return Tokenizer(std::move(tokens), std::move(types), std::move(merges), bos, eos, pre);
 }

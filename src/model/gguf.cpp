@@ -35,25 +35,6 @@ constexpr uint64_t kMinTensorInfoBytes = 8 + 4 + 8 + 4 + 8;  // name len, n_dims
 bool mul_ok(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_mul_overflow(a, b, &out); }
 bool add_ok(uint64_t a, uint64_t b, uint64_t& out) { return !__builtin_add_overflow(a, b, &out); }
 
-// Printable, length-limited rendering of a file-controlled name for messages.
-std::string quote(const std::string& s) {
-  constexpr size_t kMax = 80;
-  std::string out = "'";
-  for (size_t k = 0; k < s.size() && k < kMax; ++k) {
-    const unsigned char c = static_cast<unsigned char>(s[k]);
-    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
-      out += static_cast<char>(c);
-    } else {
-      static const char* hex = "0123456789abcdef";
-      out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 15];
-    }
-  }
-  if (s.size() > kMax) out += "...";
-  out += "'";
-  return out;
-}
 
 // Encoded size of one array element of type t: exact for fixed-size scalars,
 // a lower bound for STRING (its length prefix) and ARRAY (type + count).
@@ -114,6 +95,26 @@ bool lookup_geometry(uint32_t type, int64_t& block, int64_t& bytes) {
 }
 
 }  // namespace
+
+// (gguf.hpp)
+std::string gguf_quote(const std::string& s) {
+  constexpr size_t kMax = 80;
+  std::string out = "'";
+  for (size_t k = 0; k < s.size() && k < kMax; ++k) {
+    const unsigned char c = static_cast<unsigned char>(s[k]);
+    if (c >= 0x20 && c < 0x7f && c != '\\' && c != '\'') {
+      out += static_cast<char>(c);
+    } else {
+      static const char* hex = "0123456789abcdef";
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (s.size() > kMax) out += "...";
+  out += "'";
+  return out;
+}
 
 // ---------------------------------------------------------------------------
 // Free functions
@@ -433,7 +434,7 @@ void GgufFile::Parser::metadata(GgufFile& f, uint64_t kv_count, size_t& alignmen
     const size_t key_at = pos_;
     std::string key = str("key");
     if (key.empty()) fail_at(key_at, "empty key");
-    ctx_ = "key " + quote(key);
+    ctx_ = "key " + gguf_quote(key);
     if (f.metadata_.count(key) != 0) fail_at(key_at, "duplicate key");
     const GgufType t = type_id("value type");
     if (key == "general.alignment") alignment_at = pos_;
@@ -469,7 +470,7 @@ void GgufFile::Parser::tensor_infos(GgufFile& f, uint64_t tensor_count, std::vec
     const size_t name_at = pos_;
     t.name = str("tensor name");
     if (t.name.empty()) fail_at(name_at, "empty tensor name");
-    ctx_ = "tensor " + quote(t.name);
+    ctx_ = "tensor " + gguf_quote(t.name);
     if (f.tensor_index_.count(t.name) != 0) fail_at(name_at, "duplicate tensor name");
 
     const size_t ndims_at = pos_;
@@ -535,7 +536,7 @@ void GgufFile::Parser::place_tensors(GgufFile& f, const std::vector<size_t>& off
   const uint64_t data_size = n_ - data_offset;
   for (size_t k = 0; k < f.tensors_.size(); ++k) {
     GgufTensorInfo& t = f.tensors_[k];
-    ctx_ = "tensor " + quote(t.name);
+    ctx_ = "tensor " + gguf_quote(t.name);
     if (t.offset % f.alignment_ != 0) {
       fail_at(offset_at[k], "data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
                                 std::to_string(f.alignment_));
@@ -641,14 +642,14 @@ std::string describe_type(const GgufValue& v) {
 }
 
 [[noreturn]] void wrong_type(const std::string& key, const GgufValue& v, const char* expected) {
-  throw GgufError("gguf: key " + quote(key) + " has type " + describe_type(v) + ", expected " + expected);
+  throw GgufError("gguf: key " + gguf_quote(key) + " has type " + describe_type(v) + ", expected " + expected);
 }
 
 uint64_t as_uint(const std::string& key, const GgufValue& v) {
   if (!gguf_type_is_integer(v.type)) wrong_type(key, v, "an integer");
   if (is_signed_int(v.type)) {
     if (v.i < 0) {
-      throw GgufError("gguf: key " + quote(key) + " value " + std::to_string(v.i) +
+      throw GgufError("gguf: key " + gguf_quote(key) + " value " + std::to_string(v.i) +
                       " is negative, expected an unsigned integer");
     }
     return static_cast<uint64_t>(v.i);
@@ -660,7 +661,7 @@ int64_t as_int(const std::string& key, const GgufValue& v) {
   if (!gguf_type_is_integer(v.type)) wrong_type(key, v, "an integer");
   if (!is_signed_int(v.type)) {
     if (v.u > kInt64Max) {
-      throw GgufError("gguf: key " + quote(key) + " value " + std::to_string(v.u) + " does not fit in int64");
+      throw GgufError("gguf: key " + gguf_quote(key) + " value " + std::to_string(v.u) + " does not fit in int64");
     }
     return static_cast<int64_t>(v.u);
   }
@@ -679,7 +680,7 @@ double as_float(const std::string& key, const GgufValue& v) {
 
 const GgufValue& GgufFile::require_value(const std::string& key) const {
   const GgufValue* v = find(key);
-  if (v == nullptr) throw GgufError("gguf: key " + quote(key) + " not found");
+  if (v == nullptr) throw GgufError("gguf: key " + gguf_quote(key) + " not found");
   return *v;
 }
 
@@ -744,7 +745,7 @@ const GgufTensorInfo* GgufFile::tensor(const std::string& name) const {
 
 const GgufTensorInfo& GgufFile::require_tensor(const std::string& name) const {
   const GgufTensorInfo* t = tensor(name);
-  if (t == nullptr) throw GgufError("gguf: tensor " + quote(name) + " not found");
+  if (t == nullptr) throw GgufError("gguf: tensor " + gguf_quote(name) + " not found");
   return *t;
 }
 

@@ -57,6 +57,10 @@ class GgufError : public std::runtime_error {
   using runtime_error::runtime_error;
 };
 
+/// A file-controlled string (a key, a tensor name, a token) for messages: in single quotes, bytes
+/// outside printable ASCII (and quotes, backslashes) as \xNN, cut after 80 bytes with "...".
+std::string gguf_quote(const std::string& s);
+
 /// Metadata value type ids, as stored in the file.
 enum class GgufType : uint32_t {
   UINT8 = 0, INT8 = 1, UINT16 = 2, INT16 = 3, UINT32 = 4, INT32 = 5, FLOAT32 = 6,

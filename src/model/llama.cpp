@@ -70,12 +70,24 @@ LlamaConfig LlamaConfig::from_gguf(const GgufFile& f) {
   const std::string arch = f.get_string("general.architecture");
   if (arch != "llama") throw GgufError("general.architecture is '" + arch + "'; only 'llama' is supported");
   LlamaConfig c;
-  c.n_layers = int64_t(f.get_uint("llama.block_count"));
+  // Counts read from the file are bounded before anything is sized by them: a block count of 10^7
+  // in a 5 MB file made the layer table take 16 GB before the first missing tensor was noticed.
+  const uint64_t blocks = f.get_uint("llama.block_count");
+  if (blocks == 0 || blocks > 65536)
+    throw GgufError("llama.block_count is " + std::to_string(blocks) + "; expected 1 to 65536");
+  c.n_layers = int64_t(blocks);
+  if (!f.tensor("blk." + std::to_string(blocks - 1) + ".attn_norm.weight"))
+    throw GgufError("llama.block_count is " + std::to_string(blocks) + " but the file has no tensor 'blk." +
+                    std::to_string(blocks - 1) + ".attn_norm.weight' (its last layer's)");
   c.hidden_size = int64_t(f.get_uint("llama.embedding_length"));
   c.intermediate_size = int64_t(f.get_uint("llama.feed_forward_length"));
   c.num_heads = int64_t(f.get_uint("llama.attention.head_count"));
   c.num_kv_heads = int64_t(f.get_uint("llama.attention.head_count_kv", uint64_t(c.num_heads)));
-  c.context_length = int64_t(f.get_uint("llama.context_length", 2048));
+  // (at most 2^30 tokens: the attention kernels' key positions are 32-bit with room to spare)
+  const uint64_t ctx = f.get_uint("llama.context_length", 2048);
+  if (ctx == 0 || ctx > (uint64_t(1) << 30))
+    throw GgufError("llama.context_length is " + std::to_string(ctx) + "; expected 1 to 2^30");
+  c.context_length = int64_t(ctx);
   c.rms_eps = f.get_float("llama.attention.layer_norm_rms_epsilon", 1e-5);
   c.rope_theta = f.get_float("llama.rope.freq_base", 10000.0);
   if (c.num_heads <= 0 || c.hidden_size % c.num_heads != 0)

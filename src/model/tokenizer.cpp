@@ -1,6 +1,8 @@
 // Byte-level BPE tokenizer: see tokenizer.hpp for the pipeline and the contract.
 #include "model/tokenizer.hpp"
 
+#include "model/gguf.hpp"  // gguf_quote: file bytes in messages
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -11,6 +13,7 @@
 #include <stdexcept>
 #include <unordered_map>
 #include <regex>
+#include <string_view>
 #include <utility>
 
 namespace ks::model {
@@ -437,7 +440,7 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, std::vector<int32_t> token
   } else if (pre == "gpt2" || pre == "default") {
     impl->split_digits = false;
   } else {
-    throw std::invalid_argument("tokenizer: unsupported pre-tokenizer '" + pre + "'");
+    throw std::invalid_argument("tokenizer: unsupported pre-tokenizer " + gguf_quote(pre));
   }
   impl->digit_re = std::make_unique<Regex>(kDigitPattern);
   impl->word_re = std::make_unique<Regex>(kGpt2Pattern);
@@ -496,8 +499,7 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, std::vector<int32_t> token
     const size_t sp = m.find(' ');
     if (sp == std::string::npos || sp == 0 || sp + 1 >= m.size() ||
         m.find(' ', sp + 1) != std::string::npos) {
-      throw std::invalid_argument("tokenizer: malformed merge #" + std::to_string(r) + ": '" + m +
-                                  "'");
+      throw std::invalid_argument("tokenizer: malformed merge #" + std::to_string(r) + ": " + gguf_quote(m));
     }
     const std::string_view left(m.data(), sp), right(m.data() + sp + 1, m.size() - sp - 1);
     joined.assign(left);
@@ -505,8 +507,8 @@ Tokenizer::Tokenizer(std::vector<std::string> tokens, std::vector<int32_t> token
     const auto l = impl->index.find(left), rr = impl->index.find(right);
     const auto j = impl->index.find(joined);
     if (l == impl->index.end() || rr == impl->index.end() || j == impl->index.end()) {
-      throw std::invalid_argument("tokenizer: merge #" + std::to_string(r) + " '" + m +
-                                  "' names a string not in the vocabulary");
+      throw std::invalid_argument("tokenizer: merge #" + std::to_string(r) + " " + gguf_quote(m) +
+                                  " names a string not in the vocabulary");
     }
     if (r > size_t(std::numeric_limits<int32_t>::max())) {
       throw std::invalid_argument("tokenizer: too many merges");
@@ -644,7 +646,9 @@ struct JinjaPiece {
   std::string text, after;
   bool decoded = true;
 };
-std::vector<JinjaPiece> jinja_pieces(const std::string& t) {
+// unterminated: set where a string literal or a tag runs to the end of the template.
+std::vector<JinjaPiece> jinja_pieces(const std::string& t, bool* unterminated) {
+  *unterminated = false;
   std::vector<JinjaPiece> out(1);  // (an empty first piece: the code before any literal is its `after`)
   size_t i = 0;
   auto code_until = [&](size_t from, size_t end) { return t.substr(from, end - from); };
@@ -689,24 +693,37 @@ std::vector<JinjaPiece> jinja_pieces(const std::string& t) {
           lit.text += t[k];
         }
       }
-      ++k;  // the closing quote
+      if (k < t.size()) ++k;  // the closing quote
+      else *unterminated = true;
       out.push_back(std::move(lit));
       last = &out.back();
       code_from = k;
     }
-    last->after += code_until(code_from, std::min(k, t.size()));
+    if (k >= t.size()) *unterminated = true;  // (no closing }} / %})
+    last->after += code_until(std::min(code_from, t.size()), std::min(k, t.size()));
     i = std::min(k + 2, t.size());
   }
   return out;
 }
 }  // namespace
 
+// The largest chat template chat_format_from_template reads (SmolLM2's is 0.6 KB, ChatML templates
+// with tool instructions a few KB).
+constexpr size_t kMaxChatTemplateBytes = 8192;
+
 ChatFormat chat_format_from_template(const std::string& jinja) {
   const auto refuse = [](const std::string& why) {
     throw std::invalid_argument("chat template: the model's tokenizer.chat_template " + why +
                                 "; kernscope renders plain ChatML only: leave out --chat and give the formatted prompt");
   };
-  const std::vector<JinjaPiece> pieces = jinja_pieces(jinja);
+  // (a bound well above ChatML templates' few KB: the regular expressions below recurse once per
+  // character they consume, so an unbounded run of spaces overflowed the stack; 2026-12-05)
+  if (jinja.size() > kMaxChatTemplateBytes)
+    refuse("is " + std::to_string(jinja.size()) + " bytes, more than the " + std::to_string(kMaxChatTemplateBytes) +
+           " kernscope reads");
+  bool unterminated = false;
+  const std::vector<JinjaPiece> pieces = jinja_pieces(jinja, &unterminated);
+  if (unterminated) refuse("has a string literal or a tag that is never closed");
   std::string code;  // the template without its comments
   for (const JinjaPiece& p : pieces) code += p.text + "\x01" + p.after;
   // the turn kernscope renders, "<|im_start|>" + role + "\n" + content + "<|im_end|>", and the
@@ -737,10 +754,10 @@ ChatFormat chat_format_from_template(const std::string& jinja) {
   for (size_t pi = 0; pi < pieces.size(); ++pi) {
     const JinjaPiece& p = pieces[pi];
     for (size_t at = p.text.find(head); at != std::string::npos; at = p.text.find(head, at + 1)) {
-      const std::string rest = p.text.substr(at + head.size());
+      const std::string_view rest = std::string_view(p.text).substr(at + head.size());  // (no copy per match)
       const size_t e = rest.find("<|im_end|>");
-      if (e != std::string::npos) {
-        const std::string text = rest.substr(0, e);
+      if (e != std::string_view::npos) {
+        const std::string text(rest.substr(0, e));
         if (!p.decoded || text.find("{{") != std::string::npos || text.find("{%") != std::string::npos)
           unreadable = true;
         else if (std::find(found.begin(), found.end(), text) == found.end())

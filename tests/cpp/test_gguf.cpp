@@ -6,6 +6,7 @@
 // headers, and require a GgufError with a useful message, never a crash.
 // Run under -fsanitize=address,undefined to catch out-of-bounds reads.
 #include "model/gguf.hpp"
+#include "model/generate.hpp"
 #include "model/llama.hpp"
 
 #include <gtest/gtest.h>
@@ -970,6 +971,7 @@ TEST(Gguf, LlamaConfigRefusesWhatItDoesNotImplement) {
     b.kv_u32("llama.block_count", 2).kv_u32("llama.embedding_length", 64).kv_u32("llama.feed_forward_length", 128);
     b.kv_u32("llama.attention.head_count", 4).kv_u32("llama.attention.head_count_kv", 2);
     b.tensor("token_embd.weight", {64, 10}, 0);
+    b.tensor("blk.1.attn_norm.weight", {64}, 0);  // (the last layer's first tensor: block_count is checked by it)
     return b;
   };
   auto config = [](Builder b) { return ks::model::LlamaConfig::from_gguf(GgufFile::from_bytes(b.build())); };
@@ -995,6 +997,77 @@ TEST(Gguf, LlamaConfigRefusesWhatItDoesNotImplement) {
   EXPECT_NO_THROW(config(base().kv_str("llama.rope.scaling.type", "none")));
   EXPECT_NO_THROW(config(base().kv("llama.rope.scaling.factor", [](W& w) { w.type(GgufType::FLOAT32).f32(1.f); })));
   EXPECT_NO_THROW(config(base().kv_u32("llama.expert_count", 0)));
+}
+
+// Counts the model is sized by are bounded before anything is allocated (the fuzzing run of
+// 2026-12-05: llama.block_count 10^7 in a 5 MB file took 16 GB for the layer table before a
+// missing tensor was noticed; llama.context_length 0 built an empty cache, 2^63 a negative one).
+TEST(Gguf, LlamaConfigBoundsItsCounts) {
+  auto with = [](uint64_t blocks, std::optional<uint64_t> ctx) {
+    Builder b;
+    b.kv_str("general.architecture", "llama");
+    b.kv_u64("llama.block_count", blocks).kv_u32("llama.embedding_length", 64).kv_u32("llama.feed_forward_length", 128);
+    b.kv_u32("llama.attention.head_count", 4);
+    if (ctx) b.kv_u64("llama.context_length", *ctx);
+    b.tensor("token_embd.weight", {64, 10}, 0).tensor("blk.0.attn_norm.weight", {64}, 0).tensor("blk.1.attn_norm.weight", {64}, 0);
+    return ks::model::LlamaConfig::from_gguf(GgufFile::from_bytes(b.build()));
+  };
+  auto refused = [&](uint64_t blocks, std::optional<uint64_t> ctx, const std::string& named) {
+    try {
+      with(blocks, ctx);
+      ADD_FAILURE() << "loaded; expected a refusal naming " << named;
+    } catch (const GgufError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  EXPECT_EQ(with(2, std::nullopt).context_length, 2048);  // (the key's default)
+  EXPECT_EQ(with(1, uint64_t(1) << 30).context_length, int64_t(1) << 30);
+  refused(0, std::nullopt, "llama.block_count is 0");
+  refused(uint64_t(1) << 40, std::nullopt, "llama.block_count is 1099511627776; expected 1 to 65536");
+  refused(kU64Max, std::nullopt, "llama.block_count");
+  refused(3, std::nullopt, "no tensor 'blk.2.attn_norm.weight'");  // more layers than the file holds
+  refused(2, 0, "llama.context_length is 0");
+  refused(2, (uint64_t(1) << 30) + 1, "llama.context_length");
+  refused(2, uint64_t(1) << 63, "llama.context_length is 9223372036854775808");
+}
+
+// tokenizer_from_gguf refuses ids and types past their ranges naming the key (they were cut to 32
+// bits: a bos id of 2^32 + 1 read as 1), and a vocabulary whose size differs from the embedding's
+// rows (it failed only when a prompt or the model reached a missing id).
+TEST(Gguf, TokenizerFromGgufChecksItsIds) {
+  auto make = [](std::vector<std::string> toks, int64_t rows, std::function<void(Builder&)> extra) {
+    Builder b;
+    b.kv_str("tokenizer.ggml.model", "gpt2");
+    b.kv("tokenizer.ggml.tokens", [toks](W& w) {
+      w.type(GgufType::ARRAY).type(GgufType::STRING).u64(toks.size());
+      for (const auto& t : toks) w.str(t);
+    });
+    b.kv("tokenizer.ggml.merges", [](W& w) { w.type(GgufType::ARRAY).type(GgufType::STRING).u64(1).str("a b"); });
+    extra(b);
+    if (rows > 0) b.tensor("token_embd.weight", {32, uint64_t(rows)}, 0);
+    return ks::model::tokenizer_from_gguf(GgufFile::from_bytes(b.build()));
+  };
+  const std::vector<std::string> toks{"a", "b", "ab", "c"};
+  EXPECT_NO_THROW(make(toks, 4, [](Builder& b) { b.kv_u32("tokenizer.ggml.eos_token_id", 3); }));
+  EXPECT_NO_THROW(make(toks, 0, [](Builder&) {}));  // (no embedding in the file: nothing to match)
+  auto refused = [&](int64_t rows, std::function<void(Builder&)> extra, const std::string& named) {
+    try {
+      make(toks, rows, std::move(extra));
+      ADD_FAILURE() << "loaded; expected a refusal naming " << named;
+    } catch (const GgufError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  refused(4, [](Builder& b) { b.kv_u64("tokenizer.ggml.bos_token_id", (uint64_t(1) << 32) + 1); },
+          "tokenizer.ggml.bos_token_id is 4294967297; the vocabulary has 4 tokens");
+  refused(4, [](Builder& b) { b.kv_u32("tokenizer.ggml.eos_token_id", 4); }, "tokenizer.ggml.eos_token_id is 4");
+  refused(4, [](Builder& b) {
+    b.kv("tokenizer.ggml.token_type", [](W& w) {
+      w.type(GgufType::ARRAY).type(GgufType::INT32).u64(4).i32(1).i32(1).i32(7).i32(1);
+    });
+  }, "tokenizer.ggml.token_type[2] is 7; expected 0 to 6");
+  refused(5, [](Builder&) {}, "tokenizer.ggml.tokens has 4 entries but token_embd.weight has 5 rows");
+  refused(3, [](Builder&) {}, "tokenizer.ggml.tokens has 4 entries but token_embd.weight has 3 rows");
 }
 
 // The real model, when available (KS_MODEL_PATH).

@@ -371,6 +371,29 @@ TEST(ChatTemplate, FormatFromTheModelsTemplate) {
   }
 }
 
+// Templates kernscope cannot read safely are refused by name (the fuzzing run of 2026-12-05): one
+// longer than 8 KB (a run of 30000 spaces overflowed the stack in std::regex's recursion; 1.5 MB
+// of literal took 16 s), and a literal or tag never closed (it read past the end: a substr error).
+TEST(Tokenizer, ChatTemplatesTooLongOrUnclosedAreRefused) {
+  using ks::model::chat_format_from_template;
+  const std::string turn = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+                           "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{{ '<|im_start|>assistant\\n' }}";
+  auto refused = [&](const std::string& t, const std::string& why) {
+    try {
+      chat_format_from_template(t);
+      ADD_FAILURE() << "read; expected a refusal: " << why;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused(std::string(9000, ' ') + turn, "more than the 8192 kernscope reads");
+  const std::string spaced = "{% for message in messages %}{{ '<|im_start|>'" + std::string(30000, ' ') + "+ message['role'] }}";
+  refused(spaced, "more than the 8192");
+  for (const char* t : {"{{ '<|im_start|>", "{% '", "{{ '\\", "{{ message", "{% for m in messages"})
+    refused(t, "never closed");
+  EXPECT_NO_THROW(chat_format_from_template(turn));
+}
+
 // ---------------------------------------------------------------------------------------
 // SmolLM2 vocabulary (needs KS_MODEL_PATH)
 // ---------------------------------------------------------------------------------------
