@@ -34,6 +34,7 @@
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define KS_X86 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -46,10 +47,17 @@ namespace {
 
 #define KS_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c")))
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does not know "f16c".
+// Its register state is AVX's, which the avx512f check has already found enabled by the OS.
+bool have_f16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & (1u << 29)) != 0;
+}
+
 bool have_avx512() {
   static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                         __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+                         __builtin_cpu_supports("fma") && have_f16c();
   return ok;
 }
 
