@@ -3064,6 +3064,41 @@ TEST_P(CudaAttention, LongEqualSignSumsWithinTheContract) {
   }
 }
 
+// Random contexts past the fallback's folds (cuda_cta_per_head sums 64 tiles of 128 keys before
+// it folds them into the outer level, attn_cascade_add): lengths just below, at and past 8192
+// and 16384 keys, one decode token each, against the CPU under every variant; then head_dim 4096,
+// cuda_cta_per_head's limit (48 KB of shared memory, by opt-in), where the variant takes it.
+TEST_P(CudaAttention, LongRandomContextsAndTheHeadDimLimit) {
+  NEED_GPU();
+  std::mt19937 gen(29);
+  for (auto [KVH, D, lens] : std::vector<std::tuple<int64_t, int64_t, std::vector<int64_t>>>{
+           {2, 64, {20000, 16385, 16384, 8193, 8192, 8191, 4097}}, {1, 4096, {300, 1}}}) {
+    const bool fits = D <= 128 || std::string(GetParam()) == "cuda_cta_per_head";
+    const int64_t H = 2 * KVH, bs = 16, T = int64_t(lens.size());
+    const int64_t maxb = (*std::max_element(lens.begin(), lens.end()) + bs - 1) / bs, blocks = maxb + 9;
+    for (DType dt : kstest::float_dtypes()) {
+      if (!takes(dt) || !fits) continue;
+      SCOPED_TRACE(std::string(ks::dtype_name(dt)) + " D=" + std::to_string(D));
+      Buf kc(dt, {blocks, bs, KVH, D}), vc(dt, {blocks, bs, KVH, D}), q(dt, {T, H, D}), bt(DType::I32, {T, maxb}),
+          cl(DType::I32, {T}), ref(dt, {T, H, D}), got(dt, {T, H, D});
+      kstest::fill_normal(kc);
+      kstest::fill_normal(vc);
+      kstest::fill_normal(q);
+      for (int64_t i = 0; i < T * maxb; ++i) bt.set(i, double(gen() % blocks));
+      for (int64_t t = 0; t < T; ++t) cl.set(t, double(lens[size_t(t)]));
+      DBuf dkc(dt, kc.shape), dvc(dt, vc.shape), dq(dt, q.shape), dbt(DType::I32, bt.shape), dcl(DType::I32, {T}),
+          dout(dt, q.shape);
+      dkc.upload(kc);
+      dvc.upload(vc);
+      dq.upload(q);
+      dbt.upload(bt);
+      dcl.upload(cl);
+      paged_cuda_and_cpu(dout, dq, dkc, dvc, dbt, dcl, q, kc, vc, bt, cl, 1.0 / std::sqrt(double(D)), got, ref);
+      EXPECT_TRUE(close_to_cpu(got, ref, 1e-5)) << ks_last_launch_config("paged_attention");
+    }
+  }
+}
+
 // cuda_gqa_cluster's small-table rule (KS_ATTN_ONE_CTA_KEYS=N, default 256; 0: off): block tables
 // of at most N keys run one CTA per (token, kv head) unit, no cluster, whatever the live length;
 // other tables (and every table when it is off) take the capacity rule, a cluster of several CTAs
@@ -4183,8 +4218,11 @@ TEST(Cuda, VarlenAttentionAgainstCpu) {
     int64_t H, KVH, D;
     std::vector<int32_t> lq, lk;
   };
+  // (the last two: keys past the kernel's folds of 64 tiles of 64 keys, attn_cascade_add; head_dim
+  // 4096, its limit: 48 KB of shared memory by opt-in)
   const std::vector<P> problems = {{4, 2, 32, {5, 0, 17, 1}, {5, 0, 17, 1}}, {9, 3, 64, {3, 200}, {70, 200}},
-                                   {8, 8, 128, {4}, {2}}};
+                                   {8, 8, 128, {4}, {2}}, {4, 2, 64, {2, 3}, {9000, 4097}},
+                                   {2, 1, 4096, {2}, {300}}};
   for (DType dt : kstest::float_dtypes())
     for (bool causal : {true, false})
       for (const P& p : problems) {

@@ -2164,13 +2164,14 @@ constexpr int kVarThreads = 128, kVarTile = 64;
 
 template <typename T>
 __global__ void __launch_bounds__(kVarThreads) varlen_attention_kernel(const VarlenParams p) {
-  extern __shared__ float var_sh[];  // q (D floats), acc (D floats)
+  extern __shared__ float var_sh[];  // q, acc, outer (D floats each: attn_cascade_add's levels)
   __shared__ float w[kVarTile];
   __shared__ float red[kVarThreads / 32];
   pdl_begin();
   const int64_t D = p.head_dim;
   float* qv = var_sh;
   float* acc = var_sh + D;
+  float* outer = var_sh + 2 * D;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = kVarThreads / 32;
   const int64_t G = p.num_heads / p.num_kv_heads;
   auto off = [&](const int32_t* cu, int64_t i, int64_t total) { return min(max(int64_t(cu[i]), int64_t(0)), total); };
@@ -2194,9 +2195,9 @@ __global__ void __launch_bounds__(kVarThreads) varlen_attention_kernel(const Var
     __syncthreads();  // the previous row's q / acc are no longer read
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       qv[d] = Dt<T>::to_f(qr[d]);
-      acc[d] = 0.f;
+      acc[d] = outer[d] = 0.f;
     }
-    float run_max = -INFINITY, run_sum = 0.f;
+    float run_max = -INFINITY, run_sum = 0.f, outer_sum = 0.f;
     for (int64_t j0 = 0; j0 < vis; j0 += kVarTile) {
       const int nt = int(min(int64_t(kVarTile), vis - j0));
       __syncthreads();
@@ -2229,19 +2230,22 @@ __global__ void __launch_bounds__(kVarThreads) varlen_attention_kernel(const Var
       __syncthreads();
       float tile = 0.f;
       for (int k = 0; k < nw; ++k) tile += red[k];
-      run_sum = run_sum * corr + tile;
+      const bool fold = (j0 / kVarTile + 1) % kAttnFoldTiles == 0;
+      attn_cascade_add(run_sum, outer_sum, corr, tile, fold);
       run_max = nm;
       for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = acc[d] * corr;
+        float a = 0.f;  // the tile's terms
         for (int j = 0; j < nt; ++j)
           a += w[j] * Dt<T>::to_f(static_cast<const T*>(p.v)[((k0 + j0 + j) * p.num_kv_heads + kvh) * D + d]);
-        acc[d] = a;
+        attn_cascade_add(acc[d], outer[d], corr, a, fold);
       }
     }
     __syncthreads();
     // no visible key: a zero row; keys whose scores are all -inf: NaN (exp(-inf - -inf)), as the CPU
-    const float inv = run_sum == 0.f ? (vis > 0 ? __int_as_float(0x7fffffff) : 0.f) : 1.f / run_sum;
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = Dt<T>::from_f(vis > 0 ? acc[d] * inv : 0.f);
+    const float total = outer_sum + run_sum;
+    const float inv = total == 0.f ? (vis > 0 ? __int_as_float(0x7fffffff) : 0.f) : 1.f / total;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+      out[d] = Dt<T>::from_f(vis > 0 ? (outer[d] + acc[d]) * inv : 0.f);
   }
 }
 
@@ -2249,7 +2253,7 @@ __global__ void __launch_bounds__(kVarThreads) varlen_attention_kernel(const Var
 
 std::string varlen_attention_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::VarlenAttentionArgs*>(args);
-  if (a.head_dim > 4096) return "head_dim > 4096 (q and the accumulator are kept in 48 KB of shared memory)";
+  if (a.head_dim > 4096) return "head_dim > 4096 (q and the accumulator's two levels are kept in 3 x head_dim floats of shared memory)";
   return "";
 }
 
@@ -2262,9 +2266,12 @@ void varlen_attention_cuda(const void* args, ks_stream_t stream) {
                        static_cast<const int32_t*>(a.cu_k.data), a.scale, a.causal, a.total_q, a.total_k,
                        a.num_heads, a.num_kv_heads, a.head_dim, a.num_seqs};
   const unsigned grid = unsigned(std::min<int64_t>(a.total_q * a.num_heads, int64_t(dp.sm_count) * 16));
-  const size_t smem = size_t(2 * a.head_dim) * sizeof(float);
+  const size_t smem = size_t(3 * a.head_dim) * sizeof(float);  // q, acc, outer
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type(a.q.dtype, [&](auto tag) {
+    // 48 KB at head_dim 4096, past the default limit with the static arrays: the opt-in limit
+    // (once per device)
+    opt_in_smem_limit<varlen_attention_kernel<decltype(tag)>>(a.q.device.device_id, "varlen_attention");
     launch_kernel("varlen_attention", varlen_attention_kernel<decltype(tag)>, dim3(grid), dim3(kVarThreads), smem, s, 1,
                   dp.pdl, p);
   });

@@ -174,6 +174,23 @@ __device__ __forceinline__ void opaque(Vec<T, VEC>& v) {
 }
 
 // ---- reductions ----------------------------------------------------------
+// The online softmax's sums in the per-thread-column fallback kernels (cuda_cta_per_head,
+// varlen_attention), in three levels so that long contexts stay within the contract's summation
+// bound (docs/contracts.md): a tile's terms summed in order (the caller: `tile`), at most
+// kAttnFoldTiles tiles in the running sum `run`, then `run` folded into `outer` (a running sum
+// of n / (tile * kAttnFoldTiles) folds: 2^30 keys in tiles of 64 stay under 8 sqrt(n) ulps, where
+// one running sum over the keys was ~n / 2 worst case). Both are rescaled by the tile's factor
+// corr = e^(old max - new max). The value is outer + run.
+constexpr int kAttnFoldTiles = 64;
+__device__ __forceinline__ void attn_cascade_add(float& run, float& outer, float corr, float tile, bool fold) {
+  run = run * corr + tile;
+  outer *= corr;
+  if (fold) {
+    outer += run;
+    run = 0.f;
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

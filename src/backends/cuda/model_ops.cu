@@ -1097,13 +1097,14 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
 // ---- paged_attention ----------------------------------------------------------------
 // A CTA per (query token, head): keys in tiles of kTile; a warp per key computes its
 // score (lanes over head_dim, FP32), the tile's scores go through an online softmax
-// (running max and sum, FP32), and thread d accumulates sum_j p_j v_j[d].
+// (running max and sum, FP32), and thread d accumulates sum_j p_j v_j[d]: each tile's terms
+// in order, then the tiles' sums in attn_cascade_add's two levels (so does the denominator).
 constexpr int kAttnThreads = 128, kTile = 128;
 
 
 template <typename T>
 __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const AttnParams p) {
-  extern __shared__ float attn_sh[];  // q (D floats), then acc (D floats)
+  extern __shared__ float attn_sh[];  // q, acc, outer (D floats each: attn_cascade_add's levels)
   __shared__ float sc[kTile];
   __shared__ int64_t slot_of[kTile];
   __shared__ float red[kAttnThreads / 32];
@@ -1111,6 +1112,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
   const int64_t D = p.head_dim;
   float* qv = attn_sh;
   float* acc = attn_sh + D;
+  float* outer = attn_sh + 2 * D;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = kAttnThreads / 32;
   const int64_t group = p.num_heads / p.num_kv_heads;
   for (int64_t th = blockIdx.x; th < p.num_tokens * p.num_heads; th += gridDim.x) {
@@ -1121,9 +1123,9 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
     __syncthreads();  // the previous row's q / acc are no longer read
     for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
       qv[d] = ld_f(q, d);
-      acc[d] = 0.f;
+      acc[d] = outer[d] = 0.f;
     }
-    float run_max = -INFINITY, run_sum = 0.f;
+    float run_max = -INFINITY, run_sum = 0.f, outer_sum = 0.f;
     bool any_key = false;  // a key that is not dropped (the same value in every thread)
     for (int64_t j0 = 0; j0 < len; j0 += kTile) {
       const int64_t nt = min(int64_t(kTile), len - j0);
@@ -1175,23 +1177,26 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       __syncthreads();
       float tile_sum = 0.f;
       for (int i = 0; i < nw; ++i) tile_sum += red[i];
-      run_sum = run_sum * corr + tile_sum;
+      const bool fold = (j0 / kTile + 1) % kAttnFoldTiles == 0;
+      attn_cascade_add(run_sum, outer_sum, corr, tile_sum, fold);
       run_max = new_max;
       for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float a = acc[d] * corr;
+        float a = 0.f;  // the tile's terms
         for (int64_t j = 0; j < nt; ++j) {
           const int64_t slot = slot_of[j];
           if (slot < 0) continue;
           a += sc[j] * ld_f(static_cast<const T*>(p.v_cache) + (slot * p.num_kv_heads + kvh) * D, d);
         }
-        acc[d] = a;
+        attn_cascade_add(acc[d], outer[d], corr, a, fold);
       }
     }
     __syncthreads();
     // No key left (all dropped): a zero row. Keys whose scores are all -inf: softmax of
     // all -inf, a NaN row (as the CPU's exp(-inf - -inf)). A NaN sum stays NaN.
-    const float inv = run_sum == 0.f ? (any_key ? __int_as_float(0x7fffffff) : 0.f) : 1.f / run_sum;
-    for (int64_t d = threadIdx.x; d < D; d += blockDim.x) out[d] = Dt<T>::from_f(len > 0 ? acc[d] * inv : 0.f);
+    const float total = outer_sum + run_sum;
+    const float inv = total == 0.f ? (any_key ? __int_as_float(0x7fffffff) : 0.f) : 1.f / total;
+    for (int64_t d = threadIdx.x; d < D; d += blockDim.x)
+      out[d] = Dt<T>::from_f(len > 0 ? (outer[d] + acc[d]) * inv : 0.f);
   }
 }
 
@@ -1665,7 +1670,7 @@ void silu_quant_matmul_cuda(const void* args, ks_stream_t stream) {
 
 std::string paged_attention_can_implement(const void* args) {
   const auto& a = *static_cast<const ops::PagedAttentionArgs*>(args);
-  if (a.head_dim > 4096) return "head_dim > 4096 (q and the accumulator are kept in 48 KB of shared memory)";
+  if (a.head_dim > 4096) return "head_dim > 4096 (q and the accumulator's two levels are kept in 3 x head_dim floats of shared memory)";
   return "";
 }
 
@@ -1675,9 +1680,12 @@ void paged_attention_cuda(const void* args, ks_stream_t stream) {
   const DeviceProps& dp = device_props(a.q.device.device_id);
   const AttnParams p = attn_params(a);
   const unsigned grid = unsigned(std::min<int64_t>(a.num_tokens * a.num_heads, int64_t(dp.sm_count) * 16));
-  const size_t smem = size_t(2 * a.head_dim) * sizeof(float);
+  const size_t smem = size_t(3 * a.head_dim) * sizeof(float);  // q, acc, outer
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type(a.q.dtype, [&](auto tag) {
+    // 48 KB at head_dim 4096, past the default limit with the static arrays: the opt-in limit
+    // (once per device)
+    opt_in_smem_limit<paged_attention_kernel<decltype(tag)>>(a.q.device.device_id, "paged_attention");
     launch_kernel("paged_attention", paged_attention_kernel<decltype(tag)>, dim3(grid), dim3(kAttnThreads), smem, s, 1,
                   dp.pdl, p);
   });
