@@ -214,6 +214,47 @@ TEST(TokenizerTiny, SpecialTokensLongestMatchAndUserDefined) {
   EXPECT_EQ(t.decode({1, tiny_byte('h'), 2}), "<|im_start|>h<|im_end|>");
 }
 
+// Thousands of specials sharing their first bytes (a crafted file; a bucket per first byte, compared
+// one by one, took 20 s on such input): the leftmost-longest match at every position (a special
+// that another one starts with: "<|reserved_1|>" and
+// "<|reserved_1|>x"), a text that breaks off inside a special,
+// and the scan's time linear in the text (a complexity guard with a wide margin, not a speed claim).
+TEST(TokenizerTiny, ManySpecialsSharingAPrefix) {
+  std::vector<std::string> tokens{"<|endoftext|>", "<|im_start|>", "<|im_end|>", "<x>"};
+  std::vector<int32_t> types{3, 3, 3, 4};
+  for (int b = 0; b < 256; ++b) {
+    tokens.push_back(byte_level(static_cast<unsigned char>(b)));
+    types.push_back(1);
+  }
+  const int32_t first = int32_t(tokens.size());
+  const int kSpecials = 50000;
+  for (int i = 0; i < kSpecials; ++i) {
+    tokens.push_back("<|reserved_" + std::to_string(i) + "|>");
+    types.push_back(i % 2 == 0 ? 3 : 4);  // control and user-defined
+  }
+  tokens.push_back("<|reserved_1|>x");  // longer than "<|reserved_1|>", which it starts with
+  types.push_back(4);
+  const Tokenizer t(tokens, types, {}, 1, 2, "smollm");
+  const int32_t s1x = first + kSpecials;
+  EXPECT_EQ(t.encode("<|reserved_49999|><|reserved_1|>x<|reserved_1|>y<|reserved_12|>", true),
+            (std::vector<int32_t>{first + 49999, s1x, first + 1, tiny_byte('y'), first + 12}));
+  // "<|reserved_2" breaks off: plain bytes
+  const std::vector<int32_t> cut = t.encode("a<|reserved_2", true);
+  ASSERT_EQ(cut.size(), 13u);
+  for (size_t i = 0; i < cut.size(); ++i) EXPECT_EQ(cut[i], tiny_byte(static_cast<unsigned char>("a<|reserved_2"[i])));
+  // 1 MB of near-misses (the shared prefix, then a number the vocabulary lacks) before one special
+  std::string text;
+  while (text.size() < 1000000) text += "<|reserved_99999|";
+  text += "<|reserved_7|>";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<int32_t> ids = t.encode(text, true);
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.back(), first + 7);
+  EXPECT_EQ(t.decode(ids), text);
+  EXPECT_LT(sec, 1.0) << "the special-token scan should be linear in the text (the bucket scan: 8 s)";
+}
+
 TEST(TokenizerTiny, ConstructorRejectsBadInput) {
   std::vector<std::string> toks{"a", "b", "ab"};
   std::vector<int32_t> types{1, 1, 1};
