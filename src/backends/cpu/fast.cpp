@@ -286,13 +286,20 @@ constexpr int kMaxDv = 16;      // head_dim / 16
 // context, not with its length (one running sum per lane drifted 1.6e-3 at 128K equal keys).
 constexpr int64_t kAttnKeyGroup = 64;
 
-// The calling thread's scratch, in floats: the scores (G x the longest context rounded up to 16),
-// a group's sums (G x D, and 16 for a denominator) and the pairwise partials of both.
-int64_t attn_scratch_floats(int64_t G, int64_t D, int64_t max_len) {
-  return G * ((max_len + 15) / 16 * 16) + (PairwiseAccumulator::kLevels + 1) * (G * D + 16);
-}
+// The calling thread's scratch, offsets in floats: the scores at 0 (G x the longest context
+// rounded up to 16), then a group's P @ V sums (G x D), their pairwise partials, a group's
+// denominator (16) and its partials; `total` floats in all (what the caller allocates).
+struct AttnScratch {
+  int64_t pv_group, pv_levels, den_group, den_levels, total;
+  AttnScratch(int64_t G, int64_t D, int64_t max_len)
+      : pv_group(G * ((max_len + 15) / 16 * 16)),
+        pv_levels(pv_group + G * D),
+        den_group(pv_levels + PairwiseAccumulator::kLevels * G * D),
+        den_levels(den_group + 16),
+        total(den_levels + PairwiseAccumulator::kLevels * 16) {}
+};
 
-// sc: the calling thread's scratch (attn_scratch_floats).
+// sc: the calling thread's scratch (AttnScratch), the scores first.
 KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, float* sc) {
   const int64_t D = a.head_dim, KVH = a.num_kv_heads, G = a.num_heads / KVH, DV = D / 16;
   using ks::detail::load_index;
@@ -309,11 +316,11 @@ KS_AVX512 void attn_task(const PagedAttentionArgs& a, int64_t t, int64_t g, floa
     return;
   }
   const int64_t ld = (len + 15) / 16 * 16;
-  // after the scores: a group's P @ V sums, their partials, a group's denominator, its partials
-  float* const pv_group = sc + G * ((a.max_context_len + 15) / 16 * 16);
-  float* const pv_levels = pv_group + G * D;
-  float* const den_group = pv_levels + PairwiseAccumulator::kLevels * G * D;
-  float* const den_levels = den_group + 16;
+  const AttnScratch at(G, D, a.max_context_len);
+  float* const pv_group = sc + at.pv_group;
+  float* const pv_levels = sc + at.pv_levels;
+  float* const den_group = sc + at.den_group;
+  float* const den_levels = sc + at.den_levels;
   __m512 qv[kMaxGroup][kMaxDv];
   for (int64_t h = 0; h < G; ++h)
     for (int64_t v = 0; v < DV; ++v) qv[h][v] = _mm512_loadu_ps(q + h * D + v * 16);
@@ -395,7 +402,7 @@ std::string attn_can_implement(const void* p) {
 void attn_avx512(const void* p, ks_stream_t) {
   const auto& a = *static_cast<const PagedAttentionArgs*>(p);
   const int64_t tasks = a.num_tokens * a.num_kv_heads;
-  const Scratch scratch(true, size_t(attn_scratch_floats(a.num_heads / a.num_kv_heads, a.head_dim, a.max_context_len)));
+  const Scratch scratch(true, size_t(AttnScratch(a.num_heads / a.num_kv_heads, a.head_dim, a.max_context_len).total));
 #pragma omp parallel if (tasks > 1)
   {
     float* sc = scratch.get();
