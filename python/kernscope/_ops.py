@@ -305,10 +305,16 @@ def _check_ndim_first(op: str, arg: str, t: Any, ndim: int) -> None:
         raise InvalidArgumentError(f"{op}: {arg} must have {ndim} dims; got shape {shape}")
 
 
-def _check_rows(op: str, arg: str, shape: Sequence[int], q: int) -> None:
+_SHORT_FLOAT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
+
+
+def _check_rows(op: str, arg: str, shape: Sequence[int], q: int, dtype: Any = None) -> None:
     """Before an output is sized from ``arg``: a 2-D ``[rows, row_bytes]`` of whole blocks of
-    format q (0: a dense ``[rows, cols]`` with cols > 0), so that an error names ``arg``, not
-    the output allocated from it."""
+    format q (uint8; 0: a dense ``[rows, cols]`` with cols > 0), so that an error names ``arg``,
+    not the output allocated from it (and is the one the native check gives when out is passed)."""
+    if q != 0 and dtype is not None and str(dtype).removeprefix("torch.") != "uint8":
+        name = str(dtype).removeprefix("torch.")
+        raise UnsupportedDtypeError(f"{op}: {arg} has dtype {_SHORT_FLOAT.get(name, name)}; expected one of: uint8")
     if len(shape) != 2:
         raise InvalidArgumentError(f"{op}: {arg} must be 2-D; got shape {tuple(int(d) for d in shape)}")
     if q == 0:
@@ -631,7 +637,7 @@ def embedding(ids: Array, table: T, *, table_format: Union[str, int, QType, None
         _check_layout_first(op, "ids", ids)
         _check_layout_first(op, "table", table)
         tshape = tuple(table.shape)
-        _check_rows(op, "table", tshape, fmt)
+        _check_rows(op, "table", tshape, fmt, getattr(table, "dtype", None))
         if fmt == 0:
             if "int" in str(getattr(table, "dtype", "")):  # (uint8 bytes: a packed table without its format)
                 raise UnsupportedDtypeError(f"{op}: table has dtype {table.dtype}; a dense table is fp16, bf16 or "
@@ -680,7 +686,7 @@ def dequantize(packed: Array, qtype: Union[str, int, QType], *, dtype: Any = "fp
     if out is None:
         _check_layout_first(op, "packed", packed)
         shape = tuple(packed.shape)
-        _check_rows(op, "packed", shape, q)
+        _check_rows(op, "packed", shape, q, getattr(packed, "dtype", None))
         out = fw.empty(packed, (_dim0(shape), _packed_cols(shape, q)), name)
     _native(_C.dequantize, fw, packed, (out, packed), q, code)
     return out

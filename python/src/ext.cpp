@@ -273,7 +273,10 @@ class Call {
     uint64_t flags = 0;
     if (const ExchangeAPI* api = exchange_api(obj)) {
       s.api = api;
-      if (api->dltensor_from_py_object_no_sync) {
+      // A tensor the op writes goes through the managed export when the table has one: only it
+      // carries the flags (read-only, copied); the bare DLTensor fill has none, so a read-only
+      // tensor would be written (the adversarial tests' producer over a PROT_READ mapping).
+      if (api->dltensor_from_py_object_no_sync && !(writable && api->managed_tensor_from_py_object_no_sync)) {
         if (api->dltensor_from_py_object_no_sync(obj, &s.t) != 0)
           raise(PyExc_TypeError, where(i) + " cannot be exported through DLPack: " + take_python_error());
       } else {

@@ -33,6 +33,12 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
   return guard(op, [&] {
     EmbeddingArgs a;
     a.ids = view_of(op, "ids", ids);
+    // out = ids' shape + (hidden,) must fit the 16-dimension limit: checked before out is read,
+    // so that 16-dimensional ids are named (Python sizes out from them, with 17 dimensions)
+    if (a.ids.ndim() >= Shape::kMax)
+      fail(KS_ERROR_INVALID_ARGUMENT, op,
+           "ids must have at most " + std::to_string(Shape::kMax - 1) + " dimensions (out adds one); got " +
+               std::to_string(a.ids.ndim()));
     a.table = view_of(op, "table", table);
     a.out = view_of(op, "out", out);
     require_dtype(op, "ids", a.ids, {DType::I32, DType::I64});
@@ -52,10 +58,6 @@ extern "C" ks_status_t ks_embedding(DLTensor* out, const DLTensor* ids, const DL
       check_packed(op, "table", a.table, table_format, a.hidden, "table_format", "out's hidden_size");
     }
     require_nonempty_last(op, "out", a.out);
-    if (a.ids.ndim() >= Shape::kMax)  // out = ids' shape + (hidden,) must fit the 16-dimension limit
-      fail(KS_ERROR_INVALID_ARGUMENT, op,
-           "ids must have at most " + std::to_string(Shape::kMax - 1) + " dimensions (out adds one); got " +
-               std::to_string(a.ids.ndim()));
     Shape oshape = a.ids.shape;
     oshape.push_back(a.hidden);
     require_shape(op, "out", a.out, oshape, "ids' shape + (hidden_size,)");

@@ -881,3 +881,101 @@ def test_which_shape_key_and_qtype_errors_name_the_argument():
     assert ks.which("quant_matmul", "fp32", "cpu", 1, "576x576") == ks.which("quant_matmul", "fp32", "cpu", 1, 331776)
     with pytest.raises(ks.InvalidArgumentError, match="which: qtype is for the ops with packed weights only; rms_norm"):
         ks.which("rms_norm", "fp32", "cpu", qtype="q4_1")
+
+
+def test_exchange_api_written_tensors_carry_their_flags(rng):
+    # A producer with the DLPack 1.2 C exchange table (as torch >= 2.10): inputs take its bare
+    # DLTensor fill (no allocation), but a tensor the op writes takes the managed export, the
+    # only one that carries DLPack's flags, so a read-only buffer is refused by name and left
+    # as it was (the bare fill has no flags: such a buffer was written, a PROT_READ mapping crashed)
+    import ctypes
+
+    class Device(ctypes.Structure):
+        _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+    class DType(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+    class Tensor(ctypes.Structure):
+        _fields_ = [("data", ctypes.c_void_p), ("device", Device), ("ndim", ctypes.c_int32), ("dtype", DType),
+                    ("shape", ctypes.POINTER(ctypes.c_int64)), ("strides", ctypes.POINTER(ctypes.c_int64)),
+                    ("byte_offset", ctypes.c_uint64)]
+
+    Deleter = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+    class Managed(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("manager_ctx", ctypes.c_void_p),
+                    ("deleter", Deleter), ("flags", ctypes.c_uint64), ("dl_tensor", Tensor)]
+
+    class Header(ctypes.Structure):
+        _fields_ = [("major", ctypes.c_uint32), ("minor", ctypes.c_uint32), ("prev", ctypes.c_void_p)]
+
+    FromTensor = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(Tensor))
+    FromManaged = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p))
+    Stream = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int32, ctypes.c_int32, ctypes.POINTER(ctypes.c_void_p))
+
+    class Table(ctypes.Structure):
+        _fields_ = [("header", Header), ("allocator", ctypes.c_void_p), ("managed_from", FromManaged),
+                    ("to_py", ctypes.c_void_p), ("tensor_from", FromTensor), ("stream", Stream)]
+
+    live, keep, used = {}, {}, []
+
+    def fill(arr, t):
+        shape = (ctypes.c_int64 * arr.ndim)(*arr.shape)
+        strides = (ctypes.c_int64 * arr.ndim)(*[s // arr.itemsize for s in arr.strides])
+        keep[id(shape)] = (shape, strides)
+        t.data = arr.__array_interface__["data"][0]
+        t.device = Device(1, 0)  # kDLCPU
+        t.ndim = arr.ndim
+        t.dtype = DType(2, 32, 1)  # float32
+        t.shape, t.strides, t.byte_offset = shape, strides, 0
+
+    def tensor_from(obj, out):
+        used.append("tensor")
+        fill(live[obj], out.contents)
+        return 0
+
+    @Deleter
+    def deleter(p):
+        keep.pop(p, None)
+
+    def managed_from(obj, out):
+        used.append("managed")
+        arr = live[obj]
+        m = Managed(1, 0, None, deleter, 0 if arr.flags.writeable else 1, Tensor())
+        fill(arr, m.dl_tensor)
+        keep[ctypes.addressof(m)] = m
+        out[0] = ctypes.addressof(m)
+        return 0
+
+    callbacks = (FromTensor(tensor_from), FromManaged(managed_from),
+                 Stream(lambda device_type, device_id, out: 0))
+    table = Table(Header(1, 2, None), None, callbacks[1], None, callbacks[0], callbacks[2])
+
+    class Producer:
+        __dlpack_c_exchange_api__ = ctypes.addressof(table)
+
+        def __init__(self, arr):
+            self.arr = arr
+            live[id(self)] = arr
+
+        def __dlpack__(self, **kw):
+            return self.arr.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return (1, 0)
+
+    x = rand(rng, (2, 8), "fp32")
+    w = rand(rng, (8,), "fp32")
+    ro = np.full((2, 8), 7.0, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ks.InvalidArgumentError, match="rms_norm: out is read-only; it is written by this op"):
+        ks.rms_norm(Producer(x), Producer(w), out=Producer(ro))
+    assert (ro == 7.0).all()
+    assert "managed" in used and "tensor" in used  # out managed, inputs by the bare fill
+    out = np.full((2, 8), np.nan, np.float32)
+    used.clear()
+    ks.rms_norm(Producer(x), Producer(w), out=Producer(out))
+    np.testing.assert_array_equal(out, ks.rms_norm(x, w))
+    assert sorted(used) == ["managed", "tensor", "tensor"]
+    assert not keep or all(isinstance(v, tuple) for v in keep.values())  # every managed export deleted

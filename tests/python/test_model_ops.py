@@ -210,6 +210,9 @@ def test_dequantize_validation(rng):
         ks.dequantize(packed.reshape(1, 2, 36), "q4_0")
     with pytest.raises(ValueError, match="dequantize: packed has 0 bytes per row"):
         ks.dequantize(np.zeros((4, 0), np.uint8), "q8_0")
+    for kw in ({}, {"out": np.zeros((2, 32), np.float32)}):  # not uint8: the native message, out or not
+        with pytest.raises(ks.UnsupportedDtypeError, match="dequantize: packed has dtype fp32; expected one of: uint8"):
+            ks.dequantize(np.zeros((2, 8), np.float32), "q8_0", **kw)
 
 
 def test_embedding_names_a_bad_table(rng):
@@ -220,6 +223,16 @@ def test_embedding_names_a_bad_table(rng):
         ks.embedding(ids, np.zeros((4, 0), np.float32))
     with pytest.raises(ValueError, match=r"embedding: table must be 2-D; got shape \(4,\)"):
         ks.embedding(ids, np.zeros(4, np.float32))
+    # a packed table that is not uint8: the same error with out given (native) and without
+    # (Python sizes out first), naming table's dtype, not its elements as bytes
+    for kw in ({}, {"out": np.zeros((2, 32), np.float32)}):
+        with pytest.raises(ks.UnsupportedDtypeError, match="embedding: table has dtype fp32; expected one of: uint8"):
+            ks.embedding(ids, np.zeros((4, 8), np.float32), table_format="q8_0", **kw)
+    # 16-dimensional ids: named themselves, not the 17-dimensional out sized from them
+    with pytest.raises(ValueError, match="embedding: ids must have at most 15 dimensions .out adds one.; got 16"):
+        ks.embedding(np.zeros((1,) * 16, np.int64), np.zeros((3, 4), np.float32))
+    y = ks.embedding(np.zeros((1,) * 15, np.int64), np.ones((3, 4), np.float32))
+    assert y.shape == (1,) * 15 + (4,) and np.all(y == 1.0)
 
 
 @pytest.mark.parametrize("dt", DTYPES)
