@@ -235,6 +235,17 @@ class GgufFile::Parser {
   size_t pos_ = 0;
   std::string ctx_ = "header";   // what is being parsed, for messages
   uint64_t nested_values_ = 0;   // arrays-inside-arrays seen so far
+  uint64_t metadata_bytes_ = 0;  // the memory the parsed metadata takes so far (estimated)
+
+  // Counts `count` parsed elements of `each` bytes of memory against metadata_budget, before
+  // they are allocated.
+  void charge(size_t at, uint64_t count, uint64_t each, const char* what) {
+    const uint64_t budget = GgufFile::metadata_budget(n_);
+    if (count > (budget - metadata_bytes_) / each)
+      fail_at(at, std::to_string(count) + " " + what + " would take the parsed metadata past " +
+                      std::to_string(budget >> 20) + " MiB of memory (4x the file's size plus 64 MiB)");
+    metadata_bytes_ += count * each;
+  }
 
   [[noreturn]] void fail_at(size_t at, const std::string& msg) const {
     throw GgufError("gguf: " + ctx_ + ": " + msg + " (at byte offset " + std::to_string(at) + ")");
@@ -267,6 +278,7 @@ class GgufFile::Parser {
       fail_at(at, std::string(what) + " length " + std::to_string(len) + " exceeds the " +
                       std::to_string(remaining()) + " bytes left in the file");
     }
+    if (len > 15) charge(at, len + 1, 1, "string bytes");  // (a short string lives inside std::string)
     std::string s(reinterpret_cast<const char*>(p_ + pos_), static_cast<size_t>(len));
     pos_ += static_cast<size_t>(len);
     return s;
@@ -337,6 +349,10 @@ class GgufFile::Parser {
     }
     v.array_len = count;
     const size_t n = static_cast<size_t>(count);
+    const uint64_t each = v.elem_type == GgufType::ARRAY    ? sizeof(GgufValue)
+                          : v.elem_type == GgufType::STRING ? sizeof(std::string)
+                                                            : 8;  // int64_t / double
+    charge(count_at, count, each, "array elements");
     switch (v.elem_type) {
       case GgufType::ARRAY:
         if (count > kMaxNestedValues - nested_values_) {

@@ -36,6 +36,11 @@
 //     at most kMaxNestedValues array-typed array elements in total (these
 //     bounds stop hostile files from exhausting the stack or memory through
 //     deep or wide nesting; real files do not nest at all);
+//   * the parsed metadata may take at most metadata_budget(file size) bytes
+//     of memory (4x the file plus 64 MiB): integer arrays widen to 64 bits
+//     and strings carry a std::string each, so a crafted file of byte arrays
+//     would otherwise need 8x its size; real files (tensors included, or a
+//     vocabulary-only file) stay far below it;
 //   * BOOL values must be the byte 0 or 1.
 #pragma once
 
@@ -123,6 +128,8 @@ class GgufFile {
   static constexpr int kMaxArrayDepth = 8;
   /// Total number of array-typed elements (arrays inside arrays) allowed per file.
   static constexpr uint64_t kMaxNestedValues = uint64_t(1) << 16;
+  /// The memory the parsed metadata of a file of `file_bytes` bytes may take (bytes).
+  static constexpr uint64_t metadata_budget(uint64_t file_bytes) { return 4 * file_bytes + (uint64_t(64) << 20); }
 
   /// Memory-maps `path` read-only (POSIX mmap) and parses it. Errors name the path.
   static GgufFile open(const std::string& path);

@@ -856,6 +856,26 @@ TEST(Gguf, NestedValueBudget) {
   expect_error(wide(GgufFile::kMaxNestedValues + 1), {"'wide'", "nested arrays"});
 }
 
+TEST(Gguf, MetadataMemoryBudget) {
+  // A byte array widens to 8 bytes per element in memory: 20 MiB of them (160 MiB parsed) pass
+  // the budget of a 20 MiB file (4x + 64 MiB = 144 MiB), refused before anything is allocated;
+  // 10 MiB of them (80 of 104 MiB) parse. Long strings count their bytes too.
+  auto bytes_array = [](uint64_t n) {
+    W body;
+    body.str("blob").type(GgufType::ARRAY).type(GgufType::UINT8).u64(n);
+    body.b.resize(body.b.size() + n, 1);
+    return raw_file(0, 1, body);
+  };
+  const uint64_t mib = uint64_t(1) << 20;
+  EXPECT_EQ(GgufFile::from_bytes(bytes_array(10 * mib)).find("blob")->ai.size(), 10 * mib);
+  expect_error(bytes_array(20 * mib), {"'blob'", "past 144 MiB of memory"});
+  W strings;  // 2^20 strings of 40 bytes: 48 bytes each in the file, 32 + 41 in memory (73 MiB < 256)
+  strings.str("tokens").type(GgufType::ARRAY).type(GgufType::STRING).u64(mib);
+  for (uint64_t k = 0; k < mib; ++k) strings.str(std::string(40, char('a' + k % 26)));
+  EXPECT_EQ(GgufFile::from_bytes(raw_file(0, 1, strings)).find("tokens")->as.size(), mib);
+  // the real model's metadata (its 49152 tokens and merges) is far below its file's budget: RealModelFile
+}
+
 TEST(Gguf, ErrorMessagesEscapeHostileNames) {
   W body;
   body.str(std::string("bad\x01\n\xff", 6)).type(static_cast<GgufType>(99));
