@@ -305,16 +305,17 @@ def _check_ndim_first(op: str, arg: str, t: Any, ndim: int) -> None:
         raise InvalidArgumentError(f"{op}: {arg} must have {ndim} dims; got shape {shape}")
 
 
-_SHORT_FLOAT = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "float64": "fp64"}
-
-
 def _check_rows(op: str, arg: str, shape: Sequence[int], q: int, dtype: Any = None) -> None:
     """Before an output is sized from ``arg``: a 2-D ``[rows, row_bytes]`` of whole blocks of
     format q (uint8; 0: a dense ``[rows, cols]`` with cols > 0), so that an error names ``arg``,
     not the output allocated from it (and is the one the native check gives when out is passed)."""
-    if q != 0 and dtype is not None and str(dtype).removeprefix("torch.") != "uint8":
-        name = str(dtype).removeprefix("torch.")
-        raise UnsupportedDtypeError(f"{op}: {arg} has dtype {_SHORT_FLOAT.get(name, name)}; expected one of: uint8")
+    if q != 0 and dtype is not None:
+        try:
+            name = canonical_dtype(dtype)
+        except TypeError:  # (a dtype kernscope has no name for: complex, bool, ...)
+            name = str(dtype).removeprefix("torch.")
+        if name != "uint8":
+            raise UnsupportedDtypeError(f"{op}: {arg} has dtype {name}; expected one of: uint8")
     if len(shape) != 2:
         raise InvalidArgumentError(f"{op}: {arg} must be 2-D; got shape {tuple(int(d) for d in shape)}")
     if q == 0:
