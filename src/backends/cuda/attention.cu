@@ -2230,7 +2230,7 @@ __global__ void __launch_bounds__(kVarThreads) varlen_attention_kernel(const Var
       __syncthreads();
       float tile = 0.f;
       for (int k = 0; k < nw; ++k) tile += red[k];
-      const bool fold = (j0 / kVarTile + 1) % kAttnFoldTiles == 0;
+      const bool fold = attn_fold_after(j0, kVarTile);
       attn_cascade_add(run_sum, outer_sum, corr, tile, fold);
       run_max = nm;
       for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {

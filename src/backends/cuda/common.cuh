@@ -190,6 +190,11 @@ __device__ __forceinline__ void attn_cascade_add(float& run, float& outer, float
     run = 0.f;
   }
 }
+// Whether the tile of `tile` keys that starts at key first_key (a multiple of tile) is the last of
+// its kAttnFoldTiles: attn_cascade_add folds after it.
+__device__ __forceinline__ bool attn_fold_after(int64_t first_key, int tile) {
+  return (first_key / tile + 1) % kAttnFoldTiles == 0;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

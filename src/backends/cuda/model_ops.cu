@@ -1177,7 +1177,7 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       __syncthreads();
       float tile_sum = 0.f;
       for (int i = 0; i < nw; ++i) tile_sum += red[i];
-      const bool fold = (j0 / kTile + 1) % kAttnFoldTiles == 0;
+      const bool fold = attn_fold_after(j0, kTile);
       attn_cascade_add(run_sum, outer_sum, corr, tile_sum, fold);
       run_max = new_max;
       for (int64_t d = threadIdx.x; d < D; d += blockDim.x) {
