@@ -59,7 +59,10 @@ enum Tiling { kWarp16 = 0, kCta64 = 1 };
 // tile (kLdg1) or two (kLdg2) ahead, then st.shared; cp.async.bulk of each 256-byte row (the
 // TMA unit, one row per lane) completing on the stage's mbarrier, into unpadded rows or rows padded by
 // 16 bytes (kBulkRowsPadded)
-enum Method { kCg = 0, kCgSwizzled = 1, kCa = 2, kLdg1 = 3, kLdg2 = 4, kBulkRows = 5, kBulkRowsPadded = 6 };
+// kStreamK: kCgSwizzled's copies by a grid of 2 CTAs per SM, each CTA an equal share of the
+// tiles of every (sequence, kv head) in order (a share may span two or more of them), where the
+// others run one CTA per (sequence, kv head): at batch 32 that is 256 CTAs on the H200's 264 slots
+enum Method { kCg = 0, kCgSwizzled = 1, kCa = 2, kLdg1 = 3, kLdg2 = 4, kBulkRows = 5, kBulkRowsPadded = 6, kStreamK = 7 };
 
 template <int HINT, bool CA = false>
 __device__ __forceinline__ void cp16(void* smem, const void* gmem) {
@@ -122,6 +125,7 @@ struct Probe {
   unsigned* sink;
   int keys;       // T
   bool nhd;       // layout (see the header)
+  int units;      // sequences * kv heads (kStreamK's share)
 };
 
 // the byte offset of key j's row for (seq, kvh)
@@ -196,16 +200,27 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
   constexpr bool padded = METHOD == kCg || METHOD == kCa || METHOD == kBulkRowsPadded;
   constexpr int RB = padded ? kRowBytes + kPad : kRowBytes, stage_bytes = 2 * K * RB;
   constexpr int S = METHOD == kLdg1 || METHOD == kLdg2 ? 2 : kStages;
-  const int seq = blockIdx.x / kKvHeads, kvh = blockIdx.x % kKvHeads;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   unsigned char* ring = smem + warp * S * stage_bytes;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + 4 * S * stage_bytes) + warp * S;
-  const int ntiles = p.keys / K, mine = (ntiles - warp + 3) / 4;
+  const int ntiles = p.keys / K;
+  // the CTA's tiles t0 .. t1 - 1 of the units' tiles in order (unit u's tile j: u * ntiles + j)
+  int64_t t0 = int64_t(blockIdx.x) * ntiles, t1 = t0 + ntiles;
+  if constexpr (METHOD == kStreamK) {
+    const int64_t total = int64_t(p.units) * ntiles;
+    t0 = total * blockIdx.x / gridDim.x;
+    t1 = total * (blockIdx.x + 1) / gridDim.x;
+  }
+  const int n = int(t1 - t0), mine = n > warp ? (n - warp + 3) / 4 : 0;
   const int ch = lane & 15;
   // shared-memory offset of 16-byte chunk c of row r (r: K rows 0..15, V rows 16..31)
-  auto at = [&](int r, int c) { return r * RB + (METHOD == kCgSwizzled ? ((c & 8) | ((c ^ r) & 7)) : c) * 16; };
+  auto at = [&](int r, int c) {
+    return r * RB + (METHOD == kCgSwizzled || METHOD == kStreamK ? ((c & 8) | ((c ^ r) & 7)) : c) * 16;
+  };
   auto src = [&](bool v, int i, int row) {
-    return (v ? p.v : p.k) + row_at(p, seq, kvh, (warp + 4 * i) * K + row) + ch * 16;
+    const int64_t g = t0 + warp + 4 * i;
+    const int unit = int(g / ntiles), j = int(g % ntiles);
+    return (v ? p.v : p.k) + row_at(p, unit / kKvHeads, unit % kKvHeads, j * K + row) + ch * 16;
   };
   unsigned keep = 0;
   auto consume = [&](int stage) {
@@ -252,7 +267,7 @@ __global__ void __launch_bounds__(kThreads) method_kernel(const Probe p) {
       const int row = lane & 15;
       const bool v = lane >= 16;
       bulk_copy_g2s(ring + stage * stage_bytes + (v ? K + row : row) * RB,
-                    (v ? p.v : p.k) + row_at(p, seq, kvh, (warp + 4 * i) * K + row), kRowBytes, bars + stage);
+                    src(v, i, row) - ch * 16, kRowBytes, bars + stage);  // (the row's start)
     };
     mbar_ring<S>(bars, mine, lane, issue, consume);
   } else {
@@ -406,7 +421,7 @@ int main(int argc, char** argv) {
     const std::string full = std::string(nhd ? "nhd " : "contig ") + name;
     if (full.find(only) == std::string::npos) return;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const Probe p{k, v, sink, keys, nhd};
+    const Probe p{k, v, sink, keys, nhd, batch * kKvHeads};
     const double us = median_us([&] { kernel<<<grid, kThreads, smem>>>(p); }, 20, 9);
     report(full, us);
   };
@@ -422,16 +437,19 @@ int main(int argc, char** argv) {
     run(stream_kernel<kCta64, 256, true>, c64, "cta64 kfirst L2::256B", nhd);
   }
   // the warp16 tiles over the paged rows, landing by each Method (nhd only)
-  auto run_method = [&](auto kernel, int stages, bool padded, const char* name) {
+  auto run_method = [&](auto kernel, int stages, bool padded, const char* name, dim3 g = dim3(0)) {
     const std::string full = std::string("nhd warp16 ") + name;
     if (full.find(only) == std::string::npos) return;
     const int smem = 4 * stages * 2 * 16 * (kRowBytes + (padded ? kPad : 0)) + 4 * stages * 8;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const Probe p{k, v, sink, keys, true};
-    report(full, median_us([&] { kernel<<<grid, kThreads, smem>>>(p); }, 20, 9));
+    const Probe p{k, v, sink, keys, true, batch * kKvHeads};
+    const dim3 gr = g.x ? g : grid;
+    report(full, median_us([&] { kernel<<<gr, kThreads, smem>>>(p); }, 20, 9));
   };
   run_method(method_kernel<kCgSwizzled>, kStages, false, "cg swizzled");
   run_method(method_kernel<kCgSwizzled, 128>, kStages, false, "cg swizzled L2::128B");
+  run_method(method_kernel<kStreamK>, kStages, false, "cg swizzled stream-K 2/SM", dim3(2u * prop.multiProcessorCount));
+  run_method(method_kernel<kStreamK>, kStages, false, "cg swizzled stream-K 1/SM", dim3(unsigned(prop.multiProcessorCount)));
   run_method(method_kernel<kCgSwizzled, 256>, kStages, false, "cg swizzled L2::256B");
   run_method(method_kernel<kCa>, kStages, true, "ca");
   run_method(method_kernel<kLdg1>, 2, false, "ldg 1 ahead");
@@ -460,7 +478,7 @@ int main(int argc, char** argv) {
       }
     const int smem = 1024 + 4 * kStages * 2 * 16 * kRowBytes + 4 * kStages * 8;
     CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    const Probe p{k, v, sink, keys, true};
+    const Probe p{k, v, sink, keys, true, batch * kKvHeads};
     report(full, median_us([&] { kernel<<<grid, kThreads, smem>>>(p, maps); }, 20, 9));
   };
   run_tma(tma_kernel<false>, "tma box16", 16, 2);
