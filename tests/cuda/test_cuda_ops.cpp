@@ -4210,6 +4210,131 @@ TEST(CudaAttentionMma, SplitBeyondAClusterEagerAndInAGraph) {
     }
 }
 
+// The FP32 attention kernels over millions of keys, against FP64 within the contract's bound
+// tol (1 + |out|) + 8 sqrt(L) 2^-24 sum_j p_j |v_j| (V >= 0 here, so the sum is out itself):
+//  - 4,194,304 keys of one sign (scores 1 and 0.99; V 0.1 and 0.3): where the fallback kernels
+//    kept one running sum over the tiles' sums (no fold: attn_cascade_add), an emulation of
+//    varlen_attention came to 1.6e-4 against the bound's 9.9e-5;
+//  - 2,097,152 keys whose scores rise by 2^-18 a key (8 in all: a new maximum in every tile), V 1
+//    on the first half in even dims and on the second half in odd ones: rescaled at every tile, an
+//    emulation came to 64% of the bound (the lazy base, attn_next_base, rescales once);
+// through varlen_attention and paged_attention's FP32 variants (cuda_cta_per_head and
+// cuda_gqa_cluster pinned, and the automatic choice), two query heads on one kv head (q = e0 and
+// e0 / 2).
+TEST(Cuda, Fp32AttentionMillionsOfKeys) {
+  NEED_GPU();
+  const int64_t H = 2, KVH = 1, D = 8, bs = 16;
+  for (const bool rising : {false, true}) {
+    const int64_t L = rising ? 2097152 : 4194304, nb = L / bs;
+    SCOPED_TRACE(rising ? "rising scores" : "one sign");
+    Buf q(DType::F32, {1, H, D}), k(DType::F32, {L, KVH, D}), v(DType::F32, {L, KVH, D}), bt(DType::I32, {1, nb}),
+        cl(DType::I32, {1}), got(DType::F32, {1, H, D});
+    float* qp = static_cast<float*>(q.data());
+    float* kp = static_cast<float*>(k.data());
+    float* vp = static_cast<float*>(v.data());
+    for (int64_t i = 0; i < H * D; ++i) qp[i] = i % D == 0 ? (i < D ? 1.f : 0.5f) : 0.f;
+    for (int64_t j = 0; j < L; ++j)
+      for (int64_t d = 0; d < D; ++d) {
+        kp[j * D + d] = d > 0 ? 0.25f : rising ? std::ldexp(float(j), -18) : j == 0 ? 1.f : 0.99f;
+        vp[j * D + d] = rising ? ((d % 2 == 0) == (j < L / 2) ? 1.f : 0.f) : d % 2 ? 0.3f : 0.1f;
+      }
+    int32_t* btp = static_cast<int32_t*>(bt.data());
+    for (int64_t b = 0; b < nb; ++b) btp[b] = int32_t(b);
+    cl.set(0, double(L));
+    // FP64: head h's scores q_h0 k_j0 (scale 1)
+    std::vector<double> want(size_t(H * D));
+    for (int64_t h = 0; h < H; ++h) {
+      const double qh = qp[h * D];
+      double m = -INFINITY;
+      for (int64_t j = 0; j < L; ++j) m = std::max(m, qh * kp[j * D]);
+      std::vector<double> num(size_t(D), 0.0);
+      double den = 0.0;
+      for (int64_t j = 0; j < L; ++j) {
+        const double w = std::exp(qh * kp[j * D] - m);
+        den += w;
+        for (int64_t d = 0; d < D; ++d) num[size_t(d)] += w * vp[j * D + d];
+      }
+      for (int64_t d = 0; d < D; ++d) want[size_t(h * D + d)] = num[size_t(d)] / den;
+    }
+    DBuf dq(DType::F32, q.shape), dk(DType::F32, k.shape), dv(DType::F32, v.shape), dbt(DType::I32, bt.shape),
+        dcl(DType::I32, {1}), dout(DType::F32, got.shape);
+    ASSERT_NE(dk.base, nullptr);
+    ASSERT_NE(dv.base, nullptr);
+    dq.upload(q);
+    dk.upload(k);
+    dv.upload(v);
+    dbt.upload(bt);
+    dcl.upload(cl);
+    auto check = [&](const std::string& what) {
+      CK(cudaDeviceSynchronize());
+      dout.download(got);
+      for (int64_t i = 0; i < H * D; ++i) {
+        const double w = want[size_t(i)];
+        const double allowed = kstest::tol(DType::F32) * (1.0 + w) + 8.0 * std::sqrt(double(L)) * std::ldexp(1.0, -24) * w;
+        ASSERT_LE(std::fabs(got.get(i) - w), allowed) << what << " element " << i << ": got " << got.get(i) << ", FP64 " << w;
+      }
+    };
+    Buf bq(DType::I32, {2}), bk(DType::I32, {2});
+    bq.set(0, 0), bq.set(1, 1), bk.set(0, 0), bk.set(1, double(L));
+    DBuf dbq(DType::I32, {2}), dbk(DType::I32, {2});
+    dbq.upload(bq);
+    dbk.upload(bk);
+    dout.poison();
+    ks::varlen_attention(dout.view(), dq.view(), dk.view(), dv.view(), dbq.view(), dbk.view(), 1.0, false,
+                         ks::Backend::Cuda);
+    check("varlen_attention");
+    // the same rows as a paged cache of nb blocks in order ([L, 1, D] is [nb, bs, 1, D])
+    const ks::TensorView kc(dk.data(), DType::F32, {nb, bs, KVH, D}, DLDevice{kDLCUDA, 0}),
+        vc(dv.data(), DType::F32, {nb, bs, KVH, D}, DLDevice{kDLCUDA, 0});
+    for (const char* variant : {"cuda_cta_per_head", "cuda_gqa_cluster", ""}) {
+      kstest::ScopedVariant pin("paged_attention", variant);
+      ASSERT_EQ(pin.status(), KS_SUCCESS) << ks_last_error();
+      dout.poison();
+      ks::paged_attention(dout.view(), dq.view(), kc, vc, dbt.view(), ks::TensorView(), dcl.view(), 1.0,
+                          ks::Backend::Cuda);
+      check(std::string("paged_attention ") + (*variant ? variant : "(automatic)") + ": " +
+            ks_last_launch_config("paged_attention"));
+    }
+  }
+}
+
+// Past every CUDA variant's head_dim (4096: cuda_cta_per_head's and varlen_attention's shared
+// memory), the call is refused naming head_dim, and out keeps its poison.
+TEST(Cuda, AttentionPastTheHeadDimLimit) {
+  NEED_GPU();
+  const int64_t D = 4104, bs = 16;  // (a multiple of 8: only the limit refuses it)
+  for (DType dt : kstest::float_dtypes()) {
+    SCOPED_TRACE(ks::dtype_name(dt));
+    DBuf q(dt, {1, 1, D}), kc(dt, {2, bs, 1, D}), vc(dt, {2, bs, 1, D}), bt(DType::I32, {1, 2}), cl(DType::I32, {1}),
+        out(dt, {1, 1, D}), cq(DType::I32, {2}), ck(DType::I32, {2}), k(dt, {3, 1, D}), v(dt, {3, 1, D});
+    Buf hbt(DType::I32, {1, 2}), hcl(DType::I32, {1}), hcq(DType::I32, {2}), hck(DType::I32, {2}), before(dt, out.shape),
+        after(dt, out.shape);
+    hbt.set(0, 0), hbt.set(1, 1), hcl.set(0, 20), hcq.set(0, 0), hcq.set(1, 1), hck.set(0, 0), hck.set(1, 3);
+    bt.upload(hbt);
+    cl.upload(hcl);
+    cq.upload(hcq);
+    ck.upload(hck);
+    for (DBuf* b : {&q, &kc, &vc, &k, &v}) ASSERT_EQ(cudaMemset(b->data(), 0, b->nbytes()), cudaSuccess);
+    out.poison();
+    out.download(before);
+    const ks::TensorView ov = out.view(), qv = q.view(), kcv = kc.view(), vcv = vc.view(), btv = bt.view(),
+                         clv = cl.view(), kv = k.view(), vv = v.view(), cqv = cq.view(), ckv = ck.view();
+    DLTensor o = ov.dl(), qq = qv.dl(), kk = kcv.dl(), vvv = vcv.dl(), bb = btv.dl(), cc = clv.dl(), k2 = kv.dl(),
+             v2 = vv.dl(), q0 = cqv.dl(), k0 = ckv.dl();
+    ks_status_t st = ks_paged_attention(&o, &qq, &kk, &vvv, &bb, nullptr, &cc, 1.0, KS_BACKEND_CUDA, nullptr);
+    std::string msg = ks_last_error();
+    EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << msg;
+    EXPECT_NE(msg.find("head_dim > 4096"), std::string::npos) << msg;
+    st = ks_varlen_attention(&o, &qq, &k2, &v2, &q0, &k0, 1.0, 1, KS_BACKEND_CUDA, nullptr);
+    msg = ks_last_error();
+    EXPECT_EQ(st, KS_ERROR_BACKEND_UNAVAILABLE) << msg;
+    EXPECT_NE(msg.find("head_dim > 4096"), std::string::npos) << msg;
+    CK(cudaDeviceSynchronize());
+    out.download(after);
+    EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.nbytes())) << "a refused call wrote out";
+  }
+}
+
 // varlen_attention on CUDA against the CPU reference: packed prefill, chunked prefill
 // (fewer queries than keys), an empty sequence, GQA, causal and not.
 TEST(Cuda, VarlenAttentionAgainstCpu) {

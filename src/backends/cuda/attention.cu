@@ -2216,8 +2216,8 @@ __global__ void __launch_bounds__(kVarThreads) varlen_attention_kernel(const Var
       __syncthreads();
       m = red[0];
       for (int k = 1; k < nw; ++k) m = fmaxf(m, red[k]);
-      const float nm = fmaxf(run_max, m);
-      const float corr = nm == -INFINITY ? 1.f : expf(run_max - nm);
+      const float nm = attn_next_base(run_max, m);  // (the lazy base: weights up to e^8)
+      const float corr = attn_base_corr(run_max, nm);
       __syncthreads();
       float sum = 0.f;
       for (int j = threadIdx.x; j < nt; j += blockDim.x) {

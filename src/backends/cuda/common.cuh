@@ -195,6 +195,22 @@ __device__ __forceinline__ void attn_cascade_add(float& run, float& outer, float
 __device__ __forceinline__ bool attn_fold_after(int64_t first_key, int tile) {
   return (first_key / tile + 1) % kAttnFoldTiles == 0;
 }
+// The fallback kernels' lazy softmax base (as cuda_mma_cluster's): the exponentials' base moves
+// to the running maximum only where a tile's maximum passes it by more than kAttnBaseMargin, so
+// every weight e^(s - base) is at most e^8, and a context whose scores keep rising is rescaled
+// once per 8 of rise instead of once per tile (each rescale rounds corr = e^(old - new) and both
+// sums' products once more: at 2M keys whose scores rose 2^-12 a tile, 64% of the contract's
+// bound in an emulation of the per-tile form); where the base stays, corr is 1 and exact. A NaN
+// tile maximum leaves the base (fmaxf ignores it; the NaN scores' weights are NaN).
+constexpr float kAttnBaseMargin = 8.f;
+__device__ __forceinline__ float attn_next_base(float base, float tile_max) {
+  return base == -INFINITY || tile_max > base + kAttnBaseMargin ? fmaxf(base, tile_max) : base;
+}
+// the factor that takes sums at base `base` to base `next` (1 where it stays, and while every
+// score so far is -inf or NaN)
+__device__ __forceinline__ float attn_base_corr(float base, float next) {
+  return next == base ? 1.f : expf(base - next);
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

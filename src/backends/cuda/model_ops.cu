@@ -1097,8 +1097,10 @@ __global__ void __launch_bounds__(kBulkThreads, 1) quant_gemv_bulk_kernel(const 
 // ---- paged_attention ----------------------------------------------------------------
 // A CTA per (query token, head): keys in tiles of kTile; a warp per key computes its
 // score (lanes over head_dim, FP32), the tile's scores go through an online softmax
-// (running max and sum, FP32), and thread d accumulates sum_j p_j v_j[d]: each tile's terms
-// in order, then the tiles' sums in attn_cascade_add's two levels (so does the denominator).
+// (FP32; its base moves only where a tile's maximum passes it by more than 8: attn_next_base),
+// and thread d accumulates sum_j p_j v_j[d]: each tile's terms in order, then the tiles' sums in
+// attn_cascade_add's two levels (the denominator: each tile's sum by the threads and warps, then
+// the same two levels).
 constexpr int kAttnThreads = 128, kTile = 128;
 
 
@@ -1158,9 +1160,8 @@ __global__ void __launch_bounds__(kAttnThreads) paged_attention_kernel(const Att
       __syncthreads();
       m = red[0];
       for (int i = 1; i < nw; ++i) m = fmaxf(m, red[i]);
-      const float new_max = fmaxf(run_max, m);
-      // every score so far -inf or NaN: nothing to rescale
-      const float corr = new_max == -INFINITY ? 1.f : expf(run_max - new_max);
+      const float new_max = attn_next_base(run_max, m);  // (the lazy base: weights up to e^8)
+      const float corr = attn_base_corr(run_max, new_max);
       __syncthreads();  // red read by all before reuse
       float s = 0.f;
       for (int64_t j = threadIdx.x; j < nt; j += blockDim.x) {
