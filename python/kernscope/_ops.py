@@ -14,7 +14,7 @@ their shape rules are in include/kernscope/kernscope.h.
   that need autograd (grad mode on and an input with ``requires_grad``), the
   PyTorch reference instead, so training code works unchanged.
 * ``"cpu"`` / ``"cuda"``: that native backend; inference only (torch tensors
-  requiring grad are rejected with RuntimeError while grad mode is on).
+  requiring grad are rejected with BackendUnavailableError, a RuntimeError, while grad mode is on).
 * ``"torch"``: the contract written in PyTorch (torch tensors only, any device,
   autograd for rms_norm, silu_and_mul, gemv and softmax).
 
@@ -46,7 +46,7 @@ import sys
 from typing import Any, Optional, Sequence, Tuple, TypeVar, Union
 
 from . import _C
-from ._errors import InvalidArgumentError, UnsupportedDtypeError
+from ._errors import BackendUnavailableError, InvalidArgumentError, UnsupportedDtypeError
 from ._frameworks import Framework, canonical_dtype, framework_of, frameworks_among
 
 T = TypeVar("T", bound=Any)  # the caller's array type (numpy.ndarray, torch.Tensor, ...)
@@ -164,7 +164,7 @@ def _torch_route(op: str, code: int, backend: str, names: Sequence[str], tensors
             if code == _AUTO:
                 return True
             name = names[[id(u) for u in tensors].index(id(t))]
-            raise RuntimeError(
+            raise BackendUnavailableError(  # (a RuntimeError, as every native refusal of a backend)
                 f"{op}: {name} requires grad, and backend {backend!r} is inference-only; use backend='torch' "
                 "or 'auto' (the PyTorch reference, with autograd), or call it under torch.no_grad()")
     return False

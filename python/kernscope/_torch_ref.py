@@ -290,8 +290,8 @@ def _check_packed(op: str, name: str, packed: torch.Tensor, qtype: int, cols: Op
             f"({name}'s rows are whole blocks)")
     if row_bytes != cols // bs * bb:
         raise InvalidArgumentError(
-            f"{op}: {name} must have {cols // bs * bb} bytes per row for {cols} {_QNAMES[qtype]} columns; "
-            f"got shape {_shape(packed.shape)}")
+            f"{op}: {name} must have {cols // bs * bb} bytes per row for {cols} {_QNAMES[qtype]} columns, "
+            f"from {cols_what}; got shape {_shape(packed.shape)}")
     return cols
 
 

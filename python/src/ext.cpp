@@ -112,6 +112,10 @@ std::string take_python_error() {
     else if (*s) msg += std::string(": ") + s;
     Py_DECREF(text);
   }
+  // (torch's C++ errors carry their stack after the message: "Exception raised from ...", then a
+  // frame per line; the message alone names the problem)
+  const size_t stack = msg.find("\nException raised from ");
+  if (stack != std::string::npos) msg.erase(stack);
   return msg;
 }
 

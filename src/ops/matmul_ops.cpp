@@ -70,7 +70,8 @@ void check_packed(const char* op, const char* arg, const View& packed, ks_qtype_
   if (packed.cols() != cols / bs * bb)
     fail(KS_ERROR_INVALID_ARGUMENT, op,
          std::string(arg) + " must have " + std::to_string(cols / bs * bb) + " bytes per row for " +
-             std::to_string(cols) + " " + qtype_name(qtype) + " columns; got shape " + shape_str(packed.shape));
+             std::to_string(cols) + " " + qtype_name(qtype) + " columns, from " + cols_what + "; got shape " +
+             shape_str(packed.shape));
 }
 
 }  // namespace ks::ops

@@ -390,7 +390,8 @@ def test_quant_matmul_a8_validation(rng):
         ks.quant_matmul(x, make_packed(rng, 3, 64, 4), 42)
     with pytest.raises(ValueError, match=rf"{op}: x's K \(columns\) = 48 is not a multiple"):
         ks.quant_matmul_a8(x[:, :48].copy(), make_packed(rng, 3, 64, 4)[:, :54], "q4_0")
-    with pytest.raises(ValueError, match=rf"{op}: weight must have 36 bytes per row"):
+    # (where K came from is named: a wrong x reads as a wrong weight otherwise)
+    with pytest.raises(ValueError, match=rf"{op}: weight must have 36 bytes per row for 64 Q4_0 columns, from x's K \(columns\); got shape \(3, 72\)"):
         ks.quant_matmul_a8(x, make_packed(rng, 3, 128, 4), "q4_0")
     with pytest.raises(TypeError, match=rf"{op}: weight has (unsupported )?dtype int8"):
         ks.quant_matmul_a8(x, make_packed(rng, 3, 64, 6).view(np.int8), "q8_0")
