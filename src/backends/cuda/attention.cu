@@ -2270,8 +2270,9 @@ void varlen_attention_cuda(const void* args, ks_stream_t stream) {
   const auto s = static_cast<cudaStream_t>(stream);
   with_float_type(a.q.dtype, [&](auto tag) {
     // 48 KB at head_dim 4096, past the default limit with the static arrays: the opt-in limit
-    // (once per device)
-    opt_in_smem_limit<varlen_attention_kernel<decltype(tag)>>(a.q.device.device_id, "varlen_attention");
+    // (once per device; a device with less refuses the call)
+    require_opt_in_smem<varlen_attention_kernel<decltype(tag)>>(a.q.device.device_id, "varlen_attention", smem,
+                                                                "head_dim " + std::to_string(a.head_dim));
     launch_kernel("varlen_attention", varlen_attention_kernel<decltype(tag)>, dim3(grid), dim3(kVarThreads), smem, s, 1,
                   dp.pdl, p);
   });

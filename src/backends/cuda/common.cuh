@@ -817,6 +817,16 @@ int64_t opt_in_smem_limit(int dev, const char* op) {
     return int64_t(limit);
   });
 }
+// opt_in_smem_limit, then a refusal naming `what` (KS_ERROR_BACKEND_UNAVAILABLE, before any launch)
+// where one CTA's `bytes` of dynamic shared memory pass it on device dev
+template <auto Kern>
+void require_opt_in_smem(int dev, const char* op, size_t bytes, const std::string& what) {
+  const int64_t limit = opt_in_smem_limit<Kern>(dev, op);
+  if (int64_t(bytes) > limit)
+    detail::fail(KS_ERROR_BACKEND_UNAVAILABLE, op,
+                 what + " needs " + std::to_string(bytes) + " bytes of shared memory per CTA; device " +
+                     std::to_string(dev) + " allows " + std::to_string(limit));
+}
 
 // Last launch configuration per op (ks_last_launch_config, the benchmark's
 // `config` column). Recording is cheap (a few integers into a thread-local slot,
